@@ -1,0 +1,127 @@
+"""The engine's run configuration: one pydantic model, owned by the engine.
+
+Django stores a run's config as JSON and validates it with `RunConfig`; presets are
+instances of it; the launch form, the API and the compare view all speak it. Every
+section forbids unknown keys so a typo is an error that names the field, never a
+silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy. `source="tiny"` builds a small Llama-style model from the fields
+    below (no downloads); `source="path"` loads a local Hugging Face directory."""
+
+    source: Literal["tiny", "path"] = "tiny"
+    path: str | None = Field(None, description="Local HF model directory when source='path'.")
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+
+    @model_validator(mode="after")
+    def _path_given(self) -> "ModelConfig":
+        if self.source == "path" and not self.path:
+            raise ValueError("model.path is required when model.source is 'path'")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by "
+                f"model.num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class TaskConfig(_Section):
+    """The synthetic task with a verifiable reward."""
+
+    name: Literal["reverse"] = "reverse"
+    min_len: int = Field(3, ge=1)
+    max_len: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "TaskConfig":
+        if self.max_len < self.min_len:
+            raise ValueError(
+                f"task.max_len ({self.max_len}) must be ≥ task.min_len ({self.min_len})"
+            )
+        return self
+
+
+class WarmStartConfig(_Section):
+    """Short supervised warm-start (RL starts from a pretrained policy). Cached on disk,
+    keyed by model+task+this section, so it runs once per machine."""
+
+    steps: int = Field(150, ge=0)
+    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(64, ge=1)
+
+
+class InferenceConfig(_Section):
+    backend: Literal["torch", "vllm"] = "torch"
+    num_workers: int = Field(1, ge=1)
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+
+
+class BufferConfig(_Section):
+    """Bounded rollout buffer. Capacity counts batches (of `trainer.batch_groups`
+    groups); producers block when it is full (backpressure)."""
+
+    capacity: int = Field(2, ge=1, description="Buffer capacity in batches.")
+    max_staleness: int = Field(
+        1, ge=0, description="Drop a group whose oldest token is more than this many versions old."
+    )
+
+
+class TrainerConfig(_Section):
+    lr: float = Field(1e-3, gt=0)
+    batch_groups: int = Field(16, ge=1, description="Groups (prompts) per training step (B).")
+    group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range.")
+    tis_cap: float = Field(2.0, ge=1, description="Truncated IS cap on pi_theta_old/mu.")
+    max_grad_norm: float = Field(1.0, gt=0)
+
+
+class SyncConfig(_Section):
+    """Weight sync protocol. The walking skeleton ships full reload only."""
+
+    protocol: Literal["full_reload"] = "full_reload"
+
+
+class StopConfig(_Section):
+    max_steps: int = Field(300, ge=1)
+    max_minutes: float = Field(10.0, gt=0)
+    target_reward: float | None = Field(
+        None, description="Stop early once the mean reward of recent steps reaches this."
+    )
+
+
+class RunConfig(_Section):
+    """Everything a run chooses. `mode="sync"` generates a batch, trains on it, syncs,
+    repeats; `mode="async"` runs inference and training side by side through the
+    buffer, on the same code."""
+
+    mode: Literal["sync", "async"] = "async"
+    seed: int = 0
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    inference: InferenceConfig = InferenceConfig()
+    buffer: BufferConfig = BufferConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    sync: SyncConfig = SyncConfig()
+    stop: StopConfig = StopConfig()
+
+
+def json_schema() -> dict:
+    return RunConfig.model_json_schema()

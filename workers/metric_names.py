@@ -1,0 +1,51 @@
+"""The metric vocabulary: one list, one spelling, read by the engine and the dashboard.
+
+Every point the engine emits is (series, step, value, time). `step` is the trainer
+step (== policy version) at the moment of emission, so every series shares one x-axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    help: str
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("buffer/depth", "groups", "Groups waiting in the rollout buffer."),
+    Metric("buffer/capacity", "groups", "Buffer capacity."),
+    Metric("buffer/dropped_stale", "groups", "Groups dropped for exceeding max_staleness (cumulative)."),
+    Metric("staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."),
+    Metric("staleness/max", "versions", "Max token staleness of the trained batch."),
+    Metric("sync/latency_ms", "ms", "End-to-end weight sync latency (trainer publish → inference loaded)."),
+    Metric("sync/bytes", "bytes", "Bytes moved by one weight sync."),
+    Metric("inference/tokens_per_s", "tok/s", "Generated tokens per second, all inference workers."),
+    Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
+    Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),
+    Metric("trainer/step_s", "s", "Wall time of one training step."),
+    Metric("rollout/backpressure_s", "s", "Time producers were blocked on a full buffer since the last step."),
+    Metric("reward/mean", "reward", "Mean reward of the trained batch."),
+    Metric("loss", "", "Policy loss."),
+    Metric("is/ratio_mean", "", "Mean truncated-IS weight pi_old/mu."),
+    Metric("is/clipped_frac", "fraction", "Fraction of tokens whose IS weight was truncated."),
+    Metric("mismatch/kl", "nats", "KL(behaviour || trainer) estimate on the trained tokens."),
+    Metric("policy/version", "", "Trainer policy version after the step."),
+    Metric("samples/per_s", "samples/s", "Trained samples per second of wall time."),
+)
+
+NAMES: frozenset[str] = frozenset(m.name for m in METRICS)
+
+# The charts on a run page: (title, series shown together).
+DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Reward", ("reward/mean",)),
+    ("Buffer depth", ("buffer/depth", "buffer/capacity")),
+    ("Staleness", ("staleness/mean", "staleness/max")),
+    ("Weight-sync latency (ms)", ("sync/latency_ms",)),
+    ("Inference tokens/s", ("inference/tokens_per_s",)),
+    ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
+)
