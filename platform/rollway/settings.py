@@ -1,0 +1,198 @@
+"""Rollway's Django settings, read from the environment (see the brief's Settings list).
+
+Defaults make a bare checkout run on one machine with nothing installed: SQLite and the
+Celery `filesystem://` broker under ROLLWAY_HOME, an in-memory channel layer, local Ray.
+Production points DATABASE_URL, CELERY_BROKER_URL, REDIS_URL and RAY_ADDRESS at servers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from rollway.env import env_bool, env_int, env_list, env_str
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FRONTEND_DIR = REPO_ROOT / "frontend"
+
+ROLLWAY_HOME = Path(env_str("ROLLWAY_HOME", str(REPO_ROOT / "var"))).resolve()
+ROLLWAY_HOME.mkdir(parents=True, exist_ok=True)
+ROLLWAY_CACHE_DIR = str(ROLLWAY_HOME / "cache")
+# What the engine posts metrics and status to; must be reachable from the Ray cluster.
+ROLLWAY_PUBLIC_URL = env_str("ROLLWAY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# None: workers.driver uses RAY_ADDRESS from the environment, else starts/joins local Ray.
+RAY_ADDRESS = env_str("RAY_ADDRESS")
+
+
+def _persistent_secret_key(path: Path) -> str:
+    """A random key created once under ROLLWAY_HOME, so a checkout is safe without
+    configuration and web, worker and beat (started together) agree on one key."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+    key = path.read_text().strip()
+    if not key:  # another process created the file and is still writing it
+        raise RuntimeError(f"{path} is empty; delete it or set DJANGO_SECRET_KEY")
+    return key
+
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _persistent_secret_key(ROLLWAY_HOME / "secret_key")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver serves ASGI (HTTP + WebSocket)
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "teams",
+    "runs",
+    "api",
+    "dashboard",
+    "ops",  # management commands only (up, …)
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "rollway.urls"
+ASGI_APPLICATION = "rollway.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [FRONTEND_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -----------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{ROLLWAY_HOME / 'rollway.sqlite3'}"),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0),
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # web, worker and beat share one file: wait for the lock instead of failing
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Migrations live in the top-level migrations/ package, one sub-package per app.
+MIGRATION_MODULES = {app: f"migrations.{app}" for app in ("teams", "runs")}
+
+# --- auth ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:runs"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- i18n / time --------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+# --- static files -------------------------------------------------------------------
+STATIC_URL = "/static/"
+STATIC_ROOT = ROLLWAY_HOME / "static"
+STATICFILES_DIRS = [FRONTEND_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "rollway.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
+]
+# Serve straight from the finders: no collectstatic step before `up`.
+WHITENOISE_USE_FINDERS = True
+
+# A metrics batch of 10k+ points is ~1 MB of JSON; the ingest view caps points per request.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+
+# --- channels -----------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+        }
+    }
+else:
+    # Only reaches consumers in the same process: enough for one daphne, and for tests.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- celery (read by rollway/celery.py with namespace CELERY_) ------------------------
+BROKER_DIR = ROLLWAY_HOME / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Producers (web) and consumers (worker) must share one folder for in and out.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "data_folder_processed": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "polling_interval": 0.05,  # ~50 ms dispatch; the default 1 s makes Launch feel slow
+    }
+    # The filesystem transport has no broadcast: no remote control, gossip or mingle.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = False  # tasks are short and idempotent; a redelivery is harmless
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_REDIRECT_STDOUTS = False  # Ray needs a real stdout (MACHINE.md)
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(ROLLWAY_HOME / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-runs": {
+        "task": "runs.tasks.reconcile_runs",
+        "schedule": 15.0,
+        "options": {"expires": 14.0},  # a backlog of reconciles is pointless
+    },
+}
+
+# --- run lifecycle ------------------------------------------------------------------
+# A run claimed by Celery gets this long to appear as a Ray actor before reconcile
+# calls it lost (Ray start + actor creation on a loaded 2-core box take tens of seconds).
+ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
+# Points returned per series by the metrics API before downsampling kicks in.
+ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
+
+# --- logging ------------------------------------------------------------------------
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("ROLLWAY_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}
