@@ -1,0 +1,31 @@
+from django.contrib import admin
+
+from runs.models import Experiment, MetricPoint, Run
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(admin.ModelAdmin):
+    list_display = ["name", "team", "created_by", "created_at"]
+    list_filter = ["team"]
+    search_fields = ["name", "description"]
+    autocomplete_fields = ["team"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "experiment", "preset", "status", "launched_by", "created_at"]
+    list_filter = ["status", "preset", "experiment__team"]
+    search_fields = ["name", "error"]
+    readonly_fields = [
+        "created_at", "launched_at", "started_at", "finished_at", "celery_task_id", "ray_actor",
+    ]
+    raw_id_fields = ["experiment", "launched_by"]
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(admin.ModelAdmin):
+    list_display = ["run", "series", "step", "value", "time"]
+    list_filter = ["series"]
+    raw_id_fields = ["run"]
+    # Millions of rows: never count them for the changelist paginator.
+    show_full_result_count = False

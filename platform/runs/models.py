@@ -1,0 +1,241 @@
+"""Experiments, runs and their metric points.
+
+The Run row is the source of truth for a run's state (DESIGN.md §3); Celery and Ray are
+reconciled to it. Every status change goes through `Run.transition`, a conditional
+UPDATE whose WHERE clause lists the states the change may come from, so concurrent
+writers (the ingest view, Celery tasks, the reconciler, a user's Cancel) never
+resurrect a finished run: terminal states stick.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Iterable
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from teams.models import Team
+
+
+def new_ingest_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class Experiment(models.Model):
+    """A named line of work inside a team: the runs that compare configurations."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="experiments")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="unique_experiment_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} / {self.name}"
+
+
+class RunQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "RunQuerySet":
+        """Runs of the teams `user` belongs to."""
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(experiment__team__memberships__user=user)
+
+    def in_flight(self) -> "RunQuerySet":
+        return self.exclude(status__in=Run.TERMINAL)
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"  # row created, launch task enqueued
+        STARTING = "starting"  # claimed by the launch task; driver actor being created
+        RUNNING = "running"  # the driver reported in
+        CANCELLING = "cancelling"  # a user asked; the cancel task is stopping the actors
+        CANCELLED = "cancelled"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    TERMINAL = frozenset({Status.CANCELLED, Status.SUCCEEDED, Status.FAILED})
+    # The states each status may be entered from: the WHERE clause of its UPDATE.
+    ALLOWED_FROM: dict[str, frozenset[str]] = {
+        Status.STARTING: frozenset({Status.QUEUED}),
+        Status.RUNNING: frozenset({Status.QUEUED, Status.STARTING}),
+        Status.CANCELLING: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING}),
+        Status.CANCELLED: frozenset(
+            {Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}
+        ),
+        # A run that finishes while its cancel is in flight keeps its real outcome.
+        Status.SUCCEEDED: frozenset({Status.STARTING, Status.RUNNING, Status.CANCELLING}),
+        Status.FAILED: frozenset(
+            {Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}
+        ),
+    }
+    LOST_REASON = "lost: driver actor not found"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200)
+    preset = models.CharField(max_length=50)
+    overrides = models.JSONField(default=dict, blank=True, help_text="What the user changed.")
+    config = models.JSONField(help_text="The full, validated workers.config.RunConfig.")
+    status = models.CharField(
+        max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    error = models.TextField(blank=True)
+    launched_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    launched_at = models.DateTimeField(null=True, blank=True, help_text="Claimed by Celery.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="Driver reported running.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Authenticates the driver's metric and status posts for this run only.
+    ingest_token = models.CharField(max_length=64, default=new_ingest_token, editable=False)
+    celery_task_id = models.CharField(max_length=64, blank=True)
+    ray_actor = models.CharField(max_length=100, blank=True, help_text="Detached driver actor.")
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def team(self) -> Team:
+        return self.experiment.team
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+    @property
+    def can_cancel(self) -> bool:
+        return self.status in self.ALLOWED_FROM[self.Status.CANCELLING]
+
+    def get_absolute_url(self) -> str:
+        return reverse("dashboard:run", args=[self.pk])
+
+    def transition(
+        self, status: str, *, error: str = "", only_from: Iterable[str] | None = None
+    ) -> bool:
+        """Move to `status` if the row (as stored now, not as loaded) is in a state it may
+        be entered from, intersected with `only_from` when given. Returns whether this call
+        changed the row; either way the instance is refreshed from the database."""
+        allowed = self.ALLOWED_FROM[status]
+        if only_from is not None:
+            allowed = allowed & frozenset(only_from)
+        now = timezone.now()
+        fields: dict[str, object] = {"status": status}
+        if status == self.Status.STARTING:
+            fields["launched_at"] = now
+        elif status == self.Status.RUNNING:
+            fields["started_at"] = now
+        if status in self.TERMINAL:
+            fields["finished_at"] = now
+        if error:
+            fields["error"] = error
+        changed = Run.objects.filter(pk=self.pk, status__in=allowed).update(**fields) == 1
+        self.refresh_from_db(
+            fields=["status", "error", "launched_at", "started_at", "finished_at"]
+        )
+        return changed
+
+    def claim_for_launch(self) -> bool:
+        """queued → starting. Exactly one launch task wins; a redelivered one gets False."""
+        return self.transition(self.Status.STARTING, only_from=[self.Status.QUEUED])
+
+    def summary(self) -> dict:
+        """What the runs list and status events show."""
+        experiment = self.experiment
+        return {
+            "id": self.pk,
+            "name": self.name,
+            "status": self.status,
+            "is_terminal": self.is_terminal,
+            "preset": self.preset,
+            "experiment": {"id": experiment.pk, "name": experiment.name},
+            "team": {"id": experiment.team_id, "name": experiment.team.name},
+            "error": self.error,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "url": self.get_absolute_url(),
+        }
+
+    def detail(self) -> dict:
+        return {
+            **self.summary(),
+            "overrides": self.overrides,
+            "config": self.config,
+            "launched_by": self.launched_by.get_username() if self.launched_by else None,
+            "launched_at": _iso(self.launched_at),
+            "series": self.series_names(),
+        }
+
+    def series_names(self) -> list[str]:
+        return list(
+            self.points.order_by("series").values_list("series", flat=True).distinct()
+        )
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+class MetricPointQuerySet(models.QuerySet):
+    def upsert(self, run_id: int, points: Iterable[tuple[str, int, float, float]]) -> int:
+        """Insert (series, step, value, time) points for a run in one bulk statement;
+        a point already stored for (run, series, step) is overwritten, never duplicated.
+        Returns how many distinct points were written."""
+        # One statement may not touch a row twice (PostgreSQL's ON CONFLICT rule): the
+        # last point for a key in the batch wins, as it would across two batches.
+        latest = {(series, step): (value, t) for series, step, value, t in points}
+        rows = [
+            MetricPoint(run_id=run_id, series=series, step=step, value=value, time=t)
+            for (series, step), (value, t) in latest.items()
+        ]
+        self.bulk_create(
+            rows,
+            batch_size=5000,
+            update_conflicts=True,
+            unique_fields=["run", "series", "step"],
+            update_fields=["value", "time"],
+        )
+        return len(rows)
+
+
+class MetricPoint(models.Model):
+    """One value of one series at one trainer step (see workers/metric_names.py)."""
+
+    # The unique constraint's index leads with run, so no separate FK index is needed.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="points", db_index=False)
+    series = models.CharField(max_length=64)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    time = models.FloatField(help_text="Unix seconds when the engine measured it.")
+
+    objects = MetricPointQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "series", "step"], name="unique_point_per_run_series_step"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.series}@{self.step}={self.value}"
