@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.tokenizer import DEFAULT_CHARS
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -27,6 +29,9 @@ class ModelConfig(_Section):
     num_layers: int = Field(2, ge=1)
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(256, ge=8)
+    max_position_embeddings: int = Field(
+        64, ge=8, description="Longest prompt+completion the model handles (tokens)."
+    )
 
     @model_validator(mode="after")
     def _path_given(self) -> "ModelConfig":
@@ -46,6 +51,9 @@ class TaskConfig(_Section):
     name: Literal["reverse"] = "reverse"
     min_len: int = Field(3, ge=1)
     max_len: int = Field(5, ge=1)
+    alphabet: str = Field(
+        "abcdefgh", min_length=2, description="Characters prompts are drawn from."
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> "TaskConfig":
@@ -53,6 +61,14 @@ class TaskConfig(_Section):
             raise ValueError(
                 f"task.max_len ({self.max_len}) must be ≥ task.min_len ({self.min_len})"
             )
+        bad = sorted(set(self.alphabet) - set(DEFAULT_CHARS) | ({"="} & set(self.alphabet)))
+        if bad:
+            raise ValueError(
+                f"task.alphabet has characters the tokenizer cannot use: {bad} "
+                f"(allowed: {DEFAULT_CHARS.replace('=', '')!r})"
+            )
+        if len(set(self.alphabet)) != len(self.alphabet):
+            raise ValueError("task.alphabet must not repeat a character")
         return self
 
 
@@ -90,6 +106,11 @@ class TrainerConfig(_Section):
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range.")
     tis_cap: float = Field(2.0, ge=1, description="Truncated IS cap on pi_theta_old/mu.")
     max_grad_norm: float = Field(1.0, gt=0)
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer updates per step; the batch is split into this many "
+        "minibatches (whole groups), all against the logprobs of the policy at step start."
+    )
+    weight_decay: float = Field(0.0, ge=0)
 
 
 class SyncConfig(_Section):
@@ -121,6 +142,24 @@ class RunConfig(_Section):
     trainer: TrainerConfig = TrainerConfig()
     sync: SyncConfig = SyncConfig()
     stop: StopConfig = StopConfig()
+
+    @model_validator(mode="after")
+    def _lengths_fit(self) -> "RunConfig":
+        # The answer plus its EOS must fit in the completion, and BOS+prompt+"="
+        # plus the completion must fit in the model's positions.
+        need = self.task.max_len + 1
+        if self.inference.max_new_tokens < need:
+            raise ValueError(
+                f"inference.max_new_tokens ({self.inference.max_new_tokens}) must be ≥ "
+                f"task.max_len + 1 ({need}) so the longest answer and its EOS fit"
+            )
+        longest = 1 + self.task.max_len + 1 + self.inference.max_new_tokens
+        if self.model.source == "tiny" and self.model.max_position_embeddings < longest:
+            raise ValueError(
+                f"model.max_position_embeddings ({self.model.max_position_embeddings}) must "
+                f"be ≥ {longest} (BOS + prompt + '=' + inference.max_new_tokens)"
+            )
+        return self
 
 
 def json_schema() -> dict:

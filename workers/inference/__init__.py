@@ -1,0 +1,25 @@
+"""Inference backends behind one interface (workers.inference.base.InferenceBackend)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.config import RunConfig
+    from workers.inference.base import InferenceBackend
+
+
+def make_backend(cfg: "RunConfig", model_dir: str) -> "InferenceBackend":
+    """The backend named by `inference.backend`, loaded from `model_dir`.
+
+    vLLM is imported only when asked for: it is heavy and absent from torch-only images.
+    """
+    if cfg.inference.backend == "torch":
+        from workers.inference.torch_backend import TorchBackend
+
+        return TorchBackend(model_dir)
+    if cfg.inference.backend == "vllm":
+        from workers.inference.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_dir, cfg.inference)
+    raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")

@@ -1,0 +1,114 @@
+"""A short supervised warm-start, so RL begins from a policy that knows the format.
+
+RL post-training starts from a pretrained model; here the "pretraining" is a few
+supervised steps on the task's own (prompt, answer) pairs, stopped early on purpose so
+the policy starts weak (low reward) and RL has the rest to learn. The result is a Hugging
+Face directory cached under `cache_dir`, keyed by a hash of everything that shapes it
+(model, task, warm_start, seed), built once per machine: a lock file serialises
+concurrent builders and an atomic rename publishes the finished directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+
+import torch
+
+from workers.config import RunConfig
+from workers.model import build_tiny, load_model, save_model
+from workers.rollouts import encode_prompt
+from workers.tasks import make_task
+from workers.tokenizer import CharTokenizer, TOKENIZER_FILE
+from workers.trainer import pack, token_logprobs
+
+# Bump when the warm-start recipe or model format changes, so old caches are not reused.
+RECIPE_VERSION = 1
+
+
+def cache_key(cfg: RunConfig) -> str:
+    """Hash of the config sections that determine the warm-started weights."""
+    parts = {
+        "recipe": RECIPE_VERSION,
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task.model_dump(mode="json"),
+        "warm_start": cfg.warm_start.model_dump(mode="json"),
+        "seed": cfg.seed,
+    }
+    if cfg.model.source == "path":
+        weights = os.path.join(cfg.model.path, "model.safetensors")
+        parts["source_mtime"] = os.path.getmtime(weights) if os.path.exists(weights) else None
+    blob = json.dumps(parts, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def policy_dir(cfg: RunConfig, cache_dir: str) -> str:
+    """Path of the warm-started policy's HF directory, building it on first use."""
+    os.makedirs(cache_dir, exist_ok=True)
+    target = os.path.join(cache_dir, f"policy-{cache_key(cfg)}")
+    if os.path.exists(os.path.join(target, "model.safetensors")):
+        return target
+    with open(target + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
+        try:
+            if os.path.exists(os.path.join(target, "model.safetensors")):
+                return target
+            tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
+            try:
+                build_policy(cfg, tmp)
+                os.rename(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
+    """Base model (tiny or local path) + `warm_start.steps` supervised steps → `out_dir`.
+
+    Deterministic from `cfg.seed`. Returns {"final_loss": …} for logging.
+    """
+    if cfg.model.source == "path":
+        model = load_model(cfg.model.path)
+        has_tok = os.path.exists(os.path.join(cfg.model.path, TOKENIZER_FILE))
+        tokenizer = CharTokenizer.load(cfg.model.path) if has_tok else CharTokenizer()
+    else:
+        tokenizer = CharTokenizer()
+        model = build_tiny(cfg.model, tokenizer, cfg.seed)
+    final_loss = supervised_steps(model, tokenizer, cfg, cfg.warm_start.steps)
+    save_model(model, tokenizer, out_dir)
+    return {"final_loss": final_loss}
+
+
+def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int) -> float:
+    """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt."""
+    task = make_task(cfg.task)
+    rng = random.Random(f"warm-start-{cfg.seed}")
+    ws = cfg.warm_start
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
+    model.train()
+    loss_value = float("nan")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        for _ in range(steps):
+            pairs = task.sample(ws.batch_size, rng)
+            batch = pack(
+                [encode_prompt(tokenizer, p) for p, _ in pairs],
+                [tokenizer.encode(a) + [tokenizer.eos_id] for _, a in pairs],
+                tokenizer.pad_id,
+            )
+            logp = token_logprobs(model, batch, temperature=1.0)
+            loss = -(logp * batch.mask).sum() / batch.mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_value = loss.item()
+    model.eval()
+    return loss_value
