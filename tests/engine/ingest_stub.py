@@ -1,0 +1,99 @@
+"""A local stand-in for the platform's ingest endpoints, for engine tests.
+
+A real HTTP server in a thread that speaks the Metrics ingest contract: Bearer token,
+`POST /api/runs/<id>/metrics` (idempotent per (run, series, step)) and
+`POST /api/runs/<id>/status` (terminal states stick). It records every request so
+tests can check batching, auth and duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status)$")
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+class IngestStub:
+    def __init__(self, token: str = "secret", port: int = 0) -> None:
+        self.token = token
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, int, dict]] = []  # (kind, run_id, body) accepted
+        self.unauthorized = 0
+        self.points: dict[tuple[int, str, int], float] = {}  # (run, series, step) → value
+        self.received = 0  # points received, duplicates included
+        self.statuses: dict[int, list[str]] = {}  # every status posted, in order
+        self.status: dict[int, str] = {}  # current state (terminal sticks)
+        self.errors: dict[int, str] = {}
+        self.fail_with: int | None = None  # answer every request with this status code
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                m = PATH.match(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if stub.fail_with:
+                    return self._answer(stub.fail_with, {"error": "injected"})
+                if not m:
+                    return self._answer(404, {"error": "no such endpoint"})
+                if self.headers.get("Authorization") != f"Bearer {stub.token}":
+                    with stub.lock:
+                        stub.unauthorized += 1
+                    return self._answer(401, {"error": "bad token"})
+                run_id, kind = int(m.group(1)), m.group(2)
+                body = json.loads(raw)
+                with stub.lock:
+                    stub.requests.append((kind, run_id, body))
+                    if kind == "metrics":
+                        for p in body["points"]:
+                            stub.received += 1
+                            stub.points.setdefault((run_id, p["series"], p["step"]), p["value"])
+                        return self._answer(200, {"accepted": len(body["points"])})
+                    stub.statuses.setdefault(run_id, []).append(body["status"])
+                    if stub.status.get(run_id) not in TERMINAL:
+                        stub.status[run_id] = body["status"]
+                        stub.errors[run_id] = body.get("error", "")
+                    return self._answer(200, {"status": stub.status[run_id]})
+
+            def _answer(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "IngestStub":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def series(self, run_id: int) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
+        with self.lock:
+            for (rid, name, step), value in self.points.items():
+                if rid == run_id:
+                    out.setdefault(name, {})[step] = value
+        return out
+
+    def metric_requests(self) -> list[dict]:
+        with self.lock:
+            return [body for kind, _, body in self.requests if kind == "metrics"]

@@ -1,0 +1,271 @@
+"""MetricsReporter: the engine's one metrics path to the platform.
+
+The driver hands every point (series, step, value, time) to a `MetricsReporter`, which
+batches them and POSTs them to the platform's ingest endpoint
+(`POST {ingest_url}/api/runs/{run_id}/metrics`, `Authorization: Bearer {token}`), the way
+the W&B / MLflow clients do. The ingest is idempotent per (run, series, step), so
+re-sending a point is always safe.
+
+While the site is unreachable (connection error, timeout, 5xx) every unsent point goes
+to a spool file, `<cache_dir>/spool/run-<id>.jsonl`, and is re-sent first on the next
+flush that gets through; nothing is held only in memory. A rejected batch (400/401/404)
+is not retried: the site has said it will never take it, so it is logged and dropped.
+
+With `ingest_url=None` the reporter posts nothing and keeps every point in memory
+(`points`): benchmarks and tests run without a site.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+# Points per POST: the ingest takes thousands per second; 500 keeps one request small
+# (≈40 KB) while a poll of a fast run still fits in one or two requests.
+BATCH_POINTS = 500
+# Retry a down site after this many seconds, doubling up to BACKOFF_MAX_S: too short →
+# every poll of the driver waits on a dead socket; too long → the dashboard lags.
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 15.0
+STATUSES = ("running", "succeeded", "failed")
+
+
+def spool_path(cache_dir: str, run_id: int) -> Path:
+    """Where the points of run `run_id` wait while the site is unreachable."""
+    return Path(cache_dir) / "spool" / f"run-{run_id}.jsonl"
+
+
+class _SiteDown(Exception):
+    """The site did not answer (connection error, timeout or 5xx): keep and retry."""
+
+
+class MetricsReporter:
+    """Batches metric points and posts them (and run status) to the ingest endpoint.
+
+    Thread-safe. `add*` only buffers in memory; `flush()` sends (call it every poll);
+    `close()` makes a last bounded attempt and leaves whatever is left in the spool.
+    """
+
+    def __init__(
+        self,
+        run_id: int,
+        ingest_url: str | None,
+        token: str = "",
+        cache_dir: str | None = None,
+        *,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if ingest_url is not None and not cache_dir:
+            raise ValueError("MetricsReporter needs cache_dir (for the spool) when ingest_url is set")
+        self.run_id = run_id
+        self.ingest_url = ingest_url.rstrip("/") if ingest_url else None
+        self.points: list[dict] = []  # in-memory mode only: everything ever added
+        self.sent = 0  # points the site accepted
+        self.dropped = 0  # points the site rejected (400/401/404) or not finite
+        self.last_error = ""
+        self._pending: list[dict] = []
+        self._pending_status: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_START_S
+        self._spool = spool_path(cache_dir, run_id) if cache_dir else None
+        self._client = (
+            httpx.Client(
+                timeout=timeout_s,
+                headers={"Authorization": f"Bearer {token}"},
+                transport=transport,
+            )
+            if self.ingest_url
+            else None
+        )
+
+    # -- adding points -------------------------------------------------------------
+
+    def add(self, series: str, step: int, value: float, t: float | None = None) -> None:
+        """Queue one point. Non-finite values are dropped (JSON has no NaN)."""
+        value = float(value)
+        if not math.isfinite(value):
+            self.dropped += 1
+            log.warning("run %s: dropped non-finite %s=%r at step %s", self.run_id, series, value, step)
+            return
+        point = {"series": series, "step": int(step), "value": value, "time": t or time.time()}
+        with self._lock:
+            if self._client is None:
+                self.points.append(point)
+            else:
+                self._pending.append(point)
+
+    def add_many(self, values: dict[str, float], step: int, t: float | None = None) -> None:
+        """Queue one point per entry of `values`, all at `step`."""
+        t = t or time.time()
+        for series, value in values.items():
+            self.add(series, step, value, t)
+
+    def post_status(self, status: str, error: str = "") -> bool:
+        """Tell the site the run's state; True once delivered. Undelivered, the latest
+        status is retried on every flush (terminal states stick on the site, so a late
+        retry of "running" cannot undo "cancelled")."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES} (got {status!r})")
+        if self._client is None:
+            log.info("run %s: status %s %s", self.run_id, status, error)
+            return True
+        with self._lock:
+            self._pending_status = (status, error[:4000])
+            self._send_status()
+            return self._pending_status is None
+
+    # -- sending -------------------------------------------------------------------
+
+    def flush(self, force: bool = False) -> int:
+        """Send the spool (first) and the queued points; returns points accepted now.
+
+        While the site is down this only moves queued points to the spool, unless the
+        backoff has expired or `force` is set."""
+        if self._client is None:
+            return 0
+        with self._lock:
+            if not force and time.monotonic() < self._retry_at:
+                self._spool_pending()
+                return 0
+            if self._pending_status is not None:
+                self._send_status()
+                if self._pending_status is not None:  # still down: don't knock twice
+                    self._spool_pending()
+                    return 0
+            spooled = self._read_spool()
+            todo = spooled + self._pending
+            self._pending = []
+            accepted = 0
+            for i in range(0, len(todo), BATCH_POINTS):
+                try:
+                    accepted += self._post_points(todo[i : i + BATCH_POINTS])
+                except _SiteDown as exc:
+                    self._site_down(exc)
+                    self._write_spool(todo[i:])
+                    return accepted
+            self._site_up()
+            if spooled:
+                self._write_spool([])
+            return accepted
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Deliver what is left, retrying for up to `timeout_s`; True if nothing is left.
+
+        Whatever could not be delivered stays in the spool for `resend_spool`."""
+        if self._client is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.flush(force=True)
+            with self._lock:
+                done = not self._pending and self._pending_status is None and not self._spool_size()
+            if done or time.monotonic() >= deadline:
+                break
+            time.sleep(min(self._backoff, max(0.0, deadline - time.monotonic())))
+        self._client.close()
+        return done
+
+    @property
+    def site_down(self) -> bool:
+        return self._retry_at > 0
+
+    # -- internals (call with the lock held) ---------------------------------------
+
+    def _post(self, suffix: str, body: dict) -> httpx.Response:
+        url = f"{self.ingest_url}/api/runs/{self.run_id}/{suffix}"
+        try:
+            resp = self._client.post(url, json=body)
+        except httpx.HTTPError as exc:  # connection refused, timeout, reset
+            raise _SiteDown(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise _SiteDown(f"HTTP {resp.status_code} from {url}")
+        return resp
+
+    def _post_points(self, points: list[dict]) -> int:
+        resp = self._post("metrics", {"points": points})
+        if resp.status_code == 200:
+            n = int(resp.json().get("accepted", len(points)))
+            self.sent += n
+            return n
+        # 400/401/404: resending cannot help; say why once and move on.
+        self.dropped += len(points)
+        self.last_error = f"ingest rejected {len(points)} points: HTTP {resp.status_code} {resp.text[:300]}"
+        log.error("run %s: %s", self.run_id, self.last_error)
+        return 0
+
+    def _send_status(self) -> None:
+        status, error = self._pending_status
+        try:
+            resp = self._post("status", {"status": status, "error": error})
+        except _SiteDown as exc:
+            self._site_down(exc)
+            return
+        if resp.status_code != 200:
+            self.last_error = f"status {status!r} rejected: HTTP {resp.status_code} {resp.text[:300]}"
+            log.error("run %s: %s", self.run_id, self.last_error)
+        self._pending_status = None
+
+    def _site_down(self, exc: Exception) -> None:
+        self.last_error = str(exc)
+        if self._retry_at == 0:
+            log.warning("run %s: ingest unreachable (%s); spooling to %s", self.run_id, exc, self._spool)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _site_up(self) -> None:
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_START_S
+
+    def _spool_pending(self) -> None:
+        if self._pending:
+            self._append_spool(self._pending)
+            self._pending = []
+
+    def _read_spool(self) -> list[dict]:
+        if self._spool is None or not self._spool.exists():
+            return []
+        points = []
+        for line in self._spool.read_text().splitlines():
+            try:
+                points.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line after a crash mid-write
+                log.warning("run %s: skipping a corrupt spool line", self.run_id)
+        return points
+
+    def _append_spool(self, points: Iterable[dict]) -> None:
+        self._spool.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._spool, "a") as f:
+            f.writelines(json.dumps(p) + "\n" for p in points)
+
+    def _write_spool(self, points: list[dict]) -> None:
+        """Replace the spool atomically (a crash leaves the old or the new one, never half)."""
+        if not points:
+            self._spool.unlink(missing_ok=True)
+            return
+        self._spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._spool.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in points)
+        os.replace(tmp, self._spool)
+
+    def _spool_size(self) -> int:
+        return self._spool.stat().st_size if self._spool and self._spool.exists() else 0
+
+
+def resend_spool(run_id: int, *, ingest_url: str, token: str, cache_dir: str, timeout_s: float = 10.0) -> bool:
+    """Re-send the spooled points of a run whose driver is gone (e.g. from the platform's
+    reconcile task). True if the spool is now empty."""
+    reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
+    return reporter.close(timeout_s=timeout_s)
