@@ -1,0 +1,398 @@
+"""The run driver and the run lifecycle API (launch / cancel / is_alive).
+
+A run lives in Ray as a detached, named actor `run-<id>` (namespace "rollway"), so the
+Celery task that launches it stays short and a redelivered task finds the run instead
+of starting it twice. The driver builds (or finds) the warm-started policy, creates the
+run's actors (`run-<id>-buffer`, `run-<id>-inference-<k>`, `run-<id>-trainer`; not
+detached, so they die with the driver), starts their loops and supervises them: every
+POLL_S it drains their metrics, reports them through the `MetricsReporter` (one point
+per series per trainer step, step = policy version) and checks the stop conditions.
+
+Status goes to the platform as running → succeeded | failed (with the error text). A
+cancelled run posts no terminal status: the platform set "cancelled" itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from collections import defaultdict
+
+import ray
+
+from workers.actors import BufferActor, InferenceWorker, TrainerActor
+from workers.config import RunConfig
+from workers.reporter import MetricsReporter
+from workers.timeline import StepWindows
+from workers.warmstart import policy_dir
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "rollway"
+# Metrics poll period: shorter → fresher charts, more actor calls (≈1 ms each).
+POLL_S = 0.5
+# target_reward is judged on the mean reward/mean of this many latest steps: one step
+# is too noisy to stop on.
+TARGET_WINDOW = 5
+# Child actors must be up within this (vLLM needs ~20–40 s on CPU to start).
+SPAWN_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+LAUNCH_TIMEOUT_S = 60.0
+
+
+def actor_name(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class RunDriver:
+    """One run: spawns the actors, supervises them, reports metrics and status."""
+
+    def __init__(
+        self,
+        run_id: int,
+        config: dict,
+        ingest_url: str | None,
+        token: str,
+        cache_dir: str,
+        exit_when_done: bool = True,
+        trainer_threads: int | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.name = actor_name(run_id)
+        self.config = config
+        self.cfg = RunConfig.model_validate(config)
+        self.cache_dir = cache_dir
+        self.exit_when_done = exit_when_done
+        self.trainer_threads = trainer_threads
+        self.reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
+        self.state = "created"  # created → starting → running → succeeded | failed | cancelled
+        self.reason = ""
+        self.error = ""
+        self.version = 0
+        self.series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.buffer = self.trainer = None
+        self.workers: list = []
+        self._windows = StepWindows(self.cfg.inference.num_workers)
+        self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
+        self._syncs: dict[int, list] = defaultdict(list)  # version → SyncStats per worker
+        self._loop_started = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- control -------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start the run in a background thread (idempotent); returns the actor name."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name="run", daemon=True)
+            self._thread.start()
+        return self.name
+
+    def stop(self) -> None:
+        """Graceful cancel: the run loop stops its actors and flushes its metrics."""
+        self._stop.set()
+
+    def ping(self) -> dict:
+        return {"state": self.state, "version": self.version, "reason": self.reason, "error": self.error}
+
+    def exit(self) -> None:
+        ray.actor.exit_actor()
+
+    def _main(self) -> None:
+        self.run()
+        if self.exit_when_done:
+            # exit_actor() must run as a task of this actor, not in this thread.
+            ray.get_runtime_context().current_actor.exit.remote()
+
+    # -- the run -------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Run to completion (blocking) and return the summary; see `summary()`."""
+        self.state = "starting"
+        self.reporter.post_status("running")
+        try:
+            model_dir = policy_dir(self.cfg, self.cache_dir)
+            if self._spawn(model_dir):
+                self.state = "running"
+                self.reason = self._supervise()
+            else:
+                self.reason = "cancelled"
+            self._stop_children()
+            self._collect()
+            if self.reason == "cancelled":
+                self.state = "cancelled"
+            else:
+                self.state = "succeeded"
+                self.reporter.post_status("succeeded")
+        except Exception as exc:
+            self.state, self.reason = "failed", "error"
+            self.error = str(exc) if isinstance(exc, ChildFailed) else traceback.format_exc()
+            log.error("run %s failed: %s", self.run_id, self.error)
+            self.reporter.post_status("failed", self.error[-4000:])
+        finally:
+            self._kill_children()
+            self.reporter.close()
+        return self.summary()
+
+    def summary(self) -> dict:
+        """state, reason, error, steps, wall_s (of the loops) and every emitted series
+        as {name: [(step, value), ...]}."""
+        return {
+            "run_id": self.run_id,
+            "state": self.state,
+            "reason": self.reason,
+            "error": self.error,
+            "steps": self.version,
+            "wall_s": time.time() - self._loop_started if self._loop_started else 0.0,
+            "series": dict(self.series),
+        }
+
+    def _spawn(self, model_dir: str) -> bool:
+        """Create the run's actors and start their loops; False if cancelled meanwhile."""
+        if self._stop.is_set():
+            return False
+        _kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
+        cfg, b = self.cfg, self.cfg.trainer.batch_groups
+        w = cfg.inference.num_workers
+        # Sync: batch k only from version k. Async: at most max_staleness batches ahead,
+        # so admission paces generation instead of generating groups get() would drop.
+        ahead = 0 if cfg.mode == "sync" else min(cfg.buffer.capacity, cfg.buffer.max_staleness)
+        self.buffer = BufferActor.options(name=f"{self.name}-buffer", namespace=NAMESPACE).remote(
+            cfg.buffer.capacity * b, cfg.buffer.max_staleness, b, ahead
+        )
+        self.workers = [
+            InferenceWorker.options(name=f"{self.name}-inference-{k}", namespace=NAMESPACE).remote(
+                self.config, model_dir, k, w, self.buffer
+            )
+            for k in range(w)
+        ]
+        self.trainer = TrainerActor.options(name=f"{self.name}-trainer", namespace=NAMESPACE).remote(
+            self.config, model_dir, self.buffer, self.workers, self.trainer_threads
+        )
+        pending = [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)]
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            ray.get(done)  # raises an actor's constructor error
+            if self._stop.is_set():
+                return False
+            if pending and time.monotonic() > deadline:
+                raise ChildFailed(
+                    f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s: the cluster may lack "
+                    "the CPUs they ask for (workers.actors INFERENCE_CPUS / TRAINER_CPUS)"
+                )
+        ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
+        self._loop_started = time.time()
+        return True
+
+    def _supervise(self) -> str:
+        """Poll until a stop condition; returns the reason."""
+        stop = self.cfg.stop
+        while not self._stop.wait(POLL_S):
+            if self._collect():
+                return "max_steps"
+            if time.time() - self._loop_started >= stop.max_minutes * 60:
+                return "max_minutes"
+            rewards = [v for _, v in self.series["reward/mean"][-TARGET_WINDOW:]]
+            if (
+                stop.target_reward is not None
+                and len(rewards) == TARGET_WINDOW
+                and sum(rewards) / TARGET_WINDOW >= stop.target_reward
+            ):
+                return "target_reward"
+        return "cancelled"
+
+    def _stop_children(self) -> None:
+        actors = [a for a in (self.trainer, *self.workers) if a is not None]
+        calls = [a.stop.remote() for a in actors]
+        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S)
+
+    def _kill_children(self) -> None:
+        for a in (self.trainer, *self.workers, self.buffer):
+            if a is not None:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # already gone
+                    pass
+
+    # -- metrics -------------------------------------------------------------------
+
+    def _emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
+        self.reporter.add(series, step, value, t)
+        self.series[series].append((step, float(value)))
+
+    def _collect(self) -> bool:
+        """Drain the actors' metrics and report them; True once the trainer is done.
+        Raises ChildFailed if an actor failed or died."""
+        if self.trainer is None:
+            return False
+        try:
+            tr = ray.get(self.trainer.drain_metrics.remote())
+            reports = ray.get([w.drain_metrics.remote() for w in self.workers])
+        except ray.exceptions.RayActorError as exc:
+            raise ChildFailed(f"a run actor died: {exc}") from exc
+        if tr["error"]:
+            raise ChildFailed(f"trainer failed:\n{tr['error']}")
+        for k, rep in enumerate(reports):
+            if rep["error"]:
+                raise ChildFailed(f"inference worker {k} failed:\n{rep['error']}")
+
+        for rec in tr["steps"]:
+            step = rec["step"]
+            for series, value in rec.items():
+                if series not in ("step", "t0", "t1"):
+                    self._emit(series, step, value, rec["t1"])
+            self._pending_windows.append((step, rec["t0"], rec["t1"]))
+            self.version = step
+        for k, rep in enumerate(reports):
+            self._windows.report(k, rep["segments"], rep["open"], rep["now"])
+            for s in rep["syncs"]:
+                self._syncs[s.version].append(s)
+        self._emit_windows()
+        self._emit_syncs()
+        self.reporter.flush()
+        return tr["done"]
+
+    def _emit_windows(self) -> None:
+        while self._pending_windows and self._windows.complete(self._pending_windows[0][2]):
+            step, t0, t1 = self._pending_windows.pop(0)
+            for series, value in self._windows.window(t0, t1).items():
+                self._emit(series, step, value, t1)
+            self._windows.prune(t1)
+
+    def _emit_syncs(self) -> None:
+        """One point per version once every worker has loaded it: the slowest worker's
+        figures. Versions a worker skipped (a newer one arrived first) are dropped."""
+        w = len(self.workers)
+        complete = sorted(v for v, stats in self._syncs.items() if len(stats) == w)
+        for v in complete:
+            stats = self._syncs.pop(v)
+            self._emit("sync/latency_ms", v, max(s.end_to_end_ms for s in stats))
+            self._emit("sync/inference_ms", v, max(s.inference_ms for s in stats))
+        if complete:
+            for v in [v for v in self._syncs if v < complete[-1]]:
+                del self._syncs[v]
+
+
+class ChildFailed(RuntimeError):
+    """A run actor raised or died; the message carries its traceback."""
+
+
+# -- lifecycle API (called by the platform's Celery tasks) ---------------------------
+
+
+def connect(ray_address: str | None = None) -> None:
+    """Join Ray if this process has not: `ray_address`, else RAY_ADDRESS, else a new
+    local cluster (which lives only as long as this process: fine for tests, not for a
+    platform; there the launcher's `ray start --head` sets RAY_ADDRESS)."""
+    if ray.is_initialized():
+        return
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+
+
+def launch(
+    run_id: int,
+    config: dict,
+    *,
+    ingest_url: str,
+    token: str,
+    cache_dir: str,
+    ray_address: str | None = None,
+) -> str:
+    """Create (or find) the detached driver actor `run-<run_id>` and start the run.
+
+    Idempotent: launching a run whose driver is alive only finds it. Returns the actor
+    name once the driver has started (seconds); the run goes on inside Ray. Raises
+    pydantic.ValidationError for a bad config. A driver that already finished has exited,
+    so launching its run again starts it afresh: check the run's state first."""
+    cfg = RunConfig.model_validate(config)
+    connect(ray_address)
+    driver = RunDriver.options(
+        name=actor_name(run_id),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=0,
+    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir)
+    return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
+
+
+def cancel(run_id: int, *, ray_address: str | None = None, timeout_s: float = 10.0) -> bool:
+    """Stop run `run_id` and every actor it created; True if there was one.
+
+    Asks the driver to stop gracefully for up to half of `timeout_s`, then kills whatever
+    `run-<id>*` actor is left, and waits until none is alive. Raises TimeoutError naming
+    the survivors if some outlive `timeout_s`."""
+    connect(ray_address)
+    deadline = time.monotonic() + timeout_s
+    names = run_actor_names(run_id)
+    if not names:
+        return False
+    driver = _get_actor(actor_name(run_id))
+    if driver is not None:
+        try:
+            ray.get(driver.stop.remote(), timeout=max(0.1, timeout_s / 4))
+            grace = time.monotonic() + timeout_s / 2
+            while run_actor_names(run_id) and time.monotonic() < grace:
+                time.sleep(0.1)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+    while True:
+        left = run_actor_names(run_id)
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run_id}: actors still alive after {timeout_s}s: {left}")
+        _kill_named(left)
+        time.sleep(0.1)
+
+
+def is_alive(run_id: int, *, ray_address: str | None = None) -> bool:
+    """Whether the driver actor of run `run_id` exists and answers (or is busy)."""
+    connect(ray_address)
+    driver = _get_actor(actor_name(run_id))
+    if driver is None:
+        return False
+    try:
+        ray.get(driver.ping.remote(), timeout=5.0)
+    except ray.exceptions.GetTimeoutError:
+        return True  # alive but its call slots are busy
+    except ray.exceptions.RayActorError:
+        return False
+    return True
+
+
+def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
+    """Names of the live actors of run `run_id` in the rollway namespace."""
+    base = actor_name(run_id)
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE
+        and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
+    )
+
+
+def _get_actor(name: str):
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _kill_named(names: list[str]) -> None:
+    for name in names:
+        handle = _get_actor(name)
+        if handle is not None:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # died meanwhile
+                pass

@@ -1,0 +1,118 @@
+"""Busy/idle accounting: what each inference worker did, turned into per-step figures.
+
+Every inference worker records time segments (`generate` with the tokens it produced,
+`blocked` on a full buffer) in a `Timeline`. The driver drains them and, for each
+trainer step's window [previous step end, this step end], computes the fraction of
+worker time spent not generating, the token rate and the backpressure time in that
+window (`StepWindows`). So every series is per trainer step, on the same x-axis as the
+reward, whatever the poll interval.
+
+Times are `time.time()`: comparable across the processes of one host (and across hosts
+as far as their clocks agree).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+GENERATE = "generate"
+BLOCKED = "blocked"
+
+
+@dataclass
+class Segment:
+    kind: str  # GENERATE | BLOCKED
+    t0: float
+    t1: float
+    tokens: int = 0
+
+
+class Timeline:
+    """Worker side: closed segments since the last drain, plus the one in progress."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed: list[Segment] = []
+        self._open: tuple[str, float] | None = None
+
+    def begin(self, kind: str) -> None:
+        with self._lock:
+            self._open = (kind, time.time())
+
+    def end(self, tokens: int = 0, seconds: float | None = None) -> Segment:
+        """Close the open segment. `seconds` keeps only its last `seconds` (e.g. the
+        part of a put call actually spent blocked); empty segments are not recorded."""
+        with self._lock:
+            kind, t0 = self._open
+            self._open = None
+            t1 = time.time()
+            if seconds is not None:
+                t0 = max(t0, t1 - seconds)
+            seg = Segment(kind, t0, t1, tokens)
+            if t1 > t0:
+                self._closed.append(seg)
+            return seg
+
+    def drain(self) -> tuple[list[Segment], tuple[str, float] | None, float]:
+        """(closed segments since the last drain, open segment or None, now)."""
+        with self._lock:
+            closed, self._closed = self._closed, []
+            return closed, self._open, time.time()
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+class StepWindows:
+    """Driver side: segments of all workers → per-window idle fraction, tokens/s and
+    backpressure."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._segments: list[tuple[int, Segment]] = []
+        self._open: dict[int, tuple[str, float] | None] = {}
+        self._seen_at: dict[int, float] = {}  # when each worker last reported
+
+    def report(self, worker: int, closed: list[Segment], open_seg: tuple[str, float] | None, now: float) -> None:
+        for seg in closed:
+            self._segments.append((worker, seg))
+        self._open[worker] = open_seg
+        self._seen_at[worker] = now
+
+    def complete(self, t_end: float) -> bool:
+        """Whether every worker's activity up to `t_end` is known: each has reported
+        after `t_end` and none is still inside a segment that began before it."""
+        for w in range(self.num_workers):
+            if self._seen_at.get(w, 0.0) < t_end:
+                return False
+            seg = self._open.get(w)
+            if seg is not None and seg[1] < t_end:
+                return False
+        return True
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        """inference/idle_frac, inference/tokens_per_s and rollout/backpressure_s over
+        [t0, t1]. Call once `complete(t1)` holds."""
+        span = max(t1 - t0, 1e-9)
+        busy = tokens = blocked = 0.0
+        for _, seg in self._segments:
+            ov = _overlap(seg.t0, seg.t1, t0, t1)
+            if not ov:
+                continue
+            if seg.kind == GENERATE:
+                busy += ov
+                tokens += seg.tokens * ov / max(seg.t1 - seg.t0, 1e-9)
+            else:
+                blocked += ov
+        return {
+            "inference/idle_frac": max(0.0, 1.0 - busy / (self.num_workers * span)),
+            "inference/tokens_per_s": tokens / span,
+            "rollout/backpressure_s": blocked,
+        }
+
+    def prune(self, before: float) -> None:
+        """Forget segments that ended before `before` (already accounted for)."""
+        self._segments = [(w, s) for w, s in self._segments if s.t1 >= before]
