@@ -98,6 +98,8 @@ class Run(models.Model):
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # When `status` last changed: the reconciler's clock for grace periods and retries.
+    status_changed_at = models.DateTimeField(default=timezone.now)
     launched_at = models.DateTimeField(null=True, blank=True, help_text="Claimed by Celery.")
     started_at = models.DateTimeField(null=True, blank=True, help_text="Driver reported running.")
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -139,7 +141,7 @@ class Run(models.Model):
         if only_from is not None:
             allowed = allowed & frozenset(only_from)
         now = timezone.now()
-        fields: dict[str, object] = {"status": status}
+        fields: dict[str, object] = {"status": status, "status_changed_at": now}
         if status == self.Status.STARTING:
             fields["launched_at"] = now
         elif status == self.Status.RUNNING:
@@ -150,7 +152,9 @@ class Run(models.Model):
             fields["error"] = error
         changed = Run.objects.filter(pk=self.pk, status__in=allowed).update(**fields) == 1
         self.refresh_from_db(
-            fields=["status", "error", "launched_at", "started_at", "finished_at"]
+            fields=[
+                "status", "status_changed_at", "error", "launched_at", "started_at", "finished_at",
+            ]
         )
         return changed
 

@@ -1,0 +1,116 @@
+"""The engine's ingest endpoints (brief: "Metrics ingest"): the driver's reporter posts
+metric batches and status changes here, authenticated by the run's own bearer token.
+
+One metrics path for local and remote Ray clusters alike; persisted idempotently (one row
+per run, series, step) and then fanned out to the run's WebSocket group.
+Throughput target ≥ 10k points/s: one validation pass, one bulk upsert, no per-point query.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated, Literal
+
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from typing_extensions import NotRequired, TypedDict
+
+from api.http import errors_response, validation_errors
+from runs.actions import do_record_points, do_set_run_status
+from runs.models import Run
+
+logger = logging.getLogger(__name__)
+
+SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
+# Bounds one request's memory (~5 MB of JSON); the reporter sends far smaller batches.
+MAX_POINTS_PER_REQUEST = 50_000
+
+
+class PointIn(TypedDict):
+    # TypedDicts validate straight into dicts: no model object per point.
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
+    step: Annotated[int, Field(ge=0)]
+    value: Annotated[float, Field(allow_inf_nan=False)]
+    time: Annotated[float, Field(allow_inf_nan=False)]
+
+
+class MetricsIn(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    points: Annotated[list[PointIn], Field(max_length=MAX_POINTS_PER_REQUEST)]
+
+
+class StatusIn(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    status: Literal["running", "succeeded", "failed"]
+    error: NotRequired[Annotated[str, Field(max_length=20_000)]]
+
+
+METRICS_IN = TypeAdapter(MetricsIn)
+STATUS_IN = TypeAdapter(StatusIn)
+# The engine's word for each status it may report.
+REPORTED = {
+    "running": Run.Status.RUNNING,
+    "succeeded": Run.Status.SUCCEEDED,
+    "failed": Run.Status.FAILED,
+}
+
+
+def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
+    """The run if the bearer token is its own; else the 404/401 response to return."""
+    run = Run.objects.select_related("experiment__team").filter(pk=run_id).first()
+    if run is None:
+        return errors_response({"run": f"run {run_id} not found"}, status=404)
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        token.strip().encode(), run.ingest_token.encode()
+    ):
+        response = errors_response(
+            {"auth": "send the run's ingest token as 'Authorization: Bearer <token>'"},
+            status=401,
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="rollway-ingest"'
+        return response
+    return run
+
+
+def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+    """POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}."""
+    run = _authorized_run(request, run_id)
+    if isinstance(run, JsonResponse):
+        return run
+    try:
+        payload = METRICS_IN.validate_json(request.body)
+    except ValidationError as exc:
+        return errors_response(validation_errors(exc))
+    points = payload["points"]
+    if points:
+        with transaction.atomic():
+            do_record_points(run, points)
+    return JsonResponse({"accepted": len(points)})
+
+
+def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
+    """POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": ""}.
+
+    Answers the run's status after the call: a driver told "cancelling" or "cancelled"
+    knows to stop. A status the run may not enter (a late "running" on a finished run)
+    is not an error: it is ignored and `changed` is false."""
+    run = _authorized_run(request, run_id)
+    if isinstance(run, JsonResponse):
+        return run
+    try:
+        payload = STATUS_IN.validate_json(request.body)
+    except ValidationError as exc:
+        return errors_response(validation_errors(exc))
+    status = REPORTED[payload["status"]]
+    error = payload.get("error", "")
+    if status == Run.Status.FAILED and not error:
+        error = "failed (the driver gave no reason)"
+    changed = do_set_run_status(run, status, error=error if status == Run.Status.FAILED else "")
+    return JsonResponse({"status": run.status, "changed": changed})

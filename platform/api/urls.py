@@ -1,0 +1,17 @@
+from django.urls import path
+
+from api import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("presets", views.presets, name="presets"),
+    path("config/schema", views.config_schema, name="config-schema"),
+    path("teams", views.teams, name="teams"),
+    path("experiments", views.experiments, name="experiments"),
+    path("runs", views.runs, name="runs"),
+    path("runs/<int:run_id>", views.run_detail, name="run"),
+    path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/metrics", views.run_metrics, name="run-metrics"),
+    path("runs/<int:run_id>/status", views.run_status, name="run-status"),
+]

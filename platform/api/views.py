@@ -1,0 +1,225 @@
+"""The JSON API: everything the UI does, for scripts and the browser alike.
+
+Session-authenticated (CSRF applies to POSTs as for any session form). The engine's
+token-authenticated ingest endpoints live in api/ingest.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from api.http import (
+    BadBody,
+    api_login_required,
+    errors_response,
+    int_param,
+    json_object,
+    validation_errors,
+)
+from api.ingest import ingest_metrics, ingest_status
+from runs import actions
+from runs.metrics import read_series
+from runs.models import Experiment, Run
+from teams.models import Team
+from workers.config import json_schema
+from workers.presets import PRESETS
+
+RUNS_LIST_LIMIT = 200
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness for `manage.py up` and load balancers: the site answers and the DB too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"ok": True})
+
+
+@require_GET
+@api_login_required
+def presets(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(
+        {
+            "presets": [
+                {
+                    "name": name,
+                    "description": preset["description"],
+                    "config": preset["config"].model_dump(mode="json"),
+                }
+                for name, preset in PRESETS.items()
+            ]
+        }
+    )
+
+
+@require_GET
+@api_login_required
+def config_schema(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(json_schema())
+
+
+@require_GET
+@api_login_required
+def teams(request: HttpRequest) -> JsonResponse:
+    out = []
+    for team in Team.objects.for_user(request.user).prefetch_related("experiments"):
+        out.append(
+            {
+                "id": team.pk,
+                "slug": team.slug,
+                "name": team.name,
+                "role": team.role_of(request.user),
+                "experiments": [_experiment(e) for e in team.experiments.all()],
+            }
+        )
+    return JsonResponse({"teams": out})
+
+
+def _experiment(experiment: Experiment) -> dict[str, Any]:
+    return {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "description": experiment.description,
+        "team": experiment.team_id,
+    }
+
+
+class ExperimentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    team: int | str
+    name: str
+    description: str = ""
+
+
+@require_http_methods(["GET", "POST"])
+@api_login_required
+def experiments(request: HttpRequest) -> JsonResponse:
+    if request.method == "GET":
+        found = Experiment.objects.filter(team__in=Team.objects.for_user(request.user))
+        return JsonResponse({"experiments": [_experiment(e) for e in found]})
+    try:
+        data = ExperimentIn.model_validate(json_object(request))
+        team = actions.check_team_access(request.user, data.team)
+    except BadBody as exc:
+        return errors_response(exc.errors)
+    except ValidationError as exc:
+        return errors_response(validation_errors(exc))
+    except actions.ActionError as exc:
+        return errors_response(exc.errors)
+    name = data.name.strip()
+    if not name or len(name) > 100:
+        return errors_response({"name": "must be 1 to 100 characters"})
+    try:
+        with transaction.atomic():
+            experiment = Experiment.objects.create(
+                team=team, name=name, description=data.description, created_by=request.user
+            )
+    except IntegrityError:
+        return errors_response({"name": f"team {team.slug} already has an experiment {name!r}"})
+    return JsonResponse(_experiment(experiment), status=201)
+
+
+class LaunchIn(BaseModel):
+    """POST /api/runs. `overrides` is checked by the actions layer (its message is better)."""
+
+    model_config = ConfigDict(extra="forbid")
+    experiment: int | None = None
+    team: int | str | None = None
+    name: str = ""
+    preset: str = ""
+    overrides: Any = None
+
+
+@require_http_methods(["GET", "POST"])
+@api_login_required
+def runs(request: HttpRequest) -> JsonResponse:
+    if request.method == "GET":
+        found = Run.objects.visible_to(request.user).select_related("experiment__team")
+        if request.GET.get("status"):
+            found = found.filter(status=request.GET["status"])
+        if request.GET.get("experiment"):
+            found = found.filter(experiment_id=request.GET["experiment"])
+        return JsonResponse({"runs": [run.summary() for run in found[:RUNS_LIST_LIMIT]]})
+
+    try:
+        data = LaunchIn.model_validate(json_object(request))
+        launch = actions.check_launch(request.user, **data.model_dump())
+    except BadBody as exc:
+        return errors_response(exc.errors)
+    except ValidationError as exc:
+        return errors_response(validation_errors(exc))
+    except actions.ActionError as exc:
+        return errors_response(exc.errors)
+    run = actions.do_launch_run(request.user, launch)
+    return JsonResponse(run.detail(), status=201)
+
+
+@require_GET
+@api_login_required
+def run_detail(request: HttpRequest, run_id: int) -> JsonResponse:
+    try:
+        run = actions.check_run_access(request.user, run_id)
+    except actions.NotFound as exc:
+        return errors_response({"run": str(exc)}, status=404)
+    return JsonResponse(run.detail())
+
+
+@require_POST
+@api_login_required
+def run_cancel(request: HttpRequest, run_id: int) -> JsonResponse:
+    try:
+        run = actions.check_run_access(request.user, run_id)
+        actions.check_cancel(request.user, run)
+    except actions.NotFound as exc:
+        return errors_response({"run": str(exc)}, status=404)
+    except actions.ActionError as exc:
+        return errors_response(exc.errors, status=409)
+    actions.do_cancel_run(request.user, run)
+    return JsonResponse(run.detail(), status=202)
+
+
+@csrf_exempt  # POST is the engine's token-authenticated ingest; GET is a session read
+@require_http_methods(["GET", "POST"])
+def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+    if request.method == "POST":
+        return ingest_metrics(request, run_id)
+    return _read_metrics(request, run_id)
+
+
+@api_login_required
+def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+    """GET ?series=a,b (or repeated) &after_step=N &max_points=N → each series' points,
+    min-max downsampled to at most max_points."""
+    try:
+        run = actions.check_run_access(request.user, run_id)
+    except actions.NotFound as exc:
+        return errors_response({"run": str(exc)}, status=404)
+    try:
+        after_step = int_param(request, "after_step", None)
+        max_points = int_param(
+            request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000
+        )
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]
+        return errors_response({name: str(exc)})
+    names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
+    return JsonResponse(
+        {
+            "run": run.pk,
+            "status": run.status,
+            "max_points": max_points,
+            "series": read_series(run, names or None, after_step, max_points),
+        }
+    )
+
+
+@csrf_exempt  # token-authenticated, never a browser form
+@require_POST
+def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
+    return ingest_status(request, run_id)

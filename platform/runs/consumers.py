@@ -1,0 +1,83 @@
+"""WebSocket consumers: live run status for the runs list, live points for a run page.
+
+Close codes (sent after accepting, so browsers see them): 4401 not logged in,
+4403 not a member of the run's team (or no such run: outsiders learn nothing).
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from runs import events
+from runs.models import Run
+from teams.models import Team
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+@database_sync_to_async
+def _team_ids(user) -> set[int]:
+    return set(Team.objects.for_user(user).values_list("pk", flat=True))
+
+
+@database_sync_to_async
+def _can_view(user, run_id: int) -> bool:
+    return Run.objects.visible_to(user).filter(pk=run_id).exists()
+
+
+class _RefusingConsumer(AsyncJsonWebsocketConsumer):
+    groups_joined: tuple[str, ...] = ()
+
+    async def refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+
+    async def join(self, *groups: str) -> None:
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined = groups
+        await self.accept()
+
+    async def disconnect(self, code) -> None:
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        pass  # the stream is server → browser only
+
+
+class RunsConsumer(_RefusingConsumer):
+    """/ws/runs/: status changes of every run in the user's teams."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            return await self.refuse(CLOSE_UNAUTHENTICATED)
+        # Read once: joining a team takes effect on the next connection.
+        self.team_ids = await _team_ids(user)
+        await self.join(events.RUNS_GROUP)
+
+    async def run_status(self, event: dict) -> None:
+        if event["team_id"] in self.team_ids:
+            await self.send_json({"type": "status", "run": event["run"]})
+
+
+class RunConsumer(_RefusingConsumer):
+    """/ws/runs/<id>/: the run's metric points as they are ingested, and its status."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            return await self.refuse(CLOSE_UNAUTHENTICATED)
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not await _can_view(user, run_id):
+            return await self.refuse(CLOSE_FORBIDDEN)
+        await self.join(events.run_group(run_id))
+
+    async def metrics_points(self, event: dict) -> None:
+        await self.send_json({"type": "points", "points": event["points"]})
+
+    async def run_status(self, event: dict) -> None:
+        await self.send_json({"type": "status", "run": event["run"]})

@@ -1,0 +1,46 @@
+"""Fan-out of run events through the channel layer to WebSocket consumers.
+
+Groups: "run-<id>" gets a run's metric points and status changes (the run page);
+"runs" gets every status change (the runs list; consumers filter by team).
+A failed send is logged, never raised: the data is already stored, and a browser that
+missed an event catches up from the API on its next load.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+RUNS_GROUP = "runs"
+POINTS_EVENT = "metrics.points"  # handled by RunConsumer.metrics_points
+STATUS_EVENT = "run.status"  # handled by RunConsumer.run_status / RunsConsumer.run_status
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def _send(group: str, message: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # noqa: BLE001 - a broken channel layer must not fail ingest
+        logger.exception("channel layer send to %s failed", group)
+
+
+def send_points(run_id: int, points: list[dict]) -> None:
+    """Points as {"series", "step", "value", "time"} dicts, to the run's page."""
+    _send(run_group(run_id), {"type": POINTS_EVENT, "run_id": run_id, "points": points})
+
+
+def send_status(run) -> None:
+    """The run's summary, to its page and to the runs list of its team's members."""
+    message = {"type": STATUS_EVENT, "team_id": run.experiment.team_id, "run": run.summary()}
+    _send(run_group(run.pk), message)
+    _send(RUNS_GROUP, message)
