@@ -125,7 +125,8 @@ USE_TZ = True
 
 # --- static files -------------------------------------------------------------------
 STATIC_URL = "/static/"
-STATIC_ROOT = ROLLWAY_HOME / "static"
+STATIC_ROOT = ROLLWAY_HOME / "static"  # collectstatic target (deploy images)
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on every start without it
 STATICFILES_DIRS = [FRONTEND_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",

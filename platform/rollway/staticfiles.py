@@ -34,7 +34,7 @@ class PlotlyFinder(BaseFinder):
         if path == f"{PREFIX}/{PLOTLY_FILE}":
             match = os.path.join(PLOTLY_DATA_DIR, PLOTLY_FILE)
             return [match] if find_all else match
-        return [] if find_all else None
+        return []  # like Django's finders: an empty list, whatever find_all says
 
     def list(self, ignore_patterns):
         yield PLOTLY_FILE, self.storage

@@ -17,6 +17,12 @@ from workers.presets import build
 
 
 @pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    # PBKDF2 costs ~0.5 s per user on this machine; tests need no real hashing.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def in_memory_channel_layer(settings):
     # Also resets the layer between tests (channels listens to setting_changed), so no
     # queue outlives the event loop of the test that made it.

@@ -1,0 +1,152 @@
+"""The session JSON API: presets, schema, runs, cancel and metric reads (downsampled)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runs.metrics import min_max_decimate
+from runs.models import MetricPoint, Run
+
+Status = Run.Status
+
+
+def test_it_lists_presets_with_description_and_config(client_for, owner):
+    presets = {p["name"]: p for p in client_for(owner).get("/api/presets").json()["presets"]}
+    assert {"async", "sync"} <= set(presets)
+    assert presets["sync"]["config"]["mode"] == "sync"
+    assert "Synchronous" in presets["sync"]["description"]
+
+
+def test_it_serves_the_engine_config_schema(client_for, owner):
+    schema = client_for(owner).get("/api/config/schema").json()
+    assert schema["title"] == "RunConfig"
+    assert "buffer" in schema["properties"]
+
+
+@pytest.mark.parametrize("url", ["/api/presets", "/api/runs", "/api/teams", "/api/config/schema"])
+def test_anonymous_callers_get_401_not_a_login_page(client, db, url):
+    r = client.get(url)
+    assert r.status_code == 401
+    assert "auth" in r.json()["errors"]
+
+
+def test_the_runs_list_shows_only_the_users_teams(client_for, make_run, outsider, teammate):
+    run = make_run()
+    assert [r["id"] for r in client_for(teammate).get("/api/runs").json()["runs"]] == [run.pk]
+    assert client_for(outsider).get("/api/runs").json()["runs"] == []
+
+
+def test_run_detail_has_config_and_status(client_for, teammate, run):
+    body = client_for(teammate).get(f"/api/runs/{run.pk}").json()
+    assert body["status"] == "queued"
+    assert body["config"] == run.config
+    assert "ingest_token" not in json.dumps(body) and run.ingest_token not in json.dumps(body)
+
+
+def test_an_outsider_gets_404_for_a_run(client_for, outsider, run):
+    c = client_for(outsider)
+    assert c.get(f"/api/runs/{run.pk}").status_code == 404
+    assert c.get(f"/api/runs/{run.pk}/metrics").status_code == 404
+    assert c.post(f"/api/runs/{run.pk}/cancel").status_code == 404
+    assert status_of(run) == Status.QUEUED
+
+
+def status_of(run):
+    run.refresh_from_db()
+    return run.status
+
+
+@pytest.mark.parametrize("persona", ["owner", "teammate"])
+def test_members_may_cancel_a_run(client_for, run, persona, request, enqueued,
+                                  django_capture_on_commit_callbacks):
+    user = request.getfixturevalue(persona)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client_for(user).post(f"/api/runs/{run.pk}/cancel")
+    assert r.status_code == 202
+    assert r.json()["status"] == "cancelling"
+    assert enqueued == [("cancel_run", run.pk)]
+
+
+def test_cancelling_a_finished_run_is_a_409(client_for, owner, make_run, enqueued):
+    run = make_run(status=Status.SUCCEEDED)
+    r = client_for(owner).post(f"/api/runs/{run.pk}/cancel")
+    assert r.status_code == 409
+    assert "succeeded" in r.json()["errors"]["status"]
+    assert enqueued == []
+
+
+def test_cancel_is_post_only(client_for, owner, run):
+    assert client_for(owner).get(f"/api/runs/{run.pk}/cancel").status_code == 405
+
+
+# --- metrics -----------------------------------------------------------------------
+
+
+def store(run, series, steps, value=lambda s: float(s)):
+    MetricPoint.objects.upsert(run.pk, [(series, s, value(s), 1000.0 + s) for s in steps])
+
+
+def test_metrics_come_back_per_series_in_step_order(client_for, owner, run):
+    store(run, "loss", [3, 1, 2])
+    store(run, "reward/mean", [1])
+    series = client_for(owner).get(f"/api/runs/{run.pk}/metrics").json()["series"]
+    assert series["loss"]["steps"] == [1, 2, 3]
+    assert series["loss"]["values"] == [1.0, 2.0, 3.0]
+    assert series["loss"]["last_step"] == 3 and series["loss"]["downsampled"] is False
+    assert set(series) == {"loss", "reward/mean"}
+
+
+def test_metrics_filter_by_series_and_after_step(client_for, owner, run):
+    store(run, "loss", range(10))
+    store(run, "reward/mean", range(10))
+    c = client_for(owner)
+    body = c.get(f"/api/runs/{run.pk}/metrics?series=loss&after_step=6").json()
+    assert list(body["series"]) == ["loss"]
+    assert body["series"]["loss"]["steps"] == [7, 8, 9]
+    both = c.get(f"/api/runs/{run.pk}/metrics?series=loss,reward/mean").json()["series"]
+    assert set(both) == {"loss", "reward/mean"}
+
+
+def test_long_series_are_downsampled_keeping_spikes_and_the_last_point(client_for, owner, run):
+    spike_at = 4321
+    store(run, "staleness/max", range(20_000), value=lambda s: 50.0 if s == spike_at else 1.0)
+    body = client_for(owner).get(f"/api/runs/{run.pk}/metrics?max_points=500").json()
+    s = body["series"]["staleness/max"]
+    assert len(s["steps"]) <= 500
+    assert s["total"] == 20_000 and s["downsampled"] is True
+    assert spike_at in s["steps"]
+    assert s["steps"][-1] == 19_999 == s["last_step"]
+    assert s["steps"] == sorted(s["steps"])
+
+
+@pytest.mark.parametrize("query, field", [("after_step=x", "after_step"),
+                                          ("max_points=1", "max_points")])
+def test_bad_metric_query_parameters_are_400s(client_for, owner, run, query, field):
+    r = client_for(owner).get(f"/api/runs/{run.pk}/metrics?{query}")
+    assert r.status_code == 400
+    assert field in r.json()["errors"]
+
+
+def test_min_max_decimation_leaves_short_series_alone():
+    rows = [(i, float(i), 0.0) for i in range(10)]
+    assert min_max_decimate(rows, 10) is rows
+
+
+# --- teams and experiments ------------------------------------------------------------
+
+
+def test_a_member_can_create_an_experiment_in_their_team(client_for, teammate, team):
+    r = client_for(teammate).post("/api/experiments", data=json.dumps(
+        {"team": team.slug, "name": "capacity sweep"}), content_type="application/json")
+    assert r.status_code == 201
+    again = client_for(teammate).post("/api/experiments", data=json.dumps(
+        {"team": team.pk, "name": "capacity sweep"}), content_type="application/json")
+    assert again.status_code == 400 and "already has" in again.json()["errors"]["name"]
+
+
+def test_the_teams_endpoint_lists_roles_and_experiments(client_for, owner, experiment):
+    [team] = client_for(owner).get("/api/teams").json()["teams"]
+    assert team["role"] == "owner"
+    assert [e["name"] for e in team["experiments"]] == ["async-vs-sync"]

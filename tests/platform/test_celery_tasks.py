@@ -1,0 +1,240 @@
+"""launch_run / cancel_run / reconcile_runs against a fake workers.driver."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from runs import tasks
+from runs.models import Run
+
+Status = Run.Status
+
+
+class FakeDriver:
+    """Records calls; `alive` holds the run ids whose actor exists."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.alive: set[int] = set()
+        self.fail_with: Exception | None = None
+
+    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address):
+        self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))
+        if self.fail_with:
+            raise self.fail_with
+        self.alive.add(run_id)
+        return f"run-{run_id}"
+
+    def cancel(self, run_id, *, ray_address, timeout_s=10.0):
+        self.calls.append(("cancel", run_id))
+        if self.fail_with:
+            raise self.fail_with
+        found = run_id in self.alive
+        self.alive.discard(run_id)
+        return found
+
+    def is_alive(self, run_id, *, ray_address):
+        self.calls.append(("is_alive", run_id))
+        if self.fail_with:
+            raise self.fail_with
+        return run_id in self.alive
+
+    def named(self, name):
+        return [c for c in self.calls if c[0] == name]
+
+
+@pytest.fixture
+def driver(monkeypatch, settings):
+    settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"
+    settings.RAY_ADDRESS = None
+    fake = FakeDriver()
+    monkeypatch.setattr(tasks, "_driver", lambda: fake)
+    return fake
+
+
+def status_of(run) -> str:
+    run.refresh_from_db()
+    return run.status
+
+
+def ago(seconds: float):
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+# --- launch -------------------------------------------------------------------------
+
+
+def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings):
+    tasks.launch_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.STARTING
+    assert run.ray_actor == f"run-{run.pk}"
+    [(_, run_id, config, url, token, cache_dir, address)] = driver.named("launch")
+    assert (run_id, config, url, token) == (run.pk, run.config, "http://127.0.0.1:8123",
+                                            run.ingest_token)
+    assert cache_dir == settings.ROLLWAY_CACHE_DIR and address is None
+
+
+def test_a_redelivered_launch_does_nothing(driver, run):
+    tasks.launch_run(run.pk)
+    tasks.launch_run(run.pk)
+    assert len(driver.named("launch")) == 1
+
+
+def test_launch_does_not_start_a_cancelled_run(driver, make_run):
+    run = make_run(status=Status.CANCELLING)
+    tasks.launch_run(run.pk)
+    assert driver.calls == []
+    assert status_of(run) == Status.CANCELLING
+
+
+def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
+    driver.fail_with = ConnectionError("Ray head not reachable at 10.0.0.9:6380")
+    tasks.launch_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == Status.FAILED
+    assert run.error == "launch failed: ConnectionError: Ray head not reachable at 10.0.0.9:6380"
+
+
+def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
+    real_launch = driver.launch
+
+    def launch_then_user_cancels(*args, **kwargs):
+        name = real_launch(*args, **kwargs)
+        Run.objects.get(pk=run.pk).transition(Status.CANCELLING)
+        return name
+
+    monkeypatch.setattr(driver, "launch", launch_then_user_cancels)
+    tasks.launch_run(run.pk)
+    assert driver.named("cancel") == [("cancel", run.pk)]
+    assert run.pk not in driver.alive
+
+
+def test_launching_a_deleted_run_is_harmless(driver, db):
+    tasks.launch_run(424242)
+    assert driver.calls == []
+
+
+# --- cancel -------------------------------------------------------------------------
+
+
+def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
+    run = make_run(status=Status.CANCELLING)
+    driver.alive.add(run.pk)
+    tasks.cancel_run(run.pk)
+    assert driver.named("cancel") == [("cancel", run.pk)]
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.finished_at is not None
+
+
+def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
+    run = make_run(status=Status.SUCCEEDED)
+    tasks.cancel_run(run.pk)
+    assert driver.calls == []
+    assert status_of(run) == Status.SUCCEEDED
+
+
+def test_a_failed_cancel_leaves_the_run_cancelling_for_reconcile(driver, make_run):
+    run = make_run(status=Status.CANCELLING)
+    driver.fail_with = TimeoutError("ray")
+    tasks.cancel_run(run.pk)
+    assert status_of(run) == Status.CANCELLING
+
+
+def test_cancel_action_marks_cancelling_and_enqueues_the_task(
+    run, owner, enqueued, django_capture_on_commit_callbacks
+):
+    from runs.actions import do_cancel_run
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert do_cancel_run(owner, run) is True
+    assert run.status == Status.CANCELLING
+    assert enqueued == [("cancel_run", run.pk)]
+
+
+# --- reconcile ------------------------------------------------------------------------
+
+
+def test_reconcile_fails_a_running_run_whose_actor_is_gone(driver, make_run):
+    run = make_run(status=Status.RUNNING)
+    assert tasks.reconcile_runs()["lost"] == 1
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Status.FAILED, "lost: driver actor not found")
+
+
+def test_reconcile_leaves_live_runs_alone(driver, make_run):
+    run = make_run(status=Status.RUNNING)
+    driver.alive.add(run.pk)
+    tasks.reconcile_runs()
+    assert status_of(run) == Status.RUNNING
+
+
+def test_reconcile_gives_a_starting_run_a_grace_period(driver, make_run, settings):
+    settings.ROLLWAY_STARTING_GRACE_S = 60
+    fresh = make_run(status=Status.STARTING, status_changed_at=ago(10))
+    old = make_run(status=Status.STARTING, status_changed_at=ago(120))
+    tasks.reconcile_runs()
+    assert status_of(fresh) == Status.STARTING
+    assert status_of(old) == Status.FAILED
+    assert ("is_alive", fresh.pk) not in driver.calls
+
+
+def test_reconcile_completes_a_cancel_whose_actor_is_gone(driver, make_run):
+    run = make_run(status=Status.CANCELLING)
+    assert tasks.reconcile_runs()["cancelled"] == 1
+    assert status_of(run) == Status.CANCELLED
+
+
+def test_reconcile_retries_a_stuck_cancel(driver, make_run, enqueued):
+    stuck = make_run(status=Status.CANCELLING, status_changed_at=ago(tasks.CANCEL_RETRY_S + 5))
+    recent = make_run(status=Status.CANCELLING)
+    driver.alive |= {stuck.pk, recent.pk}
+    tasks.reconcile_runs()
+    assert enqueued == [("cancel_run", stuck.pk)]
+
+
+def test_reconcile_resends_a_launch_nobody_picked_up(driver, make_run, enqueued):
+    old = make_run(status_changed_at=ago(tasks.QUEUED_RESEND_S + 5))
+    make_run()  # just queued: the worker has it
+    tasks.reconcile_runs()
+    assert enqueued == [("launch_run", old.pk)]
+    tasks.reconcile_runs()  # its clock was reset: not sent again right away
+    assert enqueued == [("launch_run", old.pk)]
+
+
+def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make_run):
+    run = make_run(status=Status.RUNNING)
+    driver.fail_with = ConnectionError("no Ray")
+    tasks.reconcile_runs()
+    assert status_of(run) == Status.RUNNING
+
+
+def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
+    make_run(status=Status.SUCCEEDED)
+    monkeypatch.setattr(tasks, "_driver", lambda: pytest.fail("Ray was asked"))
+    assert tasks.reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0}
+
+
+def test_reconcile_does_not_fail_a_run_that_just_succeeded(driver, make_run, monkeypatch):
+    run = make_run(status=Status.RUNNING)
+
+    def finished_meanwhile(run_id, *, ray_address):
+        Run.objects.get(pk=run_id).transition(Status.SUCCEEDED)  # the driver's last post
+        return False
+
+    monkeypatch.setattr(driver, "is_alive", finished_meanwhile)
+    tasks.reconcile_runs()
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Status.SUCCEEDED, "")
+
+
+def test_the_beat_schedule_reconciles_every_15_seconds(settings):
+    from rollway.celery import app
+
+    entry = app.conf.beat_schedule["reconcile-runs"]
+    assert entry["task"] == "runs.tasks.reconcile_runs" == tasks.reconcile_runs.name
+    assert entry["schedule"] == 15.0
+    assert app.conf.worker_redirect_stdouts is False

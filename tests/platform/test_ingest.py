@@ -1,0 +1,214 @@
+"""The engine's ingest endpoints: per-run bearer token, idempotent bulk upsert,
+field-named 400s, terminal states that stick, and fan-out to the channel layer."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from runs.events import RUNS_GROUP, run_group
+from runs.models import MetricPoint, Run
+
+Status = Run.Status
+
+
+def post(client, run, path, body, token=None):
+    token = run.ingest_token if token is None else token
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    data = body if isinstance(body, str) else json.dumps(body)
+    return client.post(f"/api/runs/{run.pk}/{path}", data=data,
+                       content_type="application/json", **headers)
+
+
+def point(series="reward/mean", step=1, value=0.5, time=1763700000.1):
+    return {"series": series, "step": step, "value": value, "time": time}
+
+
+def listen(group: str) -> str:
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group, channel)
+    return channel
+
+
+def received(channel: str) -> dict:
+    return async_to_sync(get_channel_layer().receive)(channel)
+
+
+# --- auth -------------------------------------------------------------------------
+
+
+def test_it_accepts_points_with_the_runs_token(client, run):
+    r = post(client, run, "metrics", {"points": [point(step=1), point(step=2, value=0.7)]})
+    assert r.status_code == 200
+    assert r.json() == {"accepted": 2}
+    assert list(run.points.order_by("step").values_list("step", "value")) == [(1, 0.5), (2, 0.7)]
+
+
+@pytest.mark.parametrize("path", ["metrics", "status"])
+def test_it_refuses_a_missing_token(client, run, path):
+    r = post(client, run, path, {"points": []}, token="")
+    assert r.status_code == 401
+    assert r["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize("path", ["metrics", "status"])
+def test_it_refuses_another_runs_token(client, make_run, path):
+    mine, other = make_run(), make_run()
+    body = {"points": [point()]} if path == "metrics" else {"status": "running"}
+    r = post(client, mine, path, body, token=other.ingest_token)
+    assert r.status_code == 401
+    assert not MetricPoint.objects.exists()
+    mine.refresh_from_db()
+    assert mine.status == Status.QUEUED
+
+
+def test_it_refuses_a_session_instead_of_a_token(client_for, owner, run):
+    r = client_for(owner).post(f"/api/runs/{run.pk}/metrics",
+                               data=json.dumps({"points": [point()]}),
+                               content_type="application/json")
+    assert r.status_code == 401
+
+
+def test_an_unknown_run_is_404(client, run):
+    r = client.post("/api/runs/99999/metrics", data="{}", content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}")
+    assert r.status_code == 404
+
+
+# --- idempotency and validation ------------------------------------------------------
+
+
+def test_resending_a_batch_never_duplicates_points(client, run):
+    batch = {"points": [point(step=s, value=s / 10) for s in range(5)]}
+    assert post(client, run, "metrics", batch).status_code == 200
+    assert post(client, run, "metrics", batch).status_code == 200
+    assert run.points.count() == 5
+
+
+def test_a_resent_point_replaces_the_stored_value(client, run):
+    post(client, run, "metrics", {"points": [point(step=3, value=0.1)]})
+    post(client, run, "metrics", {"points": [point(step=3, value=0.9)]})
+    assert run.points.get().value == 0.9
+
+
+@pytest.mark.parametrize(
+    "bad, field, message",
+    [
+        ({"series": "Reward Mean"}, "points.0.series", "should match pattern"),
+        ({"series": "x" * 65}, "points.0.series", "should match pattern"),
+        ({"step": -1}, "points.0.step", "greater than or equal to 0"),
+        ({"step": "three"}, "points.0.step", "valid integer"),
+        ({"value": None}, "points.0.value", "valid number"),
+        ({"speed": 3}, "points.0.speed", "Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_point_is_a_400_naming_the_field(client, run, bad, field, message):
+    r = post(client, run, "metrics", {"points": [point(step=9), {**point(), **bad}]})
+    # the bad point is the second one: its index is in the field name
+    field = field.replace("points.0", "points.1")
+    assert r.status_code == 400
+    assert message in r.json()["errors"][field]
+    assert not MetricPoint.objects.exists()  # all or nothing
+
+
+def test_a_non_finite_value_is_a_400(client, run):
+    body = json.dumps({"points": [point(value=math.nan)]})  # json.dumps writes NaN
+    r = post(client, run, "metrics", body)
+    assert r.status_code == 400
+    assert "points.0.value" in r.json()["errors"]
+
+
+def test_a_missing_field_is_a_400(client, run):
+    p = point()
+    del p["time"]
+    r = post(client, run, "metrics", {"points": [p]})
+    assert r.json()["errors"] == {"points.0.time": "Field required"}
+
+
+def test_a_body_that_is_not_json_is_a_400(client, run):
+    r = post(client, run, "metrics", "{points")
+    assert r.status_code == 400
+    assert r.json()["errors"]["body"].startswith("invalid JSON")
+
+
+def test_ingest_is_one_bulk_statement_not_a_query_per_point(
+    client, run, django_assert_max_num_queries
+):
+    points = [point(series=f"s{i % 10}", step=i) for i in range(10_000)]
+    body = json.dumps({"points": points})
+    # SQLite caps a statement at 999 parameters (~200 rows); PostgreSQL takes 5000 rows.
+    with django_assert_max_num_queries(10_000 // 150):
+        r = post(client, run, "metrics", body)
+    assert r.json() == {"accepted": 10_000}
+    assert run.points.count() == 10_000
+
+
+# --- fan-out ------------------------------------------------------------------------
+
+
+def test_points_are_fanned_out_to_the_runs_group(client, run, django_capture_on_commit_callbacks):
+    channel = listen(run_group(run.pk))
+    with django_capture_on_commit_callbacks(execute=True):
+        post(client, run, "metrics", {"points": [point(step=4, value=0.25)]})
+    message = received(channel)
+    assert message["type"] == "metrics.points"
+    assert message["points"] == [point(step=4, value=0.25)]
+
+
+def test_a_rejected_batch_is_not_fanned_out(client, run, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        post(client, run, "metrics", {"points": [point(step=-4)]})
+    assert callbacks == []
+
+
+# --- status ------------------------------------------------------------------------
+
+
+def test_running_sets_started_at_and_tells_the_runs_list(
+    client, make_run, django_capture_on_commit_callbacks
+):
+    run = make_run(status=Status.STARTING)
+    channel = listen(RUNS_GROUP)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = post(client, run, "status", {"status": "running"})
+    assert r.json() == {"status": "running", "changed": True}
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.started_at is not None
+    message = received(channel)
+    assert message["type"] == "run.status"
+    assert message["team_id"] == run.experiment.team_id
+    assert message["run"]["id"] == run.pk and message["run"]["status"] == "running"
+
+
+@pytest.mark.parametrize("terminal", [Status.CANCELLED, Status.SUCCEEDED, Status.FAILED])
+def test_a_late_running_never_overwrites_a_terminal_state(client, make_run, terminal):
+    run = make_run(status=terminal)
+    r = post(client, run, "status", {"status": "running"})
+    assert r.status_code == 200
+    assert r.json() == {"status": terminal, "changed": False}
+    run.refresh_from_db()
+    assert run.status == terminal and run.started_at is None
+
+
+def test_a_cancelling_run_is_told_so_when_it_reports_running(client, make_run):
+    run = make_run(status=Status.CANCELLING)
+    assert post(client, run, "status", {"status": "running"}).json()["status"] == "cancelling"
+
+
+def test_failed_keeps_the_drivers_reason(client, make_run):
+    run = make_run(status=Status.RUNNING)
+    post(client, run, "status", {"status": "failed", "error": "trainer: loss is NaN"})
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Status.FAILED, "trainer: loss is NaN")
+    assert run.finished_at is not None
+
+
+def test_an_unknown_status_is_a_400(client, run):
+    r = post(client, run, "status", {"status": "cancelled"})
+    assert r.status_code == 400
+    assert "status" in r.json()["errors"]

@@ -1,0 +1,184 @@
+"""Launching a run from the API and the form: the engine config validates it, errors
+name the field, and nothing is created or enqueued on error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runs.models import Experiment, Run
+
+URL = "/api/runs"
+
+
+def post_json(client, url, body):
+    return client.post(url, data=json.dumps(body), content_type="application/json")
+
+
+def test_it_launches_a_run_and_enqueues_it_after_commit(
+    client_for, owner, experiment, enqueued, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        r = post_json(client_for(owner), URL, {
+            "experiment": experiment.pk, "name": "cap 4", "preset": "async",
+            "overrides": {"buffer": {"capacity": 4}},
+        })
+    assert r.status_code == 201, r.content
+    run = Run.objects.get()
+    assert r.json()["id"] == run.pk
+    assert (run.status, run.name, run.preset, run.launched_by) == ("queued", "cap 4", "async", owner)
+    assert run.config["buffer"]["capacity"] == 4
+    assert run.config["mode"] == "async"
+    assert run.overrides == {"buffer": {"capacity": 4}}
+    assert enqueued == [("launch_run", run.pk)]
+    run.refresh_from_db()
+    assert run.celery_task_id == "fake-task-id"
+
+
+def test_it_does_not_enqueue_before_the_transaction_commits(client_for, owner, experiment, enqueued):
+    # pytest-django's test transaction never commits: the launch must wait for it.
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "sync"})
+    assert r.status_code == 201
+    assert enqueued == []
+
+
+def test_a_teammate_may_launch_in_the_team(client_for, teammate, experiment):
+    r = post_json(client_for(teammate), URL, {"experiment": experiment.pk, "preset": "sync"})
+    assert r.status_code == 201
+    assert Run.objects.get().launched_by == teammate
+
+
+@pytest.mark.parametrize(
+    "overrides, field, message",
+    [
+        ({"buffer": {"capacity": -1}}, "buffer.capacity",
+         "Input should be greater than or equal to 1"),
+        ({"buffer": {"capcity": 3}}, "buffer.capcity", "unknown field 'capcity'"),
+        ({"trainer": {"lr": "fast"}}, "trainer.lr", "Input should be a valid number"),
+        ({"model": {"hidden_size": 66, "num_heads": 4}}, "model",
+         "model.hidden_size (66) must be divisible by model.num_heads (4)"),
+        ({"turbo": True}, "turbo", "unknown field 'turbo'"),
+        ([1, 2], "overrides", "must be a JSON object"),
+    ],
+)
+def test_it_rejects_a_bad_config_with_field_errors_and_creates_nothing(
+    client_for, owner, experiment, enqueued, overrides, field, message
+):
+    r = post_json(client_for(owner), URL, {
+        "experiment": experiment.pk, "preset": "async", "overrides": overrides,
+    })
+    assert r.status_code == 400
+    assert message in r.json()["errors"][field]
+    assert not Run.objects.exists()
+    assert enqueued == []
+
+
+def test_an_unknown_field_error_lists_what_the_section_accepts(client_for, owner, experiment):
+    r = post_json(client_for(owner), URL, {
+        "experiment": experiment.pk, "preset": "async", "overrides": {"buffer": {"capcity": 3}},
+    })
+    assert r.json()["errors"]["buffer.capcity"].endswith("buffer accepts: capacity, max_staleness")
+
+
+def test_it_rejects_an_unknown_preset(client_for, owner, experiment):
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "verl-9000"})
+    assert r.status_code == 400
+    assert "unknown preset 'verl-9000'" in r.json()["errors"]["preset"]
+
+
+def test_it_reports_every_bad_field_at_once(client_for, owner):
+    r = post_json(client_for(owner), URL, {
+        "preset": "async", "overrides": {"buffer": {"capacity": 0}, "stop": {"max_steps": 0}},
+    })
+    assert set(r.json()["errors"]) == {"experiment", "buffer.capacity", "stop.max_steps"}
+
+
+def test_it_rejects_an_unknown_top_level_key(client_for, owner, experiment):
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async",
+                                           "overides": {}})
+    assert r.status_code == 400
+    assert "overides" in r.json()["errors"]
+
+
+def test_it_rejects_a_body_that_is_not_json(client_for, owner):
+    r = client_for(owner).post(URL, data="{nope", content_type="application/json")
+    assert r.status_code == 400
+    assert r.json()["errors"]["body"].startswith("invalid JSON")
+
+
+def test_it_rejects_other_teams_experiment(client_for, outsider, experiment, enqueued):
+    r = post_json(client_for(outsider), URL, {"experiment": experiment.pk, "preset": "async"})
+    assert r.status_code == 400
+    assert "no experiment" in r.json()["errors"]["experiment"]
+    assert not Run.objects.exists()
+
+
+def test_launching_by_team_uses_its_default_experiment(client_for, owner, team):
+    r = post_json(client_for(owner), URL, {"team": team.slug, "preset": "async"})
+    assert r.status_code == 201
+    assert Run.objects.get().experiment == Experiment.objects.get(team=team, name="default")
+
+
+def test_an_outsider_cannot_launch_into_a_team_by_slug(client_for, outsider, team):
+    r = post_json(client_for(outsider), URL, {"team": team.slug, "preset": "async"})
+    assert r.status_code == 400
+    assert "not a member" in r.json()["errors"]["team"]
+
+
+def test_anonymous_clients_get_401(client, experiment):
+    r = post_json(client, URL, {"experiment": experiment.pk, "preset": "async"})
+    assert r.status_code == 401
+
+
+def test_session_posts_need_a_csrf_token(owner, experiment):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    r = post_json(client, URL, {"experiment": experiment.pk, "preset": "async"})
+    assert r.status_code == 403
+    assert not Run.objects.exists()
+
+
+# --- the HTML form ---------------------------------------------------------------
+
+
+def test_the_form_shows_config_errors_next_to_the_overrides_and_creates_nothing(
+    client_for, owner, experiment
+):
+    r = client_for(owner).post("/runs/new/", {
+        "experiment": experiment.pk, "preset": "async",
+        "overrides": '{"buffer": {"capacity": -1}}',
+    })
+    assert r.status_code == 400
+    html = r.content.decode()
+    assert 'data-field="buffer.capacity"' in html
+    assert "Input should be greater than or equal to 1" in html
+    assert "{&quot;buffer&quot;: {&quot;capacity&quot;: -1}}" in html  # the input is kept
+    assert not Run.objects.exists()
+
+
+def test_the_form_rejects_invalid_json_in_overrides(client_for, owner, experiment):
+    r = client_for(owner).post("/runs/new/", {
+        "experiment": experiment.pk, "preset": "async", "overrides": "{buffer:",
+    })
+    assert r.status_code == 400
+    assert 'data-field="overrides"' in r.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_the_form_launches_and_redirects_to_the_run_page(client_for, owner, experiment):
+    r = client_for(owner).post("/runs/new/", {
+        "experiment": experiment.pk, "preset": "sync", "name": "baseline", "overrides": "",
+    })
+    run = Run.objects.get()
+    assert r.status_code == 302
+    assert r["Location"] == f"/runs/{run.pk}/"
+    assert run.name == "baseline"
+
+
+def test_the_form_offers_only_the_users_experiments(client_for, owner, outsider, experiment):
+    html = client_for(owner).get("/runs/new/").content.decode()
+    assert "Lab / async-vs-sync" in html
+    assert "theirs" not in html

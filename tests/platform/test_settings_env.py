@@ -1,0 +1,55 @@
+"""Strict environment readers: a malformed setting is an error naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from rollway.env import env_bool, env_int, env_list, env_str
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("TRUE", True), ("on", True),
+                                           ("0", False), ("no", False), (" off ", False)])
+def test_booleans_accept_the_usual_spellings(monkeypatch, raw, expected):
+    monkeypatch.setenv("DJANGO_DEBUG", raw)
+    assert env_bool("DJANGO_DEBUG", not expected) is expected
+
+
+def test_a_bad_boolean_is_an_error_not_false(monkeypatch):
+    monkeypatch.setenv("DJANGO_DEBUG", "flase")
+    with pytest.raises(ImproperlyConfigured, match=r"DJANGO_DEBUG must be one of .* \(got 'flase'\)"):
+        env_bool("DJANGO_DEBUG", False)
+
+
+def test_unset_or_empty_means_the_default(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert env_str("RAY_ADDRESS") is None
+    monkeypatch.setenv("RAY_ADDRESS", "  ")
+    assert env_str("RAY_ADDRESS", "auto") == "auto"
+    monkeypatch.setenv("X_FLAG", "")
+    assert env_bool("X_FLAG", True) is True
+
+
+def test_lists_split_on_commas(monkeypatch):
+    monkeypatch.setenv("DJANGO_ALLOWED_HOSTS", "a.example, b.example,,")
+    assert env_list("DJANGO_ALLOWED_HOSTS", []) == ["a.example", "b.example"]
+
+
+def test_a_bad_integer_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ROLLWAY_STARTING_GRACE_S", "3m")
+    with pytest.raises(ImproperlyConfigured, match="ROLLWAY_STARTING_GRACE_S must be an integer"):
+        env_int("ROLLWAY_STARTING_GRACE_S", 180)
+
+
+def test_settings_default_to_one_machine_with_nothing_installed(settings):
+    # The defaults the brief fixes (only checked where the environment does not override).
+    import os
+
+    if not os.environ.get("CELERY_BROKER_URL"):
+        assert settings.CELERY_BROKER_URL == "filesystem://"
+        opts = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+        assert opts["data_folder_in"] == opts["data_folder_out"]
+        assert opts["polling_interval"] == 0.05
+    assert settings.CELERY_WORKER_REDIRECT_STDOUTS is False
+    assert settings.MIGRATION_MODULES == {"teams": "migrations.teams", "runs": "migrations.runs"}
+    assert settings.ROLLWAY_CACHE_DIR == str(settings.ROLLWAY_HOME / "cache")
