@@ -13,7 +13,7 @@ import secrets
 from typing import Iterable
 
 from django.conf import settings
-from django.db import models
+from django.db import connections, models
 from django.urls import reverse
 from django.utils import timezone
 
@@ -202,24 +202,62 @@ def _iso(value) -> str | None:
 
 class MetricPointQuerySet(models.QuerySet):
     def upsert(self, run_id: int, points: Iterable[tuple[str, int, float, float]]) -> int:
-        """Insert (series, step, value, time) points for a run in one bulk statement;
-        a point already stored for (run, series, step) is overwritten, never duplicated.
-        Returns how many distinct points were written."""
+        """Insert (series, step, value, time) points for a run in bulk; a point already
+        stored for (run, series, step) is overwritten, never duplicated. Returns how many
+        distinct points were written. Call inside a transaction for all-or-nothing."""
         # One statement may not touch a row twice (PostgreSQL's ON CONFLICT rule): the
         # last point for a key in the batch wins, as it would across two batches.
         latest = {(series, step): (value, t) for series, step, value, t in points}
-        rows = [
-            MetricPoint(run_id=run_id, series=series, step=step, value=value, time=t)
-            for (series, step), (value, t) in latest.items()
-        ]
-        self.bulk_create(
-            rows,
-            batch_size=5000,
-            update_conflicts=True,
-            unique_fields=["run", "series", "step"],
-            update_fields=["value", "time"],
+        if not latest:
+            return 0
+        vendor = connections[self.db].vendor
+        if vendor == "postgresql":
+            self._upsert_postgresql(run_id, latest)
+        elif vendor == "sqlite":
+            self._upsert_sqlite(run_id, latest)
+        else:
+            self.bulk_create(
+                [
+                    MetricPoint(run_id=run_id, series=series, step=step, value=value, time=t)
+                    for (series, step), (value, t) in latest.items()
+                ],
+                batch_size=5000,
+                update_conflicts=True,
+                unique_fields=["run", "series", "step"],
+                update_fields=["value", "time"],
+            )
+        return len(latest)
+
+    # Hand-written SQL because the ORM's bulk_create spends ~100 µs per point building
+    # model instances and SQL (and SQLite caps a statement at 999 parameters): ingest
+    # must take 10k+ points/s on two cores. Same semantics as bulk_create's upsert.
+    _COLUMNS = '(run_id, series, step, value, "time")'
+    _CONFLICT = (
+        'ON CONFLICT (run_id, series, step) DO UPDATE '
+        'SET value = EXCLUDED.value, "time" = EXCLUDED."time"'
+    )
+
+    def _upsert_postgresql(self, run_id: int, latest: dict) -> None:
+        # One statement whatever the batch size: five arrays, unnested server-side.
+        series, steps = zip(*latest)
+        values, times = zip(*latest.values())
+        sql = (
+            f"INSERT INTO {MetricPoint._meta.db_table} {self._COLUMNS} "
+            "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) "
+            + self._CONFLICT
         )
-        return len(rows)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql, [run_id, list(series), list(steps), list(values), list(times)])
+
+    def _upsert_sqlite(self, run_id: int, latest: dict) -> None:
+        # executemany of one prepared statement runs in C: no per-point round trip.
+        sql = (
+            f"INSERT INTO {MetricPoint._meta.db_table} {self._COLUMNS} "
+            "VALUES (%s, %s, %s, %s, %s) " + self._CONFLICT
+        )
+        rows = [(run_id, s, step, v, t) for (s, step), (v, t) in latest.items()]
+        with connections[self.db].cursor() as cursor:
+            cursor.executemany(sql, rows)
 
 
 class MetricPoint(models.Model):
