@@ -28,6 +28,8 @@
     plot_bgcolor: "rgba(0,0,0,0)",
   };
   var plotConfig = { responsive: true, displaylogo: false };
+  var waiting = { text: "waiting for data…", showarrow: false, xref: "paper", yref: "paper",
+                  x: 0.5, y: 0.5, font: { color: "#9ca3af" } };
 
   document.querySelectorAll(".chart").forEach(function (div) {
     var chart = { div: div, series: div.dataset.series.split(",") };
@@ -58,7 +60,10 @@
           line: { width: 1.5, color: palette[i % palette.length] },
         };
       });
-      Plotly.newPlot(chart.div, traces, layout, plotConfig);
+      var empty = traces.every(function (t) { return t.x.length === 0; });
+      var chartLayout = Object.assign({}, layout, { annotations: empty ? [waiting] : [] });
+      Plotly.newPlot(chart.div, traces, chartLayout, plotConfig);
+      chart.empty = empty;
       countPoints(chart);
     });
     drawn = true;
@@ -85,6 +90,10 @@
     updates.forEach(function (u, chart) {
       var indices = chart.series.map(function (_, i) { return i; });
       Plotly.extendTraces(chart.div, u, indices);
+      if (chart.empty) {
+        chart.empty = false;
+        Plotly.relayout(chart.div, { annotations: [] });
+      }
       countPoints(chart);
     });
   }
@@ -143,6 +152,20 @@
       fetchSeries(after).then(function (data) { receive(toPoints(data.series)); });
     },
   });
+
+  // Without a shared channel layer (no REDIS_URL) status changes made by the Celery
+  // worker never reach this socket: poll the run while it is unfinished, as a fallback.
+  var STATUS_POLL_MS = 5000;
+  var statusUrl = root.dataset.runUrl;
+  (function pollStatus() {
+    fetch(statusUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (run) {
+        if (run) showStatus(run);
+        if (!run || !run.is_terminal) setTimeout(pollStatus, STATUS_POLL_MS);
+      })
+      .catch(function () { setTimeout(pollStatus, STATUS_POLL_MS); });
+  })();
 
   fetchSeries().then(function (data) {
     draw(data.series);

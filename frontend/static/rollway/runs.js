@@ -29,18 +29,39 @@
     return tr;
   }
 
+  function update(run) {
+    var row = tbody.querySelector('tr[data-run-id="' + run.id + '"]');
+    if (!row) {
+      var empty = tbody.querySelector("tr.empty");
+      if (empty) empty.remove();
+      row = newRow(run);
+      tbody.insertBefore(row, tbody.firstChild);
+    }
+    Rollway.setStatus(row, run);
+  }
+
+  // Without a shared channel layer (no REDIS_URL) changes made by the Celery worker
+  // never reach the socket: refresh unfinished rows from the API, as a fallback.
+  var POLL_MS = 10000;
+  (function poll() {
+    setTimeout(function () {
+      var unfinished = tbody.querySelector(
+        "[data-role=status]:not(.status-succeeded):not(.status-failed):not(.status-cancelled)");
+      if (!unfinished) return poll();
+      fetch(table.dataset.apiUrl, { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : { runs: [] }; })
+        .then(function (body) {
+          body.runs.forEach(function (run) {
+            if (tbody.querySelector('tr[data-run-id="' + run.id + '"]')) update(run);
+          });
+        })
+        .finally(poll);
+    }, POLL_MS);
+  })();
+
   Rollway.openSocket(table.dataset.livePath, {
     onMessage: function (msg) {
-      if (msg.type !== "status") return;
-      var run = msg.run;
-      var row = tbody.querySelector('tr[data-run-id="' + run.id + '"]');
-      if (!row) {
-        var empty = tbody.querySelector("tr.empty");
-        if (empty) empty.remove();
-        row = newRow(run);
-        tbody.insertBefore(row, tbody.firstChild);
-      }
-      Rollway.setStatus(row, run);
+      if (msg.type === "status") update(msg.run);
     },
     // After a reconnect we may have missed changes: the page itself is the catch-up.
     onReopen: function () { window.location.reload(); },
