@@ -56,18 +56,24 @@ def json_object(request: HttpRequest) -> dict:
     return data
 
 
+class BadParam(Exception):
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.errors = {name: message}
+
+
 def int_param(request: HttpRequest, name: str, default: int | None, *, lo: int | None = None,
               hi: int | None = None) -> int | None:
-    """An integer query parameter; ValueError names the parameter and the fix."""
+    """An integer query parameter; BadParam names the parameter and the fix."""
     raw = request.GET.get(name)
     if raw in (None, ""):
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer (got {raw!r})") from None
+        raise BadParam(name, f"{name} must be an integer (got {raw!r})") from None
     if lo is not None and value < lo:
-        raise ValueError(f"{name} must be ≥ {lo} (got {value})")
+        raise BadParam(name, f"{name} must be ≥ {lo} (got {value})")
     if hi is not None and value > hi:
-        raise ValueError(f"{name} must be ≤ {hi} (got {value})")
+        raise BadParam(name, f"{name} must be ≤ {hi} (got {value})")
     return value

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.http import (
     BadBody,
+    BadParam,
     api_login_required,
     errors_response,
     int_param,
@@ -141,10 +142,14 @@ class LaunchIn(BaseModel):
 def runs(request: HttpRequest) -> JsonResponse:
     if request.method == "GET":
         found = Run.objects.visible_to(request.user).select_related("experiment__team")
+        try:
+            experiment = int_param(request, "experiment", None)
+        except BadParam as exc:
+            return errors_response(exc.errors)
+        if experiment is not None:
+            found = found.filter(experiment_id=experiment)
         if request.GET.get("status"):
             found = found.filter(status=request.GET["status"])
-        if request.GET.get("experiment"):
-            found = found.filter(experiment_id=request.GET["experiment"])
         return JsonResponse({"runs": [run.summary() for run in found[:RUNS_LIST_LIMIT]]})
 
     try:
@@ -205,9 +210,8 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
         max_points = int_param(
             request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000
         )
-    except ValueError as exc:
-        name = str(exc).split(" ", 1)[0]
-        return errors_response({name: str(exc)})
+    except BadParam as exc:
+        return errors_response(exc.errors)
     names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
     return JsonResponse(
         {

@@ -201,7 +201,11 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 
         def enqueue() -> None:
-            result = launch_run.delay(run.pk)
+            try:
+                result = launch_run.delay(run.pk)
+            except Exception:  # noqa: BLE001 - the run is saved; reconcile_runs resends
+                logger.exception("run %s: could not enqueue launch_run; reconcile will", run.pk)
+                return
             Run.objects.filter(pk=run.pk).update(celery_task_id=result.id or "")
 
         transaction.on_commit(lambda: events.send_status(run))
@@ -232,13 +236,20 @@ def check_cancel(user, run: Run) -> None:
 
 def do_cancel_run(user, run: Run) -> bool:
     """Mark the run cancelling and enqueue `cancel_run`, which stops its Ray actors."""
-    from runs.tasks import cancel_run
-
     changed = do_set_run_status(run, Run.Status.CANCELLING)
     if changed:
         logger.info("run %s cancel requested by %s", run.pk, user)
-        transaction.on_commit(lambda: cancel_run.delay(run.pk))
+        transaction.on_commit(lambda: _enqueue_cancel(run.pk))
     return changed
+
+
+def _enqueue_cancel(run_id: int) -> None:
+    from runs.tasks import cancel_run
+
+    try:
+        cancel_run.delay(run_id)
+    except Exception:  # noqa: BLE001 - the run stays cancelling; reconcile_runs resends
+        logger.exception("run %s: could not enqueue cancel_run; reconcile will", run_id)
 
 
 # --- metrics ------------------------------------------------------------------------

@@ -150,3 +150,9 @@ def test_the_teams_endpoint_lists_roles_and_experiments(client_for, owner, exper
     [team] = client_for(owner).get("/api/teams").json()["teams"]
     assert team["role"] == "owner"
     assert [e["name"] for e in team["experiments"]] == ["async-vs-sync"]
+
+
+def test_the_runs_list_rejects_a_bad_experiment_filter(client_for, owner):
+    r = client_for(owner).get("/api/runs?experiment=abc")
+    assert r.status_code == 400
+    assert "experiment must be an integer" in r.json()["errors"]["experiment"]
