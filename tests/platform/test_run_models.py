@@ -91,6 +91,20 @@ def test_upsert_never_duplicates_a_point(run):
     assert stored == {("reward/mean", 1): 0.5, ("loss", 1): 2.0, ("reward/mean", 2): 0.6}
 
 
+@pytest.mark.parametrize("path", ["database's own", "portable ORM"])
+def test_both_upsert_paths_overwrite_instead_of_duplicating(run, path):
+    points = MetricPoint.objects
+    upsert = points.all()._upsert_orm if path == "portable ORM" else None
+    for batch in ({("loss", 1): (1.0, 1.0)}, {("loss", 1): (0.5, 2.0), ("loss", 2): (0.4, 3.0)}):
+        if upsert:
+            upsert(run.pk, batch)
+        else:
+            points.upsert(run.pk, [(s, step, v, t) for (s, step), (v, t) in batch.items()])
+    assert list(run.points.order_by("step").values_list("step", "value", "time")) == [
+        (1, 0.5, 2.0), (2, 0.4, 3.0)
+    ]
+
+
 def test_upsert_keeps_the_last_of_duplicates_within_one_batch(run):
     written = MetricPoint.objects.upsert(
         run.pk, [("loss", 3, 1.0, 1.0), ("loss", 3, 0.7, 2.0)]
