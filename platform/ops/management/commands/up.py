@@ -1,0 +1,168 @@
+"""`python manage.py up`: the whole product on one machine, with clean shutdown.
+
+Starts, as children in their own process groups: a local Ray head (unless RAY_ADDRESS
+names an existing cluster), then with RAY_ADDRESS set for them a Celery worker, Celery
+beat and daphne serving the ASGI app. Before that it migrates and makes sure the demo
+login exists. Ctrl-C or SIGTERM stops web, beat and worker, then the Ray head (by
+signalling its `ray start --block`, never `ray stop`), and waits until no process of
+theirs is left. If any child dies, the rest are stopped and `up` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from ops.ray_head import make_head
+from ops.supervisor import Supervisor
+
+DEMO_USERNAME = "demo"
+DEMO_PASSWORD = "demo"
+
+# Ray start (GCS + raylet + agents) takes ~8 s on 2 idle cores; allow for a busy machine.
+RAY_READY_TIMEOUT_S = 120
+WEB_READY_TIMEOUT_S = 60
+
+
+def ensure_demo_login() -> None:
+    """The demo user (password reset to `demo` on every start), its team and experiment."""
+    from runs.actions import do_ensure_demo
+
+    user, created = get_user_model().objects.get_or_create(username=DEMO_USERNAME)
+    if created or not user.check_password(DEMO_PASSWORD):
+        user.set_password(DEMO_PASSWORD)
+        user.save(update_fields=["password"])
+    do_ensure_demo(user)
+
+
+def child_env(public_url: str, ray_env: dict[str, str]) -> dict[str, str]:
+    """The environment every child shares: import paths, one ROLLWAY_HOME, Ray access."""
+    repo = Path(settings.REPO_ROOT)
+    env = dict(os.environ)
+    paths = [str(repo / "platform"), str(repo)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["DJANGO_SETTINGS_MODULE"] = os.environ.get("DJANGO_SETTINGS_MODULE", "rollway.settings")
+    env["ROLLWAY_HOME"] = str(settings.ROLLWAY_HOME)
+    env.setdefault("ROLLWAY_PUBLIC_URL", public_url)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(ray_env)
+    return env
+
+
+def wait_http_ok(url: str, timeout_s: float, child_alive) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and child_alive():
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status < 500:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+class Command(BaseCommand):
+    help = "Start Rollway: Ray head, Celery worker, Celery beat and the web server (daphne)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1", help="web bind address")
+        parser.add_argument("--port", type=int, default=8000, help="web port (default 8000)")
+        parser.add_argument(
+            "--worker-concurrency", type=int, default=2,
+            help="Celery worker threads (tasks are short: launch, cancel, reconcile)",
+        )
+        parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs the local Ray head offers")
+        parser.add_argument("--no-demo", action="store_true", help="do not create the demo login")
+
+    def handle(self, *args, **opts):
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+
+        call_command("migrate", interactive=False, verbosity=0)
+        if not opts["no_demo"]:
+            ensure_demo_login()
+
+        host, port = opts["host"], opts["port"]
+        browse_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        url = f"http://{browse_host}:{port}/"
+        home = Path(settings.ROLLWAY_HOME)
+        python = sys.executable
+        bindir = Path(python).parent
+        sup = Supervisor(sys.stdout)
+        exit_code = 0
+        try:
+            if os.environ.get("RAY_ADDRESS"):
+                ray_env = {}
+                sup.write("up", f"joining the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}")
+            else:
+                head = make_head(home, num_cpus=opts["ray_cpus"])
+                ray_env = head.env()
+                ray = sup.start(
+                    "ray", head.command(), env=child_env(url.rstrip("/"), ray_env),
+                    cwd=str(settings.REPO_ROOT), ready_when=head.is_ready_line,
+                    stop_leader_only=True,
+                )
+                if not self._wait_ready(ray, RAY_READY_TIMEOUT_S, stop):
+                    if stop.is_set():
+                        return
+                    raise CommandError("the Ray head did not start; see the `ray` lines above")
+                sup.write("up", f"Ray head at {head.address} (files in {head.temp_dir})")
+
+            env = child_env(url.rstrip("/"), ray_env)
+            cwd = str(settings.REPO_ROOT)
+            sup.start(
+                "worker",
+                [python, "-m", "celery", "-A", "rollway", "worker", "--pool", "threads",
+                 "--concurrency", str(opts["worker_concurrency"]), "--loglevel", "INFO"],
+                env=env, cwd=cwd,
+            )
+            sup.start(
+                "beat",
+                [python, "-m", "celery", "-A", "rollway", "beat", "--loglevel", "INFO",
+                 "--schedule", str(home / "celerybeat-schedule")],
+                env=env, cwd=cwd,
+            )
+            web = sup.start(
+                "web",
+                [str(bindir / "daphne"), "-b", host, "-p", str(port), "rollway.asgi:application"],
+                env=env, cwd=cwd,
+            )
+            if not wait_http_ok(f"{url}healthz", WEB_READY_TIMEOUT_S, web.alive):
+                raise CommandError(f"the web server did not answer at {url}healthz")
+            login = "" if opts["no_demo"] else f"  log in as {DEMO_USERNAME} / {DEMO_PASSWORD}"
+            sup.write("up", f"Rollway is up at {url}{login}  (Ctrl-C stops everything)")
+
+            while not stop.wait(0.5):
+                dead = sup.first_dead()
+                if dead is not None:
+                    sup.write("up", f"{dead.name} exited ({dead.popen.returncode}); stopping the rest")
+                    exit_code = 1
+                    break
+        finally:
+            sup.stop_all()
+        if exit_code:
+            sys.exit(exit_code)
+
+    def _wait_ready(self, child, timeout_s: float, stop: threading.Event) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not stop.is_set():
+            if child.ready.wait(0.2):
+                return True
+            if not child.alive():
+                return False
+        return False

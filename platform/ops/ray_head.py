@@ -1,0 +1,129 @@
+"""A private local Ray head: ports, token and the `ray start` command line.
+
+Used by `manage.py up` (embedded default) and by the integration tests. The head runs as
+a child (`ray start --head --block`) and is stopped by signalling that child, never with
+`ray stop`, which would kill every Ray cluster on the machine.
+
+Token auth: the head and every process that joins it (Celery worker, driver, tests) share
+`RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH`, a random token kept beside the head's
+files. A process without the token cannot join (measured: ConnectionError /
+AuthenticationError), which matters because the GCS port accepts code to run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Redis lives on 6379 here; Ray's own default GCS port is the same number.
+_RESERVED_PORTS = {6379}
+# Ray puts Unix sockets under <temp_dir>/session_<date>_<pid>/sockets/, and a socket
+# path may not exceed 107 bytes: the session part takes ~60, so keep temp_dir short.
+_MAX_TEMP_DIR_LEN = 40
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now (never one of the reserved ones)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _RESERVED_PORTS:
+            return port
+
+
+def ensure_token(path: Path) -> Path:
+    """A random cluster token at `path` (created once, mode 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def short_temp_dir(preferred: Path) -> Path:
+    """`preferred` if it is short enough for Ray's socket paths, else a fresh /tmp dir."""
+    if len(str(preferred)) <= _MAX_TEMP_DIR_LEN:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="rollway-ray-"))
+
+
+def ray_executable() -> str:
+    """The `ray` CLI of the running interpreter's environment."""
+    beside = Path(sys.executable).parent / "ray"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ray")
+    if not found:
+        raise RuntimeError("the `ray` command is missing: install ray[default] (make setup)")
+    return found
+
+
+@dataclass
+class RayHead:
+    """Settings of one local head. `env()` is what joining processes need."""
+
+    temp_dir: Path
+    token_path: Path
+    num_cpus: int = 2
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port(self.host)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RAY_ADDRESS": self.address,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+        }
+
+    def command(self) -> list[str]:
+        # Every port Ray would otherwise take at a fixed default (client server 10001,
+        # dashboard 8265, agent 52365) is chosen free, so two heads can share a machine.
+        return [
+            ray_executable(),
+            "start",
+            "--head",
+            "--block",
+            f"--port={self.port}",
+            f"--node-ip-address={self.host}",
+            f"--num-cpus={self.num_cpus}",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port(self.host)}",
+            f"--dashboard-agent-listen-port={free_port(self.host)}",
+            f"--ray-client-server-port={free_port(self.host)}",
+            "--disable-usage-stats",
+            f"--temp-dir={self.temp_dir}",
+        ]
+
+    @staticmethod
+    def is_ready_line(line: str) -> bool:
+        """`ray start` prints this once the GCS and raylet accept connections."""
+        return "Ray runtime started" in line
+
+
+def make_head(home: Path, num_cpus: int = 2, port: int = 0) -> RayHead:
+    """A head whose files live under `home` (ROLLWAY_HOME): token and temp dir."""
+    ensure_token(home / "ray_auth_token")
+    return RayHead(
+        temp_dir=short_temp_dir(home / "ray"),
+        token_path=home / "ray_auth_token",
+        num_cpus=num_cpus,
+        port=port,
+    )

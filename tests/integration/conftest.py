@@ -1,0 +1,75 @@
+"""Session-wide real services for the end-to-end tests (see stack.py).
+
+They need PostgreSQL (a separate worker process must see committed rows, which
+pytest-django's in-memory SQLite cannot give) and Redis (Celery broker and channel
+layer shared by web and worker). `make test` exports DATABASE_URL, CELERY_BROKER_URL
+and REDIS_URL; without them these tests are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.integration.stack import Stack, child_env, db_url, free_web_port, short_home
+
+REQUIRED = {"DATABASE_URL": "postgres", "CELERY_BROKER_URL": "redis", "REDIS_URL": "redis"}
+
+
+def require_services() -> None:
+    missing = [k for k, scheme in REQUIRED.items() if not os.environ.get(k, "").startswith(scheme)]
+    if missing:
+        pytest.skip(
+            f"end-to-end tests need {', '.join(missing)} pointing at PostgreSQL/Redis "
+            "(`make test` sets them)"
+        )
+
+
+@pytest.fixture(scope="session")
+def stack(django_db_setup):
+    """Ray head + daphne (+ a Celery worker on demand) on the session's test database."""
+    require_services()
+    from django.db import connection
+
+    from rollway.celery import app as celery_app
+
+    celery_app.control.purge()  # a message left by an aborted session would launch a stranger
+    home = short_home()
+    st = Stack(home)
+    try:
+        st.start_ray_head()
+        port = free_web_port()
+        st.url = f"http://127.0.0.1:{port}"
+        st.env = child_env(
+            DATABASE_URL=db_url(connection.settings_dict),
+            REDIS_URL=os.environ["REDIS_URL"],
+            CELERY_BROKER_URL=os.environ["CELERY_BROKER_URL"],
+            ROLLWAY_HOME=str(home),
+            ROLLWAY_PUBLIC_URL=st.url,
+            DJANGO_SECRET_KEY="rollway-integration-tests",
+            DJANGO_DEBUG="false",
+            **st.ray_env,
+        )
+        st.start_web(st.env, port)
+        yield st
+    finally:
+        st.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def show_logs_on_failure(request, stack):
+    """Print the services' last log lines when the test fails."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"--- last lines of {stack.log_path} ---\n{stack.log_tail()}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

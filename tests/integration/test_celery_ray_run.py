@@ -1,0 +1,124 @@
+"""A run end to end: the platform queues it, a separate Celery worker process launches it
+on a real Ray cluster, the driver posts metrics to the real web server, PostgreSQL
+stores them. The run lives in Ray, not in Celery: killing the worker does not stop it,
+and a restarted worker can still cancel it, leaving no actor behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.integration.stack import RayProbe, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+# Tiny torch-backend runs: a 20-step warm start (cached per session), 4 prompts × 4
+# completions per step.
+TINY = {
+    "inference": {"backend": "torch"},
+    "warm_start": {"steps": 20},
+    "trainer": {"batch_groups": 4, "group_size": 4},
+}
+FINISHING_STEPS = 4
+CANCEL_BUDGET_S = 15.0
+
+
+def overrides(**stop) -> dict:
+    return {**TINY, "stop": stop}
+
+
+@pytest.fixture
+def member(db):
+    """A user with a team and an experiment, as `manage.py up` sets up the demo login."""
+    from django.contrib.auth import get_user_model
+
+    from runs.actions import do_ensure_demo
+
+    user = get_user_model().objects.create_user("ilse", password="pw-ilse")
+    team, experiment = do_ensure_demo(user, team_name="Integration")
+    return user, experiment
+
+
+def launch(member, preset: str, overrides: dict):
+    from runs.actions import check_launch, do_launch_run
+
+    user, experiment = member
+    request = check_launch(
+        user, experiment=experiment.pk, name="it", preset=preset, overrides=overrides
+    )
+    return do_launch_run(user, request)  # commits, then enqueues launch_run on Redis
+
+
+def status(run) -> str:
+    run.refresh_from_db(fields=["status", "error"])
+    return run.status
+
+
+def point_count(run, series: str | None = None) -> int:
+    from runs.models import MetricPoint
+
+    points = MetricPoint.objects.filter(run_id=run.pk)
+    return (points.filter(series=series) if series else points).count()
+
+
+@pytest.fixture(scope="module")
+def ray_probe(stack):
+    probe = RayProbe(stack.ray_address, stack.env)
+    yield probe
+    probe.close()
+
+
+def test_a_run_launched_through_celery_runs_on_ray_and_succeeds(
+    stack, member, show_logs_on_failure
+):
+    from runs.models import MetricPoint, Run
+
+    stack.ensure_worker()
+    run = launch(member, "async", overrides(max_steps=FINISHING_STEPS, max_minutes=4))
+
+    wait_for(lambda: status(run) in Run.TERMINAL, 300, f"run {run.pk} to finish")
+    assert run.status == Run.Status.SUCCEEDED, f"run {run.pk} {run.status}: {run.error}"
+    run.refresh_from_db()
+    assert run.ray_actor == f"run-{run.pk}"  # the worker recorded the detached driver
+
+    points = MetricPoint.objects.filter(run_id=run.pk)
+    series = set(points.values_list("series", flat=True))
+    assert {"reward/mean", "loss", "buffer/depth", "staleness/mean"} <= series, series
+    loss_steps = sorted(points.filter(series="loss").values_list("step", flat=True))
+    assert loss_steps == list(range(1, FINISHING_STEPS + 1))
+
+
+def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(
+    stack, member, ray_probe, show_logs_on_failure
+):
+    from runs.actions import do_cancel_run
+    from runs.models import Run
+
+    worker = stack.ensure_worker()
+    run = launch(member, "async", overrides(max_steps=10_000, max_minutes=5))
+    wait_for(lambda: point_count(run, "loss") >= 2, 300, f"run {run.pk} to train 2 steps")
+    assert status(run) == Run.Status.RUNNING
+
+    worker.signal(signal.SIGKILL)  # no warm shutdown: the worker is simply gone
+    wait_for(lambda: not worker.alive(), 10, "the killed worker to exit")
+    steps_before = point_count(run, "loss")
+    wait_for(lambda: point_count(run, "loss") >= steps_before + 2, 120,
+             "training steps to keep arriving without the worker")
+    assert status(run) == Run.Status.RUNNING
+    assert ray_probe.driver_alive(run.pk)
+
+    stack.ensure_worker()  # a fresh worker process picks up the cancel
+    asked = time.monotonic()
+    do_cancel_run(member[0], Run.objects.get(pk=run.pk))
+    wait_for(lambda: status(run) == Run.Status.CANCELLED, 60, f"run {run.pk} to be cancelled")
+    wait_for(lambda: not ray_probe.actor_names(run.pk), 10, f"run-{run.pk}* actors to go")
+    elapsed = time.monotonic() - asked
+    # 10 s is the cancel budget (driver.cancel's timeout); a fresh worker also has to
+    # take the message and join Ray (~3 s) before its clock starts.
+    assert elapsed < CANCEL_BUDGET_S, f"cancel took {elapsed:.1f}s from request to no actors"
+    settled = point_count(run)
+    time.sleep(2)
+    assert point_count(run) == settled, "points still arrive after the run was cancelled"
