@@ -19,7 +19,9 @@ differ only in how far inference may run ahead of the trainer (`ahead_batches`):
   still make a group too old).
 
 Actors ask for fractional CPUs (module constants below): on a 2-core host, whole-CPU
-requests leave the third actor pending forever.
+requests leave the third actor pending forever. Each actor process imports only what its
+role needs (torch and transformers inside the constructors that use them): a run starts
+its processes at once, and on a busy 2-core host each heavy import costs 5–10 s.
 """
 
 from __future__ import annotations
@@ -32,18 +34,17 @@ import threading
 import time
 import traceback
 
+from typing import TYPE_CHECKING
+
 import ray
 
-from workers import weight_sync
 from workers.buffer import RolloutBuffer
 from workers.config import RunConfig
-from workers.inference import make_backend
 from workers.rollout import Group
-from workers.rollouts import generate_groups
-from workers.tasks import make_task
 from workers.timeline import BLOCKED, GENERATE, Timeline
-from workers.tokenizer import CharTokenizer
-from workers.trainer import Trainer
+
+if TYPE_CHECKING:
+    from workers.weight_sync import SyncStats, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,13 @@ class InferenceWorker:
     weights; only the newest pending version is loaded)."""
 
     def __init__(self, config: dict, model_dir: str, index: int, num_workers: int, buffer) -> None:
+        from workers import weight_sync
+        from workers.inference import make_backend
+        from workers.rollouts import generate_groups
+        from workers.tasks import make_task
+        from workers.tokenizer import CharTokenizer
+
+        self._weight_sync, self._generate_groups = weight_sync, generate_groups
         self.cfg = RunConfig.model_validate(config)
         self.index = index
         self.buffer = buffer
@@ -137,10 +145,10 @@ class InferenceWorker:
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
-        self.syncs: list[weight_sync.SyncStats] = []
+        self.syncs: list[SyncStats] = []
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
-        self._pending: tuple[weight_sync.WeightUpdate, dict, float] | None = None
+        self._pending: tuple[WeightUpdate, dict, float] | None = None
         self._pending_lock = threading.Lock()
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
@@ -155,16 +163,18 @@ class InferenceWorker:
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Finish the call in flight, then stop; the backend is closed."""
+        """Finish the call in flight, then stop and close the backend."""
         self._stop.set()
         self._weights_arrived.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # still inside generate: closing now would pull the engine from under it
         self.backend.close()
 
-    def update_weights(self, update: weight_sync.WeightUpdate) -> None:
+    def update_weights(self, update: WeightUpdate) -> None:
         """Fetch new weights now; the loop loads them before its next generate call."""
-        state_dict, fetch_ms = weight_sync.fetch(update)
+        state_dict, fetch_ms = self._weight_sync.fetch(update)
         with self._pending_lock:
             if self._pending is None or self._pending[0].version < update.version:
                 self._pending = (update, state_dict, fetch_ms)
@@ -185,7 +195,7 @@ class InferenceWorker:
             pending, self._pending = self._pending, None
         if pending is not None:
             update, state_dict, fetch_ms = pending
-            stats = weight_sync.load(self.backend, update, state_dict, fetch_ms)
+            stats = self._weight_sync.load(self.backend, update, state_dict, fetch_ms)
             self.version = update.version
             with self._syncs_lock:
                 self.syncs.append(stats)
@@ -208,7 +218,9 @@ class InferenceWorker:
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)
-        groups = generate_groups(self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed)
+        groups = self._generate_groups(
+            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed
+        )
         self.timeline.end(tokens=sum(g.num_tokens for g in groups))
         while groups and not self._stop.is_set():
             self.timeline.begin(BLOCKED)
@@ -222,6 +234,10 @@ class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 
     def __init__(self, config: dict, model_dir: str, buffer, workers: list, num_threads: int | None = None) -> None:
+        from workers import weight_sync
+        from workers.trainer import Trainer
+
+        self._weight_sync = weight_sync
         self.cfg = RunConfig.model_validate(config)
         self.buffer = buffer
         self.workers = workers
@@ -230,7 +246,7 @@ class TrainerActor:
         self._steps_lock = threading.Lock()
         self.error: str | None = None
         self.done = False
-        self._last_update: weight_sync.WeightUpdate | None = None  # keeps the weights alive
+        self._last_update: WeightUpdate | None = None  # keeps the weights alive
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -273,7 +289,7 @@ class TrainerActor:
                 wait_s = time.perf_counter() - t_wait
                 metrics = self.trainer.train_step(groups)
                 version = self.trainer.version
-                self._last_update, trainer_ms = weight_sync.publish(
+                self._last_update, trainer_ms = self._weight_sync.publish(
                     self.trainer.state_dict(), version, self.workers
                 )
                 t_end = time.time()

@@ -27,7 +27,6 @@ from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.config import RunConfig
 from workers.reporter import MetricsReporter
 from workers.timeline import StepWindows
-from workers.warmstart import policy_dir
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +79,7 @@ class RunDriver:
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
         self._syncs: dict[int, list] = defaultdict(list)  # version → SyncStats per worker
         self._loop_started = 0.0
+        self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -115,14 +115,22 @@ class RunDriver:
         self.state = "starting"
         self.reporter.post_status("running")
         try:
+            t0 = time.perf_counter()
+            from workers.warmstart import policy_dir  # torch + transformers: only here
+
             model_dir = policy_dir(self.cfg, self.cache_dir)
+            self.timings["warm_start"] = time.perf_counter() - t0
             if self._spawn(model_dir):
+                self.timings["spawn"] = time.perf_counter() - t0 - self.timings["warm_start"]
                 self.state = "running"
                 self.reason = self._supervise()
+                self.timings["loops"] = time.time() - self._loop_started
             else:
                 self.reason = "cancelled"
+            t1 = time.perf_counter()
             self._stop_children()
             self._collect()
+            self.timings["stop"] = time.perf_counter() - t1
             if self.reason == "cancelled":
                 self.state = "cancelled"
             else:
@@ -139,8 +147,8 @@ class RunDriver:
         return self.summary()
 
     def summary(self) -> dict:
-        """state, reason, error, steps, wall_s (of the loops) and every emitted series
-        as {name: [(step, value), ...]}."""
+        """state, reason, error, steps, wall_s (of the loops), timings (seconds per
+        phase) and every emitted series as {name: [(step, value), ...]}."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -148,6 +156,7 @@ class RunDriver:
             "error": self.error,
             "steps": self.version,
             "wall_s": time.time() - self._loop_started if self._loop_started else 0.0,
+            "timings": dict(self.timings),
             "series": dict(self.series),
         }
 

@@ -1,0 +1,160 @@
+"""The run lifecycle on in-process Ray with the torch backend: launch, metrics, status,
+cancel, idempotency, sync vs async, failure."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from tests.engine.ingest_stub import IngestStub
+from workers.driver import NAMESPACE, RunDriver, actor_name, cancel, is_alive, launch, run_actor_names
+from workers.metric_names import NAMES
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "run-token"
+
+
+def tiny_config(**overrides) -> dict:
+    cfg = {
+        "mode": "async",
+        "warm_start": {"steps": 20},
+        "trainer": {"batch_groups": 4, "group_size": 4},
+        "stop": {"max_steps": 4},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))  # shared: the warm start is built once
+
+
+@pytest.fixture
+def stub():
+    with IngestStub(token=TOKEN) as s:
+        yield s
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def start(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> str:
+    return launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+
+
+def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):
+    assert start(101, stub, cache_dir) == "run-101"
+    wait_for(lambda: stub.status.get(101) in ("succeeded", "failed"), 180, "a terminal status")
+    assert stub.statuses[101] == ["running", "succeeded"], stub.errors.get(101)
+
+    series = stub.series(101)
+    assert NAMES <= set(series), f"missing: {sorted(NAMES - set(series))}"
+    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
+    assert series["policy/version"] == {s: float(s) for s in range(1, 5)}
+    assert all(0 <= v <= 1 for v in series["inference/idle_frac"].values())
+    assert all(v > 0 for v in series["sync/bytes"].values())
+    assert stub.received == len(stub.points)  # nothing posted twice
+
+    # The driver exits when done, and its actors with it.
+    wait_for(lambda: not run_actor_names(101), 15, "the run's actors to exit")
+    assert not is_alive(101)
+
+
+def test_launching_twice_finds_the_running_driver(cluster, stub, cache_dir):
+    start(102, stub, cache_dir, stop={"max_steps": 10_000})
+    first = ray.get_actor("run-102", namespace=NAMESPACE)._actor_id
+    start(102, stub, cache_dir, stop={"max_steps": 10_000})
+    assert ray.get_actor("run-102", namespace=NAMESPACE)._actor_id == first
+    assert is_alive(102)
+    wait_for(lambda: stub.series(102).get("reward/mean"), 120, "a first step")
+    assert stub.statuses[102] == ["running"]  # started once
+    assert cancel(102, timeout_s=10)
+
+
+def test_cancel_removes_every_run_actor_within_ten_seconds(cluster, stub, cache_dir):
+    start(103, stub, cache_dir, stop={"max_steps": 10_000})
+    expected = ["run-103", "run-103-buffer", "run-103-inference-0", "run-103-trainer"]
+    wait_for(lambda: run_actor_names(103) == expected, 120, f"actors {expected}")
+    wait_for(lambda: stub.series(103).get("reward/mean"), 60, "a first step")
+
+    t0 = time.monotonic()
+    assert cancel(103, timeout_s=10) is True
+    assert time.monotonic() - t0 < 10
+    assert run_actor_names(103) == []
+    for name in expected:
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace=NAMESPACE)
+    assert not is_alive(103)
+    assert cancel(103) is False  # nothing left to cancel
+    assert stub.statuses[103] == ["running"]  # no "succeeded" after a cancel
+
+
+def test_the_run_actors_die_with_their_driver(cluster, stub, cache_dir):
+    start(104, stub, cache_dir, stop={"max_steps": 10_000})
+    wait_for(lambda: len(run_actor_names(104)) == 4, 120, "the run's actors")
+    ray.kill(ray.get_actor(actor_name(104), namespace=NAMESPACE), no_restart=True)
+    wait_for(lambda: not run_actor_names(104), 10, "children to die with the driver")
+
+
+def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
+    start(105, stub, cache_dir, stop={"max_steps": 10_000})
+    wait_for(lambda: len(run_actor_names(105)) == 4, 120, "run 105's actors")
+    assert cancel(10, timeout_s=5) is False  # "run-10" is a prefix of "run-105"
+    assert len(run_actor_names(105)) == 4
+    assert cancel(105, timeout_s=10)
+
+
+def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
+        run_id, tiny_config(**overrides), None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        return ray.get(driver.run.remote(), timeout=300)
+    finally:
+        ray.kill(driver)
+
+
+def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
+    out = run_inline(106, cache_dir, mode="sync", buffer={"capacity": 1, "max_staleness": 0},
+                     stop={"max_steps": 5})
+    assert out["state"] == "succeeded", out["error"]
+    s = {k: dict(v) for k, v in out["series"].items()}
+    assert sorted(s["staleness/max"]) == [1, 2, 3, 4, 5]
+    assert set(s["staleness/max"].values()) == {0.0}  # every batch from the current weights
+    assert set(s["buffer/dropped_stale"].values()) == {0.0}
+    # Alternation: the trainer waits while inference generates, at every step.
+    assert all(v > 0.2 for v in s["trainer/idle_frac"].values())
+
+
+def test_async_mode_trains_one_step_off_policy(cluster, cache_dir):
+    out = run_inline(107, cache_dir, buffer={"capacity": 2, "max_staleness": 1}, stop={"max_steps": 6})
+    assert out["state"] == "succeeded", out["error"]
+    stale = dict(out["series"]["staleness/max"])
+    assert max(stale.values()) == 1.0  # inference ran ahead, within max_staleness
+    assert dict(out["series"]["is/ratio_mean"])  # IS correction reported
+
+
+def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cache_dir):
+    start(108, stub, cache_dir, model={"source": "path", "path": "/nonexistent/model"})
+    wait_for(lambda: stub.status.get(108) in ("succeeded", "failed"), 60, "a terminal status")
+    assert stub.statuses[108] == ["running", "failed"]
+    assert "/nonexistent/model" in stub.errors[108]
+    wait_for(lambda: not run_actor_names(108), 15, "the failed driver to exit")
