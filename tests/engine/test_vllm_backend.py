@@ -149,6 +149,15 @@ def test_a_prompt_gets_the_same_samples_whatever_else_is_in_the_batch(backend):
     assert [c.token_ids for c in alone[0]] == [c.token_ids for c in batched[0]]
 
 
+def test_a_completion_that_reaches_the_context_length_finishes_with_length(backend):
+    # max_position_embeddings is 64: a 60-token prompt leaves room for 4 tokens, not 8.
+    groups = backend.generate([[1] + [5] * 59], n=8, max_new_tokens=8, temperature=1.0, seed=0)
+    for c in groups[0]:
+        assert len(c.token_ids) <= 4
+        assert c.finish_reason == ("stop" if c.token_ids[-1] == EOS else "length")
+    assert any(len(c.token_ids) == 4 for c in groups[0])
+
+
 def _perturbed(hf, scale: float, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {
@@ -242,7 +251,7 @@ def test_close_frees_the_engine_so_another_can_start(model_dir):
         second.close()
 
 
-def test_it_runs_inside_a_ray_actor_beside_the_trainer(model_dir, hf):
+def test_it_runs_inside_a_fractional_cpu_ray_actor(model_dir, hf):
     """The engine's layout: VLLMBackend in a fractional-CPU Ray actor, weights pushed in."""
     import ray
 

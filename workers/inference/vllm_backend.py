@@ -7,9 +7,10 @@ engine). That choice is what makes vLLM behave inside Ray on a 2-core box:
 - no child processes: nothing to spawn, so no `if __name__ == "__main__"` guard is needed
   in the caller, and nothing outlives `close()` or a killed actor;
 - no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor): the
-  worker uses the caller's torch thread count, which Ray sets from the actor's
-  `num_cpus` (1 thread for fractional or zero requests), so it shares the machine with a
-  trainer actor instead of pinning every core;
+  worker computes with the caller's torch thread count, so an actor that calls
+  `torch.set_num_threads(k)` before building the backend gets k threads and shares the
+  machine with a trainer actor instead of pinning every core (Ray's OMP_NUM_THREADS=1
+  for fractional-CPU actors does not always reach torch: set it explicitly);
 - `collective_rpc` calls the worker directly, so a weight reload hands it the trainer's
   tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
 
