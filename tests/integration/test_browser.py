@@ -1,0 +1,89 @@
+"""The walking skeleton from a user's chair: real Chromium (Debian's build, driven by
+Playwright) against daphne, with a separate Celery worker and a Ray head behind it.
+
+Log in, launch a run from the form, watch a chart gain points without reloading the
+page, cancel, see "cancelled".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+# Without the networking flags Chromium keeps dialling Google on a closed network.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PASSWORD = "pw-browser-user"
+TINY = {
+    "inference": {"backend": "torch"},
+    "warm_start": {"steps": 20},
+    "trainer": {"batch_groups": 4, "group_size": 4},
+    "stop": {"max_steps": 10_000, "max_minutes": 5},
+}
+TOTAL_POINTS_JS = """() => [...document.querySelectorAll('.chart')]
+    .reduce((n, el) => n + Number(el.dataset.points || 0), 0)"""
+
+
+@pytest.fixture
+def browser_user(db):
+    from django.contrib.auth import get_user_model
+
+    from runs.actions import do_ensure_demo
+
+    user = get_user_model().objects.create_user("bea", password=PASSWORD)
+    _, experiment = do_ensure_demo(user, team_name="Browser")
+    return user, experiment
+
+
+def test_a_user_launches_a_run_watches_it_live_and_cancels_it(
+    stack, browser_user, show_logs_on_failure
+):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    user, experiment = browser_user
+    stack.ensure_worker()
+    # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{stack.url}/accounts/login/")
+            page.fill("#id_username", user.username)
+            page.fill("#id_password", PASSWORD)
+            page.click("form button[type=submit]")
+            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+
+            page.goto(f"{stack.url}/runs/new/")
+            page.select_option("#id_experiment", str(experiment.pk))
+            page.select_option("#id_preset", "async")
+            page.fill("#id_overrides", json.dumps(TINY))
+            page.click("#launch-form button[type=submit]")
+            page.wait_for_url(re.compile(r"/runs/\d+/$"))
+            run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+
+            page.evaluate("() => { window.__sameDocument = true; }")
+            page.wait_for_function(f"({TOTAL_POINTS_JS})() > 0", timeout=300_000)
+            first = page.evaluate(TOTAL_POINTS_JS)
+            page.wait_for_function(f"({TOTAL_POINTS_JS})() > {first}", timeout=120_000)
+            later = page.evaluate(TOTAL_POINTS_JS)
+            assert later > first
+            assert page.evaluate("() => window.__sameDocument === true"), "the page reloaded"
+            expect(page.locator("[data-role=status]")).to_have_text("running")
+
+            page.click("#cancel-button")
+            expect(page.locator("[data-role=status]")).to_have_text("cancelled", timeout=60_000)
+        finally:
+            browser.close()
+
+    from runs.models import Run
+
+    assert Run.objects.get(pk=run_id).status == Run.Status.CANCELLED
