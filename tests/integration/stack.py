@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from ops.management.commands.up import celery_worker_args, daphne_args
 from ops.ray_head import make_head
 from ops.supervisor import Child, Supervisor
 
@@ -164,8 +165,7 @@ class Stack:
     def start_web(self, env: dict[str, str], port: int, timeout_s: float = 60) -> Child:
         child = self.sup.start(
             "web",
-            [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-             "rollway.asgi:application"],
+            [str(Path(sys.executable).parent / "daphne"), *daphne_args("127.0.0.1", port)],
             env=env, cwd=str(REPO),
         )
         wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or not child.alive(),
@@ -177,9 +177,8 @@ class Stack:
         """`celery -A rollway worker` as `manage.py up` runs it; waits until it consumes."""
         child = self.sup.start(
             "worker",
-            [sys.executable, "-m", "celery", "-A", "rollway", "worker", "--pool", "threads",
-             "--concurrency", "2", "--loglevel", "INFO", "-n", f"it-{uuid.uuid4().hex[:6]}@%h",
-             "--without-gossip", "--without-mingle"],
+            [sys.executable, "-m", "celery", *celery_worker_args(2),
+             "-n", f"it-{uuid.uuid4().hex[:6]}@%h", "--without-gossip", "--without-mingle"],
             env=env, cwd=str(REPO), ready_when=lambda line: " ready." in line,
         )
         wait_for(lambda: child.ready.is_set() or not child.alive(), timeout_s, "the Celery worker")

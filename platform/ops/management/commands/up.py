@@ -27,12 +27,31 @@ from django.core.management.base import BaseCommand, CommandError
 from ops.ray_head import make_head
 from ops.supervisor import Supervisor
 
+ASGI_APPLICATION = "rollway.asgi:application"
 DEMO_USERNAME = "demo"
 DEMO_PASSWORD = "demo"
 
 # Ray start (GCS + raylet + agents) takes ~8 s on 2 idle cores; allow for a busy machine.
 RAY_READY_TIMEOUT_S = 120
 WEB_READY_TIMEOUT_S = 60
+
+
+# The command lines below are the product's entry points; deploy/ (compose, k8s) runs
+# the same ones, which tests/test_deploy.py checks.
+
+
+def daphne_args(host: str, port: int) -> list[str]:
+    return ["-b", host, "-p", str(port), ASGI_APPLICATION]
+
+
+def celery_worker_args(concurrency: int) -> list[str]:
+    # Threads: tasks are short and mostly wait on Ray or the database.
+    return ["-A", "rollway", "worker", "--pool", "threads", "--concurrency", str(concurrency),
+            "--loglevel", "INFO"]
+
+
+def celery_beat_args(schedule: str) -> list[str]:
+    return ["-A", "rollway", "beat", "--loglevel", "INFO", "--schedule", schedule]
 
 
 def ensure_demo_login() -> None:
@@ -112,12 +131,12 @@ class Command(BaseCommand):
             else:
                 head = make_head(home, num_cpus=opts["ray_cpus"])
                 ray_env = head.env()
-                ray = sup.start(
+                ray_child = sup.start(
                     "ray", head.command(), env=child_env(url.rstrip("/"), ray_env),
                     cwd=str(settings.REPO_ROOT), ready_when=head.is_ready_line,
                     stop_leader_only=True,
                 )
-                if not self._wait_ready(ray, RAY_READY_TIMEOUT_S, stop):
+                if not self._wait_ready(ray_child, RAY_READY_TIMEOUT_S, stop):
                     if stop.is_set():
                         return
                     raise CommandError("the Ray head did not start; see the `ray` lines above")
@@ -125,23 +144,11 @@ class Command(BaseCommand):
 
             env = child_env(url.rstrip("/"), ray_env)
             cwd = str(settings.REPO_ROOT)
-            sup.start(
-                "worker",
-                [python, "-m", "celery", "-A", "rollway", "worker", "--pool", "threads",
-                 "--concurrency", str(opts["worker_concurrency"]), "--loglevel", "INFO"],
-                env=env, cwd=cwd,
-            )
-            sup.start(
-                "beat",
-                [python, "-m", "celery", "-A", "rollway", "beat", "--loglevel", "INFO",
-                 "--schedule", str(home / "celerybeat-schedule")],
-                env=env, cwd=cwd,
-            )
-            web = sup.start(
-                "web",
-                [str(bindir / "daphne"), "-b", host, "-p", str(port), "rollway.asgi:application"],
-                env=env, cwd=cwd,
-            )
+            sup.start("worker", [python, "-m", "celery",
+                                 *celery_worker_args(opts["worker_concurrency"])], env=env, cwd=cwd)
+            sup.start("beat", [python, "-m", "celery",
+                               *celery_beat_args(str(home / "celerybeat-schedule"))], env=env, cwd=cwd)
+            web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env=env, cwd=cwd)
             if not wait_http_ok(f"{url}healthz", WEB_READY_TIMEOUT_S, web.alive):
                 raise CommandError(f"the web server did not answer at {url}healthz")
             login = "" if opts["no_demo"] else f"  log in as {DEMO_USERNAME} / {DEMO_PASSWORD}"

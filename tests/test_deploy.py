@@ -1,0 +1,174 @@
+"""deploy/ stays in step with the code: no Docker engine or cluster here, so these check
+that the files parse, run the same entry points `manage.py up` runs (which the
+integration tests exercise), and set only settings the platform actually reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ops.management.commands.up import (
+    ASGI_APPLICATION,
+    celery_beat_args,
+    celery_worker_args,
+    daphne_args,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+SCHEDULE = "/var/lib/rollway/celerybeat-schedule"
+# What a production deployment must set for web, worker and beat (DESIGN.md §4).
+PRODUCTION = {"DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS",
+              "ROLLWAY_PUBLIC_URL", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS"}
+# Read by Ray itself, not by settings.py: the token auth every Ray client needs.
+RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}
+
+
+def settings_env_names() -> set[str]:
+    """Every environment variable platform/rollway/settings.py reads."""
+    source = (REPO / "platform" / "rollway" / "settings.py").read_text()
+    return set(re.findall(r'env_(?:str|bool|int|list)\(\s*"([A-Z0-9_]+)"', source))
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def k8s_docs() -> list[dict]:
+    docs = []
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def k8s(kind: str, name: str) -> dict:
+    found = [d for d in k8s_docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name} in deploy/k8s/"
+    return found[0]
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def command(service_or_container: dict) -> list[str]:
+    cmd = service_or_container["command"]
+    return cmd if isinstance(cmd, list) else cmd.split()
+
+
+def test_settings_reads_the_documented_variables():
+    # Guards the regex below as much as settings.py: an empty set would pass everything.
+    assert PRODUCTION <= settings_env_names() | {"RAY_ADDRESS"}
+    assert {"ROLLWAY_HOME", "DJANGO_DEBUG"} <= settings_env_names()
+
+
+def test_compose_has_every_service_of_the_product():
+    assert set(compose()["services"]) == {"postgres", "redis", "web", "worker", "beat", "ray-head"}
+
+
+def test_compose_runs_the_entry_points_up_runs():
+    services = compose()["services"]
+    web = " ".join(command(services["web"]))
+    assert " ".join(["daphne", *daphne_args("0.0.0.0", 8000)]) in web
+    assert "manage.py migrate" in web
+    assert command(services["worker"]) == ["celery", *celery_worker_args(4)]
+    assert command(services["beat"]) == ["celery", *celery_beat_args(SCHEDULE)]
+    head = command(services["ray-head"])
+    assert head[:4] == ["ray", "start", "--head", "--block"]
+    assert "--port=6379" not in head, "6379 is Redis's port"
+
+
+@pytest.mark.parametrize("service", ["web", "worker", "beat", "ray-head"])
+def test_compose_sets_only_settings_the_platform_reads(service):
+    env = compose()["services"][service]["environment"]
+    unknown = set(env) - settings_env_names() - RAY_OWN
+    assert not unknown, f"{service} sets variables nothing reads: {sorted(unknown)}"
+    if service != "ray-head":
+        assert PRODUCTION <= set(env), f"{service} lacks {sorted(PRODUCTION - set(env))}"
+    assert env["RAY_AUTH_MODE"] == "token"
+
+
+def test_every_compose_process_uses_one_image():
+    services = compose()["services"]
+    images = {services[s]["image"] for s in ("web", "worker", "beat", "ray-head")}
+    assert len(images) == 1, "Ray and the engine must match between the worker and the cluster"
+
+
+def test_k8s_deployments_run_the_entry_points_up_runs():
+    web = container(k8s("Deployment", "rollway-web"))
+    assert command(web) == ["daphne", *daphne_args("0.0.0.0", 8000)]
+    assert command(container(k8s("Deployment", "rollway-worker"))) == [
+        "celery", *celery_worker_args(4)]
+    beat = k8s("Deployment", "rollway-beat")
+    assert command(container(beat)) == ["celery", *celery_beat_args(SCHEDULE)]
+    assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    migrate = k8s("Deployment", "rollway-web")["spec"]["template"]["spec"]["initContainers"][0]
+    assert command(migrate) == ["python", "manage.py", "migrate", "--noinput"]
+
+
+def test_k8s_settings_cover_production_and_nothing_unknown():
+    config = k8s("ConfigMap", "rollway-config")["data"]
+    secret = k8s("Secret", "rollway-secrets")["stringData"]
+    names = set(config) | set(secret)
+    assert PRODUCTION <= names, f"missing {sorted(PRODUCTION - names)}"
+    assert not names - settings_env_names() - RAY_OWN
+    assert config["RAY_AUTH_MODE"] == "token"
+    assert not set(config) & {"DJANGO_SECRET_KEY", "RAY_AUTH_TOKEN", "DATABASE_URL"}, (
+        "secrets belong in the Secret, not the ConfigMap"
+    )
+
+
+def test_k8s_ray_cluster_is_a_kuberay_cluster_with_token_auth():
+    cluster = k8s("RayCluster", "rollway-ray")
+    assert cluster["apiVersion"].startswith("ray.io/")
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    groups = cluster["spec"]["workerGroupSpecs"]
+    assert groups and groups[0]["minReplicas"] >= 1
+    for c in (head, groups[0]["template"]["spec"]["containers"][0]):
+        assert {"name": "RAY_AUTH_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "rollway-secrets", "key": "RAY_AUTH_TOKEN"}}
+                } in c["env"]
+        assert {"configMapRef": {"name": "rollway-config"}} in c["envFrom"]
+    # The Celery worker reaches the head through KubeRay's <cluster>-head-svc Service.
+    address = k8s("ConfigMap", "rollway-config")["data"]["RAY_ADDRESS"]
+    assert address.startswith(f"{cluster['metadata']['name']}-head-svc:")
+    images = {head["image"], groups[0]["template"]["spec"]["containers"][0]["image"],
+              container(k8s("Deployment", "rollway-worker"))["image"]}
+    assert len(images) == 1
+
+
+def test_dockerfile_builds_cpu_by_default_and_gpu_by_build_arg():
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}", text, re.M)
+    assert "ARG PYTHON_VERSION=3.11" in text
+    assert "ARG FLAVOR=cpu" in text
+    assert 'deploy/constraints-$FLAVOR.txt' in text and '".[$FLAVOR]"' in text
+    for flavor in ("cpu", "gpu"):
+        assert (DEPLOY / f"constraints-{flavor}.txt").exists()
+    # The image must keep platform/ a source root on the path, never a package.
+    assert "PYTHONPATH=/app/platform:/app" in text
+    assert f'"{ASGI_APPLICATION}"' in text.splitlines()[-1]
+    for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for path in src.split():
+            assert (REPO / path).exists(), f"Dockerfile copies {path}, which does not exist"
+
+
+def test_torch_pin_is_the_same_in_makefile_constraints_and_pyproject():
+    pins = {
+        "Makefile": re.findall(r"torch==([\d.]+)", (REPO / "Makefile").read_text()),
+        "constraints-cpu": re.findall(r"^torch==([\d.]+)", (DEPLOY / "constraints-cpu.txt").read_text(), re.M),
+        "constraints-gpu": re.findall(r"^torch==([\d.]+)", (DEPLOY / "constraints-gpu.txt").read_text(), re.M),
+        "pyproject": re.findall(r'"torch==([\d.]+)"', (REPO / "pyproject.toml").read_text()),
+        "Dockerfile": re.findall(r"torch==([\d.]+)", (DEPLOY / "Dockerfile").read_text()),
+    }
+    versions = {v for found in pins.values() for v in found}
+    assert all(pins.values()) and len(versions) == 1, pins
+
+
+def test_readme_documents_every_setting():
+    readme = (REPO / "README.md").read_text()
+    missing = [name for name in sorted(settings_env_names()) if f"`{name}`" not in readme]
+    assert not missing, f"README.md's settings table lacks {missing}"
