@@ -1,0 +1,183 @@
+"""Sync vs async on the same engine code: throughput, idle fractions, reward.
+
+Runs the same task, seed and config twice on in-process Ray, once with mode="sync"
+(generate → train → sync, strictly alternating) and once with mode="async" (inference
+runs ahead by max_staleness batches through the buffer), each through the real run
+driver and actors (no site: the reporter keeps points in memory). Prints, per mode,
+steady-state samples/s (steps 2..N: step 1 includes the first generation), trainer and
+inference idle fractions, reward at the start and the end, and then the async/sync
+throughput ratio next to the ideal (T_gen + T_train) / max(T_gen, T_train), with T_gen
+and T_train measured in the sync run.
+
+    .venv/bin/python bench/sync_vs_async.py                      # torch backend, 40 steps
+    .venv/bin/python bench/sync_vs_async.py --steps 100 --set trainer.lr=3e-3
+    .venv/bin/python bench/sync_vs_async.py --backend vllm --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ray  # noqa: E402
+
+from workers.driver import NAMESPACE, RunDriver  # noqa: E402
+from workers.presets import build, deep_merge  # noqa: E402
+
+# vLLM-CPU's attention kernels need head_dim in a fixed set (32 is the smallest):
+# hidden_size 64 with 2 heads instead of the default 4.
+VLLM_MODEL = {"model": {"num_heads": 2}}
+
+
+def parse_set(items: list[str]) -> dict:
+    """--set a.b=value (value parsed as JSON when it can be) → nested overrides."""
+    out: dict = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int) -> dict:
+    cfg = build(mode, overrides)
+    driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
+        run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        out = ray.get(driver.run.remote())
+    finally:
+        ray.kill(driver)
+    if out["state"] != "succeeded":
+        raise SystemExit(f"{mode} run {out['state']}: {out['error']}")
+    out["config"] = cfg
+    return out
+
+
+def steady(out: dict) -> dict:
+    """Figures over steps 2..N, each step weighted by its wall-time window."""
+    s = {k: dict(v) for k, v in out["series"].items()}
+    cfg = out["config"]
+    samples = cfg.trainer.batch_groups * cfg.trainer.group_size
+    steps = sorted(s["samples/per_s"])[1:]
+    windows = {k: samples / s["samples/per_s"][k] for k in steps}
+    total = sum(windows.values())
+
+    def weighted(name: str) -> float:
+        have = [k for k in steps if k in s.get(name, {})]
+        span = sum(windows[k] for k in have)
+        return sum(s[name][k] * windows[k] for k in have) / span if span else float("nan")
+
+    rewards = [s["reward/mean"][k] for k in sorted(s["reward/mean"])]
+    head = min(5, max(1, len(rewards) // 4))
+    return {
+        "steps": len(steps) + 1,
+        "samples_per_s": len(steps) * samples / total,
+        "step_s": total / len(steps),
+        "trainer_idle": weighted("trainer/idle_frac"),
+        "inference_idle": weighted("inference/idle_frac"),
+        "t_gen": statistics.mean((1 - s["inference/idle_frac"][k]) * windows[k]
+                                 for k in steps if k in s["inference/idle_frac"]),
+        "t_train": statistics.mean(s["trainer/step_s"][k] for k in steps),
+        "sync_ms": statistics.median(s["sync/latency_ms"].values()) if s.get("sync/latency_ms") else float("nan"),
+        "sync_trainer_ms": statistics.median(s["sync/trainer_ms"].values()),
+        "sync_bytes": statistics.median(s["sync/bytes"].values()),
+        "tokens_per_s": weighted("inference/tokens_per_s"),
+        "staleness_mean": statistics.mean(s["staleness/mean"].values()),
+        "dropped_stale": max(s["buffer/dropped_stale"].values()),
+        "reward_start": statistics.mean(rewards[:head]),
+        "reward_end": statistics.mean(rewards[-head:]),
+        "reward_window": head,
+        "timings": out["timings"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("torch", "vllm"), default="torch")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--minutes", type=float, default=5.0, help="time budget per mode")
+    ap.add_argument("--set", action="append", default=[], help="override, e.g. trainer.lr=3e-3")
+    ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+
+    overrides = {"inference": {"backend": args.backend},
+                 "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
+    if args.backend == "vllm":
+        overrides = deep_merge(overrides, VLLM_MODEL)
+    overrides = deep_merge(overrides, parse_set(args.set))
+
+    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    results = {}
+    try:
+        for i, mode in enumerate(args.modes.split(",")):
+            t = time.perf_counter()
+            out = run_mode(mode, overrides, args.cache_dir, run_id=990_000 + i)
+            results[mode] = steady(out)
+            r = results[mode]
+            r["loadavg_1m"] = os.getloadavg()[0]
+            print(f"[{mode}] {r['steps']} steps in {time.perf_counter() - t:.0f}s (phases {_fmt(r['timings'])}; "
+                  f"host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)", flush=True)
+    finally:
+        ray.shutdown()
+
+    print(f"\nbackend={args.backend}  config overrides={json.dumps(overrides)}")
+    rows = [
+        ("samples/s (steps 2..N)", "samples_per_s", "{:.1f}"),
+        ("step wall time (s)", "step_s", "{:.3f}"),
+        ("trainer idle fraction", "trainer_idle", "{:.2f}"),
+        ("inference idle fraction", "inference_idle", "{:.2f}"),
+        ("T_gen per step (s)", "t_gen", "{:.3f}"),
+        ("T_train per step (s)", "t_train", "{:.3f}"),
+        ("inference tokens/s", "tokens_per_s", "{:.0f}"),
+        ("sync latency e2e, median (ms)", "sync_ms", "{:.1f}"),
+        ("sync trainer side, median (ms)", "sync_trainer_ms", "{:.1f}"),
+        ("sync bytes", "sync_bytes", "{:.0f}"),
+        ("staleness mean", "staleness_mean", "{:.2f}"),
+        ("groups dropped stale", "dropped_stale", "{:.0f}"),
+        ("reward, first steps", "reward_start", "{:.3f}"),
+        ("reward, last steps", "reward_end", "{:.3f}"),
+    ]
+    modes = list(results)
+    print(f"{'':34}" + "".join(f"{m:>12}" for m in modes))
+    for label, key, fmt in rows:
+        print(f"{label:34}" + "".join(f"{fmt.format(results[m][key]):>12}" for m in modes))
+    if {"sync", "async"} <= set(results):
+        s, a = results["sync"], results["async"]
+        ideal = (s["t_gen"] + s["t_train"]) / max(s["t_gen"], s["t_train"])
+        print(f"\nasync/sync throughput ratio: {a['samples_per_s'] / s['samples_per_s']:.2f}")
+        print(f"ideal (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f}"
+              f"  (T_gen={s['t_gen']:.3f}s, T_train={s['t_train']:.3f}s; the rest of a sync step, "
+              f"{s['step_s'] - s['t_gen'] - s['t_train']:.3f}s, is sync + scheduling)")
+        print(f"running side by side, async slowed each pool down: T_gen ×{a['t_gen'] / s['t_gen']:.2f}, "
+              f"T_train ×{a['t_train'] / s['t_train']:.2f} (CPU contention: both pools share the host's cores)")
+        results["ratio"] = a["samples_per_s"] / s["samples_per_s"]
+        results["ideal"] = ideal
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+def _fmt(timings: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
