@@ -39,6 +39,10 @@ TARGET_WINDOW = 5
 # Child actors must be up within this (vLLM needs ~20–40 s on CPU to start).
 SPAWN_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
+# At the end the driver retries the site this long for the last points and the final
+# status before it exits (what is left stays in the spool): longer keeps a finished run
+# from looking lost to the platform's reconcile while the site restarts.
+FINAL_FLUSH_S = 30.0
 LAUNCH_TIMEOUT_S = 60.0
 
 
@@ -143,7 +147,7 @@ class RunDriver:
             self.reporter.post_status("failed", self.error[-4000:])
         finally:
             self._kill_children()
-            self.reporter.close()
+            self.reporter.close(timeout_s=FINAL_FLUSH_S)
         return self.summary()
 
     def summary(self) -> dict:

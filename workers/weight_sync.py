@@ -11,10 +11,11 @@ weights). Three latencies are measured:
 - end to end: trainer publish → weights live in the worker (includes the drain wait).
 
 Tensors travel as uint8 numpy views, which Ray moves out-of-band and maps zero-copy on
-the receiving side: the same trick as RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 (a 40 MiB
-state dict: ~250 ms pickled → ~8 ms), without a process-wide switch that would also
-change how every other tensor in the cluster is serialised. The received tensors are
-read-only views of object-store memory; `load_weights` copies them into the model.
+the receiving side: the same trick as RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1, without a
+process-wide switch that would also change how every other tensor in the cluster is
+serialised. Measured here (2 busy cores), a 40 MiB state dict: put 234 ms + fetch in
+another actor 229 ms as plain tensors, 75 ms + 0.6 ms as wire tensors. The received
+tensors are read-only views of object-store memory; `load_weights` copies them.
 """
 
 from __future__ import annotations
