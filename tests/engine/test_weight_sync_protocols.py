@@ -1,0 +1,380 @@
+"""Weight-sync protocols (workers.sync): after a sync the worker's weights are bit-identical
+to the trainer's (sha256 over name-sorted tensors), LoRA moves only adapter bytes, and
+per-tensor and packed broadcasts agree.
+
+Trainer and worker run as two threads of this process (each with its own gloo group on
+127.0.0.1 for the collective); the slow tests put them in Ray actors and on real vLLM.
+The worker's weights are read back out of TorchBackend's fused layout, so the checksum
+is of what the backend will actually compute with, not of a staging copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import threading
+
+import pytest
+import torch
+
+from workers.config import ModelConfig
+from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
+from workers.sync.base import Notice, checkpoint_names_state_dict
+from workers.sync.object_store import InProcessStore
+
+# Small enough that a sync takes milliseconds; 2 layers → 21 tensors.
+MODEL = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+JOIN_S = 60
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from workers.model import build_tiny, save_model
+    from workers.tokenizer import CharTokenizer
+
+    path = str(tmp_path_factory.mktemp("sync-model"))
+    tokenizer = CharTokenizer()
+    save_model(build_tiny(MODEL, tokenizer, seed=0), tokenizer, path)
+    return path
+
+
+def trainer_model(model_dir: str):
+    from workers.model import load_model
+
+    return load_model(model_dir).train()
+
+
+def train_a_little(model: torch.nn.Module, seed: int) -> None:
+    """One real AdamW step (so flat-buffer views must survive an optimizer), then noise
+    on every parameter so each version differs everywhere."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    ids = torch.arange(1, 9).unsqueeze(0)
+    model(input_ids=ids).logits.float().pow(2).mean().backward()
+    opt.step()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in trainable:
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3)
+
+
+def backend_weights(backend) -> dict[str, torch.Tensor]:
+    """TorchBackend's weights back under checkpoint names (un-fusing is pure copying)."""
+    H, KV, hd = backend.num_heads, backend.num_kv_heads, backend.head_dim
+    out = {
+        "model.embed_tokens.weight": backend.embed,
+        "model.norm.weight": backend.final_norm,
+        "lm_head.weight": backend.lm_head,
+    }
+    for i, L in enumerate(backend.layers):
+        p = f"model.layers.{i}."
+        q, k, v = L["qkv"].t().split([H * hd, KV * hd, KV * hd])
+        gate, up = L["gate_up"].t().chunk(2)
+        out.update({
+            p + "input_layernorm.weight": L["in_norm"], p + "post_attention_layernorm.weight": L["post_norm"],
+            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": L["o"].t(),
+            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+            p + "mlp.down_proj.weight": L["down"].t(),
+        })
+    return out
+
+
+def connect(sender, receivers) -> dict:
+    """Connect both sides at once, as a collective's rendezvous needs."""
+    endpoint = sender.endpoint()
+    threads = [threading.Thread(target=r.connect, args=(endpoint, i + 1)) for i, r in enumerate(receivers)]
+    for t in threads:
+        t.start()
+    sender.connect()
+    for t in threads:
+        t.join(JOIN_S)
+    return endpoint
+
+
+def sync(sender, receiver, backend, version: int) -> tuple[SyncReport, SyncReport]:
+    """One sync with the worker in another thread; (trainer's report, worker's report)."""
+    notices: queue.Queue = queue.Queue()
+    got: dict = {}
+
+    def worker():
+        try:
+            got["report"] = receiver.apply(backend, receiver.receive(notices.get(timeout=JOIN_S)))
+        except BaseException as exc:  # surfaced in the test thread below
+            got["error"] = exc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    sent = sender.send(version, notices.put)
+    thread.join(JOIN_S)
+    if "error" in got:
+        raise got["error"]
+    return sent, got["report"]
+
+
+SENDERS = {
+    "object_store": lambda store, tmp: make_sender("object_store", store=store),
+    "filesystem": lambda store, tmp: make_sender("filesystem", directory=str(tmp)),
+    "collective/per_tensor": lambda store, tmp: make_sender("collective", mode="per_tensor", timeout_s=30),
+    "collective/packed": lambda store, tmp: make_sender("collective", mode="packed", bucket_mb=0.01, timeout_s=30),
+    "collective/packed-copy": lambda store, tmp: make_sender(
+        "collective", mode="packed", bucket_mb=0.01, flat_params=False, timeout_s=30),
+}
+
+
+@pytest.mark.parametrize("name", list(SENDERS))
+def test_each_full_protocol_leaves_the_worker_bit_identical(name, model_dir, tmp_path):
+    from workers.inference.torch_backend import TorchBackend
+
+    store = InProcessStore()
+    model = trainer_model(model_dir)
+    sender = SENDERS[name](store, tmp_path / "ckpt")
+    receiver = make_receiver(name.split("/")[0], model_dir=model_dir, store=store)
+    backend = TorchBackend(model_dir)
+    full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    try:
+        sender.attach(model)
+        connect(sender, [receiver])
+        assert state_checksum(backend_weights(backend)) == state_checksum(model.state_dict())
+        for version in (1, 2):
+            train_a_little(model, seed=version)
+            expected = state_checksum(model.state_dict())
+            assert state_checksum(backend_weights(backend)) != expected
+            sent, received = sync(sender, receiver, backend, version)
+            assert state_checksum(backend_weights(backend)) == expected
+            assert received.version == sent.version == version
+            # Filesystem bytes are the file: tensors plus the safetensors header.
+            assert full_bytes <= sent.bytes == received.bytes < full_bytes + 8192
+            assert sent.trainer_ms > 0 and received.inference_ms > 0
+            assert received.end_to_end_ms + 1.0 >= received.inference_ms
+            assert sent.tensors == len(model.state_dict())
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_per_tensor_and_packed_broadcasts_give_identical_weights(model_dir):
+    """Same trainer weights through per-tensor, packed (buckets that split tensors),
+    one-bucket and copy-packed broadcasts: one checksum, different message counts."""
+    model = trainer_model(model_dir)
+    train_a_little(model, seed=7)
+    expected = state_checksum(model.state_dict())
+    n_tensors = len(list(model.parameters()))
+    full_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    messages = {}
+    for label, kwargs in {
+        "per_tensor": dict(mode="per_tensor"),
+        "packed-small": dict(mode="packed", bucket_mb=0.003),  # ~770 floats: splits tensors
+        "packed-one": dict(mode="packed", bucket_mb=full_mb * 2),
+        "packed-copy": dict(mode="packed", bucket_mb=0.003, flat_params=False),
+    }.items():
+        sender = make_sender("collective", timeout_s=30, **kwargs)
+        receiver = make_receiver("collective")
+        sender.attach(model)
+        connect(sender, [receiver])
+        sent, received = sync(sender, receiver, _Recorder(), version=1)
+        assert state_checksum(receiver.views) == expected, label
+        messages[label] = sent.messages
+        sender.close()
+        receiver.close()
+    assert messages["per_tensor"] == n_tensors
+    assert messages["packed-one"] == 1
+    assert messages["packed-small"] == messages["packed-copy"] > n_tensors / 4
+    # The weights the trainer trains are still its weights after being flattened.
+    assert state_checksum(model.state_dict()) == expected
+
+
+class _Recorder:
+    """A backend that keeps a copy of what it is given."""
+
+    def __init__(self):
+        self.loaded = None
+        self.adapters: list[tuple[str, int, str, str]] = []
+
+    def load_weights(self, state_dict):
+        self.loaded = {k: v.clone() for k, v in state_dict.items()}
+
+
+class _AdapterBackend(_Recorder):
+    """A backend with adapter support, like vLLM with enable_lora: records (name, id,
+    path, checksum of the adapter file) per registration."""
+
+    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
+        self.adapters.append((name, lora_int_id, path, state_checksum(tensors)))
+
+
+def test_collective_worker_joins_broadcasts_in_send_order_even_if_notices_arrive_reversed(model_dir):
+    """A threaded actor may run the handler of notice 2 before that of notice 1; the
+    receiver must still take broadcast 1 first, or versions and bytes get crossed."""
+    model = trainer_model(model_dir)
+    sender, receiver = make_sender("collective", timeout_s=30), make_receiver("collective")
+    sender.attach(model)
+    endpoint = connect(sender, [receiver])
+    digest = {"layout": endpoint["layout"].digest()}
+    staged: dict[int, object] = {}
+    later = threading.Thread(target=lambda: staged.setdefault(2, receiver.receive(
+        Notice("collective", 2, 1, 0, 0.0, digest))))
+    later.start()  # notice 2 first: it must wait for seq 0
+    sums = []
+
+    def trainer():
+        for version in (1, 2):
+            train_a_little(model, seed=version)
+            sums.append(state_checksum(model.state_dict()))
+            sender.send(version, lambda n: None)
+
+    sending = threading.Thread(target=trainer)
+    sending.start()
+    threading.Event().wait(0.2)
+    assert 2 not in staged
+    staged[1] = receiver.receive(Notice("collective", 1, 0, 0, 0.0, digest))
+    sending.join(JOIN_S)
+    later.join(JOIN_S)
+    assert staged[1].notice.version == 1 and staged[2].notice.version == 2
+    assert state_checksum(receiver.views) == sums[1]
+    receiver.close()
+    sender.close()
+
+
+def test_collective_apply_loads_the_newest_staged_version_once(model_dir):
+    model = trainer_model(model_dir)
+    sender, receiver = make_sender("collective", timeout_s=30), make_receiver("collective")
+    sender.attach(model)
+    connect(sender, [receiver])
+    notices: queue.Queue = queue.Queue()
+    staged = []
+
+    def worker():
+        for _ in range(2):
+            staged.append(receiver.receive(notices.get(timeout=JOIN_S)))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    for version in (1, 2):
+        train_a_little(model, seed=version)
+        sender.send(version, notices.put)
+    thread.join(JOIN_S)
+    backend = _Recorder()
+    # The worker popped v1 before v2 landed in staging: apply loads v2 and says so.
+    report = receiver.apply(backend, staged[0])
+    assert report.version == 2
+    assert state_checksum(backend.loaded) == state_checksum(model.state_dict())
+    assert receiver.apply(backend, staged[1]) is None  # already loaded
+    receiver.close()
+    sender.close()
+
+
+# ---- LoRA ------------------------------------------------------------------------
+
+
+def lora_model(model_dir: str):
+    from workers.sync.lora import apply_lora
+
+    torch.manual_seed(0)
+    return apply_lora(trainer_model(model_dir), rank=4, alpha=8.0)
+
+
+def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
+    from workers.inference.torch_backend import TorchBackend
+    from workers.sync.lora import adapter_state_dict
+
+    store = InProcessStore()
+    model = lora_model(model_dir)
+    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    backend = TorchBackend(model_dir)
+    sender.attach(model)
+    connect(sender, [receiver])
+    adapter = adapter_state_dict(model)
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    full_bytes = sum(t.numel() * t.element_size() for t in checkpoint_names_state_dict(model).values())
+    base_sum = state_checksum(backend_weights(backend))
+    for version in (1, 2):
+        train_a_little(model, seed=version)  # moves the adapter only: the base is frozen
+        sent, received = sync(sender, receiver, backend, version)
+        assert sent.bytes == received.bytes == adapter_bytes
+        assert adapter_bytes * 5 < full_bytes
+        assert sent.tensors == len(adapter) == 2 * 7 * MODEL.num_layers
+        # The worker computes with exactly the trainer's merged policy (peft's own merge).
+        merged = copy.deepcopy(model).merge_and_unload().state_dict()
+        assert state_checksum(backend_weights(backend)) == state_checksum(merged) != base_sum
+    receiver.close()
+
+
+def test_lora_registers_a_versioned_adapter_on_adapter_backends(model_dir):
+    from workers.sync.lora import adapter_state_dict
+
+    store = InProcessStore()
+    model = lora_model(model_dir)
+    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    sender.attach(model)
+    connect(sender, [receiver])
+    backend = _AdapterBackend()
+    sums = []
+    for version in (1, 2, 3):
+        train_a_little(model, seed=version)
+        sums.append(state_checksum(adapter_state_dict(model)))
+        sync(sender, receiver, backend, version)
+    assert [(n, i) for n, i, _, _ in backend.adapters] == [("policy-v1", 2), ("policy-v2", 3), ("policy-v3", 4)]
+    assert [s for _, _, _, s in backend.adapters] == sums
+    assert backend.loaded is None  # the base was never reloaded
+    assert not os.path.exists(backend.adapters[0][2])  # oldest adapter dir pruned
+    assert os.path.exists(backend.adapters[2][2])
+    receiver.close()
+
+
+def test_lora_refuses_workers_with_a_different_base(model_dir, tmp_path):
+    from workers.model import build_tiny, save_model
+    from workers.tokenizer import CharTokenizer
+
+    other = str(tmp_path / "other")
+    save_model(build_tiny(MODEL, CharTokenizer(), seed=1), CharTokenizer(), other)
+    sender = make_sender("lora", store=InProcessStore())
+    sender.attach(lora_model(model_dir))
+    receiver = make_receiver("lora", model_dir=other)
+    with pytest.raises(ValueError, match="same model directory"):
+        receiver.connect(sender.endpoint())
+
+
+def test_lora_sender_needs_a_peft_model(model_dir):
+    with pytest.raises(TypeError, match="peft LoRA adapter"):
+        make_sender("lora", store=InProcessStore()).attach(trainer_model(model_dir))
+
+
+# ---- interface -------------------------------------------------------------------
+
+
+def test_unknown_protocol_names_the_choices():
+    with pytest.raises(ValueError, match="object_store"):
+        make_sender("carrier_pigeon")
+
+
+def test_full_reload_is_the_object_store():
+    assert make_sender("full_reload", store=InProcessStore()).protocol == "object_store"
+
+
+def test_receiver_refuses_an_endpoint_of_another_protocol():
+    with pytest.raises(ValueError, match="same sync.protocol"):
+        make_receiver("filesystem").connect({"protocol": "object_store"})
+
+
+def test_combined_report_takes_the_slowest_worker():
+    sent = SyncReport("collective", 3, 100, trainer_ms=5.0, tensors=4, messages=1)
+    a = SyncReport("collective", 3, 100, inference_ms=7.0, end_to_end_ms=9.0)
+    b = SyncReport("collective", 3, 100, inference_ms=6.0, end_to_end_ms=12.0)
+    both = SyncReport.combine(sent, [a, b])
+    assert (both.trainer_ms, both.inference_ms, both.end_to_end_ms) == (5.0, 7.0, 12.0)
+    assert both.metrics()["sync/latency_ms"] == 12.0
+    with pytest.raises(ValueError, match="versions"):
+        SyncReport.combine(sent, [SyncReport("collective", 2, 100)])
+
+
+def test_checksum_sees_one_flipped_bit():
+    t = torch.zeros(4)
+    flipped = t.clone()
+    flipped.view(torch.int32)[2] ^= 1
+    assert state_checksum({"w": t}) != state_checksum({"w": flipped})
+    assert state_checksum({"w": t}) != state_checksum({"v": t})

@@ -1,0 +1,203 @@
+"""The weight-sync interface every protocol implements, and what a sync reports.
+
+A sync has two halves that live in different processes (the trainer and each inference
+worker) and one small message between them, the `Notice`:
+
+    trainer:    sender.send(version, notify) ──notify(Notice)──▶ receiver.receive(notice)
+                                                                  receiver.apply(backend, staged)
+
+- `WeightSender.send` moves the trainer's weights (or adapter) out and calls `notify`
+  exactly once with a Notice for the receivers. *When* it notifies is the protocol's
+  business: after the payload is in place for the object store and the filesystem,
+  before the broadcast for a collective (a broadcast only completes once the receivers
+  join it). The orchestrator's `notify` delivers the Notice to every worker (a Ray actor
+  call; a queue in tests) and must not wait for them.
+- `WeightReceiver.receive` fetches the payload into staging memory. It may run while the
+  backend generates (a worker's control thread), so the transfer overlaps generation.
+- `WeightReceiver.apply` puts staged weights into the backend; the worker calls it
+  between two generate calls (drain semantics: a call in flight finishes on old weights).
+
+Latencies (ms): trainer side = how long `send` blocked the trainer; inference side =
+receive + apply on one worker; end to end = wall clock from the start of `send` to the
+weights being live in that worker (so it includes the drain wait in a running pipeline).
+`bytes` is the payload one receiver gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+NAN = math.nan
+
+
+@dataclass
+class SyncReport:
+    """One sync, from one side or combined. Fields a side cannot know are NaN."""
+
+    protocol: str
+    version: int
+    bytes: int
+    trainer_ms: float = NAN
+    inference_ms: float = NAN
+    end_to_end_ms: float = NAN
+    tensors: int = 0  # tensors moved
+    messages: int = 0  # transfers (tensors, buckets, files, object-store puts)
+
+    @staticmethod
+    def combine(sent: "SyncReport", received: list["SyncReport"]) -> "SyncReport":
+        """The run's view of one version: the trainer's side plus the slowest worker."""
+        bad = [r.version for r in received if r.version != sent.version]
+        if bad:
+            raise ValueError(f"combine: receiver reports for versions {bad}, sender's is {sent.version}")
+        worst = lambda attr: max((getattr(r, attr) for r in received), default=NAN)  # noqa: E731
+        return SyncReport(
+            protocol=sent.protocol, version=sent.version, bytes=sent.bytes,
+            trainer_ms=sent.trainer_ms, inference_ms=worst("inference_ms"),
+            end_to_end_ms=worst("end_to_end_ms"), tensors=sent.tensors, messages=sent.messages,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The report as metric points (workers/metric_names.py spelling)."""
+        return {
+            "sync/bytes": float(self.bytes),
+            "sync/trainer_ms": self.trainer_ms,
+            "sync/inference_ms": self.inference_ms,
+            "sync/latency_ms": self.end_to_end_ms,
+        }
+
+
+@dataclass
+class Notice:
+    """The message from trainer to workers: which version, and where to get it.
+
+    Small and picklable; `payload` is protocol-specific (an object ref, a directory,
+    a broadcast manifest)."""
+
+    protocol: str
+    version: int
+    seq: int  # 0, 1, 2 … per sender: receivers apply collectives in this order
+    nbytes: int
+    sent_at: float  # time.time() when `send` started: end-to-end latency starts here
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+Notify = Callable[[Notice], None]
+
+
+class WeightSender(ABC):
+    """Trainer side of a protocol. Lifecycle: attach(model) → endpoint() → connect()
+    (all ranks at once for a collective) → send(version, notify) per step → close()."""
+
+    protocol: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+        self._seq = 0
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Hold the trainer's model. Call before the first send; a protocol may re-lay
+        the parameters out in memory (same values, same Parameter objects)."""
+        self.model = model
+
+    def endpoint(self) -> dict[str, Any]:
+        """What receivers need to `connect` (picklable). Default: nothing."""
+        return {"protocol": self.protocol}
+
+    def connect(self) -> None:
+        """Join the receivers (a collective's rendezvous); no-op for most protocols."""
+
+    @abstractmethod
+    def send(self, version: int, notify: Notify) -> SyncReport:
+        """Move the weights of `version` out; call `notify` once; return the trainer's view."""
+
+    def close(self) -> None:
+        """Release what the sender holds (process groups, files, object refs)."""
+
+    # helpers for subclasses ------------------------------------------------------
+
+    def _require_model(self) -> torch.nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.send before attach(model): attach the trainer's model first")
+        return self.model
+
+    def _next_seq(self) -> int:
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
+
+
+class WeightReceiver(ABC):
+    """Inference side of a protocol. Lifecycle: connect(endpoint, rank) → receive(notice)
+    → apply(backend, staged) per version → close()."""
+
+    protocol: ClassVar[str]
+
+    def connect(self, endpoint: dict[str, Any], rank: int = 1) -> None:
+        """Join the sender (rank ≥ 1 among the receivers); no-op for most protocols."""
+        if endpoint.get("protocol") != self.protocol:
+            raise ValueError(
+                f"{type(self).__name__} cannot connect to a {endpoint.get('protocol')!r} sender; "
+                f"trainer and workers must use the same sync.protocol"
+            )
+
+    @abstractmethod
+    def receive(self, notice: Notice) -> Any:
+        """Fetch the payload of `notice` into staging memory; returns what `apply` takes.
+        Safe to call while the backend generates."""
+
+    @abstractmethod
+    def apply(self, backend: Any, staged: Any) -> SyncReport:
+        """Load staged weights into `backend`; returns this worker's report."""
+
+    def close(self) -> None:
+        """Release what the receiver holds."""
+
+
+class Stopwatch:
+    """perf_counter milliseconds since construction."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+
+def end_to_end_ms(notice: Notice) -> float:
+    """Wall-clock ms from the start of the send to now (same clock on one host; across
+    hosts it is as good as their clock sync)."""
+    return (time.time() - notice.sent_at) * 1e3
+
+
+def checkpoint_names_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainer's weights under Hugging Face checkpoint names: detached views of the
+    live parameters (no copy); for a peft LoRA model, base and adapter merged (a copy),
+    which is what a full-weight protocol must move in a LoRA run."""
+    if hasattr(model, "peft_config"):
+        from workers.sync.lora import effective_state_dict
+
+        return effective_state_dict(model)
+    return {name: t.detach() for name, t in model.state_dict().items()}
+
+
+def tensor_nbytes(state_dict: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over name-sorted tensors (name, dtype, shape and raw bytes): equal
+    checksums mean bit-identical weights under the same names."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()

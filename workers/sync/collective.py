@@ -1,0 +1,376 @@
+"""Protocol "collective": broadcast over a torch.distributed process group (gloo on CPU,
+NCCL on GPU) from the trainer (rank 0) to every inference worker (ranks 1..N).
+
+Two modes move the same bytes in a different number of messages:
+
+- `per_tensor`: one broadcast per parameter (~9 per transformer layer). Simple, and
+  every message pays the collective's fixed cost (a round of handshakes).
+- `packed`: broadcasts of `bucket_mb` slices of one flat buffer per dtype. The trainer's
+  parameters are re-laid as views of that buffer at `attach` (same Parameter objects,
+  same values), so a bucket is a slice: no copy in, no copy out. On CPU the copies are
+  what decide it: packing by copying into a bucket and back costs more than it saves
+  (MACHINE.md: 110M params, per-tensor 141 ms, copy-packed 273 ms, flat views 112 ms).
+  `flat_params=False` keeps the copying variant, for measurement.
+
+The group is a standalone one (a TCPStore + ProcessGroupGloo/NCCL), not the default
+process group: an in-process vLLM engine initialises its own default group, and the
+sync group must not collide with it or with a trainer's FSDP group.
+
+Order: the trainer notifies, then broadcasts a small header [seq, version] and the
+payload. Each receiver joins broadcasts strictly in `seq` order (notices may reach a
+threaded actor out of order) into one staging flat buffer; `apply` loads whatever
+version is newest in staging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workers.sync.base import (
+    Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms,
+)
+
+log = logging.getLogger(__name__)
+
+# The brief's port range for the rendezvous; a random start spreads concurrent runs.
+PORT_RANGE = range(29600, 29700)
+# Buckets: bigger → fewer messages; smaller → the first bytes arrive sooner and a
+# receiver's staging never needs a second, bucket-sized buffer. verl uses 2048 MB on GPU.
+BUCKET_MB = 32.0
+# A collective waits this long for the other ranks before failing (rendezvous, broadcast).
+TIMEOUT_S = 120.0
+MODES = ("per_tensor", "packed")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # checkpoint name
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # in elements, within its dtype's flat buffer
+    numel: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each parameter lives in one flat buffer per dtype (checkpoint names)."""
+
+    entries: tuple[Entry, ...]
+    sizes: tuple[tuple[str, int], ...]  # (dtype, numel) per flat buffer, sorted by dtype
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Layout":
+        named = list(model.named_parameters())
+        extra = sorted(set(model.state_dict()) - {n for n, _ in named})
+        if extra:
+            raise NotImplementedError(
+                f"collective sync moves parameters only; this model's state dict also has "
+                f"{extra[:5]} (buffers): use sync.protocol 'object_store' or 'filesystem'"
+            )
+        sizes: dict[str, int] = {}
+        entries = []
+        for name, p in named:
+            dtype = str(p.dtype).removeprefix("torch.")
+            entries.append(Entry(name, dtype, tuple(p.shape), sizes.get(dtype, 0), p.numel()))
+            sizes[dtype] = sizes.get(dtype, 0) + p.numel()
+        return cls(tuple(entries), tuple(sorted(sizes.items())))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * torch.empty((), dtype=getattr(torch, d)).element_size() for d, n in self.sizes)
+
+    def digest(self) -> str:
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+    def allocate(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        return {d: torch.empty(n, dtype=getattr(torch, d), device=device) for d, n in self.sizes}
+
+    def views(self, flats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """name → view of its slice of the flat buffers (no copy)."""
+        return {e.name: flats[e.dtype][e.offset:e.offset + e.numel].view(e.shape) for e in self.entries}
+
+    def bucket_ranges(self, bucket_mb: float) -> list[tuple[str, int, int]]:
+        """(dtype, start, end) element ranges of at most `bucket_mb` each, covering every buffer."""
+        out = []
+        for dtype, n in self.sizes:
+            size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            step = max(1, int(bucket_mb * 2**20) // size)
+            out += [(dtype, s, min(s + step, n)) for s in range(0, n, step)]
+        return out
+
+
+def flatten_parameters(model: torch.nn.Module, layout: Layout) -> dict[str, torch.Tensor]:
+    """Move every parameter into one flat buffer per dtype and make it a view of it.
+
+    The Parameter objects stay the same (an optimizer built before keeps working); only
+    their storage moves. Returns the flat buffers."""
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    flats = layout.allocate(device)
+    with torch.no_grad():
+        for e, view in zip(layout.entries, layout.views(flats).values()):
+            p = params[e.name]
+            view.copy_(p.data)
+            p.data = view
+    return flats
+
+
+def is_flat(model: torch.nn.Module, layout: Layout, flats: dict[str, torch.Tensor]) -> bool:
+    """True while every parameter still views its slot (a `.to()` or `load_state_dict`
+    with assign=True would silently break the layout)."""
+    params = dict(model.named_parameters())
+    for e in layout.entries:
+        flat = flats[e.dtype]
+        expected = flat.data_ptr() + e.offset * flat.element_size()
+        if params[e.name].data_ptr() != expected:
+            return False
+    return True
+
+
+def _new_group(store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float):
+    prefixed = dist.PrefixStore("rollway-sync", store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+
+
+def _broadcast_all(group, tensors: list[torch.Tensor]) -> None:
+    """Broadcast from rank 0, in order: all posted, then all awaited (the transport
+    pipelines them instead of idling between messages)."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    works = [group.broadcast([t], opts) for t in tensors]
+    for w in works:
+        w.wait()
+
+
+def default_host() -> str:
+    """This node's address as other Ray nodes see it; 127.0.0.1 outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+class CollectiveSender(WeightSender):
+    protocol = "collective"
+
+    def __init__(
+        self,
+        num_receivers: int = 1,
+        mode: str = "packed",
+        bucket_mb: float = BUCKET_MB,
+        flat_params: bool = True,
+        host: str | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"sync.mode must be one of {MODES} (got {mode!r})")
+        if bucket_mb <= 0:
+            raise ValueError(f"sync.bucket_mb must be > 0 (got {bucket_mb})")
+        if num_receivers < 1:
+            raise ValueError(f"a collective sync needs ≥ 1 inference worker (got {num_receivers})")
+        self.num_receivers = num_receivers
+        self.mode, self.bucket_mb, self.flat_params = mode, bucket_mb, flat_params
+        self.host = host
+        self.timeout_s = timeout_s
+        self.layout: Layout | None = None
+        self.flats: dict[str, torch.Tensor] | None = None
+        self._store = None
+        self._port: int | None = None
+        self._group = None
+
+    def attach(self, model: torch.nn.Module) -> None:
+        super().attach(model)
+        self.layout = Layout.of(model)
+        if self.mode == "packed" and self.flat_params:
+            self.flats = flatten_parameters(model, self.layout)
+
+    @property
+    def backend(self) -> str:
+        device = next(self._require_model().parameters()).device
+        return "nccl" if device.type == "cuda" else "gloo"
+
+    def endpoint(self) -> dict[str, Any]:
+        """Opens the rendezvous (binds a port in PORT_RANGE) and describes it."""
+        if self.layout is None:
+            raise RuntimeError("CollectiveSender.endpoint before attach(model)")
+        if self._store is None:
+            self.host = self.host or default_host()
+            self._store, self._port = self._open_store()
+        return {
+            "protocol": self.protocol, "host": self.host, "port": self._port,
+            "world_size": self.num_receivers + 1, "backend": self.backend,
+            "mode": self.mode, "bucket_mb": self.bucket_mb, "layout": self.layout,
+            "timeout_s": self.timeout_s,
+        }
+
+    def _open_store(self):
+        ports = list(PORT_RANGE)
+        start = random.randrange(len(ports))
+        for port in ports[start:] + ports[:start]:
+            try:
+                store = dist.TCPStore(
+                    self.host, port, self.num_receivers + 1, is_master=True,
+                    timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False,
+                )
+                return store, port
+            except RuntimeError:  # port taken (DistNetworkError): try the next
+                continue
+        raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} for the sync rendezvous")
+
+    def connect(self) -> None:
+        """Blocks until every receiver has called `connect` too (call them concurrently)."""
+        if self._store is None:
+            self.endpoint()
+        self._group = _new_group(self._store, 0, self.num_receivers + 1, self.backend, self.timeout_s)
+
+    def _payload(self) -> tuple[list[torch.Tensor], int]:
+        """What to broadcast, and how many tensors it carries."""
+        model, layout = self._require_model(), self.layout
+        if self.mode == "per_tensor":
+            return [p.data.contiguous() for _, p in model.named_parameters()], len(layout.entries)
+        ranges = layout.bucket_ranges(self.bucket_mb)
+        if self.flat_params:
+            if not is_flat(model, layout, self.flats):
+                log.warning("trainer parameters were moved out of the flat sync buffer; re-flattening")
+                self.flats = flatten_parameters(model, layout)
+            return [self.flats[d][s:e] for d, s, e in ranges], len(layout.entries)
+        # Copying variant: gather each bucket's pieces of the logical flat layout.
+        params = dict(model.named_parameters())
+        buckets = []
+        for dtype, s, e in ranges:
+            bucket = torch.empty(e - s, dtype=getattr(torch, dtype), device=next(iter(params.values())).device)
+            for ent in layout.entries:
+                if ent.dtype != dtype or ent.offset >= e or ent.offset + ent.numel <= s:
+                    continue
+                lo, hi = max(s, ent.offset), min(e, ent.offset + ent.numel)
+                bucket[lo - s:hi - s] = params[ent.name].data.reshape(-1)[lo - ent.offset:hi - ent.offset]
+            buckets.append(bucket)
+        return buckets, len(layout.entries)
+
+    def send(self, version: int, notify: Notify) -> SyncReport:
+        if self._group is None:
+            raise RuntimeError("CollectiveSender.send before connect(): connect the trainer and workers first")
+        sent_at, clock = time.time(), Stopwatch()
+        seq = self._next_seq()
+        nbytes = self.layout.nbytes
+        notify(Notice(self.protocol, version, seq, nbytes, sent_at, {"layout": self.layout.digest()}))
+        with torch.no_grad():
+            payload, tensors = self._payload()
+            header = torch.tensor([seq, version], dtype=torch.int64, device=payload[0].device)
+            _broadcast_all(self._group, [header, *payload])
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(),
+                          tensors=tensors, messages=len(payload))
+
+    def close(self) -> None:
+        self._group = None
+        self._store = None
+
+
+@dataclass
+class StagedBroadcast:
+    notice: Notice
+    receive_ms: float
+
+
+class CollectiveReceiver(WeightReceiver):
+    protocol = "collective"
+
+    def __init__(self) -> None:
+        self._group = None
+        self._store = None
+        self.layout: Layout | None = None
+        # One staging buffer: receive and apply take the lock, so a broadcast never lands
+        # in the middle of a load. A second buffer would let the trainer's broadcast
+        # never wait on a worker's load (ms here) at the price of a second model copy.
+        self._lock = threading.Lock()
+        self._turn = threading.Condition()
+        self._next_seq = 0
+        self._staged: StagedBroadcast | None = None  # the version in staging now
+        self._applied_seq = -1
+
+    def connect(self, endpoint: dict[str, Any], rank: int = 1) -> None:
+        """Blocks until the trainer and every other receiver connect too."""
+        super().connect(endpoint, rank)
+        world = endpoint["world_size"]
+        if not 1 <= rank < world:
+            raise ValueError(f"receiver rank must be in 1..{world - 1} (got {rank})")
+        self.endpoint = endpoint
+        self.layout = endpoint["layout"]
+        device = "cuda" if endpoint["backend"] == "nccl" else "cpu"
+        self.flats = self.layout.allocate(device)
+        self.views = self.layout.views(self.flats)
+        if endpoint["mode"] == "per_tensor":
+            self._targets = list(self.views.values())
+        else:
+            self._targets = [self.flats[d][s:e] for d, s, e in self.layout.bucket_ranges(endpoint["bucket_mb"])]
+        timeout = datetime.timedelta(seconds=endpoint["timeout_s"])
+        self._store = dist.TCPStore(endpoint["host"], endpoint["port"], world, is_master=False, timeout=timeout)
+        self._group = _new_group(self._store, rank, world, endpoint["backend"], endpoint["timeout_s"])
+
+    def receive(self, notice: Notice) -> StagedBroadcast:
+        """Join the broadcast of `notice` (blocks until the trainer sends it)."""
+        if self._group is None:
+            raise RuntimeError("CollectiveReceiver.receive before connect(endpoint)")
+        if notice.payload.get("layout") != self.layout.digest():
+            raise RuntimeError("the trainer's parameter layout changed since connect; reconnect the sync group")
+        with self._turn:
+            if notice.seq < self._next_seq:
+                raise RuntimeError(f"notice seq {notice.seq} already received (next is {self._next_seq})")
+            self._turn.wait_for(lambda: self._next_seq == notice.seq)
+        try:
+            with self._lock:
+                clock = Stopwatch()
+                header = torch.empty(2, dtype=torch.int64, device=self._targets[0].device)
+                _broadcast_all(self._group, [header, *self._targets])
+                got = tuple(header.tolist())
+                if got != (notice.seq, notice.version):
+                    raise RuntimeError(
+                        f"collective sync out of step: expected (seq, version) "
+                        f"{(notice.seq, notice.version)}, the trainer sent {got}"
+                    )
+                self._staged = StagedBroadcast(notice, clock.ms())
+                return self._staged
+        finally:
+            with self._turn:
+                self._next_seq = notice.seq + 1
+                self._turn.notify_all()
+
+    def apply(self, backend: Any, staged: StagedBroadcast) -> SyncReport | None:
+        """Load the newest version in staging (may be newer than `staged`, if another
+        arrived since); None if it is already loaded."""
+        with self._lock:
+            current = self._staged
+            if current is None or current.notice.seq <= self._applied_seq:
+                return None
+            clock = Stopwatch()
+            backend.load_weights(self.views)
+            load_ms = clock.ms()
+            self._applied_seq = current.notice.seq
+        notice = current.notice
+        return SyncReport(
+            self.protocol, notice.version, notice.nbytes,
+            inference_ms=current.receive_ms + load_ms, end_to_end_ms=end_to_end_ms(notice),
+            tensors=len(self.layout.entries), messages=len(self._targets),
+        )
+
+    def close(self) -> None:
+        self._group = None
+        self._store = None
