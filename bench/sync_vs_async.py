@@ -12,6 +12,7 @@ and T_train measured in the sync run.
     .venv/bin/python bench/sync_vs_async.py                      # torch backend, 40 steps
     .venv/bin/python bench/sync_vs_async.py --steps 100 --set trainer.lr=3e-3
     .venv/bin/python bench/sync_vs_async.py --backend vllm --steps 20
+    .venv/bin/python bench/sync_vs_async.py --repeat 3               # medians of 3 alternations
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="time budget per mode")
     ap.add_argument("--set", action="append", default=[], help="override, e.g. trainer.lr=3e-3")
     ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the modes alternately this many times; figures are medians (the host is shared)")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
@@ -124,18 +127,22 @@ def main() -> int:
     overrides = deep_merge(overrides, parse_set(args.set))
 
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    results = {}
+    runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     try:
-        for i, mode in enumerate(args.modes.split(",")):
-            t = time.perf_counter()
-            out = run_mode(mode, overrides, args.cache_dir, run_id=990_000 + i)
-            results[mode] = steady(out)
-            r = results[mode]
-            r["loadavg_1m"] = os.getloadavg()[0]
-            print(f"[{mode}] {r['steps']} steps in {time.perf_counter() - t:.0f}s (phases {_fmt(r['timings'])}; "
-                  f"host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)", flush=True)
+        for rep in range(args.repeat):
+            for i, mode in enumerate(runs):
+                t = time.perf_counter()
+                out = run_mode(mode, overrides, args.cache_dir, run_id=990_000 + 10 * rep + i)
+                r = steady(out)
+                r["loadavg_1m"] = os.getloadavg()[0]
+                runs[mode].append(r)
+                print(f"[{mode} #{rep + 1}] {r['steps']} steps in {time.perf_counter() - t:.0f}s: "
+                      f"{r['samples_per_s']:.0f} samples/s (phases {_fmt(r['timings'])}; "
+                      f"host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)", flush=True)
     finally:
         ray.shutdown()
+    results = {m: {k: (statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float | int) else rs[-1][k])
+                   for k in rs[0]} for m, rs in runs.items()}
 
     print(f"\nbackend={args.backend}  config overrides={json.dumps(overrides)}")
     rows = [
@@ -161,10 +168,16 @@ def main() -> int:
     if {"sync", "async"} <= set(results):
         s, a = results["sync"], results["async"]
         ideal = (s["t_gen"] + s["t_train"]) / max(s["t_gen"], s["t_train"])
-        print(f"\nasync/sync throughput ratio: {a['samples_per_s'] / s['samples_per_s']:.2f}")
+        ratios = [ra["samples_per_s"] / rs["samples_per_s"] for rs, ra in zip(runs["sync"], runs["async"])]
+        print(f"\nasync/sync throughput ratio: {a['samples_per_s'] / s['samples_per_s']:.2f}"
+              + (f" (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else ""))
         print(f"ideal (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f}"
               f"  (T_gen={s['t_gen']:.3f}s, T_train={s['t_train']:.3f}s; the rest of a sync step, "
               f"{s['step_s'] - s['t_gen'] - s['t_train']:.3f}s, is sync + scheduling)")
+        bound = max(a["t_gen"], a["t_train"])
+        print(f"async pipeline: step {a['step_s']:.3f}s vs max(T_gen, T_train) in the async run "
+              f"{bound:.3f}s → {bound / a['step_s']:.0%} of its own bound; bottleneck pool busy "
+              f"{1 - min(a['trainer_idle'], a['inference_idle']):.0%} of wall time")
         print(f"running side by side, async slowed each pool down: T_gen ×{a['t_gen'] / s['t_gen']:.2f}, "
               f"T_train ×{a['t_train'] / s['t_train']:.2f} (CPU contention: both pools share the host's cores)")
         results["ratio"] = a["samples_per_s"] / s["samples_per_s"]

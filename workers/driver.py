@@ -24,7 +24,7 @@ from collections import defaultdict
 import ray
 
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
-from workers.config import RunConfig
+from workers.config import RunConfig, StopConfig
 from workers.reporter import MetricsReporter
 from workers.timeline import StepWindows
 
@@ -204,19 +204,16 @@ class RunDriver:
 
     def _supervise(self) -> str:
         """Poll until a stop condition; returns the reason."""
-        stop = self.cfg.stop
         while not self._stop.wait(POLL_S):
-            if self._collect():
-                return "max_steps"
-            if time.time() - self._loop_started >= stop.max_minutes * 60:
-                return "max_minutes"
-            rewards = [v for _, v in self.series["reward/mean"][-TARGET_WINDOW:]]
-            if (
-                stop.target_reward is not None
-                and len(rewards) == TARGET_WINDOW
-                and sum(rewards) / TARGET_WINDOW >= stop.target_reward
-            ):
-                return "target_reward"
+            trainer_done = self._collect()
+            reason = stop_reason(
+                self.cfg.stop,
+                trainer_done=trainer_done,
+                elapsed_s=time.time() - self._loop_started,
+                rewards=[v for _, v in self.series["reward/mean"]],
+            )
+            if reason:
+                return reason
         return "cancelled"
 
     def _stop_children(self) -> None:
@@ -289,6 +286,22 @@ class RunDriver:
         if complete:
             for v in [v for v in self._syncs if v < complete[-1]]:
                 del self._syncs[v]
+
+
+def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewards: list[float]) -> str | None:
+    """Why the run should stop now, or None. max_steps is the trainer's own limit (it
+    stops after its last step); max_minutes counts from the start of the loops, after
+    the warm start and actor start-up; target_reward is judged on the mean of the last
+    TARGET_WINDOW steps' reward/mean."""
+    if trainer_done:
+        return "max_steps"
+    if elapsed_s >= stop.max_minutes * 60:
+        return "max_minutes"
+    recent = rewards[-TARGET_WINDOW:]
+    if stop.target_reward is not None and len(recent) == TARGET_WINDOW:
+        if sum(recent) / TARGET_WINDOW >= stop.target_reward:
+            return "target_reward"
+    return None
 
 
 class ChildFailed(RuntimeError):
