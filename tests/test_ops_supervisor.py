@@ -1,0 +1,97 @@
+"""ops.supervisor and ops.ray_head: what `manage.py up` relies on to leave no orphans."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ops.ray_head import RayHead, make_head
+from ops.supervisor import Supervisor, group_alive
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_all_ends_every_process_of_each_child_group():
+    sup = Supervisor(io.StringIO())
+    child = sup.start("shell", ["bash", "-c", "sleep 300 & sleep 300 & wait"],
+                      env=dict(os.environ), cwd=str(REPO))
+    time.sleep(0.3)
+    grandchildren = psutil.Process(child.pid).children(recursive=True)
+    assert len(grandchildren) == 2
+    sup.stop_all(timeout_s=5)
+    assert not group_alive(child.pid)
+    assert all(gone(p.pid) for p in grandchildren)
+
+
+def test_a_child_ignoring_sigterm_is_killed_after_the_timeout():
+    sup = Supervisor(io.StringIO())
+    child = sup.start("stubborn", ["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+                      env=dict(os.environ), cwd=str(REPO))
+    time.sleep(0.3)
+    started = time.monotonic()
+    sup.stop_all(timeout_s=1)
+    assert time.monotonic() - started < 5
+    assert not child.alive() and not group_alive(child.pid)
+
+
+def test_children_get_sigterm_when_the_supervisor_is_killed():
+    script = (
+        "import io, os, sys, time\n"
+        "from ops.supervisor import Supervisor\n"
+        "child = Supervisor(io.StringIO()).start('sleeper', ['sleep', '300'],"
+        " env=dict(os.environ), cwd='.')\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "platform"), str(REPO)]))
+    supervisor = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO,
+                                  stdout=subprocess.PIPE, text=True)
+    child_pid = int(supervisor.stdout.readline())
+    supervisor.send_signal(signal.SIGKILL)  # no chance to clean up
+    supervisor.wait()
+    assert gone(child_pid), "the child outlived its killed supervisor (PR_SET_PDEATHSIG)"
+
+
+def test_output_is_prefixed_and_marks_a_child_ready():
+    out = io.StringIO()
+    sup = Supervisor(out)
+    child = sup.start(
+        "ray", ["bash", "-c", "echo starting; echo 'Ray runtime started.'; sleep 300"],
+        env=dict(os.environ), cwd=str(REPO), ready_when=RayHead.is_ready_line,
+    )
+    assert child.ready.wait(10)
+    sup.stop_all(timeout_s=5)
+    assert "ray    | starting\n" in out.getvalue()
+
+
+def test_a_ray_head_never_takes_redis_port_and_keeps_socket_paths_short(tmp_path):
+    head = make_head(tmp_path / ("long-" * 10))
+    assert head.port != 6379
+    assert len(str(head.temp_dir)) <= 40  # a long ROLLWAY_HOME falls back to /tmp
+    assert head.token_path.read_text() and oct(head.token_path.stat().st_mode)[-3:] == "600"
+    command = head.command()
+    assert command[1:4] == ["start", "--head", "--block"]
+    assert not any(arg.endswith("=6379") for arg in command)
+    assert head.env() == {"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token",
+                          "RAY_AUTH_TOKEN_PATH": str(head.token_path)}
+    shutil.rmtree(head.temp_dir)
