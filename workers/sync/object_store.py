@@ -114,7 +114,7 @@ def apply_full(protocol: str, backend: Any, staged: StagedWeights) -> SyncReport
     return SyncReport(
         protocol=protocol, version=staged.notice.version, bytes=staged.notice.nbytes,
         inference_ms=staged.receive_ms + load_ms, end_to_end_ms=end_to_end_ms(staged.notice),
-        tensors=staged.tensors, messages=staged.messages,
+        receive_ms=staged.receive_ms, tensors=staged.tensors, messages=staged.messages,
     )
 
 

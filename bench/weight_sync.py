@@ -1,0 +1,274 @@
+"""Weight-sync benchmark: every protocol of workers.sync between a trainer actor and an
+inference-worker actor (Ray, this host), on tiny Llamas of three sizes with 111 tensors.
+
+    .venv/bin/python bench/weight_sync.py                 # small, mid, large; 5 repeats
+    .venv/bin/python bench/weight_sync.py --models small --repeats 3 --json out.json
+
+Per case: one warm-up sync, then `--repeats` syncs (the trainer nudges every trainable
+weight before each, so every sync moves new values); the table shows medians of
+
+- trainer ms: how long `send` blocked the trainer;
+- receive ms: the worker's transfer (fetch, read or broadcast);
+- inference ms: receive + load into the worker's TorchBackend (a full copy into its
+  fused layout; for LoRA on TorchBackend, the merge too);
+- e2e ms: from the start of `send` to the weights live in the worker (includes the
+  Ray call that delivers the notice).
+
+After the last sync of each case the worker's backend weights are checked bit-identical
+to the trainer's (sha256). The packed/per-tensor ratios compare medians from this run.
+Numbers are for this host as it is: other processes sharing the CPU show up in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from workers.config import ModelConfig  # noqa: E402
+
+# 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
+MODELS = {
+    "small": ModelConfig(hidden_size=64, num_layers=12, num_heads=2, intermediate_size=256),
+    "mid": ModelConfig(hidden_size=256, num_layers=12, num_heads=4, intermediate_size=704),
+    "large": ModelConfig(hidden_size=512, num_layers=12, num_heads=8, intermediate_size=1408),
+}
+LORA_RANK, LORA_ALPHA = 8, 16.0
+
+# (label, protocol, make_sender options, LoRA on the trainer)
+CASES = [
+    ("collective per_tensor", "collective", {"mode": "per_tensor"}, False),
+    ("collective packed 1 MB", "collective", {"mode": "packed", "bucket_mb": 1}, False),
+    ("collective packed 8 MB", "collective", {"mode": "packed", "bucket_mb": 8}, False),
+    ("collective packed 64 MB", "collective", {"mode": "packed", "bucket_mb": 64}, False),
+    ("collective packed 1 bucket", "collective", {"mode": "packed", "bucket_mb": 4096}, False),
+    ("collective packed-copy 64 MB", "collective", {"mode": "packed", "bucket_mb": 64, "flat_params": False}, False),
+    ("object_store", "object_store", {}, False),
+    ("filesystem", "filesystem", {}, False),
+    ("LoRA run, full sync (object_store)", "object_store", {}, True),
+    ("LoRA run, adapter-only (lora)", "lora", {}, True),
+]
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class BenchTrainer:
+    """Holds the policy and one sender at a time."""
+
+    def __init__(self, model_dir: str) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self.model_dir = model_dir
+        self.sender = None
+
+    def setup(self, protocol: str, options: dict, lora: bool, num_receivers: int) -> dict:
+        import torch
+
+        from workers.model import load_model
+        from workers.sync import make_sender
+        from workers.sync.lora import apply_lora
+
+        self.close()
+        model = load_model(self.model_dir).train()
+        if lora:
+            torch.manual_seed(0)
+            model = apply_lora(model, rank=LORA_RANK, alpha=LORA_ALPHA, init_lora_weights=False)
+        self.model = model
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.sender = make_sender(protocol, num_receivers=num_receivers, **options)
+        self.sender.attach(model)
+        return self.sender.endpoint()
+
+    def connect(self) -> None:
+        self.sender.connect()
+
+    def sync(self, version: int, workers: list):
+        import torch
+
+        with torch.no_grad():  # a stand-in for an optimizer step: every weight changes
+            for p in self.trainable:
+                p.mul_(1.0 + 1e-4)
+        return self.sender.send(version, lambda notice: [w.update_weights.remote(notice) for w in workers])
+
+    def checksum(self) -> str:
+        from workers.sync import state_checksum
+        from workers.sync.base import checkpoint_names_state_dict
+
+        return state_checksum(checkpoint_names_state_dict(self.model))
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class BenchWorker:
+    """A TorchBackend and one receiver at a time; applies each version as it arrives."""
+
+    def __init__(self, model_dir: str) -> None:
+        import threading
+
+        import torch
+
+        from workers.inference.torch_backend import TorchBackend
+
+        torch.set_num_threads(1)
+        self.model_dir = model_dir
+        self.backend = TorchBackend(model_dir)
+        self.receiver = None
+        self.reports: dict = {}
+        self.errors: list[str] = []
+        self._arrived = threading.Condition()
+
+    def setup(self, protocol: str) -> None:
+        from workers.sync import make_receiver
+
+        if self.receiver is not None:
+            self.receiver.close()
+        self.receiver = make_receiver(protocol, model_dir=self.model_dir)
+        self.reports.clear()
+
+    def connect(self, endpoint: dict, rank: int) -> None:
+        self.receiver.connect(endpoint, rank)
+
+    def update_weights(self, notice) -> None:
+        import traceback
+
+        try:
+            report = self.receiver.apply(self.backend, self.receiver.receive(notice))
+        except Exception:
+            report = None
+            self.errors.append(traceback.format_exc())
+        with self._arrived:
+            if report is not None:
+                self.reports[report.version] = report
+            self._arrived.notify_all()
+
+    def report(self, version: int, timeout: float = 120.0):
+        with self._arrived:
+            self._arrived.wait_for(lambda: version in self.reports or self.errors, timeout)
+        if self.errors:
+            raise RuntimeError(self.errors[-1])
+        return self.reports[version]
+
+    def checksum(self) -> str:
+        from workers.sync.verify import backend_checksum
+
+        return backend_checksum(self.backend)
+
+
+def build_model_dir(cfg: ModelConfig, root: str) -> str:
+    from workers.model import build_tiny, save_model
+    from workers.tokenizer import CharTokenizer
+
+    path = os.path.join(root, f"h{cfg.hidden_size}-l{cfg.num_layers}")
+    tokenizer = CharTokenizer()
+    save_model(build_tiny(cfg, tokenizer, seed=0), tokenizer, path)
+    return path
+
+
+def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats: int) -> dict:
+    ray.get(worker.setup.remote(protocol))
+    endpoint = ray.get(trainer.setup.remote(protocol, options, lora, 1))
+    ray.get([trainer.connect.remote(), worker.connect.remote(endpoint, 1)])
+    rows = []
+    for version in range(1, repeats + 2):  # version 1 is the warm-up
+        sent = ray.get(trainer.sync.remote(version, [worker]))
+        got = ray.get(worker.report.remote(version))
+        if version > 1:
+            rows.append((sent, got))
+    identical = ray.get(trainer.checksum.remote()) == ray.get(worker.checksum.remote())
+    ray.get(trainer.close.remote())
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    sent = rows[-1][0]
+    return {
+        "bytes": sent.bytes, "tensors": sent.tensors, "messages": sent.messages,
+        "trainer_ms": med([s.trainer_ms for s, _ in rows]),
+        "receive_ms": med([g.receive_ms for _, g in rows]),
+        "inference_ms": med([g.inference_ms for _, g in rows]),
+        "end_to_end_ms": med([g.end_to_end_ms for _, g in rows]),
+        "bit_identical": identical,
+    }
+
+
+def print_table(model: str, params: int, results: dict[str, dict]) -> None:
+    print(f"\n## {model}: {params / 1e6:.1f}M params, {next(iter(results.values()))['tensors']} tensors")
+    head = f"{'protocol':38} {'msgs':>5} {'MB':>8} {'trainer ms':>10} {'receive ms':>10} {'inference ms':>12} {'e2e ms':>8}  same"
+    print(head)
+    print("-" * len(head))
+    for label, r in results.items():
+        print(f"{label:38} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
+              f"{r['receive_ms']:>10.1f} {r['inference_ms']:>12.1f} {r['end_to_end_ms']:>8.1f}  "
+              f"{'yes' if r['bit_identical'] else 'NO'}")
+    per = results.get("collective per_tensor")
+    if per:
+        for label, r in results.items():
+            if "packed" in label:
+                print(f"  per_tensor / {label[len('collective '):]}: receive {per['receive_ms'] / r['receive_ms']:.2f}x, "
+                      f"e2e {per['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
+                      f"trainer {per['trainer_ms'] / r['trainer_ms']:.2f}x")
+    full, adapter = results.get(CASES[-2][0]), results.get(CASES[-1][0])
+    if full and adapter:
+        print(f"  adapter-only vs full: bytes {full['bytes'] / adapter['bytes']:.0f}x fewer, "
+              f"trainer {full['trainer_ms'] / adapter['trainer_ms']:.1f}x, e2e {full['end_to_end_ms'] / adapter['end_to_end_ms']:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="small,mid,large", help=f"comma list of {sorted(MODELS)}")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma list)")
+    parser.add_argument("--json", default="", help="also write the results here")
+    args = parser.parse_args()
+    wanted = [c for c in args.cases.split(",") if c]
+    cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
+
+    print(f"load average at start: {os.getloadavg()}, {os.cpu_count()} CPUs")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="rollway-bench-sync",
+             log_to_driver=False)
+    out: dict = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="rollway-bench-sync-") as root:
+            for name in args.models.split(","):
+                cfg = MODELS[name]
+                model_dir = build_model_dir(cfg, root)
+                trainer, worker = BenchTrainer.remote(model_dir), BenchWorker.remote(model_dir)
+                results = {}
+                for label, protocol, options, lora in cases:
+                    t0 = time.perf_counter()
+                    results[label] = run_case(trainer, worker, protocol, options, lora, args.repeats)
+                    results[label]["case_s"] = time.perf_counter() - t0
+                from safetensors import safe_open
+
+                with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+                    params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+                print_table(name, params, results)
+                out[name] = {"params": params, "results": results}
+                for actor in (trainer, worker):
+                    ray.kill(actor)
+    finally:
+        ray.shutdown()
+    print(f"\nload average at end: {os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+if __name__ == "__main__":
+    main()
