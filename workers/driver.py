@@ -43,6 +43,7 @@ STOP_TIMEOUT_S = 30.0
 # status before it exits (what is left stays in the spool): longer keeps a finished run
 # from looking lost to the platform's reconcile while the site restarts.
 FINAL_FLUSH_S = 30.0
+CANCEL_FLUSH_S = 2.0
 LAUNCH_TIMEOUT_S = 60.0
 
 
@@ -129,12 +130,12 @@ class RunDriver:
                 self.state = "running"
                 self.reason = self._supervise()
                 self.timings["loops"] = time.time() - self._loop_started
-            else:
+                t1 = time.perf_counter()
+                self._stop_children()
+                self._collect()
+                self.timings["stop"] = time.perf_counter() - t1
+            else:  # cancelled before the loops ran: nothing to drain, just kill
                 self.reason = "cancelled"
-            t1 = time.perf_counter()
-            self._stop_children()
-            self._collect()
-            self.timings["stop"] = time.perf_counter() - t1
             if self.reason == "cancelled":
                 self.state = "cancelled"
             else:
@@ -147,7 +148,8 @@ class RunDriver:
             self.reporter.post_status("failed", self.error[-4000:])
         finally:
             self._kill_children()
-            self.reporter.close(timeout_s=FINAL_FLUSH_S)
+            # A cancel waits on this: the points it cannot send now stay in the spool.
+            self.reporter.close(timeout_s=CANCEL_FLUSH_S if self.reason == "cancelled" else FINAL_FLUSH_S)
         return self.summary()
 
     def summary(self) -> dict:

@@ -107,6 +107,16 @@ def test_cancel_removes_every_run_actor_within_ten_seconds(cluster, stub, cache_
     assert stub.statuses[103] == ["running"]  # no "succeeded" after a cancel
 
 
+def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
+    start(109, stub, cache_dir, stop={"max_steps": 10_000})
+    t0 = time.monotonic()
+    assert cancel(109, timeout_s=10) is True
+    assert time.monotonic() - t0 < 10
+    assert run_actor_names(109) == []
+    time.sleep(1.0)  # nothing comes back: the driver did not go on to spawn
+    assert run_actor_names(109) == []
+
+
 def test_the_run_actors_die_with_their_driver(cluster, stub, cache_dir):
     start(104, stub, cache_dir, stop={"max_steps": 10_000})
     wait_for(lambda: len(run_actor_names(104)) == 4, 120, "the run's actors")
