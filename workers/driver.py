@@ -161,7 +161,7 @@ class RunDriver:
             "reason": self.reason,
             "error": self.error,
             "steps": self.version,
-            "wall_s": time.time() - self._loop_started if self._loop_started else 0.0,
+            "wall_s": self.timings.get("loops", time.time() - self._loop_started if self._loop_started else 0.0),
             "timings": dict(self.timings),
             "series": dict(self.series),
         }
