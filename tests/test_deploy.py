@@ -23,8 +23,9 @@ SCHEDULE = "/var/lib/rollway/celerybeat-schedule"
 # What a production deployment must set for web, worker and beat (DESIGN.md §4).
 PRODUCTION = {"DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS",
               "ROLLWAY_PUBLIC_URL", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS"}
-# Read by Ray itself, not by settings.py: the token auth every Ray client needs.
-RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}
+# Read by Ray itself, not by settings.py: the token auth every Ray client needs, and the
+# switch that lets the Celery worker warm-shut-down on SIGTERM once it has joined Ray.
+RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
 
 
 def settings_env_names() -> set[str]:
@@ -75,6 +76,7 @@ def test_compose_runs_the_entry_points_up_runs():
     assert " ".join(["daphne", *daphne_args("0.0.0.0", 8000)]) in web
     assert "manage.py migrate" in web
     assert command(services["worker"]) == ["celery", *celery_worker_args(4)]
+    assert services["worker"]["environment"]["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] == "1"
     assert command(services["beat"]) == ["celery", *celery_beat_args(SCHEDULE)]
     head = command(services["ray-head"])
     assert head[:4] == ["ray", "start", "--head", "--block"]
@@ -100,8 +102,9 @@ def test_every_compose_process_uses_one_image():
 def test_k8s_deployments_run_the_entry_points_up_runs():
     web = container(k8s("Deployment", "rollway-web"))
     assert command(web) == ["daphne", *daphne_args("0.0.0.0", 8000)]
-    assert command(container(k8s("Deployment", "rollway-worker"))) == [
-        "celery", *celery_worker_args(4)]
+    worker = container(k8s("Deployment", "rollway-worker"))
+    assert command(worker) == ["celery", *celery_worker_args(4)]
+    assert {"name": "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "value": "1"} in worker["env"]
     beat = k8s("Deployment", "rollway-beat")
     assert command(container(beat)) == ["celery", *celery_beat_args(SCHEDULE)]
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"

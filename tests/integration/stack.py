@@ -179,7 +179,8 @@ class Stack:
             "worker",
             [sys.executable, "-m", "celery", *celery_worker_args(2),
              "-n", f"it-{uuid.uuid4().hex[:6]}@%h", "--without-gossip", "--without-mingle"],
-            env=env, cwd=str(REPO), ready_when=lambda line: " ready." in line,
+            env={**env, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"},  # as `up` runs it
+            cwd=str(REPO), ready_when=lambda line: " ready." in line,
         )
         wait_for(lambda: child.ready.is_set() or not child.alive(), timeout_s, "the Celery worker")
         assert child.alive(), f"the Celery worker exited; see {self.log_path}"

@@ -144,8 +144,11 @@ class Command(BaseCommand):
 
             env = child_env(url.rstrip("/"), ray_env)
             cwd = str(settings.REPO_ROOT)
+            # Ray installs a fatal-signal handler in every process that joins a cluster:
+            # in the worker it would turn SIGTERM (warm shutdown) into a trace and exit -6.
             sup.start("worker", [python, "-m", "celery",
-                                 *celery_worker_args(opts["worker_concurrency"])], env=env, cwd=cwd)
+                                 *celery_worker_args(opts["worker_concurrency"])],
+                      env={**env, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}, cwd=cwd)
             sup.start("beat", [python, "-m", "celery",
                                *celery_beat_args(str(home / "celerybeat-schedule"))], env=env, cwd=cwd)
             web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env=env, cwd=cwd)
