@@ -39,15 +39,26 @@ class ReverseTask:
         return out
 
     def reward(self, completion_text: str, answer: str) -> float:
-        """Fraction of positions right, over the longer of completion and answer.
+        """Partial credit over the longer of completion and answer, so a completion that
+        is too long or too short loses the positions it gets wrong (the policy learns to
+        stop at the right length as well).
 
-        A completion that is too long or too short loses the positions it gets wrong,
-        so the policy learns to stop (emit EOS) at the right length as well.
+        `reward="prefix"`: only the correct prefix counts; `"position"`: every position
+        that matches counts.
         """
         denom = max(len(completion_text), len(answer))
         if denom == 0:
             return 1.0
-        hits = sum(a == b for a, b in zip(completion_text, answer))
+        if self.cfg.reward == "exact":
+            return 1.0 if completion_text == answer else 0.0
+        if self.cfg.reward == "prefix":
+            hits = 0
+            for a, b in zip(completion_text, answer):
+                if a != b:
+                    break
+                hits += 1
+        else:
+            hits = sum(a == b for a, b in zip(completion_text, answer))
         return hits / denom
 
 

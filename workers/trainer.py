@@ -54,11 +54,17 @@ def spread(values: list[list[float]], batch: PackedBatch, dtype=torch.float32) -
     return out
 
 
-def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """log pi(target) under log_softmax(logits / temperature), (N, T-1)."""
+def token_logprobs(
+    model: torch.nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool = False
+):
+    """log pi(target) under log_softmax(logits / temperature), (N, T-1); with
+    `with_entropy`, also the entropy of that distribution at each slot."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return picked
+    return picked, -(logp.exp() * logp).sum(-1)
 
 
 class Trainer:
@@ -116,10 +122,16 @@ class Trainer:
             rows = torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]])
             sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows],
                               batch.targets[rows], batch.mask[rows])
-            logp = token_logprobs(self.model, sub, temperature)
+            logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
             loss, stats = policy_loss(
                 logp, old_logp[rows], behaviour[rows], adv[rows], sub.mask, tc.clip_eps, tc.tis_cap
             )
+            mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
+            stats["policy/entropy"] = mean_entropy.item()
+            if tc.entropy_coef:
+                # A small bonus keeps positions the policy has not solved from collapsing
+                # onto one wrong token, where a group's samples agree and GRPO has no signal.
+                loss = loss - tc.entropy_coef * mean_entropy
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)))

@@ -87,6 +87,13 @@ def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
     return {"final_loss": final_loss}
 
 
+def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str:
+    """`answer` with each character replaced, with probability `noise`, by a random one."""
+    if noise <= 0:
+        return answer
+    return "".join(rng.choice(alphabet) if rng.random() < noise else c for c in answer)
+
+
 def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int) -> float:
     """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt."""
     task = make_task(cfg.task)
@@ -99,9 +106,10 @@ def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int
         torch.manual_seed(cfg.seed)
         for _ in range(steps):
             pairs = task.sample(ws.batch_size, rng)
+            targets = [corrupt(a, ws.label_noise, cfg.task.alphabet, rng) for _, a in pairs]
             batch = pack(
                 [encode_prompt(tokenizer, p) for p, _ in pairs],
-                [tokenizer.encode(a) + [tokenizer.eos_id] for _, a in pairs],
+                [tokenizer.encode(a) + [tokenizer.eos_id] for a in targets],
                 tokenizer.pad_id,
             )
             logp = token_logprobs(model, batch, temperature=1.0)
