@@ -59,6 +59,8 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=10_000)
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
     ap.add_argument("--quiet", action="store_true", help="print every 10th step only")
+    ap.add_argument("--lag", type=int, default=0,
+                    help="train on batches generated this many versions ago (1 = one-step-off async)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -74,14 +76,19 @@ def main() -> int:
 
     rewards: list[float] = []
     reached = None
+    pending: list = []  # generated batches not yet trained on (--lag)
     start = time.perf_counter()
     step = 0
+    gen_seed = 0
     while step < args.max_steps and time.perf_counter() - start < args.max_seconds:
-        prompts = task.sample(cfg.trainer.batch_groups, rng)
         t_gen = time.perf_counter()
-        groups = generate_groups(backend, task, tokenizer, prompts, cfg, trainer.version, seed=cfg.seed * 100_003 + step)
+        while len(pending) <= args.lag:
+            prompts = task.sample(cfg.trainer.batch_groups, rng)
+            pending.append(generate_groups(backend, task, tokenizer, prompts, cfg, trainer.version,
+                                           seed=cfg.seed * 100_003 + gen_seed))
+            gen_seed += 1
         gen_s = time.perf_counter() - t_gen
-        m = trainer.train_step(groups)
+        m = trainer.train_step(pending.pop(0))
         backend.load_weights(trainer.state_dict())
         rewards.append(m["reward/mean"])
         avg = sum(rewards[-args.window:]) / len(rewards[-args.window:])
@@ -89,7 +96,8 @@ def main() -> int:
         if not args.quiet or step % 10 == 0:
             print(f"step {step:4d}  t={wall:6.1f}s  reward={m['reward/mean']:.3f}  avg{args.window}={avg:.3f}  "
                   f"gen={gen_s * 1000:.0f}ms train={m['trainer/step_s'] * 1000:.0f}ms  "
-                  f"loss={m['loss']:+.4f}  kl={m['mismatch/kl']:.1e}", flush=True)
+                  f"loss={m['loss']:+.4f}  kl={m['mismatch/kl']:.1e}  stale={m['staleness/mean']:.0f}  "
+                  f"is={m['is/ratio_mean']:.3f}", flush=True)
         step += 1
         if len(rewards) >= args.window and avg >= args.target:
             reached = (step, wall)

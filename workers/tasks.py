@@ -1,9 +1,11 @@
 """Synthetic tasks with verifiable rewards, small enough for a tiny model to learn on CPU.
 
 `reverse`: the prompt is a random string followed by "=", the answer is the string
-reversed ("abc=" → "cba", then EOS). The reward gives per-position partial credit,
-which is a much denser signal for GRPO than exact match: with exact match almost every
-group of a weak policy scores all zeros and has no advantage to learn from.
+reversed ("abc=" → "cba", then EOS). The default reward is prefix partial credit (the
+correct prefix over the longer of completion and answer): denser than exact match, whose
+groups are often all zeros for a weak policy (no advantage to learn from), and cleaner
+credit than per-position matching, where a sequence wrong early still earns for later
+positions, so GRPO cannot tell which token earned the reward.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""A short supervised warm-start, so RL begins from a policy that knows the format.
+"""A supervised warm-start, so RL begins from a policy that has the skill but is unreliable.
 
-RL post-training starts from a pretrained model; here the "pretraining" is a few
-supervised steps on the task's own (prompt, answer) pairs, stopped early on purpose so
-the policy starts weak (low reward) and RL has the rest to learn. The result is a Hugging
-Face directory cached under `cache_dir`, keyed by a hash of everything that shapes it
-(model, task, warm_start, seed), built once per machine: a lock file serialises
+RL post-training starts from a pretrained model; here the "pretraining" is supervised
+steps on the task's own (prompt, answer) pairs: clean ones teach the skill, then noisy
+ones (characters replaced at random) make the policy sample wrong characters often, so
+RL starts at a low reward and has real sharpening to do (see WarmStartConfig). The result
+is a Hugging Face directory cached under `cache_dir`, keyed by a hash of everything that
+shapes it (model, task, warm_start, seed), built once per machine: a lock file serialises
 concurrent builders and an atomic rename publishes the finished directory.
 """
 
@@ -28,7 +29,7 @@ from workers.tokenizer import CharTokenizer, TOKENIZER_FILE
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 def cache_key(cfg: RunConfig) -> str:
@@ -71,7 +72,7 @@ def policy_dir(cfg: RunConfig, cache_dir: str) -> str:
 
 
 def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
-    """Base model (tiny or local path) + `warm_start.steps` supervised steps → `out_dir`.
+    """Base model (tiny or local path) + clean then noisy supervised steps → `out_dir`.
 
     Deterministic from `cfg.seed`. Returns {"final_loss": …} for logging.
     """
@@ -82,7 +83,12 @@ def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
     else:
         tokenizer = CharTokenizer()
         model = build_tiny(cfg.model, tokenizer, cfg.seed)
-    final_loss = supervised_steps(model, tokenizer, cfg, cfg.warm_start.steps)
+    ws = cfg.warm_start
+    final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean")
+    if ws.noisy_steps:
+        final_loss = supervised_steps(
+            model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy"
+        )
     save_model(model, tokenizer, out_dir)
     return {"final_loss": final_loss}
 
@@ -94,10 +100,13 @@ def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str
     return "".join(rng.choice(alphabet) if rng.random() < noise else c for c in answer)
 
 
-def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int) -> float:
-    """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt."""
+def supervised_steps(
+    model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int, noise: float, phase: str
+) -> float:
+    """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt,
+    each answer character replaced by a random one with probability `noise`."""
     task = make_task(cfg.task)
-    rng = random.Random(f"warm-start-{cfg.seed}")
+    rng = random.Random(f"warm-start-{phase}-{cfg.seed}")
     ws = cfg.warm_start
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
     model.train()
@@ -106,7 +115,7 @@ def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int
         torch.manual_seed(cfg.seed)
         for _ in range(steps):
             pairs = task.sample(ws.batch_size, rng)
-            targets = [corrupt(a, ws.label_noise, cfg.task.alphabet, rng) for _, a in pairs]
+            targets = [corrupt(a, noise, cfg.task.alphabet, rng) for _, a in pairs]
             batch = pack(
                 [encode_prompt(tokenizer, p) for p, _ in pairs],
                 [tokenizer.encode(a) + [tokenizer.eos_id] for a in targets],

@@ -14,7 +14,7 @@ def small_config(**overrides) -> RunConfig:
     """A RunConfig whose model and warm start take milliseconds."""
     base = {
         "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
-        "warm_start": {"steps": 2, "batch_size": 8},
+        "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
         "trainer": {"batch_groups": 4, "group_size": 4},
     }
     for key, value in overrides.items():

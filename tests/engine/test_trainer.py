@@ -173,7 +173,7 @@ def test_concurrent_callers_build_the_policy_once(tmp_path, monkeypatch):
 
 
 def test_a_local_model_directory_is_a_real_source(tiny_model_dir, tmp_path):
-    cfg = small_config(model={"source": "path", "path": tiny_model_dir}, warm_start={"steps": 0})
+    cfg = small_config(model={"source": "path", "path": tiny_model_dir}, warm_start={"steps": 0, "noisy_steps": 0})
     out = warmstart.policy_dir(cfg, str(tmp_path))
     src, got = load_model(tiny_model_dir).state_dict(), load_model(out).state_dict()
     assert all(torch.equal(src[k], got[k]) for k in src)
