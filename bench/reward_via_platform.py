@@ -90,7 +90,7 @@ def main() -> int:
                     if i + 1 >= args.window and statistics.fmean(rewards[i + 1 - args.window:i + 1]) >= args.target), None)
         start = statistics.fmean(rewards[:args.window])
         print(f"\nrun {run_id}: status={status} steps={len(steps)}")
-        print(f"start reward (first {args.window} steps) = {start:.3f}")
+        print(f"start reward: first step {rewards[0]:.3f}, first {args.window} steps {start:.3f}")
         if hit is None:
             print(f"target {args.target} NOT reached; final reward (last {args.window}) = "
                   f"{statistics.fmean(rewards[-args.window:]):.3f}")
