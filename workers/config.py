@@ -141,6 +141,40 @@ class TrainerConfig(_Section):
     )
 
 
+class CorrectionConfig(_Section):
+    """Off-policy (staleness) correction of the policy loss (workers/loss.py). Symbols:
+    mu = behaviour policy (the inference logprobs in each rollout), pi_old = the trainer's
+    policy at the start of the step (recomputed; AReaL's pi_prox), pi_theta = the policy
+    being optimised. The cap for the truncated methods is `trainer.tis_cap`."""
+
+    method: Literal[
+        "token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"
+    ] = Field(
+        "token_tis",
+        description="token_tis: PPO-clip × min(pi_old/mu, trainer.tis_cap) per token (verl token "
+        "TIS, slime --use-tis, SkyRL TIS); sequence_tis: one weight min(Π pi_old/mu, tis_cap) per "
+        "sequence (verl sequence TIS); masked_is: tokens with pi_old/mu outside [mask_low, "
+        "mask_high] dropped (verl masked IS, IcePop); decoupled_ppo: AReaL's decoupled PPO, "
+        "weight pi_prox/mu with tokens above trainer.tis_cap dropped (behav_imp_weight_cap); "
+        "pipelinerl_reinforce: PipelineRL's reinforce, -log pi · A · sg(clamp(pi/mu, 0, "
+        "1+reinforce_eps_hi)); none: PPO-clip only.",
+    )
+    mask_low: float = Field(0.5, ge=0, description="masked_is: drop tokens with pi_old/mu below this.")
+    mask_high: float = Field(2.0, gt=0, description="masked_is: drop tokens with pi_old/mu above this.")
+    reinforce_eps_hi: float = Field(
+        0.02, ge=0, description="pipelinerl_reinforce: clamp pi/mu to [0, 1 + this] (PipelineRL epsilon_high)."
+    )
+
+    @model_validator(mode="after")
+    def _mask_range(self) -> "CorrectionConfig":
+        if self.mask_low > 1 or self.mask_high < 1:
+            raise ValueError(
+                f"correction.mask_low ({self.mask_low}) must be ≤ 1 ≤ correction.mask_high "
+                f"({self.mask_high}) so on-policy tokens (pi_old/mu = 1) are kept"
+            )
+        return self
+
+
 class SyncConfig(_Section):
     """Weight sync protocol. The walking skeleton ships full reload only."""
 
@@ -168,6 +202,7 @@ class RunConfig(_Section):
     inference: InferenceConfig = InferenceConfig()
     buffer: BufferConfig = BufferConfig()
     trainer: TrainerConfig = TrainerConfig()
+    correction: CorrectionConfig = CorrectionConfig()
     sync: SyncConfig = SyncConfig()
     stop: StopConfig = StopConfig()
 

@@ -1,20 +1,27 @@
-"""The GRPO policy loss with PPO clipping and truncated importance sampling.
+"""The GRPO policy loss and its off-policy (staleness) corrections.
 
-Three policies meet here:
-- mu: the behaviour policy that sampled the tokens (inference logprobs, possibly stale
-  and computed by a different kernel: vLLM vs torch);
-- pi_old: the trainer's policy at the start of the step (detached);
-- pi_theta: the policy being optimised.
+Three policies meet here, named as in this engine:
+- mu (`behaviour_logp`): the behaviour policy that sampled the tokens, i.e. the inference
+  logprobs carried in each Rollout (possibly several versions stale, and computed by a
+  different kernel: vLLM vs torch);
+- pi_old (`old_logp`): the trainer's policy at the start of the step, recomputed by the
+  trainer on the batch and detached. AReaL calls it pi_prox (the proximal policy), verl
+  the "old" log-prob of its decoupled mode;
+- pi_theta (`logp`): the policy being optimised (the only term with a gradient).
 
-PPO clips pi_theta/pi_old as usual; the off-policy gap pi_old/mu is corrected by a
-truncated IS weight min(pi_old/mu, tis_cap), as in the decoupled PPO objective of AReaL
-and the truncated IS of verl/PipelineRL. Everything here is a pure function on tensors
-so each term can be checked by hand.
+Every method reports the same statistics: `is/ratio_mean` (mean IS weight applied per
+token), `is/clipped_frac` (fraction of tokens whose weight was truncated or dropped) and
+`mismatch/kl` (KL(mu || pi_old), the gap between behaviour and trainer logprobs). All
+losses are token means over the completion `mask`; a dropped token counts in the
+denominator with weight 0 (as in AReaL). Pure functions on tensors, so each term can be
+checked by hand (tests/engine/test_loss.py, tests/engine/test_is_variants.py).
 """
 
 from __future__ import annotations
 
 import torch
+
+METHODS = ("token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none")
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -38,6 +45,26 @@ def truncated_is_weight(
     return raw.clamp(max=cap), raw > cap
 
 
+def sequence_is_weight(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One weight per row, min(exp(Σ_t log pi_old − log mu), cap), broadcast to its tokens
+    (verl's sequence-level TIS). Tensors are (rows, tokens); returns (weight, truncated)."""
+    log_w = ((old_logp.detach() - behaviour_logp.detach()) * mask).sum(dim=-1, keepdim=True)
+    raw = torch.exp(log_w).expand_as(old_logp)
+    return raw.clamp(max=cap), raw > cap
+
+
+def masked_is_weight(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weight pi_old/mu where it lies in [low, high], else 0 (the token is
+    dropped: verl's masked IS, IcePop). Returns (weight, dropped)."""
+    raw = torch.exp(old_logp.detach() - behaviour_logp.detach())
+    dropped = (raw < low) | (raw > high)
+    return torch.where(dropped, torch.zeros_like(raw), raw), dropped
+
+
 def mismatch_kl(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """KL(mu || pi_old) on tokens sampled from mu, k3 estimator: E[r - 1 - log r], r = pi_old/mu.
 
@@ -46,6 +73,37 @@ def mismatch_kl(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torc
     log_r = (old_logp - behaviour_logp).detach()
     k3 = torch.exp(log_r) - 1 - log_r
     return _masked_mean(k3, mask).clamp(min=0.0)  # rounding can dip below 0
+
+
+def weighted_ppo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    weight: torch.Tensor,
+    corrected: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean of -weight · min(ratio·A, clip(ratio, 1±eps)·A), ratio = pi_theta/pi_old.
+
+    `weight` is the detached IS weight per token and `corrected` marks the tokens whose
+    weight was truncated or dropped (reported as is/clipped_frac). All tensors share one
+    shape; `advantages` is already broadcast to tokens.
+    """
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp.detach())
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages
+    surrogate = torch.minimum(unclipped, clipped)
+    loss = _masked_mean(-weight.detach() * surrogate, mask)
+    stats = {
+        "is/ratio_mean": _masked_mean(weight, mask).item(),
+        "is/clipped_frac": _masked_mean(corrected.to(mask.dtype), mask).item(),
+        "ppo/clipped_frac": _masked_mean((clipped < unclipped).to(mask.dtype), mask).item(),
+        "mismatch/kl": mismatch_kl(old_logp, behaviour_logp, mask).item(),
+    }
+    return loss, stats
 
 
 def policy_loss(
@@ -57,26 +115,79 @@ def policy_loss(
     clip_eps: float,
     tis_cap: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean of -min(ratio·A, clip(ratio, 1±eps)·A) · min(pi_old/mu, tis_cap).
+    """The default ("token_tis"): PPO-clip on pi_theta/pi_old times the token-level
+    truncated IS weight min(pi_old/mu, tis_cap) (verl's token TIS in decoupled mode;
+    AReaL's decoupled PPO with the weight clamped instead of masked)."""
+    weight, truncated = truncated_is_weight(old_logp, behaviour_logp, tis_cap)
+    return weighted_ppo_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, weight, truncated)
 
-    All tensors share one shape (e.g. (rows, tokens)); `advantages` is already broadcast
-    to tokens and `mask` marks the completion tokens that count. Returns the loss (with
-    gradient through `logp` only) and its statistics.
+
+def pipelinerl_reinforce_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_hi: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PipelineRL's `reinforce`: token-mean of -log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+eps_hi)).
+
+    The weight compares the *current* policy with the behaviour policy (no pi_old, no PPO
+    clip); it is detached, so the gradient is -A·w·∇log pi_theta. `old_logp` is used only
+    for the mismatch KL, which every method reports the same way.
     """
     mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - old_logp.detach())
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages
-    surrogate = torch.minimum(unclipped, clipped)
-    is_weight, truncated = truncated_is_weight(old_logp, behaviour_logp, tis_cap)
-    loss = _masked_mean(-is_weight * surrogate, mask)
+    raw = torch.exp(logp.detach() - behaviour_logp.detach())
+    weight = raw.clamp(0.0, 1.0 + eps_hi)
+    loss = _masked_mean(-logp * advantages * weight, mask)
     stats = {
-        "is/ratio_mean": _masked_mean(is_weight, mask).item(),
-        "is/clipped_frac": _masked_mean(truncated.to(mask.dtype), mask).item(),
-        "ppo/clipped_frac": _masked_mean((clipped < unclipped).to(mask.dtype), mask).item(),
+        "is/ratio_mean": _masked_mean(weight, mask).item(),
+        "is/clipped_frac": _masked_mean((raw > 1.0 + eps_hi).to(mask.dtype), mask).item(),
         "mismatch/kl": mismatch_kl(old_logp, behaviour_logp, mask).item(),
     }
     return loss, stats
+
+
+def correction_loss(
+    correction,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    tis_cap: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy loss for `correction.method` (a workers.config.CorrectionConfig).
+
+    token_tis      PPO-clip × min(pi_old/mu, tis_cap) per token (the default)
+    sequence_tis   PPO-clip × min(Π_t pi_old/mu, tis_cap), one weight per sequence
+    masked_is      PPO-clip × pi_old/mu, tokens with pi_old/mu outside [mask_low, mask_high] dropped
+    decoupled_ppo  AReaL: PPO-clip on pi_theta/pi_prox × pi_prox/mu, tokens with weight
+                   > tis_cap dropped (AReaL's behav_imp_weight_cap); pi_prox = pi_old here
+    pipelinerl_reinforce  -log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+reinforce_eps_hi))
+    none           PPO-clip on pi_theta/pi_old, no correction for pi_old ≠ mu
+    """
+    method = correction.method
+    if method == "token_tis":
+        return policy_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap)
+    if method == "pipelinerl_reinforce":
+        return pipelinerl_reinforce_loss(
+            logp, behaviour_logp, old_logp, advantages, mask, correction.reinforce_eps_hi
+        )
+    if method == "sequence_tis":
+        weight, corrected = sequence_is_weight(old_logp, behaviour_logp, mask, tis_cap)
+    elif method == "masked_is":
+        weight, corrected = masked_is_weight(
+            old_logp, behaviour_logp, correction.mask_low, correction.mask_high
+        )
+    elif method == "decoupled_ppo":
+        weight, corrected = masked_is_weight(old_logp, behaviour_logp, 0.0, tis_cap)
+    elif method == "none":
+        weight, corrected = torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
+    else:
+        raise ValueError(f"correction.method {method!r} is not one of {', '.join(METHODS)}")
+    return weighted_ppo_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, weight, corrected)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.config import RunConfig
-from workers.loss import group_advantages, policy_loss
+from workers.loss import correction_loss, group_advantages
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group
 
@@ -123,8 +123,9 @@ class Trainer:
             sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows],
                               batch.targets[rows], batch.mask[rows])
             logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
-            loss, stats = policy_loss(
-                logp, old_logp[rows], behaviour[rows], adv[rows], sub.mask, tc.clip_eps, tc.tis_cap
+            loss, stats = correction_loss(
+                self.cfg.correction, logp, old_logp[rows], behaviour[rows], adv[rows], sub.mask,
+                tc.clip_eps, tc.tis_cap,
             )
             mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
             stats["policy/entropy"] = mean_entropy.item()

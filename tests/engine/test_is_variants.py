@@ -1,0 +1,172 @@
+"""Each off-policy correction (correction.method) against values worked out by hand.
+
+The example: 2 sequences × 3 completion tokens, plus a padding slot (mask 0) with absurd
+values that must not count anywhere (also not in the sequence weight).
+
+                  row 1 (A = +1)          row 2 (A = -1)          padding
+    pi_theta      0.5   0.6   0.36        0.3   0.225  0.1        0.9
+    pi_old        0.4   0.4   0.4         0.3   0.25   0.1        0.01
+    mu            0.4   0.1   0.5         0.2   0.25   0.5        0.9
+    r=θ/old       1.25  1.5   0.9         1.0   0.9    1.0
+    pi_old/mu     1     4     0.8         1.5   1.0    0.2
+    pi_theta/mu   1.25  6     0.72        1.5   0.9    0.2
+
+PPO-clip surrogate min(r·A, clip(r, 0.8, 1.2)·A):
+    row 1: 1.2 (clipped), 1.2 (clipped), 0.9      row 2: -1.0, -0.9, -1.0
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from workers.config import CorrectionConfig, RunConfig
+from workers.loss import correction_loss, policy_loss
+
+SURROGATE = [[1.2, 1.2, 0.9], [-1.0, -0.9, -1.0]]
+PI_OLD_OVER_MU = [1.0, 4.0, 0.8, 1.5, 1.0, 0.2]
+K3 = sum(r - 1 - math.log(r) for r in PI_OLD_OVER_MU) / 6  # mismatch KL(mu || pi_old)
+
+
+def example():
+    logp = torch.log(torch.tensor([[0.5, 0.6, 0.36, 0.9], [0.3, 0.225, 0.1, 0.9]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.4, 0.4, 0.4, 0.01], [0.3, 0.25, 0.1, 0.01]]))
+    mu = torch.log(torch.tensor([[0.4, 0.1, 0.5, 0.9], [0.2, 0.25, 0.5, 0.9]]))
+    adv = torch.tensor([[1.0], [-1.0]]).expand(2, 4)
+    mask = torch.tensor([[True, True, True, False], [True, True, True, False]])
+    return logp, old, mu, adv, mask
+
+
+def run(method, tis_cap=2.0, **fields):
+    logp, old, mu, adv, mask = example()
+    loss, stats = correction_loss(
+        CorrectionConfig(method=method, **fields), logp, old, mu, adv, mask, clip_eps=0.2, tis_cap=tis_cap
+    )
+    loss.backward()
+    return loss.item(), stats, logp.grad[:, :3].flatten().tolist(), logp.grad[:, 3].tolist()
+
+
+def weighted(weights):
+    """-mean(w · surrogate) over the six tokens."""
+    flat = [s for row in SURROGATE for s in row]
+    return -sum(w * s for w, s in zip(weights, flat)) / 6
+
+
+def test_token_tis_truncates_each_token_at_the_cap():
+    loss, stats, grad, pad_grad = run("token_tis")
+    # w = min(pi_old/mu, 2) = 1, 2 (truncated), 0.8 | 1.5, 1, 0.2
+    assert loss == pytest.approx(weighted([1, 2, 0.8, 1.5, 1, 0.2]), abs=1e-6)  # = -0.286667
+    assert loss == pytest.approx(-(1.2 + 2.4 + 0.72 - 1.5 - 0.9 - 0.2) / 6, abs=1e-6)
+    assert stats["is/ratio_mean"] == pytest.approx(6.5 / 6, abs=1e-6)
+    assert stats["is/clipped_frac"] == pytest.approx(1 / 6)
+    assert stats["ppo/clipped_frac"] == pytest.approx(2 / 6)
+    assert stats["mismatch/kl"] == pytest.approx(K3, abs=1e-6)
+    # gradient -w·A·r/6 where PPO does not clip: row 1 tokens 1-2 are clipped (flat);
+    # A > 0 pushes log pi up (negative gradient), A < 0 pushes it down.
+    assert grad == pytest.approx([0, 0, -0.8 * 0.9 / 6, 1.5 / 6, 0.9 / 6, 0.2 / 6], abs=1e-6)
+    assert pad_grad == [0.0, 0.0]
+
+
+def test_the_default_is_token_tis_and_equals_the_old_policy_loss():
+    assert RunConfig().correction.method == "token_tis"
+    torch.manual_seed(0)
+    logp = torch.randn(3, 5) - 1.0
+    old = logp + 0.1 * torch.randn(3, 5)
+    mu = old + 0.5 * torch.randn(3, 5)
+    adv = torch.randn(3, 1).expand(3, 5)
+    mask = torch.rand(3, 5) > 0.2
+    new, new_stats = correction_loss(CorrectionConfig(), logp, old, mu, adv, mask, 0.2, 2.0)
+    ref, ref_stats = policy_loss(logp, old, mu, adv, mask, 0.2, 2.0)
+    assert new.item() == ref.item()
+    assert new_stats == ref_stats
+
+
+def test_sequence_tis_gives_each_sequence_one_truncated_weight():
+    loss, stats, grad, _ = run("sequence_tis")
+    # row 1: 1·4·0.8 = 3.2 → 2 (truncated); row 2: 1.5·1·0.2 = 0.3. The padding slot
+    # (0.01/0.9) is not in the product.
+    assert loss == pytest.approx(weighted([2, 2, 2, 0.3, 0.3, 0.3]), abs=1e-6)  # = -0.955
+    assert loss == pytest.approx(-(2 * 3.3 + 0.3 * -2.9) / 6, abs=1e-6)
+    assert stats["is/ratio_mean"] == pytest.approx((3 * 2 + 3 * 0.3) / 6, abs=1e-6)
+    assert stats["is/clipped_frac"] == pytest.approx(3 / 6)  # row 1's three tokens
+    assert stats["mismatch/kl"] == pytest.approx(K3, abs=1e-6)
+    assert grad == pytest.approx([0, 0, -2 * 0.9 / 6, 0.3 / 6, 0.3 * 0.9 / 6, 0.3 / 6], abs=1e-6)
+
+
+def test_masked_is_drops_exactly_the_tokens_outside_low_high():
+    loss, stats, grad, _ = run("masked_is", mask_low=0.5, mask_high=2.0)
+    # pi_old/mu = 4 (row 1, token 2) and 0.2 (row 2, token 3) are outside [0.5, 2]: weight 0;
+    # the others keep their weight pi_old/mu.
+    assert loss == pytest.approx(weighted([1, 0, 0.8, 1.5, 1, 0]), abs=1e-6)  # = +0.08
+    assert loss == pytest.approx(-(1.2 + 0.72 - 1.5 - 0.9) / 6, abs=1e-6)
+    assert stats["is/ratio_mean"] == pytest.approx(4.3 / 6, abs=1e-6)
+    assert stats["is/clipped_frac"] == pytest.approx(2 / 6)
+    assert grad == pytest.approx([0, 0, -0.8 * 0.9 / 6, 1.5 / 6, 0.9 / 6, 0], abs=1e-6)
+    # Widen the range to [0.1, 5]: nothing is dropped and the weights are the raw ratios.
+    loss, stats, _, _ = run("masked_is", mask_low=0.1, mask_high=5.0)
+    assert loss == pytest.approx(weighted(PI_OLD_OVER_MU), abs=1e-6)
+    assert stats["is/clipped_frac"] == 0.0
+
+
+def test_decoupled_ppo_drops_tokens_whose_behaviour_weight_exceeds_the_cap():
+    loss, stats, grad, _ = run("decoupled_ppo")
+    # AReaL: r = pi_theta/pi_prox (pi_prox = pi_old), w = pi_prox/mu, w > cap → 0.
+    # w = 1, 4 → 0, 0.8 | 1.5, 1, 0.2 (below the cap nothing is dropped)
+    assert loss == pytest.approx(weighted([1, 0, 0.8, 1.5, 1, 0.2]), abs=1e-6)  # = +0.113333
+    assert loss == pytest.approx(-(1.2 + 0.72 - 1.5 - 0.9 - 0.2) / 6, abs=1e-6)
+    assert stats["is/ratio_mean"] == pytest.approx(4.5 / 6, abs=1e-6)
+    assert stats["is/clipped_frac"] == pytest.approx(1 / 6)
+    assert stats["ppo/clipped_frac"] == pytest.approx(2 / 6)
+    assert grad == pytest.approx([0, 0, -0.8 * 0.9 / 6, 1.5 / 6, 0.9 / 6, 0.2 / 6], abs=1e-6)
+
+
+def test_pipelinerl_reinforce_clamps_pi_theta_over_mu_and_detaches_it():
+    loss, stats, grad, _ = run("pipelinerl_reinforce", reinforce_eps_hi=0.02)
+    # w = sg(clamp(pi_theta/mu, 0, 1.02)) = 1.02, 1.02, 0.72 | 1.02, 0.9, 0.2
+    w = [[1.02, 1.02, 0.72], [1.02, 0.9, 0.2]]
+    lp = [[0.5, 0.6, 0.36], [0.3, 0.225, 0.1]]
+    a = [1.0, -1.0]
+    expected = -sum(math.log(lp[i][t]) * a[i] * w[i][t] for i in range(2) for t in range(3)) / 6
+    assert loss == pytest.approx(expected, abs=1e-5)
+    assert stats["is/ratio_mean"] == pytest.approx(4.88 / 6, abs=1e-6)
+    assert stats["is/clipped_frac"] == pytest.approx(3 / 6)  # 1.25, 6 and 1.5 exceed 1.02
+    assert stats["mismatch/kl"] == pytest.approx(K3, abs=1e-6)
+    # w is detached: the gradient is -A·w/6 per token, not through the ratio.
+    assert grad == pytest.approx([-1.02 / 6, -1.02 / 6, -0.72 / 6, 1.02 / 6, 0.9 / 6, 0.2 / 6], abs=1e-6)
+
+
+def test_none_is_plain_ppo_clip():
+    loss, stats, grad, _ = run("none")
+    assert loss == pytest.approx(weighted([1] * 6), abs=1e-6)  # = -(3.3 - 2.9)/6
+    assert stats["is/ratio_mean"] == 1.0
+    assert stats["is/clipped_frac"] == 0.0
+    assert stats["mismatch/kl"] == pytest.approx(K3, abs=1e-6)  # still reported
+    assert grad == pytest.approx([0, 0, -0.9 / 6, 1 / 6, 0.9 / 6, 1 / 6], abs=1e-6)
+
+
+@pytest.mark.parametrize("method", ["token_tis", "sequence_tis", "masked_is", "decoupled_ppo", "none"])
+def test_on_policy_every_ppo_method_is_minus_the_mean_advantage(method):
+    logp = torch.log(torch.tensor([[0.3, 0.2], [0.5, 0.5]]))
+    adv = torch.tensor([[1.0, 1.0], [-0.5, -0.5]])
+    loss, stats = correction_loss(CorrectionConfig(method=method), logp, logp, logp, adv,
+                                  torch.ones(2, 2, dtype=torch.bool), 0.2, 2.0)
+    assert loss.item() == pytest.approx(-0.25)
+    assert stats["is/ratio_mean"] == pytest.approx(1.0)
+    assert stats["is/clipped_frac"] == 0.0
+    assert stats["mismatch/kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValidationError, match="correction.method"):
+        RunConfig.model_validate({"correction": {"method": "vtrace"}})
+    with pytest.raises(ValidationError, match="correction.mask_low"):
+        RunConfig.model_validate({"correction": {"mask_low": 1.5}})
+    with pytest.raises(ValidationError, match="correction.mask_high"):
+        RunConfig.model_validate({"correction": {"mask_high": 0.9}})
+    with pytest.raises(ValidationError, match="correction.reinforce_eps_hi"):
+        RunConfig.model_validate({"correction": {"reinforce_eps_hi": -0.1}})
+    with pytest.raises(ValidationError, match="correction.tis_cap"):
+        RunConfig.model_validate({"correction": {"tis_cap": 2.0}})  # it lives in trainer
