@@ -2,7 +2,7 @@
 
     InferenceWorker ×N ──put(groups)──▶ BufferActor ──get(B groups)──▶ TrainerActor
             ▲                                                              │
-            └──────────── update_weights (weight_sync: full reload) ◀──────┘
+            └──────── update_weights (workers.sync, cfg.sync.protocol) ◀───┘
 
 Each actor wraps one engine-core piece and runs its loop in a background thread, so
 control calls (`update_weights`, `drain_metrics`, `stop`) get through while it works
@@ -22,6 +22,10 @@ Actors ask for fractional CPUs (module constants below): on a 2-core host, whole
 requests leave the third actor pending forever. Each actor process imports only what its
 role needs (torch and transformers inside the constructors that use them): a run starts
 its processes at once, and on a busy 2-core host each heavy import costs 5–10 s.
+
+Weight sync goes through the protocol named by `sync.protocol` (workers/sync): the
+trainer holds its `WeightSender`, each worker a `WeightReceiver`; the driver connects
+them (`sync_endpoint` → `sync_connect` on all at once) before the loops start.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
 if TYPE_CHECKING:
-    from workers.weight_sync import SyncStats, WeightUpdate
+    from workers.sync import Notice, SyncReport
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +130,13 @@ class InferenceWorker:
     weights; only the newest pending version is loaded)."""
 
     def __init__(self, config: dict, model_dir: str, index: int, num_workers: int, buffer) -> None:
-        from workers import weight_sync
         from workers.inference import make_backend
         from workers.rollouts import generate_groups
+        from workers.sync import receiver_for
         from workers.tasks import make_task
         from workers.tokenizer import CharTokenizer
 
-        self._weight_sync, self._generate_groups = weight_sync, generate_groups
+        self._generate_groups = generate_groups
         self.cfg = RunConfig.model_validate(config)
         self.index = index
         self.buffer = buffer
@@ -145,10 +149,11 @@ class InferenceWorker:
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
-        self.syncs: list[SyncStats] = []
+        self.receiver = receiver_for(self.cfg.sync, model_dir)
+        self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
-        self._pending: tuple[WeightUpdate, dict, float] | None = None
+        self._pending = None  # staged weights (the receiver's), newest version only
         self._pending_lock = threading.Lock()
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
@@ -156,6 +161,10 @@ class InferenceWorker:
 
     def ready(self) -> bool:
         return True
+
+    def sync_connect(self, endpoint: dict, rank: int) -> None:
+        """Join the trainer's sender (blocks until every rank joins, for a collective)."""
+        self.receiver.connect(endpoint, rank)
 
     def start(self) -> None:
         if self._thread is None:
@@ -171,13 +180,15 @@ class InferenceWorker:
             if self._thread.is_alive():
                 return  # still inside generate: closing now would pull the engine from under it
         self.backend.close()
+        self.receiver.close()
 
-    def update_weights(self, update: WeightUpdate) -> None:
-        """Fetch new weights now; the loop loads them before its next generate call."""
-        state_dict, fetch_ms = self._weight_sync.fetch(update)
+    def update_weights(self, notice: Notice) -> None:
+        """Receive new weights now (overlapping generation); the loop applies them
+        before its next generate call."""
+        staged = self.receiver.receive(notice)
         with self._pending_lock:
-            if self._pending is None or self._pending[0].version < update.version:
-                self._pending = (update, state_dict, fetch_ms)
+            if self._pending is None or self._pending.notice.version < notice.version:
+                self._pending = staged
         self._weights_arrived.set()
 
     def drain_metrics(self) -> dict:
@@ -194,11 +205,12 @@ class InferenceWorker:
         with self._pending_lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            update, state_dict, fetch_ms = pending
-            stats = self._weight_sync.load(self.backend, update, state_dict, fetch_ms)
-            self.version = update.version
+            report = self.receiver.apply(self.backend, pending)
+            if report is None:  # a collective receiver had already applied a newer one
+                return
+            self.version = report.version
             with self._syncs_lock:
-                self.syncs.append(stats)
+                self.syncs.append(report)
 
     def _loop(self) -> None:
         try:
@@ -234,24 +246,32 @@ class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 
     def __init__(self, config: dict, model_dir: str, buffer, workers: list, num_threads: int | None = None) -> None:
-        from workers import weight_sync
+        from workers.sync import sender_for
         from workers.trainer import Trainer
 
-        self._weight_sync = weight_sync
         self.cfg = RunConfig.model_validate(config)
         self.buffer = buffer
         self.workers = workers
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
+        self.sender = sender_for(self.cfg.sync, len(workers))
+        self.sender.attach(self.trainer.model)
         self.steps: list[dict] = []
         self._steps_lock = threading.Lock()
         self.error: str | None = None
         self.done = False
-        self._last_update: WeightUpdate | None = None  # keeps the weights alive
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def ready(self) -> bool:
         return True
+
+    def sync_endpoint(self) -> dict:
+        """What the workers need to `sync_connect` (opens a collective's rendezvous)."""
+        return self.sender.endpoint()
+
+    def sync_connect(self) -> None:
+        """Join the workers (blocks until every rank joins, for a collective)."""
+        self.sender.connect()
 
     def start(self) -> None:
         if self._thread is None:
@@ -263,6 +283,14 @@ class TrainerActor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # still inside a step or a send: the sender is in use
+        self.sender.close()
+
+    def _notify(self, notice: Notice) -> None:
+        # Fire and forget: the workers receive concurrently with training.
+        for w in self.workers:
+            w.update_weights.remote(notice)
 
     def drain_metrics(self) -> dict:
         """Per-step records since the last drain (each with its window `t0`..`t1`)."""
@@ -289,9 +317,7 @@ class TrainerActor:
                 wait_s = time.perf_counter() - t_wait
                 metrics = self.trainer.train_step(groups)
                 version = self.trainer.version
-                self._last_update, trainer_ms = self._weight_sync.publish(
-                    self.trainer.state_dict(), version, self.workers
-                )
+                sent = self.sender.send(version, self._notify)
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)
                 samples = sum(len(g.rollouts) for g in groups)
@@ -300,8 +326,8 @@ class TrainerActor:
                     **buffer_stats,
                     "trainer/idle_frac": min(1.0, wait_s / window),
                     "samples/per_s": samples / window,
-                    "sync/bytes": float(self._last_update.nbytes),
-                    "sync/trainer_ms": trainer_ms,
+                    "sync/bytes": float(sent.bytes),
+                    "sync/trainer_ms": sent.trainer_ms,
                     "step": version,
                     "t0": t_prev,
                     "t1": t_end,

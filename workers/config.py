@@ -141,6 +141,24 @@ class TrainerConfig(_Section):
     )
 
 
+# Every linear layer of a Llama block (workers.sync.lora.TARGET_MODULES).
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoRAConfig(_Section):
+    """LoRA training with peft: the base stays frozen, only the adapter trains. Off =
+    full fine-tuning."""
+
+    enabled: bool = False
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGET_MODULES), min_length=1,
+        description="Module names (suffixes) that get an adapter.",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
 class CorrectionConfig(_Section):
     """Off-policy (staleness) correction of the policy loss (workers/loss.py). Symbols:
     mu = behaviour policy (the inference logprobs in each rollout), pi_old = the trainer's
@@ -176,9 +194,15 @@ class CorrectionConfig(_Section):
 
 
 class SyncConfig(_Section):
-    """Weight sync protocol. The walking skeleton ships full reload only."""
+    """Weight sync protocol (workers/sync): how new weights reach the inference workers.
+    "full_reload" is the walking skeleton's name for "object_store"."""
 
-    protocol: Literal["full_reload"] = "full_reload"
+    protocol: Literal["object_store", "collective", "filesystem", "lora", "full_reload"] = "object_store"
+    packed: bool = Field(True, description="collective: broadcast in buckets (else one tensor at a time).")
+    bucket_mb: float = Field(32.0, gt=0, description="collective: bucket size when packed.")
+    directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
+    keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
+    timeout_s: float = Field(120.0, gt=0, description="collective: rendezvous and broadcast timeout.")
 
 
 class StopConfig(_Section):
@@ -204,6 +228,7 @@ class RunConfig(_Section):
     trainer: TrainerConfig = TrainerConfig()
     correction: CorrectionConfig = CorrectionConfig()
     sync: SyncConfig = SyncConfig()
+    lora: LoRAConfig = LoRAConfig()
     stop: StopConfig = StopConfig()
 
     @model_validator(mode="after")
@@ -221,6 +246,22 @@ class RunConfig(_Section):
             raise ValueError(
                 f"model.max_position_embeddings ({self.model.max_position_embeddings}) must "
                 f"be ≥ {longest} (BOS + prompt + '=' + inference.max_new_tokens)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sync_fits_lora(self) -> "RunConfig":
+        if self.sync.protocol == "lora" and not self.lora.enabled:
+            raise ValueError(
+                "sync.protocol 'lora' moves adapter weights only; set lora.enabled=true "
+                "or choose a full-weight protocol (object_store, collective, filesystem)"
+            )
+        if self.sync.protocol == "collective" and self.lora.enabled:
+            # The broadcast moves the trainer's parameters in place, under peft's names
+            # and unmerged: the workers could not load them.
+            raise ValueError(
+                "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true); "
+                "choose sync.protocol 'lora' (adapter only), 'object_store' or 'filesystem'"
             )
         return self
 

@@ -82,7 +82,7 @@ class RunDriver:
         self.workers: list = []
         self._windows = StepWindows(self.cfg.inference.num_workers)
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
-        self._syncs: dict[int, list] = defaultdict(list)  # version → SyncStats per worker
+        self._syncs: dict[int, list] = defaultdict(list)  # version → SyncReport per worker
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self._stop = threading.Event()
@@ -200,8 +200,30 @@ class RunDriver:
                     f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s: the cluster may lack "
                     "the CPUs they ask for (workers.actors INFERENCE_CPUS / TRAINER_CPUS)"
                 )
+        if not self._connect_sync():
+            return False
         ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
         self._loop_started = time.time()
+        return True
+
+    def _connect_sync(self) -> bool:
+        """Connect the trainer's weight sender to every worker's receiver, all at once (a
+        collective's rendezvous blocks until every rank has joined); False if cancelled."""
+        endpoint = ray.get(self.trainer.sync_endpoint.remote())
+        pending = [self.trainer.sync_connect.remote()] + [
+            w.sync_connect.remote(endpoint, k + 1) for k, w in enumerate(self.workers)
+        ]
+        deadline = time.monotonic() + self.cfg.sync.timeout_s + POLL_S
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            ray.get(done)  # raises a side's connect error (e.g. a LoRA base mismatch)
+            if self._stop.is_set():
+                return False
+            if pending and time.monotonic() > deadline:
+                raise ChildFailed(
+                    f"weight sync ({self.cfg.sync.protocol}) did not connect within "
+                    f"sync.timeout_s={self.cfg.sync.timeout_s:g}s"
+                )
         return True
 
     def _supervise(self) -> str:

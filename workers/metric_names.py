@@ -24,6 +24,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("staleness/max", "versions", "Max token staleness of the trained batch."),
     Metric("sync/latency_ms", "ms", "End-to-end weight sync latency (trainer publish → inference loaded)."),
     Metric("sync/bytes", "bytes", "Bytes moved by one weight sync."),
+    Metric("sync/trainer_ms", "ms", "Weight sync time on the trainer (how long the send blocked training)."),
+    Metric("sync/inference_ms", "ms", "Weight sync time on the slowest inference worker (receive + load)."),
     Metric("inference/tokens_per_s", "tok/s", "Generated tokens per second, all inference workers."),
     Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
     Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),

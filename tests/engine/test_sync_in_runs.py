@@ -1,0 +1,112 @@
+"""The weight-sync protocol and LoRA as config switches of a real run.
+
+Fast: the config refuses combinations that cannot work, naming the fields; the LoRA
+trainer trains the adapter only and hands out merged weights under checkpoint names.
+Slow: a short run launched through `workers.driver.launch` on in-process Ray (torch
+backend) with a packed collective, and with LoRA adapter-only sync, reports its sync
+figures and succeeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.engine.ingest_stub import IngestStub
+from tests.engine.test_driver import TOKEN, cache_dir, cluster, stub, tiny_config, wait_for  # noqa: F401 (fixtures)
+from workers.config import RunConfig
+from workers.driver import launch, run_actor_names
+
+# -- config (fast) --------------------------------------------------------------------
+
+
+def test_lora_protocol_without_lora_enabled_names_the_fields():
+    with pytest.raises(ValidationError) as err:
+        RunConfig.model_validate({"sync": {"protocol": "lora"}})
+    text = str(err.value)
+    assert "sync.protocol 'lora'" in text and "lora.enabled=true" in text
+
+
+def test_collective_cannot_move_a_lora_model():
+    with pytest.raises(ValidationError) as err:
+        RunConfig.model_validate({"sync": {"protocol": "collective"}, "lora": {"enabled": True}})
+    assert "sync.protocol 'collective'" in str(err.value) and "lora.enabled" in str(err.value)
+
+
+def test_full_reload_stays_valid_and_lora_with_full_weight_protocols_is_allowed():
+    assert RunConfig.model_validate({"sync": {"protocol": "full_reload"}}).sync.protocol == "full_reload"
+    assert RunConfig().sync.protocol == "object_store"
+    for protocol in ("lora", "object_store", "filesystem"):
+        cfg = RunConfig.model_validate({"sync": {"protocol": protocol}, "lora": {"enabled": True, "rank": 4}})
+        assert cfg.lora.rank == 4
+    with pytest.raises(ValidationError, match="rank"):
+        RunConfig.model_validate({"lora": {"rank": 0}})
+
+
+def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(tiny_model_dir):  # noqa: F811
+    from workers.model import load_model
+    from workers.trainer import Trainer
+
+    full = Trainer(small_config(), tiny_model_dir)
+    lora = Trainer(small_config(lora={"enabled": True, "rank": 2}), tiny_model_dir)
+    trained = [p for group in lora.optimizer.param_groups for p in group["params"]]
+    assert trained and all(p.requires_grad for p in trained)
+    assert sum(p.numel() for p in trained) < sum(p.numel() for p in full.model.parameters()) / 5
+    sd = lora.state_dict()
+    base = load_model(tiny_model_dir).state_dict()
+    assert sd.keys() == base.keys()  # checkpoint names, no peft prefixes
+    # B starts at zero: the merged policy is the base until the first step.
+    assert all(torch.equal(sd[k], base[k]) for k in base)
+
+
+# -- real runs (slow) -------------------------------------------------------------------
+
+
+def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> dict:  # noqa: F811
+    launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), 240, "a terminal status")
+    assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
+    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    return stub.series(run_id)
+
+
+def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
+    """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
+    from workers.model import load_model
+    from workers.sync.lora import adapter_state_dict, apply_lora
+    from workers.warmstart import policy_dir
+
+    model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
+    if lora is not None:
+        model = apply_lora(model, lora["rank"], lora["alpha"])
+        sd = adapter_state_dict(model)
+    else:
+        sd = model.state_dict()
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+@pytest.mark.slow
+def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):  # noqa: F811
+    series = run_to_the_end(
+        301, stub, cache_dir, sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
+        inference={"num_workers": 2},
+    )
+    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
+    full = _model_bytes(cache_dir)
+    assert set(series["sync/bytes"].values()) == {float(full)}  # every parameter, every step
+    assert all(v > 0 for v in series["sync/trainer_ms"].values())
+    assert series["sync/latency_ms"] and series["sync/inference_ms"]
+    assert all(v > 0 for v in series["sync/latency_ms"].values())
+
+
+@pytest.mark.slow
+def test_a_lora_run_moves_only_the_adapter(cluster, stub, cache_dir):  # noqa: F811
+    lora = {"enabled": True, "rank": 8, "alpha": 16.0}
+    series = run_to_the_end(302, stub, cache_dir, sync={"protocol": "lora"}, lora=lora)
+    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
+    adapter, full = _model_bytes(cache_dir, lora), _model_bytes(cache_dir)
+    assert set(series["sync/bytes"].values()) == {float(adapter)}
+    assert adapter < full / 10
+    assert series["sync/latency_ms"] and series["sync/inference_ms"]
