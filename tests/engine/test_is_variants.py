@@ -23,6 +23,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
 from workers.config import CorrectionConfig, RunConfig
 from workers.loss import correction_loss, policy_loss
 
@@ -170,6 +171,30 @@ def test_config_errors_name_the_field():
         RunConfig.model_validate({"correction": {"reinforce_eps_hi": -0.1}})
     with pytest.raises(ValidationError, match="correction.tis_cap"):
         RunConfig.model_validate({"correction": {"tis_cap": 2.0}})  # it lives in trainer
+
+
+def test_the_trainer_applies_the_configured_method(tiny_model_dir):
+    """Behaviour logprobs shifted by +0.5 on every token: pi_old/mu = e^-0.5 ≈ 0.607 on the
+    first step, so each method leaves its own fingerprint in the trainer's metrics."""
+    from tests.engine.test_trainer import fixed_groups
+    from workers.trainer import Trainer
+
+    def first_step(**correction):
+        cfg = small_config(correction=correction)
+        groups = fixed_groups(tiny_model_dir, cfg)
+        for g in groups:
+            for r in g.rollouts:
+                r.behaviour_logprobs = [lp + 0.5 for lp in r.behaviour_logprobs]
+        return Trainer(cfg, tiny_model_dir).train_step(groups)
+
+    w = math.exp(-0.5)
+    assert first_step()["is/ratio_mean"] == pytest.approx(w, abs=1e-3)  # token_tis
+    assert first_step(method="none")["is/ratio_mean"] == 1.0
+    dropped = first_step(method="masked_is", mask_low=0.7)  # 0.607 < 0.7: every token dropped
+    assert dropped["is/clipped_frac"] == 1.0 and dropped["loss"] == 0.0
+    reinforce = first_step(method="pipelinerl_reinforce")  # pi_theta = pi_old on the first update
+    assert reinforce["is/ratio_mean"] == pytest.approx(w, abs=1e-3) and "ppo/clipped_frac" not in reinforce
+    assert first_step(method="sequence_tis")["is/ratio_mean"] < w  # Π of 0.607 over each completion (most have several tokens)
 
 
 @pytest.mark.slow
