@@ -127,3 +127,26 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):  # no
     assert s["sync/inference_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
     # vLLM's logprobs under the adapter match the trainer's merged policy: IS ratio near 1.
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir):  # noqa: F811
+    pytest.importorskip("vllm")
+    from tests.engine.test_driver import run_inline
+
+    out = run_inline(304, cache_dir, sync={"protocol": "collective", "packed": False},
+                     inference={"backend": "vllm"})
+    assert out["state"] == "succeeded", out["error"]
+    s = {k: dict(v) for k, v in out["series"].items()}
+    assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir))}
+    assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
+
+
+@pytest.mark.slow
+def test_a_filesystem_run_succeeds(cluster, stub, cache_dir):  # noqa: F811
+    series = run_to_the_end(305, stub, cache_dir, sync={"protocol": "filesystem"})
+    full = _model_bytes(cache_dir)
+    # The safetensors file: every weight plus its JSON header.
+    assert all(full < v < full + 2**16 for v in series["sync/bytes"].values())
+    assert series["sync/latency_ms"] and series["sync/inference_ms"]
