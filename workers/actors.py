@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import RolloutBuffer
+from workers.buffer import AdmissionGate, RolloutBuffer
 from workers.config import RunConfig
 from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
@@ -72,10 +72,12 @@ def _log_error(actor: str) -> str:
 class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
-    def __init__(self, capacity_groups: int, max_staleness: int, batch_groups: int, ahead_batches: int) -> None:
-        self.buffer = RolloutBuffer(capacity_groups, max_staleness)
-        self.batch_groups = batch_groups
-        self.ahead_batches = ahead_batches
+    def __init__(
+        self, capacity_groups: int | None, max_staleness: int, batch_groups: int, ahead_batches: int,
+        on_stale: str = "drop",
+    ) -> None:
+        self.buffer = RolloutBuffer(capacity_groups, max_staleness, on_stale)
+        self.gate = AdmissionGate(batch_groups, ahead_batches)
         self.admitted = 0
         self._lock = threading.Lock()
 
@@ -85,11 +87,13 @@ class BufferActor:
     def admit(self, held_version: int, max_groups: int) -> int:
         """How many groups (0..max_groups) a worker holding `held_version` may start now."""
         with self._lock:
-            live = self.admitted - self.buffer.dropped_stale
-            limit = (held_version + self.ahead_batches + 1) * self.batch_groups
-            n = max(0, min(max_groups, limit - live))
+            n = self.gate.may_admit(held_version, self.admitted, self.buffer.rejected, max_groups)
             self.admitted += n
             return n
+
+    def take_requeued(self, max_groups: int) -> list[Group]:
+        """Stale groups whose prompts should be generated again (on_stale='requeue')."""
+        return self.buffer.take_requeued(max_groups)
 
     def put(self, groups: list[Group], timeout: float) -> tuple[int, float]:
         """Put groups in order until one would wait past `timeout`; returns
@@ -114,11 +118,15 @@ class BufferActor:
         return groups, self.stats()
 
     def stats(self) -> dict[str, float]:
-        return {
+        stats = {
             "buffer/depth": float(self.buffer.depth),
-            "buffer/capacity": float(self.buffer.capacity),
             "buffer/dropped_stale": float(self.buffer.dropped_stale),
+            "buffer/requeued": float(self.buffer.requeued),
+            "buffer/starved_s": self.buffer.starved_s,
         }
+        if self.buffer.capacity is not None:  # an unbounded stream has none to chart
+            stats["buffer/capacity"] = float(self.buffer.capacity)
+        return stats
 
 
 @ray.remote(num_cpus=INFERENCE_CPUS, max_concurrency=4)

@@ -1,11 +1,26 @@
-"""The rollout buffer between inference and the trainer.
+"""The rollout buffer between inference and the trainer, and its admission gate.
 
-Bounded (capacity in groups), thread-safe, with backpressure: a producer blocks in
-`put` while the buffer is full, which is what keeps inference from running arbitrarily
-far ahead of the trainer (AReaL's admission rule, in its simplest form). Version
+Four buffer modes, the four the peers converged on (`BufferConfig.mode`):
+
+- ``none``: synchronous (TRL's sync GRPOTrainer, ART): one batch of room, nothing
+  generated ahead of the trainer (ahead 0): generate → train → sync alternate.
+- ``double``: double buffer (verifiers, SLIME): one batch of room, one batch ahead, so
+  batch k+1 is generated while the trainer trains on batch k.
+- ``bounded``: bounded queue of `capacity` batches (SkyRL, verl, NeMo-RL).
+- ``unbounded``: a stream (PipelineRL, Atropos): no capacity limit; only the admission
+  gate and version rejection keep inference from running away.
+
+`RolloutBuffer` stores whole groups (GRPO advantages are per group, so a group is
+stored, handed out, dropped or requeued whole). A producer blocks in `put` while the
+buffer is full (backpressure, counted in `backpressure_s`); a consumer blocks in `get`
+until enough fresh groups are there (starvation, counted in `starved_s`). Version
 rejection happens at `get`: a group whose oldest token is older than
-`current_version - max_staleness` is dropped and counted, never trained. Groups are the
-atomic unit: a group is stored, handed out and dropped whole.
+`current_version - max_staleness` is never trained; with ``on_stale="drop"`` it is
+discarded (`dropped_stale`), with ``on_stale="requeue"`` its prompt goes back to the
+producers to be generated again with newer weights (`requeued`, `take_requeued`) —
+dropping alone biases training against slow, hard prompts.
+
+`AdmissionGate` is AReaL's capacity rule as pure arithmetic, so it can be tested alone.
 """
 
 from __future__ import annotations
@@ -14,26 +29,109 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from workers.rollout import Group
 
+if TYPE_CHECKING:
+    from workers.config import BufferConfig
+
+OnStale = Literal["drop", "requeue"]
+
+
+@dataclass(frozen=True)
+class AdmissionGate:
+    """AReaL's capacity rule: a producer holding policy version v may start a new group
+    only while admitted − rejected < (v + ahead + 1) · B, where B is the batch size in
+    groups, `ahead` the batches it may run ahead of the trainer (AReaL's η,
+    `max_head_offpolicyness`; 0 = synchronous) and rejected the groups dropped or
+    requeued as stale (they free their place)."""
+
+    batch_groups: int
+    ahead: int
+
+    def __post_init__(self) -> None:
+        if self.batch_groups < 1:
+            raise ValueError(f"AdmissionGate batch_groups must be ≥ 1 (got {self.batch_groups})")
+        if self.ahead < 0:
+            raise ValueError(f"AdmissionGate ahead must be ≥ 0 (got {self.ahead})")
+
+    def limit(self, version: int) -> int:
+        """Most groups admitted and not rejected a producer at `version` may leave live."""
+        return (version + self.ahead + 1) * self.batch_groups
+
+    def may_admit(self, version: int, admitted: int, rejected: int, want: int) -> int:
+        """How many of `want` new groups (0..want) a producer holding `version` may start."""
+        return max(0, min(want, self.limit(version) - (admitted - rejected)))
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """What a run's buffer is, derived from its config: capacity (None = unbounded) in
+    groups, how many batches producers may run ahead, and the staleness policy."""
+
+    capacity_groups: int | None
+    ahead_batches: int
+    max_staleness: int
+    on_stale: OnStale
+
+
+def plan(cfg: "BufferConfig", run_mode: str, batch_groups: int) -> BufferPlan:
+    """The buffer a run gets from `cfg` (its `buffer` section), its `mode` ("sync" forces
+    ahead 0) and `trainer.batch_groups`."""
+    if cfg.mode == "none":
+        capacity, ahead = 1, 0
+    elif cfg.mode == "double":
+        capacity, ahead = 1, 1
+    elif cfg.mode == "bounded":
+        capacity = cfg.capacity
+        # By default never admit more than get() could accept (max_staleness) or than
+        # there is room for (capacity): admission paces generation instead of dropping.
+        ahead = min(cfg.capacity, cfg.max_staleness)
+    else:  # unbounded
+        capacity, ahead = None, cfg.max_staleness
+    if cfg.max_head_offpolicyness is not None:
+        ahead = cfg.max_head_offpolicyness
+    if run_mode == "sync":
+        ahead = 0
+    return BufferPlan(
+        capacity_groups=None if capacity is None else capacity * batch_groups,
+        ahead_batches=ahead,
+        max_staleness=cfg.max_staleness,
+        on_stale=cfg.on_stale,
+    )
+
 
 class RolloutBuffer:
-    """FIFO of whole groups with backpressure and staleness-based rejection."""
+    """FIFO of whole groups with backpressure and staleness-based rejection.
 
-    def __init__(self, capacity_groups: int, max_staleness: int) -> None:
-        if capacity_groups < 1:
-            raise ValueError(f"RolloutBuffer capacity_groups must be ≥ 1 (got {capacity_groups})")
+    `capacity_groups=None` makes it unbounded (a stream): `put` never blocks.
+    """
+
+    def __init__(
+        self, capacity_groups: int | None, max_staleness: int, on_stale: OnStale = "drop"
+    ) -> None:
+        if capacity_groups is not None and capacity_groups < 1:
+            raise ValueError(
+                f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})"
+            )
         if max_staleness < 0:
             raise ValueError(f"RolloutBuffer max_staleness must be ≥ 0 (got {max_staleness})")
+        if on_stale not in ("drop", "requeue"):
+            raise ValueError(f"RolloutBuffer on_stale must be 'drop' or 'requeue' (got {on_stale!r})")
         self._capacity = capacity_groups
         self.max_staleness = max_staleness
+        self.on_stale = on_stale
         self._groups: deque[Group] = deque()
+        self._requeue: deque[Group] = deque()
         self._cond = threading.Condition()
         self._dropped_stale = 0
+        self._requeued = 0
         self.total_put = 0
         self.total_got = 0
-        self.backpressure_s = 0.0  # cumulative seconds producers spent blocked
+        self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
+        self.starved_s = 0.0  # cumulative seconds consumers spent waiting for fresh groups
 
     @property
     def depth(self) -> int:
@@ -41,13 +139,35 @@ class RolloutBuffer:
             return len(self._groups)
 
     @property
-    def capacity(self) -> int:
+    def capacity(self) -> int | None:
+        """Capacity in groups; None when unbounded."""
         return self._capacity
 
     @property
     def dropped_stale(self) -> int:
         with self._cond:
             return self._dropped_stale
+
+    @property
+    def requeued(self) -> int:
+        """Stale groups whose prompts were handed back for regeneration (cumulative)."""
+        with self._cond:
+            return self._requeued
+
+    @property
+    def rejected(self) -> int:
+        """Groups that left without being trained (dropped + requeued): the admission
+        gate gives their places back."""
+        with self._cond:
+            return self._dropped_stale + self._requeued
+
+    def group_ids(self) -> list[str]:
+        """Ids of the groups waiting, oldest first (a snapshot, for checks and tests)."""
+        with self._cond:
+            return [g.group_id for g in self._groups]
+
+    def _has_room(self) -> bool:
+        return self._capacity is None or len(self._groups) < self._capacity
 
     def put(self, group: Group, timeout: float | None = None) -> float:
         """Append `group`, blocking while the buffer is full; returns seconds blocked.
@@ -56,7 +176,7 @@ class RolloutBuffer:
         """
         start = time.monotonic()
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self._groups) < self._capacity, timeout):
+            if not self._cond.wait_for(self._has_room, timeout):
                 self.backpressure_s += time.monotonic() - start
                 raise queue.Full(f"rollout buffer full ({self._capacity} groups) for {timeout}s")
             blocked = time.monotonic() - start
@@ -69,33 +189,52 @@ class RolloutBuffer:
     def get(self, n_groups: int, current_version: int, timeout: float | None = None) -> list[Group]:
         """Take the `n_groups` oldest fresh groups, waiting until that many are present.
 
-        Stale groups (min_version < current_version - max_staleness) are dropped first and
-        counted in `dropped_stale`. Raises queue.Empty if `n_groups` fresh groups are not
-        available within `timeout` seconds (nothing is taken then).
+        Stale groups (min_version < current_version - max_staleness) are rejected first
+        (dropped or requeued, by `on_stale`). Raises queue.Empty if `n_groups` fresh
+        groups are not available within `timeout` seconds (nothing fresh is taken then).
         """
-        if n_groups < 1 or n_groups > self._capacity:
+        if n_groups < 1 or (self._capacity is not None and n_groups > self._capacity):
             raise ValueError(
                 f"get n_groups must be in 1..capacity ({self._capacity}); got {n_groups}"
             )
         oldest_ok = current_version - self.max_staleness
 
         def ready() -> bool:
-            self._drop_stale(oldest_ok)
+            self._reject_stale(oldest_ok)
             return len(self._groups) >= n_groups
 
+        start = time.monotonic()
         with self._cond:
-            if not self._cond.wait_for(ready, timeout):
+            ok = self._cond.wait_for(ready, timeout)
+            self.starved_s += time.monotonic() - start
+            if not ok:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
             out = [self._groups.popleft() for _ in range(n_groups)]
             self.total_got += n_groups
             self._cond.notify_all()
             return out
 
-    def _drop_stale(self, oldest_ok: int) -> None:
+    def take_requeued(self, max_groups: int) -> list[Group]:
+        """Up to `max_groups` stale groups (oldest first) whose prompts a producer should
+        generate again; each is handed out once."""
+        with self._cond:
+            return [self._requeue.popleft() for _ in range(min(max_groups, len(self._requeue)))]
+
+    def _reject_stale(self, oldest_ok: int) -> None:
         # Caller holds the lock.
-        kept = deque(g for g in self._groups if g.min_version >= oldest_ok)
-        dropped = len(self._groups) - len(kept)
-        if dropped:
-            self._dropped_stale += dropped
+        kept: deque[Group] = deque()
+        rejected = 0
+        for g in self._groups:
+            if g.min_version >= oldest_ok:
+                kept.append(g)
+                continue
+            rejected += 1
+            if self.on_stale == "requeue":
+                self._requeue.append(g)
+        if rejected:
+            if self.on_stale == "requeue":
+                self._requeued += rejected
+            else:
+                self._dropped_stale += rejected
             self._groups = kept
             self._cond.notify_all()

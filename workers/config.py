@@ -115,13 +115,42 @@ class InferenceConfig(_Section):
 
 
 class BufferConfig(_Section):
-    """Bounded rollout buffer. Capacity counts batches (of `trainer.batch_groups`
-    groups); producers block when it is full (backpressure)."""
+    """The rollout buffer between inference and the trainer (workers/buffer.py).
 
-    capacity: int = Field(2, ge=1, description="Buffer capacity in batches.")
-    max_staleness: int = Field(
-        1, ge=0, description="Drop a group whose oldest token is more than this many versions old."
+    `mode`: ``none`` = synchronous (TRL sync, ART): one batch of room, nothing generated
+    ahead; ``double`` = double buffer (verifiers, SLIME): one batch of room, one batch
+    ahead; ``bounded`` = queue of `capacity` batches (SkyRL, verl, NeMo-RL); ``unbounded``
+    = stream (PipelineRL, Atropos): no capacity, admission paced by the gate only.
+    Producers block while the buffer is full (backpressure). `capacity` is read only in
+    ``bounded`` mode."""
+
+    mode: Literal["none", "double", "bounded", "unbounded"] = Field(
+        "bounded", description="none (sync) · double (one batch ahead) · bounded "
+        "(`capacity` batches) · unbounded (stream)."
     )
+    capacity: int = Field(2, ge=1, description="Buffer capacity in batches (mode 'bounded').")
+    max_staleness: int = Field(
+        1, ge=0, description="Reject a group whose oldest token is more than this many versions old."
+    )
+    on_stale: Literal["drop", "requeue"] = Field(
+        "drop", description="A stale group is dropped, or its prompt is generated again "
+        "with newer weights (requeue; counted in buffer/requeued)."
+    )
+    max_head_offpolicyness: int | None = Field(
+        None, ge=0, description="AReaL's η: batches inference may run ahead of the trainer "
+        "(admission gate). Unset: min(capacity, max_staleness) when bounded, 1 when double, "
+        "max_staleness when unbounded."
+    )
+
+    @model_validator(mode="after")
+    def _sync_has_no_head(self) -> "BufferConfig":
+        if self.mode == "none" and self.max_head_offpolicyness not in (None, 0):
+            raise ValueError(
+                f"buffer.max_head_offpolicyness ({self.max_head_offpolicyness}) must be 0 or "
+                "unset when buffer.mode is 'none' (synchronous); use mode 'double', 'bounded' "
+                "or 'unbounded' to run ahead"
+            )
+        return self
 
 
 class TrainerConfig(_Section):

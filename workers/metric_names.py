@@ -20,6 +20,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("buffer/depth", "groups", "Groups waiting in the rollout buffer."),
     Metric("buffer/capacity", "groups", "Buffer capacity."),
     Metric("buffer/dropped_stale", "groups", "Groups dropped for exceeding max_staleness (cumulative)."),
+    Metric("buffer/requeued", "groups", "Stale groups whose prompts went back to be generated again (on_stale='requeue', cumulative)."),
+    Metric("buffer/starved_s", "s", "Time the trainer waited on the buffer for fresh groups (cumulative)."),
     Metric("staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."),
     Metric("staleness/max", "versions", "Max token staleness of the trained batch."),
     Metric("sync/latency_ms", "ms", "End-to-end weight sync latency (trainer publish → inference loaded)."),

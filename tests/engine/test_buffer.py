@@ -8,7 +8,10 @@ import time
 
 import pytest
 
-from workers.buffer import RolloutBuffer
+from pydantic import ValidationError
+
+from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer, plan
+from workers.config import BufferConfig, RunConfig
 from workers.rollout import Group, Rollout
 
 
@@ -116,3 +119,73 @@ def test_bad_arguments_are_errors_that_name_the_fix():
         RolloutBuffer(0, 1)
     with pytest.raises(ValueError, match="1..capacity"):
         RolloutBuffer(2, 1).get(3, current_version=0)
+    with pytest.raises(ValueError, match="on_stale must be 'drop' or 'requeue'"):
+        RolloutBuffer(2, 1, on_stale="keep")
+    with pytest.raises(ValueError, match="batch_groups must be ≥ 1"):
+        AdmissionGate(0, 1)
+
+
+# -- modes ------------------------------------------------------------------------------
+
+def test_defaults_reproduce_the_walking_skeleton_buffer():
+    cfg = RunConfig().buffer
+    assert (cfg.mode, cfg.capacity, cfg.max_staleness, cfg.on_stale) == ("bounded", 2, 1, "drop")
+    # A config stored before modes existed still validates, to the same buffer.
+    stored = BufferConfig.model_validate({"capacity": 3, "max_staleness": 2})
+    assert plan(stored, "async", 4) == BufferPlan(12, 2, 2, "drop")
+
+
+@pytest.mark.parametrize(
+    ("mode", "capacity_groups", "ahead"),
+    [("none", 4, 0), ("double", 4, 1), ("bounded", 12, 2), ("unbounded", None, 2)],
+)
+def test_each_mode_has_its_capacity_and_head(mode, capacity_groups, ahead):
+    cfg = BufferConfig(mode=mode, capacity=3, max_staleness=2)
+    p = plan(cfg, "async", 4)
+    assert (p.capacity_groups, p.ahead_batches) == (capacity_groups, ahead)
+    assert plan(cfg, "sync", 4).ahead_batches == 0  # a sync run never runs ahead
+
+
+def test_max_head_offpolicyness_sets_the_gate_and_is_checked_against_mode_none():
+    cfg = BufferConfig(mode="unbounded", max_staleness=1, max_head_offpolicyness=3)
+    assert plan(cfg, "async", 2).ahead_batches == 3
+    with pytest.raises(ValidationError, match="buffer.max_head_offpolicyness .*buffer.mode is 'none'"):
+        BufferConfig(mode="none", max_head_offpolicyness=1)
+    with pytest.raises(ValidationError, match="mode"):
+        BufferConfig(mode="ring")
+
+
+def test_unbounded_put_never_blocks():
+    buf = RolloutBuffer(None, max_staleness=1)
+    for i in range(500):
+        assert buf.put(group(str(i)), timeout=0) == pytest.approx(0.0, abs=0.05)
+    assert buf.depth == 500 and buf.capacity is None
+    assert [g.group_id for g in buf.get(300, current_version=0)][:2] == ["0", "1"]
+
+
+def test_requeue_hands_stale_prompts_back_once_and_counts_them():
+    buf = RolloutBuffer(4, max_staleness=0, on_stale="requeue")
+    buf.put(group("old", version=0))
+    buf.put(group("new", version=1))
+    assert [g.group_id for g in buf.get(1, current_version=1)] == ["new"]
+    assert (buf.requeued, buf.dropped_stale, buf.rejected) == (1, 0, 1)
+    assert [g.prompt for g in buf.take_requeued(5)] == ["a="]
+    assert buf.take_requeued(5) == []
+
+
+def test_get_counts_consumer_starved_time():
+    buf = RolloutBuffer(2, max_staleness=1)
+    with pytest.raises(queue.Empty):
+        buf.get(1, current_version=0, timeout=0.2)
+    threading.Timer(0.2, lambda: buf.put(group("late"))).start()
+    buf.get(1, current_version=0, timeout=2)
+    assert buf.starved_s >= 0.35
+
+
+def test_the_gate_is_areal_capacity_rule():
+    gate = AdmissionGate(batch_groups=4, ahead=1)
+    assert gate.may_admit(version=0, admitted=0, rejected=0, want=10) == 8  # (0+1+1)·4
+    assert gate.may_admit(version=0, admitted=8, rejected=0, want=1) == 0  # full: wait
+    assert gate.may_admit(version=0, admitted=8, rejected=3, want=5) == 3  # rejected free places
+    assert gate.may_admit(version=1, admitted=8, rejected=0, want=5) == 4  # new weights
+    assert AdmissionGate(4, 0).may_admit(0, 4, 0, 4) == 0  # sync: one batch per version
