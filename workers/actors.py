@@ -234,7 +234,9 @@ class InferenceWorker:
             self.error = _log_error(f"inference worker {self.index}")
 
     def _generate_and_put(self, n: int) -> None:
-        prompts = self.task.sample(n, self.rng)
+        # on_stale="requeue": prompts of rejected groups are generated again first.
+        requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
+        prompts = [(g.prompt, g.answer) for g in requeued] + self.task.sample(n - len(requeued), self.rng)
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)

@@ -24,6 +24,7 @@ from collections import defaultdict
 import ray
 
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
+from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
 from workers.reporter import MetricsReporter
 from workers.timeline import StepWindows
@@ -173,11 +174,12 @@ class RunDriver:
         _kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
         cfg, b = self.cfg, self.cfg.trainer.batch_groups
         w = cfg.inference.num_workers
-        # Sync: batch k only from version k. Async: at most max_staleness batches ahead,
-        # so admission paces generation instead of generating groups get() would drop.
-        ahead = 0 if cfg.mode == "sync" else min(cfg.buffer.capacity, cfg.buffer.max_staleness)
+        # Sync: batch k only from version k. Async: the buffer mode's head (by default at
+        # most max_staleness batches ahead, so admission paces generation instead of
+        # generating groups get() would drop).
+        bp = buffer_plan(cfg.buffer, cfg.mode, b)
         self.buffer = BufferActor.options(name=f"{self.name}-buffer", namespace=NAMESPACE).remote(
-            cfg.buffer.capacity * b, cfg.buffer.max_staleness, b, ahead
+            bp.capacity_groups, bp.max_staleness, b, bp.ahead_batches, bp.on_stale
         )
         self.workers = [
             InferenceWorker.options(name=f"{self.name}-inference-{k}", namespace=NAMESPACE).remote(
