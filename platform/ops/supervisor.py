@@ -82,6 +82,11 @@ class Child:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            # SIGKILL is asynchronous: give the kernel a moment to take the group down, so
+            # callers that check for leftovers right after stop() see the final state.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and group_alive(self.pid):
+                time.sleep(0.02)
         try:
             return self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
