@@ -11,7 +11,6 @@ step/second at which the moving-average reward first reaches the target.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from workers.inference.torch_backend import TorchBackend  # noqa: E402
-from workers.presets import build  # noqa: E402
+from workers.presets import build, dotted_overrides  # noqa: E402
 from workers.rollouts import generate_groups  # noqa: E402
 from workers.tasks import make_task  # noqa: E402
 from workers.tokenizer import CharTokenizer  # noqa: E402
@@ -31,21 +30,6 @@ from workers.trainer import Trainer  # noqa: E402
 from workers.warmstart import policy_dir  # noqa: E402
 
 
-def parse_set(items: list[str]) -> dict:
-    """--set a.b=value (value parsed as JSON when it can be) → nested overrides."""
-    out: dict = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
 
 
 def main() -> int:
@@ -64,7 +48,7 @@ def main() -> int:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    cfg = build(args.preset, parse_set(args.set))
+    cfg = build(args.preset, dotted_overrides(args.set))
     t = time.perf_counter()
     model_dir = policy_dir(cfg, args.cache_dir)
     print(f"warm start: {time.perf_counter() - t:.1f}s → {model_dir}")

@@ -30,28 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ray  # noqa: E402
 
 from workers.driver import NAMESPACE, RunDriver  # noqa: E402
-from workers.presets import build, deep_merge  # noqa: E402
-
-# vLLM-CPU's attention kernels need head_dim in a fixed set (32 is the smallest):
-# hidden_size 64 with 2 heads instead of the default 4.
-VLLM_MODEL = {"model": {"num_heads": 2}}
+from workers.presets import build, deep_merge, dotted_overrides  # noqa: E402
 
 
-def parse_set(items: list[str]) -> dict:
-    """--set a.b=value (value parsed as JSON when it can be) → nested overrides."""
-    out: dict = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
+
 
 
 def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int) -> dict:
@@ -123,9 +105,7 @@ def main() -> int:
 
     overrides = {"inference": {"backend": args.backend},
                  "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
-    if args.backend == "vllm":
-        overrides = deep_merge(overrides, VLLM_MODEL)
-    overrides = deep_merge(overrides, parse_set(args.set))
+    overrides = deep_merge(overrides, dotted_overrides(args.set))
 
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}

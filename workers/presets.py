@@ -6,6 +6,7 @@ result, so the launch form, the API and tests all go through one path.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from workers.config import RunConfig
@@ -40,6 +41,24 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+def dotted_overrides(items: list[str]) -> dict[str, Any]:
+    """`["a.b=value", ...]` (command-line `--set`; value parsed as JSON when it can be)
+    → nested overrides for `build`."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return out
 
 

@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def test_an_async_run_on_vllm_trains_and_syncs_weights(tmp_path):
     cfg = {
         "mode": "async",
-        "model": {"num_heads": 2},  # head_dim 32: vLLM-CPU has no kernel for 16
         "warm_start": {"steps": 20},
         "inference": {"backend": "vllm"},
         "trainer": {"batch_groups": 4, "group_size": 4},
