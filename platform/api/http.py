@@ -39,6 +39,14 @@ def api_login_required(view: Callable) -> Callable:
     return wrapper
 
 
+def bad_input_response(exc: Exception) -> JsonResponse:
+    """400 for any of the API's bad-input exceptions (BadBody, pydantic ValidationError,
+    runs.actions.ActionError — each carries its errors by field)."""
+    if isinstance(exc, ValidationError):
+        return errors_response(validation_errors(exc))
+    return errors_response(exc.errors)
+
+
 class BadBody(Exception):
     def __init__(self, message: str):
         super().__init__(message)

@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from api.http import (
     BadBody,
     BadParam,
+    bad_input_response,
     api_login_required,
     errors_response,
     int_param,
     json_object,
-    validation_errors,
 )
 from api.ingest import ingest_metrics, ingest_status
 from runs import actions
@@ -107,12 +107,8 @@ def experiments(request: HttpRequest) -> JsonResponse:
     try:
         data = ExperimentIn.model_validate(json_object(request))
         team = actions.check_team_access(request.user, data.team)
-    except BadBody as exc:
-        return errors_response(exc.errors)
-    except ValidationError as exc:
-        return errors_response(validation_errors(exc))
-    except actions.ActionError as exc:
-        return errors_response(exc.errors)
+    except (BadBody, ValidationError, actions.ActionError) as exc:
+        return bad_input_response(exc)
     name = data.name.strip()
     if not name or len(name) > 100:
         return errors_response({"name": "must be 1 to 100 characters"})
@@ -155,12 +151,8 @@ def runs(request: HttpRequest) -> JsonResponse:
     try:
         data = LaunchIn.model_validate(json_object(request))
         launch = actions.check_launch(request.user, **data.model_dump())
-    except BadBody as exc:
-        return errors_response(exc.errors)
-    except ValidationError as exc:
-        return errors_response(validation_errors(exc))
-    except actions.ActionError as exc:
-        return errors_response(exc.errors)
+    except (BadBody, ValidationError, actions.ActionError) as exc:
+        return bad_input_response(exc)
     run = actions.do_launch_run(request.user, launch)
     return JsonResponse(run.detail(), status=201)
 
