@@ -232,6 +232,17 @@ class SyncConfig(_Section):
     directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
     timeout_s: float = Field(120.0, gt=0, description="collective: rendezvous and broadcast timeout.")
+    update_mode: Literal["drain", "abort_retry", "abort_resume", "in_flight"] = Field(
+        "drain",
+        description="What generation in flight does when new weights arrive (partial rollouts, "
+        "workers/updates.py). drain: finish the call on the old weights, then load (NeMo-RL "
+        "in_flight_weight_updates=false, soft pause); abort_retry: abort unfinished sequences, "
+        "load, generate them again from the prompt (slime's recycled partial rollouts); "
+        "abort_resume: abort, load, continue from the kept tokens re-prefilled under the new "
+        "weights (verl fully-async, AReaL interruptible generation, MILES retract); in_flight: "
+        "load between two decode steps and keep generating, each token tagged with the version "
+        "that produced it (PipelineRL, TRL pause mode=keep, SkyRL; the KV already computed stays).",
+    )
 
 
 class StopConfig(_Section):
