@@ -305,6 +305,20 @@ class RunConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _update_mode_fits_backend(self) -> "RunConfig":
+        if (self.sync.update_mode == "in_flight" and self.sync.protocol == "lora"
+                and self.inference.backend == "vllm"):
+            # vLLM binds a request's LoRA adapter when the request starts; swapping it
+            # under running requests is not possible (and the old adapter is unloaded).
+            raise ValueError(
+                "sync.update_mode 'in_flight' cannot be used with sync.protocol 'lora' on "
+                "inference.backend 'vllm': vLLM fixes a request's adapter when it starts. "
+                "Choose sync.update_mode 'abort_resume' (continue from the kept tokens under "
+                "the new adapter), or a full-weight sync.protocol, or inference.backend 'torch'"
+            )
+        return self
+
 
 def json_schema() -> dict:
     return RunConfig.model_json_schema()

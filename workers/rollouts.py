@@ -7,6 +7,7 @@ from workers.inference.base import InferenceBackend
 from workers.rollout import Group, Rollout
 from workers.tasks import Task
 from workers.tokenizer import CharTokenizer
+from workers.updates import PartialCounts, Sequence, WeightUpdates, generate_across_updates
 
 
 def encode_prompt(tokenizer: CharTokenizer, prompt: str) -> list[int]:
@@ -23,9 +24,9 @@ def generate_groups(
     version: int,
     seed: int,
 ) -> list[Group]:
-    """One group of `trainer.group_size` scored rollouts per (prompt, answer) pair.
+    """One group of `trainer.group_size` scored rollouts per (prompt, answer) pair, in one
+    generate call (update mode drain): every token is tagged with `version`.
 
-    Every token is tagged with `version`: the whole call ran under one policy version.
     Group ids are `"<seed>-<index>"`, unique as long as callers never reuse a seed.
     """
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
@@ -36,20 +37,54 @@ def generate_groups(
         temperature=cfg.inference.temperature,
         seed=seed,
     )
+    sequences = [
+        [Sequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
+         for c in comps]
+        for ids, comps in zip(prompt_ids, completions)
+    ]
+    return _score(task, tokenizer, prompts, sequences, seed)
+
+
+def generate_groups_across_updates(
+    backend: InferenceBackend,
+    task: Task,
+    tokenizer: CharTokenizer,
+    prompts: list[tuple[str, str]],
+    cfg: RunConfig,
+    version: int,
+    seed: int,
+    updates: WeightUpdates,
+) -> tuple[list[Group], int, PartialCounts]:
+    """`generate_groups` for the stepped update modes (abort_retry, abort_resume,
+    in_flight: workers/updates.py): weights staged while the call runs are taken as
+    `sync.update_mode` says, and each token is tagged with the version that produced it.
+    Returns the groups, the version loaded at the end, and the partial-rollout counts."""
+    prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
+    gen = generate_across_updates(
+        backend, prompt_ids, cfg.trainer.group_size, cfg.inference.max_new_tokens,
+        cfg.inference.temperature, seed, version, cfg.sync.update_mode, updates,
+    )
+    return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
+
+
+def _score(
+    task: Task, tokenizer: CharTokenizer, prompts: list[tuple[str, str]],
+    sequences: list[list[Sequence]], seed: int,
+) -> list[Group]:
     groups = []
-    for i, ((prompt, answer), ids, comps) in enumerate(zip(prompts, prompt_ids, completions)):
+    for i, ((prompt, answer), seqs) in enumerate(zip(prompts, sequences)):
         group_id = f"{seed}-{i}"
         rollouts = [
             Rollout(
-                prompt_ids=list(ids),
-                completion_ids=list(c.token_ids),
-                behaviour_logprobs=list(c.logprobs),
-                token_versions=[version] * len(c.token_ids),
-                finish_reason=c.finish_reason,
-                reward=task.reward(tokenizer.decode(c.token_ids), answer),
+                prompt_ids=list(s.prompt_ids),
+                completion_ids=list(s.token_ids),
+                behaviour_logprobs=list(s.logprobs),
+                token_versions=list(s.versions),
+                finish_reason=s.finish_reason or "length",
+                reward=task.reward(tokenizer.decode(s.token_ids), answer),
                 group_id=group_id,
             )
-            for c in comps
+            for s in seqs
         ]
         groups.append(Group(group_id=group_id, prompt=prompt, answer=answer, rollouts=rollouts))
     return groups

@@ -159,6 +159,8 @@ class Trainer:
             "reward/mean": sum(r.reward for r in rollouts) / len(rollouts),
             "staleness/mean": sum(staleness) / max(len(staleness), 1),
             "staleness/max": float(max(staleness, default=0)),
+            # In-flight updates mix versions inside one sequence; other modes never do.
+            "rollout/mixed_version_frac": sum(len(set(r.token_versions)) > 1 for r in rollouts) / len(rollouts),
             "trainer/grad_norm": sum(grad_norms) / len(grad_norms),
             "policy/version": float(self.version),
             **stats_acc,

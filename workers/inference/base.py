@@ -15,6 +15,36 @@ class Completion:
     finish_reason: str  # "stop" | "length"
 
 
+@dataclass
+class StepToken:
+    """One token a `DecodeSession.step` produced for one row."""
+
+    row: int
+    token: int
+    logprob: float
+    finish_reason: str | None  # "stop" | "length" when this token ends the row, else None
+
+
+class DecodeSession(Protocol):
+    """Generation one decode step at a time, so weights can change between two steps
+    (workers/updates.py: the abort and in-flight update modes).
+
+    Rows are the prompts given to `start`, one sequence each. Each `step` runs the model
+    once with the weights loaded *now* and samples the next token of every unfinished
+    row: a token's logits come entirely from the weights live at its step. KV already
+    computed stays as it was (stale KV after an in-flight update, as in PipelineRL)."""
+
+    def step(self) -> list[StepToken]: ...
+
+    def unfinished(self) -> list[int]:
+        """Rows still generating."""
+        ...
+
+    def close(self) -> None:
+        """Abort the unfinished rows and free the session's memory."""
+        ...
+
+
 class InferenceBackend(Protocol):
     """Generates completions with per-token logprobs and takes new weights.
 
@@ -25,6 +55,12 @@ class InferenceBackend(Protocol):
     def generate(
         self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[Completion]]: ...
+
+    def start(
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+    ) -> DecodeSession:
+        """A stepped generation of one sequence per prompt (row i has its own budget)."""
+        ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: replace every weight with the trainer's (checkpoint-format names)."""

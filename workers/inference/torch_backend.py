@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from workers.inference.base import Completion
+from workers.inference.base import Completion, StepToken
 
 
 class TorchBackend:
@@ -128,6 +128,12 @@ class TorchBackend:
 
     # ---- generation ------------------------------------------------------------
 
+    def start(
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+    ) -> "TorchSession":
+        """A stepped generation, one row per prompt (see `DecodeSession`)."""
+        return TorchSession(self, prompts, max_new_tokens, temperature, seed)
+
     @torch.inference_mode()
     def generate(
         self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
@@ -136,60 +142,106 @@ class TorchBackend:
         if not prompts:
             return []
         rows = [p for p in prompts for _ in range(n)]
-        B = len(rows)
-        P = max(len(p) for p in rows)
-        S = P + max_new_tokens
-        if S > self.max_positions:
+        session = self.start(rows, [max_new_tokens] * len(rows), temperature, seed)
+        tokens: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        finish: list[str] = ["length"] * len(rows)
+        while session.unfinished():
+            for st in session.step():
+                tokens[st.row].append(st.token)
+                logprobs[st.row].append(st.logprob)
+                if st.finish_reason is not None:
+                    finish[st.row] = st.finish_reason
+        out: list[list[Completion]] = []
+        for i in range(len(rows)):
+            if i % n == 0:
+                out.append([])
+            out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
+        return out
+
+
+class TorchSession:
+    """One batch decoded step by step on a TorchBackend's static KV cache.
+
+    Each `step` first runs the tokens sampled at the previous step through the model
+    (the prompts, at the first step), then samples: so a token's logits come wholly from
+    the weights loaded at its step, and weights loaded between two steps take effect at
+    the next token (the KV of earlier positions stays as computed). Rows are left-padded
+    so every row's next token lands in the same cache slot; row i stops at EOS or after
+    `max_new_tokens[i]` tokens.
+    """
+
+    def __init__(
+        self, backend: TorchBackend, prompts: list[list[int]], max_new_tokens: list[int],
+        temperature: float, seed: int,
+    ) -> None:
+        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
+            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
+        self.b = backend
+        self.temperature = temperature
+        B = len(prompts)
+        P = max((len(p) for p in prompts), default=1)
+        S = P + max(max_new_tokens, default=1)
+        if S > backend.max_positions:
             raise ValueError(
-                f"prompt ({P} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                f"max_position_embeddings ({self.max_positions})"
+                f"prompt ({P} tokens) + max_new_tokens ({S - P}) exceeds the model's "
+                f"max_position_embeddings ({backend.max_positions})"
             )
-        # Left-pad prompts so every row's next token lands in the same cache slot.
-        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((B, S), dtype=torch.bool)
-        lengths = torch.tensor([len(p) for p in rows])
-        for i, p in enumerate(rows):
-            ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[i, P - len(p):P] = True
-        positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
+        self.P = P
+        self.budget = torch.tensor(max_new_tokens, dtype=torch.long)
+        self.ids = torch.full((B, P), backend.pad_id, dtype=torch.long)
+        self.valid = torch.zeros((B, S), dtype=torch.bool)
+        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        for i, p in enumerate(prompts):
+            self.ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            self.valid[i, P - len(p):P] = True
+        self.positions = (self.valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         # A pad query may see itself, so no attention row is empty (an empty row is NaN,
         # and NaN in a masked value still poisons the real rows through 0 * NaN).
-        mask = (causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool)
-        k_cache = [torch.empty(B, self.num_kv_heads, S, self.head_dim) for _ in self.layers]
-        v_cache = [torch.empty(B, self.num_kv_heads, S, self.head_dim) for _ in self.layers]
+        self.mask = (causal & self.valid[:, None, :P]) | torch.eye(P, dtype=torch.bool)
+        kv = (B, backend.num_kv_heads, S, backend.head_dim)
+        self.k_cache = [torch.empty(kv) for _ in backend.layers]
+        self.v_cache = [torch.empty(kv) for _ in backend.layers]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.done = torch.zeros(B, dtype=torch.bool)
+        self.t = 0  # tokens sampled per row so far
+        self.last: torch.Tensor | None = None
 
-        gen = torch.Generator().manual_seed(seed)
-        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long)
-        logps = torch.zeros((B, max_new_tokens))
-        done = torch.zeros(B, dtype=torch.bool)
-        stopped_at = torch.full((B,), max_new_tokens, dtype=torch.long)
+    def unfinished(self) -> list[int]:
+        return (~self.done).nonzero().flatten().tolist()
 
-        hidden = self._forward(ids, positions, 0, mask[:, None], k_cache, v_cache)
-        for t in range(max_new_tokens):
-            logp = torch.log_softmax((hidden @ self.lm_head_t) / temperature, dim=-1)
-            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            tokens[:, t] = tok
-            logps[:, t] = logp.gather(1, tok[:, None]).squeeze(1)
-            hit_eos = (tok == self.eos_id) & ~done
-            stopped_at[hit_eos] = t + 1
-            done |= hit_eos
-            if bool(done.all()) or t == max_new_tokens - 1:
-                break
-            valid[:, P + t] = True
-            hidden = self._forward(
-                tok[:, None], (lengths + t)[:, None], P + t, valid[:, None, None, : P + t + 1],
-                k_cache, v_cache,
+    @torch.inference_mode()
+    def step(self) -> list[StepToken]:
+        if bool(self.done.all()):
+            return []
+        b, P, t = self.b, self.P, self.t
+        if t == 0:
+            hidden = b._forward(self.ids, self.positions, 0, self.mask[:, None], self.k_cache, self.v_cache)
+        else:
+            self.valid[:, P + t - 1] = True
+            hidden = b._forward(
+                self.last[:, None], (self.lengths + t - 1)[:, None], P + t - 1,
+                self.valid[:, None, None, : P + t], self.k_cache, self.v_cache,
             )
-
-        out: list[list[Completion]] = []
-        tok_list, lp_list, stop_list = tokens.tolist(), logps.tolist(), stopped_at.tolist()
-        for i in range(B):
-            k = stop_list[i]
-            finish = "stop" if tok_list[i][k - 1] == self.eos_id else "length"
-            c = Completion(token_ids=tok_list[i][:k], logprobs=lp_list[i][:k], finish_reason=finish)
-            if i % n == 0:
-                out.append([])
-            out[-1].append(c)
+        logp = torch.log_softmax((hidden @ b.lm_head_t) / self.temperature, dim=-1)
+        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
+        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
+        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        hit_eos = (tok == b.eos_id) & ~self.done
+        spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
+        out = [
+            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
+            for row, (token, logprob, eos, length, was_done) in enumerate(zip(
+                tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist()
+            ))
+            if not was_done
+        ]
+        self.done |= hit_eos | spent
+        self.last = tok
+        self.t += 1
         return out
+
+    def close(self) -> None:
+        self.done[:] = True
+        self.k_cache, self.v_cache = [], []

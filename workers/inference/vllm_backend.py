@@ -24,6 +24,7 @@ token, i.e. log mu(token) under the distribution that actually sampled it.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.inference.base import Completion
+from workers.inference.base import Completion, StepToken
 
 if TYPE_CHECKING:
     from workers.config import InferenceConfig
@@ -194,6 +195,7 @@ class VLLMBackend:
         max_num_seqs: int = MAX_NUM_SEQS,
         dtype: str = "float32",
         lora_rank: int | None = None,
+        exact_steps: bool = False,
     ) -> None:
         """Start the engine on `model_dir` (config.json + model.safetensors).
 
@@ -201,6 +203,9 @@ class VLLMBackend:
         sampler/trainer mismatch that IS correction then has to absorb. Pass "bfloat16"
         for big models on GPUs. `lora_rank`: serve LoRA adapters of up to this rank
         (adapter-only sync, `load_lora_adapter`); None = full weights only.
+        `exact_steps`: turn vLLM's async scheduling off, so one engine step is one decode
+        step of every running sequence and weights loaded between two steps produce the
+        very next token (the stepped update modes need it; `start`).
         """
         _configure_environment()
         try:
@@ -242,6 +247,8 @@ class VLLMBackend:
             )
         else:
             engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+        if exact_steps:
+            engine_args["async_scheduling"] = False
         if lora_rank is not None:
             from workers.sync.lora import vllm_lora_engine_args
 
@@ -260,6 +267,12 @@ class VLLMBackend:
             torch.set_num_threads = set_num_threads
         self._lock = threading.RLock()
         self._weights_dir: str | None = None
+        # Bumped at every weight or adapter load. Requests carry it as their prefix-cache
+        # salt, so cached prompt KV is keyed by the weights that computed it: a resumed
+        # or new request never reuses blocks of older weights, even when the cache could
+        # not be reset because sequences were still running (in-flight updates).
+        self.weights_epoch = 0
+        self._request_ids = itertools.count()
         # The first generate pays one-off kernel set-up (~1.5-3 s on this CPU); pay it
         # here so the first rollout batch's timing is not an outlier.
         try:
@@ -296,7 +309,7 @@ class VLLMBackend:
             )
         self._check_prompts(prompts)
         self._check_open()
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        requests = [TokensPrompt(prompt_token_ids=list(p), cache_salt=self._cache_salt()) for p in prompts]
         params = [
             SamplingParams(
                 n=n,
@@ -314,6 +327,30 @@ class VLLMBackend:
         with self._lock:
             outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         return [self._completions(out) for out in outputs]
+
+    def start(
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+    ) -> "VLLMSession":
+        """A stepped generation, one request per prompt (see `DecodeSession`). Row i is
+        seeded `seed * 2**20 + i`: the same stream as sample i % n of prompt i // n in a
+        `generate` call with the same seed."""
+        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
+            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
+        if temperature < _MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be ≥ {_MIN_TEMPERATURE} (got {temperature})")
+        self._check_prompts(prompts)
+        self._check_open()
+        return VLLMSession(self, prompts, max_new_tokens, temperature, seed)
+
+    def _cache_salt(self) -> str:
+        return f"weights-{self.weights_epoch}"
+
+    def _weights_changed(self) -> None:
+        """After a load: new prefix-cache salt; and drop the cache when nothing runs
+        (with sequences running vLLM refuses, and the salt already keeps old blocks out)."""
+        self.weights_epoch += 1
+        if not self._llm.llm_engine.has_unfinished_requests():
+            self._llm.reset_prefix_cache()
 
     def _check_open(self) -> None:
         if self._llm is None:
@@ -352,15 +389,15 @@ class VLLMBackend:
         """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
 
         The engine is in process, so the worker reads the tensors directly (no file, no
-        serialisation). The prefix cache is reset afterwards: it is keyed by token ids
-        only and would otherwise serve prompt KV computed with the old weights.
+        serialisation). Prompt KV cached under the old weights is never reused afterwards
+        (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
         self._check_open()
         _check_state_dict(state_dict, self._weight_shapes)
         weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
         with self._lock:
             self._llm.collective_rpc(_reload_from_memory, args=(weights,))
-            self._llm.reset_prefix_cache()
+            self._weights_changed()
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The same reload through a safetensors file, for engines whose workers live in
@@ -382,7 +419,7 @@ class VLLMBackend:
             self._llm.collective_rpc(
                 "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
             )
-            self._llm.reset_prefix_cache()
+            self._weights_changed()
 
     def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
         """Serve adapter `name` (a peft directory at `path`) from the next generate call
@@ -395,7 +432,7 @@ class VLLMBackend:
             raise RuntimeError("this VLLMBackend was built without lora_rank: it cannot serve adapters")
         with self._lock:
             self._lora_request = swap_vllm_adapter(self._llm, name, lora_int_id, path, self._lora_request)
-            self._llm.reset_prefix_cache()
+            self._weights_changed()
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -413,3 +450,68 @@ class VLLMBackend:
                 if self._weights_dir is not None:
                     shutil.rmtree(self._weights_dir, ignore_errors=True)
                     self._weights_dir = None
+
+
+class VLLMSession:
+    """Requests added to the backend's engine and advanced one `LLMEngine.step` at a
+    time (one decode step for every running sequence with async scheduling off).
+
+    Tokens come back as deltas with their processed logprobs. `close` aborts what is
+    still running, freeing its KV blocks at once."""
+
+    def __init__(
+        self, backend: VLLMBackend, prompts: list[list[int]], max_new_tokens: list[int],
+        temperature: float, seed: int,
+    ) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        self.b = backend
+        self.engine = backend._llm.llm_engine
+        self.row_of: dict[str, int] = {}
+        self.open: set[int] = set(range(len(prompts)))
+        with backend._lock:
+            for i, (p, budget) in enumerate(zip(prompts, max_new_tokens)):
+                request_id = f"rollway-{next(backend._request_ids)}"
+                params = SamplingParams(
+                    n=1, temperature=temperature, top_p=1.0, top_k=0, max_tokens=budget,
+                    seed=(seed * 2**20 + i) % 2**63, logprobs=0, stop_token_ids=backend.eos_ids,
+                    detokenize=False, output_kind=RequestOutputKind.DELTA,
+                )
+                prompt = TokensPrompt(prompt_token_ids=list(p), cache_salt=backend._cache_salt())
+                self.engine.add_request(request_id, prompt, params, lora_request=backend._lora_request)
+                self.row_of[request_id] = i
+
+    def unfinished(self) -> list[int]:
+        return sorted(self.open)
+
+    def step(self) -> list[StepToken]:
+        if not self.open:
+            return []
+        with self.b._lock:
+            outputs = self.engine.step()
+        tokens = []
+        for out in outputs:
+            row = self.row_of.get(out.request_id)
+            if row is None or row not in self.open:
+                continue  # another session's request (aborted ones may still report)
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
+            for k, t in enumerate(ids):
+                last = out.finished and k == len(ids) - 1
+                if last and c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {out.request_id} finished with {c.finish_reason!r}")
+                tokens.append(StepToken(row, t, float(c.logprobs[k][t].logprob), c.finish_reason if last else None))
+            if out.finished:
+                self.open.discard(row)
+        return tokens
+
+    def close(self) -> None:
+        if self.open and self.b._llm is not None:
+            running = [rid for rid, row in self.row_of.items() if row in self.open]
+            with self.b._lock:
+                self.engine.abort_request(running)
+        self.open = set()

@@ -1,0 +1,225 @@
+"""Weight-update modes (workers/updates.py) on both backends: TorchBackend and real vLLM.
+
+New weights are loaded after decode step K of a batch. Two weight sets make the
+effect visible token by token:
+
+- FORCE: every position's logits put all mass on one token Z (embeddings all ones,
+  attention and MLP outputs zeroed, lm_head only on Z), so a token sampled under it is
+  Z with logprob ≈ 0, whatever the context and the KV: it marks exactly which tokens the
+  new weights produced.
+- PERTURBED: the policy plus noise, an ordinary model, so a token's logprob depends on
+  the KV of the tokens before it: a re-prefilled sequence (abort_resume) matches a full
+  forward of the new weights, a sequence continued in flight (stale KV) does not.
+
+The reference is the same call with no update (same seed: the first attempt of a batch
+samples the same stream).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from workers.config import ModelConfig
+from workers.updates import PartialCounts, generate_across_updates
+
+K = 3  # decode steps before the update
+MAX_NEW = 8
+N = 4
+SHARPEN = 8.0
+# hidden 64 / 2 heads: head_dim 32, which vLLM-CPU has kernels for.
+MODEL = ModelConfig(hidden_size=64, num_heads=2, intermediate_size=128)
+
+
+def _prompts() -> list[list[int]]:
+    return [[1] + [3 + (i * 7 + j * 3) % 20 for j in range(3 + i % 3)] for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from workers.model import build_tiny, save_model
+    from workers.tokenizer import CharTokenizer
+
+    tokenizer = CharTokenizer()
+    model = build_tiny(MODEL, tokenizer, seed=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(SHARPEN)
+    path = str(tmp_path_factory.mktemp("update-modes-model"))
+    save_model(model, tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(model_dir) -> dict[str, dict[str, torch.Tensor]]:
+    from workers.tokenizer import CharTokenizer
+
+    base = load_file(f"{model_dir}/model.safetensors")
+    z = CharTokenizer().encode("z")[0]
+    force = {k: v.clone() for k, v in base.items()}
+    for k in force:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            force[k].zero_()
+    force["model.embed_tokens.weight"].fill_(1.0)
+    force["model.norm.weight"].fill_(1.0)
+    force["lm_head.weight"].zero_()
+    force["lm_head.weight"][z] = 10.0
+    gen = torch.Generator().manual_seed(7)
+    perturbed = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v.clone()
+                 for k, v in base.items()}
+    return {"base": base, "force": force, "perturbed": perturbed, "z": z}
+
+
+def _torch_backend(model_dir):
+    from workers.inference.torch_backend import TorchBackend
+
+    return TorchBackend(model_dir)
+
+
+@pytest.fixture(scope="module")
+def vllm_backend(model_dir):
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:
+        pytest.skip(f"vllm is not importable ({exc})")
+    from workers.config import InferenceConfig
+    from workers.inference.vllm_backend import VLLMBackend
+
+    backend = VLLMBackend(model_dir, InferenceConfig(), exact_steps=True)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(params=["torch", pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm])])
+def backend(request, model_dir, weights):
+    b = _torch_backend(model_dir) if request.param == "torch" else request.getfixturevalue("vllm_backend")
+    b.load_weights(weights["base"])
+    yield b
+    b.load_weights(weights["base"])
+
+
+class SwitchAfter:
+    """Stages `new` after decode step `k` (the k-th call of pending())."""
+
+    def __init__(self, backend, new: dict[str, torch.Tensor] | None, k: int = K) -> None:
+        self.backend, self.new, self.k, self.calls, self.applied = backend, new, k, 0, 0
+
+    def pending(self) -> bool:
+        self.calls += 1
+        return self.new is not None and self.calls >= self.k and not self.applied
+
+    def apply(self) -> int:
+        self.backend.load_weights(self.new)
+        self.applied += 1
+        return 1
+
+
+def _run(backend, mode: str, new, seed: int = 11):
+    return generate_across_updates(
+        backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, mode, SwitchAfter(backend, new)
+    )
+
+
+def _rows(gen):
+    return [s for group in gen.sequences for s in group]
+
+
+def _reference(backend, mode):
+    ref = _run(backend, mode, None)
+    assert ref.counts == PartialCounts() and ref.version == 0
+    return _rows(ref)
+
+
+def _split(ref_rows):
+    """Rows still generating after step K (the update hits them) and the others."""
+    hit = [i for i, r in enumerate(ref_rows) if len(r.token_ids) > K]
+    assert len(hit) >= 5, "the test needs rows that outlive step K"
+    return hit
+
+
+@pytest.mark.parametrize("mode", ["in_flight", "abort_resume", "abort_retry"])
+def test_every_token_carries_the_version_that_produced_it(backend, weights, mode):
+    ref = _reference(backend, mode)
+    hit = _split(ref)
+    gen = _run(backend, mode, weights["force"])
+    rows = _rows(gen)
+    z = weights["z"]
+    assert gen.version == 1 and gen.counts.mid_generation_updates == 1
+    for i, (r, want) in enumerate(zip(rows, ref)):
+        if i not in hit:  # done before the update: untouched
+            assert (r.token_ids, r.versions) == (want.token_ids, [0] * len(want.token_ids))
+            continue
+        assert len(r.token_ids) == len(r.versions) == len(r.logprobs) == MAX_NEW  # Z never ends a row
+        kept = 0 if mode == "abort_retry" else K
+        assert r.token_ids[:kept] == want.token_ids[:kept]
+        assert r.logprobs[:kept] == pytest.approx(want.logprobs[:kept], abs=1e-6)
+        assert r.versions == [0] * kept + [1] * (MAX_NEW - kept)
+        assert r.token_ids[kept:] == [z] * (MAX_NEW - kept)
+        assert max(abs(lp) for lp in r.logprobs[kept:]) < 1e-4
+    aborted = 0 if mode == "in_flight" else len(hit)
+    assert gen.counts.aborted == aborted
+    assert gen.counts.resumed == (aborted if mode == "abort_resume" else 0)
+    assert gen.counts.retried == (aborted if mode == "abort_retry" else 0)
+
+
+def _full_forward_logprobs(model_dir, state, row) -> list[float]:
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf.load_state_dict(state)
+    ids = torch.tensor([row.prompt_ids + row.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(ids).logits[0].float(), dim=-1)
+    start = len(row.prompt_ids) - 1
+    return [logp[start + k, t].item() for k, t in enumerate(row.token_ids)]
+
+
+def test_prefix_resume_reprefills_kept_tokens_while_in_flight_keeps_stale_kv(backend, model_dir, weights):
+    hit = _split(_reference(backend, "abort_resume"))
+    resumed = _rows(_run(backend, "abort_resume", weights["perturbed"]))
+    backend.load_weights(weights["base"])
+    in_flight = _rows(_run(backend, "in_flight", weights["perturbed"]))
+    stale_gap = 0.0
+    for i in hit:
+        r, f = resumed[i], in_flight[i]
+        assert r.token_ids[:K] == f.token_ids[:K]  # same kept tokens, same versions
+        new_r = _full_forward_logprobs(model_dir, weights["perturbed"], r)
+        old_r = _full_forward_logprobs(model_dir, weights["base"], r)
+        # Kept tokens: the old policy's logprobs; after: exactly a fresh forward of the
+        # new weights over prompt + every token so far (the kept ones re-prefilled).
+        assert r.logprobs[:K] == pytest.approx(old_r[:K], abs=2e-3)
+        assert r.logprobs[K:] == pytest.approx(new_r[K:], abs=2e-3)
+        new_f = _full_forward_logprobs(model_dir, weights["perturbed"], f)
+        stale_gap = max(stale_gap, max(abs(a - b) for a, b in zip(f.logprobs[K:], new_f[K:])))
+    # In flight, the KV of the first K tokens was computed by the old weights: the new
+    # tokens' logprobs are not those of a fresh forward.
+    assert stale_gap > 0.05
+
+
+def test_vllm_refuses_in_flight_lora_naming_the_fields_and_the_way_out():
+    from pydantic import ValidationError
+
+    from workers.config import RunConfig
+
+    bad = {"inference": {"backend": "vllm"}, "lora": {"enabled": True},
+           "sync": {"protocol": "lora", "update_mode": "in_flight"}}
+    with pytest.raises(ValidationError) as err:
+        RunConfig.model_validate(bad)
+    text = str(err.value)
+    assert "sync.update_mode 'in_flight'" in text and "sync.protocol 'lora'" in text and "abort_resume" in text
+    # Every other combination of mode and backend is accepted.
+    for backend in ("torch", "vllm"):
+        for mode in ("drain", "abort_retry", "abort_resume", "in_flight"):
+            RunConfig.model_validate({"inference": {"backend": backend}, "sync": {"update_mode": mode}})
+    RunConfig.model_validate({**bad, "sync": {"protocol": "lora", "update_mode": "abort_resume"}})
+    RunConfig.model_validate({**bad, "inference": {"backend": "torch"}})
+
+
+def test_a_session_refuses_bad_budgets(model_dir):
+    backend = _torch_backend(model_dir)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        backend.start([[1, 3]], [0], 1.0, 0)
+    with pytest.raises(ValueError, match="drain"):
+        generate_across_updates(backend, [[1, 3]], 2, 4, 1.0, 0, 0, "drain", SwitchAfter(backend, None))

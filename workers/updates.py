@@ -1,0 +1,144 @@
+"""Weight-update modes: what generation in flight does when new weights arrive.
+
+`sync.update_mode` chooses (DESIGN.md §5.5; the peers' names in workers/config.py):
+
+- ``drain``: a generate call finishes on the weights it started with; new weights are
+  loaded between two calls. Every token of a call has one version. (The worker calls
+  `backend.generate` directly; nothing here runs.)
+- ``abort_retry``: at the first decode step after new weights are staged, the rows
+  still generating are aborted, the weights loaded, and those rows generated again from
+  their prompt. Their partial tokens are thrown away: every kept token has the new version.
+- ``abort_resume``: the same abort, then each row continues from the tokens it kept:
+  prompt + kept tokens are prefilled again under the new weights and generation goes on
+  with the remaining budget. Kept tokens keep their old logprobs and versions.
+- ``in_flight``: the weights are loaded between two decode steps and generation goes
+  on; the KV already computed stays (stale KV), each token carries the version whose
+  weights computed its logits, so one sequence may mix versions.
+
+Counted: sequences aborted, resumed, retried, and weight loads that happened in the
+middle of a generation (in-flight or abort).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from workers.inference.base import InferenceBackend
+
+UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
+STEPPED_MODES = ("abort_retry", "abort_resume", "in_flight")
+
+
+class WeightUpdates(Protocol):
+    """The worker's view of weights that arrived while it generates."""
+
+    def pending(self) -> bool:
+        """New weights are staged and not loaded yet (cheap: called every decode step)."""
+        ...
+
+    def apply(self) -> int:
+        """Load the staged weights into the backend; returns the version now loaded."""
+        ...
+
+
+@dataclass
+class PartialCounts:
+    aborted: int = 0
+    resumed: int = 0
+    retried: int = 0
+    mid_generation_updates: int = 0
+
+    def add(self, other: "PartialCounts") -> None:
+        self.aborted += other.aborted
+        self.resumed += other.resumed
+        self.retried += other.retried
+        self.mid_generation_updates += other.mid_generation_updates
+
+
+@dataclass
+class Sequence:
+    """One completion being built, with what each token came from."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def reset(self) -> None:
+        self.token_ids, self.logprobs, self.versions = [], [], []
+
+
+@dataclass
+class Generation:
+    """What `generate_across_updates` returns: `n` sequences per prompt (prompt-major),
+    the version loaded at the end, and the counts."""
+
+    sequences: list[list[Sequence]]
+    version: int
+    counts: PartialCounts
+
+
+def generate_across_updates(
+    backend: InferenceBackend,
+    prompts: list[list[int]],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    version: int,
+    mode: UpdateMode,
+    updates: WeightUpdates,
+) -> Generation:
+    """Generate `n` completions per prompt, one decode step at a time, taking new weights
+    as `mode` says whenever `updates.pending()` between two steps."""
+    if mode not in STEPPED_MODES:
+        raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
+    seqs = [Sequence(list(p)) for p in prompts for _ in range(n)]
+    counts = PartialCounts()
+    rows = list(range(len(seqs)))  # session row → index in seqs
+    attempt = 0
+    session = backend.start([seqs[i].prompt_ids for i in rows], [max_new_tokens] * len(rows), temperature, seed)
+    try:
+        while True:
+            for st in session.step():
+                s = seqs[rows[st.row]]
+                s.token_ids.append(st.token)
+                s.logprobs.append(st.logprob)
+                s.versions.append(version)
+                s.finish_reason = st.finish_reason
+            live = session.unfinished()
+            if not live:
+                break
+            if not updates.pending():
+                continue
+            if mode == "in_flight":
+                version = updates.apply()
+                counts.mid_generation_updates += 1
+                continue
+            # Abort before loading: a backend may free what the running rows still use
+            # (vLLM drops the previous LoRA adapter).
+            session.close()
+            rows = [rows[r] for r in live]
+            counts.aborted += len(rows)
+            version = updates.apply()
+            counts.mid_generation_updates += 1
+            if mode == "abort_retry":
+                for i in rows:
+                    seqs[i].reset()
+                counts.retried += len(rows)
+            else:
+                counts.resumed += len(rows)
+            attempt += 1
+            session = backend.start(
+                [seqs[i].prompt_ids + seqs[i].token_ids for i in rows],
+                [max_new_tokens - len(seqs[i].token_ids) for i in rows],
+                temperature,
+                # A new stream per attempt: a retried row must not replay the same tokens.
+                seed * 1000 + attempt,
+            )
+    finally:
+        session.close()
+    grouped = [seqs[k * n:(k + 1) * n] for k in range(len(prompts))]
+    return Generation(grouped, version, counts)
