@@ -134,17 +134,21 @@ class InferenceWorker:
     """Generates groups with the weights it holds and puts them into the buffer.
 
     New weights are fetched as soon as they are published (overlapping generation) and
-    loaded between two generate calls (drain: a call in flight finishes on the old
-    weights; only the newest pending version is loaded)."""
+    loaded as `sync.update_mode` says: between two generate calls (drain: a call in
+    flight finishes on the old weights), or between two decode steps of a call (abort and
+    in-flight modes, workers/updates.py). Only the newest pending version is loaded."""
 
     def __init__(self, config: dict, model_dir: str, index: int, num_workers: int, buffer) -> None:
         from workers.inference import make_backend
-        from workers.rollouts import generate_groups
+        from workers.rollouts import generate_groups, generate_groups_across_updates
+        from workers.updates import PartialCounts
         from workers.sync import receiver_for
         from workers.tasks import make_task
         from workers.tokenizer import CharTokenizer
 
         self._generate_groups = generate_groups
+        self._generate_groups_across_updates = generate_groups_across_updates
+        self.partial = PartialCounts()  # cumulative, for rollout/partial_*
         self.cfg = RunConfig.model_validate(config)
         self.index = index
         self.buffer = buffer
@@ -205,7 +209,16 @@ class InferenceWorker:
         with self._syncs_lock:
             syncs, self.syncs = self.syncs, []
         return {"segments": closed, "open": open_seg, "now": now, "syncs": syncs,
-                "version": self.version, "error": self.error}
+                "version": self.version, "error": self.error, "partial": vars(self.partial).copy()}
+
+    # -- WeightUpdates (workers/updates.py), for the stepped update modes ------------
+
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def apply(self) -> int:
+        self._apply_pending()
+        return self.version
 
     # -- the loop ------------------------------------------------------------------
 
@@ -240,9 +253,15 @@ class InferenceWorker:
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)
-        groups = self._generate_groups(
-            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed
-        )
+        if self.cfg.sync.update_mode == "drain":
+            groups = self._generate_groups(
+                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed
+            )
+        else:  # weights staged meanwhile are taken between decode steps (workers/updates.py)
+            groups, _, counts = self._generate_groups_across_updates(
+                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self
+            )
+            self.partial.add(counts)
         self.timeline.end(tokens=sum(g.num_tokens for g in groups))
         while groups and not self._stop.is_set():
             self.timeline.begin(BLOCKED)

@@ -284,6 +284,10 @@ class RunDriver:
                     self._emit(series, step, value, rec["t1"])
             self._pending_windows.append((step, rec["t0"], rec["t1"]))
             self.version = step
+        if tr["steps"]:
+            # Cumulative over the run and all workers, one point per collected step.
+            for key in ("aborted", "resumed", "retried"):
+                self._emit(f"rollout/partial_{key}", self.version, sum(r["partial"][key] for r in reports))
         for k, rep in enumerate(reports):
             self._windows.report(k, rep["segments"], rep["open"], rep["now"])
             for s in rep["syncs"]:
