@@ -128,14 +128,14 @@ def main() -> int:
             r["ratio_to_sync"] = r["samples_per_s"] / sync["samples_per_s"]
 
     print(f"\nbackend={args.backend}  steps={args.steps}  overrides={json.dumps(dotted_overrides(args.set))}")
-    head = (f"{'mode':13} {'samples/s':>9} {'trainer':>8} {'infer':>6} {'bottleneck':>11} {'busy':>5} "
+    head = (f"{'mode':13} {'samples/s':>9} {'trainer':>8} {'infer':>6} {'bottleneck':>11} {'busy':>6} "
             f"{'≥95%':>4} {'vs sync':>7}  {'aborted':>7} {'resumed':>7} {'retried':>7}")
     print(head + "\n" + "-" * len(head))
     for m, r in results.items():
         partial = [f"{r[k]:>7.0f}" if k in r else f"{'-':>7}" for k in ("partial_aborted", "partial_resumed", "partial_retried")]
         ratio = f"{r['ratio_to_sync']:>7.2f}" if "ratio_to_sync" in r else f"{'-':>7}"
         print(f"{m:13} {r['samples_per_s']:>9.1f} {r['trainer_busy']:>8.0%} {r['inference_busy']:>6.0%} "
-              f"{r['bottleneck']:>11} {r['bottleneck_busy']:>5.0%} {'yes' if r['bottleneck_busy'] >= TARGET_BUSY else 'no':>4} "
+              f"{r['bottleneck']:>11} {r['bottleneck_busy']:>6.1%} {'yes' if r['bottleneck_busy'] >= TARGET_BUSY else 'no':>4} "
               f"{ratio}  {' '.join(partial)}" + (f"  (= {r['same_run_as']})" if "same_run_as" in r else ""))
     if sync:
         print(f"\nideal async/sync ratio (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f} "
