@@ -286,6 +286,8 @@ class TrainerActor:
         self.sender.attach(self.trainer.model)
         self.steps: list[dict] = []
         self._steps_lock = threading.Lock()
+        self._prefetch = None  # the next step's buffer.get, in flight while this one trains
+        self._starved_s = 0.0
         self.error: str | None = None
         self.done = False
         self._stop = threading.Event()
@@ -328,10 +330,18 @@ class TrainerActor:
         return {"steps": steps, "version": self.trainer.version, "done": self.done, "error": self.error}
 
     def _next_batch(self) -> tuple[list[Group] | None, dict]:
+        """The batch for the coming step. The get was issued before the previous step
+        trained (prefetch), judged against the version this batch will train at, so
+        the buffer's work and the transfer overlap training instead of idling it."""
         b = self.cfg.trainer.batch_groups
         while not self._stop.is_set():
-            groups, stats = ray.get(self.buffer.get.remote(b, self.trainer.version, WAIT_S))
+            ref, self._prefetch = self._prefetch, None
+            if ref is None:
+                ref = self.buffer.get.remote(b, self.trainer.version, WAIT_S)
+            groups, stats = ray.get(ref)
             if groups is not None:
+                if self.trainer.version + 1 < self.cfg.stop.max_steps:
+                    self._prefetch = self.buffer.get.remote(b, self.trainer.version + 1, WAIT_S)
                 return groups, stats
         return None, {}
 
@@ -344,6 +354,7 @@ class TrainerActor:
                 if groups is None:
                     break
                 wait_s = time.perf_counter() - t_wait
+                self._starved_s += wait_s
                 metrics = self.trainer.train_step(groups)
                 version = self.trainer.version
                 sent = self.sender.send(version, self._notify)
@@ -353,6 +364,9 @@ class TrainerActor:
                 record = {
                     **metrics,
                     **buffer_stats,
+                    # The trainer's own wait: the buffer's would also count a prefetch
+                    # that waited while the trainer was busy training.
+                    "buffer/starved_s": self._starved_s,
                     "trainer/idle_frac": min(1.0, wait_s / window),
                     "samples/per_s": samples / window,
                     "sync/bytes": float(sent.bytes),
