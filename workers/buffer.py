@@ -18,7 +18,9 @@ rejection happens at `get`: a group whose oldest token is older than
 `current_version - max_staleness` is never trained; with ``on_stale="drop"`` it is
 discarded (`dropped_stale`), with ``on_stale="requeue"`` its prompt goes back to the
 producers to be generated again with newer weights (`requeued`, `take_requeued`) —
-dropping alone biases training against slow, hard prompts.
+dropping alone biases training against slow, hard prompts. `regenerated` counts the
+groups `get` hands to the trainer whose prompt had been handed out by `take_requeued`:
+the proof that requeued prompts are not only sent back but trained.
 
 `AdmissionGate` is AReaL's capacity rule as pure arithmetic, so it can be tested alone.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -128,6 +130,10 @@ class RolloutBuffer:
         self._cond = threading.Condition()
         self._dropped_stale = 0
         self._requeued = 0
+        # (prompt, answer) → times handed out by take_requeued and not yet trained: a
+        # multiset, since a prompt can be requeued again before its regeneration trains.
+        self._regenerating: Counter[tuple[str, str]] = Counter()
+        self._regenerated = 0
         self.total_put = 0
         self.total_got = 0
         self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
@@ -153,6 +159,15 @@ class RolloutBuffer:
         """Stale groups whose prompts were handed back for regeneration (cumulative)."""
         with self._cond:
             return self._requeued
+
+    @property
+    def regenerated(self) -> int:
+        """Groups handed to the trainer whose prompt had come back through
+        `take_requeued` (cumulative): requeued prompts that were generated again and
+        trained. Matched by (prompt, answer), so a fresh sample of the same prompt while
+        a regeneration is pending counts in its place (rare, and the count is the same)."""
+        with self._cond:
+            return self._regenerated
 
     @property
     def rejected(self) -> int:
@@ -211,6 +226,9 @@ class RolloutBuffer:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
             out = [self._groups.popleft() for _ in range(n_groups)]
             self.total_got += n_groups
+            if self._regenerating:
+                for g in out:
+                    self._regenerated += self._settle_regeneration(g)
             self._cond.notify_all()
             return out
 
@@ -218,7 +236,20 @@ class RolloutBuffer:
         """Up to `max_groups` stale groups (oldest first) whose prompts a producer should
         generate again; each is handed out once."""
         with self._cond:
-            return [self._requeue.popleft() for _ in range(min(max_groups, len(self._requeue)))]
+            out = [self._requeue.popleft() for _ in range(min(max_groups, len(self._requeue)))]
+            self._regenerating.update((g.prompt, g.answer) for g in out)
+            return out
+
+    def _settle_regeneration(self, group: Group) -> int:
+        """1 if `group` is a pending regeneration (and no longer pending), else 0.
+        Caller holds the lock."""
+        key = (group.prompt, group.answer)
+        if not self._regenerating[key]:
+            return 0
+        self._regenerating[key] -= 1
+        if not self._regenerating[key]:
+            del self._regenerating[key]
+        return 1
 
     def _reject_stale(self, oldest_ok: int) -> None:
         # Caller holds the lock.
@@ -230,6 +261,9 @@ class RolloutBuffer:
                 continue
             rejected += 1
             if self.on_stale == "requeue":
+                # A regeneration that went stale again is no longer pending: it is
+                # pending again once take_requeued hands it out again.
+                self._settle_regeneration(g)
                 self._requeue.append(g)
         if rejected:
             if self.on_stale == "requeue":

@@ -56,4 +56,8 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Weight-sync latency (ms)", ("sync/latency_ms",)),
     ("Inference tokens/s", ("inference/tokens_per_s",)),
     ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
+    ("Buffer rejections (groups)", ("buffer/dropped_stale", "buffer/requeued")),
+    ("Trainer starved (s)", ("buffer/starved_s",)),
+    ("Partial rollouts (sequences)",
+     ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
 )

@@ -11,6 +11,10 @@ from typing import Any
 
 from workers.config import RunConfig
 
+# Each peer preset reproduces one library's *pipeline choices* (buffer, staleness,
+# correction, weight sync, update mode) on Rollway's default model, task and trainer
+# sizes, so presets compare on the same task; the inference backend stays the default
+# (the user picks it). Peer knob names and defaults: /work/shared/ANCHORS.md.
 PRESETS: dict[str, dict[str, str | RunConfig]] = {
     "async": {
         "description": (
@@ -27,6 +31,227 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
         ),
         "config": RunConfig(mode="sync", buffer={"capacity": 1, "max_staleness": 0}),
     },
+    "trl-async": {
+        "description": (
+            "TRL AsyncGRPOTrainer. Reproduces: max_staleness=4 with drop at dequeue "
+            "(buffer.max_staleness=4, on_stale=drop); max_inflight_tasks = max_staleness × "
+            "samples/step as the admission gate (unbounded queue, max_head_offpolicyness=4); "
+            "packed vLLM NCCL sync in 1 GB buckets (sync.protocol=collective, packed, "
+            "bucket_mb=1024); /pause?mode=keep then resume (sync.update_mode=in_flight). "
+            "Approximates: TRL clips πθ/μ against vLLM's logprobs with no recompute; "
+            "Rollway recomputes π_old and applies token TIS (min(π_old/μ, 2)). The "
+            "collective is NCCL on GPU, gloo here."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
+                    "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024,
+                  "update_mode": "in_flight"},
+        ),
+    },
+    "trl-async-lora": {
+        "description": (
+            "TRL AsyncGRPOTrainer with LoRA: trl-async's buffer and staleness (max_staleness=4, "
+            "drop at dequeue, unbounded queue, max_head_offpolicyness=4) plus a peft adapter "
+            "(lora.enabled, rank 8) synced adapter-only (sync.protocol=lora: versioned "
+            "adapter names, like TRL's filesystem + load_lora_adapter). A request keeps the "
+            "adapter it started with (vLLM binds it at request start), so in-flight requests "
+            "finish on the old adapter: sync.update_mode=drain. Cannot reproduce: TRL's "
+            "max_loras ≥ max_staleness+2 (vLLM keeps one adapter per version; the torch "
+            "backend merges the adapter instead). Approximates TRL's no-recompute PPO-clip "
+            "with token TIS."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
+                    "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "lora", "update_mode": "drain"},
+            lora={"enabled": True},
+        ),
+    },
+    "pipelinerl": {
+        "description": (
+            "PipelineRL. Reproduces: the unbounded stream (buffer.mode=unbounded); the "
+            "reinforce loss −Σ logπ·A·sg(clamp(π/μ, 0, 1+ε_hi)) with ε=0.02 "
+            "(correction.method=pipelinerl_reinforce, reinforce_eps_hi=0.02); NCCL "
+            "broadcast one tensor at a time (sync.protocol=collective, packed=false); "
+            "in-flight updates with tokens of several versions per sequence "
+            "(sync.update_mode=in_flight). Approximates: max_lag (counted in samples) as "
+            "max_head_offpolicyness=2 batches; PipelineRL's trainer counts too-old samples "
+            "and never drops them, so max_staleness=8 is set far above what the gate lets "
+            "through. Streams go through a Ray actor, not Redis/JSONL; the collective is "
+            "NCCL on GPU, gloo here."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 8, "max_head_offpolicyness": 2,
+                    "on_stale": "drop"},
+            correction={"method": "pipelinerl_reinforce", "reinforce_eps_hi": 0.02},
+            sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
+        ),
+    },
+    "prime-rl": {
+        "description": (
+            "PRIME-RL. Reproduces: one-step overlap (buffer.mode=double: one batch ahead); "
+            "max_off_policy_steps=8 dropping stale work (buffer.max_staleness=8, "
+            "on_stale=drop); filesystem weight sync (sync.protocol=filesystem); generation "
+            "continued across versions (sync.update_mode=in_flight). Approximates: PRIME-RL "
+            "masks a token when A>0 ∧ π−μ > 0.2 or A<0 ∧ π−μ < −0.2 and adds "
+            "1e-3·Σ(log r)²; Rollway's nearest is masked IS on the ratio π_old/μ outside "
+            "[0.5, 2] (correction.method=masked_is), without the sign rule or the penalty. "
+            "Cannot reproduce: dropping in-flight work (Rollway rejects at the buffer)."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "double", "max_staleness": 8, "on_stale": "drop"},
+            correction={"method": "masked_is", "mask_low": 0.5, "mask_high": 2.0},
+            sync={"protocol": "filesystem", "update_mode": "in_flight"},
+        ),
+    },
+    "areal": {
+        "description": (
+            "AReaL. Reproduces: the capacity rule (η + v + 1)·B − (accepted + running) "
+            "with η=max_head_offpolicyness=4 (buffer.mode=unbounded, the gate alone paces "
+            "generation; buffer.max_staleness=4 = η, so the gate, not rejection, bounds "
+            "staleness); decoupled PPO r = πθ/π_prox, w = π_prox/π_behav with weights above "
+            "the cap masked (correction.method=decoupled_ppo, cap trainer.tis_cap=2 in "
+            "place of behav_imp_weight_cap); disk weight sync (sync.protocol=filesystem); "
+            "interruptible generation, pause/continue (sync.update_mode=abort_resume). "
+            "Approximates: π_prox is the trainer's policy at step start (recomputed), not a "
+            "separately kept proximal model."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
+                    "on_stale": "drop"},
+            correction={"method": "decoupled_ppo"},
+            sync={"protocol": "filesystem", "update_mode": "abort_resume"},
+        ),
+    },
+    "verl-fully-async": {
+        "description": (
+            "verl fully-async. Reproduces: the MessageQueue as a bounded queue "
+            "(buffer.mode=bounded, capacity 2 batches); V1 max_off_policy_threshold=8 with "
+            "strategy drop (buffer.max_staleness=8, on_stale=drop); Rollout Correction "
+            "token TIS, threshold 2.0 (correction.method=token_tis, trainer.tis_cap=2); "
+            "2048 MB weight buckets (sync.protocol=collective, packed, bucket_mb=2048); "
+            "abort, keep tokens, re-prefill on the new version (sync.update_mode="
+            "abort_resume). Approximates: staleness_threshold=0.1 (a fraction of a batch "
+            "generated by old weights) as max_head_offpolicyness=1 whole batch. Cannot "
+            "reproduce: the checkpoint engine (a broadcast here: NCCL on GPU, gloo on CPU); "
+            "strategy 'wait' is the admission gate, not a separate switch."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 2, "max_staleness": 8,
+                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 2048,
+                  "update_mode": "abort_resume"},
+        ),
+    },
+    "skyrl": {
+        "description": (
+            "SkyRL. Reproduces: the asyncio group queue with max_staleness_steps=4 as a "
+            "capacity gate that never drops (buffer.mode=bounded, capacity 4, "
+            "max_head_offpolicyness=4, max_staleness=4 = the gate's bound, so nothing is "
+            "rejected); TIS clip 2.0 (correction.method=token_tis); NCCL broadcast "
+            "(sync.protocol=collective, one tensor at a time); in-flight updates with "
+            "stale KV (sync.update_mode=in_flight). Alternatives by override: geometric "
+            "sequence mask / icepop ≈ correction.method=masked_is. Cannot reproduce: CUDA "
+            "IPC and delta (XOR+zstd) sync, prefix cache salted per version (the "
+            "collective is NCCL on GPU, gloo here)."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 4, "max_staleness": 4,
+                    "max_head_offpolicyness": 4, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
+        ),
+    },
+    "nemo-rl": {
+        "description": (
+            "NeMo-RL. Reproduces: max_trajectory_age_steps=1 (buffer.max_staleness=1, "
+            "on_stale=drop) on a bounded replay buffer of 2 batches, one batch ahead "
+            "(max_head_offpolicyness=1); IS correction required, tis "
+            "(correction.method=token_tis; icepop ≈ masked_is, seq-mask-tis ≈ "
+            "sequence_tis by override); in_flight_weight_updates=false "
+            "(sync.update_mode=drain); packed broadcast (sync.protocol=collective). "
+            "Cannot reproduce: CUDA IPC / HTTP sync (NCCL on GPU, gloo here); the replay "
+            "buffer is a FIFO here, not sampled."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 2, "max_staleness": 1,
+                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "update_mode": "drain"},
+        ),
+    },
+    "slime": {
+        "description": (
+            "slime. Reproduces: the double buffer (buffer.mode=double, one batch ahead); "
+            "no core staleness knob (buffer.max_staleness=1, which the one-batch head never "
+            "exceeds, so nothing is rejected); --use-tis clip 2.0 (correction.method="
+            "token_tis); bucketed NCCL in 512 MiB buckets (sync.protocol=collective, "
+            "packed, bucket_mb=512); abort and recycle partial rollouts (sync.update_mode="
+            "abort_retry). Cannot reproduce: OPSM δ=1e-4 (no sequence masking on the "
+            "policy-shift sign here); the collective is NCCL on GPU, gloo here."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "double", "max_staleness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 512,
+                  "update_mode": "abort_retry"},
+        ),
+    },
+    "miles": {
+        "description": (
+            "MILES. Reproduces: data buffer capacity factor 2.0 (buffer.mode=bounded, "
+            "capacity 2 batches); --max-weight-staleness with unused samples retried "
+            "(buffer.max_staleness=1, on_stale=requeue; 'drop' by override); TIS "
+            "(correction.method=token_tis); NCCL sync (sync.protocol=collective, packed); "
+            "retract, re-prefill, by default (sync.update_mode=abort_resume). Approximates: "
+            "--max-weight-staleness has no default in our notes; 1 is Rollway's. Cannot "
+            "reproduce: OPSM, CUDA IPC and delta sync (NCCL on GPU, gloo here)."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 2, "max_staleness": 1, "on_stale": "requeue"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "update_mode": "abort_resume"},
+        ),
+    },
+    # The survey's buffer categories for libraries whose other knobs our notes lack: the
+    # buffer layout only, every other switch at Rollway's default.
+    "art": {
+        "description": (
+            "ART (buffer layout only, from the survey): no buffer, synchronous — generate a "
+            "batch, train, sync (mode=sync, buffer.mode=none, max_staleness=0). ART trains "
+            "LoRA adapters: set lora.enabled=true and sync.protocol='lora' to match; other "
+            "ART knobs are not modelled."
+        ),
+        "config": RunConfig(mode="sync", buffer={"mode": "none", "max_staleness": 0}),
+    },
+    "verifiers": {
+        "description": (
+            "verifiers (buffer layout only, from the survey): a double buffer, the next "
+            "batch generated while the trainer trains (buffer.mode=double, "
+            "max_staleness=1); other verifiers knobs are not modelled."
+        ),
+        "config": RunConfig(buffer={"mode": "double", "max_staleness": 1}),
+    },
+    "atropos": {
+        "description": (
+            "Atropos (buffer layout only, from the survey): an unbounded rollout stream "
+            "paced by the admission gate (buffer.mode=unbounded, max_staleness=1, one "
+            "batch ahead); other Atropos knobs are not modelled."
+        ),
+        "config": RunConfig(buffer={"mode": "unbounded", "max_staleness": 1}),
+    },
+}
+
+# Peers whose preset is named after them (descriptions name the peer; tests check it).
+PEERS: dict[str, str] = {
+    "trl-async": "TRL", "trl-async-lora": "TRL", "pipelinerl": "PipelineRL",
+    "prime-rl": "PRIME-RL", "areal": "AReaL", "verl-fully-async": "verl", "skyrl": "SkyRL",
+    "nemo-rl": "NeMo-RL", "slime": "slime", "miles": "MILES", "art": "ART",
+    "verifiers": "verifiers", "atropos": "Atropos",
 }
 
 

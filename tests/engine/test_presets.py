@@ -1,9 +1,25 @@
-"""Presets and the override helpers that the launch form, the API and the benches share."""
+"""Presets and the override helpers that the launch form, the API and the benches share.
+
+Fast: every preset validates, names its peer and keeps the sizes every preset shares.
+Slow: presets that together use every engine switch value of every preset run two steps
+through the real RunDriver on in-process Ray (torch backend, a small model), one Ray
+session for all.
+"""
 
 import pytest
+import ray
 from pydantic import ValidationError
 
-from workers.presets import PRESETS, UnknownPreset, build, deep_merge, dotted_overrides
+from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
+from workers.config import RunConfig
+from workers.driver import NAMESPACE, RunDriver, actor_name
+from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge, dotted_overrides
+
+# The peers the survey names with at least a buffer category (ANCHORS.md): each has a preset.
+PEER_PRESETS = {
+    "trl-async", "pipelinerl", "prime-rl", "areal", "verl-fully-async", "skyrl", "nemo-rl",
+    "slime", "miles", "art", "verifiers", "atropos",
+}
 
 
 def test_every_preset_is_a_valid_config():
@@ -38,3 +54,110 @@ def test_a_bad_override_names_the_field():
 def test_an_unknown_preset_is_refused_with_the_choices():
     with pytest.raises(UnknownPreset, match="choose one of"):
         build("verl-9000")
+
+
+def test_every_peer_has_a_preset_whose_description_names_it():
+    assert PEER_PRESETS <= set(PRESETS)
+    assert set(PEERS) <= set(PRESETS)
+    for name, peer in PEERS.items():
+        description = PRESETS[name]["description"]
+        assert peer in description, f"{name}: description does not name {peer}"
+        assert len(description) > 120, f"{name}: say which knobs it reproduces"
+
+
+def test_async_and_sync_stay_first_and_unchanged():
+    assert list(PRESETS)[:2] == ["async", "sync"]  # the launch form defaults to the first
+    assert PRESETS["async"]["config"] == RunConfig(mode="async")
+    assert PRESETS["sync"]["config"].mode == "sync"
+
+
+def test_presets_compare_on_the_same_task_and_leave_the_backend_to_the_user():
+    default = RunConfig()
+    for name, preset in PRESETS.items():
+        cfg = preset["config"]
+        for section in ("model", "task", "warm_start", "inference", "stop"):
+            assert getattr(cfg, section) == getattr(default, section), f"{name}: {section} changed"
+        assert (cfg.trainer.batch_groups, cfg.trainer.group_size) == (16, 8), name
+
+
+@pytest.mark.parametrize("backend", ["torch", "vllm"])
+def test_every_preset_accepts_either_backend(backend):
+    for name in PRESETS:
+        assert build(name, {"inference": {"backend": backend}}).inference.backend == backend
+
+
+def test_lora_is_off_except_in_the_lora_preset():
+    on = {name for name, p in PRESETS.items() if p["config"].lora.enabled}
+    assert on == {"trl-async-lora"}
+    assert PRESETS["trl-async-lora"]["config"].sync.protocol == "lora"
+
+
+def test_peer_presets_set_the_peers_own_figures():
+    trl = PRESETS["trl-async"]["config"]
+    assert (trl.buffer.max_staleness, trl.buffer.on_stale, trl.sync.bucket_mb) == (4, "drop", 1024)
+    assert PRESETS["pipelinerl"]["config"].correction.method == "pipelinerl_reinforce"
+    assert PRESETS["prime-rl"]["config"].buffer.max_staleness == 8
+    assert PRESETS["areal"]["config"].correction.method == "decoupled_ppo"
+    assert PRESETS["verl-fully-async"]["config"].sync.bucket_mb == 2048
+    assert PRESETS["nemo-rl"]["config"].sync.update_mode == "drain"
+    assert PRESETS["slime"]["config"].sync.update_mode == "abort_retry"
+    assert PRESETS["slime"]["config"].sync.bucket_mb == 512
+    assert PRESETS["miles"]["config"].buffer.on_stale == "requeue"
+    assert PRESETS["art"]["config"].buffer.mode == "none"
+
+
+# -- the presets through the real driver (slow) -------------------------------------------
+
+# A model and warm start that take milliseconds (engine_fixtures.small_config's sizes), two
+# steps, the torch backend: what differs between runs is only the preset's own switches.
+SMALL = {
+    "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
+    "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
+    "trainer": {"batch_groups": 4, "group_size": 4},
+    "inference": {"backend": "torch"},
+    "stop": {"max_steps": 2, "max_minutes": 3},
+}
+
+# One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
+# not every preset runs: these together set every value any preset gives an
+# engine-relevant switch (checked below), so every switch value a preset uses is run.
+RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art"]
+
+
+def engine_switches(cfg: RunConfig) -> set[tuple[str, object]]:
+    """(switch, value) pairs that change what the engine does."""
+    protocol = "object_store" if cfg.sync.protocol == "full_reload" else cfg.sync.protocol
+    return {
+        ("mode", cfg.mode), ("buffer.mode", cfg.buffer.mode),
+        ("buffer.on_stale", cfg.buffer.on_stale), ("correction.method", cfg.correction.method),
+        ("sync.protocol", protocol), ("sync.update_mode", cfg.sync.update_mode),
+        ("lora.enabled", cfg.lora.enabled),
+        ("sync.packed", cfg.sync.packed if protocol == "collective" else None),
+    }
+
+
+def test_the_presets_run_below_use_every_switch_value_of_every_preset():
+    covered = set().union(*(engine_switches(PRESETS[n]["config"]) for n in RUN))
+    for name, preset in PRESETS.items():
+        missing = engine_switches(preset["config"]) - covered
+        assert not missing, f"{name} sets {sorted(missing, key=str)}, which no preset in RUN runs"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUN)
+def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):  # noqa: F811
+    config = build(name, SMALL)
+    run_id = 400 + list(PRESETS).index(name)
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
+        run_id, config.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        out = ray.get(driver.run.remote(), timeout=240)
+    finally:
+        ray.kill(driver)
+    assert out["state"] == "succeeded", f"{name}: {out['error']}"
+    assert out["steps"] == 2
+    s = {k: dict(v) for k, v in out["series"].items()}
+    assert sorted(s["reward/mean"]) == [1, 2], name
+    assert all(v > 0 for v in s["sync/bytes"].values()), name
+    assert max(s["staleness/max"].values()) <= config.buffer.max_staleness, name
