@@ -45,6 +45,12 @@ def spool_path(cache_dir: str, run_id: int) -> Path:
     return Path(cache_dir) / "spool" / f"run-{run_id}.jsonl"
 
 
+def status_spool_path(cache_dir: str, run_id: int) -> Path:
+    """Where the last undelivered status of run `run_id` waits (written by `close`), so
+    a run that ended while the site was down is not taken for lost by reconcile."""
+    return Path(cache_dir) / "spool" / f"run-{run_id}.status.json"
+
+
 class _SiteDown(Exception):
     """The site did not answer (connection error, timeout or 5xx): keep and retry."""
 
@@ -80,6 +86,10 @@ class MetricsReporter:
         self._retry_at = 0.0
         self._backoff = BACKOFF_START_S
         self._spool = spool_path(cache_dir, run_id) if cache_dir else None
+        self._status_spool = status_spool_path(cache_dir, run_id) if cache_dir else None
+        if self._status_spool is not None:
+            # A previous reporter of this run could not deliver it: retry it first.
+            self._pending_status = _read_status(self._status_spool, run_id)
         self._client = (
             httpx.Client(
                 timeout=timeout_s,
@@ -174,8 +184,12 @@ class MetricsReporter:
             if done or time.monotonic() >= deadline:
                 break
             time.sleep(min(self._backoff, max(0.0, deadline - time.monotonic())))
+        with self._lock:
+            self._spool_pending()
+            self._spool_status()
         self._client.close()
         return done
+
 
     @property
     def site_down(self) -> bool:
@@ -216,6 +230,20 @@ class MetricsReporter:
             self.last_error = f"status {status!r} rejected: HTTP {resp.status_code} {resp.text[:300]}"
             log.error("run %s: %s", self.run_id, self.last_error)
         self._pending_status = None
+        self._spool_status()
+
+    def _spool_status(self) -> None:
+        """Mirror the pending status on disk (or remove the file once delivered)."""
+        if self._status_spool is None:
+            return
+        if self._pending_status is None:
+            self._status_spool.unlink(missing_ok=True)
+            return
+        status, error = self._pending_status
+        self._status_spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._status_spool.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"status": status, "error": error}))
+        os.replace(tmp, self._status_spool)
 
     def _site_down(self, exc: Exception) -> None:
         self.last_error = str(exc)
@@ -234,15 +262,7 @@ class MetricsReporter:
             self._pending = []
 
     def _read_spool(self) -> list[dict]:
-        if self._spool is None or not self._spool.exists():
-            return []
-        points = []
-        for line in self._spool.read_text().splitlines():
-            try:
-                points.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line after a crash mid-write
-                log.warning("run %s: skipping a corrupt spool line", self.run_id)
-        return points
+        return _read_points(self._spool, self.run_id) if self._spool is not None else []
 
     def _append_spool(self, points: Iterable[dict]) -> None:
         self._spool.parent.mkdir(parents=True, exist_ok=True)
@@ -264,8 +284,43 @@ class MetricsReporter:
         return self._spool.stat().st_size if self._spool and self._spool.exists() else 0
 
 
+def read_spool(run_id: int, cache_dir: str) -> tuple[list[dict], tuple[str, str] | None]:
+    """What a run's reporters left undelivered: its points and its last status
+    (status, error), for the platform to take in directly when the driver is gone."""
+    points = _read_points(spool_path(cache_dir, run_id), run_id)
+    return points, _read_status(status_spool_path(cache_dir, run_id), run_id)
+
+
+def clear_spool(run_id: int, cache_dir: str) -> None:
+    spool_path(cache_dir, run_id).unlink(missing_ok=True)
+    status_spool_path(cache_dir, run_id).unlink(missing_ok=True)
+
+
+def _read_points(path: Path, run_id: int) -> list[dict]:
+    if not path.exists():
+        return []
+    points = []
+    for line in path.read_text().splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line after a crash mid-write
+            log.warning("run %s: skipping a corrupt spool line", run_id)
+    return points
+
+
+def _read_status(path: Path, run_id: int) -> tuple[str, str] | None:
+    if not path.exists():
+        return None
+    try:
+        spooled = json.loads(path.read_text())
+        return str(spooled["status"]), str(spooled.get("error", ""))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        log.warning("run %s: ignoring a corrupt status spool %s", run_id, path)
+        return None
+
+
 def resend_spool(run_id: int, *, ingest_url: str, token: str, cache_dir: str, timeout_s: float = 10.0) -> bool:
-    """Re-send the spooled points of a run whose driver is gone (e.g. from the platform's
-    reconcile task). True if the spool is now empty."""
+    """Re-send the spooled points and status of a run whose driver is gone (the
+    platform's reconcile task calls it). True if nothing is left in the spool."""
     reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
     return reporter.close(timeout_s=timeout_s)

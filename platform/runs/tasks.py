@@ -8,6 +8,7 @@ visibility timeout and launches twice): the run lives in Ray as the detached act
 from __future__ import annotations
 
 import logging
+import math
 import time
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from runs.actions import do_set_run_status
+from runs.actions import do_record_points, do_set_run_status
 from runs.models import Run
 
 logger = logging.getLogger(__name__)
@@ -100,10 +101,12 @@ def cancel_run(run_id: int) -> None:
 @shared_task(ignore_result=True)
 def reconcile_runs() -> dict[str, int]:
     """Bring the DB in line with Ray (run every 15 s by beat): runs whose driver actor
-    is gone fail as lost (after a grace period for starting ones), cancelling runs whose
-    actor is gone become cancelled, stuck cancels and launches are sent again."""
+    is gone fail as lost (after a grace period for starting ones) unless their spool
+    holds the final status they could not deliver (it is taken in, with the spooled
+    points), cancelling runs whose actor is gone become cancelled, stuck cancels and
+    launches are sent again."""
     now = timezone.now()
-    counts = {"lost": 0, "cancelled": 0, "resent": 0}
+    counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
 
     for run in Run.objects.filter(
         status=Status.QUEUED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
@@ -139,6 +142,9 @@ def reconcile_runs() -> dict[str, int]:
                 cancel_run.delay(run.pk)
                 counts["resent"] += 1
             continue
+        if _recover_from_spool(run):
+            counts["recovered"] += 1
+            continue
         if run.status == Status.CANCELLING:
             if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]):
                 counts["cancelled"] += 1
@@ -147,3 +153,39 @@ def reconcile_runs() -> dict[str, int]:
             logger.warning("run %s lost: its driver actor is gone", run.pk)
             counts["lost"] += 1
     return counts
+
+
+# What a driver may report as its end (workers.reporter.STATUSES minus "running").
+SPOOLED_END = {"succeeded": Status.SUCCEEDED, "failed": Status.FAILED}
+
+
+def _recover_from_spool(run: Run) -> bool:
+    """Take in what the gone driver of `run` could not deliver (the site was down when
+    it ended): its spooled points, and its final status. True if that ended the run."""
+    from workers.reporter import clear_spool, read_spool
+
+    points, status = read_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
+    if not points and status is None:
+        return False
+    valid = [p for p in points if _is_point(p)]
+    if valid:
+        do_record_points(run, valid)
+    ended = False
+    if status is not None and status[0] in SPOOLED_END:
+        end = SPOOLED_END[status[0]]
+        error = (status[1] or "failed (the driver gave no reason)") if end == Status.FAILED else ""
+        ended = do_set_run_status(run, end, error=error, only_from=[run.status])
+    clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
+    logger.info("run %s: took in %d spooled points%s", run.pk, len(valid), f" and status {status[0]}" if status else "")
+    return ended
+
+
+def _is_point(p) -> bool:
+    return (
+        isinstance(p, dict)
+        and isinstance(p.get("series"), str)
+        and isinstance(p.get("step"), int)
+        and isinstance(p.get("value"), (int, float))
+        and math.isfinite(p["value"])
+        and isinstance(p.get("time"), (int, float))
+    )

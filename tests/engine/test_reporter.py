@@ -118,6 +118,22 @@ def test_close_leaves_undeliverable_points_in_the_spool_for_resend(tmp_path):
         assert stub.series(6) == {"loss": {1: 1.0, 2: 2.0}}
 
 
+def test_an_undelivered_final_status_is_spooled_and_resent_once(tmp_path):
+    from workers.reporter import read_spool, status_spool_path
+
+    probe = IngestStub(token="t")
+    port = probe.port
+    probe.server.server_close()
+    rep = MetricsReporter(8, f"http://127.0.0.1:{port}", "t", str(tmp_path), timeout_s=0.5)
+    assert rep.post_status("failed", "out of memory") is False
+    assert rep.close(timeout_s=0.3) is False
+    assert read_spool(8, str(tmp_path)) == ([], ("failed", "out of memory"))
+    with IngestStub(token="t", port=port) as stub:
+        assert resend_spool(8, ingest_url=stub.url, token="t", cache_dir=str(tmp_path)) is True
+        assert stub.statuses[8] == ["failed"]
+    assert not status_spool_path(str(tmp_path), 8).exists()
+
+
 def test_without_a_site_points_stay_in_memory(tmp_path):
     rep = MetricsReporter(1, None)
     rep.add("loss", 1, 0.5)

@@ -47,9 +47,10 @@ class FakeDriver:
 
 
 @pytest.fixture
-def driver(monkeypatch, settings):
+def driver(monkeypatch, settings, tmp_path):
     settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"
     settings.RAY_ADDRESS = None
+    settings.ROLLWAY_CACHE_DIR = str(tmp_path / "cache")  # where drivers spool
     fake = FakeDriver()
     monkeypatch.setattr(tasks, "_driver", lambda: fake)
     return fake
@@ -165,6 +166,45 @@ def test_reconcile_fails_a_running_run_whose_actor_is_gone(driver, make_run):
     assert (run.status, run.error) == (Status.FAILED, "lost: driver actor not found")
 
 
+def _spool_as_a_driver_would(run, settings, status: str, error: str = "") -> list[dict]:
+    """A real MetricsReporter whose site is down: it ends by spooling points and status."""
+    from workers.reporter import MetricsReporter, read_spool
+
+    rep = MetricsReporter(run.pk, "http://127.0.0.1:9", run.ingest_token, settings.ROLLWAY_CACHE_DIR, timeout_s=0.2)
+    for step in range(1, 4):
+        rep.add("reward/mean", step, 0.25 * step)
+    rep.post_status(status, error)
+    assert rep.close(timeout_s=0.3) is False
+    points, spooled = read_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
+    assert spooled == (status, error) and len(points) == 3
+    return points
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed"])
+def test_reconcile_takes_in_what_a_driver_spooled_when_the_site_was_down(driver, make_run, settings, status):
+    from runs.models import MetricPoint
+    from workers.reporter import read_spool
+
+    run = make_run(status=Status.RUNNING)
+    _spool_as_a_driver_would(run, settings, status, "boom" if status == "failed" else "")
+    counts = tasks.reconcile_runs()
+    run.refresh_from_db()
+    assert counts["recovered"] == 1 and counts["lost"] == 0
+    assert run.status == (Status.SUCCEEDED if status == "succeeded" else Status.FAILED)
+    assert run.error == ("boom" if status == "failed" else "")
+    values = sorted(MetricPoint.objects.filter(run=run, series="reward/mean").values_list("step", "value"))
+    assert values == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert read_spool(run.pk, settings.ROLLWAY_CACHE_DIR) == ([], None)  # taken in once
+
+
+def test_reconcile_still_calls_a_run_lost_whose_spool_has_no_end(driver, make_run, settings):
+    run = make_run(status=Status.RUNNING)
+    _spool_as_a_driver_would(run, settings, "running")
+    assert tasks.reconcile_runs()["lost"] == 1
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and run.error == Run.LOST_REASON
+
+
 def test_reconcile_leaves_live_runs_alone(driver, make_run):
     run = make_run(status=Status.RUNNING)
     driver.alive.add(run.pk)
@@ -215,7 +255,7 @@ def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make
 def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
     make_run(status=Status.SUCCEEDED)
     monkeypatch.setattr(tasks, "_driver", lambda: pytest.fail("Ray was asked"))
-    assert tasks.reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0}
+    assert tasks.reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
 
 
 def test_reconcile_does_not_fail_a_run_that_just_succeeded(driver, make_run, monkeypatch):
