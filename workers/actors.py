@@ -122,6 +122,7 @@ class BufferActor:
             "buffer/depth": float(self.buffer.depth),
             "buffer/dropped_stale": float(self.buffer.dropped_stale),
             "buffer/requeued": float(self.buffer.requeued),
+            "buffer/regenerated": float(self.buffer.regenerated),
             "buffer/starved_s": self.buffer.starved_s,
         }
         if self.buffer.capacity is not None:  # an unbounded stream has none to chart

@@ -147,8 +147,6 @@ def test_stale_groups_are_requeued_regenerated_and_trained(requeue_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="BufferActor.stats does not report buffer/regenerated yet "
-                   "(workers/actors.py: add it, then drop this mark)")
 def test_the_run_reports_regenerated_groups(requeue_run):
     out, _ = requeue_run
     s = {k: dict(v) for k, v in out["series"].items()}
