@@ -99,7 +99,7 @@ def generate_across_updates(
     counts = PartialCounts()
     rows = list(range(len(seqs)))  # session row → index in seqs
     attempt = 0
-    session = backend.start([seqs[i].prompt_ids for i in rows], [max_new_tokens] * len(rows), temperature, seed)
+    session = backend.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
     try:
         while True:
             for st in session.step():

@@ -57,9 +57,11 @@ class InferenceBackend(Protocol):
     ) -> list[list[Completion]]: ...
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        n: int = 1,
     ) -> DecodeSession:
-        """A stepped generation of one sequence per prompt (row i has its own budget)."""
+        """A stepped generation of `n` sequences per prompt: rows prompt-major (row
+        i·n + j is sample j of prompt i), prompt i with budget `max_new_tokens[i]`."""
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -129,10 +129,15 @@ class TorchBackend:
     # ---- generation ------------------------------------------------------------
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        n: int = 1,
     ) -> "TorchSession":
-        """A stepped generation, one row per prompt (see `DecodeSession`)."""
-        return TorchSession(self, prompts, max_new_tokens, temperature, seed)
+        """A stepped generation, `n` rows per prompt (see `DecodeSession`)."""
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError("max_new_tokens needs one budget per prompt")
+        rows = [p for p in prompts for _ in range(n)]
+        budgets = [b for b in max_new_tokens for _ in range(n)]
+        return TorchSession(self, rows, budgets, temperature, seed)
 
     @torch.inference_mode()
     def generate(
@@ -142,7 +147,7 @@ class TorchBackend:
         if not prompts:
             return []
         rows = [p for p in prompts for _ in range(n)]
-        session = self.start(rows, [max_new_tokens] * len(rows), temperature, seed)
+        session = self.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
         tokens: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         finish: list[str] = ["length"] * len(rows)

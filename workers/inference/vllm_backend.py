@@ -329,18 +329,19 @@ class VLLMBackend:
         return [self._completions(out) for out in outputs]
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int
+        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        n: int = 1,
     ) -> "VLLMSession":
-        """A stepped generation, one request per prompt (see `DecodeSession`). Row i is
-        seeded `seed * 2**20 + i`: the same stream as sample i % n of prompt i // n in a
-        `generate` call with the same seed."""
+        """A stepped generation, one request of `n` samples per prompt (see
+        `DecodeSession`), seeded as `generate` seeds them: the same arguments give the
+        same tokens either way."""
         if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
             raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
         if temperature < _MIN_TEMPERATURE:
             raise ValueError(f"temperature must be ≥ {_MIN_TEMPERATURE} (got {temperature})")
         self._check_prompts(prompts)
         self._check_open()
-        return VLLMSession(self, prompts, max_new_tokens, temperature, seed)
+        return VLLMSession(self, prompts, max_new_tokens, temperature, seed, n)
 
     def _cache_salt(self) -> str:
         return f"weights-{self.weights_epoch}"
@@ -456,12 +457,13 @@ class VLLMSession:
     """Requests added to the backend's engine and advanced one `LLMEngine.step` at a
     time (one decode step for every running sequence with async scheduling off).
 
-    Tokens come back as deltas with their processed logprobs. `close` aborts what is
-    still running, freeing its KV blocks at once."""
+    One request per prompt with `n` samples (vLLM's parallel sampling: the prompt is
+    prefilled once, sample j is seeded seed + j); tokens come back as deltas with their
+    processed logprobs. `close` aborts what is still running, freeing its KV blocks."""
 
     def __init__(
         self, backend: VLLMBackend, prompts: list[list[int]], max_new_tokens: list[int],
-        temperature: float, seed: int,
+        temperature: float, seed: int, n: int,
     ) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -469,19 +471,20 @@ class VLLMSession:
 
         self.b = backend
         self.engine = backend._llm.llm_engine
-        self.row_of: dict[str, int] = {}
-        self.open: set[int] = set(range(len(prompts)))
+        self.n = n
+        self.first_row: dict[str, int] = {}  # request id → its first row (i·n)
+        self.open: set[int] = set(range(len(prompts) * n))
         with backend._lock:
             for i, (p, budget) in enumerate(zip(prompts, max_new_tokens)):
                 request_id = f"rollway-{next(backend._request_ids)}"
                 params = SamplingParams(
-                    n=1, temperature=temperature, top_p=1.0, top_k=0, max_tokens=budget,
-                    seed=(seed * 2**20 + i) % 2**63, logprobs=0, stop_token_ids=backend.eos_ids,
+                    n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=budget,
+                    seed=(seed * 2**20 + i * n) % 2**63, logprobs=0, stop_token_ids=backend.eos_ids,
                     detokenize=False, output_kind=RequestOutputKind.DELTA,
                 )
                 prompt = TokensPrompt(prompt_token_ids=list(p), cache_salt=backend._cache_salt())
                 self.engine.add_request(request_id, prompt, params, lora_request=backend._lora_request)
-                self.row_of[request_id] = i
+                self.first_row[request_id] = i * n
 
     def unfinished(self) -> list[int]:
         return sorted(self.open)
@@ -493,25 +496,29 @@ class VLLMSession:
             outputs = self.engine.step()
         tokens = []
         for out in outputs:
-            row = self.row_of.get(out.request_id)
-            if row is None or row not in self.open:
+            first = self.first_row.get(out.request_id)
+            if first is None:
                 continue  # another session's request (aborted ones may still report)
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            if c.logprobs is None or len(c.logprobs) != len(ids):
-                raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
-            for k, t in enumerate(ids):
-                last = out.finished and k == len(ids) - 1
-                if last and c.finish_reason not in ("stop", "length"):
+            for c in out.outputs:
+                row = first + c.index
+                if row not in self.open:
+                    continue
+                ids = list(c.token_ids)
+                if c.logprobs is None or len(c.logprobs) != len(ids):
+                    raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
+                if c.finish_reason is not None and c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request {out.request_id} finished with {c.finish_reason!r}")
-                tokens.append(StepToken(row, t, float(c.logprobs[k][t].logprob), c.finish_reason if last else None))
-            if out.finished:
-                self.open.discard(row)
+                for k, t in enumerate(ids):
+                    last = c.finish_reason is not None and k == len(ids) - 1
+                    tokens.append(StepToken(row, t, float(c.logprobs[k][t].logprob), c.finish_reason if last else None))
+                if c.finish_reason is not None:
+                    self.open.discard(row)
         return tokens
 
     def close(self) -> None:
         if self.open and self.b._llm is not None:
-            running = [rid for rid, row in self.row_of.items() if row in self.open]
+            running = [rid for rid, first in self.first_row.items()
+                       if any(first + j in self.open for j in range(self.n))]
             with self.b._lock:
                 self.engine.abort_request(running)
         self.open = set()
