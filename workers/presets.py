@@ -217,6 +217,101 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             sync={"protocol": "collective", "packed": True, "update_mode": "abort_resume"},
         ),
     },
+    "open-instruct": {
+        "description": (
+            "open-instruct grpo_fast. Reproduces: async_steps=1 (Cleanba-style: the prompt "
+            "queue holds async_steps batches, so inference runs one batch ahead; "
+            "buffer.mode=bounded, capacity 1, max_head_offpolicyness=1, max_staleness=1 — "
+            "open-instruct has no drop knob, and the head never exceeds it); "
+            "truncated_importance_sampling_ratio_cap=2.0 (correction.method=token_tis); "
+            "NCCL broadcast of the whole model into vLLM (sync.protocol=collective, packed); "
+            "inflight_updates with inflight_updates_recompute_kv_cache=False (sync."
+            "update_mode=in_flight: stale KV). Approximates: async_steps is 8 in a recent "
+            "snapshot (set buffer.max_head_offpolicyness and max_staleness to 8); PPO clip "
+            "0.2/0.272 is a symmetric 0.2 here; the collective is NCCL on GPU, gloo here."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 1, "max_staleness": 1,
+                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": True, "update_mode": "in_flight"},
+        ),
+    },
+    "roll": {
+        "description": (
+            "ROLL (Alibaba). Reproduces: async_generation_ratio=1 (0, its default, is "
+            "synchronous: preset sync) — a bounded buffer one batch ahead (buffer.mode="
+            "bounded, capacity 1, max_head_offpolicyness=1); prompt groups started before "
+            "global_step − ceil(async_generation_ratio) are deleted (max_staleness=1, "
+            "on_stale=drop); train_infer_correction token-level IS with upper_bound=1.2 "
+            "(correction.method=token_tis, trainer.tis_cap=1.2); NCCL broadcast in "
+            "model_update_buffer_size_mb=1024 buckets (sync.protocol=collective, packed, "
+            "bucket_mb=1024); pause_sampling, then paused requests resent with their "
+            "pre_output_token_ids (sync.update_mode=abort_resume). Approximates: "
+            "train_infer_correction is off by default in ROLL; its ratio filters and "
+            "pg_variant choices are not modelled; colocated CUDA IPC sync is not either."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "bounded", "capacity": 1, "max_staleness": 1,
+                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            trainer={"tis_cap": 1.2},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024,
+                  "update_mode": "abort_resume"},
+        ),
+    },
+    "tunix": {
+        "description": (
+            "Tunix (Google, agentic learner). Reproduces: off_policy_steps=1 (0, its "
+            "default, is synchronous) — prompt queue prefilled off_policy_steps+1 batches "
+            "ahead into an unbounded train queue (buffer.mode=unbounded, "
+            "max_head_offpolicyness=1); examples with policy_version − version > "
+            "off_policy_steps skipped (max_staleness=1, on_stale=drop); PPO clip ε=0.2. "
+            "Approximates: use_rollout_logps=True clips πθ against the rollout logprobs "
+            "with no recompute and no IS weight; Rollway recomputes π_old and clips only "
+            "(correction.method=none); JAX in-memory resharding is the Ray object store "
+            "here (sync.protocol=object_store); no partial-rollout knob found (drain)."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 1, "max_head_offpolicyness": 1,
+                    "on_stale": "drop"},
+            correction={"method": "none"},
+            sync={"protocol": "object_store", "update_mode": "drain"},
+        ),
+    },
+    "oat": {
+        "description": (
+            "OAT (Sail). Reproduces: asynchronous=True with sync_params_every=1 (inference "
+            "one batch ahead: buffer.mode=double, max_staleness=1); tis_c=2.0 (correction."
+            "method=token_tis); NCCL broadcast one parameter at a time (sync.protocol="
+            "collective, packed=false); the learner waits until no actor is generating, "
+            "then broadcasts (sync.update_mode=drain). Approximates: how far OAT's async "
+            "mode runs ahead is not in our notes (one batch here); no staleness drop was "
+            "found; the collective is NCCL on GPU, gloo here."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "double", "max_staleness": 1, "on_stale": "drop"},
+            correction={"method": "token_tis"},
+            sync={"protocol": "collective", "packed": False, "update_mode": "drain"},
+        ),
+    },
+    "torchforge": {
+        "description": (
+            "TorchForge (Meta). Reproduces: a replay-buffer actor fed by a rollout loop "
+            "(buffer.mode=unbounded, one batch ahead); max_policy_age with age_evict "
+            "dropping entries older than it (buffer.max_staleness=1, on_stale=drop); the "
+            "GRPO example's loss has no behaviour-policy IS (correction.method=none); "
+            "weights pushed to torchstore and pulled by the policy (sync.protocol="
+            "object_store: a store both sides reach); no partial-rollout knob found "
+            "(drain). Approximates: max_policy_age's value in the example config is not in "
+            "our notes (1 here); its KL term to a reference model is not modelled."
+        ),
+        "config": RunConfig(
+            buffer={"mode": "unbounded", "max_staleness": 1, "on_stale": "drop"},
+            correction={"method": "none"},
+            sync={"protocol": "object_store", "update_mode": "drain"},
+        ),
+    },
     # The survey's buffer categories for libraries whose other knobs our notes lack: the
     # buffer layout only, every other switch at Rollway's default.
     "art": {
@@ -251,7 +346,8 @@ PEERS: dict[str, str] = {
     "trl-async": "TRL", "trl-async-lora": "TRL", "pipelinerl": "PipelineRL",
     "prime-rl": "PRIME-RL", "areal": "AReaL", "verl-fully-async": "verl", "skyrl": "SkyRL",
     "nemo-rl": "NeMo-RL", "slime": "slime", "miles": "MILES", "art": "ART",
-    "verifiers": "verifiers", "atropos": "Atropos",
+    "verifiers": "verifiers", "atropos": "Atropos", "open-instruct": "open-instruct",
+    "roll": "ROLL", "tunix": "Tunix", "oat": "OAT", "torchforge": "TorchForge",
 }
 
 

@@ -18,7 +18,8 @@ from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge, do
 # The peers the survey names with at least a buffer category (ANCHORS.md): each has a preset.
 PEER_PRESETS = {
     "trl-async", "pipelinerl", "prime-rl", "areal", "verl-fully-async", "skyrl", "nemo-rl",
-    "slime", "miles", "art", "verifiers", "atropos",
+    "slime", "miles", "art", "verifiers", "atropos", "open-instruct", "roll", "tunix", "oat",
+    "torchforge",
 }
 
 
@@ -104,6 +105,12 @@ def test_peer_presets_set_the_peers_own_figures():
     assert PRESETS["slime"]["config"].sync.bucket_mb == 512
     assert PRESETS["miles"]["config"].buffer.on_stale == "requeue"
     assert PRESETS["art"]["config"].buffer.mode == "none"
+    assert PRESETS["open-instruct"]["config"].sync.update_mode == "in_flight"
+    roll = PRESETS["roll"]["config"]
+    assert (roll.trainer.tis_cap, roll.sync.bucket_mb, roll.sync.update_mode) == (1.2, 1024, "abort_resume")
+    assert PRESETS["tunix"]["config"].correction.method == "none"
+    assert PRESETS["oat"]["config"].sync.packed is False
+    assert PRESETS["torchforge"]["config"].buffer.mode == "unbounded"
 
 
 # -- the presets through the real driver (slow) -------------------------------------------
@@ -121,7 +128,7 @@ SMALL = {
 # One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
 # not every preset runs: these together set every value any preset gives an
 # engine-relevant switch (checked below), so every switch value a preset uses is run.
-RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art"]
+RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art", "torchforge"]
 
 
 def engine_switches(cfg: RunConfig) -> set[tuple[str, object]]:
