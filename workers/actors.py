@@ -130,6 +130,21 @@ class BufferActor:
         return stats
 
 
+class _StagedWeights:
+    """A worker's staged weights as workers.updates.WeightUpdates: what the stepped
+    update modes poll between two decode steps (a plain object, not actor methods)."""
+
+    def __init__(self, worker: "InferenceWorker") -> None:
+        self.worker = worker
+
+    def pending(self) -> bool:
+        return self.worker._pending is not None
+
+    def apply(self) -> int:
+        self.worker._apply_pending()
+        return self.worker.version
+
+
 @ray.remote(num_cpus=INFERENCE_CPUS, max_concurrency=4)
 class InferenceWorker:
     """Generates groups with the weights it holds and puts them into the buffer.
@@ -212,14 +227,6 @@ class InferenceWorker:
         return {"segments": closed, "open": open_seg, "now": now, "syncs": syncs,
                 "version": self.version, "error": self.error, "partial": vars(self.partial).copy()}
 
-    # -- WeightUpdates (workers/updates.py), for the stepped update modes ------------
-
-    def pending(self) -> bool:
-        return self._pending is not None
-
-    def apply(self) -> int:
-        self._apply_pending()
-        return self.version
 
     # -- the loop ------------------------------------------------------------------
 
@@ -260,7 +267,8 @@ class InferenceWorker:
             )
         else:  # weights staged meanwhile are taken between decode steps (workers/updates.py)
             groups, _, counts = self._generate_groups_across_updates(
-                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self
+                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed,
+                _StagedWeights(self),
             )
             self.partial.add(counts)
         self.timeline.end(tokens=sum(g.num_tokens for g in groups))

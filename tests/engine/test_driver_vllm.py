@@ -46,16 +46,17 @@ def test_an_async_run_on_vllm_trains_and_syncs_weights(tmp_path):
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_flight"])
 def test_update_modes_on_vllm_take_weights_mid_generation(tmp_path, mode):
-    # Generation is the bottleneck (no warm start: the policy seldom says EOS; 48-token
-    # completions) and the worker may run 3 batches ahead, so weights arrive while it
-    # generates: resumed sequences and in-flight ones mix versions.
+    # Generation is the bottleneck (no warm start: the policy seldom says EOS; 56-token
+    # completions; small batches, cheap to train) and the worker may run 3 batches
+    # ahead, so weights arrive while it generates: aborts are counted, and in-flight
+    # sequences mix versions.
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 0, "noisy_steps": 0},
-        "inference": {"backend": "vllm", "max_new_tokens": 48},
+        "inference": {"backend": "vllm", "max_new_tokens": 56},
         "buffer": {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3},
         "sync": {"update_mode": mode},
-        "trainer": {"batch_groups": 4, "group_size": 4},
+        "trainer": {"batch_groups": 2, "group_size": 4},
         "stop": {"max_steps": 8},
     }
     run_id = 210 + ["abort_resume", "in_flight"].index(mode)
@@ -71,12 +72,12 @@ def test_update_modes_on_vllm_take_weights_mid_generation(tmp_path, mode):
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     last = lambda name: s[name][max(s[name])]  # noqa: E731 (cumulative series)
-    assert max(s["rollout/mixed_version_frac"].values()) > 0
     assert max(s["staleness/max"].values()) <= 3
     if mode == "abort_resume":
         assert last("rollout/partial_aborted") > 0
         assert last("rollout/partial_resumed") == last("rollout/partial_aborted")
     else:
         assert last("rollout/partial_aborted") == 0
+        assert max(s["rollout/mixed_version_frac"].values()) > 0
     # Mixed-version tokens still carry the logprobs of the weights that sampled them.
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
