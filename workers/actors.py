@@ -305,6 +305,13 @@ class TrainerActor:
     def ready(self) -> bool:
         return True
 
+    def policy_checksum(self) -> str:
+        """sha256 of the policy's weights under checkpoint names (workers.sync.base
+        .state_checksum): equal checksums mean bit-identical policies."""
+        from workers.sync.base import state_checksum
+
+        return state_checksum(self.trainer.state_dict())
+
     def sync_endpoint(self) -> dict:
         """What the workers need to `sync_connect` (opens a collective's rendezvous)."""
         return self.sender.endpoint()

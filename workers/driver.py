@@ -86,6 +86,7 @@ class RunDriver:
         self._syncs: dict[int, list] = defaultdict(list)  # version → SyncReport per worker
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
+        self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,6 +135,7 @@ class RunDriver:
                 t1 = time.perf_counter()
                 self._stop_children()
                 self._collect()
+                self.policy_sha256 = self._policy_checksum()
                 self.timings["stop"] = time.perf_counter() - t1
             else:  # cancelled before the loops ran: nothing to drain, just kill
                 self.reason = "cancelled"
@@ -155,7 +157,8 @@ class RunDriver:
 
     def summary(self) -> dict:
         """state, reason, error, steps, wall_s (of the loops), timings (seconds per
-        phase) and every emitted series as {name: [(step, value), ...]}."""
+        phase), policy_sha256 (the final weights' checksum: equal for bit-identical
+        policies) and every emitted series as {name: [(step, value), ...]}."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -164,6 +167,7 @@ class RunDriver:
             "steps": self.version,
             "wall_s": self.timings.get("loops", time.time() - self._loop_started if self._loop_started else 0.0),
             "timings": dict(self.timings),
+            "policy_sha256": self.policy_sha256,
             "series": dict(self.series),
         }
 
@@ -241,6 +245,15 @@ class RunDriver:
             if reason:
                 return reason
         return "cancelled"
+
+    def _policy_checksum(self) -> str:
+        """The final weights' checksum; "" if the trainer cannot say (the run's outcome
+        does not depend on it)."""
+        try:
+            return ray.get(self.trainer.policy_checksum.remote(), timeout=STOP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a dead or stuck trainer after its last step
+            log.warning("run %s: no checksum of the final policy", self.run_id, exc_info=True)
+            return ""
 
     def _stop_children(self) -> None:
         actors = [a for a in (self.trainer, *self.workers) if a is not None]
