@@ -227,7 +227,6 @@ class InferenceWorker:
         return {"segments": closed, "open": open_seg, "now": now, "syncs": syncs,
                 "version": self.version, "error": self.error, "partial": vars(self.partial).copy()}
 
-
     # -- the loop ------------------------------------------------------------------
 
     def _apply_pending(self) -> None:

@@ -173,7 +173,8 @@ class MetricsReporter:
     def close(self, timeout_s: float = 10.0) -> bool:
         """Deliver what is left, retrying for up to `timeout_s`; True if nothing is left.
 
-        Whatever could not be delivered stays in the spool for `resend_spool`."""
+        Whatever could not be delivered stays in the spool: a later reporter of the
+        run sends it first, and the platform's reconcile takes in a gone driver's."""
         if self._client is None:
             return True
         deadline = time.monotonic() + timeout_s
@@ -317,10 +318,3 @@ def _read_status(path: Path, run_id: int) -> tuple[str, str] | None:
     except (json.JSONDecodeError, KeyError, TypeError):
         log.warning("run %s: ignoring a corrupt status spool %s", run_id, path)
         return None
-
-
-def resend_spool(run_id: int, *, ingest_url: str, token: str, cache_dir: str, timeout_s: float = 10.0) -> bool:
-    """Re-send the spooled points and status of a run whose driver is gone (the
-    platform's reconcile task calls it). True if nothing is left in the spool."""
-    reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
-    return reporter.close(timeout_s=timeout_s)

@@ -14,28 +14,17 @@ from typing import Annotated, Literal
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
-from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
 
 from api.http import errors_response, validation_errors
-from runs.actions import do_record_points, do_set_run_status
+from runs.actions import NO_REASON, PointIn, do_record_points, do_set_run_status
 from runs.models import Run
 
 logger = logging.getLogger(__name__)
 
-SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
 # Bounds one request's memory (~5 MB of JSON); the reporter sends far smaller batches.
 MAX_POINTS_PER_REQUEST = 50_000
-
-
-class PointIn(TypedDict):
-    # TypedDicts validate straight into dicts: no model object per point.
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
-
-    series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
-    step: Annotated[int, Field(ge=0)]
-    value: Annotated[float, Field(allow_inf_nan=False)]
-    time: Annotated[float, Field(allow_inf_nan=False)]
 
 
 class MetricsIn(TypedDict):
@@ -111,6 +100,6 @@ def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
     status = REPORTED[payload["status"]]
     error = payload.get("error", "")
     if status == Run.Status.FAILED and not error:
-        error = "failed (the driver gave no reason)"
+        error = NO_REASON
     changed = do_set_run_status(run, status, error=error if status == Run.Status.FAILED else "")
     return JsonResponse({"status": run.status, "changed": changed})

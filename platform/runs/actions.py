@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable
 
 from django.db import transaction
 from django.utils import timezone
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from runs import events
 from runs.models import Experiment, MetricPoint, Run
@@ -253,6 +254,39 @@ def _enqueue_cancel(run_id: int) -> None:
 
 
 # --- metrics ------------------------------------------------------------------------
+
+
+SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
+# The error a failed run gets when its driver reported none.
+NO_REASON = "failed (the driver gave no reason)"
+
+
+class PointIn(TypedDict):
+    """One metric point as the engine sends it (the ingest and reconcile's spool
+    recovery validate against this). TypedDicts validate straight into dicts: no model
+    object per point."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
+    step: Annotated[int, Field(ge=0)]
+    value: Annotated[float, Field(allow_inf_nan=False)]
+    time: Annotated[float, Field(allow_inf_nan=False)]
+
+
+POINT_IN = TypeAdapter(PointIn)
+
+
+def valid_points(points: Iterable[Any]) -> list[dict]:
+    """The points that are valid `PointIn`s (for input read from disk, point by point:
+    one bad line does not cost the others)."""
+    out = []
+    for p in points:
+        try:
+            out.append(POINT_IN.validate_python(p))
+        except ValidationError:
+            logger.warning("dropping an invalid metric point: %r", p)
+    return out
 
 
 def do_record_points(run: Run, points: list[dict]) -> int:

@@ -8,7 +8,6 @@ visibility timeout and launches twice): the run lives in Ray as the detached act
 from __future__ import annotations
 
 import logging
-import math
 import time
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from runs.actions import do_record_points, do_set_run_status
+from runs.actions import NO_REASON, do_record_points, do_set_run_status, valid_points
 from runs.models import Run
 
 logger = logging.getLogger(__name__)
@@ -167,25 +166,14 @@ def _recover_from_spool(run: Run) -> bool:
     points, status = read_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
     if not points and status is None:
         return False
-    valid = [p for p in points if _is_point(p)]
+    valid = valid_points(points)
     if valid:
         do_record_points(run, valid)
     ended = False
     if status is not None and status[0] in SPOOLED_END:
         end = SPOOLED_END[status[0]]
-        error = (status[1] or "failed (the driver gave no reason)") if end == Status.FAILED else ""
+        error = (status[1] or NO_REASON) if end == Status.FAILED else ""
         ended = do_set_run_status(run, end, error=error, only_from=[run.status])
     clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
     logger.info("run %s: took in %d spooled points%s", run.pk, len(valid), f" and status {status[0]}" if status else "")
     return ended
-
-
-def _is_point(p) -> bool:
-    return (
-        isinstance(p, dict)
-        and isinstance(p.get("series"), str)
-        and isinstance(p.get("step"), int)
-        and isinstance(p.get("value"), (int, float))
-        and math.isfinite(p["value"])
-        and isinstance(p.get("time"), (int, float))
-    )

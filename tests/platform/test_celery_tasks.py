@@ -185,8 +185,12 @@ def test_reconcile_takes_in_what_a_driver_spooled_when_the_site_was_down(driver,
     from runs.models import MetricPoint
     from workers.reporter import read_spool
 
+    from workers.reporter import spool_path
+
     run = make_run(status=Status.RUNNING)
     _spool_as_a_driver_would(run, settings, status, "boom" if status == "failed" else "")
+    with open(spool_path(settings.ROLLWAY_CACHE_DIR, run.pk), "a") as f:  # a corrupt point
+        f.write('{"series": "reward/mean", "step": -1, "value": 1.0, "time": 0}\n')
     counts = tasks.reconcile_runs()
     run.refresh_from_db()
     assert counts["recovered"] == 1 and counts["lost"] == 0
