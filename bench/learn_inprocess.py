@@ -23,8 +23,8 @@ import torch  # noqa: E402
 
 from workers.inference.torch_backend import TorchBackend  # noqa: E402
 from workers.presets import build, dotted_overrides  # noqa: E402
-from workers.rollouts import generate_groups  # noqa: E402
-from workers.tasks import make_task  # noqa: E402
+from workers.generation import generate_groups  # noqa: E402
+from workers.rl_tasks import make_task  # noqa: E402
 from workers.tokenizer import CharTokenizer  # noqa: E402
 from workers.trainer import Trainer  # noqa: E402
 from workers.warmstart import policy_dir  # noqa: E402

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ray  # noqa: E402
 from sync_vs_async import run_mode, steady  # noqa: E402
 
-from workers.driver import NAMESPACE  # noqa: E402
+from workers.run_actors import NAMESPACE  # noqa: E402
 from workers.presets import build, deep_merge, dotted_overrides  # noqa: E402
 
 # name → (preset, overrides on top of the common ones)

@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ray  # noqa: E402
 
-from workers.driver import NAMESPACE, RunDriver  # noqa: E402
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE  # noqa: E402
 from workers.presets import build, deep_merge, dotted_overrides  # noqa: E402
 
 

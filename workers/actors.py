@@ -156,10 +156,10 @@ class InferenceWorker:
 
     def __init__(self, config: dict, model_dir: str, index: int, num_workers: int, buffer) -> None:
         from workers.inference import make_backend
-        from workers.rollouts import generate_groups, generate_groups_across_updates
+        from workers.generation import generate_groups, generate_groups_across_updates
         from workers.updates import PartialCounts
         from workers.sync import receiver_for
-        from workers.tasks import make_task
+        from workers.rl_tasks import make_task
         from workers.tokenizer import CharTokenizer
 
         self._generate_groups = generate_groups

@@ -1,8 +1,6 @@
-"""The run driver and the run lifecycle API (launch / cancel / is_alive).
+"""The run driver: the detached Ray actor `run-<id>` that is one run.
 
-A run lives in Ray as a detached, named actor `run-<id>` (namespace "rollway"), so the
-Celery task that launches it stays short and a redelivered task finds the run instead
-of starting it twice. The driver builds (or finds) the warm-started policy, creates the
+The platform starts and stops it through workers.lifecycle. The driver builds (or finds) the warm-started policy, creates the
 run's actors (`run-<id>-buffer`, `run-<id>-inference-<k>`, `run-<id>-trainer`; not
 detached, so they die with the driver), starts their loops and supervises them: every
 POLL_S it drains their metrics, reports them through the `MetricsReporter` (one point
@@ -15,7 +13,6 @@ cancelled run posts no terminal status: the platform set "cancelled" itself.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import traceback
@@ -27,11 +24,11 @@ from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
 from workers.reporter import MetricsReporter
+from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
 from workers.timeline import StepWindows
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "rollway"
 # Metrics poll period: shorter → fresher charts, more actor calls (≈1 ms each).
 POLL_S = 0.5
 # target_reward is judged on the mean reward/mean of this many latest steps: one step
@@ -45,11 +42,6 @@ STOP_TIMEOUT_S = 30.0
 # from looking lost to the platform's reconcile while the site restarts.
 FINAL_FLUSH_S = 30.0
 CANCEL_FLUSH_S = 2.0
-LAUNCH_TIMEOUT_S = 60.0
-
-
-def actor_name(run_id: int) -> str:
-    return f"run-{run_id}"
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -175,7 +167,7 @@ class RunDriver:
         """Create the run's actors and start their loops; False if cancelled meanwhile."""
         if self._stop.is_set():
             return False
-        _kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
+        kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
         cfg, b = self.cfg, self.cfg.trainer.batch_groups
         w = cfg.inference.num_workers
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
@@ -349,119 +341,3 @@ def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewar
 
 class ChildFailed(RuntimeError):
     """A run actor raised or died; the message carries its traceback."""
-
-
-# -- lifecycle API (called by the platform's Celery tasks) ---------------------------
-
-
-def connect(ray_address: str | None = None) -> None:
-    """Join Ray if this process has not: `ray_address`, else RAY_ADDRESS, else a new
-    local cluster (which lives only as long as this process: fine for tests, not for a
-    platform; there the launcher's `ray start --head` sets RAY_ADDRESS)."""
-    if ray.is_initialized():
-        return
-    address = ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-    else:
-        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
-
-
-def launch(
-    run_id: int,
-    config: dict,
-    *,
-    ingest_url: str,
-    token: str,
-    cache_dir: str,
-    ray_address: str | None = None,
-) -> str:
-    """Create (or find) the detached driver actor `run-<run_id>` and start the run.
-
-    Idempotent: launching a run whose driver is alive only finds it. Returns the actor
-    name once the driver has started (seconds); the run goes on inside Ray. Raises
-    pydantic.ValidationError for a bad config. A driver that already finished has exited,
-    so launching its run again starts it afresh: check the run's state first."""
-    cfg = RunConfig.model_validate(config)
-    connect(ray_address)
-    driver = RunDriver.options(
-        name=actor_name(run_id),
-        namespace=NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=0,
-    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir)
-    return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
-
-
-def cancel(run_id: int, *, ray_address: str | None = None, timeout_s: float = 10.0) -> bool:
-    """Stop run `run_id` and every actor it created; True if there was one.
-
-    Asks the driver to stop gracefully for up to half of `timeout_s`, then kills whatever
-    `run-<id>*` actor is left, and waits until none is alive. Raises TimeoutError naming
-    the survivors if some outlive `timeout_s`."""
-    connect(ray_address)
-    deadline = time.monotonic() + timeout_s
-    names = run_actor_names(run_id)
-    if not names:
-        return False
-    driver = _get_actor(actor_name(run_id))
-    if driver is not None:
-        try:
-            ray.get(driver.stop.remote(), timeout=max(0.1, timeout_s / 4))
-            grace = time.monotonic() + timeout_s / 2
-            while run_actor_names(run_id) and time.monotonic() < grace:
-                time.sleep(0.1)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-    while True:
-        left = run_actor_names(run_id)
-        if not left:
-            return True
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"run {run_id}: actors still alive after {timeout_s}s: {left}")
-        _kill_named(left)
-        time.sleep(0.1)
-
-
-def is_alive(run_id: int, *, ray_address: str | None = None) -> bool:
-    """Whether the driver actor of run `run_id` exists and answers (or is busy)."""
-    connect(ray_address)
-    driver = _get_actor(actor_name(run_id))
-    if driver is None:
-        return False
-    try:
-        ray.get(driver.ping.remote(), timeout=5.0)
-    except ray.exceptions.GetTimeoutError:
-        return True  # alive but its call slots are busy
-    except ray.exceptions.RayActorError:
-        return False
-    return True
-
-
-def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
-    """Names of the live actors of run `run_id` in the rollway namespace."""
-    base = actor_name(run_id)
-    return sorted(
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == NAMESPACE
-        and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
-    )
-
-
-def _get_actor(name: str):
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return None
-
-
-def _kill_named(names: list[str]) -> None:
-    for name in names:
-        handle = _get_actor(name)
-        if handle is not None:
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # died meanwhile
-                pass

@@ -57,7 +57,7 @@ class PartialCounts:
 
 
 @dataclass
-class Sequence:
+class PartialSequence:
     """One completion being built, with what each token came from."""
 
     prompt_ids: list[int]
@@ -75,7 +75,7 @@ class Generation:
     """What `generate_across_updates` returns: `n` sequences per prompt (prompt-major),
     the version loaded at the end, and the counts."""
 
-    sequences: list[list[Sequence]]
+    sequences: list[list[PartialSequence]]
     version: int
     counts: PartialCounts
 
@@ -95,7 +95,7 @@ def generate_across_updates(
     as `mode` says whenever `updates.pending()` between two steps."""
     if mode not in STEPPED_MODES:
         raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
-    seqs = [Sequence(list(p)) for p in prompts for _ in range(n)]
+    seqs = [PartialSequence(list(p)) for p in prompts for _ in range(n)]
     counts = PartialCounts()
     rows = list(range(len(seqs)))  # session row → index in seqs
     attempt = 0

@@ -23,8 +23,8 @@ import torch
 
 from workers.config import RunConfig
 from workers.model import build_tiny, load_model, save_model
-from workers.rollouts import encode_prompt
-from workers.tasks import make_task
+from workers.generation import encode_prompt
+from workers.rl_tasks import make_task
 from workers.tokenizer import CharTokenizer, TOKENIZER_FILE
 from workers.trainer import pack, token_logprobs
 

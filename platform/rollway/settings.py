@@ -23,7 +23,7 @@ ROLLWAY_HOME.mkdir(parents=True, exist_ok=True)
 ROLLWAY_CACHE_DIR = str(ROLLWAY_HOME / "cache")
 # What the engine posts metrics and status to; must be reachable from the Ray cluster.
 ROLLWAY_PUBLIC_URL = env_str("ROLLWAY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
-# None: workers.driver uses RAY_ADDRESS from the environment, else starts/joins local Ray.
+# None: workers.lifecycle uses RAY_ADDRESS from the environment, else starts/joins local Ray.
 RAY_ADDRESS = env_str("RAY_ADDRESS")
 
 

@@ -2,7 +2,7 @@
 
 A task never lives as long as its run (a long task is redelivered after the broker's
 visibility timeout and launches twice): the run lives in Ray as the detached actor
-"run-<id>" that `workers.driver` creates, and the Run row is reconciled to it.
+"run-<id>" that `workers.lifecycle` launches, and the Run row is reconciled to it.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ Status = Run.Status
 
 def _driver():
     # Imported on use: it pulls in Ray, which the web process never needs.
-    from workers import driver
+    from workers import lifecycle
 
-    return driver
+    return lifecycle
 
 
 def _load(run_id: int) -> Run | None:

@@ -9,7 +9,9 @@ import pytest
 import ray
 
 from tests.engine.ingest_stub import IngestStub
-from workers.driver import NAMESPACE, RunDriver, actor_name, cancel, is_alive, launch, run_actor_names
+from workers.driver import RunDriver
+from workers.lifecycle import cancel, is_alive, launch
+from workers.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.metric_names import NAMES
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ import time
 import pytest
 import ray
 
-from workers.driver import NAMESPACE, RunDriver, run_actor_names
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE, run_actor_names
 
 vllm = pytest.importorskip("vllm")
 

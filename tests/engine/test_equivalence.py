@@ -25,7 +25,8 @@ import pytest
 import ray
 
 from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
-from workers.driver import NAMESPACE, RunDriver, actor_name
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE, actor_name
 from workers.presets import build, deep_merge
 
 pytestmark = pytest.mark.slow

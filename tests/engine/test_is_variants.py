@@ -210,8 +210,8 @@ def test_every_method_still_learns_the_default_task_one_step_off(method):
 
     from workers.inference.torch_backend import TorchBackend
     from workers.presets import build
-    from workers.rollouts import generate_groups
-    from workers.tasks import make_task
+    from workers.generation import generate_groups
+    from workers.rl_tasks import make_task
     from workers.tokenizer import CharTokenizer
     from workers.trainer import Trainer
     from workers.warmstart import policy_dir

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
 from workers.config import RunConfig
-from workers.driver import NAMESPACE, RunDriver, actor_name
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE, actor_name
 from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge, dotted_overrides
 
 # The peers the survey names with at least a buffer category (ANCHORS.md): each has a preset.

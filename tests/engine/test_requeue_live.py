@@ -17,7 +17,8 @@ import ray
 
 from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
 from workers.buffer import RolloutBuffer
-from workers.driver import NAMESPACE, RunDriver, actor_name
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE, actor_name
 from workers.rollout import Group, Rollout
 
 

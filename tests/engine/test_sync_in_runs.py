@@ -2,7 +2,7 @@
 
 Fast: the config refuses combinations that cannot work, naming the fields; the LoRA
 trainer trains the adapter only and hands out merged weights under checkpoint names.
-Slow: a short run launched through `workers.driver.launch` on in-process Ray (torch
+Slow: a short run launched through `workers.lifecycle.launch` on in-process Ray (torch
 backend) with a packed collective, and with LoRA adapter-only sync, reports its sync
 figures and succeeds.
 """
@@ -17,7 +17,8 @@ from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F
 from tests.engine.ingest_stub import IngestStub
 from tests.engine.test_driver import TOKEN, cache_dir, cluster, stub, tiny_config, wait_for  # noqa: F401 (fixtures)
 from workers.config import RunConfig
-from workers.driver import launch, run_actor_names
+from workers.lifecycle import launch
+from workers.run_actors import run_actor_names
 
 # -- config (fast) --------------------------------------------------------------------
 

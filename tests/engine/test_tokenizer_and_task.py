@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from workers.config import RunConfig, TaskConfig
-from workers.tasks import make_task
+from workers.rl_tasks import make_task
 from workers.tokenizer import CharTokenizer
 
 

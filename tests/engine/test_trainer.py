@@ -15,8 +15,8 @@ from workers.inference.base import Completion
 from workers.inference.torch_backend import TorchBackend
 from workers.metric_names import NAMES
 from workers.model import load_model
-from workers.rollouts import generate_groups
-from workers.tasks import make_task
+from workers.generation import generate_groups
+from workers.rl_tasks import make_task
 from workers.tokenizer import CharTokenizer
 from workers.trainer import Trainer, pack, token_logprobs
 

@@ -91,13 +91,13 @@ def http_ok(url: str) -> bool:
 # test process (which may have used a local Ray already) cannot join a token-auth head.
 _PROBE = """
 import json, sys
-from workers import driver
-driver.connect(sys.argv[1])
+from workers import lifecycle, run_actors
+lifecycle.connect(sys.argv[1])
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     run_id = int(line)
-    print(json.dumps({"names": driver.run_actor_names(run_id),
-                      "alive": driver.is_alive(run_id, ray_address=sys.argv[1])}), flush=True)
+    print(json.dumps({"names": run_actors.run_actor_names(run_id),
+                      "alive": lifecycle.is_alive(run_id, ray_address=sys.argv[1])}), flush=True)
 """
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from workers.config import RunConfig
 from workers.inference.base import InferenceBackend
 from workers.rollout import Group, Rollout
-from workers.tasks import Task
+from workers.rl_tasks import Task
 from workers.tokenizer import CharTokenizer
-from workers.updates import PartialCounts, Sequence, WeightUpdates, generate_across_updates
+from workers.updates import PartialCounts, PartialSequence, WeightUpdates, generate_across_updates
 
 
 def encode_prompt(tokenizer: CharTokenizer, prompt: str) -> list[int]:
@@ -38,7 +38,7 @@ def generate_groups(
         seed=seed,
     )
     sequences = [
-        [Sequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
+        [PartialSequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
          for c in comps]
         for ids, comps in zip(prompt_ids, completions)
     ]
@@ -69,7 +69,7 @@ def generate_groups_across_updates(
 
 def _score(
     task: Task, tokenizer: CharTokenizer, prompts: list[tuple[str, str]],
-    sequences: list[list[Sequence]], seed: int,
+    sequences: list[list[PartialSequence]], seed: int,
 ) -> list[Group]:
     groups = []
     for i, ((prompt, answer), seqs) in enumerate(zip(prompts, sequences)):

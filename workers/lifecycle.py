@@ -1,0 +1,105 @@
+"""The run lifecycle as the platform sees it: connect to Ray, launch, cancel, is_alive.
+
+A run lives in Ray as the detached driver actor `run-<id>` (workers.driver), so the
+Celery task that launches it stays short and a redelivered task finds the run instead
+of starting it twice. These calls are all the platform needs of Ray; each is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from workers.config import RunConfig
+from workers.driver import RunDriver
+from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names
+
+# The driver's constructor and start() only set up a thread: seconds, even on a busy host.
+LAUNCH_TIMEOUT_S = 60.0
+
+
+def connect(ray_address: str | None = None) -> None:
+    """Join Ray if this process has not: `ray_address`, else RAY_ADDRESS, else a new
+    local cluster (which lives only as long as this process: fine for tests, not for a
+    platform; there the launcher's `ray start --head` sets RAY_ADDRESS)."""
+    if ray.is_initialized():
+        return
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+
+
+def launch(
+    run_id: int,
+    config: dict,
+    *,
+    ingest_url: str,
+    token: str,
+    cache_dir: str,
+    ray_address: str | None = None,
+) -> str:
+    """Create (or find) the detached driver actor `run-<run_id>` and start the run.
+
+    Idempotent: launching a run whose driver is alive only finds it. Returns the actor
+    name once the driver has started (seconds); the run goes on inside Ray. Raises
+    pydantic.ValidationError for a bad config. A driver that already finished has exited,
+    so launching its run again starts it afresh: check the run's state first."""
+    cfg = RunConfig.model_validate(config)
+    connect(ray_address)
+    driver = RunDriver.options(
+        name=actor_name(run_id),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=0,
+    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir)
+    return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
+
+
+def cancel(run_id: int, *, ray_address: str | None = None, timeout_s: float = 10.0) -> bool:
+    """Stop run `run_id` and every actor it created; True if there was one.
+
+    Asks the driver to stop gracefully for up to half of `timeout_s`, then kills whatever
+    `run-<id>*` actor is left, and waits until none is alive. Raises TimeoutError naming
+    the survivors if some outlive `timeout_s`."""
+    connect(ray_address)
+    deadline = time.monotonic() + timeout_s
+    names = run_actor_names(run_id)
+    if not names:
+        return False
+    driver = get_actor(actor_name(run_id))
+    if driver is not None:
+        try:
+            ray.get(driver.stop.remote(), timeout=max(0.1, timeout_s / 4))
+            grace = time.monotonic() + timeout_s / 2
+            while run_actor_names(run_id) and time.monotonic() < grace:
+                time.sleep(0.1)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+    while True:
+        left = run_actor_names(run_id)
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run_id}: actors still alive after {timeout_s}s: {left}")
+        kill_named(left)
+        time.sleep(0.1)
+
+
+def is_alive(run_id: int, *, ray_address: str | None = None) -> bool:
+    """Whether the driver actor of run `run_id` exists and answers (or is busy)."""
+    connect(ray_address)
+    driver = get_actor(actor_name(run_id))
+    if driver is None:
+        return False
+    try:
+        ray.get(driver.ping.remote(), timeout=5.0)
+    except ray.exceptions.GetTimeoutError:
+        return True  # alive but its call slots are busy
+    except ray.exceptions.RayActorError:
+        return False
+    return True

@@ -1,0 +1,45 @@
+"""A run's actors in Ray, by name: `run-<id>` (the driver, detached) and
+`run-<id>-<role>` (buffer, trainer, inference-<k>), all in namespace "rollway".
+
+Names are how a run is found again from any process (a redelivered Celery task, the
+reconcile beat, a new driver replacing a dead one), so they are built in one place.
+"""
+
+from __future__ import annotations
+
+import ray
+
+NAMESPACE = "rollway"
+
+
+def actor_name(run_id: int) -> str:
+    """The driver actor's name; the run's other actors extend it with `-<role>`."""
+    return f"run-{run_id}"
+
+
+def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
+    """Names of the live actors of run `run_id` in the rollway namespace."""
+    base = actor_name(run_id)
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE
+        and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
+    )
+
+
+def get_actor(name: str):
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def kill_named(names: list[str]) -> None:
+    for name in names:
+        handle = get_actor(name)
+        if handle is not None:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # died meanwhile
+                pass
