@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Django's command-line utility for Rollway.
 
-platform/ is a source root (never a package: see DESIGN.md §2), so it goes on sys.path
-here, with the repository root for `workers` and `migrations`.
+platform/ is a source root, never a package (a package named `platform` would shadow
+Python's stdlib module that torch, Ray and Celery import), so it goes on sys.path here,
+with the repository root for `workers` and `migrations`.
 """
 
 import os

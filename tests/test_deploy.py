@@ -20,7 +20,9 @@ from ops.management.commands.up import (
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 SCHEDULE = "/var/lib/rollway/celerybeat-schedule"
-# What a production deployment must set for web, worker and beat (DESIGN.md §4).
+# What a production deployment must set for web, worker and beat: unset, each process
+# falls back to a one-machine default (its own SQLite, broker folder, channel layer, Ray
+# and key; localhost-only URLs), which processes in separate pods cannot share.
 PRODUCTION = {"DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS",
               "ROLLWAY_PUBLIC_URL", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS"}
 # Read by Ray itself, not by settings.py: the token auth every Ray client needs, and the

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from django.core.asgi import get_asgi_application
+
 _PLATFORM_DIR = Path(__file__).resolve().parents[1]
 for _path in (str(_PLATFORM_DIR), str(_PLATFORM_DIR.parent)):
     if _path not in sys.path:
@@ -14,22 +16,26 @@ for _path in (str(_PLATFORM_DIR), str(_PLATFORM_DIR.parent)):
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rollway.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
 
-# Django must be set up before anything imports models (the consumers do).
-django_asgi_app = get_asgi_application()
+def _application():
+    # Django must be set up before anything imports models (the consumers do), so the
+    # WebSocket side is imported only after get_asgi_application().
+    django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from channels.security.websocket import AllowedHostsOriginValidator
 
-from runs.routing import websocket_urlpatterns  # noqa: E402
+    from runs.routing import websocket_urlpatterns
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
-)
+    return ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            ),
+        }
+    )
+
+
+application = _application()

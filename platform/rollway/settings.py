@@ -1,4 +1,4 @@
-"""Rollway's Django settings, read from the environment (see the brief's Settings list).
+"""Rollway's Django settings, read from the environment (README.md, "Settings").
 
 Defaults make a bare checkout run on one machine with nothing installed: SQLite and the
 Celery `filesystem://` broker under ROLLWAY_HOME, an in-memory channel layer, local Ray.
@@ -169,7 +169,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = False  # tasks are short and idempotent; a redelivery is harmless
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_WORKER_REDIRECT_STDOUTS = False  # Ray needs a real stdout (MACHINE.md)
+# ray.init calls sys.stderr.fileno() (faulthandler), which Celery's logging proxy lacks.
+CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(ROLLWAY_HOME / "celerybeat-schedule")

@@ -30,7 +30,9 @@ def _send(group: str, message: dict) -> None:
         return
     try:
         async_to_sync(layer.group_send)(group, message)
-    except Exception:  # noqa: BLE001 - a broken channel layer must not fail ingest
+    except Exception:
+        # Whatever the channel layer raises (Redis down, a full channel): the data is
+        # stored already, so a failed broadcast must not fail the ingest or the action.
         logger.exception("channel layer send to %s failed", group)
 
 

@@ -1,4 +1,4 @@
-"""The walking skeleton from a user's chair: real Chromium (Debian's build, driven by
+"""The whole site from a user's chair: real Chromium (Debian's build, driven by
 Playwright) against daphne, with a separate Celery worker and a Ray head behind it.
 
 Log in, launch a run from the form, watch a chart gain points without reloading the

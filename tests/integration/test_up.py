@@ -62,7 +62,10 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
     )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True).start()
-    output = lambda: "".join(lines[-60:])  # noqa: E731
+
+    def output() -> str:
+        return "".join(lines[-60:])
+
     try:
         wait_for(lambda: any("Rollway is up at" in l for l in lines) or up.poll() is not None,
                  240, "`up` to print its URL")

@@ -42,7 +42,8 @@ def test_a_bad_integer_names_the_variable(monkeypatch):
 
 
 def test_settings_default_to_one_machine_with_nothing_installed(settings):
-    # The defaults the brief fixes (only checked where the environment does not override).
+    # The embedded defaults of README.md's Settings table (only checked where the
+    # environment does not override them).
     import os
 
     if not os.environ.get("CELERY_BROKER_URL"):
