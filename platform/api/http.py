@@ -9,22 +9,12 @@ from typing import Callable
 from django.http import HttpRequest, JsonResponse
 from pydantic import ValidationError
 
+from runs.errors import ActionError, field_errors
+
 
 def errors_response(errors: dict[str, str], status: int = 400) -> JsonResponse:
     """The one error shape of the API: {"errors": {field: message}}."""
     return JsonResponse({"errors": errors}, status=status)
-
-
-def validation_errors(exc: ValidationError) -> dict[str, str]:
-    """{"points.3.value": "Input should be a finite number"}: dotted location → message."""
-    errors: dict[str, str] = {}
-    for err in exc.errors():
-        field = ".".join(str(part) for part in err["loc"]) or "body"
-        message = err["msg"]
-        if err["type"] == "json_invalid":
-            message = f"invalid JSON: {err.get('ctx', {}).get('error', message)}"
-        errors.setdefault(field, message.removeprefix("Value error, "))
-    return errors
 
 
 def api_login_required(view: Callable) -> Callable:
@@ -39,18 +29,18 @@ def api_login_required(view: Callable) -> Callable:
     return wrapper
 
 
-def bad_input_response(exc: Exception) -> JsonResponse:
-    """400 for any of the API's bad-input exceptions (BadBody, pydantic ValidationError,
-    runs.actions.ActionError — each carries its errors by field)."""
+def refusal_response(exc: ValidationError | ActionError) -> JsonResponse:
+    """The answer to a refused request: a pydantic ValidationError of the body is a 400
+    by field; an ActionError (BadBody, BadParam and the actions layer's NotFound,
+    Conflict...) answers its own `http_status`."""
     if isinstance(exc, ValidationError):
-        return errors_response(validation_errors(exc))
-    return errors_response(exc.errors)
+        return errors_response(field_errors(exc))
+    return errors_response(exc.errors, status=exc.http_status)
 
 
-class BadBody(Exception):
+class BadBody(ActionError):
     def __init__(self, message: str):
-        super().__init__(message)
-        self.errors = {"body": message}
+        super().__init__({"body": message})
 
 
 def json_object(request: HttpRequest) -> dict:
@@ -64,10 +54,9 @@ def json_object(request: HttpRequest) -> dict:
     return data
 
 
-class BadParam(Exception):
+class BadParam(ActionError):
     def __init__(self, name: str, message: str):
-        super().__init__(message)
-        self.errors = {name: message}
+        super().__init__({name: message})
 
 
 def int_param(request: HttpRequest, name: str, default: int | None, *, lo: int | None = None,

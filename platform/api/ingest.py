@@ -1,5 +1,5 @@
-"""The engine's ingest endpoints (brief: "Metrics ingest"): the driver's reporter posts
-metric batches and status changes here, authenticated by the run's own bearer token.
+"""The engine's ingest endpoints: the driver's reporter posts metric batches and status
+changes here, authenticated by the run's own bearer token.
 
 One metrics path for local and remote Ray clusters alike; persisted idempotently (one row
 per run, series, step) and then fanned out to the run's WebSocket group.
@@ -17,9 +17,9 @@ from django.http import HttpRequest, JsonResponse
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
 
-from api.http import errors_response, validation_errors
-from runs.actions import NO_REASON, PointIn, do_record_points, do_set_run_status
+from api.http import errors_response, refusal_response
 from runs.models import Run
+from runs.reports import PointIn, do_record_points, do_record_reported_status
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +36,12 @@ class MetricsIn(TypedDict):
 class StatusIn(TypedDict):
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
-    status: Literal["running", "succeeded", "failed"]
+    status: Literal["running", "succeeded", "failed"]  # the keys of runs.reports.REPORTED
     error: NotRequired[Annotated[str, Field(max_length=20_000)]]
 
 
 METRICS_IN = TypeAdapter(MetricsIn)
 STATUS_IN = TypeAdapter(StatusIn)
-# The engine's word for each status it may report.
-REPORTED = {
-    "running": Run.Status.RUNNING,
-    "succeeded": Run.Status.SUCCEEDED,
-    "failed": Run.Status.FAILED,
-}
 
 
 def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
@@ -76,7 +70,7 @@ def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         payload = METRICS_IN.validate_json(request.body)
     except ValidationError as exc:
-        return errors_response(validation_errors(exc))
+        return refusal_response(exc)
     points = payload["points"]
     if points:
         with transaction.atomic():
@@ -96,10 +90,6 @@ def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         payload = STATUS_IN.validate_json(request.body)
     except ValidationError as exc:
-        return errors_response(validation_errors(exc))
-    status = REPORTED[payload["status"]]
-    error = payload.get("error", "")
-    if status == Run.Status.FAILED and not error:
-        error = NO_REASON
-    changed = do_set_run_status(run, status, error=error if status == Run.Status.FAILED else "")
+        return refusal_response(exc)
+    changed = do_record_reported_status(run, payload["status"], payload.get("error", ""))
     return JsonResponse({"status": run.status, "changed": changed})

@@ -9,23 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.http import (
-    BadBody,
     BadParam,
-    bad_input_response,
     api_login_required,
-    errors_response,
     int_param,
     json_object,
+    refusal_response,
 )
 from api.ingest import ingest_metrics, ingest_status
 from runs import actions
+from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
 from runs.models import Experiment, Run
 from teams.models import Team
@@ -107,18 +106,10 @@ def experiments(request: HttpRequest) -> JsonResponse:
     try:
         data = ExperimentIn.model_validate(json_object(request))
         team = actions.check_team_access(request.user, data.team)
-    except (BadBody, ValidationError, actions.ActionError) as exc:
-        return bad_input_response(exc)
-    name = data.name.strip()
-    if not name or len(name) > 100:
-        return errors_response({"name": "must be 1 to 100 characters"})
-    try:
-        with transaction.atomic():
-            experiment = Experiment.objects.create(
-                team=team, name=name, description=data.description, created_by=request.user
-            )
-    except IntegrityError:
-        return errors_response({"name": f"team {team.slug} already has an experiment {name!r}"})
+        name = actions.check_experiment_name(data.name)
+        experiment = actions.do_create_experiment(request.user, team, name, data.description)
+    except (ValidationError, ActionError) as exc:
+        return refusal_response(exc)
     return JsonResponse(_experiment(experiment), status=201)
 
 
@@ -141,7 +132,7 @@ def runs(request: HttpRequest) -> JsonResponse:
         try:
             experiment = int_param(request, "experiment", None)
         except BadParam as exc:
-            return errors_response(exc.errors)
+            return refusal_response(exc)
         if experiment is not None:
             found = found.filter(experiment_id=experiment)
         if request.GET.get("status"):
@@ -151,8 +142,8 @@ def runs(request: HttpRequest) -> JsonResponse:
     try:
         data = LaunchIn.model_validate(json_object(request))
         launch = actions.check_launch(request.user, **data.model_dump())
-    except (BadBody, ValidationError, actions.ActionError) as exc:
-        return bad_input_response(exc)
+    except (ValidationError, ActionError) as exc:
+        return refusal_response(exc)
     run = actions.do_launch_run(request.user, launch)
     return JsonResponse(run.detail(), status=201)
 
@@ -162,8 +153,8 @@ def runs(request: HttpRequest) -> JsonResponse:
 def run_detail(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         run = actions.check_run_access(request.user, run_id)
-    except actions.NotFound as exc:
-        return errors_response({"run": str(exc)}, status=404)
+    except NotFound as exc:
+        return refusal_response(exc)
     return JsonResponse(run.detail())
 
 
@@ -171,12 +162,9 @@ def run_detail(request: HttpRequest, run_id: int) -> JsonResponse:
 @api_login_required
 def run_cancel(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
-        run = actions.check_run_access(request.user, run_id)
-        actions.check_cancel(request.user, run)
-    except actions.NotFound as exc:
-        return errors_response({"run": str(exc)}, status=404)
-    except actions.ActionError as exc:
-        return errors_response(exc.errors, status=409)
+        run = actions.check_cancel(request.user, run_id)
+    except ActionError as exc:
+        return refusal_response(exc)
     actions.do_cancel_run(request.user, run)
     return JsonResponse(run.detail(), status=202)
 
@@ -195,15 +183,15 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     min-max downsampled to at most max_points."""
     try:
         run = actions.check_run_access(request.user, run_id)
-    except actions.NotFound as exc:
-        return errors_response({"run": str(exc)}, status=404)
+    except NotFound as exc:
+        return refusal_response(exc)
     try:
         after_step = int_param(request, "after_step", None)
         max_points = int_param(
             request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000
         )
     except BadParam as exc:
-        return errors_response(exc.errors)
+        return refusal_response(exc)
     names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
     return JsonResponse(
         {

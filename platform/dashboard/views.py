@@ -16,12 +16,14 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
 from runs import actions
+from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.metric_names import DASHBOARD_CHARTS, METRICS
 from workers.presets import PRESETS
 
 RUNS_PAGE_LIMIT = 200
+NO_SUCH_RUN = "No such run in your teams."
 UNITS = {m.name: m.unit for m in METRICS}
 
 
@@ -78,7 +80,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     preset=form["preset"],
                     overrides=overrides,
                 )
-            except actions.ActionError as exc:
+            except ActionError as exc:
                 errors = exc.errors
             else:
                 run = actions.do_launch_run(request.user, launch_request)
@@ -119,8 +121,8 @@ def _charts() -> list[dict]:
 def run(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         found = actions.check_run_access(request.user, run_id)
-    except actions.NotFound:
-        raise Http404("No such run in your teams.")
+    except NotFound:
+        raise Http404(NO_SUCH_RUN)
     return render(
         request,
         "dashboard/run.html",
@@ -137,12 +139,11 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
-        found = actions.check_run_access(request.user, run_id)
-        actions.check_cancel(request.user, found)
-    except actions.NotFound:
-        raise Http404("No such run in your teams.")
-    except actions.ActionError as exc:
-        messages.error(request, exc.errors["status"])
+        found = actions.check_cancel(request.user, run_id)
+    except NotFound:
+        raise Http404(NO_SUCH_RUN)
+    except ActionError as exc:
+        messages.error(request, exc.message)
     else:
         actions.do_cancel_run(request.user, found)
         messages.info(request, f"Cancelling run #{found.pk}.")

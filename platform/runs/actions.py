@@ -1,21 +1,26 @@
 """The actions layer: `check_*` validate input and enforce access, `do_*` change state
 and emit events once the transaction commits. Views, the API, Celery tasks and the
 ingest endpoint all go through here, so there is one path per change.
+
+This module holds what a user asks for (experiments, launch, cancel) and the one status
+change every writer uses (`do_set_run_status`). What the engine reports is in
+runs/reports.py; a run's life in Ray is in runs/engine.py and runs/reconcile.py.
+Refusals are the exceptions of runs/errors.py.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterable
+from typing import Any, Iterable
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
-from typing_extensions import TypedDict
+from pydantic import ValidationError
 
-from runs import events
-from runs.models import Experiment, MetricPoint, Run
+from runs import dispatch, events
+from runs.errors import ActionError, Conflict, NotFound, field_errors
+from runs.models import Experiment, Run
 from teams.models import Team
 from workers.config import RunConfig
 from workers.presets import PRESETS, UnknownPreset, build
@@ -23,19 +28,7 @@ from workers.presets import PRESETS, UnknownPreset, build
 logger = logging.getLogger(__name__)
 
 RUN_NAME_MAX = Run._meta.get_field("name").max_length
-
-
-class ActionError(Exception):
-    """A request the user may fix: `errors` maps a field (dotted for config fields,
-    e.g. "buffer.capacity") to a message that says what to change."""
-
-    def __init__(self, errors: dict[str, str]):
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
-        self.errors = errors
-
-
-class NotFound(Exception):
-    """No such object, or the user may not see it (outsiders learn nothing)."""
+EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
 
 
 # --- access -------------------------------------------------------------------------
@@ -50,7 +43,7 @@ def check_run_access(user, run_id: int) -> Run:
         .first()
     )
     if run is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound({"run": f"run {run_id} not found"})
     return run
 
 
@@ -78,6 +71,33 @@ def check_team_access(user, team: Any) -> Team:
     return found
 
 
+# --- experiments --------------------------------------------------------------------
+
+
+def check_experiment_name(name: str) -> str:
+    """The name, stripped; ActionError on "name" if it is empty or too long."""
+    name = (name or "").strip()
+    if not name or len(name) > EXPERIMENT_NAME_MAX:
+        raise ActionError({"name": f"must be 1 to {EXPERIMENT_NAME_MAX} characters"})
+    return name
+
+
+def do_create_experiment(user, team: Team, name: str, description: str = "") -> Experiment:
+    """A new experiment in `team` (a team of the user's: `check_team_access`) named `name`
+    (`check_experiment_name`). A name the team already uses is an ActionError on "name";
+    the database's unique constraint decides, so two concurrent requests cannot both
+    create it."""
+    try:
+        with transaction.atomic():
+            experiment = Experiment.objects.create(
+                team=team, name=name, description=description, created_by=user
+            )
+    except IntegrityError:
+        raise ActionError({"name": f"team {team.slug} already has an experiment {name!r}"})
+    logger.info("experiment %s (%s) created by %s in team %s", experiment.pk, name, user, team.slug)
+    return experiment
+
+
 # --- launching ----------------------------------------------------------------------
 
 
@@ -91,37 +111,6 @@ class LaunchRequest:
     preset: str
     overrides: dict
     config: RunConfig
-
-
-def config_errors(exc: ValidationError, model: type[BaseModel] = RunConfig) -> dict[str, str]:
-    """Pydantic errors as {"buffer.capacity": "Input should be ≥ 1"}: one message per
-    field, worded for a person editing the overrides JSON."""
-    errors: dict[str, str] = {}
-    for err in exc.errors():
-        loc = [str(part) for part in err["loc"]]
-        field = ".".join(loc) or "config"
-        message = err["msg"]
-        if err["type"] == "value_error":
-            message = message.removeprefix("Value error, ")
-        elif err["type"] == "extra_forbidden":
-            allowed = _fields_at(model, loc[:-1])
-            message = f"unknown field {loc[-1]!r}"
-            if allowed:
-                where = ".".join(loc[:-1]) or "the config"
-                message += f"; {where} accepts: {', '.join(allowed)}"
-        errors.setdefault(field, message)
-    return errors
-
-
-def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
-    """Field names of the section at `path` inside `model` (empty if not a section)."""
-    for part in path:
-        field = model.model_fields.get(part)
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return sorted(model.model_fields)
 
 
 def check_launch(
@@ -167,7 +156,7 @@ def check_launch(
         except UnknownPreset as exc:
             errors["preset"] = str(exc)
         except ValidationError as exc:
-            errors.update(config_errors(exc))
+            errors.update(field_errors(exc, model=RunConfig, root="config"))
 
     if errors:
         raise ActionError(errors)
@@ -183,8 +172,6 @@ def check_launch(
 
 def do_launch_run(user, launch: LaunchRequest) -> Run:
     """Create the queued Run and, once it is committed, enqueue `launch_run`."""
-    from runs.tasks import launch_run
-
     with transaction.atomic():
         experiment = launch.experiment
         if experiment is None:
@@ -202,12 +189,9 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 
         def enqueue() -> None:
-            try:
-                result = launch_run.delay(run.pk)
-            except Exception:  # noqa: BLE001 - the run is saved; reconcile_runs resends
-                logger.exception("run %s: could not enqueue launch_run; reconcile will", run.pk)
-                return
-            Run.objects.filter(pk=run.pk).update(celery_task_id=result.id or "")
+            task_id = dispatch.send_or_log(dispatch.LAUNCH_RUN, run.pk)
+            if task_id is not None:
+                Run.objects.filter(pk=run.pk).update(celery_task_id=task_id)
 
         transaction.on_commit(lambda: events.send_status(run))
         transaction.on_commit(enqueue)
@@ -230,9 +214,16 @@ def do_set_run_status(
     return changed
 
 
-def check_cancel(user, run: Run) -> None:
+# --- cancelling ---------------------------------------------------------------------
+
+
+def check_cancel(user, run_id: int) -> Run:
+    """The run, if `user` may cancel it now: NotFound if they may not see it, Conflict
+    (on "status") if it has already ended."""
+    run = check_run_access(user, run_id)
     if not run.can_cancel:
-        raise ActionError({"status": f"run {run.pk} is {run.status}; nothing to cancel"})
+        raise Conflict({"status": f"run {run.pk} is {run.status}; nothing to cancel"})
+    return run
 
 
 def do_cancel_run(user, run: Run) -> bool:
@@ -240,63 +231,8 @@ def do_cancel_run(user, run: Run) -> bool:
     changed = do_set_run_status(run, Run.Status.CANCELLING)
     if changed:
         logger.info("run %s cancel requested by %s", run.pk, user)
-        transaction.on_commit(lambda: _enqueue_cancel(run.pk))
+        transaction.on_commit(lambda: dispatch.send_or_log(dispatch.CANCEL_RUN, run.pk))
     return changed
-
-
-def _enqueue_cancel(run_id: int) -> None:
-    from runs.tasks import cancel_run
-
-    try:
-        cancel_run.delay(run_id)
-    except Exception:  # noqa: BLE001 - the run stays cancelling; reconcile_runs resends
-        logger.exception("run %s: could not enqueue cancel_run; reconcile will", run_id)
-
-
-# --- metrics ------------------------------------------------------------------------
-
-
-SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
-# The error a failed run gets when its driver reported none.
-NO_REASON = "failed (the driver gave no reason)"
-
-
-class PointIn(TypedDict):
-    """One metric point as the engine sends it (the ingest and reconcile's spool
-    recovery validate against this). TypedDicts validate straight into dicts: no model
-    object per point."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
-
-    series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
-    step: Annotated[int, Field(ge=0)]
-    value: Annotated[float, Field(allow_inf_nan=False)]
-    time: Annotated[float, Field(allow_inf_nan=False)]
-
-
-POINT_IN = TypeAdapter(PointIn)
-
-
-def valid_points(points: Iterable[Any]) -> list[dict]:
-    """The points that are valid `PointIn`s (for input read from disk, point by point:
-    one bad line does not cost the others)."""
-    out = []
-    for p in points:
-        try:
-            out.append(POINT_IN.validate_python(p))
-        except ValidationError:
-            logger.warning("dropping an invalid metric point: %r", p)
-    return out
-
-
-def do_record_points(run: Run, points: list[dict]) -> int:
-    """Store points idempotently (one row per run, series, step) and stream them to the
-    run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
-    written = MetricPoint.objects.upsert(
-        run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points)
-    )
-    transaction.on_commit(lambda: events.send_points(run.pk, points))
-    return written
 
 
 # --- workspace ----------------------------------------------------------------------

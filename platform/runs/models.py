@@ -1,7 +1,8 @@
 """Experiments, runs and their metric points.
 
-The Run row is the source of truth for a run's state (DESIGN.md §3); Celery and Ray are
-reconciled to it. Every status change goes through `Run.transition`, a conditional
+The Run row is the source of truth for a run's state; Celery and Ray are reconciled to
+it (runs/reconcile.py), because a run outlives the task that launched it and messages
+between them get lost. Every status change goes through `Run.transition`, a conditional
 UPDATE whose WHERE clause lists the states the change may come from, so concurrent
 writers (the ingest view, Celery tasks, the reconciler, a user's Cancel) never
 resurrect a finished run: terminal states stick.
@@ -68,7 +69,9 @@ class Run(models.Model):
         FAILED = "failed"
 
     TERMINAL = frozenset({Status.CANCELLED, Status.SUCCEEDED, Status.FAILED})
-    # The states each status may be entered from: the WHERE clause of its UPDATE.
+    # The states each status may be entered from: the WHERE clause of its UPDATE. Starting
+    # may be entered from queued only, so that transition is the launch's claim: of two
+    # launch tasks for one run exactly one gets True.
     ALLOWED_FROM: dict[str, frozenset[str]] = {
         Status.STARTING: frozenset({Status.QUEUED}),
         Status.RUNNING: frozenset({Status.QUEUED, Status.STARTING}),
@@ -157,10 +160,6 @@ class Run(models.Model):
             ]
         )
         return changed
-
-    def claim_for_launch(self) -> bool:
-        """queued → starting. Exactly one launch task wins; a redelivered one gets False."""
-        return self.transition(self.Status.STARTING, only_from=[self.Status.QUEUED])
 
     def summary(self) -> dict:
         """What the runs list and status events show."""

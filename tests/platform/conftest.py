@@ -1,8 +1,8 @@
 """Personas and fakes for the platform tests.
 
 Personas (healthchecks style): `owner` and `teammate` belong to team "Lab"; `outsider`
-belongs to team "Elsewhere" only. Celery never runs here: `enqueued` records the
-`.delay()` calls; tasks are called directly with `workers.driver` replaced by a fake.
+belongs to team "Elsewhere" only. Celery never runs here: `enqueued` records the tasks
+sent; tasks are called directly, with Ray replaced by a fake (test_celery_tasks.py).
 """
 
 from __future__ import annotations
@@ -31,20 +31,28 @@ def in_memory_channel_layer(settings):
 
 @pytest.fixture(autouse=True)
 def enqueued(monkeypatch):
-    """[(task name, run_id)] for every launch_run / cancel_run .delay()."""
-    from runs import tasks
+    """[(task name, run_id)] for every task the platform sends, e.g. ("launch_run", 7).
 
+    The actions layer sends tasks by name through the Celery app (runs/dispatch.py), so
+    that is where they are caught; a name no task is registered under fails the test,
+    since the broker would take the message and no worker would ever run it."""
+    from rollway.celery import app
+    from runs import tasks  # registers the run tasks with the app
+
+    registered = set(app.tasks)
+    assert tasks.launch_run.name in registered
     calls: list[tuple[str, int]] = []
 
     class _Result:
         id = "fake-task-id"
 
-    for name in ("launch_run", "cancel_run"):
-        def delay(run_id, _name=name):
-            calls.append((_name, run_id))
-            return _Result()
+    def send_task(name, args=(), **options):
+        assert name in registered, f"no task is registered as {name!r}"
+        [run_id] = args
+        calls.append((name.rsplit(".", 1)[-1], run_id))
+        return _Result()
 
-        monkeypatch.setattr(getattr(tasks, name), "delay", delay)
+    monkeypatch.setattr(app, "send_task", send_task)
     return calls
 
 

@@ -1,4 +1,5 @@
-"""launch_run / cancel_run / reconcile_runs against a fake workers.driver."""
+"""Launching, cancelling and reconciling runs (runs/engine.py, runs/reconcile.py, the
+Celery tasks that wrap them) against a fake workers.lifecycle in place of Ray."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs import tasks
+from runs import dispatch, engine, reconcile, tasks
 from runs.models import Run
 
 Status = Run.Status
 
 
 class FakeDriver:
-    """Records calls; `alive` holds the run ids whose actor exists."""
+    """workers.lifecycle as the platform calls it. Records calls; `alive` holds the run
+    ids whose actor exists."""
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -52,7 +54,7 @@ def driver(monkeypatch, settings, tmp_path):
     settings.RAY_ADDRESS = None
     settings.ROLLWAY_CACHE_DIR = str(tmp_path / "cache")  # where drivers spool
     fake = FakeDriver()
-    monkeypatch.setattr(tasks, "_driver", lambda: fake)
+    monkeypatch.setattr(engine, "ray_lifecycle", lambda: fake)
     return fake
 
 
@@ -69,7 +71,7 @@ def ago(seconds: float):
 
 
 def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings):
-    tasks.launch_run(run.pk)
+    engine.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.STARTING
     assert run.ray_actor == f"run-{run.pk}"
@@ -80,21 +82,21 @@ def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings
 
 
 def test_a_redelivered_launch_does_nothing(driver, run):
-    tasks.launch_run(run.pk)
-    tasks.launch_run(run.pk)
+    engine.do_start_in_ray(run.pk)
+    engine.do_start_in_ray(run.pk)
     assert len(driver.named("launch")) == 1
 
 
 def test_launch_does_not_start_a_cancelled_run(driver, make_run):
     run = make_run(status=Status.CANCELLING)
-    tasks.launch_run(run.pk)
+    engine.do_start_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.CANCELLING
 
 
 def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
     driver.fail_with = ConnectionError("Ray head not reachable at 10.0.0.9:6380")
-    tasks.launch_run(run.pk)
+    engine.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "launch failed: ConnectionError: Ray head not reachable at 10.0.0.9:6380"
@@ -109,13 +111,13 @@ def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
         return name
 
     monkeypatch.setattr(driver, "launch", launch_then_user_cancels)
-    tasks.launch_run(run.pk)
+    engine.do_start_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     assert run.pk not in driver.alive
 
 
 def test_launching_a_deleted_run_is_harmless(driver, db):
-    tasks.launch_run(424242)
+    engine.do_start_in_ray(424242)
     assert driver.calls == []
 
 
@@ -125,7 +127,7 @@ def test_launching_a_deleted_run_is_harmless(driver, db):
 def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.alive.add(run.pk)
-    tasks.cancel_run(run.pk)
+    engine.do_stop_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.finished_at is not None
@@ -133,7 +135,7 @@ def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
 
 def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
     run = make_run(status=Status.SUCCEEDED)
-    tasks.cancel_run(run.pk)
+    engine.do_stop_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.SUCCEEDED
 
@@ -141,7 +143,7 @@ def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
 def test_a_failed_cancel_leaves_the_run_cancelling_for_reconcile(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.fail_with = TimeoutError("ray")
-    tasks.cancel_run(run.pk)
+    engine.do_stop_in_ray(run.pk)
     assert status_of(run) == Status.CANCELLING
 
 
@@ -161,7 +163,7 @@ def test_cancel_action_marks_cancelling_and_enqueues_the_task(
 
 def test_reconcile_fails_a_running_run_whose_actor_is_gone(driver, make_run):
     run = make_run(status=Status.RUNNING)
-    assert tasks.reconcile_runs()["lost"] == 1
+    assert reconcile.do_reconcile_runs()["lost"] == 1
     run.refresh_from_db()
     assert (run.status, run.error) == (Status.FAILED, "lost: driver actor not found")
 
@@ -183,15 +185,13 @@ def _spool_as_a_driver_would(run, settings, status: str, error: str = "") -> lis
 @pytest.mark.parametrize("status", ["succeeded", "failed"])
 def test_reconcile_takes_in_what_a_driver_spooled_when_the_site_was_down(driver, make_run, settings, status):
     from runs.models import MetricPoint
-    from workers.reporter import read_spool
-
-    from workers.reporter import spool_path
+    from workers.reporter import read_spool, spool_path
 
     run = make_run(status=Status.RUNNING)
     _spool_as_a_driver_would(run, settings, status, "boom" if status == "failed" else "")
     with open(spool_path(settings.ROLLWAY_CACHE_DIR, run.pk), "a") as f:  # a corrupt point
         f.write('{"series": "reward/mean", "step": -1, "value": 1.0, "time": 0}\n')
-    counts = tasks.reconcile_runs()
+    counts = reconcile.do_reconcile_runs()
     run.refresh_from_db()
     assert counts["recovered"] == 1 and counts["lost"] == 0
     assert run.status == (Status.SUCCEEDED if status == "succeeded" else Status.FAILED)
@@ -204,7 +204,7 @@ def test_reconcile_takes_in_what_a_driver_spooled_when_the_site_was_down(driver,
 def test_reconcile_still_calls_a_run_lost_whose_spool_has_no_end(driver, make_run, settings):
     run = make_run(status=Status.RUNNING)
     _spool_as_a_driver_would(run, settings, "running")
-    assert tasks.reconcile_runs()["lost"] == 1
+    assert reconcile.do_reconcile_runs()["lost"] == 1
     run.refresh_from_db()
     assert run.status == Status.FAILED and run.error == Run.LOST_REASON
 
@@ -212,7 +212,7 @@ def test_reconcile_still_calls_a_run_lost_whose_spool_has_no_end(driver, make_ru
 def test_reconcile_leaves_live_runs_alone(driver, make_run):
     run = make_run(status=Status.RUNNING)
     driver.alive.add(run.pk)
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     assert status_of(run) == Status.RUNNING
 
 
@@ -220,7 +220,7 @@ def test_reconcile_gives_a_starting_run_a_grace_period(driver, make_run, setting
     settings.ROLLWAY_STARTING_GRACE_S = 60
     fresh = make_run(status=Status.STARTING, status_changed_at=ago(10))
     old = make_run(status=Status.STARTING, status_changed_at=ago(120))
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     assert status_of(fresh) == Status.STARTING
     assert status_of(old) == Status.FAILED
     assert ("is_alive", fresh.pk) not in driver.calls
@@ -228,38 +228,38 @@ def test_reconcile_gives_a_starting_run_a_grace_period(driver, make_run, setting
 
 def test_reconcile_completes_a_cancel_whose_actor_is_gone(driver, make_run):
     run = make_run(status=Status.CANCELLING)
-    assert tasks.reconcile_runs()["cancelled"] == 1
+    assert reconcile.do_reconcile_runs()["cancelled"] == 1
     assert status_of(run) == Status.CANCELLED
 
 
 def test_reconcile_retries_a_stuck_cancel(driver, make_run, enqueued):
-    stuck = make_run(status=Status.CANCELLING, status_changed_at=ago(tasks.CANCEL_RETRY_S + 5))
+    stuck = make_run(status=Status.CANCELLING, status_changed_at=ago(reconcile.CANCEL_RETRY_S + 5))
     recent = make_run(status=Status.CANCELLING)
     driver.alive |= {stuck.pk, recent.pk}
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     assert enqueued == [("cancel_run", stuck.pk)]
 
 
 def test_reconcile_resends_a_launch_nobody_picked_up(driver, make_run, enqueued):
-    old = make_run(status_changed_at=ago(tasks.QUEUED_RESEND_S + 5))
+    old = make_run(status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
     make_run()  # just queued: the worker has it
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     assert enqueued == [("launch_run", old.pk)]
-    tasks.reconcile_runs()  # its clock was reset: not sent again right away
+    reconcile.do_reconcile_runs()  # its clock was reset: not sent again right away
     assert enqueued == [("launch_run", old.pk)]
 
 
 def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make_run):
     run = make_run(status=Status.RUNNING)
     driver.fail_with = ConnectionError("no Ray")
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     assert status_of(run) == Status.RUNNING
 
 
 def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
     make_run(status=Status.SUCCEEDED)
-    monkeypatch.setattr(tasks, "_driver", lambda: pytest.fail("Ray was asked"))
-    assert tasks.reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
+    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    assert reconcile.do_reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
 
 
 def test_reconcile_does_not_fail_a_run_that_just_succeeded(driver, make_run, monkeypatch):
@@ -270,7 +270,7 @@ def test_reconcile_does_not_fail_a_run_that_just_succeeded(driver, make_run, mon
         return False
 
     monkeypatch.setattr(driver, "is_alive", finished_meanwhile)
-    tasks.reconcile_runs()
+    reconcile.do_reconcile_runs()
     run.refresh_from_db()
     assert (run.status, run.error) == (Status.SUCCEEDED, "")
 
@@ -282,3 +282,32 @@ def test_the_beat_schedule_reconciles_every_15_seconds(settings):
     assert entry["task"] == "runs.tasks.reconcile_runs" == tasks.reconcile_runs.name
     assert entry["schedule"] == 15.0
     assert app.conf.worker_redirect_stdouts is False
+
+
+def test_each_task_is_registered_under_the_name_the_platform_sends_it_by():
+    from rollway.celery import app
+
+    sent = {dispatch.LAUNCH_RUN: tasks.launch_run, dispatch.CANCEL_RUN: tasks.cancel_run,
+            dispatch.RECONCILE_RUNS: tasks.reconcile_runs}
+    # Stable names: messages already queued and the beat schedule name these.
+    assert set(sent) == {"runs.tasks.launch_run", "runs.tasks.cancel_run",
+                         "runs.tasks.reconcile_runs"}
+    for name, task in sent.items():
+        assert task.name == name and name in app.tasks
+
+
+def test_the_task_wrappers_call_their_actions(monkeypatch):
+    called = []
+    monkeypatch.setattr(tasks, "do_start_in_ray", lambda run_id: called.append(("start", run_id)))
+    monkeypatch.setattr(tasks, "do_stop_in_ray", lambda run_id: called.append(("stop", run_id)))
+    monkeypatch.setattr(tasks, "do_reconcile_runs", lambda: {"lost": 3})
+    tasks.launch_run(7)
+    tasks.cancel_run(8)
+    assert called == [("start", 7), ("stop", 8)]
+    assert tasks.reconcile_runs() == {"lost": 3}
+
+
+def test_sending_a_task_name_nobody_registered_fails_the_test(enqueued):
+    with pytest.raises(AssertionError, match="no task is registered"):
+        dispatch.send("runs.tasks.lunch_run", 1)
+    assert enqueued == []

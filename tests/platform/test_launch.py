@@ -190,12 +190,12 @@ def test_the_form_offers_only_the_users_experiments(client_for, owner, outsider,
 def test_a_broker_outage_keeps_the_run_queued_for_reconcile(
     client_for, owner, experiment, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from runs import tasks
+    from rollway.celery import app
 
-    def broker_down(run_id):
+    def broker_down(name, args=(), **options):
         raise ConnectionError("broker folder missing")
 
-    monkeypatch.setattr(tasks.launch_run, "delay", broker_down)
+    monkeypatch.setattr(app, "send_task", broker_down)
     with django_capture_on_commit_callbacks(execute=True):
         r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async"})
     assert r.status_code == 201

@@ -20,8 +20,8 @@ def test_a_new_run_is_queued_with_its_own_ingest_token(make_run):
 
 def test_only_one_launch_claims_a_queued_run(run):
     stale_copy = Run.objects.get(pk=run.pk)
-    assert run.claim_for_launch() is True
-    assert stale_copy.claim_for_launch() is False
+    assert run.transition(Status.STARTING) is True
+    assert stale_copy.transition(Status.STARTING) is False
     run.refresh_from_db()
     assert run.status == Status.STARTING
     assert run.launched_at is not None

@@ -1,0 +1,99 @@
+"""A run's life in Ray: start a queued run's driver actor, stop a cancelling run's actors.
+
+The run lives in Ray as the detached actor "run-<id>", not in the Celery task that
+starts it: a task as long as its run would be redelivered after the broker's visibility
+timeout and launch it twice. So each call here is short and idempotent, and the Run row
+is reconciled to the actor afterwards (runs/reconcile.py).
+
+Every call into Ray goes through `ray_lifecycle()`: workers.lifecycle (connect, launch,
+cancel, is_alive) is all the platform needs of it. Tests put a fake in its place.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+
+from runs.actions import do_set_run_status
+from runs.models import Run
+
+logger = logging.getLogger(__name__)
+
+Status = Run.Status
+
+
+def ray_lifecycle():
+    """The module workers.lifecycle, imported on first use: it pulls in Ray, which the
+    web process never needs."""
+    from workers import lifecycle
+
+    return lifecycle
+
+
+def load_run(run_id: int) -> Run | None:
+    """The run with its team, or None (logged) if it was deleted since it was enqueued."""
+    run = Run.objects.select_related("experiment__team").filter(pk=run_id).first()
+    if run is None:
+        logger.warning("run %s does not exist (deleted?)", run_id)
+    return run
+
+
+def do_start_in_ray(run_id: int) -> None:
+    """Claim a queued run (queued → starting) and start its driver actor in Ray. A launch
+    that fails marks the run failed with the reason."""
+    run = load_run(run_id)
+    if run is None:
+        return
+    # The claim: starting may be entered from queued only, and the UPDATE is conditional,
+    # so of two deliveries of this task exactly one goes on.
+    if not do_set_run_status(run, Status.STARTING):
+        logger.info("run %s is %s: not launching it again", run_id, run.status)
+        return
+    ray = ray_lifecycle()
+    started = time.monotonic()
+    try:
+        actor = ray.launch(
+            run.pk,
+            run.config,
+            ingest_url=settings.ROLLWAY_PUBLIC_URL,
+            token=run.ingest_token,
+            cache_dir=settings.ROLLWAY_CACHE_DIR,
+            ray_address=settings.RAY_ADDRESS,
+        )
+    except Exception as exc:
+        # Whatever stopped the launch (Ray unreachable, a driver that would not start) is
+        # this run's failure: the user sees the reason instead of a run stuck starting.
+        logger.exception("run %s: launch failed", run_id)
+        do_set_run_status(run, Status.FAILED, error=f"launch failed: {type(exc).__name__}: {exc}")
+        return
+    Run.objects.filter(pk=run.pk).update(ray_actor=str(actor or ""))
+    logger.info("run %s: driver actor %s up in %.1f s", run_id, actor, time.monotonic() - started)
+
+    run.refresh_from_db(fields=["status"])
+    if run.status in (Status.CANCELLING, Status.CANCELLED):
+        # The user cancelled while the actor was being created; cancel_run may have found
+        # nothing to stop yet, so stop what this call just started.
+        logger.info("run %s was cancelled during launch; stopping its actors", run_id)
+        ray.cancel(run.pk, ray_address=settings.RAY_ADDRESS)
+
+
+def do_stop_in_ray(run_id: int) -> None:
+    """Stop a cancelling run's actors, then mark it cancelled. On a Ray error the run
+    stays cancelling and reconcile tries again."""
+    run = load_run(run_id)
+    if run is None:
+        return
+    if run.status != Status.CANCELLING:
+        logger.info("run %s is %s: nothing to cancel", run_id, run.status)
+        return
+    try:
+        found = ray_lifecycle().cancel(run.pk, ray_address=settings.RAY_ADDRESS, timeout_s=10.0)
+    except Exception:
+        # Ray unreachable or actors outliving the timeout: the run stays cancelling, and
+        # reconcile sends the cancel again, so nothing is lost by not raising here.
+        logger.exception("run %s: cancel failed; reconcile will retry", run_id)
+        return
+    logger.info("run %s: driver %s", run_id, "stopped" if found else "was not running")
+    do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING])

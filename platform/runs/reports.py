@@ -1,0 +1,80 @@
+"""What the engine reports about a run: metric points and the status its driver is in.
+
+Both arrive two ways: posted by the driver's reporter to the ingest endpoints
+(api/ingest.py), or, when the site was down as the driver ended, read from the spool it
+left behind (runs/reconcile.py). Each way validates against the same `PointIn` and
+records through the same `do_*` functions, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Iterable
+
+from django.db import transaction
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+from runs import events
+from runs.actions import do_set_run_status
+from runs.models import MetricPoint, Run
+
+logger = logging.getLogger(__name__)
+
+SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
+# The error a failed run gets when its driver reported none.
+NO_REASON = "failed (the driver gave no reason)"
+# The engine's word for each status it may report (workers.reporter.STATUSES).
+REPORTED = {
+    "running": Run.Status.RUNNING,
+    "succeeded": Run.Status.SUCCEEDED,
+    "failed": Run.Status.FAILED,
+}
+
+
+class PointIn(TypedDict):
+    """One metric point as the engine sends it. TypedDicts validate straight into dicts:
+    no model object per point, which the ingest's throughput needs."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
+    step: Annotated[int, Field(ge=0)]
+    value: Annotated[float, Field(allow_inf_nan=False)]
+    time: Annotated[float, Field(allow_inf_nan=False)]
+
+
+POINT_IN = TypeAdapter(PointIn)
+
+
+def valid_points(points: Iterable[Any]) -> list[dict]:
+    """The points that are valid `PointIn`s (for input read from disk, point by point:
+    one bad line does not cost the others)."""
+    out = []
+    for p in points:
+        try:
+            out.append(POINT_IN.validate_python(p))
+        except ValidationError:
+            logger.warning("dropping an invalid metric point: %r", p)
+    return out
+
+
+def do_record_points(run: Run, points: list[dict]) -> int:
+    """Store points idempotently (one row per run, series, step) and stream them to the
+    run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
+    written = MetricPoint.objects.upsert(
+        run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points)
+    )
+    transaction.on_commit(lambda: events.send_points(run.pk, points))
+    return written
+
+
+def do_record_reported_status(
+    run: Run, reported: str, error: str = "", *, only_from: Iterable[str] | None = None
+) -> bool:
+    """Take in the status the run's driver reported (a key of REPORTED). Only a failure
+    keeps an error, `NO_REASON` when the driver gave none. A status the run may not enter
+    (a late "running" on a finished run) changes nothing. Returns whether the row changed."""
+    status = REPORTED[reported]
+    error = (error or NO_REASON) if status == Run.Status.FAILED else ""
+    return do_set_run_status(run, status, error=error, only_from=only_from)
