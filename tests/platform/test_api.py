@@ -156,3 +156,42 @@ def test_the_runs_list_rejects_a_bad_experiment_filter(client_for, owner):
     r = client_for(owner).get("/api/runs?experiment=abc")
     assert r.status_code == 400
     assert "experiment must be an integer" in r.json()["errors"]["experiment"]
+
+
+def post_experiment(client, body):
+    return client.post("/api/experiments", data=json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.parametrize("name", ["", "   ", "x" * 101])
+def test_an_experiment_name_must_be_1_to_100_characters(client_for, owner, team, name):
+    r = post_experiment(client_for(owner), {"team": team.slug, "name": name})
+    assert r.status_code == 400
+    assert r.json() == {"errors": {"name": "must be 1 to 100 characters"}}
+    assert not team.experiments.exists()
+
+
+def test_an_outsider_cannot_create_an_experiment_in_a_team(client_for, outsider, team):
+    r = post_experiment(client_for(outsider), {"team": team.slug, "name": "sneaky"})
+    assert r.status_code == 400
+    assert "not a member" in r.json()["errors"]["team"]
+    assert not team.experiments.exists()
+
+
+def test_a_duplicate_experiment_name_is_refused_on_the_name_field(owner, team, experiment):
+    from runs.actions import do_create_experiment
+    from runs.errors import ActionError
+
+    with pytest.raises(ActionError) as refused:
+        do_create_experiment(owner, team, experiment.name)
+    assert refused.value.http_status == 400
+    assert refused.value.errors == {"name": "team lab already has an experiment 'async-vs-sync'"}
+    assert team.experiments.count() == 1
+
+
+def test_creating_an_experiment_records_who_made_it(client_for, teammate, team):
+    r = post_experiment(client_for(teammate), {"team": team.pk, "name": "  lr sweep ",
+                                               "description": "three learning rates"})
+    assert r.status_code == 201
+    made = team.experiments.get(pk=r.json()["id"])
+    assert (made.name, made.description, made.created_by) == (
+        "lr sweep", "three learning rates", teammate)

@@ -59,6 +59,18 @@ def test_the_cancel_button_cancels_and_returns_to_the_run(client_for, teammate, 
     assert enqueued == [("cancel_run", run.pk)]
 
 
+def test_cancelling_a_finished_run_from_the_page_says_why_and_changes_nothing(
+    client_for, owner, make_run, enqueued
+):
+    run = make_run(status=Run.Status.SUCCEEDED)
+    r = client_for(owner).post(f"/runs/{run.pk}/cancel/", follow=True)
+    assert r.redirect_chain == [(f"/runs/{run.pk}/", 302)]
+    assert f"run {run.pk} is succeeded; nothing to cancel" in r.content.decode()
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+    assert enqueued == []
+
+
 def test_an_outsider_cannot_cancel_from_the_page(client_for, outsider, run):
     assert client_for(outsider).post(f"/runs/{run.pk}/cancel/").status_code == 404
     run.refresh_from_db()
