@@ -30,6 +30,7 @@ them (`sync_endpoint` → `sync_connect` on all at once) before the loops start.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -44,6 +45,7 @@ import ray
 
 from workers.buffer import AdmissionGate, RolloutBuffer
 from workers.config import RunConfig
+from workers.messages import InferenceReport, StepRecord, TrainerReport
 from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
@@ -118,16 +120,7 @@ class BufferActor:
         return groups, self.stats()
 
     def stats(self) -> dict[str, float]:
-        stats = {
-            "buffer/depth": float(self.buffer.depth),
-            "buffer/dropped_stale": float(self.buffer.dropped_stale),
-            "buffer/requeued": float(self.buffer.requeued),
-            "buffer/regenerated": float(self.buffer.regenerated),
-            "buffer/starved_s": self.buffer.starved_s,
-        }
-        if self.buffer.capacity is not None:  # an unbounded stream has none to chart
-            stats["buffer/capacity"] = float(self.buffer.capacity)
-        return stats
+        return self.buffer.stats()
 
 
 class _StagedWeights:
@@ -219,13 +212,16 @@ class InferenceWorker:
                 self._pending = staged
         self._weights_arrived.set()
 
-    def drain_metrics(self) -> dict:
+    def drain_metrics(self) -> InferenceReport:
         """What happened since the last drain: time segments, syncs, errors."""
         closed, open_seg, now = self.timeline.drain()
         with self._syncs_lock:
             syncs, self.syncs = self.syncs, []
-        return {"segments": closed, "open": open_seg, "now": now, "syncs": syncs,
-                "version": self.version, "error": self.error, "partial": vars(self.partial).copy()}
+        # A copy: the loop thread keeps adding to self.partial while Ray pickles the report.
+        return InferenceReport(
+            segments=closed, open_segment=open_seg, now=now, syncs=syncs, version=self.version,
+            error=self.error, partial=dataclasses.replace(self.partial),
+        )
 
     # -- the loop ------------------------------------------------------------------
 
@@ -292,7 +288,7 @@ class TrainerActor:
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
         self.sender = sender_for(self.cfg.sync, len(workers))
         self.sender.attach(self.trainer.model)
-        self.steps: list[dict] = []
+        self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()
         self._prefetch = None  # the next step's buffer.get, in flight while this one trains
         self._starved_s = 0.0
@@ -338,11 +334,11 @@ class TrainerActor:
         for w in self.workers:
             w.update_weights.remote(notice)
 
-    def drain_metrics(self) -> dict:
+    def drain_metrics(self) -> TrainerReport:
         """Per-step records since the last drain (each with its window `t0`..`t1`)."""
         with self._steps_lock:
             steps, self.steps = self.steps, []
-        return {"steps": steps, "version": self.trainer.version, "done": self.done, "error": self.error}
+        return TrainerReport(steps=steps, version=self.trainer.version, done=self.done, error=self.error)
 
     def _next_batch(self) -> tuple[list[Group] | None, dict]:
         """The batch for the coming step. The get was issued before the previous step
@@ -376,7 +372,7 @@ class TrainerActor:
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)
                 samples = sum(len(g.rollouts) for g in groups)
-                record = {
+                record = StepRecord(step=version, t0=t_prev, t1=t_end, metrics={
                     **metrics,
                     **buffer_stats,
                     # The trainer's own wait: the buffer's would also count a prefetch
@@ -386,10 +382,7 @@ class TrainerActor:
                     "samples/per_s": samples / window,
                     "sync/bytes": float(sent.bytes),
                     "sync/trainer_ms": sent.trainer_ms,
-                    "step": version,
-                    "t0": t_prev,
-                    "t1": t_end,
-                }
+                })
                 with self._steps_lock:
                     self.steps.append(record)
                 t_prev = t_end

@@ -176,6 +176,19 @@ class RolloutBuffer:
         with self._cond:
             return self._dropped_stale + self._requeued
 
+    def stats(self) -> dict[str, float]:
+        """The buffer's figures as metric values (workers/metric_names.py names)."""
+        stats = {
+            "buffer/depth": float(self.depth),
+            "buffer/dropped_stale": float(self.dropped_stale),
+            "buffer/requeued": float(self.requeued),
+            "buffer/regenerated": float(self.regenerated),
+            "buffer/starved_s": self.starved_s,
+        }
+        if self.capacity is not None:  # an unbounded stream has none to chart
+            stats["buffer/capacity"] = float(self.capacity)
+        return stats
+
     def group_ids(self) -> list[str]:
         """Ids of the groups waiting, oldest first (a snapshot, for checks and tests)."""
         with self._cond:

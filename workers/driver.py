@@ -23,6 +23,7 @@ import ray
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
+from workers.messages import InferenceReport, TrainerReport
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
 from workers.timeline import StepWindows
@@ -263,6 +264,8 @@ class RunDriver:
     # -- metrics -------------------------------------------------------------------
 
     def _emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
+        """The run's one way out for a point: to the site (the reporter refuses a series
+        not in workers.metric_names.METRICS) and into the summary's series."""
         self.reporter.add(series, step, value, t)
         self.series[series].append((step, float(value)))
 
@@ -272,35 +275,34 @@ class RunDriver:
         if self.trainer is None:
             return False
         try:
-            tr = ray.get(self.trainer.drain_metrics.remote())
-            reports = ray.get([w.drain_metrics.remote() for w in self.workers])
+            tr: TrainerReport = ray.get(self.trainer.drain_metrics.remote())
+            reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in self.workers])
         except ray.exceptions.RayActorError as exc:
             raise ChildFailed(f"a run actor died: {exc}") from exc
-        if tr["error"]:
-            raise ChildFailed(f"trainer failed:\n{tr['error']}")
+        if tr.error:
+            raise ChildFailed(f"trainer failed:\n{tr.error}")
         for k, rep in enumerate(reports):
-            if rep["error"]:
-                raise ChildFailed(f"inference worker {k} failed:\n{rep['error']}")
+            if rep.error:
+                raise ChildFailed(f"inference worker {k} failed:\n{rep.error}")
 
-        for rec in tr["steps"]:
-            step = rec["step"]
-            for series, value in rec.items():
-                if series not in ("step", "t0", "t1"):
-                    self._emit(series, step, value, rec["t1"])
-            self._pending_windows.append((step, rec["t0"], rec["t1"]))
-            self.version = step
-        if tr["steps"]:
+        for rec in tr.steps:
+            for series, value in rec.metrics.items():
+                self._emit(series, rec.step, value, rec.t1)
+            self._pending_windows.append((rec.step, rec.t0, rec.t1))
+            self.version = rec.step
+        if tr.steps:
             # Cumulative over the run and all workers, one point per collected step.
-            for key in ("aborted", "resumed", "retried"):
-                self._emit(f"rollout/partial_{key}", self.version, sum(r["partial"][key] for r in reports))
+            self._emit("rollout/partial_aborted", self.version, sum(r.partial.aborted for r in reports))
+            self._emit("rollout/partial_resumed", self.version, sum(r.partial.resumed for r in reports))
+            self._emit("rollout/partial_retried", self.version, sum(r.partial.retried for r in reports))
         for k, rep in enumerate(reports):
-            self._windows.report(k, rep["segments"], rep["open"], rep["now"])
-            for s in rep["syncs"]:
+            self._windows.report(k, rep.segments, rep.open_segment, rep.now)
+            for s in rep.syncs:
                 self._syncs[s.version].append(s)
         self._emit_windows()
         self._emit_syncs()
         self.reporter.flush()
-        return tr["done"]
+        return tr.done
 
     def _emit_windows(self) -> None:
         while self._pending_windows and self._windows.complete(self._pending_windows[0][2]):

@@ -1,0 +1,55 @@
+"""The typed messages between a run's actors and its driver.
+
+Every POLL_S the driver (workers/driver.py) calls `drain_metrics` on the trainer and on
+each inference worker; each answers with one report below. A trainer step's control
+fields (its step and time window) travel apart from its metric values, so the driver
+emits `StepRecord.metrics` as they are and reads the rest by field.
+
+Plain stdlib dataclasses: the actors and the driver are one program on trusted ground,
+so nothing is validated, and Ray pickles them like any object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.sync import SyncReport
+    from workers.timeline import Segment
+    from workers.updates import PartialCounts
+
+
+@dataclass
+class StepRecord:
+    """One trainer step: the policy version it produced and its window of wall time
+    (previous step's end → this step's end, `time.time()`), plus its metric values by
+    series name (workers/metric_names.py), all at `step`."""
+
+    step: int
+    t0: float
+    t1: float
+    metrics: dict[str, float]
+
+
+@dataclass
+class TrainerReport:
+    """The trainer's answer to `drain_metrics`: steps completed since the last drain."""
+
+    steps: list[StepRecord]
+    version: int  # the trainer's policy version now
+    done: bool  # its loop has ended (max_steps reached, stopped, or failed)
+    error: str | None  # the traceback that ended its loop, if one did
+
+
+@dataclass
+class InferenceReport:
+    """An inference worker's answer to `drain_metrics`: what it did since the last drain."""
+
+    segments: list[Segment]  # closed time segments (generate / blocked)
+    open_segment: tuple[str, float] | None  # (kind, start) of the segment in progress
+    now: float  # the worker's `time.time()` at the drain
+    syncs: list[SyncReport]  # weight versions loaded, one report each
+    version: int  # the policy version of the weights it holds
+    error: str | None  # the traceback that ended its loop, if one did
+    partial: PartialCounts  # sequences aborted / resumed / retried, cumulative over the run
