@@ -24,6 +24,7 @@ The issue's target is ≤ 50 µs per sample for the in-process path.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -102,7 +103,7 @@ def through_ray(mode: str, groups: list[Group], b: int, batches: int, unbounded_
 
     cap = capacity_batches(mode)
     p = plan(BufferConfig(mode=mode), "async", batch_groups=b)
-    actor = BufferActor.remote(None if cap is None else cap * b, 1, b, p.ahead_batches, "drop")
+    actor = BufferActor.remote(dataclasses.replace(p, capacity_groups=None if cap is None else cap * b), b)
     try:
         backlog = backlog_batches(mode, unbounded_depth)
         for k in range(backlog):

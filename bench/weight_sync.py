@@ -48,14 +48,14 @@ MODELS = {
 }
 LORA_RANK, LORA_ALPHA = 8, 16.0
 
-# (label, protocol, make_sender options, LoRA on the trainer)
+# (label, protocol, other fields of the sync section, LoRA on the trainer)
 CASES = [
-    ("collective per_tensor", "collective", {"mode": "per_tensor"}, False),
-    ("collective packed 1 MB", "collective", {"mode": "packed", "bucket_mb": 1}, False),
-    ("collective packed 8 MB", "collective", {"mode": "packed", "bucket_mb": 8}, False),
-    ("collective packed 64 MB", "collective", {"mode": "packed", "bucket_mb": 64}, False),
-    ("collective packed 1 bucket", "collective", {"mode": "packed", "bucket_mb": 4096}, False),
-    ("collective packed-copy 64 MB", "collective", {"mode": "packed", "bucket_mb": 64, "flat_params": False}, False),
+    ("collective per_tensor", "collective", {"packed": False}, False),
+    ("collective packed 1 MB", "collective", {"bucket_mb": 1}, False),
+    ("collective packed 8 MB", "collective", {"bucket_mb": 8}, False),
+    ("collective packed 64 MB", "collective", {"bucket_mb": 64}, False),
+    ("collective packed 1 bucket", "collective", {"bucket_mb": 4096}, False),
+    ("collective packed-copy 64 MB", "collective", {"bucket_mb": 64, "flat_params": False}, False),
     ("object_store", "object_store", {}, False),
     ("filesystem", "filesystem", {}, False),
     ("LoRA run, full sync (object_store)", "object_store", {}, True),
@@ -78,17 +78,18 @@ class BenchTrainer:
         import torch
 
         from workers.model import load_model
+        from workers.config import LoRAConfig, SyncConfig
         from workers.sync import make_sender
-        from workers.sync.lora import apply_lora
+        from workers.lora import apply_lora
 
         self.close()
         model = load_model(self.model_dir).train()
         if lora:
             torch.manual_seed(0)
-            model = apply_lora(model, rank=LORA_RANK, alpha=LORA_ALPHA, init_lora_weights=False)
+            model = apply_lora(model, LoRAConfig(enabled=True, rank=LORA_RANK, alpha=LORA_ALPHA), init_lora_weights=False)
         self.model = model
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.sender = make_sender(protocol, num_receivers=num_receivers, **options)
+        self.sender = make_sender(SyncConfig(protocol=protocol, **options), num_receivers=num_receivers)
         self.sender.attach(model)
         return self.sender.endpoint()
 
@@ -105,9 +106,9 @@ class BenchTrainer:
 
     def checksum(self) -> str:
         from workers.sync import state_checksum
-        from workers.sync.base import checkpoint_names_state_dict
+        from workers.lora import effective_state_dict
 
-        return state_checksum(checkpoint_names_state_dict(self.model))
+        return state_checksum(effective_state_dict(self.model))
 
     def close(self) -> None:
         if self.sender is not None:
@@ -137,11 +138,12 @@ class _Worker:
         return TorchBackend(model_dir)
 
     def setup(self, protocol: str) -> None:
+        from workers.config import SyncConfig
         from workers.sync import make_receiver
 
         if self.receiver is not None:
             self.receiver.close()
-        self.receiver = make_receiver(protocol, model_dir=self.model_dir)
+        self.receiver = make_receiver(SyncConfig(protocol=protocol), model_dir=self.model_dir)
         self.reports.clear()
 
     def connect(self, endpoint: dict, rank: int) -> None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import AdmissionGate, RolloutBuffer
+from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.config import RunConfig
 from workers.messages import InferenceReport, StepRecord, TrainerReport
 from workers.rollout import Group
@@ -74,12 +74,9 @@ def _log_error(actor: str) -> str:
 class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
-    def __init__(
-        self, capacity_groups: int | None, max_staleness: int, batch_groups: int, ahead_batches: int,
-        on_stale: str = "drop",
-    ) -> None:
-        self.buffer = RolloutBuffer(capacity_groups, max_staleness, on_stale)
-        self.gate = AdmissionGate(batch_groups, ahead_batches)
+    def __init__(self, plan: BufferPlan, batch_groups: int) -> None:
+        self.buffer = RolloutBuffer(plan.capacity_groups, plan.max_staleness, plan.on_stale)
+        self.gate = AdmissionGate(batch_groups, plan.ahead_batches)
         self.admitted = 0
         self._lock = threading.Lock()
 
@@ -147,18 +144,18 @@ class InferenceWorker:
     flight finishes on the old weights), or between two decode steps of a call (abort and
     in-flight modes, workers/updates.py). Only the newest pending version is loaded."""
 
-    def __init__(self, config: dict, model_dir: str, index: int, num_workers: int, buffer) -> None:
-        from workers.inference import make_backend
+    def __init__(self, cfg: RunConfig, model_dir: str, index: int, num_workers: int, buffer) -> None:
         from workers.generation import generate_groups, generate_groups_across_updates
-        from workers.updates import PartialCounts
-        from workers.sync import receiver_for
+        from workers.inference import make_backend
         from workers.rl_tasks import make_task
+        from workers.sync import make_receiver
         from workers.tokenizer import CharTokenizer
+        from workers.updates import PartialCounts
 
         self._generate_groups = generate_groups
         self._generate_groups_across_updates = generate_groups_across_updates
         self.partial = PartialCounts()  # cumulative, for rollout/partial_*
-        self.cfg = RunConfig.model_validate(config)
+        self.cfg = cfg
         self.index = index
         self.buffer = buffer
         self.backend = make_backend(self.cfg, model_dir)
@@ -170,7 +167,7 @@ class InferenceWorker:
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
-        self.receiver = receiver_for(self.cfg.sync, model_dir)
+        self.receiver = make_receiver(cfg.sync, model_dir=model_dir)
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
@@ -278,15 +275,15 @@ class InferenceWorker:
 class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 
-    def __init__(self, config: dict, model_dir: str, buffer, workers: list, num_threads: int | None = None) -> None:
-        from workers.sync import sender_for
+    def __init__(self, cfg: RunConfig, model_dir: str, buffer, workers: list, num_threads: int | None = None) -> None:
+        from workers.sync import make_sender
         from workers.trainer import Trainer
 
-        self.cfg = RunConfig.model_validate(config)
+        self.cfg = cfg
         self.buffer = buffer
         self.workers = workers
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
-        self.sender = sender_for(self.cfg.sync, len(workers))
+        self.sender = make_sender(cfg.sync, num_receivers=len(workers))
         self.sender.attach(self.trainer.model)
         self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()

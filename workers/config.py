@@ -8,9 +8,9 @@ silently ignored setting.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from workers.tokenizer import DEFAULT_CHARS
 
@@ -170,7 +170,8 @@ class TrainerConfig(_Section):
     )
 
 
-# Every linear layer of a Llama block (workers.sync.lora.TARGET_MODULES).
+# Every linear layer of a Llama/Qwen2 block: the usual choice for RL fine-tuning with LoRA.
+# The one list of default target modules (workers/lora.py reads the config, not this).
 LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -222,16 +223,32 @@ class CorrectionConfig(_Section):
         return self
 
 
-class SyncConfig(_Section):
-    """Weight sync protocol (workers/sync): how new weights reach the inference workers.
-    "full_reload" is the walking skeleton's name for "object_store"."""
+def _canonical_protocol(name: object) -> object:
+    # Runs stored before "object_store" had its name say "full_reload"; they must still
+    # validate, and the engine sees one name only.
+    return "object_store" if name == "full_reload" else name
 
-    protocol: Literal["object_store", "collective", "filesystem", "lora", "full_reload"] = "object_store"
+
+class SyncConfig(_Section):
+    """Weight sync protocol (workers/sync): how new weights reach the inference workers."""
+
+    protocol: Annotated[
+        Literal["object_store", "collective", "filesystem", "lora"], BeforeValidator(_canonical_protocol)
+    ] = "object_store"
     packed: bool = Field(True, description="collective: broadcast in buckets (else one tensor at a time).")
+    # Bigger → fewer messages; smaller → the first bytes arrive sooner and a receiver's
+    # staging never needs a second, bucket-sized buffer. verl uses 2048 MB on GPU.
     bucket_mb: float = Field(32.0, gt=0, description="collective: bucket size when packed.")
+    flat_params: bool = Field(
+        True, description="collective, packed: re-lay the trainer's parameters as views of one flat buffer "
+        "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
+    )
     directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
+    # 1 → a worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
-    timeout_s: float = Field(120.0, gt=0, description="collective: rendezvous and broadcast timeout.")
+    timeout_s: float = Field(
+        120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
+    )
     update_mode: Literal["drain", "abort_retry", "abort_resume", "in_flight"] = Field(
         "drain",
         description="What generation in flight does when new weights arrive (partial rollouts, "

@@ -61,7 +61,6 @@ class RunDriver:
     ) -> None:
         self.run_id = run_id
         self.name = actor_name(run_id)
-        self.config = config
         self.cfg = RunConfig.model_validate(config)
         self.cache_dir = cache_dir
         self.exit_when_done = exit_when_done
@@ -174,18 +173,17 @@ class RunDriver:
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
         # most max_staleness batches ahead, so admission paces generation instead of
         # generating groups get() would drop).
-        bp = buffer_plan(cfg.buffer, cfg.mode, b)
         self.buffer = BufferActor.options(name=f"{self.name}-buffer", namespace=NAMESPACE).remote(
-            bp.capacity_groups, bp.max_staleness, b, bp.ahead_batches, bp.on_stale
+            buffer_plan(cfg.buffer, cfg.mode, b), b
         )
         self.workers = [
             InferenceWorker.options(name=f"{self.name}-inference-{k}", namespace=NAMESPACE).remote(
-                self.config, model_dir, k, w, self.buffer
+                cfg, model_dir, k, w, self.buffer
             )
             for k in range(w)
         ]
         self.trainer = TrainerActor.options(name=f"{self.name}-trainer", namespace=NAMESPACE).remote(
-            self.config, model_dir, self.buffer, self.workers, self.trainer_threads
+            cfg, model_dir, self.buffer, self.workers, self.trainer_threads
         )
         pending = [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)]
         deadline = time.monotonic() + SPAWN_TIMEOUT_S

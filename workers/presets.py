@@ -14,7 +14,8 @@ from workers.config import RunConfig
 # Each peer preset reproduces one library's *pipeline choices* (buffer, staleness,
 # correction, weight sync, update mode) on Rollway's default model, task and trainer
 # sizes, so presets compare on the same task; the inference backend stays the default
-# (the user picks it). Peer knob names and defaults: /work/shared/ANCHORS.md.
+# (the user picks it). Each description names the peer's own knobs and the defaults
+# read from its public code (mid-2026), and says what is approximated.
 PRESETS: dict[str, dict[str, str | RunConfig]] = {
     "async": {
         "description": (

@@ -79,10 +79,9 @@ class Trainer:
         self.pad_id = self.model.config.pad_token_id or 0
         if cfg.lora.enabled:
             # Wrap before the optimizer: it must see only the adapter (the base is frozen).
-            from workers.sync.lora import apply_lora
+            from workers.lora import apply_lora
 
-            lc = cfg.lora
-            self.model = apply_lora(self.model, lc.rank, lc.alpha, lc.target_modules, lc.dropout)
+            self.model = apply_lora(self.model, cfg.lora)
         tc = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
@@ -94,9 +93,9 @@ class Trainer:
         """Current weights under HF checkpoint names (contiguous CPU copies); with LoRA,
         base and adapter merged (the policy the model computes)."""
         if self.cfg.lora.enabled:
-            from workers.sync.base import checkpoint_names_state_dict
+            from workers.lora import effective_state_dict
 
-            return {k: t.to("cpu").contiguous().clone() for k, t in checkpoint_names_state_dict(self.model).items()}
+            return {k: t.to("cpu").contiguous().clone() for k, t in effective_state_dict(self.model).items()}
         return checkpoint_state_dict(self.model)
 
     def train_step(self, groups: list[Group]) -> dict[str, float]:

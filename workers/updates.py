@@ -1,6 +1,6 @@
 """Weight-update modes: what generation in flight does when new weights arrive.
 
-`sync.update_mode` chooses (DESIGN.md §5.5; the peers' names in workers/config.py):
+`sync.update_mode` chooses (the peers' names for each are in workers/config.py):
 
 - ``drain``: a generate call finishes on the weights it started with; new weights are
   loaded between two calls. Every token of a call has one version. (The worker calls

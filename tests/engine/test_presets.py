@@ -10,13 +10,12 @@ import pytest
 import ray
 from pydantic import ValidationError
 
-from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
 from workers.config import RunConfig
 from workers.driver import RunDriver
 from workers.run_actors import NAMESPACE, actor_name
 from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge, dotted_overrides
 
-# The peers the survey names with at least a buffer category (ANCHORS.md): each has a preset.
+# Every peer library whose buffer layout at least is known: each has a preset.
 PEER_PRESETS = {
     "trl-async", "pipelinerl", "prime-rl", "areal", "verl-fully-async", "skyrl", "nemo-rl",
     "slime", "miles", "art", "verifiers", "atropos", "open-instruct", "roll", "tunix", "oat",
@@ -116,7 +115,7 @@ def test_peer_presets_set_the_peers_own_figures():
 
 # -- the presets through the real driver (slow) -------------------------------------------
 
-# A model and warm start that take milliseconds (engine_fixtures.small_config's sizes), two
+# A model and warm start that take milliseconds (helpers.small_config's sizes), two
 # steps, the torch backend: what differs between runs is only the preset's own switches.
 SMALL = {
     "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
@@ -134,7 +133,7 @@ RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "a
 
 def engine_switches(cfg: RunConfig) -> set[tuple[str, object]]:
     """(switch, value) pairs that change what the engine does."""
-    protocol = "object_store" if cfg.sync.protocol == "full_reload" else cfg.sync.protocol
+    protocol = cfg.sync.protocol
     return {
         ("mode", cfg.mode), ("buffer.mode", cfg.buffer.mode),
         ("buffer.on_stale", cfg.buffer.on_stale), ("correction.method", cfg.correction.method),
@@ -153,7 +152,7 @@ def test_the_presets_run_below_use_every_switch_value_of_every_preset():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RUN)
-def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):  # noqa: F811
+def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     config = build(name, SMALL)
     run_id = 400 + list(PRESETS).index(name)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(

@@ -13,12 +13,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
-from tests.engine.ingest_stub import IngestStub
-from tests.engine.test_driver import TOKEN, cache_dir, cluster, stub, tiny_config, wait_for  # noqa: F401 (fixtures)
+from tests.engine.helpers import run_inline, run_to_the_end, small_config, tiny_config
 from workers.config import RunConfig
-from workers.lifecycle import launch
-from workers.run_actors import run_actor_names
 
 # -- config (fast) --------------------------------------------------------------------
 
@@ -37,7 +33,7 @@ def test_collective_cannot_move_a_lora_model():
 
 
 def test_full_reload_stays_valid_and_lora_with_full_weight_protocols_is_allowed():
-    assert RunConfig.model_validate({"sync": {"protocol": "full_reload"}}).sync.protocol == "full_reload"
+    assert RunConfig.model_validate({"sync": {"protocol": "full_reload"}}).sync.protocol == "object_store"
     assert RunConfig().sync.protocol == "object_store"
     for protocol in ("lora", "object_store", "filesystem"):
         cfg = RunConfig.model_validate({"sync": {"protocol": protocol}, "lora": {"enabled": True, "rank": 4}})
@@ -46,7 +42,7 @@ def test_full_reload_stays_valid_and_lora_with_full_weight_protocols_is_allowed(
         RunConfig.model_validate({"lora": {"rank": 0}})
 
 
-def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(tiny_model_dir):  # noqa: F811
+def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(tiny_model_dir):
     from workers.model import load_model
     from workers.trainer import Trainer
 
@@ -65,23 +61,16 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 # -- real runs (slow) -------------------------------------------------------------------
 
 
-def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> dict:  # noqa: F811
-    launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
-    wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), 240, "a terminal status")
-    assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
-    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
-    return stub.series(run_id)
-
-
 def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
     """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
     from workers.model import load_model
-    from workers.sync.lora import adapter_state_dict, apply_lora
+    from workers.config import LoRAConfig
+    from workers.lora import adapter_state_dict, apply_lora
     from workers.warmstart import policy_dir
 
     model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
     if lora is not None:
-        model = apply_lora(model, lora["rank"], lora["alpha"])
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=lora["rank"], alpha=lora["alpha"]))
         sd = adapter_state_dict(model)
     else:
         sd = model.state_dict()
@@ -89,7 +78,7 @@ def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
 
 
 @pytest.mark.slow
-def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):  # noqa: F811
+def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
     series = run_to_the_end(
         301, stub, cache_dir, sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
         inference={"num_workers": 2},
@@ -103,7 +92,7 @@ def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
 
 
 @pytest.mark.slow
-def test_a_lora_run_moves_only_the_adapter(cluster, stub, cache_dir):  # noqa: F811
+def test_a_lora_run_moves_only_the_adapter(cluster, stub, cache_dir):
     lora = {"enabled": True, "rank": 8, "alpha": 16.0}
     series = run_to_the_end(302, stub, cache_dir, sync={"protocol": "lora"}, lora=lora)
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
@@ -115,9 +104,8 @@ def test_a_lora_run_moves_only_the_adapter(cluster, stub, cache_dir):  # noqa: F
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):  # noqa: F811
+def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
     pytest.importorskip("vllm")
-    from tests.engine.test_driver import run_inline
 
     lora = {"enabled": True, "rank": 8, "alpha": 16.0}
     out = run_inline(303, cache_dir, sync={"protocol": "lora"}, lora=lora, inference={"backend": "vllm"})
@@ -132,9 +120,8 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):  # no
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir):  # noqa: F811
+def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir):
     pytest.importorskip("vllm")
-    from tests.engine.test_driver import run_inline
 
     out = run_inline(304, cache_dir, sync={"protocol": "collective", "packed": False},
                      inference={"backend": "vllm"})
@@ -145,7 +132,7 @@ def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir)
 
 
 @pytest.mark.slow
-def test_a_filesystem_run_succeeds(cluster, stub, cache_dir):  # noqa: F811
+def test_a_filesystem_run_succeeds(cluster, stub, cache_dir):
     series = run_to_the_end(305, stub, cache_dir, sync={"protocol": "filesystem"})
     full = _model_bytes(cache_dir)
     # The safetensors file: every weight plus its JSON header.

@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.config import ModelConfig
+from workers.config import LoRAConfig, ModelConfig, SyncConfig
 from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
-from workers.sync.base import Notice, checkpoint_names_state_dict
+from workers.lora import effective_state_dict
+from workers.sync.base import Notice
 from workers.sync.object_store import InProcessStore
 from workers.sync.verify import torch_backend_state_dict
 
@@ -97,13 +98,17 @@ def sync(sender, receiver, backend, version: int) -> tuple[SyncReport, SyncRepor
     return sent, got["report"]
 
 
+def sync_cfg(protocol: str, **fields) -> SyncConfig:
+    return SyncConfig(protocol=protocol, **fields)
+
+
 SENDERS = {
-    "object_store": lambda store, tmp: make_sender("object_store", store=store),
-    "filesystem": lambda store, tmp: make_sender("filesystem", directory=str(tmp)),
-    "collective/per_tensor": lambda store, tmp: make_sender("collective", mode="per_tensor", timeout_s=30),
-    "collective/packed": lambda store, tmp: make_sender("collective", mode="packed", bucket_mb=0.01, timeout_s=30),
+    "object_store": lambda store, tmp: make_sender(sync_cfg("object_store"), store=store),
+    "filesystem": lambda store, tmp: make_sender(sync_cfg("filesystem", directory=str(tmp))),
+    "collective/per_tensor": lambda store, tmp: make_sender(sync_cfg("collective", packed=False, timeout_s=30)),
+    "collective/packed": lambda store, tmp: make_sender(sync_cfg("collective", bucket_mb=0.01, timeout_s=30)),
     "collective/packed-copy": lambda store, tmp: make_sender(
-        "collective", mode="packed", bucket_mb=0.01, flat_params=False, timeout_s=30),
+        sync_cfg("collective", bucket_mb=0.01, flat_params=False, timeout_s=30)),
 }
 
 
@@ -114,7 +119,7 @@ def test_each_full_protocol_leaves_the_worker_bit_identical(name, model_dir, tmp
     store = InProcessStore()
     model = trainer_model(model_dir)
     sender = SENDERS[name](store, tmp_path / "ckpt")
-    receiver = make_receiver(name.split("/")[0], model_dir=model_dir, store=store)
+    receiver = make_receiver(sync_cfg(name.split("/")[0]), model_dir=model_dir, store=store)
     backend = TorchBackend(model_dir)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     try:
@@ -148,13 +153,13 @@ def test_per_tensor_and_packed_broadcasts_give_identical_weights(model_dir):
     full_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     messages = {}
     for label, kwargs in {
-        "per_tensor": dict(mode="per_tensor"),
-        "packed-small": dict(mode="packed", bucket_mb=0.003),  # ~770 floats: splits tensors
-        "packed-one": dict(mode="packed", bucket_mb=full_mb * 2),
-        "packed-copy": dict(mode="packed", bucket_mb=0.003, flat_params=False),
+        "per_tensor": dict(packed=False),
+        "packed-small": dict(bucket_mb=0.003),  # ~770 floats: splits tensors
+        "packed-one": dict(bucket_mb=full_mb * 2),
+        "packed-copy": dict(bucket_mb=0.003, flat_params=False),
     }.items():
-        sender = make_sender("collective", timeout_s=30, **kwargs)
-        receiver = make_receiver("collective")
+        sender = make_sender(sync_cfg("collective", timeout_s=30, **kwargs))
+        receiver = make_receiver(sync_cfg("collective"))
         sender.attach(model)
         connect(sender, [receiver])
         sent, received = sync(sender, receiver, _Recorder(), version=1)
@@ -178,7 +183,7 @@ def test_flattening_for_packed_sync_changes_nothing_about_training(model_dir):
     flat_model, twin = trainer_model(model_dir), trainer_model(model_dir)
     flat_opt = torch.optim.AdamW(flat_model.parameters(), lr=1e-2)
     twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
-    sender = make_sender("collective", mode="packed")
+    sender = make_sender(sync_cfg("collective"))
     sender.attach(flat_model)
     ids = torch.arange(1, 9).unsqueeze(0)
     for _ in range(2):
@@ -217,7 +222,7 @@ def test_collective_worker_joins_broadcasts_in_send_order_even_if_notices_arrive
     """A threaded actor may run the handler of notice 2 before that of notice 1; the
     receiver must still take broadcast 1 first, or versions and bytes get crossed."""
     model = trainer_model(model_dir)
-    sender, receiver = make_sender("collective", timeout_s=30), make_receiver("collective")
+    sender, receiver = make_sender(sync_cfg("collective", timeout_s=30)), make_receiver(sync_cfg("collective"))
     sender.attach(model)
     endpoint = connect(sender, [receiver])
     digest = {"layout": endpoint["layout"].digest()}
@@ -248,7 +253,7 @@ def test_collective_worker_joins_broadcasts_in_send_order_even_if_notices_arrive
 
 def test_collective_apply_loads_the_newest_staged_version_once(model_dir):
     model = trainer_model(model_dir)
-    sender, receiver = make_sender("collective", timeout_s=30), make_receiver("collective")
+    sender, receiver = make_sender(sync_cfg("collective", timeout_s=30)), make_receiver(sync_cfg("collective"))
     sender.attach(model)
     connect(sender, [receiver])
     notices: queue.Queue = queue.Queue()
@@ -278,25 +283,25 @@ def test_collective_apply_loads_the_newest_staged_version_once(model_dir):
 
 
 def lora_model(model_dir: str):
-    from workers.sync.lora import apply_lora
+    from workers.lora import apply_lora
 
     torch.manual_seed(0)
-    return apply_lora(trainer_model(model_dir), rank=4, alpha=8.0)
+    return apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=4, alpha=8.0))
 
 
 def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
     from workers.inference.torch_backend import TorchBackend
-    from workers.sync.lora import adapter_state_dict
+    from workers.lora import adapter_state_dict
 
     store = InProcessStore()
     model = lora_model(model_dir)
-    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
     backend = TorchBackend(model_dir)
     sender.attach(model)
     connect(sender, [receiver])
     adapter = adapter_state_dict(model)
     adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
-    full_bytes = sum(t.numel() * t.element_size() for t in checkpoint_names_state_dict(model).values())
+    full_bytes = sum(t.numel() * t.element_size() for t in effective_state_dict(model).values())
     base_sum = state_checksum(backend_weights(backend))
     for version in (1, 2):
         train_a_little(model, seed=version)  # moves the adapter only: the base is frozen
@@ -311,11 +316,11 @@ def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
 
 
 def test_lora_registers_a_versioned_adapter_on_adapter_backends(model_dir):
-    from workers.sync.lora import adapter_state_dict
+    from workers.lora import adapter_state_dict
 
     store = InProcessStore()
     model = lora_model(model_dir)
-    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
     sender.attach(model)
     connect(sender, [receiver])
     backend = _AdapterBackend()
@@ -338,16 +343,16 @@ def test_lora_refuses_workers_with_a_different_base(model_dir, tmp_path):
 
     other = str(tmp_path / "other")
     save_model(build_tiny(MODEL, CharTokenizer(), seed=1), CharTokenizer(), other)
-    sender = make_sender("lora", store=InProcessStore())
+    sender = make_sender(sync_cfg("lora"), store=InProcessStore())
     sender.attach(lora_model(model_dir))
-    receiver = make_receiver("lora", model_dir=other)
+    receiver = make_receiver(sync_cfg("lora"), model_dir=other)
     with pytest.raises(ValueError, match="same model directory"):
         receiver.connect(sender.endpoint())
 
 
 def test_lora_sender_needs_a_peft_model(model_dir):
     with pytest.raises(TypeError, match="peft LoRA adapter"):
-        make_sender("lora", store=InProcessStore()).attach(trainer_model(model_dir))
+        make_sender(sync_cfg("lora"), store=InProcessStore()).attach(trainer_model(model_dir))
 
 
 # ---- interface -------------------------------------------------------------------
@@ -355,16 +360,17 @@ def test_lora_sender_needs_a_peft_model(model_dir):
 
 def test_unknown_protocol_names_the_choices():
     with pytest.raises(ValueError, match="object_store"):
-        make_sender("carrier_pigeon")
+        sync_cfg("carrier_pigeon")
 
 
 def test_full_reload_is_the_object_store():
-    assert make_sender("full_reload", store=InProcessStore()).protocol == "object_store"
+    assert sync_cfg("full_reload").protocol == "object_store"
+    assert make_sender(sync_cfg("full_reload"), store=InProcessStore()).protocol == "object_store"
 
 
 def test_receiver_refuses_an_endpoint_of_another_protocol():
     with pytest.raises(ValueError, match="same sync.protocol"):
-        make_receiver("filesystem").connect({"protocol": "object_store"})
+        make_receiver(sync_cfg("filesystem")).connect({"protocol": "object_store"})
 
 
 def test_combined_report_takes_the_slowest_worker():
@@ -412,14 +418,14 @@ def _ray_actors():
             import torch
 
             from workers.model import load_model
-            from workers.sync.lora import apply_lora
+            from workers.lora import apply_lora
 
             model = load_model(self.model_dir).train()
             if lora:
                 torch.manual_seed(0)
-                model = apply_lora(model, rank=4, alpha=8.0, init_lora_weights=False)
+                model = apply_lora(model, LoRAConfig(enabled=True, rank=4, alpha=8.0), init_lora_weights=False)
             self.model = model
-            self.sender = make_sender(protocol, **options)
+            self.sender = make_sender(SyncConfig(protocol=protocol, **options), num_receivers=2)
             self.sender.attach(model)
             return self.sender.endpoint()
 
@@ -431,7 +437,7 @@ def _ray_actors():
             return self.sender.send(version, lambda n: [w.update_weights.remote(n) for w in workers])
 
         def checksum(self):
-            return state_checksum(checkpoint_names_state_dict(self.model))
+            return state_checksum(effective_state_dict(self.model))
 
         def close(self):
             self.sender.close()
@@ -450,7 +456,7 @@ def _ray_actors():
         def setup(self, protocol, endpoint, rank):
             """A receiver for `protocol`, connected (blocks until all ranks connect)."""
             self.backend.load_weights(load_file(os.path.join(self.model_dir, "model.safetensors")))
-            self.receiver = make_receiver(protocol, model_dir=self.model_dir)
+            self.receiver = make_receiver(SyncConfig(protocol=protocol), model_dir=self.model_dir)
             self.reports = {}
             self.receiver.connect(endpoint, rank)
 
@@ -474,23 +480,21 @@ def _ray_actors():
 
 
 @pytest.mark.slow
-def test_every_protocol_through_ray_actors_leaves_workers_bit_identical(model_dir, tmp_path):
+def test_every_protocol_through_ray_actors_leaves_workers_bit_identical(cluster, model_dir, tmp_path):
     """One trainer, two workers, two versions per protocol, each worker checked."""
     import time
 
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             namespace="rollway-test-sync")
+    Trainer, Worker = _ray_actors()
+    trainer = Trainer.remote(model_dir)
+    workers = [Worker.remote(model_dir) for _ in range(2)]
     try:
-        Trainer, Worker = _ray_actors()
-        trainer = Trainer.remote(model_dir)
-        workers = [Worker.remote(model_dir) for _ in range(2)]
         cases = [
             ("object_store", {}, False),
             ("filesystem", {"directory": str(tmp_path / "ckpt")}, False),
-            ("collective", {"mode": "per_tensor", "num_receivers": 2, "timeout_s": 60}, False),
-            ("collective", {"mode": "packed", "bucket_mb": 0.01, "num_receivers": 2, "timeout_s": 60}, False),
+            ("collective", {"packed": False, "timeout_s": 60}, False),
+            ("collective", {"bucket_mb": 0.01, "timeout_s": 60}, False),
             ("lora", {}, True),
         ]
         for protocol, options, lora in cases:
@@ -508,7 +512,8 @@ def test_every_protocol_through_ray_actors_leaves_workers_bit_identical(model_di
             assert ray.get([w.checksum.remote() for w in workers]) == [expected] * len(workers), protocol
             ray.get([trainer.close.remote()] + [w.close.remote() for w in workers])
     finally:
-        ray.shutdown()
+        for actor in [trainer, *workers]:
+            ray.kill(actor)
 
 
 # ---- vLLM LoRA adapters ----------------------------------------------------------------
@@ -518,7 +523,10 @@ def _vllm_lora_weights(worker, lora_int_id):
     # Runs inside vLLM's worker: the adapter as vLLM holds it (lora_b has the scaling folded in).
     manager = worker.model_runner.lora_manager._adapter_manager
     lora_model = manager._registered_adapters[lora_int_id]
-    as_list = lambda x: [t.clone() for t in x] if isinstance(x, list) else [x.clone()]  # noqa: E731
+
+    def as_list(x):
+        return [t.clone() for t in x] if isinstance(x, list) else [x.clone()]
+
     return {name: (as_list(w.lora_a), as_list(w.lora_b)) for name, w in lora_model.loras.items()}
 
 
@@ -540,15 +548,15 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
     from workers.config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
     from workers.model import build_tiny, save_model
-    from workers.sync.lora import adapter_state_dict, apply_lora
+    from workers.lora import adapter_state_dict, apply_lora
     from workers.tokenizer import CharTokenizer
 
     model_dir = str(tmp_path / "model")  # head_dim 32: a size vLLM-CPU attention has
     save_model(build_tiny(ModelConfig(num_heads=2), CharTokenizer(), seed=0), CharTokenizer(), model_dir)
     torch.manual_seed(0)
-    model = apply_lora(trainer_model(model_dir), rank=8, alpha=16.0, init_lora_weights=False)
+    model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
     store = InProcessStore()
-    sender, receiver = make_sender("lora", store=store), make_receiver("lora", model_dir=model_dir, store=store)
+    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
     sender.attach(model)
     endpoint = connect(sender, [receiver])
     backend = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, lora_rank=8)

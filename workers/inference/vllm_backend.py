@@ -54,6 +54,22 @@ _ENGINE_ENV = {
 # more only costs KV-cache memory (sized exactly below on CPU).
 MAX_NUM_SEQS = 256
 
+# vLLM 0.32 accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
+_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_args(rank: int, max_loras: int = 2) -> dict:
+    """Engine arguments that let a vLLM engine serve LoRA adapters of rank ≤ `rank`.
+
+    `max_loras` ≥ 2 lets the next version load while the current one still serves
+    (drain); in-flight updates keep requests of older versions alive and need
+    max_staleness + 2 (TRL's rule)."""
+    fitting = [r for r in _MAX_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank {_MAX_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": max(2, max_loras)}
+
+
 # vLLM-CPU's KV blocks are 128 tokens; a sequence always holds whole blocks.
 _CPU_BLOCK_SIZE = 128
 
@@ -250,9 +266,7 @@ class VLLMBackend:
         if exact_steps:
             engine_args["async_scheduling"] = False
         if lora_rank is not None:
-            from workers.sync.lora import vllm_lora_engine_args
-
-            engine_args.update(vllm_lora_engine_args(lora_rank))
+            engine_args.update(lora_engine_args(lora_rank))
         self.lora_rank = lora_rank
         self._lora_request = None  # the adapter every generate call uses (None: the base)
 
@@ -426,13 +440,18 @@ class VLLMBackend:
         """Serve adapter `name` (a peft directory at `path`) from the next generate call
         on, and drop the previous one (sync.protocol 'lora'). Between generate calls: the
         lock makes a call in flight finish on the old adapter (drain)."""
-        from workers.sync.lora import swap_vllm_adapter
+        from vllm.lora.request import LoRARequest
 
         self._check_open()
         if self.lora_rank is None:
             raise RuntimeError("this VLLMBackend was built without lora_rank: it cannot serve adapters")
         with self._lock:
-            self._lora_request = swap_vllm_adapter(self._llm, name, lora_int_id, path, self._lora_request)
+            request = LoRARequest(name, lora_int_id, path)
+            self._llm.llm_engine.add_lora(request)  # loads it now, not at the first request
+            previous = self._lora_request
+            if previous is not None and previous.lora_int_id != lora_int_id:
+                self._llm.llm_engine.remove_lora(previous.lora_int_id)
+            self._lora_request = request
             self._weights_changed()
 
     # ---- lifecycle -----------------------------------------------------------------

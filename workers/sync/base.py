@@ -177,17 +177,6 @@ def end_to_end_ms(notice: Notice) -> float:
     return (time.time() - notice.sent_at) * 1e3
 
 
-def checkpoint_names_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainer's weights under Hugging Face checkpoint names: detached views of the
-    live parameters (no copy); for a peft LoRA model, base and adapter merged (a copy),
-    which is what a full-weight protocol must move in a LoRA run."""
-    if hasattr(model, "peft_config"):
-        from workers.sync.lora import effective_state_dict
-
-        return effective_state_dict(model)
-    return {name: t.detach() for name, t in model.state_dict().items()}
-
-
 def tensor_nbytes(state_dict: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state_dict.values())
 

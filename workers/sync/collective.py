@@ -9,8 +9,9 @@ Two modes move the same bytes in a different number of messages:
   parameters are re-laid as views of that buffer at `attach` (same Parameter objects,
   same values), so a bucket is a slice: no copy in, no copy out. On CPU the copies are
   what decide it: packing by copying into a bucket and back costs more than it saves
-  (MACHINE.md: 110M params, per-tensor 141 ms, copy-packed 273 ms, flat views 112 ms).
-  `flat_params=False` keeps the copying variant, for measurement.
+  (measured with gloo on a 2-core host, 110M params: per-tensor 141 ms, copy-packed
+  273 ms, flat views 112 ms). `sync.flat_params=false` keeps the copying variant, for
+  measurement.
 
 The group is a standalone one (a TCPStore + ProcessGroupGloo/NCCL), not the default
 process group: an in-process vLLM engine initialises its own default group, and the
@@ -31,7 +32,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,16 +41,14 @@ from workers.sync.base import (
     Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms,
 )
 
+if TYPE_CHECKING:
+    from workers.config import SyncConfig
+
 log = logging.getLogger(__name__)
 
-# The brief's port range for the rendezvous; a random start spreads concurrent runs.
+# Ports the rendezvous may bind (deploy/ opens this range between Ray pods); a random
+# start spreads concurrent runs.
 PORT_RANGE = range(29600, 29700)
-# Buckets: bigger → fewer messages; smaller → the first bytes arrive sooner and a
-# receiver's staging never needs a second, bucket-sized buffer. verl uses 2048 MB on GPU.
-BUCKET_MB = 32.0
-# A collective waits this long for the other ranks before failing (rendezvous, broadcast).
-TIMEOUT_S = 120.0
-MODES = ("per_tensor", "packed")
 
 
 @dataclass(frozen=True)
@@ -170,26 +169,16 @@ def default_host() -> str:
 class CollectiveSender(WeightSender):
     protocol = "collective"
 
-    def __init__(
-        self,
-        num_receivers: int = 1,
-        mode: str = "packed",
-        bucket_mb: float = BUCKET_MB,
-        flat_params: bool = True,
-        host: str | None = None,
-        timeout_s: float = TIMEOUT_S,
-    ) -> None:
+    def __init__(self, sync: SyncConfig, num_receivers: int, host: str | None = None) -> None:
+        """`sync`: the run's sync section (packed, bucket_mb, flat_params, timeout_s)."""
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"sync.mode must be one of {MODES} (got {mode!r})")
-        if bucket_mb <= 0:
-            raise ValueError(f"sync.bucket_mb must be > 0 (got {bucket_mb})")
         if num_receivers < 1:
             raise ValueError(f"a collective sync needs ≥ 1 inference worker (got {num_receivers})")
         self.num_receivers = num_receivers
-        self.mode, self.bucket_mb, self.flat_params = mode, bucket_mb, flat_params
+        self.mode = "packed" if sync.packed else "per_tensor"
+        self.bucket_mb, self.flat_params = sync.bucket_mb, sync.flat_params
         self.host = host
-        self.timeout_s = timeout_s
+        self.timeout_s = sync.timeout_s
         self.layout: Layout | None = None
         self.flats: dict[str, torch.Tensor] | None = None
         self._store = None

@@ -17,19 +17,20 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors.torch import load_file, save_file
 
+from workers.lora import effective_state_dict
 from workers.sync.base import (
     Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender,
-    checkpoint_names_state_dict,
 )
 from workers.sync.object_store import StagedWeights, apply_full
 
+if TYPE_CHECKING:
+    from workers.config import SyncConfig
+
 WEIGHTS_FILE = "model.safetensors"
-# Versions kept on disk: 1 → a worker reading late finds its file gone; more → disk use.
-KEEP_VERSIONS = 2
 
 
 def version_dir(directory: str, version: int) -> str:
@@ -39,16 +40,15 @@ def version_dir(directory: str, version: int) -> str:
 class FilesystemSender(WeightSender):
     protocol = "filesystem"
 
-    def __init__(self, directory: str | None = None, keep_versions: int = KEEP_VERSIONS) -> None:
-        """`directory`: where checkpoints go (must be visible to every worker); None → a
-        fresh temporary directory, removed on close."""
+    def __init__(self, sync: SyncConfig) -> None:
+        """`sync.directory`: where checkpoints go (must be visible to every worker); None →
+        a fresh temporary directory, removed on close. `sync.keep_versions`: how many
+        versions stay on disk."""
         super().__init__()
-        if keep_versions < 1:
-            raise ValueError(f"sync.keep_versions must be ≥ 1 (got {keep_versions})")
-        self._owns_directory = directory is None
-        self.directory = directory or tempfile.mkdtemp(prefix="rollway-sync-")
+        self._owns_directory = sync.directory is None
+        self.directory = sync.directory or tempfile.mkdtemp(prefix="rollway-sync-")
         os.makedirs(self.directory, exist_ok=True)
-        self.keep_versions = keep_versions
+        self.keep_versions = sync.keep_versions
         self._written: list[str] = []
 
     def endpoint(self) -> dict[str, Any]:
@@ -57,7 +57,7 @@ class FilesystemSender(WeightSender):
     def send(self, version: int, notify: Notify) -> SyncReport:
         model = self._require_model()
         sent_at, clock = time.time(), Stopwatch()
-        state = checkpoint_names_state_dict(model)
+        state = effective_state_dict(model)
         final = version_dir(self.directory, version)
         staging = tempfile.mkdtemp(prefix=f".v{version:08d}-", dir=self.directory)
         save_file(state, os.path.join(staging, WEIGHTS_FILE), metadata={"version": str(version)})

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.lora import effective_state_dict
 from workers.sync.base import (
     Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender,
-    checkpoint_names_state_dict, end_to_end_ms,
+    end_to_end_ms,
 )
 
 
@@ -131,7 +132,7 @@ class ObjectStoreSender(WeightSender):
     def send(self, version: int, notify: Notify) -> SyncReport:
         model = self._require_model()
         sent_at, clock = time.time(), Stopwatch()
-        wire, nbytes = to_wire(checkpoint_names_state_dict(model))
+        wire, nbytes = to_wire(effective_state_dict(model))
         self._last_ref = self.store.put(wire)
         notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"ref": self._last_ref}))
         return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(),

@@ -1,0 +1,176 @@
+"""LoRA with peft: wrap the trainer's policy, read its adapter, merge it into full weights.
+
+With `lora.enabled` the trainer trains a peft LoRA adapter on a frozen base. What the
+rest of the engine needs of that lives here, in one place:
+
+- `apply_lora`: wrap a model (base frozen, adapter trainable; build the optimizer after);
+- `adapter_state_dict` / `adapter_parameters`: the adapter's tensors under peft's saved
+  names (what adapter-only sync moves, workers/sync/lora.py);
+- `base_state_dict` + `merge_adapter` + `lora_scaling`: base + scaling · B·A, the exact
+  float operations of peft's `merge_and_unload`, so a worker merging locally holds
+  weights bit-identical to the trainer's merged policy;
+- `effective_state_dict`: the policy a model computes, as full weights under Hugging
+  Face checkpoint names, peft-wrapped or not (what every full-weight sync moves);
+- `adapter_config` / `write_adapter_dir`: a peft adapter directory, loadable by peft
+  and by vLLM.
+
+The list of target modules is `workers.config.LORA_TARGET_MODULES` (the config's
+default); the vLLM side of adapters (engine arguments, registering an adapter) belongs
+to the vLLM backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from workers.config import LoRAConfig
+
+# peft's saved adapter names start with this; checkpoint names do not.
+_PEFT_PREFIX = "base_model.model."
+
+
+def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bool | str = True):
+    """Wrap the trainer's model with a peft LoRA adapter as `cfg` (the run's `lora`
+    section) says. `init_lora_weights=False` starts B non-zero (tests and benchmarks
+    that need the adapter to change the policy from step 0)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        target_modules=list(cfg.target_modules),
+        lora_dropout=cfg.dropout,
+        init_lora_weights=init_lora_weights,
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under peft's saved names (…q_proj.lora_A.weight), detached
+    views of the live parameters."""
+    from peft.utils import get_peft_model_state_dict
+
+    return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """peft's saved name → the live Parameter, resolved once: asking peft for its adapter
+    state dict walks the whole model each time (~50 ms for 12 layers)."""
+    active = model.active_adapter if isinstance(model.active_adapter, str) else "default"
+    params = dict(model.named_parameters())
+    out = {}
+    for key in adapter_state_dict(model):
+        live = key.removesuffix(".weight") + f".{active}.weight"
+        if live not in params:
+            raise KeyError(f"adapter tensor {key!r} has no live parameter {live!r}")
+        out[key] = params[live]
+    return out
+
+
+def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base under Hugging Face checkpoint names (views, no copy)."""
+    out = {}
+    for key, t in model.get_base_model().state_dict().items():
+        if ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = t.detach()
+    return out
+
+
+def lora_scaling(model: torch.nn.Module) -> float:
+    """alpha / r (alpha / √r with rsLoRA): what B·A is multiplied by."""
+    cfg = model.peft_config["default"]
+    if cfg.rank_pattern or cfg.alpha_pattern:
+        raise NotImplementedError("per-module LoRA ranks/alphas are not supported")
+    return cfg.lora_alpha / (cfg.r**0.5 if cfg.use_rslora else cfg.r)
+
+
+def _target_weight(adapter_key: str) -> tuple[str, str]:
+    """'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' →
+    ('model.layers.0.self_attn.q_proj.weight', 'A')."""
+    key = adapter_key.removeprefix(_PEFT_PREFIX)
+    for part in ("A", "B"):
+        suffix = f".lora_{part}.weight"
+        if key.endswith(suffix):
+            return key[: -len(suffix)] + ".weight", part
+    raise ValueError(f"{adapter_key!r} is not a LoRA A/B weight (bias and DoRA adapters are not supported)")
+
+
+def merge_adapter(
+    base: dict[str, torch.Tensor],
+    adapter: dict[str, torch.Tensor],
+    scaling: float,
+    out: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """base + (B @ A) · scaling for every adapted weight, untouched tensors shared.
+
+    The same float operations, in the same order, as peft's merge (get_delta_weight then
+    +=), so the result is bit-identical to `merge_and_unload()` on the same tensors.
+    `out`: buffers from an earlier call to merge into again (a worker merging every
+    version would otherwise fault in a fresh model-sized allocation each time)."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in adapter.items():
+        weight, part = _target_weight(key)
+        pairs.setdefault(weight, {})[part] = t
+    merged = dict(base)
+    for weight, ab in pairs.items():
+        if weight not in base or set(ab) != {"A", "B"}:
+            raise KeyError(
+                f"adapter for {weight!r} does not match the base (has {sorted(ab)}; base has it: {weight in base})"
+            )
+        if out is None:
+            merged[weight] = base[weight] + (ab["B"] @ ab["A"]) * scaling
+        else:
+            dest = out.get(weight)
+            if dest is None:
+                dest = out[weight] = torch.empty_like(base[weight])
+            torch.matmul(ab["B"], ab["A"], out=dest)
+            dest.mul_(scaling)
+            torch.add(base[weight], dest, out=dest)
+            merged[weight] = dest
+    return merged
+
+
+def effective_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy `model` computes, as full weights under Hugging Face checkpoint names:
+    detached views of the live parameters (no copy) for a plain model; base and adapter
+    merged (a copy) for a peft model, which is what a full-weight sync of a LoRA run
+    must move."""
+    if is_peft(model):
+        return merge_adapter(base_state_dict(model), adapter_state_dict(model), lora_scaling(model))
+    return {name: t.detach() for name, t in model.state_dict().items()}
+
+
+def adapter_config(model: torch.nn.Module) -> dict:
+    """The adapter's `adapter_config.json` contents (JSON-safe, peft format)."""
+    config = model.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"] or [])
+    config["peft_type"] = "LORA"
+    config.pop("runtime_config", None)
+    return config
+
+
+def write_adapter_dir(path: str, adapter: dict[str, torch.Tensor], config: dict) -> None:
+    """A peft adapter directory (adapter_config.json + adapter_model.safetensors),
+    written under a temporary name then renamed, so a reader never sees half of it."""
+    parent = os.path.dirname(path) or "."
+    tmp = tempfile.mkdtemp(prefix=".adapter-", dir=parent)
+    with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    save_file({k: v.contiguous() for k, v in adapter.items()}, os.path.join(tmp, "adapter_model.safetensors"))
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.rename(tmp, path)
