@@ -51,10 +51,10 @@ def do_start_in_ray(run_id: int) -> None:
     if not do_set_run_status(run, Status.STARTING):
         logger.info("run %s is %s: not launching it again", run_id, run.status)
         return
-    ray = ray_lifecycle()
+    lifecycle = ray_lifecycle()
     started = time.monotonic()
     try:
-        actor = ray.launch(
+        actor = lifecycle.launch(
             run.pk,
             run.config,
             ingest_url=settings.ROLLWAY_PUBLIC_URL,
@@ -76,7 +76,7 @@ def do_start_in_ray(run_id: int) -> None:
         # The user cancelled while the actor was being created; cancel_run may have found
         # nothing to stop yet, so stop what this call just started.
         logger.info("run %s was cancelled during launch; stopping its actors", run_id)
-        ray.cancel(run.pk, ray_address=settings.RAY_ADDRESS)
+        lifecycle.cancel(run.pk, ray_address=settings.RAY_ADDRESS)
 
 
 def do_stop_in_ray(run_id: int) -> None:

@@ -62,10 +62,10 @@ def do_reconcile_runs() -> dict[str, int]:
     if not candidates:
         return counts  # nothing to ask Ray: do not even connect to it
 
-    ray = engine.ray_lifecycle()
+    lifecycle = engine.ray_lifecycle()
     for run in candidates:
         try:
-            alive = ray.is_alive(run.pk, ray_address=settings.RAY_ADDRESS)
+            alive = lifecycle.is_alive(run.pk, ray_address=settings.RAY_ADDRESS)
         except Exception:
             # Any error reaching Ray is no proof a run is lost: settle nothing this time.
             logger.exception("reconcile: cannot ask Ray about run %s; trying next time", run.pk)
