@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.test_driver import cache_dir, cluster, run_inline  # noqa: F401 (fixtures)
+from tests.engine.helpers import run_inline
 
 pytestmark = pytest.mark.slow
 
 
-def test_unbounded_stream_with_a_long_head_requeues_stale_groups(cluster, cache_dir):  # noqa: F811
+def test_unbounded_stream_with_a_long_head_requeues_stale_groups(cluster, cache_dir):
     out = run_inline(131, cache_dir, buffer={"mode": "unbounded", "max_staleness": 0,
                                              "max_head_offpolicyness": 2, "on_stale": "requeue"},
                      stop={"max_steps": 5})
@@ -23,7 +23,7 @@ def test_unbounded_stream_with_a_long_head_requeues_stale_groups(cluster, cache_
     assert "buffer/starved_s" in s
 
 
-def test_double_buffer_runs_one_batch_ahead(cluster, cache_dir):  # noqa: F811
+def test_double_buffer_runs_one_batch_ahead(cluster, cache_dir):
     out = run_inline(132, cache_dir, buffer={"mode": "double", "max_staleness": 1},
                      stop={"max_steps": 5})
     assert out["state"] == "succeeded", out["error"]

@@ -8,54 +8,13 @@ import time
 import pytest
 import ray
 
+from tests.engine.helpers import TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.driver import RunDriver
 from workers.lifecycle import cancel, is_alive, launch
 from workers.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.metric_names import NAMES
 
 pytestmark = pytest.mark.slow
-
-TOKEN = "run-token"
-
-
-def tiny_config(**overrides) -> dict:
-    cfg = {
-        "mode": "async",
-        "warm_start": {"steps": 20},
-        "trainer": {"batch_groups": 4, "group_size": 4},
-        "stop": {"max_steps": 4},
-    }
-    cfg.update(overrides)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))  # shared: the warm start is built once
-
-
-@pytest.fixture
-def stub():
-    with IngestStub(token=TOKEN) as s:
-        yield s
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def start(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> str:
@@ -132,16 +91,6 @@ def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
     assert cancel(10, timeout_s=5) is False  # "run-10" is a prefix of "run-105"
     assert len(run_actor_names(105)) == 4
     assert cancel(105, timeout_s=10)
-
-
-def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
-        run_id, tiny_config(**overrides), None, "", cache_dir, exit_when_done=False
-    )
-    try:
-        return ray.get(driver.run.remote(), timeout=300)
-    finally:
-        ray.kill(driver)
 
 
 def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):

@@ -15,7 +15,7 @@ vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_an_async_run_on_vllm_trains_and_syncs_weights(tmp_path):
+def test_an_async_run_on_vllm_trains_and_syncs_weights(cluster, cache_dir):
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 20},
@@ -23,11 +23,10 @@ def test_an_async_run_on_vllm_trains_and_syncs_weights(tmp_path):
         "trainer": {"batch_groups": 4, "group_size": 4},
         "stop": {"max_steps": 4},
     }
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    driver = RunDriver.options(name="run-201", namespace=NAMESPACE).remote(
+        201, cfg, None, "", cache_dir, exit_when_done=False
+    )
     try:
-        driver = RunDriver.options(name="run-201", namespace=NAMESPACE).remote(
-            201, cfg, None, "", str(tmp_path), exit_when_done=False
-        )
         out = ray.get(driver.run.remote(), timeout=600)
         assert out["state"] == "succeeded", out["error"]
         s = {k: dict(v) for k, v in out["series"].items()}
@@ -40,13 +39,12 @@ def test_an_async_run_on_vllm_trains_and_syncs_weights(tmp_path):
         while run_actor_names(201) != ["run-201"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert run_actor_names(201) == ["run-201"]  # the vLLM actor is gone, the driver stays
-        ray.kill(driver)
     finally:
-        ray.shutdown()
+        ray.kill(driver)
 
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_flight"])
-def test_update_modes_on_vllm_take_weights_mid_generation(tmp_path, mode):
+def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mode):
     # Generation is the bottleneck (no warm start: the policy seldom says EOS; 56-token
     # completions; small batches, cheap to train) and the worker may run 3 batches
     # ahead, so weights arrive while it generates: aborts are counted, and in-flight
@@ -61,15 +59,13 @@ def test_update_modes_on_vllm_take_weights_mid_generation(tmp_path, mode):
         "stop": {"max_steps": 8},
     }
     run_id = 210 + ["abort_resume", "in_flight"].index(mode)
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
+        run_id, cfg, None, "", cache_dir, exit_when_done=False
+    )
     try:
-        driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
-            run_id, cfg, None, "", str(tmp_path), exit_when_done=False
-        )
         out = ray.get(driver.run.remote(), timeout=600)
-        ray.kill(driver)
     finally:
-        ray.shutdown()
+        ray.kill(driver)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     last = lambda name: s[name][max(s[name])]  # noqa: E731 (cumulative series)

@@ -24,7 +24,6 @@ import math
 import pytest
 import ray
 
-from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
 from workers.driver import RunDriver
 from workers.run_actors import NAMESPACE, actor_name
 from workers.presets import build, deep_merge
@@ -56,7 +55,7 @@ SMALL = {
 }
 
 
-def run(preset: str, run_id: int, cache_dir: str, **overrides) -> tuple[dict, str]:  # noqa: F811
+def run(preset: str, run_id: int, cache_dir: str, **overrides) -> tuple[dict, str]:
     """Run `preset` with SMALL and `overrides` to completion; returns
     ({series: {step: value}}, the checksum of the trainer's weights after the last step)."""
     cfg = build(preset, deep_merge(SMALL, overrides)).model_dump(mode="json")
@@ -89,7 +88,7 @@ def mismatches(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -
 
 
 @pytest.fixture(scope="module")
-def sync_run(cluster, cache_dir):  # noqa: F811
+def sync_run(cluster, cache_dir):
     return run("sync", 141, cache_dir)
 
 
@@ -102,7 +101,7 @@ def test_the_sync_run_learns_something_to_compare(sync_run):
     assert set(series["staleness/max"].values()) == {0.0}
 
 
-def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(sync_run, cache_dir):  # noqa: F811
+def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(sync_run, cache_dir):
     sync_series, sync_weights = sync_run
     series, weights = run("async", 142, cache_dir, buffer={"max_staleness": 0})
     assert set(series["staleness/max"].values()) == {0.0}
@@ -111,7 +110,7 @@ def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(sync_run, ca
     assert weights == sync_weights, "the final weights differ"
 
 
-def test_async_one_step_ahead_trains_something_else(sync_run, cache_dir):  # noqa: F811
+def test_async_one_step_ahead_trains_something_else(sync_run, cache_dir):
     sync_series, sync_weights = sync_run
     series, weights = run("async", 143, cache_dir, buffer={"max_staleness": 1})
     # Step 1 trains version 0's first batch in both runs: the runs start out equal, so a

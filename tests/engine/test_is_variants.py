@@ -23,7 +23,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.engine.helpers import fixed_groups, small_config
 from workers.config import CorrectionConfig, RunConfig
 from workers.loss import correction_loss, policy_loss
 
@@ -176,7 +176,6 @@ def test_config_errors_name_the_field():
 def test_the_trainer_applies_the_configured_method(tiny_model_dir):
     """Behaviour logprobs shifted by +0.5 on every token: pi_old/mu = e^-0.5 ≈ 0.607 on the
     first step, so each method leaves its own fingerprint in the trainer's metrics."""
-    from tests.engine.test_trainer import fixed_groups
     from workers.trainer import Trainer
 
     def first_step(**correction):

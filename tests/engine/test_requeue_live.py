@@ -15,7 +15,6 @@ import time
 import pytest
 import ray
 
-from tests.engine.test_driver import cache_dir, cluster  # noqa: F401 (fixtures)
 from workers.buffer import RolloutBuffer
 from workers.driver import RunDriver
 from workers.run_actors import NAMESPACE, actor_name
@@ -114,7 +113,7 @@ def _buffer_counts(run_id: int) -> tuple[int, int] | None:
 
 
 @pytest.fixture(scope="module")
-def requeue_run(cluster, cache_dir):  # noqa: F811
+def requeue_run(cluster, cache_dir):
     """Run until the live buffer has trained a few regenerated groups (or 120 s), then
     stop the run; returns (the driver's summary, the last (requeued, regenerated) read)."""
     driver = RunDriver.options(name=actor_name(RUN_ID), namespace=NAMESPACE).remote(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.engine.helpers import small_config
 from workers.inference import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.model import build_tiny, load_model

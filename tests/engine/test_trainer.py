@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from tests.engine.engine_fixtures import small_config, tiny_model_dir  # noqa: F401 (fixture)
+from tests.engine.helpers import fixed_groups, small_config
 from workers import warmstart
 from workers.inference.base import Completion
 from workers.inference.torch_backend import TorchBackend
@@ -22,20 +22,6 @@ from workers.trainer import Trainer, pack, token_logprobs
 
 REQUIRED = {"loss", "reward/mean", "staleness/mean", "staleness/max", "is/ratio_mean",
             "is/clipped_frac", "mismatch/kl", "trainer/step_s"}
-
-
-def fixed_groups(model_dir: str, cfg, version: int = 0, seed: int = 0):
-    """Rollouts from the tiny model, with seeded random rewards: an untrained model scores
-    ~0 on the task, and all-equal rewards give GRPO nothing to learn from."""
-    tok = CharTokenizer.load(model_dir)
-    task = make_task(cfg.task)
-    rng = random.Random(seed)
-    prompts = task.sample(cfg.trainer.batch_groups, rng)
-    groups = generate_groups(TorchBackend(model_dir), task, tok, prompts, cfg, version, seed)
-    for g in groups:
-        for r in g.rollouts:
-            r.reward = rng.random()
-    return groups
 
 
 def weighted_loglik(model, groups, temperature) -> float:

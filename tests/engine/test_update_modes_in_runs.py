@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.test_driver import cache_dir, cluster, stub  # noqa: F401 (fixtures)
-from tests.engine.test_sync_in_runs import run_to_the_end
+from tests.engine.helpers import run_to_the_end
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +20,7 @@ AHEAD = {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3}
 
 
 @pytest.mark.parametrize("mode", ["abort_retry", "abort_resume", "in_flight", "drain"])
-def test_update_mode_in_a_run(cluster, stub, cache_dir, mode):  # noqa: F811
+def test_update_mode_in_a_run(cluster, stub, cache_dir, mode):
     run_id = 7100 + ["abort_retry", "abort_resume", "in_flight", "drain"].index(mode)
     series = run_to_the_end(
         run_id, stub, cache_dir, buffer=AHEAD, sync={"update_mode": mode}, stop={"max_steps": 10},

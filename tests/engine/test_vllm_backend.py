@@ -7,8 +7,6 @@ log_softmax(logits / T) at the sampled tokens.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -251,11 +249,9 @@ def test_close_frees_the_engine_so_another_can_start(model_dir):
         second.close()
 
 
-def test_it_runs_inside_a_fractional_cpu_ray_actor(model_dir, hf):
+def test_it_runs_inside_a_fractional_cpu_ray_actor(cluster, model_dir, hf):
     """The engine's layout: VLLMBackend in a fractional-CPU Ray actor, weights pushed in."""
     import ray
-
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     @ray.remote(num_cpus=0.25)
     class InferenceActor:
@@ -280,17 +276,8 @@ def test_it_runs_inside_a_fractional_cpu_ray_actor(model_dir, hf):
         def close(self) -> None:
             self.backend.close()
 
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            namespace="test-vllm-backend",
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": repo}},
-        )
+    actor = InferenceActor.remote(model_dir)
     try:
-        actor = InferenceActor.remote(model_dir)
         info = ray.get(actor.info.remote(), timeout=300)
         # In process: no engine/worker child processes; Ray's 1 thread for a
         # fractional-CPU actor is what vLLM computes with.
@@ -307,7 +294,5 @@ def test_it_runs_inside_a_fractional_cpu_ray_actor(model_dir, hf):
         assert _max_abs_diff(perturbed, prompts, after, 1.0) < 1e-3
         assert [c.token_ids for g in after for c in g] != [c.token_ids for g in before for c in g]
         ray.get(actor.close.remote())
-        ray.kill(actor)
     finally:
-        if started_ray:
-            ray.shutdown()
+        ray.kill(actor)

@@ -1,0 +1,77 @@
+"""Fixtures shared by the engine tests; pytest finds them here, test modules do not import
+them. Plain helper functions are in helpers.py.
+
+Ray: one in-process cluster serves every engine test that asks for `cluster` (a start
+costs seconds, and its first actors more). It starts with the first test that asks and
+stops after the last engine test, so it never runs beside the Ray heads that the
+integration tests and bench scripts start in their own processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from tests.engine.helpers import TOKEN, small_config
+from tests.engine.ingest_stub import IngestStub
+from workers.model import build_tiny, save_model
+from workers.run_actors import NAMESPACE, kill_named
+from workers.tokenizer import CharTokenizer
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """In-process Ray, started on first use and kept for the following modules. After each
+    module the named actors it left in the run namespace are killed: a run that a failed
+    test left behind would otherwise hold CPUs and memory in the next module's cluster."""
+    if not ray.is_initialized():
+        # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
+        # on this machine names another one.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
+                 log_to_driver=False)
+    yield
+    if ray.is_initialized():
+        kill_named([a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["namespace"] == NAMESPACE])
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has torn down the fixtures `nextitem` lacks
+def pytest_runtest_teardown(item, nextitem):
+    """Stop Ray once the next test is not an engine test (or there is none)."""
+    if ray.is_initialized() and (nextitem is None or HERE not in nextitem.path.parents):
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    """The runs' cache: each warm start (keyed by what shapes it) is built once per session."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def stub():
+    """The platform's ingest endpoints, expecting helpers.TOKEN."""
+    with IngestStub(token=TOKEN) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A randomly initialised tiny Llama with sharpened weights (so sampling is not uniform)
+    and an EOS bias (so some completions stop early)."""
+    cfg = small_config()
+    tokenizer = CharTokenizer()
+    model = build_tiny(cfg.model, tokenizer, seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4)
+        model.lm_head.weight[tokenizer.eos_id] += 0.5 * model.model.norm.weight
+    path = str(tmp_path_factory.mktemp("tiny-model"))
+    save_model(model, tokenizer, path)
+    return path

@@ -1,0 +1,93 @@
+"""Configs, rollouts and run helpers that several engine test modules call.
+
+Fixtures (the Ray cluster, the warm-start cache, the ingest stub, the tiny model) live in
+conftest.py, where pytest finds them without imports.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import ray
+
+from tests.engine.ingest_stub import IngestStub
+from workers.config import RunConfig
+from workers.driver import RunDriver
+from workers.generation import generate_groups
+from workers.inference.torch_backend import TorchBackend
+from workers.lifecycle import launch
+from workers.rl_tasks import make_task
+from workers.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.tokenizer import CharTokenizer
+
+TOKEN = "run-token"  # the ingest token of runs reporting to the `stub` fixture
+
+
+def small_config(**overrides) -> RunConfig:
+    """A RunConfig whose model and warm start take milliseconds."""
+    base = {
+        "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
+        "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
+        "trainer": {"batch_groups": 4, "group_size": 4},
+    }
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return RunConfig.model_validate(base)
+
+
+def tiny_config(**overrides) -> dict:
+    """A run config (as the platform sends it) for a short async run: 4 steps."""
+    cfg = {
+        "mode": "async",
+        "warm_start": {"steps": 20},
+        "trainer": {"batch_groups": 4, "group_size": 4},
+        "stop": {"max_steps": 4},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def fixed_groups(model_dir: str, cfg: RunConfig, version: int = 0, seed: int = 0):
+    """Rollouts from the tiny model, with seeded random rewards: an untrained model scores
+    ~0 on the task, and all-equal rewards give GRPO nothing to learn from."""
+    tok = CharTokenizer.load(model_dir)
+    task = make_task(cfg.task)
+    rng = random.Random(seed)
+    prompts = task.sample(cfg.trainer.batch_groups, rng)
+    groups = generate_groups(TorchBackend(model_dir), task, tok, prompts, cfg, version, seed)
+    for g in groups:
+        for r in g.rollouts:
+            r.reward = rng.random()
+    return groups
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
+    """Run tiny_config(**overrides) in a driver actor with no ingest; returns its summary."""
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
+        run_id, tiny_config(**overrides), None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        return ray.get(driver.run.remote(), timeout=300)
+    finally:
+        ray.kill(driver)
+
+
+def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> dict:
+    """Launch tiny_config(**overrides) as the platform does, reporting to `stub`; returns
+    the series once it has succeeded and its actors have exited."""
+    launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), 240, "a terminal status")
+    assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
+    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    return stub.series(run_id)
