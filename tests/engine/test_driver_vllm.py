@@ -68,7 +68,10 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
         ray.kill(driver)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
-    last = lambda name: s[name][max(s[name])]  # noqa: E731 (cumulative series)
+
+    def last(name: str) -> float:  # the value at the last step: a cumulative series' total
+        return s[name][max(s[name])]
+
     assert max(s["staleness/max"].values()) <= 3
     if mode == "abort_resume":
         assert last("rollout/partial_aborted") > 0

@@ -53,7 +53,9 @@ def test_the_same_seed_gives_the_same_samples(tiny_model_dir):
     a = backend.generate(PROMPTS, 4, 6, 1.0, seed=7)
     b = backend.generate(PROMPTS, 4, 6, 1.0, seed=7)
     c = backend.generate(PROMPTS, 4, 6, 1.0, seed=8)
-    ids = lambda out: [x.token_ids for cs in out for x in cs]  # noqa: E731
+    def ids(out):
+        return [x.token_ids for cs in out for x in cs]
+
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
 

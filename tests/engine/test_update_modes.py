@@ -17,6 +17,8 @@ samples the same stream).
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -81,7 +83,7 @@ def _torch_backend(model_dir):
 @pytest.fixture(scope="module")
 def vllm_backend(model_dir):
     try:
-        import vllm  # noqa: F401
+        importlib.import_module("vllm")
     except Exception as exc:
         pytest.skip(f"vllm is not importable ({exc})")
     from workers.config import InferenceConfig

@@ -27,7 +27,10 @@ def test_update_mode_in_a_run(cluster, stub, cache_dir, mode):
         warm_start={"steps": 0, "noisy_steps": 0}, inference={"max_new_tokens": 56},
         trainer={"batch_groups": 2, "group_size": 4},
     )
-    last = lambda name: series[name][max(series[name])]  # noqa: E731 (cumulative series)
+
+    def last(name: str) -> float:  # the value at the last step: a cumulative series' total
+        return series[name][max(series[name])]
+
     assert len(series["loss"]) == 10
     assert max(series["staleness/max"].values()) <= 3
     aborted, resumed, retried = (last(f"rollout/partial_{k}") for k in ("aborted", "resumed", "retried"))

