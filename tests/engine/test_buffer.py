@@ -127,10 +127,10 @@ def test_bad_arguments_are_errors_that_name_the_fix():
 
 # -- modes ------------------------------------------------------------------------------
 
-def test_defaults_reproduce_the_walking_skeleton_buffer():
+def test_the_default_is_a_bounded_buffer_of_two_batches_dropping_stale_groups():
     cfg = RunConfig().buffer
     assert (cfg.mode, cfg.capacity, cfg.max_staleness, cfg.on_stale) == ("bounded", 2, 1, "drop")
-    # A config stored before modes existed still validates, to the same buffer.
+    # A stored config that names no mode validates, to the same buffer.
     stored = BufferConfig.model_validate({"capacity": 3, "max_staleness": 2})
     assert plan(stored, "async", 4) == BufferPlan(12, 2, 2, "drop")
 

@@ -1,5 +1,6 @@
 """Equivalence: async with buffer.max_staleness 0 in drain mode trains exactly what sync
-trains (issue 3).
+trains, so what differs between the modes comes from staleness alone, not from the
+async machinery.
 
 Both runs go through the real `RunDriver` and actors on in-process Ray (torch backend,
 one inference worker) with the same seed. With max_staleness 0 the async preset's
