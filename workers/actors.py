@@ -18,7 +18,7 @@ differ only in how far inference may run ahead of the trainer (`ahead_batches`):
   drops groups older than max_staleness at get() (weights that reach a worker late can
   still make a group too old).
 
-Actors ask for fractional CPUs (module constants below): on a 2-core host, whole-CPU
+Actors ask for fractional CPUs (workers/admission.py, which also checks a run fits): on a 2-core host, whole-CPU
 requests leave the third actor pending forever. Each actor process imports only what its
 role needs (torch and transformers inside the constructors that use them): a run starts
 its processes at once, and on a busy 2-core host each heavy import costs 5–10 s.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import queue
 import random
 import threading
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from workers.admission import INFERENCE_CPUS, TRAINER_CPUS
 from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.config import RunConfig
 from workers.messages import InferenceReport, StepRecord, TrainerReport
@@ -54,9 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# CPU requests: scheduling hints, not limits. Small enough that a whole run fits on 2 cores.
-INFERENCE_CPUS = 0.25
-TRAINER_CPUS = 0.25
 # How long a blocking call inside a loop waits before re-checking the stop flag:
 # shorter → faster stop, longer → fewer wake-ups.
 WAIT_S = 0.25
@@ -144,7 +143,11 @@ class InferenceWorker:
     flight finishes on the old weights), or between two decode steps of a call (abort and
     in-flight modes, workers/updates.py). Only the newest pending version is loaded."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, index: int, num_workers: int, buffer) -> None:
+    def __init__(
+        self, cfg: RunConfig, model_dir: str, index: int, num_workers: int, buffer, scratch_dir: str | None = None
+    ) -> None:
+        """`scratch_dir`: the run's scratch directory; this worker's files go under
+        `inference-<index>/` in it."""
         from workers.generation import generate_groups, generate_groups_across_updates
         from workers.inference import make_backend
         from workers.rl_tasks import make_task
@@ -158,7 +161,8 @@ class InferenceWorker:
         self.cfg = cfg
         self.index = index
         self.buffer = buffer
-        self.backend = make_backend(self.cfg, model_dir)
+        own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
+        self.backend = make_backend(self.cfg, model_dir, own_scratch)
         self.task = make_task(self.cfg.task)
         self.tokenizer = CharTokenizer.load(model_dir)
         # Workers split a batch between them so sync mode keeps them all busy.
@@ -167,7 +171,9 @@ class InferenceWorker:
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
-        self.receiver = make_receiver(cfg.sync, model_dir=model_dir)
+        self.receiver = make_receiver(
+            cfg.sync, model_dir=model_dir, scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None
+        )
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
@@ -275,7 +281,12 @@ class InferenceWorker:
 class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, buffer, workers: list, num_threads: int | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, model_dir: str, buffer, workers: list, num_threads: int | None = None,
+        scratch_dir: str | None = None,
+    ) -> None:
+        """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
+        sync.directory names a place)."""
         from workers.sync import make_sender
         from workers.trainer import Trainer
 
@@ -283,7 +294,7 @@ class TrainerActor:
         self.buffer = buffer
         self.workers = workers
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
-        self.sender = make_sender(cfg.sync, num_receivers=len(workers))
+        self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir)
         self.sender.attach(self.trainer.model)
         self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()

@@ -13,6 +13,7 @@ cancelled run posts no terminal status: the platform set "cancelled" itself.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -24,6 +25,7 @@ from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
 from workers.messages import InferenceReport, TrainerReport
+from workers.paths import Confinement, PathNotAllowed, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
 from workers.timeline import StepWindows
@@ -58,11 +60,17 @@ class RunDriver:
         cache_dir: str,
         exit_when_done: bool = True,
         trainer_threads: int | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
+        """`config` is validated here, once; the actors get the validated sections.
+        `confinement`: where the run may read and write (workers/paths.py); without one,
+        no config path is allowed and the scratch goes under `cache_dir`."""
         self.run_id = run_id
         self.name = actor_name(run_id)
         self.cfg = RunConfig.model_validate(config)
         self.cache_dir = cache_dir
+        self.confinement = confinement or Confinement(scratch_root=os.path.join(cache_dir, "scratch"))
+        self.scratch_dir = self.confinement.scratch_dir(run_id)
         self.exit_when_done = exit_when_done
         self.trainer_threads = trainer_threads
         self.reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
@@ -114,6 +122,9 @@ class RunDriver:
         self.state = "starting"
         self.reporter.post_status("running")
         try:
+            # Again here, not only at launch: a symlink may have changed since.
+            self.confinement.check(self.cfg)
+            make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
             from workers.warmstart import policy_dir  # torch + transformers: only here
 
@@ -138,11 +149,12 @@ class RunDriver:
                 self.reporter.post_status("succeeded")
         except Exception as exc:
             self.state, self.reason = "failed", "error"
-            self.error = str(exc) if isinstance(exc, ChildFailed) else traceback.format_exc()
+            self.error = str(exc) if isinstance(exc, (ChildFailed, PathNotAllowed)) else traceback.format_exc()
             log.error("run %s failed: %s", self.run_id, self.error)
             self.reporter.post_status("failed", self.error[-4000:])
         finally:
             self._kill_children()
+            remove_scratch(self.scratch_dir)
             # A cancel waits on this: the points it cannot send now stay in the spool.
             self.reporter.close(timeout_s=CANCEL_FLUSH_S if self.reason == "cancelled" else FINAL_FLUSH_S)
         return self.summary()
@@ -178,12 +190,12 @@ class RunDriver:
         )
         self.workers = [
             InferenceWorker.options(name=f"{self.name}-inference-{k}", namespace=NAMESPACE).remote(
-                cfg, model_dir, k, w, self.buffer
+                cfg, model_dir, k, w, self.buffer, self.scratch_dir
             )
             for k in range(w)
         ]
         self.trainer = TrainerActor.options(name=f"{self.name}-trainer", namespace=NAMESPACE).remote(
-            cfg, model_dir, self.buffer, self.workers, self.trainer_threads
+            cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir
         )
         pending = [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)]
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
@@ -195,7 +207,7 @@ class RunDriver:
             if pending and time.monotonic() > deadline:
                 raise ChildFailed(
                     f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s: the cluster may lack "
-                    "the CPUs they ask for (workers.actors INFERENCE_CPUS / TRAINER_CPUS)"
+                    "the CPUs they ask for (workers.admission INFERENCE_CPUS / TRAINER_CPUS)"
                 )
         if not self._connect_sync():
             return False

@@ -12,8 +12,10 @@ import time
 
 import ray
 
+from workers.admission import Capacity
 from workers.config import RunConfig
 from workers.driver import RunDriver
+from workers.paths import Confinement
 from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names
 
 # The driver's constructor and start() only set up a thread: seconds, even on a busy host.
@@ -41,13 +43,15 @@ def launch(
     token: str,
     cache_dir: str,
     ray_address: str | None = None,
+    confinement: Confinement | None = None,
 ) -> str:
     """Create (or find) the detached driver actor `run-<run_id>` and start the run.
 
     Idempotent: launching a run whose driver is alive only finds it. Returns the actor
     name once the driver has started (seconds); the run goes on inside Ray. Raises
     pydantic.ValidationError for a bad config. A driver that already finished has exited,
-    so launching its run again starts it afresh: check the run's state first."""
+    so launching its run again starts it afresh: check the run's state first.
+    `confinement`: where the run may read and write (the site's settings)."""
     cfg = RunConfig.model_validate(config)
     connect(ray_address)
     driver = RunDriver.options(
@@ -56,7 +60,7 @@ def launch(
         lifetime="detached",
         get_if_exists=True,
         max_restarts=0,
-    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir)
+    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir, confinement=confinement)
     return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
 
 
@@ -103,3 +107,13 @@ def is_alive(run_id: int, *, ray_address: str | None = None) -> bool:
     except ray.exceptions.RayActorError:
         return False
     return True
+
+
+def cluster_capacity(*, ray_address: str | None = None) -> Capacity:
+    """What the cluster has in total (not what is free now): a run that needs more
+    can never start, so admission refuses it."""
+    connect(ray_address)
+    total = ray.cluster_resources()
+    return Capacity(
+        cpus=float(total.get("CPU", 0.0)), memory_bytes=int(total.get("memory", 0)), gpus=float(total.get("GPU", 0.0))
+    )

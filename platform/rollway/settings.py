@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from rollway.env import env_bool, env_int, env_list, env_str
+from rollway.env import env_bool, env_float, env_int, env_list, env_str
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FRONTEND_DIR = REPO_ROOT / "frontend"
@@ -188,6 +188,23 @@ CELERY_BEAT_SCHEDULE = {
 ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
 # Points returned per series by the metrics API before downsampling kicks in.
 ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
+
+# --- confinement: the only places a run's config may name (workers/paths.py) ---------
+# model.path must resolve (symlinks and .. followed) under one of these.
+ROLLWAY_MODEL_ROOTS = env_list("ROLLWAY_MODEL_ROOTS", [str(ROLLWAY_HOME / "models")])
+# sync.directory likewise; empty (the default) means the field must stay unset and
+# filesystem sync writes into the run's scratch directory.
+ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
+# Each run's scratch directory, run-<id>, is made here and removed when the run ends.
+# Every Ray node and the Celery worker must see it (like the cache); a tmpfs keeps
+# weight staging off disks.
+ROLLWAY_SCRATCH_DIR = env_str("ROLLWAY_SCRATCH_DIR", str(ROLLWAY_HOME / "scratch"))
+
+# --- admission: what one run may ask for (workers/admission.py) ----------------------
+ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)
+ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", 24 * 60.0)
+ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", 16)
+ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", 10_000_000_000)
 
 # --- logging ------------------------------------------------------------------------
 LOGGING = {

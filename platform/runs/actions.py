@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from runs import dispatch, events
+from runs import admission, dispatch, events
 from runs.errors import ActionError, Conflict, NotFound, field_errors
 from runs.models import Experiment, Run
 from teams.models import Team
@@ -157,6 +157,8 @@ def check_launch(
             errors["preset"] = str(exc)
         except ValidationError as exc:
             errors.update(field_errors(exc, model=RunConfig, root="config"))
+        else:
+            errors.update(admission.config_errors(config))
 
     if errors:
         raise ActionError(errors)

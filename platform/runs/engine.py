@@ -16,8 +16,10 @@ import time
 
 from django.conf import settings
 
+from runs import admission
 from runs.actions import do_set_run_status
-from runs.models import Run
+from runs.models import ClusterCapacity, Run
+from workers.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,16 @@ def do_start_in_ray(run_id: int) -> None:
     lifecycle = ray_lifecycle()
     started = time.monotonic()
     try:
+        # Checked again against the cluster as it is now (the launch saw the last
+        # capacity recorded, or none): nothing that can never fit reaches Ray.
+        capacity = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
+        ClusterCapacity.record(capacity)
+        refused = admission.config_errors(RunConfig.model_validate(run.config), capacity)
+        if refused:
+            reason = "; ".join(f"{name}: {message}" for name, message in refused.items())
+            logger.warning("run %s refused before start: %s", run_id, reason)
+            do_set_run_status(run, Status.FAILED, error=f"refused: {reason}")
+            return
         actor = lifecycle.launch(
             run.pk,
             run.config,
@@ -61,6 +73,7 @@ def do_start_in_ray(run_id: int) -> None:
             token=run.ingest_token,
             cache_dir=settings.ROLLWAY_CACHE_DIR,
             ray_address=settings.RAY_ADDRESS,
+            confinement=admission.confinement(),
         )
     except Exception as exc:
         # Whatever stopped the launch (Ray unreachable, a driver that would not start) is
@@ -96,4 +109,6 @@ def do_stop_in_ray(run_id: int) -> None:
         logger.exception("run %s: cancel failed; reconcile will retry", run_id)
         return
     logger.info("run %s: driver %s", run_id, "stopped" if found else "was not running")
+    # A driver stopped gracefully removed its scratch; one that had to be killed did not.
+    admission.remove_run_scratch(run.pk)
     do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING])

@@ -282,3 +282,42 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series}@{self.step}={self.value}"
+
+
+class ClusterCapacity(models.Model):
+    """What the Ray cluster has in total, as last seen by the Celery worker (one row).
+
+    The web process never talks to Ray, yet a launch that could never fit must be refused
+    there, with the field to change: it checks against this row. The worker records it
+    each time it asks Ray (before a run starts, and on reconcile)."""
+
+    cpus = models.FloatField()
+    memory_bytes = models.BigIntegerField()
+    gpus = models.FloatField(default=0.0)
+    seen_at = models.DateTimeField()
+
+    SINGLETON = 1
+
+    def __str__(self) -> str:
+        return f"{self.cpus:g} CPUs, {self.memory_bytes / 2**30:.1f} GiB, {self.gpus:g} GPUs at {self.seen_at:%Y-%m-%d %H:%M}"
+
+    @classmethod
+    def record(cls, capacity) -> None:
+        """Store `capacity` (a workers.admission.Capacity) as the latest seen."""
+        cls.objects.update_or_create(
+            pk=cls.SINGLETON,
+            defaults={
+                "cpus": capacity.cpus, "memory_bytes": capacity.memory_bytes, "gpus": capacity.gpus,
+                "seen_at": timezone.now(),
+            },
+        )
+
+    @classmethod
+    def latest(cls):
+        """The last capacity seen (a workers.admission.Capacity), or None before any."""
+        from workers.admission import Capacity
+
+        row = cls.objects.filter(pk=cls.SINGLETON).first()
+        if row is None:
+            return None
+        return Capacity(cpus=row.cpus, memory_bytes=row.memory_bytes, gpus=row.gpus)

@@ -15,9 +15,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from runs import dispatch, engine
+from runs import admission, dispatch, engine
 from runs.actions import do_set_run_status
-from runs.models import Run
+from runs.models import ClusterCapacity, Run
 from runs.reports import do_record_points, do_record_reported_status, valid_points
 from workers.reporter import clear_spool, read_spool
 
@@ -63,6 +63,11 @@ def do_reconcile_runs() -> dict[str, int]:
         return counts  # nothing to ask Ray: do not even connect to it
 
     lifecycle = engine.ray_lifecycle()
+    try:
+        ClusterCapacity.record(lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS))
+    except Exception:
+        # Only the launch check's view of the cluster goes stale; settling runs goes on.
+        logger.warning("reconcile: cannot read the cluster's capacity", exc_info=True)
     for run in candidates:
         try:
             alive = lifecycle.is_alive(run.pk, ray_address=settings.RAY_ADDRESS)
@@ -78,6 +83,8 @@ def do_reconcile_runs() -> dict[str, int]:
                 dispatch.send(dispatch.CANCEL_RUN, run.pk)
                 counts["resent"] += 1
             continue
+        # The driver is gone: whatever it left in its scratch directory goes too.
+        admission.remove_run_scratch(run.pk)
         if do_take_in_spool(run):
             counts["recovered"] += 1
             continue

@@ -2,7 +2,7 @@
 
 Personas (healthchecks style): `owner` and `teammate` belong to team "Lab"; `outsider`
 belongs to team "Elsewhere" only. Celery never runs here: `enqueued` records the tasks
-sent; tasks are called directly, with Ray replaced by a fake (test_celery_tasks.py).
+sent; tasks are called directly, with Ray replaced by `FakeLifecycle` (below).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from django.test import Client
 
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
+from workers.admission import Capacity
 from workers.presets import build
 
 
@@ -122,3 +123,58 @@ def client_for(db):
         return client
 
     return login
+
+
+class FakeLifecycle:
+    """workers.lifecycle as the platform calls it. Records calls; `alive` holds the run
+    ids whose actor exists."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.alive: set[int] = set()
+        self.fail_with: Exception | None = None
+        self.capacity = Capacity(cpus=2.0, memory_bytes=16 * 2**30)
+        self.confinements: list = []
+
+    def cluster_capacity(self, *, ray_address):
+        if self.fail_with:
+            raise self.fail_with
+        return self.capacity
+
+    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement):
+        self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))
+        self.confinements.append(confinement)
+        if self.fail_with:
+            raise self.fail_with
+        self.alive.add(run_id)
+        return f"run-{run_id}"
+
+    def cancel(self, run_id, *, ray_address, timeout_s=10.0):
+        self.calls.append(("cancel", run_id))
+        if self.fail_with:
+            raise self.fail_with
+        found = run_id in self.alive
+        self.alive.discard(run_id)
+        return found
+
+    def is_alive(self, run_id, *, ray_address):
+        self.calls.append(("is_alive", run_id))
+        if self.fail_with:
+            raise self.fail_with
+        return run_id in self.alive
+
+    def named(self, name):
+        return [c for c in self.calls if c[0] == name]
+
+
+@pytest.fixture
+def driver(monkeypatch, settings, tmp_path):
+    """A FakeLifecycle in place of workers.lifecycle (runs.engine's seam to Ray)."""
+    from runs import engine
+
+    settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"
+    settings.RAY_ADDRESS = None
+    settings.ROLLWAY_CACHE_DIR = str(tmp_path / "cache")  # where drivers spool
+    fake = FakeLifecycle()
+    monkeypatch.setattr(engine, "ray_lifecycle", lambda: fake)
+    return fake

@@ -14,50 +14,6 @@ from runs.models import Run
 Status = Run.Status
 
 
-class FakeDriver:
-    """workers.lifecycle as the platform calls it. Records calls; `alive` holds the run
-    ids whose actor exists."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-        self.alive: set[int] = set()
-        self.fail_with: Exception | None = None
-
-    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address):
-        self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))
-        if self.fail_with:
-            raise self.fail_with
-        self.alive.add(run_id)
-        return f"run-{run_id}"
-
-    def cancel(self, run_id, *, ray_address, timeout_s=10.0):
-        self.calls.append(("cancel", run_id))
-        if self.fail_with:
-            raise self.fail_with
-        found = run_id in self.alive
-        self.alive.discard(run_id)
-        return found
-
-    def is_alive(self, run_id, *, ray_address):
-        self.calls.append(("is_alive", run_id))
-        if self.fail_with:
-            raise self.fail_with
-        return run_id in self.alive
-
-    def named(self, name):
-        return [c for c in self.calls if c[0] == name]
-
-
-@pytest.fixture
-def driver(monkeypatch, settings, tmp_path):
-    settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"
-    settings.RAY_ADDRESS = None
-    settings.ROLLWAY_CACHE_DIR = str(tmp_path / "cache")  # where drivers spool
-    fake = FakeDriver()
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: fake)
-    return fake
-
-
 def status_of(run) -> str:
     run.refresh_from_db()
     return run.status

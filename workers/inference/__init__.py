@@ -9,8 +9,9 @@ if TYPE_CHECKING:
     from workers.inference.base import InferenceBackend
 
 
-def make_backend(cfg: "RunConfig", model_dir: str) -> "InferenceBackend":
-    """The backend named by `inference.backend`, loaded from `model_dir`.
+def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None) -> InferenceBackend:
+    """The backend named by `inference.backend`, loaded from `model_dir`; files it stages
+    go under `scratch_dir` (the worker's part of the run's scratch).
 
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
@@ -24,6 +25,7 @@ def make_backend(cfg: "RunConfig", model_dir: str) -> "InferenceBackend":
         # Adapter-only sync serves the adapters natively; other protocols load full weights.
         lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" else None
         return VLLMBackend(
-            model_dir, cfg.inference, lora_rank=lora_rank, exact_steps=cfg.sync.update_mode != "drain"
+            model_dir, cfg.inference, lora_rank=lora_rank, exact_steps=cfg.sync.update_mode != "drain",
+            scratch_dir=scratch_dir,
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")

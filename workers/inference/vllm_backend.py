@@ -212,6 +212,7 @@ class VLLMBackend:
         dtype: str = "float32",
         lora_rank: int | None = None,
         exact_steps: bool = False,
+        scratch_dir: str | None = None,
     ) -> None:
         """Start the engine on `model_dir` (config.json + model.safetensors).
 
@@ -222,6 +223,8 @@ class VLLMBackend:
         `exact_steps`: turn vLLM's async scheduling off, so one engine step is one decode
         step of every running sequence and weights loaded between two steps produce the
         very next token (the stepped update modes need it; `start`).
+        `scratch_dir`: where staged weights are written (the run's scratch, removed with
+        the run however it ends); None → a temporary directory in /dev/shm.
         """
         _configure_environment()
         try:
@@ -234,6 +237,7 @@ class VLLMBackend:
         _quiet_chat_template_warmup()
 
         self.model_dir = model_dir
+        self.scratch_dir = scratch_dir
         self.inference_cfg = inference_cfg
         hf_config = _read_model_config(model_dir)
         self.eos_ids = _eos_ids(hf_config)
@@ -416,15 +420,19 @@ class VLLMBackend:
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The same reload through a safetensors file, for engines whose workers live in
-        other processes (multiprocess or tensor-parallel vLLM on GPU hosts). Written to
-        /dev/shm when there is one, so it never touches a disk."""
+        other processes (multiprocess or tensor-parallel vLLM on GPU hosts). Written under
+        the run's scratch directory (a tmpfs there keeps it off disks), else to /dev/shm."""
         from safetensors.torch import save_file
 
         self._check_open()
         _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            self._weights_dir = tempfile.mkdtemp(prefix="rollway-vllm-weights-", dir=shm)
+            if self.scratch_dir is not None:
+                os.makedirs(self.scratch_dir, exist_ok=True)
+                parent = self.scratch_dir
+            else:
+                parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._weights_dir = tempfile.mkdtemp(prefix="vllm-weights-", dir=parent)
             # reload_weights re-points the engine's model path at this directory.
             shutil.copy(os.path.join(self.model_dir, "config.json"), self._weights_dir)
         path = os.path.join(self._weights_dir, "model.safetensors")

@@ -33,9 +33,12 @@ __all__ = [
 ]
 
 
-def make_sender(sync: SyncConfig, *, num_receivers: int = 1, store: Any | None = None) -> WeightSender:
+def make_sender(
+    sync: SyncConfig, *, num_receivers: int = 1, store: Any | None = None, scratch_dir: str | None = None
+) -> WeightSender:
     """The trainer's half of `sync.protocol`, set up from the run's `sync` section.
-    `store` replaces the Ray object store (tests)."""
+    `store` replaces the Ray object store (tests); `scratch_dir` is the run's scratch
+    directory, where a protocol keeps its files unless the config names a place."""
     if sync.protocol == "object_store":
         from workers.sync.object_store import ObjectStoreSender
 
@@ -47,15 +50,18 @@ def make_sender(sync: SyncConfig, *, num_receivers: int = 1, store: Any | None =
     if sync.protocol == "filesystem":
         from workers.sync.filesystem import FilesystemSender
 
-        return FilesystemSender(sync)
+        return FilesystemSender(sync, scratch_dir)
     from workers.sync.lora import LoRASender
 
     return LoRASender(store)
 
 
-def make_receiver(sync: SyncConfig, *, model_dir: str | None = None, store: Any | None = None) -> WeightReceiver:
+def make_receiver(
+    sync: SyncConfig, *, model_dir: str | None = None, store: Any | None = None, scratch_dir: str | None = None
+) -> WeightReceiver:
     """A worker's half of `sync.protocol`. `model_dir` (the directory the worker's backend
-    was built from) is needed by "lora", whose workers keep the base themselves."""
+    was built from) is needed by "lora", whose workers keep the base themselves;
+    `scratch_dir` (this worker's own) is where "lora" writes adapter directories."""
     if sync.protocol == "object_store":
         from workers.sync.object_store import ObjectStoreReceiver
 
@@ -72,4 +78,4 @@ def make_receiver(sync: SyncConfig, *, model_dir: str | None = None, store: Any 
         raise ValueError("sync.protocol 'lora' needs the worker's model_dir (its base weights)")
     from workers.sync.lora import LoRAReceiver
 
-    return LoRAReceiver(model_dir, store)
+    return LoRAReceiver(model_dir, store, adapter_root=scratch_dir)

@@ -40,13 +40,20 @@ def version_dir(directory: str, version: int) -> str:
 class FilesystemSender(WeightSender):
     protocol = "filesystem"
 
-    def __init__(self, sync: SyncConfig) -> None:
+    def __init__(self, sync: SyncConfig, scratch_dir: str | None = None) -> None:
         """`sync.directory`: where checkpoints go (must be visible to every worker); None →
-        a fresh temporary directory, removed on close. `sync.keep_versions`: how many
-        versions stay on disk."""
+        `<scratch_dir>/sync` (the run's scratch), or a fresh temporary directory without
+        one; a directory this sender made is removed on close. `sync.keep_versions`: how
+        many versions stay on disk. The versions it wrote are removed on close either way:
+        they are a transport, not the run's output."""
         super().__init__()
         self._owns_directory = sync.directory is None
-        self.directory = sync.directory or tempfile.mkdtemp(prefix="rollway-sync-")
+        if sync.directory is not None:
+            self.directory = sync.directory
+        elif scratch_dir is not None:
+            self.directory = os.path.join(scratch_dir, "sync")
+        else:
+            self.directory = tempfile.mkdtemp(prefix="rollway-sync-")
         os.makedirs(self.directory, exist_ok=True)
         self.keep_versions = sync.keep_versions
         self._written: list[str] = []
@@ -74,6 +81,9 @@ class FilesystemSender(WeightSender):
                           tensors=len(state), messages=1)
 
     def close(self) -> None:
+        for path in self._written:
+            shutil.rmtree(path, ignore_errors=True)
+        self._written.clear()
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -118,6 +118,7 @@ class LoRAReceiver(WeightReceiver):
         if self.adapter_root is None:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self.adapter_root = tempfile.mkdtemp(prefix="rollway-adapters-", dir=shm)
+        os.makedirs(self.adapter_root, exist_ok=True)
 
     def receive(self, notice: Notice) -> StagedAdapter:
         if self.base is None:

@@ -1,0 +1,128 @@
+"""Confinement: every path a run's config names resolves under a root the operator allowed.
+
+A run config is hostile input: whoever can launch a run could otherwise make the
+cluster read any directory it can see (`model.path`) or write into any it can write
+(`sync.directory`). So a path is resolved the way the OS will follow it — symlinks and
+`..` included, `os.path.realpath` — and must then lie under one of the roots the
+operator allowed for that field. The platform checks at launch (the user gets a 400
+naming the field); the driver checks again before it uses a path, since a symlink can
+change between the two.
+
+A run's own temporary files (filesystem-sync versions, vLLM's weight staging, LoRA
+adapter directories) all go under one scratch directory per run,
+`<scratch_root>/run-<id>`, which the driver creates and removes however the run ends;
+the platform's reconcile removes it for a run whose driver died.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.config import RunConfig
+
+
+class PathNotAllowed(ValueError):
+    """A config path outside its allowed roots; `field` is its dotted config name."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def real(path: str) -> str:
+    """`path` as the OS resolves it: absolute, symlinks followed, `..` removed."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def is_under(path: str, root: str) -> bool:
+    """Whether real `path` is `root` or inside it (both resolved)."""
+    path, root = real(path), real(root)
+    return os.path.commonpath([path, root]) == root
+
+
+def confine(path: str, roots: Iterable[str], field: str, setting: str) -> str:
+    """The resolved `path` if it lies under one of `roots`; PathNotAllowed otherwise,
+    naming the config `field` and the operator `setting` that lists the roots."""
+    roots = [r for r in roots if r]
+    if not roots:
+        raise PathNotAllowed(
+            field, f"no directory is allowed here on this site ({setting} is empty); "
+            f"ask the operator to add a root to {setting}, or leave {field} unset",
+        )
+    resolved = real(path)
+    if not any(is_under(resolved, root) for root in roots):
+        listed = ", ".join(sorted(real(r) for r in roots))
+        raise PathNotAllowed(
+            field, f"{path!r} resolves to {resolved!r}, outside the allowed roots ({setting}: {listed})"
+        )
+    return resolved
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Where a run may read and write, as the operator set it up.
+
+    `model_roots`: directories under which `model.path` may point (a Hugging Face model
+    directory). `sync_roots`: directories under which `sync.directory` may point (empty:
+    the field must stay unset, and filesystem sync writes into the run's scratch).
+    `scratch_root`: where each run's scratch directory is made."""
+
+    model_roots: tuple[str, ...] = ()
+    sync_roots: tuple[str, ...] = ()
+    scratch_root: str = field(default="")
+
+    @classmethod
+    def from_lists(cls, model_roots: Sequence[str], sync_roots: Sequence[str], scratch_root: str) -> Confinement:
+        return cls(tuple(model_roots), tuple(sync_roots), scratch_root)
+
+    def errors(self, cfg: RunConfig) -> dict[str, str]:
+        """{dotted field: message} for each path in `cfg` that escapes its roots, or a
+        model directory that is not one."""
+        errors: dict[str, str] = {}
+        if cfg.model.source == "path" and cfg.model.path:
+            try:
+                path = confine(cfg.model.path, self.model_roots, "model.path", "ROLLWAY_MODEL_ROOTS")
+            except PathNotAllowed as exc:
+                errors[exc.field] = exc.message
+            else:
+                if not os.path.isfile(os.path.join(path, "config.json")):
+                    errors["model.path"] = (
+                        f"{cfg.model.path!r} is not a Hugging Face model directory (no config.json in it)"
+                    )
+        if cfg.sync.directory is not None:
+            try:
+                confine(cfg.sync.directory, self.sync_roots, "sync.directory", "ROLLWAY_SYNC_ROOTS")
+            except PathNotAllowed as exc:
+                errors[exc.field] = exc.message
+        return errors
+
+    def check(self, cfg: RunConfig) -> None:
+        """Raise PathNotAllowed for the first path of `cfg` that is not allowed."""
+        for name, message in self.errors(cfg).items():
+            raise PathNotAllowed(name, message)
+
+    def scratch_dir(self, run_id: int) -> str:
+        """The run's scratch directory (not created here)."""
+        if not self.scratch_root:
+            raise ValueError("Confinement.scratch_root is not set: a run needs a scratch directory")
+        return os.path.join(self.scratch_root, f"run-{run_id}")
+
+
+def make_scratch(path: str) -> str:
+    """Create a run's scratch directory (owner-only) and return it."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def remove_scratch(path: str) -> bool:
+    """Remove a run's scratch directory and everything in it; True if it existed."""
+    if not os.path.isdir(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.exists(path)
