@@ -16,7 +16,8 @@ from workers.tokenizer import DEFAULT_CHARS
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No setting means anything at infinity or NaN, and the stored JSON could not hold it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -276,7 +277,7 @@ class RunConfig(_Section):
     buffer, on the same code."""
 
     mode: Literal["sync", "async"] = "async"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63, description="Seeds prompts, sampling and initialisation.")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from functools import wraps
 from typing import Callable
 
+from rollway import jsonin
 from django.http import HttpRequest, JsonResponse
 from pydantic import ValidationError
 
@@ -46,9 +46,9 @@ class BadBody(ActionError):
 def json_object(request: HttpRequest) -> dict:
     """The request body as a JSON object, or BadBody saying what is wrong with it."""
     try:
-        data = json.loads(request.body or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadBody(f"invalid JSON: {exc}") from None
+        data = jsonin.loads(request.body or b"{}")
+    except jsonin.BadJSON as exc:
+        raise BadBody(str(exc)) from None
     if not isinstance(data, dict):
         raise BadBody("must be a JSON object")
     return data

@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
+from rollway import jsonin
 from runs import actions
 from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
@@ -65,9 +66,9 @@ def launch(request: HttpRequest) -> HttpResponse:
     errors: dict[str, str] = {}
     if request.method == "POST":
         try:
-            overrides = json.loads(form["overrides"] or "{}")
-        except json.JSONDecodeError as exc:
-            errors["overrides"] = f"invalid JSON: {exc}"
+            overrides = jsonin.loads(form["overrides"] or "{}")
+        except jsonin.BadJSON as exc:
+            errors["overrides"] = str(exc)
         else:
             try:
                 # "team:<id>" picks a team without experiments: its "default" one is made
