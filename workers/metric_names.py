@@ -14,11 +14,15 @@ class Metric:
     name: str
     unit: str
     help: str
+    # Empty: every run emits the series. Otherwise the condition, in config terms, under
+    # which a run emits it (tests/engine/test_metric_vocabulary.py checks each condition).
+    only: str = ""
 
 
 METRICS: tuple[Metric, ...] = (
     Metric("buffer/depth", "groups", "Groups waiting in the rollout buffer."),
-    Metric("buffer/capacity", "groups", "Buffer capacity."),
+    Metric("buffer/capacity", "groups", "Buffer capacity.",
+           only="buffer.mode other than unbounded (a stream has no capacity)"),
     Metric("buffer/dropped_stale", "groups", "Groups dropped for exceeding max_staleness (cumulative)."),
     Metric("buffer/requeued", "groups", "Stale groups whose prompts went back to be generated again (on_stale='requeue', cumulative)."),
     Metric("buffer/regenerated", "groups", "Requeued prompts generated again and trained (on_stale='requeue', cumulative)."),
@@ -33,6 +37,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
     Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),
     Metric("trainer/step_s", "s", "Wall time of one training step."),
+    Metric("trainer/grad_norm", "", "Gradient L2 norm before clipping to trainer.max_grad_norm (mean over the step's minibatches)."),
     Metric("rollout/backpressure_s", "s", "Time producers were blocked on a full buffer since the last step."),
     Metric("rollout/partial_aborted", "sequences", "Sequences aborted by a weight update (sync.update_mode abort_retry / abort_resume, cumulative)."),
     Metric("rollout/partial_resumed", "sequences", "Aborted sequences continued from their kept tokens under new weights (abort_resume, cumulative)."),
@@ -42,8 +47,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss", "", "Policy loss."),
     Metric("is/ratio_mean", "", "Mean truncated-IS weight pi_old/mu."),
     Metric("is/clipped_frac", "fraction", "Fraction of tokens whose IS weight was truncated."),
+    Metric("ppo/clipped_frac", "fraction", "Fraction of tokens where the PPO clip (trainer.clip_eps) bound the objective.",
+           only="correction.method other than pipelinerl_reinforce (it has no PPO clip)"),
     Metric("mismatch/kl", "nats", "KL(behaviour || trainer) estimate on the trained tokens."),
     Metric("policy/version", "", "Trainer policy version after the step."),
+    Metric("policy/entropy", "nats", "Mean per-token entropy of the policy (at the sampling temperature) on the trained completions."),
     Metric("samples/per_s", "samples/s", "Trained samples per second of wall time."),
 )
 

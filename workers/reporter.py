@@ -1,10 +1,10 @@
 """MetricsReporter: the engine's one metrics path to the platform.
 
 The driver hands every point (series, step, value, time) to a `MetricsReporter`, which
-batches them and POSTs them to the platform's ingest endpoint
-(`POST {ingest_url}/api/runs/{run_id}/metrics`, `Authorization: Bearer {token}`), the way
-the W&B / MLflow clients do. The ingest is idempotent per (run, series, step), so
-re-sending a point is always safe.
+refuses a series not in the vocabulary (workers/metric_names.py), batches the points and
+POSTs them to the platform's ingest endpoint (`POST {ingest_url}/api/runs/{run_id}/metrics`,
+`Authorization: Bearer {token}`), the way the W&B / MLflow clients do. The ingest is
+idempotent per (run, series, step), so re-sending a point is always safe.
 
 While the site is unreachable (connection error, timeout, 5xx) every unsent point goes
 to a spool file, `<cache_dir>/spool/run-<id>.jsonl`, and is re-sent first on the next
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Iterable
 
 import httpx
+
+from workers.metric_names import NAMES
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,11 @@ class MetricsReporter:
     # -- adding points -------------------------------------------------------------
 
     def add(self, series: str, step: int, value: float, t: float | None = None) -> None:
-        """Queue one point. Non-finite values are dropped (JSON has no NaN)."""
+        """Queue one point. Non-finite values are dropped (JSON has no NaN); a series
+        outside the vocabulary raises ValueError: the dashboard would not know its unit
+        or help text, and a misspelt name would chart as a new series."""
+        if series not in NAMES:
+            raise ValueError(f"unknown metric series {series!r}: add it to workers.metric_names.METRICS")
         value = float(value)
         if not math.isfinite(value):
             self.dropped += 1

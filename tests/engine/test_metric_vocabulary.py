@@ -1,0 +1,91 @@
+"""The metric vocabulary (workers/metric_names.py) against what the engine emits, both ways.
+
+Known: the reporter, the run's one way out for a point, refuses a series outside the
+vocabulary, so a run that emits an unknown name fails; here the pieces that compute the
+figures are checked without Ray: every name `Trainer.train_step` returns (every
+correction method, one and several minibatches, with and without an entropy bonus), the
+buffer's stats and the inference workers' per-step windows.
+
+Emitted: a series marked `only` is emitted under a condition; each condition is tested
+here, in both directions. That every other series is emitted by a real run is checked by
+tests/engine/test_driver.py (`test_a_launched_run_reports_the_vocabulary_and_succeeds`).
+"""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from tests.engine.helpers import fixed_groups, small_config
+from workers.buffer import RolloutBuffer, plan
+from workers.config import BufferConfig
+from workers.loss import METHODS
+from workers.metric_names import METRICS, NAMES
+from workers.reporter import MetricsReporter
+from workers.timeline import GENERATE, Segment, StepWindows
+from workers.trainer import Trainer
+
+BY_NAME = {m.name: m for m in METRICS}
+
+
+def test_the_vocabulary_spells_each_name_once():
+    assert len(NAMES) == len(METRICS)
+
+
+def test_the_reporter_refuses_a_series_outside_the_vocabulary():
+    rep = MetricsReporter(1, None)
+    with pytest.raises(ValueError) as err:
+        rep.add("x/y", 1, 0.5)
+    assert str(err.value) == "unknown metric series 'x/y': add it to workers.metric_names.METRICS"
+    with pytest.raises(ValueError, match="'reward/meen'"):
+        rep.add_many({"reward/meen": 0.5}, step=2)
+    assert rep.points == []  # nothing refused was queued
+    for name in sorted(NAMES):
+        rep.add(name, 3, 1.0)
+    assert {p["series"] for p in rep.points} == NAMES
+
+
+@pytest.mark.parametrize("minibatches, entropy_coef", [(1, 0.0), (2, 0.01)])
+@pytest.mark.parametrize("method", METHODS)
+def test_train_step_returns_only_known_names(tiny_model_dir, method, minibatches, entropy_coef):
+    cfg = small_config(
+        correction={"method": method}, trainer={"minibatches": minibatches, "entropy_coef": entropy_coef}
+    )
+    metrics = Trainer(cfg, tiny_model_dir).train_step(fixed_groups(tiny_model_dir, cfg))
+    assert set(metrics) <= NAMES, f"not in METRICS: {sorted(set(metrics) - NAMES)}"
+    # Mode-specific: pipelinerl_reinforce weighs pi_theta/mu directly, with no PPO clip.
+    assert ("ppo/clipped_frac" in metrics) == (method != "pipelinerl_reinforce")
+    assert "pipelinerl_reinforce" in BY_NAME["ppo/clipped_frac"].only
+
+
+BUFFER_MODES = typing.get_args(BufferConfig.model_fields["mode"].annotation)
+
+
+@pytest.mark.parametrize("mode", BUFFER_MODES)
+def test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream(mode):
+    bp = plan(BufferConfig(mode=mode), "async", batch_groups=4)
+    stats = RolloutBuffer(bp.capacity_groups, bp.max_staleness, bp.on_stale).stats()
+    assert set(stats) <= NAMES, f"not in METRICS: {sorted(set(stats) - NAMES)}"
+    assert ("buffer/capacity" in stats) == (mode != "unbounded")
+    assert "unbounded" in BY_NAME["buffer/capacity"].only
+
+
+def test_the_step_windows_are_known_names():
+    windows = StepWindows(num_workers=1)
+    windows.report(0, [Segment(GENERATE, 0.0, 1.0, tokens=10)], None, now=2.0)
+    assert set(windows.window(0.0, 2.0)) <= NAMES
+
+
+# Each series marked `only`, and the test above that checks its condition both ways.
+CONDITION_TESTS = {
+    "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
+    "ppo/clipped_frac": test_train_step_returns_only_known_names,
+}
+
+
+def test_every_mode_specific_series_has_its_condition_tested():
+    marked = {m.name for m in METRICS if m.only}
+    assert marked == set(CONDITION_TESTS), (
+        "a series marked `only` needs a test of its condition here (and one not marked, none)"
+    )
