@@ -1,6 +1,7 @@
 # Rollway: the two commands.
 #   make run   set everything up (idempotent), then start web + worker + beat + Ray head
 #   make test  set everything up (incl. Chromium, PostgreSQL, Redis), then run the test suite
+#   make lint  ruff: lint and format check (what CI runs before the tests)
 #
 # Set-up steps leave stamp files in .venv/ so a second call costs a few seconds.
 # GPU hosts: `make run FLAVOR=gpu` installs the `gpu` extra (CUDA vLLM) instead of `cpu`.
@@ -28,7 +29,7 @@ PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head
 REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
 	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-.PHONY: run test setup services chromium
+.PHONY: run test lint setup services chromium
 
 run: setup
 	exec $(BIN)/python manage.py up --port $(PORT)
@@ -39,6 +40,12 @@ test: setup services chromium
 	       CELERY_BROKER_URL='$(TEST_CELERY_BROKER_URL)'; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+# Lint and format are checked, never applied here: `$(BIN)/ruff format .` and
+# `$(BIN)/ruff check --fix .` apply them.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 setup: $(DEPS_STAMP)
 

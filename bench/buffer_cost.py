@@ -28,14 +28,11 @@ import dataclasses
 import json
 import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from workers.buffer import RolloutBuffer, plan  # noqa: E402
-from workers.config import BufferConfig, RunConfig  # noqa: E402
-from workers.rollout import Group, Rollout  # noqa: E402
+from workers.buffer import RolloutBuffer, plan
+from workers.config import BufferConfig, RunConfig
+from workers.rollout import Group, Rollout
 
 TARGET_US_PER_SAMPLE = 50.0
 MODES = ("none", "double", "bounded", "unbounded")
@@ -52,15 +49,17 @@ def make_groups(n_groups: int, cfg: RunConfig, seed: int = 0) -> list[Group]:
         rollouts = []
         for _ in range(g):
             n = rng.randint(len(prompt) + 1, cfg.inference.max_new_tokens)
-            rollouts.append(Rollout(
-                prompt_ids=list(prompt_ids),
-                completion_ids=[rng.randrange(3, 40) for _ in range(n)],
-                behaviour_logprobs=[-rng.random() * 3 for _ in range(n)],
-                token_versions=[0] * n,
-                finish_reason="stop" if n < cfg.inference.max_new_tokens else "length",
-                reward=rng.random(),
-                group_id=f"g{i}",
-            ))
+            rollouts.append(
+                Rollout(
+                    prompt_ids=list(prompt_ids),
+                    completion_ids=[rng.randrange(3, 40) for _ in range(n)],
+                    behaviour_logprobs=[-rng.random() * 3 for _ in range(n)],
+                    token_versions=[0] * n,
+                    finish_reason="stop" if n < cfg.inference.max_new_tokens else "length",
+                    reward=rng.random(),
+                    group_id=f"g{i}",
+                )
+            )
         groups.append(Group(group_id=f"g{i}", prompt=prompt, answer=prompt[::-1], rollouts=rollouts))
     return groups
 
@@ -107,7 +106,7 @@ def through_ray(mode: str, groups: list[Group], b: int, batches: int, unbounded_
     try:
         backlog = backlog_batches(mode, unbounded_depth)
         for k in range(backlog):
-            ray.get(actor.put.remote(groups[k * b:(k + 1) * b], 1.0))
+            ray.get(actor.put.remote(groups[k * b : (k + 1) * b], 1.0))
         batch = groups[:b]
         put_s = get_s = 0.0
         for i in range(warmup + batches):
@@ -145,8 +144,12 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=300, help="timed batches per in-process mode")
     ap.add_argument("--ray-batches", type=int, default=40, help="timed batches per Ray mode")
     ap.add_argument("--ray-warmup", type=int, default=10, help="untimed batches first through Ray")
-    ap.add_argument("--unbounded-depth", type=int, default=4,
-                    help="batches kept waiting in an unbounded buffer (it has no capacity to fill)")
+    ap.add_argument(
+        "--unbounded-depth",
+        type=int,
+        default=4,
+        help="batches kept waiting in an unbounded buffer (it has no capacity to fill)",
+    )
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
     ap.add_argument("--no-ray", action="store_true", help="only the in-process path")
     ap.add_argument("--json", help="also write the figures here")
@@ -164,15 +167,20 @@ def main() -> int:
     deepest = max(backlog_batches(m, args.unbounded_depth) for m in modes) + 1
     groups = make_groups(deepest * b, cfg)
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in groups[0].rollouts) / g
-    print(f"B={b} groups per batch, G={g} rollouts per group, ~{tokens:.0f} tokens per rollout; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"B={b} groups per batch, G={g} rollouts per group, ~{tokens:.0f} tokens per rollout; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
     results: dict[str, dict] = {}
     for mode in modes:
         cap = capacity_batches(mode)
         label = f"in-process {mode} (cap {'∞' if cap is None else cap})"
-        results[label] = {"path": "in_process", "mode": mode,
-                          **figures(in_process(mode, groups, b, args.batches, args.unbounded_depth), args.batches, b, g)}
+        results[label] = {
+            "path": "in_process",
+            "mode": mode,
+            **figures(in_process(mode, groups, b, args.batches, args.unbounded_depth), args.batches, b, g),
+        }
     if not args.no_ray:
         import ray
 
@@ -189,21 +197,36 @@ def main() -> int:
     head = f"{'path':34} {'µs/sample':>10} {'µs/group':>10} {'µs/call':>10} {'calls':>7}"
     print("\n" + head + "\n" + "-" * len(head))
     for label, r in results.items():
-        print(f"{label:34} {r['us_per_sample']:>10.2f} {r['us_per_group']:>10.2f} "
-              f"{r['us_per_call']:>10.1f} {r['calls']:>7}")
+        print(
+            f"{label:34} {r['us_per_sample']:>10.2f} {r['us_per_group']:>10.2f} "
+            f"{r['us_per_call']:>10.1f} {r['calls']:>7}"
+        )
         if "us_per_put_call" in r:
-            print(f"{'':34}   put {r['us_per_put_call']:.0f} µs/call ({b} groups), "
-                  f"get {r['us_per_get_call']:.0f} µs/call ({b} groups)")
+            print(
+                f"{'':34}   put {r['us_per_put_call']:.0f} µs/call ({b} groups), "
+                f"get {r['us_per_get_call']:.0f} µs/call ({b} groups)"
+            )
     worst = max((r["us_per_sample"] for r in results.values() if r["path"] == "in_process"), default=None)
     verdict = None
     if worst is not None:
         verdict = "PASS" if worst <= TARGET_US_PER_SAMPLE else "FAIL"
-        print(f"\n{verdict}: in-process put+get, worst mode {worst:.2f} µs per sample "
-              f"(target ≤ {TARGET_US_PER_SAMPLE:.0f} µs)")
+        print(
+            f"\n{verdict}: in-process put+get, worst mode {worst:.2f} µs per sample "
+            f"(target ≤ {TARGET_US_PER_SAMPLE:.0f} µs)"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch_groups": b, "group_size": g, "target_us_per_sample": TARGET_US_PER_SAMPLE,
-                       "verdict": verdict, "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "batch_groups": b,
+                    "group_size": g,
+                    "target_us_per_sample": TARGET_US_PER_SAMPLE,
+                    "verdict": verdict,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

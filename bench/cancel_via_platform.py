@@ -13,7 +13,6 @@ import json
 import time
 
 import httpx
-
 from reward_via_platform import login, post
 
 
@@ -27,11 +26,18 @@ def main() -> None:
     for bad in [{"buffer": {"capacity": -1}}, {"buffer": {"capacty": 2}}, {"trainer": {"lr": "fast"}}]:
         r = post(c, "/api/runs", {"team": args.team, "name": "bad", "preset": "async", "overrides": bad})
         print(f"{json.dumps(bad):36s} → HTTP {r.status_code} {r.text[:160]}")
-    r = post(c, "/api/runs", {"team": args.team, "name": "to-cancel", "preset": "async",
-                              "overrides": {"stop": {"max_steps": 100000}}})
+    r = post(
+        c,
+        "/api/runs",
+        {"team": args.team, "name": "to-cancel", "preset": "async", "overrides": {"stop": {"max_steps": 100000}}},
+    )
     run_id = r.json()["id"]
-    while not (c.get(f"/api/runs/{run_id}/metrics", params={"series": "policy/version"})
-               .json()["series"].get("policy/version", {}).get("steps")):
+    while not (
+        c.get(f"/api/runs/{run_id}/metrics", params={"series": "policy/version"})
+        .json()["series"]
+        .get("policy/version", {})
+        .get("steps")
+    ):
         time.sleep(1)
     t0 = time.monotonic()
     print(f"run {run_id} is training; cancel → HTTP {post(c, f'/api/runs/{run_id}/cancel', {}).status_code}")

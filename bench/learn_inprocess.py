@@ -13,23 +13,18 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from workers.inference.torch_backend import TorchBackend  # noqa: E402
-from workers.presets import build, dotted_overrides  # noqa: E402
-from workers.generation import generate_groups  # noqa: E402
-from workers.rl_tasks import make_task  # noqa: E402
-from workers.tokenizer import CharTokenizer  # noqa: E402
-from workers.trainer import Trainer  # noqa: E402
-from workers.warmstart import policy_dir  # noqa: E402
-
-
+from workers.generation import generate_groups
+from workers.inference.torch_backend import TorchBackend
+from workers.presets import build, dotted_overrides
+from workers.rl_tasks import make_task
+from workers.tokenizer import CharTokenizer
+from workers.trainer import Trainer
+from workers.warmstart import policy_dir
 
 
 def main() -> int:
@@ -43,8 +38,9 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=10_000)
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
     ap.add_argument("--quiet", action="store_true", help="print every 10th step only")
-    ap.add_argument("--lag", type=int, default=0,
-                    help="train on batches generated this many versions ago (1 = one-step-off async)")
+    ap.add_argument(
+        "--lag", type=int, default=0, help="train on batches generated this many versions ago (1 = one-step-off async)"
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -68,20 +64,26 @@ def main() -> int:
         t_gen = time.perf_counter()
         while len(pending) <= args.lag:
             prompts = task.sample(cfg.trainer.batch_groups, rng)
-            pending.append(generate_groups(backend, task, tokenizer, prompts, cfg, trainer.version,
-                                           seed=cfg.seed * 100_003 + gen_seed))
+            pending.append(
+                generate_groups(
+                    backend, task, tokenizer, prompts, cfg, trainer.version, seed=cfg.seed * 100_003 + gen_seed
+                )
+            )
             gen_seed += 1
         gen_s = time.perf_counter() - t_gen
         m = trainer.train_step(pending.pop(0))
         backend.load_weights(trainer.state_dict())
         rewards.append(m["reward/mean"])
-        avg = sum(rewards[-args.window:]) / len(rewards[-args.window:])
+        avg = sum(rewards[-args.window :]) / len(rewards[-args.window :])
         wall = time.perf_counter() - start
         if not args.quiet or step % 10 == 0:
-            print(f"step {step:4d}  t={wall:6.1f}s  reward={m['reward/mean']:.3f}  avg{args.window}={avg:.3f}  "
-                  f"gen={gen_s * 1000:.0f}ms train={m['trainer/step_s'] * 1000:.0f}ms  "
-                  f"loss={m['loss']:+.4f}  kl={m['mismatch/kl']:.1e}  stale={m['staleness/mean']:.0f}  "
-                  f"is={m['is/ratio_mean']:.3f}", flush=True)
+            print(
+                f"step {step:4d}  t={wall:6.1f}s  reward={m['reward/mean']:.3f}  avg{args.window}={avg:.3f}  "
+                f"gen={gen_s * 1000:.0f}ms train={m['trainer/step_s'] * 1000:.0f}ms  "
+                f"loss={m['loss']:+.4f}  kl={m['mismatch/kl']:.1e}  stale={m['staleness/mean']:.0f}  "
+                f"is={m['is/ratio_mean']:.3f}",
+                flush=True,
+            )
         step += 1
         if len(rewards) >= args.window and avg >= args.target:
             reached = (step, wall)

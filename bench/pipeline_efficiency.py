@@ -29,18 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ray
+from sync_vs_async import run_mode, steady
 
-import ray  # noqa: E402
-from sync_vs_async import run_mode, steady  # noqa: E402
-
-from workers.run_actors import NAMESPACE  # noqa: E402
-from workers.presets import build, deep_merge, dotted_overrides  # noqa: E402
+from workers.presets import build, deep_merge, dotted_overrides
+from workers.run_actors import NAMESPACE
 
 # name → (preset, overrides on top of the common ones)
 MODES: dict[str, tuple[str, dict]] = {
@@ -91,8 +87,7 @@ def main() -> int:
         raise SystemExit(f"--modes: unknown {bad or 'none given'}; choose from {list(MODES)}")
     if args.steps < 3:
         raise SystemExit(f"--steps must be ≥ 3 (got {args.steps}): figures skip step 1 and need two more")
-    common = {"inference": {"backend": args.backend},
-              "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
+    common = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
     common = deep_merge(common, dotted_overrides(args.set))
     configs = {}
     for m in modes:  # validate everything before the first run starts
@@ -115,8 +110,11 @@ def main() -> int:
             r["loadavg_1m"] = os.getloadavg()[0]
             results[m] = r
             by_config[key] = m
-            print(f"[{m}] {r['steps']} steps in {time.perf_counter() - t:.0f}s: {r['samples_per_s']:.1f} samples/s "
-                  f"(host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)", flush=True)
+            print(
+                f"[{m}] {r['steps']} steps in {time.perf_counter() - t:.0f}s: {r['samples_per_s']:.1f} samples/s "
+                f"(host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)",
+                flush=True,
+            )
     finally:
         ray.shutdown()
 
@@ -128,28 +126,50 @@ def main() -> int:
             r["ratio_to_sync"] = r["samples_per_s"] / sync["samples_per_s"]
 
     print(f"\nbackend={args.backend}  steps={args.steps}  overrides={json.dumps(dotted_overrides(args.set))}")
-    head = (f"{'mode':13} {'samples/s':>9} {'trainer':>8} {'infer':>6} {'bottleneck':>11} {'busy':>6} "
-            f"{'≥95%':>4} {'vs sync':>7}  {'aborted':>7} {'resumed':>7} {'retried':>7}")
+    head = (
+        f"{'mode':13} {'samples/s':>9} {'trainer':>8} {'infer':>6} {'bottleneck':>11} {'busy':>6} "
+        f"{'≥95%':>4} {'vs sync':>7}  {'aborted':>7} {'resumed':>7} {'retried':>7}"
+    )
     print(head + "\n" + "-" * len(head))
     for m, r in results.items():
-        partial = [f"{r[k]:>7.0f}" if k in r else f"{'-':>7}" for k in ("partial_aborted", "partial_resumed", "partial_retried")]
+        partial = [
+            f"{r[k]:>7.0f}" if k in r else f"{'-':>7}"
+            for k in ("partial_aborted", "partial_resumed", "partial_retried")
+        ]
         ratio = f"{r['ratio_to_sync']:>7.2f}" if "ratio_to_sync" in r else f"{'-':>7}"
-        print(f"{m:13} {r['samples_per_s']:>9.1f} {r['trainer_busy']:>8.0%} {r['inference_busy']:>6.0%} "
-              f"{r['bottleneck']:>11} {r['bottleneck_busy']:>6.1%} {'yes' if r['bottleneck_busy'] >= TARGET_BUSY else 'no':>4} "
-              f"{ratio}  {' '.join(partial)}" + (f"  (= {r['same_run_as']})" if "same_run_as" in r else ""))
+        meets = "yes" if r["bottleneck_busy"] >= TARGET_BUSY else "no"
+        print(
+            f"{m:13} {r['samples_per_s']:>9.1f} {r['trainer_busy']:>8.0%} {r['inference_busy']:>6.0%} "
+            f"{r['bottleneck']:>11} {r['bottleneck_busy']:>6.1%} {meets:>4} "
+            f"{ratio}  {' '.join(partial)}" + (f"  (= {r['same_run_as']})" if "same_run_as" in r else "")
+        )
     if sync:
-        print(f"\nideal async/sync ratio (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f} "
-              f"(T_gen={sync['t_gen']:.3f}s, T_train={sync['t_train']:.3f}s, sync step {sync['step_s']:.3f}s)")
+        print(
+            f"\nideal async/sync ratio (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f} "
+            f"(T_gen={sync['t_gen']:.3f}s, T_train={sync['t_train']:.3f}s, sync step {sync['step_s']:.3f}s)"
+        )
         best = max((m for m in results if m != "sync"), key=lambda m: results[m]["samples_per_s"], default=None)
         if best:
-            print(f"best measured: {best} at {results[best]['ratio_to_sync']:.2f}× sync "
-                  f"({results[best]['ratio_to_sync'] / ideal:.0%} of the ideal)")
+            print(
+                f"best measured: {best} at {results[best]['ratio_to_sync']:.2f}× sync "
+                f"({results[best]['ratio_to_sync'] / ideal:.0%} of the ideal)"
+            )
     else:
         print("\n(no sync run in --modes: no ratios, no ideal)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": args.backend, "steps": args.steps, "ideal": ideal, "target_busy": TARGET_BUSY,
-                       "modes": results}, f, indent=2, default=str)
+            json.dump(
+                {
+                    "backend": args.backend,
+                    "steps": args.steps,
+                    "ideal": ideal,
+                    "target_busy": TARGET_BUSY,
+                    "modes": results,
+                },
+                f,
+                indent=2,
+                default=str,
+            )
     return 0
 
 

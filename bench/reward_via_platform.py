@@ -59,8 +59,11 @@ def main() -> int:
     with httpx.Client(base_url=args.url, timeout=30) as client:
         login(client, args.user, args.password)
         name = f"{args.preset} {time.strftime('%H:%M:%S')}"
-        r = post(client, "/api/runs", {"team": args.team, "name": name, "preset": args.preset,
-                                       "overrides": json.loads(args.overrides)})
+        r = post(
+            client,
+            "/api/runs",
+            {"team": args.team, "name": name, "preset": args.preset, "overrides": json.loads(args.overrides)},
+        )
         if r.status_code != 201:
             sys.exit(f"launch refused: HTTP {r.status_code} {r.text}")
         run = r.json()
@@ -72,33 +75,46 @@ def main() -> int:
             time.sleep(5)
             status = client.get(f"/api/runs/{run_id}").json()["status"]
             steps, rewards = series(client, run_id, "reward/mean")
-            last = statistics.fmean(rewards[-args.window:]) if rewards else float("nan")
-            print(f"  t={time.monotonic() - t0:6.0f}s status={status:10s} steps={len(steps):4d} "
-                  f"reward(last {args.window})={last:.3f}", flush=True)
+            last = statistics.fmean(rewards[-args.window :]) if rewards else float("nan")
+            print(
+                f"  t={time.monotonic() - t0:6.0f}s status={status:10s} steps={len(steps):4d} "
+                f"reward(last {args.window})={last:.3f}",
+                flush=True,
+            )
             if status in TERMINAL:
                 break
         detail = client.get(f"/api/runs/{run_id}").json()
         steps, rewards = series(client, run_id, "reward/mean")
         _, times = (lambda d: (d["steps"], d["times"]))(
             client.get(f"/api/runs/{run_id}/metrics", params={"series": "reward/mean", "max_points": 100000})
-            .json()["series"].get("reward/mean", {"steps": [], "times": []})
+            .json()["series"]
+            .get("reward/mean", {"steps": [], "times": []})
         )
         if not rewards:
             print(f"no reward points; status={status} error={detail.get('error')!r}")
             return 1
-        hit = next((i for i in range(len(rewards))
-                    if i + 1 >= args.window and statistics.fmean(rewards[i + 1 - args.window:i + 1]) >= args.target), None)
-        start = statistics.fmean(rewards[:args.window])
+        hit = next(
+            (
+                i
+                for i in range(len(rewards))
+                if i + 1 >= args.window and statistics.fmean(rewards[i + 1 - args.window : i + 1]) >= args.target
+            ),
+            None,
+        )
+        start = statistics.fmean(rewards[: args.window])
         print(f"\nrun {run_id}: status={status} steps={len(steps)}")
         print(f"start reward: first step {rewards[0]:.3f}, first {args.window} steps {start:.3f}")
         if hit is None:
-            print(f"target {args.target} NOT reached; final reward (last {args.window}) = "
-                  f"{statistics.fmean(rewards[-args.window:]):.3f}")
+            print(
+                f"target {args.target} NOT reached; final reward (last {args.window}) = "
+                f"{statistics.fmean(rewards[-args.window :]):.3f}"
+            )
         else:
-            print(f"target {args.target} reached at step {steps[hit]}, "
-                  f"{times[hit] - times[0]:.0f} s after the first trained step")
-        for name in ("samples/per_s", "trainer/idle_frac", "inference/idle_frac", "sync/latency_ms",
-                     "staleness/mean"):
+            print(
+                f"target {args.target} reached at step {steps[hit]}, "
+                f"{times[hit] - times[0]:.0f} s after the first trained step"
+            )
+        for name in ("samples/per_s", "trainer/idle_frac", "inference/idle_frac", "sync/latency_ms", "staleness/mean"):
             _, vals = series(client, run_id, name)
             if vals:
                 print(f"{name:22s} mean={statistics.fmean(vals):9.3f} median={statistics.median(vals):9.3f}")

@@ -21,20 +21,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import ray  # noqa: E402
+import ray
 
 from workers.driver import RunDriver
-from workers.run_actors import NAMESPACE  # noqa: E402
-from workers.presets import build, deep_merge, dotted_overrides  # noqa: E402
-
-
-
+from workers.presets import build, deep_merge, dotted_overrides
+from workers.run_actors import NAMESPACE
 
 
 def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int) -> dict:
@@ -74,12 +68,15 @@ def steady(out: dict) -> dict:
         "step_s": total / len(steps),
         "trainer_idle": weighted("trainer/idle_frac"),
         "inference_idle": weighted("inference/idle_frac"),
-        "t_gen": statistics.mean((1 - s["inference/idle_frac"][k]) * windows[k]
-                                 for k in steps if k in s["inference/idle_frac"]),
+        "t_gen": statistics.mean(
+            (1 - s["inference/idle_frac"][k]) * windows[k] for k in steps if k in s["inference/idle_frac"]
+        ),
         "t_train": statistics.mean(s["trainer/step_s"][k] for k in steps),
         "sync_ms": statistics.median(s["sync/latency_ms"].values()) if s.get("sync/latency_ms") else float("nan"),
         "sync_trainer_ms": statistics.median(s["sync/trainer_ms"].values()),
-        "sync_inference_ms": statistics.median(s["sync/inference_ms"].values()) if s.get("sync/inference_ms") else float("nan"),
+        "sync_inference_ms": statistics.median(s["sync/inference_ms"].values())
+        if s.get("sync/inference_ms")
+        else float("nan"),
         "sync_bytes": statistics.median(s["sync/bytes"].values()),
         "tokens_per_s": weighted("inference/tokens_per_s"),
         "staleness_mean": statistics.mean(s["staleness/mean"].values()),
@@ -98,14 +95,17 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="time budget per mode")
     ap.add_argument("--set", action="append", default=[], help="override, e.g. trainer.lr=3e-3")
     ap.add_argument("--modes", default="sync,async")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run the modes alternately this many times; figures are medians (the host is shared)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the modes alternately this many times; figures are medians (the host is shared)",
+    )
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
 
-    overrides = {"inference": {"backend": args.backend},
-                 "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
+    overrides = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
     overrides = deep_merge(overrides, dotted_overrides(args.set))
 
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
@@ -118,13 +118,18 @@ def main() -> int:
                 r = steady(out)
                 r["loadavg_1m"] = os.getloadavg()[0]
                 runs[mode].append(r)
-                print(f"[{mode} #{rep + 1}] {r['steps']} steps in {time.perf_counter() - t:.0f}s: "
-                      f"{r['samples_per_s']:.0f} samples/s (phases {_fmt(r['timings'])}; "
-                      f"host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)", flush=True)
+                print(
+                    f"[{mode} #{rep + 1}] {r['steps']} steps in {time.perf_counter() - t:.0f}s: "
+                    f"{r['samples_per_s']:.0f} samples/s (phases {_fmt(r['timings'])}; "
+                    f"host load average {r['loadavg_1m']:.1f} on {os.cpu_count()} cores)",
+                    flush=True,
+                )
     finally:
         ray.shutdown()
-    results = {m: {k: (statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float | int) else rs[-1][k])
-                   for k in rs[0]} for m, rs in runs.items()}
+    results = {
+        m: {k: (statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float | int) else rs[-1][k]) for k in rs[0]}
+        for m, rs in runs.items()
+    }
 
     print(f"\nbackend={args.backend}  config overrides={json.dumps(overrides)}")
     rows = [
@@ -151,18 +156,26 @@ def main() -> int:
     if {"sync", "async"} <= set(results):
         s, a = results["sync"], results["async"]
         ideal = (s["t_gen"] + s["t_train"]) / max(s["t_gen"], s["t_train"])
-        ratios = [ra["samples_per_s"] / rs["samples_per_s"] for rs, ra in zip(runs["sync"], runs["async"])]
-        print(f"\nasync/sync throughput ratio: {a['samples_per_s'] / s['samples_per_s']:.2f}"
-              + (f" (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else ""))
-        print(f"ideal (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f}"
-              f"  (T_gen={s['t_gen']:.3f}s, T_train={s['t_train']:.3f}s; the rest of a sync step, "
-              f"{s['step_s'] - s['t_gen'] - s['t_train']:.3f}s, is sync + scheduling)")
+        ratios = [ra["samples_per_s"] / rs["samples_per_s"] for rs, ra in zip(runs["sync"], runs["async"], strict=True)]
+        print(
+            f"\nasync/sync throughput ratio: {a['samples_per_s'] / s['samples_per_s']:.2f}"
+            + (f" (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else "")
+        )
+        print(
+            f"ideal (T_gen+T_train)/max(T_gen,T_train) from the sync run: {ideal:.2f}"
+            f"  (T_gen={s['t_gen']:.3f}s, T_train={s['t_train']:.3f}s; the rest of a sync step, "
+            f"{s['step_s'] - s['t_gen'] - s['t_train']:.3f}s, is sync + scheduling)"
+        )
         bound = max(a["t_gen"], a["t_train"])
-        print(f"async pipeline: step {a['step_s']:.3f}s vs max(T_gen, T_train) in the async run "
-              f"{bound:.3f}s → {bound / a['step_s']:.0%} of its own bound; bottleneck pool busy "
-              f"{1 - min(a['trainer_idle'], a['inference_idle']):.0%} of wall time")
-        print(f"running side by side, async slowed each pool down: T_gen ×{a['t_gen'] / s['t_gen']:.2f}, "
-              f"T_train ×{a['t_train'] / s['t_train']:.2f} (CPU contention: both pools share the host's cores)")
+        print(
+            f"async pipeline: step {a['step_s']:.3f}s vs max(T_gen, T_train) in the async run "
+            f"{bound:.3f}s → {bound / a['step_s']:.0%} of its own bound; bottleneck pool busy "
+            f"{1 - min(a['trainer_idle'], a['inference_idle']):.0%} of wall time"
+        )
+        print(
+            f"running side by side, async slowed each pool down: T_gen ×{a['t_gen'] / s['t_gen']:.2f}, "
+            f"T_train ×{a['t_train'] / s['t_train']:.2f} (CPU contention: both pools share the host's cores)"
+        )
         results["ratio"] = a["samples_per_s"] / s["samples_per_s"]
         results["ideal"] = ideal
     if args.json:

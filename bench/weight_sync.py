@@ -30,15 +30,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import ray
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from workers.config import ModelConfig  # noqa: E402
+from workers.config import ModelConfig
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {
@@ -77,16 +74,18 @@ class BenchTrainer:
     def setup(self, protocol: str, options: dict, lora: bool, num_receivers: int) -> dict:
         import torch
 
-        from workers.model import load_model
         from workers.config import LoRAConfig, SyncConfig
-        from workers.sync import make_sender
         from workers.lora import apply_lora
+        from workers.model import load_model
+        from workers.sync import make_sender
 
         self.close()
         model = load_model(self.model_dir).train()
         if lora:
             torch.manual_seed(0)
-            model = apply_lora(model, LoRAConfig(enabled=True, rank=LORA_RANK, alpha=LORA_ALPHA), init_lora_weights=False)
+            model = apply_lora(
+                model, LoRAConfig(enabled=True, rank=LORA_RANK, alpha=LORA_ALPHA), init_lora_weights=False
+            )
         self.model = model
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.sender = make_sender(SyncConfig(protocol=protocol, **options), num_receivers=num_receivers)
@@ -105,8 +104,8 @@ class BenchTrainer:
         return self.sender.send(version, lambda notice: [w.update_weights.remote(notice) for w in workers])
 
     def checksum(self) -> str:
-        from workers.sync import state_checksum
         from workers.lora import effective_state_dict
+        from workers.sync import state_checksum
 
         return state_checksum(effective_state_dict(self.model))
 
@@ -224,10 +223,12 @@ def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats:
     held = ray.get(worker.checksum.remote())
     identical = None if held is None else ray.get(trainer.checksum.remote()) == held
     ray.get(trainer.close.remote())
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = statistics.median
     sent = rows[-1][0]
     return {
-        "bytes": sent.bytes, "tensors": sent.tensors, "messages": sent.messages,
+        "bytes": sent.bytes,
+        "tensors": sent.tensors,
+        "messages": sent.messages,
         "trainer_ms": med([s.trainer_ms for s, _ in rows]),
         "receive_ms": med([g.receive_ms for _, g in rows]),
         "inference_ms": med([g.inference_ms for _, g in rows]),
@@ -238,28 +239,40 @@ def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats:
 
 def print_table(model: str, params: int, results: dict[str, dict]) -> None:
     print(f"\n## {model}: {params / 1e6:.1f}M params, {next(iter(results.values()))['tensors']} tensors")
-    head = f"{'protocol':38} {'msgs':>5} {'MB':>8} {'trainer ms':>10} {'receive ms':>10} {'inference ms':>12} {'e2e ms':>8}  same"
+    head = (
+        f"{'protocol':38} {'msgs':>5} {'MB':>8} {'trainer ms':>10} {'receive ms':>10} "
+        f"{'inference ms':>12} {'e2e ms':>8}  same"
+    )
     print(head)
     print("-" * len(head))
     for label, r in results.items():
-        print(f"{label:38} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
-              f"{r['receive_ms']:>10.1f} {r['inference_ms']:>12.1f} {r['end_to_end_ms']:>8.1f}  "
-              f"{ {True: 'yes', False: 'NO', None: '-'}[r['bit_identical']] }")
+        print(
+            f"{label:38} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
+            f"{r['receive_ms']:>10.1f} {r['inference_ms']:>12.1f} {r['end_to_end_ms']:>8.1f}  "
+            f"{ {True: 'yes', False: 'NO', None: '-'}[r['bit_identical']] }"
+        )
     per = results.get("collective per_tensor")
     if per:
         for label, r in results.items():
             if "packed" in label:
-                print(f"  per_tensor / {label[len('collective '):]}: receive {per['receive_ms'] / r['receive_ms']:.2f}x, "
-                      f"e2e {per['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
-                      f"trainer {per['trainer_ms'] / r['trainer_ms']:.2f}x")
-    for where, (full_case, adapter_case) in {"TorchBackend (merge)": (CASES[-2], CASES[-1]),
-                                             "vLLM (adapter)": tuple(VLLM_CASES)}.items():
+                packing = label[len("collective ") :]
+                print(
+                    f"  per_tensor / {packing}: receive {per['receive_ms'] / r['receive_ms']:.2f}x, "
+                    f"e2e {per['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
+                    f"trainer {per['trainer_ms'] / r['trainer_ms']:.2f}x"
+                )
+    for where, (full_case, adapter_case) in {
+        "TorchBackend (merge)": (CASES[-2], CASES[-1]),
+        "vLLM (adapter)": tuple(VLLM_CASES),
+    }.items():
         full, adapter = results.get(full_case[0]), results.get(adapter_case[0])
         if full and adapter:
-            print(f"  adapter-only vs full, {where}: bytes {full['bytes'] / adapter['bytes']:.0f}x fewer, "
-                  f"trainer {full['trainer_ms'] / adapter['trainer_ms']:.1f}x, "
-                  f"inference {full['inference_ms'] / adapter['inference_ms']:.1f}x, "
-                  f"e2e {full['end_to_end_ms'] / adapter['end_to_end_ms']:.1f}x")
+            print(
+                f"  adapter-only vs full, {where}: bytes {full['bytes'] / adapter['bytes']:.0f}x fewer, "
+                f"trainer {full['trainer_ms'] / adapter['trainer_ms']:.1f}x, "
+                f"inference {full['inference_ms'] / adapter['inference_ms']:.1f}x, "
+                f"e2e {full['end_to_end_ms'] / adapter['end_to_end_ms']:.1f}x"
+            )
 
 
 def main() -> None:
@@ -274,8 +287,7 @@ def main() -> None:
     cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
 
     print(f"load average at start: {os.getloadavg()}, {os.cpu_count()} CPUs")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="rollway-bench-sync",
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="rollway-bench-sync", log_to_driver=False)
     out: dict = {}
     try:
         with tempfile.TemporaryDirectory(prefix="rollway-bench-sync-") as root:

@@ -16,16 +16,27 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 # The engine's tiny-model settings: a run starts in seconds.
-TINY = [arg for kv in (
-    "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=32",
-    "warm_start.steps=2", "warm_start.noisy_steps=1", "warm_start.batch_size=8",
-    "trainer.batch_groups=4", "trainer.group_size=4",
-) for arg in ("--set", kv)]
+TINY = [
+    arg
+    for kv in (
+        "model.hidden_size=16",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.intermediate_size=32",
+        "warm_start.steps=2",
+        "warm_start.noisy_steps=1",
+        "warm_start.batch_size=8",
+        "trainer.batch_groups=4",
+        "trainer.group_size=4",
+    )
+    for arg in ("--set", kv)
+]
 
 
 def bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def load(script: str):
@@ -105,20 +116,22 @@ def test_efficiency_names_the_busier_pool_and_totals_partial_rollouts():
     out = {
         "config": RunConfig(),
         "timings": {},
-        "series": _series({
-            "samples/per_s": [100.0] * steps,
-            "trainer/idle_frac": [0.5, 0.02, 0.02, 0.02],
-            "inference/idle_frac": [0.0, 0.3, 0.3, 0.3],
-            "trainer/step_s": [0.5] * steps,
-            "sync/trainer_ms": [3.0] * steps,
-            "sync/bytes": [1e6] * steps,
-            "inference/tokens_per_s": [1e3] * steps,
-            "staleness/mean": [0.5] * steps,
-            "buffer/dropped_stale": [0.0] * steps,
-            "reward/mean": [0.1, 0.2, 0.3, 0.4],
-            "rollout/partial_aborted": [0.0, 4.0, 9.0, 9.0],  # cumulative
-            "rollout/partial_resumed": [0.0, 4.0, 7.0, 7.0],
-        }),
+        "series": _series(
+            {
+                "samples/per_s": [100.0] * steps,
+                "trainer/idle_frac": [0.5, 0.02, 0.02, 0.02],
+                "inference/idle_frac": [0.0, 0.3, 0.3, 0.3],
+                "trainer/step_s": [0.5] * steps,
+                "sync/trainer_ms": [3.0] * steps,
+                "sync/bytes": [1e6] * steps,
+                "inference/tokens_per_s": [1e3] * steps,
+                "staleness/mean": [0.5] * steps,
+                "buffer/dropped_stale": [0.0] * steps,
+                "reward/mean": [0.1, 0.2, 0.3, 0.4],
+                "rollout/partial_aborted": [0.0, 4.0, 9.0, 9.0],  # cumulative
+                "rollout/partial_resumed": [0.0, 4.0, 7.0, 7.0],
+            }
+        ),
     }
     r = pe.efficiency(out)
     assert r["bottleneck"] == "trainer"
@@ -142,8 +155,17 @@ def test_every_mode_builds_a_valid_config():
 @pytest.mark.slow
 def test_pipeline_efficiency_runs_the_engine_and_prints_the_table(tmp_path):
     out = tmp_path / "eff.json"
-    done = bench("pipeline_efficiency.py", "--modes", "sync,bounded,drain", "--steps", "3", *TINY,
-                 "--json", str(out), timeout=600)
+    done = bench(
+        "pipeline_efficiency.py",
+        "--modes",
+        "sync,bounded,drain",
+        "--steps",
+        "3",
+        *TINY,
+        "--json",
+        str(out),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[drain] same config as bounded: not run again" in done.stdout
     assert "ideal async/sync ratio" in done.stdout

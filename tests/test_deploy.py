@@ -23,8 +23,15 @@ SCHEDULE = "/var/lib/rollway/celerybeat-schedule"
 # What a production deployment must set for web, worker and beat: unset, each process
 # falls back to a one-machine default (its own SQLite, broker folder, channel layer, Ray
 # and key; localhost-only URLs), which processes in separate pods cannot share.
-PRODUCTION = {"DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS",
-              "ROLLWAY_PUBLIC_URL", "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS"}
+PRODUCTION = {
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+    "RAY_ADDRESS",
+    "ROLLWAY_PUBLIC_URL",
+    "DJANGO_SECRET_KEY",
+    "DJANGO_ALLOWED_HOSTS",
+}
 # Read by Ray itself, not by settings.py: the token auth every Ray client needs, and the
 # switch that lets the Celery worker warm-shut-down on SIGTERM once it has joined Ray.
 RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
@@ -64,7 +71,7 @@ def command(service_or_container: dict) -> list[str]:
 
 def test_settings_reads_the_documented_variables():
     # Guards the regex below as much as settings.py: an empty set would pass everything.
-    assert PRODUCTION <= settings_env_names() | {"RAY_ADDRESS"}
+    assert settings_env_names() | {"RAY_ADDRESS"} >= PRODUCTION
     assert {"ROLLWAY_HOME", "DJANGO_DEBUG"} <= settings_env_names()
 
 
@@ -91,7 +98,7 @@ def test_compose_sets_only_settings_the_platform_reads(service):
     unknown = set(env) - settings_env_names() - RAY_OWN
     assert not unknown, f"{service} sets variables nothing reads: {sorted(unknown)}"
     if service != "ray-head":
-        assert PRODUCTION <= set(env), f"{service} lacks {sorted(PRODUCTION - set(env))}"
+        assert set(env) >= PRODUCTION, f"{service} lacks {sorted(PRODUCTION - set(env))}"
     assert env["RAY_AUTH_MODE"] == "token"
 
 
@@ -118,7 +125,7 @@ def test_k8s_settings_cover_production_and_nothing_unknown():
     config = k8s("ConfigMap", "rollway-config")["data"]
     secret = k8s("Secret", "rollway-secrets")["stringData"]
     names = set(config) | set(secret)
-    assert PRODUCTION <= names, f"missing {sorted(PRODUCTION - names)}"
+    assert names >= PRODUCTION, f"missing {sorted(PRODUCTION - names)}"
     assert not names - settings_env_names() - RAY_OWN
     assert config["RAY_AUTH_MODE"] == "token"
     assert not set(config) & {"DJANGO_SECRET_KEY", "RAY_AUTH_TOKEN", "DATABASE_URL"}, (
@@ -133,15 +140,19 @@ def test_k8s_ray_cluster_is_a_kuberay_cluster_with_token_auth():
     groups = cluster["spec"]["workerGroupSpecs"]
     assert groups and groups[0]["minReplicas"] >= 1
     for c in (head, groups[0]["template"]["spec"]["containers"][0]):
-        assert {"name": "RAY_AUTH_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": "rollway-secrets", "key": "RAY_AUTH_TOKEN"}}
-                } in c["env"]
+        assert {
+            "name": "RAY_AUTH_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "rollway-secrets", "key": "RAY_AUTH_TOKEN"}},
+        } in c["env"]
         assert {"configMapRef": {"name": "rollway-config"}} in c["envFrom"]
     # The Celery worker reaches the head through KubeRay's <cluster>-head-svc Service.
     address = k8s("ConfigMap", "rollway-config")["data"]["RAY_ADDRESS"]
     assert address.startswith(f"{cluster['metadata']['name']}-head-svc:")
-    images = {head["image"], groups[0]["template"]["spec"]["containers"][0]["image"],
-              container(k8s("Deployment", "rollway-worker"))["image"]}
+    images = {
+        head["image"],
+        groups[0]["template"]["spec"]["containers"][0]["image"],
+        container(k8s("Deployment", "rollway-worker"))["image"],
+    }
     assert len(images) == 1
 
 
@@ -150,7 +161,7 @@ def test_dockerfile_builds_cpu_by_default_and_gpu_by_build_arg():
     assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}", text, re.M)
     assert "ARG PYTHON_VERSION=3.11" in text
     assert "ARG FLAVOR=cpu" in text
-    assert 'deploy/constraints-$FLAVOR.txt' in text and '".[$FLAVOR]"' in text
+    assert "deploy/constraints-$FLAVOR.txt" in text and '".[$FLAVOR]"' in text
     for flavor in ("cpu", "gpu"):
         assert (DEPLOY / f"constraints-{flavor}.txt").exists()
     # The image must keep platform/ a source root on the path, never a package.

@@ -46,8 +46,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 package = name.split(".") if is_package else name.split(".")[:-1]
                 package = package[: len(package) - (node.level - 1)]
                 base = ".".join([*package, base] if base else package)
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                       for alias in node.names]
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
         else:
             continue
         out.update(t for t in targets if t in known and t != name)

@@ -57,7 +57,11 @@ def test_manage_py_shell_imports_stdlib_platform():
     code = "import platform, rollway; print(platform.__file__)"
     out = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=REPO, env=source_root_env(), capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=source_root_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert_stdlib_platform(out.stdout.strip().splitlines()[-1])
@@ -71,10 +75,26 @@ def test_celery_worker_imports_stdlib_platform(tmp_path):
     queue = f"layout-{uuid.uuid4().hex[:8]}"  # private queue: never steals real tasks
     report = tmp_path / "report.json"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rollway", "worker", "--pool", "solo",
-         "-Q", queue, "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        cwd=REPO, env=source_root_env(), start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "rollway",
+            "worker",
+            "--pool",
+            "solo",
+            "-Q",
+            queue,
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=REPO,
+        env=source_root_env(),
+        start_new_session=True,
     )
     try:
         probe_environment.apply_async(args=[str(report)], queue=queue)
@@ -96,11 +116,15 @@ def test_ray_worker_imports_stdlib_platform():
     import ray
 
     ray.init(
-        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
         namespace=f"layout-{uuid.uuid4().hex[:8]}",
         runtime_env={"env_vars": {"PYTHONPATH": source_root_env()["PYTHONPATH"]}},
     )
     try:
+
         @ray.remote(num_cpus=0)
         def where_is_platform():
             import os

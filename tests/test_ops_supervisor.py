@@ -33,8 +33,7 @@ def gone(pid: int, timeout_s: float = 5.0) -> bool:
 
 def test_stop_all_ends_every_process_of_each_child_group():
     sup = Supervisor(io.StringIO())
-    child = sup.start("shell", ["bash", "-c", "sleep 300 & sleep 300 & wait"],
-                      env=dict(os.environ), cwd=str(REPO))
+    child = sup.start("shell", ["bash", "-c", "sleep 300 & sleep 300 & wait"], env=dict(os.environ), cwd=str(REPO))
     time.sleep(0.3)
     grandchildren = psutil.Process(child.pid).children(recursive=True)
     assert len(grandchildren) == 2
@@ -45,8 +44,9 @@ def test_stop_all_ends_every_process_of_each_child_group():
 
 def test_a_child_ignoring_sigterm_is_killed_after_the_timeout():
     sup = Supervisor(io.StringIO())
-    child = sup.start("stubborn", ["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
-                      env=dict(os.environ), cwd=str(REPO))
+    child = sup.start(
+        "stubborn", ["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], env=dict(os.environ), cwd=str(REPO)
+    )
     time.sleep(0.3)
     started = time.monotonic()
     sup.stop_all(timeout_s=1)
@@ -64,8 +64,7 @@ def test_children_get_sigterm_when_the_supervisor_is_killed():
         "time.sleep(300)\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "platform"), str(REPO)]))
-    supervisor = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO,
-                                  stdout=subprocess.PIPE, text=True)
+    supervisor = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
     child_pid = int(supervisor.stdout.readline())
     supervisor.send_signal(signal.SIGKILL)  # no chance to clean up
     supervisor.wait()
@@ -76,8 +75,11 @@ def test_output_is_prefixed_and_marks_a_child_ready():
     out = io.StringIO()
     sup = Supervisor(out)
     child = sup.start(
-        "ray", ["bash", "-c", "echo starting; echo 'Ray runtime started.'; sleep 300"],
-        env=dict(os.environ), cwd=str(REPO), ready_when=RayHead.is_ready_line,
+        "ray",
+        ["bash", "-c", "echo starting; echo 'Ray runtime started.'; sleep 300"],
+        env=dict(os.environ),
+        cwd=str(REPO),
+        ready_when=RayHead.is_ready_line,
     )
     assert child.ready.wait(10)
     sup.stop_all(timeout_s=5)
@@ -92,6 +94,9 @@ def test_a_ray_head_never_takes_redis_port_and_keeps_socket_paths_short(tmp_path
     command = head.command()
     assert command[1:4] == ["start", "--head", "--block"]
     assert not any(arg.endswith("=6379") for arg in command)
-    assert head.env() == {"RAY_ADDRESS": head.address, "RAY_AUTH_MODE": "token",
-                          "RAY_AUTH_TOKEN_PATH": str(head.token_path)}
+    assert head.env() == {
+        "RAY_ADDRESS": head.address,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(head.token_path),
+    }
     shutil.rmtree(head.temp_dir)

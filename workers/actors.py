@@ -39,7 +39,6 @@ import random
 import threading
 import time
 import traceback
-
 from typing import TYPE_CHECKING
 
 import ray
@@ -123,7 +122,7 @@ class _StagedWeights:
     """A worker's staged weights as workers.updates.WeightUpdates: what the stepped
     update modes poll between two decode steps (a plain object, not actor methods)."""
 
-    def __init__(self, worker: "InferenceWorker") -> None:
+    def __init__(self, worker: InferenceWorker) -> None:
         self.worker = worker
 
     def pending(self) -> bool:
@@ -222,8 +221,13 @@ class InferenceWorker:
             syncs, self.syncs = self.syncs, []
         # A copy: the loop thread keeps adding to self.partial while Ray pickles the report.
         return InferenceReport(
-            segments=closed, open_segment=open_seg, now=now, syncs=syncs, version=self.version,
-            error=self.error, partial=dataclasses.replace(self.partial),
+            segments=closed,
+            open_segment=open_seg,
+            now=now,
+            syncs=syncs,
+            version=self.version,
+            error=self.error,
+            partial=dataclasses.replace(self.partial),
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -265,7 +269,13 @@ class InferenceWorker:
             )
         else:  # weights staged meanwhile are taken between decode steps (workers/updates.py)
             groups, _, counts = self._generate_groups_across_updates(
-                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed,
+                self.backend,
+                self.task,
+                self.tokenizer,
+                prompts,
+                self.cfg,
+                self.version,
+                seed,
                 _StagedWeights(self),
             )
             self.partial.add(counts)
@@ -282,7 +292,12 @@ class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 
     def __init__(
-        self, cfg: RunConfig, model_dir: str, buffer, workers: list, num_threads: int | None = None,
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        buffer,
+        workers: list,
+        num_threads: int | None = None,
         scratch_dir: str | None = None,
     ) -> None:
         """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
@@ -380,17 +395,22 @@ class TrainerActor:
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)
                 samples = sum(len(g.rollouts) for g in groups)
-                record = StepRecord(step=version, t0=t_prev, t1=t_end, metrics={
-                    **metrics,
-                    **buffer_stats,
-                    # The trainer's own wait: the buffer's would also count a prefetch
-                    # that waited while the trainer was busy training.
-                    "buffer/starved_s": self._starved_s,
-                    "trainer/idle_frac": min(1.0, wait_s / window),
-                    "samples/per_s": samples / window,
-                    "sync/bytes": float(sent.bytes),
-                    "sync/trainer_ms": sent.trainer_ms,
-                })
+                record = StepRecord(
+                    step=version,
+                    t0=t_prev,
+                    t1=t_end,
+                    metrics={
+                        **metrics,
+                        **buffer_stats,
+                        # The trainer's own wait: the buffer's would also count a prefetch
+                        # that waited while the trainer was busy training.
+                        "buffer/starved_s": self._starved_s,
+                        "trainer/idle_frac": min(1.0, wait_s / window),
+                        "samples/per_s": samples / window,
+                        "sync/bytes": float(sent.bytes),
+                        "sync/trainer_ms": sent.trainer_ms,
+                    },
+                )
                 with self._steps_lock:
                     self.steps.append(record)
                 t_prev = t_end

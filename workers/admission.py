@@ -83,7 +83,9 @@ def model_shape(cfg: RunConfig) -> dict[str, int]:
 
         m = cfg.model
         shape = {
-            "hidden": m.hidden_size, "layers": m.num_layers, "intermediate": m.intermediate_size,
+            "hidden": m.hidden_size,
+            "layers": m.num_layers,
+            "intermediate": m.intermediate_size,
             "vocab": CharTokenizer().vocab_size,
         }
         h, n, i, v = shape["hidden"], shape["layers"], shape["intermediate"], shape["vocab"]
@@ -130,11 +132,8 @@ def demand(cfg: RunConfig) -> Demand:
     seq = cfg.task.max_len + 2 + cfg.inference.max_new_tokens  # BOS + prompt + "=" + completion
     samples = cfg.trainer.batch_groups * cfg.trainer.group_size
 
-    if cfg.lora.enabled:
-        # Every linear layer of a block adapted: r · (in + out) per module.
-        trainable = n * cfg.lora.rank * (11 * h + 3 * shape["intermediate"])
-    else:
-        trainable = params
+    # With LoRA every linear layer of a block is adapted: r · (in + out) per module.
+    trainable = n * cfg.lora.rank * (11 * h + 3 * shape["intermediate"]) if cfg.lora.enabled else params
     # Logits dominate a small model's activations (three copies: logits, log-softmax,
     # their gradient); the blocks keep ~12 hidden-sized tensors per layer for backward.
     activations = samples * seq * (3 * v + 12 * h * n) * FLOAT_BYTES // max(cfg.trainer.minibatches, 1)
@@ -166,9 +165,8 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
     errors: dict[str, str] = {}
     if cfg.stop.max_steps > limits.max_steps:
         got = cfg.stop.max_steps
-        errors["stop.max_steps"] = (
-            f"at most {limits.max_steps} steps on this site (ROLLWAY_MAX_STEPS); got {got if got < 1e12 else f'{got:.3g}'}"
-        )
+        shown = got if got < 1e12 else f"{got:.3g}"
+        errors["stop.max_steps"] = f"at most {limits.max_steps} steps on this site (ROLLWAY_MAX_STEPS); got {shown}"
     if cfg.stop.max_minutes > limits.max_minutes:
         errors["stop.max_minutes"] = (
             f"at most {limits.max_minutes:g} minutes on this site (ROLLWAY_MAX_MINUTES); got {cfg.stop.max_minutes:g}"
@@ -200,12 +198,16 @@ def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
     if need.memory_bytes > capacity.memory_bytes:
         roles = ", ".join(f"{role} {_gib(b)}" for role, b in need.per_role.items())
         workers = cfg.inference.num_workers * need.per_role["inference worker"]
-        field_name = "inference.num_workers" if workers > need.per_role["trainer"] and \
-            cfg.inference.num_workers > 1 else "model"
-        errors.setdefault(field_name, (
-            f"the run needs about {_gib(need.memory_bytes)} of memory ({roles}; "
-            f"{cfg.inference.num_workers} inference worker(s)); the cluster has {_gib(capacity.memory_bytes)}"
-        ))
+        field_name = (
+            "inference.num_workers" if workers > need.per_role["trainer"] and cfg.inference.num_workers > 1 else "model"
+        )
+        errors.setdefault(
+            field_name,
+            (
+                f"the run needs about {_gib(need.memory_bytes)} of memory ({roles}; "
+                f"{cfg.inference.num_workers} inference worker(s)); the cluster has {_gib(capacity.memory_bytes)}"
+            ),
+        )
     return errors
 
 

@@ -79,7 +79,7 @@ class BufferPlan:
     on_stale: OnStale
 
 
-def plan(cfg: "BufferConfig", run_mode: str, batch_groups: int) -> BufferPlan:
+def plan(cfg: BufferConfig, run_mode: str, batch_groups: int) -> BufferPlan:
     """The buffer a run gets from `cfg` (its `buffer` section), its `mode` ("sync" forces
     ahead 0) and `trainer.batch_groups`."""
     if cfg.mode == "none":
@@ -111,13 +111,9 @@ class RolloutBuffer:
     `capacity_groups=None` makes it unbounded (a stream): `put` never blocks.
     """
 
-    def __init__(
-        self, capacity_groups: int | None, max_staleness: int, on_stale: OnStale = "drop"
-    ) -> None:
+    def __init__(self, capacity_groups: int | None, max_staleness: int, on_stale: OnStale = "drop") -> None:
         if capacity_groups is not None and capacity_groups < 1:
-            raise ValueError(
-                f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})"
-            )
+            raise ValueError(f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})")
         if max_staleness < 0:
             raise ValueError(f"RolloutBuffer max_staleness must be ≥ 0 (got {max_staleness})")
         if on_stale not in ("drop", "requeue"):
@@ -222,9 +218,7 @@ class RolloutBuffer:
         groups are not available within `timeout` seconds (nothing fresh is taken then).
         """
         if n_groups < 1 or (self._capacity is not None and n_groups > self._capacity):
-            raise ValueError(
-                f"get n_groups must be in 1..capacity ({self._capacity}); got {n_groups}"
-            )
+            raise ValueError(f"get n_groups must be in 1..capacity ({self._capacity}); got {n_groups}")
         oldest_ok = current_version - self.max_staleness
 
         def ready() -> bool:

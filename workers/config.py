@@ -33,18 +33,15 @@ class ModelConfig(_Section):
     num_layers: int = Field(2, ge=1)
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(256, ge=8)
-    max_position_embeddings: int = Field(
-        64, ge=8, description="Longest prompt+completion the model handles (tokens)."
-    )
+    max_position_embeddings: int = Field(64, ge=8, description="Longest prompt+completion the model handles (tokens).")
 
     @model_validator(mode="after")
-    def _path_given(self) -> "ModelConfig":
+    def _path_given(self) -> ModelConfig:
         if self.source == "path" and not self.path:
             raise ValueError("model.path is required when model.source is 'path'")
         if self.hidden_size % self.num_heads:
             raise ValueError(
-                f"model.hidden_size ({self.hidden_size}) must be divisible by "
-                f"model.num_heads ({self.num_heads})"
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"
             )
         return self
 
@@ -55,9 +52,7 @@ class TaskConfig(_Section):
     name: Literal["reverse"] = "reverse"
     min_len: int = Field(3, ge=1)
     max_len: int = Field(5, ge=1)
-    alphabet: str = Field(
-        "abcdefgh", min_length=2, description="Characters prompts are drawn from."
-    )
+    alphabet: str = Field("abcdefgh", min_length=2, description="Characters prompts are drawn from.")
     reward: Literal["exact", "prefix", "position"] = Field(
         "prefix",
         description="1 for an exact answer else 0; or partial credit for the correct prefix; "
@@ -65,11 +60,9 @@ class TaskConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _lengths(self) -> "TaskConfig":
+    def _lengths(self) -> TaskConfig:
         if self.max_len < self.min_len:
-            raise ValueError(
-                f"task.max_len ({self.max_len}) must be ≥ task.min_len ({self.min_len})"
-            )
+            raise ValueError(f"task.max_len ({self.max_len}) must be ≥ task.min_len ({self.min_len})")
         bad = sorted(set(self.alphabet) - set(DEFAULT_CHARS) | ({"="} & set(self.alphabet)))
         if bad:
             raise ValueError(
@@ -97,11 +90,11 @@ class WarmStartConfig(_Section):
     steps: int = Field(200, ge=0, description="Steps on clean demonstrations.")
     lr: float = Field(3e-3, gt=0)
     batch_size: int = Field(64, ge=1)
-    noisy_steps: int = Field(
-        200, ge=0, description="Further steps on noisy demonstrations (see label_noise)."
-    )
+    noisy_steps: int = Field(200, ge=0, description="Further steps on noisy demonstrations (see label_noise).")
     label_noise: float = Field(
-        0.6, ge=0, lt=1,
+        0.6,
+        ge=0,
+        lt=1,
         description="In the noisy steps, probability that a demonstration character is replaced "
         "by a random one: the policy keeps the skill but samples unreliably.",
     )
@@ -126,25 +119,28 @@ class BufferConfig(_Section):
     ``bounded`` mode."""
 
     mode: Literal["none", "double", "bounded", "unbounded"] = Field(
-        "bounded", description="none (sync) · double (one batch ahead) · bounded "
-        "(`capacity` batches) · unbounded (stream)."
+        "bounded",
+        description="none (sync) · double (one batch ahead) · bounded (`capacity` batches) · unbounded (stream).",
     )
     capacity: int = Field(2, ge=1, description="Buffer capacity in batches (mode 'bounded').")
     max_staleness: int = Field(
         1, ge=0, description="Reject a group whose oldest token is more than this many versions old."
     )
     on_stale: Literal["drop", "requeue"] = Field(
-        "drop", description="A stale group is dropped, or its prompt is generated again "
-        "with newer weights (requeue; counted in buffer/requeued)."
+        "drop",
+        description="A stale group is dropped, or its prompt is generated again "
+        "with newer weights (requeue; counted in buffer/requeued).",
     )
     max_head_offpolicyness: int | None = Field(
-        None, ge=0, description="AReaL's η: batches inference may run ahead of the trainer "
+        None,
+        ge=0,
+        description="AReaL's η: batches inference may run ahead of the trainer "
         "(admission gate). Unset: min(capacity, max_staleness) when bounded, 1 when double, "
-        "max_staleness when unbounded."
+        "max_staleness when unbounded.",
     )
 
     @model_validator(mode="after")
-    def _sync_has_no_head(self) -> "BufferConfig":
+    def _sync_has_no_head(self) -> BufferConfig:
         if self.mode == "none" and self.max_head_offpolicyness not in (None, 0):
             raise ValueError(
                 f"buffer.max_head_offpolicyness ({self.max_head_offpolicyness}) must be 0 or "
@@ -162,13 +158,13 @@ class TrainerConfig(_Section):
     tis_cap: float = Field(2.0, ge=1, description="Truncated IS cap on pi_theta_old/mu.")
     max_grad_norm: float = Field(1.0, gt=0)
     minibatches: int = Field(
-        1, ge=1, description="Optimizer updates per step; the batch is split into this many "
-        "minibatches (whole groups), all against the logprobs of the policy at step start."
+        1,
+        ge=1,
+        description="Optimizer updates per step; the batch is split into this many "
+        "minibatches (whole groups), all against the logprobs of the policy at step start.",
     )
     weight_decay: float = Field(0.0, ge=0)
-    entropy_coef: float = Field(
-        0.0, ge=0, description="Weight of the mean-token-entropy bonus in the loss (0 = off)."
-    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the mean-token-entropy bonus in the loss (0 = off).")
 
 
 # Every linear layer of a Llama/Qwen2 block: the usual choice for RL fine-tuning with LoRA.
@@ -184,7 +180,8 @@ class LoRAConfig(_Section):
     rank: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0)
     target_modules: list[str] = Field(
-        default_factory=lambda: list(LORA_TARGET_MODULES), min_length=1,
+        default_factory=lambda: list(LORA_TARGET_MODULES),
+        min_length=1,
         description="Module names (suffixes) that get an adapter.",
     )
     dropout: float = Field(0.0, ge=0, lt=1)
@@ -196,9 +193,7 @@ class CorrectionConfig(_Section):
     policy at the start of the step (recomputed; AReaL's pi_prox), pi_theta = the policy
     being optimised. The cap for the truncated methods is `trainer.tis_cap`."""
 
-    method: Literal[
-        "token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"
-    ] = Field(
+    method: Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"] = Field(
         "token_tis",
         description="token_tis: PPO-clip × min(pi_old/mu, trainer.tis_cap) per token (verl token "
         "TIS, slime --use-tis, SkyRL TIS); sequence_tis: one weight min(Π pi_old/mu, tis_cap) per "
@@ -215,7 +210,7 @@ class CorrectionConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _mask_range(self) -> "CorrectionConfig":
+    def _mask_range(self) -> CorrectionConfig:
         if self.mask_low > 1 or self.mask_high < 1:
             raise ValueError(
                 f"correction.mask_low ({self.mask_low}) must be ≤ 1 ≤ correction.mask_high "
@@ -241,7 +236,8 @@ class SyncConfig(_Section):
     # staging never needs a second, bucket-sized buffer. verl uses 2048 MB on GPU.
     bucket_mb: float = Field(32.0, gt=0, description="collective: bucket size when packed.")
     flat_params: bool = Field(
-        True, description="collective, packed: re-lay the trainer's parameters as views of one flat buffer "
+        True,
+        description="collective, packed: re-lay the trainer's parameters as views of one flat buffer "
         "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
     )
     directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
@@ -290,7 +286,7 @@ class RunConfig(_Section):
     stop: StopConfig = StopConfig()
 
     @model_validator(mode="after")
-    def _lengths_fit(self) -> "RunConfig":
+    def _lengths_fit(self) -> RunConfig:
         # The answer plus its EOS must fit in the completion, and BOS+prompt+"="
         # plus the completion must fit in the model's positions.
         need = self.task.max_len + 1
@@ -308,7 +304,7 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _sync_fits_lora(self) -> "RunConfig":
+    def _sync_fits_lora(self) -> RunConfig:
         if self.sync.protocol == "lora" and not self.lora.enabled:
             raise ValueError(
                 "sync.protocol 'lora' moves adapter weights only; set lora.enabled=true "
@@ -324,9 +320,8 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _update_mode_fits_backend(self) -> "RunConfig":
-        if (self.sync.update_mode == "in_flight" and self.sync.protocol == "lora"
-                and self.inference.backend == "vllm"):
+    def _update_mode_fits_backend(self) -> RunConfig:
+        if self.sync.update_mode == "in_flight" and self.sync.protocol == "lora" and self.inference.backend == "vllm":
             # vLLM binds a request's LoRA adapter when the request starts; swapping it
             # under running requests is not possible (and the old adapter is unloaded).
             raise ValueError(

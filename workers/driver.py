@@ -1,10 +1,11 @@
 """The run driver: the detached Ray actor `run-<id>` that is one run.
 
-The platform starts and stops it through workers.lifecycle. The driver builds (or finds) the warm-started policy, creates the
-run's actors (`run-<id>-buffer`, `run-<id>-inference-<k>`, `run-<id>-trainer`; not
-detached, so they die with the driver), starts their loops and supervises them: every
-POLL_S it drains their metrics, reports them through the `MetricsReporter` (one point
-per series per trainer step, step = policy version) and checks the stop conditions.
+The platform starts and stops it through workers.lifecycle. The driver builds (or
+finds) the warm-started policy, creates the run's actors (`run-<id>-buffer`,
+`run-<id>-inference-<k>`, `run-<id>-trainer`; not detached, so they die with the
+driver), starts their loops and supervises them: every POLL_S it drains their metrics,
+reports them through the `MetricsReporter` (one point per series per trainer step,
+step = policy version) and checks the stop conditions.
 
 Status goes to the platform as running → succeeded | failed (with the error text). A
 cancelled run posts no terminal status: the platform set "cancelled" itself.
@@ -12,6 +13,7 @@ cancelled run posts no terminal status: the platform set "cancelled" itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -254,7 +256,7 @@ class RunDriver:
         does not depend on it)."""
         try:
             return ray.get(self.trainer.policy_checksum.remote(), timeout=STOP_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a dead or stuck trainer after its last step
+        except Exception:  # a dead or stuck trainer after its last step: any error means no checksum
             log.warning("run %s: no checksum of the final policy", self.run_id, exc_info=True)
             return ""
 
@@ -266,10 +268,8 @@ class RunDriver:
     def _kill_children(self) -> None:
         for a in (self.trainer, *self.workers, self.buffer):
             if a is not None:
-                try:
+                with contextlib.suppress(Exception):  # already gone
                     ray.kill(a, no_restart=True)
-                except Exception:  # already gone
-                    pass
 
     # -- metrics -------------------------------------------------------------------
 
@@ -345,9 +345,12 @@ def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewar
     if elapsed_s >= stop.max_minutes * 60:
         return "max_minutes"
     recent = rewards[-TARGET_WINDOW:]
-    if stop.target_reward is not None and len(recent) == TARGET_WINDOW:
-        if sum(recent) / TARGET_WINDOW >= stop.target_reward:
-            return "target_reward"
+    if (
+        stop.target_reward is not None
+        and len(recent) == TARGET_WINDOW
+        and sum(recent) / TARGET_WINDOW >= stop.target_reward
+    ):
+        return "target_reward"
     return None
 
 

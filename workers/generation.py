@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from workers.config import RunConfig
 from workers.inference.base import InferenceBackend
-from workers.rollout import Group, Rollout
 from workers.rl_tasks import Task
+from workers.rollout import Group, Rollout
 from workers.tokenizer import CharTokenizer
 from workers.updates import PartialCounts, PartialSequence, WeightUpdates, generate_across_updates
 
@@ -38,9 +38,11 @@ def generate_groups(
         seed=seed,
     )
     sequences = [
-        [PartialSequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
-         for c in comps]
-        for ids, comps in zip(prompt_ids, completions)
+        [
+            PartialSequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
+            for c in comps
+        ]
+        for ids, comps in zip(prompt_ids, completions, strict=True)
     ]
     return _score(task, tokenizer, prompts, sequences, seed)
 
@@ -61,18 +63,28 @@ def generate_groups_across_updates(
     Returns the groups, the version loaded at the end, and the partial-rollout counts."""
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
     gen = generate_across_updates(
-        backend, prompt_ids, cfg.trainer.group_size, cfg.inference.max_new_tokens,
-        cfg.inference.temperature, seed, version, cfg.sync.update_mode, updates,
+        backend,
+        prompt_ids,
+        cfg.trainer.group_size,
+        cfg.inference.max_new_tokens,
+        cfg.inference.temperature,
+        seed,
+        version,
+        cfg.sync.update_mode,
+        updates,
     )
     return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
 
 
 def _score(
-    task: Task, tokenizer: CharTokenizer, prompts: list[tuple[str, str]],
-    sequences: list[list[PartialSequence]], seed: int,
+    task: Task,
+    tokenizer: CharTokenizer,
+    prompts: list[tuple[str, str]],
+    sequences: list[list[PartialSequence]],
+    seed: int,
 ) -> list[Group]:
     groups = []
-    for i, ((prompt, answer), seqs) in enumerate(zip(prompts, sequences)):
+    for i, ((prompt, answer), seqs) in enumerate(zip(prompts, sequences, strict=True)):
         group_id = f"{seed}-{i}"
         rollouts = [
             Rollout(

@@ -172,15 +172,11 @@ def correction_loss(
     if method == "token_tis":
         return policy_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap)
     if method == "pipelinerl_reinforce":
-        return pipelinerl_reinforce_loss(
-            logp, behaviour_logp, old_logp, advantages, mask, correction.reinforce_eps_hi
-        )
+        return pipelinerl_reinforce_loss(logp, behaviour_logp, old_logp, advantages, mask, correction.reinforce_eps_hi)
     if method == "sequence_tis":
         weight, corrected = sequence_is_weight(old_logp, behaviour_logp, mask, tis_cap)
     elif method == "masked_is":
-        weight, corrected = masked_is_weight(
-            old_logp, behaviour_logp, correction.mask_low, correction.mask_high
-        )
+        weight, corrected = masked_is_weight(old_logp, behaviour_logp, correction.mask_low, correction.mask_high)
     elif method == "decoupled_ppo":
         weight, corrected = masked_is_weight(old_logp, behaviour_logp, 0.0, tis_cap)
     elif method == "none":

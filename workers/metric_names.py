@@ -21,13 +21,25 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("buffer/depth", "groups", "Groups waiting in the rollout buffer."),
-    Metric("buffer/capacity", "groups", "Buffer capacity.",
-           only="buffer.mode other than unbounded (a stream has no capacity)"),
+    Metric(
+        "buffer/capacity",
+        "groups",
+        "Buffer capacity.",
+        only="buffer.mode other than unbounded (a stream has no capacity)",
+    ),
     Metric("buffer/dropped_stale", "groups", "Groups dropped for exceeding max_staleness (cumulative)."),
-    Metric("buffer/requeued", "groups", "Stale groups whose prompts went back to be generated again (on_stale='requeue', cumulative)."),
-    Metric("buffer/regenerated", "groups", "Requeued prompts generated again and trained (on_stale='requeue', cumulative)."),
+    Metric(
+        "buffer/requeued",
+        "groups",
+        "Stale groups whose prompts went back to be generated again (on_stale='requeue', cumulative).",
+    ),
+    Metric(
+        "buffer/regenerated", "groups", "Requeued prompts generated again and trained (on_stale='requeue', cumulative)."
+    ),
     Metric("buffer/starved_s", "s", "Time the trainer waited on the buffer for fresh groups (cumulative)."),
-    Metric("staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."),
+    Metric(
+        "staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."
+    ),
     Metric("staleness/max", "versions", "Max token staleness of the trained batch."),
     Metric("sync/latency_ms", "ms", "End-to-end weight sync latency (trainer publish → inference loaded)."),
     Metric("sync/bytes", "bytes", "Bytes moved by one weight sync."),
@@ -37,21 +49,49 @@ METRICS: tuple[Metric, ...] = (
     Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
     Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),
     Metric("trainer/step_s", "s", "Wall time of one training step."),
-    Metric("trainer/grad_norm", "", "Gradient L2 norm before clipping to trainer.max_grad_norm (mean over the step's minibatches)."),
+    Metric(
+        "trainer/grad_norm",
+        "",
+        "Gradient L2 norm before clipping to trainer.max_grad_norm (mean over the step's minibatches).",
+    ),
     Metric("rollout/backpressure_s", "s", "Time producers were blocked on a full buffer since the last step."),
-    Metric("rollout/partial_aborted", "sequences", "Sequences aborted by a weight update (sync.update_mode abort_retry / abort_resume, cumulative)."),
-    Metric("rollout/partial_resumed", "sequences", "Aborted sequences continued from their kept tokens under new weights (abort_resume, cumulative)."),
-    Metric("rollout/partial_retried", "sequences", "Aborted sequences generated again from the prompt (abort_retry, cumulative)."),
-    Metric("rollout/mixed_version_frac", "fraction", "Fraction of trained sequences whose tokens come from more than one policy version."),
+    Metric(
+        "rollout/partial_aborted",
+        "sequences",
+        "Sequences aborted by a weight update (sync.update_mode abort_retry / abort_resume, cumulative).",
+    ),
+    Metric(
+        "rollout/partial_resumed",
+        "sequences",
+        "Aborted sequences continued from their kept tokens under new weights (abort_resume, cumulative).",
+    ),
+    Metric(
+        "rollout/partial_retried",
+        "sequences",
+        "Aborted sequences generated again from the prompt (abort_retry, cumulative).",
+    ),
+    Metric(
+        "rollout/mixed_version_frac",
+        "fraction",
+        "Fraction of trained sequences whose tokens come from more than one policy version.",
+    ),
     Metric("reward/mean", "reward", "Mean reward of the trained batch."),
     Metric("loss", "", "Policy loss."),
     Metric("is/ratio_mean", "", "Mean truncated-IS weight pi_old/mu."),
     Metric("is/clipped_frac", "fraction", "Fraction of tokens whose IS weight was truncated."),
-    Metric("ppo/clipped_frac", "fraction", "Fraction of tokens where the PPO clip (trainer.clip_eps) bound the objective.",
-           only="correction.method other than pipelinerl_reinforce (it has no PPO clip)"),
+    Metric(
+        "ppo/clipped_frac",
+        "fraction",
+        "Fraction of tokens where the PPO clip (trainer.clip_eps) bound the objective.",
+        only="correction.method other than pipelinerl_reinforce (it has no PPO clip)",
+    ),
     Metric("mismatch/kl", "nats", "KL(behaviour || trainer) estimate on the trained tokens."),
     Metric("policy/version", "", "Trainer policy version after the step."),
-    Metric("policy/entropy", "nats", "Mean per-token entropy of the policy (at the sampling temperature) on the trained completions."),
+    Metric(
+        "policy/entropy",
+        "nats",
+        "Mean per-token entropy of the policy (at the sampling temperature) on the trained completions.",
+    ),
     Metric("samples/per_s", "samples/s", "Trained samples per second of wall time."),
 )
 
@@ -67,6 +107,5 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
     ("Buffer rejections (groups)", ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated")),
     ("Trainer starved (s)", ("buffer/starved_s",)),
-    ("Partial rollouts (sequences)",
-     ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
+    ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
 )

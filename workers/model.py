@@ -47,8 +47,7 @@ def load_model(model_dir: str) -> LlamaForCausalLM:
     """Load a Hugging Face model directory (float32, eval mode)."""
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         raise FileNotFoundError(
-            f"{model_dir} is not a Hugging Face model directory (no config.json); "
-            f"model.path must point at one"
+            f"{model_dir} is not a Hugging Face model directory (no config.json); model.path must point at one"
         )
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model.eval()
@@ -63,6 +62,4 @@ def save_model(model: LlamaForCausalLM, tokenizer: CharTokenizer, model_dir: str
 
 def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Weights under HF checkpoint names, as contiguous detached CPU tensors (a copy)."""
-    return {
-        name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()
-    }
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()}

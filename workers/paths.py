@@ -52,7 +52,8 @@ def confine(path: str, roots: Iterable[str], field: str, setting: str) -> str:
     roots = [r for r in roots if r]
     if not roots:
         raise PathNotAllowed(
-            field, f"{path!r} is not allowed: no directory is allowed here on this site ({setting} is empty); "
+            field,
+            f"{path!r} is not allowed: no directory is allowed here on this site ({setting} is empty); "
             f"ask the operator to add a root to {setting}, or leave {field} unset",
         )
     resolved = real(path)

@@ -44,11 +44,9 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "collective is NCCL on GPU, gloo here."
         ),
         "config": RunConfig(
-            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
-                    "on_stale": "drop"},
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4, "on_stale": "drop"},
             correction={"method": "token_tis"},
-            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024,
-                  "update_mode": "in_flight"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024, "update_mode": "in_flight"},
         ),
     },
     "trl-async-lora": {
@@ -64,8 +62,7 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "with token TIS."
         ),
         "config": RunConfig(
-            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
-                    "on_stale": "drop"},
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4, "on_stale": "drop"},
             correction={"method": "token_tis"},
             sync={"protocol": "lora", "update_mode": "drain"},
             lora={"enabled": True},
@@ -85,8 +82,7 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "NCCL on GPU, gloo here."
         ),
         "config": RunConfig(
-            buffer={"mode": "unbounded", "max_staleness": 8, "max_head_offpolicyness": 2,
-                    "on_stale": "drop"},
+            buffer={"mode": "unbounded", "max_staleness": 8, "max_head_offpolicyness": 2, "on_stale": "drop"},
             correction={"method": "pipelinerl_reinforce", "reinforce_eps_hi": 0.02},
             sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
         ),
@@ -121,8 +117,7 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "separately kept proximal model."
         ),
         "config": RunConfig(
-            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4,
-                    "on_stale": "drop"},
+            buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4, "on_stale": "drop"},
             correction={"method": "decoupled_ppo"},
             sync={"protocol": "filesystem", "update_mode": "abort_resume"},
         ),
@@ -141,11 +136,15 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "strategy 'wait' is the admission gate, not a separate switch."
         ),
         "config": RunConfig(
-            buffer={"mode": "bounded", "capacity": 2, "max_staleness": 8,
-                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            buffer={
+                "mode": "bounded",
+                "capacity": 2,
+                "max_staleness": 8,
+                "max_head_offpolicyness": 1,
+                "on_stale": "drop",
+            },
             correction={"method": "token_tis"},
-            sync={"protocol": "collective", "packed": True, "bucket_mb": 2048,
-                  "update_mode": "abort_resume"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 2048, "update_mode": "abort_resume"},
         ),
     },
     "skyrl": {
@@ -161,8 +160,13 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "collective is NCCL on GPU, gloo here)."
         ),
         "config": RunConfig(
-            buffer={"mode": "bounded", "capacity": 4, "max_staleness": 4,
-                    "max_head_offpolicyness": 4, "on_stale": "drop"},
+            buffer={
+                "mode": "bounded",
+                "capacity": 4,
+                "max_staleness": 4,
+                "max_head_offpolicyness": 4,
+                "on_stale": "drop",
+            },
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
         ),
@@ -179,8 +183,13 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "buffer is a FIFO here, not sampled."
         ),
         "config": RunConfig(
-            buffer={"mode": "bounded", "capacity": 2, "max_staleness": 1,
-                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            buffer={
+                "mode": "bounded",
+                "capacity": 2,
+                "max_staleness": 1,
+                "max_head_offpolicyness": 1,
+                "on_stale": "drop",
+            },
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "update_mode": "drain"},
         ),
@@ -198,8 +207,7 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
         "config": RunConfig(
             buffer={"mode": "double", "max_staleness": 1, "on_stale": "drop"},
             correction={"method": "token_tis"},
-            sync={"protocol": "collective", "packed": True, "bucket_mb": 512,
-                  "update_mode": "abort_retry"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 512, "update_mode": "abort_retry"},
         ),
     },
     "miles": {
@@ -232,8 +240,13 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "0.2/0.272 is a symmetric 0.2 here; the collective is NCCL on GPU, gloo here."
         ),
         "config": RunConfig(
-            buffer={"mode": "bounded", "capacity": 1, "max_staleness": 1,
-                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            buffer={
+                "mode": "bounded",
+                "capacity": 1,
+                "max_staleness": 1,
+                "max_head_offpolicyness": 1,
+                "on_stale": "drop",
+            },
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "update_mode": "in_flight"},
         ),
@@ -253,12 +266,16 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "pg_variant choices are not modelled; colocated CUDA IPC sync is not either."
         ),
         "config": RunConfig(
-            buffer={"mode": "bounded", "capacity": 1, "max_staleness": 1,
-                    "max_head_offpolicyness": 1, "on_stale": "drop"},
+            buffer={
+                "mode": "bounded",
+                "capacity": 1,
+                "max_staleness": 1,
+                "max_head_offpolicyness": 1,
+                "on_stale": "drop",
+            },
             correction={"method": "token_tis"},
             trainer={"tis_cap": 1.2},
-            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024,
-                  "update_mode": "abort_resume"},
+            sync={"protocol": "collective", "packed": True, "bucket_mb": 1024, "update_mode": "abort_resume"},
         ),
     },
     "tunix": {
@@ -274,8 +291,7 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
             "here (sync.protocol=object_store); no partial-rollout knob found (drain)."
         ),
         "config": RunConfig(
-            buffer={"mode": "unbounded", "max_staleness": 1, "max_head_offpolicyness": 1,
-                    "on_stale": "drop"},
+            buffer={"mode": "unbounded", "max_staleness": 1, "max_head_offpolicyness": 1, "on_stale": "drop"},
             correction={"method": "none"},
             sync={"protocol": "object_store", "update_mode": "drain"},
         ),
@@ -344,11 +360,24 @@ PRESETS: dict[str, dict[str, str | RunConfig]] = {
 
 # Peers whose preset is named after them (descriptions name the peer; tests check it).
 PEERS: dict[str, str] = {
-    "trl-async": "TRL", "trl-async-lora": "TRL", "pipelinerl": "PipelineRL",
-    "prime-rl": "PRIME-RL", "areal": "AReaL", "verl-fully-async": "verl", "skyrl": "SkyRL",
-    "nemo-rl": "NeMo-RL", "slime": "slime", "miles": "MILES", "art": "ART",
-    "verifiers": "verifiers", "atropos": "Atropos", "open-instruct": "open-instruct",
-    "roll": "ROLL", "tunix": "Tunix", "oat": "OAT", "torchforge": "TorchForge",
+    "trl-async": "TRL",
+    "trl-async-lora": "TRL",
+    "pipelinerl": "PipelineRL",
+    "prime-rl": "PRIME-RL",
+    "areal": "AReaL",
+    "verl-fully-async": "verl",
+    "skyrl": "SkyRL",
+    "nemo-rl": "NeMo-RL",
+    "slime": "slime",
+    "miles": "MILES",
+    "art": "ART",
+    "verifiers": "verifiers",
+    "atropos": "Atropos",
+    "open-instruct": "open-instruct",
+    "roll": "ROLL",
+    "tunix": "Tunix",
+    "oat": "OAT",
+    "torchforge": "TorchForge",
 }
 
 

@@ -23,8 +23,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import httpx
 
@@ -196,7 +196,6 @@ class MetricsReporter:
             self._spool_status()
         self._client.close()
         return done
-
 
     @property
     def site_down(self) -> bool:

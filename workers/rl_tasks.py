@@ -54,13 +54,13 @@ class ReverseTask:
         if self.cfg.reward == "exact":
             return 1.0 if completion_text == answer else 0.0
         if self.cfg.reward == "prefix":
-            hits = 0
-            for a, b in zip(completion_text, answer):
-                if a != b:
-                    break
-                hits += 1
+            # Characters up to the first mismatch (the shorter string's length if none).
+            hits = next(
+                (i for i, (a, b) in enumerate(zip(completion_text, answer, strict=False)) if a != b),
+                min(len(completion_text), len(answer)),
+            )
         else:
-            hits = sum(a == b for a, b in zip(completion_text, answer))
+            hits = sum(a == b for a, b in zip(completion_text, answer, strict=False))
         return hits / denom
 
 

@@ -7,6 +7,8 @@ reconcile beat, a new driver replacing a dead one), so they are built in one pla
 
 from __future__ import annotations
 
+import contextlib
+
 import ray
 
 NAMESPACE = "rollway"
@@ -23,8 +25,7 @@ def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
     return sorted(
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == NAMESPACE
-        and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
+        if a["namespace"] == NAMESPACE and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
     )
 
 
@@ -39,7 +40,5 @@ def kill_named(names: list[str]) -> None:
     for name in names:
         handle = get_actor(name)
         if handle is not None:
-            try:
+            with contextlib.suppress(Exception):  # died meanwhile
                 ray.kill(handle, no_restart=True)
-            except Exception:  # died meanwhile
-                pass

@@ -42,9 +42,7 @@ class CharTokenizer:
         try:
             return [self._stoi[c] for c in text]
         except KeyError as exc:
-            raise ValueError(
-                f"character {exc.args[0]!r} is not in the tokenizer vocabulary {self.chars!r}"
-            ) from None
+            raise ValueError(f"character {exc.args[0]!r} is not in the tokenizer vocabulary {self.chars!r}") from None
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`; stops at the first EOS and skips pad/bos."""
@@ -61,13 +59,18 @@ class CharTokenizer:
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, TOKENIZER_FILE), "w") as f:
             json.dump(
-                {"type": "char", "chars": self.chars, "pad_id": self.pad_id,
-                 "bos_id": self.bos_id, "eos_id": self.eos_id},
+                {
+                    "type": "char",
+                    "chars": self.chars,
+                    "pad_id": self.pad_id,
+                    "bos_id": self.bos_id,
+                    "eos_id": self.eos_id,
+                },
                 f,
             )
 
     @classmethod
-    def load(cls, directory: str) -> "CharTokenizer":
+    def load(cls, directory: str) -> CharTokenizer:
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(

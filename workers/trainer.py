@@ -35,12 +35,12 @@ class PackedBatch:
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
     """Right-pad prompt+completion rows (positions then match unpadded sequences)."""
-    rows = [p + c for p, c in zip(prompts, completions)]
+    rows = [p + c for p, c in zip(prompts, completions, strict=True)]
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), T), dtype=torch.long)
     mask = torch.zeros((len(rows), T - 1), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
         attn[i, : len(p) + len(c)] = 1
         mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
@@ -54,9 +54,7 @@ def spread(values: list[list[float]], batch: PackedBatch, dtype=torch.float32) -
     return out
 
 
-def token_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool = False
-):
+def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool = False):
     """log pi(target) under log_softmax(logits / temperature), (N, T-1); with
     `with_entropy`, also the entropy of that distribution at each slot."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -130,12 +128,17 @@ class Trainer:
         losses, stats_acc, grad_norms = [], {}, []
         for k in range(n_mb):
             rows = torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]])
-            sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows],
-                              batch.targets[rows], batch.mask[rows])
+            sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], batch.mask[rows])
             logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
             loss, stats = correction_loss(
-                self.cfg.correction, logp, old_logp[rows], behaviour[rows], adv[rows], sub.mask,
-                tc.clip_eps, tc.tis_cap,
+                self.cfg.correction,
+                logp,
+                old_logp[rows],
+                behaviour[rows],
+                adv[rows],
+                sub.mask,
+                tc.clip_eps,
+                tc.tis_cap,
             )
             mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
             stats["policy/entropy"] = mean_entropy.item()

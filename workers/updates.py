@@ -49,7 +49,7 @@ class PartialCounts:
     retried: int = 0
     mid_generation_updates: int = 0
 
-    def add(self, other: "PartialCounts") -> None:
+    def add(self, other: PartialCounts) -> None:
         self.aborted += other.aborted
         self.resumed += other.resumed
         self.retried += other.retried
@@ -140,5 +140,5 @@ def generate_across_updates(
             )
     finally:
         session.close()
-    grouped = [seqs[k * n:(k + 1) * n] for k in range(len(prompts))]
+    grouped = [seqs[k * n : (k + 1) * n] for k in range(len(prompts))]
     return Generation(grouped, version, counts)

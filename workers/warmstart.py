@@ -22,10 +22,10 @@ import tempfile
 import torch
 
 from workers.config import RunConfig
-from workers.model import build_tiny, load_model, save_model
 from workers.generation import encode_prompt
+from workers.model import build_tiny, load_model, save_model
 from workers.rl_tasks import make_task
-from workers.tokenizer import CharTokenizer, TOKENIZER_FILE
+from workers.tokenizer import TOKENIZER_FILE, CharTokenizer
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
@@ -86,9 +86,7 @@ def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
     ws = cfg.warm_start
     final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean")
     if ws.noisy_steps:
-        final_loss = supervised_steps(
-            model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy"
-        )
+        final_loss = supervised_steps(model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy")
     save_model(model, tokenizer, out_dir)
     return {"final_loss": final_loss}
 
@@ -100,9 +98,7 @@ def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str
     return "".join(rng.choice(alphabet) if rng.random() < noise else c for c in answer)
 
 
-def supervised_steps(
-    model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int, noise: float, phase: str
-) -> float:
+def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int, noise: float, phase: str) -> float:
     """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt,
     each answer character replaced by a random one with probability `noise`."""
     task = make_task(cfg.task)

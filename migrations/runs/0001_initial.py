@@ -2,77 +2,131 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import runs.models
 from django.conf import settings
 from django.db import migrations, models
 
+import runs.models
+
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('teams', '0001_initial'),
+        ("teams", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Experiment',
+            name="Experiment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='experiments', to='teams.team')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100)),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "team",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="experiments", to="teams.team"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['team__name', 'name'],
+                "ordering": ["team__name", "name"],
             },
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('preset', models.CharField(max_length=50)),
-                ('overrides', models.JSONField(blank=True, default=dict, help_text='What the user changed.')),
-                ('config', models.JSONField(help_text='The full, validated workers.config.RunConfig.')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('starting', 'Starting'), ('running', 'Running'), ('cancelling', 'Cancelling'), ('cancelled', 'Cancelled'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], db_index=True, default='queued', max_length=12)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('status_changed_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('launched_at', models.DateTimeField(blank=True, help_text='Claimed by Celery.', null=True)),
-                ('started_at', models.DateTimeField(blank=True, help_text='Driver reported running.', null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('ingest_token', models.CharField(default=runs.models.new_ingest_token, editable=False, max_length=64)),
-                ('celery_task_id', models.CharField(blank=True, max_length=64)),
-                ('ray_actor', models.CharField(blank=True, help_text='Detached driver actor.', max_length=100)),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='runs.experiment')),
-                ('launched_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("preset", models.CharField(max_length=50)),
+                ("overrides", models.JSONField(blank=True, default=dict, help_text="What the user changed.")),
+                ("config", models.JSONField(help_text="The full, validated workers.config.RunConfig.")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("cancelling", "Cancelling"),
+                            ("cancelled", "Cancelled"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=12,
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("status_changed_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("launched_at", models.DateTimeField(blank=True, help_text="Claimed by Celery.", null=True)),
+                ("started_at", models.DateTimeField(blank=True, help_text="Driver reported running.", null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("ingest_token", models.CharField(default=runs.models.new_ingest_token, editable=False, max_length=64)),
+                ("celery_task_id", models.CharField(blank=True, max_length=64)),
+                ("ray_actor", models.CharField(blank=True, help_text="Detached driver actor.", max_length=100)),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="runs", to="runs.experiment"
+                    ),
+                ),
+                (
+                    "launched_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='MetricPoint',
+            name="MetricPoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('series', models.CharField(max_length=64)),
-                ('step', models.BigIntegerField()),
-                ('value', models.FloatField()),
-                ('time', models.FloatField(help_text='Unix seconds when the engine measured it.')),
-                ('run', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='points', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("series", models.CharField(max_length=64)),
+                ("step", models.BigIntegerField()),
+                ("value", models.FloatField()),
+                ("time", models.FloatField(help_text="Unix seconds when the engine measured it.")),
+                (
+                    "run",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="points",
+                        to="runs.run",
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='experiment',
-            constraint=models.UniqueConstraint(fields=('team', 'name'), name='unique_experiment_name'),
+            model_name="experiment",
+            constraint=models.UniqueConstraint(fields=("team", "name"), name="unique_experiment_name"),
         ),
         migrations.AddConstraint(
-            model_name='metricpoint',
-            constraint=models.UniqueConstraint(fields=('run', 'series', 'step'), name='unique_point_per_run_series_step'),
+            model_name="metricpoint",
+            constraint=models.UniqueConstraint(
+                fields=("run", "series", "step"), name="unique_point_per_run_series_step"
+            ),
         ),
     ]

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0001_initial'),
+        ("runs", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ClusterCapacity',
+            name="ClusterCapacity",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('cpus', models.FloatField()),
-                ('memory_bytes', models.BigIntegerField()),
-                ('gpus', models.FloatField(default=0.0)),
-                ('seen_at', models.DateTimeField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("cpus", models.FloatField()),
+                ("memory_bytes", models.BigIntegerField()),
+                ("gpus", models.FloatField(default=0.0)),
+                ("seen_at", models.DateTimeField()),
             ],
         ),
     ]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
-from typing import Callable
 
-from rollway import jsonin
 from django.http import HttpRequest, JsonResponse
 from pydantic import ValidationError
 
+from rollway import jsonin
 from runs.errors import ActionError, field_errors
 
 
@@ -59,8 +59,9 @@ class BadParam(ActionError):
         super().__init__({name: message})
 
 
-def int_param(request: HttpRequest, name: str, default: int | None, *, lo: int | None = None,
-              hi: int | None = None) -> int | None:
+def int_param(
+    request: HttpRequest, name: str, default: int | None, *, lo: int | None = None, hi: int | None = None
+) -> int | None:
     """An integer query parameter; BadParam names the parameter and the fix."""
     raw = request.GET.get(name)
     if raw in (None, ""):

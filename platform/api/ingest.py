@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from api.http import errors_response, refusal_response
 from runs.models import Run
@@ -50,9 +50,7 @@ def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
     if run is None:
         return errors_response({"run": f"run {run_id} not found"}, status=404)
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode(), run.ingest_token.encode()
-    ):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), run.ingest_token.encode()):
         response = errors_response(
             {"auth": "send the run's ingest token as 'Authorization: Bearer <token>'"},
             status=401,

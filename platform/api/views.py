@@ -187,9 +187,7 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
         return refusal_response(exc)
     try:
         after_step = int_param(request, "after_step", None)
-        max_points = int_param(
-            request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000
-        )
+        max_points = int_param(request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000)
     except BadParam as exc:
         return refusal_response(exc)
     names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]

@@ -54,9 +54,7 @@ def _preset_choices() -> list[dict]:
 def launch(request: HttpRequest) -> HttpResponse:
     """The launch form. On any error nothing is created and the form comes back with
     each message next to its field (config fields by dotted path, e.g. buffer.capacity)."""
-    experiments = Experiment.objects.filter(
-        team__in=Team.objects.for_user(request.user)
-    ).select_related("team")
+    experiments = Experiment.objects.filter(team__in=Team.objects.for_user(request.user)).select_related("team")
     form = {
         "experiment": request.POST.get("experiment", ""),
         "name": request.POST.get("name", ""),
@@ -123,7 +121,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         found = actions.check_run_access(request.user, run_id)
     except NotFound:
-        raise Http404(NO_SUCH_RUN)
+        raise Http404(NO_SUCH_RUN) from None
     return render(
         request,
         "dashboard/run.html",
@@ -142,7 +140,7 @@ def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         found = actions.check_cancel(request.user, run_id)
     except NotFound:
-        raise Http404(NO_SUCH_RUN)
+        raise Http404(NO_SUCH_RUN) from None
     except ActionError as exc:
         messages.error(request, exc.message)
     else:

@@ -9,6 +9,7 @@ Output of each child is forwarded line by line with its name in front, as forema
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -16,18 +17,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
 
 def _own_session_and_die_with_parent() -> None:  # runs in the child, before exec
     os.setsid()
-    try:
+    # Not Linux: no prctl, but the process group still gets stopped.
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the process group still gets stopped
-        pass
 
 
 def group_alive(pgid: int) -> bool:
@@ -78,10 +79,8 @@ class Child:
         while time.monotonic() < deadline and (self.alive() or group_alive(self.pid)):
             time.sleep(0.1)
         if group_alive(self.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             # SIGKILL is asynchronous: give the kernel a moment to take the group down, so
             # callers that check for leftovers right after stop() see the final state.
             deadline = time.monotonic() + 2.0
@@ -128,9 +127,7 @@ class Supervisor:
         )
         child = Child(name, argv, popen, stop_leader_only=stop_leader_only)
         self.children.append(child)
-        threading.Thread(
-            target=self._forward, args=(child, ready_when), name=f"out-{name}", daemon=True
-        ).start()
+        threading.Thread(target=self._forward, args=(child, ready_when), name=f"out-{name}", daemon=True).start()
         return child
 
     def _forward(self, child: Child, ready_when: Callable[[str], bool] | None) -> None:

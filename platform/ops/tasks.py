@@ -19,6 +19,7 @@ from celery import shared_task
 def environment_report() -> dict:
     """Where `platform`, `workers` and `ray` come from in this process."""
     import ray
+
     import workers
 
     return {

@@ -30,9 +30,7 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfigured(
-        f"{name} must be one of {sorted(_TRUE | _FALSE)} (got {raw!r})"
-    )
+    raise ImproperlyConfigured(f"{name} must be one of {sorted(_TRUE | _FALSE)} (got {raw!r})")
 
 
 def env_int(name: str, default: int) -> int:

@@ -11,8 +11,9 @@ Refusals are the exceptions of runs/errors.py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -36,12 +37,7 @@ EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
 
 def check_run_access(user, run_id: int) -> Run:
     """The run, if `user` is a member of its team; NotFound otherwise."""
-    run = (
-        Run.objects.visible_to(user)
-        .select_related("experiment__team", "launched_by")
-        .filter(pk=run_id)
-        .first()
-    )
+    run = Run.objects.visible_to(user).select_related("experiment__team", "launched_by").filter(pk=run_id).first()
     if run is None:
         raise NotFound({"run": f"run {run_id} not found"})
     return run
@@ -51,11 +47,9 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
     try:
         experiment_id = int(experiment_id)
     except (TypeError, ValueError):
-        raise ActionError({"experiment": f"must be an experiment id (got {experiment_id!r})"})
+        raise ActionError({"experiment": f"must be an experiment id (got {experiment_id!r})"}) from None
     experiment = (
-        Experiment.objects.filter(team__in=Team.objects.for_user(user), pk=experiment_id)
-        .select_related("team")
-        .first()
+        Experiment.objects.filter(team__in=Team.objects.for_user(user), pk=experiment_id).select_related("team").first()
     )
     if experiment is None:
         raise ActionError({"experiment": f"no experiment {experiment_id} in your teams"})
@@ -89,11 +83,9 @@ def do_create_experiment(user, team: Team, name: str, description: str = "") -> 
     create it."""
     try:
         with transaction.atomic():
-            experiment = Experiment.objects.create(
-                team=team, name=name, description=description, created_by=user
-            )
+            experiment = Experiment.objects.create(team=team, name=name, description=description, created_by=user)
     except IntegrityError:
-        raise ActionError({"name": f"team {team.slug} already has an experiment {name!r}"})
+        raise ActionError({"name": f"team {team.slug} already has an experiment {name!r}"}) from None
     logger.info("experiment %s (%s) created by %s in team %s", experiment.pk, name, user, team.slug)
     return experiment
 
@@ -204,9 +196,7 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
 # --- status -------------------------------------------------------------------------
 
 
-def do_set_run_status(
-    run: Run, status: str, *, error: str = "", only_from: Iterable[str] | None = None
-) -> bool:
+def do_set_run_status(run: Run, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
     """Move the run to `status` (see `Run.transition`); on a change, tell its watchers
     once the transaction commits. Returns whether the row changed."""
     changed = run.transition(status, error=error, only_from=only_from)

@@ -17,7 +17,12 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["status", "preset", "experiment__team"]
     search_fields = ["name", "error"]
     readonly_fields = [
-        "created_at", "launched_at", "started_at", "finished_at", "celery_task_id", "ray_actor",
+        "created_at",
+        "launched_at",
+        "started_at",
+        "finished_at",
+        "celery_task_id",
+        "ray_actor",
     ]
     raw_id_fields = ["experiment", "launched_by"]
 

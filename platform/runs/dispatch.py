@@ -35,7 +35,5 @@ def send_or_log(task: str, run_id: int) -> str | None:
     except Exception:
         # Any broker or transport error: the row already says what should happen, and
         # reconcile_runs resends from the row, so the user's request still succeeds.
-        logger.exception(
-            "run %s: could not enqueue %s; reconcile will", run_id, task.rsplit(".", 1)[-1]
-        )
+        logger.exception("run %s: could not enqueue %s; reconcile will", run_id, task.rsplit(".", 1)[-1])
         return None

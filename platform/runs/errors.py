@@ -39,9 +39,7 @@ class NotFound(ActionError):
     http_status = 404
 
 
-def field_errors(
-    exc: ValidationError, *, model: type[BaseModel] | None = None, root: str = "body"
-) -> dict[str, str]:
+def field_errors(exc: ValidationError, *, model: type[BaseModel] | None = None, root: str = "body") -> dict[str, str]:
     """Pydantic's errors as {"buffer.capacity": "Input should be ≥ 1"}: one message per
     dotted location (the first), `root` for an error about the whole input, worded for
     the person who wrote it. Given the `model` that was validated, an unknown field's

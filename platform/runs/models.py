@@ -11,7 +11,7 @@ resurrect a finished run: terminal states stick.
 from __future__ import annotations
 
 import secrets
-from typing import Iterable
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.db import connections, models
@@ -32,29 +32,30 @@ class Experiment(models.Model):
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["team__name", "name"]
-        constraints = [
-            models.UniqueConstraint(fields=["team", "name"], name="unique_experiment_name")
-        ]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_experiment_name")]
 
     def __str__(self) -> str:
         return f"{self.team} / {self.name}"
 
 
 class RunQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "RunQuerySet":
+    def visible_to(self, user) -> RunQuerySet:
         """Runs of the teams `user` belongs to."""
         if not user.is_authenticated:
             return self.none()
         return self.filter(experiment__team__memberships__user=user)
 
-    def in_flight(self) -> "RunQuerySet":
+    def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)
 
 
@@ -76,14 +77,10 @@ class Run(models.Model):
         Status.STARTING: frozenset({Status.QUEUED}),
         Status.RUNNING: frozenset({Status.QUEUED, Status.STARTING}),
         Status.CANCELLING: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING}),
-        Status.CANCELLED: frozenset(
-            {Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}
-        ),
+        Status.CANCELLED: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}),
         # A run that finishes while its cancel is in flight keeps its real outcome.
         Status.SUCCEEDED: frozenset({Status.STARTING, Status.RUNNING, Status.CANCELLING}),
-        Status.FAILED: frozenset(
-            {Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}
-        ),
+        Status.FAILED: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}),
     }
     LOST_REASON = "lost: driver actor not found"
 
@@ -92,12 +89,13 @@ class Run(models.Model):
     preset = models.CharField(max_length=50)
     overrides = models.JSONField(default=dict, blank=True, help_text="What the user changed.")
     config = models.JSONField(help_text="The full, validated workers.config.RunConfig.")
-    status = models.CharField(
-        max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
-    )
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
     error = models.TextField(blank=True)
     launched_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
@@ -134,9 +132,7 @@ class Run(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("dashboard:run", args=[self.pk])
 
-    def transition(
-        self, status: str, *, error: str = "", only_from: Iterable[str] | None = None
-    ) -> bool:
+    def transition(self, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
         """Move to `status` if the row (as stored now, not as loaded) is in a state it may
         be entered from, intersected with `only_from` when given. Returns whether this call
         changed the row; either way the instance is refreshed from the database."""
@@ -156,7 +152,12 @@ class Run(models.Model):
         changed = Run.objects.filter(pk=self.pk, status__in=allowed).update(**fields) == 1
         self.refresh_from_db(
             fields=[
-                "status", "status_changed_at", "error", "launched_at", "started_at", "finished_at",
+                "status",
+                "status_changed_at",
+                "error",
+                "launched_at",
+                "started_at",
+                "finished_at",
             ]
         )
         return changed
@@ -190,9 +191,7 @@ class Run(models.Model):
         }
 
     def series_names(self) -> list[str]:
-        return list(
-            self.points.order_by("series").values_list("series", flat=True).distinct()
-        )
+        return list(self.points.order_by("series").values_list("series", flat=True).distinct())
 
 
 def _iso(value) -> str | None:
@@ -220,10 +219,7 @@ class MetricPointQuerySet(models.QuerySet):
     # model instances and SQL (and SQLite caps a statement at 999 parameters): ingest
     # must take 10k+ points/s on two cores. Same semantics as `_upsert_orm`.
     _COLUMNS = '(run_id, series, step, value, "time")'
-    _CONFLICT = (
-        'ON CONFLICT (run_id, series, step) DO UPDATE '
-        'SET value = EXCLUDED.value, "time" = EXCLUDED."time"'
-    )
+    _CONFLICT = 'ON CONFLICT (run_id, series, step) DO UPDATE SET value = EXCLUDED.value, "time" = EXCLUDED."time"'
 
     def _upsert_orm(self, run_id: int, latest: dict) -> None:
         """Portable but ~10× slower: for databases without a hand-written path."""
@@ -240,22 +236,18 @@ class MetricPointQuerySet(models.QuerySet):
 
     def _upsert_postgresql(self, run_id: int, latest: dict) -> None:
         # One statement whatever the batch size: five arrays, unnested server-side.
-        series, steps = zip(*latest)
-        values, times = zip(*latest.values())
+        series, steps = zip(*latest, strict=True)
+        values, times = zip(*latest.values(), strict=True)
         sql = (
             f"INSERT INTO {MetricPoint._meta.db_table} {self._COLUMNS} "
-            "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) "
-            + self._CONFLICT
+            "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) " + self._CONFLICT
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql, [run_id, list(series), list(steps), list(values), list(times)])
 
     def _upsert_sqlite(self, run_id: int, latest: dict) -> None:
         # executemany of one prepared statement runs in C: no per-point round trip.
-        sql = (
-            f"INSERT INTO {MetricPoint._meta.db_table} {self._COLUMNS} "
-            "VALUES (%s, %s, %s, %s, %s) " + self._CONFLICT
-        )
+        sql = f"INSERT INTO {MetricPoint._meta.db_table} {self._COLUMNS} VALUES (%s, %s, %s, %s, %s) " + self._CONFLICT
         rows = [(run_id, s, step, v, t) for (s, step), (v, t) in latest.items()]
         with connections[self.db].cursor() as cursor:
             cursor.executemany(sql, rows)
@@ -275,9 +267,7 @@ class MetricPoint(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(
-                fields=["run", "series", "step"], name="unique_point_per_run_series_step"
-            )
+            models.UniqueConstraint(fields=["run", "series", "step"], name="unique_point_per_run_series_step")
         ]
 
     def __str__(self) -> str:
@@ -299,7 +289,8 @@ class ClusterCapacity(models.Model):
     SINGLETON = 1
 
     def __str__(self) -> str:
-        return f"{self.cpus:g} CPUs, {self.memory_bytes / 2**30:.1f} GiB, {self.gpus:g} GPUs at {self.seen_at:%Y-%m-%d %H:%M}"
+        memory = self.memory_bytes / 2**30
+        return f"{self.cpus:g} CPUs, {memory:.1f} GiB, {self.gpus:g} GPUs at {self.seen_at:%Y-%m-%d %H:%M}"
 
     @classmethod
     def record(cls, capacity) -> None:
@@ -307,7 +298,9 @@ class ClusterCapacity(models.Model):
         cls.objects.update_or_create(
             pk=cls.SINGLETON,
             defaults={
-                "cpus": capacity.cpus, "memory_bytes": capacity.memory_bytes, "gpus": capacity.gpus,
+                "cpus": capacity.cpus,
+                "memory_bytes": capacity.memory_bytes,
+                "gpus": capacity.gpus,
                 "seen_at": timezone.now(),
             },
         )

@@ -43,9 +43,7 @@ def do_reconcile_runs() -> dict[str, int]:
     now = timezone.now()
     counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
 
-    for run in Run.objects.filter(
-        status=Status.QUEUED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
-    ):
+    for run in Run.objects.filter(status=Status.QUEUED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)):
         # Touch the clock so a worker that is down gets one message a minute, not a pile.
         Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
         dispatch.send(dispatch.LAUNCH_RUN, run.pk)
@@ -54,9 +52,9 @@ def do_reconcile_runs() -> dict[str, int]:
     grace = timedelta(seconds=settings.ROLLWAY_STARTING_GRACE_S)
     candidates = [
         run
-        for run in Run.objects.filter(
-            status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]
-        ).select_related("experiment__team")
+        for run in Run.objects.filter(status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]).select_related(
+            "experiment__team"
+        )
         if not (run.status == Status.STARTING and now - run.status_changed_at < grace)
     ]
     if not candidates:
@@ -76,10 +74,7 @@ def do_reconcile_runs() -> dict[str, int]:
             logger.exception("reconcile: cannot ask Ray about run %s; trying next time", run.pk)
             return counts
         if alive:
-            if (
-                run.status == Status.CANCELLING
-                and now - run.status_changed_at > timedelta(seconds=CANCEL_RETRY_S)
-            ):
+            if run.status == Status.CANCELLING and now - run.status_changed_at > timedelta(seconds=CANCEL_RETRY_S):
                 dispatch.send(dispatch.CANCEL_RUN, run.pk)
                 counts["resent"] += 1
             continue
@@ -114,6 +109,8 @@ def do_take_in_spool(run: Run) -> bool:
     clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
     logger.info(
         "run %s: took in %d spooled points%s",
-        run.pk, len(valid), f" and status {status[0]}" if status else "",
+        run.pk,
+        len(valid),
+        f" and status {status[0]}" if status else "",
     )
     return ended

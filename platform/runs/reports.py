@@ -9,7 +9,8 @@ records through the same `do_*` functions, so the two cannot drift apart.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Iterable
+from collections.abc import Iterable
+from typing import Annotated, Any
 
 from django.db import transaction
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -62,9 +63,7 @@ def valid_points(points: Iterable[Any]) -> list[dict]:
 def do_record_points(run: Run, points: list[dict]) -> int:
     """Store points idempotently (one row per run, series, step) and stream them to the
     run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
-    written = MetricPoint.objects.upsert(
-        run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points)
-    )
+    written = MetricPoint.objects.upsert(run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points))
     transaction.on_commit(lambda: events.send_points(run.pk, points))
     return written
 

@@ -8,18 +8,16 @@ from django.utils.text import slugify
 
 
 class TeamQuerySet(models.QuerySet):
-    def for_user(self, user) -> "TeamQuerySet":
+    def for_user(self, user) -> TeamQuerySet:
         """Teams `user` belongs to (none for an anonymous user)."""
         if not user.is_authenticated:
             return self.none()
         return self.filter(memberships__user=user)
 
-    def ensure_demo(self, user, name: str = "Demo") -> "Team":
+    def ensure_demo(self, user, name: str = "Demo") -> Team:
         """The demo team, created if missing, with `user` as its owner. Idempotent."""
         team, _ = self.get_or_create(slug=slugify(name), defaults={"name": name})
-        Membership.objects.get_or_create(
-            team=team, user=user, defaults={"role": Membership.Role.OWNER}
-        )
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.OWNER})
         return team
 
 
@@ -60,16 +58,12 @@ class Membership(models.Model):
         MEMBER = "member", "Member"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
-    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
     joined_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["team", "user"], name="unique_team_membership")
-        ]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_team_membership")]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"

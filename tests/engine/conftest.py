@@ -32,12 +32,10 @@ def cluster():
     if not ray.is_initialized():
         # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
         # on this machine names another one.
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
-                 log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     yield
     if ray.is_initialized():
-        kill_named([a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                    if a["namespace"] == NAMESPACE])
+        kill_named([a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE])
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has torn down the fixtures `nextitem` lacks

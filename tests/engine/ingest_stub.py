@@ -75,7 +75,7 @@ class IngestStub:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "IngestStub":
+    def __enter__(self) -> IngestStub:
         self._thread.start()
         return self
 

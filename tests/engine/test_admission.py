@@ -4,7 +4,13 @@ naming the field and the limit; the estimate grows with what drives memory."""
 from __future__ import annotations
 
 from workers.admission import (
-    INFERENCE_CPUS, TRAINER_CPUS, Capacity, Limits, admission_errors, demand, model_shape,
+    INFERENCE_CPUS,
+    TRAINER_CPUS,
+    Capacity,
+    Limits,
+    admission_errors,
+    demand,
+    model_shape,
 )
 from workers.config import RunConfig
 from workers.model import build_tiny

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from pydantic import ValidationError
 
 from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer, plan
@@ -17,8 +16,14 @@ from workers.rollout import Group, Rollout
 
 def group(gid: str, version: int = 0, size: int = 4) -> Group:
     rollouts = [
-        Rollout(prompt_ids=[1], completion_ids=[3, 2], behaviour_logprobs=[-1.0, -1.0],
-                token_versions=[version, version], finish_reason="stop", group_id=gid)
+        Rollout(
+            prompt_ids=[1],
+            completion_ids=[3, 2],
+            behaviour_logprobs=[-1.0, -1.0],
+            token_versions=[version, version],
+            finish_reason="stop",
+            group_id=gid,
+        )
         for _ in range(size)
     ]
     return Group(group_id=gid, prompt="a=", answer="a", rollouts=rollouts)
@@ -126,6 +131,7 @@ def test_bad_arguments_are_errors_that_name_the_fix():
 
 
 # -- modes ------------------------------------------------------------------------------
+
 
 def test_the_default_is_a_bounded_buffer_of_two_batches_dropping_stale_groups():
     cfg = RunConfig().buffer

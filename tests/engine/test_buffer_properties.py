@@ -34,8 +34,14 @@ MODES = ("none", "double", "bounded", "unbounded")
 def make_group(prompt: str, versions: list[int]) -> Group:
     # One rollout per version in the span: tokens of several policy versions (in-flight).
     rollouts = [
-        Rollout(prompt_ids=[1], completion_ids=[3], behaviour_logprobs=[-1.0],
-                token_versions=[versions[i % len(versions)]], finish_reason="stop", group_id=prompt)
+        Rollout(
+            prompt_ids=[1],
+            completion_ids=[3],
+            behaviour_logprobs=[-1.0],
+            token_versions=[versions[i % len(versions)]],
+            finish_reason="stop",
+            group_id=prompt,
+        )
         for i in range(GROUP_SIZE)
     ]
     return Group(group_id=prompt, prompt=prompt, answer="a", rollouts=rollouts)
@@ -165,12 +171,12 @@ SCHEDULES = st.lists(action, min_size=30, max_size=120)
     batch_groups=st.integers(1, 3),
     schedule=SCHEDULES,
 )
-def test_random_schedules_keep_every_invariant(mode, on_stale, capacity, max_staleness, eta,
-                                               batch_groups, schedule):
+def test_random_schedules_keep_every_invariant(mode, on_stale, capacity, max_staleness, eta, batch_groups, schedule):
     if mode == "none":
         eta = None
-    cfg = BufferConfig(mode=mode, on_stale=on_stale, capacity=capacity,
-                       max_staleness=max_staleness, max_head_offpolicyness=eta)
+    cfg = BufferConfig(
+        mode=mode, on_stale=on_stale, capacity=capacity, max_staleness=max_staleness, max_head_offpolicyness=eta
+    )
     run_schedule(Simulation(cfg, batch_groups, producers=3), schedule)
 
 
@@ -182,12 +188,16 @@ def test_random_schedules_keep_every_invariant(mode, on_stale, capacity, max_sta
     extra_head=st.integers(1, 3),
     schedule=SCHEDULES,
 )
-def test_gating_past_max_staleness_rejects_but_never_trains_stale(on_stale, mode, max_staleness,
-                                                                  extra_head, schedule):
+def test_gating_past_max_staleness_rejects_but_never_trains_stale(on_stale, mode, max_staleness, extra_head, schedule):
     """η > max_staleness admits groups that go stale: they are rejected (dropped or
     requeued, counted), and the invariants still hold."""
-    cfg = BufferConfig(mode=mode, on_stale=on_stale, capacity=3, max_staleness=max_staleness,
-                       max_head_offpolicyness=max_staleness + extra_head)
+    cfg = BufferConfig(
+        mode=mode,
+        on_stale=on_stale,
+        capacity=3,
+        max_staleness=max_staleness,
+        max_head_offpolicyness=max_staleness + extra_head,
+    )
     run_schedule(Simulation(cfg, batch_groups=1, producers=3), schedule)
 
 
@@ -200,8 +210,7 @@ def test_gating_past_max_staleness_rejects_but_never_trains_stale(on_stale, mode
     rejected=st.integers(0, 200),
     want=st.integers(0, 20),
 )
-def test_the_gate_never_admits_past_the_capacity_rule(batch_groups, ahead, version, admitted,
-                                                     rejected, want):
+def test_the_gate_never_admits_past_the_capacity_rule(batch_groups, ahead, version, admitted, rejected, want):
     rejected = min(rejected, admitted)
     gate = AdmissionGate(batch_groups, ahead)
     n = gate.may_admit(version, admitted, rejected, want)

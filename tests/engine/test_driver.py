@@ -11,8 +11,8 @@ import ray
 from tests.engine.helpers import TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.lifecycle import cancel, is_alive, launch
-from workers.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.metric_names import METRICS, NAMES
+from workers.run_actors import NAMESPACE, actor_name, run_actor_names
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +98,7 @@ def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
 
 
 def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
-    out = run_inline(106, cache_dir, mode="sync", buffer={"capacity": 1, "max_staleness": 0},
-                     stop={"max_steps": 5})
+    out = run_inline(106, cache_dir, mode="sync", buffer={"capacity": 1, "max_staleness": 0}, stop={"max_steps": 5})
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert sorted(s["staleness/max"]) == [1, 2, 3, 4, 5]

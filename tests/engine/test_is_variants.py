@@ -53,7 +53,7 @@ def run(method, tis_cap=2.0, **fields):
 def weighted(weights):
     """-mean(w · surrogate) over the six tokens."""
     flat = [s for row in SURROGATE for s in row]
-    return -sum(w * s for w, s in zip(weights, flat)) / 6
+    return -sum(w * s for w, s in zip(weights, flat, strict=True)) / 6
 
 
 def test_token_tis_truncates_each_token_at_the_cap():
@@ -152,8 +152,9 @@ def test_none_is_plain_ppo_clip():
 def test_on_policy_every_ppo_method_is_minus_the_mean_advantage(method):
     logp = torch.log(torch.tensor([[0.3, 0.2], [0.5, 0.5]]))
     adv = torch.tensor([[1.0, 1.0], [-0.5, -0.5]])
-    loss, stats = correction_loss(CorrectionConfig(method=method), logp, logp, logp, adv,
-                                  torch.ones(2, 2, dtype=torch.bool), 0.2, 2.0)
+    loss, stats = correction_loss(
+        CorrectionConfig(method=method), logp, logp, logp, adv, torch.ones(2, 2, dtype=torch.bool), 0.2, 2.0
+    )
     assert loss.item() == pytest.approx(-0.25)
     assert stats["is/ratio_mean"] == pytest.approx(1.0)
     assert stats["is/clipped_frac"] == 0.0
@@ -193,12 +194,15 @@ def test_the_trainer_applies_the_configured_method(tiny_model_dir):
     assert dropped["is/clipped_frac"] == 1.0 and dropped["loss"] == 0.0
     reinforce = first_step(method="pipelinerl_reinforce")  # pi_theta = pi_old on the first update
     assert reinforce["is/ratio_mean"] == pytest.approx(w, abs=1e-3) and "ppo/clipped_frac" not in reinforce
-    assert first_step(method="sequence_tis")["is/ratio_mean"] < w  # Π of 0.607 over each completion (most have several tokens)
+    assert (
+        first_step(method="sequence_tis")["is/ratio_mean"] < w
+    )  # Π of 0.607 over each completion (most have several tokens)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce",
-                                    "decoupled_ppo", "none"])
+@pytest.mark.parametrize(
+    "method", ["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"]
+)
 def test_every_method_still_learns_the_default_task_one_step_off(method):
     """bench/learn_inprocess.py --lag 1 in miniature: torch backend, default preset, each batch
     trained one version after it was generated (so pi_old ≠ mu and the correction acts).
@@ -207,9 +211,9 @@ def test_every_method_still_learns_the_default_task_one_step_off(method):
     import random
     import tempfile
 
+    from workers.generation import generate_groups
     from workers.inference.torch_backend import TorchBackend
     from workers.presets import build
-    from workers.generation import generate_groups
     from workers.rl_tasks import make_task
     from workers.tokenizer import CharTokenizer
     from workers.trainer import Trainer
@@ -224,11 +228,14 @@ def test_every_method_still_learns_the_default_task_one_step_off(method):
         tokenizer, task = CharTokenizer.load(model_dir), make_task(cfg.task)
         backend, trainer, rng = TorchBackend(model_dir), Trainer(cfg, model_dir), random.Random(cfg.seed)
         pending, rewards, metrics = [], [], []
-        for step in range(40):
+        for _step in range(40):
             while len(pending) < 2:  # one batch in hand → train on the older one (lag 1)
                 prompts = task.sample(cfg.trainer.batch_groups, rng)
-                pending.append(generate_groups(backend, task, tokenizer, prompts, cfg, trainer.version,
-                                               seed=len(rewards) * 7 + len(pending)))
+                pending.append(
+                    generate_groups(
+                        backend, task, tokenizer, prompts, cfg, trainer.version, seed=len(rewards) * 7 + len(pending)
+                    )
+                )
             m = trainer.train_step(pending.pop(0))
             backend.load_weights(trainer.state_dict())
             rewards.append(m["reward/mean"])

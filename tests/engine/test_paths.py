@@ -49,10 +49,12 @@ def test_a_config_is_checked_field_by_field(tree):
     box = Confinement.from_lists([str(tree / "root")], [], str(tree / "scratch"))
     fine = RunConfig.model_validate({"model": {"source": "path", "path": str(tree / "root" / "inside")}})
     assert box.errors(fine) == {}
-    hostile = RunConfig.model_validate({
-        "model": {"source": "path", "path": str(tree / "outside")},
-        "sync": {"protocol": "filesystem", "directory": str(tree / "root")},
-    })
+    hostile = RunConfig.model_validate(
+        {
+            "model": {"source": "path", "path": str(tree / "outside")},
+            "sync": {"protocol": "filesystem", "directory": str(tree / "root")},
+        }
+    )
     assert set(box.errors(hostile)) == {"model.path", "sync.directory"}
     with pytest.raises(PathNotAllowed):
         box.check(hostile)

@@ -17,14 +17,20 @@ import ray
 
 from workers.buffer import RolloutBuffer
 from workers.driver import RunDriver
-from workers.run_actors import NAMESPACE, actor_name
 from workers.rollout import Group, Rollout
+from workers.run_actors import NAMESPACE, actor_name
 
 
 def group(gid: str, prompt: str, version: int) -> Group:
     rollouts = [
-        Rollout(prompt_ids=[1], completion_ids=[3, 2], behaviour_logprobs=[-1.0, -1.0],
-                token_versions=[version, version], finish_reason="stop", group_id=gid)
+        Rollout(
+            prompt_ids=[1],
+            completion_ids=[3, 2],
+            behaviour_logprobs=[-1.0, -1.0],
+            token_versions=[version, version],
+            finish_reason="stop",
+            group_id=gid,
+        )
         for _ in range(2)
     ]
     return Group(group_id=gid, prompt=prompt, answer=prompt[::-1], rollouts=rollouts)
@@ -96,8 +102,7 @@ CONFIG = {
     "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
     "trainer": {"batch_groups": 4, "group_size": 4},
     "inference": {"backend": "torch"},
-    "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0,
-               "on_stale": "requeue"},
+    "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0, "on_stale": "requeue"},
     "stop": {"max_steps": 40, "max_minutes": 3},
 }
 
@@ -106,8 +111,7 @@ def _buffer_counts(run_id: int) -> tuple[int, int] | None:
     """(requeued, regenerated) read from the live run's RolloutBuffer, None once gone."""
     try:
         actor = ray.get_actor(f"{actor_name(run_id)}-buffer", namespace=NAMESPACE)
-        return ray.get(actor.__ray_call__.remote(lambda a: (a.buffer.requeued, a.buffer.regenerated)),
-                       timeout=10)
+        return ray.get(actor.__ray_call__.remote(lambda a: (a.buffer.requeued, a.buffer.regenerated)), timeout=10)
     except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         return None
 

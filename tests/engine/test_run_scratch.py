@@ -24,8 +24,9 @@ def box(tmp_path):
 
 
 def start(run_id, stub, cache_dir, box, **overrides) -> str:
-    return launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir,
-                  confinement=box)
+    return launch(
+        run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=box
+    )
 
 
 def ended(run_id, stub, timeout=240) -> str:

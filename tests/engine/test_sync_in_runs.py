@@ -63,9 +63,9 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 
 def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
     """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
-    from workers.model import load_model
     from workers.config import LoRAConfig
     from workers.lora import adapter_state_dict, apply_lora
+    from workers.model import load_model
     from workers.warmstart import policy_dir
 
     model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
@@ -80,7 +80,10 @@ def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
 @pytest.mark.slow
 def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
     series = run_to_the_end(
-        301, stub, cache_dir, sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
+        301,
+        stub,
+        cache_dir,
+        sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
         inference={"num_workers": 2},
     )
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
@@ -123,8 +126,7 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
 def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir):
     pytest.importorskip("vllm")
 
-    out = run_inline(304, cache_dir, sync={"protocol": "collective", "packed": False},
-                     inference={"backend": "vllm"})
+    out = run_inline(304, cache_dir, sync={"protocol": "collective", "packed": False}, inference={"backend": "vllm"})
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir))}

@@ -75,7 +75,9 @@ def test_reverse_reward(mode, completion, answer, expected):
 
 
 def test_config_errors_name_the_field_and_the_fix():
-    with pytest.raises(pydantic.ValidationError, match=r"inference.max_new_tokens \(4\) must be ≥ task.max_len \+ 1 \(6\)"):
+    with pytest.raises(
+        pydantic.ValidationError, match=r"inference.max_new_tokens \(4\) must be ≥ task.max_len \+ 1 \(6\)"
+    ):
         RunConfig.model_validate({"task": {"max_len": 5}, "inference": {"max_new_tokens": 4}})
     with pytest.raises(pydantic.ValidationError, match="task.alphabet"):
         TaskConfig(alphabet="ab=")

@@ -21,7 +21,7 @@ def test_logprobs_equal_a_direct_forward_pass(tiny_model_dir, temperature):
     out = backend.generate(PROMPTS, n=3, max_new_tokens=8, temperature=temperature, seed=0)
     assert [len(c) for c in out] == [3, 3, 3]
     checked = 0
-    for prompt, completions in zip(PROMPTS, out):
+    for prompt, completions in zip(PROMPTS, out, strict=True):
         for c in completions:
             assert len(c.token_ids) == len(c.logprobs) >= 1
             seq = torch.tensor([prompt + c.token_ids])
@@ -53,6 +53,7 @@ def test_the_same_seed_gives_the_same_samples(tiny_model_dir):
     a = backend.generate(PROMPTS, 4, 6, 1.0, seed=7)
     b = backend.generate(PROMPTS, 4, 6, 1.0, seed=7)
     c = backend.generate(PROMPTS, 4, 6, 1.0, seed=8)
+
     def ids(out):
         return [x.token_ids for cs in out for x in cs]
 

@@ -11,17 +11,25 @@ import torch
 
 from tests.engine.helpers import fixed_groups, small_config
 from workers import warmstart
+from workers.generation import generate_groups
 from workers.inference.base import Completion
 from workers.inference.torch_backend import TorchBackend
 from workers.metric_names import NAMES
 from workers.model import load_model
-from workers.generation import generate_groups
 from workers.rl_tasks import make_task
 from workers.tokenizer import CharTokenizer
 from workers.trainer import Trainer, pack, token_logprobs
 
-REQUIRED = {"loss", "reward/mean", "staleness/mean", "staleness/max", "is/ratio_mean",
-            "is/clipped_frac", "mismatch/kl", "trainer/step_s"}
+REQUIRED = {
+    "loss",
+    "reward/mean",
+    "staleness/mean",
+    "staleness/max",
+    "is/ratio_mean",
+    "is/clipped_frac",
+    "mismatch/kl",
+    "trainer/step_s",
+}
 
 
 def weighted_loglik(model, groups, temperature) -> float:
@@ -59,12 +67,12 @@ def test_generate_groups_scores_with_the_task(tiny_model_dir):
         def generate(self, prompts, n, max_new_tokens, temperature, seed):
             right = CharTokenizer().encode("cba") + [2]
             wrong = CharTokenizer().encode("cbb") + [2]
-            return [[Completion(right, [-0.1] * 4, "stop"), Completion(wrong, [-0.2] * 4, "stop")]
-                    for _ in prompts]
+            return [[Completion(right, [-0.1] * 4, "stop"), Completion(wrong, [-0.2] * 4, "stop")] for _ in prompts]
 
     cfg = small_config(trainer={"group_size": 2})
-    groups = generate_groups(Scripted(), make_task(cfg.task), CharTokenizer(), [("abc=", "cba")],
-                             cfg, version=0, seed=9)
+    groups = generate_groups(
+        Scripted(), make_task(cfg.task), CharTokenizer(), [("abc=", "cba")], cfg, version=0, seed=9
+    )
     assert [r.reward for r in groups[0].rollouts] == pytest.approx([1.0, 2 / 3])
     assert groups[0].group_id == "9-0"
 
@@ -79,7 +87,7 @@ def test_a_train_step_raises_the_advantage_weighted_likelihood(tiny_model_dir):
     after = weighted_loglik(trainer.model, groups, 1.0)
     assert after > before
     assert trainer.version == 3
-    assert REQUIRED <= set(metrics)
+    assert set(metrics) >= REQUIRED
     assert metrics["policy/version"] == 3.0
     assert set(metrics) <= NAMES
 
@@ -112,8 +120,7 @@ def test_state_dict_uses_checkpoint_names_and_loads_into_the_backend(tiny_model_
     assert all(t.is_contiguous() and t.device.type == "cpu" and not t.requires_grad for t in sd.values())
     backend = TorchBackend(tiny_model_dir)
     backend.load_weights(sd)
-    groups = generate_groups(backend, make_task(cfg.task), CharTokenizer(),
-                             [("abc=", "cba")], cfg, version=1, seed=0)
+    groups = generate_groups(backend, make_task(cfg.task), CharTokenizer(), [("abc=", "cba")], cfg, version=1, seed=0)
     metrics = trainer.train_step(groups)
     assert metrics["mismatch/kl"] < 1e-6  # inference now runs the trainer's weights
 
@@ -148,8 +155,9 @@ def test_concurrent_callers_build_the_policy_once(tmp_path, monkeypatch):
     monkeypatch.setattr(warmstart, "build_policy", counting)
     cfg = small_config()
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(warmstart.policy_dir(cfg, str(tmp_path))))
-               for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: paths.append(warmstart.policy_dir(cfg, str(tmp_path)))) for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -69,8 +69,10 @@ def weights(model_dir) -> dict[str, dict[str, torch.Tensor]]:
     force["lm_head.weight"].zero_()
     force["lm_head.weight"][z] = 10.0
     gen = torch.Generator().manual_seed(7)
-    perturbed = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v.clone()
-                 for k, v in base.items()}
+    perturbed = {
+        k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v.clone()
+        for k, v in base.items()
+    }
     return {"base": base, "force": force, "perturbed": perturbed, "z": z}
 
 
@@ -119,9 +121,7 @@ class SwitchAfter:
 
 
 def _run(backend, mode: str, new, seed: int = 11):
-    return generate_across_updates(
-        backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, mode, SwitchAfter(backend, new)
-    )
+    return generate_across_updates(backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, mode, SwitchAfter(backend, new))
 
 
 def _rows(gen):
@@ -149,7 +149,7 @@ def test_every_token_carries_the_version_that_produced_it(backend, weights, mode
     rows = _rows(gen)
     z = weights["z"]
     assert gen.version == 1 and gen.counts.mid_generation_updates == 1
-    for i, (r, want) in enumerate(zip(rows, ref)):
+    for i, (r, want) in enumerate(zip(rows, ref, strict=True)):
         if i not in hit:  # done before the update: untouched
             assert (r.token_ids, r.versions) == (want.token_ids, [0] * len(want.token_ids))
             continue
@@ -194,7 +194,7 @@ def test_prefix_resume_reprefills_kept_tokens_while_in_flight_keeps_stale_kv(bac
         assert r.logprobs[:K] == pytest.approx(old_r[:K], abs=2e-3)
         assert r.logprobs[K:] == pytest.approx(new_r[K:], abs=2e-3)
         new_f = _full_forward_logprobs(model_dir, weights["perturbed"], f)
-        stale_gap = max(stale_gap, max(abs(a - b) for a, b in zip(f.logprobs[K:], new_f[K:])))
+        stale_gap = max(stale_gap, max(abs(a - b) for a, b in zip(f.logprobs[K:], new_f[K:], strict=False)))
     # In flight, the KV of the first K tokens was computed by the old weights: the new
     # tokens' logprobs are not those of a fresh forward.
     assert stale_gap > 0.05
@@ -205,8 +205,11 @@ def test_vllm_refuses_in_flight_lora_naming_the_fields_and_the_way_out():
 
     from workers.config import RunConfig
 
-    bad = {"inference": {"backend": "vllm"}, "lora": {"enabled": True},
-           "sync": {"protocol": "lora", "update_mode": "in_flight"}}
+    bad = {
+        "inference": {"backend": "vllm"},
+        "lora": {"enabled": True},
+        "sync": {"protocol": "lora", "update_mode": "in_flight"},
+    }
     with pytest.raises(ValidationError) as err:
         RunConfig.model_validate(bad)
     text = str(err.value)

@@ -23,8 +23,14 @@ AHEAD = {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3}
 def test_update_mode_in_a_run(cluster, stub, cache_dir, mode):
     run_id = 7100 + ["abort_retry", "abort_resume", "in_flight", "drain"].index(mode)
     series = run_to_the_end(
-        run_id, stub, cache_dir, buffer=AHEAD, sync={"update_mode": mode}, stop={"max_steps": 10},
-        warm_start={"steps": 0, "noisy_steps": 0}, inference={"max_new_tokens": 56},
+        run_id,
+        stub,
+        cache_dir,
+        buffer=AHEAD,
+        sync={"update_mode": mode},
+        stop={"max_steps": 10},
+        warm_start={"steps": 0, "noisy_steps": 0},
+        inference={"max_new_tokens": 56},
         trainer={"batch_groups": 2, "group_size": 4},
     )
 

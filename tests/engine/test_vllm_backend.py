@@ -63,10 +63,10 @@ def _reference_logprobs(hf, prompt: list[int], completion: Completion, temperatu
 
 def _max_abs_diff(hf, prompts, groups, temperature) -> float:
     worst = 0.0
-    for prompt, group in zip(prompts, groups):
+    for prompt, group in zip(prompts, groups, strict=True):
         for c in group:
             ref = _reference_logprobs(hf, prompt, c, temperature)
-            worst = max(worst, max(abs(a - b) for a, b in zip(c.logprobs, ref)))
+            worst = max(worst, max(abs(a - b) for a, b in zip(c.logprobs, ref, strict=False)))
     return worst
 
 
@@ -133,6 +133,7 @@ def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(backend):
     a = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=7)
     b = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=7)
     c = backend.generate(prompts, n=4, max_new_tokens=8, temperature=1.0, seed=8)
+
     def tokens(groups):
         return [x.token_ids for g in groups for x in g]
 
@@ -216,7 +217,7 @@ def test_load_weights_refuses_a_partial_or_misshapen_state_dict_before_touching_
     ],
 )
 def test_bad_arguments_raise_errors_that_name_them(backend, prompts, kwargs, match):
-    args = dict(n=2, max_new_tokens=4, temperature=1.0, seed=0) | kwargs
+    args = {"n": 2, "max_new_tokens": 4, "temperature": 1.0, "seed": 0} | kwargs
     with pytest.raises(ValueError, match=match):
         backend.generate(prompts, **args)
 

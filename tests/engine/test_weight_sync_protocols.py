@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from workers.config import LoRAConfig, ModelConfig, SyncConfig
-from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
 from workers.lora import effective_state_dict
+from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
 from workers.sync.base import Notice
 from workers.sync.object_store import InProcessStore
 from workers.sync.verify import torch_backend_state_dict
@@ -108,7 +108,8 @@ SENDERS = {
     "collective/per_tensor": lambda store, tmp: make_sender(sync_cfg("collective", packed=False, timeout_s=30)),
     "collective/packed": lambda store, tmp: make_sender(sync_cfg("collective", bucket_mb=0.01, timeout_s=30)),
     "collective/packed-copy": lambda store, tmp: make_sender(
-        sync_cfg("collective", bucket_mb=0.01, flat_params=False, timeout_s=30)),
+        sync_cfg("collective", bucket_mb=0.01, flat_params=False, timeout_s=30)
+    ),
 }
 
 
@@ -153,10 +154,10 @@ def test_per_tensor_and_packed_broadcasts_give_identical_weights(model_dir):
     full_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     messages = {}
     for label, kwargs in {
-        "per_tensor": dict(packed=False),
-        "packed-small": dict(bucket_mb=0.003),  # ~770 floats: splits tensors
-        "packed-one": dict(bucket_mb=full_mb * 2),
-        "packed-copy": dict(bucket_mb=0.003, flat_params=False),
+        "per_tensor": {"packed": False},
+        "packed-small": {"bucket_mb": 0.003},  # ~770 floats: splits tensors
+        "packed-one": {"bucket_mb": full_mb * 2},
+        "packed-copy": {"bucket_mb": 0.003, "flat_params": False},
     }.items():
         sender = make_sender(sync_cfg("collective", timeout_s=30, **kwargs))
         receiver = make_receiver(sync_cfg("collective"))
@@ -227,8 +228,9 @@ def test_collective_worker_joins_broadcasts_in_send_order_even_if_notices_arrive
     endpoint = connect(sender, [receiver])
     digest = {"layout": endpoint["layout"].digest()}
     staged: dict[int, object] = {}
-    later = threading.Thread(target=lambda: staged.setdefault(2, receiver.receive(
-        Notice("collective", 2, 1, 0, 0.0, digest))))
+    later = threading.Thread(
+        target=lambda: staged.setdefault(2, receiver.receive(Notice("collective", 2, 1, 0, 0.0, digest)))
+    )
     later.start()  # notice 2 first: it must wait for seq 0
     sums = []
 
@@ -295,7 +297,10 @@ def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
 
     store = InProcessStore()
     model = lora_model(model_dir)
-    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
+    sender, receiver = (
+        make_sender(sync_cfg("lora"), store=store),
+        make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store),
+    )
     backend = TorchBackend(model_dir)
     sender.attach(model)
     connect(sender, [receiver])
@@ -320,7 +325,10 @@ def test_lora_registers_a_versioned_adapter_on_adapter_backends(model_dir):
 
     store = InProcessStore()
     model = lora_model(model_dir)
-    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
+    sender, receiver = (
+        make_sender(sync_cfg("lora"), store=store),
+        make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store),
+    )
     sender.attach(model)
     connect(sender, [receiver])
     backend = _AdapterBackend()
@@ -417,8 +425,8 @@ def _ray_actors():
             """A fresh policy (LoRA-wrapped if asked) and a sender; returns the endpoint."""
             import torch
 
-            from workers.model import load_model
             from workers.lora import apply_lora
+            from workers.model import load_model
 
             model = load_model(self.model_dir).train()
             if lora:
@@ -499,7 +507,9 @@ def test_every_protocol_through_ray_actors_leaves_workers_bit_identical(cluster,
         ]
         for protocol, options, lora in cases:
             endpoint = ray.get(trainer.setup.remote(protocol, options, lora))
-            ray.get([trainer.connect.remote()] + [w.setup.remote(protocol, endpoint, i + 1) for i, w in enumerate(workers)])
+            ray.get(
+                [trainer.connect.remote()] + [w.setup.remote(protocol, endpoint, i + 1) for i, w in enumerate(workers)]
+            )
             for version in (1, 2):
                 sent = ray.get(trainer.step_and_sync.remote(version, workers))
                 deadline = time.monotonic() + 60
@@ -531,8 +541,13 @@ def _vllm_lora_weights(worker, lora_int_id):
 
 
 # vLLM stacks these projections into one layer: (packed name, index in the stack).
-_VLLM_PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_VLLM_PACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 def _vllm_logprobs(backend, prompt: list[int], max_tokens: int = 6) -> tuple[list[int], list[float]]:
@@ -547,8 +562,8 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
     pytest.importorskip("vllm")
     from workers.config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
-    from workers.model import build_tiny, save_model
     from workers.lora import adapter_state_dict, apply_lora
+    from workers.model import build_tiny, save_model
     from workers.tokenizer import CharTokenizer
 
     model_dir = str(tmp_path / "model")  # head_dim 32: a size vLLM-CPU attention has
@@ -556,7 +571,10 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
     torch.manual_seed(0)
     model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
     store = InProcessStore()
-    sender, receiver = make_sender(sync_cfg("lora"), store=store), make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
+    sender, receiver = (
+        make_sender(sync_cfg("lora"), store=store),
+        make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store),
+    )
     sender.attach(model)
     endpoint = connect(sender, [receiver])
     backend = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, lora_rank=8)
@@ -592,10 +610,12 @@ def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensor
         with torch.no_grad():
             ref = torch.log_softmax(merged(input_ids=torch.tensor([prompt + tokens])).logits[0], -1)
         expected = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(tokens)]
-        assert max(abs(x - y) for x, y in zip(logprobs, expected)) < 1e-3
+        assert max(abs(x - y) for x, y in zip(logprobs, expected, strict=False)) < 1e-3
         assert (tokens, logprobs) != (base_tokens, base_logprobs)
-        print(f"vLLM adapter receive + register ms per version: {[round(x, 1) for x in load_ms]}; "
-              f"adapter {sent.bytes / 2**10:.0f} KiB")
+        print(
+            f"vLLM adapter receive + register ms per version: {[round(x, 1) for x in load_ms]}; "
+            f"adapter {sent.bytes / 2**10:.0f} KiB"
+        )
     finally:
         backend.close()
         receiver.close()

@@ -21,10 +21,7 @@ REQUIRED = {"DATABASE_URL": "postgres", "CELERY_BROKER_URL": "redis", "REDIS_URL
 def require_services() -> None:
     missing = [k for k, scheme in REQUIRED.items() if not os.environ.get(k, "").startswith(scheme)]
     if missing:
-        pytest.skip(
-            f"end-to-end tests need {', '.join(missing)} pointing at PostgreSQL/Redis "
-            "(`make test` sets them)"
-        )
+        pytest.skip(f"end-to-end tests need {', '.join(missing)} pointing at PostgreSQL/Redis (`make test` sets them)")
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from ops.management.commands.up import celery_worker_args, daphne_args
 from ops.ray_head import make_head
@@ -106,8 +107,13 @@ class RayProbe:
 
     def __init__(self, address: str, env: dict[str, str]):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _PROBE, address], env=env, cwd=str(REPO), text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            [sys.executable, "-c", _PROBE, address],
+            env=env,
+            cwd=str(REPO),
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         assert json.loads(self._readline())["ready"]
 
@@ -155,8 +161,12 @@ class Stack:
         head = make_head(self.home, num_cpus=num_cpus)
         self.ray_env, self.ray_address = head.env(), head.address
         child = self.sup.start(
-            "ray", head.command(), env=child_env(**self.ray_env), cwd=str(REPO),
-            ready_when=head.is_ready_line, stop_leader_only=True,
+            "ray",
+            head.command(),
+            env=child_env(**self.ray_env),
+            cwd=str(REPO),
+            ready_when=head.is_ready_line,
+            stop_leader_only=True,
         )
         wait_for(lambda: child.ready.is_set() or not child.alive(), timeout_s, "the Ray head")
         assert child.alive(), f"the Ray head exited; see {self.log_path}"
@@ -166,10 +176,14 @@ class Stack:
         child = self.sup.start(
             "web",
             [str(Path(sys.executable).parent / "daphne"), *daphne_args("127.0.0.1", port)],
-            env=env, cwd=str(REPO),
+            env=env,
+            cwd=str(REPO),
         )
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or not child.alive(),
-                 timeout_s, "daphne to answer /healthz")
+        wait_for(
+            lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or not child.alive(),
+            timeout_s,
+            "daphne to answer /healthz",
+        )
         assert child.alive(), f"daphne exited; see {self.log_path}"
         return child
 
@@ -177,10 +191,19 @@ class Stack:
         """`celery -A rollway worker` as `manage.py up` runs it; waits until it consumes."""
         child = self.sup.start(
             "worker",
-            [sys.executable, "-m", "celery", *celery_worker_args(2),
-             "-n", f"it-{uuid.uuid4().hex[:6]}@%h", "--without-gossip", "--without-mingle"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                *celery_worker_args(2),
+                "-n",
+                f"it-{uuid.uuid4().hex[:6]}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
             env={**env, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"},  # as `up` runs it
-            cwd=str(REPO), ready_when=lambda line: " ready." in line,
+            cwd=str(REPO),
+            ready_when=lambda line: " ready." in line,
         )
         wait_for(lambda: child.ready.is_set() or not child.alive(), timeout_s, "the Celery worker")
         assert child.alive(), f"the Celery worker exited; see {self.log_path}"

@@ -17,8 +17,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(trans
 
 CHROMIUM = "/usr/bin/chromium"
 # Without the networking flags Chromium keeps dialling Google on a closed network.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PASSWORD = "pw-browser-user"
 TINY = {
     "inference": {"backend": "torch"},
@@ -41,9 +47,7 @@ def browser_user(db):
     return user, experiment
 
 
-def test_a_user_launches_a_run_watches_it_live_and_cancels_it(
-    stack, browser_user, show_logs_on_failure
-):
+def test_a_user_launches_a_run_watches_it_live_and_cancels_it(stack, browser_user, show_logs_on_failure):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     from playwright.sync_api import expect, sync_playwright

@@ -48,9 +48,7 @@ def launch(member, preset: str, overrides: dict):
     from runs.actions import check_launch, do_launch_run
 
     user, experiment = member
-    request = check_launch(
-        user, experiment=experiment.pk, name="it", preset=preset, overrides=overrides
-    )
+    request = check_launch(user, experiment=experiment.pk, name="it", preset=preset, overrides=overrides)
     return do_launch_run(user, request)  # commits, then enqueues launch_run on Redis
 
 
@@ -70,7 +68,8 @@ def task_received_at(stack, task: str) -> float:
     """When the worker logged receiving the latest `task` (epoch seconds)."""
     stamps = re.findall(
         rf"^worker +\| (\S+ \S+) INFO celery.worker.strategy: Task runs.tasks.{task}\[",
-        stack.log_path.read_text(errors="replace"), re.M,
+        stack.log_path.read_text(errors="replace"),
+        re.M,
     )
     assert stamps, f"the worker never logged receiving {task}"
     return datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -83,9 +82,7 @@ def ray_probe(stack):
     probe.close()
 
 
-def test_a_run_launched_through_celery_runs_on_ray_and_succeeds(
-    stack, member, show_logs_on_failure
-):
+def test_a_run_launched_through_celery_runs_on_ray_and_succeeds(stack, member, show_logs_on_failure):
     from runs.models import MetricPoint, Run
 
     stack.ensure_worker()
@@ -103,9 +100,7 @@ def test_a_run_launched_through_celery_runs_on_ray_and_succeeds(
     assert loss_steps == list(range(1, FINISHING_STEPS + 1))
 
 
-def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(
-    stack, member, ray_probe, show_logs_on_failure
-):
+def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(stack, member, ray_probe, show_logs_on_failure):
     from runs.actions import do_cancel_run
     from runs.models import Run
 
@@ -117,8 +112,9 @@ def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(
     worker.signal(signal.SIGKILL)  # no warm shutdown: the worker is simply gone
     wait_for(lambda: not worker.alive(), 10, "the killed worker to exit")
     steps_before = point_count(run, "loss")
-    wait_for(lambda: point_count(run, "loss") >= steps_before + 2, 120,
-             "training steps to keep arriving without the worker")
+    wait_for(
+        lambda: point_count(run, "loss") >= steps_before + 2, 120, "training steps to keep arriving without the worker"
+    )
     assert status(run) == Run.Status.RUNNING
     assert ray_probe.driver_alive(run.pk)
 
@@ -132,7 +128,8 @@ def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(
     # click, a fresh worker also has to receive the message and join Ray (~3 s).
     received = task_received_at(stack, "cancel_run")
     assert gone_at - received <= CANCEL_BUDGET_S, (
-        f"actors gone {gone_at - received:.1f}s after the worker took the cancel")
+        f"actors gone {gone_at - received:.1f}s after the worker took the cancel"
+    )
     assert elapsed <= CANCEL_BUDGET_S + 5, f"cancel took {elapsed:.1f}s from request to no actors"
     settled = point_count(run)
     time.sleep(2)

@@ -22,8 +22,15 @@ from tests.integration.stack import REPO, child_env, free_web_port, short_home, 
 pytestmark = pytest.mark.slow
 
 # Settings that would point `up` away from its embedded defaults.
-PRODUCTION_SETTINGS = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS",
-                       "ROLLWAY_PUBLIC_URL", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+PRODUCTION_SETTINGS = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+    "RAY_ADDRESS",
+    "ROLLWAY_PUBLIC_URL",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN_PATH",
+)
 TINY = {
     "inference": {"backend": "torch"},
     "warm_start": {"steps": 20},
@@ -39,8 +46,9 @@ def csrf_token(html: str) -> str:
 
 def post_form(client: httpx.Client, path: str, data: dict) -> httpx.Response:
     token = csrf_token(client.get(path).text)
-    return client.post(path, data={**data, "csrfmiddlewaretoken": token},
-                       headers={"Referer": f"{client.base_url}{path}"})
+    return client.post(
+        path, data={**data, "csrfmiddlewaretoken": token}, headers={"Referer": f"{client.base_url}{path}"}
+    )
 
 
 def cmdline(proc: psutil.Process) -> list[str]:
@@ -57,8 +65,13 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
     for name in PRODUCTION_SETTINGS:
         env.pop(name, None)
     up = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(port)], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "manage.py", "up", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(up.stdout), daemon=True).start()
@@ -67,32 +80,50 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
         return "".join(lines[-60:])
 
     try:
-        wait_for(lambda: any("Rollway is up at" in l for l in lines) or up.poll() is not None,
-                 240, "`up` to print its URL")
+        wait_for(
+            lambda: any("Rollway is up at" in line for line in lines) or up.poll() is not None,
+            240,
+            "`up` to print its URL",
+        )
         assert up.poll() is None, output()
-        banner = next(l for l in lines if "Rollway is up at" in l)
+        banner = next(line for line in lines if "Rollway is up at" in line)
         assert f"http://127.0.0.1:{port}/" in banner and "demo / demo" in banner
 
         children = psutil.Process(up.pid).children(recursive=True)
         commands = [" ".join(cmdline(c)) for c in children]
-        for expected in ("ray start --head", "rollway worker", "rollway beat",
-                         "rollway.asgi:application", "raylet", "gcs_server"):
+        for expected in (
+            "ray start --head",
+            "rollway worker",
+            "rollway beat",
+            "rollway.asgi:application",
+            "raylet",
+            "gcs_server",
+        ):
             assert any(expected in c for c in commands), f"no {expected!r} in {commands}"
 
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True,
-                          timeout=30) as client:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True, timeout=30) as client:
             page = post_form(client, "/accounts/login/", {"username": "demo", "password": "demo"})
             assert "/accounts/login/" not in str(page.url), "the demo login was refused"
 
             form = client.get("/runs/new/").text
             experiment = re.search(r'<option value="(\d+)"[^>]*>[^<]*Walking skeleton', form)
             assert experiment, "the demo experiment is not offered on the launch form"
-            page = post_form(client, "/runs/new/", {
-                "experiment": experiment.group(1), "preset": "async", "name": "embedded",
-                "overrides": json.dumps(TINY)})
+            page = post_form(
+                client,
+                "/runs/new/",
+                {
+                    "experiment": experiment.group(1),
+                    "preset": "async",
+                    "name": "embedded",
+                    "overrides": json.dumps(TINY),
+                },
+            )
             run_id = int(re.search(r"/runs/(\d+)/$", str(page.url)).group(1))
-            run = wait_for(lambda: (r := client.get(f"/api/runs/{run_id}").json())["status"]
-                           in TERMINAL and r, 300, f"run {run_id} to finish")
+            run = wait_for(
+                lambda: (r := client.get(f"/api/runs/{run_id}").json())["status"] in TERMINAL and r,
+                300,
+                f"run {run_id} to finish",
+            )
             assert run["status"] == "succeeded", f"{run['status']}: {run['error']}\n{output()}"
             loss = client.get(f"/api/runs/{run_id}/metrics").json()["series"]["loss"]
             assert loss["steps"] == [1, 2, 3]
@@ -102,7 +133,7 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left running after `up` stopped: {[p.pid for p in alive]}"
         for name in ("web", "beat", "worker"):
-            assert any(f"{name} stopped (exit 0)" in l for l in lines), output()
+            assert any(f"{name} stopped (exit 0)" in line for line in lines), output()
     finally:
         if up.poll() is None:
             up.kill()

@@ -59,8 +59,7 @@ def status_of(run):
 
 
 @pytest.mark.parametrize("persona", ["owner", "teammate"])
-def test_members_may_cancel_a_run(client_for, run, persona, request, enqueued,
-                                  django_capture_on_commit_callbacks):
+def test_members_may_cancel_a_run(client_for, run, persona, request, enqueued, django_capture_on_commit_callbacks):
     user = request.getfixturevalue(persona)
     with django_capture_on_commit_callbacks(execute=True):
         r = client_for(user).post(f"/api/runs/{run.pk}/cancel")
@@ -121,8 +120,7 @@ def test_long_series_are_downsampled_keeping_spikes_and_the_last_point(client_fo
     assert s["steps"] == sorted(s["steps"])
 
 
-@pytest.mark.parametrize("query, field", [("after_step=x", "after_step"),
-                                          ("max_points=1", "max_points")])
+@pytest.mark.parametrize("query, field", [("after_step=x", "after_step"), ("max_points=1", "max_points")])
 def test_bad_metric_query_parameters_are_400s(client_for, owner, run, query, field):
     r = client_for(owner).get(f"/api/runs/{run.pk}/metrics?{query}")
     assert r.status_code == 400
@@ -138,11 +136,17 @@ def test_min_max_decimation_leaves_short_series_alone():
 
 
 def test_a_member_can_create_an_experiment_in_their_team(client_for, teammate, team):
-    r = client_for(teammate).post("/api/experiments", data=json.dumps(
-        {"team": team.slug, "name": "capacity sweep"}), content_type="application/json")
+    r = client_for(teammate).post(
+        "/api/experiments",
+        data=json.dumps({"team": team.slug, "name": "capacity sweep"}),
+        content_type="application/json",
+    )
     assert r.status_code == 201
-    again = client_for(teammate).post("/api/experiments", data=json.dumps(
-        {"team": team.pk, "name": "capacity sweep"}), content_type="application/json")
+    again = client_for(teammate).post(
+        "/api/experiments",
+        data=json.dumps({"team": team.pk, "name": "capacity sweep"}),
+        content_type="application/json",
+    )
     assert again.status_code == 400 and "already has" in again.json()["errors"]["name"]
 
 
@@ -189,9 +193,9 @@ def test_a_duplicate_experiment_name_is_refused_on_the_name_field(owner, team, e
 
 
 def test_creating_an_experiment_records_who_made_it(client_for, teammate, team):
-    r = post_experiment(client_for(teammate), {"team": team.pk, "name": "  lr sweep ",
-                                               "description": "three learning rates"})
+    r = post_experiment(
+        client_for(teammate), {"team": team.pk, "name": "  lr sweep ", "description": "three learning rates"}
+    )
     assert r.status_code == 201
     made = team.experiments.get(pk=r.json()["id"])
-    assert (made.name, made.description, made.created_by) == (
-        "lr sweep", "three learning rates", teammate)
+    assert (made.name, made.description, made.created_by) == ("lr sweep", "three learning rates", teammate)

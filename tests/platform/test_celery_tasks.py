@@ -32,8 +32,7 @@ def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings
     assert run.status == Status.STARTING
     assert run.ray_actor == f"run-{run.pk}"
     [(_, run_id, config, url, token, cache_dir, address)] = driver.named("launch")
-    assert (run_id, config, url, token) == (run.pk, run.config, "http://127.0.0.1:8123",
-                                            run.ingest_token)
+    assert (run_id, config, url, token) == (run.pk, run.config, "http://127.0.0.1:8123", run.ingest_token)
     assert cache_dir == settings.ROLLWAY_CACHE_DIR and address is None
 
 
@@ -103,9 +102,7 @@ def test_a_failed_cancel_leaves_the_run_cancelling_for_reconcile(driver, make_ru
     assert status_of(run) == Status.CANCELLING
 
 
-def test_cancel_action_marks_cancelling_and_enqueues_the_task(
-    run, owner, enqueued, django_capture_on_commit_callbacks
-):
+def test_cancel_action_marks_cancelling_and_enqueues_the_task(run, owner, enqueued, django_capture_on_commit_callbacks):
     from runs.actions import do_cancel_run
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -243,11 +240,13 @@ def test_the_beat_schedule_reconciles_every_15_seconds(settings):
 def test_each_task_is_registered_under_the_name_the_platform_sends_it_by():
     from rollway.celery import app
 
-    sent = {dispatch.LAUNCH_RUN: tasks.launch_run, dispatch.CANCEL_RUN: tasks.cancel_run,
-            dispatch.RECONCILE_RUNS: tasks.reconcile_runs}
+    sent = {
+        dispatch.LAUNCH_RUN: tasks.launch_run,
+        dispatch.CANCEL_RUN: tasks.cancel_run,
+        dispatch.RECONCILE_RUNS: tasks.reconcile_runs,
+    }
     # Stable names: messages already queued and the beat schedule name these.
-    assert set(sent) == {"runs.tasks.launch_run", "runs.tasks.cancel_run",
-                         "runs.tasks.reconcile_runs"}
+    assert set(sent) == {"runs.tasks.launch_run", "runs.tasks.cancel_run", "runs.tasks.reconcile_runs"}
     for name, task in sent.items():
         assert task.name == name and name in app.tasks
 

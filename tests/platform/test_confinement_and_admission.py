@@ -85,9 +85,7 @@ def test_a_model_directory_under_an_allowed_root_is_accepted(client_for, owner, 
     assert r.status_code == 201, r.content
 
 
-def test_sync_directory_is_refused_unless_the_operator_allowed_its_root(
-    client_for, owner, experiment, roots, settings
-):
+def test_sync_directory_is_refused_unless_the_operator_allowed_its_root(client_for, owner, experiment, roots, settings):
     body = {"sync": {"protocol": "filesystem", "directory": "/etc/rollway-versions"}}
     r = launch(client_for(owner), experiment, body)
     assert r.status_code == 400
@@ -116,8 +114,11 @@ def test_sync_directory_inside_an_allowed_root_is_accepted(client_for, owner, ex
         ({"stop": {"max_steps": 10**30}}, "stop.max_steps", ["ROLLWAY_MAX_STEPS", "1e+30"]),
         ({"stop": {"max_minutes": 1e9}}, "stop.max_minutes", ["ROLLWAY_MAX_MINUTES"]),
         ({"inference": {"num_workers": 1000}}, "inference.num_workers", ["ROLLWAY_MAX_WORKERS", "1000"]),
-        ({"model": {"hidden_size": 1_000_000, "num_layers": 1000, "num_heads": 4}}, "model.hidden_size",
-         ["ROLLWAY_MAX_MODEL_PARAMS", "parameters"]),
+        (
+            {"model": {"hidden_size": 1_000_000, "num_layers": 1000, "num_heads": 4}},
+            "model.hidden_size",
+            ["ROLLWAY_MAX_MODEL_PARAMS", "parameters"],
+        ),
     ],
 )
 def test_it_refuses_what_exceeds_the_operators_limits(client_for, owner, experiment, overrides, field, words):
@@ -143,8 +144,11 @@ def test_it_refuses_what_the_cluster_last_seen_can_never_give(client_for, owner,
     assert "3.25 CPUs" in message and "the cluster has 2" in message
 
     ClusterCapacity.record(Capacity(cpus=64.0, memory_bytes=2**30))
-    r = launch(client_for(owner), experiment, {"model": {"hidden_size": 4096, "num_layers": 8, "num_heads": 32,
-                                                         "intermediate_size": 8192}})
+    r = launch(
+        client_for(owner),
+        experiment,
+        {"model": {"hidden_size": 4096, "num_layers": 8, "num_heads": 32, "intermediate_size": 8192}},
+    )
     assert r.status_code == 400
     assert "GiB of memory" in r.json()["errors"]["model"]
     assert Run.objects.count() == 0

@@ -93,8 +93,7 @@ def test_a_run_page_does_not_see_other_runs_points(make_run, owner):
 
     async def scenario():
         await comm.connect()
-        await sync_to_async(events.send_points)(other.pk, [{"series": "loss", "step": 1,
-                                                            "value": 1.0, "time": 1.0}])
+        await sync_to_async(events.send_points)(other.pk, [{"series": "loss", "step": 1, "value": 1.0, "time": 1.0}])
         nothing = await comm.receive_nothing(timeout=0.3)
         await comm.disconnect()
         return nothing

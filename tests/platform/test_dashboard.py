@@ -49,8 +49,9 @@ def test_an_outsider_gets_404_for_a_run_page(client_for, outsider, run):
     assert client_for(outsider).get(f"/runs/{run.pk}/").status_code == 404
 
 
-def test_the_cancel_button_cancels_and_returns_to_the_run(client_for, teammate, run, enqueued,
-                                                         django_capture_on_commit_callbacks):
+def test_the_cancel_button_cancels_and_returns_to_the_run(
+    client_for, teammate, run, enqueued, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=True):
         r = client_for(teammate).post(f"/runs/{run.pk}/cancel/")
     assert r.status_code == 302 and r["Location"] == f"/runs/{run.pk}/"
@@ -59,9 +60,7 @@ def test_the_cancel_button_cancels_and_returns_to_the_run(client_for, teammate, 
     assert enqueued == [("cancel_run", run.pk)]
 
 
-def test_cancelling_a_finished_run_from_the_page_says_why_and_changes_nothing(
-    client_for, owner, make_run, enqueued
-):
+def test_cancelling_a_finished_run_from_the_page_says_why_and_changes_nothing(client_for, owner, make_run, enqueued):
     run = make_run(status=Run.Status.SUCCEEDED)
     r = client_for(owner).post(f"/runs/{run.pk}/cancel/", follow=True)
     assert r.redirect_chain == [(f"/runs/{run.pk}/", 302)]

@@ -35,8 +35,7 @@ def errors_of(validate, *args, **options) -> dict[str, str]:
 
 def test_errors_are_keyed_by_dotted_location():
     errors = errors_of(Config.model_validate, {"buffer": {"capacity": "many"}})
-    assert errors == {"buffer.capacity": "Input should be a valid integer, unable to parse "
-                                         "string as an integer"}
+    assert errors == {"buffer.capacity": "Input should be a valid integer, unable to parse string as an integer"}
 
 
 def test_a_validators_message_loses_pydantics_value_error_prefix():

@@ -4,6 +4,8 @@ from the API and from the launch form, and nothing is stored."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rollway import jsonin
@@ -22,7 +24,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
     ],
 )
 def test_the_api_answers_hostile_json_with_400(client_for, owner, experiment, overrides, words):
-    body = '{"experiment": %d, "preset": "async", "overrides": %s}' % (experiment.pk, overrides)
+    body = '{"experiment": ' + str(experiment.pk) + ', "preset": "async", "overrides": ' + overrides + "}"
     r = client_for(owner).post("/api/runs", data=body, content_type="application/json")
     assert r.status_code == 400, r.content
     assert words in r.json()["errors"]["body"]
@@ -41,7 +43,8 @@ def test_the_launch_form_shows_hostile_json_next_to_the_overrides(client_for, ow
 
 def test_a_seed_outside_what_the_engine_can_seed_with_is_refused(client_for, owner, experiment):
     r = client_for(owner).post(
-        "/api/runs", data='{"experiment": %d, "preset": "async", "overrides": {"seed": -1}}' % experiment.pk,
+        "/api/runs",
+        data=json.dumps({"experiment": experiment.pk, "preset": "async", "overrides": {"seed": -1}}),
         content_type="application/json",
     )
     assert r.status_code == 400

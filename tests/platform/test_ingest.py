@@ -20,8 +20,7 @@ def post(client, run, path, body, token=None):
     token = run.ingest_token if token is None else token
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
     data = body if isinstance(body, str) else json.dumps(body)
-    return client.post(f"/api/runs/{run.pk}/{path}", data=data,
-                       content_type="application/json", **headers)
+    return client.post(f"/api/runs/{run.pk}/{path}", data=data, content_type="application/json", **headers)
 
 
 def point(series="reward/mean", step=1, value=0.5, time=1763700000.1):
@@ -68,15 +67,19 @@ def test_it_refuses_another_runs_token(client, make_run, path):
 
 
 def test_it_refuses_a_session_instead_of_a_token(client_for, owner, run):
-    r = client_for(owner).post(f"/api/runs/{run.pk}/metrics",
-                               data=json.dumps({"points": [point()]}),
-                               content_type="application/json")
+    r = client_for(owner).post(
+        f"/api/runs/{run.pk}/metrics", data=json.dumps({"points": [point()]}), content_type="application/json"
+    )
     assert r.status_code == 401
 
 
 def test_an_unknown_run_is_404(client, run):
-    r = client.post("/api/runs/99999/metrics", data="{}", content_type="application/json",
-                    HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}")
+    r = client.post(
+        "/api/runs/99999/metrics",
+        data="{}",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}",
+    )
     assert r.status_code == 404
 
 
@@ -136,9 +139,7 @@ def test_a_body_that_is_not_json_is_a_400(client, run):
     assert r.json()["errors"]["body"].startswith("invalid JSON")
 
 
-def test_ingest_is_one_bulk_statement_not_a_query_per_point(
-    client, run, django_assert_max_num_queries
-):
+def test_ingest_is_one_bulk_statement_not_a_query_per_point(client, run, django_assert_max_num_queries):
     points = [point(series=f"s{i % 10}", step=i) for i in range(10_000)]
     body = json.dumps({"points": points})
     # run lookup + one upsert (+ savepoint bookkeeping)
@@ -169,9 +170,7 @@ def test_a_rejected_batch_is_not_fanned_out(client, run, django_capture_on_commi
 # --- status ------------------------------------------------------------------------
 
 
-def test_running_sets_started_at_and_tells_the_runs_list(
-    client, make_run, django_capture_on_commit_callbacks
-):
+def test_running_sets_started_at_and_tells_the_runs_list(client, make_run, django_capture_on_commit_callbacks):
     run = make_run(status=Status.STARTING)
     channel = listen(RUNS_GROUP)
     with django_capture_on_commit_callbacks(execute=True):

@@ -20,10 +20,16 @@ def test_it_launches_a_run_and_enqueues_it_after_commit(
     client_for, owner, experiment, enqueued, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        r = post_json(client_for(owner), URL, {
-            "experiment": experiment.pk, "name": "cap 4", "preset": "async",
-            "overrides": {"buffer": {"capacity": 4}},
-        })
+        r = post_json(
+            client_for(owner),
+            URL,
+            {
+                "experiment": experiment.pk,
+                "name": "cap 4",
+                "preset": "async",
+                "overrides": {"buffer": {"capacity": 4}},
+            },
+        )
     assert r.status_code == 201, r.content
     run = Run.objects.get()
     assert r.json()["id"] == run.pk
@@ -52,12 +58,14 @@ def test_a_teammate_may_launch_in_the_team(client_for, teammate, experiment):
 @pytest.mark.parametrize(
     "overrides, field, message",
     [
-        ({"buffer": {"capacity": -1}}, "buffer.capacity",
-         "Input should be greater than or equal to 1"),
+        ({"buffer": {"capacity": -1}}, "buffer.capacity", "Input should be greater than or equal to 1"),
         ({"buffer": {"capcity": 3}}, "buffer.capcity", "unknown field 'capcity'"),
         ({"trainer": {"lr": "fast"}}, "trainer.lr", "Input should be a valid number"),
-        ({"model": {"hidden_size": 66, "num_heads": 4}}, "model",
-         "model.hidden_size (66) must be divisible by model.num_heads (4)"),
+        (
+            {"model": {"hidden_size": 66, "num_heads": 4}},
+            "model",
+            "model.hidden_size (66) must be divisible by model.num_heads (4)",
+        ),
         ({"turbo": True}, "turbo", "unknown field 'turbo'"),
         ([1, 2], "overrides", "must be a JSON object"),
     ],
@@ -65,9 +73,15 @@ def test_a_teammate_may_launch_in_the_team(client_for, teammate, experiment):
 def test_it_rejects_a_bad_config_with_field_errors_and_creates_nothing(
     client_for, owner, experiment, enqueued, overrides, field, message
 ):
-    r = post_json(client_for(owner), URL, {
-        "experiment": experiment.pk, "preset": "async", "overrides": overrides,
-    })
+    r = post_json(
+        client_for(owner),
+        URL,
+        {
+            "experiment": experiment.pk,
+            "preset": "async",
+            "overrides": overrides,
+        },
+    )
     assert r.status_code == 400
     assert message in r.json()["errors"][field]
     assert not Run.objects.exists()
@@ -75,9 +89,15 @@ def test_it_rejects_a_bad_config_with_field_errors_and_creates_nothing(
 
 
 def test_an_unknown_field_error_lists_what_the_section_accepts(client_for, owner, experiment):
-    r = post_json(client_for(owner), URL, {
-        "experiment": experiment.pk, "preset": "async", "overrides": {"buffer": {"capcity": 3}},
-    })
+    r = post_json(
+        client_for(owner),
+        URL,
+        {
+            "experiment": experiment.pk,
+            "preset": "async",
+            "overrides": {"buffer": {"capcity": 3}},
+        },
+    )
     message = r.json()["errors"]["buffer.capcity"]
     assert "buffer accepts:" in message
     accepted = [name.strip() for name in message.split("buffer accepts:")[1].split(",")]
@@ -91,15 +111,19 @@ def test_it_rejects_an_unknown_preset(client_for, owner, experiment):
 
 
 def test_it_reports_every_bad_field_at_once(client_for, owner):
-    r = post_json(client_for(owner), URL, {
-        "preset": "async", "overrides": {"buffer": {"capacity": 0}, "stop": {"max_steps": 0}},
-    })
+    r = post_json(
+        client_for(owner),
+        URL,
+        {
+            "preset": "async",
+            "overrides": {"buffer": {"capacity": 0}, "stop": {"max_steps": 0}},
+        },
+    )
     assert set(r.json()["errors"]) == {"experiment", "buffer.capacity", "stop.max_steps"}
 
 
 def test_it_rejects_an_unknown_top_level_key(client_for, owner, experiment):
-    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async",
-                                           "overides": {}})
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async", "overides": {}})
     assert r.status_code == 400
     assert "overides" in r.json()["errors"]
 
@@ -147,13 +171,15 @@ def test_session_posts_need_a_csrf_token(owner, experiment):
 # --- the HTML form ---------------------------------------------------------------
 
 
-def test_the_form_shows_config_errors_next_to_the_overrides_and_creates_nothing(
-    client_for, owner, experiment
-):
-    r = client_for(owner).post("/runs/new/", {
-        "experiment": experiment.pk, "preset": "async",
-        "overrides": '{"buffer": {"capacity": -1}}',
-    })
+def test_the_form_shows_config_errors_next_to_the_overrides_and_creates_nothing(client_for, owner, experiment):
+    r = client_for(owner).post(
+        "/runs/new/",
+        {
+            "experiment": experiment.pk,
+            "preset": "async",
+            "overrides": '{"buffer": {"capacity": -1}}',
+        },
+    )
     assert r.status_code == 400
     html = r.content.decode()
     assert 'data-field="buffer.capacity"' in html
@@ -163,18 +189,29 @@ def test_the_form_shows_config_errors_next_to_the_overrides_and_creates_nothing(
 
 
 def test_the_form_rejects_invalid_json_in_overrides(client_for, owner, experiment):
-    r = client_for(owner).post("/runs/new/", {
-        "experiment": experiment.pk, "preset": "async", "overrides": "{buffer:",
-    })
+    r = client_for(owner).post(
+        "/runs/new/",
+        {
+            "experiment": experiment.pk,
+            "preset": "async",
+            "overrides": "{buffer:",
+        },
+    )
     assert r.status_code == 400
     assert 'data-field="overrides"' in r.content.decode()
     assert not Run.objects.exists()
 
 
 def test_the_form_launches_and_redirects_to_the_run_page(client_for, owner, experiment):
-    r = client_for(owner).post("/runs/new/", {
-        "experiment": experiment.pk, "preset": "sync", "name": "baseline", "overrides": "",
-    })
+    r = client_for(owner).post(
+        "/runs/new/",
+        {
+            "experiment": experiment.pk,
+            "preset": "sync",
+            "name": "baseline",
+            "overrides": "",
+        },
+    )
     run = Run.objects.get()
     assert r.status_code == 302
     assert r["Location"] == f"/runs/{run.pk}/"

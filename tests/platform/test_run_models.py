@@ -37,8 +37,9 @@ def test_running_sets_started_at_once(make_run):
 
 
 @pytest.mark.parametrize("terminal", [Status.CANCELLED, Status.SUCCEEDED, Status.FAILED])
-@pytest.mark.parametrize("late", [Status.RUNNING, Status.STARTING, Status.CANCELLING,
-                                  Status.SUCCEEDED, Status.FAILED, Status.CANCELLED])
+@pytest.mark.parametrize(
+    "late", [Status.RUNNING, Status.STARTING, Status.CANCELLING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
+)
 def test_terminal_states_stick(make_run, terminal, late):
     run = make_run(status=terminal)
     assert run.transition(late, error="late writer") is False
@@ -85,9 +86,7 @@ def test_members_see_their_teams_runs_and_outsiders_do_not(run, owner, teammate,
 def test_upsert_never_duplicates_a_point(run):
     MetricPoint.objects.upsert(run.pk, [("reward/mean", 1, 0.1, 10.0), ("loss", 1, 2.0, 10.0)])
     MetricPoint.objects.upsert(run.pk, [("reward/mean", 1, 0.5, 11.0), ("reward/mean", 2, 0.6, 12.0)])
-    stored = dict(
-        ((s, step), v) for s, step, v in run.points.values_list("series", "step", "value")
-    )
+    stored = {(s, step): v for s, step, v in run.points.values_list("series", "step", "value")}
     assert stored == {("reward/mean", 1): 0.5, ("loss", 1): 2.0, ("reward/mean", 2): 0.6}
 
 
@@ -100,15 +99,11 @@ def test_both_upsert_paths_overwrite_instead_of_duplicating(run, path):
             upsert(run.pk, batch)
         else:
             points.upsert(run.pk, [(s, step, v, t) for (s, step), (v, t) in batch.items()])
-    assert list(run.points.order_by("step").values_list("step", "value", "time")) == [
-        (1, 0.5, 2.0), (2, 0.4, 3.0)
-    ]
+    assert list(run.points.order_by("step").values_list("step", "value", "time")) == [(1, 0.5, 2.0), (2, 0.4, 3.0)]
 
 
 def test_upsert_keeps_the_last_of_duplicates_within_one_batch(run):
-    written = MetricPoint.objects.upsert(
-        run.pk, [("loss", 3, 1.0, 1.0), ("loss", 3, 0.7, 2.0)]
-    )
+    written = MetricPoint.objects.upsert(run.pk, [("loss", 3, 1.0, 1.0), ("loss", 3, 0.7, 2.0)])
     assert written == 1
     assert run.points.get().value == 0.7
 

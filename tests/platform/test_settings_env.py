@@ -8,8 +8,9 @@ from django.core.exceptions import ImproperlyConfigured
 from rollway.env import env_bool, env_int, env_list, env_str
 
 
-@pytest.mark.parametrize("raw, expected", [("1", True), ("TRUE", True), ("on", True),
-                                           ("0", False), ("no", False), (" off ", False)])
+@pytest.mark.parametrize(
+    "raw, expected", [("1", True), ("TRUE", True), ("on", True), ("0", False), ("no", False), (" off ", False)]
+)
 def test_booleans_accept_the_usual_spellings(monkeypatch, raw, expected):
     monkeypatch.setenv("DJANGO_DEBUG", raw)
     assert env_bool("DJANGO_DEBUG", not expected) is expected
@@ -53,4 +54,4 @@ def test_settings_default_to_one_machine_with_nothing_installed(settings):
         assert opts["polling_interval"] == 0.05
     assert settings.CELERY_WORKER_REDIRECT_STDOUTS is False
     assert settings.MIGRATION_MODULES == {"teams": "migrations.teams", "runs": "migrations.runs"}
-    assert settings.ROLLWAY_CACHE_DIR == str(settings.ROLLWAY_HOME / "cache")
+    assert str(settings.ROLLWAY_HOME / "cache") == settings.ROLLWAY_CACHE_DIR

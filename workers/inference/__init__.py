@@ -25,7 +25,10 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
         # Adapter-only sync serves the adapters natively; other protocols load full weights.
         lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" else None
         return VLLMBackend(
-            model_dir, cfg.inference, lora_rank=lora_rank, exact_steps=cfg.sync.update_mode != "drain",
+            model_dir,
+            cfg.inference,
+            lora_rank=lora_rank,
+            exact_steps=cfg.sync.update_mode != "drain",
             scratch_dir=scratch_dir,
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")

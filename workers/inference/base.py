@@ -57,7 +57,11 @@ class InferenceBackend(Protocol):
     ) -> list[list[Completion]]: ...
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
         n: int = 1,
     ) -> DecodeSession:
         """A stepped generation of `n` sequences per prompt: rows prompt-major (row

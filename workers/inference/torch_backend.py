@@ -27,10 +27,7 @@ class TorchBackend:
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         if cfg.get("model_type") != "llama":
-            raise ValueError(
-                f"TorchBackend runs Llama models; {model_dir} has model_type "
-                f"{cfg.get('model_type')!r}"
-            )
+            raise ValueError(f"TorchBackend runs Llama models; {model_dir} has model_type {cfg.get('model_type')!r}")
         self.num_layers = cfg["num_hidden_layers"]
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
@@ -45,9 +42,7 @@ class TorchBackend:
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"TorchBackend supports default RoPE only (got {rope})")
-        self.inv_freq = 1.0 / (
-            theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        )
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         self.tie = cfg.get("tie_word_embeddings", False)
         self.load_weights(load_file(os.path.join(model_dir, "model.safetensors")))
 
@@ -59,23 +54,33 @@ class TorchBackend:
         try:
             self.embed = sd["model.embed_tokens.weight"].clone()
             self.final_norm = sd["model.norm.weight"].clone()
-            self.lm_head = (sd["model.embed_tokens.weight"] if self.tie and "lm_head.weight" not in sd
-                            else sd["lm_head.weight"]).clone()
+            self.lm_head = (
+                sd["model.embed_tokens.weight"] if self.tie and "lm_head.weight" not in sd else sd["lm_head.weight"]
+            ).clone()
             layers = []
             for i in range(self.num_layers):
                 p = f"model.layers.{i}."
-                layers.append({
-                    "in_norm": sd[p + "input_layernorm.weight"].clone(),
-                    "post_norm": sd[p + "post_attention_layernorm.weight"].clone(),
-                    # Fused projections: one matmul instead of three (two) per layer.
-                    "qkv": torch.cat([sd[p + "self_attn.q_proj.weight"],
-                                      sd[p + "self_attn.k_proj.weight"],
-                                      sd[p + "self_attn.v_proj.weight"]]).t().contiguous(),
-                    "o": sd[p + "self_attn.o_proj.weight"].t().contiguous(),
-                    "gate_up": torch.cat([sd[p + "mlp.gate_proj.weight"],
-                                          sd[p + "mlp.up_proj.weight"]]).t().contiguous(),
-                    "down": sd[p + "mlp.down_proj.weight"].t().contiguous(),
-                })
+                layers.append(
+                    {
+                        "in_norm": sd[p + "input_layernorm.weight"].clone(),
+                        "post_norm": sd[p + "post_attention_layernorm.weight"].clone(),
+                        # Fused projections: one matmul instead of three (two) per layer.
+                        "qkv": torch.cat(
+                            [
+                                sd[p + "self_attn.q_proj.weight"],
+                                sd[p + "self_attn.k_proj.weight"],
+                                sd[p + "self_attn.v_proj.weight"],
+                            ]
+                        )
+                        .t()
+                        .contiguous(),
+                        "o": sd[p + "self_attn.o_proj.weight"].t().contiguous(),
+                        "gate_up": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+                        .t()
+                        .contiguous(),
+                        "down": sd[p + "mlp.down_proj.weight"].t().contiguous(),
+                    }
+                )
         except KeyError as exc:
             raise KeyError(
                 f"load_weights: missing {exc.args[0]!r}; pass the full state dict under Hugging "
@@ -118,7 +123,10 @@ class TorchBackend:
             k_cache[li][:, :, start:end] = k
             v_cache[li][:, :, start:end] = v.view(B, T, KV, hd).transpose(1, 2)
             att = F.scaled_dot_product_attention(
-                q, k_cache[li][:, :, :end], v_cache[li][:, :, :end], attn_mask=mask,
+                q,
+                k_cache[li][:, :, :end],
+                v_cache[li][:, :, :end],
+                attn_mask=mask,
                 enable_gqa=KV != H,
             )
             x = x + att.transpose(1, 2).reshape(B, T, H * hd) @ L["o"]
@@ -129,9 +137,13 @@ class TorchBackend:
     # ---- generation ------------------------------------------------------------
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
         n: int = 1,
-    ) -> "TorchSession":
+    ) -> TorchSession:
         """A stepped generation, `n` rows per prompt (see `DecodeSession`)."""
         if len(max_new_tokens) != len(prompts):
             raise ValueError("max_new_tokens needs one budget per prompt")
@@ -177,8 +189,12 @@ class TorchSession:
     """
 
     def __init__(
-        self, backend: TorchBackend, prompts: list[list[int]], max_new_tokens: list[int],
-        temperature: float, seed: int,
+        self,
+        backend: TorchBackend,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
     ) -> None:
         if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
             raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
@@ -187,7 +203,7 @@ class TorchSession:
         B = len(prompts)
         P = max((len(p) for p in prompts), default=1)
         S = P + max(max_new_tokens, default=1)
-        if S > backend.max_positions:
+        if backend.max_positions < S:
             raise ValueError(
                 f"prompt ({P} tokens) + max_new_tokens ({S - P}) exceeds the model's "
                 f"max_position_embeddings ({backend.max_positions})"
@@ -198,8 +214,8 @@ class TorchSession:
         self.valid = torch.zeros((B, S), dtype=torch.bool)
         self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         for i, p in enumerate(prompts):
-            self.ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            self.valid[i, P - len(p):P] = True
+            self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            self.valid[i, P - len(p) : P] = True
         self.positions = (self.valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         # A pad query may see itself, so no attention row is empty (an empty row is NaN,
@@ -226,8 +242,12 @@ class TorchSession:
         else:
             self.valid[:, P + t - 1] = True
             hidden = b._forward(
-                self.last[:, None], (self.lengths + t - 1)[:, None], P + t - 1,
-                self.valid[:, None, None, : P + t], self.k_cache, self.v_cache,
+                self.last[:, None],
+                (self.lengths + t - 1)[:, None],
+                P + t - 1,
+                self.valid[:, None, None, : P + t],
+                self.k_cache,
+                self.v_cache,
             )
         logp = torch.log_softmax((hidden @ b.lm_head_t) / self.temperature, dim=-1)
         tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
@@ -237,9 +257,9 @@ class TorchSession:
         spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
         out = [
             StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
-            for row, (token, logprob, eos, length, was_done) in enumerate(zip(
-                tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist()
-            ))
+            for row, (token, logprob, eos, length, was_done) in enumerate(
+                zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
+            )
             if not was_done
         ]
         self.done |= hit_eos | spent

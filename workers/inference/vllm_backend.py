@@ -114,9 +114,7 @@ def _read_model_config(model_dir: str) -> dict:
 def _eos_ids(hf_config: dict) -> list[int]:
     eos = hf_config.get("eos_token_id")
     if eos is None:
-        raise ValueError(
-            "config.json has no eos_token_id; VLLMBackend stops generation at EOS and needs it"
-        )
+        raise ValueError("config.json has no eos_token_id; VLLMBackend stops generation at EOS and needs it")
     return list(eos) if isinstance(eos, list) else [int(eos)]
 
 
@@ -206,7 +204,7 @@ class VLLMBackend:
     def __init__(
         self,
         model_dir: str,
-        inference_cfg: "InferenceConfig",
+        inference_cfg: InferenceConfig,
         *,
         max_num_seqs: int = MAX_NUM_SEQS,
         dtype: str = "float32",
@@ -247,24 +245,22 @@ class VLLMBackend:
         self.on_cpu = current_platform.is_cpu()
         self._weight_shapes = _checkpoint_shapes(model_dir)
 
-        engine_args: dict = dict(
-            model=model_dir,
-            skip_tokenizer_init=True,  # prompts are token ids; the char tokenizer is ours
-            generation_config="vllm",  # ignore generation_config.json defaults: we pass everything
-            dtype=dtype,
-            max_model_len=self.max_model_len,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=True,  # torch.compile costs ~17 s per start for no gain at this size
-            distributed_executor_backend="uni",
-            logprobs_mode="processed_logprobs",  # logprobs after temperature: log mu
-            seed=0,
-            disable_log_stats=True,
-        )
+        engine_args: dict = {
+            "model": model_dir,
+            "skip_tokenizer_init": True,  # prompts are token ids; the char tokenizer is ours
+            "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
+            "dtype": dtype,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "enforce_eager": True,  # torch.compile costs ~17 s per start for no gain at this size
+            "distributed_executor_backend": "uni",
+            "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
+            "seed": 0,
+            "disable_log_stats": True,
+        }
         if self.on_cpu:
             _check_cpu_head_dim(hf_config)
-            engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(
-                hf_config, self.max_model_len, max_num_seqs
-            )
+            engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, self.max_model_len, max_num_seqs)
         else:
             engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
         if exact_steps:
@@ -301,7 +297,9 @@ class VLLMBackend:
         self.start_s = time.perf_counter() - started
         log.info(
             "vLLM engine up in %.1f s (%s, %d torch threads)",
-            self.start_s, "cpu" if self.on_cpu else "gpu", torch.get_num_threads(),
+            self.start_s,
+            "cpu" if self.on_cpu else "gpu",
+            torch.get_num_threads(),
         )
 
     # ---- generation ------------------------------------------------------------
@@ -347,9 +345,13 @@ class VLLMBackend:
         return [self._completions(out) for out in outputs]
 
     def start(
-        self, prompts: list[list[int]], max_new_tokens: list[int], temperature: float, seed: int,
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
         n: int = 1,
-    ) -> "VLLMSession":
+    ) -> VLLMSession:
         """A stepped generation, one request of `n` samples per prompt (see
         `DecodeSession`), seeded as `generate` seeds them: the same arguments give the
         same tokens either way."""
@@ -489,8 +491,13 @@ class VLLMSession:
     processed logprobs. `close` aborts what is still running, freeing its KV blocks."""
 
     def __init__(
-        self, backend: VLLMBackend, prompts: list[list[int]], max_new_tokens: list[int],
-        temperature: float, seed: int, n: int,
+        self,
+        backend: VLLMBackend,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
+        n: int,
     ) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -502,12 +509,19 @@ class VLLMSession:
         self.first_row: dict[str, int] = {}  # request id → its first row (i·n)
         self.open: set[int] = set(range(len(prompts) * n))
         with backend._lock:
-            for i, (p, budget) in enumerate(zip(prompts, max_new_tokens)):
+            for i, (p, budget) in enumerate(zip(prompts, max_new_tokens, strict=True)):
                 request_id = f"rollway-{next(backend._request_ids)}"
                 params = SamplingParams(
-                    n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=budget,
-                    seed=(seed * 2**20 + i * n) % 2**63, logprobs=0, stop_token_ids=backend.eos_ids,
-                    detokenize=False, output_kind=RequestOutputKind.DELTA,
+                    n=n,
+                    temperature=temperature,
+                    top_p=1.0,
+                    top_k=0,
+                    max_tokens=budget,
+                    seed=(seed * 2**20 + i * n) % 2**63,
+                    logprobs=0,
+                    stop_token_ids=backend.eos_ids,
+                    detokenize=False,
+                    output_kind=RequestOutputKind.DELTA,
                 )
                 prompt = TokensPrompt(prompt_token_ids=list(p), cache_salt=backend._cache_salt())
                 self.engine.add_request(request_id, prompt, params, lora_request=backend._lora_request)
@@ -544,8 +558,9 @@ class VLLMSession:
 
     def close(self) -> None:
         if self.open and self.b._llm is not None:
-            running = [rid for rid, first in self.first_row.items()
-                       if any(first + j in self.open for j in range(self.n))]
+            running = [
+                rid for rid, first in self.first_row.items() if any(first + j in self.open for j in range(self.n))
+            ]
             with self.b._lock:
                 self.engine.abort_request(running)
         self.open = set()

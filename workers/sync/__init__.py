@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from workers.config import SyncConfig
 
 __all__ = [
-    "Notice", "SyncReport", "WeightReceiver", "WeightSender", "make_receiver", "make_sender", "state_checksum",
+    "Notice",
+    "SyncReport",
+    "WeightReceiver",
+    "WeightSender",
+    "make_receiver",
+    "make_sender",
+    "state_checksum",
 ]
 
 

@@ -29,8 +29,9 @@ import hashlib
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -52,17 +53,25 @@ class SyncReport:
     messages: int = 0  # transfers (tensors, buckets, files, object-store puts)
 
     @staticmethod
-    def combine(sent: "SyncReport", received: list["SyncReport"]) -> "SyncReport":
+    def combine(sent: SyncReport, received: list[SyncReport]) -> SyncReport:
         """The run's view of one version: the trainer's side plus the slowest worker."""
         bad = [r.version for r in received if r.version != sent.version]
         if bad:
             raise ValueError(f"combine: receiver reports for versions {bad}, sender's is {sent.version}")
-        worst = lambda attr: max((getattr(r, attr) for r in received), default=NAN)  # noqa: E731
+
+        def worst(attr: str) -> float:
+            return max((getattr(r, attr) for r in received), default=NAN)
+
         return SyncReport(
-            protocol=sent.protocol, version=sent.version, bytes=sent.bytes,
-            trainer_ms=sent.trainer_ms, inference_ms=worst("inference_ms"),
-            end_to_end_ms=worst("end_to_end_ms"), receive_ms=worst("receive_ms"),
-            tensors=sent.tensors, messages=sent.messages,
+            protocol=sent.protocol,
+            version=sent.version,
+            bytes=sent.bytes,
+            trainer_ms=sent.trainer_ms,
+            inference_ms=worst("inference_ms"),
+            end_to_end_ms=worst("end_to_end_ms"),
+            receive_ms=worst("receive_ms"),
+            tensors=sent.tensors,
+            messages=sent.messages,
         )
 
     def metrics(self) -> dict[str, float]:

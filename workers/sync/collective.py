@@ -38,7 +38,13 @@ import torch
 import torch.distributed as dist
 
 from workers.sync.base import (
-    Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms,
+    Notice,
+    Notify,
+    Stopwatch,
+    SyncReport,
+    WeightReceiver,
+    WeightSender,
+    end_to_end_ms,
 )
 
 if TYPE_CHECKING:
@@ -68,7 +74,7 @@ class Layout:
     sizes: tuple[tuple[str, int], ...]  # (dtype, numel) per flat buffer, sorted by dtype
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "Layout":
+    def of(cls, model: torch.nn.Module) -> Layout:
         named = list(model.named_parameters())
         extra = sorted(set(model.state_dict()) - {n for n, _ in named})
         if extra:
@@ -96,7 +102,7 @@ class Layout:
 
     def views(self, flats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """name → view of its slice of the flat buffers (no copy)."""
-        return {e.name: flats[e.dtype][e.offset:e.offset + e.numel].view(e.shape) for e in self.entries}
+        return {e.name: flats[e.dtype][e.offset : e.offset + e.numel].view(e.shape) for e in self.entries}
 
     def bucket_ranges(self, bucket_mb: float) -> list[tuple[str, int, int]]:
         """(dtype, start, end) element ranges of at most `bucket_mb` each, covering every buffer."""
@@ -117,7 +123,7 @@ def flatten_parameters(model: torch.nn.Module, layout: Layout) -> dict[str, torc
     device = next(iter(params.values())).device
     flats = layout.allocate(device)
     with torch.no_grad():
-        for e, view in zip(layout.entries, layout.views(flats).values()):
+        for e, view in zip(layout.entries, layout.views(flats).values(), strict=True):
             p = params[e.name]
             view.copy_(p.data)
             p.data = view
@@ -204,9 +210,14 @@ class CollectiveSender(WeightSender):
             self.host = self.host or default_host()
             self._store, self._port = self._open_store()
         return {
-            "protocol": self.protocol, "host": self.host, "port": self._port,
-            "world_size": self.num_receivers + 1, "backend": self.backend,
-            "mode": self.mode, "bucket_mb": self.bucket_mb, "layout": self.layout,
+            "protocol": self.protocol,
+            "host": self.host,
+            "port": self._port,
+            "world_size": self.num_receivers + 1,
+            "backend": self.backend,
+            "mode": self.mode,
+            "bucket_mb": self.bucket_mb,
+            "layout": self.layout,
             "timeout_s": self.timeout_s,
         }
 
@@ -216,8 +227,12 @@ class CollectiveSender(WeightSender):
         for port in ports[start:] + ports[:start]:
             try:
                 store = dist.TCPStore(
-                    self.host, port, self.num_receivers + 1, is_master=True,
-                    timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False,
+                    self.host,
+                    port,
+                    self.num_receivers + 1,
+                    is_master=True,
+                    timeout=datetime.timedelta(seconds=self.timeout_s),
+                    wait_for_workers=False,
                 )
                 return store, port
             except RuntimeError:  # port taken (DistNetworkError): try the next
@@ -250,7 +265,7 @@ class CollectiveSender(WeightSender):
                 if ent.dtype != dtype or ent.offset >= e or ent.offset + ent.numel <= s:
                     continue
                 lo, hi = max(s, ent.offset), min(e, ent.offset + ent.numel)
-                bucket[lo - s:hi - s] = params[ent.name].data.reshape(-1)[lo - ent.offset:hi - ent.offset]
+                bucket[lo - s : hi - s] = params[ent.name].data.reshape(-1)[lo - ent.offset : hi - ent.offset]
             buckets.append(bucket)
         return buckets, len(layout.entries)
 
@@ -265,8 +280,7 @@ class CollectiveSender(WeightSender):
             payload, tensors = self._payload()
             header = torch.tensor([seq, version], dtype=torch.int64, device=payload[0].device)
             _broadcast_all(self._group, [header, *payload])
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(),
-                          tensors=tensors, messages=len(payload))
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=tensors, messages=len(payload))
 
     def close(self) -> None:
         self._group = None
@@ -355,10 +369,14 @@ class CollectiveReceiver(WeightReceiver):
             self._applied_seq = current.notice.seq
         notice = current.notice
         return SyncReport(
-            self.protocol, notice.version, notice.nbytes,
-            inference_ms=current.receive_ms + load_ms, end_to_end_ms=end_to_end_ms(notice),
+            self.protocol,
+            notice.version,
+            notice.nbytes,
+            inference_ms=current.receive_ms + load_ms,
+            end_to_end_ms=end_to_end_ms(notice),
             receive_ms=current.receive_ms,
-            tensors=len(self.layout.entries), messages=len(self._targets),
+            tensors=len(self.layout.entries),
+            messages=len(self._targets),
         )
 
     def close(self) -> None:

@@ -23,7 +23,12 @@ from safetensors.torch import load_file, save_file
 
 from workers.lora import effective_state_dict
 from workers.sync.base import (
-    Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender,
+    Notice,
+    Notify,
+    Stopwatch,
+    SyncReport,
+    WeightReceiver,
+    WeightSender,
 )
 from workers.sync.object_store import StagedWeights, apply_full
 
@@ -77,8 +82,7 @@ class FilesystemSender(WeightSender):
         while len(self._written) > self.keep_versions:
             shutil.rmtree(self._written.pop(0), ignore_errors=True)
         notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"path": path}))
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(),
-                          tensors=len(state), messages=1)
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(state), messages=1)
 
     def close(self) -> None:
         for path in self._written:

@@ -28,11 +28,22 @@ import torch
 from safetensors.torch import load_file
 
 from workers.lora import (
-    adapter_config, adapter_parameters, base_state_dict, is_peft, lora_scaling, merge_adapter,
+    adapter_config,
+    adapter_parameters,
+    base_state_dict,
+    is_peft,
+    lora_scaling,
+    merge_adapter,
     write_adapter_dir,
 )
 from workers.sync.base import (
-    Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms,
+    Notice,
+    Notify,
+    Stopwatch,
+    SyncReport,
+    WeightReceiver,
+    WeightSender,
+    end_to_end_ms,
     state_checksum,
 )
 from workers.sync.object_store import RayStore, from_wire, to_wire
@@ -66,7 +77,9 @@ class LoRASender(WeightSender):
     def endpoint(self) -> dict[str, Any]:
         model = self._require_model()
         return {
-            "protocol": self.protocol, "scaling": lora_scaling(model), "adapter_config": adapter_config(model),
+            "protocol": self.protocol,
+            "scaling": lora_scaling(model),
+            "adapter_config": adapter_config(model),
             "base_checksum": state_checksum(base_state_dict(model)),
         }
 
@@ -92,8 +105,9 @@ class StagedAdapter:
 class LoRAReceiver(WeightReceiver):
     protocol = "lora"
 
-    def __init__(self, base_dir: str, store: Any | None = None, adapter_root: str | None = None,
-                 verify_base: bool = True) -> None:
+    def __init__(
+        self, base_dir: str, store: Any | None = None, adapter_root: str | None = None, verify_base: bool = True
+    ) -> None:
         """`base_dir`: the model directory the worker's backend was built from (the base).
         `adapter_root`: where adapter directories for adapter-capable backends go."""
         self.base_dir = base_dir
@@ -142,10 +156,14 @@ class LoRAReceiver(WeightReceiver):
             # load_weights copies (both backends do), so the buffers are free again after.
             backend.load_weights(merge_adapter(self.base, staged.adapter, self.scaling, out=self._merged))
         return SyncReport(
-            self.protocol, version, staged.notice.nbytes,
-            inference_ms=staged.receive_ms + clock.ms(), end_to_end_ms=end_to_end_ms(staged.notice),
+            self.protocol,
+            version,
+            staged.notice.nbytes,
+            inference_ms=staged.receive_ms + clock.ms(),
+            end_to_end_ms=end_to_end_ms(staged.notice),
             receive_ms=staged.receive_ms,
-            tensors=len(staged.adapter), messages=1,
+            tensors=len(staged.adapter),
+            messages=1,
         )
 
     def close(self) -> None:

@@ -28,7 +28,12 @@ import torch
 
 from workers.lora import effective_state_dict
 from workers.sync.base import (
-    Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender,
+    Notice,
+    Notify,
+    Stopwatch,
+    SyncReport,
+    WeightReceiver,
+    WeightSender,
     end_to_end_ms,
 )
 
@@ -113,9 +118,14 @@ def apply_full(protocol: str, backend: Any, staged: StagedWeights) -> SyncReport
     backend.load_weights(staged.weights)
     load_ms = clock.ms()
     return SyncReport(
-        protocol=protocol, version=staged.notice.version, bytes=staged.notice.nbytes,
-        inference_ms=staged.receive_ms + load_ms, end_to_end_ms=end_to_end_ms(staged.notice),
-        receive_ms=staged.receive_ms, tensors=staged.tensors, messages=staged.messages,
+        protocol=protocol,
+        version=staged.notice.version,
+        bytes=staged.notice.nbytes,
+        inference_ms=staged.receive_ms + load_ms,
+        end_to_end_ms=end_to_end_ms(staged.notice),
+        receive_ms=staged.receive_ms,
+        tensors=staged.tensors,
+        messages=staged.messages,
     )
 
 
@@ -135,8 +145,7 @@ class ObjectStoreSender(WeightSender):
         wire, nbytes = to_wire(effective_state_dict(model))
         self._last_ref = self.store.put(wire)
         notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"ref": self._last_ref}))
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(),
-                          tensors=len(wire), messages=1)
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(wire), messages=1)
 
     def close(self) -> None:
         self._last_ref = None

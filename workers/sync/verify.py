@@ -25,17 +25,19 @@ def torch_backend_state_dict(backend) -> dict[str, torch.Tensor]:
         p = f"model.layers.{i}."
         q, k, v = layer["qkv"].t().split([H * hd, KV * hd, KV * hd])
         gate, up = layer["gate_up"].t().chunk(2)
-        out.update({
-            p + "input_layernorm.weight": layer["in_norm"],
-            p + "post_attention_layernorm.weight": layer["post_norm"],
-            p + "self_attn.q_proj.weight": q,
-            p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": layer["o"].t(),
-            p + "mlp.gate_proj.weight": gate,
-            p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer["down"].t(),
-        })
+        out.update(
+            {
+                p + "input_layernorm.weight": layer["in_norm"],
+                p + "post_attention_layernorm.weight": layer["post_norm"],
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer["o"].t(),
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer["down"].t(),
+            }
+        )
     if backend.tie:
         del out["lm_head.weight"]  # the checkpoint has no separate head when tied
     return out
@@ -45,7 +47,4 @@ def backend_checksum(backend) -> str:
     """sha256 of what `backend` holds, comparable with the trainer's `state_checksum`."""
     if hasattr(backend, "layers") and hasattr(backend, "embed"):
         return state_checksum(torch_backend_state_dict(backend))
-    raise TypeError(
-        f"no weight read-back for {type(backend).__name__}; checksum the receiver's staged "
-        f"weights instead"
-    )
+    raise TypeError(f"no weight read-back for {type(backend).__name__}; checksum the receiver's staged weights instead")

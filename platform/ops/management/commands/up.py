@@ -46,8 +46,7 @@ def daphne_args(host: str, port: int) -> list[str]:
 
 def celery_worker_args(concurrency: int) -> list[str]:
     # Threads: tasks are short and mostly wait on Ray or the database.
-    return ["-A", "rollway", "worker", "--pool", "threads", "--concurrency", str(concurrency),
-            "--loglevel", "INFO"]
+    return ["-A", "rollway", "worker", "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "INFO"]
 
 
 def celery_beat_args(schedule: str) -> list[str]:
@@ -101,7 +100,9 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="web bind address")
         parser.add_argument("--port", type=int, default=8000, help="web port (default 8000)")
         parser.add_argument(
-            "--worker-concurrency", type=int, default=2,
+            "--worker-concurrency",
+            type=int,
+            default=2,
             help="Celery worker threads (tasks are short: launch, cancel, reconcile)",
         )
         parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs the local Ray head offers")
@@ -132,8 +133,11 @@ class Command(BaseCommand):
                 head = make_head(home, num_cpus=opts["ray_cpus"])
                 ray_env = head.env()
                 ray_child = sup.start(
-                    "ray", head.command(), env=child_env(url.rstrip("/"), ray_env),
-                    cwd=str(settings.REPO_ROOT), ready_when=head.is_ready_line,
+                    "ray",
+                    head.command(),
+                    env=child_env(url.rstrip("/"), ray_env),
+                    cwd=str(settings.REPO_ROOT),
+                    ready_when=head.is_ready_line,
                     stop_leader_only=True,
                 )
                 if not self._wait_ready(ray_child, RAY_READY_TIMEOUT_S, stop):
@@ -146,11 +150,15 @@ class Command(BaseCommand):
             cwd = str(settings.REPO_ROOT)
             # Ray installs a fatal-signal handler in every process that joins a cluster:
             # in the worker it would turn SIGTERM (warm shutdown) into a trace and exit -6.
-            sup.start("worker", [python, "-m", "celery",
-                                 *celery_worker_args(opts["worker_concurrency"])],
-                      env={**env, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}, cwd=cwd)
-            sup.start("beat", [python, "-m", "celery",
-                               *celery_beat_args(str(home / "celerybeat-schedule"))], env=env, cwd=cwd)
+            sup.start(
+                "worker",
+                [python, "-m", "celery", *celery_worker_args(opts["worker_concurrency"])],
+                env={**env, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"},
+                cwd=cwd,
+            )
+            sup.start(
+                "beat", [python, "-m", "celery", *celery_beat_args(str(home / "celerybeat-schedule"))], env=env, cwd=cwd
+            )
             web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env=env, cwd=cwd)
             if not wait_http_ok(f"{url}healthz", WEB_READY_TIMEOUT_S, web.alive):
                 raise CommandError(f"the web server did not answer at {url}healthz")
