@@ -230,7 +230,7 @@ def do_cancel_run(user, run: Run) -> bool:
 # --- workspace ----------------------------------------------------------------------
 
 
-def do_ensure_demo(user, team_name: str = "Demo", experiment_name: str = "Walking skeleton"):
+def do_ensure_demo(user, team_name: str = "Demo", experiment_name: str = "Async vs sync"):
     """The demo team (with `user` as owner) and its first experiment; idempotent.
     Returns (team, experiment). Called by `manage.py up` for the demo user."""
     with transaction.atomic():

@@ -106,7 +106,7 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
             assert "/accounts/login/" not in str(page.url), "the demo login was refused"
 
             form = client.get("/runs/new/").text
-            experiment = re.search(r'<option value="(\d+)"[^>]*>[^<]*Walking skeleton', form)
+            experiment = re.search(r'<option value="(\d+)"[^>]*>[^<]*Async vs sync', form)
             assert experiment, "the demo experiment is not offered on the launch form"
             page = post_form(
                 client,
