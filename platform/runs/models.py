@@ -108,6 +108,12 @@ class Run(models.Model):
     ingest_token = models.CharField(max_length=64, default=new_ingest_token, editable=False)
     celery_task_id = models.CharField(max_length=64, blank=True)
     ray_actor = models.CharField(max_length=100, blank=True, help_text="Detached driver actor.")
+    # The run queue admits higher priorities first, first come first served within one.
+    priority = models.SmallIntegerField(default=0, help_text="Higher starts first; FIFO within a priority.")
+    # What a starting or running run is doing, as its driver last reported it (e.g. warm
+    # start, starting inference engines, first step, stepping), and a detail for people.
+    phase = models.CharField(max_length=32, blank=True)
+    phase_detail = models.CharField(max_length=200, blank=True)
 
     objects = RunQuerySet.as_manager()
 
