@@ -6,7 +6,9 @@ from api.views import healthz
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("compare.urls")),  # /compare/ and /api/compare
     path("api/", include("api.urls")),
     path("healthz", healthz, name="healthz"),
+    path("configs/", include("configs.urls")),
     path("", include("dashboard.urls")),
 ]

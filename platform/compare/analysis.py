@@ -1,0 +1,372 @@
+"""Comparing runs: grouping by configuration, seed bands, the summary table.
+
+Runs with the same preset and overrides apart from `seed` are one configuration; its
+runs are seeds. Charts draw each configuration's mean over seeds with a min–max band;
+the summary gives, per configuration, the mean and spread over seeds of per-run
+figures computed in the database from every stored point (not from the downsampled
+chart series, so a number never depends on the chart's resolution).
+
+Definitions (the README's "Comparing runs" repeats them):
+- t0 of a run: the time of its first stored point, any series; wall time = time − t0.
+- samples seen at step s: s × trainer.batch_groups × trainer.group_size.
+- time to target: the first wall time at which the mean of the last 5 reward/mean
+  points (5 points needed) is ≥ target.
+- reward at budget: reward/mean at the last point with wall time ≤ budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from statistics import fmean
+
+from django.db import connection
+
+from runs.errors import ActionError, NotFound
+from runs.metrics import read_many
+from runs.models import MetricPoint, Run
+from workers.metric_names import METRICS
+
+MAX_RUNS = 100
+TARGET_WINDOW = 5  # points in the moving mean of reward/mean that must reach the target
+CUMULATIVE = ("buffer/dropped_stale", "buffer/requeued", "rollout/partial_aborted")
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    unit: str
+    better: str  # "higher" or "lower": which configuration's mean is marked best
+    help: str
+
+
+SUMMARY_COLUMNS: tuple[Column, ...] = (
+    Column("samples_per_s", "samples/s", "samples/s", "higher", "mean of samples/per_s"),
+    Column("tokens_per_s", "tokens/s", "tok/s", "higher", "mean of inference/tokens_per_s"),
+    Column("time_to_target_s", "time to target", "s", "lower", "first wall time the 5-point mean reward ≥ target"),
+    Column("reward_at_budget", "reward at budget", "reward", "higher", "reward/mean at the last point ≤ budget"),
+    Column("trainer_busy", "trainer busy", "fraction", "higher", "1 − mean of trainer/idle_frac"),
+    Column("inference_busy", "inference busy", "fraction", "higher", "1 − mean of inference/idle_frac"),
+    Column("staleness_mean", "staleness mean", "versions", "lower", "mean of staleness/mean"),
+    Column("staleness_max", "staleness max", "versions", "lower", "max of staleness/max"),
+    Column("dropped_frac", "dropped", "fraction", "lower", "buffer/dropped_stale × group_size / samples seen"),
+    Column("requeued_frac", "requeued", "fraction", "lower", "buffer/requeued × group_size / samples seen"),
+    Column("aborted_frac", "aborted", "fraction", "lower", "rollout/partial_aborted / samples seen"),
+    Column("sync_latency_ms", "sync latency", "ms", "lower", "mean of sync/latency_ms"),
+    Column("sync_bytes", "sync bytes", "bytes", "lower", "mean of sync/bytes"),
+)
+
+
+# --- which runs ------------------------------------------------------------------------
+
+
+def parse_run_ids(raw: str) -> list[int]:
+    """The ids in `runs=1,2,3` (order kept, repeats dropped), or ActionError on `runs`."""
+    ids: list[int] = []
+    for part in (raw or "").replace(" ", ",").split(","):
+        if not part:
+            continue
+        try:
+            run_id = int(part)
+        except ValueError:
+            raise ActionError({"runs": f"runs must be comma-separated run ids (got {part!r})"}) from None
+        if run_id not in ids:
+            ids.append(run_id)
+    if not ids:
+        raise ActionError({"runs": "name the runs to compare, e.g. ?runs=12,13,14"})
+    if len(ids) > MAX_RUNS:
+        raise ActionError({"runs": f"compare at most {MAX_RUNS} runs at once (got {len(ids)})"})
+    return ids
+
+
+def check_compare_access(user, raw: str) -> list[Run]:
+    """The runs named in `raw`, in that order, if `user` may see every one; NotFound
+    naming the first that is unknown or in another team (outsiders learn nothing)."""
+    ids = parse_run_ids(raw)
+    found = {r.pk: r for r in Run.objects.visible_to(user).filter(pk__in=ids).select_related("experiment__team")}
+    for run_id in ids:
+        if run_id not in found:
+            raise NotFound({"runs": f"run {run_id} not found"})
+    return [found[run_id] for run_id in ids]
+
+
+# --- configurations --------------------------------------------------------------------
+
+
+def flatten(value, prefix: str = "") -> dict[str, object]:
+    """{"trainer.lr": 1e-5, ...}: a nested dict as dotted keys (lists stay values)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, object] = {}
+    for key, inner in value.items():
+        out.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_key(run: Run) -> str:
+    overrides = {k: v for k, v in flatten(run.overrides or {}).items() if k != "seed"}
+    return json.dumps({"preset": run.preset, "overrides": overrides}, sort_keys=True, default=str)
+
+
+def samples_per_step(run: Run) -> int:
+    trainer = (run.config or {}).get("trainer", {})
+    return int(trainer.get("batch_groups", 0)) * int(trainer.get("group_size", 0))
+
+
+def group_runs(runs: list[Run]) -> list[dict]:
+    """Configurations in order of first appearance: {"id", "label", "preset",
+    "overrides", "runs": [run ids], "seeds": [seed per run], "config": flat config}."""
+    groups: dict[str, dict] = {}
+    for run in runs:
+        key = config_key(run)
+        if key not in groups:
+            overrides = {k: v for k, v in flatten(run.overrides or {}).items() if k != "seed"}
+            changed = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(overrides.items()))
+            groups[key] = {
+                "id": f"c{len(groups) + 1}",
+                "label": run.preset + (f" ({changed})" if changed else ""),
+                "preset": run.preset,
+                "overrides": overrides,
+                "runs": [],
+                "seeds": [],
+                "config": {"preset": run.preset, **{k: v for k, v in flatten(run.config).items() if k != "seed"}},
+            }
+        groups[key]["runs"].append(run.pk)
+        groups[key]["seeds"].append((run.config or {}).get("seed"))
+    return list(groups.values())
+
+
+def config_table(configurations: list[dict]) -> list[dict]:
+    """Rows {"key", "values": [one per configuration], "differs"} over every key any
+    configuration has (seed excluded: it is what varies inside one)."""
+    keys = sorted({k for c in configurations for k in c["config"]})
+    keys.remove("preset")
+    rows = []
+    for key in ["preset", *keys]:
+        values = [c["config"].get(key) for c in configurations]
+        encoded = {json.dumps(v, sort_keys=True, default=str) for v in values}
+        rows.append({"key": key, "values": values, "differs": len(encoded) > 1})
+    return rows
+
+
+# --- per-run figures, in the database ----------------------------------------------------
+
+
+def _in(prefix: str, values: list) -> tuple[str, dict]:
+    names = [f"{prefix}{i}" for i in range(len(values))]
+    return ", ".join(f"%({n})s" for n in names), dict(zip(names, values, strict=True))
+
+
+def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int, dict]:
+    """{run_id: {column key: value or None, "t0": ..., "last_step": ..., "samples": ...}}."""
+    table = MetricPoint._meta.db_table
+    ids = [r.pk for r in runs]
+    runs_in, params = _in("r", ids)
+    stats: dict[int, dict[str, tuple]] = {r: {} for r in ids}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT run_id, series, AVG(value), MAX(value), MIN("time"), MAX(step) FROM {table} '
+            f"WHERE run_id IN ({runs_in}) GROUP BY run_id, series",
+            params,
+        )
+        for run_id, series, avg, mx, t_first, last_step in cursor.fetchall():
+            stats[run_id][series] = (avg, mx, t_first, last_step)
+
+        cum_in, cum_params = _in("c", list(CUMULATIVE))
+        cursor.execute(
+            f"SELECT p.run_id, p.series, p.value FROM {table} p JOIN ("
+            f"  SELECT run_id, series, MAX(step) AS s1 FROM {table}"
+            f"  WHERE run_id IN ({runs_in}) AND series IN ({cum_in}) GROUP BY run_id, series"
+            f") m ON p.run_id = m.run_id AND p.series = m.series AND p.step = m.s1",
+            {**params, **cum_params},
+        )
+        last_value = {(run_id, series): value for run_id, series, value in cursor.fetchall()}
+
+        t0 = {r: min((s[2] for s in stats[r].values()), default=None) for r in ids}
+
+        # The moving mean over the last TARGET_WINDOW points of reward/mean, by step.
+        cursor.execute(
+            f'SELECT run_id, MIN("time") FROM ('
+            f'  SELECT run_id, "time", AVG(value) OVER w AS moving, COUNT(*) OVER w AS n FROM {table}'
+            f"  WHERE run_id IN ({runs_in}) AND series = 'reward/mean'"
+            f"  WINDOW w AS (PARTITION BY run_id ORDER BY step ROWS BETWEEN {TARGET_WINDOW - 1} PRECEDING"
+            f"  AND CURRENT ROW)"
+            f") t WHERE n = {TARGET_WINDOW} AND moving >= %(target)s GROUP BY run_id",
+            {**params, "target": float(target)},
+        )
+        reached = dict(cursor.fetchall())
+
+        at_budget: dict[int, float] = {}
+        for run_id in ids:
+            if t0[run_id] is None:
+                continue
+            cursor.execute(
+                f"SELECT value FROM {table} WHERE run_id = %s AND series = 'reward/mean' "
+                f'AND "time" <= %s ORDER BY step DESC LIMIT 1',
+                [run_id, t0[run_id] + float(budget_s)],
+            )
+            row = cursor.fetchone()
+            if row:
+                at_budget[run_id] = row[0]
+
+    out: dict[int, dict] = {}
+    for run in runs:
+        s = stats[run.pk]
+
+        def avg(name: str, s=s):
+            return s[name][0] if name in s else None
+
+        last_step = max((v[3] for v in s.values()), default=0)
+        samples = last_step * samples_per_step(run)
+        group_size = int((run.config or {}).get("trainer", {}).get("group_size", 0))
+
+        def frac(name: str, per: int, run_id=run.pk, samples=samples):
+            value = last_value.get((run_id, name))
+            if value is None or samples <= 0:
+                return None
+            return value * per / samples
+
+        busy = {k: (1.0 - avg(k)) if avg(k) is not None else None for k in ("trainer/idle_frac", "inference/idle_frac")}
+        out[run.pk] = {
+            "t0": t0[run.pk],
+            "last_step": last_step,
+            "samples": samples,
+            "samples_per_s": avg("samples/per_s"),
+            "tokens_per_s": avg("inference/tokens_per_s"),
+            "time_to_target_s": reached[run.pk] - t0[run.pk] if run.pk in reached else None,
+            "reward_at_budget": at_budget.get(run.pk),
+            "trainer_busy": busy["trainer/idle_frac"],
+            "inference_busy": busy["inference/idle_frac"],
+            "staleness_mean": avg("staleness/mean"),
+            "staleness_max": s["staleness/max"][1] if "staleness/max" in s else None,
+            "dropped_frac": frac("buffer/dropped_stale", group_size),
+            "requeued_frac": frac("buffer/requeued", group_size),
+            "aborted_frac": frac("rollout/partial_aborted", 1),
+            "sync_latency_ms": avg("sync/latency_ms"),
+            "sync_bytes": avg("sync/bytes"),
+        }
+    return out
+
+
+def summarize(configurations: list[dict], figures: dict[int, dict]) -> dict:
+    """{"columns": [...], "rows": [{"configuration", "cells": {key: {mean, min, max,
+    spread, n}}}], "best": {key: [configuration ids]}}; spread is half the min–max range
+    over seeds (the chart's band), n how many seeds had the figure."""
+    rows = []
+    for c in configurations:
+        cells = {}
+        for col in SUMMARY_COLUMNS:
+            values = [figures[r][col.key] for r in c["runs"] if figures[r][col.key] is not None]
+            if values:
+                lo, hi = min(values), max(values)
+                spread = (hi - lo) / 2
+                cells[col.key] = {"mean": fmean(values), "min": lo, "max": hi, "spread": spread, "n": len(values)}
+            else:
+                cells[col.key] = {"mean": None, "min": None, "max": None, "spread": None, "n": 0}
+        rows.append({"configuration": c["id"], "label": c["label"], "cells": cells})
+    best: dict[str, list[str]] = {}
+    for col in SUMMARY_COLUMNS:
+        means = [(r["cells"][col.key]["mean"], r["configuration"]) for r in rows]
+        means = [(m, cid) for m, cid in means if m is not None]
+        if len(means) < 2:
+            best[col.key] = []
+            continue
+        pick = max if col.better == "higher" else min
+        top = pick(m for m, _ in means)
+        best[col.key] = [cid for m, cid in means if m == top]
+    return {
+        "columns": [col.__dict__ for col in SUMMARY_COLUMNS],
+        "rows": rows,
+        "best": best,
+    }
+
+
+# --- chart series --------------------------------------------------------------------
+
+
+def seed_band(per_run: list[dict]) -> dict:
+    """Mean, min and max over seeds at every step any seed has, each seed holding its
+    last value until its next point (a seed contributes from its first point on):
+    {"steps", "mean", "min", "max", "wall"} (wall: mean wall time over those seeds)."""
+    steps = sorted({s for r in per_run for s in r["steps"]})
+    cursors = [0] * len(per_run)
+    out = {"steps": [], "mean": [], "min": [], "max": [], "wall": []}
+    for step in steps:
+        values, walls = [], []
+        for i, r in enumerate(per_run):
+            j = cursors[i]
+            while j < len(r["steps"]) and r["steps"][j] <= step:
+                j += 1
+            cursors[i] = j
+            if j:
+                values.append(r["values"][j - 1])
+                walls.append(r["wall"][j - 1])
+        if not values:
+            continue
+        out["steps"].append(step)
+        out["mean"].append(fmean(values))
+        out["min"].append(min(values))
+        out["max"].append(max(values))
+        out["wall"].append(fmean(walls))
+    return out
+
+
+def chart_series(
+    runs: list[Run], configurations: list[dict], figures: dict[int, dict], *, after_step=None, max_points: int
+) -> tuple[dict, dict]:
+    """(per run {id: {series: {"steps", "values", "wall"}}}, per configuration with more
+    than one seed {id: {series: band}}), downsampled in the database."""
+    names = [m.name for m in METRICS]
+    raw = read_many([r.pk for r in runs], names, after_step, max_points)
+    per_run: dict[int, dict] = {}
+    for run in runs:
+        t0 = figures[run.pk]["t0"] or 0.0
+        per_run[run.pk] = {
+            name: {
+                "steps": s["steps"],
+                "values": s["values"],
+                "wall": [t - t0 for t in s["times"]],
+                "total": s["total"],
+                "downsampled": s["downsampled"],
+            }
+            for name, s in raw[run.pk].items()
+        }
+    bands: dict[str, dict] = {}
+    for c in configurations:
+        if len(c["runs"]) < 2:
+            continue
+        bands[c["id"]] = {}
+        for name in names:
+            seeds = [per_run[r][name] for r in c["runs"] if name in per_run[r]]
+            if seeds:
+                bands[c["id"]][name] = seed_band(seeds)
+    return per_run, bands
+
+
+def compare(runs: list[Run], *, target: float, budget_s: float, after_step=None, max_points: int = 500) -> dict:
+    """Everything the compare page shows, as JSON."""
+    configurations = group_runs(runs)
+    figures = run_figures(runs, target=target, budget_s=budget_s)
+    per_run, bands = chart_series(runs, configurations, figures, after_step=after_step, max_points=max_points)
+    config_of = {r: c["id"] for c in configurations for r in c["runs"]}
+    return {
+        "target": target,
+        "budget_s": budget_s,
+        "metrics": [{"name": m.name, "unit": m.unit, "help": m.help} for m in METRICS],
+        "runs": [
+            {
+                **run.summary(),
+                "configuration": config_of[run.pk],
+                "seed": (run.config or {}).get("seed"),
+                "samples_per_step": samples_per_step(run),
+                "figures": figures[run.pk],
+                "series": per_run[run.pk],
+            }
+            for run in runs
+        ],
+        "configurations": [{k: v for k, v in c.items() if k != "config"} for c in configurations],
+        "config_table": config_table(configurations),
+        "bands": bands,
+        "summary": summarize(configurations, figures),
+    }

@@ -1,0 +1,167 @@
+"""The compare page and its JSON/CSV API. Thin: the work is in compare/analysis.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from api.http import BadParam, api_login_required, int_param, refusal_response
+from compare import analysis
+from runs.errors import ActionError
+from runs.models import MetricPoint
+
+DEFAULT_TARGET = 0.8
+DEFAULT_BUDGET_S = 60.0
+X_AXES = ("step", "wall", "samples")
+
+
+def float_param(request: HttpRequest, name: str, default: float) -> float:
+    raw = request.GET.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadParam(name, f"{name} must be a number (got {raw!r})") from None
+    if not math.isfinite(value):
+        raise BadParam(name, f"{name} must be a finite number (got {raw!r})")
+    return value
+
+
+def _choice(request: HttpRequest, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = request.GET.get(name) or default
+    if value not in choices:
+        raise BadParam(name, f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+@login_required
+@require_GET
+def page(request: HttpRequest) -> HttpResponse:
+    """The page itself carries no data: compare.js reads its state from the URL and
+    asks the API, so a copied link reproduces the same view."""
+    try:
+        runs = analysis.check_compare_access(request.user, request.GET.get("runs", ""))
+        _choice(request, "x", X_AXES, "step")
+        float_param(request, "target", DEFAULT_TARGET)
+        float_param(request, "budget", DEFAULT_BUDGET_S)
+    except ActionError as exc:
+        if exc.http_status == 404:
+            raise Http404(exc.message) from None
+        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain; charset=utf-8")
+    return render(request, "compare/compare.html", {"runs": runs, "run_ids": ",".join(str(r.pk) for r in runs)})
+
+
+@require_GET
+@api_login_required
+def api(request: HttpRequest) -> HttpResponse:
+    """GET /api/compare?runs=1,2&target=0.8&budget=60&max_points=500&after_step=N
+    [&format=json|csv&what=all|summary|series]."""
+    try:
+        runs = analysis.check_compare_access(request.user, request.GET.get("runs", ""))
+        target = float_param(request, "target", DEFAULT_TARGET)
+        budget = float_param(request, "budget", DEFAULT_BUDGET_S)
+        max_points = int_param(request, "max_points", 500, lo=10, hi=100_000)
+        after_step = int_param(request, "after_step", None)
+        fmt = _choice(request, "format", ("json", "csv"), "json")
+        what = _choice(request, "what", ("all", "summary", "series"), "all" if fmt == "json" else "summary")
+        if fmt == "csv" and what == "all":
+            raise BadParam("what", "format=csv needs what=summary or what=series")
+    except ActionError as exc:
+        return refusal_response(exc)
+
+    if what == "series":
+        return _series_export(runs, fmt)
+    if what == "summary":
+        configurations = analysis.group_runs(runs)
+        figures = analysis.run_figures(runs, target=target, budget_s=budget)
+        summary = analysis.summarize(configurations, figures)
+        if fmt == "csv":
+            return _summary_csv(summary)
+        return JsonResponse(
+            {
+                "target": target,
+                "budget_s": budget,
+                "configurations": [{k: v for k, v in c.items() if k != "config"} for c in configurations],
+                "figures": {str(k): v for k, v in figures.items()},
+                "summary": summary,
+            }
+        )
+    return JsonResponse(
+        analysis.compare(runs, target=target, budget_s=budget, after_step=after_step, max_points=max_points)
+    )
+
+
+def _summary_csv(summary: dict) -> HttpResponse:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["configuration", "label", "column", "better", "unit", "mean", "min", "max", "spread", "n", "best"])
+    for row in summary["rows"]:
+        for col in summary["columns"]:
+            cell = row["cells"][col["key"]]
+            writer.writerow(
+                [
+                    row["configuration"],
+                    row["label"],
+                    col["key"],
+                    col["better"],
+                    col["unit"],
+                    *("" if cell[k] is None else repr(cell[k]) for k in ("mean", "min", "max", "spread")),
+                    cell["n"],
+                    int(row["configuration"] in summary["best"][col["key"]]),
+                ]
+            )
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="compare-summary.csv"'
+    return response
+
+
+SERIES_HEADER = ["run", "configuration", "seed", "series", "step", "wall_s", "samples", "value"]
+
+
+def _series_rows(runs):
+    """Every stored point of the runs (not downsampled), with its three x values."""
+    configurations = analysis.group_runs(runs)
+    config_of = {r: c["id"] for c in configurations for r in c["runs"]}
+    figures = analysis.run_figures(runs, target=DEFAULT_TARGET, budget_s=DEFAULT_BUDGET_S)
+    for run in runs:
+        t0 = figures[run.pk]["t0"] or 0.0
+        per_step = analysis.samples_per_step(run)
+        seed = (run.config or {}).get("seed")
+        points = MetricPoint.objects.filter(run=run).order_by("series", "step")
+        for series, step, value, t in points.values_list("series", "step", "value", "time").iterator(chunk_size=10000):
+            yield [run.pk, config_of[run.pk], seed, series, step, t - t0, step * per_step, value]
+
+
+def _series_export(runs, fmt: str) -> StreamingHttpResponse:
+    if fmt == "csv":
+
+        class Echo:
+            def write(self, value):
+                return value
+
+        writer = csv.writer(Echo())
+        lines = (writer.writerow(row) for row in _with_header(_series_rows(runs)))
+        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="compare-series.csv"'
+        return response
+
+    def chunks():
+        yield '{"columns": ' + json.dumps(SERIES_HEADER) + ', "rows": ['
+        for i, row in enumerate(_series_rows(runs)):
+            yield ("," if i else "") + json.dumps(row)
+        yield "]}"
+
+    return StreamingHttpResponse(chunks(), content_type="application/json")
+
+
+def _with_header(rows):
+    yield SERIES_HEADER
+    yield from rows

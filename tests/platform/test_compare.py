@@ -1,0 +1,247 @@
+"""The compare page's numbers, checked against the stored MetricPoints themselves."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+from statistics import fmean
+
+import pytest
+
+from runs.metrics import read_many, read_series
+from runs.models import MetricPoint, Run
+
+T0 = 1_700_000_000.0
+STEPS = 40
+
+
+def store(run: Run, series: str, values: list[float], *, dt: float = 2.0, start: float = T0) -> None:
+    MetricPoint.objects.upsert(run.pk, [(series, step, v, start + step * dt) for step, v in enumerate(values)])
+
+
+@pytest.fixture
+def grid(make_run):
+    """2 configurations × 2 seeds, each with a few series, seeded so every run differs."""
+    runs = {}
+    for label, overrides in (("base", {}), ("fast-lr", {"trainer": {"lr": 3e-5}})):
+        for seed in (1, 2):
+            run = make_run(status=Run.Status.SUCCEEDED, name=f"{label}-{seed}", overrides={**overrides, "seed": seed})
+            trainer = {**run.config["trainer"], **overrides.get("trainer", {})}
+            run.config = {**run.config, "seed": seed, "trainer": trainer}
+            run.save(update_fields=["config"])
+            rng = random.Random(f"{label}{seed}")
+            speed = 0.03 if label == "base" else 0.05
+            store(run, "reward/mean", [min(1.0, speed * s + rng.uniform(-0.05, 0.05)) for s in range(STEPS)])
+            store(run, "staleness/mean", [rng.uniform(0, 2) for _ in range(STEPS)], start=T0 - 1.0)
+            store(run, "staleness/max", [rng.choice([1.0, 2.0, 5.0]) for _ in range(STEPS)])
+            store(run, "samples/per_s", [rng.uniform(10, 20) for _ in range(STEPS)])
+            store(run, "trainer/idle_frac", [rng.uniform(0, 0.5) for _ in range(STEPS)])
+            store(run, "buffer/dropped_stale", [float(s // 4) for s in range(STEPS)])
+            runs[(label, seed)] = run
+    return runs
+
+
+def ids(runs) -> str:
+    return ",".join(str(r.pk) for r in runs)
+
+
+def points(run: Run, series: str) -> list[MetricPoint]:
+    return list(MetricPoint.objects.filter(run=run, series=series).order_by("step"))
+
+
+def expected_figures(run: Run, target: float, budget: float) -> dict:
+    t0 = min(p.time for p in MetricPoint.objects.filter(run=run))
+    reward = points(run, "reward/mean")
+    reached = None
+    for i in range(4, len(reward)):
+        if fmean(p.value for p in reward[i - 4 : i + 1]) >= target:
+            reached = reward[i].time - t0
+            break
+    within = [p for p in reward if p.time - t0 <= budget]
+    per_step = run.config["trainer"]["batch_groups"] * run.config["trainer"]["group_size"]
+    last_step = max(p.step for p in MetricPoint.objects.filter(run=run))
+    dropped = points(run, "buffer/dropped_stale")[-1].value
+    return {
+        "time_to_target_s": reached,
+        "reward_at_budget": within[-1].value if within else None,
+        "samples_per_s": fmean(p.value for p in points(run, "samples/per_s")),
+        "trainer_busy": 1 - fmean(p.value for p in points(run, "trainer/idle_frac")),
+        "staleness_mean": fmean(p.value for p in points(run, "staleness/mean")),
+        "staleness_max": max(p.value for p in points(run, "staleness/max")),
+        "dropped_frac": dropped * run.config["trainer"]["group_size"] / (last_step * per_step),
+        "tokens_per_s": None,
+    }
+
+
+def test_runs_with_the_same_overrides_but_for_seed_form_one_configuration(client_for, owner, grid):
+    body = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}").json()
+    groups = {c["label"]: sorted(c["runs"]) for c in body["configurations"]}
+    assert len(groups) == 2
+    assert sorted(groups.values()) == sorted(
+        [sorted([grid["base", 1].pk, grid["base", 2].pk]), sorted([grid["fast-lr", 1].pk, grid["fast-lr", 2].pk])]
+    )
+    differing = {row["key"] for row in body["config_table"] if row["differs"]}
+    assert differing == {"trainer.lr"}
+
+
+@pytest.mark.parametrize("target, budget", [(0.8, 60.0), (0.5, 25.0), (2.0, 1000.0)])
+def test_the_summary_equals_figures_computed_from_the_stored_points(client_for, owner, grid, target, budget):
+    body = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}&target={target}&budget={budget}").json()
+    by_id = {r["id"]: r for r in body["runs"]}
+    for run in grid.values():
+        want = expected_figures(run, target, budget)
+        got = by_id[run.pk]["figures"]
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-9) if value is not None else got[key] is None, key
+    rows = {row["configuration"]: row["cells"] for row in body["summary"]["rows"]}
+    for c in body["configurations"]:
+        values = [by_id[r]["figures"]["reward_at_budget"] for r in c["runs"]]
+        cell = rows[c["id"]]["reward_at_budget"]
+        assert cell["mean"] == pytest.approx(fmean(values))
+        assert cell["spread"] == pytest.approx((max(values) - min(values)) / 2)
+    for key, pick in (("staleness_mean", min), ("samples_per_s", max)):  # lower, higher is better
+        means = {cid: cells[key]["mean"] for cid, cells in rows.items()}
+        assert body["summary"]["best"][key] == [cid for cid, m in means.items() if m == pick(means.values())]
+
+
+def test_time_to_target_needs_five_points_whose_mean_reaches_it(client_for, owner, make_run):
+    run = make_run(status=Run.Status.SUCCEEDED)
+    store(run, "reward/mean", [0.9, 0.9, 0.9, 0.9, 0.0, 0.9, 0.9, 0.9, 0.9, 0.9], dt=1.0)
+    figures = client_for(owner).get(f"/api/compare?runs={run.pk}").json()["runs"][0]["figures"]
+    assert figures["time_to_target_s"] == 9.0  # the first window of five without the dip ends at step 9
+    assert figures["reward_at_budget"] == 0.9
+
+
+def test_seed_bands_are_the_mean_min_and_max_over_seeds_at_each_step(client_for, owner, grid):
+    body = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}").json()
+    for c in body["configurations"]:
+        band = body["bands"][c["id"]]["reward/mean"]
+        seeds = [points(Run.objects.get(pk=r), "reward/mean") for r in c["runs"]]
+        assert band["steps"] == list(range(STEPS))
+        for i in range(STEPS):
+            values = [seed[i].value for seed in seeds]
+            assert band["mean"][i] == pytest.approx(fmean(values))
+            assert band["min"][i] == min(values) and band["max"][i] == max(values)
+
+
+def test_a_configuration_with_one_seed_has_no_band_and_its_run_keeps_its_own_series(client_for, owner, grid):
+    one = grid["base", 1]
+    body = client_for(owner).get(f"/api/compare?runs={one.pk}").json()
+    assert body["bands"] == {}
+    series = body["runs"][0]["series"]["reward/mean"]
+    stored = points(one, "reward/mean")
+    assert series["values"] == [p.value for p in stored]
+    assert series["wall"] == [p.time - (T0 - 1.0) for p in stored]  # staleness/mean came first
+
+
+def test_the_summary_exports_as_csv_with_the_same_numbers(client_for, owner, grid):
+    r = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}&format=csv&what=summary")
+    assert r.status_code == 200 and r["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.content.decode())))
+    body = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}").json()
+    for row in rows:
+        cell = next(x for x in body["summary"]["rows"] if x["configuration"] == row["configuration"])["cells"]
+        want = cell[row["column"]]["mean"]
+        assert (float(row["mean"]) if row["mean"] else None) == want
+
+
+def test_the_series_export_has_every_stored_point(client_for, owner, grid):
+    run = grid["fast-lr", 2]
+    r = client_for(owner).get(f"/api/compare?runs={run.pk}&format=csv&what=series")
+    rows = list(csv.DictReader(io.StringIO(b"".join(r.streaming_content).decode())))
+    assert len(rows) == MetricPoint.objects.filter(run=run).count()
+    per_step = run.config["trainer"]["batch_groups"] * run.config["trainer"]["group_size"]
+    reward = [row for row in rows if row["series"] == "reward/mean"]
+    assert [float(row["value"]) for row in reward] == [p.value for p in points(run, "reward/mean")]
+    assert [int(row["samples"]) for row in reward] == [s * per_step for s in range(STEPS)]
+    as_json = client_for(owner).get(f"/api/compare?runs={run.pk}&format=json&what=series")
+    assert len(json.loads(b"".join(as_json.streaming_content))["rows"]) == len(rows)
+
+
+# --- access and bad input -------------------------------------------------------------
+
+
+def test_an_outsider_gets_a_404_naming_the_run(client_for, outsider, grid):
+    run = grid["base", 1]
+    r = client_for(outsider).get(f"/api/compare?runs={run.pk}")
+    assert r.status_code == 404 and r.json() == {"errors": {"runs": f"run {run.pk} not found"}}
+    assert client_for(outsider).get(f"/compare/?runs={run.pk}").status_code == 404
+
+
+def test_one_foreign_run_among_visible_ones_is_a_404_naming_it(client_for, owner, outsider, grid):
+    from runs.models import Experiment
+    from workers.presets import build
+
+    theirs = Run.objects.create(
+        experiment=Experiment.objects.get(name="theirs"), name="x", preset="async", config=build("async").model_dump()
+    )
+    r = client_for(owner).get(f"/api/compare?runs={grid['base', 1].pk},{theirs.pk}")
+    assert r.status_code == 404 and f"run {theirs.pk} not found" in r.json()["errors"]["runs"]
+
+
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("runs=", "runs"),
+        ("runs=a,b", "runs"),
+        ("runs={id}&target=x", "target"),
+        ("runs={id}&format=xml", "format"),
+        ("runs={id}&what=everything", "what"),
+        ("runs={id}&budget=nan", "budget"),
+        ("runs={id}&format=csv&what=all", "what"),
+    ],
+)
+def test_bad_compare_parameters_are_400s_naming_the_field(client_for, owner, grid, query, field):
+    r = client_for(owner).get("/api/compare?" + query.format(id=grid["base", 1].pk))
+    assert r.status_code == 400
+    assert field in r.json()["errors"]
+
+
+def test_the_page_needs_a_login_and_shows_the_runs(client, client_for, owner, grid):
+    run = grid["base", 1]
+    assert client.get(f"/compare/?runs={run.pk}").status_code == 302
+    page = client_for(owner).get(f"/compare/?runs={run.pk}")
+    assert page.status_code == 200 and f'data-runs="{run.pk}"' in page.content.decode()
+
+
+# --- downsampling in the database ---------------------------------------------------------
+
+
+def test_downsampling_keeps_each_buckets_min_max_and_the_last_point(run):
+    rng = random.Random(7)
+    values = [rng.gauss(0, 1) for _ in range(5000)]
+    store(run, "staleness/max", values, dt=0.5)
+    got = read_series(run, max_points=101)["staleness/max"]
+    buckets = 50
+    s0, s1 = 0, len(values) - 1
+    want = set()
+    for k in range(buckets):
+        members = [s for s in range(len(values)) if (s - s0) * buckets // (s1 - s0 + 1) == k]
+        if members:
+            want.add(min(members, key=lambda s: (values[s], s)))
+            want.add(min(members, key=lambda s: (-values[s], s)))
+    want.add(s1)
+    assert got["steps"] == sorted(want)
+    assert got["values"] == [values[s] for s in got["steps"]]
+    assert got["times"] == [T0 + 0.5 * s for s in got["steps"]]
+    assert len(got["steps"]) <= 101 and got["total"] == 5000 and got["downsampled"] and got["last_step"] == s1
+
+
+def test_a_short_series_comes_back_whole_and_after_step_cuts_it(run):
+    store(run, "loss", [float(s) for s in range(30)])
+    whole = read_series(run, ["loss"], max_points=100)["loss"]
+    assert whole["steps"] == list(range(30)) and not whole["downsampled"]
+    assert read_series(run, ["loss"], after_step=25)["loss"]["steps"] == [26, 27, 28, 29]
+
+
+def test_one_query_reads_many_runs_series_apart(grid):
+    a, b = grid["base", 1], grid["fast-lr", 2]
+    got = read_many([a.pk, b.pk], ["reward/mean"], max_points=11)
+    for run in (a, b):
+        stored = points(run, "reward/mean")
+        s = got[run.pk]["reward/mean"]
+        assert len(s["steps"]) <= 11 and s["steps"][-1] == STEPS - 1
+        assert max(s["values"]) == max(p.value for p in stored)
+        assert min(s["values"]) == min(p.value for p in stored)
