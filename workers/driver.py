@@ -8,7 +8,10 @@ reports them through the `MetricsReporter` (one point per series per trainer ste
 step = policy version) and checks the stop conditions.
 
 Status goes to the platform as running → succeeded | failed (with the error text). A
-cancelled run posts no terminal status: the platform set "cancelled" itself.
+cancelled run posts no terminal status: the platform set "cancelled" itself. While
+running, each change of phase goes with the status (workers.reporter.PHASES): warm_start
+(with the supervised steps done when it builds the policy), starting_engines,
+first_step, stepping; start-up can take a minute before the first point.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ STOP_TIMEOUT_S = 30.0
 # from looking lost to the platform's reconcile while the site restarts.
 FINAL_FLUSH_S = 30.0
 CANCEL_FLUSH_S = 2.0
+# Warm-start progress is posted at most this often: each post is an HTTP round trip.
+PHASE_PROGRESS_S = 1.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -91,6 +96,8 @@ class RunDriver:
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.phase = ""
+        self._phase_posted_at = 0.0
 
     # -- control -------------------------------------------------------------------
 
@@ -122,7 +129,7 @@ class RunDriver:
     def run(self) -> dict:
         """Run to completion (blocking) and return the summary; see `summary()`."""
         self.state = "starting"
-        self.reporter.post_status("running")
+        self._set_phase("warm_start", "loading the warm-started policy")
         try:
             # Again here, not only at launch: a symlink may have changed since.
             self.confinement.check(self.cfg)
@@ -130,7 +137,7 @@ class RunDriver:
             t0 = time.perf_counter()
             from workers.warmstart import policy_dir  # torch + transformers: only here
 
-            model_dir = policy_dir(self.cfg, self.cache_dir)
+            model_dir = policy_dir(self.cfg, self.cache_dir, self._warm_start_progress)
             self.timings["warm_start"] = time.perf_counter() - t0
             if self._spawn(model_dir):
                 self.timings["spawn"] = time.perf_counter() - t0 - self.timings["warm_start"]
@@ -161,6 +168,16 @@ class RunDriver:
             self.reporter.close(timeout_s=CANCEL_FLUSH_S if self.reason == "cancelled" else FINAL_FLUSH_S)
         return self.summary()
 
+    def _set_phase(self, phase: str, detail: str = "") -> None:
+        """Tell the site what the run is doing now (with the status, which stays running)."""
+        self.phase = phase
+        self._phase_posted_at = time.monotonic()
+        self.reporter.post_status("running", phase=phase, detail=detail)
+
+    def _warm_start_progress(self, done: int, total: int) -> None:
+        if done == total or time.monotonic() - self._phase_posted_at >= PHASE_PROGRESS_S:
+            self._set_phase("warm_start", f"building the warm-started policy: step {done}/{total}")
+
     def summary(self) -> dict:
         """state, reason, error, steps, wall_s (of the loops), timings (seconds per
         phase), policy_sha256 (the final weights' checksum: equal for bit-identical
@@ -184,6 +201,10 @@ class RunDriver:
         kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
         cfg, b = self.cfg, self.cfg.trainer.batch_groups
         w = cfg.inference.num_workers
+        self._set_phase(
+            "starting_engines",
+            f"starting {w} {cfg.inference.backend} inference worker{'s' if w != 1 else ''}, the trainer and the buffer",
+        )
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
         # most max_staleness batches ahead, so admission paces generation instead of
         # generating groups get() would drop).
@@ -215,6 +236,7 @@ class RunDriver:
             return False
         ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
         self._loop_started = time.time()
+        self._set_phase("first_step", "loops started: waiting for the first trained step")
         return True
 
     def _connect_sync(self) -> bool:
@@ -300,6 +322,8 @@ class RunDriver:
                 self._emit(series, rec.step, value, rec.t1)
             self._pending_windows.append((rec.step, rec.t0, rec.t1))
             self.version = rec.step
+        if tr.steps and self.phase != "stepping":
+            self._set_phase("stepping")
         if tr.steps:
             # Cumulative over the run and all workers, one point per collected step.
             self._emit("rollout/partial_aborted", self.version, sum(r.partial.aborted for r in reports))

@@ -40,6 +40,12 @@ BATCH_POINTS = 500
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
 STATUSES = ("running", "succeeded", "failed")
+# What a starting run is doing, in order (the site's ingest accepts these words only):
+# building or loading the warm-started policy, spawning the actors and starting their
+# engines (vLLM takes most of a minute on CPU), waiting for the first trained step,
+# then training.
+PHASES = ("warm_start", "starting_engines", "first_step", "stepping")
+PHASE_DETAIL_MAX = 200
 
 
 def spool_path(cache_dir: str, run_id: int) -> Path:
@@ -79,11 +85,13 @@ class MetricsReporter:
         self.run_id = run_id
         self.ingest_url = ingest_url.rstrip("/") if ingest_url else None
         self.points: list[dict] = []  # in-memory mode only: everything ever added
+        self.phases: list[tuple[str, str]] = []  # in-memory mode only: (phase, detail) posted
         self.sent = 0  # points the site accepted
         self.dropped = 0  # points the site rejected (400/401/404) or not finite
         self.last_error = ""
         self._pending: list[dict] = []
-        self._pending_status: tuple[str, str] | None = None
+        # (status, error, phase, phase detail): only the latest is worth delivering.
+        self._pending_status: tuple[str, str, str, str] | None = None
         self._lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff = BACKOFF_START_S
@@ -91,7 +99,7 @@ class MetricsReporter:
         self._status_spool = status_spool_path(cache_dir, run_id) if cache_dir else None
         if self._status_spool is not None:
             # A previous reporter of this run could not deliver it: retry it first.
-            self._pending_status = _read_status(self._status_spool, run_id)
+            self._pending_status = _read_status(self._status_spool, run_id, with_phase=True)
         self._client = (
             httpx.Client(
                 timeout=timeout_s,
@@ -128,17 +136,22 @@ class MetricsReporter:
         for series, value in values.items():
             self.add(series, step, value, t)
 
-    def post_status(self, status: str, error: str = "") -> bool:
-        """Tell the site the run's state; True once delivered. Undelivered, the latest
-        status is retried on every flush (terminal states stick on the site, so a late
-        retry of "running" cannot undo "cancelled")."""
+    def post_status(self, status: str, error: str = "", *, phase: str = "", detail: str = "") -> bool:
+        """Tell the site the run's state, and optionally its phase (one of PHASES) with a
+        detail for people; True once delivered. Undelivered, the latest status is retried
+        on every flush (terminal states stick on the site, so a late retry of "running"
+        cannot undo "cancelled"); a newer phase replaces an undelivered older one."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES} (got {status!r})")
+        if phase and phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES} (got {phase!r})")
+        detail = detail[:PHASE_DETAIL_MAX]
         if self._client is None:
-            log.info("run %s: status %s %s", self.run_id, status, error)
+            log.info("run %s: status %s %s %s %s", self.run_id, status, phase, detail, error)
+            self.phases.append((phase, detail))
             return True
         with self._lock:
-            self._pending_status = (status, error[:4000])
+            self._pending_status = (status, error[:4000], phase, detail)
             self._send_status()
             return self._pending_status is None
 
@@ -226,9 +239,12 @@ class MetricsReporter:
         return 0
 
     def _send_status(self) -> None:
-        status, error = self._pending_status
+        status, error, phase, detail = self._pending_status
+        body = {"status": status, "error": error}
+        if phase:
+            body.update(phase=phase, phase_detail=detail)
         try:
-            resp = self._post("status", {"status": status, "error": error})
+            resp = self._post("status", body)
         except _SiteDown as exc:
             self._site_down(exc)
             return
@@ -245,10 +261,10 @@ class MetricsReporter:
         if self._pending_status is None:
             self._status_spool.unlink(missing_ok=True)
             return
-        status, error = self._pending_status
+        status, error, phase, detail = self._pending_status
         self._status_spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._status_spool.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"status": status, "error": error}))
+        tmp.write_text(json.dumps({"status": status, "error": error, "phase": phase, "phase_detail": detail}))
         os.replace(tmp, self._status_spool)
 
     def _site_down(self, exc: Exception) -> None:
@@ -314,12 +330,17 @@ def _read_points(path: Path, run_id: int) -> list[dict]:
     return points
 
 
-def _read_status(path: Path, run_id: int) -> tuple[str, str] | None:
+def _read_status(path: Path, run_id: int, *, with_phase: bool = False) -> tuple | None:
+    """(status, error), plus (phase, detail) `with_phase`: a gone driver's phase is of no
+    use to the platform, but a new reporter of the run re-sends it."""
     if not path.exists():
         return None
     try:
         spooled = json.loads(path.read_text())
-        return str(spooled["status"]), str(spooled.get("error", ""))
+        status = str(spooled["status"]), str(spooled.get("error", ""))
+        if with_phase:
+            return (*status, str(spooled.get("phase", "")), str(spooled.get("phase_detail", "")))
+        return status
     except (json.JSONDecodeError, KeyError, TypeError):
         log.warning("run %s: ignoring a corrupt status spool %s", run_id, path)
         return None

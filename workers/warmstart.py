@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import torch
 
@@ -30,6 +31,8 @@ from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
 RECIPE_VERSION = 2
+# progress(done, total): supervised steps done out of the build's total.
+Progress = Callable[[int, int], None]
 
 
 def cache_key(cfg: RunConfig) -> str:
@@ -48,8 +51,9 @@ def cache_key(cfg: RunConfig) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def policy_dir(cfg: RunConfig, cache_dir: str) -> str:
-    """Path of the warm-started policy's HF directory, building it on first use."""
+def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None) -> str:
+    """Path of the warm-started policy's HF directory, building it on first use;
+    `progress(done, total)` is called after each supervised step of a build."""
     os.makedirs(cache_dir, exist_ok=True)
     target = os.path.join(cache_dir, f"policy-{cache_key(cfg)}")
     if os.path.exists(os.path.join(target, "model.safetensors")):
@@ -61,7 +65,7 @@ def policy_dir(cfg: RunConfig, cache_dir: str) -> str:
                 return target
             tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
             try:
-                build_policy(cfg, tmp)
+                build_policy(cfg, tmp, progress)
                 os.rename(tmp, target)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -71,7 +75,7 @@ def policy_dir(cfg: RunConfig, cache_dir: str) -> str:
     return target
 
 
-def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
+def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None) -> dict[str, float]:
     """Base model (tiny or local path) + clean then noisy supervised steps → `out_dir`.
 
     Deterministic from `cfg.seed`. Returns {"final_loss": …} for logging.
@@ -84,9 +88,21 @@ def build_policy(cfg: RunConfig, out_dir: str) -> dict[str, float]:
         tokenizer = CharTokenizer()
         model = build_tiny(cfg.model, tokenizer, cfg.seed)
     ws = cfg.warm_start
-    final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean")
+    total = ws.steps + ws.noisy_steps
+
+    def clean_done(k: int) -> None:
+        if progress is not None:
+            progress(k, total)
+
+    def noisy_done(k: int) -> None:
+        if progress is not None:
+            progress(ws.steps + k, total)
+
+    final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean", on_step=clean_done)
     if ws.noisy_steps:
-        final_loss = supervised_steps(model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy")
+        final_loss = supervised_steps(
+            model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy", on_step=noisy_done
+        )
     save_model(model, tokenizer, out_dir)
     return {"final_loss": final_loss}
 
@@ -98,7 +114,15 @@ def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str
     return "".join(rng.choice(alphabet) if rng.random() < noise else c for c in answer)
 
 
-def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int, noise: float, phase: str) -> float:
+def supervised_steps(
+    model,
+    tokenizer: CharTokenizer,
+    cfg: RunConfig,
+    steps: int,
+    noise: float,
+    phase: str,
+    on_step: Callable[[int], None] | None = None,
+) -> float:
     """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt,
     each answer character replaced by a random one with probability `noise`."""
     task = make_task(cfg.task)
@@ -109,7 +133,7 @@ def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int
     loss_value = float("nan")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        for _ in range(steps):
+        for k in range(steps):
             pairs = task.sample(ws.batch_size, rng)
             targets = [corrupt(a, noise, cfg.task.alphabet, rng) for _, a in pairs]
             batch = pack(
@@ -123,5 +147,7 @@ def supervised_steps(model, tokenizer: CharTokenizer, cfg: RunConfig, steps: int
             loss.backward()
             optimizer.step()
             loss_value = loss.item()
+            if on_step is not None:
+                on_step(k + 1)
     model.eval()
     return loss_value

@@ -19,7 +19,14 @@ from typing_extensions import TypedDict
 
 from api.http import errors_response, refusal_response
 from runs.models import Run
-from runs.reports import PointIn, do_record_points, do_record_reported_status
+from runs.reports import (
+    PHASE_DETAIL_MAX,
+    PointIn,
+    ReportedPhase,
+    do_record_phase,
+    do_record_points,
+    do_record_reported_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +45,9 @@ class StatusIn(TypedDict):
 
     status: Literal["running", "succeeded", "failed"]  # the keys of runs.reports.REPORTED
     error: NotRequired[Annotated[str, Field(max_length=20_000)]]
+    # What the run is doing now (workers.reporter.PHASES), sent with "running".
+    phase: NotRequired[ReportedPhase]
+    phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX)]]
 
 
 METRICS_IN = TypeAdapter(MetricsIn)
@@ -77,7 +87,8 @@ def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
 
 
 def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
-    """POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": ""}.
+    """POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
+    "phase": "warm_start"|"starting_engines"|"first_step"|"stepping", "phase_detail": ""}.
 
     Answers the run's status after the call: a driver told "cancelling" or "cancelled"
     knows to stop. A status the run may not enter (a late "running" on a finished run)
@@ -89,5 +100,8 @@ def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
         payload = STATUS_IN.validate_json(request.body)
     except ValidationError as exc:
         return refusal_response(exc)
-    changed = do_record_reported_status(run, payload["status"], payload.get("error", ""))
+    with transaction.atomic():
+        changed = do_record_reported_status(run, payload["status"], payload.get("error", ""))
+        if "phase" in payload:
+            changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed
     return JsonResponse({"status": run.status, "changed": changed})

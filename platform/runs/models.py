@@ -180,6 +180,8 @@ class Run(models.Model):
             "experiment": {"id": experiment.pk, "name": experiment.name},
             "team": {"id": experiment.team_id, "name": experiment.team.name},
             "error": self.error,
+            "phase": self.phase,
+            "phase_detail": self.phase_detail,
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),

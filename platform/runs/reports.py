@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from django.db import transaction
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -31,6 +31,11 @@ REPORTED = {
     "succeeded": Run.Status.SUCCEEDED,
     "failed": Run.Status.FAILED,
 }
+
+
+# The engine's words for what a running run is doing (workers.reporter.PHASES).
+ReportedPhase = Literal["warm_start", "starting_engines", "first_step", "stepping"]
+PHASE_DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
 
 
 class PointIn(TypedDict):
@@ -77,3 +82,22 @@ def do_record_reported_status(
     status = REPORTED[reported]
     error = (error or NO_REASON) if status == Run.Status.FAILED else ""
     return do_set_run_status(run, status, error=error, only_from=only_from)
+
+
+def do_record_phase(run: Run, phase: str, detail: str = "") -> bool:
+    """Store the phase the driver reported (a ReportedPhase, already valid) and tell the
+    run's watchers once the transaction commits. Only a run that is starting or running
+    takes a phase (a late one after the end changes nothing), and the same phase and
+    detail again change nothing: the reporter re-sends what it could not deliver.
+    Returns whether the row changed."""
+    detail = detail[:PHASE_DETAIL_MAX]
+    changed = (
+        Run.objects.filter(pk=run.pk, status__in=[Run.Status.STARTING, Run.Status.RUNNING])
+        .exclude(phase=phase, phase_detail=detail)
+        .update(phase=phase, phase_detail=detail)
+        == 1
+    )
+    run.refresh_from_db(fields=["phase", "phase_detail"])
+    if changed:
+        transaction.on_commit(lambda: events.send_status(run))
+    return changed

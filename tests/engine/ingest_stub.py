@@ -25,9 +25,10 @@ class IngestStub:
         self.unauthorized = 0
         self.points: dict[tuple[int, str, int], float] = {}  # (run, series, step) → value
         self.received = 0  # points received, duplicates included
-        self.statuses: dict[int, list[str]] = {}  # every status posted, in order
+        self.statuses: dict[int, list[str]] = {}  # every change of status posted, in order
         self.status: dict[int, str] = {}  # current state (terminal sticks)
         self.errors: dict[int, str] = {}
+        self.phases: dict[int, list[tuple[str, str]]] = {}  # every (phase, detail) posted, in order
         self.fail_with: int | None = None  # answer every request with this status code
         stub = self
 
@@ -56,7 +57,12 @@ class IngestStub:
                             stub.received += 1
                             stub.points.setdefault((run_id, p["series"], p["step"]), p["value"])
                         return self._answer(200, {"accepted": len(body["points"])})
-                    stub.statuses.setdefault(run_id, []).append(body["status"])
+                    # A phase change repeats the status the run is in: it is recorded in
+                    # `phases` only, so `statuses` lists the changes of status.
+                    if not (body.get("phase") and stub.status.get(run_id) == body["status"]):
+                        stub.statuses.setdefault(run_id, []).append(body["status"])
+                    if body.get("phase"):
+                        stub.phases.setdefault(run_id, []).append((body["phase"], body.get("phase_detail", "")))
                     if stub.status.get(run_id) not in TERMINAL:
                         stub.status[run_id] = body["status"]
                         stub.errors[run_id] = body.get("error", "")

@@ -122,3 +122,18 @@ def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cac
     assert stub.statuses[108] == ["running", "failed"]
     assert "/nonexistent/model" in stub.errors[108]
     wait_for(lambda: not run_actor_names(108), 15, "the failed driver to exit")
+
+
+def test_the_driver_reports_each_start_up_phase_in_order_then_stepping(cluster, stub, cache_dir):
+    # A warm start of its own (a seed no other test uses), so the build's progress shows.
+    start(110, stub, cache_dir, seed=110, warm_start={"steps": 6, "noisy_steps": 2}, stop={"max_steps": 3})
+    wait_for(lambda: stub.status.get(110) in ("succeeded", "failed"), 180, "a terminal status")
+    assert stub.statuses[110] == ["running", "succeeded"], stub.errors.get(110)
+
+    phases = [phase for phase, _ in stub.phases[110]]
+    # Each phase once, in order, except warm_start which repeats with its progress.
+    order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    assert order == ["warm_start", "starting_engines", "first_step", "stepping"]
+    details = dict(reversed(stub.phases[110]))  # the first detail of each phase
+    assert "inference worker" in details["starting_engines"]
+    assert stub.phases[110][phases.index("starting_engines") - 1][1].endswith("step 8/8")

@@ -124,14 +124,83 @@
     Object.keys(seriesData).forEach(function (name) {
       var s = seriesData[name];
       s.steps.forEach(function (step, i) {
-        points.push({ series: name, step: step, value: s.values[i] });
+        points.push({ series: name, step: step, value: s.values[i], time: s.times[i] });
       });
     });
     return points;
   }
 
+  // -- phase and progress ------------------------------------------------------------
+  // The driver's phase comes with the status; progress toward the stop condition
+  // (stop.max_steps, or stop.max_minutes if that comes first) and the time left come
+  // from the policy/version points: step and the engine's time of each.
+  var phaseBox = document.getElementById("run-phase");
+  var maxSteps = Number(phaseBox.dataset.maxSteps) || 0;
+  var maxSeconds = (Number(phaseBox.dataset.maxMinutes) || 0) * 60;
+  var stepTimes = [];       // [step, time] of policy/version, in step order
+  var RATE_WINDOW = 20;     // steps the rate (and so the time left) is measured over
+
+  function formatSeconds(s) {
+    s = Math.max(0, Math.round(s));
+    if (s < 60) return s + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min " + (s % 60) + " s";
+    return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+  }
+
+  function noteSteps(points) {
+    points.forEach(function (p) {
+      if (p.series !== "policy/version" || p.time === undefined) return;
+      var last = stepTimes.length ? stepTimes[stepTimes.length - 1][0] : -1;
+      if (p.step > last) stepTimes.push([p.step, p.time]);
+    });
+    showProgress();
+  }
+
+  function showProgress() {
+    var bar = document.getElementById("run-progress");
+    var text = document.getElementById("progress-text");
+    if (phaseBox.dataset.status !== "running" || stepTimes.length === 0 || (!maxSteps && !maxSeconds)) {
+      bar.hidden = true;
+      text.textContent = "";
+      return;
+    }
+    var last = stepTimes[stepTimes.length - 1];
+    // The loops started about one step before the first point.
+    var first = stepTimes[0];
+    var recent = stepTimes[Math.max(0, stepTimes.length - 1 - RATE_WINDOW)];
+    var rate = last[0] > recent[0] ? (last[0] - recent[0]) / (last[1] - recent[1]) : null;  // steps/s
+    var elapsed = last[1] - first[1] + (rate ? 1 / rate : 0);
+    var fraction = 0, left = [], parts = [];
+    if (maxSteps) {
+      fraction = Math.max(fraction, last[0] / maxSteps);
+      parts.push("step " + last[0] + " of " + maxSteps);
+      if (rate) left.push((maxSteps - last[0]) / rate);
+    }
+    if (maxSeconds) {
+      fraction = Math.max(fraction, elapsed / maxSeconds);
+      left.push(maxSeconds - elapsed);
+    }
+    fraction = Math.min(1, fraction);
+    document.getElementById("progress-bar").style.width = (100 * fraction).toFixed(1) + "%";
+    bar.setAttribute("aria-valuenow", (100 * fraction).toFixed(0));
+    bar.hidden = false;
+    if (rate) parts.push(rate.toFixed(2) + " steps/s");
+    if (left.length && rate) parts.push("~" + formatSeconds(Math.min.apply(null, left)) + " left");
+    text.textContent = parts.join(" · ");
+  }
+
+  function showPhase(run) {
+    phaseBox.dataset.status = run.status;
+    phaseBox.dataset.phase = run.phase || "";
+    phaseBox.hidden = run.status !== "running" || !run.phase;
+    document.getElementById("phase-name").textContent = run.phase || "";
+    document.getElementById("phase-detail").textContent = run.phase_detail || "";
+    showProgress();
+  }
+
   function showStatus(run) {
     Rollway.setStatus(root, run);
+    showPhase(run);
     document.getElementById("cancel-form").hidden = run.is_terminal || run.status === "cancelling";
     var err = document.getElementById("run-error");
     err.textContent = run.error || "";
@@ -142,14 +211,18 @@
   // the first live message.
   Rollway.openSocket(root.dataset.livePath, {
     onMessage: function (msg) {
-      if (msg.type === "points") receive(msg.points);
+      if (msg.type === "points") { noteSteps(msg.points); receive(msg.points); }
       else if (msg.type === "status") showStatus(msg.run);
     },
     onReopen: function () {
       // Catch up on what arrived while we were disconnected.
       var steps = Object.keys(lastStep).map(function (k) { return lastStep[k]; });
       var after = steps.length ? Math.min.apply(null, steps) : undefined;
-      fetchSeries(after).then(function (data) { receive(toPoints(data.series)); });
+      fetchSeries(after).then(function (data) {
+        var points = toPoints(data.series);
+        noteSteps(points);
+        receive(points);
+      });
     },
   });
 
@@ -168,6 +241,7 @@
   })();
 
   fetchSeries().then(function (data) {
+    noteSteps(toPoints({ "policy/version": data.series["policy/version"] || { steps: [], values: [], times: [] } }));
     draw(data.series);
     var batch = pending;
     pending = [];
