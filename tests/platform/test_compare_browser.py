@@ -1,0 +1,126 @@
+"""The compare page in Debian's Chromium (driven by Playwright) against Django's live
+server: 2 configurations × 2 seeds with stored points; the charts draw, the config
+table's diff-only toggle and pinned baseline work, and the summary CSV the page links
+to carries the numbers the stored points give."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from statistics import fmean
+
+import pytest
+
+from runs.models import Experiment, MetricPoint, Run
+from teams.models import Membership, Team
+from workers.presets import build
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+# Without the networking flags Chromium keeps dialling Google on a closed network.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "pw-compare-user"
+T0 = 1_700_000_000.0
+BUDGET = 30.0
+
+
+def seed_runs(user) -> tuple[list[Run], dict[str, float]]:
+    """Four finished runs and, per configuration label, the mean over its seeds of the
+    reward at BUDGET seconds, computed here from the points themselves."""
+    team = Team.objects.create(name="Compare")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    experiment = Experiment.objects.create(team=team, name="lr sweep")
+    runs, want = [], {}
+    for lr in (1e-5, 3e-5):
+        rewards = []
+        for seed in (1, 2):
+            config = build("async").model_dump(mode="json")
+            config["seed"] = seed
+            config["trainer"]["lr"] = lr
+            run = Run.objects.create(
+                experiment=experiment,
+                name=f"lr {lr} seed {seed}",
+                preset="async",
+                overrides={"trainer": {"lr": lr}, "seed": seed},
+                config=config,
+                status=Run.Status.SUCCEEDED,
+            )
+            slope = lr * 1e4 / 10
+            points = [("reward/mean", s, slope * s + 0.01 * seed, T0 + 2.0 * s) for s in range(50)]
+            points += [("staleness/mean", s, 0.5 * seed + (s % 3), T0 + 2.0 * s) for s in range(50)]
+            MetricPoint.objects.upsert(run.pk, points)
+            within = [v for name, _step, v, t in points if name == "reward/mean" and t - T0 <= BUDGET]
+            rewards.append(within[-1])
+            runs.append(run)
+        want[f"async (trainer.lr={lr})"] = fmean(rewards)
+    return runs, want
+
+
+def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import expect, sync_playwright
+
+    user = get_user_model().objects.create_user("cora", password=PASSWORD)
+    runs, want = seed_runs(user)
+    ids = ",".join(str(r.pk) for r in runs)
+    # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{live_server.url}/accounts/login/")
+            page.fill("#id_username", "cora")
+            page.fill("#id_password", PASSWORD)
+            page.click("form button[type=submit]")
+            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+
+            page.goto(f"{live_server.url}/compare/?runs={ids}&budget={BUDGET:g}")
+            reward = page.locator('[data-metric="reward/mean"]')
+            expect(reward).to_have_attribute("data-traces", "6")  # 2 configurations × (band low, high, mean)
+            assert int(reward.get_attribute("data-points")) == 2 * 3 * 50
+            assert page.locator("#charts .chart").count() >= 30  # every metric of the vocabulary
+            assert page.locator('[data-metric="reward/mean"] .main-svg').count() > 0
+
+            rows = page.locator("#config-table tr[data-key]")
+            total = rows.count()
+            page.check("#diff-only")
+            visible = page.locator("#config-table tr[data-key]:not([hidden])")
+            expect(visible).to_have_count(1)
+            assert visible.first.get_attribute("data-key") == "trainer.lr"
+            assert total > 10
+            assert "diff=1" in page.url
+
+            page.select_option("#baseline", "c2")
+            first_column = page.locator("#config-table tr:first-child th[data-configuration]").first
+            expect(first_column).to_have_attribute("data-configuration", "c2")
+            lr_cells = page.locator('#config-table tr[data-key="trainer.lr"] td')
+            expect(lr_cells.nth(1)).to_contain_text("-2")  # 1e-5 shown as its difference from 3e-5
+            assert "baseline=c2" in page.url
+
+            href = page.get_attribute("#export-summary-csv", "href")
+            exported = page.request.get(live_server.url + href).text()
+            page.reload()  # the URL alone restores the view
+            expect(page.locator("#diff-only")).to_be_checked()
+            expect(page.locator("#baseline")).to_have_value("c2")
+        finally:
+            browser.close()
+
+    got = {
+        row["label"]: float(row["mean"])
+        for row in csv.DictReader(io.StringIO(exported))
+        if row["column"] == "reward_at_budget"
+    }
+    assert got == pytest.approx(want)
