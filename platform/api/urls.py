@@ -10,6 +10,7 @@ urlpatterns = [
     path("teams", views.teams, name="teams"),
     path("experiments", views.experiments, name="experiments"),
     path("runs", views.runs, name="runs"),
+    path("runs/cancel", views.runs_cancel, name="runs-cancel"),
     path("runs/<int:run_id>", views.run_detail, name="run"),
     path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/metrics", views.run_metrics, name="run-metrics"),

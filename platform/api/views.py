@@ -7,6 +7,7 @@ token-authenticated ingest endpoints live in api/ingest.py.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db import connection
@@ -23,15 +24,13 @@ from api.http import (
     refusal_response,
 )
 from api.ingest import ingest_metrics, ingest_status
-from runs import actions
+from runs import actions, listing
 from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
-from runs.models import Experiment, Run
+from runs.models import Experiment
 from teams.models import Team
 from workers.config import json_schema
 from workers.presets import PRESETS
-
-RUNS_LIST_LIMIT = 200
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -128,16 +127,23 @@ class LaunchIn(BaseModel):
 @api_login_required
 def runs(request: HttpRequest) -> JsonResponse:
     if request.method == "GET":
-        found = Run.objects.visible_to(request.user).select_related("experiment__team")
+        # Filters, search, sort and pages as in runs/listing.py (the page reads the same).
         try:
-            experiment = int_param(request, "experiment", None)
-        except BadParam as exc:
+            query = listing.check_list_query(request.GET)
+        except ActionError as exc:
             return refusal_response(exc)
-        if experiment is not None:
-            found = found.filter(experiment_id=experiment)
-        if request.GET.get("status"):
-            found = found.filter(status=request.GET["status"])
-        return JsonResponse({"runs": [run.summary() for run in found[:RUNS_LIST_LIMIT]]})
+        page = listing.list_runs(request.user, query)
+        return JsonResponse(
+            {
+                "runs": [listing.row(run) for run in page.runs],
+                "total": page.total,
+                "page": query.page,
+                "page_size": query.page_size,
+                "pages": page.pages,
+                "next": _page_url(request, query, query.page + 1) if page.has_next else None,
+                "prev": _page_url(request, query, query.page - 1) if page.has_prev else None,
+            }
+        )
 
     try:
         data = LaunchIn.model_validate(json_object(request))
@@ -146,6 +152,31 @@ def runs(request: HttpRequest) -> JsonResponse:
         return refusal_response(exc)
     run = actions.do_launch_run(request.user, launch)
     return JsonResponse(run.detail(), status=201)
+
+
+def _page_url(request: HttpRequest, query: listing.ListQuery, page: int) -> str:
+    return f"{request.path}?{urlencode(query.params(page=page))}"
+
+
+class CancelManyIn(BaseModel):
+    """POST /api/runs/cancel. `runs` is checked by the actions layer."""
+
+    model_config = ConfigDict(extra="forbid")
+    runs: Any = None
+
+
+@require_POST
+@api_login_required
+def runs_cancel(request: HttpRequest) -> JsonResponse:
+    """Cancel several runs: {"runs": [ids]} → {"cancelled": [ids], "refused": {id: why}}.
+    Each run is checked and cancelled on its own; 200 even when some were refused."""
+    try:
+        data = CancelManyIn.model_validate(json_object(request))
+        run_ids = actions.check_run_ids(data.runs)
+    except (ValidationError, ActionError) as exc:
+        return refusal_response(exc)
+    cancelled, refused = actions.do_cancel_runs(request.user, run_ids)
+    return JsonResponse({"cancelled": cancelled, "refused": {str(k): v for k, v in refused.items()}})
 
 
 @require_GET

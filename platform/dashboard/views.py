@@ -7,34 +7,119 @@ browser over WebSockets (runs/consumers.py) and the JSON API (api/views.py).
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
 from rollway import jsonin
-from runs import actions
+from runs import actions, listing
 from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.metric_names import DASHBOARD_CHARTS, METRICS
 from workers.presets import PRESETS
 
-RUNS_PAGE_LIMIT = 200
 NO_SUCH_RUN = "No such run in your teams."
 UNITS = {m.name: m.unit for m in METRICS}
 
 
+# (sort key, column title) of the run list's sortable columns, left to right.
+SORTABLE = [
+    ("name", "Name"),
+    ("status", "Status"),
+    ("steps", "Steps"),
+    ("reward", "Reward"),
+    ("samples_per_s", "Samples/s"),
+    ("duration", "Duration"),
+    ("created", "Created"),
+]
+
+
 @login_required
 def runs(request: HttpRequest) -> HttpResponse:
-    found = Run.objects.visible_to(request.user).select_related("experiment__team", "launched_by")
+    """The run list: filters, search, sort and page from the URL (runs/listing.py)."""
+    errors: dict[str, str] = {}
+    try:
+        query = listing.check_list_query(request.GET)
+    except ActionError as exc:
+        errors = exc.errors
+        query = listing.ListQuery()
+    page = listing.list_runs(request.user, query)
+    for run in page.runs:
+        run.row = listing.row(run)
+        run.spark = listing.sparkline_path(run.sparkline)
+    key = query.sort.lstrip("-")
+    columns = [
+        {
+            "key": name,
+            "title": title,
+            # A click sorts by the column, the second click reverses; numbers and dates
+            # start with the highest, names A→Z.
+            "url": "?" + urlencode(query.params(sort=_next_sort(name, query.sort), page=1)),
+            "sorted": "" if key != name else ("desc" if query.sort.startswith("-") else "asc"),
+        }
+        for name, title in SORTABLE
+    ]
+    teams = Team.objects.for_user(request.user)
     return render(
         request,
         "dashboard/runs.html",
-        {"runs": found[:RUNS_PAGE_LIMIT], "has_team": Team.objects.for_user(request.user).exists()},
+        {
+            "page": page,
+            "runs": page.runs,
+            "query": query,
+            "errors": errors,
+            "columns": columns,
+            "statuses": Run.Status.values,
+            "presets": sorted(PRESETS),
+            "experiments": Experiment.objects.filter(team__in=teams).select_related("team"),
+            "launchers": sorted(
+                get_user_model()
+                .objects.filter(memberships__team__in=teams)
+                .values_list("username", flat=True)
+                .distinct()
+            ),
+            "next_url": "?" + urlencode(query.params(page=query.page + 1)) if page.has_next else "",
+            "prev_url": "?" + urlencode(query.params(page=query.page - 1)) if page.has_prev else "",
+            "here": request.get_full_path(),
+            "has_team": teams.exists(),
+        },
+        status=400 if errors else 200,
+    )
+
+
+def _next_sort(key: str, current: str) -> str:
+    if current.lstrip("-") == key:
+        return key if current.startswith("-") else f"-{key}"
+    return key if key == "name" else f"-{key}"
+
+
+@login_required
+@require_POST
+def cancel_many(request: HttpRequest) -> HttpResponse:
+    """The run list's "Cancel selected": each checked run cancelled or refused on its own,
+    then back to the list as it was (filters, sort, page)."""
+    try:
+        run_ids = actions.check_run_ids(request.POST.getlist("runs"))
+    except ActionError as exc:
+        messages.error(request, exc.message)
+    else:
+        cancelled, refused = actions.do_cancel_runs(request.user, run_ids)
+        if cancelled:
+            messages.info(request, "Cancelling " + ", ".join(f"#{i}" for i in cancelled) + ".")
+        for run_id, why in refused.items():
+            messages.error(request, f"#{run_id} not cancelled: {why}")
+    back = request.POST.get("next", "")
+    # Only a path of this site: an open redirect would send people anywhere.
+    return redirect(
+        back if url_has_allowed_host_and_scheme(back, allowed_hosts=None) and back.startswith("/") else "dashboard:runs"
     )
 
 

@@ -227,6 +227,46 @@ def do_cancel_run(user, run: Run) -> bool:
     return changed
 
 
+BULK_CANCEL_MAX = 200  # one page of the run list
+
+
+def check_run_ids(value: Any, *, field: str = "runs") -> list[int]:
+    """A list of run ids (ints, or digit strings as a form sends them), without repeats;
+    ActionError on `field` otherwise."""
+    if not isinstance(value, list) or not value:
+        raise ActionError({field: "give a non-empty list of run ids, e.g. [12, 15]"})
+    if len(value) > BULK_CANCEL_MAX:
+        raise ActionError({field: f"at most {BULK_CANCEL_MAX} runs at once (got {len(value)})"})
+    ids: list[int] = []
+    for item in value:
+        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and item.isdigit())):
+            raise ActionError({field: f"run ids are positive integers (got {item!r})"})
+        if int(item) not in ids:
+            ids.append(int(item))
+    return ids
+
+
+def do_cancel_runs(user, run_ids: list[int]) -> tuple[list[int], dict[int, str]]:
+    """Cancel each run `user` may cancel, each on its own (`check_cancel`, then
+    `do_cancel_run`), so one refusal does not stop the others. Returns (the ids now
+    cancelling, {id: why it was refused}); a run outside the user's teams is refused as
+    not found, like any other request for it."""
+    cancelled: list[int] = []
+    refused: dict[int, str] = {}
+    for run_id in run_ids:
+        try:
+            run = check_cancel(user, run_id)
+        except ActionError as exc:
+            refused[run_id] = exc.message
+            continue
+        with transaction.atomic():
+            if do_cancel_run(user, run):
+                cancelled.append(run_id)
+            else:  # it ended between the check and the update
+                refused[run_id] = f"run {run_id} is {run.status}; nothing to cancel"
+    return cancelled, refused
+
+
 # --- workspace ----------------------------------------------------------------------
 
 
