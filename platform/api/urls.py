@@ -1,11 +1,14 @@
 from django.urls import path
 
-from api import views
+from api import configs, views
 
 app_name = "api"
 
 urlpatterns = [
     path("presets", views.presets, name="presets"),
+    path("configs", configs.configs, name="configs"),
+    path("configs/<str:config_id>", configs.config_detail, name="config"),
+    path("configs/<str:config_id>/versions", configs.config_versions, name="config-versions"),
     path("config/schema", views.config_schema, name="config-schema"),
     path("teams", views.teams, name="teams"),
     path("experiments", views.experiments, name="experiments"),

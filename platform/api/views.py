@@ -121,6 +121,7 @@ class LaunchIn(BaseModel):
     name: str = ""
     preset: str = ""
     overrides: Any = None
+    saved_config: int | None = None  # a saved configuration version's id, instead of a preset
 
 
 @require_http_methods(["GET", "POST"])

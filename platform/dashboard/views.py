@@ -14,10 +14,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
+from configs import actions as config_actions
+from configs.models import SavedConfig
 from rollway import jsonin
 from runs import actions, listing
 from runs.errors import ActionError, NotFound
@@ -123,15 +126,62 @@ def cancel_many(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _preset_choices() -> list[dict]:
-    return [
+SAVED_PREFIX = "saved:"  # the launch form's value for a saved configuration: saved:<id>
+
+
+def _preset_choices(user) -> list[dict]:
+    """The preset selector's groups: the built-in presets, then each of the user's
+    teams' saved configurations (newest version of each name)."""
+    groups = [
         {
-            "name": name,
-            "description": preset["description"],
-            "config_json": json.dumps(preset["config"].model_dump(mode="json"), indent=2),
+            "label": "Built-in presets",
+            "options": [
+                {
+                    "name": name,
+                    "label": name,
+                    "description": preset["description"],
+                    "config_json": json.dumps(preset["config"].model_dump(mode="json"), indent=2),
+                }
+                for name, preset in PRESETS.items()
+            ],
         }
-        for name, preset in PRESETS.items()
     ]
+    by_team: dict[str, list[dict]] = {}
+    for saved in SavedConfig.objects.visible_to(user).latest_versions().select_related("team"):
+        by_team.setdefault(saved.team.name, []).append(
+            {
+                "name": f"{SAVED_PREFIX}{saved.pk}",
+                "label": saved.label,
+                "description": saved.description or f"{saved.base_preset} with overrides {json.dumps(saved.overrides)}",
+                "config_json": json.dumps(saved.effective_config().model_dump(mode="json"), indent=2),
+            }
+        )
+    groups += [{"label": f"{team} configurations", "options": options} for team, options in by_team.items()]
+    return groups
+
+
+def _save_config(request: HttpRequest, form: dict, overrides: dict) -> SavedConfig:
+    """The launch form's "Save as configuration": the team of the chosen experiment
+    (or "team:<id>"), the chosen preset or saved configuration, the overrides."""
+    experiment, _, team = form["experiment"].partition("team:")
+    if experiment:
+        team_obj = actions.check_experiment_access(request.user, experiment).team
+    else:
+        team_obj = actions.check_team_access(request.user, team)
+    saved = None
+    if form["preset"].startswith(SAVED_PREFIX):
+        saved_id = form["preset"].removeprefix(SAVED_PREFIX)
+        saved = actions.check_saved_config_access(request.user, saved_id, field="preset")
+    save = config_actions.check_save_from_launch_form(
+        request.user,
+        team=team_obj,
+        name=form["config_name"],
+        description=form["config_description"],
+        preset=form["preset"],
+        saved=saved,
+        overrides=overrides,
+    )
+    return config_actions.do_save_config(request.user, save)
 
 
 @login_required
@@ -143,8 +193,10 @@ def launch(request: HttpRequest) -> HttpResponse:
     form = {
         "experiment": request.POST.get("experiment", ""),
         "name": request.POST.get("name", ""),
-        "preset": request.POST.get("preset", next(iter(PRESETS))),
+        "preset": request.POST.get("preset", request.GET.get("preset", next(iter(PRESETS)))),
         "overrides": request.POST.get("overrides", "{}"),
+        "config_name": request.POST.get("config_name", ""),
+        "config_description": request.POST.get("config_description", ""),
     }
     errors: dict[str, str] = {}
     if request.method == "POST":
@@ -154,15 +206,22 @@ def launch(request: HttpRequest) -> HttpResponse:
             errors["overrides"] = str(exc)
         else:
             try:
+                if request.POST.get("action") == "save":
+                    saved = _save_config(request, form, overrides)
+                    messages.success(request, f"Saved configuration {saved.label} in team {saved.team.name}.")
+                    return redirect(f"{reverse('dashboard:launch')}?preset={SAVED_PREFIX}{saved.pk}")
                 # "team:<id>" picks a team without experiments: its "default" one is made
                 experiment, _, team = form["experiment"].partition("team:")
+                # "saved:<id>" picks a team's saved configuration instead of a preset
+                preset, _, saved_config = form["preset"].partition(SAVED_PREFIX)
                 launch_request = actions.check_launch(
                     request.user,
                     experiment=experiment,
                     team=team,
                     name=form["name"],
-                    preset=form["preset"],
+                    preset=preset,
                     overrides=overrides,
+                    saved_config=saved_config,
                 )
             except ActionError as exc:
                 errors = exc.errors
@@ -172,7 +231,13 @@ def launch(request: HttpRequest) -> HttpResponse:
                 return redirect(run)
     if "team" in errors:
         errors["experiment"] = errors.pop("team")
-    simple = {"experiment", "name", "preset", "overrides"}
+    if "saved_config" in errors:
+        errors["preset"] = errors.pop("saved_config")
+    if request.POST.get("action") == "save":
+        shown_at = {"name": "config_name", "description": "config_description", "base_preset": "preset"}
+        for field in shown_at.keys() & errors.keys():
+            errors[shown_at[field]] = errors.pop(field)
+    simple = {"experiment", "name", "preset", "overrides", "config_name", "config_description", "config"}
     context = {
         "form": form,
         "experiment_choices": [(str(e.pk), f"{e.team.name} / {e.name}") for e in experiments]
@@ -180,7 +245,7 @@ def launch(request: HttpRequest) -> HttpResponse:
             (f"team:{team.pk}", f"{team.name} / default (new)")
             for team in Team.objects.for_user(request.user).filter(experiments__isnull=True)
         ],
-        "presets": _preset_choices(),
+        "preset_groups": _preset_choices(request.user),
         "errors": errors,
         "field_errors": {k: v for k, v in errors.items() if k in simple},
         # Everything else came from the engine config: shown beside the overrides box.

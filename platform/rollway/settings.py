@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "channels",
     "teams",
     "runs",
+    "configs",
     "api",
     "dashboard",
     "ops",  # management commands only (up, …)
@@ -106,7 +107,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Migrations live in the top-level migrations/ package, one sub-package per app.
-MIGRATION_MODULES = {app: f"migrations.{app}" for app in ("teams", "runs")}
+MIGRATION_MODULES = {app: f"migrations.{app}" for app in ("teams", "runs", "configs")}
 
 # --- auth ---------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -19,12 +19,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from configs.models import SavedConfig
 from runs import admission, dispatch, events
 from runs.errors import ActionError, Conflict, NotFound, field_errors
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.config import RunConfig
-from workers.presets import PRESETS, UnknownPreset, build
+from workers.presets import PRESETS, UnknownPreset, build, deep_merge
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,34 @@ class LaunchRequest:
     preset: str
     overrides: dict
     config: RunConfig
+    saved_config: SavedConfig | None = None
+
+
+def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:
+    """The config `preset` + `overrides` stand for, and every field error that keeps it
+    from running here: the engine's own validation (`presets.build`) and the operator's
+    paths, limits and cluster (`admission.config_errors`). The launch and saved
+    configurations check through here, so both refuse with the same messages."""
+    try:
+        config = build(preset, overrides)
+    except UnknownPreset as exc:
+        return None, {"preset": str(exc)}
+    except ValidationError as exc:
+        return None, field_errors(exc, model=RunConfig, root="config")
+    return config, admission.config_errors(config)
+
+
+def check_saved_config_access(user, saved_config: Any, *, field: str = "saved_config") -> SavedConfig:
+    """A saved configuration version of one of the user's teams, by id; ActionError on
+    `field` otherwise (an outsider learns nothing about other teams' configurations)."""
+    try:
+        saved_id = int(saved_config)
+    except (TypeError, ValueError):
+        raise ActionError({field: f"must be a saved configuration id (got {saved_config!r})"}) from None
+    found = SavedConfig.objects.visible_to(user).select_related("team").filter(pk=saved_id).first()
+    if found is None:
+        raise ActionError({field: f"no saved configuration {saved_id} in your teams"})
+    return found
 
 
 def check_launch(
@@ -113,21 +142,41 @@ def check_launch(
     name: str = "",
     preset: str = "",
     overrides: Any = None,
+    saved_config: Any = None,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
-    shows them all at once. Config validation is the engine's own (`presets.build`)."""
+    shows them all at once. Config validation is the engine's own (`presets.build`).
+
+    `saved_config` (an id) launches a team's saved configuration version instead of a
+    built-in `preset`: its base preset and overrides, with `overrides` merged on top.
+    The run lands in the configuration's team (its default experiment unless one of
+    that team's experiments is given)."""
     errors: dict[str, str] = {}
-    exp_obj = team_obj = None
+    exp_obj = team_obj = saved = None
+    if saved_config not in (None, ""):
+        if preset:
+            errors["preset"] = "give a preset or a saved_config, not both"
+        try:
+            saved = check_saved_config_access(user, saved_config)
+        except ActionError as exc:
+            errors.update(exc.errors)
     try:
         if experiment not in (None, ""):
             exp_obj = check_experiment_access(user, experiment)
             team_obj = exp_obj.team
         elif team not in (None, ""):
             team_obj = check_team_access(user, team)
+        elif saved is not None:
+            team_obj = saved.team
         else:
             errors["experiment"] = "choose an experiment (or give a team to use its default one)"
     except ActionError as exc:
         errors.update(exc.errors)
+    if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
+        errors["saved_config"] = (
+            f"configuration {saved.label!r} belongs to team {saved.team.name}; "
+            f"launch it into one of {saved.team.name}'s experiments"
+        )
 
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
@@ -140,27 +189,27 @@ def check_launch(
         overrides = {}
 
     config = None
+    if saved is not None:
+        # Stored as the base preset + every override, so the run's preset and overrides
+        # alone rebuild its config; `saved_config` names the version they came from.
+        preset, overrides = saved.base_preset, deep_merge(saved.overrides, overrides)
     if not preset:
-        errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
+        if saved_config in (None, ""):  # else: refused above, its config cannot be known
+            errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
     else:
-        try:
-            config = build(preset, overrides)
-        except UnknownPreset as exc:
-            errors["preset"] = str(exc)
-        except ValidationError as exc:
-            errors.update(field_errors(exc, model=RunConfig, root="config"))
-        else:
-            errors.update(admission.config_errors(config))
+        config, config_errors = check_config(preset, overrides)
+        errors.update(config_errors)
 
     if errors:
         raise ActionError(errors)
     return LaunchRequest(
         experiment=exp_obj,
         team=team_obj,
-        name=name or f"{preset} {timezone.now():%Y-%m-%d %H:%M:%S}",
+        name=name or f"{saved.label if saved else preset} {timezone.now():%Y-%m-%d %H:%M:%S}",
         preset=preset,
         overrides=overrides,
         config=config,
+        saved_config=saved,
     )
 
 
@@ -179,6 +228,7 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
             overrides=launch.overrides,
             config=launch.config.model_dump(mode="json"),
             launched_by=user,
+            saved_config=launch.saved_config,
         )
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 

@@ -114,6 +114,13 @@ class Run(models.Model):
     # start, starting inference engines, first step, stepping), and a detail for people.
     phase = models.CharField(max_length=32, blank=True)
     phase_detail = models.CharField(max_length=200, blank=True)
+    # The saved configuration version this run was launched from (None: a built-in
+    # preset). RESTRICT, not SET_NULL: a version a run ran cannot be deleted on its own,
+    # so the run never loses the record of what it ran; unlike PROTECT it still lets a
+    # team be deleted, whose cascade removes the runs and their configurations together.
+    saved_config = models.ForeignKey(
+        "configs.SavedConfig", null=True, blank=True, on_delete=models.RESTRICT, related_name="runs"
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -196,6 +203,11 @@ class Run(models.Model):
             "launched_by": self.launched_by.get_username() if self.launched_by else None,
             "launched_at": _iso(self.launched_at),
             "series": self.series_names(),
+            "saved_config": (
+                {"id": self.saved_config_id, "name": self.saved_config.name, "version": self.saved_config.version}
+                if self.saved_config_id
+                else None
+            ),
         }
 
     def series_names(self) -> list[str]:

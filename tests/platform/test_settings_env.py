@@ -53,5 +53,9 @@ def test_settings_default_to_one_machine_with_nothing_installed(settings):
         assert opts["data_folder_in"] == opts["data_folder_out"]
         assert opts["polling_interval"] == 0.05
     assert settings.CELERY_WORKER_REDIRECT_STDOUTS is False
-    assert settings.MIGRATION_MODULES == {"teams": "migrations.teams", "runs": "migrations.runs"}
+    assert settings.MIGRATION_MODULES == {
+        "teams": "migrations.teams",
+        "runs": "migrations.runs",
+        "configs": "migrations.configs",
+    }
     assert str(settings.ROLLWAY_HOME / "cache") == settings.ROLLWAY_CACHE_DIR

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConfigsConfig(AppConfig):
+    name = "configs"
+    verbose_name = "Saved configurations"

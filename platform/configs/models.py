@@ -1,0 +1,96 @@
+"""Saved configurations: a team's named, versioned run configs, stored as data.
+
+A saved configuration is what a launch is made of — a built-in preset
+(workers/presets.py) and JSON overrides on top — under a name the team chose. Rows are
+never edited: editing a configuration saves version n+1 beside version n, so a run that
+ran version n (`Run.saved_config`) still points at exactly what it ran.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Max
+
+from teams.models import Team
+from workers.config import RunConfig
+from workers.presets import build
+
+
+class SavedConfigQuerySet(models.QuerySet):
+    def visible_to(self, user) -> SavedConfigQuerySet:
+        """Configurations of the teams `user` belongs to."""
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(team__memberships__user=user)
+
+    def latest_versions(self) -> SavedConfigQuerySet:
+        """The newest version of each (team, name)."""
+        newest = (
+            SavedConfig.objects.filter(team=models.OuterRef("team"), name=models.OuterRef("name"))
+            .order_by("-version")
+            .values("version")[:1]
+        )
+        return self.filter(version=models.Subquery(newest))
+
+
+class SavedConfig(models.Model):
+    """One version of a team's named configuration; the effective run config is
+    `workers.presets.build(base_preset, overrides)`."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="saved_configs")
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
+    description = models.TextField(blank=True)
+    base_preset = models.CharField(max_length=50, help_text="A built-in preset (workers/presets.py).")
+    overrides = models.JSONField(default=dict, blank=True, help_text="Merged onto the base preset.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = SavedConfigQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["team__name", "name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name", "version"], name="unique_saved_config_version"),
+            models.CheckConstraint(condition=models.Q(version__gte=1), name="saved_config_version_from_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} / {self.name} v{self.version}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def effective_config(self) -> RunConfig:
+        """The run config this version stands for (raises pydantic's ValidationError if
+        the engine no longer accepts it)."""
+        return build(self.base_preset, self.overrides)
+
+    def newest_version(self) -> int:
+        found = SavedConfig.objects.filter(team_id=self.team_id, name=self.name).aggregate(n=Max("version"))["n"]
+        return found or self.version
+
+    def as_dict(self) -> dict:
+        """What the API and the launch form show of a saved configuration."""
+        return {
+            "kind": "saved",
+            "id": self.pk,
+            "read_only": False,
+            "team": {"id": self.team_id, "slug": self.team.slug, "name": self.team.name},
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "base_preset": self.base_preset,
+            "overrides": self.overrides,
+            "config": self.effective_config().model_dump(mode="json"),
+            "created_by": self.created_by.get_username() if self.created_by else None,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+        }

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from configs import views
+
+app_name = "configs"
+
+urlpatterns = [
+    path("", views.configs, name="list"),
+]
