@@ -1,4 +1,5 @@
-"""The run lifecycle as the platform sees it: connect to Ray, launch, cancel, is_alive.
+"""The run lifecycle as the platform sees it: connect to Ray, launch, cancel, is_alive,
+and the cluster's resources (in total, and free now).
 
 A run lives in Ray as the detached driver actor `run-<id>` (workers.driver), so the
 Celery task that launches it stays short and a redelivered task finds the run instead
@@ -116,4 +117,14 @@ def cluster_capacity(*, ray_address: str | None = None) -> Capacity:
     total = ray.cluster_resources()
     return Capacity(
         cpus=float(total.get("CPU", 0.0)), memory_bytes=int(total.get("memory", 0)), gpus=float(total.get("GPU", 0.0))
+    )
+
+
+def available_capacity(*, ray_address: str | None = None) -> Capacity:
+    """What the cluster has free now (Ray's `available_resources()`): the run queue
+    admits a run only when this covers what it asks for."""
+    connect(ray_address)
+    free = ray.available_resources()
+    return Capacity(
+        cpus=float(free.get("CPU", 0.0)), memory_bytes=int(free.get("memory", 0)), gpus=float(free.get("GPU", 0.0))
     )

@@ -189,6 +189,9 @@ CELERY_BEAT_SCHEDULE = {
 ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
 # Points returned per series by the metrics API before downsampling kicks in.
 ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
+# The run queue (runs/queue.py): runs active at once on the site, and per team.
+ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
+ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 
 # --- confinement: the only places a run's config may name (workers/paths.py) ---------
 # model.path must resolve (symlinks and .. followed) under one of these.

@@ -214,7 +214,8 @@ def check_launch(
 
 
 def do_launch_run(user, launch: LaunchRequest) -> Run:
-    """Create the queued Run and, once it is committed, enqueue `launch_run`."""
+    """Create the queued Run and, once it is committed, ask the queue's scheduler
+    (runs/queue.py) to look: it sends `launch_run` when the run's turn comes."""
     with transaction.atomic():
         experiment = launch.experiment
         if experiment is None:
@@ -232,13 +233,8 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
         )
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 
-        def enqueue() -> None:
-            task_id = dispatch.send_or_log(dispatch.LAUNCH_RUN, run.pk)
-            if task_id is not None:
-                Run.objects.filter(pk=run.pk).update(celery_task_id=task_id)
-
         transaction.on_commit(lambda: events.send_status(run))
-        transaction.on_commit(enqueue)
+        transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
     logger.info("run %s queued by %s (preset %s)", run.pk, user, run.preset)
     return run
 
@@ -248,11 +244,14 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
 
 def do_set_run_status(run: Run, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
     """Move the run to `status` (see `Run.transition`); on a change, tell its watchers
-    once the transaction commits. Returns whether the row changed."""
+    once the transaction commits. A run that ends frees its place in the queue, so the
+    queue's scheduler is asked to look. Returns whether the row changed."""
     changed = run.transition(status, error=error, only_from=only_from)
     if changed:
         logger.info("run %s → %s%s", run.pk, status, f" ({error})" if error else "")
         transaction.on_commit(lambda: events.send_status(run))
+        if status in Run.TERMINAL:
+            transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
     return changed
 
 

@@ -18,15 +18,17 @@ logger = logging.getLogger(__name__)
 LAUNCH_RUN = "runs.tasks.launch_run"
 CANCEL_RUN = "runs.tasks.cancel_run"
 RECONCILE_RUNS = "runs.tasks.reconcile_runs"
+# The run queue's scheduler (runs/queue.py); takes no run id: it looks at every queued run.
+SCHEDULE_QUEUE = "runs.tasks.schedule_queue"
 
 
-def send(task: str, run_id: int) -> str:
-    """Enqueue `task` for run `run_id`; returns the Celery task id. Raises whatever the
-    broker raises."""
-    return celery_app.send_task(task, args=[run_id]).id or ""
+def send(task: str, run_id: int | None = None) -> str:
+    """Enqueue `task` for run `run_id` (None: a task that takes no run); returns the
+    Celery task id. Raises whatever the broker raises."""
+    return celery_app.send_task(task, args=[] if run_id is None else [run_id]).id or ""
 
 
-def send_or_log(task: str, run_id: int) -> str | None:
+def send_or_log(task: str, run_id: int | None = None) -> str | None:
     """`send`, for a caller whose change is already committed: a broker that is down is
     logged, not raised, and the run is left for reconcile to send again. Returns the
     task id, None if nothing was sent."""
@@ -35,5 +37,5 @@ def send_or_log(task: str, run_id: int) -> str | None:
     except Exception:
         # Any broker or transport error: the row already says what should happen, and
         # reconcile_runs resends from the row, so the user's request still succeeds.
-        logger.exception("run %s: could not enqueue %s; reconcile will", run_id, task.rsplit(".", 1)[-1])
+        logger.exception("run %s: could not enqueue %s; reconcile will", run_id or "-", task.rsplit(".", 1)[-1])
         return None

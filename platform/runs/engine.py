@@ -16,7 +16,7 @@ import time
 
 from django.conf import settings
 
-from runs import admission
+from runs import admission, queue
 from runs.actions import do_set_run_status
 from runs.models import ClusterCapacity, Run
 from workers.config import RunConfig
@@ -47,6 +47,12 @@ def do_start_in_ray(run_id: int) -> None:
     that fails marks the run failed with the reason."""
     run = load_run(run_id)
     if run is None:
+        return
+    if run.status == Status.QUEUED and run.phase != queue.ADMITTED:
+        # Only the queue's scheduler lets a run start (a message from before the queue,
+        # or a stray resend, must not get past its limits); admission is never undone
+        # while a run is queued, so this check cannot race with it.
+        logger.info("run %s is not admitted by the queue yet: not launching it", run_id)
         return
     # The claim: starting may be entered from queued only, and the UPDATE is conditional,
     # so of two deliveries of this task exactly one goes on.

@@ -145,6 +145,20 @@ class Run(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("dashboard:run", args=[self.pk])
 
+    def queue_position(self) -> int | None:
+        """1-based place among the queued runs in the queue's admission order (runs/queue.py);
+        None unless queued. One query, and none for a run that is not queued."""
+        from runs import queue
+
+        return queue.position_of(self)
+
+    def waiting_for(self) -> str | None:
+        """Why a queued run has not started yet, as the scheduler last saw it, e.g. "2 runs
+        are active (ROLLWAY_MAX_RUNNING=2)"; None unless queued. No query, no call to Ray."""
+        from runs import queue
+
+        return queue.waiting_for(self)
+
     def transition(self, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
         """Move to `status` if the row (as stored now, not as loaded) is in a state it may
         be entered from, intersected with `only_from` when given. Returns whether this call
@@ -193,6 +207,8 @@ class Run(models.Model):
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "url": self.get_absolute_url(),
+            "queue_position": self.queue_position(),
+            "waiting_for": self.waiting_for(),
         }
 
     def detail(self) -> dict:

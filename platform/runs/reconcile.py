@@ -15,7 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from runs import admission, dispatch, engine
+from runs import admission, dispatch, engine, queue
 from runs.actions import do_set_run_status
 from runs.models import ClusterCapacity, Run
 from runs.reports import do_record_points, do_record_reported_status, valid_points
@@ -23,8 +23,8 @@ from workers.reporter import clear_spool, read_spool
 
 logger = logging.getLogger(__name__)
 
-# A queued run the worker has not claimed by then gets its launch message sent again
-# (the first may have been lost with the web process); launching is idempotent.
+# A run the queue admitted that no worker has claimed by then gets its launch message
+# sent again (the first may have been lost with the worker); launching is idempotent.
 QUEUED_RESEND_S = 60
 # A cancel still in flight this long after it was asked for is sent again.
 CANCEL_RETRY_S = 30
@@ -43,11 +43,18 @@ def do_reconcile_runs() -> dict[str, int]:
     now = timezone.now()
     counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
 
-    for run in Run.objects.filter(status=Status.QUEUED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)):
+    stuck = Run.objects.filter(
+        status=Status.QUEUED, phase=queue.ADMITTED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
+    )
+    for run in stuck:
         # Touch the clock so a worker that is down gets one message a minute, not a pile.
         Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
         dispatch.send(dispatch.LAUNCH_RUN, run.pk)
         counts["resent"] += 1
+    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.ADMITTED).exists():
+        # The queue's state is all in the rows: whatever message was lost (a restart of
+        # web, worker or beat), this pass sees the waiting runs and schedules them.
+        dispatch.send(dispatch.SCHEDULE_QUEUE)
 
     grace = timedelta(seconds=settings.ROLLWAY_STARTING_GRACE_S)
     candidates = [

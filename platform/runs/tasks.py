@@ -1,4 +1,5 @@
-"""Celery tasks: launch, cancel and reconcile runs, each a thin wrapper over its action.
+"""Celery tasks: schedule the run queue, launch, cancel and reconcile runs, each a thin
+wrapper over its action.
 
 Each task is registered under the name runs/dispatch.py sends it by (the beat schedule
 and messages already queued name them too, so they never change); the work itself is
@@ -11,6 +12,7 @@ from celery import shared_task
 
 from runs import dispatch
 from runs.engine import do_start_in_ray, do_stop_in_ray
+from runs.queue import do_schedule_queue
 from runs.reconcile import do_reconcile_runs
 
 
@@ -30,3 +32,9 @@ def cancel_run(run_id: int) -> None:
 def reconcile_runs() -> dict[str, int]:
     """Bring the Run rows in line with Ray (beat runs it every 15 s)."""
     return do_reconcile_runs()
+
+
+@shared_task(name=dispatch.SCHEDULE_QUEUE, ignore_result=True)
+def schedule_queue() -> list[int]:
+    """Admit the queued runs that may start now and send `launch_run` for each."""
+    return do_schedule_queue()

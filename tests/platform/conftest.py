@@ -32,7 +32,8 @@ def in_memory_channel_layer(settings):
 
 @pytest.fixture(autouse=True)
 def enqueued(monkeypatch):
-    """[(task name, run_id)] for every task the platform sends, e.g. ("launch_run", 7).
+    """[(task name, run_id)] for every task the platform sends, e.g. ("launch_run", 7),
+    ("schedule_queue", None).
 
     The actions layer sends tasks by name through the Celery app (runs/dispatch.py), so
     that is where they are caught; a name no task is registered under fails the test,
@@ -49,7 +50,7 @@ def enqueued(monkeypatch):
 
     def send_task(name, args=(), **options):
         assert name in registered, f"no task is registered as {name!r}"
-        [run_id] = args
+        run_id = args[0] if args else None  # the queue's scheduler takes no run id
         calls.append((name.rsplit(".", 1)[-1], run_id))
         return _Result()
 
@@ -101,7 +102,7 @@ def make_run(experiment, owner):
             experiment=fields.pop("experiment", experiment),
             name=fields.pop("name", f"{preset} run"),
             preset=preset,
-            config=build(preset).model_dump(mode="json"),
+            config=fields.pop("config", None) or build(preset).model_dump(mode="json"),
             status=status,
             launched_by=owner,
             **fields,
@@ -134,12 +135,18 @@ class FakeLifecycle:
         self.alive: set[int] = set()
         self.fail_with: Exception | None = None
         self.capacity = Capacity(cpus=2.0, memory_bytes=16 * 2**30)
+        self.available: Capacity | None = None  # what is free now; None: all of `capacity`
         self.confinements: list = []
 
     def cluster_capacity(self, *, ray_address):
         if self.fail_with:
             raise self.fail_with
         return self.capacity
+
+    def available_capacity(self, *, ray_address):
+        if self.fail_with:
+            raise self.fail_with
+        return self.available if self.available is not None else self.capacity
 
     def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement):
         self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))

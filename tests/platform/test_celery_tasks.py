@@ -8,10 +8,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs import dispatch, engine, reconcile, tasks
+from runs import dispatch, engine, queue, reconcile, tasks
 from runs.models import Run
 
 Status = Run.Status
+
+
+@pytest.fixture
+def run(make_run):
+    """A queued run the queue has admitted: what launch_run is sent for."""
+    return make_run(phase=queue.ADMITTED)
 
 
 def status_of(run) -> str:
@@ -40,6 +46,13 @@ def test_a_redelivered_launch_does_nothing(driver, run):
     engine.do_start_in_ray(run.pk)
     engine.do_start_in_ray(run.pk)
     assert len(driver.named("launch")) == 1
+
+
+def test_launch_does_not_start_a_queued_run_the_queue_has_not_admitted(driver, make_run):
+    run = make_run()
+    engine.do_start_in_ray(run.pk)
+    assert driver.calls == []
+    assert status_of(run) == Status.QUEUED
 
 
 def test_launch_does_not_start_a_cancelled_run(driver, make_run):
@@ -194,12 +207,25 @@ def test_reconcile_retries_a_stuck_cancel(driver, make_run, enqueued):
 
 
 def test_reconcile_resends_a_launch_nobody_picked_up(driver, make_run, enqueued):
-    old = make_run(status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
-    make_run()  # just queued: the worker has it
+    old = make_run(phase=queue.ADMITTED, status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
+    make_run(phase=queue.ADMITTED)  # just admitted: the worker has it
     reconcile.do_reconcile_runs()
     assert enqueued == [("launch_run", old.pk)]
     reconcile.do_reconcile_runs()  # its clock was reset: not sent again right away
     assert enqueued == [("launch_run", old.pk)]
+
+
+def test_reconcile_asks_the_scheduler_to_look_while_runs_wait_in_the_queue(driver, make_run, enqueued):
+    make_run(status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))  # waits: never sent to a worker
+    reconcile.do_reconcile_runs()
+    assert enqueued == [("schedule_queue", None)]
+
+
+def test_reconcile_does_not_ask_the_scheduler_when_nothing_waits(driver, make_run, enqueued):
+    make_run(status=Status.SUCCEEDED)
+    make_run(phase=queue.ADMITTED)
+    reconcile.do_reconcile_runs()
+    assert enqueued == []
 
 
 def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make_run):
@@ -244,9 +270,15 @@ def test_each_task_is_registered_under_the_name_the_platform_sends_it_by():
         dispatch.LAUNCH_RUN: tasks.launch_run,
         dispatch.CANCEL_RUN: tasks.cancel_run,
         dispatch.RECONCILE_RUNS: tasks.reconcile_runs,
+        dispatch.SCHEDULE_QUEUE: tasks.schedule_queue,
     }
     # Stable names: messages already queued and the beat schedule name these.
-    assert set(sent) == {"runs.tasks.launch_run", "runs.tasks.cancel_run", "runs.tasks.reconcile_runs"}
+    assert set(sent) == {
+        "runs.tasks.launch_run",
+        "runs.tasks.cancel_run",
+        "runs.tasks.reconcile_runs",
+        "runs.tasks.schedule_queue",
+    }
     for name, task in sent.items():
         assert task.name == name and name in app.tasks
 
@@ -256,10 +288,12 @@ def test_the_task_wrappers_call_their_actions(monkeypatch):
     monkeypatch.setattr(tasks, "do_start_in_ray", lambda run_id: called.append(("start", run_id)))
     monkeypatch.setattr(tasks, "do_stop_in_ray", lambda run_id: called.append(("stop", run_id)))
     monkeypatch.setattr(tasks, "do_reconcile_runs", lambda: {"lost": 3})
+    monkeypatch.setattr(tasks, "do_schedule_queue", lambda: [5, 6])
     tasks.launch_run(7)
     tasks.cancel_run(8)
     assert called == [("start", 7), ("stop", 8)]
     assert tasks.reconcile_runs() == {"lost": 3}
+    assert tasks.schedule_queue() == [5, 6]
 
 
 def test_sending_a_task_name_nobody_registered_fails_the_test(enqueued):

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from runs import admission, engine, reconcile
+from runs import admission, engine, queue, reconcile
 from runs.models import ClusterCapacity, Run
 from workers.admission import Capacity
 
@@ -160,7 +160,9 @@ def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before
     r = launch(client_for(owner), experiment, {"inference": {"num_workers": 12}})
     assert r.status_code == 201
     run = Run.objects.get()
-    engine.do_start_in_ray(run.pk)
+    # The queue lets it through (it can never fit, so it must not wait for the cluster)...
+    assert queue.do_schedule_queue() == [run.pk]
+    engine.do_start_in_ray(run.pk)  # ...and the worker refuses it with the reason
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error.startswith("refused: inference.num_workers:") and "the cluster has 2" in run.error
@@ -169,7 +171,7 @@ def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before
 
 
 def test_the_worker_passes_the_confinement_to_the_engine(make_run, driver, roots):
-    run = make_run()
+    run = make_run(phase=queue.ADMITTED)
     engine.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement == admission.confinement()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from runs import tasks
 from runs.models import Experiment, Run
 
 URL = "/api/runs"
@@ -16,8 +17,8 @@ def post_json(client, url, body):
     return client.post(url, data=json.dumps(body), content_type="application/json")
 
 
-def test_it_launches_a_run_and_enqueues_it_after_commit(
-    client_for, owner, experiment, enqueued, django_capture_on_commit_callbacks
+def test_it_launches_a_run_and_asks_the_queue_to_schedule_it_after_commit(
+    client_for, owner, experiment, enqueued, driver, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
         r = post_json(
@@ -37,9 +38,13 @@ def test_it_launches_a_run_and_enqueues_it_after_commit(
     assert run.config["buffer"]["capacity"] == 4
     assert run.config["mode"] == "async"
     assert run.overrides == {"buffer": {"capacity": 4}}
-    assert enqueued == [("launch_run", run.pk)]
+    # The launch goes through the queue: its scheduler, not the launch, sends launch_run.
+    assert enqueued == [("schedule_queue", None)]
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.schedule_queue()
+    assert enqueued == [("schedule_queue", None), ("launch_run", run.pk)]
     run.refresh_from_db()
-    assert run.celery_task_id == "fake-task-id"
+    assert (run.status, run.phase, run.celery_task_id) == ("queued", "admitted", "fake-task-id")
 
 
 def test_it_does_not_enqueue_before_the_transaction_commits(client_for, owner, experiment, enqueued):

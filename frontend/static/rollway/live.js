@@ -50,4 +50,18 @@ Rollway.setStatus = function (container, run) {
   if (!badge) return;
   badge.textContent = run.status;
   badge.className = "status status-" + run.status;
+  // A queued run's place in the queue and what it waits for (runs/queue.py).
+  var queue = container.querySelector("[data-role=queue]");
+  if (!queue && run.status === "queued") {
+    queue = document.createElement("span");
+    queue.className = "queue-info";
+    queue.setAttribute("data-role", "queue");
+    badge.insertAdjacentElement("afterend", queue);
+  }
+  if (queue) {
+    queue.hidden = run.status !== "queued";
+    queue.textContent = run.status !== "queued" ? "" :
+      (run.queue_position ? "#" + run.queue_position + " in queue · " : "") + "waiting: " + (run.waiting_for || "");
+    queue.title = run.waiting_for || "";
+  }
 };

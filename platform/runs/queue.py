@@ -1,0 +1,282 @@
+"""The run queue: which queued runs may start now, in what order, and why the rest wait.
+
+A launched run stays `queued` until the scheduler (`do_schedule_queue`, the Celery task
+`schedule_queue`) admits it; only then is `launch_run` sent for it. A run is admitted
+when all three hold:
+
+1. fewer than `ROLLWAY_MAX_RUNNING` runs are active on the site;
+2. its team has fewer than `ROLLWAY_MAX_RUNNING_PER_TEAM` active;
+3. the cluster's free resources cover what its config asks for
+   (`workers.admission.demand`: CPUs and an estimate of memory).
+
+"Active" is starting, running or cancelling, plus runs admitted but not yet claimed by
+`launch_run` (queued with phase `admitted`): they hold their place from the moment the
+scheduler lets them through. "Free" is the smaller of what Ray says is available now
+(other users of the cluster count) and the cluster's total less the demand of every
+active run: our actors ask Ray for CPUs only, and a run admitted a moment ago has not
+placed its actors yet, so Ray's own figure alone would let two runs take one slot.
+
+**Admission order** (`admission_order`): higher `Run.priority` first. Within a priority,
+round-robin over teams — each team's first queued run, teams ordered by how long that
+run has waited, then each team's second, and so on — so a team that queues twenty runs
+does not make another team's one run wait behind all of them. Within a team and a
+priority, first come first served. `Run.queue_position()` is the place in this order.
+
+**Who may go past whom** — the rule that keeps any run from starving:
+
+- a run that waits for its *team's* limit is passed over: its team's own runs are what
+  it waits for, and it is first in line again when one of them ends;
+- once a run waits for the *cluster*, nothing after it in the order is admitted. Runs
+  behind it that happen to fit would otherwise keep taking the CPUs and memory it waits
+  for, and a big run could wait forever behind a stream of small ones. The cost is some
+  idle capacity while it waits; every run ahead of it eventually ends.
+- when the site's limit is reached, nothing is admitted.
+
+All of the queue's state is in the Run rows (status, phase, priority, created_at), so it
+survives restarts of web, worker and beat: the scheduler runs after every launch, after
+every run that ends, and from reconcile on every beat.
+
+**Concurrency.** Two schedulers running at once could each count one free slot and
+admit two different runs. Each pass therefore runs in one transaction holding a lock
+that serializes schedulers: a PostgreSQL transaction-level advisory lock (any number of
+worker processes), or on other databases (the embedded SQLite setup runs one worker
+process) a process-wide lock. Each admission is also a conditional UPDATE (queued and
+not yet admitted), so a run is never admitted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+
+from runs import dispatch, engine, events
+from runs.models import ClusterCapacity, Run
+from workers.admission import Capacity, capacity_errors, demand
+from workers.config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+Status = Run.Status
+
+# Run.phase of a queued run: waiting for the scheduler, or admitted and waiting for a
+# worker to claim it (launch_run: queued → starting).
+WAITING = "waiting"
+ADMITTED = "admitted"
+ADMITTED_DETAIL = "admitted: a worker is starting it"
+NOT_SEEN = "the scheduler has not looked at it yet"
+# Any fixed 64-bit number: the PostgreSQL advisory lock that one scheduler holds at a time.
+ADVISORY_LOCK_KEY = 0x526F6C6C51  # "RollQ"
+# A detail is at most this long (Run.phase_detail).
+DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
+
+_process_lock = threading.Lock()
+
+
+def active_runs():
+    """Runs that hold a slot: starting, running, cancelling, or admitted and not yet claimed."""
+    return Run.objects.filter(
+        Q(status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]) | Q(status=Status.QUEUED, phase=ADMITTED)
+    )
+
+
+def admission_order(runs: Iterable[Run]) -> list[Run]:
+    """`runs` (queued ones) in the order the scheduler considers them: priority (higher
+    first), then round-robin over teams by each team's oldest run, FIFO within a team."""
+    by_priority: dict[int, dict[int, list[Run]]] = defaultdict(lambda: defaultdict(list))
+    for run in sorted(runs, key=lambda r: (r.created_at, r.pk)):
+        by_priority[run.priority][run.experiment.team_id].append(run)
+    order: list[Run] = []
+    for priority in sorted(by_priority, reverse=True):
+        # Dicts keep insertion order: teams come in the order of their oldest run.
+        teams = list(by_priority[priority].values())
+        for rank in range(max(len(t) for t in teams)):
+            order.extend(t[rank] for t in teams if rank < len(t))
+    return order
+
+
+def queued_in_order(*, configs: bool = True) -> list[Run]:
+    """The queued runs in admission order (`configs=False`: without their config JSON)."""
+    runs = Run.objects.filter(status=Status.QUEUED).select_related("experiment__team")
+    return admission_order(runs if configs else runs.defer("config", "overrides"))
+
+
+def position_of(run: Run) -> int | None:
+    """1-based place of `run` among the queued runs in admission order; None if it is not queued."""
+    if run.status != Status.QUEUED:
+        return None
+    for place, queued in enumerate(queued_in_order(configs=False), start=1):
+        if queued.pk == run.pk:
+            return place
+    return None
+
+
+@dataclass(frozen=True)
+class Free:
+    """What the cluster can still give, as the scheduler reckons it (see the module doc)."""
+
+    cpus: float
+    memory_bytes: int
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run is" if n == 1 else f"{n} runs are"
+
+
+def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
+    """Why the cluster cannot take a run of `cfg` now ("" if it can)."""
+    need = demand(cfg)
+    if need.cpus > free.cpus + 1e-9:
+        return f"the cluster has {max(free.cpus, 0):.2f} of the {need.cpus:.2f} CPUs it needs free"
+    if need.memory_bytes > free.memory_bytes:
+        have, want = _gib(max(free.memory_bytes, 0)), _gib(need.memory_bytes)
+        return f"the cluster has {have} of the {want} of memory it needs free"
+    return ""
+
+
+def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) -> Free:
+    """The smaller of Ray's available resources and the total less every active run's demand."""
+    cpus, memory = total.cpus, total.memory_bytes
+    for run in active:
+        need = demand(RunConfig.model_validate(run.config))
+        cpus -= need.cpus
+        memory -= need.memory_bytes
+    return Free(cpus=min(cpus, available.cpus), memory_bytes=min(memory, available.memory_bytes))
+
+
+@contextmanager
+def _scheduler_lock():
+    """One scheduler at a time (see the module doc); call inside a transaction."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+        yield
+    else:
+        with _process_lock:
+            yield
+
+
+def _read_cluster() -> tuple[Capacity, Capacity] | None:
+    """(total, available) from Ray, or None (logged) if Ray cannot be asked."""
+    lifecycle = engine.ray_lifecycle()
+    try:
+        total = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
+        available = lifecycle.available_capacity(ray_address=settings.RAY_ADDRESS)
+    except Exception:
+        # Ray unreachable: admitting a run now would only fail its launch; the next
+        # pass (after a run ends, or the next beat) tries again.
+        logger.warning("queue: cannot read the cluster's resources; admitting nothing", exc_info=True)
+        return None
+    ClusterCapacity.record(total)  # the launch check's view of the cluster stays fresh
+    return total, available
+
+
+def do_schedule_queue() -> list[int]:
+    """Admit every queued run that may start now (module doc) and send `launch_run` for
+    each once committed; record why each other queued run waits (its phase_detail).
+    Returns the ids admitted, in admission order."""
+    if not Run.objects.filter(status=Status.QUEUED).exclude(phase=ADMITTED).exists():
+        return []  # nothing waits: do not even ask Ray
+    # Asked before the lock is taken: a slow Ray must not hold up other schedulers. The
+    # totals may be a moment old by the time they are used; the run's own launch checks
+    # again against the live cluster.
+    cluster = _read_cluster()
+    max_running = settings.ROLLWAY_MAX_RUNNING
+    max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
+    admitted: list[Run] = []
+    with transaction.atomic(), _scheduler_lock():
+        active = list(active_runs().select_related("experiment__team"))
+        per_team: dict[int, int] = defaultdict(int)
+        for run in active:
+            per_team[run.experiment.team_id] += 1
+        free = free_resources(*cluster, active) if cluster else None
+        blocked_by: Run | None = None  # the first run waiting for the cluster
+        reasons: dict[int, str] = {}
+        for run in queued_in_order():
+            if run.phase == ADMITTED:
+                continue  # counted among the active
+            team = run.experiment.team
+            reason = ""
+            if len(active) >= max_running:
+                reason = f"{_runs(len(active))} active (ROLLWAY_MAX_RUNNING={max_running})"
+            elif blocked_by is not None:
+                reason = f"run #{blocked_by.pk} is ahead of it and waits for the cluster"
+            elif per_team[team.pk] >= max_per_team:
+                reason = f"team {team.name} has {per_team[team.pk]} runs active (limit {max_per_team})"
+            elif free is None:
+                reason = "the cluster's free resources are unknown (Ray did not answer)"
+            elif not capacity_errors(RunConfig.model_validate(run.config), cluster[0]):
+                reason = cluster_shortfall(RunConfig.model_validate(run.config), free)
+                if reason:
+                    blocked_by = run
+            # else: it can never fit (launched before any capacity was seen): admitted,
+            # so that launch_run refuses it with the reason instead of it holding the line.
+            if reason:
+                reasons[run.pk] = reason[:DETAIL_MAX]
+                continue
+            claimed = (
+                Run.objects.filter(pk=run.pk, status=Status.QUEUED)
+                .exclude(phase=ADMITTED)
+                .update(phase=ADMITTED, phase_detail=ADMITTED_DETAIL)
+            )
+            if not claimed:
+                continue  # cancelled since it was read
+            need = demand(RunConfig.model_validate(run.config))
+            free = Free(cpus=free.cpus - need.cpus, memory_bytes=free.memory_bytes - need.memory_bytes)
+            active.append(run)
+            per_team[team.pk] += 1
+            admitted.append(run)
+        changed = _record_reasons(reasons)
+    for run in admitted:
+        transaction.on_commit(lambda run=run: _send_launch(run))
+    for run in changed:
+        transaction.on_commit(lambda run=run: events.send_status(run))
+    if admitted:
+        logger.info("queue: admitted runs %s", ", ".join(str(r.pk) for r in admitted))
+    return [r.pk for r in admitted]
+
+
+def _record_reasons(reasons: dict[int, str]) -> list[Run]:
+    """Store each waiting run's reason where it changed; returns the runs changed."""
+    changed = []
+    for run in (
+        Run.objects.filter(pk__in=reasons, status=Status.QUEUED)
+        .exclude(phase=ADMITTED)
+        .select_related("experiment__team")
+    ):
+        reason = reasons[run.pk]
+        if (run.phase, run.phase_detail) != (WAITING, reason):
+            Run.objects.filter(pk=run.pk, status=Status.QUEUED).exclude(phase=ADMITTED).update(
+                phase=WAITING, phase_detail=reason
+            )
+            run.phase, run.phase_detail = WAITING, reason
+            changed.append(run)
+    return changed
+
+
+def _send_launch(run: Run) -> None:
+    task_id = dispatch.send_or_log(dispatch.LAUNCH_RUN, run.pk)
+    if task_id is not None:
+        Run.objects.filter(pk=run.pk).update(celery_task_id=task_id)
+    run.refresh_from_db()
+    events.send_status(run)
+
+
+def waiting_for(run: Run) -> str | None:
+    """Why a queued run has not started (what the scheduler saw last); None otherwise."""
+    if run.status != Status.QUEUED:
+        return None
+    if run.phase == ADMITTED:
+        return ADMITTED_DETAIL
+    return run.phase_detail or NOT_SEEN

@@ -1,0 +1,390 @@
+"""The run queue (runs/queue.py): limits, fair order, what a queued run waits for, and a
+property test over random schedules of launches, cancels and completions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from runs import actions, engine, queue
+from runs.models import Experiment, Run
+from teams.models import Team
+from workers.admission import Capacity, demand
+from workers.config import RunConfig
+from workers.presets import build
+
+Status = Run.Status
+ACTIVE = (Status.STARTING, Status.RUNNING, Status.CANCELLING)
+GiB = 2**30
+
+
+@pytest.fixture
+def limits(settings):
+    settings.ROLLWAY_MAX_RUNNING = 2
+    settings.ROLLWAY_MAX_RUNNING_PER_TEAM = 2
+    return settings
+
+
+@pytest.fixture
+def other_experiment(owner):
+    return Experiment.objects.create(team=Team.objects.create(name="Annex"), name="e", created_by=owner)
+
+
+@pytest.fixture
+def schedule(driver, django_capture_on_commit_callbacks):
+    """do_schedule_queue, with what it sends on commit sent (tests never commit)."""
+
+    def run() -> list[int]:
+        with django_capture_on_commit_callbacks(execute=True):
+            return queue.do_schedule_queue()
+
+    return run
+
+
+def workers(n: int) -> dict:
+    return build("async", {"inference": {"num_workers": n}}).model_dump(mode="json")
+
+
+def cpus(config: dict) -> float:
+    return demand(RunConfig.model_validate(config)).cpus
+
+
+def refreshed(*runs: Run) -> list[Run]:
+    for run in runs:
+        run.refresh_from_db()
+    return list(runs)
+
+
+# --- limits -------------------------------------------------------------------------
+
+
+def test_a_run_is_admitted_when_the_site_the_team_and_the_cluster_have_room(schedule, limits, make_run, enqueued):
+    run = make_run()
+    assert schedule() == [run.pk]
+    [run] = refreshed(run)
+    assert (run.status, run.phase) == (Status.QUEUED, queue.ADMITTED)
+    assert enqueued == [("launch_run", run.pk)]
+
+
+def test_the_site_limit_counts_starting_running_cancelling_and_admitted_runs(schedule, limits, make_run):
+    limits.ROLLWAY_MAX_RUNNING = 3
+    make_run(status=Status.RUNNING)
+    make_run(status=Status.CANCELLING)
+    make_run(phase=queue.ADMITTED)
+    waiting = make_run()
+    assert schedule() == []
+    assert waiting.waiting_for() is not None
+    [waiting] = refreshed(waiting)
+    assert waiting.waiting_for() == "3 runs are active (ROLLWAY_MAX_RUNNING=3)"
+
+
+def test_a_team_at_its_limit_waits_while_another_team_starts(schedule, limits, make_run, other_experiment):
+    limits.ROLLWAY_MAX_RUNNING = 5
+    limits.ROLLWAY_MAX_RUNNING_PER_TEAM = 1
+    make_run(status=Status.RUNNING)
+    ours = make_run()
+    theirs = make_run(experiment=other_experiment)
+    assert schedule() == [theirs.pk]
+    [ours] = refreshed(ours)
+    assert ours.waiting_for() == "team Lab has 1 runs active (limit 1)"
+
+
+def test_a_run_waits_for_the_cpus_the_cluster_has_free(schedule, driver, limits, make_run):
+    driver.available = Capacity(cpus=0.5, memory_bytes=16 * GiB)
+    run = make_run(config=workers(2))
+    assert schedule() == []
+    [run] = refreshed(run)
+    assert run.waiting_for() == "the cluster has 0.50 of the 0.75 CPUs it needs free"
+    driver.available = None  # the other user of the cluster left
+    assert schedule() == [run.pk]
+
+
+def test_the_cluster_total_is_shared_by_runs_not_yet_placed_in_ray(schedule, driver, limits, make_run):
+    # Ray still reports all 1.0 CPU free: the admitted run has not placed its actors.
+    driver.capacity = Capacity(cpus=1.0, memory_bytes=16 * GiB)
+    first, second = make_run(config=workers(2)), make_run(config=workers(2))
+    assert schedule() == [first.pk]
+    [second] = refreshed(second)
+    assert second.waiting_for() == "the cluster has 0.25 of the 0.75 CPUs it needs free"
+
+
+def test_a_run_waits_for_memory_the_cluster_has_free(schedule, driver, limits, make_run):
+    driver.available = Capacity(cpus=2.0, memory_bytes=GiB // 2)
+    run = make_run()
+    assert schedule() == []
+    [run] = refreshed(run)
+    assert run.waiting_for().startswith("the cluster has 0.50 GiB of the ")
+    assert run.waiting_for().endswith(" GiB of memory it needs free")
+
+
+def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits, make_run):
+    run = make_run()
+    driver.fail_with = ConnectionError("no Ray")
+    assert schedule() == []
+    [run] = refreshed(run)
+    assert run.waiting_for() == "the cluster's free resources are unknown (Ray did not answer)"
+
+
+def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, make_run):
+    make_run(status=Status.RUNNING)
+    make_run(phase=queue.ADMITTED)
+    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    assert queue.do_schedule_queue() == []
+
+
+def test_a_run_is_admitted_once_however_often_the_scheduler_runs(schedule, limits, make_run, enqueued):
+    run = make_run()
+    schedule()
+    schedule()
+    assert enqueued == [("launch_run", run.pk)]
+
+
+def test_a_scheduler_that_read_a_run_before_it_was_cancelled_does_not_admit_it(
+    schedule, limits, make_run, monkeypatch, enqueued
+):
+    run = make_run()
+    real = queue.queued_in_order
+
+    def read_then_user_cancels(**kwargs):
+        runs = real(**kwargs)
+        Run.objects.get(pk=run.pk).transition(Status.CANCELLING)
+        return runs
+
+    monkeypatch.setattr(queue, "queued_in_order", read_then_user_cancels)
+    assert schedule() == []
+    assert enqueued == []
+
+
+# --- order and position ---------------------------------------------------------------
+
+
+def test_higher_priority_goes_first_then_teams_take_turns_then_first_come_first_served(
+    make_run, other_experiment, limits
+):
+    a1, a2, a3 = make_run(name="a1"), make_run(name="a2"), make_run(name="a3")
+    b1, b2 = make_run(name="b1", experiment=other_experiment), make_run(name="b2", experiment=other_experiment)
+    urgent = make_run(name="urgent", priority=5, experiment=other_experiment)
+    order = queue.admission_order(Run.objects.filter(status=Status.QUEUED).select_related("experiment__team"))
+    assert [r.name for r in order] == ["urgent", "a1", "b1", "a2", "b2", "a3"]
+    assert [r.queue_position() for r in (urgent, a1, b1, a2, b2, a3)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_only_queued_runs_have_a_position_and_a_reason(make_run):
+    running = make_run(status=Status.RUNNING)
+    assert (running.queue_position(), running.waiting_for()) == (None, None)
+
+
+def test_a_queued_run_the_scheduler_has_not_seen_says_so(make_run):
+    run = make_run()
+    assert (run.queue_position(), run.waiting_for()) == (1, queue.NOT_SEEN)
+
+
+def test_a_run_behind_one_that_waits_for_the_cluster_waits_too(schedule, driver, limits, make_run, other_experiment):
+    driver.capacity = Capacity(cpus=1.0, memory_bytes=16 * GiB)
+    make_run(status=Status.RUNNING, config=workers(1))  # holds 0.5 of the 1.0 CPU
+    big = make_run(config=workers(3))  # needs 1.0: waits for the running one to end
+    small = make_run(config=workers(1), experiment=other_experiment)  # would fit now
+    assert schedule() == []
+    big, small = refreshed(big, small)
+    assert big.waiting_for() == "the cluster has 0.50 of the 1.00 CPUs it needs free"
+    assert small.waiting_for() == f"run #{big.pk} is ahead of it and waits for the cluster"
+
+
+def test_the_api_shows_a_queued_runs_position_and_what_it_waits_for(schedule, limits, client_for, owner, make_run):
+    limits.ROLLWAY_MAX_RUNNING = 1
+    make_run(status=Status.RUNNING)
+    run = make_run()
+    schedule()
+    body = client_for(owner).get(f"/api/runs/{run.pk}").json()
+    assert (body["queue_position"], body["waiting_for"]) == (1, "1 run is active (ROLLWAY_MAX_RUNNING=1)")
+
+
+def test_the_run_page_shows_a_queued_runs_position_and_what_it_waits_for(schedule, limits, client_for, owner, make_run):
+    limits.ROLLWAY_MAX_RUNNING = 1
+    make_run(status=Status.RUNNING)
+    run = make_run()
+    schedule()
+    html = client_for(owner).get(f"/runs/{run.pk}/").content.decode()
+    assert "#1 in queue" in html and "1 run is active (ROLLWAY_MAX_RUNNING=1)" in html
+
+
+# --- the hooks: after a launch commits, after a run ends ------------------------------
+
+
+def test_a_run_that_ends_asks_the_scheduler_to_look(make_run, enqueued, django_capture_on_commit_callbacks):
+    run = make_run(status=Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        actions.do_set_run_status(run, Status.SUCCEEDED)
+    assert enqueued == [("schedule_queue", None)]
+
+
+def test_a_status_change_that_is_not_an_end_does_not(make_run, enqueued, django_capture_on_commit_callbacks):
+    run = make_run(status=Status.STARTING)
+    with django_capture_on_commit_callbacks(execute=True):
+        actions.do_set_run_status(run, Status.RUNNING)
+    assert enqueued == []
+
+
+# --- property: random schedules -------------------------------------------------------
+
+TEAMS = 3
+# (what, team or index, priority, inference workers): launches are drawn three times as
+# often as the rest, so that queues actually build up.
+LAUNCH = st.tuples(st.just("launch"), st.integers(0, TEAMS - 1), st.integers(0, 1), st.integers(1, 3))
+OPS = st.lists(
+    st.one_of(
+        LAUNCH,
+        LAUNCH,
+        LAUNCH,
+        st.tuples(st.just("finish"), st.integers(0, 7), st.just(0), st.just(0)),
+        st.tuples(st.just("cancel"), st.integers(0, 7), st.just(0), st.just(0)),
+    ),
+    min_size=4,
+    max_size=30,
+)
+
+
+@pytest.fixture
+def three_teams(owner):
+    return [
+        Experiment.objects.create(team=Team.objects.create(name=f"T{k}"), name="e", created_by=owner)
+        for k in range(TEAMS)
+    ]
+
+
+class Simulation:
+    """Drives the queue as the Celery worker would: every message the platform sends is
+    delivered at once (schedule_queue, launch_run, cancel_run), and a started driver
+    reports running. Checks the limits after every step and records admission order."""
+
+    def __init__(self, driver, experiments, max_running, max_per_team, capacity, captured):
+        self.driver, self.experiments = driver, experiments
+        self.max_running, self.max_per_team, self.capacity = max_running, max_per_team, capacity
+        self.captured, self.enqueued = captured, None
+        self.admitted: list[int] = []
+        self.counter = itertools.count()
+
+    def deliver(self) -> None:
+        from runs import engine as run_engine
+        from runs import tasks
+
+        while self.enqueued:
+            name, run_id = self.enqueued.pop(0)
+            with self.captured(execute=True):
+                if name == "schedule_queue":
+                    self.admitted += tasks.schedule_queue()
+                elif name == "launch_run":
+                    run_engine.do_start_in_ray(run_id)
+                    run = Run.objects.get(pk=run_id)
+                    if run.status == Status.STARTING:
+                        actions.do_set_run_status(run, Status.RUNNING)
+                elif name == "cancel_run":
+                    run_engine.do_stop_in_ray(run_id)
+            self.check_limits()
+
+    def check_limits(self) -> None:
+        active = list(queue.active_runs().select_related("experiment__team"))
+        assert len(active) <= self.max_running
+        for team in {r.experiment.team_id for r in active}:
+            assert sum(r.experiment.team_id == team for r in active) <= self.max_per_team
+        assert sum(cpus(r.config) for r in active) <= self.capacity.cpus + 1e-9
+
+    def launch(self, team: int, priority: int, n_workers: int) -> None:
+        Run.objects.create(
+            experiment=self.experiments[team],
+            name=f"r{next(self.counter)}",
+            preset="async",
+            config=workers(n_workers),
+            priority=priority,
+        )
+        self.enqueued.append(("schedule_queue", None))  # what do_launch_run sends on commit
+
+    def nth(self, statuses, k: int) -> Run | None:
+        runs = list(Run.objects.filter(status__in=statuses).order_by("pk"))
+        return runs[k % len(runs)] if runs else None
+
+    def finish(self, k: int) -> None:
+        run = self.nth([Status.RUNNING], k)
+        if run is not None:
+            with self.captured(execute=True):
+                actions.do_set_run_status(run, Status.SUCCEEDED)
+            self.driver.alive.discard(run.pk)
+
+    def cancel(self, k: int) -> None:
+        run = self.nth([Status.QUEUED, Status.STARTING, Status.RUNNING], k)
+        if run is not None:
+            with self.captured(execute=True):
+                actions.do_cancel_run(None, run)
+
+
+@hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=OPS,
+    max_running=st.integers(1, 3),
+    max_per_team=st.integers(1, 2),
+    cluster_cpus=st.sampled_from([1.0, 2.0, 4.0]),
+)
+def test_any_schedule_keeps_the_limits_serves_each_team_in_order_and_starts_every_run(
+    ops,
+    max_running,
+    max_per_team,
+    cluster_cpus,
+    driver,
+    three_teams,
+    settings,
+    enqueued,
+    django_capture_on_commit_callbacks,
+):
+    settings.ROLLWAY_MAX_RUNNING = max_running
+    settings.ROLLWAY_MAX_RUNNING_PER_TEAM = max_per_team
+    driver.capacity = Capacity(cpus=cluster_cpus, memory_bytes=16 * GiB)
+    driver.alive.clear()
+    with transaction.atomic():
+        sim = Simulation(
+            driver, three_teams, max_running, max_per_team, driver.capacity, django_capture_on_commit_callbacks
+        )
+        sim.enqueued = enqueued
+        enqueued.clear()
+        for what, arg, priority, n_workers in ops:
+            if what == "launch":
+                sim.launch(arg, priority, n_workers)
+            elif what == "finish":
+                sim.finish(arg)
+            else:
+                sim.cancel(arg)
+            sim.deliver()
+
+        # No starvation: once the others finish, every queued run starts.
+        for _ in range(Run.objects.count() + 1):
+            for _running in Run.objects.filter(status=Status.RUNNING):
+                sim.finish(0)
+            sim.enqueued.append(("schedule_queue", None))
+            sim.deliver()
+        ended = dict(Run.objects.values_list("pk", "status"))
+        assert set(ended.values()) <= {Status.SUCCEEDED, Status.CANCELLED}
+        assert {pk for pk, status in ended.items() if status == Status.SUCCEEDED} <= set(sim.admitted)
+        # FIFO within a team and a priority: admitted in the order they were launched.
+        runs = {r.pk: r for r in Run.objects.select_related("experiment")}
+        for team, priority in itertools.product([e.team_id for e in three_teams], (0, 1)):
+            same = [pk for pk in sim.admitted if (runs[pk].experiment.team_id, runs[pk].priority) == (team, priority)]
+            assert same == sorted(same)
+        transaction.set_rollback(True)  # the next example starts from an empty queue
+
+
+def test_a_team_s_runs_of_one_priority_start_in_the_order_they_were_launched(
+    schedule, limits, make_run, django_capture_on_commit_callbacks
+):
+    limits.ROLLWAY_MAX_RUNNING = 1
+    runs = [make_run(name=f"r{k}") for k in range(3)]
+    started = []
+    for _ in runs:
+        [admitted] = schedule()
+        started.append(admitted)
+        with django_capture_on_commit_callbacks(execute=True):
+            actions.do_set_run_status(Run.objects.get(pk=admitted), Status.FAILED, error="done")
+    assert started == [r.pk for r in runs]
