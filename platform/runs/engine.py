@@ -16,7 +16,7 @@ import time
 
 from django.conf import settings
 
-from runs import admission, queue
+from runs import admission
 from runs.actions import do_set_run_status
 from runs.models import ClusterCapacity, Run
 from workers.config import RunConfig
@@ -48,7 +48,7 @@ def do_start_in_ray(run_id: int) -> None:
     run = load_run(run_id)
     if run is None:
         return
-    if run.status == Status.QUEUED and run.phase != queue.ADMITTED:
+    if run.status == Status.QUEUED and run.phase != Run.QUEUE_ADMITTED:
         # Only the queue's scheduler lets a run start (a message from before the queue,
         # or a stray resend, must not get past its limits); admission is never undone
         # while a run is queued, so this check cannot race with it.

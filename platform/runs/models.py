@@ -11,6 +11,7 @@ resurrect a finished run: terminal states stick.
 from __future__ import annotations
 
 import secrets
+from collections import defaultdict
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -58,6 +59,22 @@ class RunQuerySet(models.QuerySet):
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)
 
+    def in_admission_order(self) -> list[Run]:
+        """These runs in the order the run queue admits them (runs/queue.py explains why):
+        higher priority first; within a priority the teams take turns, each team's oldest
+        run first, then each team's second, and so on; first come first served within a
+        team. Loads each run's experiment (for its team)."""
+        by_priority: dict[int, dict[int, list[Run]]] = defaultdict(lambda: defaultdict(list))
+        for run in self.select_related("experiment").order_by("created_at", "pk"):
+            by_priority[run.priority][run.experiment.team_id].append(run)
+        order: list[Run] = []
+        for priority in sorted(by_priority, reverse=True):
+            # Dicts keep insertion order: teams come in the order of their oldest run.
+            teams = list(by_priority[priority].values())
+            for rank in range(max(len(t) for t in teams)):
+                order.extend(t[rank] for t in teams if rank < len(t))
+        return order
+
 
 class Run(models.Model):
     class Status(models.TextChoices):
@@ -83,6 +100,13 @@ class Run(models.Model):
         Status.FAILED: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}),
     }
     LOST_REASON = "lost: driver actor not found"
+    # Run.phase of a queued run (runs/queue.py): waiting for the queue, or admitted by it
+    # and waiting for a worker to claim it (queued → starting); phase_detail says why a
+    # waiting run waits, as the scheduler last saw it.
+    QUEUE_WAITING = "waiting"
+    QUEUE_ADMITTED = "admitted"
+    QUEUE_ADMITTED_DETAIL = "admitted: a worker is starting it"
+    QUEUE_NOT_SEEN = "the scheduler has not looked at it yet"
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=200)
@@ -148,16 +172,22 @@ class Run(models.Model):
     def queue_position(self) -> int | None:
         """1-based place among the queued runs in the queue's admission order (runs/queue.py);
         None unless queued. One query, and none for a run that is not queued."""
-        from runs import queue
-
-        return queue.position_of(self)
+        if self.status != self.Status.QUEUED:
+            return None
+        queued = Run.objects.filter(status=self.Status.QUEUED).defer("config", "overrides")
+        for place, run in enumerate(queued.in_admission_order(), start=1):
+            if run.pk == self.pk:
+                return place
+        return None
 
     def waiting_for(self) -> str | None:
         """Why a queued run has not started yet, as the scheduler last saw it, e.g. "2 runs
         are active (ROLLWAY_MAX_RUNNING=2)"; None unless queued. No query, no call to Ray."""
-        from runs import queue
-
-        return queue.waiting_for(self)
+        if self.status != self.Status.QUEUED:
+            return None
+        if self.phase == self.QUEUE_ADMITTED:
+            return self.QUEUE_ADMITTED_DETAIL
+        return self.phase_detail or self.QUEUE_NOT_SEEN
 
     def transition(self, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
         """Move to `status` if the row (as stored now, not as loaded) is in a state it may

@@ -16,11 +16,11 @@ scheduler lets them through. "Free" is the smaller of what Ray says is available
 active run: our actors ask Ray for CPUs only, and a run admitted a moment ago has not
 placed its actors yet, so Ray's own figure alone would let two runs take one slot.
 
-**Admission order** (`admission_order`): higher `Run.priority` first. Within a priority,
-round-robin over teams — each team's first queued run, teams ordered by how long that
-run has waited, then each team's second, and so on — so a team that queues twenty runs
-does not make another team's one run wait behind all of them. Within a team and a
-priority, first come first served. `Run.queue_position()` is the place in this order.
+**Admission order** (`Run.objects.in_admission_order`): higher `Run.priority` first.
+Within a priority, round-robin over teams — each team's first queued run, teams ordered
+by how long that run has waited, then each team's second, and so on — so a team that
+queues twenty runs does not make another team's one run wait behind all of them. Within
+a team and a priority, first come first served. `Run.queue_position()` is the place in this order.
 
 **Who may go past whom** — the rule that keeps any run from starving:
 
@@ -68,10 +68,10 @@ Status = Run.Status
 
 # Run.phase of a queued run: waiting for the scheduler, or admitted and waiting for a
 # worker to claim it (launch_run: queued → starting).
-WAITING = "waiting"
-ADMITTED = "admitted"
-ADMITTED_DETAIL = "admitted: a worker is starting it"
-NOT_SEEN = "the scheduler has not looked at it yet"
+WAITING = Run.QUEUE_WAITING
+ADMITTED = Run.QUEUE_ADMITTED
+ADMITTED_DETAIL = Run.QUEUE_ADMITTED_DETAIL
+NOT_SEEN = Run.QUEUE_NOT_SEEN
 # Any fixed 64-bit number: the PostgreSQL advisory lock that one scheduler holds at a time.
 ADVISORY_LOCK_KEY = 0x526F6C6C51  # "RollQ"
 # A detail is at most this long (Run.phase_detail).
@@ -87,35 +87,11 @@ def active_runs():
     )
 
 
-def admission_order(runs: Iterable[Run]) -> list[Run]:
-    """`runs` (queued ones) in the order the scheduler considers them: priority (higher
-    first), then round-robin over teams by each team's oldest run, FIFO within a team."""
-    by_priority: dict[int, dict[int, list[Run]]] = defaultdict(lambda: defaultdict(list))
-    for run in sorted(runs, key=lambda r: (r.created_at, r.pk)):
-        by_priority[run.priority][run.experiment.team_id].append(run)
-    order: list[Run] = []
-    for priority in sorted(by_priority, reverse=True):
-        # Dicts keep insertion order: teams come in the order of their oldest run.
-        teams = list(by_priority[priority].values())
-        for rank in range(max(len(t) for t in teams)):
-            order.extend(t[rank] for t in teams if rank < len(t))
-    return order
-
-
 def queued_in_order(*, configs: bool = True) -> list[Run]:
-    """The queued runs in admission order (`configs=False`: without their config JSON)."""
+    """The queued runs in admission order (`Run.objects.in_admission_order`, the module
+    doc says why); `configs=False`: without their config JSON."""
     runs = Run.objects.filter(status=Status.QUEUED).select_related("experiment__team")
-    return admission_order(runs if configs else runs.defer("config", "overrides"))
-
-
-def position_of(run: Run) -> int | None:
-    """1-based place of `run` among the queued runs in admission order; None if it is not queued."""
-    if run.status != Status.QUEUED:
-        return None
-    for place, queued in enumerate(queued_in_order(configs=False), start=1):
-        if queued.pk == run.pk:
-            return place
-    return None
+    return (runs if configs else runs.defer("config", "overrides")).in_admission_order()
 
 
 @dataclass(frozen=True)
@@ -271,12 +247,3 @@ def _send_launch(run: Run) -> None:
         Run.objects.filter(pk=run.pk).update(celery_task_id=task_id)
     run.refresh_from_db()
     events.send_status(run)
-
-
-def waiting_for(run: Run) -> str | None:
-    """Why a queued run has not started (what the scheduler saw last); None otherwise."""
-    if run.status != Status.QUEUED:
-        return None
-    if run.phase == ADMITTED:
-        return ADMITTED_DETAIL
-    return run.phase_detail or NOT_SEEN

@@ -156,6 +156,8 @@ class Stack:
         self.env: dict[str, str] = {}  # what web and worker run with (set by the fixture)
         self.url = ""
         self.worker: Child | None = None
+        self.web: Child | None = None
+        self.web_port = 0
 
     def start_ray_head(self, num_cpus: int = 2, timeout_s: float = 120) -> Child:
         head = make_head(self.home, num_cpus=num_cpus)
@@ -185,7 +187,22 @@ class Stack:
             "daphne to answer /healthz",
         )
         assert child.alive(), f"daphne exited; see {self.log_path}"
+        self.web, self.web_port = child, port
         return child
+
+    def restart_web(self) -> Child:
+        """Stop daphne (SIGTERM, as a deploy would) and start a new one on the same port."""
+        assert self.web is not None, "start_web first"
+        self.web.stop(timeout_s=20)
+        return self.start_web(self.env, self.web_port)
+
+    def restart_worker(self, **settings: str) -> Child:
+        """Stop the worker if one runs and start a new one with `settings` added to its
+        environment (none: the session's own)."""
+        if self.worker is not None:
+            self.worker.stop(timeout_s=30)
+        self.worker = self.start_worker({**self.env, **settings})
+        return self.worker
 
     def start_worker(self, env: dict[str, str], timeout_s: float = 90) -> Child:
         """`celery -A rollway worker` as `manage.py up` runs it; waits until it consumes."""

@@ -169,7 +169,7 @@ def test_higher_priority_goes_first_then_teams_take_turns_then_first_come_first_
     a1, a2, a3 = make_run(name="a1"), make_run(name="a2"), make_run(name="a3")
     b1, b2 = make_run(name="b1", experiment=other_experiment), make_run(name="b2", experiment=other_experiment)
     urgent = make_run(name="urgent", priority=5, experiment=other_experiment)
-    order = queue.admission_order(Run.objects.filter(status=Status.QUEUED).select_related("experiment__team"))
+    order = Run.objects.filter(status=Status.QUEUED).in_admission_order()
     assert [r.name for r in order] == ["urgent", "a1", "b1", "a2", "b2", "a3"]
     assert [r.queue_position() for r in (urgent, a1, b1, a2, b2, a3)] == [1, 2, 3, 4, 5, 6]
 
@@ -388,3 +388,41 @@ def test_a_team_s_runs_of_one_priority_start_in_the_order_they_were_launched(
         with django_capture_on_commit_callbacks(execute=True):
             actions.do_set_run_status(Run.objects.get(pk=admitted), Status.FAILED, error="done")
     assert started == [r.pk for r in runs]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedulers_running_at_once_never_admit_more_than_the_limit(driver, limits, make_run, monkeypatch, enqueued):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (DATABASE_URL): SQLite serializes every writer anyway")
+    import threading
+    import time
+
+    from django.db import close_old_connections
+
+    runs = [make_run(name=f"r{k}") for k in range(6)]
+    real = queue.queued_in_order
+
+    def slow_read(**kwargs):
+        found = real(**kwargs)
+        time.sleep(0.3)  # every scheduler has read the queue before any has admitted
+        return found
+
+    monkeypatch.setattr(queue, "queued_in_order", slow_read)
+    admitted: list[int] = []
+
+    def scheduler():
+        try:
+            admitted.extend(queue.do_schedule_queue())
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=scheduler) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(admitted) == [runs[0].pk, runs[1].pk]
+    assert queue.active_runs().count() == 2
+    assert sorted(enqueued) == [("launch_run", runs[0].pk), ("launch_run", runs[1].pk)]
