@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "configs",
     "api",
     "dashboard",
+    "compare",  # the compare page (no models)
     "ops",  # management commands only (up, …)
 ]
 

@@ -148,9 +148,9 @@ def test_concurrent_callers_build_the_policy_once(tmp_path, monkeypatch):
     calls = []
     real = warmstart.build_policy
 
-    def counting(cfg, out_dir):
+    def counting(cfg, out_dir, progress=None):
         calls.append(out_dir)
-        return real(cfg, out_dir)
+        return real(cfg, out_dir, progress)
 
     monkeypatch.setattr(warmstart, "build_policy", counting)
     cfg = small_config()
