@@ -170,11 +170,16 @@ class Run(models.Model):
         return reverse("dashboard:run", args=[self.pk])
 
     def queue_position(self) -> int | None:
-        """1-based place among the queued runs in the queue's admission order (runs/queue.py);
-        None unless queued. One query, and none for a run that is not queued."""
-        if self.status != self.Status.QUEUED:
+        """1-based place among the runs waiting in the queue, in its admission order
+        (runs/queue.py); None for any other run, including one the queue has admitted and
+        a worker is about to start. One query, and none for a run that is not queued."""
+        if self.status != self.Status.QUEUED or self.phase == self.QUEUE_ADMITTED:
             return None
-        queued = Run.objects.filter(status=self.Status.QUEUED).defer("config", "overrides")
+        queued = (
+            Run.objects.filter(status=self.Status.QUEUED)
+            .exclude(phase=self.QUEUE_ADMITTED)
+            .defer("config", "overrides")
+        )
         for place, run in enumerate(queued.in_admission_order(), start=1):
             if run.pk == self.pk:
                 return place

@@ -213,7 +213,7 @@ def do_schedule_queue() -> list[int]:
             active.append(run)
             per_team[team.pk] += 1
             admitted.append(run)
-        changed = _record_reasons(reasons)
+        changed = _record_reasons(reasons, moved=bool(admitted))
     for run in admitted:
         transaction.on_commit(lambda run=run: _send_launch(run))
     for run in changed:
@@ -223,8 +223,10 @@ def do_schedule_queue() -> list[int]:
     return [r.pk for r in admitted]
 
 
-def _record_reasons(reasons: dict[int, str]) -> list[Run]:
-    """Store each waiting run's reason where it changed; returns the runs changed."""
+def _record_reasons(reasons: dict[int, str], *, moved: bool) -> list[Run]:
+    """Store each waiting run's reason where it changed. Returns the waiting runs whose
+    watchers should hear of it: those whose reason changed, or all of them if `moved`
+    (a run ahead was admitted, so every place in the queue changed)."""
     changed = []
     for run in (
         Run.objects.filter(pk__in=reasons, status=Status.QUEUED)
@@ -237,6 +239,8 @@ def _record_reasons(reasons: dict[int, str]) -> list[Run]:
                 phase=WAITING, phase_detail=reason
             )
             run.phase, run.phase_detail = WAITING, reason
+            changed.append(run)
+        elif moved:
             changed.append(run)
     return changed
 

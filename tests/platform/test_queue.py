@@ -426,3 +426,17 @@ def test_schedulers_running_at_once_never_admit_more_than_the_limit(driver, limi
     assert sorted(admitted) == [runs[0].pk, runs[1].pk]
     assert queue.active_runs().count() == 2
     assert sorted(enqueued) == [("launch_run", runs[0].pk), ("launch_run", runs[1].pk)]
+
+
+def test_when_a_run_is_admitted_the_runs_behind_it_hear_their_new_place(schedule, limits, make_run, monkeypatch):
+    from runs import events
+
+    limits.ROLLWAY_MAX_RUNNING = 1
+    running = make_run(status=Status.RUNNING)
+    first, second = make_run(name="first"), make_run(name="second")
+    schedule()  # both wait; their reasons are recorded
+    sent = []
+    monkeypatch.setattr(events, "send_status", lambda run: sent.append(run.summary()))
+    running.transition(Status.SUCCEEDED)
+    assert schedule() == [first.pk]
+    assert {s["id"]: s["queue_position"] for s in sent} == {first.pk: None, second.pk: 1}

@@ -61,7 +61,7 @@ Rollway.setStatus = function (container, run) {
   if (queue) {
     queue.hidden = run.status !== "queued";
     queue.textContent = run.status !== "queued" ? "" :
-      (run.queue_position ? "#" + run.queue_position + " in queue · " : "") + "waiting: " + (run.waiting_for || "");
+      (run.queue_position ? "#" + run.queue_position + " in queue · " : "") + (run.waiting_for || "");
     queue.title = run.waiting_for || "";
   }
 };
