@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from runs import dispatch, engine, events
 from runs.models import ClusterCapacity, Run
@@ -204,7 +205,9 @@ def do_schedule_queue() -> list[int]:
             claimed = (
                 Run.objects.filter(pk=run.pk, status=Status.QUEUED)
                 .exclude(phase=ADMITTED)
-                .update(phase=ADMITTED, phase_detail=ADMITTED_DETAIL)
+                # status_changed_at is reconcile's clock for resending a lost launch: it
+                # starts now, not when the run was queued.
+                .update(phase=ADMITTED, phase_detail=ADMITTED_DETAIL, status_changed_at=timezone.now())
             )
             if not claimed:
                 continue  # cancelled since it was read

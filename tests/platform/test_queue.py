@@ -440,3 +440,17 @@ def test_when_a_run_is_admitted_the_runs_behind_it_hear_their_new_place(schedule
     running.transition(Status.SUCCEEDED)
     assert schedule() == [first.pk]
     assert {s["id"]: s["queue_position"] for s in sent} == {first.pk: None, second.pk: 1}
+
+
+def test_reconcile_does_not_resend_the_launch_of_a_run_admitted_after_a_long_wait(schedule, limits, make_run, enqueued):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs import reconcile
+
+    run = make_run(status_changed_at=timezone.now() - timedelta(seconds=reconcile.QUEUED_RESEND_S * 10))
+    assert schedule() == [run.pk]
+    enqueued.clear()
+    reconcile.do_reconcile_runs()
+    assert enqueued == []
