@@ -59,6 +59,8 @@ def do_start_in_ray(run_id: int) -> None:
     if not do_set_run_status(run, Status.STARTING):
         logger.info("run %s is %s: not launching it again", run_id, run.status)
         return
+    # The queue's mark has done its job; the driver reports the phases of a starting run.
+    Run.objects.filter(pk=run.pk, phase=Run.QUEUE_ADMITTED).update(phase="", phase_detail="")
     lifecycle = ray_lifecycle()
     started = time.monotonic()
     try:

@@ -36,6 +36,7 @@ def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings
     engine.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.STARTING
+    assert (run.phase, run.phase_detail) == ("", "")  # the queue's mark is gone
     assert run.ray_actor == f"run-{run.pk}"
     [(_, run_id, config, url, token, cache_dir, address)] = driver.named("launch")
     assert (run_id, config, url, token) == (run.pk, run.config, "http://127.0.0.1:8123", run.ingest_token)
