@@ -49,6 +49,23 @@ class Experiment(models.Model):
         return f"{self.team} / {self.name}"
 
 
+def admission_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
+    """The run queue's order (runs/queue.py explains why) of (run id, priority, team id)
+    rows given oldest first: higher priority first; within a priority the teams take
+    turns, each team's oldest run first, then each team's second, and so on; first come
+    first served within a team."""
+    by_priority: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for pk, priority, team_id in rows:
+        by_priority[priority][team_id].append(pk)
+    order: list[int] = []
+    for priority in sorted(by_priority, reverse=True):
+        # Dicts keep insertion order: teams come in the order of their oldest run.
+        teams = list(by_priority[priority].values())
+        for rank in range(max(len(t) for t in teams)):
+            order.extend(t[rank] for t in teams if rank < len(t))
+    return order
+
+
 class RunQuerySet(models.QuerySet):
     def visible_to(self, user) -> RunQuerySet:
         """Runs of the teams `user` belongs to."""
@@ -60,20 +77,18 @@ class RunQuerySet(models.QuerySet):
         return self.exclude(status__in=Run.TERMINAL)
 
     def in_admission_order(self) -> list[Run]:
-        """These runs in the order the run queue admits them (runs/queue.py explains why):
-        higher priority first; within a priority the teams take turns, each team's oldest
-        run first, then each team's second, and so on; first come first served within a
-        team. Loads each run's experiment (for its team)."""
-        by_priority: dict[int, dict[int, list[Run]]] = defaultdict(lambda: defaultdict(list))
-        for run in self.select_related("experiment").order_by("created_at", "pk"):
-            by_priority[run.priority][run.experiment.team_id].append(run)
-        order: list[Run] = []
-        for priority in sorted(by_priority, reverse=True):
-            # Dicts keep insertion order: teams come in the order of their oldest run.
-            teams = list(by_priority[priority].values())
-            for rank in range(max(len(t) for t in teams)):
-                order.extend(t[rank] for t in teams if rank < len(t))
-        return order
+        """These runs in the order the run queue admits them (`admission_order`). Loads
+        each run's experiment (for its team)."""
+        runs = {run.pk: run for run in self.select_related("experiment").order_by("created_at", "pk")}
+        rows = [(pk, run.priority, run.experiment.team_id) for pk, run in runs.items()]
+        return [runs[pk] for pk in admission_order(rows)]
+
+    def queue_positions(self) -> dict[int, int]:
+        """{run id: 1-based place} of the runs waiting in the queue, in admission order.
+        One query of three columns: cheap enough for every row of a list page."""
+        waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_ADMITTED)
+        rows = waiting.order_by("created_at", "pk").values_list("pk", "priority", "experiment__team_id")
+        return {pk: place for place, pk in enumerate(admission_order(rows), start=1)}
 
 
 class Run(models.Model):
@@ -172,18 +187,15 @@ class Run(models.Model):
     def queue_position(self) -> int | None:
         """1-based place among the runs waiting in the queue, in its admission order
         (runs/queue.py); None for any other run, including one the queue has admitted and
-        a worker is about to start. One query, and none for a run that is not queued."""
+        a worker is about to start. One query, and none for a run that is not queued or
+        whose place its loader already set (`known_queue_position`, e.g. from
+        `Run.objects.queue_positions()` for a whole page of runs)."""
         if self.status != self.Status.QUEUED or self.phase == self.QUEUE_ADMITTED:
             return None
-        queued = (
-            Run.objects.filter(status=self.Status.QUEUED)
-            .exclude(phase=self.QUEUE_ADMITTED)
-            .defer("config", "overrides")
-        )
-        for place, run in enumerate(queued.in_admission_order(), start=1):
-            if run.pk == self.pk:
-                return place
-        return None
+        known = getattr(self, "known_queue_position", None)
+        if known is not None:
+            return known
+        return Run.objects.queue_positions().get(self.pk)
 
     def waiting_for(self) -> str | None:
         """Why a queued run has not started yet, as the scheduler last saw it, e.g. "2 runs

@@ -219,8 +219,11 @@ def do_schedule_queue() -> list[int]:
         changed = _record_reasons(reasons, moved=bool(admitted))
     for run in admitted:
         transaction.on_commit(lambda run=run: _send_launch(run))
-    for run in changed:
-        transaction.on_commit(lambda run=run: events.send_status(run))
+    if changed:
+        positions = Run.objects.queue_positions()  # one query for every event below
+        for run in changed:
+            run.known_queue_position = positions.get(run.pk)
+            transaction.on_commit(lambda run=run: events.send_status(run))
     if admitted:
         logger.info("queue: admitted runs %s", ", ".join(str(r.pk) for r in admitted))
     return [r.pk for r in admitted]
