@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import configs, views
+from api import comparisons, configs, views
 
 app_name = "api"
 
@@ -9,6 +9,9 @@ urlpatterns = [
     path("configs", configs.configs, name="configs"),
     path("configs/<str:config_id>", configs.config_detail, name="config"),
     path("configs/<str:config_id>/versions", configs.config_versions, name="config-versions"),
+    path("comparisons", comparisons.comparisons, name="comparisons"),
+    path("comparisons/<int:comparison_id>", comparisons.comparison_detail, name="comparison"),
+    path("comparisons/<int:comparison_id>/rerun", comparisons.comparison_rerun, name="comparison-rerun"),
     path("config/schema", views.config_schema, name="config-schema"),
     path("teams", views.teams, name="teams"),
     path("experiments", views.experiments, name="experiments"),

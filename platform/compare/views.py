@@ -7,15 +7,21 @@ import io
 import json
 import math
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from api.http import BadParam, api_login_required, int_param, refusal_response
-from compare import analysis
+from compare import actions, analysis
+from compare.models import SAVED_PREFIX, Comparison
+from configs.models import SavedConfig
+from rollway import jsonin
 from runs.errors import ActionError
-from runs.models import MetricPoint
+from runs.models import Experiment, MetricPoint, Run
+from teams.models import Team
+from workers.presets import PRESETS
 
 DEFAULT_TARGET = 0.8
 DEFAULT_BUDGET_S = 60.0
@@ -165,3 +171,105 @@ def _series_export(runs, fmt: str) -> StreamingHttpResponse:
 def _with_header(rows):
     yield SERIES_HEADER
     yield from rows
+
+
+# --- comparison experiments --------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def comparisons(request: HttpRequest) -> HttpResponse:
+    found = Comparison.objects.visible_to(request.user).select_related("team", "created_by")
+    return render(request, "compare/comparisons.html", {"comparisons": found})
+
+
+def _form_choices(user) -> dict:
+    teams = list(Team.objects.for_user(user).order_by("name"))
+    experiments = Experiment.objects.filter(team__in=teams).select_related("team").order_by("team__name", "name")
+    # "team:<id>": the team's "default" experiment, made on launch (as the launch form does)
+    targets = [(f"team:{t.pk}", f"{t.name} / default") for t in teams]
+    targets += [(str(e.pk), f"{e.team.name} / {e.name}") for e in experiments]
+    saved = SavedConfig.objects.visible_to(user).latest_versions().select_related("team").order_by("team__name", "name")
+    configurations = [(name, name, "built-in preset") for name in PRESETS]
+    configurations += [(f"{SAVED_PREFIX}{c.pk}", c.label, f"saved in {c.team.name}") for c in saved]
+    return {"targets": targets, "configuration_choices": configurations}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def comparison_new(request: HttpRequest) -> HttpResponse:
+    """The new-comparison form. On any error nothing is launched and the form comes back
+    with each message next to its field."""
+    form = {
+        "target": request.POST.get("target", ""),
+        "name": request.POST.get("name", ""),
+        "description": request.POST.get("description", ""),
+        "configurations": request.POST.getlist("configurations"),
+        "seeds": request.POST.get("seeds", "0,1,2"),
+        "overrides": request.POST.get("overrides", "{}"),
+    }
+    errors: dict[str, str] = {}
+    if request.method == "POST":
+        experiment, _, team = form["target"].partition("team:")
+        try:
+            overrides = jsonin.loads(form["overrides"] or "{}")
+        except jsonin.BadJSON as exc:
+            errors["overrides"] = str(exc)
+        else:
+            try:
+                launch = actions.check_comparison(
+                    request.user,
+                    team=team,
+                    experiment=experiment,
+                    name=form["name"],
+                    description=form["description"],
+                    configurations=form["configurations"],
+                    seeds=form["seeds"],
+                    overrides=overrides,
+                )
+            except ActionError as exc:
+                errors = exc.errors
+            else:
+                comparison = actions.do_launch_comparison(request.user, launch)
+                messages.success(request, f"Queued {comparison.members.count()} runs.")
+                return redirect(comparison)
+    known = {"target", "team", "experiment", "name", "description", "configurations", "seeds", "overrides"}
+    context = {
+        "form": form,
+        "errors": errors,
+        "field_errors": {k: v for k, v in errors.items() if k in known},
+        "other_errors": sorted((k, v) for k, v in errors.items() if k not in known),
+        **_form_choices(request.user),
+    }
+    return render(request, "compare/comparison_new.html", context, status=400 if errors else 200)
+
+
+@login_required
+@require_GET
+def comparison(request: HttpRequest, comparison_id: int) -> HttpResponse:
+    """The compare page of the comparison's runs, with its "Run again" button."""
+    try:
+        found = actions.check_comparison_access(request.user, comparison_id)
+    except ActionError as exc:
+        raise Http404(exc.message) from None
+    runs = Run.objects.filter(comparison_links__comparison=found).select_related("experiment__team")
+    runs = list(runs.order_by("pk"))
+    context = {"runs": runs, "run_ids": ",".join(str(r.pk) for r in runs), "comparison": found}
+    return render(request, "compare/compare.html", context)
+
+
+@login_required
+@require_POST
+def comparison_rerun(request: HttpRequest, comparison_id: int) -> HttpResponse:
+    try:
+        found = actions.check_comparison_access(request.user, comparison_id)
+    except ActionError as exc:
+        raise Http404(exc.message) from None
+    try:
+        rerun = actions.check_rerun(request.user, found, seeds=request.POST.get("seeds", "").strip() or None)
+    except ActionError as exc:
+        messages.error(request, f"Nothing was launched: {exc.message}")
+    else:
+        runs = actions.do_rerun_comparison(request.user, found, rerun)
+        messages.success(request, f"Queued {len(runs)} more runs; the earlier ones stay.")
+    return redirect(found)

@@ -62,7 +62,7 @@ INSTALLED_APPS = [
     "configs",
     "api",
     "dashboard",
-    "compare",  # the compare page (no models)
+    "compare",  # the compare page and comparison experiments
     "ops",  # management commands only (up, …)
 ]
 
@@ -108,7 +108,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Migrations live in the top-level migrations/ package, one sub-package per app.
-MIGRATION_MODULES = {app: f"migrations.{app}" for app in ("teams", "runs", "configs")}
+MIGRATION_MODULES = {app: f"migrations.{app}" for app in ("teams", "runs", "configs", "compare")}
 
 # --- auth ---------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

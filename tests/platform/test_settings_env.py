@@ -57,5 +57,6 @@ def test_settings_default_to_one_machine_with_nothing_installed(settings):
         "teams": "migrations.teams",
         "runs": "migrations.runs",
         "configs": "migrations.configs",
+        "compare": "migrations.compare",
     }
     assert str(settings.ROLLWAY_HOME / "cache") == settings.ROLLWAY_CACHE_DIR
