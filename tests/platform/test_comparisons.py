@@ -200,3 +200,23 @@ def test_the_admin_action_launches_a_comparison_again(client_for, owner, experim
 
     assert response.status_code == 302
     assert len(Comparison.objects.get(pk=created["id"]).run_ids()) == 4
+
+
+def test_the_form_shows_a_bad_field_next_to_it_and_launches_nothing(client_for, owner, experiment):
+    form = {"target": str(experiment.pk), "name": "f", "configurations": ["async"], "seeds": "1,1", "overrides": "{}"}
+
+    response = client_for(owner).post("/comparisons/new/", form)
+
+    assert response.status_code == 400
+    assert 'data-field="seeds"' in response.content.decode()
+    assert "seed 1 is given twice" in response.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_the_form_lists_presets_and_the_teams_saved_configurations(client_for, owner, saved, outsider):
+    theirs = SavedConfig.objects.create(team=Team.objects.get(name="Elsewhere"), name="theirs", base_preset="sync")
+
+    html = client_for(owner).get("/comparisons/new/").content.decode()
+
+    assert 'value="async"' in html and f'value="saved:{saved.pk}"' in html
+    assert f'value="saved:{theirs.pk}"' not in html
