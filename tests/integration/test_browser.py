@@ -8,24 +8,14 @@ page, cancel, see "cancelled".
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
 
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
+
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-# Without the networking flags Chromium keeps dialling Google on a closed network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "pw-browser-user"
 TINY = {
     "inference": {"backend": "torch"},
     "warm_start": {"steps": 20},
@@ -48,23 +38,16 @@ def browser_user(db):
 
 
 def test_a_user_launches_a_run_watches_it_live_and_cancels_it(stack, browser_user, show_logs_on_failure):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     user, experiment = browser_user
     stack.ensure_worker()
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{stack.url}/accounts/login/")
-            page.fill("#id_username", user.username)
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, stack.url, user.username)
 
             page.goto(f"{stack.url}/runs/new/")
             page.select_option("#id_experiment", str(experiment.pk))

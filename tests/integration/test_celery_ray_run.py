@@ -13,23 +13,13 @@ from datetime import datetime
 
 import pytest
 
+from tests.integration.helpers import launch, overrides, status
 from tests.integration.stack import RayProbe, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-# Tiny torch-backend runs: a 20-step warm start (cached per session), 4 prompts × 4
-# completions per step.
-TINY = {
-    "inference": {"backend": "torch"},
-    "warm_start": {"steps": 20},
-    "trainer": {"batch_groups": 4, "group_size": 4},
-}
 FINISHING_STEPS = 4
 CANCEL_BUDGET_S = 10.0
-
-
-def overrides(**stop) -> dict:
-    return {**TINY, "stop": stop}
 
 
 @pytest.fixture
@@ -42,19 +32,6 @@ def member(db):
     user = get_user_model().objects.create_user("ilse", password="pw-ilse")
     team, experiment = do_ensure_demo(user, team_name="Integration")
     return user, experiment
-
-
-def launch(member, preset: str, overrides: dict):
-    from runs.actions import check_launch, do_launch_run
-
-    user, experiment = member
-    request = check_launch(user, experiment=experiment.pk, name="it", preset=preset, overrides=overrides)
-    return do_launch_run(user, request)  # commits, then enqueues launch_run on Redis
-
-
-def status(run) -> str:
-    run.refresh_from_db(fields=["status", "error"])
-    return run.status
 
 
 def point_count(run, series: str | None = None) -> int:

@@ -4,13 +4,12 @@ runs, their points and phase are written to the database directly (no engine nee
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 
-from tests.integration.test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -56,22 +55,15 @@ def two_runs(db):
 
 
 def test_the_list_filters_by_status_and_a_running_run_shows_its_phase_and_progress(stack, two_runs):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     user, running, done = two_runs
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{stack.url}/accounts/login/")
-            page.fill("#id_username", user.username)
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, stack.url, user.username)
 
             page.goto(f"{stack.url}/")
             expect(page.locator(f'tr[data-run-id="{done.pk}"]')).to_be_visible()

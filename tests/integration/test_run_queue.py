@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.helpers import launch, overrides, status
 from tests.integration.stack import wait_for
-from tests.integration.test_celery_ray_run import launch, overrides, status
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -5,13 +5,11 @@ scheduler runs in this process with a stand-in for Ray: no engine needed."""
 
 from __future__ import annotations
 
-import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -94,8 +92,7 @@ def off_playwright_thread(fn):
 
 
 def test_a_queued_run_shows_its_place_and_reason_and_moves_up_live(stack, line, one_slot, show_logs_on_failure):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     from runs import queue
@@ -110,15 +107,9 @@ def test_a_queued_run_shows_its_place_and_reason_and_moves_up_live(stack, line, 
         return queue.do_schedule_queue()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{stack.url}/accounts/login/")
-            page.fill("#id_username", user.username)
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, stack.url, user.username)
 
             page.goto(f"{stack.url}/runs/{last.pk}/")
             queue_info = page.locator("[data-role=queue]")

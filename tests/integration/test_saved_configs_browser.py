@@ -5,12 +5,11 @@ launch from it. No engine is needed: the test checks the run the launch stores."
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
 
-from tests.integration.test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -29,22 +28,15 @@ def member(db):
 
 
 def test_a_user_saves_a_configuration_from_the_launch_form_and_launches_from_it(stack, member):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     user, experiment = member
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{stack.url}/accounts/login/")
-            page.fill("#id_username", user.username)
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, stack.url, user.username)
 
             page.goto(f"{stack.url}/runs/new/")
             page.select_option("#id_experiment", str(experiment.pk))

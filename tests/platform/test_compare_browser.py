@@ -7,29 +7,17 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import re
 from statistics import fmean
 
 import pytest
 
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Membership, Team
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
 from workers.presets import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-# Without the networking flags Chromium keeps dialling Google on a closed network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "pw-compare-user"
 T0 = 1_700_000_000.0
 BUDGET = 30.0
 
@@ -67,8 +55,7 @@ def seed_runs(user) -> tuple[list[Run], dict[str, float]]:
 
 
 def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from django.contrib.auth import get_user_model
     from playwright.sync_api import expect, sync_playwright
 
@@ -77,15 +64,9 @@ def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
     ids = ",".join(str(r.pk) for r in runs)
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{live_server.url}/accounts/login/")
-            page.fill("#id_username", "cora")
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, live_server.url, "cora")
 
             page.goto(f"{live_server.url}/compare/?runs={ids}&budget={BUDGET:g}")
             reward = page.locator('[data-metric="reward/mean"]')

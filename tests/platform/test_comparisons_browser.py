@@ -4,7 +4,6 @@ comparison's compare page, which shows its 4 runs."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -12,25 +11,13 @@ import pytest
 from compare.models import Comparison
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-# Without the networking flags Chromium keeps dialling Google on a closed network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "pw-comparison-user"
-
 
 def test_a_comparison_launched_from_the_form_lands_on_its_compare_page_with_4_runs(live_server):
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    skip_without_chromium()
     from django.contrib.auth import get_user_model
     from playwright.sync_api import expect, sync_playwright
 
@@ -40,15 +27,9 @@ def test_a_comparison_launched_from_the_form_lands_on_its_compare_page_with_4_ru
     experiment = Experiment.objects.create(team=team, name="modes")
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch(pw)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"{live_server.url}/accounts/login/")
-            page.fill("#id_username", "cleo")
-            page.fill("#id_password", PASSWORD)
-            page.click("form button[type=submit]")
-            expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
+            page = log_in(browser, live_server.url, "cleo")
 
             page.click("nav >> text=Comparisons")
             page.click("#new-comparison")

@@ -1,0 +1,29 @@
+"""Launching tiny runs through the real stack and reading them back: what several
+integration test modules call (test modules never import each other)."""
+
+from __future__ import annotations
+
+# Tiny torch-backend runs: a 20-step warm start (cached per session), 4 prompts × 4
+# completions per step.
+TINY = {
+    "inference": {"backend": "torch"},
+    "warm_start": {"steps": 20},
+    "trainer": {"batch_groups": 4, "group_size": 4},
+}
+
+
+def overrides(**stop) -> dict:
+    return {**TINY, "stop": stop}
+
+
+def launch(member, preset: str, overrides: dict):
+    from runs.actions import check_launch, do_launch_run
+
+    user, experiment = member
+    request = check_launch(user, experiment=experiment.pk, name="it", preset=preset, overrides=overrides)
+    return do_launch_run(user, request)  # commits, then enqueues launch_run on Redis
+
+
+def status(run) -> str:
+    run.refresh_from_db(fields=["status", "error"])
+    return run.status
