@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -284,8 +284,9 @@ def _iso(value) -> str | None:
 class MetricPointQuerySet(models.QuerySet):
     def upsert(self, run_id: int, points: Iterable[tuple[str, int, float, float]]) -> int:
         """Insert (series, step, value, time) points for a run in bulk; a point already
-        stored for (run, series, step) is overwritten, never duplicated. Returns how many
-        distinct points were written. Call inside a transaction for all-or-nothing."""
+        stored for (run, series, step) is overwritten, never duplicated; the run's
+        rollups (runs/rollups.py) follow in the same transaction. Returns how many
+        distinct points were written."""
         # One statement may not touch a row twice (PostgreSQL's ON CONFLICT rule): the
         # last point for a key in the batch wins, as it would across two batches.
         latest = {(series, step): (value, t) for series, step, value, t in points}
@@ -295,7 +296,12 @@ class MetricPointQuerySet(models.QuerySet):
             "postgresql": self._upsert_postgresql,
             "sqlite": self._upsert_sqlite,
         }.get(connections[self.db].vendor, self._upsert_orm)
-        upsert(run_id, latest)
+        # runs/rollups.py imports this module: imported here, at call time.
+        from runs import rollups
+
+        with transaction.atomic(using=self.db):
+            upsert(run_id, latest)
+            rollups.refresh(run_id, latest.keys(), using=self.db)
         return len(latest)
 
     # Hand-written SQL because the ORM's bulk_create spends ~100 µs per point building
@@ -355,6 +361,42 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series}@{self.step}={self.value}"
+
+
+class SeriesBucket(models.Model):
+    """Aggregates of one series' points with steps in [idx × width, (idx + 1) × width),
+    kept up to date as points are written (runs/rollups.py explains the levels): what
+    summaries and downsampled charts read instead of every point."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="buckets", db_index=False)
+    series = models.CharField(max_length=64)
+    width = models.IntegerField()
+    idx = models.BigIntegerField()
+    n = models.IntegerField(help_text="How many points.")
+    total = models.FloatField(help_text="Sum of their values.")
+    first_step = models.BigIntegerField()
+    # The first lowest and first highest point (ties go to the lower step).
+    lo = models.FloatField()
+    lo_step = models.BigIntegerField()
+    lo_time = models.FloatField()
+    hi = models.FloatField()
+    hi_step = models.BigIntegerField()
+    hi_time = models.FloatField()
+    min_time = models.FloatField(help_text="The earliest time of its points.")
+    last_step = models.BigIntegerField()
+    last_value = models.FloatField()
+    last_time = models.FloatField()
+    best_moving = models.FloatField(
+        null=True, help_text="Highest trailing mean ending at one of its points (full windows; some series only)."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "series", "width", "idx"], name="unique_bucket_per_run_series")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.series}[{self.idx * self.width}:{(self.idx + 1) * self.width}] n={self.n}"
 
 
 class ClusterCapacity(models.Model):

@@ -1,0 +1,419 @@
+"""Series rollups: per-bucket aggregates of a run's metric points, kept up to date as the
+points are written, so that reads at scale touch aggregates instead of every point.
+
+A run's series can hold 100k+ points, and a comparison reads 50 runs at once: a summary
+or a chart computed from every point costs seconds however good the SQL is. So each
+series' steps are cut into buckets of fixed width at several levels (`WIDTHS`, each
+`FAN_OUT` times the last): bucket `idx` of width `w` holds the steps
+[idx × w, (idx + 1) × w). A bucket (`SeriesBucket`) keeps its count and sum, its first
+lowest and first highest point, its earliest time, its last point and, for the series in
+`MOVING_SERIES`, the best trailing mean of `MOVING_WINDOW` points ending inside it.
+
+Every one of these merges exactly from the bucket's children, so after a write the
+buckets the new points fall in are recomputed bottom-up: the narrowest from the points
+themselves, each wider one from its `FAN_OUT` children. A write touches a few rows per
+level whatever the series' length. Recomputing (rather than adding the new points in)
+keeps it exact when the reporter's spool sends a point again or a late point arrives out
+of order.
+
+Reads:
+- `totals`: a whole series' aggregate, from the widest level (a row or two per series);
+- `rows`: one level's buckets, which runs/metrics.py merges into a downsampled chart;
+- `first_reach` and `last_at_or_before`: "the first step whose trailing mean reaches x"
+  and "the last point measured by time t", found by descending from the widest level
+  to one narrow bucket (each aggregate they test is a max or a min, so a bucket passes
+  only if one of its children does) and reading that bucket's points.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import astuple, dataclass, fields
+from statistics import fmean
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from runs.models import MetricPoint, Run, SeriesBucket
+
+WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
+FAN_OUT = 4
+# The series whose buckets keep `best_moving`: the compare page's "time to target" asks
+# when the mean of the last MOVING_WINDOW reward points first reached a target.
+MOVING_SERIES = frozenset({"reward/mean"})
+MOVING_WINDOW = 5
+# Terms per OR-list in one statement (SQLite's default expression depth is 1000).
+MAX_TERMS = 200
+
+POINTS = MetricPoint._meta.db_table
+BUCKETS = SeriesBucket._meta.db_table
+RUNS = Run._meta.db_table
+
+
+@dataclass
+class Agg:
+    """One bucket's aggregates (the columns of SeriesBucket after run, series, width, idx)."""
+
+    n: int
+    total: float
+    first_step: int
+    lo: float
+    lo_step: int
+    lo_time: float
+    hi: float
+    hi_step: int
+    hi_time: float
+    min_time: float
+    last_step: int
+    last_value: float
+    last_time: float
+    best_moving: float | None
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n
+
+
+COLUMNS = tuple(f.name for f in fields(Agg))
+
+
+def of_points(points: list[tuple[int, float, float]], moving: list[float | None]) -> Agg:
+    """The aggregate of (step, value, time) points ordered by step, `moving[i]` being the
+    trailing mean ending at point i (None where the window is not full)."""
+    lo = min(points, key=lambda p: (p[1], p[0]))
+    hi = min(points, key=lambda p: (-p[1], p[0]))
+    last = points[-1]
+    full = [m for m in moving if m is not None]
+    return Agg(
+        n=len(points),
+        total=sum(p[1] for p in points),
+        first_step=points[0][0],
+        lo=lo[1],
+        lo_step=lo[0],
+        lo_time=lo[2],
+        hi=hi[1],
+        hi_step=hi[0],
+        hi_time=hi[2],
+        min_time=min(p[2] for p in points),
+        last_step=last[0],
+        last_value=last[1],
+        last_time=last[2],
+        best_moving=max(full) if full else None,
+    )
+
+
+def merge(children: list[Agg]) -> Agg:
+    """The aggregate of consecutive buckets, given in step order."""
+    lo = min(children, key=lambda a: (a.lo, a.lo_step))
+    hi = min(children, key=lambda a: (-a.hi, a.hi_step))
+    last = children[-1]
+    moving = [a.best_moving for a in children if a.best_moving is not None]
+    return Agg(
+        n=sum(a.n for a in children),
+        total=sum(a.total for a in children),
+        first_step=children[0].first_step,
+        lo=lo.lo,
+        lo_step=lo.lo_step,
+        lo_time=lo.lo_time,
+        hi=hi.hi,
+        hi_step=hi.hi_step,
+        hi_time=hi.hi_time,
+        min_time=min(a.min_time for a in children),
+        last_step=last.last_step,
+        last_value=last.last_value,
+        last_time=last.last_time,
+        best_moving=max(moving) if moving else None,
+    )
+
+
+def trailing_means(values: list[float], skip: int = 0) -> list[float | None]:
+    """The mean of the last MOVING_WINDOW values ending at each value (None before the
+    window is full), for values[skip:] (the first `skip` only lead into windows)."""
+    return [
+        fmean(values[i - MOVING_WINDOW + 1 : i + 1]) if i >= MOVING_WINDOW - 1 else None
+        for i in range(skip, len(values))
+    ]
+
+
+# --- keeping them up to date ----------------------------------------------------------
+
+
+def _ranges(indexes: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted indexes as inclusive runs of consecutive ones: [1, 2, 3, 7] → [(1, 3), (7, 7)]."""
+    out: list[list[int]] = []
+    for i in sorted(set(indexes)):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return [(a, b) for a, b in out]
+
+
+def _chunks(items: list, size: int = MAX_TERMS) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _write(cursor, run_id: int, width: int, aggs: dict[tuple[str, int], Agg]) -> None:
+    names = ", ".join(("run_id", "series", "width", "idx", *COLUMNS))
+    marks = ", ".join(["%s"] * (4 + len(COLUMNS)))
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS)
+    cursor.executemany(
+        f"INSERT INTO {BUCKETS} ({names}) VALUES ({marks}) "
+        f"ON CONFLICT (run_id, series, width, idx) DO UPDATE SET {updates}",
+        [(run_id, series, width, idx, *astuple(agg)) for (series, idx), agg in aggs.items()],
+    )
+
+
+def _preceding(cursor, run_id: int, series: str, step: int) -> list[float]:
+    """The values of the MOVING_WINDOW − 1 points before `step`, oldest first."""
+    cursor.execute(
+        f"SELECT value FROM {POINTS} WHERE run_id = %s AND series = %s AND step < %s ORDER BY step DESC LIMIT %s",
+        [run_id, series, step, MOVING_WINDOW - 1],
+    )
+    return [v for (v,) in reversed(cursor.fetchall())]
+
+
+def _narrowest(cursor, run_id: int, touched: dict[str, set[int]]) -> dict[tuple[str, int], Agg]:
+    """Recompute the narrowest buckets named in `touched` from their points."""
+    width = WIDTHS[0]
+    terms = [(s, a * width, b * width + width - 1) for s, idxs in touched.items() for a, b in _ranges(idxs)]
+    out: dict[tuple[str, int], Agg] = {}
+    for chunk in _chunks(terms):
+        where = " OR ".join(["(series = %s AND step BETWEEN %s AND %s)"] * len(chunk))
+        cursor.execute(
+            f'SELECT series, step, value, "time" FROM {POINTS} WHERE run_id = %s AND ({where}) ORDER BY series, step',
+            [run_id, *(x for term in chunk for x in term)],
+        )
+        starts: dict[str, list[int]] = defaultdict(list)
+        for s, lo, _ in sorted(chunk):
+            starts[s].append(lo)
+        by_range: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)
+        for series, step, value, t in cursor.fetchall():
+            # the range this point was read for (the ranges of one series never overlap)
+            start = starts[series][bisect_right(starts[series], step) - 1]
+            by_range[(series, start)].append((step, value, t))
+        for (series, start), points in by_range.items():
+            values = [v for _, v, _ in points]
+            if series in MOVING_SERIES:
+                before = _preceding(cursor, run_id, series, start)
+                moving = trailing_means(before + values, skip=len(before))
+            else:
+                moving = [None] * len(points)
+            buckets: dict[int, list[int]] = defaultdict(list)
+            for i, (step, _, _) in enumerate(points):
+                buckets[step // width].append(i)
+            for idx, members in buckets.items():
+                out[(series, idx)] = of_points([points[i] for i in members], [moving[i] for i in members])
+    return out
+
+
+def _from_children(cursor, run_id: int, level: int, parents: dict[str, set[int]]) -> dict[tuple[str, int], Agg]:
+    """Recompute the level's buckets named in `parents` from their children's rows."""
+    child_width = WIDTHS[level - 1]
+    terms = [(s, a * FAN_OUT, b * FAN_OUT + FAN_OUT - 1) for s, idxs in parents.items() for a, b in _ranges(idxs)]
+    children: dict[tuple[str, int], list[Agg]] = defaultdict(list)
+    for chunk in _chunks(terms):
+        where = " OR ".join(["(series = %s AND idx BETWEEN %s AND %s)"] * len(chunk))
+        cursor.execute(
+            f"SELECT series, idx, {', '.join(COLUMNS)} FROM {BUCKETS} "
+            f"WHERE run_id = %s AND width = %s AND ({where}) ORDER BY series, idx",
+            [run_id, child_width, *(x for term in chunk for x in term)],
+        )
+        for series, idx, *values in cursor.fetchall():
+            children[(series, idx // FAN_OUT)].append(Agg(*values))
+    return {key: merge(aggs) for key, aggs in children.items()}
+
+
+def refresh(run_id: int, keys: Iterable[tuple[str, int]], using: str = DEFAULT_DB_ALIAS) -> None:
+    """Bring the run's buckets up to date after the points at (series, step) `keys`
+    were written (inserted or overwritten)."""
+    newest: dict[str, int] = {}
+    touched: dict[str, set[int]] = defaultdict(set)
+    for series, step in keys:
+        touched[series].add(step // WIDTHS[0])
+        newest[series] = max(step, newest.get(series, step))
+    if not touched:
+        return
+    connection = connections[using]
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        # Two writers of one run take turns here: each recomputes from what is committed,
+        # so the later one sees the earlier one's points (SQLite serializes writes anyway).
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        cursor.execute(f"SELECT id FROM {RUNS} WHERE id = %s{lock}", [run_id])
+        for series in touched.keys() & MOVING_SERIES:
+            # A new point enters the trailing windows of the points after it: their
+            # buckets change too (nothing after it in the usual, in-order case).
+            cursor.execute(
+                f"SELECT MAX(step) FROM (SELECT step FROM {POINTS} WHERE run_id = %s AND series = %s AND step > %s "
+                f"ORDER BY step LIMIT %s) later",
+                [run_id, series, newest[series], MOVING_WINDOW - 1],
+            )
+            (later,) = cursor.fetchone()
+            last = max(later or 0, newest[series]) // WIDTHS[0]
+            touched[series].update(range(min(touched[series]), last + 1))
+        aggs = _narrowest(cursor, run_id, touched)
+        _write(cursor, run_id, WIDTHS[0], aggs)
+        for level in range(1, len(WIDTHS)):
+            touched = {s: {i // FAN_OUT for i in idxs} for s, idxs in touched.items()}
+            aggs = _from_children(cursor, run_id, level, touched)
+            _write(cursor, run_id, WIDTHS[level], aggs)
+
+
+def rebuild(run_id: int, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Recompute every bucket of a run from all its points (for points stored before
+    rollups existed, or written around `refresh`). Returns how many points it read."""
+    connection = connections[using]
+    count = 0
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {BUCKETS} WHERE run_id = %s", [run_id])
+        cursor.execute(f"SELECT DISTINCT series FROM {POINTS} WHERE run_id = %s", [run_id])
+        for (series,) in cursor.fetchall():
+            cursor.execute(
+                f'SELECT step, value, "time" FROM {POINTS} WHERE run_id = %s AND series = %s ORDER BY step',
+                [run_id, series],
+            )
+            points = cursor.fetchall()
+            count += len(points)
+            values = [v for _, v, _ in points]
+            moving = trailing_means(values) if series in MOVING_SERIES else [None] * len(points)
+            groups: dict[int, list[int]] = defaultdict(list)
+            for i, (step, _, _) in enumerate(points):
+                groups[step // WIDTHS[0]].append(i)
+            level = {
+                idx: of_points([points[i] for i in members], [moving[i] for i in members])
+                for idx, members in groups.items()
+            }
+            _write(cursor, run_id, WIDTHS[0], {(series, idx): agg for idx, agg in level.items()})
+            for width in WIDTHS[1:]:
+                parents: dict[int, list[Agg]] = defaultdict(list)
+                for idx in sorted(level):
+                    parents[idx // FAN_OUT].append(level[idx])
+                level = {idx: merge(children) for idx, children in parents.items()}
+                _write(cursor, run_id, width, {(series, idx): agg for idx, agg in level.items()})
+    return count
+
+
+# --- reading them ---------------------------------------------------------------------
+
+
+def _in(values: list) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def totals(
+    run_ids: list[int], series: list[str] | None = None, using: str = DEFAULT_DB_ALIAS
+) -> dict[tuple[int, str], Agg]:
+    """{(run id, series): the aggregate of all its points} for the runs' series (all, or
+    those named), from the widest level."""
+    if not run_ids:
+        return {}
+    sql = f"SELECT run_id, series, {', '.join(COLUMNS)} FROM {BUCKETS} WHERE width = %s AND run_id IN ({_in(run_ids)})"
+    params: list = [WIDTHS[-1], *run_ids]
+    if series:
+        sql += f" AND series IN ({_in(series)})"
+        params += series
+    groups: dict[tuple[int, str], list[Agg]] = defaultdict(list)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql + " ORDER BY run_id, series, idx", params)
+        for run_id, name, *values in cursor.fetchall():
+            groups[(run_id, name)].append(Agg(*values))
+    return {key: merge(aggs) for key, aggs in groups.items()}
+
+
+def rows(
+    run_ids: list[int], series: list[str], width: int, min_idx: int = 0, using: str = DEFAULT_DB_ALIAS
+) -> dict[tuple[int, str], list[tuple[int, Agg]]]:
+    """{(run id, series): [(idx, aggregate)] in step order} of one level's buckets with
+    idx ≥ min_idx."""
+    out: dict[tuple[int, str], list[tuple[int, Agg]]] = defaultdict(list)
+    if not run_ids or not series:
+        return out
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT run_id, series, idx, {', '.join(COLUMNS)} FROM {BUCKETS} "
+            f"WHERE width = %s AND run_id IN ({_in(run_ids)}) AND series IN ({_in(series)}) AND idx >= %s "
+            "ORDER BY run_id, series, idx",
+            [width, *run_ids, *series, min_idx],
+        )
+        for run_id, name, idx, *values in cursor.fetchall():
+            out[(run_id, name)].append((idx, Agg(*values)))
+    return out
+
+
+def _descend(cursor, series: str, test: str, thresholds: dict[int, float], pick: str) -> dict[int, int]:
+    """{run id: idx of the first (pick="MIN") or last (pick="MAX") narrowest bucket of
+    `series` whose aggregate passes `test` (an SQL condition on one %s, the run's threshold)}.
+    Only right for max/min-type aggregates: then a bucket passes iff one of its children does."""
+    found: dict[int, tuple[int, int]] = {}  # run id → (first, last) candidate idx at the level
+    for level in reversed(range(len(WIDTHS))):
+        runs = list(thresholds) if level == len(WIDTHS) - 1 else list(found)
+        if not runs:
+            return {}
+        answer: dict[int, int] = {}
+        for chunk in _chunks(runs):
+            if level == len(WIDTHS) - 1:
+                terms = " OR ".join([f"(run_id = %s AND {test})"] * len(chunk))
+                params = [x for r in chunk for x in (r, thresholds[r])]
+            else:
+                terms = " OR ".join([f"(run_id = %s AND idx BETWEEN %s AND %s AND {test})"] * len(chunk))
+                params = [x for r in chunk for x in (r, *found[r], thresholds[r])]
+            cursor.execute(
+                f"SELECT run_id, {pick}(idx) FROM {BUCKETS} WHERE width = %s AND series = %s AND ({terms}) "
+                "GROUP BY run_id",
+                [WIDTHS[level], series, *params],
+            )
+            answer.update(cursor.fetchall())
+        if level == 0:
+            return answer
+        found = {r: (idx * FAN_OUT, idx * FAN_OUT + FAN_OUT - 1) for r, idx in answer.items()}
+    return {}
+
+
+def first_reach(
+    run_ids: list[int], series: str, target: float, using: str = DEFAULT_DB_ALIAS
+) -> dict[int, tuple[int, float]]:
+    """{run id: (step, time) of the first point whose trailing MOVING_WINDOW-point mean
+    is ≥ target} for the runs that reached it (`series` must be in MOVING_SERIES)."""
+    if series not in MOVING_SERIES:
+        raise ValueError(f"{series} keeps no trailing means")
+    out: dict[int, tuple[int, float]] = {}
+    with connections[using].cursor() as cursor:
+        found = _descend(cursor, series, "best_moving >= %s", {r: float(target) for r in run_ids}, "MIN")
+        for run_id, idx in found.items():
+            start = idx * WIDTHS[0]
+            before = _preceding(cursor, run_id, series, start)
+            cursor.execute(
+                f'SELECT step, value, "time" FROM {POINTS} WHERE run_id = %s AND series = %s '
+                "AND step BETWEEN %s AND %s ORDER BY step",
+                [run_id, series, start, start + WIDTHS[0] - 1],
+            )
+            points = cursor.fetchall()
+            moving = trailing_means(before + [v for _, v, _ in points], skip=len(before))
+            for (step, _, t), m in zip(points, moving, strict=True):
+                if m is not None and m >= target:
+                    out[run_id] = (step, t)
+                    break
+    return out
+
+
+def last_at_or_before(
+    series: str, times: dict[int, float], using: str = DEFAULT_DB_ALIAS
+) -> dict[int, tuple[int, float]]:
+    """{run id: (step, value) of the series' last point (by step) whose time is ≤ the
+    run's time in `times`}, for the runs that have one."""
+    out: dict[int, tuple[int, float]] = {}
+    with connections[using].cursor() as cursor:
+        found = _descend(cursor, series, "min_time <= %s", times, "MAX")
+        for run_id, idx in found.items():
+            start = idx * WIDTHS[0]
+            cursor.execute(
+                f"SELECT step, value FROM {POINTS} WHERE run_id = %s AND series = %s "
+                f'AND step BETWEEN %s AND %s AND "time" <= %s ORDER BY step DESC LIMIT 1',
+                [run_id, series, start, start + WIDTHS[0] - 1, times[run_id]],
+            )
+            row = cursor.fetchone()
+            if row:
+                out[run_id] = (row[0], row[1])
+    return out
