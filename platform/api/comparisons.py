@@ -1,9 +1,9 @@
 """The comparisons API: M configurations × N seeds launched as one comparison.
 
 GET  /api/comparisons             the comparisons of the user's teams, newest first
-POST /api/comparisons             create one and queue its runs
+POST /api/comparisons             create one and queue its runs (optional "priority")
 GET  /api/comparisons/<id>        its configurations, seeds, runs and compare page link
-POST /api/comparisons/<id>/rerun  queue another set of its runs (optional "seeds")
+POST /api/comparisons/<id>/rerun  queue another set of its runs (optional "seeds", "priority")
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ class ComparisonIn(BaseModel):
     configurations: Any = None
     seeds: Any = None
     overrides: Any = None
+    priority: Any = None  # every run of the comparison gets it (the queue's order)
 
 
 class RerunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seeds: Any = None
+    priority: Any = None
 
 
 @require_http_methods(["GET", "POST"])
@@ -70,7 +72,7 @@ def comparison_rerun(request: HttpRequest, comparison_id: int) -> JsonResponse:
     try:
         comparison = actions.check_comparison_access(request.user, comparison_id)
         data = RerunIn.model_validate(json_object(request))
-        rerun = actions.check_rerun(request.user, comparison, seeds=data.seeds)
+        rerun = actions.check_rerun(request.user, comparison, seeds=data.seeds, priority=data.priority)
     except (ValidationError, ActionError) as exc:
         return refusal_response(exc)
     runs = actions.do_rerun_comparison(request.user, comparison, rerun)

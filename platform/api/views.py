@@ -122,6 +122,7 @@ class LaunchIn(BaseModel):
     preset: str = ""
     overrides: Any = None
     saved_config: int | None = None  # a saved configuration version's id, instead of a preset
+    priority: Any = None  # the queue's order, higher first; checked by the actions layer
 
 
 @require_http_methods(["GET", "POST"])

@@ -22,6 +22,7 @@ from runs.actions import (
     LaunchRequest,
     check_experiment_access,
     check_launch,
+    check_priority,
     check_saved_config_access,
     check_team_access,
     do_launch_run,
@@ -53,6 +54,7 @@ class ComparisonRequest:
     configurations: list[str]
     seeds: list[int]
     launches: list[tuple[str, int, LaunchRequest]]  # (configuration, seed, its launch)
+    priority: int = 0  # every run's place in the queue (runs.actions.check_priority)
 
 
 def check_comparison_access(user, comparison_id: Any) -> Comparison:
@@ -121,6 +123,7 @@ def _check_launches(
     configurations: Any,
     seeds: list[int],
     overrides: dict,
+    priority: int = 0,
 ) -> tuple[list[str], list[tuple[str, int, LaunchRequest]]]:
     entries: list[tuple[str, str, SavedConfig | None]] = []
     if not isinstance(configurations, list) or not configurations:
@@ -152,6 +155,7 @@ def _check_launches(
                     preset="" if saved else stored,
                     overrides=deep_merge(overrides, {"seed": seed}),
                     saved_config=saved.pk if saved else None,
+                    priority=priority,
                 )
             except ActionError as exc:
                 # The same field names a single launch gives, said of this run.
@@ -172,9 +176,10 @@ def check_comparison(
     configurations: Any = None,
     seeds: Any = None,
     overrides: Any = None,
+    priority: Any = None,
 ) -> ComparisonRequest:
     """Validate a new comparison; ActionError with every field error found (nothing is
-    stored)."""
+    stored). Every run gets `priority` in the queue."""
     errors: dict[str, str] = {}
     team_obj = exp_obj = None
     try:
@@ -208,6 +213,11 @@ def check_comparison(
         seed_list = check_seeds(seeds)
     except ActionError as exc:
         errors.update(exc.errors)
+    # Checked once here: per run it would repeat the same message for every run.
+    try:
+        priority = check_priority(priority)
+    except ActionError as exc:
+        errors.update(exc.errors)
     n_configs = len(configurations) if isinstance(configurations, list) else 0
     if seed_list and n_configs and n_configs * len(seed_list) > MAX_RUNS:
         errors["seeds"] = (
@@ -222,18 +232,23 @@ def check_comparison(
         raise ActionError(errors)
     stored, launches = _check_launches(
         user, errors=errors, team=team_obj, experiment=exp_obj, name=name,
-        configurations=configurations, seeds=seed_list, overrides=overrides,
+        configurations=configurations, seeds=seed_list, overrides=overrides, priority=priority,
     )  # fmt: skip
     if errors:
         raise ActionError(errors)
-    return ComparisonRequest(team_obj, exp_obj, name, description, overrides, stored, seed_list, launches)
+    return ComparisonRequest(team_obj, exp_obj, name, description, overrides, stored, seed_list, launches, priority)
 
 
-def check_rerun(user, comparison: Comparison, *, seeds: Any = None) -> ComparisonRequest:
+def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: Any = None) -> ComparisonRequest:
     """Another launch of `comparison` (one the user may see: `check_comparison_access`):
     every configuration once per seed, `seeds` defaulting to the comparison's first
-    ones. The runs it has are kept, so the total is capped as a new comparison is."""
+    ones, each run at `priority` in the queue (0 unless given). The runs it has are
+    kept, so the total is capped as a new comparison is."""
     errors: dict[str, str] = {}
+    try:
+        priority = check_priority(priority)
+    except ActionError as exc:
+        errors.update(exc.errors)
     seed_list: list[int] = []
     try:
         seed_list = check_seeds(comparison.seeds[:MAX_SEEDS] if seeds in (None, "", []) else seeds)
@@ -250,12 +265,13 @@ def check_rerun(user, comparison: Comparison, *, seeds: Any = None) -> Compariso
     stored, launches = _check_launches(
         user, errors=errors, team=comparison.team, experiment=comparison.experiment, name=comparison.name,
         configurations=comparison.configurations, seeds=seed_list, overrides=comparison.overrides,
+        priority=priority,
     )  # fmt: skip
     if errors:
         raise ActionError(errors)
     return ComparisonRequest(
         comparison.team, comparison.experiment, comparison.name, comparison.description,
-        comparison.overrides, stored, seed_list, launches,
+        comparison.overrides, stored, seed_list, launches, priority,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ Refusals are the exceptions of runs/errors.py.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 RUN_NAME_MAX = Run._meta.get_field("name").max_length
 EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
+# A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
+# levels meaningful to people; the column itself could hold far more.
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
 
 
 # --- access -------------------------------------------------------------------------
@@ -105,6 +109,23 @@ class LaunchRequest:
     overrides: dict
     config: RunConfig
     saved_config: SavedConfig | None = None
+    priority: int = 0
+
+
+def check_priority(value: Any, *, field: str = "priority") -> int:
+    """A run's queue priority: an integer from PRIORITY_MIN to PRIORITY_MAX, 0 when not
+    given. A form sends it as text ("-3"), the API as a JSON number; anything else
+    (1.5, "high", true) is an ActionError on `field`."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return 0
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,30}", value.strip()):
+        value = int(value.strip())
+    span = f"from {PRIORITY_MIN} to {PRIORITY_MAX}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ActionError({field: f"must be a whole number {span} (higher starts first), got {value!r}"})
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ActionError({field: f"must be {span} (higher starts first; 0 is the default), got {value}"})
+    return value
 
 
 def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:
@@ -143,6 +164,7 @@ def check_launch(
     preset: str = "",
     overrides: Any = None,
     saved_config: Any = None,
+    priority: Any = None,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
     shows them all at once. Config validation is the engine's own (`presets.build`).
@@ -150,7 +172,8 @@ def check_launch(
     `saved_config` (an id) launches a team's saved configuration version instead of a
     built-in `preset`: its base preset and overrides, with `overrides` merged on top.
     The run lands in the configuration's team (its default experiment unless one of
-    that team's experiments is given)."""
+    that team's experiments is given). `priority` orders the run in the queue
+    (`check_priority`)."""
     errors: dict[str, str] = {}
     exp_obj = team_obj = saved = None
     if saved_config not in (None, ""):
@@ -177,6 +200,11 @@ def check_launch(
             f"configuration {saved.label!r} belongs to team {saved.team.name}; "
             f"launch it into one of {saved.team.name}'s experiments"
         )
+
+    try:
+        priority = check_priority(priority)
+    except ActionError as exc:
+        errors.update(exc.errors)
 
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
@@ -210,6 +238,7 @@ def check_launch(
         overrides=overrides,
         config=config,
         saved_config=saved,
+        priority=priority,
     )
 
 
@@ -230,12 +259,13 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
             config=launch.config.model_dump(mode="json"),
             launched_by=user,
             saved_config=launch.saved_config,
+            priority=launch.priority,
         )
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 
         transaction.on_commit(lambda: events.send_status(run))
         transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
-    logger.info("run %s queued by %s (preset %s)", run.pk, user, run.preset)
+    logger.info("run %s queued by %s (preset %s, priority %s)", run.pk, user, run.preset, run.priority)
     return run
 
 

@@ -220,3 +220,27 @@ def test_the_form_lists_presets_and_the_teams_saved_configurations(client_for, o
 
     assert 'value="async"' in html and f'value="saved:{saved.pk}"' in html
     assert f'value="saved:{theirs.pk}"' not in html
+
+
+def test_every_run_of_a_comparison_gets_its_priority_and_a_rerun_its_own(client_for, owner, experiment):
+    client = client_for(owner)
+    body = {"experiment": experiment.pk, "name": "urgent", "configurations": ["async", "sync"], "seeds": [0, 1]}
+    created = post(client, "/api/comparisons", {**body, "priority": 4})
+    assert created.status_code == 201, created.content
+    first = {r["id"] for r in created.json()["runs"]}
+    assert sorted(Run.objects.filter(pk__in=first).values_list("priority", flat=True)) == [4, 4, 4, 4]
+
+    again = post(client, f"/api/comparisons/{created.json()['id']}/rerun", {"priority": -1})
+    assert again.status_code == 201, again.content
+    added = Run.objects.filter(pk__in=again.json()["launched"])
+    assert sorted(added.values_list("priority", flat=True)) == [-1, -1, -1, -1]
+
+
+@pytest.mark.parametrize("priority", [11, "soon", 2.5])
+def test_a_bad_comparison_priority_is_one_400_on_priority_and_queues_nothing(client_for, owner, experiment, priority):
+    body = {"experiment": experiment.pk, "name": "x", "configurations": ["async", "sync"], "seeds": [0, 1]}
+    r = post(client_for(owner), "/api/comparisons", {**body, "priority": priority})
+    assert r.status_code == 400
+    assert r.json()["errors"] == {"priority": r.json()["errors"]["priority"]}
+    assert "from -10 to 10" in r.json()["errors"]["priority"]
+    assert not Run.objects.exists() and not Comparison.objects.exists()

@@ -242,3 +242,44 @@ def test_a_broker_outage_keeps_the_run_queued_for_reconcile(
         r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async"})
     assert r.status_code == 201
     assert Run.objects.get().status == "queued"
+
+
+# --- priority ----------------------------------------------------------------------
+
+
+def test_the_apis_priority_reaches_the_run_and_the_queue_admits_it_first(
+    client_for, owner, experiment, driver, settings, django_capture_on_commit_callbacks
+):
+    from runs import queue
+
+    settings.ROLLWAY_MAX_RUNNING = 1
+    client = client_for(owner)
+    plain = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync"})
+    urgent = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync", "priority": 10})
+    low = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync", "priority": -2})
+    assert (plain.status_code, urgent.status_code, low.status_code) == (201, 201, 201)
+    ids = [r.json()["id"] for r in (plain, urgent, low)]
+    assert [Run.objects.get(pk=pk).priority for pk in ids] == [0, 10, -2]
+    assert [r.pk for r in Run.objects.filter(status="queued").in_admission_order()] == [ids[1], ids[0], ids[2]]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert queue.do_schedule_queue() == [ids[1]]
+
+
+@pytest.mark.parametrize(
+    ("priority", "says"),
+    [
+        (11, "must be from -10 to 10"),
+        (-11, "must be from -10 to 10"),
+        (1.5, "must be a whole number from -10 to 10"),
+        ("high", "must be a whole number from -10 to 10"),
+        (True, "must be a whole number from -10 to 10"),
+        ([1], "must be a whole number from -10 to 10"),
+    ],
+)
+def test_a_bad_priority_is_a_400_naming_it_and_creates_nothing(client_for, owner, experiment, enqueued, priority, says):
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "async", "priority": priority})
+    assert r.status_code == 400
+    assert says in r.json()["errors"]["priority"]
+    assert not Run.objects.exists()
+    assert enqueued == []
