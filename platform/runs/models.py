@@ -129,7 +129,10 @@ class Run(models.Model):
     overrides = models.JSONField(default=dict, blank=True, help_text="What the user changed.")
     config = models.JSONField(help_text="The full, validated workers.config.RunConfig.")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    # `error` says why a run failed in a sentence or two; `error_detail` keeps what it
+    # was worked out from (the traceback), shown folded under it.
     error = models.TextField(blank=True)
+    error_detail = models.TextField(blank=True)
     launched_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -248,6 +251,7 @@ class Run(models.Model):
             "experiment": {"id": experiment.pk, "name": experiment.name},
             "team": {"id": experiment.team_id, "name": experiment.team.name},
             "error": self.error,
+            "error_detail": self.error_detail,
             "phase": self.phase,
             "phase_detail": self.phase_detail,
             "created_at": _iso(self.created_at),
