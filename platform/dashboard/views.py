@@ -7,6 +7,7 @@ browser over WebSockets (runs/consumers.py) and the JSON API (api/views.py).
 from __future__ import annotations
 
 import json
+from functools import cache
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -26,6 +27,7 @@ from runs import actions, listing
 from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
 from teams.models import Team
+from workers.config import json_schema
 from workers.metric_names import DASHBOARD_CHARTS, METRICS
 from workers.presets import PRESETS
 
@@ -140,7 +142,7 @@ def _preset_choices(user) -> list[dict]:
                     "name": name,
                     "label": name,
                     "description": preset["description"],
-                    "config_json": json.dumps(preset["config"].model_dump(mode="json"), indent=2),
+                    "config": preset["config"].model_dump(mode="json"),
                 }
                 for name, preset in PRESETS.items()
             ],
@@ -153,11 +155,131 @@ def _preset_choices(user) -> list[dict]:
                 "name": f"{SAVED_PREFIX}{saved.pk}",
                 "label": saved.label,
                 "description": saved.description or f"{saved.base_preset} with overrides {json.dumps(saved.overrides)}",
-                "config_json": json.dumps(saved.effective_config().model_dump(mode="json"), indent=2),
+                "config": saved.effective_config().model_dump(mode="json"),
             }
         )
     groups += [{"label": f"{team} configurations", "options": options} for team, options in by_team.items()]
+    for option in (option for group in groups for option in group["options"]):
+        option["config_json"] = json.dumps(option["config"], indent=2)
     return groups
+
+
+# The launch form's control groups, one per axis, in the order shown: (title, config
+# paths). "section.*" is every field of the section that no earlier entry placed, so a
+# field added to workers/config.py gets a control without an edit here. Each control's
+# kind, choices and bounds come from the config's JSON schema. Sections left out
+# (warm_start) are edited in the overrides JSON only.
+CONTROL_GROUPS: list[tuple[str, list[str]]] = [
+    ("Orchestration", ["mode"]),
+    ("Buffer", ["buffer.mode", "buffer.capacity"]),
+    ("Staleness", ["buffer.max_staleness", "buffer.on_stale", "buffer.max_head_offpolicyness", "buffer.*"]),
+    ("IS correction", ["correction.method", "trainer.tis_cap", "correction.*"]),
+    ("Weight sync", ["sync.protocol", "sync.update_mode", "sync.*"]),
+    ("LoRA", ["lora.*"]),
+    ("Inference backend", ["inference.backend", "inference.*"]),
+    ("Model", ["model.*"]),
+    ("Task", ["task.*"]),
+    ("Trainer", ["trainer.*"]),
+    ("Stop", ["stop.*"]),
+    ("Seed", ["seed"]),
+]
+
+
+def _schema_field(schema: dict, path: str) -> dict:
+    """The JSON schema of the config field (or section) at dotted `path`, a section's
+    $ref resolved; KeyError naming the path if the config has no such field."""
+    node = schema
+    for part in path.split("."):
+        properties = node.get("properties", {})
+        if part not in properties:
+            raise KeyError(f"the run config has no field {path!r}")
+        node = properties[part]
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def _control(path: str, field: dict) -> dict:
+    """One form control for a config field, from its JSON schema: enums → select,
+    booleans → checkbox, integers and numbers → number input with the schema's bounds,
+    lists of strings → comma-separated text, strings → text. A field that may be null
+    ("unset") takes an empty value for it."""
+    choices = [option for option in field.get("anyOf", [field]) if option.get("type") != "null"]
+    if len(choices) != 1:
+        raise ValueError(f"{path}: no form control for a field of several types ({field})")
+    spec = {**field, **choices[0]}
+    control = {
+        "path": path,
+        "id": "cfg-" + path.replace(".", "-"),
+        "label": path.rsplit(".", 1)[-1],
+        "help": field.get("description", ""),
+        "nullable": len(choices) < len(field.get("anyOf", [field])),
+        "bounds": "",
+    }
+    kind = spec.get("type")
+    if "enum" in spec or "const" in spec:
+        control.update(kind="select", options=spec.get("enum") or [spec["const"]])
+    elif kind == "boolean":
+        control["kind"] = "checkbox"
+    elif kind in ("integer", "number"):
+        # HTML's min/max are inclusive: an exclusive bound is said in words only.
+        limits = [
+            (word, spec[key])
+            for key, word in [("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<")]
+            if key in spec
+        ]
+        control.update(
+            kind=kind,
+            min=spec.get("minimum"),
+            max=spec.get("maximum"),
+            step="1" if kind == "integer" else "any",
+            bounds=", ".join(f"{word} {value}" for word, value in limits if abs(value) < 2**53),
+        )
+    elif kind == "array" and spec.get("items", {}).get("type") == "string":
+        control.update(kind="list", bounds="comma-separated")
+    elif kind == "string":
+        control["kind"] = "text"
+    else:
+        raise ValueError(f"{path}: no form control for schema {spec}")
+    return control
+
+
+@cache
+def config_controls() -> tuple[dict, ...]:
+    """The launch form's control groups (`CONTROL_GROUPS`), each control described from
+    the run config's JSON schema (`_control`)."""
+    schema = json_schema()
+    placed: set[str] = set()
+    groups = []
+    for title, entries in CONTROL_GROUPS:
+        paths = []
+        for entry in entries:
+            if entry.endswith(".*"):
+                section = entry.removesuffix(".*")
+                fields = _schema_field(schema, section)["properties"]
+                paths += [f"{section}.{name}" for name in fields if f"{section}.{name}" not in placed]
+            elif entry not in placed:
+                paths.append(entry)
+            placed.update(paths)
+        groups.append(
+            {
+                "title": title,
+                "id": "axis-" + slugify(title),
+                "controls": [_control(path, _schema_field(schema, path)) for path in paths],
+            }
+        )
+    return tuple(groups)
+
+
+def _controls_with_errors(errors: dict[str, str]) -> tuple[list[dict], dict[str, str]]:
+    """The control groups with each config error beside its control, and the errors no
+    control shows (they go beside the overrides box)."""
+    groups = [
+        {**group, "controls": [{**control, "error": errors.get(control["path"], "")} for control in group["controls"]]}
+        for group in config_controls()
+    ]
+    shown = {control["path"] for group in groups for control in group["controls"]}
+    return groups, {field: message for field, message in errors.items() if field not in shown}
 
 
 def _save_config(request: HttpRequest, form: dict, overrides: dict) -> SavedConfig:
@@ -187,14 +309,17 @@ def _save_config(request: HttpRequest, form: dict, overrides: dict) -> SavedConf
 @login_required
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
-    """The launch form. On any error nothing is created and the form comes back with
-    each message next to its field (config fields by dotted path, e.g. buffer.capacity)."""
+    """The launch form: experiment, name, preset, priority, and the overrides JSON that
+    launch.js keeps in step with one control per config field (`config_controls`). On
+    any error nothing is created and the form comes back with each message next to its
+    field (config fields by dotted path, e.g. buffer.capacity, beside their control)."""
     experiments = Experiment.objects.filter(team__in=Team.objects.for_user(request.user)).select_related("team")
     form = {
         "experiment": request.POST.get("experiment", ""),
         "name": request.POST.get("name", ""),
         "preset": request.POST.get("preset", request.GET.get("preset", next(iter(PRESETS)))),
         "overrides": request.POST.get("overrides", "{}"),
+        "priority": request.POST.get("priority", "0"),
         "config_name": request.POST.get("config_name", ""),
         "config_description": request.POST.get("config_description", ""),
     }
@@ -222,6 +347,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     preset=preset,
                     overrides=overrides,
                     saved_config=saved_config,
+                    priority=form["priority"],
                 )
             except ActionError as exc:
                 errors = exc.errors
@@ -237,7 +363,9 @@ def launch(request: HttpRequest) -> HttpResponse:
         shown_at = {"name": "config_name", "description": "config_description", "base_preset": "preset"}
         for field in shown_at.keys() & errors.keys():
             errors[shown_at[field]] = errors.pop(field)
-    simple = {"experiment", "name", "preset", "overrides", "config_name", "config_description", "config"}
+    simple = {"experiment", "name", "preset", "overrides", "priority", "config_name", "config_description", "config"}
+    preset_groups = _preset_choices(request.user)
+    control_groups, unplaced = _controls_with_errors({k: v for k, v in errors.items() if k not in simple})
     context = {
         "form": form,
         "experiment_choices": [(str(e.pk), f"{e.team.name} / {e.name}") for e in experiments]
@@ -245,11 +373,16 @@ def launch(request: HttpRequest) -> HttpResponse:
             (f"team:{team.pk}", f"{team.name} / default (new)")
             for team in Team.objects.for_user(request.user).filter(experiments__isnull=True)
         ],
-        "preset_groups": _preset_choices(request.user),
+        "preset_groups": preset_groups,
+        # launch.js re-bases the controls on the chosen preset's (or configuration's) config.
+        "preset_configs": {o["name"]: o["config"] for group in preset_groups for o in group["options"]},
+        "control_groups": control_groups,
+        "priority_range": (actions.PRIORITY_MIN, actions.PRIORITY_MAX),
         "errors": errors,
         "field_errors": {k: v for k, v in errors.items() if k in simple},
-        # Everything else came from the engine config: shown beside the overrides box.
-        "config_errors": sorted((k, v) for k, v in errors.items() if k not in simple),
+        # Everything else came from the engine config: beside its control, or when no
+        # control shows that path (a section, an unknown field), beside the overrides box.
+        "config_errors": sorted(unplaced.items()),
     }
     return render(request, "dashboard/launch.html", context, status=400 if errors else 200)
 
