@@ -52,6 +52,7 @@ def seed(runs: int, points: int, series: list[str], configurations: int) -> tupl
     from django.contrib.auth import get_user_model
     from django.db import connection, transaction
 
+    from runs import rollups
     from runs.models import Experiment, MetricPoint, Run
     from teams.models import Membership, Team
     from workers.presets import build
@@ -87,6 +88,11 @@ def seed(runs: int, points: int, series: list[str], configurations: int) -> tupl
                 )
             if n % 10 == 9:
                 print(f"  seeded {n + 1}/{len(ids)} runs ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"  seeded the points in {time.perf_counter() - started:.0f} s; building rollups", flush=True)
+    started = time.perf_counter()
+    for run_id in ids:
+        rollups.rebuild(run_id)
+    print(f"  built the rollups in {time.perf_counter() - started:.0f} s", flush=True)
     connection.cursor().execute("ANALYZE")
     return ids, user
 

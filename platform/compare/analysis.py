@@ -3,14 +3,15 @@
 Runs with the same preset and overrides apart from `seed` are one configuration; its
 runs are seeds. Charts draw each configuration's mean over seeds with a min–max band;
 the summary gives, per configuration, the mean and spread over seeds of per-run
-figures computed in the database from every stored point (not from the downsampled
-chart series, so a number never depends on the chart's resolution).
+figures that account for every stored point (not for the downsampled chart series, so
+a number never depends on the chart's resolution), read from the runs' rollups
+(runs/rollups.py) so that 50 runs of 100k points cost a few hundred rows.
 
 Definitions (the README's "Comparing runs" repeats them):
 - t0 of a run: the time of its first stored point, any series; wall time = time − t0.
 - samples seen at step s: s × trainer.batch_groups × trainer.group_size.
-- time to target: the first wall time at which the mean of the last 5 reward/mean
-  points (5 points needed) is ≥ target.
+- time to target: the wall time of the first reward/mean point (by step) at which the
+  mean of the last 5 points (5 points needed) is ≥ target.
 - reward at budget: reward/mean at the last point with wall time ≤ budget.
 """
 
@@ -20,16 +21,14 @@ import json
 from dataclasses import dataclass
 from statistics import fmean
 
-from django.db import connection
-
+from runs import rollups
 from runs.errors import ActionError, NotFound
 from runs.metrics import read_many
-from runs.models import MetricPoint, Run
+from runs.models import Run
 from workers.metric_names import METRICS
 
 MAX_RUNS = 100
-TARGET_WINDOW = 5  # points in the moving mean of reward/mean that must reach the target
-CUMULATIVE = ("buffer/dropped_stale", "buffer/requeued", "rollout/partial_aborted")
+REWARD = "reward/mean"
 
 
 @dataclass(frozen=True)
@@ -153,79 +152,32 @@ def config_table(configurations: list[dict]) -> list[dict]:
 # --- per-run figures, in the database ----------------------------------------------------
 
 
-def _in(prefix: str, values: list) -> tuple[str, dict]:
-    names = [f"{prefix}{i}" for i in range(len(values))]
-    return ", ".join(f"%({n})s" for n in names), dict(zip(names, values, strict=True))
-
-
 def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int, dict]:
-    """{run_id: {column key: value or None, "t0": ..., "last_step": ..., "samples": ...}}."""
-    table = MetricPoint._meta.db_table
+    """{run_id: {column key: value or None, "t0": ..., "last_step": ..., "samples": ...}},
+    from the runs' rollups (runs/rollups.py): a few rows per series, whatever their length."""
     ids = [r.pk for r in runs]
-    runs_in, params = _in("r", ids)
-    stats: dict[int, dict[str, tuple]] = {r: {} for r in ids}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'SELECT run_id, series, AVG(value), MAX(value), MIN("time"), MAX(step) FROM {table} '
-            f"WHERE run_id IN ({runs_in}) GROUP BY run_id, series",
-            params,
-        )
-        for run_id, series, avg, mx, t_first, last_step in cursor.fetchall():
-            stats[run_id][series] = (avg, mx, t_first, last_step)
-
-        cum_in, cum_params = _in("c", list(CUMULATIVE))
-        cursor.execute(
-            f"SELECT p.run_id, p.series, p.value FROM {table} p JOIN ("
-            f"  SELECT run_id, series, MAX(step) AS s1 FROM {table}"
-            f"  WHERE run_id IN ({runs_in}) AND series IN ({cum_in}) GROUP BY run_id, series"
-            f") m ON p.run_id = m.run_id AND p.series = m.series AND p.step = m.s1",
-            {**params, **cum_params},
-        )
-        last_value = {(run_id, series): value for run_id, series, value in cursor.fetchall()}
-
-        t0 = {r: min((s[2] for s in stats[r].values()), default=None) for r in ids}
-
-        # The moving mean over the last TARGET_WINDOW points of reward/mean, by step.
-        cursor.execute(
-            f'SELECT run_id, MIN("time") FROM ('
-            f'  SELECT run_id, "time", AVG(value) OVER w AS moving, COUNT(*) OVER w AS n FROM {table}'
-            f"  WHERE run_id IN ({runs_in}) AND series = 'reward/mean'"
-            f"  WINDOW w AS (PARTITION BY run_id ORDER BY step ROWS BETWEEN {TARGET_WINDOW - 1} PRECEDING"
-            f"  AND CURRENT ROW)"
-            f") t WHERE n = {TARGET_WINDOW} AND moving >= %(target)s GROUP BY run_id",
-            {**params, "target": float(target)},
-        )
-        reached = dict(cursor.fetchall())
-
-        at_budget: dict[int, float] = {}
-        for run_id in ids:
-            if t0[run_id] is None:
-                continue
-            cursor.execute(
-                f"SELECT value FROM {table} WHERE run_id = %s AND series = 'reward/mean' "
-                f'AND "time" <= %s ORDER BY step DESC LIMIT 1',
-                [run_id, t0[run_id] + float(budget_s)],
-            )
-            row = cursor.fetchone()
-            if row:
-                at_budget[run_id] = row[0]
+    stats: dict[int, dict[str, rollups.Agg]] = {r: {} for r in ids}
+    for (run_id, series), agg in rollups.totals(ids).items():
+        stats[run_id][series] = agg
+    t0 = {r: min((a.min_time for a in stats[r].values()), default=None) for r in ids}
+    reached = rollups.first_reach(ids, REWARD, target)
+    at_budget = rollups.last_at_or_before(REWARD, {r: t0[r] + float(budget_s) for r in ids if t0[r] is not None})
 
     out: dict[int, dict] = {}
     for run in runs:
         s = stats[run.pk]
 
         def avg(name: str, s=s):
-            return s[name][0] if name in s else None
+            return s[name].mean if name in s else None
 
-        last_step = max((v[3] for v in s.values()), default=0)
+        last_step = max((a.last_step for a in s.values()), default=0)
         samples = last_step * samples_per_step(run)
         group_size = int((run.config or {}).get("trainer", {}).get("group_size", 0))
 
-        def frac(name: str, per: int, run_id=run.pk, samples=samples):
-            value = last_value.get((run_id, name))
-            if value is None or samples <= 0:
+        def frac(name: str, per: int, s=s, samples=samples):
+            if name not in s or samples <= 0:
                 return None
-            return value * per / samples
+            return s[name].last_value * per / samples
 
         busy = {k: (1.0 - avg(k)) if avg(k) is not None else None for k in ("trainer/idle_frac", "inference/idle_frac")}
         out[run.pk] = {
@@ -234,12 +186,12 @@ def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int,
             "samples": samples,
             "samples_per_s": avg("samples/per_s"),
             "tokens_per_s": avg("inference/tokens_per_s"),
-            "time_to_target_s": reached[run.pk] - t0[run.pk] if run.pk in reached else None,
-            "reward_at_budget": at_budget.get(run.pk),
+            "time_to_target_s": reached[run.pk][1] - t0[run.pk] if run.pk in reached else None,
+            "reward_at_budget": at_budget[run.pk][1] if run.pk in at_budget else None,
             "trainer_busy": busy["trainer/idle_frac"],
             "inference_busy": busy["inference/idle_frac"],
             "staleness_mean": avg("staleness/mean"),
-            "staleness_max": s["staleness/max"][1] if "staleness/max" in s else None,
+            "staleness_max": s["staleness/max"].hi if "staleness/max" in s else None,
             "dropped_frac": frac("buffer/dropped_stale", group_size),
             "requeued_frac": frac("buffer/requeued", group_size),
             "aborted_frac": frac("rollout/partial_aborted", 1),
@@ -282,7 +234,16 @@ def summarize(configurations: list[dict], figures: dict[int, dict]) -> dict:
     }
 
 
-# --- chart series --------------------------------------------------------------------
+# --- chart series ---
+
+# The charts a comparison is read by come first (the page loads charts as they come into
+# view); then the rest of the vocabulary in its own order.
+HEADLINE = ("reward/mean", "samples/per_s", "trainer/idle_frac", "inference/idle_frac", "staleness/mean")
+
+
+def chart_order() -> list:
+    first = [m for name in HEADLINE for m in METRICS if m.name == name]
+    return first + [m for m in METRICS if m.name not in HEADLINE]
 
 
 def seed_band(per_run: list[dict]) -> dict:
@@ -313,11 +274,18 @@ def seed_band(per_run: list[dict]) -> dict:
 
 
 def chart_series(
-    runs: list[Run], configurations: list[dict], figures: dict[int, dict], *, after_step=None, max_points: int
+    runs: list[Run],
+    configurations: list[dict],
+    figures: dict[int, dict],
+    *,
+    names: list[str],
+    after_step=None,
+    max_points: int,
 ) -> tuple[dict, dict]:
     """(per run {id: {series: {"steps", "values", "wall"}}}, per configuration with more
-    than one seed {id: {series: band}}), downsampled in the database."""
-    names = [m.name for m in METRICS]
+    than one seed {id: {series: band}}) for the metrics `names`, downsampled."""
+    if not names:
+        return {r.pk: {} for r in runs}, {}
     raw = read_many([r.pk for r in runs], names, after_step, max_points)
     per_run: dict[int, dict] = {}
     for run in runs:
@@ -344,16 +312,28 @@ def chart_series(
     return per_run, bands
 
 
-def compare(runs: list[Run], *, target: float, budget_s: float, after_step=None, max_points: int = 500) -> dict:
-    """Everything the compare page shows, as JSON."""
+def compare(
+    runs: list[Run],
+    *,
+    target: float,
+    budget_s: float,
+    series: list[str] | None = None,
+    after_step=None,
+    max_points: int = 500,
+) -> dict:
+    """Everything the compare page shows, as JSON; chart series only for the metrics in
+    `series` (all when None: the page asks per chart, for the charts in view)."""
     configurations = group_runs(runs)
     figures = run_figures(runs, target=target, budget_s=budget_s)
-    per_run, bands = chart_series(runs, configurations, figures, after_step=after_step, max_points=max_points)
+    names = [m.name for m in METRICS] if series is None else series
+    per_run, bands = chart_series(
+        runs, configurations, figures, names=names, after_step=after_step, max_points=max_points
+    )
     config_of = {r: c["id"] for c in configurations for r in c["runs"]}
     return {
         "target": target,
         "budget_s": budget_s,
-        "metrics": [{"name": m.name, "unit": m.unit, "help": m.help} for m in METRICS],
+        "metrics": [{"name": m.name, "unit": m.unit, "help": m.help} for m in chart_order()],
         "runs": [
             {
                 **run.summary(),
@@ -370,3 +350,18 @@ def compare(runs: list[Run], *, target: float, budget_s: float, after_step=None,
         "bands": bands,
         "summary": summarize(configurations, figures),
     }
+
+
+def charts(runs: list[Run], series: list[str] | None, *, after_step=None, max_points: int = 500) -> dict:
+    """Only the chart series of the metrics `series` (all when None), per run and per
+    configuration band: what the page asks for each chart as it comes into view."""
+    configurations = group_runs(runs)
+    t0: dict[int, float] = {}
+    for (run_id, _), agg in rollups.totals([r.pk for r in runs]).items():
+        t0[run_id] = min(agg.min_time, t0.get(run_id, agg.min_time))
+    figures = {r.pk: {"t0": t0.get(r.pk)} for r in runs}
+    names = [m.name for m in METRICS] if series is None else series
+    per_run, bands = chart_series(
+        runs, configurations, figures, names=names, after_step=after_step, max_points=max_points
+    )
+    return {"series": {str(k): v for k, v in per_run.items()}, "bands": bands}

@@ -21,6 +21,7 @@ from rollway import jsonin
 from runs.errors import ActionError
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
+from workers.metric_names import NAMES as METRIC_NAMES
 from workers.presets import PRESETS
 
 DEFAULT_TARGET = 0.8
@@ -39,6 +40,18 @@ def float_param(request: HttpRequest, name: str, default: float) -> float:
     if not math.isfinite(value):
         raise BadParam(name, f"{name} must be a finite number (got {raw!r})")
     return value
+
+
+def metric_names_param(request: HttpRequest) -> list[str] | None:
+    """`series=a,b`: the metrics whose chart series to send (empty: none; absent: all)."""
+    raw = request.GET.get("series")
+    if raw is None:
+        return None
+    names = [n for n in raw.split(",") if n]
+    unknown = [n for n in names if n not in METRIC_NAMES]
+    if unknown:
+        raise BadParam("series", f"unknown metric {unknown[0]!r}: name metrics the answer lists in 'metrics'")
+    return names
 
 
 def _choice(request: HttpRequest, name: str, choices: tuple[str, ...], default: str) -> str:
@@ -69,7 +82,7 @@ def page(request: HttpRequest) -> HttpResponse:
 @api_login_required
 def api(request: HttpRequest) -> HttpResponse:
     """GET /api/compare?runs=1,2&target=0.8&budget=60&max_points=500&after_step=N
-    [&format=json|csv&what=all|summary|series]."""
+    [&series=a,b][&format=json|csv&what=all|summary|series|charts]."""
     try:
         runs = analysis.check_compare_access(request.user, request.GET.get("runs", ""))
         target = float_param(request, "target", DEFAULT_TARGET)
@@ -77,14 +90,17 @@ def api(request: HttpRequest) -> HttpResponse:
         max_points = int_param(request, "max_points", 500, lo=10, hi=100_000)
         after_step = int_param(request, "after_step", None)
         fmt = _choice(request, "format", ("json", "csv"), "json")
-        what = _choice(request, "what", ("all", "summary", "series"), "all" if fmt == "json" else "summary")
-        if fmt == "csv" and what == "all":
+        what = _choice(request, "what", ("all", "summary", "series", "charts"), "all" if fmt == "json" else "summary")
+        if fmt == "csv" and what in ("all", "charts"):
             raise BadParam("what", "format=csv needs what=summary or what=series")
+        series = metric_names_param(request)
     except ActionError as exc:
         return refusal_response(exc)
 
     if what == "series":
         return _series_export(runs, fmt)
+    if what == "charts":
+        return JsonResponse(analysis.charts(runs, series, after_step=after_step, max_points=max_points))
     if what == "summary":
         configurations = analysis.group_runs(runs)
         figures = analysis.run_figures(runs, target=target, budget_s=budget)
@@ -101,7 +117,9 @@ def api(request: HttpRequest) -> HttpResponse:
             }
         )
     return JsonResponse(
-        analysis.compare(runs, target=target, budget_s=budget, after_step=after_step, max_points=max_points)
+        analysis.compare(
+            runs, target=target, budget_s=budget, series=series, after_step=after_step, max_points=max_points
+        )
     )
 
 

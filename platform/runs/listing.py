@@ -18,12 +18,14 @@ their latest values as correlated subqueries (each an index range scan on the un
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, QuerySet, Subquery, Window
-from django.db.models.functions import Coalesce, Now, RowNumber
+from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce, Now
 
+from runs import rollups
 from runs.errors import ActionError
 from runs.models import MetricPoint, Run
 
@@ -227,20 +229,35 @@ def list_runs(user, query: ListQuery) -> Page:
 
 
 def sparklines(run_ids: list[int], points: int = SPARK_POINTS) -> dict[int, list[float]]:
-    """{run id: the last `points` reward/mean values, oldest first}, in one query."""
-    if not run_ids:
-        return {}
-    rows = (
-        MetricPoint.objects.filter(run_id__in=run_ids, series=REWARD)
-        .annotate(rank=Window(RowNumber(), partition_by=F("run_id"), order_by=F("step").desc()))
-        .filter(rank__lte=points)
-        .order_by("run_id", "step")
-        .values_list("run_id", "value")
-    )
-    out: dict[int, list[float]] = {}
-    for run_id, value in rows:
-        out.setdefault(run_id, []).append(value)
-    return out
+    """{run id: the last `points` reward/mean values, oldest first}, in a few queries
+    whatever the runs' lengths. A window query ranking every stored point costs seconds
+    for a page of long runs; instead the rollups say where each series ends, and a series
+    with a point at every step (the reward is reported each step) has its last `points`
+    values at the last `points` steps. Any other is read backwards on its own."""
+    totals = rollups.totals(run_ids, [REWARD])
+    first: dict[int, int] = {}
+    gappy: list[int] = []
+    for (run_id, _), agg in totals.items():
+        if agg.n == agg.last_step - agg.first_step + 1:
+            first[run_id] = agg.last_step - points + 1
+        else:
+            gappy.append(run_id)
+    found: dict[int, list[float]] = defaultdict(list)
+    chunk = rollups.MAX_TERMS
+    ends = list(first.items())
+    for start in range(0, len(ends), chunk):
+        where = Q()
+        for run_id, step in ends[start : start + chunk]:
+            where |= Q(run_id=run_id, step__gte=step)
+        rows = MetricPoint.objects.filter(where, series=REWARD).order_by("run_id", "step")
+        for run_id, value in rows.values_list("run_id", "value"):
+            found[run_id].append(value)
+    for run_id in gappy:
+        values = (
+            MetricPoint.objects.filter(run_id=run_id, series=REWARD).order_by("-step").values_list("value", flat=True)
+        )
+        found[run_id] = list(values[:points])[::-1]
+    return dict(found)
 
 
 def sparkline_path(values: list[float], width: int = 100, height: int = 24) -> str:

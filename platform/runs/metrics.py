@@ -1,73 +1,73 @@
-"""Reading runs' series for charts, downsampled in the database.
+"""Reading runs' series for charts, downsampled from their rollups.
 
-A long run has 100k+ points per series; a chart needs a few thousand. Min-max
-decimation keeps, per bucket of consecutive steps, the lowest and the highest point, so
-spikes survive (an average would hide a staleness burst), plus the last point so a
-live chart appends new steps after it.
+A long run has 100k+ points per series; a chart needs a few hundred. Min-max decimation
+keeps, per group of consecutive steps, the lowest and the highest point, so spikes
+survive (an average would hide a staleness burst), plus the series' last point so a live
+chart appends new steps after it.
 
-The database does the bucketing (`DECIMATE_SQL`): shipping every point to Python costs
-far more than the aggregation itself. The statement uses only standard SQL (CTEs,
-integer division, ROW_NUMBER() windows), so the same text runs on SQLite (3.25+) and
-PostgreSQL; `min_max_decimate` is the same rule in Python, for rows already in memory.
+The groups are rollup buckets (runs/rollups.py): for a long series the narrowest level
+with at most FAN_OUT × the wanted number of buckets is read and consecutive buckets are
+merged down to that number, so a read costs a few hundred rows per series however many
+points were stored. A series short enough to show whole is read point by point.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
-from django.db import connection
-
+from runs import rollups
 from runs.models import MetricPoint, Run
 
 
-def min_max_decimate(rows: list[tuple[int, float, float]], max_points: int) -> list:
-    """At most `max_points` of (step, value, time) rows, ordered by step."""
-    if len(rows) <= max_points:
-        return rows
-    max_points = max(max_points, 3)
-    buckets = (max_points - 1) // 2
-    size = -(-len(rows) // buckets)  # ceil
-    keep: list[int] = []
-    for start in range(0, len(rows), size):
-        chunk = range(start, min(start + size, len(rows)))
-        lo = min(chunk, key=lambda i: rows[i][1])
-        hi = max(chunk, key=lambda i: rows[i][1])
-        keep.extend(sorted({lo, hi}))
-    if keep[-1] != len(rows) - 1:
-        keep.append(len(rows) - 1)
-    return [rows[i] for i in keep]
+def widest_fit(span: int, buckets: int) -> int:
+    """The narrowest rollup width that cuts `span` steps into at most FAN_OUT × `buckets`
+    buckets (merged down to `buckets` afterwards), or the widest there is."""
+    for width in rollups.WIDTHS:
+        if -(-span // width) <= rollups.FAN_OUT * buckets:
+            return width
+    return rollups.WIDTHS[-1]
 
 
-# One statement for every (run, series) asked: `stats` counts each series' points and
-# its step range; a series with more than `max_points` is cut into `buckets` equal step
-# ranges (k = its bucket) and keeps each bucket's first minimum and first maximum
-# (ties go to the lower step) and its own last point; a shorter one keeps every point
-# (k = step, one point per bucket). At most 2 × buckets + 1 ≤ max_points rows each.
-DECIMATE_SQL = """
-WITH pts AS (
-    SELECT run_id, series, step, value, "time" FROM {table}
-    WHERE run_id IN ({runs}) {series_filter} AND step > %(after)s
-),
-stats AS (
-    SELECT run_id, series, COUNT(*) AS n, MIN(step) AS s0, MAX(step) AS s1
-    FROM pts GROUP BY run_id, series
-),
-bucketed AS (
-    SELECT p.run_id, p.series, p.step, p.value, p."time", st.n, st.s1,
-        CASE WHEN st.n <= %(max_points)s THEN p.step
-             ELSE (p.step - st.s0) * %(buckets)s / (st.s1 - st.s0 + 1) END AS k
-    FROM pts p JOIN stats st ON st.run_id = p.run_id AND st.series = p.series
-),
-ranked AS (
-    SELECT run_id, series, step, value, "time", n, s1,
-        ROW_NUMBER() OVER (PARTITION BY run_id, series, k ORDER BY value ASC, step ASC) AS lo,
-        ROW_NUMBER() OVER (PARTITION BY run_id, series, k ORDER BY value DESC, step ASC) AS hi
-    FROM bucketed
-)
-SELECT run_id, series, step, value, "time", n, s1 FROM ranked
-WHERE lo = 1 OR hi = 1 OR step = s1
-ORDER BY run_id, series, step
-"""
+def _by_series_set(pairs: Iterable[tuple[int, str]]) -> list[tuple[list[int], list[str]]]:
+    """(runs, series) groups covering `pairs` exactly: the runs that ask for the same
+    series share one query (usually all of them do)."""
+    per_run: dict[int, set[str]] = defaultdict(set)
+    for run_id, name in pairs:
+        per_run[run_id].add(name)
+    groups: dict[frozenset[str], list[int]] = defaultdict(list)
+    for run_id, names in per_run.items():
+        groups[frozenset(names)].append(run_id)
+    return [(runs, sorted(names)) for names, runs in groups.items()]
+
+
+def _raw(pairs: list[tuple[int, str]], after: int) -> dict[tuple[int, str], list[tuple]]:
+    out: dict[tuple[int, str], list[tuple]] = defaultdict(list)
+    for runs, names in _by_series_set(pairs):
+        rows = (
+            MetricPoint.objects.filter(run_id__in=runs, series__in=names, step__gt=after)
+            .order_by("run_id", "series", "step")
+            .values_list("run_id", "series", "step", "value", "time")
+        )
+        for run_id, name, step, value, t in rows:
+            out[(run_id, name)].append((step, value, t))
+    return out
+
+
+def decimate(buckets: list[rollups.Agg], keep: int, last: rollups.Agg, after: int) -> list[tuple]:
+    """(step, value, time) points: consecutive buckets merged into at most `keep` groups,
+    each giving its first lowest and first highest point, then the series' last point;
+    only steps > after."""
+    size = -(-len(buckets) // keep)
+    points: list[tuple] = []
+    for start in range(0, len(buckets), size):
+        group = rollups.merge(buckets[start : start + size])
+        lo = (group.lo_step, group.lo, group.lo_time)
+        hi = (group.hi_step, group.hi, group.hi_time)
+        points.extend(sorted({lo, hi}))
+    if not points or points[-1][0] != last.last_step:
+        points.append((last.last_step, last.last_value, last.last_time))
+    return [p for p in points if p[0] > after]
 
 
 def read_many(
@@ -78,47 +78,46 @@ def read_many(
 ) -> dict[int, dict[str, dict]]:
     """{run_id: {name: {"steps", "values", "times", "total", "last_step", "downsampled"}}}
     for the runs' series (all, or those named), with steps > after_step only when given;
-    each series min-max downsampled in the database to at most `max_points` points."""
+    each series min-max downsampled to at most `max_points` points. `total` counts all
+    the series' stored points, whatever after_step."""
     run_ids = [int(r) for r in run_ids]
     out: dict[int, dict[str, dict]] = {r: {} for r in run_ids}
-    if not run_ids:
-        return out
+    totals = rollups.totals(run_ids, series)
     max_points = max(int(max_points), 3)
-    params: dict[str, object] = {
-        "after": -(2**62) if after_step is None else int(after_step),
-        "max_points": max_points,
-        "buckets": (max_points - 1) // 2,
-    }
-    params.update({f"r{i}": r for i, r in enumerate(run_ids)})
-    series_filter = ""
-    if series:
-        params.update({f"s{i}": s for i, s in enumerate(series)})
-        series_filter = "AND series IN (" + ", ".join(f"%(s{i})s" for i in range(len(series))) + ")"
-    sql = DECIMATE_SQL.format(
-        table=MetricPoint._meta.db_table,
-        runs=", ".join(f"%(r{i})s" for i in range(len(run_ids))),
-        series_filter=series_filter,
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    for run_id, name, step, value, t, total, last_step in rows:
-        s = out[run_id].get(name)
-        if s is None:
-            s = out[run_id][name] = {
-                "steps": [],
-                "values": [],
-                "times": [],
-                "total": int(total),
-                "last_step": int(last_step),
-                "downsampled": False,
+    keep = (max_points - 1) // 2
+    after = -(2**62) if after_step is None else int(after_step)
+
+    raw: list[tuple[int, str]] = []
+    coarse: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for key, agg in totals.items():
+        if agg.last_step <= after:
+            continue  # nothing newer
+        first = max(agg.first_step, after + 1)
+        # After a step only the span is known: it bounds the points left (one per step).
+        count = agg.n if after_step is None else agg.last_step - first + 1
+        if count <= max_points:
+            raw.append(key)
+        else:
+            coarse[widest_fit(agg.last_step - first + 1, keep)].append(key)
+
+    points = dict(_raw(raw, after))
+    for width, pairs in coarse.items():
+        for runs, names in _by_series_set(pairs):
+            levels = rollups.rows(runs, names, width, min_idx=max(after, 0) // width)
+            for key in set(pairs) & set(levels):
+                points[key] = decimate([agg for _, agg in levels[key]], keep, totals[key], after)
+
+    for (run_id, name), agg in totals.items():
+        kept = points.get((run_id, name))
+        if kept:
+            out[run_id][name] = {
+                "steps": [p[0] for p in kept],
+                "values": [p[1] for p in kept],
+                "times": [p[2] for p in kept],
+                "total": agg.n,
+                "last_step": agg.last_step,
+                "downsampled": (run_id, name) not in raw,
             }
-        s["steps"].append(int(step))
-        s["values"].append(value)
-        s["times"].append(t)
-    for by_name in out.values():
-        for s in by_name.values():
-            s["downsampled"] = len(s["steps"]) < s["total"]
     return out
 
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from runs.metrics import min_max_decimate
 from runs.models import MetricPoint, Run
 
 Status = Run.Status
@@ -125,11 +124,6 @@ def test_bad_metric_query_parameters_are_400s(client_for, owner, run, query, fie
     r = client_for(owner).get(f"/api/runs/{run.pk}/metrics?{query}")
     assert r.status_code == 400
     assert field in r.json()["errors"]
-
-
-def test_min_max_decimation_leaves_short_series_alone():
-    rows = [(i, float(i), 0.0) for i in range(10)]
-    assert min_max_decimate(rows, 10) is rows
 
 
 # --- teams and experiments ------------------------------------------------------------

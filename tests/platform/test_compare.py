@@ -10,6 +10,7 @@ from statistics import fmean
 
 import pytest
 
+from runs import rollups
 from runs.metrics import read_many, read_series
 from runs.models import MetricPoint, Run
 
@@ -181,6 +182,22 @@ def test_one_foreign_run_among_visible_ones_is_a_404_naming_it(client_for, owner
     assert r.status_code == 404 and f"run {theirs.pk} not found" in r.json()["errors"]["runs"]
 
 
+def test_a_chart_asks_only_for_its_own_series(client_for, owner, grid):
+    c = client_for(owner)
+    url = f"/api/compare?runs={ids(grid.values())}"
+    everything = c.get(url).json()
+    tables_only = c.get(url + "&series=").json()
+    assert tables_only["summary"] == everything["summary"]
+    assert all(r["series"] == {} for r in tables_only["runs"]) and tables_only["bands"] == {}
+    assert tables_only["metrics"][0]["name"] == "reward/mean"  # the headline charts come first
+
+    one = c.get(url + "&what=charts&series=staleness/max").json()
+    assert set(one) == {"series", "bands"}
+    for r in everything["runs"]:
+        assert one["series"][str(r["id"])] == {"staleness/max": r["series"]["staleness/max"]}
+    assert one["bands"] == {cid: {"staleness/max": b["staleness/max"]} for cid, b in everything["bands"].items()}
+
+
 @pytest.mark.parametrize(
     "query, field",
     [
@@ -191,6 +208,8 @@ def test_one_foreign_run_among_visible_ones_is_a_404_naming_it(client_for, owner
         ("runs={id}&what=everything", "what"),
         ("runs={id}&budget=nan", "budget"),
         ("runs={id}&format=csv&what=all", "what"),
+        ("runs={id}&format=csv&what=charts", "what"),
+        ("runs={id}&series=reward/mean,no/such", "series"),
     ],
 )
 def test_bad_compare_parameters_are_400s_naming_the_field(client_for, owner, grid, query, field):
@@ -209,24 +228,43 @@ def test_the_page_needs_a_login_and_shows_the_runs(client, client_for, owner, gr
 # --- downsampling in the database ---------------------------------------------------------
 
 
-def test_downsampling_keeps_each_buckets_min_max_and_the_last_point(run):
-    rng = random.Random(7)
-    values = [rng.gauss(0, 1) for _ in range(5000)]
-    store(run, "staleness/max", values, dt=0.5)
-    got = read_series(run, max_points=101)["staleness/max"]
-    buckets = 50
-    s0, s1 = 0, len(values) - 1
+def expected_decimation(values: list[float], max_points: int, after: int = -1) -> list[int]:
+    """The steps min-max decimation keeps, from the points themselves: steps cut into
+    blocks of the narrowest rollup width with at most 4× the wanted buckets, consecutive
+    blocks merged into groups of equal count, each group's first min and first max, and
+    the last step (steps > after only); every step when they are few enough."""
+    keep = (max_points - 1) // 2
+    steps = [s for s in range(len(values)) if s > after]
+    if len(steps) <= max_points:
+        return steps
+    span = steps[-1] - steps[0] + 1
+    width = next((w for w in rollups.WIDTHS if -(-span // w) <= 4 * keep), rollups.WIDTHS[-1])
+    blocks = sorted({s // width for s in range(len(values)) if s // width >= max(after, 0) // width})
+    size = -(-len(blocks) // keep)
     want = set()
-    for k in range(buckets):
-        members = [s for s in range(len(values)) if (s - s0) * buckets // (s1 - s0 + 1) == k]
-        if members:
-            want.add(min(members, key=lambda s: (values[s], s)))
-            want.add(min(members, key=lambda s: (-values[s], s)))
-    want.add(s1)
-    assert got["steps"] == sorted(want)
+    for start in range(0, len(blocks), size):
+        group = set(blocks[start : start + size])
+        members = [s for s in range(len(values)) if s // width in group]
+        want.add(min(members, key=lambda s: (values[s], s)))
+        want.add(min(members, key=lambda s: (-values[s], s)))
+    want.add(len(values) - 1)
+    return sorted(s for s in want if s > after)
+
+
+@pytest.mark.parametrize("n, max_points", [(5000, 101), (100_000, 501), (3000, 2999)])
+def test_downsampling_keeps_each_groups_min_max_and_the_last_point(run, n, max_points):
+    rng = random.Random(7)
+    values = [rng.gauss(0, 1) for _ in range(n)]
+    store(run, "staleness/max", values, dt=0.5)
+    got = read_series(run, max_points=max_points)["staleness/max"]
+    assert got["steps"] == expected_decimation(values, max_points)
     assert got["values"] == [values[s] for s in got["steps"]]
     assert got["times"] == [T0 + 0.5 * s for s in got["steps"]]
-    assert len(got["steps"]) <= 101 and got["total"] == 5000 and got["downsampled"] and got["last_step"] == s1
+    assert len(got["steps"]) <= max_points and got["total"] == n and got["downsampled"]
+    assert got["last_step"] == n - 1
+    # live refreshes ask for what is newer than the last step they have
+    newer = read_series(run, max_points=max_points, after_step=n - 2000)["staleness/max"]
+    assert newer["steps"] == expected_decimation(values, max_points, after=n - 2000)
 
 
 def test_a_short_series_comes_back_whole_and_after_step_cuts_it(run):

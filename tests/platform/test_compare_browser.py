@@ -74,6 +74,11 @@ def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
             assert int(reward.get_attribute("data-points")) == 2 * 3 * 50
             assert page.locator("#charts .chart").count() >= 30  # every metric of the vocabulary
             assert page.locator('[data-metric="reward/mean"] .main-svg').count() > 0
+            # a chart far below the fold has not asked for its series yet; scrolled to, it does
+            last = page.locator("#charts .chart").last
+            expect(last).to_have_attribute("data-state", "waiting")
+            last.scroll_into_view_if_needed()
+            expect(last).to_have_attribute("data-state", "drawn")
 
             rows = page.locator("#config-table tr[data-key]")
             total = rows.count()

@@ -73,6 +73,14 @@ def test_the_sparkline_keeps_only_the_last_points_in_step_order(client_for, owne
     assert row["sparkline"] == [i / 100 for i in range(30, SPARK_POINTS + 30)]
 
 
+def test_the_sparkline_of_a_series_with_gaps_still_has_its_last_points(client_for, owner, make_run):
+    run = make_run(Status.RUNNING)
+    steps = [s for s in range(3 * SPARK_POINTS) if s % 3 or s > 2 * SPARK_POINTS]  # gaps early on
+    MetricPoint.objects.upsert(run.pk, [("reward/mean", s, s / 1000, 1000.0 + s) for s in steps])
+    [row] = client_for(owner).get("/api/runs").json()["runs"]
+    assert row["sparkline"] == [s / 1000 for s in steps[-SPARK_POINTS:]]
+
+
 @pytest.mark.parametrize(
     ("params", "expected"),
     [

@@ -2,8 +2,11 @@
 // one trace per configuration (mean over seeds with a min–max band) or per run when a
 // configuration has a single seed; a config table (diff-only, pinned baseline) and a
 // summary table. The page's whole state lives in its URL (runs, x, diff, baseline,
-// target, budget), so a copied link reproduces the view. While any run is unfinished
-// the page polls /api/compare and redraws with Plotly.react (no reload).
+// target, budget), so a copied link reproduces the view. The page first loads the
+// tables only; each chart asks for its own series (what=charts) when it comes into view,
+// so 50 runs × 30 metrics never travel at once. While any run is unfinished the page
+// polls /api/compare (tables and the charts already shown) and redraws with
+// Plotly.react (no reload).
 "use strict";
 
 (function () {
@@ -22,6 +25,10 @@
   };
   var data = null;
   var firstChart = true;
+  // metric → {runs: {run id: series}, bands: {configuration id: band}}, for the charts
+  // that have been in view (`wanted`), in the order they came into view.
+  var chartData = {};
+  var wanted = [];
 
   var el = {
     x: document.getElementById("x-axis"),
@@ -84,7 +91,7 @@
     data.runs.forEach(function (r) { runsById[r.id] = r; });
     data.configurations.forEach(function (c, ci) {
       var color = colorOf(ci);
-      var band = (data.bands[c.id] || {})[metric];
+      var band = chartData[metric].bands[c.id];
       if (band) {
         var spp = runsById[c.runs[0]].samples_per_step;
         var x = xs(band, spp, true);
@@ -99,7 +106,7 @@
       }
       c.runs.forEach(function (runId) {
         var r = runsById[runId];
-        var s = r.series[metric];
+        var s = chartData[metric].runs[runId];
         if (!s) return;
         traces.push({ x: xs(s, r.samples_per_step, false), y: s.values, type: "scatter", mode: "lines",
                       line: { width: 1.5, color: color }, legendgroup: c.id, name: "#" + r.id + " " + c.label });
@@ -110,43 +117,92 @@
 
   var xTitle = { step: "step", wall: "wall time (s)", samples: "samples seen" };
 
-  function drawCharts() {
-    var container = document.getElementById("charts");
-    data.metrics.forEach(function (m) {
-      var id = "chart-" + m.name.replace(/[^a-z0-9]+/gi, "-");
-      var div = document.getElementById(id);
-      if (!div) {
-        var fig = document.createElement("figure");
-        fig.className = "chart-card";
-        var cap = document.createElement("figcaption");
-        cap.textContent = m.name + (m.unit ? " (" + m.unit + ")" : "");
-        cap.title = m.help;
-        div = document.createElement("div");
-        div.className = "chart";
-        div.id = id;
-        div.dataset.metric = m.name;
-        fig.appendChild(cap);
-        fig.appendChild(div);
-        container.appendChild(fig);
-      }
-      var traces = tracesFor(m.name);
-      var layout = {
-        margin: { l: 48, r: 12, t: 8, b: 36 }, height: 260, showlegend: true,
-        legend: { orientation: "h", y: -0.3 }, uirevision: state.x,
-        xaxis: { title: { text: xTitle[state.x] }, zeroline: false }, yaxis: { zeroline: false },
-        paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-        annotations: traces.length ? [] : [{ text: "no run has this series", showarrow: false, xref: "paper",
-                                              yref: "paper", x: 0.5, y: 0.5, font: { color: "#9ca3af" } }],
-      };
-      Plotly.react(div, traces, layout, { responsive: true, displaylogo: false });
-      div.dataset.traces = String(traces.length);
-      div.dataset.points = String(traces.reduce(function (n, t) { return n + t.x.length; }, 0));
-      if (firstChart && traces.length) {
-        firstChart = false;
-        // Read by bench/compare_scale.py: ms from navigation start to the first drawn chart.
-        document.body.dataset.firstChartMs = String(Math.round(performance.now()));
-      }
+  var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+    var names = [];
+    entries.forEach(function (e) {
+      var metric = e.target.dataset.metric;
+      if (e.isIntersecting && wanted.indexOf(metric) < 0) { wanted.push(metric); names.push(metric); }
     });
+    if (names.length) loadCharts(names);
+  }, { rootMargin: "300px" }) : null;
+
+  function chartDiv(m) {
+    var id = "chart-" + m.name.replace(/[^a-z0-9]+/gi, "-");
+    var div = document.getElementById(id);
+    if (div) return div;
+    var fig = document.createElement("figure");
+    fig.className = "chart-card";
+    var cap = document.createElement("figcaption");
+    cap.textContent = m.name + (m.unit ? " (" + m.unit + ")" : "");
+    cap.title = m.help;
+    div = document.createElement("div");
+    div.className = "chart";
+    div.id = id;
+    div.dataset.metric = m.name;
+    div.dataset.state = "waiting";
+    div.textContent = "loading when in view…";
+    fig.appendChild(cap);
+    fig.appendChild(div);
+    document.getElementById("charts").appendChild(fig);
+    if (observer) observer.observe(div);
+    else if (wanted.indexOf(m.name) < 0) wanted.push(m.name);
+    return div;
+  }
+
+  function drawChart(m) {
+    var div = chartDiv(m);
+    if (!chartData[m.name]) return;
+    if (div.dataset.state === "waiting") { div.textContent = ""; div.dataset.state = "drawn"; }
+    var traces = tracesFor(m.name);
+    var layout = {
+      margin: { l: 48, r: 12, t: 8, b: 36 }, height: 260, showlegend: true,
+      legend: { orientation: "h", y: -0.3 }, uirevision: state.x,
+      xaxis: { title: { text: xTitle[state.x] }, zeroline: false }, yaxis: { zeroline: false },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      annotations: traces.length ? [] : [{ text: "no run has this series", showarrow: false, xref: "paper",
+                                            yref: "paper", x: 0.5, y: 0.5, font: { color: "#9ca3af" } }],
+    };
+    Plotly.react(div, traces, layout, { responsive: true, displaylogo: false });
+    div.dataset.traces = String(traces.length);
+    div.dataset.points = String(traces.reduce(function (n, t) { return n + t.x.length; }, 0));
+    if (firstChart && traces.length) {
+      firstChart = false;
+      // Read by bench/compare_scale.py: ms from navigation start to the first drawn chart.
+      document.body.dataset.firstChartMs = String(Math.round(performance.now()));
+    }
+  }
+
+  function drawCharts() {
+    data.metrics.forEach(drawChart);
+  }
+
+  function takeCharts(body, names) {
+    names.forEach(function (name) {
+      var one = { runs: {}, bands: {} };
+      Object.keys(body.series).forEach(function (runId) {
+        if (body.series[runId][name]) one.runs[runId] = body.series[runId][name];
+      });
+      Object.keys(body.bands).forEach(function (cid) {
+        if (body.bands[cid][name]) one.bands[cid] = body.bands[cid][name];
+      });
+      chartData[name] = one;
+    });
+  }
+
+  function getJSON(extra) {
+    return fetch(apiUrl + "?" + query(extra), { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        if (!r.ok) return r.json().then(function (b) { throw new Error(JSON.stringify(b.errors)); });
+        return r.json();
+      });
+  }
+
+  function loadCharts(names) {
+    return getJSON({ what: "charts", series: names.join(",") }).then(function (body) {
+      takeCharts(body, names);
+      if (!data) return;
+      data.metrics.forEach(function (m) { if (names.indexOf(m.name) >= 0) drawChart(m); });
+    }).catch(showError);
   }
 
   function drawBaselineChoices() {
@@ -258,24 +314,31 @@
   }
 
   var pollTimer = null;
+  function showError(err) {
+    el.live.dataset.state = "error";
+    el.live.textContent = String(err);
+  }
+
   function load() {
-    return fetch(apiUrl + "?" + query(), { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (r) {
-        if (!r.ok) return r.json().then(function (b) { throw new Error(JSON.stringify(b.errors)); });
-        return r.json();
-      })
+    // the tables, and the series of every chart already shown, in one answer
+    return getJSON({ series: wanted.join(",") })
       .then(function (body) {
         data = body;
+        if (wanted.length) {
+          var series = {};
+          body.runs.forEach(function (r) { series[r.id] = r.series; });
+          takeCharts({ series: series, bands: body.bands }, wanted);
+        }
         drawAll();
         var running = data.runs.some(function (r) { return !r.is_terminal; });
         el.live.dataset.state = running ? "live" : "done";
         el.live.textContent = running ? "live: refreshing every " + POLL_MS / 1000 + " s" : "all runs finished";
         clearTimeout(pollTimer);
         if (running) pollTimer = setTimeout(load, POLL_MS);
+        if (!observer && wanted.length && Object.keys(chartData).length === 0) loadCharts(wanted);
       })
       .catch(function (err) {
-        el.live.dataset.state = "error";
-        el.live.textContent = String(err);
+        showError(err);
         pollTimer = setTimeout(load, POLL_MS);
       });
   }
