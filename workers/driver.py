@@ -7,7 +7,8 @@ driver), starts their loops and supervises them: every POLL_S it drains their me
 reports them through the `MetricsReporter` (one point per series per trainer step,
 step = policy version) and checks the stop conditions.
 
-Status goes to the platform as running → succeeded | failed (with the error text). A
+Status goes to the platform as running → succeeded | failed (with a sentence saying why
+and the traceback it was worked out from: workers.failures). A
 cancelled run posts no terminal status: the platform set "cancelled" itself. While
 running, each change of phase goes with the status (workers.reporter.PHASES): warm_start
 (with the supervised steps done when it builds the policy), starting_engines,
@@ -21,7 +22,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 from collections import defaultdict
 
 import ray
@@ -29,8 +29,9 @@ import ray
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
+from workers.failures import ChildFailed, SyncTimeout, explain
 from workers.messages import InferenceReport, TrainerReport
-from workers.paths import Confinement, PathNotAllowed, make_scratch, remove_scratch
+from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
 from workers.timeline import StepWindows
@@ -83,7 +84,8 @@ class RunDriver:
         self.reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
         self.state = "created"  # created → starting → running → succeeded | failed | cancelled
         self.reason = ""
-        self.error = ""
+        self.error = ""  # why it failed, for people (workers.failures)
+        self.error_detail = ""  # the traceback behind `error`
         self.version = 0
         self.series: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.buffer = self.trainer = None
@@ -158,9 +160,10 @@ class RunDriver:
                 self.reporter.post_status("succeeded")
         except Exception as exc:
             self.state, self.reason = "failed", "error"
-            self.error = str(exc) if isinstance(exc, (ChildFailed, PathNotAllowed)) else traceback.format_exc()
-            log.error("run %s failed: %s", self.run_id, self.error)
-            self.reporter.post_status("failed", self.error[-4000:])
+            failure = explain(exc, self.cfg, phase=self.phase)
+            self.error, self.error_detail = failure.message, failure.detail
+            log.error("run %s failed: %s\n%s", self.run_id, self.error, self.error_detail)
+            self.reporter.post_status("failed", self.error, error_detail=self.error_detail)
         finally:
             self._kill_children()
             remove_scratch(self.scratch_dir)
@@ -179,14 +182,16 @@ class RunDriver:
             self._set_phase("warm_start", f"building the warm-started policy: step {done}/{total}")
 
     def summary(self) -> dict:
-        """state, reason, error, steps, wall_s (of the loops), timings (seconds per
-        phase), policy_sha256 (the final weights' checksum: equal for bit-identical
-        policies) and every emitted series as {name: [(step, value), ...]}."""
+        """state, reason, error (a sentence), error_detail (its traceback), steps,
+        wall_s (of the loops), timings (seconds per phase), policy_sha256 (the final
+        weights' checksum: equal for bit-identical policies) and every emitted series as
+        {name: [(step, value), ...]}."""
         return {
             "run_id": self.run_id,
             "state": self.state,
             "reason": self.reason,
             "error": self.error,
+            "error_detail": self.error_detail,
             "steps": self.version,
             "wall_s": self.timings.get("loops", time.time() - self._loop_started if self._loop_started else 0.0),
             "timings": dict(self.timings),
@@ -253,10 +258,7 @@ class RunDriver:
             if self._stop.is_set():
                 return False
             if pending and time.monotonic() > deadline:
-                raise ChildFailed(
-                    f"weight sync ({self.cfg.sync.protocol}) did not connect within "
-                    f"sync.timeout_s={self.cfg.sync.timeout_s:g}s"
-                )
+                raise SyncTimeout(self.cfg.sync.protocol, self.cfg.sync.timeout_s)
         return True
 
     def _supervise(self) -> str:
@@ -310,12 +312,13 @@ class RunDriver:
             tr: TrainerReport = ray.get(self.trainer.drain_metrics.remote())
             reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in self.workers])
         except ray.exceptions.RayActorError as exc:
-            raise ChildFailed(f"a run actor died: {exc}") from exc
+            # Ray's error names the dead actor and why it died (workers.failures reads it).
+            raise ChildFailed("a run actor died") from exc
         if tr.error:
-            raise ChildFailed(f"trainer failed:\n{tr.error}")
+            raise ChildFailed("trainer failed", who="trainer", detail=tr.error)
         for k, rep in enumerate(reports):
             if rep.error:
-                raise ChildFailed(f"inference worker {k} failed:\n{rep.error}")
+                raise ChildFailed(f"inference worker {k} failed", who=f"inference worker {k}", detail=rep.error)
 
         for rec in tr.steps:
             for series, value in rec.metrics.items():
@@ -376,7 +379,3 @@ def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewar
     ):
         return "target_reward"
     return None
-
-
-class ChildFailed(RuntimeError):
-    """A run actor raised or died; the message carries its traceback."""

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from workers.failures import DETAIL_MAX, MESSAGE_MAX, clip
 from workers.metric_names import NAMES
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,9 @@ class MetricsReporter:
         self.dropped = 0  # points the site rejected (400/401/404) or not finite
         self.last_error = ""
         self._pending: list[dict] = []
-        # (status, error, phase, phase detail): only the latest is worth delivering.
-        self._pending_status: tuple[str, str, str, str] | None = None
+        # (status, error, phase, phase detail, error detail): only the latest is worth
+        # delivering.
+        self._pending_status: tuple[str, str, str, str, str] | None = None
         self._lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff = BACKOFF_START_S
@@ -136,22 +138,27 @@ class MetricsReporter:
         for series, value in values.items():
             self.add(series, step, value, t)
 
-    def post_status(self, status: str, error: str = "", *, phase: str = "", detail: str = "") -> bool:
+    def post_status(
+        self, status: str, error: str = "", *, phase: str = "", detail: str = "", error_detail: str = ""
+    ) -> bool:
         """Tell the site the run's state, and optionally its phase (one of PHASES) with a
-        detail for people; True once delivered. Undelivered, the latest status is retried
-        on every flush (terminal states stick on the site, so a late retry of "running"
-        cannot undo "cancelled"); a newer phase replaces an undelivered older one."""
+        detail for people; a failure's `error` (a sentence, workers.failures) goes with
+        its `error_detail` (the traceback, cut to DETAIL_MAX). True once delivered.
+        Undelivered, the latest status is retried on every flush (terminal states stick
+        on the site, so a late retry of "running" cannot undo "cancelled"); a newer phase
+        replaces an undelivered older one."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES} (got {status!r})")
         if phase and phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES} (got {phase!r})")
         detail = detail[:PHASE_DETAIL_MAX]
+        error, error_detail = clip(error, MESSAGE_MAX), clip(error_detail, DETAIL_MAX)
         if self._client is None:
             log.info("run %s: status %s %s %s %s", self.run_id, status, phase, detail, error)
             self.phases.append((phase, detail))
             return True
         with self._lock:
-            self._pending_status = (status, error[:4000], phase, detail)
+            self._pending_status = (status, error, phase, detail, error_detail)
             self._send_status()
             return self._pending_status is None
 
@@ -239,8 +246,10 @@ class MetricsReporter:
         return 0
 
     def _send_status(self) -> None:
-        status, error, phase, detail = self._pending_status
+        status, error, phase, detail, error_detail = self._pending_status
         body = {"status": status, "error": error}
+        if error_detail:
+            body["error_detail"] = error_detail
         if phase:
             body.update(phase=phase, phase_detail=detail)
         try:
@@ -261,10 +270,13 @@ class MetricsReporter:
         if self._pending_status is None:
             self._status_spool.unlink(missing_ok=True)
             return
-        status, error, phase, detail = self._pending_status
+        status, error, phase, detail, error_detail = self._pending_status
         self._status_spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._status_spool.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"status": status, "error": error, "phase": phase, "phase_detail": detail}))
+        spooled = {"status": status, "error": error, "phase": phase, "phase_detail": detail}
+        if error_detail:
+            spooled["error_detail"] = error_detail
+        tmp.write_text(json.dumps(spooled))
         os.replace(tmp, self._status_spool)
 
     def _site_down(self, exc: Exception) -> None:
@@ -313,6 +325,13 @@ def read_spool(run_id: int, cache_dir: str) -> tuple[list[dict], tuple[str, str]
     return points, _read_status(status_spool_path(cache_dir, run_id), run_id)
 
 
+def read_spooled_status(run_id: int, cache_dir: str) -> dict | None:
+    """The last status a run's reporter could not deliver, as it would have posted it
+    ({"status", "error", "error_detail", "phase", "phase_detail"}, unvalidated: the
+    platform checks it as it checks a post), or None."""
+    return _load_status(status_spool_path(cache_dir, run_id), run_id)
+
+
 def clear_spool(run_id: int, cache_dir: str) -> None:
     spool_path(cache_dir, run_id).unlink(missing_ok=True)
     status_spool_path(cache_dir, run_id).unlink(missing_ok=True)
@@ -330,17 +349,27 @@ def _read_points(path: Path, run_id: int) -> list[dict]:
     return points
 
 
-def _read_status(path: Path, run_id: int, *, with_phase: bool = False) -> tuple | None:
-    """(status, error), plus (phase, detail) `with_phase`: a gone driver's phase is of no
-    use to the platform, but a new reporter of the run re-sends it."""
+def _load_status(path: Path, run_id: int) -> dict | None:
     if not path.exists():
         return None
     try:
         spooled = json.loads(path.read_text())
-        status = str(spooled["status"]), str(spooled.get("error", ""))
-        if with_phase:
-            return (*status, str(spooled.get("phase", "")), str(spooled.get("phase_detail", "")))
-        return status
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except json.JSONDecodeError:
+        spooled = None
+    if not isinstance(spooled, dict):
         log.warning("run %s: ignoring a corrupt status spool %s", run_id, path)
         return None
+    return spooled
+
+
+def _read_status(path: Path, run_id: int, *, with_phase: bool = False) -> tuple | None:
+    """(status, error), plus (phase, detail, error detail) `with_phase`: a gone driver's
+    phase is of no use to the platform, but a new reporter of the run re-sends it."""
+    spooled = _load_status(path, run_id)
+    if spooled is None or "status" not in spooled:
+        return None
+    status = str(spooled["status"]), str(spooled.get("error", ""))
+    if with_phase:
+        phase = str(spooled.get("phase", "")), str(spooled.get("phase_detail", ""))
+        return (*status, *phase, str(spooled.get("error_detail", "")))
+    return status
