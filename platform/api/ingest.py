@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Annotated, Literal, NotRequired
+from typing import Annotated
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
@@ -20,9 +20,8 @@ from typing_extensions import TypedDict
 from api.http import errors_response, refusal_response
 from runs.models import Run
 from runs.reports import (
-    PHASE_DETAIL_MAX,
+    STATUS_IN,
     PointIn,
-    ReportedPhase,
     do_record_phase,
     do_record_points,
     do_record_reported_status,
@@ -40,18 +39,7 @@ class MetricsIn(TypedDict):
     points: Annotated[list[PointIn], Field(max_length=MAX_POINTS_PER_REQUEST)]
 
 
-class StatusIn(TypedDict):
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
-
-    status: Literal["running", "succeeded", "failed"]  # the keys of runs.reports.REPORTED
-    error: NotRequired[Annotated[str, Field(max_length=20_000)]]
-    # What the run is doing now (workers.reporter.PHASES), sent with "running".
-    phase: NotRequired[ReportedPhase]
-    phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX)]]
-
-
 METRICS_IN = TypeAdapter(MetricsIn)
-STATUS_IN = TypeAdapter(StatusIn)
 
 
 def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
@@ -88,7 +76,8 @@ def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
 
 def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
     """POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
-    "phase": "warm_start"|"starting_engines"|"first_step"|"stepping", "phase_detail": ""}.
+    "error_detail": "", "phase": "warm_start"|"starting_engines"|"first_step"|"stepping",
+    "phase_detail": ""} (runs.reports.StatusIn).
 
     Answers the run's status after the call: a driver told "cancelling" or "cancelled"
     knows to stop. A status the run may not enter (a late "running" on a finished run)
@@ -101,7 +90,9 @@ def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
     except ValidationError as exc:
         return refusal_response(exc)
     with transaction.atomic():
-        changed = do_record_reported_status(run, payload["status"], payload.get("error", ""))
+        changed = do_record_reported_status(
+            run, payload["status"], payload.get("error", ""), payload.get("error_detail", "")
+        )
         if "phase" in payload:
             changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed
     return JsonResponse({"status": run.status, "changed": changed})

@@ -19,7 +19,9 @@ from django.conf import settings
 from runs import admission
 from runs.actions import do_set_run_status
 from runs.models import ClusterCapacity, Run
+from runs.reports import do_fail_run
 from workers.config import RunConfig
+from workers.failures import explain
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ def do_start_in_ray(run_id: int) -> None:
         # Whatever stopped the launch (Ray unreachable, a driver that would not start) is
         # this run's failure: the user sees the reason instead of a run stuck starting.
         logger.exception("run %s: launch failed", run_id)
-        do_set_run_status(run, Status.FAILED, error=f"launch failed: {type(exc).__name__}: {exc}")
+        failure = explain(exc, ray_address=settings.RAY_ADDRESS, what="The launch")
+        do_fail_run(run, failure.message, failure.detail)
         return
     Run.objects.filter(pk=run.pk).update(ray_actor=str(actor or ""))
     logger.info("run %s: driver actor %s up in %.1f s", run_id, actor, time.monotonic() - started)

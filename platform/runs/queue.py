@@ -62,6 +62,7 @@ from runs import dispatch, engine, events
 from runs.models import ClusterCapacity, Run
 from workers.admission import Capacity, capacity_errors, demand
 from workers.config import RunConfig
+from workers.failures import explain
 
 logger = logging.getLogger(__name__)
 
@@ -144,17 +145,17 @@ def _scheduler_lock():
             yield
 
 
-def _read_cluster() -> tuple[Capacity, Capacity] | None:
-    """(total, available) from Ray, or None (logged) if Ray cannot be asked."""
+def _read_cluster() -> tuple[Capacity, Capacity] | str:
+    """(total, available) from Ray, or why Ray cannot be asked (logged)."""
     lifecycle = engine.ray_lifecycle()
     try:
         total = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         available = lifecycle.available_capacity(ray_address=settings.RAY_ADDRESS)
-    except Exception:
+    except Exception as exc:
         # Ray unreachable: admitting a run now would only fail its launch; the next
         # pass (after a run ends, or the next beat) tries again.
         logger.warning("queue: cannot read the cluster's resources; admitting nothing", exc_info=True)
-        return None
+        return explain(exc, ray_address=settings.RAY_ADDRESS, what="Asking Ray for its free resources").message
     ClusterCapacity.record(total)  # the launch check's view of the cluster stays fresh
     return total, available
 
@@ -177,7 +178,7 @@ def do_schedule_queue() -> list[int]:
         per_team: dict[int, int] = defaultdict(int)
         for run in active:
             per_team[run.experiment.team_id] += 1
-        free = free_resources(*cluster, active) if cluster else None
+        free = free_resources(*cluster, active) if not isinstance(cluster, str) else None
         blocked_by: Run | None = None  # the first run waiting for the cluster
         reasons: dict[int, str] = {}
         for run in queued_in_order():
@@ -192,7 +193,7 @@ def do_schedule_queue() -> list[int]:
             elif per_team[team.pk] >= max_per_team:
                 reason = f"team {team.name} has {per_team[team.pk]} runs active (limit {max_per_team})"
             elif free is None:
-                reason = "the cluster's free resources are unknown (Ray did not answer)"
+                reason = cluster  # why Ray could not be asked
             elif not capacity_errors(RunConfig.model_validate(run.config), cluster[0]):
                 reason = cluster_shortfall(RunConfig.model_validate(run.config), free)
                 if reason:

@@ -5,21 +5,26 @@ messages get lost: a launch sent while the worker was down, a cancel that hit a 
 error, a driver that died, or one that ended while the site was down and could only
 spool its last points and status. Reconcile finds each of these from the rows and
 either sends the task again or settles the run.
+
+A run it settles as lost says what reconcile knows (`lost_reason`): the driver actor is
+gone from Ray, since when the run was silent and what it last reported. It never settles
+a run while Ray cannot be asked: an unreachable Ray is no proof that a run is lost.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
+from pydantic import ValidationError
 
 from runs import admission, dispatch, engine, queue
 from runs.actions import do_set_run_status
-from runs.models import ClusterCapacity, Run
-from runs.reports import do_record_points, do_record_reported_status, valid_points
-from workers.reporter import clear_spool, read_spool
+from runs.models import ClusterCapacity, MetricPoint, Run
+from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
+from workers.reporter import clear_spool, read_spool, read_spooled_status
 
 logger = logging.getLogger(__name__)
 
@@ -94,30 +99,87 @@ def do_reconcile_runs() -> dict[str, int]:
             if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]):
                 counts["cancelled"] += 1
         # only_from the state we saw: a run that just finished keeps its real outcome
-        elif do_set_run_status(run, Status.FAILED, error=Run.LOST_REASON, only_from=[run.status]):
-            logger.warning("run %s lost: its driver actor is gone", run.pk)
+        elif do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
+            logger.warning("run %s lost: %s", run.pk, run.error)
             counts["lost"] += 1
     return counts
+
+
+def lost_reason(run: Run, now: datetime) -> tuple[str, str]:
+    """(error, detail) for a run whose driver actor Ray does not have: what is known of
+    how it went, in a sentence for the run's page and the facts behind it."""
+    # The name its launch recorded (workers.run_actors names it; importing that here
+    # would load Ray into every process that imports the reconcile).
+    actor = f"Ray actor {run.ray_actor}" if run.ray_actor else "its Ray actor"
+    where = f"Ray at {settings.RAY_ADDRESS}" if settings.RAY_ADDRESS else "the local Ray cluster"
+    last_step = (
+        MetricPoint.objects.filter(run=run, series="policy/version")
+        .order_by("-step")
+        .values_list("step", "time")
+        .first()
+    )
+    if run.status == Status.STARTING:
+        error = (
+            f"The run's driver ({actor}) never appeared in {where} within "
+            f"ROLLWAY_STARTING_GRACE_S={settings.ROLLWAY_STARTING_GRACE_S} s of its launch: the launch was lost "
+            "or the driver died as it started. Launch the run again."
+        )
+    else:
+        heard = ", ".join([*([run.phase] if run.phase else []), f"step {last_step[0]}" if last_step else "no step"])
+        error = (
+            f"The run's driver ({actor}) is gone from {where} without reporting how the run ended "
+            f"(last heard: {heard}): it was killed, crashed or lost its node. Launch the run again; the "
+            "driver's log in Ray may say more."
+        )
+    facts = [
+        f"Reconcile at {now.isoformat()}: {where} has no live driver actor for run {run.pk} "
+        f"({run.ray_actor or 'no actor name recorded'}).",
+        f"Status {run.status} since {run.status_changed_at.isoformat()}; launched at "
+        f"{run.launched_at.isoformat() if run.launched_at else '-'}, running since "
+        f"{run.started_at.isoformat() if run.started_at else '-'}.",
+        f"Last phase reported: {run.phase or '-'}{f' ({run.phase_detail})' if run.phase_detail else ''}.",
+        f"Last trained step: {last_step[0]} at unix time {last_step[1]:.0f}."
+        if last_step
+        else "No trained step was reported.",
+    ]
+    return error, "\n".join(facts)
 
 
 def do_take_in_spool(run: Run) -> bool:
     """Take in what the gone driver of `run` could not deliver (the site was down when
     it ended): its spooled points, and its final status. True if that ended the run."""
-    points, status = read_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
+    points, _ = read_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
+    status = spooled_status(run)
     if not points and status is None:
         return False
     valid = valid_points(points)
     if valid:
         do_record_points(run, valid)
     ended = False
-    if status is not None and status[0] in SPOOLED_ENDS:
-        reported, error = status
-        ended = do_record_reported_status(run, reported, error, only_from=[run.status])
+    if status is not None and status["status"] in SPOOLED_ENDS:
+        ended = do_record_reported_status(
+            run, status["status"], status.get("error", ""), status.get("error_detail", ""), only_from=[run.status]
+        )
     clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
     logger.info(
         "run %s: took in %d spooled points%s",
         run.pk,
         len(valid),
-        f" and status {status[0]}" if status else "",
+        f" and status {status['status']}" if status else "",
     )
     return ended
+
+
+def spooled_status(run: Run) -> dict | None:
+    """The final status the gone driver of `run` spooled, validated as a posted status
+    is (runs.reports.StatusIn), or None (none, or not valid: logged)."""
+    spooled = read_spooled_status(run.pk, settings.ROLLWAY_CACHE_DIR)
+    if spooled is None:
+        return None
+    # The spool keeps an unset phase as "", which a post leaves out.
+    body = {key: value for key, value in spooled.items() if value != "" or key == "status"}
+    try:
+        return STATUS_IN.validate_python(body)
+    except ValidationError as exc:
+        logger.warning("run %s: ignoring an invalid spooled status: %s", run.pk, exc)
+        return None

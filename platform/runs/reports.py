@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import transaction
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -19,6 +19,7 @@ from typing_extensions import TypedDict
 from runs import events
 from runs.actions import do_set_run_status
 from runs.models import MetricPoint, Run
+from workers.failures import DETAIL_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,25 @@ class PointIn(TypedDict):
 POINT_IN = TypeAdapter(PointIn)
 
 
+class StatusIn(TypedDict):
+    """A status as the engine reports it: posted to the ingest, or spooled by a driver
+    that could not post it."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    status: Literal["running", "succeeded", "failed"]  # the keys of REPORTED
+    # Why a run failed, for people (workers.failures), and the traceback behind it,
+    # which the run's page shows folded; the engine cuts it to this bound.
+    error: NotRequired[Annotated[str, Field(max_length=20_000)]]
+    error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX)]]
+    # What the run is doing now (workers.reporter.PHASES), sent with "running".
+    phase: NotRequired[ReportedPhase]
+    phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX)]]
+
+
+STATUS_IN = TypeAdapter(StatusIn)
+
+
 def valid_points(points: Iterable[Any]) -> list[dict]:
     """The points that are valid `PointIn`s (for input read from disk, point by point:
     one bad line does not cost the others)."""
@@ -74,14 +94,28 @@ def do_record_points(run: Run, points: list[dict]) -> int:
 
 
 def do_record_reported_status(
-    run: Run, reported: str, error: str = "", *, only_from: Iterable[str] | None = None
+    run: Run, reported: str, error: str = "", error_detail: str = "", *, only_from: Iterable[str] | None = None
 ) -> bool:
     """Take in the status the run's driver reported (a key of REPORTED). Only a failure
-    keeps an error, `NO_REASON` when the driver gave none. A status the run may not enter
-    (a late "running" on a finished run) changes nothing. Returns whether the row changed."""
+    keeps an error (`NO_REASON` when the driver gave none) and its detail. A status the
+    run may not enter (a late "running" on a finished run) changes nothing. Returns
+    whether the row changed."""
     status = REPORTED[reported]
-    error = (error or NO_REASON) if status == Run.Status.FAILED else ""
-    return do_set_run_status(run, status, error=error, only_from=only_from)
+    if status == Run.Status.FAILED:
+        return do_fail_run(run, error or NO_REASON, error_detail, only_from=only_from)
+    return do_set_run_status(run, status, only_from=only_from)
+
+
+def do_fail_run(run: Run, error: str, detail: str = "", *, only_from: Iterable[str] | None = None) -> bool:
+    """Mark the run failed with `error` (why, in a sentence or two) and `detail` (what
+    that was worked out from: a traceback, the facts reconcile saw). One transaction, so
+    the run's watchers, told once it commits, get both. Returns whether the row changed."""
+    with transaction.atomic():
+        changed = do_set_run_status(run, Run.Status.FAILED, error=error, only_from=only_from)
+        if changed and detail:
+            Run.objects.filter(pk=run.pk).update(error_detail=detail)
+            run.error_detail = detail
+    return changed
 
 
 def do_record_phase(run: Run, phase: str, detail: str = "") -> bool:

@@ -122,12 +122,13 @@ def test_a_run_waits_for_memory_the_cluster_has_free(schedule, driver, limits, m
     assert run.waiting_for().endswith(" GiB of memory it needs free")
 
 
-def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits, make_run):
+def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits, make_run, settings):
     run = make_run()
-    driver.fail_with = ConnectionError("no Ray")
+    settings.RAY_ADDRESS = "10.0.0.9:6380"
+    driver.fail_with = ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6380")
     assert schedule() == []
     [run] = refreshed(run)
-    assert run.waiting_for() == "the cluster's free resources are unknown (Ray did not answer)"
+    assert run.waiting_for().startswith("Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS")
 
 
 def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, make_run):

@@ -202,9 +202,19 @@
     Rollway.setStatus(root, run);
     showPhase(run);
     document.getElementById("cancel-form").hidden = run.is_terminal || run.status === "cancelling";
-    var err = document.getElementById("run-error");
-    err.textContent = run.error || "";
-    err.hidden = !run.error;
+    showError(run);
+  }
+
+  // Why the run failed (a sentence) and, folded, the traceback behind it. A traceback
+  // already shown is left alone: rewriting it would lose the reader's scroll and selection.
+  function showError(run) {
+    document.getElementById("run-failure").hidden = !run.error;
+    document.getElementById("run-error").textContent = run.error || "";
+    var detail = run.error_detail || "";
+    var box = document.getElementById("run-error-detail");
+    var text = document.getElementById("run-error-traceback");
+    if (text.textContent !== detail) text.textContent = detail;
+    box.hidden = !detail;
   }
 
   // Open the socket first and buffer, so no point falls between the API answer and
