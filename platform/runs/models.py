@@ -19,6 +19,7 @@ from django.db import connections, models, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from runs import rollups
 from teams.models import Team
 
 
@@ -300,9 +301,6 @@ class MetricPointQuerySet(models.QuerySet):
             "postgresql": self._upsert_postgresql,
             "sqlite": self._upsert_sqlite,
         }.get(connections[self.db].vendor, self._upsert_orm)
-        # runs/rollups.py imports this module: imported here, at call time.
-        from runs import rollups
-
         with transaction.atomic(using=self.db):
             upsert(run_id, latest)
             rollups.refresh(run_id, latest.keys(), using=self.db)

@@ -30,12 +30,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass, fields
+from functools import cached_property
 from statistics import fmean
+from typing import NamedTuple
 
+from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-
-from runs.models import MetricPoint, Run, SeriesBucket
 
 WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
 FAN_OUT = 4
@@ -46,13 +46,28 @@ MOVING_WINDOW = 5
 # Terms per OR-list in one statement (SQLite's default expression depth is 1000).
 MAX_TERMS = 200
 
-POINTS = MetricPoint._meta.db_table
-BUCKETS = SeriesBucket._meta.db_table
-RUNS = Run._meta.db_table
+
+class _Tables:
+    """The runs app's table names, looked up when first used: runs/models.py calls into
+    this module, so this one does not import it."""
+
+    @cached_property
+    def points(self) -> str:
+        return apps.get_model("runs", "MetricPoint")._meta.db_table
+
+    @cached_property
+    def buckets(self) -> str:
+        return apps.get_model("runs", "SeriesBucket")._meta.db_table
+
+    @cached_property
+    def runs(self) -> str:
+        return apps.get_model("runs", "Run")._meta.db_table
 
 
-@dataclass
-class Agg:
+TABLES = _Tables()
+
+
+class Agg(NamedTuple):
     """One bucket's aggregates (the columns of SeriesBucket after run, series, width, idx)."""
 
     n: int
@@ -75,7 +90,7 @@ class Agg:
         return self.total / self.n
 
 
-COLUMNS = tuple(f.name for f in fields(Agg))
+COLUMNS = Agg._fields
 
 
 def of_points(points: list[tuple[int, float, float]], moving: list[float | None]) -> Agg:
@@ -150,80 +165,125 @@ def _ranges(indexes: Iterable[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+def _spans(indexes: Iterable[int], limit: int = MAX_TERMS) -> list[tuple[int, int]]:
+    """`_ranges`, or the one range covering them all when there are too many to list
+    in one statement (reading more rows than needed beats failing)."""
+    ranges = _ranges(indexes)
+    return ranges if len(ranges) <= limit else [(ranges[0][0], ranges[-1][1])]
+
+
+def _in(values: list) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
 def _chunks(items: list, size: int = MAX_TERMS) -> Iterator[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
-def _write(cursor, run_id: int, width: int, aggs: dict[tuple[str, int], Agg]) -> None:
+# PostgreSQL's column types, for writing every row in one statement through unnest().
+PG_TYPES = (
+    *("bigint", "text", "int", "bigint"),  # run_id, series, width, idx
+    *("int", "float8", "bigint"),  # n, total, first_step
+    *("float8", "bigint", "float8") * 2,  # lo, lo_step, lo_time; hi, hi_step, hi_time
+    *("float8", "bigint", "float8", "float8", "float8"),  # min_time, last_step, last_value, last_time, best_moving
+)
+
+
+def _write(cursor, run_id: int, levels: dict[int, dict[tuple[str, int], Agg]]) -> None:
+    """Upsert buckets {width: {(series, idx): aggregate}} in as few statements as the
+    database allows (a few hundred rows per write of points)."""
+    rows = [(run_id, series, width, idx, *agg) for width, aggs in levels.items() for (series, idx), agg in aggs.items()]
+    if not rows:
+        return
     names = ", ".join(("run_id", "series", "width", "idx", *COLUMNS))
-    marks = ", ".join(["%s"] * (4 + len(COLUMNS)))
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS)
-    cursor.executemany(
-        f"INSERT INTO {BUCKETS} ({names}) VALUES ({marks}) "
-        f"ON CONFLICT (run_id, series, width, idx) DO UPDATE SET {updates}",
-        [(run_id, series, width, idx, *astuple(agg)) for (series, idx), agg in aggs.items()],
+    conflict = "ON CONFLICT (run_id, series, width, idx) DO UPDATE SET " + ", ".join(
+        f"{c} = EXCLUDED.{c}" for c in COLUMNS
     )
+    if cursor.db.vendor == "postgresql":
+        # One statement of fixed text whatever the row count: columns as arrays.
+        arrays = ", ".join(f"%s::{t}[]" for t in PG_TYPES)
+        cursor.execute(
+            f"INSERT INTO {TABLES.buckets} ({names}) SELECT * FROM unnest({arrays}) {conflict}",
+            [list(column) for column in zip(*rows, strict=True)],
+        )
+        return
+    # SQLite runs one prepared statement over every row in C.
+    marks = ", ".join(["%s"] * (4 + len(COLUMNS)))
+    cursor.executemany(f"INSERT INTO {TABLES.buckets} ({names}) VALUES ({marks}) {conflict}", rows)
 
 
 def _preceding(cursor, run_id: int, series: str, step: int) -> list[float]:
     """The values of the MOVING_WINDOW − 1 points before `step`, oldest first."""
     cursor.execute(
-        f"SELECT value FROM {POINTS} WHERE run_id = %s AND series = %s AND step < %s ORDER BY step DESC LIMIT %s",
+        f"SELECT value FROM {TABLES.points} WHERE run_id = %s AND series = %s AND step < %s "
+        "ORDER BY step DESC LIMIT %s",
         [run_id, series, step, MOVING_WINDOW - 1],
     )
     return [v for (v,) in reversed(cursor.fetchall())]
 
 
+# The reads below ask for the union of the series' ranges ("series IN (...) AND (range OR
+# range ...)"), not for each series' own ranges: in the usual case every series of a
+# write covers the same steps, and a statement with a handful of terms plans in a
+# fraction of the time one with a term per series takes. Rows outside a series' own
+# ranges are dropped on arrival.
+
+
 def _narrowest(cursor, run_id: int, touched: dict[str, set[int]]) -> dict[tuple[str, int], Agg]:
     """Recompute the narrowest buckets named in `touched` from their points."""
     width = WIDTHS[0]
-    terms = [(s, a * width, b * width + width - 1) for s, idxs in touched.items() for a, b in _ranges(idxs)]
+    spans = _spans(i for idxs in touched.values() for i in idxs)
+    names = list(touched)
+    where = " OR ".join(["step BETWEEN %s AND %s"] * len(spans))
+    cursor.execute(
+        f'SELECT series, step, value, "time" FROM {TABLES.points} WHERE run_id = %s AND series IN ({_in(names)}) '
+        f"AND ({where}) ORDER BY series, step",
+        [run_id, *names, *(x for a, b in spans for x in (a * width, b * width + width - 1))],
+    )
+    ranges = {s: [(a * width, b * width + width - 1) for a, b in _ranges(idxs)] for s, idxs in touched.items()}
+    by_range: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)
+    for series, step, value, t in cursor.fetchall():
+        own = ranges[series]
+        k = bisect_right(own, (step, float("inf"))) - 1
+        if k >= 0 and own[k][0] <= step <= own[k][1]:
+            by_range[(series, own[k][0])].append((step, value, t))
     out: dict[tuple[str, int], Agg] = {}
-    for chunk in _chunks(terms):
-        where = " OR ".join(["(series = %s AND step BETWEEN %s AND %s)"] * len(chunk))
-        cursor.execute(
-            f'SELECT series, step, value, "time" FROM {POINTS} WHERE run_id = %s AND ({where}) ORDER BY series, step',
-            [run_id, *(x for term in chunk for x in term)],
-        )
-        starts: dict[str, list[int]] = defaultdict(list)
-        for s, lo, _ in sorted(chunk):
-            starts[s].append(lo)
-        by_range: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)
-        for series, step, value, t in cursor.fetchall():
-            # the range this point was read for (the ranges of one series never overlap)
-            start = starts[series][bisect_right(starts[series], step) - 1]
-            by_range[(series, start)].append((step, value, t))
-        for (series, start), points in by_range.items():
-            values = [v for _, v, _ in points]
-            if series in MOVING_SERIES:
-                before = _preceding(cursor, run_id, series, start)
-                moving = trailing_means(before + values, skip=len(before))
-            else:
-                moving = [None] * len(points)
-            buckets: dict[int, list[int]] = defaultdict(list)
-            for i, (step, _, _) in enumerate(points):
-                buckets[step // width].append(i)
-            for idx, members in buckets.items():
-                out[(series, idx)] = of_points([points[i] for i in members], [moving[i] for i in members])
+    for (series, start), points in by_range.items():
+        values = [v for _, v, _ in points]
+        if series in MOVING_SERIES:
+            before = _preceding(cursor, run_id, series, start)
+            moving = trailing_means(before + values, skip=len(before))
+        else:
+            moving = [None] * len(points)
+        buckets: dict[int, list[int]] = defaultdict(list)
+        for i, (step, _, _) in enumerate(points):
+            buckets[step // width].append(i)
+        for idx, members in buckets.items():
+            out[(series, idx)] = of_points([points[i] for i in members], [moving[i] for i in members])
     return out
 
 
-def _from_children(cursor, run_id: int, level: int, parents: dict[str, set[int]]) -> dict[tuple[str, int], Agg]:
-    """Recompute the level's buckets named in `parents` from their children's rows."""
-    child_width = WIDTHS[level - 1]
-    terms = [(s, a * FAN_OUT, b * FAN_OUT + FAN_OUT - 1) for s, idxs in parents.items() for a, b in _ranges(idxs)]
-    children: dict[tuple[str, int], list[Agg]] = defaultdict(list)
-    for chunk in _chunks(terms):
-        where = " OR ".join(["(series = %s AND idx BETWEEN %s AND %s)"] * len(chunk))
-        cursor.execute(
-            f"SELECT series, idx, {', '.join(COLUMNS)} FROM {BUCKETS} "
-            f"WHERE run_id = %s AND width = %s AND ({where}) ORDER BY series, idx",
-            [run_id, child_width, *(x for term in chunk for x in term)],
-        )
-        for series, idx, *values in cursor.fetchall():
-            children[(series, idx // FAN_OUT)].append(Agg(*values))
-    return {key: merge(aggs) for key, aggs in children.items()}
+def _siblings(cursor, run_id: int, parents: list[dict[str, set[int]]]) -> dict[int, dict[tuple[str, int], Agg]]:
+    """The stored children of the parent buckets named, all levels in one read:
+    {child width: {(series, idx): aggregate}} (`parents[level]` names level's parents;
+    children of other parents may come too)."""
+    terms = [
+        (WIDTHS[level - 1], a * FAN_OUT, b * FAN_OUT + FAN_OUT - 1)
+        for level in range(1, len(WIDTHS))
+        for a, b in _spans((i for idxs in parents[level].values() for i in idxs), MAX_TERMS // len(WIDTHS))
+    ]
+    names = list(parents[0])
+    where = " OR ".join(["(width = %s AND idx BETWEEN %s AND %s)"] * len(terms))
+    cursor.execute(
+        f"SELECT series, width, idx, {', '.join(COLUMNS)} FROM {TABLES.buckets} "
+        f"WHERE run_id = %s AND series IN ({_in(names)}) AND ({where})",
+        [run_id, *names, *(x for term in terms for x in term)],
+    )
+    out: dict[int, dict[tuple[str, int], Agg]] = defaultdict(dict)
+    for series, width, idx, *values in cursor.fetchall():
+        out[width][(series, idx)] = Agg(*values)
+    return out
 
 
 def refresh(run_id: int, keys: Iterable[tuple[str, int]], using: str = DEFAULT_DB_ALIAS) -> None:
@@ -241,24 +301,36 @@ def refresh(run_id: int, keys: Iterable[tuple[str, int]], using: str = DEFAULT_D
         # Two writers of one run take turns here: each recomputes from what is committed,
         # so the later one sees the earlier one's points (SQLite serializes writes anyway).
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-        cursor.execute(f"SELECT id FROM {RUNS} WHERE id = %s{lock}", [run_id])
+        cursor.execute(f"SELECT id FROM {TABLES.runs} WHERE id = %s{lock}", [run_id])
         for series in touched.keys() & MOVING_SERIES:
             # A new point enters the trailing windows of the points after it: their
             # buckets change too (nothing after it in the usual, in-order case).
             cursor.execute(
-                f"SELECT MAX(step) FROM (SELECT step FROM {POINTS} WHERE run_id = %s AND series = %s AND step > %s "
-                f"ORDER BY step LIMIT %s) later",
+                f"SELECT MAX(step) FROM (SELECT step FROM {TABLES.points} "
+                "WHERE run_id = %s AND series = %s AND step > %s ORDER BY step LIMIT %s) later",
                 [run_id, series, newest[series], MOVING_WINDOW - 1],
             )
             (later,) = cursor.fetchone()
             last = max(later or 0, newest[series]) // WIDTHS[0]
             touched[series].update(range(min(touched[series]), last + 1))
-        aggs = _narrowest(cursor, run_id, touched)
-        _write(cursor, run_id, WIDTHS[0], aggs)
+        # Which buckets change at each level, then every untouched sibling they merge
+        # with in one read; the levels are recomputed bottom-up in memory and written
+        # in one statement.
+        parents = [touched]
+        for _ in WIDTHS[1:]:
+            parents.append({s: {i // FAN_OUT for i in idxs} for s, idxs in parents[-1].items()})
+        stored = _siblings(cursor, run_id, parents)
+        computed = {WIDTHS[0]: _narrowest(cursor, run_id, touched)}
         for level in range(1, len(WIDTHS)):
-            touched = {s: {i // FAN_OUT for i in idxs} for s, idxs in touched.items()}
-            aggs = _from_children(cursor, run_id, level, touched)
-            _write(cursor, run_id, WIDTHS[level], aggs)
+            below = {**stored[WIDTHS[level - 1]], **computed[WIDTHS[level - 1]]}
+            children: dict[tuple[str, int], list[tuple[int, Agg]]] = defaultdict(list)
+            for (series, idx), agg in below.items():
+                if idx // FAN_OUT in parents[level].get(series, ()):
+                    children[(series, idx // FAN_OUT)].append((idx, agg))
+            computed[WIDTHS[level]] = {
+                key: merge([a for _, a in sorted(kids, key=lambda k: k[0])]) for key, kids in children.items()
+            }
+        _write(cursor, run_id, computed)
 
 
 def rebuild(run_id: int, using: str = DEFAULT_DB_ALIAS) -> int:
@@ -267,11 +339,11 @@ def rebuild(run_id: int, using: str = DEFAULT_DB_ALIAS) -> int:
     connection = connections[using]
     count = 0
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {BUCKETS} WHERE run_id = %s", [run_id])
-        cursor.execute(f"SELECT DISTINCT series FROM {POINTS} WHERE run_id = %s", [run_id])
+        cursor.execute(f"DELETE FROM {TABLES.buckets} WHERE run_id = %s", [run_id])
+        cursor.execute(f"SELECT DISTINCT series FROM {TABLES.points} WHERE run_id = %s", [run_id])
         for (series,) in cursor.fetchall():
             cursor.execute(
-                f'SELECT step, value, "time" FROM {POINTS} WHERE run_id = %s AND series = %s ORDER BY step',
+                f'SELECT step, value, "time" FROM {TABLES.points} WHERE run_id = %s AND series = %s ORDER BY step',
                 [run_id, series],
             )
             points = cursor.fetchall()
@@ -285,21 +357,17 @@ def rebuild(run_id: int, using: str = DEFAULT_DB_ALIAS) -> int:
                 idx: of_points([points[i] for i in members], [moving[i] for i in members])
                 for idx, members in groups.items()
             }
-            _write(cursor, run_id, WIDTHS[0], {(series, idx): agg for idx, agg in level.items()})
+            levels = {WIDTHS[0]: level}
             for width in WIDTHS[1:]:
                 parents: dict[int, list[Agg]] = defaultdict(list)
                 for idx in sorted(level):
                     parents[idx // FAN_OUT].append(level[idx])
-                level = {idx: merge(children) for idx, children in parents.items()}
-                _write(cursor, run_id, width, {(series, idx): agg for idx, agg in level.items()})
+                level = levels[width] = {idx: merge(children) for idx, children in parents.items()}
+            _write(cursor, run_id, {w: {(series, i): a for i, a in aggs.items()} for w, aggs in levels.items()})
     return count
 
 
 # --- reading them ---------------------------------------------------------------------
-
-
-def _in(values: list) -> str:
-    return ", ".join(["%s"] * len(values))
 
 
 def totals(
@@ -309,7 +377,10 @@ def totals(
     those named), from the widest level."""
     if not run_ids:
         return {}
-    sql = f"SELECT run_id, series, {', '.join(COLUMNS)} FROM {BUCKETS} WHERE width = %s AND run_id IN ({_in(run_ids)})"
+    sql = (
+        f"SELECT run_id, series, {', '.join(COLUMNS)} FROM {TABLES.buckets} "
+        f"WHERE width = %s AND run_id IN ({_in(run_ids)})"
+    )
     params: list = [WIDTHS[-1], *run_ids]
     if series:
         sql += f" AND series IN ({_in(series)})"
@@ -332,7 +403,7 @@ def rows(
         return out
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"SELECT run_id, series, idx, {', '.join(COLUMNS)} FROM {BUCKETS} "
+            f"SELECT run_id, series, idx, {', '.join(COLUMNS)} FROM {TABLES.buckets} "
             f"WHERE width = %s AND run_id IN ({_in(run_ids)}) AND series IN ({_in(series)}) AND idx >= %s "
             "ORDER BY run_id, series, idx",
             [width, *run_ids, *series, min_idx],
@@ -360,7 +431,7 @@ def _descend(cursor, series: str, test: str, thresholds: dict[int, float], pick:
                 terms = " OR ".join([f"(run_id = %s AND idx BETWEEN %s AND %s AND {test})"] * len(chunk))
                 params = [x for r in chunk for x in (r, *found[r], thresholds[r])]
             cursor.execute(
-                f"SELECT run_id, {pick}(idx) FROM {BUCKETS} WHERE width = %s AND series = %s AND ({terms}) "
+                f"SELECT run_id, {pick}(idx) FROM {TABLES.buckets} WHERE width = %s AND series = %s AND ({terms}) "
                 "GROUP BY run_id",
                 [WIDTHS[level], series, *params],
             )
@@ -385,7 +456,7 @@ def first_reach(
             start = idx * WIDTHS[0]
             before = _preceding(cursor, run_id, series, start)
             cursor.execute(
-                f'SELECT step, value, "time" FROM {POINTS} WHERE run_id = %s AND series = %s '
+                f'SELECT step, value, "time" FROM {TABLES.points} WHERE run_id = %s AND series = %s '
                 "AND step BETWEEN %s AND %s ORDER BY step",
                 [run_id, series, start, start + WIDTHS[0] - 1],
             )
@@ -409,7 +480,7 @@ def last_at_or_before(
         for run_id, idx in found.items():
             start = idx * WIDTHS[0]
             cursor.execute(
-                f"SELECT step, value FROM {POINTS} WHERE run_id = %s AND series = %s "
+                f"SELECT step, value FROM {TABLES.points} WHERE run_id = %s AND series = %s "
                 f'AND step BETWEEN %s AND %s AND "time" <= %s ORDER BY step DESC LIMIT 1',
                 [run_id, series, start, start + WIDTHS[0] - 1, times[run_id]],
             )

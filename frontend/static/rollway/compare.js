@@ -124,7 +124,7 @@
       if (e.isIntersecting && wanted.indexOf(metric) < 0) { wanted.push(metric); names.push(metric); }
     });
     if (names.length) loadCharts(names);
-  }, { rootMargin: "300px" }) : null;
+  }, { rootMargin: "400px" }) : null;
 
   function chartDiv(m) {
     var id = "chart-" + m.name.replace(/[^a-z0-9]+/gi, "-");
