@@ -18,6 +18,7 @@ from compare import actions, analysis
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
 from rollway import jsonin
+from runs.actions import PRIORITY_MAX, PRIORITY_MIN
 from runs.errors import ActionError
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
@@ -225,6 +226,7 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
         "configurations": request.POST.getlist("configurations"),
         "seeds": request.POST.get("seeds", "0,1,2"),
         "overrides": request.POST.get("overrides", "{}"),
+        "priority": request.POST.get("priority", "0"),
     }
     errors: dict[str, str] = {}
     if request.method == "POST":
@@ -244,6 +246,7 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
                     configurations=form["configurations"],
                     seeds=form["seeds"],
                     overrides=overrides,
+                    priority=form["priority"],
                 )
             except ActionError as exc:
                 errors = exc.errors
@@ -251,12 +254,13 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
                 comparison = actions.do_launch_comparison(request.user, launch)
                 messages.success(request, f"Queued {comparison.members.count()} runs.")
                 return redirect(comparison)
-    known = {"target", "team", "experiment", "name", "description", "configurations", "seeds", "overrides"}
+    known = {"target", "team", "experiment", "name", "description", "configurations", "seeds", "overrides", "priority"}
     context = {
         "form": form,
         "errors": errors,
         "field_errors": {k: v for k, v in errors.items() if k in known},
         "other_errors": sorted((k, v) for k, v in errors.items() if k not in known),
+        "priority_range": (PRIORITY_MIN, PRIORITY_MAX),
         **_form_choices(request.user),
     }
     return render(request, "compare/comparison_new.html", context, status=400 if errors else 200)

@@ -255,6 +255,7 @@ class Run(models.Model):
             "error_detail": self.error_detail,
             "phase": self.phase,
             "phase_detail": self.phase_detail,
+            "priority": self.priority,
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),

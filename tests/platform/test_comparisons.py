@@ -244,3 +244,16 @@ def test_a_bad_comparison_priority_is_one_400_on_priority_and_queues_nothing(cli
     assert r.json()["errors"] == {"priority": r.json()["errors"]["priority"]}
     assert "from -10 to 10" in r.json()["errors"]["priority"]
     assert not Run.objects.exists() and not Comparison.objects.exists()
+
+
+def test_the_form_sets_every_runs_priority_and_shows_a_bad_one_next_to_its_field(client_for, owner, experiment):
+    client = client_for(owner)
+    assert 'name="priority"' in client.get("/comparisons/new/").content.decode()
+    form = {"target": str(experiment.pk), "name": "f", "configurations": ["async"], "seeds": "0,1", "overrides": "{}"}
+
+    refused = client.post("/comparisons/new/", {**form, "priority": "11"})
+    assert refused.status_code == 400
+    assert 'data-field="priority"' in refused.content.decode() and not Run.objects.exists()
+
+    assert client.post("/comparisons/new/", {**form, "priority": "3"}).status_code == 302
+    assert sorted(Run.objects.values_list("priority", flat=True)) == [3, 3]
