@@ -1,7 +1,8 @@
 """The compare page in Debian's Chromium (driven by Playwright) against Django's live
-server: 2 configurations × 2 seeds with stored points; the charts draw, the config
-table's diff-only toggle and pinned baseline work, and the summary CSV the page links
-to carries the numbers the stored points give."""
+server: 2 configurations × 2 seeds with stored points; the charts draw (each as it comes
+into view), the config table's diff-only toggle and pinned baseline work, the summary
+CSV the page links to carries the numbers the stored points give, and while the runs
+run the charts grow without a reload."""
 
 from __future__ import annotations
 
@@ -110,3 +111,41 @@ def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
         if row["column"] == "reward_at_budget"
     }
     assert got == pytest.approx(want)
+
+
+def test_the_compare_page_grows_while_runs_run_without_reloading(live_server):
+    skip_without_chromium()
+    import threading
+
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import expect, sync_playwright
+
+    user = get_user_model().objects.create_user("cyd", password=PASSWORD)
+    runs, _ = seed_runs(user)
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(status=Run.Status.RUNNING)
+    ids = ",".join(str(r.pk) for r in runs)
+
+    def more_points():  # the engine reporting 10 more steps per run, from another thread
+        from django.db import connection
+
+        for run in runs:
+            MetricPoint.objects.upsert(run.pk, [("reward/mean", s, 0.5, T0 + 2.0 * s) for s in range(50, 60)])
+        connection.close()
+
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = log_in(browser, live_server.url, "cyd")
+            page.goto(f"{live_server.url}/compare/?runs={ids}")
+            reward = page.locator('[data-metric="reward/mean"]')
+            expect(reward).to_have_attribute("data-points", str(2 * 3 * 50))
+            expect(page.locator("#live-state")).to_have_attribute("data-state", "live")
+            page.evaluate("() => { window.__sameDocument = true; }")
+            writer = threading.Thread(target=more_points)
+            writer.start()
+            writer.join()
+            # the next poll redraws the loaded charts with the new steps: 60 per band line
+            expect(reward).to_have_attribute("data-points", str(2 * 3 * 60), timeout=20_000)
+            assert page.evaluate("() => window.__sameDocument === true"), "the page reloaded"
+        finally:
+            browser.close()
