@@ -23,7 +23,7 @@ from statistics import fmean
 
 from runs import rollups
 from runs.errors import ActionError, NotFound
-from runs.metrics import read_many
+from runs.metrics import bucket_band, read_many
 from runs.models import Run
 from workers.metric_names import METRICS
 
@@ -283,32 +283,52 @@ def chart_series(
     max_points: int,
 ) -> tuple[dict, dict]:
     """(per run {id: {series: {"steps", "values", "wall"}}}, per configuration with more
-    than one seed {id: {series: band}}) for the metrics `names`, downsampled."""
+    than one seed {id: {series: band}}) for the metrics `names`, downsampled.
+
+    A configuration's seeds are drawn as their band, so a seed's own series is read
+    only where the band is made from the seeds' points (`seed_band`: every seed short
+    enough to show whole, or a live read after a step); a band of longer series comes
+    from the rollups (`bucket_band`) and its runs carry no series of their own there."""
     if not names:
         return {r.pk: {} for r in runs}, {}
-    raw = read_many([r.pk for r in runs], names, after_step, max_points)
+    ids = [r.pk for r in runs]
+    t0 = {r.pk: figures[r.pk]["t0"] or 0.0 for r in runs}
+    lengths = {key: agg.n for key, agg in rollups.totals(ids, names).items()}
+    from_rollups: list[tuple[str, str, list[int]]] = []  # (configuration, name, its runs)
+    wanted: set[tuple[int, str]] = set()
+    for c in configurations:
+        for name in names:
+            seeds = [r for r in c["runs"] if (r, name) in lengths]
+            long = any(lengths[(r, name)] > max_points for r in seeds)
+            if len(c["runs"]) > 1 and long and after_step is None:
+                from_rollups.append((c["id"], name, seeds))
+            else:
+                wanted.update((r, name) for r in seeds)
+    raw = read_many(ids, names, after_step, max_points, only=wanted)
     per_run: dict[int, dict] = {}
     for run in runs:
-        t0 = figures[run.pk]["t0"] or 0.0
         per_run[run.pk] = {
             name: {
                 "steps": s["steps"],
                 "values": s["values"],
-                "wall": [t - t0 for t in s["times"]],
+                "wall": [t - t0[run.pk] for t in s["times"]],
                 "total": s["total"],
                 "downsampled": s["downsampled"],
             }
             for name, s in raw[run.pk].items()
         }
-    bands: dict[str, dict] = {}
+    bands: dict[str, dict] = {c["id"]: {} for c in configurations if len(c["runs"]) > 1}
     for c in configurations:
         if len(c["runs"]) < 2:
             continue
-        bands[c["id"]] = {}
         for name in names:
             seeds = [per_run[r][name] for r in c["runs"] if name in per_run[r]]
             if seeds:
                 bands[c["id"]][name] = seed_band(seeds)
+    for cid, name, seeds in from_rollups:
+        band = bucket_band(seeds, name, max_points, t0)
+        if band:
+            bands[cid][name] = band
     return per_run, bands
 
 

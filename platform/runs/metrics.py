@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from statistics import fmean
 
 from runs import rollups
 from runs.models import MetricPoint, Run
@@ -75,14 +76,19 @@ def read_many(
     series: list[str] | None = None,
     after_step: int | None = None,
     max_points: int = 2000,
+    *,
+    only: set[tuple[int, str]] | None = None,
 ) -> dict[int, dict[str, dict]]:
     """{run_id: {name: {"steps", "values", "times", "total", "last_step", "downsampled"}}}
-    for the runs' series (all, or those named), with steps > after_step only when given;
-    each series min-max downsampled to at most `max_points` points. `total` counts all
-    the series' stored points, whatever after_step."""
+    for the runs' series (all, or those named; only the (run, name) pairs in `only` when
+    given), with steps > after_step only when given; each series min-max downsampled to
+    at most `max_points` points. `total` counts all the series' stored points, whatever
+    after_step."""
     run_ids = [int(r) for r in run_ids]
     out: dict[int, dict[str, dict]] = {r: {} for r in run_ids}
     totals = rollups.totals(run_ids, series)
+    if only is not None:
+        totals = {key: agg for key, agg in totals.items() if key in only}
     max_points = max(int(max_points), 3)
     keep = (max_points - 1) // 2
     after = -(2**62) if after_step is None else int(after_step)
@@ -119,6 +125,40 @@ def read_many(
                 "downsampled": (run_id, name) not in raw,
             }
     return out
+
+
+def bucket_band(run_ids: list[int], name: str, max_points: int, t0: dict[int, float]) -> dict | None:
+    """The band of several runs' series (a configuration's seeds) too long to draw whole,
+    from their rollups: steps cut into the blocks downsampling would use (one grid for
+    every seed), and per block the lowest point of any seed, the highest, the mean over
+    seeds of each seed's mean in the block, and at the block's last step and the seeds'
+    mean wall time there. {"steps", "mean", "min", "max", "wall"}, None without points."""
+    totals = rollups.totals(run_ids, [name])
+    if not totals:
+        return None
+    keep = (max(int(max_points), 3) - 1) // 2
+    first = min(a.first_step for a in totals.values())
+    last = max(a.last_step for a in totals.values())
+    width = widest_fit(last - first + 1, keep)
+    by_idx: dict[int, dict[int, list[rollups.Agg]]] = defaultdict(lambda: defaultdict(list))
+    for (run_id, _), buckets in rollups.rows(list({r for r, _ in totals}), [name], width).items():
+        for idx, agg in buckets:
+            by_idx[idx][run_id].append(agg)
+    idxs = sorted(by_idx)
+    size = -(-len(idxs) // keep)
+    band: dict[str, list] = {"steps": [], "mean": [], "min": [], "max": [], "wall": []}
+    for start in range(0, len(idxs), size):
+        seeds: dict[int, list[rollups.Agg]] = defaultdict(list)
+        for idx in idxs[start : start + size]:
+            for run_id, aggs in by_idx[idx].items():
+                seeds[run_id].extend(aggs)
+        # (aggs are in step order per seed; only the four figures the band needs)
+        band["steps"].append(max(aggs[-1].last_step for aggs in seeds.values()))
+        band["mean"].append(fmean(sum(a.total for a in aggs) / sum(a.n for a in aggs) for aggs in seeds.values()))
+        band["min"].append(min(a.lo for aggs in seeds.values() for a in aggs))
+        band["max"].append(max(a.hi for aggs in seeds.values() for a in aggs))
+        band["wall"].append(fmean(aggs[-1].last_time - t0.get(r, 0.0) for r, aggs in seeds.items()))
+    return band
 
 
 def read_series(

@@ -127,6 +127,38 @@ def test_seed_bands_are_the_mean_min_and_max_over_seeds_at_each_step(client_for,
             assert band["min"][i] == min(values) and band["max"][i] == max(values)
 
 
+def test_a_band_of_long_series_comes_from_blocks_of_the_stored_points(client_for, owner, make_run):
+    runs = []
+    for seed, (n, offset) in enumerate([(3000, 0.0), (2500, 0.3), (3200, -0.2)]):
+        run = make_run(status=Run.Status.SUCCEEDED, overrides={"seed": seed})
+        rng = random.Random(seed)
+        store(run, "reward/mean", [offset + rng.random() for _ in range(n)], dt=1.0 + seed, start=T0 + seed)
+        runs.append(run)
+    body = client_for(owner).get(f"/api/compare?runs={ids(runs)}&max_points=101&what=charts&series=reward/mean").json()
+    [band] = [b["reward/mean"] for b in body["bands"].values()]
+    assert all("reward/mean" not in s for s in body["series"].values())  # the band stands for the seeds
+
+    keep = 50
+    seeds = {r.pk: points(r, "reward/mean") for r in runs}
+    t0 = {r.pk: min(p.time for p in MetricPoint.objects.filter(run=r)) for r in runs}
+    width = next(w for w in rollups.WIDTHS if -(-3200 // w) <= 4 * keep)
+    blocks = sorted({p.step // width for ps in seeds.values() for p in ps})
+    size = -(-len(blocks) // keep)
+    want = {"steps": [], "mean": [], "min": [], "max": [], "wall": []}
+    for start in range(0, len(blocks), size):
+        group = set(blocks[start : start + size])
+        inside = {r: [p for p in ps if p.step // width in group] for r, ps in seeds.items()}
+        inside = {r: ps for r, ps in inside.items() if ps}
+        want["steps"].append(max(ps[-1].step for ps in inside.values()))
+        want["mean"].append(fmean(fmean(p.value for p in ps) for ps in inside.values()))
+        want["min"].append(min(p.value for ps in inside.values() for p in ps))
+        want["max"].append(max(p.value for ps in inside.values() for p in ps))
+        want["wall"].append(fmean(ps[-1].time - t0[r] for r, ps in inside.items()))
+    assert band["steps"] == want["steps"] and band["min"] == want["min"] and band["max"] == want["max"]
+    assert band["mean"] == pytest.approx(want["mean"]) and band["wall"] == pytest.approx(want["wall"])
+    assert len(band["steps"]) <= keep
+
+
 def test_a_configuration_with_one_seed_has_no_band_and_its_run_keeps_its_own_series(client_for, owner, grid):
     one = grid["base", 1]
     body = client_for(owner).get(f"/api/compare?runs={one.pk}").json()
