@@ -41,6 +41,7 @@ def setup_django(home: str) -> None:
     os.environ["ROLLWAY_HOME"] = home
     os.environ["DATABASE_URL"] = f"sqlite:///{home}/compare.sqlite3"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rollway.settings")
+    os.environ.setdefault("ROLLWAY_LOG_LEVEL", "WARNING")  # the figures, not every login
     import django
 
     django.setup()
