@@ -158,6 +158,8 @@ else:
 BROKER_DIR = ROLLWAY_HOME / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport, with messages written whole (rollway/fs_broker.py).
+    CELERY_BROKER_TRANSPORT = "rollway.fs_broker:Transport"
     # Producers (web) and consumers (worker) must share one folder for in and out.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
