@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
+from django.core.exceptions import ImproperlyConfigured
 
 from rollway.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -57,6 +60,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",  # login rate limiting: failed attempts and lockouts, in the database
     "teams",
     "runs",
     "configs",
@@ -67,7 +71,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: an oversized body is refused before anything reads it.
+    "rollway.bodylimits.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "rollway.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -75,6 +82,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a login the backend refused into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "rollway.urls"
@@ -115,6 +124,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# AxesStandaloneBackend first: it refuses a locked-out username or address before the
+# password is even checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:runs"
 LOGOUT_REDIRECT_URL = "login"
@@ -138,8 +153,26 @@ STATICFILES_FINDERS = [
 # Serve straight from the finders: no collectstatic step before `up`.
 WHITENOISE_USE_FINDERS = True
 
-# A metrics batch of 10k+ points is ~1 MB of JSON; the ingest view caps points per request.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+
+# --- request body limits (rollway/bodylimits.py) ----------------------------------------
+def _positive(name: str, value: int) -> int:
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be a positive number of bytes (got {value})")
+    return value
+
+
+# Every request but the engine's ingest: forms and the JSON API take a few KB at most.
+ROLLWAY_MAX_BODY_BYTES = _positive("ROLLWAY_MAX_BODY_BYTES", env_int("ROLLWAY_MAX_BODY_BYTES", 1024 * 1024))
+# POST /api/runs/<id>/metrics and /status: a batch of 10k+ points is ~1 MB of JSON and
+# the ingest view takes up to 50k points per request (~5 MB).
+ROLLWAY_MAX_INGEST_BODY_BYTES = _positive(
+    "ROLLWAY_MAX_INGEST_BODY_BYTES", env_int("ROLLWAY_MAX_INGEST_BODY_BYTES", 16 * 1024 * 1024)
+)
+# Django's own check, on every read of request.body/POST: the largest limit above, so it
+# only backs up the middleware, which applies the limit that fits the endpoint.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(ROLLWAY_MAX_BODY_BYTES, ROLLWAY_MAX_INGEST_BODY_BYTES)
+# The WebSockets are server → browser only: a client message is at most a ping.
+ROLLWAY_MAX_WS_MESSAGE_BYTES = 4096
 
 # --- channels -----------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
@@ -212,6 +245,77 @@ ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)
 ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", 24 * 60.0)
 ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", 16)
 ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", 10_000_000_000)
+
+# --- web security (README.md, "Deploying" → "Security") -----------------------------
+# Safe over plain HTTP too, so always on.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"  # no page is meant to be framed (CSP frame-ancestors says the same)
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+# No script reads the CSRF cookie: every POST from a page is a form carrying
+# {% csrf_token %}, and the pages' JS only GETs.
+CSRF_COOKIE_HTTPONLY = True
+
+# The TLS switches: off for `make run` on http://127.0.0.1, on behind a TLS proxy.
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+# The run driver posts metrics to ROLLWAY_PUBLIC_URL, often the web service's plain-HTTP
+# address inside the cluster, and probes ask /healthz over HTTP: a redirect breaks both.
+SECURE_REDIRECT_EXEMPT = [r"^api/runs/\d+/(metrics|status)$", r"^healthz$"]
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+if SECURE_HSTS_SECONDS < 0:
+    raise ImproperlyConfigured(f"DJANGO_SECURE_HSTS_SECONDS must be 0 (off) or more (got {SECURE_HSTS_SECONDS})")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+# Only behind a proxy that sets X-Forwarded-Proto itself and that clients cannot bypass:
+# otherwise a client could claim HTTPS.
+if env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Content-Security-Policy (django-csp; rollway/security.py adds ws:/wss: to this host).
+# No inline script and no other origin anywhere. Inline styles are allowed: Plotly
+# injects <style> elements (Chromium refuses them under style-src 'self' alone) and the
+# run list sizes its progress bars with style attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],  # the empty favicon and Plotly's image export are data: URLs
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
+# Login rate limiting (django-axes): after ROLLWAY_LOGIN_FAILURE_LIMIT failed logins for
+# one username, or from one client address, logins for it are refused (HTTP 429) for
+# ROLLWAY_LOGIN_LOCKOUT_MINUTES; a successful login clears the count.
+AXES_FAILURE_LIMIT = env_int("ROLLWAY_LOGIN_FAILURE_LIMIT", 5)
+if AXES_FAILURE_LIMIT < 1:
+    raise ImproperlyConfigured(f"ROLLWAY_LOGIN_FAILURE_LIMIT must be 1 or more (got {AXES_FAILURE_LIMIT})")
+_LOCKOUT_MINUTES = env_int("ROLLWAY_LOGIN_LOCKOUT_MINUTES", 15)
+if _LOCKOUT_MINUTES < 1:
+    raise ImproperlyConfigured(f"ROLLWAY_LOGIN_LOCKOUT_MINUTES must be 1 or more (got {_LOCKOUT_MINUTES})")
+AXES_COOLOFF_TIME = timedelta(minutes=_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own, not the pair
+AXES_RESET_ON_SUCCESS = True
+# Attempts made while locked out neither count nor extend the lockout: it ends when the
+# page says, and a client hammering a locked login adds no rows.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "rollway.security.lockout_response"  # the login page with the reason
+AXES_CLIENT_IP_CALLABLE = "rollway.security.client_ip"
+AXES_DISABLE_ACCESS_LOG = True  # only failures are needed; a row per login grows forever
+AXES_VERBOSE = False  # no banner from every process at start; logs name only what locks
+# Proxies in front of daphne that append the client's address to X-Forwarded-For: 0 uses
+# the connection's address (behind a proxy that is the proxy's, one address for all).
+ROLLWAY_PROXY_COUNT = env_int("ROLLWAY_PROXY_COUNT", 0)
+if ROLLWAY_PROXY_COUNT < 0:
+    raise ImproperlyConfigured(f"ROLLWAY_PROXY_COUNT must be 0 or more (got {ROLLWAY_PROXY_COUNT})")
 
 # --- logging ------------------------------------------------------------------------
 LOGGING = {

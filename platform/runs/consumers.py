@@ -1,13 +1,15 @@
 """WebSocket consumers: live run status for the runs list, live points for a run page.
 
 Close codes (sent after accepting, so browsers see them): 4401 not logged in,
-4403 not a member of the run's team (or no such run: outsiders learn nothing).
+4403 not a member of the run's team (or no such run: outsiders learn nothing), 4413 a
+client message larger than ROLLWAY_MAX_WS_MESSAGE_BYTES.
 """
 
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from runs import events
 from runs.models import Run
@@ -15,6 +17,7 @@ from teams.models import Team
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_LARGE = 4413
 
 
 @database_sync_to_async
@@ -43,6 +46,15 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code) -> None:
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        # Measured before anything decodes it: a frame larger than a browser ever sends
+        # here closes the socket instead of being parsed.
+        size = len(text_data.encode()) if text_data is not None else len(bytes_data or b"")
+        if size > settings.ROLLWAY_MAX_WS_MESSAGE_BYTES:
+            await self.close(code=CLOSE_TOO_LARGE)
+            return
+        await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
 
     async def receive_json(self, content, **kwargs) -> None:
         pass  # the stream is server → browser only
