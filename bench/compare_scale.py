@@ -151,6 +151,16 @@ def time_to_first_chart(ids: list[int], user) -> float:
                 charts = page.eval_on_selector_all("#charts .chart", "els => els.map(e => e.dataset.state)")
                 sys.exit(f"no chart drew: page says {state!r}, chart states {charts[:6]}…, errors {errors[:5]}")
             ms = float(page.evaluate("() => document.body.dataset.firstChartMs"))
+            # where the time went: each resource's start and end, ms since navigation start
+            for name, start, end in page.evaluate(
+                "() => [['page', 0, performance.getEntriesByType('navigation')[0].responseEnd]].concat("
+                "performance.getEntriesByType('resource').map(r => [r.name.split('?')[0].split('/').pop() + "
+                "(r.name.includes('what=charts') ? ' (a chart)' : r.name.includes('/api/') ? ' (tables)' : ''),"
+                " r.startTime, r.responseEnd]))"
+            ):
+                print(f"    {name:<40} {start:7.0f} → {end:7.0f} ms")
+            ready = float(page.evaluate("() => document.body.dataset.plotlyMs"))
+            print(f"    Plotly parsed and ready at {ready:.0f} ms")
             browser.close()
     finally:
         server.shutdown()

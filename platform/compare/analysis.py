@@ -241,9 +241,11 @@ def summarize(configurations: list[dict], figures: dict[int, dict]) -> dict:
 HEADLINE = ("reward/mean", "samples/per_s", "trainer/idle_frac", "inference/idle_frac", "staleness/mean")
 
 
-def chart_order() -> list:
+def chart_metrics() -> list[dict]:
+    """The vocabulary in the order the page draws its charts: {"name", "unit", "help"}."""
     first = [m for name in HEADLINE for m in METRICS if m.name == name]
-    return first + [m for m in METRICS if m.name not in HEADLINE]
+    ordered = first + [m for m in METRICS if m.name not in HEADLINE]
+    return [{"name": m.name, "unit": m.unit, "help": m.help} for m in ordered]
 
 
 def seed_band(per_run: list[dict]) -> dict:
@@ -353,7 +355,7 @@ def compare(
     return {
         "target": target,
         "budget_s": budget_s,
-        "metrics": [{"name": m.name, "unit": m.unit, "help": m.help} for m in chart_order()],
+        "metrics": chart_metrics(),
         "runs": [
             {
                 **run.summary(),

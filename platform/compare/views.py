@@ -62,6 +62,16 @@ def _choice(request: HttpRequest, name: str, choices: tuple[str, ...], default: 
     return value
 
 
+def page_context(runs: list[Run]) -> dict:
+    """What compare.html needs before any API answer: the runs, and the charts in the
+    order drawn (so the page lays out its chart cards at once)."""
+    return {
+        "runs": runs,
+        "run_ids": ",".join(str(r.pk) for r in runs),
+        "metrics": analysis.chart_metrics(),
+    }
+
+
 @login_required
 @require_GET
 def page(request: HttpRequest) -> HttpResponse:
@@ -76,7 +86,7 @@ def page(request: HttpRequest) -> HttpResponse:
         if exc.http_status == 404:
             raise Http404(exc.message) from None
         return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain; charset=utf-8")
-    return render(request, "compare/compare.html", {"runs": runs, "run_ids": ",".join(str(r.pk) for r in runs)})
+    return render(request, "compare/compare.html", page_context(runs))
 
 
 @require_GET
@@ -276,8 +286,7 @@ def comparison(request: HttpRequest, comparison_id: int) -> HttpResponse:
         raise Http404(exc.message) from None
     runs = Run.objects.filter(comparison_links__comparison=found).select_related("experiment__team")
     runs = list(runs.order_by("pk"))
-    context = {"runs": runs, "run_ids": ",".join(str(r.pk) for r in runs), "comparison": found}
-    return render(request, "compare/compare.html", context)
+    return render(request, "compare/compare.html", {**page_context(runs), "comparison": found})
 
 
 @login_required

@@ -14,7 +14,13 @@ MESSAGES = 3000
 
 def exchange(tmp_path, transport) -> list[int]:
     """Publish MESSAGES from a thread while consuming them here; the ids received."""
-    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)}
+    options = {
+        "data_folder_in": str(tmp_path / "queue"),
+        "data_folder_out": str(tmp_path / "queue"),
+        "control_folder": str(tmp_path / "control"),  # else kombu makes ./control
+    }
+    (tmp_path / "queue").mkdir()
+    (tmp_path / "control").mkdir()
     padding = "x" * 20_000  # a long write widens the window between create and complete
 
     def produce():

@@ -25,6 +25,16 @@
   };
   var data = null;
   var firstChart = true;
+  var metrics = JSON.parse(document.getElementById("compare-metrics").textContent);
+  var plotlyReady = new Promise(function (resolve, reject) {
+    var script = document.createElement("script");
+    script.src = root.dataset.plotlySrc;
+    script.onload = resolve;
+    script.onerror = function () { reject(new Error("could not load Plotly from " + script.src)); };
+    document.head.appendChild(script);
+  });
+  // Read by bench/compare_scale.py with firstChartMs: when Plotly was ready to draw.
+  plotlyReady.then(function () { document.body.dataset.plotlyMs = String(Math.round(performance.now())); });
   // metric → {runs: {run id: series}, bands: {configuration id: band}}, for the charts
   // that have been in view (`wanted`), in the order they came into view.
   var chartData = {};
@@ -173,7 +183,7 @@
   }
 
   function drawCharts() {
-    data.metrics.forEach(drawChart);
+    if (data) metrics.forEach(drawChart);
   }
 
   function takeCharts(body, names) {
@@ -198,10 +208,12 @@
   }
 
   function loadCharts(names) {
-    return getJSON({ what: "charts", series: names.join(",") }).then(function (body) {
-      takeCharts(body, names);
-      if (!data) return;
-      data.metrics.forEach(function (m) { if (names.indexOf(m.name) >= 0) drawChart(m); });
+    // asked at once, drawn once the tables (for the configurations) and Plotly are here
+    var answer = getJSON({ what: "charts", series: names.join(",") });
+    return Promise.all([answer, tablesReady, plotlyReady]).then(function (got) {
+      takeCharts(got[0], names);
+      if (!data) return;  // the tables failed: the error is shown, the next poll retries
+      metrics.forEach(function (m) { if (names.indexOf(m.name) >= 0) drawChart(m); });
     }).catch(showError);
   }
 
@@ -309,7 +321,7 @@
     drawBaselineChoices();
     drawSummary();
     drawConfigTable();
-    drawCharts();
+    plotlyReady.then(drawCharts);
     saveState();
   }
 
@@ -343,7 +355,7 @@
       });
   }
 
-  el.x.addEventListener("change", function () { state.x = el.x.value; drawCharts(); saveState(); });
+  el.x.addEventListener("change", function () { state.x = el.x.value; plotlyReady.then(drawCharts); saveState(); });
   el.diff.addEventListener("change", function () { state.diff = el.diff.checked; drawConfigTable(); saveState(); });
   el.baseline.addEventListener("change", function () {
     state.baseline = el.baseline.value; drawConfigTable(); saveState();
@@ -357,5 +369,8 @@
     });
   });
   saveState();
-  load();
+  // The chart cards exist before any answer, so the charts in view ask for their series
+  // while the tables and Plotly (a few MB) are still on their way.
+  metrics.forEach(chartDiv);
+  var tablesReady = load();
 })();
