@@ -20,6 +20,7 @@ from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs.actions import (
     LaunchRequest,
+    ask_scheduler,
     check_experiment_access,
     check_launch,
     check_priority,
@@ -278,9 +279,10 @@ def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: An
 def _launch_all(user, comparison: Comparison, request: ComparisonRequest) -> list[Run]:
     runs = []
     for stored, _seed, launch in request.launches:
-        run = do_launch_run(user, launch)
+        run = do_launch_run(user, launch, schedule=False)
         ComparisonRun.objects.create(comparison=comparison, run=run, configuration=stored)
         runs.append(run)
+    ask_scheduler()  # one look at the queue for all of them
     return runs
 
 

@@ -242,9 +242,10 @@ def check_launch(
     )
 
 
-def do_launch_run(user, launch: LaunchRequest) -> Run:
+def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
     """Create the queued Run and, once it is committed, ask the queue's scheduler
-    (runs/queue.py) to look: it sends `launch_run` when the run's turn comes."""
+    (runs/queue.py) to look: it sends `launch_run` when the run's turn comes. A caller
+    queuing many runs at once passes schedule=False and asks once (`ask_scheduler`)."""
     with transaction.atomic():
         experiment = launch.experiment
         if experiment is None:
@@ -264,9 +265,15 @@ def do_launch_run(user, launch: LaunchRequest) -> Run:
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
 
         transaction.on_commit(lambda: events.send_status(run))
-        transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
+        if schedule:
+            ask_scheduler()
     logger.info("run %s queued by %s (preset %s, priority %s)", run.pk, user, run.preset, run.priority)
     return run
+
+
+def ask_scheduler() -> None:
+    """Once the current transaction commits, have the queue's scheduler look."""
+    transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
 
 
 # --- status -------------------------------------------------------------------------
