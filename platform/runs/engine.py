@@ -15,6 +15,7 @@ import logging
 import time
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from runs import admission
 from runs.actions import do_set_run_status
@@ -44,6 +45,16 @@ def load_run(run_id: int) -> Run | None:
     return run
 
 
+def record_capacity(capacity) -> None:
+    """Remember what the cluster has, for the web's admission checks. Best effort: a busy
+    database (SQLite's "database is locked" under load) must not fail the launch it is
+    part of; the next look at the cluster records it."""
+    try:
+        ClusterCapacity.record(capacity)
+    except DatabaseError:
+        logger.warning("could not record the cluster's capacity this time", exc_info=True)
+
+
 def do_start_in_ray(run_id: int) -> None:
     """Claim a queued run (queued → starting) and start its driver actor in Ray. A launch
     that fails marks the run failed with the reason."""
@@ -69,7 +80,7 @@ def do_start_in_ray(run_id: int) -> None:
         # Checked again against the cluster as it is now (the launch saw the last
         # capacity recorded, or none): nothing that can never fit reaches Ray.
         capacity = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
-        ClusterCapacity.record(capacity)
+        record_capacity(capacity)
         refused = admission.config_errors(RunConfig.model_validate(run.config), capacity)
         if refused:
             reason = "; ".join(f"{name}: {message}" for name, message in refused.items())

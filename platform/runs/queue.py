@@ -59,7 +59,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from runs import dispatch, engine, events
-from runs.models import ClusterCapacity, Run
+from runs.models import Run
 from workers.admission import Capacity, capacity_errors, demand
 from workers.config import RunConfig
 from workers.failures import explain
@@ -156,7 +156,7 @@ def _read_cluster() -> tuple[Capacity, Capacity] | str:
         # pass (after a run ends, or the next beat) tries again.
         logger.warning("queue: cannot read the cluster's resources; admitting nothing", exc_info=True)
         return explain(exc, ray_address=settings.RAY_ADDRESS, what="Asking Ray for its free resources").message
-    ClusterCapacity.record(total)  # the launch check's view of the cluster stays fresh
+    engine.record_capacity(total)  # the launch check's view of the cluster stays fresh
     return total, available
 
 

@@ -72,6 +72,19 @@ def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
     assert "ConnectionError: Ray head not reachable at 10.0.0.9:6380" in run.error_detail  # the traceback
 
 
+def test_a_busy_database_while_recording_the_clusters_capacity_does_not_fail_the_launch(driver, run, monkeypatch):
+    from django.db import OperationalError
+
+    from runs.models import ClusterCapacity
+
+    def locked(capacity):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(ClusterCapacity, "record", locked)
+    engine.do_start_in_ray(run.pk)
+    assert status_of(run) == Status.STARTING and len(driver.named("launch")) == 1
+
+
 def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
     real_launch = driver.launch
 
