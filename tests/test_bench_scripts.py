@@ -184,3 +184,212 @@ def test_weight_sync_help_names_its_flags():
     done = bench("weight_sync.py", "--help")
     assert done.returncode == 0, done.stderr
     assert "--vllm" in done.stdout and "--cases" in done.stdout
+
+
+# ---- load benches: ws_fanout, ingest_load, soak -------------------------------------------
+
+# Well-formed settings for flag checks that must fail before anything connects.
+SITE = ("--database-url", "postgres://nobody@127.0.0.1:1/none", "--redis-url", "redis://127.0.0.1:1/0")
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "names"),
+    [
+        ("ws_fanout.py", ["--viewers", "0", *SITE], ["--viewers"]),
+        ("ws_fanout.py", ["--database-url", "sqlite:///x.db", "--redis-url", "redis://h/0"], ["--database-url"]),
+        ("ws_fanout.py", [*SITE, "--url", "127.0.0.1:8000"], ["--url", "http://"]),
+        ("ingest_load.py", ["--database-url", "postgres://h/db", "--redis-url", ""], ["--redis-url"]),
+        ("ingest_load.py", ["--series", "1000", "--steps", "100", *SITE], ["--series × --steps"]),
+        ("ingest_load.py", [*SITE, "--site-env", "DATABASE_CONN_MAX_AGE"], ["--site-env", "NAME=VALUE"]),
+        ("soak.py", ["--minutes", "1", "--interval", "90", *SITE], ["--interval", "--minutes"]),
+        ("soak.py", ["--viewers", "-1", *SITE], ["--viewers"]),
+    ],
+)
+def test_load_benches_refuse_bad_flags_naming_them(script, args, names):
+    done = bench(script, *args, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    for name in names:
+        assert name in done.stderr
+
+
+def _points_message(points: list[dict]) -> str:
+    return json.dumps({"type": "points", "points": points})
+
+
+def test_fanout_names_each_viewer_that_missed_or_doubled_a_step():
+    fanout = load("ws_fanout.py")
+    names = fanout.series_names(3)
+    watched = frozenset(names)
+    viewers = [fanout.loadsite.Viewer(i) for i in range(3)]
+    for step in (1, 2, 3):
+        points = fanout.batch(names, step)["points"]
+        arrived = points[0]["time"] + 0.125
+        for v in viewers:
+            if not (v.index == 1 and step == 2):  # viewer 1 never gets step 2
+                v.take(_points_message(points), arrived, watched)
+        if step == 3:  # viewer 2 gets step 3 twice
+            viewers[2].take(_points_message(points), arrived, watched)
+    accepted = {1: 3, 2: 3, 3: 3}
+    assert fanout.missed(viewers, accepted) == {1: [2]}
+    assert fanout.doubled(viewers, accepted) == {2: [3]}
+    assert viewers[0].latency_by_step == pytest.approx({1: 0.125, 2: 0.125, 3: 0.125})
+    assert (viewers[0].messages, viewers[0].points, viewers[1].points) == (3, 9, 6)
+    # A point of a series the bench never posts (another run on the same group) is not
+    # counted as this run's, and a status message is no points message.
+    viewers[0].take(_points_message([{"series": "reward/mean", "step": 9, "value": 1.0, "time": 0.0}]), 1.0, watched)
+    viewers[0].take(json.dumps({"type": "status", "run": {}}), 1.0, watched)
+    assert (viewers[0].foreign, viewers[0].points, 9 in viewers[0].by_step) == (1, 9, False)
+    assert viewers[0].messages == 4
+
+
+def test_load_summary_percentiles_are_exact_at_small_n():
+    loadsite = load("loadsite.py")
+    s = loadsite.summary([float(x) for x in range(101, 0, -1)])
+    assert (s["n"], s["p50"], s["p95"], s["p99"], s["max"]) == (101, 51, 96, 100, 101)
+    assert loadsite.summary([0.2])["p95"] == 0.2
+    assert loadsite.summary([])["n"] == 0
+    assert "p95 250 ms" in loadsite.ms({"p50": 0.1, "p95": 0.25, "p99": 0.3, "max": 1.0})
+
+
+def test_ingest_load_batches_are_what_the_ingest_takes_and_windows_bin_them():
+    from api.ingest import METRICS_IN
+    from workers.metric_names import NAMES
+
+    ingest = load("ingest_load.py")
+    names = ingest.series_names(30)
+    assert len(names) == 30 and set(names) <= set(NAMES)  # the engine's own series
+    assert len(set(ingest.series_names(40))) == 40
+    points = METRICS_IN.validate_json(ingest.batch(names, 10, 5))["points"]
+    assert len({(p["series"], p["step"]) for p in points}) == len(points) == 150
+    assert {p["step"] for p in points} == set(range(10, 15))
+    # (finished at, latency, status, accepted): binned by when each request finished
+    log = [(0.5, 0.1, 200, 100), (0.9, 0.1, 200, 20), (1.5, 0.1, 200, 50), (2.5, 0.1, 200, 30), (3.5, 0.1, 200, 99)]
+    assert ingest.windows(log, 0.0, 3.0, 1.0) == [120.0, 50.0, 30.0]
+    assert ingest.windows(log, 1.0, 3.0, 2.0) == [40.0]
+
+
+def test_soak_drift_is_last_minus_first_and_per_minute():
+    soak = load("soak.py")
+    base = {
+        "web_rss_mb": 100.0,
+        "worker_rss_mb": 200.0,
+        "ray_rss_mb": 900.0,
+        "web_fds": 40,
+        "worker_fds": 30,
+        "db_conns": 3,
+        "redis_mb": 1.5,
+        "redis_keys": 4,
+        "run_pts_s": 50.0,
+        "all_pts_s": 350.0,
+        "ws_msgs": 100,
+        "page_ms": 20.0,
+        "compare_ms": 30.0,
+    }
+    first = soak.Sample(t_min=0.5, **base)
+    last = soak.Sample(t_min=5.5, **{**base, "web_rss_mb": 110.0, "web_fds": 45})
+    figures = {title: rest for title, *rest in soak.drift([first, soak.Sample(t_min=3, **base), last])}
+    assert figures["web MB"] == pytest.approx([100.0, 110.0, 10.0, 2.0])
+    assert figures["web fd"] == pytest.approx([40, 45, 5, 1.0])
+    assert figures["wrk MB"] == pytest.approx([200.0, 200.0, 0.0, 0.0])
+    assert len(soak.header()) == len(soak.row(last))  # the table's columns line up
+
+
+@pytest.fixture
+def bench_database(tmp_path):
+    """A throwaway PostgreSQL database beside $DATABASE_URL's, migrated, with run ids far
+    above any test database's: the benches' runs share $REDIS_URL's channel layer with
+    other tests' sites, whose run groups ("run-<id>") must not meet theirs."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    url, redis = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")) or not redis.startswith("redis://"):
+        pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL: `make test` sets them")
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin, database = urlunsplit(parts._replace(path="/postgres")), urlunsplit(parts._replace(path=f"/{name}"))
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "DATABASE_URL": database, "ROLLWAY_HOME": str(tmp_path)}
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True, timeout=600
+        )
+        with psycopg.connect(database, autocommit=True) as c:
+            c.execute(f"ALTER TABLE runs_run ALTER COLUMN id RESTART WITH {10**9 + uuid.uuid4().int % 10**8}")
+        yield database, redis
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _runs_left(database: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database) as c:
+        return c.execute("SELECT count(*) FROM runs_run").fetchone()[0]
+
+
+@pytest.mark.slow
+def test_ws_fanout_times_every_point_to_every_viewer(bench_database, tmp_path):
+    database, redis = bench_database
+    out = tmp_path / "fanout.json"
+    done = bench(
+        "ws_fanout.py",
+        *("--viewers", "3", "--seconds", "2", "--rate", "5", "--series", "4"),
+        *("--database-url", database, "--redis-url", redis, "--json", str(out)),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "emit→receive latency" in done.stdout and "viewers that missed points: none" in done.stdout
+    f = json.loads(out.read_text())
+    assert f["connected"] == 3 and f["posts"] == f["accepted_posts"] == 10
+    assert f["deliveries"] == 3 * 10 and not f["missed"] and not f["doubled"] and not f["errors"]
+    assert f["messages_per_viewer"] == {"min": 10, "median": 10, "max": 10}
+    assert 0 < f["latency"]["p50"] <= f["latency"]["p95"] <= f["latency"]["max"] < 60
+    assert _runs_left(database) == 0  # without --keep the bench removes its run
+
+
+@pytest.mark.slow
+def test_ingest_load_stores_exactly_what_it_accepted_and_profiles_a_request(bench_database, tmp_path):
+    database, redis = bench_database
+    out = tmp_path / "ingest.json"
+    done = bench(
+        "ingest_load.py",
+        *("--runs", "2", "--seconds", "3", "--warmup", "1", "--series", "10", "--steps", "2", "--profile", "5"),
+        *("--database-url", database, "--redis-url", redis, "--json", str(out), "--keep"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "accepted points/s" in done.stdout and "consistent" in done.stdout
+    f = json.loads(out.read_text())
+    assert f["errors"] == {} and f["requests"] > 0 and f["points"] == 20 * f["requests"]
+    assert f["points_per_s"] == pytest.approx(f["points"] / 3)
+    assert f["stored"] == f["rollup_counted"] == f["accepted_total"] > f["points"]  # warm-up points too
+    phases = dict(f["profile"]["phases"])
+    assert phases["whole view (ingest_metrics)"] >= phases["  rollups (runs/rollups.py refresh)"] > 0
+    assert _runs_left(database) == 2  # --keep kept them; the fixture drops the database
+
+
+@pytest.mark.slow
+def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path):
+    database, redis = bench_database
+    out = tmp_path / "soak.json"
+    done = bench(
+        "soak.py",
+        *("--minutes", "0.5", "--interval", "10", "--viewers", "2", "--extra-points-per-s", "60", "--read-every", "3"),
+        *("--database-url", database, "--redis-url", redis, "--json", str(out)),
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "drift (first sample → last):" in done.stdout
+    f = json.loads(out.read_text())
+    samples = f["samples"]
+    assert len(samples) == 3 and f["run_status"] == "running" and not f["errors"]
+    for s in samples:
+        assert s["web_rss_mb"] > 10 and s["worker_rss_mb"] > 10 and s["ray_rss_mb"] > 10
+        assert s["web_fds"] > 0 and s["worker_fds"] > 0 and s["db_conns"] >= 0
+        assert s["all_pts_s"] >= s["run_pts_s"] >= 0 and s["page_ms"] > 0
+    assert sum(s["all_pts_s"] for s in samples) > 0 and not f["viewers_short"]

@@ -1,0 +1,453 @@
+"""Soak: the whole product (`manage.py up`: Ray head, Celery worker and beat, daphne) for
+MINUTES with a real tiny run training through it, VIEWERS WebSocket viewers on the
+run's page, a steady synthetic ingest into a second run (--extra-points-per-s) and the
+pages' API reads every few seconds (the run page's /api/runs/<id> and its metrics, the
+compare page's /api/compare). Every --interval seconds it samples:
+
+- RSS and open file descriptors of the web (daphne) and worker (Celery) processes, and
+  the RSS of everything in the Ray head's session (raylet, GCS, the run's actors);
+- the site's PostgreSQL connections (pg_stat_activity, the bench's own left out);
+- Redis memory (the whole server: shared with whatever else uses it) and the keys in
+  the channel layer's database;
+- points/s stored (the real run's and in all), WebSocket messages received;
+- the run page's API latency (median of the reads since the last sample) and the
+  compare page's.
+
+It prints one row per sample as it goes, then the drift (first sample vs last, and per
+minute). The run is launched with stop.max_steps large and stop.max_minutes past the
+soak, and cancelled at the end. Exits non-zero if the run failed, a viewer lost points
+or a request failed.
+
+    DATABASE_URL=postgres://root@127.0.0.1:5432/bench_h REDIS_URL=redis://127.0.0.1:6379/11 \\
+    CELERY_BROKER_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/soak.py   # 30 min
+    .venv/bin/python bench/soak.py --minutes 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import loadsite
+
+# A tiny torch-backend run (the integration tests' size): a run step takes about a
+# second on two cores, so it posts points the whole soak through.
+TINY = {
+    "inference": {"backend": "torch"},
+    "warm_start": {"steps": 20},
+    "trainer": {"batch_groups": 4, "group_size": 4},
+}
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+class Sample(NamedTuple):
+    t_min: float
+    web_rss_mb: float
+    worker_rss_mb: float
+    ray_rss_mb: float
+    web_fds: int
+    worker_fds: int
+    db_conns: int
+    redis_mb: float
+    redis_keys: int
+    run_pts_s: float
+    all_pts_s: float
+    ws_msgs: int
+    page_ms: float
+    compare_ms: float
+
+
+COLUMNS = (
+    ("t_min", "min", "{:5.1f}"),
+    ("web_rss_mb", "web MB", "{:7.1f}"),
+    ("worker_rss_mb", "wrk MB", "{:7.1f}"),
+    ("ray_rss_mb", "ray MB", "{:7.0f}"),
+    ("web_fds", "web fd", "{:6d}"),
+    ("worker_fds", "wrk fd", "{:6d}"),
+    ("db_conns", "db conn", "{:7d}"),
+    ("redis_mb", "redis MB", "{:8.2f}"),
+    ("redis_keys", "keys", "{:5d}"),
+    ("run_pts_s", "run pt/s", "{:8.1f}"),
+    ("all_pts_s", "all pt/s", "{:8.1f}"),
+    ("ws_msgs", "ws msgs", "{:7d}"),
+    ("page_ms", "page ms", "{:7.1f}"),
+    ("compare_ms", "cmp ms", "{:7.1f}"),
+)
+
+
+def header() -> str:
+    return " ".join(f"{title:>{len(fmt.format(0))}}" for _, title, fmt in COLUMNS)
+
+
+def row(s: Sample) -> str:
+    return " ".join(fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS)
+
+
+def drift(samples: list[Sample]) -> list[tuple[str, float, float, float, float]]:
+    """(column, first, last, last − first, per minute) for each sampled figure."""
+    first, last = samples[0], samples[-1]
+    minutes = last.t_min - first.t_min
+    out = []
+    for key, title, _ in COLUMNS[1:]:
+        a, b = float(getattr(first, key)), float(getattr(last, key))
+        out.append((title, a, b, b - a, (b - a) / minutes if minutes > 0 else float("nan")))
+    return out
+
+
+class Probe:
+    """The sync half of sampling (psutil, the database, Redis), on one thread of its
+    own, so this process holds one database connection, left out of the count."""
+
+    def __init__(self, site: loadsite.Site, redis_url: str, run_ids: tuple[int, int]):
+        import redis
+
+        self.site = site
+        self.redis = redis.Redis.from_url(redis_url)
+        self.run_ids = run_ids
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
+        self.last: tuple[float, int, int] | None = None
+
+    def _rss_fds(self, pid: int | None) -> tuple[float, int]:
+        import psutil
+
+        if pid is None:
+            return float("nan"), -1
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            return p.memory_info().rss / 2**20, p.num_fds()
+        return float("nan"), -1
+
+    def _session_rss(self, sid: int | None) -> float:
+        import psutil
+
+        total = 0
+        for p in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                if sid is not None and os.getsid(p.pid) == sid:
+                    total += p.memory_info().rss
+        return total / 2**20
+
+    def _points(self) -> tuple[int, int]:
+        from django.db import connection
+
+        with connection.cursor() as c:
+            c.execute(
+                "SELECT count(*) FILTER (WHERE run_id = %s), count(*) FROM runs_metricpoint WHERE run_id IN (%s, %s)",
+                [self.run_ids[0], *self.run_ids],
+            )
+            return c.fetchone()
+
+    def _db_conns(self) -> int:
+        from django.db import connection
+
+        with connection.cursor() as c:
+            c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return c.fetchone()[0]
+
+    def sample_sync(self) -> dict:
+        pids = self.site.processes()
+        web_rss, web_fds = self._rss_fds(pids.get("web"))
+        worker_rss, worker_fds = self._rss_fds(pids.get("worker"))
+        now = time.monotonic()
+        run_points, all_points = self._points()
+        if self.last is None:
+            run_rate = all_rate = float("nan")
+        else:
+            dt = now - self.last[0]
+            run_rate, all_rate = (run_points - self.last[1]) / dt, (all_points - self.last[2]) / dt
+        self.last = (now, run_points, all_points)
+        return {
+            "web_rss_mb": web_rss,
+            "worker_rss_mb": worker_rss,
+            "ray_rss_mb": self._session_rss(pids.get("ray")),
+            "web_fds": web_fds,
+            "worker_fds": worker_fds,
+            "db_conns": self._db_conns(),
+            "redis_mb": self.redis.info("memory")["used_memory"] / 2**20,
+            "redis_keys": self.redis.dbsize(),
+            "run_pts_s": run_rate,
+            "all_pts_s": all_rate,
+        }
+
+    async def sample(self) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.sample_sync)
+
+    async def call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+def _median_ms(reads: list[tuple[float, float]], since: float, until: float) -> float:
+    """Median of the reads that finished in (since, until], else the latest one."""
+    window = [took for at, took in reads if since < at <= until] or [took for _, took in reads[-1:]]
+    return statistics.median(window) * 1000 if window else float("nan")
+
+
+async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: int, synthetic) -> dict:
+    import httpx
+
+    url = site.url
+    stop = asyncio.Event()
+    viewers = [loadsite.Viewer(i) for i in range(args.viewers)]
+    gate = asyncio.Semaphore(10)
+    watchers = [
+        asyncio.ensure_future(v.watch(loadsite.ws_url(url, run_id), cookies["sessionid"], url, gate, stop))
+        for v in viewers
+    ]
+    reads: dict[str, list[tuple[float, float]]] = {"page": [], "compare": []}
+    errors: dict[str, int] = {}
+
+    def failed(what: str) -> None:
+        errors[what] = errors.get(what, 0) + 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False, cookies=cookies) as client:
+
+        async def read_pages() -> None:
+            # What the run page asks when it loads, then the compare page's tables.
+            while not stop.is_set():
+                t = time.perf_counter()
+                a = await client.get(f"/api/runs/{run_id}")
+                b = await client.get(f"/api/runs/{run_id}/metrics")
+                page = time.perf_counter() - t
+                t = time.perf_counter()
+                c = await client.get("/api/compare", params={"runs": f"{run_id},{synthetic.pk}", "series": ""})
+                compare = time.perf_counter() - t
+                for name, r in (("run", a), ("metrics", b), ("compare", c)):
+                    if r.status_code != 200:
+                        failed(f"GET {name} HTTP {r.status_code}")
+                now = time.monotonic()
+                reads["page"].append((now, page))
+                reads["compare"].append((now, compare))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), args.read_every)
+
+        async def feed_synthetic() -> None:
+            # A steady second source: 30 series per step, enough steps per second for the rate.
+            from ingest_load import batch, series_names
+
+            names = series_names(30)
+            steps = max(1, round(args.extra_points_per_s / len(names)))
+            headers = {"Authorization": f"Bearer {synthetic.ingest_token}", "Content-Type": "application/json"}
+            step, tick = 0, time.monotonic()
+            while not stop.is_set():
+                try:
+                    r = await client.post(
+                        f"/api/runs/{synthetic.pk}/metrics", content=batch(names, step, steps), headers=headers
+                    )
+                    if r.status_code != 200:
+                        failed(f"POST metrics HTTP {r.status_code}")
+                except httpx.HTTPError as exc:
+                    failed(f"POST metrics {type(exc).__name__}")
+                step += steps
+                tick += 1.0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, tick - time.monotonic()))
+
+        background = [asyncio.ensure_future(read_pages())]
+        if args.extra_points_per_s > 0:
+            background.append(asyncio.ensure_future(feed_synthetic()))
+
+        # The viewers' counts are compared from the first step after every one of them joined.
+        await asyncio.gather(*(v.opened() for v in viewers))
+        first_step = max((max(v.by_step, default=-1) for v in viewers), default=-1) + 1
+        await probe.sample()  # the baseline the first sample's points/s count from
+        samples: list[Sample] = []
+        start = time.monotonic()
+        end = start + args.minutes * 60
+        last_msgs, last_t, k = 0, start, 0
+        print(header(), flush=True)
+        while True:
+            k += 1
+            await asyncio.sleep(max(0.0, min(start + k * args.interval, end) - time.monotonic()))
+            figures = await probe.sample()
+            now = time.monotonic()
+            msgs = sum(v.messages for v in viewers)
+            s = Sample(
+                t_min=(now - start) / 60,
+                ws_msgs=msgs - last_msgs,
+                page_ms=_median_ms(reads["page"], last_t, now),
+                compare_ms=_median_ms(reads["compare"], last_t, now),
+                **figures,
+            )
+            samples.append(s)
+            print(row(s), flush=True)
+            last_msgs, last_t = msgs, now
+            if now >= end - 1:
+                break
+            status = (await client.get(f"/api/runs/{run_id}")).json().get("status")
+            if status in TERMINAL:
+                print(f"the run ended early: {status}", flush=True)
+                break
+
+        # Every viewer must have every step up to the last one all of them had reached,
+        # once the messages in flight have had time to land.
+        last_step = min((max(v.by_step, default=-1) for v in viewers), default=-1)
+        await asyncio.sleep(3)
+        stop.set()
+        await asyncio.gather(*background, *watchers)
+        run = (await client.get(f"/api/runs/{run_id}")).json()
+    steps = range(first_step, last_step + 1)
+    most = {step: max(v.by_step.get(step, 0) for v in viewers) for step in steps} if viewers else {}
+    short = {v.index: [s for s in steps if v.by_step.get(s, 0) < most[s]] for v in viewers}
+    points = [sum(v.by_step.get(s, 0) for s in steps) for v in viewers]
+    return {
+        "samples": [s._asdict() for s in samples],
+        "errors": errors,
+        "run_status": run.get("status"),
+        "run_error": run.get("error", ""),
+        "viewer_points": {"min": min(points, default=0), "max": max(points, default=0), "steps": len(steps)},
+        "viewers_short": {i: missing for i, missing in short.items() if missing},
+        "viewers_closed": {v.index: v.closed for v in viewers if v.closed},
+        "ages": loadsite.summary([a for v in viewers for a in v.ages]),
+        "page_reads": loadsite.summary([x for _, x in reads["page"]]),
+        "compare_reads": loadsite.summary([x for _, x in reads["compare"]]),
+        "_samples": samples,
+    }
+
+
+def launch(url: str, cookies: dict, minutes: float) -> int:
+    import httpx
+
+    overrides = {**TINY, "stop": {"max_steps": 100_000, "max_minutes": math.ceil(minutes) + 10}}
+    with httpx.Client(base_url=url, timeout=60, trust_env=False, cookies=cookies) as client:
+        r = client.post(
+            "/api/runs",
+            json={
+                "team": "bench-load",
+                "name": f"soak {time.strftime('%H:%M:%S')}",
+                "preset": "async",
+                "overrides": overrides,
+            },
+            headers={"X-CSRFToken": cookies["csrftoken"]},
+        )
+        if r.status_code != 201:
+            sys.exit(f"the launch was refused: HTTP {r.status_code} {r.text[:500]}")
+        return r.json()["id"]
+
+
+def wait_first_step(url: str, cookies: dict, run_id: int, timeout_s: float) -> float:
+    """Seconds until the run reported its first trained step (policy/version)."""
+    import httpx
+
+    t0 = time.monotonic()
+    seen = ""
+    with httpx.Client(base_url=url, timeout=60, trust_env=False, cookies=cookies) as client:
+        while time.monotonic() - t0 < timeout_s:
+            run = client.get(f"/api/runs/{run_id}").json()
+            where = f"{run['status']} {run.get('phase', '')}".strip()
+            if where != seen:  # each phase once, not every progress line of the warm start
+                detail = run.get("phase_detail", "")
+                print(f"  {time.monotonic() - t0:5.0f} s  run {run_id}: {where} {detail}", flush=True)
+                seen = where
+            if run["status"] in TERMINAL:
+                sys.exit(f"the run ended before its first step: {run['status']} {run.get('error', '')}")
+            data = client.get(f"/api/runs/{run_id}/metrics", params={"series": "policy/version"}).json()
+            if data["series"].get("policy/version", {}).get("steps"):
+                return time.monotonic() - t0
+            time.sleep(2)
+    sys.exit(f"run {run_id} reported no step within {timeout_s:.0f} s")
+
+
+def cancel(url: str, cookies: dict, run_id: int, timeout_s: float = 120) -> str:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60, trust_env=False, cookies=cookies) as client:
+        client.post(f"/api/runs/{run_id}/cancel", json={}, headers={"X-CSRFToken": cookies["csrftoken"]})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = client.get(f"/api/runs/{run_id}").json()["status"]
+            if status in TERMINAL:
+                return status
+            time.sleep(1)
+        return status
+
+
+def report(r: dict) -> None:
+    print("drift (first sample → last):")
+    print(f"  {'':10} {'first':>10} {'last':>10} {'change':>10} {'per min':>10}")
+    for title, a, b, d, per in drift(r["_samples"]):
+        print(f"  {title:10} {a:10.1f} {b:10.1f} {d:+10.1f} {per:+10.2f}")
+    print(f"run page API (GET run + metrics): {loadsite.ms(r['page_reads'], ('p50', 'p95', 'max'))}")
+    print(f"compare API (tables of 2 runs):   {loadsite.ms(r['compare_reads'], ('p50', 'p95', 'max'))}")
+    print(f"age of the newest point on receipt (engine time → viewer): {loadsite.ms(r['ages'], ('p50', 'p95', 'max'))}")
+    v = r["viewer_points"]
+    print(f"points per viewer over the {v['steps']} steps all of them watched: min {v['min']}  max {v['max']}")
+    for index, missing in list(r["viewers_short"].items())[:10]:
+        print(f"  viewer {index} is short of {len(missing)} steps, e.g. {missing[:8]}")
+    for index, why in list(r["viewers_closed"].items())[:10]:
+        print(f"  viewer {index} {why}")
+    print(f"errors: {r['errors'] or 'none'}")
+    print(f"run status at the end of the soak: {r['run_status']} {r['run_error']}".rstrip())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30, help="how long to sample once the run trains")
+    p.add_argument("--interval", type=float, default=30, help="seconds between samples")
+    p.add_argument("--viewers", type=int, default=20, help="WebSocket viewers on the run's page")
+    p.add_argument("--extra-points-per-s", type=float, default=300, help="synthetic ingest into a second run (0: none)")
+    p.add_argument("--read-every", type=float, default=5, help="seconds between the pages' API reads")
+    p.add_argument("--start-timeout", type=float, default=900, help="seconds the run may take to its first step")
+    p.add_argument("--json", help="also write the samples and figures to this file")
+    loadsite.add_site_args(p, url=False)
+    args = p.parse_args()
+    for flag in ("minutes", "interval", "read_every", "start_timeout"):
+        if getattr(args, flag) <= 0:
+            p.error(f"--{flag.replace('_', '-')} must be > 0")
+    if args.viewers < 0 or args.extra_points_per_s < 0:
+        p.error("--viewers and --extra-points-per-s must be ≥ 0")
+    if args.interval > args.minutes * 60:
+        p.error(f"--interval ({args.interval:g} s) must fit in --minutes ({args.minutes:g} min)")
+    loadsite.check_site_args(p, args)
+    loadsite.reexec_with_platform_path()
+    loadsite.stop_on_sigterm()
+
+    home = loadsite.short_home()
+    settings = loadsite.site_settings(args, home)
+    loadsite.setup_django(settings)
+    user, experiment = loadsite.bench_user("bench-soak")
+    # Finished, so neither the queue nor reconcile counts it: only its points matter.
+    synthetic = loadsite.new_run(experiment, f"soak synthetic {time.strftime('%H:%M:%S')}", status="succeeded")
+    ids = [synthetic.pk]
+    site = None
+    try:
+        print(loadsite.load_line() + " (shared machine: other work runs beside the bench)", flush=True)
+        t0 = time.monotonic()
+        site = loadsite.Site(home, settings).start_up()
+        print(f"site {site.url} up in {time.monotonic() - t0:.0f} s (manage.py up; log {site.log_path})", flush=True)
+        cookies = loadsite.login_cookies(site.url, user.username)
+        run_id = launch(site.url, cookies, args.minutes)
+        ids.append(run_id)
+        print(f"run {run_id} launched (tiny, torch backend); waiting for its first step", flush=True)
+        took = wait_first_step(site.url, cookies, run_id, args.start_timeout)
+        print(f"first step after {took:.0f} s; sampling every {args.interval:g} s for {args.minutes:g} min", flush=True)
+        probe = Probe(site, args.redis_url, (run_id, synthetic.pk))
+        figures = asyncio.run(soak(args, site, probe, cookies, run_id, synthetic))
+        report(figures)
+        print(loadsite.load_line())
+        print(f"run {run_id} cancelled at the end: {cancel(site.url, cookies, run_id)}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({k: v for k, v in figures.items() if not k.startswith("_")}, f, indent=2)
+    finally:
+        if site is not None:
+            site.stop()
+        if not args.keep:
+            loadsite.delete_runs(ids)
+    lost = figures["viewers_short"] or figures["viewers_closed"]
+    if figures["run_status"] in ("failed", "cancelled") or figures["errors"] or lost:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
