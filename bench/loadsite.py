@@ -112,8 +112,10 @@ def short_home() -> str:
 
 def setup_django(settings: dict[str, str]) -> None:
     """Django in this process, on the site's database, migrated."""
-    os.environ.update(settings)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rollway.settings")
+    # This process only reads and writes the database: the site's own settings module
+    # and import paths (--site-env may change the site's) are not needed here.
+    os.environ.update({k: v for k, v in settings.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")})
+    os.environ["DJANGO_SETTINGS_MODULE"] = "rollway.settings"
     import django
 
     django.setup()
@@ -163,8 +165,12 @@ class Site:
         env = dict(os.environ)
         env.pop("RAY_ADDRESS", None)  # `up` starts a private head instead of joining one
         env.update(settings)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "platform"), str(REPO)])
-        env["DJANGO_SETTINGS_MODULE"] = "rollway.settings"
+        # --site-env may add import paths and name another settings module (to try a
+        # setting that is not an environment variable); the site's own come first.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO / "platform"), str(REPO), settings.get("PYTHONPATH")) if p
+        )
+        env.setdefault("DJANGO_SETTINGS_MODULE", "rollway.settings")
         env["PYTHONUNBUFFERED"] = "1"
         self.env = env
         self.port = free_port()

@@ -36,8 +36,7 @@ def series_names(n: int) -> list[str]:
     return [f"bench/fanout-{i:02d}" for i in range(n)]
 
 
-def batch(names: list[str], step: int) -> dict:
-    now = time.time()
+def batch(names: list[str], step: int, now: float) -> dict:
     return {"points": [{"series": s, "step": step, "value": float(i), "time": now} for i, s in enumerate(names)]}
 
 
@@ -62,7 +61,20 @@ def doubled(viewers: list[loadsite.Viewer], accepted: dict[int, int]) -> dict[in
     return out
 
 
-async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of the process so far (nan when it is not ours to see)."""
+    import psutil
+
+    if pid is None:
+        return float("nan")
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return float("nan")
+    return t.user + t.system
+
+
+async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: int | None = None) -> dict:
     import httpx
 
     names = series_names(args.series)
@@ -83,6 +95,8 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
 
     lag_task = asyncio.ensure_future(loadsite.loop_lag(lag_stop, lag))
     accepted: dict[int, int] = {}
+    emitted: dict[int, float] = {}  # step → its points' `time`, stamped just before the POST
+    answered: dict[int, float] = {}  # step → when the ingest's answer arrived
     post_s: list[float] = []
     errors: dict[str, int] = {}
     limits = httpx.Limits(max_connections=32)
@@ -90,7 +104,8 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False, limits=limits, headers=headers) as client:
 
         async def post(step: int) -> None:
-            body = json.dumps(batch(names, step))
+            emitted[step] = time.time()
+            body = json.dumps(batch(names, step, emitted[step]))
             t = time.perf_counter()
             try:
                 r = await client.post(
@@ -100,6 +115,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
                 return
             post_s.append(time.perf_counter() - t)
+            answered[step] = time.time()
             if r.status_code == 200:
                 accepted[step] = r.json()["accepted"]
             else:
@@ -118,7 +134,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
         post_s.clear()
 
         steps = max(1, round(args.seconds * args.rate))
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds(web_pid)
         posts = []
         for k in range(steps):
             delay = t0 + k / args.rate - time.perf_counter()
@@ -132,12 +148,21 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
     deadline = time.monotonic() + args.drain
     while time.monotonic() < deadline and missed(live, accepted):
         await asyncio.sleep(0.1)
+    web_cpu = (cpu_seconds(web_pid) - cpu0) / (time.perf_counter() - t0)
     lag_stop.set()
     stop.set()
     await asyncio.gather(*tasks, lag_task)
 
     measured = set(accepted)
     latencies = [lat for v in live for step, lat in v.latency_by_step.items() if step in measured]
+    # The ingest answers after the commit and the channel-layer send: what is left of a
+    # latency after the answer is the fan-out's own (negative: a viewer was faster).
+    after_answer = [
+        emitted[step] + lat - answered[step]
+        for v in live
+        for step, lat in v.latency_by_step.items()
+        if step in measured
+    ]
     per_viewer = [sum(1 for s in v.by_step if s in measured) for v in live]
     return {
         "viewers": args.viewers,
@@ -151,6 +176,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
         "post": loadsite.summary(post_s),
         "errors": errors,
         "latency": loadsite.summary(latencies),
+        "after_answer": loadsite.summary(after_answer),
         "deliveries": len(latencies),
         "messages_per_viewer": {
             "min": min(per_viewer, default=0),
@@ -162,6 +188,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str) -> dict:
         "early_close": {v.index: v.closed for v in live if v.closed},
         "foreign_points": sum(v.foreign for v in viewers),
         "loop_lag_max_s": lag[0],
+        "web_cpu": web_cpu,
     }
 
 
@@ -177,6 +204,7 @@ def report(r: dict) -> None:
         f"emit→receive latency over {r['deliveries']} deliveries ({r['connected']} viewers × "
         f"{r['accepted_posts']} batches): {loadsite.ms(lat)}  (target p95 < 250 ms: {verdict})"
     )
+    print(f"  of which after the ingest answered (the fan-out alone): {loadsite.ms(r['after_answer'])}")
     m = r["messages_per_viewer"]
     print(
         f"messages per viewer: min {m['min']}  median {m['median']:g}  max {m['max']}  (expected {r['accepted_posts']})"
@@ -194,6 +222,8 @@ def report(r: dict) -> None:
     if r["foreign_points"]:
         print(f"points of other runs on the same group (shared Redis): {r['foreign_points']}")
     print(f"bench event-loop lag: max {r['loop_lag_max_s'] * 1000:.0f} ms (a floor the bench adds to any one latency)")
+    if r["web_cpu"] == r["web_cpu"]:  # not nan: the bench started daphne and could watch it
+        print(f"daphne's CPU from the first post to the last delivery: {r['web_cpu']:.2f} cores")
 
 
 def main() -> None:
@@ -203,7 +233,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=5, help="posts (steps) per second")
     p.add_argument("--series", type=int, default=SERIES, help="points per post (one per series)")
     p.add_argument("--connect-concurrency", type=int, default=20, help="WebSocket handshakes in flight at once")
-    p.add_argument("--drain", type=float, default=15, help="seconds to wait for late messages after the last post")
+    p.add_argument("--drain", type=float, default=60, help="seconds to wait for late messages after the last post")
     p.add_argument("--json", help="also write the figures to this file")
     loadsite.add_site_args(p)
     args = p.parse_args()
@@ -231,7 +261,8 @@ def main() -> None:
         print(f"site {url} ({'given' if args.url else 'daphne started here'}), run {run.pk}")
         print(loadsite.load_line() + " (shared machine: other work runs beside the bench)")
         cookie = loadsite.session_cookie(url, user.username)
-        figures = asyncio.run(fanout(args, url, run.pk, run.ingest_token, cookie))
+        web_pid = site.processes().get("web") if site else None
+        figures = asyncio.run(fanout(args, url, run.pk, run.ingest_token, cookie, web_pid))
         report(figures)
         print(loadsite.load_line())
         if args.json:

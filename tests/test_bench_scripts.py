@@ -222,8 +222,8 @@ def test_fanout_names_each_viewer_that_missed_or_doubled_a_step():
     watched = frozenset(names)
     viewers = [fanout.loadsite.Viewer(i) for i in range(3)]
     for step in (1, 2, 3):
-        points = fanout.batch(names, step)["points"]
-        arrived = points[0]["time"] + 0.125
+        points = fanout.batch(names, step, 1000.0 + step)["points"]
+        arrived = 1000.0 + step + 0.125
         for v in viewers:
             if not (v.index == 1 and step == 2):  # viewer 1 never gets step 2
                 v.take(_points_message(points), arrived, watched)
