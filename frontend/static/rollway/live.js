@@ -1,5 +1,8 @@
 // A WebSocket that reconnects (with backoff) unless the server refused us on purpose.
 // Shared by the runs list and the run page. Plain JS, no build step.
+// handlers: onMessage(msg); optional onOpen() on every open, onReopen() on an open after
+// one had closed, onDown() on every close the page will retry (the channel layer down,
+// the web process restarting): a page that must keep up polls meanwhile.
 "use strict";
 
 window.Rollway = window.Rollway || {};
@@ -25,6 +28,7 @@ Rollway.openSocket = function (path, handlers) {
     socket.onopen = function () {
       delay = 1000;
       setState("live", "live");
+      if (handlers.onOpen) handlers.onOpen();
       if (everOpened && handlers.onReopen) handlers.onReopen();
       everOpened = true;
     };
@@ -37,6 +41,7 @@ Rollway.openSocket = function (path, handlers) {
         return;
       }
       setState("reconnecting", "reconnecting…");
+      if (handlers.onDown) handlers.onDown();
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 10000);
     };

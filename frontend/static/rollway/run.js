@@ -199,6 +199,7 @@
   }
 
   function showStatus(run) {
+    finished = Boolean(run.is_terminal);
     Rollway.setStatus(root, run);
     showPhase(run);
     document.getElementById("cancel-form").hidden = run.is_terminal || run.status === "cancelling";
@@ -217,6 +218,33 @@
     box.hidden = !detail;
   }
 
+  // What the socket would have pushed since the lowest step drawn (appends skip the rest).
+  function catchUp() {
+    var steps = Object.keys(lastStep).map(function (k) { return lastStep[k]; });
+    var after = steps.length ? Math.min.apply(null, steps) : undefined;
+    return fetchSeries(after).then(function (data) {
+      var points = toPoints(data.series);
+      noteSteps(points);
+      receive(points);
+    });
+  }
+
+  // While the socket is down (Redis, the channel layer, unreachable; the web process
+  // restarting) the charts keep growing from the metrics API; once it is back, one last
+  // catch-up covers the points between the last poll and the socket joining its group.
+  var POINTS_POLL_MS = 3000;
+  var socketDown = false;
+  var finished = false;     // the run is terminal: one more poll gets its last points
+  function pollPoints() {
+    setTimeout(function () {
+      if (!socketDown) return;
+      var last = finished;
+      catchUp().catch(function () { /* the site is down too: try again */ }).then(function () {
+        if (socketDown && !last) pollPoints();
+      });
+    }, POINTS_POLL_MS);
+  }
+
   // Open the socket first and buffer, so no point falls between the API answer and
   // the first live message.
   Rollway.openSocket(root.dataset.livePath, {
@@ -224,15 +252,15 @@
       if (msg.type === "points") { noteSteps(msg.points); receive(msg.points); }
       else if (msg.type === "status") showStatus(msg.run);
     },
-    onReopen: function () {
-      // Catch up on what arrived while we were disconnected.
-      var steps = Object.keys(lastStep).map(function (k) { return lastStep[k]; });
-      var after = steps.length ? Math.min.apply(null, steps) : undefined;
-      fetchSeries(after).then(function (data) {
-        var points = toPoints(data.series);
-        noteSteps(points);
-        receive(points);
-      });
+    onDown: function () {
+      if (socketDown) return;
+      socketDown = true;
+      pollPoints();
+    },
+    onOpen: function () {
+      if (!socketDown) return;
+      socketDown = false;
+      catchUp();
     },
   });
 
