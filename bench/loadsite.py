@@ -417,6 +417,18 @@ def ms(stats: dict[str, float], keys: tuple[str, ...] = ("p50", "p95", "p99", "m
     return "  ".join(f"{k} {stats[k] * 1000:.0f} ms" for k in keys)
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds a process (default: this one) has used so far; nan
+    when there is none to see."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return float("nan")
+    return t.user + t.system
+
+
 def load_line() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"

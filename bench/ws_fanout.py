@@ -61,21 +61,11 @@ def doubled(viewers: list[loadsite.Viewer], accepted: dict[int, int]) -> dict[in
     return out
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of the process so far (nan when it is not ours to see)."""
-    import psutil
-
-    if pid is None:
-        return float("nan")
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return float("nan")
-    return t.user + t.system
-
-
 async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: int | None = None) -> dict:
     import httpx
+
+    def web_cpu_s() -> float:
+        return loadsite.cpu_seconds(web_pid) if web_pid else float("nan")
 
     names = series_names(args.series)
     watched = frozenset(names)
@@ -134,7 +124,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: 
         post_s.clear()
 
         steps = max(1, round(args.seconds * args.rate))
-        t0, cpu0 = time.perf_counter(), cpu_seconds(web_pid)
+        t0, cpu0 = time.perf_counter(), web_cpu_s()
         posts = []
         for k in range(steps):
             delay = t0 + k / args.rate - time.perf_counter()
@@ -148,7 +138,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: 
     deadline = time.monotonic() + args.drain
     while time.monotonic() < deadline and missed(live, accepted):
         await asyncio.sleep(0.1)
-    web_cpu = (cpu_seconds(web_pid) - cpu0) / (time.perf_counter() - t0)
+    web_cpu = (web_cpu_s() - cpu0) / (time.perf_counter() - t0)
     lag_stop.set()
     stop.set()
     await asyncio.gather(*tasks, lag_task)
