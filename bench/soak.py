@@ -10,8 +10,9 @@ compare page's /api/compare). Every --interval seconds it samples:
 - Redis memory (the whole server: shared with whatever else uses it) and the keys in
   the channel layer's database;
 - points/s stored (the real run's and in all), WebSocket messages received;
-- the run page's API latency (median of the reads since the last sample) and the
-  compare page's.
+- the run page's API latency (median of the reads since the last sample): the run
+  (/api/runs/<id>) and its metrics (/api/runs/<id>/metrics, every series, as the page
+  loads them), and the compare page's tables (/api/compare).
 
 It prints one row per sample as it goes, then the drift (first sample vs last, and per
 minute). The run is launched with stop.max_steps large and stop.max_minutes past the
@@ -62,7 +63,8 @@ class Sample(NamedTuple):
     run_pts_s: float
     all_pts_s: float
     ws_msgs: int
-    page_ms: float
+    run_ms: float
+    metrics_ms: float
     compare_ms: float
 
 
@@ -79,7 +81,8 @@ COLUMNS = (
     ("run_pts_s", "run pt/s", "{:8.1f}"),
     ("all_pts_s", "all pt/s", "{:8.1f}"),
     ("ws_msgs", "ws msgs", "{:7d}"),
-    ("page_ms", "page ms", "{:7.1f}"),
+    ("run_ms", "run ms", "{:7.1f}"),
+    ("metrics_ms", "mtr ms", "{:7.1f}"),
     ("compare_ms", "cmp ms", "{:7.1f}"),
 )
 
@@ -187,6 +190,25 @@ class Probe:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
 
+def shortfalls(by_step: list[dict[int, int]], last_step: int) -> tuple[range, dict[int, list[int]]]:
+    """The steps every viewer was there for, and per viewer (by index) the steps of
+    those it got fewer points of than another viewer did.
+
+    A run's points go out in step order, so a viewer that received step s received
+    everything sent after it: the common span starts at the latest first step any
+    viewer received (the last to join) and ends at `last_step`. A viewer that received
+    nothing is short of every step of it."""
+    firsts = [min(counts) for counts in by_step if counts]
+    steps = range(max(firsts, default=0), last_step + 1)
+    most = {step: max(counts.get(step, 0) for counts in by_step) for step in steps}
+    short = {}
+    for i, counts in enumerate(by_step):
+        missing = [step for step in steps if counts.get(step, 0) < most[step]]
+        if missing:
+            short[i] = missing
+    return steps, short
+
+
 def _median_ms(reads: list[tuple[float, float]], since: float, until: float) -> float:
     """Median of the reads that finished in (since, until], else the latest one."""
     window = [took for at, took in reads if since < at <= until] or [took for _, took in reads[-1:]]
@@ -204,7 +226,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         asyncio.ensure_future(v.watch(loadsite.ws_url(url, run_id), cookies["sessionid"], url, gate, stop))
         for v in viewers
     ]
-    reads: dict[str, list[tuple[float, float]]] = {"page": [], "compare": []}
+    reads: dict[str, list[tuple[float, float]]] = {"run": [], "metrics": [], "compare": []}
     errors: dict[str, int] = {}
 
     def failed(what: str) -> None:
@@ -214,20 +236,18 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
 
         async def read_pages() -> None:
             # What the run page asks when it loads, then the compare page's tables.
+            asks = (
+                ("run", f"/api/runs/{run_id}", None),
+                ("metrics", f"/api/runs/{run_id}/metrics", None),
+                ("compare", "/api/compare", {"runs": f"{run_id},{synthetic.pk}", "series": ""}),
+            )
             while not stop.is_set():
-                t = time.perf_counter()
-                a = await client.get(f"/api/runs/{run_id}")
-                b = await client.get(f"/api/runs/{run_id}/metrics")
-                page = time.perf_counter() - t
-                t = time.perf_counter()
-                c = await client.get("/api/compare", params={"runs": f"{run_id},{synthetic.pk}", "series": ""})
-                compare = time.perf_counter() - t
-                for name, r in (("run", a), ("metrics", b), ("compare", c)):
+                for name, path, params in asks:
+                    t = time.perf_counter()
+                    r = await client.get(path, params=params)
+                    reads[name].append((time.monotonic(), time.perf_counter() - t))
                     if r.status_code != 200:
                         failed(f"GET {name} HTTP {r.status_code}")
-                now = time.monotonic()
-                reads["page"].append((now, page))
-                reads["compare"].append((now, compare))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.read_every)
 
@@ -257,9 +277,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         if args.extra_points_per_s > 0:
             background.append(asyncio.ensure_future(feed_synthetic()))
 
-        # The viewers' counts are compared from the first step after every one of them joined.
         await asyncio.gather(*(v.opened() for v in viewers))
-        first_step = max((max(v.by_step, default=-1) for v in viewers), default=-1) + 1
         await probe.sample()  # the baseline the first sample's points/s count from
         samples: list[Sample] = []
         start = time.monotonic()
@@ -275,7 +293,8 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
             s = Sample(
                 t_min=(now - start) / 60,
                 ws_msgs=msgs - last_msgs,
-                page_ms=_median_ms(reads["page"], last_t, now),
+                run_ms=_median_ms(reads["run"], last_t, now),
+                metrics_ms=_median_ms(reads["metrics"], last_t, now),
                 compare_ms=_median_ms(reads["compare"], last_t, now),
                 **figures,
             )
@@ -296,9 +315,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         stop.set()
         await asyncio.gather(*background, *watchers)
         run = (await client.get(f"/api/runs/{run_id}")).json()
-    steps = range(first_step, last_step + 1)
-    most = {step: max(v.by_step.get(step, 0) for v in viewers) for step in steps} if viewers else {}
-    short = {v.index: [s for s in steps if v.by_step.get(s, 0) < most[s]] for v in viewers}
+    steps, short = shortfalls([v.by_step for v in viewers], last_step)
     points = [sum(v.by_step.get(s, 0) for s in steps) for v in viewers]
     return {
         "samples": [s._asdict() for s in samples],
@@ -306,10 +323,11 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         "run_status": run.get("status"),
         "run_error": run.get("error", ""),
         "viewer_points": {"min": min(points, default=0), "max": max(points, default=0), "steps": len(steps)},
-        "viewers_short": {i: missing for i, missing in short.items() if missing},
+        "viewers_short": short,
         "viewers_closed": {v.index: v.closed for v in viewers if v.closed},
         "ages": loadsite.summary([a for v in viewers for a in v.ages]),
-        "page_reads": loadsite.summary([x for _, x in reads["page"]]),
+        "run_reads": loadsite.summary([x for _, x in reads["run"]]),
+        "metrics_reads": loadsite.summary([x for _, x in reads["metrics"]]),
         "compare_reads": loadsite.summary([x for _, x in reads["compare"]]),
         "_samples": samples,
     }
@@ -377,8 +395,9 @@ def report(r: dict) -> None:
     print(f"  {'':10} {'first':>10} {'last':>10} {'change':>10} {'per min':>10}")
     for title, a, b, d, per in drift(r["_samples"]):
         print(f"  {title:10} {a:10.1f} {b:10.1f} {d:+10.1f} {per:+10.2f}")
-    print(f"run page API (GET run + metrics): {loadsite.ms(r['page_reads'], ('p50', 'p95', 'max'))}")
-    print(f"compare API (tables of 2 runs):   {loadsite.ms(r['compare_reads'], ('p50', 'p95', 'max'))}")
+    print(f"run page API, the run:      {loadsite.ms(r['run_reads'], ('p50', 'p95', 'max'))}")
+    print(f"run page API, its metrics:  {loadsite.ms(r['metrics_reads'], ('p50', 'p95', 'max'))}")
+    print(f"compare API (2 runs' tables): {loadsite.ms(r['compare_reads'], ('p50', 'p95', 'max'))}")
     print(f"age of the newest point on receipt (engine time → viewer): {loadsite.ms(r['ages'], ('p50', 'p95', 'max'))}")
     v = r["viewer_points"]
     print(f"points per viewer over the {v['steps']} steps all of them watched: min {v['min']}  max {v['max']}")

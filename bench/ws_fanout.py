@@ -124,7 +124,7 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: 
         post_s.clear()
 
         steps = max(1, round(args.seconds * args.rate))
-        t0, cpu0 = time.perf_counter(), web_cpu_s()
+        t0, cpu0, own0 = time.perf_counter(), web_cpu_s(), loadsite.cpu_seconds()
         posts = []
         for k in range(steps):
             delay = t0 + k / args.rate - time.perf_counter()
@@ -138,7 +138,8 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: 
     deadline = time.monotonic() + args.drain
     while time.monotonic() < deadline and missed(live, accepted):
         await asyncio.sleep(0.1)
-    web_cpu = (web_cpu_s() - cpu0) / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    web_cpu, own_cpu = web_cpu_s() - cpu0, loadsite.cpu_seconds() - own0
     lag_stop.set()
     stop.set()
     await asyncio.gather(*tasks, lag_task)
@@ -178,7 +179,10 @@ async def fanout(args, url: str, run_id: int, token: str, cookie: str, web_pid: 
         "early_close": {v.index: v.closed for v in live if v.closed},
         "foreign_points": sum(v.foreign for v in viewers),
         "loop_lag_max_s": lag[0],
-        "web_cpu": web_cpu,
+        "web_cores": web_cpu / elapsed,
+        "bench_cores": own_cpu / elapsed,
+        # Every message a viewer got in the timed span (all of them, whatever the step).
+        "web_cpu_ms_per_message": web_cpu * 1000 / max(1, sum(len(v.latency_by_step) for v in live)),
     }
 
 
@@ -212,8 +216,12 @@ def report(r: dict) -> None:
     if r["foreign_points"]:
         print(f"points of other runs on the same group (shared Redis): {r['foreign_points']}")
     print(f"bench event-loop lag: max {r['loop_lag_max_s'] * 1000:.0f} ms (a floor the bench adds to any one latency)")
-    if r["web_cpu"] == r["web_cpu"]:  # not nan: the bench started daphne and could watch it
-        print(f"daphne's CPU from the first post to the last delivery: {r['web_cpu']:.2f} cores")
+    if r["web_cores"] == r["web_cores"]:  # not nan: the bench started daphne and could watch it
+        print(
+            f"CPU from the first post to the last delivery: daphne {r['web_cores']:.2f} cores "
+            f"({r['web_cpu_ms_per_message']:.2f} ms per message delivered, ingest included), "
+            f"this bench {r['bench_cores']:.2f} cores"
+        )
 
 
 def main() -> None:

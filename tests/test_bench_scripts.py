@@ -282,7 +282,8 @@ def test_soak_drift_is_last_minus_first_and_per_minute():
         "run_pts_s": 50.0,
         "all_pts_s": 350.0,
         "ws_msgs": 100,
-        "page_ms": 20.0,
+        "run_ms": 20.0,
+        "metrics_ms": 40.0,
         "compare_ms": 30.0,
     }
     first = soak.Sample(t_min=0.5, **base)
@@ -292,6 +293,18 @@ def test_soak_drift_is_last_minus_first_and_per_minute():
     assert figures["web fd"] == pytest.approx([40, 45, 5, 1.0])
     assert figures["wrk MB"] == pytest.approx([200.0, 200.0, 0.0, 0.0])
     assert len(soak.header()) == len(soak.row(last))  # the table's columns line up
+
+
+def test_soak_compares_viewers_over_the_steps_all_of_them_were_there_for():
+    soak = load("soak.py")
+    early = {5: 30, 6: 30, 7: 30, 8: 30, 9: 30}
+    late = {7: 30, 8: 30, 9: 30}  # joined last: steps 5 and 6 went out before it did
+    lossy = {6: 30, 7: 30, 8: 12, 9: 30}  # lost most of step 8
+    steps, short = soak.shortfalls([early, late, lossy], last_step=9)
+    assert list(steps) == [7, 8, 9]
+    assert short == {2: [8]}
+    steps, short = soak.shortfalls([early, {}], last_step=9)  # a viewer that got nothing
+    assert list(steps) == [5, 6, 7, 8, 9] and short == {1: [5, 6, 7, 8, 9]}
 
 
 @pytest.fixture
@@ -391,5 +404,5 @@ def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path
     for s in samples:
         assert s["web_rss_mb"] > 10 and s["worker_rss_mb"] > 10 and s["ray_rss_mb"] > 10
         assert s["web_fds"] > 0 and s["worker_fds"] > 0 and s["db_conns"] >= 0
-        assert s["all_pts_s"] >= s["run_pts_s"] >= 0 and s["page_ms"] > 0
+        assert s["all_pts_s"] >= s["run_pts_s"] >= 0 and s["run_ms"] > 0 and s["metrics_ms"] > 0
     assert sum(s["all_pts_s"] for s in samples) > 0 and not f["viewers_short"]
