@@ -112,8 +112,18 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # web, worker and beat share one file: wait for the lock instead of failing
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # web, worker and beat share one file. WAL lets readers and the one writer go on
+    # together; IMMEDIATE makes a transaction take the write lock when it begins, so a
+    # reader turning writer cannot deadlock with another writer (SQLite answers that
+    # with "database is locked" at once, whatever the timeout); the timeout is how long
+    # a writer waits its turn.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Migrations live in the top-level migrations/ package, one sub-package per app.
