@@ -70,6 +70,8 @@ def parse_run_ids(raw: str) -> list[int]:
             run_id = int(part)
         except ValueError:
             raise ActionError({"runs": f"runs must be comma-separated run ids (got {part!r})"}) from None
+        if not 0 < run_id < 2**63:  # what a database id can be
+            raise ActionError({"runs": f"a run id is a positive integer below 2^63 (got {part!r})"})
         if run_id not in ids:
             ids.append(run_id)
     if not ids:

@@ -235,6 +235,8 @@ def test_a_chart_asks_only_for_its_own_series(client_for, owner, grid):
     [
         ("runs=", "runs"),
         ("runs=a,b", "runs"),
+        ("runs=9223372036854775808", "runs"),
+        ("runs=0", "runs"),
         ("runs={id}&target=x", "target"),
         ("runs={id}&format=xml", "format"),
         ("runs={id}&what=everything", "what"),
