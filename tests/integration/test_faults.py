@@ -28,16 +28,18 @@ from tests.browser import launch as launch_browser
 from tests.browser import log_in, skip_without_chromium
 from tests.integration.fault_helpers import (
     PASSWORD,
+    SERIES,
     PrivateRayHead,
     PrivateSite,
     RayControl,
     Sender,
     run_actor_processes,
     skip_reason,
+    value_of,
 )
 from tests.integration.helpers import launch, overrides, status
 from tests.integration.stack import Stack, short_home, wait_for
-from workers.reporter import spool_path
+from workers.reporter import MetricsReporter, spool_path
 
 pytestmark = [pytest.mark.slow]
 
@@ -273,7 +275,7 @@ def site():
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    private = PrivateSite(["pg", "redis", "web"])
+    private = PrivateSite(["pg", "redis", "web", "race"])
     try:
         yield private.start()
     finally:
@@ -358,7 +360,7 @@ def test_with_redis_down_the_run_page_polls_then_goes_live_again(site, tmp_path)
         page.wait_for_timeout(100)  # Playwright hands this thread the page's events only in its own calls
         return len(frames)
 
-    with Sender(site.url, run, tmp_path, rate=4) as sender, sync_playwright() as pw:
+    with Sender(site.url, run, tmp_path, rate=10) as sender, sync_playwright() as pw:
         browser = launch_browser(pw)
         try:
             page = log_in(browser, site.url, site.username, PASSWORD)
@@ -381,6 +383,7 @@ def test_with_redis_down_the_run_page_polls_then_goes_live_again(site, tmp_path)
             started = time.monotonic()
             wait_for(lambda: page.evaluate(LIVE_STATE_JS) == "live", 40, "the socket to be live again")
             live_again_s = time.monotonic() - started
+            drawn_when_live = drawn_last()
             wait_for(lambda: frames_seen() >= live_frames + 3, 15, "points over the socket again")
             frames_again_s = time.monotonic() - started
 
@@ -391,7 +394,11 @@ def test_with_redis_down_the_run_page_polls_then_goes_live_again(site, tmp_path)
         finally:
             browser.close()
             site.redis.ensure_up()  # for whatever runs next, had the test failed with it down
-    assert steps == list(range(1, final + 1)), "the reward chart has a gap or a step twice"
+    missing = sorted(set(range(1, final + 1)) - set(steps))
+    assert steps == list(range(1, final + 1)), (
+        f"the reward chart misses steps {missing} or has one twice (last drawn: {last} when the socket closed, "
+        f"{drawn_when_live} when it was live again)"
+    )
     stored = site.points(run["id"])
     assert stored == sender.sent(), "stored points differ from those sent"
     report(
@@ -403,3 +410,45 @@ def test_with_redis_down_the_run_page_polls_then_goes_live_again(site, tmp_path)
         steps_drawn=len(steps),
         lost=0,
     )
+
+
+@pytest.mark.browser
+def test_a_point_stored_between_the_metrics_apis_two_reads_is_drawn_once(site, tmp_path):
+    """The metrics API reads a series' last step and its points in two queries, so a
+    point stored in between is in `steps` but newer than `last_step`; the same point then
+    comes over the socket. The page must draw it once (it keeps the last step it drew)."""
+    skip_without_chromium()
+    from playwright.sync_api import sync_playwright
+
+    run = site.runs["race"]
+    reporter = MetricsReporter(run["id"], site.url, run["token"], str(tmp_path))
+
+    def post(*steps: int) -> None:
+        for step in steps:
+            reporter.add_many({series: value_of(series, step) for series in SERIES}, step)
+        assert reporter.flush() == 3 * len(steps)
+
+    def as_if_raced(route) -> None:
+        answer = route.fetch()
+        body = answer.json()
+        if "after_step" not in route.request.url:  # the first read: the race's outcome
+            for data in body["series"].values():
+                data["last_step"] = data["steps"][-2]
+        route.fulfill(response=answer, json=body)
+
+    post(1, 2, 3, 4, 5)
+    with sync_playwright() as pw:
+        browser = launch_browser(pw)
+        try:
+            page = log_in(browser, site.url, site.username, PASSWORD)
+            page.route(f"**/api/runs/{run['id']}/metrics*", as_if_raced)
+            page.goto(f"{site.url}/runs/{run['id']}/")
+            wait_for(lambda: page.evaluate(LIVE_STATE_JS) == "live" and page.evaluate(REWARD_STEPS_JS), 30, "the chart")
+            post(5)  # stored again (idempotent) and sent over the socket again, as the racing point was
+            post(6)
+            wait_for(lambda: page.evaluate(REWARD_STEPS_JS)[-1:] == [6], 15, "step 6 on the chart")
+            steps = page.evaluate(REWARD_STEPS_JS)
+        finally:
+            browser.close()
+            reporter.close(timeout_s=0)
+    assert steps == [1, 2, 3, 4, 5, 6]

@@ -12,9 +12,10 @@
   var charts = [];          // {div, series: [name, ...], drawn: bool}
   var traceOf = {};         // series name -> {chart, index}
   var lastStep = {};        // series name -> highest step drawn
-  var pending = [];         // points received before the charts were drawn
+  var pending = [];         // points to draw: before the charts are, and during catch-ups
   var drawn = false;
   var flushTimer = null;
+  var catchingUp = 0;       // catch-ups in flight: live points wait for their answers
 
   var palette = ["#2563eb", "#dc2626", "#059669", "#d97706"];
   var layout = {
@@ -49,7 +50,9 @@
     charts.forEach(function (chart) {
       var traces = chart.series.map(function (name, i) {
         var s = seriesData[name] || { steps: [], values: [] };
-        if (s.steps.length) lastStep[name] = s.last_step;
+        // The API reads a series' last step and its points in two queries: a point that
+        // lands in between is drawn here but newer than last_step. What is drawn counts.
+        if (s.steps.length) lastStep[name] = Math.max(s.last_step, s.steps[s.steps.length - 1]);
         return {
           name: name,
           x: s.steps.slice(),
@@ -100,10 +103,11 @@
 
   function receive(points) {
     pending.push.apply(pending, points);
-    if (!drawn || flushTimer) return;
+    if (!drawn || catchingUp || flushTimer) return;
     // Coalesce bursts into one redraw per chart; 50 ms keeps emit→screen well under 250 ms.
     flushTimer = setTimeout(function () {
       flushTimer = null;
+      if (catchingUp) return;  // the catch-up's end flushes, answer and all
       var batch = pending;
       pending = [];
       append(batch);
@@ -219,13 +223,19 @@
   }
 
   // What the socket would have pushed since the lowest step drawn (appends skip the rest).
+  // Live points that arrive meanwhile wait in `pending` and go with the answer, sorted:
+  // drawn first, a newer step would make append() skip the older ones the answer brings.
   function catchUp() {
     var steps = Object.keys(lastStep).map(function (k) { return lastStep[k]; });
     var after = steps.length ? Math.min.apply(null, steps) : undefined;
+    catchingUp += 1;
     return fetchSeries(after).then(function (data) {
       var points = toPoints(data.series);
       noteSteps(points);
-      receive(points);
+      pending.push.apply(pending, points);
+    }).finally(function () {
+      catchingUp -= 1;
+      receive([]);
     });
   }
 
@@ -235,12 +245,13 @@
   var POINTS_POLL_MS = 3000;
   var socketDown = false;
   var finished = false;     // the run is terminal: one more poll gets its last points
+  var pollTimer = null;     // one poll loop at a time, however often the socket drops
   function pollPoints() {
-    setTimeout(function () {
-      if (!socketDown) return;
+    pollTimer = setTimeout(function () {
+      pollTimer = null;
       var last = finished;
       catchUp().catch(function () { /* the site is down too: try again */ }).then(function () {
-        if (socketDown && !last) pollPoints();
+        if (socketDown && !last && pollTimer === null) pollPoints();
       });
     }, POINTS_POLL_MS);
   }
@@ -255,12 +266,14 @@
     onDown: function () {
       if (socketDown) return;
       socketDown = true;
-      pollPoints();
+      if (pollTimer === null) pollPoints();
     },
     onOpen: function () {
       if (!socketDown) return;
       socketDown = false;
-      catchUp();
+      clearTimeout(pollTimer);
+      pollTimer = null;
+      catchUp().catch(function () { setTimeout(catchUp, POINTS_POLL_MS); });
     },
   });
 
