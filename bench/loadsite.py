@@ -59,7 +59,7 @@ def add_site_args(p: argparse.ArgumentParser, *, url: bool = True) -> None:
     p.add_argument(
         "--broker-url",
         default=os.environ.get("CELERY_BROKER_URL", ""),
-        help="Celery broker of the site (default $CELERY_BROKER_URL; unset: the embedded one)",
+        help="Celery broker of the site (default $CELERY_BROKER_URL; filesystem:// or unset: the embedded one)",
     )
     p.add_argument(
         "--site-env",
@@ -164,6 +164,9 @@ class Site:
         self.sup = Supervisor(self._log)
         env = dict(os.environ)
         env.pop("RAY_ADDRESS", None)  # `up` starts a private head instead of joining one
+        # Only the broker the bench was given: a worker on another site's broker would
+        # take that site's tasks.
+        env.pop("CELERY_BROKER_URL", None)
         env.update(settings)
         # --site-env may add import paths and name another settings module (to try a
         # setting that is not an environment variable); the site's own come first.

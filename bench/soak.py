@@ -118,6 +118,9 @@ class Probe:
         self.run_ids = run_ids
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         self.last: tuple[float, int, int] | None = None
+        # The Ray session's processes at the first and the latest sample: which grew.
+        self.ray_first: dict[int, tuple[str, float]] = {}
+        self.ray_last: dict[int, tuple[str, float]] = {}
 
     def _rss_fds(self, pid: int | None) -> tuple[float, int]:
         import psutil
@@ -129,15 +132,18 @@ class Probe:
             return p.memory_info().rss / 2**20, p.num_fds()
         return float("nan"), -1
 
-    def _session_rss(self, sid: int | None) -> float:
+    def _session(self, sid: int | None) -> dict[int, tuple[str, float]]:
+        """pid → (process title, RSS MB) of every process in session `sid`: the Ray
+        head's raylet, GCS and agents, and the run's actors (their titles name them)."""
         import psutil
 
-        total = 0
+        out = {}
         for p in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
                 if sid is not None and os.getsid(p.pid) == sid:
-                    total += p.memory_info().rss
-        return total / 2**20
+                    title = (p.cmdline() or [p.name()])[0].split("/")[-1][:40]
+                    out[p.pid] = (title, p.memory_info().rss / 2**20)
+        return out
 
     def _points(self) -> tuple[int, int]:
         from django.db import connection
@@ -160,6 +166,9 @@ class Probe:
 
     def sample_sync(self) -> dict:
         pids = self.site.processes()
+        ray = self._session(pids.get("ray"))
+        self.ray_first = self.ray_first or ray
+        self.ray_last = ray
         web_rss, web_fds = self._rss_fds(pids.get("web"))
         worker_rss, worker_fds = self._rss_fds(pids.get("worker"))
         now = time.monotonic()
@@ -173,7 +182,7 @@ class Probe:
         return {
             "web_rss_mb": web_rss,
             "worker_rss_mb": worker_rss,
-            "ray_rss_mb": self._session_rss(pids.get("ray")),
+            "ray_rss_mb": sum(mb for _, mb in ray.values()),
             "web_fds": web_fds,
             "worker_fds": worker_fds,
             "db_conns": self._db_conns(),
@@ -188,6 +197,16 @@ class Probe:
 
     async def call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+def ray_growth(first: dict[int, tuple[str, float]], last: dict[int, tuple[str, float]]) -> list[tuple]:
+    """(pid, title, first MB, last MB) of the Ray processes alive at both samples, the
+    most grown first; then those that came or went (first or last MB is None)."""
+    both = [(pid, last[pid][0], first[pid][1], last[pid][1]) for pid in first.keys() & last.keys()]
+    both.sort(key=lambda r: r[3] - r[2], reverse=True)
+    came = [(pid, last[pid][0], None, last[pid][1]) for pid in last.keys() - first.keys()]
+    went = [(pid, first[pid][0], first[pid][1], None) for pid in first.keys() - last.keys()]
+    return both + came + went
 
 
 def shortfalls(by_step: list[dict[int, int]], last_step: int) -> tuple[range, dict[int, list[int]]]:
@@ -279,6 +298,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
 
         await asyncio.gather(*(v.opened() for v in viewers))
         await probe.sample()  # the baseline the first sample's points/s count from
+        probe.ray_first = {}
         samples: list[Sample] = []
         start = time.monotonic()
         end = start + args.minutes * 60
@@ -330,6 +350,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         "metrics_reads": loadsite.summary([x for _, x in reads["metrics"]]),
         "compare_reads": loadsite.summary([x for _, x in reads["compare"]]),
         "_samples": samples,
+        "ray_growth": ray_growth(probe.ray_first, probe.ray_last),
     }
 
 
@@ -395,6 +416,11 @@ def report(r: dict) -> None:
     print(f"  {'':10} {'first':>10} {'last':>10} {'change':>10} {'per min':>10}")
     for title, a, b, d, per in drift(r["_samples"]):
         print(f"  {title:10} {a:10.1f} {b:10.1f} {d:+10.1f} {per:+10.2f}")
+    print("Ray processes that grew most (RSS MB, first sample → last):")
+    for pid, title, a, b in r["ray_growth"][:6]:
+        change = f"{b - a:+.1f}" if a is not None and b is not None else ("came" if a is None else "went")
+        mb = ["-" if x is None else f"{x:.1f}" for x in (a, b)]
+        print(f"  {pid:>8} {title:<40} {mb[0]:>8} → {mb[1]:>8}  {change}")
     print(f"run page API, the run:      {loadsite.ms(r['run_reads'], ('p50', 'p95', 'max'))}")
     print(f"run page API, its metrics:  {loadsite.ms(r['metrics_reads'], ('p50', 'p95', 'max'))}")
     print(f"compare API (2 runs' tables): {loadsite.ms(r['compare_reads'], ('p50', 'p95', 'max'))}")

@@ -295,6 +295,19 @@ def test_soak_drift_is_last_minus_first_and_per_minute():
     assert len(soak.header()) == len(soak.row(last))  # the table's columns line up
 
 
+def test_soak_names_the_ray_processes_that_grew_most():
+    soak = load("soak.py")
+    first = {1: ("raylet", 30.0), 2: ("ray::RunDriver", 300.0), 3: ("ray::TrainerActor", 400.0), 4: ("gone", 5.0)}
+    last = {1: ("raylet", 31.0), 2: ("ray::RunDriver", 380.0), 3: ("ray::TrainerActor", 395.0), 5: ("new", 9.0)}
+    assert soak.ray_growth(first, last) == [
+        (2, "ray::RunDriver", 300.0, 380.0),
+        (1, "raylet", 30.0, 31.0),
+        (3, "ray::TrainerActor", 400.0, 395.0),
+        (5, "new", None, 9.0),
+        (4, "gone", 5.0, None),
+    ]
+
+
 def test_soak_compares_viewers_over_the_steps_all_of_them_were_there_for():
     soak = load("soak.py")
     early = {5: 30, 6: 30, 7: 30, 8: 30, 9: 30}
@@ -309,9 +322,10 @@ def test_soak_compares_viewers_over_the_steps_all_of_them_were_there_for():
 
 @pytest.fixture
 def bench_database(tmp_path):
-    """A throwaway PostgreSQL database beside $DATABASE_URL's, migrated, with run ids far
-    above any test database's: the benches' runs share $REDIS_URL's channel layer with
-    other tests' sites, whose run groups ("run-<id>") must not meet theirs."""
+    """A throwaway PostgreSQL database beside $DATABASE_URL's, migrated, with run and team
+    ids far above any test database's: the benches share $REDIS_URL's channel layer with
+    other tests' sites, whose run groups ("run-<id>") and run-list watchers (filtered by
+    team id) must not meet theirs."""
     import uuid
     from urllib.parse import urlsplit, urlunsplit
 
@@ -331,7 +345,8 @@ def bench_database(tmp_path):
             [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True, timeout=600
         )
         with psycopg.connect(database, autocommit=True) as c:
-            c.execute(f"ALTER TABLE runs_run ALTER COLUMN id RESTART WITH {10**9 + uuid.uuid4().int % 10**8}")
+            for table in ("runs_run", "teams_team"):
+                c.execute(f"ALTER TABLE {table} ALTER COLUMN id RESTART WITH {10**9 + uuid.uuid4().int % 10**8}")
         yield database, redis
     finally:
         with psycopg.connect(admin, autocommit=True) as c:
@@ -393,7 +408,8 @@ def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path
     done = bench(
         "soak.py",
         *("--minutes", "0.5", "--interval", "10", "--viewers", "2", "--extra-points-per-s", "60", "--read-every", "3"),
-        *("--database-url", database, "--redis-url", redis, "--json", str(out)),
+        # The embedded broker: a worker on the suite's broker would take other tests' tasks.
+        *("--database-url", database, "--redis-url", redis, "--broker-url", "filesystem://", "--json", str(out)),
         timeout=900,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
