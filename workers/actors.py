@@ -151,7 +151,7 @@ class InferenceWorker:
         from workers.inference import make_backend
         from workers.rl_tasks import make_task
         from workers.sync import make_receiver
-        from workers.tokenizer import CharTokenizer
+        from workers.tokenizer import load_tokenizer
         from workers.updates import PartialCounts
 
         self._generate_groups = generate_groups
@@ -163,7 +163,7 @@ class InferenceWorker:
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
         self.backend = make_backend(self.cfg, model_dir, own_scratch)
         self.task = make_task(self.cfg.task)
-        self.tokenizer = CharTokenizer.load(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         # Workers split a batch between them so sync mode keeps them all busy.
         self.chunk_groups = math.ceil(self.cfg.trainer.batch_groups / num_workers)
         self.rng = random.Random(f"{self.cfg.seed}-prompts-{index}")
@@ -308,6 +308,7 @@ class TrainerActor:
         self.cfg = cfg
         self.buffer = buffer
         self.workers = workers
+        self.model_dir = model_dir
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
         self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir)
         self.sender.attach(self.trainer.model)
@@ -329,6 +330,12 @@ class TrainerActor:
         from workers.sync.base import state_checksum
 
         return state_checksum(self.trainer.state_dict())
+
+    def export(self, target: str) -> dict:
+        """Write the policy as a Hugging Face directory at `target` (workers.export)."""
+        from workers.export import export_policy
+
+        return export_policy(self.trainer.model, self.model_dir, target, self.cfg)
 
     def sync_endpoint(self) -> dict:
         """What the workers need to `sync_connect` (opens a collective's rendezvous)."""

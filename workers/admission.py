@@ -92,6 +92,10 @@ def model_shape(cfg: RunConfig) -> dict[str, int]:
         # Untied embedding and head, per layer q/k/v/o + gate/up/down + two norms.
         shape["params"] = 2 * v * h + n * (4 * h * h + 3 * h * i + 2 * h) + h
         return shape
+    if cfg.model.source == "hub":
+        from workers.model import hub_metadata_dir  # the Hub model's config, fetched by the launch check
+
+        return _checkpoint_shape(hub_metadata_dir(cfg.model.hub_id or ""))
     return _checkpoint_shape(cfg.model.path or "")
 
 
@@ -178,7 +182,7 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
         )
     params = model_shape(cfg)["params"]
     if params > limits.max_model_params:
-        field_name = "model.path" if cfg.model.source == "path" else "model.hidden_size"
+        field_name = {"path": "model.path", "hub": "model.hub_id"}.get(cfg.model.source, "model.hidden_size")
         errors[field_name] = (
             f"the model has {params:.3g} parameters; this site allows at most "
             f"{limits.max_model_params:.3g} (ROLLWAY_MAX_MODEL_PARAMS)"

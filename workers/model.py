@@ -1,28 +1,50 @@
-"""The policy model: a tiny Llama built from `ModelConfig`, saved as a Hugging Face dir.
+"""The policy model: the tiny Llama built from `ModelConfig`, or any Hugging Face causal
+LM from a local directory (or the Hub), always handled as a Hugging Face directory.
 
-The directory format is the one thing every backend shares: `config.json` +
-`model.safetensors` (LlamaForCausalLM, untied embeddings, checkpoint-format names) plus
-the tokenizer JSON. vLLM loads it with `skip_tokenizer_init=True`; the trainer and the
-torch backend load it with transformers / safetensors.
+The directory format is the one thing every backend shares: `config.json` + safetensors
+weights under checkpoint names, plus the tokenizer (Rollway's char tokenizer JSON for
+the tiny model, the model's own Hugging Face tokenizer files otherwise). The trainer and
+the torch backend load it with transformers / safetensors, vLLM from the same files.
+
+`model_dir_problem` is the check a directory passes before a run may use it (at launch,
+and again in the driver): a model directory, with weights, of a causal LM, with a
+tokenizer that fits its embedding. transformers is imported inside the functions that
+need it: the platform imports this module only to check a directory.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.utils import logging as hf_logging
+from workers.tokenizer import TOKENIZER_FILE, CharTokenizer, HFTokenizer, Tokenizer
 
-from workers.config import ModelConfig
-from workers.tokenizer import CharTokenizer
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedModel
 
-# Progress bars from every save/load would flood the run logs.
-hf_logging.disable_progress_bar()
+    from workers.config import ModelConfig
+
+# What a model directory's weights may be called (single file, or sharded with an index).
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+# The files of a Hub model a launch check fetches: everything but the weights.
+HUB_METADATA_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
+
+
+def _quiet() -> None:
+    # Progress bars from every save/load would flood the run logs.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def build_tiny(model_cfg: ModelConfig, tokenizer: CharTokenizer, seed: int) -> LlamaForCausalLM:
     """A freshly initialised Llama of the configured size (deterministic from `seed`)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=model_cfg.hidden_size,
@@ -43,23 +65,188 @@ def build_tiny(model_cfg: ModelConfig, tokenizer: CharTokenizer, seed: int) -> L
     return model.float()
 
 
-def load_model(model_dir: str) -> LlamaForCausalLM:
-    """Load a Hugging Face model directory (float32, eval mode)."""
+def load_model(model_dir: str) -> PreTrainedModel:
+    """Load a Hugging Face causal LM directory (float32, eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _quiet()
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         raise FileNotFoundError(
             f"{model_dir} is not a Hugging Face model directory (no config.json); model.path must point at one"
         )
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model.eval()
 
 
-def save_model(model: LlamaForCausalLM, tokenizer: CharTokenizer, model_dir: str) -> None:
-    """Write `model_dir` as config.json + model.safetensors + tokenizer JSON."""
+def save_model(model: PreTrainedModel, tokenizer: Tokenizer, model_dir: str) -> None:
+    """Write `model_dir` as config.json + model.safetensors + the tokenizer's files.
+
+    With a Hugging Face tokenizer, config.json and generation_config.json name every
+    stop id as eos_token_id and the pad id the engine uses: the backends stop where the
+    tokenizer says a completion ends, and so does `generate` on the saved directory."""
+    _quiet()
     os.makedirs(model_dir, exist_ok=True)
-    model.save_pretrained(model_dir, safe_serialization=True)
+    if isinstance(tokenizer, HFTokenizer):
+        stops = tokenizer.stop_ids
+        eos = stops[0] if len(stops) == 1 else stops
+        for config in (model.config, model.generation_config):
+            config.eos_token_id = eos
+            config.pad_token_id = tokenizer.pad_id
+    model.save_pretrained(model_dir)
     tokenizer.save(model_dir)
 
 
 def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Weights under HF checkpoint names, as contiguous detached CPU tensors (a copy)."""
     return {name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()}
+
+
+# -- is this directory a model a run can use? ------------------------------------------
+
+
+def _has_weights(model_dir: str) -> bool:
+    return any(glob.glob(os.path.join(model_dir, pattern)) for pattern in WEIGHT_PATTERNS)
+
+
+def _vocab_size(config: dict) -> int | None:
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
+
+
+def causal_lm_problem(config: dict) -> str | None:
+    """Why a config.json's model is not one AutoModelForCausalLM loads, or None."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    model_type = config.get("model_type")
+    if archs:
+        if any(a in causal for a in archs):
+            return None
+        what = ", ".join(archs)
+    elif model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    else:
+        what = f"model_type {model_type!r}" if model_type else "a model with neither architectures nor model_type"
+    return (
+        f"holds {what}, not a causal language model: Rollway post-trains models that "
+        "AutoModelForCausalLM loads (…ForCausalLM, …LMHeadModel)"
+    )
+
+
+def tokenizer_problem(model_dir: str, config: dict) -> str | None:
+    """Why the directory's tokenizer cannot drive its model, or None: it cannot be
+    loaded, names no EOS, or has more tokens than the model's embedding has rows."""
+    if os.path.exists(os.path.join(model_dir, TOKENIZER_FILE)):
+        try:
+            size = CharTokenizer.load(model_dir).vocab_size
+        except (OSError, ValueError, KeyError) as exc:
+            return f"has a Rollway char tokenizer ({TOKENIZER_FILE}) that cannot be read ({exc})"
+    else:
+        try:
+            size = HFTokenizer.load(model_dir).vocab_size
+        except ValueError as exc:
+            return f"has a tokenizer Rollway cannot use: {exc}"
+        except Exception as exc:  # transformers raises anything from OSError to TypeError here
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            return (
+                "has no tokenizer AutoTokenizer can load (tokenizer.json / tokenizer_config.json, or "
+                f"tokenizer.model): save the model's tokenizer next to it ({first})"
+            )
+    vocab = _vocab_size(config)
+    if vocab is not None and size > vocab:
+        return (
+            f"has a tokenizer of {size} tokens but a model whose embedding has {vocab} rows (vocab_size): "
+            f"ids from {vocab} up would index past it; the tokenizer must be the one the model was trained with"
+        )
+    return None
+
+
+def model_dir_problem(model_dir: str, *, check_weights: bool = True) -> str | None:
+    """Why `model_dir` cannot be a run's policy, as the end of a sentence about it, or
+    None. In order: not a Hugging Face model directory (no config.json; the words the
+    run's failure explanation looks for), a config that does not parse, no weights, not
+    a causal LM, a tokenizer missing or larger than the model's vocabulary."""
+    config_path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config_path):
+        return "is not a Hugging Face model directory (no config.json in it)"
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        return f"is not a Hugging Face model directory: its model config cannot be read as JSON ({exc})"
+    if not isinstance(config, dict):
+        return "is not a Hugging Face model directory: its model config is not a JSON object"
+    if check_weights and not _has_weights(model_dir):
+        return (
+            "has no weights (model.safetensors, sharded *.safetensors or pytorch_model.bin): "
+            "point model.path at a complete Hugging Face model directory"
+        )
+    return causal_lm_problem(config) or tokenizer_problem(model_dir, config)
+
+
+# -- the Hub -------------------------------------------------------------------------------
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_problem(hub_id: str) -> str | None:
+    """Why the Hub model `hub_id` cannot be a run's policy, or None. Fetches its file
+    list, config and tokenizer (not its weights) into the Hugging Face cache, and checks
+    them as `model_dir_problem` checks a directory."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    local_hint = (
+        "download it where the site can read it (huggingface-cli download "
+        f"{hub_id} --local-dir <a directory under ROLLWAY_MODEL_ROOTS>) and use model.source='path'"
+    )
+    if _hub_offline():
+        return f"cannot fetch {hub_id!r}: this site is offline (HF_HUB_OFFLINE is set); {local_hint}"
+    try:
+        info = HfApi().model_info(hub_id, timeout=15)
+    except GatedRepoError:
+        return f"{hub_id!r} is gated on the Hub: accept its terms and give the site an HF_TOKEN, or {local_hint}"
+    except RepositoryNotFoundError:
+        return f"there is no model {hub_id!r} on the Hugging Face Hub (or it is private: set HF_TOKEN)"
+    except Exception as exc:  # network errors come from several libraries (httpx, requests, ssl)
+        return f"the Hugging Face Hub cannot be reached from this site ({type(exc).__name__}: {exc}); {local_hint}"
+    files = [s.rfilename for s in info.siblings or []]
+    if "config.json" not in files:
+        return f"{hub_id!r} on the Hub is not a Hugging Face model (no config.json in it)"
+    if not any(f.endswith(".safetensors") or (f.startswith("pytorch_model") and f.endswith(".bin")) for f in files):
+        return f"{hub_id!r} on the Hub has no weights (*.safetensors or pytorch_model.bin)"
+    try:
+        local = snapshot_download(hub_id, allow_patterns=HUB_METADATA_PATTERNS)
+    except Exception as exc:  # as above
+        return f"the config and tokenizer of {hub_id!r} could not be fetched ({type(exc).__name__}: {exc})"
+    problem = model_dir_problem(local, check_weights=False)
+    return f"{hub_id!r} {problem}" if problem else None
+
+
+def hub_metadata_dir(hub_id: str) -> str:
+    """A local directory with the Hub model's config and tokenizer (no weights), from
+    the Hugging Face cache: what sizing a run needs."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(hub_id, allow_patterns=HUB_METADATA_PATTERNS)
+
+
+def source_dir(model_cfg: ModelConfig) -> str:
+    """The local directory of the run's base model: `model.path`, or the Hub model
+    downloaded whole into the Hugging Face cache (every later load, by the trainer,
+    the warm start and the inference workers, reads that one copy)."""
+    if model_cfg.source == "hub":
+        from huggingface_hub import snapshot_download
+
+        if _hub_offline():
+            raise OSError(f"model.hub_id {model_cfg.hub_id!r}: this site is offline (HF_HUB_OFFLINE is set)")
+        return snapshot_download(model_cfg.hub_id)
+    if not model_cfg.path:
+        raise ValueError("model.path is required when model.source is 'path'")
+    return model_cfg.path

@@ -11,7 +11,12 @@ change between the two.
 A run's own temporary files (filesystem-sync versions, vLLM's weight staging, LoRA
 adapter directories) all go under one scratch directory per run,
 `<scratch_root>/run-<id>`, which the driver creates and removes however the run ends;
-the platform's reconcile removes it for a run whose driver died.
+the platform's reconcile removes it for a run whose driver died. What a run leaves for
+people, its exported model, goes to `<export_root>/run-<id>` and stays.
+
+A model directory under an allowed root must also be one a run can use
+(`workers.model.model_dir_problem`: weights, a causal LM, a tokenizer that fits it), and
+a Hub model must be reachable: refused here, at launch, rather than minutes into a run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from workers.model import hub_problem, model_dir_problem
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
@@ -72,19 +79,23 @@ class Confinement:
     `model_roots`: directories under which `model.path` may point (a Hugging Face model
     directory). `sync_roots`: directories under which `sync.directory` may point (empty:
     the field must stay unset, and filesystem sync writes into the run's scratch).
-    `scratch_root`: where each run's scratch directory is made."""
+    `scratch_root`: where each run's scratch directory is made. `export_root`: where
+    each successful run's model is exported (empty: runs export nothing)."""
 
     model_roots: tuple[str, ...] = ()
     sync_roots: tuple[str, ...] = ()
     scratch_root: str = field(default="")
+    export_root: str = field(default="")
 
     @classmethod
-    def from_lists(cls, model_roots: Sequence[str], sync_roots: Sequence[str], scratch_root: str) -> Confinement:
-        return cls(tuple(model_roots), tuple(sync_roots), scratch_root)
+    def from_lists(
+        cls, model_roots: Sequence[str], sync_roots: Sequence[str], scratch_root: str, export_root: str = ""
+    ) -> Confinement:
+        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root)
 
     def errors(self, cfg: RunConfig) -> dict[str, str]:
-        """{dotted field: message} for each path in `cfg` that escapes its roots, or a
-        model directory that is not one."""
+        """{dotted field: message} for each path in `cfg` that escapes its roots, a
+        model directory a run cannot use, or a Hub model that cannot be fetched."""
         errors: dict[str, str] = {}
         if cfg.model.source == "path" and cfg.model.path:
             try:
@@ -92,10 +103,13 @@ class Confinement:
             except PathNotAllowed as exc:
                 errors[exc.field] = exc.message
             else:
-                if not os.path.isfile(os.path.join(path, "config.json")):
-                    errors["model.path"] = (
-                        f"{cfg.model.path!r} is not a Hugging Face model directory (no config.json in it)"
-                    )
+                problem = model_dir_problem(path)
+                if problem:
+                    errors["model.path"] = f"{cfg.model.path!r} {problem}"
+        if cfg.model.source == "hub" and cfg.model.hub_id:
+            problem = hub_problem(cfg.model.hub_id)
+            if problem:
+                errors["model.hub_id"] = problem
         if cfg.sync.directory is not None:
             try:
                 confine(cfg.sync.directory, self.sync_roots, "sync.directory", "ROLLWAY_SYNC_ROOTS")
@@ -113,6 +127,13 @@ class Confinement:
         if not self.scratch_root:
             raise ValueError("Confinement.scratch_root is not set: a run needs a scratch directory")
         return os.path.join(self.scratch_root, f"run-{run_id}")
+
+    def export_dir(self, run_id: int) -> str | None:
+        """Where the run's final model is exported (not created here); None when this
+        site keeps no exports."""
+        if not self.export_root:
+            return None
+        return os.path.join(self.export_root, f"run-{int(run_id)}")
 
 
 def make_scratch(path: str) -> str:

@@ -1,15 +1,22 @@
-"""A fixed character-level tokenizer for the synthetic tasks.
+"""Tokenizers: the fixed character tokenizer of the tiny default model, and any Hugging
+Face tokenizer a model directory carries, behind one small interface (`Tokenizer`).
 
-No downloads and no training: the vocabulary is three special tokens followed by a
-fixed list of printable characters, so ids never depend on the data. It is saved next
-to the model as a small JSON file, because vLLM runs with `skip_tokenizer_init` and the
-engine decodes token ids itself.
+The char tokenizer needs no downloads and no training: three special tokens followed
+by a fixed list of printable characters, so ids never depend on the data. It is saved
+next to the model as a small JSON file (`rollway_tokenizer.json`); a directory with that
+file is a Rollway char model, any other model directory brings its own tokenizer
+(`load_tokenizer`). Inference backends work on token ids; the tokenizer turns a task's
+prompt into ids, an answer into training targets, and sampled ids back into text.
+
+transformers is imported only inside the functions that need it: the platform imports
+this module (through workers.config) in processes that must stay light.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Any, Protocol
 
 TOKENIZER_FILE = "rollway_tokenizer.json"
 
@@ -17,6 +24,35 @@ PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 # Every character a task may use. Appending keeps old ids valid; reordering breaks
 # every cached model, so never reorder.
 DEFAULT_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789=+-*/ ,.:?"
+
+
+class Tokenizer(Protocol):
+    """What the engine needs of a tokenizer."""
+
+    pad_id: int
+    eos_id: int  # the id a training target ends with
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Every id that ends a completion (the EOS ids of the tokenizer and the model)."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text` alone: no special tokens added."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of a completion: up to its first stop id, special tokens left out."""
+        ...
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Model input for a task prompt (what inference and the warm start both feed)."""
+        ...
+
+    def save(self, directory: str) -> None: ...
 
 
 class CharTokenizer:
@@ -37,6 +73,10 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self._itos)
 
+    @property
+    def stop_ids(self) -> list[int]:
+        return [self.eos_id]
+
     def encode(self, text: str) -> list[int]:
         """Ids of `text`'s characters (no BOS/EOS added)."""
         try:
@@ -54,6 +94,10 @@ class CharTokenizer:
                 continue
             out.append(self._itos[i])
         return "".join(out)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """BOS then the prompt's characters."""
+        return [self.bos_id, *self.encode(prompt)]
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -80,3 +124,121 @@ class CharTokenizer:
         with open(path) as f:
             data = json.load(f)
         return cls(data["chars"])
+
+    def to_hf(self):
+        """The same vocabulary as a `PreTrainedTokenizerFast` (a WordLevel model over
+        single characters), so an exported char model loads with `AutoTokenizer`: its
+        `encode` gives BOS + one id per character, exactly `prompt_ids`, and its
+        `decode` joins characters without spaces."""
+        from tokenizers import Regex, decoders, models, pre_tokenizers, processors
+        from tokenizers import Tokenizer as RawTokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {token: i for i, token in enumerate(self._itos)}
+        raw = RawTokenizer(models.WordLevel(vocab, unk_token=PAD))
+        raw.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+        raw.decoder = decoders.Fuse()
+        raw.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, self.bos_id)]
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=raw,
+            pad_token=PAD,
+            bos_token=BOS,
+            eos_token=EOS,
+            clean_up_tokenization_spaces=False,
+        )
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def model_eos_ids(model_dir: str) -> list[int]:
+    """EOS ids the model's own files name: generation_config.json, then config.json."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        for i in _ids(_json(os.path.join(model_dir, name)).get("eos_token_id")):
+            if i not in ids:
+                ids.append(i)
+    return ids
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (`AutoTokenizer`) as the engine uses it.
+
+    Prompts go through the model's chat template where it has one (a user turn, then
+    the assistant's generation prompt), else plain text with the tokenizer's own special
+    tokens (BOS where it adds one). Generation stops at any EOS id the tokenizer or the
+    model's config names; a training target ends with the tokenizer's EOS (the first of
+    those). Without a pad token, EOS pads: padded positions are masked everywhere, so
+    only the id's range matters."""
+
+    def __init__(self, hf_tokenizer, model_eos: list[int] | None = None) -> None:
+        self.hf = hf_tokenizer
+        eos = [i for i in [hf_tokenizer.eos_token_id, *(model_eos or [])] if i is not None]
+        if not eos:
+            raise ValueError(
+                "the tokenizer has no eos_token and the model names no eos_token_id: generation could never stop"
+            )
+        self._stop_ids = list(dict.fromkeys(int(i) for i in eos))
+        self.eos_id = self._stop_ids[0]
+        pad = hf_tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_id
+        self.bos_id = hf_tokenizer.bos_token_id
+        self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
+
+    @classmethod
+    def load(cls, model_dir: str) -> HFTokenizer:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(model_dir), model_eos_ids(model_dir))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return list(self._stop_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        stops = set(self._stop_ids)
+        cut = next((k for k, i in enumerate(ids) if i in stops), len(ids))
+        return self.hf.decode(list(ids[:cut]), skip_special_tokens=True)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        if self.has_chat_template:
+            ids = self.hf.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return [int(i) for i in ids]
+        ids = list(self.hf.encode(prompt, add_special_tokens=True))
+        # A model's first position must hold something: BOS where the tokenizer did not add it.
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def save(self, directory: str) -> None:
+        self.hf.save_pretrained(directory)
+
+
+def load_tokenizer(model_dir: str) -> Tokenizer:
+    """The tokenizer a model directory carries: Rollway's char tokenizer where its file is
+    there, else the directory's Hugging Face tokenizer."""
+    if os.path.exists(os.path.join(model_dir, TOKENIZER_FILE)):
+        return CharTokenizer.load(model_dir)
+    return HFTokenizer.load(model_dir)

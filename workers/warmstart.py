@@ -5,8 +5,14 @@ steps on the task's own (prompt, answer) pairs: clean ones teach the skill, then
 ones (characters replaced at random) make the policy sample wrong characters often, so
 RL starts at a low reward and has real sharpening to do (see WarmStartConfig). The result
 is a Hugging Face directory cached under `cache_dir`, keyed by a hash of everything that
-shapes it (model, task, warm_start, seed), built once per machine: a lock file serialises
-concurrent builders and an atomic rename publishes the finished directory.
+shapes it (model, task, warm_start, seed, and for a model from a directory or the Hub,
+its files), built once per machine: a lock file serialises concurrent builders and an
+atomic rename publishes the finished directory.
+
+A model from a directory or the Hub goes through the same loop on its own tokenizer's
+ids (the prompt as its chat template renders it, the answer then EOS); with
+`warm_start.steps = noisy_steps = 0` its policy directory is the checkpoint as loaded,
+saved with the stop and pad ids the engine uses (workers.model.save_model).
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ import torch
 
 from workers.config import RunConfig
 from workers.generation import encode_prompt
-from workers.model import build_tiny, load_model, save_model
+from workers.model import build_tiny, load_model, save_model, source_dir
 from workers.rl_tasks import make_task
-from workers.tokenizer import TOKENIZER_FILE, CharTokenizer
+from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
@@ -44,11 +50,24 @@ def cache_key(cfg: RunConfig) -> str:
         "warm_start": cfg.warm_start.model_dump(mode="json"),
         "seed": cfg.seed,
     }
-    if cfg.model.source == "path":
-        weights = os.path.join(cfg.model.path, "model.safetensors")
-        parts["source_mtime"] = os.path.getmtime(weights) if os.path.exists(weights) else None
+    if cfg.model.source != "tiny":
+        parts["source_files"] = _fingerprint(source_dir(cfg.model))
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _fingerprint(model_dir: str) -> list[tuple[str, int, float]]:
+    """(name, size, mtime) of every file in a model directory (sharded weights and the
+    tokenizer included): a changed checkpoint gets a policy of its own."""
+    if not os.path.isdir(model_dir):
+        return []
+    out = []
+    for name in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            st = os.stat(path)
+            out.append((name, st.st_size, st.st_mtime))
+    return out
 
 
 def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None) -> str:
@@ -76,14 +95,15 @@ def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None)
 
 
 def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None) -> dict[str, float]:
-    """Base model (tiny or local path) + clean then noisy supervised steps → `out_dir`.
+    """Base model (tiny, a local directory or the Hub) + clean then noisy supervised
+    steps → `out_dir`.
 
     Deterministic from `cfg.seed`. Returns {"final_loss": …} for logging.
     """
-    if cfg.model.source == "path":
-        model = load_model(cfg.model.path)
-        has_tok = os.path.exists(os.path.join(cfg.model.path, TOKENIZER_FILE))
-        tokenizer = CharTokenizer.load(cfg.model.path) if has_tok else CharTokenizer()
+    if cfg.model.source != "tiny":
+        src = source_dir(cfg.model)
+        model = load_model(src)
+        tokenizer = load_tokenizer(src)
     else:
         tokenizer = CharTokenizer()
         model = build_tiny(cfg.model, tokenizer, cfg.seed)
@@ -116,7 +136,7 @@ def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str
 
 def supervised_steps(
     model,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     cfg: RunConfig,
     steps: int,
     noise: float,

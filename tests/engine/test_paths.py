@@ -9,6 +9,7 @@ import pytest
 
 from workers.config import RunConfig
 from workers.paths import Confinement, PathNotAllowed, confine, make_scratch, remove_scratch
+from workers.tiny_hf import make_tiny_checkpoint
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_no_roots_allow_nothing(tree):
 
 
 def test_a_config_is_checked_field_by_field(tree):
-    (tree / "root" / "inside" / "config.json").write_text("{}")
+    make_tiny_checkpoint(str(tree / "root" / "inside"), "llama")  # a model directory a run can use
     box = Confinement.from_lists([str(tree / "root")], [], str(tree / "scratch"))
     fine = RunConfig.model_validate({"model": {"source": "path", "path": str(tree / "root" / "inside")}})
     assert box.errors(fine) == {}

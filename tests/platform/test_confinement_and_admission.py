@@ -13,6 +13,7 @@ import pytest
 from runs import admission, engine, queue, reconcile
 from runs.models import ClusterCapacity, Run
 from workers.admission import Capacity
+from workers.tiny_hf import make_tiny_checkpoint
 
 URL = "/api/runs"
 Status = Run.Status
@@ -81,6 +82,7 @@ def test_a_model_path_under_a_root_must_be_a_model_directory(client_for, owner, 
 
 
 def test_a_model_directory_under_an_allowed_root_is_accepted(client_for, owner, experiment, roots):
+    make_tiny_checkpoint(str(roots["models"] / "tiny-llama"), "llama")  # weights and a tokenizer, not just a config
     r = launch(client_for(owner), experiment, model_path(roots["models"] / "tiny-llama"))
     assert r.status_code == 201, r.content
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,9 +18,7 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
     if cfg.inference.backend == "torch":
-        from workers.inference.torch_backend import TorchBackend
-
-        return TorchBackend(model_dir)
+        return make_torch_backend(model_dir)
     if cfg.inference.backend == "vllm":
         from workers.inference.vllm_backend import VLLMBackend
 
@@ -32,3 +32,17 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
             scratch_dir=scratch_dir,
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
+
+
+def make_torch_backend(model_dir: str) -> InferenceBackend:
+    """The torch backend for `model_dir`: the hand-written Llama loop where it can run the
+    model (fastest at the tiny sizes), else the model's own transformers forward."""
+    from workers.inference.torch_backend import TorchBackend, fast_path_problem
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    if fast_path_problem(config) is None:
+        return TorchBackend(model_dir)
+    from workers.inference.transformers_backend import TransformersBackend
+
+    return TransformersBackend(model_dir)

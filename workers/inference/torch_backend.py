@@ -6,6 +6,10 @@ size Python overhead dominates, and a hand-written loop with a preallocated KV c
 fused QKV / gate-up projections is 2–3× faster than `transformers.generate`. Logprobs are
 of the sampled token under the sampling distribution, log_softmax(logits / temperature),
 which is what the trainer's importance weights need as the behaviour policy mu.
+
+Other architectures (Qwen2's biased projections, anything else AutoModelForCausalLM
+loads) run on transformers' own forward instead (`workers.inference.transformers_backend`);
+`fast_path_problem` says which a directory gets.
 """
 
 from __future__ import annotations
@@ -20,14 +24,37 @@ from safetensors.torch import load_file
 from workers.inference.base import Completion, StepToken
 
 
+def fast_path_problem(cfg: dict) -> str | None:
+    """Why the hand-written Llama forward cannot run a model of this config.json, or None."""
+    if cfg.get("model_type") != "llama":
+        return f"TorchBackend runs Llama models; this one has model_type {cfg.get('model_type')!r}"
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return f"TorchBackend supports default RoPE only (got {rope})"
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        return "TorchBackend has no bias terms (attention_bias / mlp_bias are set)"
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"TorchBackend runs SwiGLU (silu) only (got {cfg.get('hidden_act')!r})"
+    return None
+
+
+def eos_ids(cfg: dict) -> list[int]:
+    """Every id config.json names as EOS (one id or a list); [2] if it names none."""
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return [2]
+    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+
+
 class TorchBackend:
     """Batched temperature sampling with per-token logprobs, seeded, stops at EOS."""
 
     def __init__(self, model_dir: str) -> None:
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
-        if cfg.get("model_type") != "llama":
-            raise ValueError(f"TorchBackend runs Llama models; {model_dir} has model_type {cfg.get('model_type')!r}")
+        problem = fast_path_problem(cfg)
+        if problem:
+            raise ValueError(f"{problem} ({model_dir})")
         self.num_layers = cfg["num_hidden_layers"]
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
@@ -35,13 +62,12 @@ class TorchBackend:
         self.head_dim = cfg.get("head_dim") or self.hidden_size // self.num_heads
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.max_positions = cfg["max_position_embeddings"]
-        eos = cfg.get("eos_token_id", 2)
-        self.eos_id = eos[0] if isinstance(eos, list) else eos
+        # A completion ends at any of them (a chat model's end of turn and its EOS).
+        self.stop_ids = torch.tensor(eos_ids(cfg), dtype=torch.long)
+        self.eos_id = int(self.stop_ids[0])
         self.pad_id = cfg.get("pad_token_id") or 0
         rope = cfg.get("rope_parameters") or {}
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"TorchBackend supports default RoPE only (got {rope})")
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         self.tie = cfg.get("tie_word_embeddings", False)
         self.load_weights(load_file(os.path.join(model_dir, "model.safetensors")))
@@ -156,25 +182,32 @@ class TorchBackend:
         self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[Completion]]:
         """`n` completions per prompt (prompt-major), with log mu of each sampled token."""
-        if not prompts:
-            return []
-        rows = [p for p in prompts for _ in range(n)]
-        session = self.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
-        tokens: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        finish: list[str] = ["length"] * len(rows)
-        while session.unfinished():
-            for st in session.step():
-                tokens[st.row].append(st.token)
-                logprobs[st.row].append(st.logprob)
-                if st.finish_reason is not None:
-                    finish[st.row] = st.finish_reason
-        out: list[list[Completion]] = []
-        for i in range(len(rows)):
-            if i % n == 0:
-                out.append([])
-            out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
-        return out
+        return generate_by_steps(self, prompts, n, max_new_tokens, temperature, seed)
+
+
+def generate_by_steps(
+    backend, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int
+) -> list[list[Completion]]:
+    """`generate` as a stepped session run to the end: `n` completions per prompt."""
+    if not prompts:
+        return []
+    rows = [p for p in prompts for _ in range(n)]
+    session = backend.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
+    tokens: list[list[int]] = [[] for _ in rows]
+    logprobs: list[list[float]] = [[] for _ in rows]
+    finish: list[str] = ["length"] * len(rows)
+    while session.unfinished():
+        for st in session.step():
+            tokens[st.row].append(st.token)
+            logprobs[st.row].append(st.logprob)
+            if st.finish_reason is not None:
+                finish[st.row] = st.finish_reason
+    out: list[list[Completion]] = []
+    for i in range(len(rows)):
+        if i % n == 0:
+            out.append([])
+        out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
+    return out
 
 
 class TorchSession:
@@ -253,7 +286,7 @@ class TorchSession:
         tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
         tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
         lp = logp.gather(1, tok[:, None]).squeeze(1)
-        hit_eos = (tok == b.eos_id) & ~self.done
+        hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
         spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
         out = [
             StepToken(row, token, logprob, "stop" if eos else "length" if length else None)

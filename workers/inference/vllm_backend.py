@@ -185,6 +185,17 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], expected: dict[str, t
         raise ValueError(f"load_weights: {k} has shape {got}, the model's is {want} ({len(wrong)} mismatched)")
 
 
+def _checkpoint_names(
+    state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], hf_config: dict
+) -> dict[str, torch.Tensor]:
+    """The state dict as the checkpoint names it: a model with tied embeddings (Qwen2's
+    small sizes) has `lm_head.weight` in its state dict but not in its files, and vLLM
+    ties it to the embedding itself."""
+    if hf_config.get("tie_word_embeddings") and "lm_head.weight" in state_dict and "lm_head.weight" not in expected:
+        return {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    return state_dict
+
+
 def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
     # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
@@ -244,10 +255,16 @@ class VLLMBackend:
         self.max_model_len = int(hf_config["max_position_embeddings"])
         self.on_cpu = current_platform.is_cpu()
         self._weight_shapes = _checkpoint_shapes(model_dir)
+        self._hf_config = hf_config
 
         engine_args: dict = {
             "model": model_dir,
-            "skip_tokenizer_init": True,  # prompts are token ids; the char tokenizer is ours
+            # Prompts go in as token ids and come back as token ids, also for a model with
+            # its own Hugging Face tokenizer: the worker encodes and decodes with that
+            # tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
+            # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
+            # model (which has no Hugging Face tokenizer) takes the same path.
+            "skip_tokenizer_init": True,
             "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
             "dtype": dtype,
             "max_model_len": self.max_model_len,
@@ -414,6 +431,7 @@ class VLLMBackend:
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
         self._check_open()
+        state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
         _check_state_dict(state_dict, self._weight_shapes)
         weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
         with self._lock:
@@ -427,6 +445,7 @@ class VLLMBackend:
         from safetensors.torch import save_file
 
         self._check_open()
+        state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
         _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
             if self.scratch_dir is not None:

@@ -1,0 +1,183 @@
+"""Getting the model back (workers/export.py): a run's final policy as a Hugging Face
+directory that `from_pretrained` loads and that generates, holding exactly the trainer's
+weights; with LoRA also the adapter alone, which peft puts back on its base."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.engine.helpers import run_inline, small_config
+from workers import warmstart
+from workers.export import MANIFEST, export_policy
+from workers.lora import adapter_state_dict
+from workers.sync.base import state_checksum
+from workers.tiny_hf import make_tiny_checkpoint
+from workers.tokenizer import CharTokenizer
+from workers.trainer import Trainer
+
+# Enough supervised steps that the random BPE checkpoint answers in the task's letters
+# and stops at EOS.
+WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
+# A small char model and a short warm start: these runs are about the export.
+SMALL = {
+    "model": {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "num_layers": 1},
+    "warm_start": {"steps": 5, "noisy_steps": 0, "batch_size": 16},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """In-process training and sampling on one torch thread: on the shared 2-core host two
+    intra-op threads spin against each other and against the Ray actors (a 60-step warm
+    start took minutes instead of seconds)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory) -> str:
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("models") / "tiny-qwen2"), "qwen2")
+
+
+def trained(cfg, cache: str) -> Trainer:
+    """A trainer on the run's warm-started policy whose trainable weights moved a little
+    (as after RL steps), so an export of the starting point would not pass for the result."""
+    trainer = Trainer(cfg, policy(cfg, cache))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.add_(1e-3 * torch.randn(p.shape, generator=gen))
+    return trainer
+
+
+def policy(cfg, cache: str) -> str:
+    return warmstart.policy_dir(cfg, cache)
+
+
+def test_the_char_model_exports_as_a_llama_with_a_tokenizer_hf_loads(tmp_path):
+    cfg = small_config()
+    cache = str(tmp_path / "cache")
+    trainer = trained(cfg, cache)
+    target = str(tmp_path / "exports" / "run-1")
+    manifest = export_policy(trainer.model, policy(cfg, cache), target, cfg)
+    files = set(os.listdir(target))
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", MANIFEST} <= files
+    model = AutoModelForCausalLM.from_pretrained(target)
+    tok = AutoTokenizer.from_pretrained(target)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert state_checksum(model.state_dict()) == state_checksum(trainer.state_dict()) == manifest["sha256"]
+    # The char vocabulary as a Hugging Face tokenizer: the same ids, BOS first, no spaces.
+    chars = CharTokenizer()
+    assert tok("ab c=")["input_ids"] == chars.prompt_ids("ab c=")
+    assert tok.decode(chars.encode("c ba") + [chars.eos_id], skip_special_tokens=True) == "c ba"
+    assert (tok.eos_token_id, tok.pad_token_id, len(tok)) == (chars.eos_id, chars.pad_id, chars.vocab_size)
+    inputs = tok("abc=", return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1] :].tolist()
+    assert 1 <= len(new) <= 4 and all(0 <= t < chars.vocab_size for t in new)
+
+
+def test_a_bpe_model_exports_with_its_tokenizer_and_chat_template(tmp_path, qwen_dir):
+    # A warm start that teaches the format (letters, then EOS), so generation can stop.
+    cfg = small_config(model={"source": "path", "path": qwen_dir}, warm_start=WARM_START)
+    cache = str(tmp_path / "cache")
+    trainer = trained(cfg, cache)
+    target = str(tmp_path / "exports" / "run-2")
+    export_policy(trainer.model, policy(cfg, cache), target, cfg)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    tok = AutoTokenizer.from_pretrained(target)
+    source = AutoTokenizer.from_pretrained(qwen_dir)
+    assert state_checksum(model.state_dict()) == state_checksum(trainer.state_dict())
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    chat = [{"role": "user", "content": "abc="}]
+    prompt = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+    assert prompt == source.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+    # generate stops at the chat model's end of turn: the generation config names it as EOS.
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    new = out[0, len(prompt) :].tolist()
+    assert new[-1] == tok.eos_token_id and len(new) < 12, new
+    assert set(tok.decode(new, skip_special_tokens=True)) <= set(cfg.task.alphabet)
+
+
+def test_a_lora_policy_exports_merged_and_the_adapter_alone(tmp_path, qwen_dir):
+    cfg = small_config(model={"source": "path", "path": qwen_dir}, lora={"enabled": True, "rank": 4})
+    trainer = trained(cfg, str(tmp_path / "cache"))
+    target = str(tmp_path / "exports" / "run-3")
+    manifest = export_policy(trainer.model, policy(cfg, str(tmp_path / "cache")), target, cfg)
+    # The warm start changed the checkpoint, so the adapter's base ships with it.
+    assert (manifest["lora"], manifest["adapter"], manifest["base"]) == (True, "adapter", "base")
+    merged = AutoModelForCausalLM.from_pretrained(target)
+    assert state_checksum(merged.state_dict()) == state_checksum(trainer.state_dict())
+    adapter_dir = os.path.join(target, "adapter")
+    assert json.load(open(os.path.join(adapter_dir, "adapter_config.json")))["base_model_name_or_path"] == "base"
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(os.path.join(target, "base")), adapter_dir
+    )
+    loaded = {k.replace(".default", ""): v for k, v in adapter_state_dict(peft_model).items()}
+    ours = adapter_state_dict(trainer.model)
+    assert loaded.keys() == ours.keys() and all(torch.equal(loaded[k], ours[k]) for k in ours)
+    ids = torch.tensor([AutoTokenizer.from_pretrained(target).encode("abcdefgh=hgfe")])
+    with torch.no_grad():
+        a, b = peft_model(input_ids=ids).logits, merged(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+
+
+def test_a_lora_run_on_the_checkpoint_itself_points_the_adapter_at_it(tmp_path, qwen_dir):
+    cfg = small_config(
+        model={"source": "path", "path": qwen_dir},
+        warm_start={"steps": 0, "noisy_steps": 0},
+        lora={"enabled": True, "rank": 4},
+    )
+    trainer = trained(cfg, str(tmp_path / "cache"))
+    target = str(tmp_path / "exports" / "run-4")
+    manifest = export_policy(trainer.model, policy(cfg, str(tmp_path / "cache")), target, cfg)
+    assert manifest["base"] == qwen_dir and "base" not in os.listdir(target)
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(qwen_dir), os.path.join(target, "adapter")
+    )
+    merged = AutoModelForCausalLM.from_pretrained(target)
+    ids = torch.tensor([[1, 2, 40, 41, 42]])
+    with torch.no_grad():
+        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5)
+
+
+def test_an_export_replaces_the_previous_one_whole(tmp_path):
+    cfg = small_config()
+    target = tmp_path / "exports" / "run-5"
+    target.mkdir(parents=True)
+    (target / "stale.bin").write_bytes(b"old")
+    export_policy(trained(cfg, str(tmp_path / "cache")).model, policy(cfg, str(tmp_path / "cache")), str(target), cfg)
+    assert "stale.bin" not in os.listdir(target) and "model.safetensors" in os.listdir(target)
+    assert [p for p in os.listdir(target.parent) if p != "run-5"] == []  # no temporary left behind
+
+
+# --- through the driver ------------------------------------------------------------------
+
+
+def test_a_finished_run_exports_the_trainers_final_weights(cluster, cache_dir):
+    out = run_inline(811, cache_dir, stop={"max_steps": 2}, **SMALL)
+    assert out["state"] == "succeeded", out["error"]
+    assert out["export_dir"] and os.path.isdir(out["export_dir"])
+    model = AutoModelForCausalLM.from_pretrained(out["export_dir"])
+    assert state_checksum(model.state_dict()) == out["policy_sha256"]
+
+
+def test_a_finished_lora_run_exports_merged_weights_and_adapter(cluster, cache_dir):
+    out = run_inline(812, cache_dir, lora={"enabled": True}, sync={"protocol": "lora"}, stop={"max_steps": 2}, **SMALL)
+    assert out["state"] == "succeeded", out["error"]
+    merged = AutoModelForCausalLM.from_pretrained(out["export_dir"])
+    assert state_checksum(merged.state_dict()) == out["policy_sha256"]
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(out["export_dir"], "base"))
+    peft_model = PeftModel.from_pretrained(base, os.path.join(out["export_dir"], "adapter"))
+    ids = torch.tensor([CharTokenizer().prompt_ids("abcd=")])
+    with torch.no_grad():
+        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5)

@@ -1,0 +1,129 @@
+"""Get the model back: a run's final policy as a Hugging Face directory.
+
+At the end of a successful run the driver asks the trainer to export its policy to the
+run's export directory (`ROLLWAY_EXPORT_DIR/run-<id>`, workers/paths.py); the site
+serves it as a zip. The directory is what `from_pretrained` reads:
+
+    config.json, generation_config.json   the model's config; every stop id as EOS
+    model.safetensors                     the trainer's final weights, float32 (with
+                                          LoRA: base and adapter merged)
+    tokenizer.json, tokenizer_config.json the model's tokenizer (for the tiny char model,
+                                          its vocabulary as a PreTrainedTokenizerFast)
+    adapter/                              with LoRA only: the adapter alone, peft format
+    base/                                 with LoRA only, when the adapter's base is not
+                                          the checkpoint the run started from (the tiny
+                                          model, or one changed by the warm start)
+    rollway_export.json                   what this is: source, LoRA, the weights' sha256
+
+The directory is built under a temporary name beside the target and renamed into place,
+so the site never serves half an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING
+
+from workers.lora import adapter_config, adapter_state_dict, base_state_dict, effective_state_dict, is_peft
+from workers.sync.base import state_checksum
+from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from workers.config import RunConfig
+
+MANIFEST = "rollway_export.json"
+
+
+def hf_tokenizer(tokenizer: Tokenizer):
+    """The Rollway tokenizer as a `transformers` tokenizer, as written into an export."""
+    if isinstance(tokenizer, CharTokenizer):
+        return tokenizer.to_hf()
+    return tokenizer.hf
+
+
+def write_model_dir(weights: dict[str, torch.Tensor], model_dir: str, tokenizer: Tokenizer, out_dir: str) -> None:
+    """`weights` (checkpoint names) as a Hugging Face directory at `out_dir`, with the
+    config and generation config of `model_dir` and `tokenizer` in transformers' format.
+
+    The model is built on the meta device and takes `weights` as they are (no copy), so
+    exporting a big model does not hold its weights twice."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    left = [n for n, p in model.state_dict().items() if p.is_meta]
+    if left:
+        raise KeyError(f"export: no weight for {left[:5]} in the trainer's state dict")
+    if os.path.exists(os.path.join(model_dir, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(model_dir)
+    model.save_pretrained(out_dir)
+    hf_tokenizer(tokenizer).save_pretrained(out_dir)
+
+
+def export_policy(model: torch.nn.Module, model_dir: str, target: str, cfg: RunConfig) -> dict:
+    """Export the trainer's `model` (plain or peft-wrapped, trained from the policy
+    directory `model_dir`) to `target`, replacing what was there. Returns the manifest."""
+    parent = os.path.dirname(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-", dir=parent)
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        weights = effective_state_dict(model)
+        write_model_dir(weights, model_dir, tokenizer, tmp)
+        manifest = {
+            "format": "huggingface",
+            "model_source": cfg.model.source,
+            "model": cfg.model.path if cfg.model.source == "path" else cfg.model.hub_id,
+            "lora": is_peft(model),
+            "sha256": state_checksum(weights),
+        }
+        if is_peft(model):
+            manifest.update(_export_adapter(model, model_dir, tokenizer, tmp, cfg))
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=2)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the site's process reads it
+        _replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _export_adapter(model, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:
+    """adapter/ (peft) and, where the run's checkpoint is not its base, base/."""
+    from workers.lora import write_adapter_dir
+
+    warm_started = cfg.warm_start.steps + cfg.warm_start.noisy_steps > 0
+    if cfg.model.source != "tiny" and not warm_started:
+        base = cfg.model.path if cfg.model.source == "path" else cfg.model.hub_id
+    else:
+        # The adapter was trained on a base only this run's cache holds: ship it.
+        write_model_dir(base_state_dict(model), model_dir, tokenizer, os.path.join(out_dir, "base"))
+        base = "base"
+    config = adapter_config(model)
+    config["base_model_name_or_path"] = base
+    write_adapter_dir(os.path.join(out_dir, "adapter"), adapter_state_dict(model), config)
+    return {"adapter": "adapter", "base": base}
+
+
+def _replace(new: str, target: str) -> None:
+    """Put directory `new` at `target`; an older export there goes once the new one is in."""
+    old = None
+    if os.path.exists(target):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-old-", dir=os.path.dirname(new))
+        os.rename(target, os.path.join(old, "export"))
+    os.rename(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,174 @@
+"""Torch inference for any causal LM transformers loads: its own forward and KV cache.
+
+The hand-written loop of `torch_backend` covers the Llama family only (no bias terms,
+default RoPE); every other architecture AutoModelForCausalLM knows (Qwen2's biased q/k/v,
+tied embeddings, …) runs here on the model's own forward with a `DynamicCache`, under the
+same contract: batched temperature sampling, seeded, per-token logprobs of the sampled
+token under log_softmax(logits / temperature), stop at any EOS id, stepped sessions for
+the update modes, full weight reloads under checkpoint names. Slower per token than the
+hand-written loop, and exactly the forward the trainer computes its logprobs with.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.inference.base import StepToken
+from workers.inference.torch_backend import generate_by_steps
+
+
+class TransformersBackend:
+    """A transformers causal LM (float32, eval) with a stepped sampling loop."""
+
+    def __init__(self, model_dir: str) -> None:
+        from workers.model import load_model
+
+        self.model = load_model(model_dir)
+        config = self.model.config
+        eos = config.eos_token_id
+        eos = [] if eos is None else [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+        if not eos:
+            raise ValueError(f"{model_dir}: config.json names no eos_token_id; generation could never stop")
+        self.stop_ids = torch.tensor(eos, dtype=torch.long)
+        self.eos_id = eos[0]
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else eos[0]
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        state = self.model.state_dict()
+        self._names = set(state)
+        # Names that share storage with another (tied embeddings): a state dict may leave
+        # them out, as save_pretrained does.
+        seen: dict[int, str] = {}
+        self._aliases = set()
+        for name, t in state.items():
+            ptr = t.data_ptr()
+            if ptr in seen:
+                self._aliases.add(name)
+            else:
+                seen[ptr] = name
+
+    # ---- weights ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Full reload from checkpoint-format names (what `model.state_dict()` calls them)."""
+        missing = sorted(self._names - set(state_dict) - self._aliases)
+        unexpected = sorted(set(state_dict) - self._names)
+        if missing or unexpected:
+            raise KeyError(
+                f"load_weights needs every weight of the model under its checkpoint name; "
+                f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        self.model.load_state_dict(
+            {k: v.detach().to(torch.float32) for k, v in state_dict.items()}, strict=False, assign=False
+        )
+
+    def close(self) -> None:
+        self.model = None
+
+    # ---- generation ------------------------------------------------------------
+
+    def start(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
+        n: int = 1,
+    ) -> TransformersSession:
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError("max_new_tokens needs one budget per prompt")
+        rows = [p for p in prompts for _ in range(n)]
+        budgets = [b for b in max_new_tokens for _ in range(n)]
+        return TransformersSession(self, rows, budgets, temperature, seed)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int):
+        """`n` completions per prompt (prompt-major), with log mu of each sampled token."""
+        return generate_by_steps(self, prompts, n, max_new_tokens, temperature, seed)
+
+
+class TransformersSession:
+    """One batch decoded step by step through the model's forward and its KV cache.
+
+    As `TorchSession`: rows are left-padded (masked, with positions counted from each
+    row's first real token), each `step` first feeds the previous step's tokens (the
+    prompts at the first step) then samples, so weights loaded between two steps take
+    effect at the next token and the KV already computed stays."""
+
+    def __init__(
+        self,
+        backend: TransformersBackend,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
+    ) -> None:
+        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
+            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.b = backend
+        self.temperature = temperature
+        B = len(prompts)
+        P = max((len(p) for p in prompts), default=1)
+        longest = P + max(max_new_tokens, default=1)
+        if backend.max_positions is not None and backend.max_positions < longest:
+            raise ValueError(
+                f"prompt ({P} tokens) + max_new_tokens ({longest - P}) exceeds the model's "
+                f"max_position_embeddings ({backend.max_positions})"
+            )
+        self.budget = torch.tensor(max_new_tokens, dtype=torch.long)
+        self.ids = torch.full((B, P), backend.pad_id, dtype=torch.long)
+        self.attention = torch.zeros((B, P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            self.attention[i, P - len(p) :] = 1
+        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        self.cache = None
+        self.gen = torch.Generator().manual_seed(seed)
+        self.done = torch.zeros(B, dtype=torch.bool)
+        self.t = 0
+        self.last: torch.Tensor | None = None
+
+    def unfinished(self) -> list[int]:
+        return (~self.done).nonzero().flatten().tolist()
+
+    @torch.inference_mode()
+    def step(self) -> list[StepToken]:
+        if bool(self.done.all()):
+            return []
+        b, t = self.b, self.t
+        if t == 0:
+            ids, positions = self.ids, (self.attention.cumsum(-1) - 1).clamp(min=0)
+        else:
+            self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], dim=1)
+            ids, positions = self.last[:, None], (self.lengths + t - 1)[:, None]
+        out = b.model(
+            input_ids=ids,
+            attention_mask=self.attention,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        logp = torch.log_softmax(out.logits[:, -1].float() / self.temperature, dim=-1)
+        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
+        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
+        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
+        spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
+        out_tokens = [
+            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
+            for row, (token, logprob, eos, length, was_done) in enumerate(
+                zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
+            )
+            if not was_done
+        ]
+        self.done |= hit_eos | spent
+        self.last = tok
+        self.t += 1
+        return out_tokens
+
+    def close(self) -> None:
+        self.done[:] = True
+        self.cache = None
