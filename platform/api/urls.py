@@ -21,4 +21,5 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/metrics", views.run_metrics, name="run-metrics"),
     path("runs/<int:run_id>/status", views.run_status, name="run-status"),
+    path("runs/<int:run_id>/export", views.run_export, name="run-export"),
 ]

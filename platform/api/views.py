@@ -24,7 +24,7 @@ from api.http import (
     refusal_response,
 )
 from api.ingest import ingest_metrics, ingest_status
-from runs import actions, listing
+from runs import actions, exports, listing
 from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
 from runs.models import Experiment
@@ -238,3 +238,15 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
 @require_POST
 def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
     return ingest_status(request, run_id)
+
+
+@require_GET
+@api_login_required
+def run_export(request: HttpRequest, run_id: int):
+    """The run's exported model as a zip (runs/exports.py): 404 if there is none or the
+    run is not yours, 409 while the run is not finished."""
+    try:
+        run, directory = exports.check_export(request.user, run_id)
+    except ActionError as exc:
+        return refusal_response(exc)
+    return exports.zip_response(request, run, directory)

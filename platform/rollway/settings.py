@@ -249,6 +249,8 @@ ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
 # Every Ray node and the Celery worker must see it (like the cache); a tmpfs keeps
 # weight staging off disks.
 ROLLWAY_SCRATCH_DIR = env_str("ROLLWAY_SCRATCH_DIR", str(ROLLWAY_HOME / "scratch"))
+# Each successful run's exported model, run-<id>/, served by GET /api/runs/<id>/export.
+ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports"))
 
 # --- admission: what one run may ask for (workers/admission.py) ----------------------
 ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)

@@ -20,7 +20,10 @@ from workers.paths import Confinement, remove_scratch
 
 def confinement() -> Confinement:
     return Confinement.from_lists(
-        settings.ROLLWAY_MODEL_ROOTS, settings.ROLLWAY_SYNC_ROOTS, settings.ROLLWAY_SCRATCH_DIR
+        settings.ROLLWAY_MODEL_ROOTS,
+        settings.ROLLWAY_SYNC_ROOTS,
+        settings.ROLLWAY_SCRATCH_DIR,
+        settings.ROLLWAY_EXPORT_DIR,
     )
 
 
