@@ -6,6 +6,7 @@ token-authenticated ingest endpoints live in api/ingest.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -28,6 +29,7 @@ from runs import actions, exports, listing
 from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
 from runs.models import Experiment
+from runs.reports import SERIES_PATTERN
 from teams.models import Team
 from workers.config import json_schema
 from workers.presets import PRESETS
@@ -221,9 +223,13 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     try:
         after_step = int_param(request, "after_step", None)
         max_points = int_param(request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000)
+        names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
+        # Only a name the ingest could have stored (a NUL would fail the query itself).
+        bad = next((name for name in names if not re.fullmatch(SERIES_PATTERN, name)), None)
+        if bad is not None:
+            raise BadParam("series", f"series are names such as reward/mean ({SERIES_PATTERN}); got {bad!r}")
     except BadParam as exc:
         return refusal_response(exc)
-    names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
     return JsonResponse(
         {
             "run": run.pk,

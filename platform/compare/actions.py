@@ -19,6 +19,7 @@ from compare.analysis import MAX_RUNS
 from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs.actions import (
+    ID_TEXT,
     LaunchRequest,
     ask_scheduler,
     check_experiment_access,
@@ -75,7 +76,7 @@ def check_seeds(value: Any, *, field: str = "seeds") -> list[int]:
     it is read as one); ActionError on `field` otherwise."""
     if isinstance(value, str):
         parts = [p.strip() for p in value.replace(" ", ",").split(",") if p.strip()]
-        value = [int(p) if p.isdigit() else p for p in parts]
+        value = [int(p) if ID_TEXT.fullmatch(p) else p for p in parts]
     if not isinstance(value, list) or not value:
         raise ActionError({field: "give a non-empty list of seeds, e.g. [0, 1, 2]"})
     seeds: list[int] = []

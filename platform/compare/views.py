@@ -19,7 +19,7 @@ from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
 from rollway import jsonin
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
-from runs.errors import ActionError
+from runs.errors import ActionError, nul_errors
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
 from workers.metric_names import NAMES as METRIC_NAMES
@@ -238,8 +238,8 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
         "overrides": request.POST.get("overrides", "{}"),
         "priority": request.POST.get("priority", "0"),
     }
-    errors: dict[str, str] = {}
-    if request.method == "POST":
+    errors: dict[str, str] = nul_errors(form) if request.method == "POST" else {}
+    if request.method == "POST" and not errors:
         experiment, _, team = form["target"].partition("team:")
         try:
             overrides = jsonin.loads(form["overrides"] or "{}")

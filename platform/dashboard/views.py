@@ -24,7 +24,7 @@ from configs import actions as config_actions
 from configs.models import SavedConfig
 from rollway import jsonin
 from runs import actions, listing
-from runs.errors import ActionError, NotFound
+from runs.errors import ActionError, NotFound, nul_errors
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.config import json_schema
@@ -323,8 +323,8 @@ def launch(request: HttpRequest) -> HttpResponse:
         "config_name": request.POST.get("config_name", ""),
         "config_description": request.POST.get("config_description", ""),
     }
-    errors: dict[str, str] = {}
-    if request.method == "POST":
+    errors: dict[str, str] = nul_errors(form) if request.method == "POST" else {}
+    if request.method == "POST" and not errors:
         try:
             overrides = jsonin.loads(form["overrides"] or "{}")
         except jsonin.BadJSON as exc:

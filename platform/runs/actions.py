@@ -35,6 +35,9 @@ EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
 # A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
 # levels meaningful to people; the column itself could hold far more.
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
+# An id written as text: ASCII digits that int() reads (str.isdigit() also says yes to
+# "²", and int() refuses more than 4300 digits); 19 hold every positive bigint.
+ID_TEXT = re.compile(r"[0-9]{1,19}")
 
 
 # --- access -------------------------------------------------------------------------
@@ -64,7 +67,7 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
 def check_team_access(user, team: Any) -> Team:
     """A team of the user's, by id or slug."""
     teams = Team.objects.for_user(user)
-    found = teams.filter(pk=team).first() if str(team).isdigit() else teams.filter(slug=team).first()
+    found = teams.filter(pk=team).first() if ID_TEXT.fullmatch(str(team)) else teams.filter(slug=team).first()
     if found is None:
         raise ActionError({"team": f"you are not a member of team {team!r}"})
     return found
@@ -325,7 +328,7 @@ def check_run_ids(value: Any, *, field: str = "runs") -> list[int]:
         raise ActionError({field: f"at most {BULK_CANCEL_MAX} runs at once (got {len(value)})"})
     ids: list[int] = []
     for item in value:
-        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and item.isdigit())):
+        if isinstance(item, bool) or not (isinstance(item, int) or (isinstance(item, str) and ID_TEXT.fullmatch(item))):
             raise ActionError({field: f"run ids are positive integers (got {item!r})"})
         if int(item) not in ids:
             ids.append(int(item))

@@ -39,6 +39,16 @@ class NotFound(ActionError):
     http_status = 404
 
 
+def nul_errors(values: dict[str, object]) -> dict[str, str]:
+    """{field: message} for each text value holding a NUL character: PostgreSQL stores
+    none in a text column, so such a value would fail the write, not a check."""
+    return {
+        name: "must not contain a NUL character (\\x00); remove it"
+        for name, value in values.items()
+        if isinstance(value, str) and "\x00" in value
+    }
+
+
 def field_errors(exc: ValidationError, *, model: type[BaseModel] | None = None, root: str = "body") -> dict[str, str]:
     """Pydantic's errors as {"buffer.capacity": "Input should be ≥ 1"}: one message per
     dotted location (the first), `root` for an error about the whole input, worded for

@@ -8,7 +8,7 @@ parameters through `check_list_query`, so a URL copied from one works on the oth
     status=running,queued  preset=async  experiment=<id>  launcher=<username>
     created_from=YYYY-MM-DD  created_to=YYYY-MM-DD (inclusive)  q=<part of the name>
     sort=created|name|status|steps|reward|samples_per_s|duration (prefix "-" to reverse)
-    page=<n ≥ 1>  page_size=<1..MAX_PAGE_SIZE>
+    page=<1..MAX_PAGE>  page_size=<1..MAX_PAGE_SIZE>
 
 A page costs a fixed number of queries whatever its size: a count, the page's rows with
 their latest values as correlated subqueries (each an index range scan on the unique
@@ -26,10 +26,14 @@ from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, Q
 from django.db.models.functions import Coalesce, Now
 
 from runs import rollups
-from runs.errors import ActionError
+from runs.errors import ActionError, nul_errors
 from runs.models import MetricPoint, Run
 
 DEFAULT_PAGE_SIZE = 50
+# Far past any real list (a million pages); keeps the row offset inside PostgreSQL's bigint.
+MAX_PAGE = 1_000_000
+# The largest id a bigint holds: past it, SQLite cannot even bind the filter's value.
+MAX_ID = 2**63 - 1
 # A page is one request's worth of rows and sparklines: 200 keeps it a few hundred KB.
 MAX_PAGE_SIZE = 200
 # Points per sparkline: enough to show a trend in a table cell, few enough to stay small.
@@ -104,14 +108,14 @@ def check_list_query(get) -> ListQuery:
     """The list request in a QueryDict (or dict) of parameters; ActionError naming every
     bad parameter and what it accepts."""
     raw = {k: (get.get(k) or "").strip() for k in LIST_PARAMS}
-    errors: dict[str, str] = {}
+    errors = nul_errors(raw)
     out: dict[str, Any] = {"q": raw["q"], "preset": raw["preset"], "launcher": raw["launcher"]}
     checks = {
         "status": lambda v: tuple(s for s in v.split(",") if s),
-        "experiment": lambda v: _int(v, "experiment", 1),
+        "experiment": lambda v: _int(v, "experiment", 1, MAX_ID),
         "created_from": lambda v: _date(v, "created_from"),
         "created_to": lambda v: _date(v, "created_to"),
-        "page": lambda v: _int(v, "page", 1),
+        "page": lambda v: _int(v, "page", 1, MAX_PAGE),
         "page_size": lambda v: _int(v, "page_size", 1, MAX_PAGE_SIZE),
     }
     for name, check in checks.items():

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import transaction
-from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from runs import events
@@ -37,6 +37,18 @@ REPORTED = {
 # The engine's words for what a running run is doing (workers.reporter.PHASES).
 ReportedPhase = Literal["warm_start", "starting_engines", "first_step", "stepping"]
 PHASE_DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
+# MetricPoint.step is a bigint: a larger step would fail the write, not the check.
+MAX_STEP = 2**63 - 1
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain a NUL character (\\x00): no text column stores one")
+    return text
+
+
+# For free text the engine reports, stored in text columns (after the length check).
+NO_NUL = AfterValidator(_no_nul)
 
 
 class PointIn(TypedDict):
@@ -46,7 +58,7 @@ class PointIn(TypedDict):
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
     series: Annotated[str, StringConstraints(pattern=SERIES_PATTERN)]
-    step: Annotated[int, Field(ge=0)]
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
     value: Annotated[float, Field(allow_inf_nan=False)]
     time: Annotated[float, Field(allow_inf_nan=False)]
 
@@ -63,11 +75,11 @@ class StatusIn(TypedDict):
     status: Literal["running", "succeeded", "failed"]  # the keys of REPORTED
     # Why a run failed, for people (workers.failures), and the traceback behind it,
     # which the run's page shows folded; the engine cuts it to this bound.
-    error: NotRequired[Annotated[str, Field(max_length=20_000)]]
-    error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX)]]
+    error: NotRequired[Annotated[str, Field(max_length=20_000), NO_NUL]]
+    error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX), NO_NUL]]
     # What the run is doing now (workers.reporter.PHASES), sent with "running".
     phase: NotRequired[ReportedPhase]
-    phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX)]]
+    phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX), NO_NUL]]
 
 
 STATUS_IN = TypeAdapter(StatusIn)
