@@ -43,6 +43,11 @@ def skip_reason() -> str | None:
         return "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
     if REDIS_SERVER is None:
         return "redis-server is not installed"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root without a `postgres` user to run PostgreSQL as (it refuses root)"
     return None
 
 

@@ -256,19 +256,40 @@
     }, POINTS_POLL_MS);
   }
 
-  // Open the socket first and buffer, so no point falls between the API answer and
-  // the first live message.
+  // The first read of every series, then the charts; retried while the API fails.
+  var started = false;
+  function start() {
+    if (started) return;
+    started = true;
+    fetchSeries().then(function (data) {
+      noteSteps(toPoints({ "policy/version": data.series["policy/version"] || { steps: [], values: [], times: [] } }));
+      draw(data.series);
+      var batch = pending;
+      pending = [];
+      append(batch);
+    }).catch(function (err) {
+      document.getElementById("live-state").textContent = String(err);
+      started = false;
+      setTimeout(start, POINTS_POLL_MS);
+    });
+  }
+
+  // The first read waits for the socket to have joined the run's group (or to have
+  // failed): a point stored after the read is then pushed to the socket, so none falls
+  // between the API answer and the first live message; live ones wait in `pending`.
   Rollway.openSocket(root.dataset.livePath, {
     onMessage: function (msg) {
       if (msg.type === "points") { noteSteps(msg.points); receive(msg.points); }
       else if (msg.type === "status") showStatus(msg.run);
     },
     onDown: function () {
+      start();
       if (socketDown) return;
       socketDown = true;
       if (pollTimer === null) pollPoints();
     },
     onOpen: function () {
+      start();
       if (!socketDown) return;
       socketDown = false;
       clearTimeout(pollTimer);
@@ -276,6 +297,7 @@
       catchUp().catch(function () { setTimeout(catchUp, POINTS_POLL_MS); });
     },
   });
+  setTimeout(start, 3000);  // a socket that neither opens nor closes (a stalled proxy)
 
   // Without a shared channel layer (no REDIS_URL) status changes made by the Celery
   // worker never reach this socket: poll the run while it is unfinished, as a fallback.
@@ -290,14 +312,4 @@
       })
       .catch(function () { setTimeout(pollStatus, STATUS_POLL_MS); });
   })();
-
-  fetchSeries().then(function (data) {
-    noteSteps(toPoints({ "policy/version": data.series["policy/version"] || { steps: [], values: [], times: [] } }));
-    draw(data.series);
-    var batch = pending;
-    pending = [];
-    append(batch);
-  }).catch(function (err) {
-    document.getElementById("live-state").textContent = String(err);
-  });
 })();
