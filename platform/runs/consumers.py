@@ -54,10 +54,8 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
         if size > settings.ROLLWAY_MAX_WS_MESSAGE_BYTES:
             await self.close(code=CLOSE_TOO_LARGE)
             return
-        await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
-
-    async def receive_json(self, content, **kwargs) -> None:
-        pass  # the stream is server → browser only
+        # Anything smaller is ignored unread: the stream is server → browser only, and
+        # parsing a frame could only raise (not JSON, nested too deep, binary).
 
 
 class RunsConsumer(_RefusingConsumer):

@@ -628,23 +628,7 @@ async def _frame_outcome(comm: WebsocketCommunicator, frame: dict, run: Run) -> 
     return outcome
 
 
-# The consumers pass every client frame of up to ROLLWAY_MAX_WS_MESSAGE_BYTES to
-# AsyncJsonWebsocketConsumer.receive, which parses it as JSON: text that is not JSON
-# raises JSONDecodeError, 2,000 nested brackets RecursionError, a binary frame
-# ValueError("No text section"), and the exception ends the socket without a close code.
-# Strict: once runs/consumers.py answers or closes instead, these pass and the marks go.
-PARSED_FRAMES = {"text that is not JSON", "deep nesting", "binary"}
-KINDS = [
-    pytest.param(
-        kind,
-        marks=pytest.mark.xfail(
-            strict=True, raises=(ValueError, RecursionError), reason="runs/consumers.py parses client frames"
-        ),
-    )
-    if kind in PARSED_FRAMES
-    else kind
-    for kind in sorted(FRAMES)
-]
+KINDS = sorted(FRAMES)
 
 
 @pytest.mark.django_db(transaction=True)
