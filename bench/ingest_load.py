@@ -338,6 +338,7 @@ def main() -> None:
             loadsite.delete_runs(ids)
     if figures["errors"] or not ok:
         sys.exit(1)
+    loadsite.remove_home(home, args.keep)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -68,7 +69,9 @@ def add_site_args(p: argparse.ArgumentParser, *, url: bool = True) -> None:
         metavar="NAME=VALUE",
         help="a setting for the site the bench starts (repeatable), e.g. DATABASE_CONN_MAX_AGE=60",
     )
-    p.add_argument("--keep", action="store_true", help="keep the bench's runs and points afterwards")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the bench's runs and points, and the site's home (its log)"
+    )
 
 
 def check_site_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -108,6 +111,13 @@ def site_settings(args: argparse.Namespace, home: str) -> dict[str, str]:
 def short_home() -> str:
     """A short ROLLWAY_HOME: Ray's socket paths under it must stay under 107 bytes."""
     return tempfile.mkdtemp(prefix="rw-load-")
+
+
+def remove_home(home: str, keep: bool) -> None:
+    """After a clean finish the site's home (its log, Ray's session files) goes too; a
+    failed or kept bench leaves it for a look."""
+    if not keep:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def setup_django(settings: dict[str, str]) -> None:

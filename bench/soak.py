@@ -492,6 +492,7 @@ def main() -> None:
     lost = figures["viewers_short"] or figures["viewers_closed"]
     if figures["run_status"] in ("failed", "cancelled") or figures["errors"] or lost:
         sys.exit(1)
+    loadsite.remove_home(home, args.keep)
 
 
 if __name__ == "__main__":

@@ -273,6 +273,7 @@ def main() -> None:
             loadsite.delete_runs([run.pk])
     if figures["connected"] < args.viewers or figures["missed"] or figures["errors"]:
         sys.exit(1)
+    loadsite.remove_home(home, args.keep)
 
 
 if __name__ == "__main__":
