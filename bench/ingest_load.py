@@ -17,7 +17,7 @@ must be that site's database: the bench reads the runs' ingest tokens from it).
     DATABASE_URL=postgres://root@127.0.0.1:5432/bench_h REDIS_URL=redis://127.0.0.1:6379/11 \\
         .venv/bin/python bench/ingest_load.py                  # 20 runs × 60 s, 30 series × 5 steps
     .venv/bin/python bench/ingest_load.py --runs 2 --seconds 5 --profile 0 --json out.json
-    .venv/bin/python bench/ingest_load.py --site-env DATABASE_CONN_MAX_AGE=60
+    .venv/bin/python bench/ingest_load.py --steps 16         # 480 points per request, as a busy reporter posts
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def add_site_args(p: argparse.ArgumentParser, *, url: bool = True) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a setting for the site the bench starts (repeatable), e.g. DATABASE_CONN_MAX_AGE=60",
+        help="a setting for the site the bench starts (repeatable), e.g. ROLLWAY_MAX_POINTS_PER_SERIES=500",
     )
     p.add_argument(
         "--keep", action="store_true", help="keep the bench's runs and points, and the site's home (its log)"
@@ -89,7 +89,7 @@ def check_site_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for pair in args.site_env:
         name, eq, _ = pair.partition("=")
         if not eq or not name.isidentifier():
-            p.error(f"--site-env takes NAME=VALUE, e.g. DATABASE_CONN_MAX_AGE=60; got {pair!r}")
+            p.error(f"--site-env takes NAME=VALUE, e.g. ROLLWAY_MAX_POINTS_PER_SERIES=500; got {pair!r}")
     if getattr(args, "url", None) and not args.url.startswith(("http://", "https://")):
         p.error(f"--url must start with http:// or https://; got {args.url!r}")
 

@@ -200,7 +200,7 @@ SITE = ("--database-url", "postgres://nobody@127.0.0.1:1/none", "--redis-url", "
         ("ws_fanout.py", [*SITE, "--url", "127.0.0.1:8000"], ["--url", "http://"]),
         ("ingest_load.py", ["--database-url", "postgres://h/db", "--redis-url", ""], ["--redis-url"]),
         ("ingest_load.py", ["--series", "1000", "--steps", "100", *SITE], ["--series × --steps"]),
-        ("ingest_load.py", [*SITE, "--site-env", "DATABASE_CONN_MAX_AGE"], ["--site-env", "NAME=VALUE"]),
+        ("ingest_load.py", [*SITE, "--site-env", "ROLLWAY_MAX_POINTS_PER_SERIES"], ["--site-env", "NAME=VALUE"]),
         ("soak.py", ["--minutes", "1", "--interval", "90", *SITE], ["--interval", "--minutes"]),
         ("soak.py", ["--viewers", "-1", *SITE], ["--viewers"]),
     ],
