@@ -14,7 +14,7 @@ It starts its own site (daphne on a free port, the Redis channel layer) on the
 PostgreSQL database given; with --url it loads a running site instead (--database-url
 must be that site's database: the bench reads the runs' ingest tokens from it).
 
-    DATABASE_URL=postgres://root@127.0.0.1:5432/bench_h REDIS_URL=redis://127.0.0.1:6379/11 \\
+    DATABASE_URL=postgres://root@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/11 \\
         .venv/bin/python bench/ingest_load.py                  # 20 runs × 60 s, 30 series × 5 steps
     .venv/bin/python bench/ingest_load.py --runs 2 --seconds 5 --profile 0 --json out.json
     .venv/bin/python bench/ingest_load.py --steps 16         # 480 points per request, as a busy reporter posts

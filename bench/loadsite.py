@@ -79,7 +79,7 @@ def check_site_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if not args.database_url.startswith(("postgres://", "postgresql://")):
         p.error(
             "--database-url (or $DATABASE_URL) must name a PostgreSQL database, "
-            "e.g. postgres://root@127.0.0.1:5432/bench_h; got " + repr(args.database_url or "nothing")
+            "e.g. postgres://root@127.0.0.1:5432/bench; got " + repr(args.database_url or "nothing")
         )
     if not args.redis_url.startswith(("redis://", "rediss://", "unix://")):
         p.error(

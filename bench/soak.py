@@ -19,7 +19,7 @@ minute). The run is launched with stop.max_steps large and stop.max_minutes past
 soak, and cancelled at the end. Exits non-zero if the run failed, a viewer lost points
 or a request failed.
 
-    DATABASE_URL=postgres://root@127.0.0.1:5432/bench_h REDIS_URL=redis://127.0.0.1:6379/11 \\
+    DATABASE_URL=postgres://root@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/11 \\
     CELERY_BROKER_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/soak.py   # 30 min
     .venv/bin/python bench/soak.py --minutes 5
 """

@@ -10,7 +10,7 @@ PostgreSQL database given, creates the run there and logs a bench user in throug
 login form; with --url it uses a running site instead (--database-url must be that
 site's database: the bench reads the run's ingest token from it).
 
-    DATABASE_URL=postgres://root@127.0.0.1:5432/bench_h REDIS_URL=redis://127.0.0.1:6379/11 \\
+    DATABASE_URL=postgres://root@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/11 \\
         .venv/bin/python bench/ws_fanout.py                     # 200 viewers, 60 s at 5 posts/s
     .venv/bin/python bench/ws_fanout.py --viewers 20 --seconds 10 --json out.json
 """
