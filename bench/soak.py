@@ -195,9 +195,6 @@ class Probe:
     async def sample(self) -> dict:
         return await asyncio.get_running_loop().run_in_executor(self.pool, self.sample_sync)
 
-    async def call(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
 
 def ray_growth(first: dict[int, tuple[str, float]], last: dict[int, tuple[str, float]]) -> list[tuple]:
     """(pid, title, first MB, last MB) of the Ray processes alive at both samples, the
