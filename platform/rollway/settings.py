@@ -190,7 +190,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+            # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default
+            # socket timeout is also 5 s, so an idle socket's read timed out and the
+            # consumer closed with 1011 (channels_redis#422). Read timeout > block time.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000},
         }
     }
 else:
