@@ -362,16 +362,17 @@ class RayControl:
     reconcile beat's function, called directly) and `start(run)` (what the launch_run
     task does for an admitted run)."""
 
-    def __init__(self, address: str, env: dict[str, str], timeout_s: float = 60):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _CONTROL, address],
-            env=env,
-            cwd=str(REPO),
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+    def __init__(self, address: str, env: dict[str, str], log_path: Path):
+        with open(log_path, "a") as log:  # its logging (reconcile's, Ray's) beside the services'
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CONTROL, address],
+                env=env,
+                cwd=str(REPO),
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
         assert self._answer() == "ready"
 
     def _answer(self):

@@ -67,7 +67,7 @@ def member(db):
 
 @pytest.fixture(scope="module")
 def ray_control(stack):
-    control = RayControl(stack.ray_address, stack.env)
+    control = RayControl(stack.ray_address, stack.env, stack.log_path)
     yield control
     control.close()
 
@@ -213,7 +213,7 @@ def test_the_ray_head_crashed_and_back_fails_the_run(stack, member, show_logs_on
     controls: list[RayControl] = []
     try:
         head.start()
-        controls.append(RayControl(head.address, env))
+        controls.append(RayControl(head.address, env, ray_stack.log_path))
         run = admitted_run(member)
         controls[-1].start(run.pk)
         wait_for(lambda: trained_steps(run) >= 2 or status(run) in Run.TERMINAL, 300, f"run {run.pk} to train")
@@ -230,7 +230,7 @@ def test_the_ray_head_crashed_and_back_fails_the_run(stack, member, show_logs_on
 
         head.start()
         back = time.monotonic()
-        controls.append(RayControl(head.address, env))
+        controls.append(RayControl(head.address, env, ray_stack.log_path))
         passes = []
 
         def reconciled() -> bool:
