@@ -12,7 +12,8 @@ how it ends, how long until it shows, and that no metric point is lost or stored
   the machine's are shared: a reporter posts a known sequence while PostgreSQL restarts
   or daphne restarts, and everything sent is stored exactly once; with Redis (the
   channel layer) down a run page in Chromium keeps drawing by polling, goes live again
-  when Redis is back, and its chart has every step.
+  when Redis is back, and its chart has every step; a point stored between the metrics
+  API's two reads, then pushed again, is drawn once.
 
 Each test prints what it measured (`FAULT …` lines, shown with `pytest -s`).
 """
