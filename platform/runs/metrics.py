@@ -121,7 +121,9 @@ def read_many(
                 "values": [p[1] for p in kept],
                 "times": [p[2] for p in kept],
                 "total": agg.n,
-                "last_step": agg.last_step,
+                # The points and the totals are two reads: a point stored between them
+                # is in `steps` but newer than the totals say.
+                "last_step": max(agg.last_step, kept[-1][0]),
                 "downsampled": (run_id, name) not in raw,
             }
     return out
