@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -47,3 +48,17 @@ def log_in(browser, base_url: str, username: str, password: str = PASSWORD):
     page.click("form button[type=submit]")
     expect(page).not_to_have_url(re.compile(r"/accounts/login/"))
     return page
+
+
+def wait_for_value(page, js: str, done, timeout_s: float = 60.0):
+    """Evaluate `js` (a function) in the page until `done(value)`; the value. Polled
+    from here because Playwright's wait_for_function evaluates its text inside the page,
+    which the site's Content-Security-Policy (no 'unsafe-eval') refuses."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = page.evaluate(js)
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still {value!r} after {timeout_s:.0f} s: {js}")
+        page.wait_for_timeout(250)

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -58,10 +58,8 @@ def test_a_user_launches_a_run_watches_it_live_and_cancels_it(stack, browser_use
             run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
 
             page.evaluate("() => { window.__sameDocument = true; }")
-            page.wait_for_function(f"({TOTAL_POINTS_JS})() > 0", timeout=300_000)
-            first = page.evaluate(TOTAL_POINTS_JS)
-            page.wait_for_function(f"({TOTAL_POINTS_JS})() > {first}", timeout=120_000)
-            later = page.evaluate(TOTAL_POINTS_JS)
+            first = wait_for_value(page, TOTAL_POINTS_JS, lambda n: n > 0, timeout_s=300)
+            later = wait_for_value(page, TOTAL_POINTS_JS, lambda n: n > first, timeout_s=120)
             assert later > first
             assert page.evaluate("() => window.__sameDocument === true"), "the page reloaded"
             expect(page.locator("[data-role=status]")).to_have_text("running")
