@@ -73,6 +73,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: an oversized body is refused before anything reads it.
     "rollway.bodylimits.RequestBodyLimitMiddleware",
+    # A NUL in a query parameter: a 400 here, not a database error in a view (the admin's).
+    "rollway.nulguard.QueryNulMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "rollway.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
