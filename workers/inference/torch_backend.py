@@ -210,7 +210,73 @@ def generate_by_steps(
     return out
 
 
-class TorchSession:
+class SteppedSampler:
+    """What the stepped torch sessions share: the prompts left-padded to one length
+    (`ids`, `prompt_mask`), each row's token budget, and `sample`, which draws every
+    unfinished row's next token from its logits (seeded, temperature), records its
+    logprob and ends a row at a stop id or at its budget. A session's `step` runs the
+    model and hands its last-position logits to `sample`."""
+
+    def __init__(
+        self,
+        backend,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        temperature: float,
+        seed: int,
+        max_positions: int | None,
+    ) -> None:
+        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
+            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
+        self.b = backend
+        self.temperature = temperature
+        B = len(prompts)
+        self.P = P = max((len(p) for p in prompts), default=1)
+        self.S = P + max(max_new_tokens, default=1)
+        if max_positions is not None and max_positions < self.S:
+            raise ValueError(
+                f"prompt ({P} tokens) + max_new_tokens ({self.S - P}) exceeds the model's "
+                f"max_position_embeddings ({max_positions})"
+            )
+        self.budget = torch.tensor(max_new_tokens, dtype=torch.long)
+        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        self.ids = torch.full((B, P), backend.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        self.prompt_mask = torch.arange(P)[None, :] >= (P - self.lengths)[:, None]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.done = torch.zeros(B, dtype=torch.bool)
+        self.t = 0  # tokens sampled per row so far
+        self.last: torch.Tensor | None = None
+
+    def unfinished(self) -> list[int]:
+        return (~self.done).nonzero().flatten().tolist()
+
+    def sample(self, logits: torch.Tensor) -> list[StepToken]:
+        """Each unfinished row's next token from `logits` (rows × vocab), and the step's
+        bookkeeping: a finished row samples too (one generator stream whatever ends when)
+        but gets pad and reports nothing."""
+        b, t = self.b, self.t
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
+        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
+        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
+        spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
+        out = [
+            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
+            for row, (token, logprob, eos, length, was_done) in enumerate(
+                zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
+            )
+            if not was_done
+        ]
+        self.done |= hit_eos | spent
+        self.last = tok
+        self.t += 1
+        return out
+
+
+class TorchSession(SteppedSampler):
     """One batch decoded step by step on a TorchBackend's static KV cache.
 
     Each `step` first runs the tokens sampled at the previous step through the model
@@ -229,26 +295,10 @@ class TorchSession:
         temperature: float,
         seed: int,
     ) -> None:
-        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
-            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
-        self.b = backend
-        self.temperature = temperature
-        B = len(prompts)
-        P = max((len(p) for p in prompts), default=1)
-        S = P + max(max_new_tokens, default=1)
-        if backend.max_positions < S:
-            raise ValueError(
-                f"prompt ({P} tokens) + max_new_tokens ({S - P}) exceeds the model's "
-                f"max_position_embeddings ({backend.max_positions})"
-            )
-        self.P = P
-        self.budget = torch.tensor(max_new_tokens, dtype=torch.long)
-        self.ids = torch.full((B, P), backend.pad_id, dtype=torch.long)
+        super().__init__(backend, prompts, max_new_tokens, temperature, seed, backend.max_positions)
+        B, P, S = len(prompts), self.P, self.S
         self.valid = torch.zeros((B, S), dtype=torch.bool)
-        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        for i, p in enumerate(prompts):
-            self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            self.valid[i, P - len(p) : P] = True
+        self.valid[:, :P] = self.prompt_mask
         self.positions = (self.valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         # A pad query may see itself, so no attention row is empty (an empty row is NaN,
@@ -257,13 +307,6 @@ class TorchSession:
         kv = (B, backend.num_kv_heads, S, backend.head_dim)
         self.k_cache = [torch.empty(kv) for _ in backend.layers]
         self.v_cache = [torch.empty(kv) for _ in backend.layers]
-        self.gen = torch.Generator().manual_seed(seed)
-        self.done = torch.zeros(B, dtype=torch.bool)
-        self.t = 0  # tokens sampled per row so far
-        self.last: torch.Tensor | None = None
-
-    def unfinished(self) -> list[int]:
-        return (~self.done).nonzero().flatten().tolist()
 
     @torch.inference_mode()
     def step(self) -> list[StepToken]:
@@ -282,23 +325,7 @@ class TorchSession:
                 self.k_cache,
                 self.v_cache,
             )
-        logp = torch.log_softmax((hidden @ b.lm_head_t) / self.temperature, dim=-1)
-        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
-        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
-        lp = logp.gather(1, tok[:, None]).squeeze(1)
-        hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
-        spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
-        out = [
-            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
-            for row, (token, logprob, eos, length, was_done) in enumerate(
-                zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
-            )
-            if not was_done
-        ]
-        self.done |= hit_eos | spent
-        self.last = tok
-        self.t += 1
-        return out
+        return self.sample(hidden @ b.lm_head_t)
 
     def close(self) -> None:
         self.done[:] = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from workers.inference.base import StepToken
-from workers.inference.torch_backend import generate_by_steps
+from workers.inference.torch_backend import SteppedSampler, generate_by_steps
 
 
 class TransformersBackend:
@@ -87,7 +87,7 @@ class TransformersBackend:
         return generate_by_steps(self, prompts, n, max_new_tokens, temperature, seed)
 
 
-class TransformersSession:
+class TransformersSession(SteppedSampler):
     """One batch decoded step by step through the model's forward and its KV cache.
 
     As `TorchSession`: rows are left-padded (masked, with positions counted from each
@@ -103,35 +103,11 @@ class TransformersSession:
         temperature: float,
         seed: int,
     ) -> None:
-        if len(max_new_tokens) != len(prompts) or min(max_new_tokens, default=1) < 1:
-            raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        self.b = backend
-        self.temperature = temperature
-        B = len(prompts)
-        P = max((len(p) for p in prompts), default=1)
-        longest = P + max(max_new_tokens, default=1)
-        if backend.max_positions is not None and backend.max_positions < longest:
-            raise ValueError(
-                f"prompt ({P} tokens) + max_new_tokens ({longest - P}) exceeds the model's "
-                f"max_position_embeddings ({backend.max_positions})"
-            )
-        self.budget = torch.tensor(max_new_tokens, dtype=torch.long)
-        self.ids = torch.full((B, P), backend.pad_id, dtype=torch.long)
-        self.attention = torch.zeros((B, P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            self.attention[i, P - len(p) :] = 1
-        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        super().__init__(backend, prompts, max_new_tokens, temperature, seed, backend.max_positions)
+        self.attention = self.prompt_mask.long()
         self.cache = None
-        self.gen = torch.Generator().manual_seed(seed)
-        self.done = torch.zeros(B, dtype=torch.bool)
-        self.t = 0
-        self.last: torch.Tensor | None = None
-
-    def unfinished(self) -> list[int]:
-        return (~self.done).nonzero().flatten().tolist()
 
     @torch.inference_mode()
     def step(self) -> list[StepToken]:
@@ -151,23 +127,7 @@ class TransformersSession:
             use_cache=True,
         )
         self.cache = out.past_key_values
-        logp = torch.log_softmax(out.logits[:, -1].float() / self.temperature, dim=-1)
-        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
-        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
-        lp = logp.gather(1, tok[:, None]).squeeze(1)
-        hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
-        spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
-        out_tokens = [
-            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
-            for row, (token, logprob, eos, length, was_done) in enumerate(
-                zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
-            )
-            if not was_done
-        ]
-        self.done |= hit_eos | spent
-        self.last = tok
-        self.t += 1
-        return out_tokens
+        return self.sample(out.logits[:, -1].float())
 
     def close(self) -> None:
         self.done[:] = True
