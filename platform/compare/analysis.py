@@ -297,7 +297,8 @@ def chart_series(
         return {r.pk: {} for r in runs}, {}
     ids = [r.pk for r in runs]
     t0 = {r.pk: figures[r.pk]["t0"] or 0.0 for r in runs}
-    lengths = {key: agg.n for key, agg in rollups.totals(ids, names).items()}
+    totals = rollups.totals(ids, names)
+    lengths = {key: agg.n for key, agg in totals.items()}
     from_rollups: list[tuple[str, str, list[int]]] = []  # (configuration, name, its runs)
     wanted: set[tuple[int, str]] = set()
     for c in configurations:
@@ -308,7 +309,7 @@ def chart_series(
                 from_rollups.append((c["id"], name, seeds))
             else:
                 wanted.update((r, name) for r in seeds)
-    raw = read_many(ids, names, after_step, max_points, only=wanted)
+    raw = read_many(ids, names, after_step, max_points, only=wanted, totals=totals)
     per_run: dict[int, dict] = {}
     for run in runs:
         per_run[run.pk] = {
@@ -330,7 +331,7 @@ def chart_series(
             if seeds:
                 bands[c["id"]][name] = seed_band(seeds)
     for cid, name, seeds in from_rollups:
-        band = bucket_band(seeds, name, max_points, t0)
+        band = bucket_band(seeds, name, max_points, t0, totals)
         if band:
             bands[cid][name] = band
     return per_run, bands

@@ -78,15 +78,17 @@ def read_many(
     max_points: int = 2000,
     *,
     only: set[tuple[int, str]] | None = None,
+    totals: dict[tuple[int, str], rollups.Agg] | None = None,
 ) -> dict[int, dict[str, dict]]:
     """{run_id: {name: {"steps", "values", "times", "total", "last_step", "downsampled"}}}
     for the runs' series (all, or those named; only the (run, name) pairs in `only` when
     given), with steps > after_step only when given; each series min-max downsampled to
     at most `max_points` points. `total` counts all the series' stored points, whatever
-    after_step."""
+    after_step. `totals`: the runs' `rollups.totals` when the caller has read them."""
     run_ids = [int(r) for r in run_ids]
     out: dict[int, dict[str, dict]] = {r: {} for r in run_ids}
-    totals = rollups.totals(run_ids, series)
+    if totals is None:
+        totals = rollups.totals(run_ids, series)
     if only is not None:
         totals = {key: agg for key, agg in totals.items() if key in only}
     max_points = max(int(max_points), 3)
@@ -129,13 +131,16 @@ def read_many(
     return out
 
 
-def bucket_band(run_ids: list[int], name: str, max_points: int, t0: dict[int, float]) -> dict | None:
+def bucket_band(
+    run_ids: list[int], name: str, max_points: int, t0: dict[int, float], totals: dict[tuple[int, str], rollups.Agg]
+) -> dict | None:
     """The band of several runs' series (a configuration's seeds) too long to draw whole,
     from their rollups: steps cut into the blocks downsampling would use (one grid for
     every seed), and per block the lowest point of any seed, the highest, the mean over
     seeds of each seed's mean in the block, and at the block's last step and the seeds'
-    mean wall time there. {"steps", "mean", "min", "max", "wall"}, None without points."""
-    totals = rollups.totals(run_ids, [name])
+    mean wall time there. {"steps", "mean", "min", "max", "wall"}, None without points.
+    `totals`: `rollups.totals` of (at least) these runs' series."""
+    totals = {key: agg for key, agg in totals.items() if key[1] == name and key[0] in run_ids}
     if not totals:
         return None
     keep = (max(int(max_points), 3) - 1) // 2
