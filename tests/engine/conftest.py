@@ -73,3 +73,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("tiny-model"))
     save_model(model, tokenizer, path)
     return path
+
+
+@pytest.fixture
+def one_torch_thread():
+    """In-process training and sampling on one torch thread: on the shared 2-core host two
+    intra-op threads spin against each other and against the Ray actors (a 60-step warm
+    start took minutes instead of seconds)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -91,3 +91,8 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
     assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
     wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
     return stub.series(run_id)
+
+
+# A warm start long enough that the tiny BPE checkpoint (workers/tiny_hf.py) answers with
+# task characters and stops (measured: EOS ends ~all completions, most decode to letters).
+HF_WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}

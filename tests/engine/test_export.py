@@ -12,7 +12,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.engine.helpers import run_inline, small_config
+from tests.engine.helpers import HF_WARM_START, run_inline, small_config
 from workers import warmstart
 from workers.export import MANIFEST, export_policy
 from workers.lora import adapter_state_dict
@@ -21,9 +21,6 @@ from workers.tiny_hf import make_tiny_checkpoint
 from workers.tokenizer import CharTokenizer
 from workers.trainer import Trainer
 
-# Enough supervised steps that the random BPE checkpoint answers in the task's letters
-# and stops at EOS.
-WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
 # A small char model and a short warm start: these runs are about the export.
 SMALL = {
     "model": {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "num_layers": 1},
@@ -31,15 +28,7 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """In-process training and sampling on one torch thread: on the shared 2-core host two
-    intra-op threads spin against each other and against the Ray actors (a 60-step warm
-    start took minutes instead of seconds)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +77,7 @@ def test_the_char_model_exports_as_a_llama_with_a_tokenizer_hf_loads(tmp_path):
 
 def test_a_bpe_model_exports_with_its_tokenizer_and_chat_template(tmp_path, qwen_dir):
     # A warm start that teaches the format (letters, then EOS), so generation can stop.
-    cfg = small_config(model={"source": "path", "path": qwen_dir}, warm_start=WARM_START)
+    cfg = small_config(model={"source": "path", "path": qwen_dir}, warm_start=HF_WARM_START)
     cache = str(tmp_path / "cache")
     trainer = trained(cfg, cache)
     target = str(tmp_path / "exports" / "run-2")

@@ -16,6 +16,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
+from tests.engine.helpers import HF_WARM_START
 from workers import warmstart
 from workers.config import RunConfig
 from workers.driver import RunDriver
@@ -32,21 +33,7 @@ from workers.tiny_hf import IM_END, make_tiny_checkpoint
 from workers.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from workers.trainer import Trainer, pack, spread, token_logprobs
 
-# Enough supervised steps that the random checkpoint answers with task characters and
-# stops (measured: EOS ends ~all completions, most decode to letters of the alphabet);
-# one build per config per session (the warm start's cache).
-WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """In-process training and sampling on one torch thread: on the shared 2-core host two
-    intra-op threads spin against each other and against the Ray actors (a 60-step warm
-    start took minutes instead of seconds)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +54,7 @@ def llama_dir(models_root) -> str:
 def path_config(model_dir: str, **overrides) -> RunConfig:
     base = {
         "model": {"source": "path", "path": model_dir},
-        "warm_start": WARM_START,
+        "warm_start": HF_WARM_START,
         "trainer": {"batch_groups": 4, "group_size": 4},
         "stop": {"max_steps": 3},
     }
