@@ -154,14 +154,25 @@ def config_table(configurations: list[dict]) -> list[dict]:
 # --- per-run figures, in the database ----------------------------------------------------
 
 
+def start_times(ids: list[int], stats: dict[int, dict[str, rollups.Agg]]) -> dict[int, float | None]:
+    """{run id: t0, the time of its first stored point in any series (None without
+    points)}, from its series' totals {run id: {series: aggregate}}."""
+    return {r: min((a.min_time for a in stats.get(r, {}).values()), default=None) for r in ids}
+
+
+def totals_by_run(ids: list[int]) -> dict[int, dict[str, rollups.Agg]]:
+    stats: dict[int, dict[str, rollups.Agg]] = {r: {} for r in ids}
+    for (run_id, series), agg in rollups.totals(ids).items():
+        stats[run_id][series] = agg
+    return stats
+
+
 def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int, dict]:
     """{run_id: {column key: value or None, "t0": ..., "last_step": ..., "samples": ...}},
     from the runs' rollups (runs/rollups.py): a few rows per series, whatever their length."""
     ids = [r.pk for r in runs]
-    stats: dict[int, dict[str, rollups.Agg]] = {r: {} for r in ids}
-    for (run_id, series), agg in rollups.totals(ids).items():
-        stats[run_id][series] = agg
-    t0 = {r: min((a.min_time for a in stats[r].values()), default=None) for r in ids}
+    stats = totals_by_run(ids)
+    t0 = start_times(ids, stats)
     reached = rollups.first_reach(ids, REWARD, target)
     at_budget = rollups.last_at_or_before(REWARD, {r: t0[r] + float(budget_s) for r in ids if t0[r] is not None})
 
@@ -280,7 +291,7 @@ def seed_band(per_run: list[dict]) -> dict:
 def chart_series(
     runs: list[Run],
     configurations: list[dict],
-    figures: dict[int, dict],
+    start: dict[int, float | None],
     *,
     names: list[str],
     after_step=None,
@@ -296,7 +307,7 @@ def chart_series(
     if not names:
         return {r.pk: {} for r in runs}, {}
     ids = [r.pk for r in runs]
-    t0 = {r.pk: figures[r.pk]["t0"] or 0.0 for r in runs}
+    t0 = {r.pk: start.get(r.pk) or 0.0 for r in runs}
     totals = rollups.totals(ids, names)
     lengths = {key: agg.n for key, agg in totals.items()}
     from_rollups: list[tuple[str, str, list[int]]] = []  # (configuration, name, its runs)
@@ -351,9 +362,8 @@ def compare(
     configurations = group_runs(runs)
     figures = run_figures(runs, target=target, budget_s=budget_s)
     names = [m.name for m in METRICS] if series is None else series
-    per_run, bands = chart_series(
-        runs, configurations, figures, names=names, after_step=after_step, max_points=max_points
-    )
+    t0 = {r: f["t0"] for r, f in figures.items()}
+    per_run, bands = chart_series(runs, configurations, t0, names=names, after_step=after_step, max_points=max_points)
     config_of = {r: c["id"] for c in configurations for r in c["runs"]}
     return {
         "target": target,
@@ -381,12 +391,8 @@ def charts(runs: list[Run], series: list[str] | None, *, after_step=None, max_po
     """Only the chart series of the metrics `series` (all when None), per run and per
     configuration band: what the page asks for each chart as it comes into view."""
     configurations = group_runs(runs)
-    t0: dict[int, float] = {}
-    for (run_id, _), agg in rollups.totals([r.pk for r in runs]).items():
-        t0[run_id] = min(agg.min_time, t0.get(run_id, agg.min_time))
-    figures = {r.pk: {"t0": t0.get(r.pk)} for r in runs}
+    ids = [r.pk for r in runs]
+    t0 = start_times(ids, totals_by_run(ids))
     names = [m.name for m in METRICS] if series is None else series
-    per_run, bands = chart_series(
-        runs, configurations, figures, names=names, after_step=after_step, max_points=max_points
-    )
+    per_run, bands = chart_series(runs, configurations, t0, names=names, after_step=after_step, max_points=max_points)
     return {"series": {str(k): v for k, v in per_run.items()}, "bands": bands}

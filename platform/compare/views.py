@@ -284,8 +284,7 @@ def comparison(request: HttpRequest, comparison_id: int) -> HttpResponse:
         found = actions.check_comparison_access(request.user, comparison_id)
     except ActionError as exc:
         raise Http404(exc.message) from None
-    runs = Run.objects.filter(comparison_links__comparison=found).select_related("experiment__team")
-    runs = list(runs.order_by("pk"))
+    runs = list(found.runs.select_related("experiment__team").order_by("pk"))
     return render(request, "compare/compare.html", {**page_context(runs), "comparison": found})
 
 

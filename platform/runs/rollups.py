@@ -142,6 +142,15 @@ def merge(children: list[Agg]) -> Agg:
     )
 
 
+def narrowest_blocks(points: list[tuple[int, float, float]], moving: list[float | None]) -> dict[int, Agg]:
+    """{idx: aggregate} of (step, value, time) points (in step order, `moving[i]` the
+    trailing mean at point i) cut into the narrowest blocks."""
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, (step, _, _) in enumerate(points):
+        members[step // WIDTHS[0]].append(i)
+    return {idx: of_points([points[i] for i in rows], [moving[i] for i in rows]) for idx, rows in members.items()}
+
+
 def trailing_means(values: list[float], skip: int = 0) -> list[float | None]:
     """The mean of the last MOVING_WINDOW values ending at each value (None before the
     window is full), for values[skip:] (the first `skip` only lead into windows)."""
@@ -256,11 +265,8 @@ def _narrowest(cursor, run_id: int, touched: dict[str, set[int]]) -> dict[tuple[
             moving = trailing_means(before + values, skip=len(before))
         else:
             moving = [None] * len(points)
-        buckets: dict[int, list[int]] = defaultdict(list)
-        for i, (step, _, _) in enumerate(points):
-            buckets[step // width].append(i)
-        for idx, members in buckets.items():
-            out[(series, idx)] = of_points([points[i] for i in members], [moving[i] for i in members])
+        for idx, agg in narrowest_blocks(points, moving).items():
+            out[(series, idx)] = agg
     return out
 
 
@@ -350,13 +356,7 @@ def rebuild(run_id: int, using: str = DEFAULT_DB_ALIAS) -> int:
             count += len(points)
             values = [v for _, v, _ in points]
             moving = trailing_means(values) if series in MOVING_SERIES else [None] * len(points)
-            groups: dict[int, list[int]] = defaultdict(list)
-            for i, (step, _, _) in enumerate(points):
-                groups[step // WIDTHS[0]].append(i)
-            level = {
-                idx: of_points([points[i] for i in members], [moving[i] for i in members])
-                for idx, members in groups.items()
-            }
+            level = narrowest_blocks(points, moving)
             levels = {WIDTHS[0]: level}
             for width in WIDTHS[1:]:
                 parents: dict[int, list[Agg]] = defaultdict(list)
