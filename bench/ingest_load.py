@@ -284,21 +284,12 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures to this file")
     loadsite.add_site_args(p)
     args = p.parse_args()
-    for flag in ("runs", "seconds", "series", "steps"):
-        if getattr(args, flag) <= 0:
-            p.error(f"--{flag} must be > 0")
+    loadsite.require_positive(p, args, "runs", "seconds", "series", "steps")
     if args.warmup < 0 or args.profile < 0:
         p.error("--warmup and --profile must be ≥ 0")
     if args.series * args.steps > 50_000:
         p.error("--series × --steps must be ≤ 50,000 (the ingest's limit per request)")
-    loadsite.check_site_args(p, args)
-    loadsite.reexec_with_platform_path()
-    loadsite.stop_on_sigterm()
-
-    home = loadsite.short_home()
-    settings = loadsite.site_settings(args, home)
-    loadsite.setup_django(settings)
-    _, experiment = loadsite.bench_user("bench-ingest")
+    home, settings, _, experiment = loadsite.prepare(p, args, "bench-ingest")
     stamp = time.strftime("%H:%M:%S")
     runs = [loadsite.new_run(experiment, f"ingest load {stamp} #{i}") for i in range(args.runs)]
     ids = [run.pk for run in runs]

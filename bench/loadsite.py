@@ -455,3 +455,25 @@ def stop_on_sigterm() -> None:
     """SIGTERM as Ctrl-C, so `finally:` blocks (the site's shutdown, the bench runs'
     cleanup) run either way."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def require_positive(p: argparse.ArgumentParser, args: argparse.Namespace, *flags: str) -> None:
+    """p.error naming the first of `flags` (argparse dests) that is not > 0."""
+    for flag in flags:
+        if getattr(args, flag) <= 0:
+            p.error(f"--{flag.replace('_', '-')} must be > 0")
+
+
+def prepare(p: argparse.ArgumentParser, args: argparse.Namespace, username: str):
+    """What every load bench does once its own flags are checked: check the site flags,
+    run again with the platform on the path, stop cleanly on SIGTERM, make a short home,
+    set Django up on the site's settings and make the bench user. (home, settings, user,
+    experiment)."""
+    check_site_args(p, args)
+    reexec_with_platform_path()
+    stop_on_sigterm()
+    home = short_home()
+    settings = site_settings(args, home)
+    setup_django(settings)
+    user, experiment = bench_user(username)
+    return home, settings, user, experiment

@@ -443,21 +443,12 @@ def main() -> None:
     p.add_argument("--json", help="also write the samples and figures to this file")
     loadsite.add_site_args(p, url=False)
     args = p.parse_args()
-    for flag in ("minutes", "interval", "read_every", "start_timeout"):
-        if getattr(args, flag) <= 0:
-            p.error(f"--{flag.replace('_', '-')} must be > 0")
+    loadsite.require_positive(p, args, "minutes", "interval", "read_every", "start_timeout")
     if args.viewers < 0 or args.extra_points_per_s < 0:
         p.error("--viewers and --extra-points-per-s must be ≥ 0")
     if args.interval > args.minutes * 60:
         p.error(f"--interval ({args.interval:g} s) must fit in --minutes ({args.minutes:g} min)")
-    loadsite.check_site_args(p, args)
-    loadsite.reexec_with_platform_path()
-    loadsite.stop_on_sigterm()
-
-    home = loadsite.short_home()
-    settings = loadsite.site_settings(args, home)
-    loadsite.setup_django(settings)
-    user, experiment = loadsite.bench_user("bench-soak")
+    home, settings, user, experiment = loadsite.prepare(p, args, "bench-soak")
     # Finished, so neither the queue nor reconcile counts it: only its points matter.
     synthetic = loadsite.new_run(experiment, f"soak synthetic {time.strftime('%H:%M:%S')}", status="succeeded")
     ids = [synthetic.pk]

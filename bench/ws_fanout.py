@@ -235,19 +235,10 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures to this file")
     loadsite.add_site_args(p)
     args = p.parse_args()
-    for flag in ("viewers", "seconds", "rate", "series", "connect_concurrency"):
-        if getattr(args, flag) <= 0:
-            p.error(f"--{flag.replace('_', '-')} must be > 0")
+    loadsite.require_positive(p, args, "viewers", "seconds", "rate", "series", "connect_concurrency")
     if args.series > 1000:
         p.error("--series must be ≤ 1000 (one post carries one point per series)")
-    loadsite.check_site_args(p, args)
-    loadsite.reexec_with_platform_path()
-    loadsite.stop_on_sigterm()
-
-    home = loadsite.short_home()
-    settings = loadsite.site_settings(args, home)
-    loadsite.setup_django(settings)
-    user, experiment = loadsite.bench_user("bench-ws")
+    home, settings, user, experiment = loadsite.prepare(p, args, "bench-ws")
     run = loadsite.new_run(experiment, f"ws fan-out {time.strftime('%H:%M:%S')}")
     site = None
     try:
