@@ -31,6 +31,7 @@ from workers.buffer import plan as buffer_plan
 from workers.config import RunConfig, StopConfig
 from workers.failures import ChildFailed, SyncTimeout, explain
 from workers.messages import InferenceReport, TrainerReport
+from workers.metric_names import REWARD_WINDOW
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
@@ -40,9 +41,8 @@ log = logging.getLogger(__name__)
 
 # Metrics poll period: shorter → fresher charts, more actor calls (≈1 ms each).
 POLL_S = 0.5
-# target_reward is judged on the mean reward/mean of this many latest steps: one step
-# is too noisy to stop on.
-TARGET_WINDOW = 5
+# target_reward is judged on the mean reward/mean of this many latest steps.
+TARGET_WINDOW = REWARD_WINDOW
 # Child actors must be up within this (vLLM needs ~20–40 s on CPU to start).
 SPAWN_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0

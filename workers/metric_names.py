@@ -109,3 +109,8 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Trainer starved (s)", ("buffer/starved_s",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
 )
+
+# How many of the latest reward/mean points a reward target is judged on (their mean):
+# one step is too noisy. The driver's stop.target_reward and the compare page's "time to
+# target" use the same window, so a run that stopped on its target shows that time.
+REWARD_WINDOW = 5

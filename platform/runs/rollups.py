@@ -37,12 +37,14 @@ from typing import NamedTuple
 from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from workers.metric_names import REWARD_WINDOW
+
 WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
 FAN_OUT = 4
 # The series whose buckets keep `best_moving`: the compare page's "time to target" asks
 # when the mean of the last MOVING_WINDOW reward points first reached a target.
 MOVING_SERIES = frozenset({"reward/mean"})
-MOVING_WINDOW = 5
+MOVING_WINDOW = REWARD_WINDOW
 # Terms per OR-list in one statement (SQLite's default expression depth is 1000).
 MAX_TERMS = 200
 
