@@ -16,8 +16,12 @@ compare page's /api/compare). Every --interval seconds it samples:
 
 It prints one row per sample as it goes, then the drift (first sample vs last, and per
 minute). The run is launched with stop.max_steps large and stop.max_minutes past the
-soak, and cancelled at the end. Exits non-zero if the run failed, a viewer lost points
-or a request failed.
+soak, and cancelled at the end. Beside it, every --churn-every seconds a second tiny
+run is launched and cancelled (queued, warming up or training: wherever it got to in
+--churn-hold seconds), back to back, so the samples also show what launches and cancels
+leave behind; each churned run must end `cancelled` with none of its Ray processes left.
+Exits non-zero if the run failed, a churned run did not end cancelled, a viewer lost
+points or a request failed.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/11 \\
     CELERY_BROKER_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/soak.py   # 30 min
@@ -55,6 +59,7 @@ class Sample(NamedTuple):
     web_rss_mb: float
     worker_rss_mb: float
     ray_rss_mb: float
+    ray_procs: int
     web_fds: int
     worker_fds: int
     db_conns: int
@@ -73,6 +78,7 @@ COLUMNS = (
     ("web_rss_mb", "web MB", "{:7.1f}"),
     ("worker_rss_mb", "wrk MB", "{:7.1f}"),
     ("ray_rss_mb", "ray MB", "{:7.0f}"),
+    ("ray_procs", "ray n", "{:5d}"),
     ("web_fds", "web fd", "{:6d}"),
     ("worker_fds", "wrk fd", "{:6d}"),
     ("db_conns", "db conn", "{:7d}"),
@@ -183,6 +189,7 @@ class Probe:
             "web_rss_mb": web_rss,
             "worker_rss_mb": worker_rss,
             "ray_rss_mb": sum(mb for _, mb in ray.values()),
+            "ray_procs": len(ray),
             "web_fds": web_fds,
             "worker_fds": worker_fds,
             "db_conns": self._db_conns(),
@@ -289,9 +296,49 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), max(0.0, tick - time.monotonic()))
 
+        churned: list[dict] = []
+
+        async def churn() -> None:
+            # Back-to-back launches and cancels beside the long run: each churned run is
+            # held --churn-hold seconds (noting the furthest it got: queued, running and
+            # its phase), cancelled, and waited for until it ends. A cycle begun is
+            # finished even when the soak stops, so no churned run is left behind.
+            csrf = {"X-CSRFToken": cookies["csrftoken"]}
+            while not stop.is_set():
+                cycle = time.monotonic()
+                r = await client.post("/api/runs", json=launch_body("churn", 5), headers=csrf)
+                if r.status_code != 201:
+                    failed(f"churn launch HTTP {r.status_code}")
+                else:
+                    run = r.json()["id"]
+                    reached = "queued"
+                    hold_end = cycle + args.churn_hold
+                    while not stop.is_set() and time.monotonic() < hold_end:
+                        got = (await client.get(f"/api/runs/{run}")).json()
+                        reached = f"{got['status']} {got.get('phase', '')}".strip()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), 2.0)
+                    asked = time.monotonic()
+                    await client.post(f"/api/runs/{run}/cancel", json={}, headers=csrf)
+                    status = ""
+                    while time.monotonic() - asked < 120:
+                        status = (await client.get(f"/api/runs/{run}")).json()["status"]
+                        if status in TERMINAL:
+                            break
+                        await asyncio.sleep(1)
+                    churned.append(
+                        {"id": run, "reached": reached, "status": status, "cancel_s": time.monotonic() - asked}
+                    )
+                    if status != "cancelled":
+                        failed(f"churned run ended {status or 'not at all'}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, cycle + args.churn_every - time.monotonic()))
+
         background = [asyncio.ensure_future(read_pages())]
         if args.extra_points_per_s > 0:
             background.append(asyncio.ensure_future(feed_synthetic()))
+        if args.churn_every > 0:
+            background.append(asyncio.ensure_future(churn()))
 
         await asyncio.gather(*(v.opened() for v in viewers))
         await probe.sample()  # the baseline the first sample's points/s count from
@@ -336,6 +383,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
     points = [sum(v.by_step.get(s, 0) for s in steps) for v in viewers]
     return {
         "samples": [s._asdict() for s in samples],
+        "churned": churned,
         "errors": errors,
         "run_status": run.get("status"),
         "run_error": run.get("error", ""),
@@ -351,20 +399,23 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
     }
 
 
+def launch_body(name: str, minutes: float) -> dict:
+    """POST /api/runs for a tiny run that stops after `minutes` at the latest."""
+    overrides = {**TINY, "stop": {"max_steps": 100_000, "max_minutes": math.ceil(minutes)}}
+    return {
+        "team": "bench-load",
+        "name": f"{name} {time.strftime('%H:%M:%S')}",
+        "preset": "async",
+        "overrides": overrides,
+    }
+
+
 def launch(url: str, cookies: dict, minutes: float) -> int:
     import httpx
 
-    overrides = {**TINY, "stop": {"max_steps": 100_000, "max_minutes": math.ceil(minutes) + 10}}
     with httpx.Client(base_url=url, timeout=60, trust_env=False, cookies=cookies) as client:
         r = client.post(
-            "/api/runs",
-            json={
-                "team": "bench-load",
-                "name": f"soak {time.strftime('%H:%M:%S')}",
-                "preset": "async",
-                "overrides": overrides,
-            },
-            headers={"X-CSRFToken": cookies["csrftoken"]},
+            "/api/runs", json=launch_body("soak", minutes + 10), headers={"X-CSRFToken": cookies["csrftoken"]}
         )
         if r.status_code != 201:
             sys.exit(f"the launch was refused: HTTP {r.status_code} {r.text[:500]}")
@@ -428,6 +479,18 @@ def report(r: dict) -> None:
         print(f"  viewer {index} is short of {len(missing)} steps, e.g. {missing[:8]}")
     for index, why in list(r["viewers_closed"].items())[:10]:
         print(f"  viewer {index} {why}")
+    churned = r["churned"]
+    if churned:
+        took = loadsite.summary([c["cancel_s"] for c in churned])
+        reached: dict[str, int] = {}
+        for c in churned:
+            reached[c["reached"]] = reached.get(c["reached"], 0) + 1
+        ended = sum(c["status"] == "cancelled" for c in churned)
+        print(
+            f"churn: {len(churned)} runs launched and cancelled, {ended} ended cancelled; cancel → ended "
+            + "  ".join(f"{k} {took[k]:.1f} s" for k in ("p50", "p95", "max"))
+        )
+        print("  where they were when cancelled: " + ", ".join(f"{k} ×{n}" for k, n in sorted(reached.items())))
     print(f"errors: {r['errors'] or 'none'}")
     print(f"run status at the end of the soak: {r['run_status']} {r['run_error']}".rstrip())
 
@@ -439,13 +502,15 @@ def main() -> None:
     p.add_argument("--viewers", type=int, default=20, help="WebSocket viewers on the run's page")
     p.add_argument("--extra-points-per-s", type=float, default=300, help="synthetic ingest into a second run (0: none)")
     p.add_argument("--read-every", type=float, default=5, help="seconds between the pages' API reads")
+    p.add_argument("--churn-every", type=float, default=60, help="seconds between churned launches (0: none)")
+    p.add_argument("--churn-hold", type=float, default=20, help="seconds a churned run lives before its cancel")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds the run may take to its first step")
     p.add_argument("--json", help="also write the samples and figures to this file")
     loadsite.add_site_args(p, url=False)
     args = p.parse_args()
     loadsite.require_positive(p, args, "minutes", "interval", "read_every", "start_timeout")
-    if args.viewers < 0 or args.extra_points_per_s < 0:
-        p.error("--viewers and --extra-points-per-s must be ≥ 0")
+    if args.viewers < 0 or args.extra_points_per_s < 0 or args.churn_every < 0 or args.churn_hold < 0:
+        p.error("--viewers, --extra-points-per-s, --churn-every and --churn-hold must be ≥ 0")
     if args.interval > args.minutes * 60:
         p.error(f"--interval ({args.interval:g} s) must fit in --minutes ({args.minutes:g} min)")
     home, settings, user, experiment = loadsite.prepare(p, args, "bench-soak")
@@ -466,6 +531,7 @@ def main() -> None:
         print(f"first step after {took:.0f} s; sampling every {args.interval:g} s for {args.minutes:g} min", flush=True)
         probe = Probe(site, args.redis_url, (run_id, synthetic.pk))
         figures = asyncio.run(soak(args, site, probe, cookies, run_id, synthetic))
+        ids.extend(c["id"] for c in figures["churned"])
         report(figures)
         print(loadsite.load_line())
         print(f"run {run_id} cancelled at the end: {cancel(site.url, cookies, run_id)}")

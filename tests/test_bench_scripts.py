@@ -274,6 +274,7 @@ def test_soak_drift_is_last_minus_first_and_per_minute():
         "web_rss_mb": 100.0,
         "worker_rss_mb": 200.0,
         "ray_rss_mb": 900.0,
+        "ray_procs": 12,
         "web_fds": 40,
         "worker_fds": 30,
         "db_conns": 3,
