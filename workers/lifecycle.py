@@ -9,6 +9,7 @@ of starting it twice. These calls are all the platform needs of Ray; each is ide
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import ray
@@ -21,19 +22,48 @@ from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run
 
 # The driver's constructor and start() only set up a thread: seconds, even on a busy host.
 LAUNCH_TIMEOUT_S = 60.0
+# A head that is up accepts a TCP connection in milliseconds, even on a busy host.
+PROBE_TIMEOUT_S = 2.0
+
+
+class RayUnreachable(ConnectionError):
+    """The Ray head this process talks to does not accept connections."""
 
 
 def connect(ray_address: str | None = None) -> None:
     """Join Ray if this process has not: `ray_address`, else RAY_ADDRESS, else a new
     local cluster (which lives only as long as this process: fine for tests, not for a
-    platform; there the launcher's `ray start --head` sets RAY_ADDRESS)."""
+    platform; there the launcher's `ray start --head` sets RAY_ADDRESS).
+
+    With an address, the head is probed first (`RayUnreachable` if it does not answer),
+    joined or not: a Ray call to a head that vanished blocks until Ray gives up on it
+    (60 s) and then ends the whole process, a Celery worker included. A process joined
+    to a vanished head leaves it (`ray.shutdown`, about 5 s), so that the call after the
+    head is back joins it afresh."""
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    if address and not _answers(address):
+        if ray.is_initialized():
+            ray.shutdown()
+        raise RayUnreachable(f"the Ray head at {address} does not answer (RAY_ADDRESS; is it running?)")
     if ray.is_initialized():
         return
-    address = ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
         ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+
+
+def _answers(address: str) -> bool:
+    """Whether `host:port` accepts a TCP connection within PROBE_TIMEOUT_S; an address
+    this cannot probe (`auto`, a `ray://` client address) counts as answering."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return True
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
 
 
 def launch(
