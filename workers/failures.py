@@ -565,7 +565,8 @@ def _ray_unreachable(f: _Facts) -> tuple[str, str] | None:
                 "cluster's token."
             )
         if (
-            (r.short == "ConnectionError" and re.search(r"\b(?:ray|gcs)\b", lower))
+            r.short == "RayUnreachable"  # workers.lifecycle's probe of the head
+            or (r.short == "ConnectionError" and re.search(r"\b(?:ray|gcs)\b", lower))
             or "failed to connect to gcs" in lower
             or (r.short == "RpcError" and "gcs" in lower)
             or "could not find any running ray instance" in lower

@@ -249,6 +249,17 @@ def test_an_unreachable_ray_names_the_address():
     assert "Failed to connect to GCS" in failure.detail
 
 
+def test_a_head_the_probe_found_down_is_unreachable():
+    from workers.lifecycle import RayUnreachable
+
+    try:
+        raise RayUnreachable("the Ray head at 10.0.0.9:6380 does not answer (RAY_ADDRESS; is it running?)")
+    except RayUnreachable as exc:
+        failure = explain(exc, what="The launch")
+    assert failure.kind == "ray_unreachable"
+    assert failure.message == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
+
+
 def test_a_refused_ray_token_says_which_setting_to_fix():
     failure = explain(AuthenticationError("Token authentication failed."), ray_address="10.0.0.9:6380")
     assert failure.message == (
