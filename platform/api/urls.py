@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import comparisons, configs, views
+from api import comparisons, configs, teams, views
 
 app_name = "api"
 
@@ -14,6 +14,9 @@ urlpatterns = [
     path("comparisons/<int:comparison_id>/rerun", comparisons.comparison_rerun, name="comparison-rerun"),
     path("config/schema", views.config_schema, name="config-schema"),
     path("teams", views.teams, name="teams"),
+    path("teams/<str:team>/members", teams.members, name="team-members"),
+    path("teams/<str:team>/members/<str:username>", teams.member, name="team-member"),
+    path("teams/<str:team>/audit", teams.audit, name="team-audit"),
     path("experiments", views.experiments, name="experiments"),
     path("runs", views.runs, name="runs"),
     path("runs/cancel", views.runs_cancel, name="runs-cancel"),

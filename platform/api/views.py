@@ -255,4 +255,5 @@ def run_export(request: HttpRequest, run_id: int):
         run, directory = exports.check_export(request.user, run_id)
     except ActionError as exc:
         return refusal_response(exc)
+    exports.do_record_export(request.user, run)
     return exports.zip_response(request, run, directory)

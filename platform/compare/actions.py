@@ -31,6 +31,7 @@ from runs.actions import (
 )
 from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
+from teams import audit, roles
 from teams.models import Team
 from workers.presets import PRESETS, deep_merge
 
@@ -196,6 +197,8 @@ def check_comparison(
             errors["team"] = "choose one of your teams (or an experiment of one)"
     except ActionError as exc:
         errors.update(exc.errors)
+    if team_obj is not None:
+        roles.require(user, team_obj, "launch comparisons", field="experiment" if exp_obj else "team")
     if not isinstance(name, str) or not name.strip() or len(name.strip()) > NAME_MAX:
         errors["name"] = f"must be 1 to {NAME_MAX} characters"
         name = ""
@@ -246,6 +249,7 @@ def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: An
     every configuration once per seed, `seeds` defaulting to the comparison's first
     ones, each run at `priority` in the queue (0 unless given). The runs it has are
     kept, so the total is capped as a new comparison is."""
+    roles.require(user, comparison.team, "launch comparisons", field="comparison")
     errors: dict[str, str] = {}
     try:
         priority = check_priority(priority)
@@ -301,6 +305,7 @@ def do_launch_comparison(user, request: ComparisonRequest) -> Comparison:
             seeds=request.seeds,
         )
         runs = _launch_all(user, comparison, request)
+        audit.record(user, comparison.team, audit.Action.COMPARE, f"comparison {comparison.pk}", runs=len(runs))
     logger.info("comparison %s (%s) launched %d runs for %s", comparison.pk, comparison.name, len(runs), user)
     return comparison
 
@@ -314,5 +319,6 @@ def do_rerun_comparison(user, comparison: Comparison, request: ComparisonRequest
         if new_seeds:
             comparison.seeds = [*comparison.seeds, *new_seeds]
             comparison.save(update_fields=["seeds"])
+        audit.record(user, comparison.team, audit.Action.RERUN, f"comparison {comparison.pk}", runs=len(runs))
     logger.info("comparison %s launched again: %d more runs for %s", comparison.pk, len(runs), user)
     return runs

@@ -8,6 +8,7 @@ from django.contrib import admin, messages
 from compare import actions
 from compare.models import Comparison, ComparisonRun
 from runs.errors import ActionError
+from teams.admin import administered
 
 
 class ComparisonRunInline(admin.TabularInline):
@@ -32,7 +33,7 @@ class ComparisonAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         found = super().get_queryset(request).select_related("team", "created_by")
-        return found if request.user.is_superuser else found.visible_to(request.user)
+        return found if request.user.is_superuser else found.filter(team__in=administered(request.user))
 
     def has_add_permission(self, request):
         # A comparison is made by launching it (the form or the API), which checks it.

@@ -239,6 +239,7 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
         "priority": request.POST.get("priority", "0"),
     }
     errors: dict[str, str] = nul_errors(form) if request.method == "POST" else {}
+    status = 400  # a refusal's own (403: the role does not allow it)
     if request.method == "POST" and not errors:
         experiment, _, team = form["target"].partition("team:")
         try:
@@ -259,7 +260,7 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
                     priority=form["priority"],
                 )
             except ActionError as exc:
-                errors = exc.errors
+                errors, status = exc.errors, exc.http_status
             else:
                 comparison = actions.do_launch_comparison(request.user, launch)
                 messages.success(request, f"Queued {comparison.members.count()} runs.")
@@ -273,7 +274,7 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
         "priority_range": (PRIORITY_MIN, PRIORITY_MAX),
         **_form_choices(request.user),
     }
-    return render(request, "compare/comparison_new.html", context, status=400 if errors else 200)
+    return render(request, "compare/comparison_new.html", context, status=status if errors else 200)
 
 
 @login_required

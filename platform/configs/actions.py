@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from configs.models import SavedConfig
 from runs.actions import check_config, check_saved_config_access, check_team_access
 from runs.errors import ActionError, Conflict, NotFound
+from teams import roles
 from teams.models import Team
 from workers.presets import PRESETS, deep_merge
 
@@ -107,6 +108,8 @@ def check_new_config(
         errors.update(exc.errors)
     if team_obj is None and "team" not in errors:
         errors["team"] = "choose one of your teams (id or slug)"
+    if team_obj is not None:
+        roles.require(user, team_obj, "save configurations")
     name, description, base_preset, overrides = _check_content(errors, name, description, base_preset, overrides)
     if errors:
         raise ActionError(errors)
@@ -126,6 +129,7 @@ def check_new_version(
 ) -> SaveRequest:
     """The next version of `previous`'s configuration (a version the user may see:
     `check_config_access`): whatever is not given is kept from `previous`."""
+    roles.require(user, previous.team, "save configurations", field="config")
     errors: dict[str, str] = {}
     _, description, base_preset, overrides = _check_content(
         errors,

@@ -17,7 +17,7 @@ from django.urls import path
 from configs.actions import builtin_presets
 from configs.models import SavedConfig
 from runs.actions import check_config
-from teams.models import Team
+from teams.admin import administered
 from workers.presets import PRESETS
 
 
@@ -53,11 +53,11 @@ class SavedConfigAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         found = super().get_queryset(request).select_related("team", "created_by")
-        return found if request.user.is_superuser else found.visible_to(request.user)
+        return found if request.user.is_superuser else found.filter(team__in=administered(request.user))
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "team" and not request.user.is_superuser:
-            kwargs["queryset"] = Team.objects.for_user(request.user)
+            kwargs["queryset"] = administered(request.user)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def has_change_permission(self, request, obj=None):

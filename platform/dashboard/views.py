@@ -26,6 +26,7 @@ from rollway import jsonin
 from runs import actions, listing
 from runs.errors import ActionError, NotFound, nul_errors
 from runs.models import Experiment, Run
+from teams import roles
 from teams.models import Team
 from workers.config import json_schema
 from workers.metric_names import DASHBOARD_CHARTS, METRICS
@@ -324,6 +325,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         "config_description": request.POST.get("config_description", ""),
     }
     errors: dict[str, str] = nul_errors(form) if request.method == "POST" else {}
+    status = 400  # a refusal's own (403: the role does not allow it)
     if request.method == "POST" and not errors:
         try:
             overrides = jsonin.loads(form["overrides"] or "{}")
@@ -350,7 +352,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     priority=form["priority"],
                 )
             except ActionError as exc:
-                errors = exc.errors
+                errors, status = exc.errors, exc.http_status
             else:
                 run = actions.do_launch_run(request.user, launch_request)
                 messages.success(request, f"Run #{run.pk} queued.")
@@ -384,7 +386,7 @@ def launch(request: HttpRequest) -> HttpResponse:
         # control shows that path (a section, an unknown field), beside the overrides box.
         "config_errors": sorted(unplaced.items()),
     }
-    return render(request, "dashboard/launch.html", context, status=400 if errors else 200)
+    return render(request, "dashboard/launch.html", context, status=status if errors else 200)
 
 
 def _charts() -> list[dict]:
@@ -410,6 +412,8 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
         "dashboard/run.html",
         {
             "run": found,
+            "may_cancel": roles.may_cancel(request.user, found),
+            "may_export": roles.allows(roles.role_of(request.user, found.experiment.team), "export models"),
             "config_json": json.dumps(found.config, indent=2),
             "overrides_json": json.dumps(found.overrides, indent=2),
             "charts": _charts(),

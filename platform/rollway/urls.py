@@ -10,5 +10,6 @@ urlpatterns = [
     path("api/", include("api.urls")),
     path("healthz", healthz, name="healthz"),
     path("configs/", include("configs.urls")),
+    path("teams/", include("teams.urls")),
     path("", include("dashboard.urls")),
 ]

@@ -22,8 +22,9 @@ from pydantic import ValidationError
 
 from configs.models import SavedConfig
 from runs import admission, dispatch, events
-from runs.errors import ActionError, Conflict, NotFound, field_errors
+from runs.errors import ActionError, Conflict, NotFound, field_errors, nul_errors
 from runs.models import Experiment, Run
+from teams import audit, roles
 from teams.models import Team
 from workers.config import RunConfig
 from workers.presets import PRESETS, UnknownPreset, build, deep_merge
@@ -66,6 +67,8 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
 
 def check_team_access(user, team: Any) -> Team:
     """A team of the user's, by id or slug."""
+    if bad := nul_errors({"team": team}):
+        raise ActionError(bad)
     teams = Team.objects.for_user(user)
     found = teams.filter(pk=team).first() if ID_TEXT.fullmatch(str(team)) else teams.filter(slug=team).first()
     if found is None:
@@ -89,6 +92,7 @@ def do_create_experiment(user, team: Team, name: str, description: str = "") -> 
     (`check_experiment_name`). A name the team already uses is an ActionError on "name";
     the database's unique constraint decides, so two concurrent requests cannot both
     create it."""
+    roles.require(user, team, "create experiments")
     try:
         with transaction.atomic():
             experiment = Experiment.objects.create(team=team, name=name, description=description, created_by=user)
@@ -198,6 +202,8 @@ def check_launch(
             errors["experiment"] = "choose an experiment (or give a team to use its default one)"
     except ActionError as exc:
         errors.update(exc.errors)
+    if team_obj is not None:  # a team the user sees; launching in it needs a role that may
+        roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
     if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
         errors["saved_config"] = (
             f"configuration {saved.label!r} belongs to team {saved.team.name}; "
@@ -266,6 +272,7 @@ def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
             priority=launch.priority,
         )
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
+        audit.record(user, launch.team, audit.Action.LAUNCH, f"run {run.pk}", name=run.name, preset=run.preset)
 
         transaction.on_commit(lambda: events.send_status(run))
         if schedule:
@@ -299,9 +306,11 @@ def do_set_run_status(run: Run, status: str, *, error: str = "", only_from: Iter
 
 
 def check_cancel(user, run_id: int) -> Run:
-    """The run, if `user` may cancel it now: NotFound if they may not see it, Conflict
-    (on "status") if it has already ended."""
+    """The run, if `user` may cancel it now: NotFound if they may not see it, Forbidden
+    if their role does not allow it (a member cancels their own runs, an admin anyone's),
+    Conflict (on "status") if it has already ended."""
     run = check_run_access(user, run_id)
+    roles.require(user, run.experiment.team, roles.cancel_action(user, run), field="run")
     if not run.can_cancel:
         raise Conflict({"status": f"run {run.pk} is {run.status}; nothing to cancel"})
     return run
@@ -309,7 +318,10 @@ def check_cancel(user, run_id: int) -> Run:
 
 def do_cancel_run(user, run: Run) -> bool:
     """Mark the run cancelling and enqueue `cancel_run`, which stops its Ray actors."""
-    changed = do_set_run_status(run, Run.Status.CANCELLING)
+    with transaction.atomic():
+        changed = do_set_run_status(run, Run.Status.CANCELLING)
+        if changed:
+            audit.record(user, run.experiment.team, audit.Action.CANCEL, f"run {run.pk}", name=run.name)
     if changed:
         logger.info("run %s cancel requested by %s", run.pk, user)
         transaction.on_commit(lambda: dispatch.send_or_log(dispatch.CANCEL_RUN, run.pk))

@@ -1,10 +1,11 @@
 from django.contrib import admin
 
 from runs.models import Experiment, MetricPoint, Run
+from teams.admin import TeamScopedAdmin
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(admin.ModelAdmin):
+class ExperimentAdmin(TeamScopedAdmin):
     list_display = ["name", "team", "created_by", "created_at"]
     list_filter = ["team"]
     search_fields = ["name", "description"]
@@ -12,7 +13,8 @@ class ExperimentAdmin(admin.ModelAdmin):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(TeamScopedAdmin):
+    team_path = "experiment__team"
     list_display = ["id", "name", "experiment", "preset", "status", "launched_by", "created_at"]
     list_filter = ["status", "preset", "experiment__team"]
     search_fields = ["name", "error"]
@@ -28,7 +30,8 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(MetricPoint)
-class MetricPointAdmin(admin.ModelAdmin):
+class MetricPointAdmin(TeamScopedAdmin):
+    team_path = "run__experiment__team"
     list_display = ["run", "series", "step", "value", "time"]
     list_filter = ["series"]
     raw_id_fields = ["run"]

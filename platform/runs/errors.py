@@ -33,6 +33,13 @@ class Conflict(ActionError):
     http_status = 409
 
 
+class Forbidden(ActionError):
+    """The user sees the object but their role in its team does not allow the request
+    (a viewer launching, a member cancelling someone else's run)."""
+
+    http_status = 403
+
+
 class NotFound(ActionError):
     """No such object, or the user may not see it (outsiders learn nothing)."""
 

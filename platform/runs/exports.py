@@ -22,6 +22,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from runs.actions import check_run_access
 from runs.errors import Conflict, NotFound
 from runs.models import Run
+from teams import audit, roles
 
 # Bytes read from a file per chunk of the response.
 CHUNK_BYTES = 1 << 20
@@ -37,6 +38,7 @@ def check_export(user, run_id: int) -> tuple[Run, Path]:
     """The run and its export directory, if `user` may download it now: NotFound for a
     run they may not see or one with no exported model, Conflict while it is not finished."""
     run = check_run_access(user, run_id)
+    roles.require(user, run.experiment.team, "export models", field="run")
     if run.status not in Run.TERMINAL:
         raise Conflict(
             {"run": f"run {run.pk} is {run.status}: its model is exported when it succeeds; download it then"}
@@ -46,6 +48,12 @@ def check_export(user, run_id: int) -> tuple[Run, Path]:
         why = "only a run that succeeded exports its model" if run.status != Run.Status.SUCCEEDED else "none was kept"
         raise NotFound({"run": f"run {run.pk} ({run.status}) has no exported model: {why}"})
     return run, path
+
+
+def do_record_export(user, run: Run) -> None:
+    """The audit log's entry for a download about to start: whoever began it has the
+    model's files."""
+    audit.record(user, run.experiment.team, audit.Action.EXPORT, f"run {run.pk}", name=run.name)
 
 
 def files(directory: Path) -> list[tuple[Path, str]]:

@@ -1,4 +1,5 @@
-"""Teams own experiments; a user sees and acts on the runs of the teams they belong to."""
+"""Teams own experiments; a user sees and acts on the runs of the teams they belong to,
+as far as their role in the team allows (teams/roles.py says what each role may do)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class TeamQuerySet(models.QuerySet):
     def ensure_demo(self, user, name: str = "Demo") -> Team:
         """The demo team, created if missing, with `user` as its owner. Idempotent."""
         team, _ = self.get_or_create(slug=slugify(name), defaults={"name": name})
-        Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.OWNER})
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.ADMIN})
         return team
 
 
@@ -53,9 +54,12 @@ class Team(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
-        # Owners manage the team (members, deletion); every member launches and cancels runs.
-        OWNER = "owner", "Owner"
+        # Ordered from least to most (teams/roles.py ranks them): a viewer reads, a member
+        # also launches and cancels their own runs, an admin does everything in the team,
+        # members and roles included.
+        VIEWER = "viewer", "Viewer"
         MEMBER = "member", "Member"
+        ADMIN = "admin", "Admin"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -67,3 +71,36 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class AuditEvent(models.Model):
+    """Who did what in a team, and when: launches, cancels, exports, comparisons and
+    changes to the team's members. Written by the actions layer (teams/audit.py) in the
+    same transaction as the change itself, so an event exists exactly when its change
+    does. `subject` names what it was done to ("run 12", "user tom"); the actor is kept
+    by name too, so the log outlives a deleted account."""
+
+    class Action(models.TextChoices):
+        LAUNCH = "launch", "launched"
+        CANCEL = "cancel", "cancelled"
+        EXPORT = "export", "exported"
+        COMPARE = "compare", "launched comparison"
+        RERUN = "rerun", "re-ran comparison"
+        MEMBER_ADD = "member_add", "added member"
+        MEMBER_ROLE = "member_role", "changed role"
+        MEMBER_REMOVE = "member_remove", "removed member"
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="audit_events")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=20, choices=Action.choices)
+    subject = models.CharField(max_length=200)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [models.Index(fields=["team", "-at"], name="audit_team_at")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.get_action_display()} {self.subject}"

@@ -70,7 +70,7 @@ def team(db):
 @pytest.fixture
 def owner(team):
     user = _user("olga")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     return user
 
 
@@ -85,7 +85,7 @@ def teammate(team):
 def outsider(db):
     user = _user("oscar")
     other = Team.objects.create(name="Elsewhere")
-    Membership.objects.create(team=other, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=other, user=user, role=Membership.Role.ADMIN)
     Experiment.objects.create(team=other, name="theirs")
     return user
 
@@ -104,7 +104,7 @@ def make_run(experiment, owner):
             preset=preset,
             config=fields.pop("config", None) or build(preset).model_dump(mode="json"),
             status=status,
-            launched_by=owner,
+            launched_by=fields.pop("launched_by", owner),
             **fields,
         )
 

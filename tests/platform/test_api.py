@@ -7,6 +7,7 @@ import json
 import pytest
 
 from runs.models import MetricPoint, Run
+from teams.models import AuditEvent
 
 Status = Run.Status
 
@@ -57,14 +58,27 @@ def status_of(run):
     return run.status
 
 
-@pytest.mark.parametrize("persona", ["owner", "teammate"])
-def test_members_may_cancel_a_run(client_for, run, persona, request, enqueued, django_capture_on_commit_callbacks):
+@pytest.mark.parametrize(("persona", "launcher"), [("owner", None), ("owner", "teammate"), ("teammate", "teammate")])
+def test_an_admin_cancels_any_run_a_member_their_own(
+    client_for, make_run, persona, launcher, request, enqueued, django_capture_on_commit_callbacks
+):
     user = request.getfixturevalue(persona)
+    run = make_run(Status.RUNNING, launched_by=request.getfixturevalue(launcher) if launcher else None)
     with django_capture_on_commit_callbacks(execute=True):
         r = client_for(user).post(f"/api/runs/{run.pk}/cancel")
     assert r.status_code == 202
     assert r.json()["status"] == "cancelling"
     assert enqueued == [("cancel_run", run.pk)]
+    event = AuditEvent.objects.get(action="cancel")
+    assert (event.actor, event.team, event.subject) == (user, run.experiment.team, f"run {run.pk}")
+
+
+def test_a_member_may_not_cancel_someone_elses_run(client_for, teammate, owner, make_run, enqueued):
+    run = make_run(Status.RUNNING, launched_by=owner)
+    r = client_for(teammate).post(f"/api/runs/{run.pk}/cancel")
+    assert r.status_code == 403
+    assert "admin role" in r.json()["errors"]["run"]
+    assert status_of(run) == Status.RUNNING and enqueued == [] and not AuditEvent.objects.exists()
 
 
 def test_cancelling_a_finished_run_is_a_409(client_for, owner, make_run, enqueued):
@@ -146,7 +160,7 @@ def test_a_member_can_create_an_experiment_in_their_team(client_for, teammate, t
 
 def test_the_teams_endpoint_lists_roles_and_experiments(client_for, owner, experiment):
     [team] = client_for(owner).get("/api/teams").json()["teams"]
-    assert team["role"] == "owner"
+    assert team["role"] == "admin"
     assert [e["name"] for e in team["experiments"]] == ["async-vs-sync"]
 
 

@@ -27,7 +27,7 @@ def seed_runs(user) -> tuple[list[Run], dict[str, float]]:
     """Four finished runs and, per configuration label, the mean over its seeds of the
     reward at BUDGET seconds, computed here from the points themselves."""
     team = Team.objects.create(name="Compare")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="lr sweep")
     runs, want = [], {}
     for lr in (1e-5, 3e-5):

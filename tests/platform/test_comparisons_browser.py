@@ -23,7 +23,7 @@ def test_a_comparison_launched_from_the_form_lands_on_its_compare_page_with_4_ru
 
     user = get_user_model().objects.create_user("cleo", password=PASSWORD)
     team = Team.objects.create(name="Sweeps")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="modes")
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
     with sync_playwright() as pw:

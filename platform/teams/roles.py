@@ -1,0 +1,64 @@
+"""What each role in a team may do, in one place.
+
+- viewer: reads everything of the team (runs, metrics, comparisons, configurations).
+- member: also launches runs and comparisons, saves configurations, exports models, and
+  cancels the runs they launched.
+- admin: also cancels anyone's run and manages the team's members and their roles.
+
+Site staff get no rights in a team from being staff: a superuser has every right (the
+Django admin is theirs), anyone else only what their membership gives. The actions
+layer asks here before it changes anything; a refusal is `Forbidden` (HTTP 403) naming
+the role the action needs, while a team the user is not in stays invisible (404).
+"""
+
+from __future__ import annotations
+
+from runs.errors import Forbidden
+from teams.models import Membership, Team
+
+Role = Membership.Role
+RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
+
+# action → the least role it needs; the words are what a refusal says.
+NEEDS = {
+    "launch runs": Role.MEMBER,
+    "create experiments": Role.MEMBER,
+    "launch comparisons": Role.MEMBER,
+    "save configurations": Role.MEMBER,
+    "export models": Role.MEMBER,
+    "cancel runs": Role.MEMBER,  # their own; anyone's needs "cancel others' runs"
+    "cancel others' runs": Role.ADMIN,
+    "manage members": Role.ADMIN,
+}
+
+
+def role_of(user, team: Team) -> str | None:
+    """The user's role in `team`; a superuser counts as its admin; None for an outsider."""
+    if getattr(user, "is_superuser", False) and user.is_active:
+        return Role.ADMIN
+    return team.role_of(user)
+
+
+def allows(role: str | None, action: str) -> bool:
+    return role is not None and RANK[Role(role)] >= RANK[NEEDS[action]]
+
+
+def cancel_action(user, run) -> str:
+    """What cancelling `run` is for `user`: their own run, or someone else's."""
+    own = run.launched_by_id is not None and run.launched_by_id == user.pk
+    return "cancel runs" if own else "cancel others' runs"
+
+
+def may_cancel(user, run) -> bool:
+    return allows(role_of(user, run.experiment.team), cancel_action(user, run))
+
+
+def require(user, team: Team, action: str, *, field: str = "team") -> str:
+    """The user's role in `team` if it allows `action`; Forbidden on `field` otherwise."""
+    role = role_of(user, team)
+    if not allows(role, action):
+        need = NEEDS[action]
+        raise Forbidden(
+            {field: f"to {action} in team {team.slug} you need the {need} role or higher (yours: {role or 'none'})"}
+        )
+    return role

@@ -1,0 +1,59 @@
+"""The teams page: each of the user's teams, its members and roles; for the team's
+admins, forms to add members, change roles and remove members, and the audit log."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from runs.errors import ActionError, NotFound
+from teams import actions, roles
+from teams.models import AuditEvent, Membership, Team
+
+AUDIT_SHOWN = 100  # the newest events; GET /api/teams/<team>/audit pages through all
+
+
+@login_required
+def teams(request: HttpRequest) -> HttpResponse:
+    entries = []
+    for team in Team.objects.for_user(request.user).order_by("name"):
+        role = roles.role_of(request.user, team)
+        admin = roles.allows(role, "manage members")
+        entries.append(
+            {
+                "team": team,
+                "role": role,
+                "admin": admin,
+                "members": team.memberships.select_related("user").order_by("user__username"),
+                "events": AuditEvent.objects.filter(team=team)[:AUDIT_SHOWN] if admin else [],
+            }
+        )
+    return render(request, "teams/teams.html", {"entries": entries, "roles": Membership.Role.choices})
+
+
+@login_required
+@require_POST
+def members(request: HttpRequest, slug: str) -> HttpResponse:
+    """The admin's forms: `action` add (username, role), role (username, role) or remove
+    (username)."""
+    try:
+        team = actions.check_manage(request.user, slug)
+    except NotFound:
+        raise Http404("No such team among yours.") from None
+    except ActionError as exc:
+        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain; charset=utf-8")
+    username = request.POST.get("username", "")
+    try:
+        if request.POST.get("action") == "remove":
+            actions.do_remove_member(request.user, team, username)
+            messages.info(request, f"Removed {username} from {team.name}.")
+        else:
+            member, new = actions.do_set_member(request.user, team, username, request.POST.get("role"))
+            verb = "Added" if new else "Set"
+            messages.info(request, f"{verb} {member.user.username} as {member.role} in {team.name}.")
+    except ActionError as exc:
+        messages.error(request, exc.message)
+    return redirect("teams:list")
