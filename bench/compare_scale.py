@@ -61,7 +61,7 @@ def seed(runs: int, points: int, series: list[str], configurations: int) -> tupl
 
     user = get_user_model().objects.create_user("bench")
     team = Team.objects.create(name="Bench")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="scale")
     ids = []
     base = build("async").model_dump(mode="json")

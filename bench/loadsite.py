@@ -251,7 +251,7 @@ def bench_user(username: str):
     user.set_password(BENCH_PASSWORD)
     user.save()
     team, _ = Team.objects.get_or_create(slug="bench-load", defaults={"name": BENCH_TEAM})
-    Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.OWNER})
+    Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.ADMIN})
     experiment, _ = Experiment.objects.get_or_create(team=team, name="load", defaults={"created_by": user})
     return user, experiment
 
