@@ -151,6 +151,7 @@ class InferenceWorker:
         from workers.inference import make_backend
         from workers.rl_tasks import make_task
         from workers.sync import make_receiver
+        from workers.task_data import worker_prompts
         from workers.tokenizer import load_tokenizer
         from workers.updates import PartialCounts
 
@@ -163,6 +164,7 @@ class InferenceWorker:
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
         self.backend = make_backend(self.cfg, model_dir, own_scratch)
         self.task = make_task(self.cfg.task)
+        self.prompts = worker_prompts(self.cfg, self.task, index, num_workers)  # a dataset's share, or the task
         self.tokenizer = load_tokenizer(model_dir)
         # Workers split a batch between them so sync mode keeps them all busy.
         self.chunk_groups = math.ceil(self.cfg.trainer.batch_groups / num_workers)
@@ -259,7 +261,7 @@ class InferenceWorker:
     def _generate_and_put(self, n: int) -> None:
         # on_stale="requeue": prompts of rejected groups are generated again first.
         requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
-        prompts = [(g.prompt, g.answer) for g in requeued] + self.task.sample(n - len(requeued), self.rng)
+        prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from workers.tokenizer import DEFAULT_CHARS
 
@@ -60,10 +60,45 @@ class ModelConfig(_Section):
         return self
 
 
-class TaskConfig(_Section):
-    """The synthetic task with a verifiable reward."""
+class DatasetConfig(_Section):
+    """A task's prompts from a local file instead of its synthetic generator. The format
+    comes from the extension (.json, .jsonl, .parquet, .csv); each row gives a prompt and
+    the answer the task's reward checks against."""
 
-    name: Literal["reverse"] = "reverse"
+    path: str = Field(
+        ..., min_length=1, description="The file (.json, .jsonl, .parquet, .csv), under an allowed data root."
+    )
+    prompt_column: str = Field("prompt", min_length=1, description="Column holding the prompt text.")
+    answer_column: str = Field("answer", min_length=1, description="Column holding the answer the reward checks.")
+    eval_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Rows held out for evaluation (after a shuffle by the run's seed)."
+    )
+    eval_path: str | None = Field(
+        None, min_length=1, description="A separate file for the eval split (then eval_fraction must be 0)."
+    )
+
+    @model_validator(mode="after")
+    def _one_split(self) -> DatasetConfig:
+        if self.eval_path is not None and self.eval_fraction:
+            raise ValueError(
+                "task.dataset: give either eval_fraction (held out of path) or eval_path (a file of its own), "
+                "not both; set eval_fraction to 0 when eval_path is set"
+            )
+        return self
+
+
+class TaskConfig(_Section):
+    """The task with a verifiable reward (workers/rl_tasks): a built-in name, a
+    'package.module:ClassName' path, or a 'rollway.tasks' entry point. min_len, max_len,
+    alphabet and reward configure `reverse`; other tasks read `options`."""
+
+    name: str = Field(
+        "reverse",
+        min_length=1,
+        max_length=200,
+        description="reverse · countdown · gsm8k · calculator, or 'package.module:ClassName', "
+        "or a 'rollway.tasks' entry point name.",
+    )
     min_len: int = Field(3, ge=1)
     max_len: int = Field(5, ge=1)
     alphabet: str = Field("abcdefgh", min_length=2, description="Characters prompts are drawn from.")
@@ -72,6 +107,19 @@ class TaskConfig(_Section):
         description="1 for an exact answer else 0; or partial credit for the correct prefix; "
         "or for every matching position.",
     )
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="Settings of the named task, checked by the task itself."
+    )
+    dataset: DatasetConfig | None = Field(None, description="Prompts from a file instead of the task's generator.")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        # Imported here: the task modules import this one.
+        from workers.rl_tasks import task_class
+
+        task_class(name)  # UnknownTask (a ValueError) names the choices
+        return name
 
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:
@@ -85,6 +133,13 @@ class TaskConfig(_Section):
             )
         if len(set(self.alphabet)) != len(self.alphabet):
             raise ValueError("task.alphabet must not repeat a character")
+        return self
+
+    @model_validator(mode="after")
+    def _options(self) -> TaskConfig:
+        from workers.rl_tasks import task_class, task_options
+
+        task_options(task_class(self.name), self.options)
         return self
 
 
@@ -301,19 +356,38 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:
-        # The answer plus its EOS must fit in the completion, and BOS+prompt+"="
-        # plus the completion must fit in the model's positions.
-        need = self.task.max_len + 1
+        # The longest answer plus its EOS must fit in the completion, and BOS + the
+        # longest prompt + the completion in the model's positions. A task over a dataset
+        # is checked row by row when its file is read (workers/task_data.py).
+        from workers.rl_tasks import task_lengths
+
+        lengths = None if self.task.dataset is not None else task_lengths(self.task)
+        if lengths is None:
+            return self
+        need = lengths.answer + 1
         if self.inference.max_new_tokens < need:
             raise ValueError(
                 f"inference.max_new_tokens ({self.inference.max_new_tokens}) must be ≥ "
-                f"task.max_len + 1 ({need}) so the longest answer and its EOS fit"
+                f"{lengths.answer_source} + 1 ({need}) so the longest answer and its EOS fit"
             )
-        longest = 1 + self.task.max_len + 1 + self.inference.max_new_tokens
+        longest = 1 + lengths.prompt + self.inference.max_new_tokens
         if self.model.source == "tiny" and self.model.max_position_embeddings < longest:
             raise ValueError(
                 f"model.max_position_embeddings ({self.model.max_position_embeddings}) must "
-                f"be ≥ {longest} (BOS + prompt + '=' + inference.max_new_tokens)"
+                f"be ≥ {longest} (BOS + the longest prompt ({lengths.prompt}) + inference.max_new_tokens)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_has_demonstrations(self) -> RunConfig:
+        from workers.rl_tasks import task_class
+
+        if (self.warm_start.steps or self.warm_start.noisy_steps) and not hasattr(
+            task_class(self.task.name), "demonstration"
+        ):
+            raise ValueError(
+                f"task {self.task.name!r} offers no demonstration (a demonstration(prompt, answer) method), so "
+                "there is nothing to warm-start on: set warm_start.steps and warm_start.noisy_steps to 0"
             )
         return self
 

@@ -1,7 +1,7 @@
 """Confinement: every path a run's config names resolves under a root the operator allowed.
 
 A run config is hostile input: whoever can launch a run could otherwise make the
-cluster read any directory it can see (`model.path`) or write into any it can write
+cluster read any directory it can see (`model.path`, `task.dataset.path`) or write into any it can write
 (`sync.directory`). So a path is resolved the way the OS will follow it — symlinks and
 `..` included, `os.path.realpath` — and must then lie under one of the roots the
 operator allowed for that field. The platform checks at launch (the user gets a 400
@@ -80,18 +80,25 @@ class Confinement:
     directory). `sync_roots`: directories under which `sync.directory` may point (empty:
     the field must stay unset, and filesystem sync writes into the run's scratch).
     `scratch_root`: where each run's scratch directory is made. `export_root`: where
-    each successful run's model is exported (empty: runs export nothing)."""
+    each successful run's model is exported (empty: runs export nothing). `data_roots`:
+    directories under which `task.dataset.path` and `eval_path` may point."""
 
     model_roots: tuple[str, ...] = ()
     sync_roots: tuple[str, ...] = ()
     scratch_root: str = field(default="")
     export_root: str = field(default="")
+    data_roots: tuple[str, ...] = ()
 
     @classmethod
     def from_lists(
-        cls, model_roots: Sequence[str], sync_roots: Sequence[str], scratch_root: str, export_root: str = ""
+        cls,
+        model_roots: Sequence[str],
+        sync_roots: Sequence[str],
+        scratch_root: str,
+        export_root: str = "",
+        data_roots: Sequence[str] = (),
     ) -> Confinement:
-        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root)
+        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root, tuple(data_roots))
 
     def errors(self, cfg: RunConfig) -> dict[str, str]:
         """{dotted field: message} for each path in `cfg` that escapes its roots, a
@@ -115,7 +122,29 @@ class Confinement:
                 confine(cfg.sync.directory, self.sync_roots, "sync.directory", "ROLLWAY_SYNC_ROOTS")
             except PathNotAllowed as exc:
                 errors[exc.field] = exc.message
+        errors.update(self.dataset_errors(cfg))
         return errors
+
+    def dataset_errors(self, cfg: RunConfig) -> dict[str, str]:
+        """{field: message} for a dataset path outside the data roots, or (once every
+        path is allowed) a file the run cannot use: unreadable, a missing column, rows
+        the model cannot take."""
+        ds = cfg.task.dataset
+        if ds is None:
+            return {}
+        errors: dict[str, str] = {}
+        for name, path in (("task.dataset.path", ds.path), ("task.dataset.eval_path", ds.eval_path)):
+            if path is None:
+                continue
+            try:
+                confine(path, self.data_roots, name, "ROLLWAY_DATA_ROOTS")
+            except PathNotAllowed as exc:
+                errors[exc.field] = exc.message
+        if errors:
+            return errors  # never open a file outside the roots
+        from workers.task_data import dataset_errors  # `datasets` (pyarrow): only for a run with a dataset
+
+        return dataset_errors(cfg)
 
     def check(self, cfg: RunConfig) -> None:
         """Raise PathNotAllowed for the first path of `cfg` that is not allowed."""

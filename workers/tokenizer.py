@@ -22,8 +22,9 @@ TOKENIZER_FILE = "rollway_tokenizer.json"
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 # Every character a task may use. Appending keeps old ids valid; reordering breaks
-# every cached model, so never reorder.
-DEFAULT_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789=+-*/ ,.:?"
+# every cached model, so never reorder. "()" are countdown's parentheses, "#" GSM8K's
+# "#### answer" marker.
+DEFAULT_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789=+-*/ ,.:?()#"
 
 
 class Tokenizer(Protocol):

@@ -36,7 +36,7 @@ from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3  # 3: the char vocabulary grew ("()#"), demonstrations per task
 # progress(done, total): supervised steps done out of the build's total.
 Progress = Callable[[int, int], None]
 
@@ -52,6 +52,8 @@ def cache_key(cfg: RunConfig) -> str:
     }
     if cfg.model.source != "tiny":
         parts["source_files"] = _fingerprint(source_dir(cfg.model))
+    if cfg.task.dataset is not None:  # an edited data file teaches other demonstrations
+        parts["dataset_file"] = _file_fingerprint(cfg.task.dataset.path)
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -68,6 +70,14 @@ def _fingerprint(model_dir: str) -> list[tuple[str, int, float]]:
             st = os.stat(path)
             out.append((name, st.st_size, st.st_mtime))
     return out
+
+
+def _file_fingerprint(path: str) -> tuple[int, float] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime)
 
 
 def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None) -> str:
@@ -127,6 +137,24 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
     return {"final_loss": final_loss}
 
 
+def demonstrations(cfg: RunConfig):
+    """(pairs source, demonstration, noise characters) for the warm start of `cfg`'s
+    task: pairs from its dataset's train split or its generator, the completion it
+    teaches for a pair, and what the noisy phase replaces characters with (the task's
+    `noise_chars`, else the demonstration's own characters). ValueError, naming the
+    fix, for a task that offers no demonstration."""
+    from workers.task_data import train_prompts
+
+    task = make_task(cfg.task)
+    demo = getattr(task, "demonstration", None)
+    if demo is None:
+        raise ValueError(
+            f"task {cfg.task.name!r} offers no demonstration (a demonstration(prompt, answer) method) for the "
+            "supervised warm start: set warm_start.steps and warm_start.noisy_steps to 0"
+        )
+    return train_prompts(cfg, task), demo, getattr(task, "noise_chars", None)
+
+
 def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str:
     """`answer` with each character replaced, with probability `noise`, by a random one."""
     if noise <= 0:
@@ -145,7 +173,7 @@ def supervised_steps(
 ) -> float:
     """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt,
     each answer character replaced by a random one with probability `noise`."""
-    task = make_task(cfg.task)
+    source, demo, noise_chars = demonstrations(cfg)
     rng = random.Random(f"warm-start-{phase}-{cfg.seed}")
     ws = cfg.warm_start
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
@@ -154,8 +182,9 @@ def supervised_steps(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         for k in range(steps):
-            pairs = task.sample(ws.batch_size, rng)
-            targets = [corrupt(a, noise, cfg.task.alphabet, rng) for _, a in pairs]
+            pairs = source.sample(ws.batch_size, rng)
+            shown = [demo(p, a) for p, a in pairs]
+            targets = [corrupt(d, noise, noise_chars or "".join(sorted(set(d))), rng) for d in shown]
             batch = pack(
                 [encode_prompt(tokenizer, p) for p, _ in pairs],
                 [tokenizer.encode(a) + [tokenizer.eos_id] for a in targets],

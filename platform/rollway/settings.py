@@ -247,6 +247,9 @@ ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 # --- confinement: the only places a run's config may name (workers/paths.py) ---------
 # model.path must resolve (symlinks and .. followed) under one of these.
 ROLLWAY_MODEL_ROOTS = env_list("ROLLWAY_MODEL_ROOTS", [str(ROLLWAY_HOME / "models")])
+# task.dataset.path (and eval_path) likewise: by default the datasets shipped in the
+# repository's data/ and a data/ folder in ROLLWAY_HOME.
+ROLLWAY_DATA_ROOTS = env_list("ROLLWAY_DATA_ROOTS", [str(REPO_ROOT / "data"), str(ROLLWAY_HOME / "data")])
 # sync.directory likewise; empty (the default) means the field must stay unset and
 # filesystem sync writes into the run's scratch directory.
 ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])

@@ -24,6 +24,7 @@ def confinement() -> Confinement:
         settings.ROLLWAY_SYNC_ROOTS,
         settings.ROLLWAY_SCRATCH_DIR,
         settings.ROLLWAY_EXPORT_DIR,
+        settings.ROLLWAY_DATA_ROOTS,
     )
 
 

@@ -11,26 +11,27 @@ positions, so GRPO cannot tell which token earned the reward.
 from __future__ import annotations
 
 import random
-from typing import Protocol
 
 from workers.config import TaskConfig
-
-
-class Task(Protocol):
-    def sample(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
-        """`n` (prompt text, answer) pairs."""
-        ...
-
-    def reward(self, completion_text: str, answer: str) -> float:
-        """Score in [0, 1] of a decoded completion (EOS and after already stripped)."""
-        ...
+from workers.rl_tasks import TaskLengths
 
 
 class ReverseTask:
-    """Reverse a string of `min_len`..`max_len` characters drawn from `alphabet`."""
+    """Reverse a string of `min_len`..`max_len` characters drawn from `alphabet` (the
+    top-level fields of `task`, which predate `task.options`)."""
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
+        # What the warm start's noisy phase replaces characters with.
+        self.noise_chars = cfg.alphabet
+
+    @classmethod
+    def lengths(cls, cfg: TaskConfig) -> TaskLengths:
+        return TaskLengths(prompt=cfg.max_len + 1, answer=cfg.max_len, answer_source="task.max_len")
+
+    def demonstration(self, prompt: str, answer: str) -> str:
+        """The answer is the completion."""
+        return answer
 
     def sample(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
         out = []
@@ -62,10 +63,3 @@ class ReverseTask:
         else:
             hits = sum(a == b for a, b in zip(completion_text, answer, strict=False))
         return hits / denom
-
-
-def make_task(task_cfg: TaskConfig) -> Task:
-    """The task named by `task.name`."""
-    if task_cfg.name == "reverse":
-        return ReverseTask(task_cfg)
-    raise ValueError(f"unknown task.name {task_cfg.name!r}; choose 'reverse'")

@@ -1,0 +1,153 @@
+"""Tasks with verifiable rewards, chosen by `task.name` in one place: `task_class`.
+
+`task.name` is one of three things:
+
+- a built-in name (`BUILTINS`): Rollway's own tasks, registered by dotted path and
+  imported only when a run names them;
+- an importable dotted path, `"package.module:ClassName"`: a task in the user's own
+  package, with nothing registered anywhere;
+- the name of a Python entry point in the group `rollway.tasks` (`ENTRY_POINT_GROUP`):
+  a package that declares, in its pyproject.toml,
+  `[project.entry-points."rollway.tasks"] my_task = "my_pkg.tasks:MyTask"`.
+
+A task class is built with the run's `TaskConfig` and offers:
+
+- `sample(n, rng)`: `n` synthetic (prompt, answer) pairs;
+- `reward(completion_text, answer)`: a score in [0, 1];
+- `demonstration(prompt, answer)`: the completion a supervised warm start teaches for a
+  pair (optional: without it the warm start must be off);
+- `Options` (optional): a pydantic model for the task's own settings, `task.options`;
+- `lengths(task_cfg)` (optional classmethod): the longest prompt and answer it samples,
+  so a config whose model cannot hold them is refused before it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from workers.config import TaskConfig
+
+ENTRY_POINT_GROUP = "rollway.tasks"
+
+# Dotted paths, imported lazily: a run pays only for the task it names. `calculator`
+# lives in its own module, written beside this registry.
+BUILTINS: dict[str, str] = {
+    "reverse": "workers.rl_tasks.reverse:ReverseTask",
+    "countdown": "workers.rl_tasks.countdown:CountdownTask",
+    "gsm8k": "workers.rl_tasks.gsm8k:GSM8KTask",
+    "calculator": "workers.tool_task:CalculatorTask",
+}
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class Task(Protocol):
+    def sample(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
+        """`n` (prompt text, answer) pairs."""
+        ...
+
+    def reward(self, completion_text: str, answer: str) -> float:
+        """Score in [0, 1] of a decoded completion (EOS and after already stripped)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TaskLengths:
+    """The longest prompt and answer (characters) a task samples; `answer_source` names
+    what sets the answer's length, for the config error that asks for more room."""
+
+    prompt: int
+    answer: int
+    answer_source: str
+
+
+class UnknownTask(ValueError):
+    """`task.name` names no task that can be loaded; the message says why and what is."""
+
+
+def _hint() -> str:
+    return (
+        f"built-in tasks: {', '.join(BUILTINS)}; or a 'package.module:ClassName' path; "
+        f"or the name of an entry point in the {ENTRY_POINT_GROUP!r} group"
+    )
+
+
+def _load(path: str, name: str) -> type:
+    if not _DOTTED.match(path):
+        raise UnknownTask(f"task.name {name!r} is not a valid 'package.module:ClassName' path ({_hint()})")
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        if name in BUILTINS:
+            raise UnknownTask(
+                f"task.name {name!r} is a built-in task whose module {module_name!r} this Rollway "
+                f"cannot import ({exc}); choose another task ({_hint()})"
+            ) from None
+        raise UnknownTask(
+            f"task.name {name!r}: cannot import module {module_name!r} ({exc}); "
+            "install the package that provides it on every Ray node and the site"
+        ) from None
+    except Exception as exc:  # the user's module failed while importing
+        raise UnknownTask(
+            f"task.name {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise UnknownTask(f"task.name {name!r}: module {module_name!r} has no {attr!r}")
+    if not isinstance(obj, type) or not all(callable(getattr(obj, m, None)) for m in ("sample", "reward")):
+        raise UnknownTask(f"task.name {name!r}: {path!r} is not a task class (a class with sample() and reward())")
+    return obj
+
+
+def task_class(name: str) -> type:
+    """The task class `task.name` names (built-in first, then a dotted path, then an
+    entry point); UnknownTask with the reason and the choices otherwise."""
+    if name in BUILTINS:
+        return _load(BUILTINS[name], name)
+    if ":" in name:
+        return _load(name, name)
+    found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if found:
+        ep = next(iter(found))
+        return _load(ep.value, name)
+    raise UnknownTask(f"unknown task.name {name!r}; {_hint()}")
+
+
+def task_options(cls: type, options: dict) -> BaseModel | None:
+    """`task.options` validated by the task's own `Options` model; ValueError naming
+    the field under `task.options` otherwise."""
+    model = getattr(cls, "Options", None)
+    if model is None:
+        if options:
+            raise ValueError(f"task.options: task {cls.__name__} takes no options (got {sorted(options)})")
+        return None
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            parts.append(f"task.options.{where}: {err['msg'].removeprefix('Value error, ')}")
+        raise ValueError("; ".join(parts)) from None
+
+
+def task_lengths(task_cfg: TaskConfig) -> TaskLengths | None:
+    """The longest prompt and answer the task samples, when it says (None: unknown until
+    its data is read, or a task that does not say)."""
+    lengths = getattr(task_class(task_cfg.name), "lengths", None)
+    return lengths(task_cfg) if lengths is not None else None
+
+
+def make_task(task_cfg: TaskConfig) -> Task:
+    """The task named by `task.name`, built with its config."""
+    return task_class(task_cfg.name)(task_cfg)
