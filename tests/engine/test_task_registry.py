@@ -1,0 +1,141 @@
+"""The task registry: built-in names, dotted paths, entry points, and the errors."""
+
+from __future__ import annotations
+
+import random
+import sys
+import types
+from importlib.metadata import EntryPoint, EntryPoints
+
+import pydantic
+import pytest
+
+import workers.rl_tasks as registry
+from workers.config import RunConfig, TaskConfig
+from workers.rl_tasks import BUILTINS, UnknownTask, make_task, task_class
+from workers.rl_tasks.countdown import CountdownTask
+from workers.rl_tasks.reverse import ReverseTask
+
+
+class EchoTask:
+    """A user's task: the answer is the prompt without its '='."""
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.cfg = cfg
+
+    def sample(self, n, rng):
+        return [(f"{c}=", c) for c in rng.choices("abc", k=n)]
+
+    def reward(self, completion_text, answer):
+        return float(completion_text == answer)
+
+    def demonstration(self, prompt, answer):
+        return answer
+
+
+class NoDemoTask:
+    """A user's task without demonstrations."""
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        pass
+
+    def sample(self, n, rng):
+        return [("a=", "a")] * n
+
+    def reward(self, completion_text, answer):
+        return float(completion_text == answer)
+
+
+@pytest.fixture
+def user_module(monkeypatch):
+    """A module `my_tasks` holding the tasks above, importable as a user's package would be."""
+    module = types.ModuleType("my_tasks")
+    module.EchoTask = EchoTask
+    module.NoDemoTask = NoDemoTask
+    module.not_a_task = 42
+    monkeypatch.setitem(sys.modules, "my_tasks", module)
+    return module
+
+
+def test_builtin_names_resolve_lazily_to_their_classes():
+    assert BUILTINS["reverse"] == "workers.rl_tasks.reverse:ReverseTask"
+    assert task_class("reverse") is ReverseTask
+    assert task_class("countdown") is CountdownTask
+    assert isinstance(make_task(TaskConfig(name="countdown")), CountdownTask)
+
+
+def test_a_dotted_path_names_a_users_task(user_module):
+    cfg = RunConfig.model_validate({"task": {"name": "my_tasks:EchoTask"}})
+    task = make_task(cfg.task)
+    assert isinstance(task, EchoTask)
+    assert task.reward("a", "a") == 1.0 and task.sample(3, random.Random(0))[0][0].endswith("=")
+
+
+def test_an_entry_point_names_a_users_task(user_module, monkeypatch):
+    def fake_entry_points(group=None, name=None):
+        eps = [EntryPoint(name="echo", value="my_tasks:EchoTask", group=registry.ENTRY_POINT_GROUP)]
+        return EntryPoints(ep for ep in eps if ep.group == group and (name is None or ep.name == name))
+
+    monkeypatch.setattr(registry, "entry_points", fake_entry_points)
+    assert task_class("echo") is EchoTask
+    assert isinstance(make_task(RunConfig.model_validate({"task": {"name": "echo"}}).task), EchoTask)
+
+
+def test_an_unknown_name_is_a_config_error_listing_the_builtins():
+    with pytest.raises(pydantic.ValidationError) as info:
+        RunConfig.model_validate({"task": {"name": "sudoku"}})
+    (err,) = info.value.errors()
+    assert err["loc"] == ("task", "name")
+    assert "unknown task.name 'sudoku'" in err["msg"]
+    for name in BUILTINS:
+        assert name in err["msg"]
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("no_such_pkg.tasks:Task", "cannot import module 'no_such_pkg.tasks'"),
+        ("my_tasks:Missing", "has no 'Missing'"),
+        ("my_tasks:not_a_task", "is not a task class"),
+        ("my tasks:Echo", "not a valid 'package.module:ClassName' path"),
+    ],
+)
+def test_a_dotted_path_that_cannot_serve_is_refused_at_validation(user_module, name, says):
+    with pytest.raises(pydantic.ValidationError, match="task.name") as info:
+        RunConfig.model_validate({"task": {"name": name}})
+    assert says in str(info.value)
+
+
+def test_calculator_is_reserved_and_says_so_when_its_module_is_absent(monkeypatch):
+    # Whether or not workers.tool_task exists in this tree, a missing module is a
+    # clear error naming the built-in task (never an ImportError from deep inside).
+    monkeypatch.setitem(BUILTINS, "calculator", "workers.no_such_tool_task:CalculatorTask")
+    with pytest.raises(UnknownTask, match="'calculator' is a built-in task whose module"):
+        task_class("calculator")
+
+
+def test_task_options_are_checked_by_the_task():
+    with pytest.raises(pydantic.ValidationError, match=r"task.options.count"):
+        TaskConfig(name="countdown", options={"count": 9})
+    with pytest.raises(pydantic.ValidationError, match=r"task.options.colour"):
+        TaskConfig(name="countdown", options={"colour": "red"})
+    with pytest.raises(pydantic.ValidationError, match="takes no options"):
+        TaskConfig(name="reverse", options={"count": 3})
+
+
+def test_lengths_of_the_new_tasks_are_checked_against_the_model():
+    with pytest.raises(
+        pydantic.ValidationError, match=r"inference.max_new_tokens \(8\) must be ≥ the longest countdown"
+    ):
+        RunConfig.model_validate({"task": {"name": "countdown"}})
+    with pytest.raises(pydantic.ValidationError, match=r"model.max_position_embeddings \(64\) must be ≥"):
+        RunConfig.model_validate({"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}})
+    RunConfig.model_validate(
+        {"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}, "model": {"max_position_embeddings": 80}}
+    )
+
+
+def test_a_warm_start_needs_a_task_with_demonstrations(user_module):
+    with pytest.raises(pydantic.ValidationError, match="warm_start.steps and warm_start.noisy_steps to 0"):
+        RunConfig.model_validate({"task": {"name": "my_tasks:NoDemoTask"}})
+    RunConfig.model_validate({"task": {"name": "my_tasks:NoDemoTask"}, "warm_start": {"steps": 0, "noisy_steps": 0}})
