@@ -179,7 +179,8 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("LoRA", ["lora.*"]),
     ("Inference backend", ["inference.backend", "inference.*"]),
     ("Model", ["model.*"]),
-    ("Task", ["task.*"]),
+    # task.options and task.dataset are objects: edited in the overrides JSON only.
+    ("Task", ["task.name", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
     ("Trainer", ["trainer.*"]),
     ("Stop", ["stop.*"]),
     ("Seed", ["seed"]),
