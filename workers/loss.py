@@ -12,8 +12,10 @@ Three policies meet here, named as in this engine:
 Every method reports the same statistics: `is/ratio_mean` (mean IS weight applied per
 token), `is/clipped_frac` (fraction of tokens whose weight was truncated or dropped) and
 `mismatch/kl` (KL(mu || pi_old), the gap between behaviour and trainer logprobs). All
-losses are token means over the completion `mask`; a dropped token counts in the
-denominator with weight 0 (as in AReaL). Pure functions on tensors, so each term can be
+losses are token means over `mask`, the trained tokens: the completion's, less the
+environment's tokens of a multi-turn episode (workers/rollout.py), which get exactly
+zero gradient and count in no denominator; a dropped token counts in the denominator
+with weight 0 (as in AReaL). Pure functions on tensors, so each term can be
 checked by hand (tests/engine/test_loss.py, tests/engine/test_is_variants.py).
 """
 
@@ -169,6 +171,10 @@ def correction_loss(
     none           PPO-clip on pi_theta/pi_old, no correction for pi_old ≠ mu
     """
     method = correction.method
+    # Outside the mask mu is a placeholder (a tool token was never sampled; padding has
+    # none): pi_old stands in, so no value there can reach a weight, the KL or, through
+    # 0 * inf, the loss and its gradient.
+    behaviour_logp = torch.where(mask.bool(), behaviour_logp, old_logp.detach())
     if method == "token_tis":
         return policy_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap)
     if method == "pipelinerl_reinforce":

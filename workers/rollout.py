@@ -3,6 +3,20 @@
 A `Rollout` is one completion of one prompt. All completions of one prompt form a
 `Group` (GRPO normalises advantages within it), and a group is the buffer's atomic
 unit: trained whole or not at all.
+
+A multi-turn episode (workers/episodes.py) is one rollout too: its model turns and the
+environment's turns (tool results) interleave in `completion_ids`, and `loss_mask`
+marks which tokens the model produced (1) and which the environment wrote (0). Only
+model tokens are trained and counted:
+
+- a tool token's `behaviour_logprobs` entry is a placeholder (0.0): the policy did not
+  sample it, so it has no behaviour probability. The trainer never reads it (no loss,
+  no importance weight, no mismatch KL);
+- a tool token's `token_versions` entry is the version of the model turn whose call it
+  answers (the weights that wrote the context it was appended to). Staleness counts
+  model tokens only (`min_version`, the trainer's staleness metrics).
+
+A single-turn rollout leaves `loss_mask` None: every completion token is the model's.
 """
 
 from __future__ import annotations
@@ -19,16 +33,40 @@ class Rollout:
     behaviour_logprobs: list[float]
     # policy version that produced each completion token (in-flight updates mix versions)
     token_versions: list[int]
-    finish_reason: str  # "stop" (EOS) | "length"
+    finish_reason: str  # "stop" (EOS) | "length" (token budget or turn limit)
     reward: float = 0.0
     group_id: str = ""
     # Room for the rest of the contract (Keep Routing / Keep Sampling Mask).
     expert_routing: Any | None = None
     sampling_mask: Any | None = None
+    # 1 for a token the model produced, 0 for an environment (tool) token; None: all 1.
+    loss_mask: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"Rollout.loss_mask has {len(self.loss_mask)} entries for {len(self.completion_ids)} "
+                f"completion tokens: give one 0/1 per completion token, or None to train them all"
+            )
+
+    @property
+    def trained(self) -> list[bool]:
+        """Per completion token: does the loss (and staleness) count it?"""
+        if self.loss_mask is None:
+            return [True] * len(self.completion_ids)
+        return [bool(m) for m in self.loss_mask]
+
+    @property
+    def model_versions(self) -> list[int]:
+        """Versions of the model's own tokens (tool tokens left out)."""
+        if self.loss_mask is None:
+            return self.token_versions
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
 
     @property
     def min_version(self) -> int:
-        return min(self.token_versions) if self.token_versions else 0
+        versions = self.model_versions
+        return min(versions) if versions else 0
 
 
 @dataclass

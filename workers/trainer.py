@@ -30,7 +30,7 @@ class PackedBatch:
     input_ids: torch.Tensor  # (N, T)
     attention_mask: torch.Tensor  # (N, T)
     targets: torch.Tensor  # (N, T-1) = input_ids[:, 1:]
-    mask: torch.Tensor  # (N, T-1) bool: completion tokens
+    mask: torch.Tensor  # (N, T-1) bool: completion tokens (train_step: the trained ones)
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
@@ -112,7 +112,10 @@ class Trainer:
 
         batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
         behaviour = spread([r.behaviour_logprobs for r in rollouts], batch)
-        versions = [v for r in rollouts for v in r.token_versions]
+        # The slots the loss counts: completion tokens the model produced (a multi-turn
+        # episode's tool tokens are out: workers/rollout.py).
+        trained = batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)
+        versions = [v for r in rollouts for v in r.model_versions]
         adv = torch.tensor(advantages)[:, None].expand_as(behaviour)
         with torch.no_grad():
             old_logp = token_logprobs(self.model, batch, temperature)
@@ -128,7 +131,7 @@ class Trainer:
         losses, stats_acc, grad_norms = [], {}, []
         for k in range(n_mb):
             rows = torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]])
-            sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], batch.mask[rows])
+            sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], trained[rows])
             logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
             loss, stats = correction_loss(
                 self.cfg.correction,
@@ -161,8 +164,9 @@ class Trainer:
             "reward/mean": sum(r.reward for r in rollouts) / len(rollouts),
             "staleness/mean": sum(staleness) / max(len(staleness), 1),
             "staleness/max": float(max(staleness, default=0)),
-            # In-flight updates mix versions inside one sequence; other modes never do.
-            "rollout/mixed_version_frac": sum(len(set(r.token_versions)) > 1 for r in rollouts) / len(rollouts),
+            # In-flight updates mix versions inside one sequence, and so do updates
+            # between the turns of an episode; otherwise a sequence has one version.
+            "rollout/mixed_version_frac": sum(len(set(r.model_versions)) > 1 for r in rollouts) / len(rollouts),
             "trainer/grad_norm": sum(grad_norms) / len(grad_norms),
             "policy/version": float(self.version),
             **stats_acc,
