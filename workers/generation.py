@@ -1,8 +1,13 @@
-"""Turn prompts into scored groups: run a backend, decode, reward, fill the data contract."""
+"""Turn prompts into scored groups: run a backend, decode, reward, fill the data contract.
+
+A multi-turn task (`multi_turn = True`, e.g. workers/tool_task.py) gets episodes instead
+of single completions (workers/episodes.py); the rest is the same.
+"""
 
 from __future__ import annotations
 
 from workers.config import RunConfig
+from workers.episodes import Episode, is_multi_turn, run_episodes
 from workers.inference.base import InferenceBackend
 from workers.rl_tasks import Task
 from workers.rollout import Group, Rollout
@@ -27,11 +32,25 @@ def generate_groups(
     seed: int,
 ) -> list[Group]:
     """One group of `trainer.group_size` scored rollouts per (prompt, answer) pair, in one
-    generate call (update mode drain): every token is tagged with `version`.
+    generate call (update mode drain): every token is tagged with `version`. A multi-turn
+    task's episodes run on those same weights, every turn.
 
     Group ids are `"<seed>-<index>"`, unique as long as callers never reuse a seed.
     """
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
+    if is_multi_turn(task):
+        gen = run_episodes(
+            backend,
+            task,
+            tokenizer,
+            prompt_ids,
+            cfg.trainer.group_size,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+        )
+        return _score(task, tokenizer, prompts, gen.sequences, seed)
     completions = backend.generate(
         prompt_ids,
         n=cfg.trainer.group_size,
@@ -64,6 +83,21 @@ def generate_groups_across_updates(
     `sync.update_mode` says, and each token is tagged with the version that produced it.
     Returns the groups, the version loaded at the end, and the partial-rollout counts."""
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
+    if is_multi_turn(task):
+        gen = run_episodes(
+            backend,
+            task,
+            tokenizer,
+            prompt_ids,
+            cfg.trainer.group_size,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+            cfg.sync.update_mode,
+            updates,
+        )
+        return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
     gen = generate_across_updates(
         backend,
         prompt_ids,
@@ -97,6 +131,7 @@ def _score(
                 finish_reason=s.finish_reason or "length",
                 reward=task.reward(tokenizer.decode(s.token_ids), answer),
                 group_id=group_id,
+                loss_mask=list(s.loss_mask) if isinstance(s, Episode) else None,
             )
             for s in seqs
         ]

@@ -21,6 +21,7 @@ middle of a generation (in-flight or abort).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -64,7 +65,7 @@ class PartialSequence:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "turn" (ended by `ends_turn`)
 
     def reset(self) -> None:
         self.token_ids, self.logprobs, self.versions = [], [], []
@@ -84,31 +85,45 @@ def generate_across_updates(
     backend: InferenceBackend,
     prompts: list[list[int]],
     n: int,
-    max_new_tokens: int,
+    max_new_tokens: int | list[int],
     temperature: float,
     seed: int,
     version: int,
     mode: UpdateMode,
     updates: WeightUpdates,
+    ends_turn: Callable[[PartialSequence], bool] | None = None,
 ) -> Generation:
     """Generate `n` completions per prompt, one decode step at a time, taking new weights
-    as `mode` says whenever `updates.pending()` between two steps."""
+    as `mode` says whenever `updates.pending()` between two steps.
+
+    `max_new_tokens`: one budget for every prompt, or one per prompt. `ends_turn`
+    (multi-turn episodes, workers/episodes.py): called after each token a sequence gets;
+    True ends that sequence there with finish_reason "turn" (a tool call), and the tokens
+    its session row still samples are dropped. An abort_retry then regenerates only the
+    sequences still generating: what a sequence holds here is one turn."""
     if mode not in STEPPED_MODES:
         raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     seqs = [PartialSequence(list(p)) for p in prompts for _ in range(n)]
     counts = PartialCounts()
     rows = list(range(len(seqs)))  # session row → index in seqs
     attempt = 0
-    session = backend.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
+    session = backend.start(prompts, budgets, temperature, seed, n=n)
     try:
         while True:
             for st in session.step():
                 s = seqs[rows[st.row]]
+                if s.finish_reason == "turn":
+                    continue
                 s.token_ids.append(st.token)
                 s.logprobs.append(st.logprob)
                 s.versions.append(version)
                 s.finish_reason = st.finish_reason
-            live = session.unfinished()
+                if ends_turn is not None and ends_turn(s):
+                    s.finish_reason = "turn"
+            # A backend row whose sequence ended its turn still decodes (the session
+            # interface has no per-row stop); it no longer counts as generating.
+            live = [r for r in session.unfinished() if seqs[rows[r]].finish_reason != "turn"]
             if not live:
                 break
             if not updates.pending():
@@ -133,7 +148,7 @@ def generate_across_updates(
             attempt += 1
             session = backend.start(
                 [seqs[i].prompt_ids + seqs[i].token_ids for i in rows],
-                [max_new_tokens - len(seqs[i].token_ids) for i in rows],
+                [budgets[i // n] - len(seqs[i].token_ids) for i in rows],
                 temperature,
                 # A new stream per attempt: a retried row must not replay the same tokens.
                 seed * 1000 + attempt,

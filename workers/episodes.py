@@ -1,0 +1,175 @@
+"""Multi-turn episodes: the model and a tool environment take turns within one rollout.
+
+A turn of the model is generated until it makes a tool call (the task recognises one in
+the turn's text: `find_call`), or until EOS or the token budget. A call is run by the
+task (`run_tool`); its text, encoded with the run's tokenizer, is appended as the
+environment's turn, and the model continues from the extended context. An episode ends
+at EOS, when its `max_new_tokens` budget (model and tool tokens together) is spent, or
+when a turn makes a call with no turn left (`max_turns` model turns; finish_reason
+"length" for both limits).
+
+Each episode becomes one Rollout (workers/rollout.py): model and tool tokens interleaved
+in `completion_ids`, `loss_mask` 0 on tool tokens, whose behaviour logprob is a
+placeholder 0.0 and whose version is that of the call they answer.
+
+Versions: every model token carries the version of the weights that produced it. With
+`sync.update_mode` drain the whole batch of episodes runs on the weights it started
+with. With the stepped modes (workers/updates.py), weights staged meanwhile are loaded
+between two turns (nothing is generating then, so nothing is aborted), and within a
+turn as the mode says; abort_retry regenerates only the aborted turn, keeping the
+finished turns before it, whose tool results depend on them. Later turns thus carry
+newer versions than earlier ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workers.inference.base import InferenceBackend
+from workers.tokenizer import Tokenizer
+from workers.updates import (
+    STEPPED_MODES,
+    Generation,
+    PartialCounts,
+    PartialSequence,
+    UpdateMode,
+    WeightUpdates,
+    generate_across_updates,
+)
+
+# The behaviour logprob a tool token carries: the policy never sampled it. Never read.
+TOOL_LOGPROB = 0.0
+
+
+class MultiTurnTask(Protocol):
+    """A task whose rollouts are episodes with a tool (workers/tool_task.py)."""
+
+    multi_turn: bool  # True
+    max_turns: int  # model turns per episode, the final answer's included
+
+    def find_call(self, turn_text: str) -> str | None:
+        """The call a model turn's text (so far) ends with, or None."""
+        ...
+
+    def run_tool(self, call: str) -> str:
+        """The environment's turn answering `call` (text; never raises)."""
+        ...
+
+
+def is_multi_turn(task: object) -> bool:
+    """Whether `task` asks for episodes (a `multi_turn = True` attribute) rather than
+    single completions."""
+    return bool(getattr(task, "multi_turn", False))
+
+
+@dataclass
+class Episode(PartialSequence):
+    """One episode being built: `token_ids` holds model and tool tokens in order, with
+    `loss_mask` 1 on the model's and 0 on the tool's."""
+
+    loss_mask: list[int] = field(default_factory=list)
+    turns: int = 0  # model turns taken
+    tool_calls: int = 0
+
+    def add_model_turn(self, turn: PartialSequence) -> None:
+        self.token_ids += turn.token_ids
+        self.logprobs += turn.logprobs
+        self.versions += turn.versions
+        self.loss_mask += [1] * len(turn.token_ids)
+        self.turns += 1
+
+    def add_tool_turn(self, ids: list[int], version: int) -> None:
+        self.token_ids += ids
+        self.logprobs += [TOOL_LOGPROB] * len(ids)
+        self.versions += [version] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        self.tool_calls += 1
+
+
+class _NoUpdates:
+    """No weights ever arrive (drain: a call runs on the weights it started with)."""
+
+    def pending(self) -> bool:
+        return False
+
+    def apply(self) -> int:
+        raise AssertionError("_NoUpdates.apply: nothing was pending")
+
+
+def run_episodes(
+    backend: InferenceBackend,
+    task: MultiTurnTask,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    version: int,
+    mode: UpdateMode = "drain",
+    updates: WeightUpdates | None = None,
+) -> Generation:
+    """`n` episodes per prompt (prompt-major, grouped per prompt as in
+    workers.updates.Generation), the version loaded at the end, and the partial counts.
+
+    `mode` drain (or no `updates`): one version throughout. A stepped mode with
+    `updates`: new weights are taken between turns and within turns as `mode` says.
+    """
+    if task.max_turns < 1:
+        raise ValueError(f"max_turns must be ≥ 1 (got {task.max_turns})")
+    stepped = updates is not None and mode in STEPPED_MODES
+    weights: WeightUpdates = updates if stepped else _NoUpdates()
+    # Turns are generated through the stepped session whatever the mode, since a turn
+    # must stop at its call, which only a per-step check sees; without updates nothing is
+    # ever loaded in between, so in_flight here means drain.
+    turn_mode: UpdateMode = mode if stepped else "in_flight"
+
+    def ends_turn(turn: PartialSequence) -> bool:
+        return task.find_call(tokenizer.decode(turn.token_ids)) is not None
+
+    episodes = [Episode(list(p)) for p in prompts for _ in range(n)]
+    counts = PartialCounts()
+    live = list(range(len(episodes)))
+    while live:
+        turn = episodes[live[0]].turns  # every live episode has taken as many turns
+        if turn > 0 and weights.pending():
+            version = weights.apply()
+            counts.mid_generation_updates += 1
+        gen = generate_across_updates(
+            backend,
+            [episodes[i].prompt_ids + episodes[i].token_ids for i in live],
+            1,
+            [max_new_tokens - len(episodes[i].token_ids) for i in live],
+            temperature,
+            # The first turn samples as a single-turn call would; later turns get streams
+            # of their own (distinct from the abort retries' seed * 1000 + attempt).
+            seed if turn == 0 else seed * 1000 + 500 + turn,
+            version,
+            turn_mode,
+            weights,
+            ends_turn=ends_turn,
+        )
+        version = gen.version
+        counts.add(gen.counts)
+        still = []
+        for i, (model_turn,) in zip(live, gen.sequences, strict=True):
+            episode = episodes[i]
+            episode.add_model_turn(model_turn)
+            if model_turn.finish_reason != "turn":  # EOS, or the budget spent
+                episode.finish_reason = model_turn.finish_reason or "length"
+                continue
+            if episode.turns >= task.max_turns:  # a call with no turn left to answer
+                episode.finish_reason = "length"
+                continue
+            call = task.find_call(tokenizer.decode(model_turn.token_ids))
+            ids = tokenizer.encode(task.run_tool(call))
+            room = max_new_tokens - len(episode.token_ids)
+            episode.add_tool_turn(ids[:room], model_turn.versions[-1])
+            if len(ids) >= room:
+                episode.finish_reason = "length"
+                continue
+            still.append(i)
+        live = still
+    grouped = [episodes[k * n : (k + 1) * n] for k in range(len(prompts))]
+    return Generation(grouped, version, counts)
