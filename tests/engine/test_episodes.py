@@ -2,12 +2,13 @@
 executed and their results appended as masked tokens, limits end episodes, and each
 turn carries the version of the weights that generated it.
 
-The fake backend writes, one character per decode step, a script chosen per test (by
-default the correct episode "calc:<expr>?=<value> <value>" then EOS), but only the
-model's parts: it emits the next script character where the text so far agrees with
-the script, and "z" after a call within the same session (those tokens must be
-dropped: the turn ended at the "?"). Its logprob tells which weights produced a token:
--0.5 under version 0, -0.25 under version 1, -0.125 under version 2.
+The fake backend writes, one token per decode step, a script chosen per test (by
+default the correct episode "calc:<expr>?" "=<value> " "<value>" then EOS), but only the
+model's parts: it emits the script's next token where the completion so far agrees
+with it, and "z" after a call within the same session (those tokens must be dropped:
+the turn ended at the "?"). Its logprob tells which weights produced a token: -0.5
+under version 0, -0.25 under version 1, -0.125 under version 2. The same script runs
+through a byte-level BPE Hugging Face tokenizer, whose tokens span several characters.
 """
 
 from __future__ import annotations
@@ -27,18 +28,33 @@ from workers.tools import calculate
 TOK = CharTokenizer()
 
 
-def correct(expression: str) -> str:
+def correct(expression: str) -> list[str]:
     value = calculate(expression)
-    return f"calc:{expression}?={value} {value}"
+    return [f"calc:{expression}?", f"={value} ", value]
 
 
 class ScriptedBackend:
-    """An InferenceBackend whose policy follows `script(expression) -> episode text`."""
+    """An InferenceBackend whose policy follows `script(expression) -> turns` (model and
+    tool turns alternating, the model's first; EOS after the last), token by token in
+    `tokenizer`'s ids: each piece encoded on its own, as the episode loop encodes a
+    tool's result."""
 
-    def __init__(self, script=correct) -> None:
+    def __init__(self, script=correct, tokenizer=TOK, prompts=("12*7+3=", "2-9=")) -> None:
         self.script = script
+        self.tok = tokenizer
+        self.prompts = {tuple(tokenizer.prompt_ids(p)): p[:-1] for p in prompts}
+        self.junk = tokenizer.encode("z")[0]
+        self.call_end = tokenizer.encode("?")[-1]
         self.version = 0
         self.sessions: list[ScriptedSession] = []
+
+    def target(self, context: list[int]) -> tuple[int, list[int]]:
+        """(prompt length, the scripted completion's ids) for a row's context."""
+        for prompt, expression in self.prompts.items():
+            if tuple(context[: len(prompt)]) == prompt:
+                ids = [t for piece in self.script(expression) for t in self.tok.encode(piece)]
+                return len(prompt), [*ids, self.tok.eos_id]
+        raise AssertionError(f"no scripted prompt starts {context}")
 
     def start(self, prompts, max_new_tokens, temperature, seed, n=1):
         rows = [list(p) for p in prompts for _ in range(n)]
@@ -62,16 +78,13 @@ class ScriptedSession:
         self.steps = 0
 
     def _next(self, row: int) -> int:
-        text = TOK.decode(self.contexts[row] + self.new[row])
-        expression, _, completion = text.partition("=")
-        if TOK.encode("?")[0] in self.new[row]:
-            return TOK.encode("z")[0]  # after a call: must be dropped
-        target = self.b.script(expression)
-        if completion == target:
-            return TOK.eos_id
-        if target.startswith(completion):
-            return TOK.encode(target[len(completion)])[0]
-        return TOK.encode("z")[0]
+        if any("?" in self.b.tok.decode([t]) for t in self.new[row]):
+            return self.b.junk  # after a call, in the same session: must be dropped
+        start, target = self.b.target(self.contexts[row])
+        completion = self.contexts[row][start:] + self.new[row]
+        if target[: len(completion)] == completion and len(completion) < len(target):
+            return target[len(completion)]
+        return self.b.junk
 
     def step(self) -> list[StepToken]:
         self.steps += 1
@@ -79,7 +92,8 @@ class ScriptedSession:
         for row in self.unfinished():
             token = self._next(row)
             self.new[row].append(token)
-            reason = "stop" if token == TOK.eos_id else "length" if len(self.new[row]) >= self.budgets[row] else None
+            eos = token == self.b.tok.eos_id
+            reason = "stop" if eos else "length" if len(self.new[row]) >= self.budgets[row] else None
             self.done[row] = reason is not None
             out.append(StepToken(row, token, -(0.5 ** (self.b.version + 1)), reason))
         return out
@@ -149,14 +163,14 @@ def test_a_tool_call_is_run_and_its_result_appended_as_masked_tokens():
 
 
 def test_a_malformed_call_gets_the_tools_message_and_the_episode_goes_on():
-    backend = ScriptedBackend(lambda expression: "calc:12*?=error: not a valid expression 87")
+    backend = ScriptedBackend(lambda expression: ["calc:12*?", "=error: not a valid expression ", "87"])
     (e,) = episodes(backend, n=1, max_new_tokens=60)
     assert segments(e) == [("calc:12*?", 1), ("=error: not a valid expression ", 0), ("87$", 1)]
     assert CalculatorTask().reward(TOK.decode(e.token_ids), "87") == 1.0
 
 
 def test_the_turn_limit_ends_an_episode_that_keeps_calling():
-    always_calls = "calc:1+1?=2 calc:2+2?=4 calc:4+4?=8 calc:8+8?=16 16"
+    always_calls = ["calc:1+1?", "=2 ", "calc:2+2?", "=4 ", "calc:4+4?", "=8 ", "calc:8+8?", "=16 ", "16"]
     backend = ScriptedBackend(lambda expression: always_calls)
     (e,) = episodes(backend, n=1, task=CalculatorTask(max_turns=3), max_new_tokens=200)
     assert segments(e) == [("calc:1+1?", 1), ("=2 ", 0), ("calc:2+2?", 1), ("=4 ", 0), ("calc:4+4?", 1)]
@@ -240,7 +254,9 @@ def test_generation_builds_multi_turn_rollouts_and_leaves_single_turn_ones_unmas
 
     # A single-turn task: no mask (every token trained), as before.
     reverse = ReverseTask(small_config().task)
-    single = generate_groups(ScriptedBackend(), reverse, TOK, [("abc=", "cba")], small_config(), 0, seed=1)
+    backend = ScriptedBackend(lambda expression: ["cba"], prompts=("abc=",))
+    single = generate_groups(backend, reverse, TOK, [("abc=", "cba")], small_config(), 0, seed=1)
+    assert [r.reward for r in single[0].rollouts] == [1.0] * 4
     assert all(r.loss_mask is None and all(r.trained) for r in single[0].rollouts)
 
 
@@ -253,3 +269,52 @@ def test_tool_tokens_do_not_count_in_staleness():
     assert r.min_version == 4 and r.model_versions == [4, 4]
     with pytest.raises(ValueError, match="loss_mask"):
         Rollout([1], [5, 6], [-1.0, -1.0], [0, 0], "stop", loss_mask=[1])
+
+
+def test_episodes_with_a_hugging_face_tokenizer():
+    """The same episodes through a byte-level BPE tokenizer with a chat template: calls
+    are found in multi-character tokens, the tool's result is encoded by that tokenizer,
+    and the reward reads the decoded text."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from workers.tiny_hf import CHAT_TEMPLATE
+    from workers.tokenizer import HFTokenizer
+
+    # Merges learnt from the task's own episodes, so calls and results span merged tokens.
+    task = CalculatorTask()
+    lines = [p + task.demonstration(p, a) for p, a in task.sample(500, random.Random(0))]
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    special = ["<pad>", "<s>", "<|im_start|>", "<|im_end|>"]
+    raw.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    hf = HFTokenizer(fast)
+    prompts = [("12*7+3=", "87"), ("2-9=", "-7")]
+    backend = ScriptedBackend(tokenizer=hf, prompts=[p for p, _ in prompts])
+    assert any(len(hf.decode([t])) > 1 for p in correct("12*7+3") for t in hf.encode(p))  # merges exist
+    cfg = small_config(inference={"max_new_tokens": 40}, trainer={"group_size": 2})
+    groups = generate_groups(backend, CalculatorTask(), hf, prompts, cfg, 0, seed=3)
+    for g in groups:
+        expression, value = g.prompt[:-1], g.answer
+        for r in g.rollouts:
+            call, result, answer = (hf.encode(piece) for piece in correct(expression))
+            assert r.completion_ids == [*call, *result, *answer, hf.eos_id]
+            assert r.loss_mask == [1] * len(call) + [0] * len(result) + [1] * (len(answer) + 1)
+            assert hf.decode(r.completion_ids) == f"calc:{expression}?={value} {value}"
+            assert r.reward == 1.0
