@@ -23,6 +23,9 @@ from __future__ import annotations
 import random
 import re
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workers.rl_tasks import TaskLengths
 from workers.tools import CalculatorError, calculate, evaluate
 
 CALL_PREFIX = "calc:"
@@ -53,6 +56,24 @@ def final_answer(text: str) -> str:
     return text[start:].strip()
 
 
+class CalculatorOptions(BaseModel):
+    """`task.options` of the calculator task."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_turns: int = Field(3, ge=1, le=8, description="Model turns per episode (a call and the answer: 2).")
+    min_terms: int = Field(2, ge=2, le=6, description="Fewest numbers in a question.")
+    max_terms: int = Field(3, ge=2, le=6, description="Most numbers in a question.")
+    max_operand: int = Field(20, ge=1, le=9999, description="Numbers are drawn from 0..max_operand.")
+    operators: str = Field("+-*", min_length=1, pattern=r"^[+\-*]+$", description="Operators questions use.")
+
+    @model_validator(mode="after")
+    def _terms(self) -> CalculatorOptions:
+        if self.max_terms < self.min_terms:
+            raise ValueError(f"max_terms ({self.max_terms}) must be ≥ min_terms ({self.min_terms})")
+        return self
+
+
 class CalculatorTask:
     """Arithmetic questions of `min_terms`..`max_terms` whole numbers in 0..`max_operand`
     joined by + - *, answered after up to `max_turns - 1` calculator calls.
@@ -63,6 +84,7 @@ class CalculatorTask:
     """
 
     multi_turn = True
+    Options = CalculatorOptions
 
     def __init__(
         self,
@@ -74,8 +96,12 @@ class CalculatorTask:
         max_operand: int = 20,
         operators: str = "+-*",
     ) -> None:
-        """`cfg`: the run's TaskConfig (kept for the registry's uniform constructor; the
-        calculator's own settings are the keyword arguments)."""
+        """`cfg`: the run's TaskConfig, whose `task.options` (CalculatorOptions) set the
+        rest; without one (tests, scripts) the keyword arguments do."""
+        if cfg is not None:
+            o = CalculatorOptions.model_validate(cfg.options)
+            max_turns, min_terms, max_terms = o.max_turns, o.min_terms, o.max_terms
+            max_operand, operators = o.max_operand, o.operators
         if max_turns < 1:
             raise ValueError(f"CalculatorTask max_turns must be ≥ 1 (got {max_turns})")
         if not 2 <= min_terms <= max_terms:
@@ -90,6 +116,20 @@ class CalculatorTask:
         self.max_terms = max_terms
         self.max_operand = max_operand
         self.operators = operators
+
+    @classmethod
+    def lengths(cls, cfg) -> TaskLengths:
+        """The longest question, and the longest episode a demonstration writes (the call,
+        the tool's result, the answer): what `inference.max_new_tokens` must hold."""
+        o = CalculatorOptions.model_validate(cfg.options)
+        expression = o.max_terms * len(str(o.max_operand)) + (o.max_terms - 1)
+        value = len(str(o.max_operand**o.max_terms)) + 1  # a sign for a negative one
+        episode = len(CALL_PREFIX) + expression + len(CALL_END) + len(RESULT_PREFIX) + 2 * value + len(RESULT_END)
+        return TaskLengths(
+            prompt=expression + len(RESULT_PREFIX),
+            answer=episode if o.max_turns > 1 else value,
+            answer_source="the longest calculator episode: call, result and answer (task.options)",
+        )
 
     # -- the Task protocol ------------------------------------------------------------
 

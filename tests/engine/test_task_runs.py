@@ -51,3 +51,27 @@ def test_a_dataset_outside_the_data_roots_fails_the_run_naming_the_field(cluster
         ray.kill(driver)
     assert summary["state"] == "failed"
     assert "task.dataset.path" in summary["error"] + summary["error_detail"]
+
+
+def test_a_calculator_run_calls_the_tool_and_trains_on_episodes(cluster, cache_dir, tmp_path):
+    """The multi-turn task through the whole engine (driver, inference worker, buffer,
+    trainer): episodes with tool calls are generated, scored and trained on."""
+    config = tiny_config(
+        task={"name": "calculator", "options": {"max_operand": 9, "max_terms": 2}},
+        inference={"max_new_tokens": 24},
+        warm_start={"steps": 150, "noisy_steps": 0, "batch_size": 32},
+        stop={"max_steps": 3},
+    )
+    driver = RunDriver.options(name=actor_name(4103), namespace=NAMESPACE).remote(
+        4103, config, None, "", cache_dir, exit_when_done=False, confinement=Confinement(scratch_root=str(tmp_path))
+    )
+    try:
+        summary = ray.get(driver.run.remote(), timeout=300)
+    finally:
+        ray.kill(driver)
+    assert summary["state"] == "succeeded", summary["error"]
+    rewards = [value for _, value in summary["series"]["reward/mean"]]
+    assert len(rewards) == 3 and all(0.0 <= v <= 1.0 for v in rewards)
+    # Warm-started on episodes that call the calculator, the policy answers some right:
+    # a reward above zero needs a call, its result appended, and the answer after it.
+    assert max(rewards) > 0.0, rewards
