@@ -20,7 +20,7 @@ from workers.episodes import TOOL_LOGPROB, Episode, run_episodes
 from workers.generation import generate_groups, generate_groups_across_updates
 from workers.inference.base import StepToken
 from workers.inference.torch_backend import generate_by_steps
-from workers.rl_tasks import ReverseTask
+from workers.rl_tasks.reverse import ReverseTask
 from workers.tokenizer import CharTokenizer
 from workers.tool_task import CalculatorTask
 from workers.tools import calculate

@@ -28,12 +28,9 @@ import random
 import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
-
-if TYPE_CHECKING:
-    from workers.config import TaskConfig
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -47,6 +44,20 @@ BUILTINS: dict[str, str] = {
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class TaskSettings(Protocol):
+    """What a task is built with: the run's `task` section, workers.config.TaskConfig
+    (not imported here: the config checks `task.name` through this registry, and the
+    engine's modules import no loop). `reverse` reads its own top-level fields; every
+    other task reads `options`."""
+
+    name: str
+    options: dict
+    min_len: int
+    max_len: int
+    alphabet: str
+    reward: str
 
 
 class Task(Protocol):
@@ -141,13 +152,13 @@ def task_options(cls: type, options: dict) -> BaseModel | None:
         raise ValueError("; ".join(parts)) from None
 
 
-def task_lengths(task_cfg: TaskConfig) -> TaskLengths | None:
+def task_lengths(task_cfg: TaskSettings) -> TaskLengths | None:
     """The longest prompt and answer the task samples, when it says (None: unknown until
     its data is read, or a task that does not say)."""
     lengths = getattr(task_class(task_cfg.name), "lengths", None)
     return lengths(task_cfg) if lengths is not None else None
 
 
-def make_task(task_cfg: TaskConfig) -> Task:
+def make_task(task_cfg: TaskSettings) -> Task:
     """The task named by `task.name`, built with its config."""
     return task_class(task_cfg.name)(task_cfg)

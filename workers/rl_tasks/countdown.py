@@ -28,8 +28,7 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.config import TaskConfig
-from workers.rl_tasks import TaskLengths
+from workers.rl_tasks import TaskLengths, TaskSettings
 
 # Far longer than any solution to a problem this task poses (≤ 5 numbers of ≤ 4 digits).
 MAX_EXPRESSION_CHARS = 100
@@ -146,11 +145,11 @@ class CountdownTask:
     Options = CountdownOptions
     noise_chars = "0123456789+-*/()"
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: TaskSettings) -> None:
         self.options = CountdownOptions.model_validate(cfg.options)
 
     @classmethod
-    def lengths(cls, cfg: TaskConfig) -> TaskLengths:
+    def lengths(cls, cfg: TaskSettings) -> TaskLengths:
         o = CountdownOptions.model_validate(cfg.options)
         digits = len(str(o.max_number))
         prompt = o.count * digits + (o.count - 1) + 1 + len(str(o.max_target)) + 1

@@ -14,8 +14,7 @@ import random
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.config import TaskConfig
-from workers.rl_tasks import TaskLengths
+from workers.rl_tasks import TaskLengths, TaskSettings
 from workers.rl_tasks.math_answer import same_answer
 
 NAMES = ("ann", "bo", "cy", "dee", "eli", "fay")
@@ -41,11 +40,11 @@ class GSM8KTask:
     Options = GSM8KOptions
     noise_chars = "0123456789+-*/= #"
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: TaskSettings) -> None:
         self.options = GSM8KOptions.model_validate(cfg.options)
 
     @classmethod
-    def lengths(cls, cfg: TaskConfig) -> TaskLengths:
+    def lengths(cls, cfg: TaskSettings) -> TaskLengths:
         big = GSM8KOptions.model_validate(cfg.options).max_number
         longest = {"name": max(NAMES, key=len), "item": max(ITEMS, key=len), "a": big * big, "b": big}
         prompt = max(len(t.format(**longest)) for t, _ in TEMPLATES)

@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import random
 
-from workers.config import TaskConfig
-from workers.rl_tasks import TaskLengths
+from workers.rl_tasks import TaskLengths, TaskSettings
 
 
 class ReverseTask:
     """Reverse a string of `min_len`..`max_len` characters drawn from `alphabet` (the
     top-level fields of `task`, which predate `task.options`)."""
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: TaskSettings) -> None:
         self.cfg = cfg
         # What the warm start's noisy phase replaces characters with.
         self.noise_chars = cfg.alphabet
 
     @classmethod
-    def lengths(cls, cfg: TaskConfig) -> TaskLengths:
+    def lengths(cls, cfg: TaskSettings) -> TaskLengths:
         return TaskLengths(prompt=cfg.max_len + 1, answer=cfg.max_len, answer_source="task.max_len")
 
     def demonstration(self, prompt: str, answer: str) -> str:
