@@ -54,7 +54,23 @@ def user_module(monkeypatch):
     module.NoDemoTask = NoDemoTask
     module.not_a_task = 42
     monkeypatch.setitem(sys.modules, "my_tasks", module)
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg, my_tasks")  # the operator allows them
     return module
+
+
+def test_a_dotted_path_outside_the_allowed_packages_is_refused_before_any_import(monkeypatch):
+    module = types.ModuleType("my_tasks")
+    module.EchoTask = EchoTask
+    monkeypatch.setitem(sys.modules, "my_tasks", module)
+    imported = []
+    monkeypatch.setattr(registry.importlib, "import_module", lambda name: imported.append(name))
+    for allowed in ("", "other_pkg"):
+        monkeypatch.setenv("ROLLWAY_TASK_MODULES", allowed)
+        with pytest.raises(pydantic.ValidationError, match="is not among the task packages this site allows"):
+            RunConfig.model_validate({"task": {"name": "my_tasks:EchoTask"}})
+    with pytest.raises(pydantic.ValidationError, match="ROLLWAY_TASK_MODULES=other_pkg"):
+        RunConfig.model_validate({"task": {"name": "os:system"}})
+    assert imported == []
 
 
 def test_builtin_names_resolve_lazily_to_their_classes():

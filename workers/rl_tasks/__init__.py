@@ -5,7 +5,9 @@
 - a built-in name (`BUILTINS`): Rollway's own tasks, registered by dotted path and
   imported only when a run names them;
 - an importable dotted path, `"package.module:ClassName"`: a task in the user's own
-  package, with nothing registered anywhere;
+  package, with nothing registered anywhere, once the operator has allowed its
+  top-level package in `ROLLWAY_TASK_MODULES` (comma-separated). A config is hostile
+  input and importing a module runs its code, so by default no dotted path is taken;
 - the name of a Python entry point in the group `rollway.tasks` (`ENTRY_POINT_GROUP`):
   a package that declares, in its pyproject.toml,
   `[project.entry-points."rollway.tasks"] my_task = "my_pkg.tasks:MyTask"`.
@@ -24,6 +26,7 @@ A task class is built with the run's `TaskConfig` and offers:
 from __future__ import annotations
 
 import importlib
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from typing import Protocol
 from pydantic import BaseModel, ValidationError
 
 ENTRY_POINT_GROUP = "rollway.tasks"
+MODULES_SETTING = "ROLLWAY_TASK_MODULES"
 
 # Dotted paths, imported lazily: a run pays only for the task it names. `calculator`
 # lives in its own module, written beside this registry.
@@ -120,12 +124,31 @@ def _load(path: str, name: str) -> type:
     return obj
 
 
+def allowed_modules() -> list[str]:
+    """The top-level packages a dotted `task.name` may import from (ROLLWAY_TASK_MODULES,
+    read on each call so every process of the run, web and Ray alike, asks its own)."""
+    return [m.strip() for m in os.environ.get(MODULES_SETTING, "").split(",") if m.strip()]
+
+
+def _check_allowed(name: str) -> None:
+    package = name.partition(":")[0].split(".")[0]
+    allowed = allowed_modules()
+    if package not in allowed:
+        raise UnknownTask(
+            f"task.name {name!r}: package {package!r} is not among the task packages this site allows "
+            f"({MODULES_SETTING}={','.join(allowed) or '(empty)'}); an operator adds it there, "
+            f"or registers the task as a {ENTRY_POINT_GROUP!r} entry point"
+        )
+
+
 def task_class(name: str) -> type:
     """The task class `task.name` names (built-in first, then a dotted path, then an
     entry point); UnknownTask with the reason and the choices otherwise."""
     if name in BUILTINS:
         return _load(BUILTINS[name], name)
     if ":" in name:
+        if _DOTTED.match(name):
+            _check_allowed(name)  # before anything is imported
         return _load(name, name)
     found = entry_points(group=ENTRY_POINT_GROUP, name=name)
     if found:
