@@ -72,7 +72,11 @@ def test_a_missing_column_is_refused_naming_it(client_for, owner, experiment, da
     assert "no column 'question'" in r.json()["errors"]["task.dataset.prompt_column"]
 
 
-def test_an_unknown_task_name_is_refused_naming_it(client_for, owner, experiment, data_root):
+def test_an_unknown_task_name_is_refused_naming_it(client_for, owner, experiment, data_root, monkeypatch):
+    r = launch(client_for(owner), experiment, {"name": "no_such_pkg.tasks:Task"})
+    assert r.status_code == 400, r.content
+    assert "not among the task packages this site allows" in r.json()["errors"]["task.name"]
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg")
     r = launch(client_for(owner), experiment, {"name": "no_such_pkg.tasks:Task"})
     assert r.status_code == 400, r.content
     errors = r.json()["errors"]
