@@ -1,0 +1,371 @@
+"""The permission matrix: every URL the site routes and every WebSocket route, asked by
+every persona, answers as the persona's role says (teams/roles.py).
+
+The routes come from the URL configuration and the WebSocket router themselves, and
+each must have a rule here (`test_every_route_has_a_rule`): a new endpoint cannot be
+missed. Django's own admin and login views are left out (the admin's scoping is tested
+in test_roles.py).
+
+Personas: the team's admin, a member, a viewer; a member of another team; a staff user
+in no team; anonymous. A refused write changes nothing stored; an allowed write changes
+something (so an "allowed" request that failed for another reason would show).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from compare.models import Comparison, ComparisonRun
+from configs.models import SavedConfig
+from runs import exports
+from runs.models import Experiment, Run
+from teams.models import AuditEvent, Membership, Team
+from workers.presets import build
+
+Role = Membership.Role
+PERSONAS = ("admin", "member", "viewer", "outsider", "staff", "anonymous")
+RANK = {"viewer": 0, "member": 1, "admin": 2}
+SKIPPED_NAMESPACES = {"admin"}  # Django's admin: its scoping is tested in test_roles.py
+SKIPPED_NAMES = {  # django.contrib.auth's views: the login form and password pages
+    "login",
+    "logout",
+    "password_change",
+    "password_change_done",
+    "password_reset",
+    "password_reset_done",
+    "password_reset_confirm",
+    "password_reset_complete",
+}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request to one route: `needs` is "public", "login" (any signed-in user; what
+    it lists is scoped to their teams), a role ("viewer", "member", "admin"), "own" (a
+    member their own run, an admin anyone's) or "token" (the engine's bearer token
+    only). `json`: an API route (anonymous gets 401, not a login redirect). `form`: a
+    page form that reports a refusal on the page it redirects to (302 either way), so
+    only what is stored tells allowed from refused."""
+
+    method: str
+    path: Callable[[World], str]
+    needs: str
+    body: Callable[[World], dict] | None = None
+    json: bool = True
+    form: bool = False
+
+
+@dataclass
+class World:
+    team: Team
+    users: dict
+    experiment: Experiment
+    run: Run  # running, launched by the member
+    done: Run  # succeeded, with an exported model
+    comparison: Comparison
+    saved: SavedConfig
+
+
+def _launch_body(w: World) -> dict:
+    return {"experiment": w.experiment.pk, "preset": "sync", "name": "matrix"}
+
+
+ASKS: dict[str, list[Ask]] = {
+    "healthz": [Ask("GET", lambda w: "/healthz", "public")],
+    "api:presets": [Ask("GET", lambda w: "/api/presets", "login")],
+    "api:config-schema": [Ask("GET", lambda w: "/api/config/schema", "login")],
+    "api:teams": [Ask("GET", lambda w: "/api/teams", "login")],
+    "api:configs": [
+        Ask("GET", lambda w: "/api/configs", "login"),
+        Ask(
+            "POST",
+            lambda w: "/api/configs",
+            "member",
+            lambda w: {"team": w.team.slug, "name": "new", "base_preset": "sync"},
+        ),
+    ],
+    "api:config": [Ask("GET", lambda w: f"/api/configs/{w.saved.pk}", "viewer")],
+    "api:config-versions": [
+        Ask("POST", lambda w: f"/api/configs/{w.saved.pk}/versions", "member", lambda w: {"description": "v2"})
+    ],
+    "api:comparisons": [
+        Ask("GET", lambda w: "/api/comparisons", "login"),
+        Ask(
+            "POST",
+            lambda w: "/api/comparisons",
+            "member",
+            lambda w: {"team": w.team.slug, "name": "cmp", "configurations": ["sync"], "seeds": [0]},
+        ),
+    ],
+    "api:comparison": [Ask("GET", lambda w: f"/api/comparisons/{w.comparison.pk}", "viewer")],
+    "api:comparison-rerun": [
+        Ask("POST", lambda w: f"/api/comparisons/{w.comparison.pk}/rerun", "member", lambda w: {"seeds": [5]})
+    ],
+    "api:team-members": [
+        Ask("GET", lambda w: f"/api/teams/{w.team.slug}/members", "viewer"),
+        Ask(
+            "POST",
+            lambda w: f"/api/teams/{w.team.slug}/members",
+            "admin",
+            lambda w: {"username": "newbie", "role": "viewer"},
+        ),
+    ],
+    "api:team-member": [Ask("DELETE", lambda w: f"/api/teams/{w.team.slug}/members/vera", "admin")],
+    "api:team-audit": [Ask("GET", lambda w: f"/api/teams/{w.team.slug}/audit", "admin")],
+    "api:experiments": [
+        Ask("GET", lambda w: "/api/experiments", "login"),
+        Ask("POST", lambda w: "/api/experiments", "member", lambda w: {"team": w.team.slug, "name": "another"}),
+    ],
+    "api:runs": [
+        Ask("GET", lambda w: "/api/runs", "login"),
+        Ask("POST", lambda w: "/api/runs", "member", _launch_body),
+    ],
+    "api:runs-cancel": [Ask("POST", lambda w: "/api/runs/cancel", "own", lambda w: {"runs": [w.run.pk]}, form=True)],
+    "api:run": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}", "viewer")],
+    "api:run-cancel": [Ask("POST", lambda w: f"/api/runs/{w.run.pk}/cancel", "own")],
+    "api:run-metrics": [
+        Ask("GET", lambda w: f"/api/runs/{w.run.pk}/metrics", "viewer"),
+        Ask(
+            "POST",
+            lambda w: f"/api/runs/{w.run.pk}/metrics",
+            "token",
+            lambda w: {"points": [{"series": "reward/mean", "step": 1, "value": 0.5}]},
+        ),
+    ],
+    "api:run-status": [
+        Ask("POST", lambda w: f"/api/runs/{w.run.pk}/status", "token", lambda w: {"status": "failed", "error": "x"})
+    ],
+    "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
+    "compare:page": [Ask("GET", lambda w: f"/compare/?runs={w.run.pk},{w.done.pk}", "viewer", json=False)],
+    "compare:api": [Ask("GET", lambda w: f"/api/compare?runs={w.run.pk},{w.done.pk}&series=", "viewer")],
+    "compare:comparisons": [Ask("GET", lambda w: "/comparisons/", "login", json=False)],
+    "compare:comparison-new": [
+        Ask("GET", lambda w: "/comparisons/new/", "login", json=False),
+        Ask(
+            "POST",
+            lambda w: "/comparisons/new/",
+            "member",
+            lambda w: {"target": str(w.experiment.pk), "name": "c", "configurations": ["sync"], "seeds": "0"},
+            json=False,
+        ),
+    ],
+    "compare:comparison": [Ask("GET", lambda w: f"/comparisons/{w.comparison.pk}/", "viewer", json=False)],
+    "compare:comparison-rerun": [
+        Ask(
+            "POST",
+            lambda w: f"/comparisons/{w.comparison.pk}/rerun/",
+            "member",
+            lambda w: {"seeds": "7"},
+            json=False,
+            form=True,
+        )
+    ],
+    "configs:list": [Ask("GET", lambda w: "/configs/", "login", json=False)],
+    "teams:list": [Ask("GET", lambda w: "/teams/", "login", json=False)],
+    "teams:members": [
+        Ask(
+            "POST",
+            lambda w: f"/teams/{w.team.slug}/members/",
+            "admin",
+            lambda w: {"action": "role", "username": "vera", "role": "member"},
+            json=False,
+        )
+    ],
+    "dashboard:runs": [Ask("GET", lambda w: "/", "login", json=False)],
+    "dashboard:launch": [
+        Ask("GET", lambda w: "/runs/new/", "login", json=False),
+        Ask(
+            "POST",
+            lambda w: "/runs/new/",
+            "member",
+            lambda w: {"experiment": str(w.experiment.pk), "preset": "sync", "overrides": "{}", "name": "m"},
+            json=False,
+        ),
+    ],
+    "dashboard:cancel-many": [
+        Ask("POST", lambda w: "/runs/cancel/", "own", lambda w: {"runs": [str(w.run.pk)]}, json=False, form=True)
+    ],
+    "dashboard:run": [Ask("GET", lambda w: f"/runs/{w.run.pk}/", "viewer", json=False)],
+    "dashboard:cancel": [Ask("POST", lambda w: f"/runs/{w.run.pk}/cancel/", "own", json=False, form=True)],
+}
+
+WS_ASKS = {
+    "ws/runs/": ("login", lambda w: "/ws/runs/"),
+    "ws/runs/<int:run_id>/": ("viewer", lambda w: f"/ws/runs/{w.run.pk}/"),
+}
+
+
+def routes() -> dict[str, str]:
+    """name → pattern of every URL route, walked from the URL configuration."""
+    out: dict[str, str] = {}
+
+    def walk(patterns, prefix: str, namespace: str | None) -> None:
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                if p.namespace in SKIPPED_NAMESPACES:
+                    continue
+                walk(p.url_patterns, prefix + str(p.pattern), p.namespace or namespace)
+            elif isinstance(p, URLPattern):
+                if p.name in SKIPPED_NAMES and namespace is None:
+                    continue
+                out[f"{namespace}:{p.name}" if namespace else str(p.name)] = prefix + str(p.pattern)
+
+    walk(get_resolver().url_patterns, "", None)
+    return out
+
+
+def ws_routes() -> list[str]:
+    from runs.routing import websocket_urlpatterns
+
+    return [str(p.pattern) for p in websocket_urlpatterns]
+
+
+def test_every_route_has_a_rule():
+    assert set(routes()) == set(ASKS), "add a rule for each new route (and drop removed ones)"
+    assert set(ws_routes()) == set(WS_ASKS)
+
+
+def allowed(persona: str, ask: Ask, w: World) -> bool:
+    if ask.needs == "public":
+        return True
+    if ask.needs == "token" or persona == "anonymous":
+        return False
+    if ask.needs == "login":
+        return True
+    role = {"admin": "admin", "member": "member", "viewer": "viewer"}.get(persona)
+    if role is None:  # outsider, staff in no team
+        return False
+    if ask.needs == "own":
+        return role == "admin" or (role == "member" and w.run.launched_by.username == "tom")
+    return RANK[role] >= RANK[ask.needs]
+
+
+@pytest.fixture
+def world(db, settings, tmp_path) -> World:
+    settings.ROLLWAY_EXPORT_DIR = str(tmp_path / "exports")
+    make = get_user_model().objects.create_user
+    users = {
+        "admin": make("olga", password="x"),
+        "member": make("tom", password="x"),
+        "viewer": make("vera", password="x"),
+        "outsider": make("oscar", password="x"),
+        "staff": make("sam", password="x", is_staff=True),
+    }
+    make("newbie", password="x")
+    team = Team.objects.create(name="Lab")
+    for persona, role in (("admin", Role.ADMIN), ("member", Role.MEMBER), ("viewer", Role.VIEWER)):
+        Membership.objects.create(team=team, user=users[persona], role=role)
+    other = Team.objects.create(name="Elsewhere")
+    Membership.objects.create(team=other, user=users["outsider"], role=Role.ADMIN)
+    experiment = Experiment.objects.create(team=team, name="e", created_by=users["admin"])
+    config = build("sync").model_dump(mode="json")
+
+    def run(status: str, launcher) -> Run:
+        return Run.objects.create(
+            experiment=experiment, name=status, preset="sync", config=config, status=status, launched_by=launcher
+        )
+
+    running, done = run(Run.Status.RUNNING, users["member"]), run(Run.Status.SUCCEEDED, users["admin"])
+    export = Path(exports.export_dir(done.pk))
+    export.mkdir(parents=True)
+    (export / exports.MARKER).write_text("{}")
+    comparison = Comparison.objects.create(
+        team=team, experiment=experiment, name="c", created_by=users["admin"], configurations=["sync"], seeds=[0]
+    )
+    ComparisonRun.objects.create(comparison=comparison, run=done, configuration="sync")
+    saved = SavedConfig.objects.create(team=team, name="s", version=1, base_preset="sync", overrides={})
+    return World(team, users, experiment, running, done, comparison, saved)
+
+
+def stored() -> tuple:
+    """Everything a request could change, in one comparable value."""
+    return (
+        tuple(Run.objects.order_by("pk").values_list("pk", "status")),
+        Experiment.objects.count(),
+        SavedConfig.objects.count(),
+        Comparison.objects.count(),
+        ComparisonRun.objects.count(),
+        tuple(Membership.objects.order_by("pk").values_list("pk", "role")),
+        AuditEvent.objects.count(),
+    )
+
+
+def send(client: Client, ask: Ask, w: World):
+    path, body = ask.path(w), ask.body(w) if ask.body else None
+    if ask.method == "GET":
+        return client.get(path)
+    if ask.method == "DELETE":
+        return client.delete(path)
+    if ask.json:
+        return client.post(path, data=json.dumps(body or {}), content_type="application/json")
+    return client.post(path, data=body or {})
+
+
+CASES = [(name, i, persona) for name, asks in ASKS.items() for i in range(len(asks)) for persona in PERSONAS]
+
+
+@pytest.mark.parametrize(("name", "index", "persona"), CASES, ids=[f"{n}[{i}]-{p}" for n, i, p in CASES])
+def test_each_route_answers_each_persona_as_its_role_allows(world, name, index, persona, enqueued):
+    ask = ASKS[name][index]
+    client = Client()
+    if persona != "anonymous":
+        client.force_login(world.users[persona])
+    before = stored()
+    r = send(client, ask, world)
+    assert r.status_code < 500, r.content[:500]
+    writes = ask.method != "GET"
+    if allowed(persona, ask, world):
+        assert r.status_code < 400, (r.status_code, r.content[:500])
+        if writes:
+            assert stored() != before, "an allowed write stored nothing: did it fail for another reason?"
+        return
+    if persona == "anonymous" or ask.needs == "token":
+        if ask.json or ask.needs == "token":
+            assert r.status_code == 401, (r.status_code, r.content[:300])
+        else:
+            assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
+    elif ask.form:
+        assert r.status_code in (302, 200, 404), r.status_code  # the page says why
+    elif persona in ("outsider", "staff"):
+        # Another team's objects are not found; naming them in a body is a 400 by field.
+        assert r.status_code in (400, 404), (r.status_code, r.content[:300])
+    else:  # in the team, below the role the action needs
+        assert r.status_code == 403, (r.status_code, r.content[:300])
+    if writes:
+        assert stored() == before, "a refused request changed what is stored"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", sorted(WS_ASKS))
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_each_websocket_route_admits_each_persona_as_its_role_allows(route, persona, settings, tmp_path, request):
+    from tests.platform.test_consumers import communicator
+
+    async def close_code(comm) -> int | None:
+        """The code the server closed with right after accepting; None if it streams."""
+        connected, _ = await comm.connect()
+        assert connected, "refusals are sent as close codes after accepting"
+        if await comm.receive_nothing(timeout=1):
+            await comm.disconnect()
+            return None
+        message = await comm.receive_output(timeout=1)
+        return message.get("code") if message["type"] == "websocket.close" else None
+
+    w = request.getfixturevalue("world")
+    needs, path = WS_ASKS[route]
+    code = asyncio.run(close_code(communicator(path(w), None if persona == "anonymous" else w.users[persona])))
+    if persona == "anonymous":
+        assert code == 4401
+    elif needs == "login" or persona in ("admin", "member", "viewer"):
+        assert code is None  # accepted and streaming
+    else:
+        assert code == 4403
