@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import comparisons, configs, teams, views
+from api import comparisons, configs, teams, tokens, views
 
 app_name = "api"
 
@@ -14,6 +14,8 @@ urlpatterns = [
     path("comparisons/<int:comparison_id>/rerun", comparisons.comparison_rerun, name="comparison-rerun"),
     path("config/schema", views.config_schema, name="config-schema"),
     path("teams", views.teams, name="teams"),
+    path("tokens", tokens.tokens_view, name="tokens"),
+    path("tokens/<str:token_id>", tokens.token_view, name="token"),
     path("teams/<str:team>/members", teams.members, name="team-members"),
     path("teams/<str:team>/members/<str:username>", teams.member, name="team-member"),
     path("teams/<str:team>/audit", teams.audit, name="team-audit"),

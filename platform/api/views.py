@@ -30,6 +30,7 @@ from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
+from teams import roles
 from teams.models import Team
 from workers.config import json_schema
 from workers.presets import PRESETS
@@ -75,7 +76,7 @@ def teams(request: HttpRequest) -> JsonResponse:
                 "id": team.pk,
                 "slug": team.slug,
                 "name": team.name,
-                "role": team.role_of(request.user),
+                "role": roles.role_of(request.user, team),
                 "experiments": [_experiment(e) for e in team.experiments.all()],
             }
         )

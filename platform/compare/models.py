@@ -23,7 +23,7 @@ class ComparisonQuerySet(models.QuerySet):
         """Comparisons of the teams `user` belongs to."""
         if not user.is_authenticated:
             return self.none()
-        return self.filter(team__memberships__user=user)
+        return self.filter(team__in=Team.objects.for_user(user))
 
 
 class Comparison(models.Model):

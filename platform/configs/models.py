@@ -22,7 +22,7 @@ class SavedConfigQuerySet(models.QuerySet):
         """Configurations of the teams `user` belongs to."""
         if not user.is_authenticated:
             return self.none()
-        return self.filter(team__memberships__user=user)
+        return self.filter(team__in=Team.objects.for_user(user))
 
     def latest_versions(self) -> SavedConfigQuerySet:
         """The newest version of each (team, name)."""

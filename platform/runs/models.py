@@ -72,7 +72,7 @@ class RunQuerySet(models.QuerySet):
         """Runs of the teams `user` belongs to."""
         if not user.is_authenticated:
             return self.none()
-        return self.filter(experiment__team__memberships__user=user)
+        return self.filter(experiment__team__in=Team.objects.for_user(user))
 
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)

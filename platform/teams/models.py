@@ -13,7 +13,9 @@ class TeamQuerySet(models.QuerySet):
         """Teams `user` belongs to (none for an anonymous user)."""
         if not user.is_authenticated:
             return self.none()
-        return self.filter(memberships__user=user)
+        found = self.filter(memberships__user=user)
+        scope = getattr(user, "token_scope", None)  # a personal API token's one team
+        return found.filter(pk=scope[0]) if scope is not None else found
 
     def ensure_demo(self, user, name: str = "Demo") -> Team:
         """The demo team, created if missing, with `user` as its owner. Idempotent."""
@@ -104,3 +106,40 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.get_action_display()} {self.subject}"
+
+
+class ApiToken(models.Model):
+    """A personal API token: a script acts as its owner, in one team, with a role no
+    higher than the owner's (teams/tokens.py makes, checks and revokes them).
+
+    Only a hash of the secret is stored: the secret is shown once, when it is made.
+    SHA-256 suffices (no slow hash): the secret is 256 random bits, not a password a
+    person chose."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_tokens")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The secret's first characters, to tell tokens apart.")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.user} in {self.team} as {self.role})"
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.pk,
+            "name": self.name,
+            "team": self.team.slug,
+            "role": self.role,
+            "prefix": self.prefix,
+            "created_at": self.created_at.isoformat(),
+            "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+        }

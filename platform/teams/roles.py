@@ -33,10 +33,15 @@ NEEDS = {
 
 
 def role_of(user, team: Team) -> str | None:
-    """The user's role in `team`; a superuser counts as its admin; None for an outsider."""
-    if getattr(user, "is_superuser", False) and user.is_active:
-        return Role.ADMIN
-    return team.role_of(user)
+    """The user's role in `team`; a superuser counts as its admin; None for an outsider.
+    Through a personal API token: at most the token's role, in the token's team only."""
+    scope = getattr(user, "token_scope", None)
+    if scope is not None and scope[0] != team.pk:
+        return None
+    role = Role.ADMIN if getattr(user, "is_superuser", False) and user.is_active else team.role_of(user)
+    if scope is not None and role is not None and RANK[Role(scope[1])] < RANK[Role(role)]:
+        role = scope[1]
+    return role
 
 
 def allows(role: str | None, action: str) -> bool:

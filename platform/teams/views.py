@@ -10,14 +10,18 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from runs.errors import ActionError, NotFound
-from teams import actions, roles
-from teams.models import AuditEvent, Membership, Team
+from teams import actions, roles, tokens
+from teams.models import ApiToken, AuditEvent, Membership, Team
 
 AUDIT_SHOWN = 100  # the newest events; GET /api/teams/<team>/audit pages through all
 
 
 @login_required
 def teams(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+def _page(request: HttpRequest, *, new_secret: str = "", token_errors: dict | None = None) -> HttpResponse:
     entries = []
     for team in Team.objects.for_user(request.user).order_by("name"):
         role = roles.role_of(request.user, team)
@@ -31,7 +35,41 @@ def teams(request: HttpRequest) -> HttpResponse:
                 "events": AuditEvent.objects.filter(team=team)[:AUDIT_SHOWN] if admin else [],
             }
         )
-    return render(request, "teams/teams.html", {"entries": entries, "roles": Membership.Role.choices})
+    context = {
+        "entries": entries,
+        "roles": Membership.Role.choices,
+        "tokens": ApiToken.objects.filter(user=request.user).select_related("team"),
+        # Shown this once, in the answer to the form that made it (never stored, never
+        # put in a redirect or a flash message).
+        "new_secret": new_secret,
+        "token_errors": token_errors or {},
+    }
+    return render(request, "teams/teams.html", context, status=400 if token_errors else 200)
+
+
+@login_required
+@require_POST
+def new_token(request: HttpRequest) -> HttpResponse:
+    try:
+        team, role, name = tokens.check_new(
+            request.user, team=request.POST.get("team"), role=request.POST.get("role"), name=request.POST.get("name")
+        )
+    except ActionError as exc:
+        return _page(request, token_errors=exc.errors)
+    _, secret = tokens.do_create(request.user, team, role, name)
+    return _page(request, new_secret=secret)
+
+
+@login_required
+@require_POST
+def revoke_token(request: HttpRequest, token_id: int) -> HttpResponse:
+    try:
+        token = tokens.check_own(request.user, token_id)
+    except NotFound:
+        raise Http404("No such token of yours.") from None
+    tokens.do_revoke(token)
+    messages.info(request, f"Revoked token {token.name} ({token.prefix}…).")
+    return redirect("teams:list")
 
 
 @login_required

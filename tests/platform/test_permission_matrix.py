@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -28,11 +29,19 @@ from compare.models import Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs import exports
 from runs.models import Experiment, Run
-from teams.models import AuditEvent, Membership, Team
+from teams.models import ApiToken, AuditEvent, Membership, Team
 from workers.presets import build
 
 Role = Membership.Role
 PERSONAS = ("admin", "member", "viewer", "outsider", "staff", "anonymous")
+# Personal API tokens (the JSON API only: on a page a token is no one): the admin's token
+# with each role, the member's own, and a revoked one. persona → (maker, role).
+TOKENS = {
+    "admin-token": ("admin", "admin"),
+    "member-token": ("member", "member"),
+    "viewer-token": ("admin", "viewer"),
+    "revoked-token": ("admin", "admin"),
+}
 RANK = {"viewer": 0, "member": 1, "admin": 2}
 SKIPPED_NAMESPACES = {"admin"}  # Django's admin: its scoping is tested in test_roles.py
 SKIPPED_NAMES = {  # django.contrib.auth's views: the login form and password pages
@@ -51,8 +60,9 @@ SKIPPED_NAMES = {  # django.contrib.auth's views: the login form and password pa
 class Ask:
     """One request to one route: `needs` is "public", "login" (any signed-in user; what
     it lists is scoped to their teams), a role ("viewer", "member", "admin"), "own" (a
-    member their own run, an admin anyone's) or "token" (the engine's bearer token
-    only). `json`: an API route (anonymous gets 401, not a login redirect). `form`: a
+    member their own run, an admin anyone's), "session" (a signed-in person, not a
+    token: making tokens), "self" (the token's own maker) or "token" (the engine's
+    bearer token only). `json`: an API route (anonymous gets 401, not a login redirect). `form`: a
     page form that reports a refusal on the page it redirects to (302 either way), so
     only what is stored tells allowed from refused."""
 
@@ -73,6 +83,8 @@ class World:
     done: Run  # succeeded, with an exported model
     comparison: Comparison
     saved: SavedConfig
+    secrets: dict[str, str]  # persona → personal API token
+    own_token: int  # the id of the admin's "admin-token": only its maker may revoke it
 
 
 def _launch_body(w: World) -> dict:
@@ -93,6 +105,21 @@ ASKS: dict[str, list[Ask]] = {
             lambda w: {"team": w.team.slug, "name": "new", "base_preset": "sync"},
         ),
     ],
+    "api:tokens": [
+        Ask("GET", lambda w: "/api/tokens", "login"),
+        Ask("POST", lambda w: "/api/tokens", "session", lambda w: {"team": w.team.slug, "role": "viewer", "name": "n"}),
+    ],
+    "api:token": [Ask("DELETE", lambda w: f"/api/tokens/{w.own_token}", "self")],
+    "teams:new-token": [
+        Ask(
+            "POST",
+            lambda w: "/teams/tokens/",
+            "session",
+            lambda w: {"team": w.team.slug, "role": "viewer", "name": "n"},
+            json=False,
+        )
+    ],
+    "teams:revoke-token": [Ask("POST", lambda w: f"/teams/tokens/{w.own_token}/revoke/", "self", json=False)],
     "api:config": [Ask("GET", lambda w: f"/api/configs/{w.saved.pk}", "viewer")],
     "api:config-versions": [
         Ask("POST", lambda w: f"/api/configs/{w.saved.pk}/versions", "member", lambda w: {"description": "v2"})
@@ -237,16 +264,48 @@ def test_every_route_has_a_rule():
 def allowed(persona: str, ask: Ask, w: World) -> bool:
     if ask.needs == "public":
         return True
+    if persona in TOKENS:
+        if not ask.json or persona == "revoked-token":
+            return False
+        if ask.needs == "session":  # a token never makes tokens
+            return False
+        maker, cap = TOKENS[persona]
+        role = min(maker, cap, key=RANK.__getitem__)  # the token's role, never above its maker's
+        return _role_allows(role, maker, ask, w)
     if ask.needs == "token" or persona == "anonymous":
         return False
     if ask.needs == "login":
         return True
-    role = {"admin": "admin", "member": "member", "viewer": "viewer"}.get(persona)
-    if role is None:  # outsider, staff in no team
+    if ask.needs == "session":  # a signed-in person, for one of their teams
+        return persona in RANK
+    if persona not in RANK:  # outsider, staff in no team
         return False
+    return _role_allows(persona, persona, ask, w)
+
+
+def _role_allows(role: str, who: str, ask: Ask, w: World) -> bool:
+    """Whether `role` in the team allows `ask` to the team member `who`."""
+    if ask.needs == "token":
+        return False
+    if ask.needs == "self":  # one's own token, whatever the role
+        return who == "admin"
+    if ask.needs == "login":
+        return True
     if ask.needs == "own":
-        return role == "admin" or (role == "member" and w.run.launched_by.username == "tom")
+        return role == "admin" or (role == "member" and w.run.launched_by == w.users[who])
     return RANK[role] >= RANK[ask.needs]
+
+
+def _tokens(users: dict, team: Team) -> dict[str, str]:
+    from teams import tokens
+
+    made, ids = {}, {}
+    for persona, (maker, role) in TOKENS.items():
+        token, made[persona] = tokens.do_create(users[maker], team, role, persona)
+        ids[persona] = token.pk
+        if persona == "revoked-token":
+            tokens.do_revoke(token)
+    return made, ids["admin-token"]
 
 
 @pytest.fixture
@@ -283,7 +342,7 @@ def world(db, settings, tmp_path) -> World:
     )
     ComparisonRun.objects.create(comparison=comparison, run=done, configuration="sync")
     saved = SavedConfig.objects.create(team=team, name="s", version=1, base_preset="sync", overrides={})
-    return World(team, users, experiment, running, done, comparison, saved)
+    return World(team, users, experiment, running, done, comparison, saved, *_tokens(users, team))
 
 
 def stored() -> tuple:
@@ -296,52 +355,77 @@ def stored() -> tuple:
         ComparisonRun.objects.count(),
         tuple(Membership.objects.order_by("pk").values_list("pk", "role")),
         AuditEvent.objects.count(),
+        tuple(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at")),
     )
 
 
-def send(client: Client, ask: Ask, w: World):
+def send(client: Client, ask: Ask, w: World, headers: dict):
     path, body = ask.path(w), ask.body(w) if ask.body else None
     if ask.method == "GET":
-        return client.get(path)
+        return client.get(path, **headers)
     if ask.method == "DELETE":
-        return client.delete(path)
+        return client.delete(path, **headers)
     if ask.json:
-        return client.post(path, data=json.dumps(body or {}), content_type="application/json")
-    return client.post(path, data=body or {})
+        return client.post(path, data=json.dumps(body or {}), content_type="application/json", **headers)
+    return client.post(path, data=body or {}, **headers)
 
 
-CASES = [(name, i, persona) for name, asks in ASKS.items() for i in range(len(asks)) for persona in PERSONAS]
-
-
-@pytest.mark.parametrize(("name", "index", "persona"), CASES, ids=[f"{n}[{i}]-{p}" for n, i, p in CASES])
-def test_each_route_answers_each_persona_as_its_role_allows(world, name, index, persona, enqueued):
-    ask = ASKS[name][index]
-    client = Client()
-    if persona != "anonymous":
-        client.force_login(world.users[persona])
+def answer_problem(w: World, ask: Ask, persona: str) -> str | None:
+    """Ask as `persona`; what is wrong with the answer, or None."""
+    client, headers = Client(enforce_csrf_checks=persona in TOKENS), {}
+    if persona in TOKENS:  # a script: no session, no CSRF token
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {w.secrets[persona]}"}
+    elif persona != "anonymous":
+        client.force_login(w.users[persona])
     before = stored()
-    r = send(client, ask, world)
-    assert r.status_code < 500, r.content[:500]
+    r = send(client, ask, w, headers)
+    said = f"{r.status_code} {b'(streamed)' if r.streaming else r.content[:200]!r}"
+    if r.status_code >= 500:
+        return f"a server error: {said}"
     writes = ask.method != "GET"
-    if allowed(persona, ask, world):
-        assert r.status_code < 400, (r.status_code, r.content[:500])
-        if writes:
-            assert stored() != before, "an allowed write stored nothing: did it fail for another reason?"
-        return
-    if persona == "anonymous" or ask.needs == "token":
+    if allowed(persona, ask, w):
+        if r.status_code >= 400:
+            return f"allowed, but refused: {said}"
+        if writes and stored() == before:
+            return f"allowed, but stored nothing (failed for another reason?): {said}"
+        return None
+    if persona in ("anonymous", "revoked-token") or ask.needs == "token":
         if ask.json or ask.needs == "token":
-            assert r.status_code == 401, (r.status_code, r.content[:300])
+            expected = r.status_code == 401
         else:
-            assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
+            expected = r.status_code == 302 and r["Location"].startswith("/accounts/login/")
     elif ask.form:
-        assert r.status_code in (302, 200, 404), r.status_code  # the page says why
+        expected = r.status_code in (302, 200, 404)  # the page it lands on says why
+    elif ask.needs == "self":  # someone else's token is not found
+        expected = r.status_code == 404
     elif persona in ("outsider", "staff"):
         # Another team's objects are not found; naming them in a body is a 400 by field.
-        assert r.status_code in (400, 404), (r.status_code, r.content[:300])
+        expected = r.status_code in (400, 404)
     else:  # in the team, below the role the action needs
-        assert r.status_code == 403, (r.status_code, r.content[:300])
-    if writes:
-        assert stored() == before, "a refused request changed what is stored"
+        expected = r.status_code == 403
+    if not expected:
+        return f"refused the wrong way: {said}"
+    if writes and stored() != before:
+        return f"refused, but changed what is stored: {said}"
+    return None
+
+
+ASK_IDS = [(name, i) for name, asks in ASKS.items() for i in range(len(asks))]
+
+
+@pytest.mark.parametrize(("name", "index"), ASK_IDS, ids=[f"{ASKS[n][i].method} {n}" for n, i in ASK_IDS])
+def test_each_route_answers_each_persona_as_its_role_allows(world, name, index, enqueued):
+    """Each persona in a savepoint of its own, rolled back after: every persona meets the
+    same stored world, without building it again."""
+    ask = ASKS[name][index]
+    problems = {}
+    for persona in PERSONAS + tuple(TOKENS if ask.json else ()):
+        with transaction.atomic():
+            problem = answer_problem(world, ask, persona)
+            transaction.set_rollback(True)
+        if problem:
+            problems[persona] = problem
+    assert problems == {}
 
 
 @pytest.mark.django_db(transaction=True)
