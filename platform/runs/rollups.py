@@ -37,6 +37,7 @@ from typing import NamedTuple
 from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from runs import pgbulk
 from workers.metric_names import REWARD_WINDOW
 
 WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
@@ -212,12 +213,14 @@ def _write(cursor, run_id: int, levels: dict[int, dict[tuple[str, int], Agg]]) -
         f"{c} = EXCLUDED.{c}" for c in COLUMNS
     )
     if cursor.db.vendor == "postgresql":
-        # One statement of fixed text whatever the row count: columns as arrays.
-        arrays = ", ".join(f"%s::{t}[]" for t in PG_TYPES)
-        cursor.execute(
-            f"INSERT INTO {TABLES.buckets} ({names}) SELECT * FROM unnest({arrays}) {conflict}",
-            [list(column) for column in zip(*rows, strict=True)],
-        )
+        # One statement of fixed text whatever the row count: columns as arrays, bound
+        # in binary (runs/pgbulk.py).
+        arrays = ", ".join(f"%b::{t}[]" for t in PG_TYPES)
+        with pgbulk.binary_cursor(cursor.db) as binary:
+            binary.execute(
+                f"INSERT INTO {TABLES.buckets} ({names}) SELECT * FROM unnest({arrays}) {conflict}",
+                [list(column) for column in zip(*rows, strict=True)],
+            )
         return
     # SQLite runs one prepared statement over every row in C.
     marks = ", ".join(["%s"] * (4 + len(COLUMNS)))
@@ -305,7 +308,9 @@ def refresh(run_id: int, keys: Iterable[tuple[str, int]], using: str = DEFAULT_D
     if not touched:
         return
     connection = connections[using]
-    with transaction.atomic(using=using), connection.cursor() as cursor:
+    # No savepoint inside the ingest's transaction (a round trip each way): a failure
+    # here fails the whole write anyway.
+    with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
         # Two writers of one run take turns here: each recomputes from what is committed,
         # so the later one sees the earlier one's points (SQLite serializes writes anyway).
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""

@@ -1,0 +1,28 @@
+"""Column arrays sent to PostgreSQL in binary, for the ingest's bulk statements.
+
+Django's psycopg backend binds parameters on the client by default: every element of a
+list is quoted into SQL text in Python (a regular expression per element), which cost a
+quarter of the ingest's CPU (the point upsert and the rollups' bucket upsert each send
+thousands of numbers per request). A server-binding cursor on the same connection sends
+`%b` parameters in PostgreSQL's binary format instead: same transaction, same rows,
+about a third of the CPU for the bucket upsert (measured: 3.3 → 1.1 ms for 240 rows).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import psycopg
+
+
+@contextmanager
+def binary_cursor(connection):
+    """A Django cursor (execute wrappers and query logging apply) over a server-binding
+    psycopg cursor of `connection`, a PostgreSQL connection: `%b` placeholders bind in
+    binary, and a list binds as an array."""
+    connection.ensure_connection()
+    cursor = connection.make_cursor(psycopg.Cursor(connection.connection))
+    try:
+        yield cursor
+    finally:
+        cursor.close()
