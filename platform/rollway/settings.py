@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "rollway.bodylimits.RequestBodyLimitMiddleware",
     # A NUL in a query parameter: a 400 here, not a database error in a view (the admin's).
     "rollway.nulguard.QueryNulMiddleware",
+    # A view's database error (PostgreSQL down) → 503, JSON for the API, not an HTML 500.
+    "rollway.dbdown.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "rollway.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -135,7 +137,9 @@ if DATABASE_POOL_SIZE and _POOLABLE:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2,
         "max_size": DATABASE_POOL_SIZE,
-        "timeout": 30,  # waiting for a free connection; then the request fails (503)
+        # Waiting for a free connection; then the request fails (a 503, rollway/dbdown.py),
+        # and also how long a request waits while the database is down.
+        "timeout": 5,
     }
     # A pooled connection a database restart cut is replaced before a request gets it.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import time
 
+import httpx
 import pytest
 
 from tests.browser import launch as launch_browser
@@ -284,7 +285,7 @@ def site():
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    private = PrivateSite(["pg", "redis", "web", "race"])
+    private = PrivateSite(["pg", "pgdown", "redis", "web", "race"])
     try:
         yield private.start()
     finally:
@@ -335,6 +336,61 @@ def test_postgresql_restarted_during_ingest_loses_no_point(site, tmp_path):
         site.pg.start()
 
     report("postgresql restarted", **ingest_through(site, site.runs["pg"], tmp_path, restart))
+
+
+def log_in_http(site) -> httpx.Client:
+    """A client holding the private site's user's session, logged in through the form."""
+    client = httpx.Client(base_url=site.url, timeout=30, trust_env=False)
+    client.get("/accounts/login/")
+    client.post(
+        "/accounts/login/",
+        data={"username": site.username, "password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"]},
+        headers={"Referer": f"{site.url}/accounts/login/"},
+    )
+    assert "sessionid" in client.cookies, "login failed"
+    return client
+
+
+def test_with_postgresql_down_the_api_answers_a_json_503_and_pages_a_plain_one(site):
+    """The private PostgreSQL stopped (fast shutdown: the server is gone, its port
+    refuses connections): every request that needs the database answers 503 with
+    Retry-After, the API and /healthz in the API's error shape, pages in plain text."""
+    run = site.runs["pgdown"]
+    ingest = {"Authorization": f"Bearer {run['token']}"}
+    point = {"points": [{"series": "reward/mean", "step": 1_000_000, "value": 0.5, "time": time.time()}]}
+    client = log_in_http(site)
+    try:
+        assert client.get("/api/runs").status_code == 200
+        site.pg.stop()
+        try:
+            stopped = time.monotonic()
+            answers = {
+                "api": client.get("/api/runs"),
+                "ingest": client.post(f"/api/runs/{run['id']}/metrics", json=point, headers=ingest),
+                "healthz": client.get("/healthz"),
+                "page": client.get(f"/runs/{run['id']}/"),
+            }
+            answered_s = time.monotonic() - stopped
+        finally:
+            site.pg.start()
+        for name in ("api", "ingest", "healthz"):
+            r = answers[name]
+            assert r.status_code == 503, (name, r.status_code, r.text[:300])
+            assert r.headers["content-type"] == "application/json", name
+            assert r.json() == {
+                "errors": {"database": "the database cannot be reached right now; retry in a few seconds"}
+            }
+            assert r.headers["retry-after"] == "5"
+        page = answers["page"]
+        assert page.status_code == 503
+        assert page.headers["content-type"].startswith("text/plain")
+        assert "database cannot be reached" in page.text and "<html" not in page.text.lower()
+        # Back: the same session and run work again, and the refused point was not stored.
+        wait_for(lambda: client.get("/api/runs").status_code == 200, 15, "the API to answer again")
+    finally:
+        client.close()
+    assert ("reward/mean", 1_000_000) not in site.points(run["id"])
+    report("postgresql down", four_requests_answered_s=answered_s)
 
 
 def test_the_web_process_restarted_mid_run_loses_no_point(site, tmp_path):
