@@ -164,7 +164,7 @@ def test_points_are_fanned_out_to_the_runs_group(client, run, django_capture_on_
         post(client, run, "metrics", {"points": [point(step=4, value=0.25)]})
     message = received(channel)
     assert message["type"] == "metrics.points"
-    assert message["points"] == [point(step=4, value=0.25)]
+    assert json.loads(message["frame"]) == {"type": "points", "points": [point(step=4, value=0.25)]}
 
 
 def test_a_rejected_batch_is_not_fanned_out(client, run, django_capture_on_commit_callbacks):
