@@ -219,13 +219,25 @@ ROLLWAY_MAX_WS_MESSAGE_BYTES = 4096
 # --- channels -----------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
+    from rollway.channel_layer import publish_retry
+
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default
-            # socket timeout is also 5 s, so an idle socket's read timed out and the
-            # consumer closed with 1011 (channels_redis#422). Read timeout > block time.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000},
+            # channels_redis's pub/sub layer, which tells its consumers when Redis is
+            # lost (rollway/channel_layer.py says why pub/sub, and why that).
+            "BACKEND": "rollway.channel_layer.PubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        # Bounds on a Redis that neither answers nor refuses (a publish
+                        # holds up the ingest request that sends it).
+                        "socket_connect_timeout": 2,
+                        "socket_timeout": 5,
+                        **publish_retry(),
+                    }
+                ]
+            },
         }
     }
 else:

@@ -2,7 +2,8 @@
 
 Close codes (sent after accepting, so browsers see them): 4401 not logged in,
 4403 not a member of the run's team (or no such run: outsiders learn nothing), 4413 a
-client message larger than ROLLWAY_MAX_WS_MESSAGE_BYTES.
+client message larger than ROLLWAY_MAX_WS_MESSAGE_BYTES, 1011 the channel layer lost
+Redis (the browser reconnects and catches up).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from rollway.channel_layer import LOST_EVENT
 from runs import events
 from runs.models import Run
 from teams.models import Team
@@ -19,6 +21,7 @@ from teams.models import Team
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_LARGE = 4413
+CLOSE_LAYER_LOST = 1011  # "internal error", as when the channel layer raised: the page retries
 
 
 @database_sync_to_async
@@ -33,7 +36,7 @@ def _can_view(user, run_id: int) -> bool:
 
 # Messages whose handlers never touch the database: the run events the channel layer
 # brings, and a client's frames (ignored unread).
-NO_DATABASE = frozenset({events.POINTS_EVENT, events.STATUS_EVENT, "websocket.receive"})
+NO_DATABASE = frozenset({events.POINTS_EVENT, events.STATUS_EVENT, LOST_EVENT, "websocket.receive"})
 
 
 class _RefusingConsumer(AsyncJsonWebsocketConsumer):
@@ -59,6 +62,11 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined = groups
         await self.accept()
+
+    async def channel_layer_lost(self, event: dict) -> None:
+        # Redis went away (rollway/channel_layer.py): events published meanwhile are lost,
+        # so the socket closes and the page catches up from the API when it reconnects.
+        await self.close(code=CLOSE_LAYER_LOST)
 
     async def disconnect(self, code) -> None:
         for group in self.groups_joined:

@@ -32,6 +32,7 @@ from tests.integration.fault_helpers import (
     PASSWORD,
     SERIES,
     PrivateRayHead,
+    PrivateRedis,
     PrivateSite,
     RayControl,
     Sender,
@@ -396,6 +397,60 @@ def test_with_postgresql_down_the_api_answers_a_json_503_and_pages_a_plain_one(s
 def test_the_web_process_restarted_mid_run_loses_no_point(site, tmp_path):
     # SIGTERM to daphne, as a deploy does, then a new one on the same port.
     report("web restarted", **ingest_through(site, site.runs["web"], tmp_path, site.stack.restart_web))
+
+
+def test_the_channel_layer_reconnects_after_a_redis_restart_and_tells_its_consumers(tmp_path):
+    """The site's channel layer (rollway/channel_layer.py, configured as settings.py
+    does) on a private redis-server, in two processes' roles: a web process with a
+    viewer, and one that only publishes (the ingest of a process nobody watches,
+    Celery). Stopping Redis tells the viewer's consumer (it closes, so the page catches
+    up); after the restart the very first publish of either works (the pool's
+    connections Redis dropped are reconnected, not failed on), and a new viewer gets
+    what is published."""
+    import asyncio
+
+    from rollway.channel_layer import LOST_EVENT, PubSubChannelLayer, publish_retry
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    stack = Stack(tmp_path)
+    redis = PrivateRedis(stack)
+    message = {"type": "metrics.points", "run_id": 1, "frame": "[]"}
+
+    async def scenario() -> dict:
+        hosts = [{"address": redis.url(0), "socket_timeout": 5, **publish_retry()}]
+        web, publisher = PubSubChannelLayer(hosts=hosts), PubSubChannelLayer(hosts=hosts)
+        try:
+            viewer = await web.new_channel()
+            await web.group_add("run-1", viewer)
+            await publisher.group_send("run-1", message)
+            assert await asyncio.wait_for(web.receive(viewer), 5) == message
+
+            redis.stop()
+            stopped = time.monotonic()
+            assert await asyncio.wait_for(web.receive(viewer), 10) == {"type": LOST_EVENT}
+            told_s = time.monotonic() - stopped
+
+            redis.start()
+            # The first calls after the restart: no error.
+            await publisher.group_send("run-1", message)
+            await web.group_send("run-1", message)
+            viewer = await web.new_channel()
+            await web.group_add("run-1", viewer)
+            await publisher.group_send("run-1", message)
+            assert await asyncio.wait_for(web.receive(viewer), 5) == message
+            return {"consumers_told_s": told_s}
+        finally:
+            await web.flush()
+            await publisher.flush()
+
+    try:
+        redis.start()
+        figures = asyncio.run(scenario())
+    finally:
+        stack.stop()
+    report("redis restarted (channel layer)", **figures)
 
 
 LIVE_STATE_JS = "() => document.getElementById('live-state').dataset.state"
