@@ -45,7 +45,7 @@ PHASES = (
     ("  rollups (runs/rollups.py refresh)", "runs/rollups.py", "refresh"),
     ("  COMMIT", "django/db/backends/base/base.py", "_commit"),
     ("  channel-layer send (on commit)", "runs/events.py", "send_points"),
-    ("  opening the DB connection", "django/db/backends/base/base.py", "connect"),
+    ("  opening the DB connection (or taking one from the pool)", "django/db/backends/base/base.py", "connect"),
 )
 
 
@@ -183,8 +183,9 @@ class StatementTimer:
 def profile(requests: int, run_id: int, token: str, names: list[str], steps: int, first_step: int) -> dict:
     """Time `requests` ingest requests in this process under cProfile (Django's test
     client: the same middleware, view, database and channel layer as the site, without
-    daphne and the network). Each request opens and closes its database connection, as
-    the site's do with DATABASE_CONN_MAX_AGE=0 (the test client alone would keep one)."""
+    daphne and the network). Each request gives its database connection back at its end,
+    as the site's do: to the pool (DATABASE_POOL_SIZE), or closed without one (the test
+    client alone would keep one open)."""
     from django.db import close_old_connections, connection
     from django.test import Client
 
