@@ -219,6 +219,8 @@ ROLLWAY_MAX_WS_MESSAGE_BYTES = 4096
 # --- channels -----------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
+    from redis.connection import parse_url
+
     from rollway.channel_layer import publish_retry
 
     CHANNEL_LAYERS = {
@@ -236,7 +238,11 @@ if REDIS_URL:
                         "socket_timeout": 5,
                         **publish_retry(),
                     }
-                ]
+                ],
+                # Pub/sub channels are server-wide, whatever the URL's database: sites
+                # sharing a Redis server on different databases (the test suite and a
+                # bench, staging and production) must not hear each other's runs.
+                "prefix": f"rollway.db{parse_url(REDIS_URL).get('db', 0)}.",
             },
         }
     }
