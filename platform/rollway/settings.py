@@ -137,9 +137,11 @@ if DATABASE_POOL_SIZE and _POOLABLE:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2,
         "max_size": DATABASE_POOL_SIZE,
-        # Waiting for a free connection; then the request fails (a 503, rollway/dbdown.py),
-        # and also how long a request waits while the database is down.
-        "timeout": 5,
+        # How long a request waits for a free connection before it fails (a 503,
+        # rollway/dbdown.py). While the database is down every request waits this long
+        # (the pool keeps trying to reconnect): short, so callers hear 503 and back off.
+        # 20 runs ingesting at once waited < 1 s for one (bench/ingest_load.py).
+        "timeout": 3,
     }
     # A pooled connection a database restart cut is replaced before a request gets it.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

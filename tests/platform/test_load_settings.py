@@ -62,5 +62,5 @@ def test_a_pool_without_psycopg_pool_says_what_to_install(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("psycopg_pool") is None, reason="psycopg_pool is not installed")
 def test_postgresql_gets_a_checked_pool_by_default(tmp_path):
     shown = json.loads(settings_with(tmp_path, DATABASE_URL="postgres://root@127.0.0.1:5432/x").stdout)
-    assert shown["pool"] == {"min_size": 2, "max_size": 10, "timeout": 5}
+    assert shown["pool"] == {"min_size": 2, "max_size": 10, "timeout": 3}
     assert shown["health"] is True
