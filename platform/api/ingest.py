@@ -42,9 +42,11 @@ class MetricsIn(TypedDict):
 METRICS_IN = TypeAdapter(MetricsIn)
 
 
-def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
-    """The run if the bearer token is its own; else the 404/401 response to return."""
-    run = Run.objects.select_related("experiment__team").filter(pk=run_id).first()
+def _authorized_run(request: HttpRequest, run_id: int, runs=None) -> Run | JsonResponse:
+    """The run (from `runs`, default every column with its experiment and team) if the
+    bearer token is its own; else the 404/401 response to return."""
+    runs = Run.objects.select_related("experiment__team") if runs is None else runs
+    run = runs.filter(pk=run_id).first()
     if run is None:
         return errors_response({"run": f"run {run_id} not found"}, status=404)
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
@@ -60,7 +62,9 @@ def _authorized_run(request: HttpRequest, run_id: int) -> Run | JsonResponse:
 
 def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     """POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}."""
-    run = _authorized_run(request, run_id)
+    # Only what storing points needs: the whole row (its config JSON decoded) and two
+    # joined rows were a seventh of a request's CPU (bench/ingest_load.py --profile).
+    run = _authorized_run(request, run_id, Run.objects.only("pk", "ingest_token"))
     if isinstance(run, JsonResponse):
         return run
     try:
