@@ -16,12 +16,16 @@ import psycopg
 
 
 @contextmanager
-def binary_cursor(connection):
+def binary_cursor(connection, binary_results: bool = False):
     """A Django cursor (execute wrappers and query logging apply) over a server-binding
     psycopg cursor of `connection`, a PostgreSQL connection: `%b` placeholders bind in
-    binary, and a list binds as an array."""
+    binary, and a list binds as an array; with `binary_results`, rows come back in
+    binary too (no number parsed from text)."""
     connection.ensure_connection()
-    cursor = connection.make_cursor(psycopg.Cursor(connection.connection))
+    raw = psycopg.Cursor(connection.connection)
+    if binary_results:
+        raw.format = psycopg.pq.Format.BINARY
+    cursor = connection.make_cursor(raw)
     try:
         yield cursor
     finally:

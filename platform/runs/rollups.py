@@ -310,7 +310,10 @@ def refresh(run_id: int, keys: Iterable[tuple[str, int]], using: str = DEFAULT_D
     connection = connections[using]
     # No savepoint inside the ingest's transaction (a round trip each way): a failure
     # here fails the whole write anyway.
-    with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
+    # On PostgreSQL the hundreds of bucket and point rows read below come back in
+    # binary (runs/pgbulk.py).
+    cursor_of = pgbulk.binary_cursor(connection, binary_results=True) if connection.vendor == "postgresql" else None
+    with transaction.atomic(using=using, savepoint=False), cursor_of or connection.cursor() as cursor:
         # Two writers of one run take turns here: each recomputes from what is committed,
         # so the later one sees the earlier one's points (SQLite serializes writes anyway).
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
