@@ -63,7 +63,7 @@ def _authorized_run(request: HttpRequest, run_id: int, runs=None) -> Run | JsonR
 def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     """POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}."""
     # Only what storing points needs: the whole row (its config JSON decoded) and two
-    # joined rows were a seventh of a request's CPU (bench/ingest_load.py --profile).
+    # joined rows cost about a tenth of a request's CPU (1.5 of 17 ms for 150 points).
     run = _authorized_run(request, run_id, Run.objects.only("pk", "ingest_token"))
     if isinstance(run, JsonResponse):
         return run

@@ -45,7 +45,7 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
     async def dispatch(self, message: dict) -> None:
         # Channels closes stale database connections before every handler, in a thread
         # hop (sync_to_async) per message and viewer: with 200 viewers on a live run that
-        # was a thousand hops a second, a fifth of the web process's time
+        # was a thousand hops a second, a sixth of the web process's samples
         # (bench/ws_fanout.py under py-spy). These handlers use no connection to close.
         if message["type"] in NO_DATABASE:
             handler = getattr(self, get_handler_name(message))
