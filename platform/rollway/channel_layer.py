@@ -4,8 +4,8 @@ Why pub/sub: a message to a group is one PUBLISH, received once per web process 
 handed to each of its consumers in memory. channels_redis's default layer
 (`core.RedisChannelLayer`) writes one copy per consumer into Redis and pops each back
 with its own round trip: at 200 viewers of a live run, a thousand Redis round trips a
-second (bench/ws_fanout.py at load 4-6: p95 emit→browser 0.74-0.87 s with it, 0.14-0.16 s
-with this layer).
+second (bench/ws_fanout.py, 200 viewers: p95 emit→browser 0.30 s with it at load 6.5,
+0.14-0.16 s with this layer at load 3.4-5.6, each frame encoded once in both).
 
 What pub/sub gives up is delivery while Redis is away: a message published then is
 gone, and channels_redis's pub/sub layer only logs the broken connection while its
