@@ -31,6 +31,7 @@ from teams.models import Team
 from workers.config import json_schema
 from workers.metric_names import DASHBOARD_CHARTS, METRICS
 from workers.presets import PRESETS
+from workers.rl_tasks import BUILTINS
 
 NO_SUCH_RUN = "No such run in your teams."
 UNITS = {m.name: m.unit for m in METRICS}
@@ -178,34 +179,55 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Weight sync", ["sync.protocol", "sync.update_mode", "sync.*"]),
     ("LoRA", ["lora.*"]),
     ("Inference backend", ["inference.backend", "inference.*"]),
-    ("Model", ["model.*"]),
-    # task.options and task.dataset are objects: edited in the overrides JSON only.
-    ("Task", ["task.name", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
+    # Where the policy comes from first; the size fields after them apply to `tiny` only.
+    ("Model", ["model.source", "model.path", "model.hub_id", "model.*"]),
+    # task.options is an object, each task's own: edited in the overrides JSON only. The
+    # dataset's fields are controls although the section is unset in every preset: a
+    # value typed there creates it.
+    ("Task", ["task.name", "task.dataset.*", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
     ("Trainer", ["trainer.*"]),
     ("Stop", ["stop.*"]),
     ("Seed", ["seed"]),
 ]
 
+# Free-text fields offered with their usual values: a select of these plus "other", whose
+# text box takes anything else (a task in the user's package, "package.module:Class").
+SUGGESTIONS: dict[str, list[str]] = {"task.name": list(BUILTINS)}
 
-def _schema_field(schema: dict, path: str) -> dict:
-    """The JSON schema of the config field (or section) at dotted `path`, a section's
-    $ref resolved; KeyError naming the path if the config has no such field."""
-    node = schema
+
+def _section(schema: dict, node: dict) -> tuple[dict, bool]:
+    """`node` with a section's $ref resolved, also that of a section that may be null
+    (`anyOf` [its $ref, null]: unset, as task.dataset is by default), and whether it
+    may be null. Any other field comes back as it is."""
+    refs = [o["$ref"] for o in [node, *node.get("anyOf", [])] if "$ref" in o]
+    if not refs:
+        return node, False
+    return schema["$defs"][refs[0].rsplit("/", 1)[-1]], "anyOf" in node
+
+
+def _schema_field(schema: dict, path: str) -> tuple[dict, bool]:
+    """The JSON schema of the config field (or section, resolved) at dotted `path`, and
+    whether a section on the way may be null; KeyError naming the path if the config
+    has no such field."""
+    node, in_optional = schema, False
     for part in path.split("."):
         properties = node.get("properties", {})
         if part not in properties:
             raise KeyError(f"the run config has no field {path!r}")
-        node = properties[part]
-        if "$ref" in node:
-            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
-    return node
+        parent_optional = in_optional
+        node, optional = _section(schema, properties[part])
+        in_optional = parent_optional or optional
+    return node, parent_optional
 
 
-def _control(path: str, field: dict) -> dict:
+def _control(path: str, field: dict, in_optional: bool = False) -> dict:
     """One form control for a config field, from its JSON schema: enums → select,
     booleans → checkbox, integers and numbers → number input with the schema's bounds,
-    lists of strings → comma-separated text, strings → text. A field that may be null
-    ("unset") takes an empty value for it."""
+    lists of strings → comma-separated text, strings → text, or a select of their usual
+    values plus free text (`SUGGESTIONS`). A field that may be null ("unset") takes an
+    empty value for it. A field of a section that may be null (`in_optional`) is empty
+    while the section is unset, its default shown as the placeholder; launch.js drops
+    an emptied one from the overrides."""
     choices = [option for option in field.get("anyOf", [field]) if option.get("type") != "null"]
     if len(choices) != 1:
         raise ValueError(f"{path}: no form control for a field of several types ({field})")
@@ -216,10 +238,16 @@ def _control(path: str, field: dict) -> dict:
         "label": path.rsplit(".", 1)[-1],
         "help": field.get("description", ""),
         "nullable": len(choices) < len(field.get("anyOf", [field])),
+        "optional": in_optional,
         "bounds": "",
     }
+    control["placeholder"] = "unset" if control["nullable"] else ""
+    if in_optional:
+        control["placeholder"] = f"default: {field['default']}" if field.get("default") is not None else "not set"
     kind = spec.get("type")
-    if "enum" in spec or "const" in spec:
+    if path in SUGGESTIONS:
+        control.update(kind="choice", options=SUGGESTIONS[path])
+    elif "enum" in spec or "const" in spec:
         control.update(kind="select", options=spec.get("enum") or [spec["const"]])
     elif kind == "boolean":
         control["kind"] = "checkbox"
@@ -258,7 +286,7 @@ def config_controls() -> tuple[dict, ...]:
         for entry in entries:
             if entry.endswith(".*"):
                 section = entry.removesuffix(".*")
-                fields = _schema_field(schema, section)["properties"]
+                fields = _schema_field(schema, section)[0]["properties"]
                 paths += [f"{section}.{name}" for name in fields if f"{section}.{name}" not in placed]
             elif entry not in placed:
                 paths.append(entry)
@@ -267,7 +295,7 @@ def config_controls() -> tuple[dict, ...]:
             {
                 "title": title,
                 "id": "axis-" + slugify(title),
-                "controls": [_control(path, _schema_field(schema, path)) for path in paths],
+                "controls": [_control(path, *_schema_field(schema, path)) for path in paths],
             }
         )
     return tuple(groups)

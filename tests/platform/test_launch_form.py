@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import typing
 
 import pytest
 from django.contrib.staticfiles import finders
@@ -18,6 +21,8 @@ from runs import queue
 from runs.models import Run
 from workers.config import RunConfig, json_schema
 from workers.presets import PRESETS
+from workers.rl_tasks import BUILTINS
+from workers.shipped_data import DATA_DIR
 
 URL = "/runs/new/"
 
@@ -60,11 +65,13 @@ def the_input(ctrl: Element) -> Element:
 
 
 def leaves(model: type[BaseModel], prefix: str = "") -> set[str]:
-    """The dotted path of every setting of `model`, sections walked into."""
+    """The dotted path of every setting of `model`, sections walked into (also a section
+    that may be None, as task.dataset)."""
     out = set()
     for name, field in model.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            out |= leaves(field.annotation, f"{prefix}{name}.")
+        types = [t for t in (typing.get_args(field.annotation) or [field.annotation]) if t is not type(None)]
+        if len(types) == 1 and isinstance(types[0], type) and issubclass(types[0], BaseModel):
+            out |= leaves(types[0], f"{prefix}{name}.")
         else:
             out.add(prefix + name)
     return out
@@ -93,8 +100,8 @@ def fresh_controls():
 
 
 def test_every_setting_but_the_warm_start_has_exactly_one_control(form_page):
-    # task.options and task.dataset are objects, edited in the overrides JSON.
-    json_only = ("warm_start.", "task.options", "task.dataset")
+    # task.options is an object, each task's own: edited in the overrides JSON.
+    json_only = ("warm_start.", "task.options")
     paths = [dict(c.attributes)["data-path"] for c in find_all(form_page(), "div", class_="control")]
     assert len(paths) == len(set(paths))
     assert set(paths) == {p for p in leaves(RunConfig) if not p.startswith(json_only)}
@@ -169,6 +176,54 @@ def test_a_group_naming_a_setting_the_config_lacks_is_refused(monkeypatch, fresh
         views.config_controls()
 
 
+def test_the_model_group_starts_with_where_the_policy_comes_from(form_page):
+    (model,) = find_all(form_page(), "fieldset", id="axis-model")
+    paths = [dict(c.attributes)["data-path"] for c in find_all(model, "div", class_="control")]
+    assert paths[:3] == ["model.source", "model.path", "model.hub_id"]
+    assert [dict(o.attributes)["value"] for o in find_all(the_input(control(model, "model.source")), "option")] == [
+        "tiny",
+        "path",
+        "hub",
+    ]
+    assert dict(the_input(control(model, "model.path")).attributes)["type"] == "text"
+
+
+def test_the_task_name_is_a_select_of_the_built_ins_or_any_other_name_typed(form_page):
+    ctrl = control(form_page(), "task.name")
+    assert dict(ctrl.attributes)["data-kind"] == "choice"
+    (select,) = find_all(ctrl, "select", id="cfg-task-name")
+    options = [(dict(o.attributes)["value"], text(o).strip()) for o in find_all(select, "option")]
+    assert options == [(name, name) for name in BUILTINS] + [("", "other…")]
+    (other,) = find_all(ctrl, "input", id="cfg-task-name-other")
+    assert {"type": "text", "data-role": "other", "hidden": None}.items() <= dict(other.attributes).items()
+    assert "name" not in dict(select.attributes) and "name" not in dict(other.attributes)
+
+
+def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_shown(form_page):
+    (task,) = find_all(form_page(), "fieldset", id="axis-task")
+    paths = [dict(c.attributes)["data-path"] for c in find_all(task, "div", class_="control")]
+    dataset = ["path", "prompt_column", "answer_column", "eval_fraction", "eval_path"]
+    assert paths[: 1 + len(dataset)] == ["task.name"] + [f"task.dataset.{f}" for f in dataset]
+    placeholders = {}
+    for field in dataset:
+        ctrl = control(task, f"task.dataset.{field}")
+        # Every preset leaves the section unset: launch.js drops an emptied control.
+        assert "data-optional" in dict(ctrl.attributes)
+        placeholders[field] = dict(the_input(ctrl).attributes).get("placeholder")
+    assert placeholders == {
+        "path": "not set",
+        "prompt_column": "default: prompt",
+        "answer_column": "default: answer",
+        "eval_fraction": "default: 0.1",
+        "eval_path": "not set",
+    }
+    assert {"type": "number", "min": "0", "step": "any"}.items() <= dict(
+        the_input(control(task, "task.dataset.eval_fraction")).attributes
+    ).items()
+    # Fields of sections every preset sets are not optional.
+    assert "data-optional" not in dict(control(task, "task.name").attributes)
+
+
 # --- data for the script -----------------------------------------------------------
 
 
@@ -214,6 +269,53 @@ def test_config_errors_show_beside_their_control_and_the_others_beside_the_json(
     assert fields == ["buffer.capcity", "model"]  # no control shows these
     assert find_all(control(page, "model.hidden_size"), "p", class_="field-error") == []
     assert not Run.objects.exists()
+
+
+@pytest.fixture
+def roots(settings, tmp_path):
+    """A model root and a data root holding the shipped countdown file; a copy of it, and
+    a directory, outside them."""
+    models, data, outside = tmp_path / "models", tmp_path / "data", tmp_path / "outside"
+    for d in (models, data, outside):
+        d.mkdir()
+    for d in (data, outside):
+        shutil.copy(os.path.join(DATA_DIR, "countdown.jsonl"), d / "countdown.jsonl")
+    settings.ROLLWAY_MODEL_ROOTS = [str(models)]
+    settings.ROLLWAY_DATA_ROOTS = [str(data)]
+    settings.ROLLWAY_SCRATCH_DIR = str(tmp_path / "scratch")
+    return {"models": models, "data": data, "outside": outside}
+
+
+def test_paths_outside_the_allowed_roots_are_refused_beside_the_model_and_dataset_controls(
+    client_for, owner, experiment, roots
+):
+    overrides = {
+        "model": {"source": "path", "path": str(roots["outside"])},
+        "task": {"name": "countdown", "dataset": {"path": str(roots["outside"] / "countdown.jsonl")}},
+        "inference": {"max_new_tokens": 13},
+    }
+    form = {"experiment": experiment.pk, "preset": "sync", "overrides": json.dumps(overrides)}
+    r = client_for(owner).post(URL, form)
+    assert r.status_code == 400
+    page = parse_html(r.content.decode())
+    for path, root_setting in [("model.path", "ROLLWAY_MODEL_ROOTS"), ("task.dataset.path", "ROLLWAY_DATA_ROOTS")]:
+        ctrl = control(page, path)
+        assert "has-error" in dict(ctrl.attributes)["class"].split()
+        (error,) = find_all(ctrl, "p", class_="field-error")
+        assert "outside the allowed roots" in text(error) and root_setting in text(error), text(error)
+    assert find_all(page, "ul", id="config-errors") == []  # nothing left without a control
+    assert not Run.objects.exists()
+
+
+def test_a_missing_column_is_refused_beside_its_control(client_for, owner, experiment, roots):
+    dataset = {"path": str(roots["data"] / "countdown.jsonl"), "answer_column": "solution_text"}
+    overrides = {"task": {"name": "countdown", "dataset": dataset}, "inference": {"max_new_tokens": 13}}
+    r = client_for(owner).post(URL, {"experiment": experiment.pk, "preset": "sync", "overrides": json.dumps(overrides)})
+    assert r.status_code == 400
+    (error,) = find_all(
+        control(parse_html(r.content.decode()), "task.dataset.answer_column"), "p", class_="field-error"
+    )
+    assert "no column 'solution_text'" in text(error)
 
 
 # --- priority ------------------------------------------------------------------------

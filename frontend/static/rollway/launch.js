@@ -7,6 +7,9 @@
 //   equals the preset's, so the JSON holds only what differs.
 // - Editing the JSON moves the controls; while it does not parse they are paused.
 // - Choosing another preset re-bases the controls on its config and keeps the overrides.
+// - A control emptied where the preset has no value (a field of task.dataset, a section
+//   every preset leaves unset; "other" with nothing typed) leaves the overrides: an
+//   empty string would only be refused, and the section's defaults apply without it.
 "use strict";
 
 (function () {
@@ -69,6 +72,16 @@
     return control.querySelector("input, select");
   }
 
+  // A "choice" control: a select of the usual values whose "other" option (value "")
+  // shows a text box for anything else.
+  function other(control) {
+    return control.querySelector("[data-role=other]");
+  }
+
+  function empty(value) {
+    return value === null || value === undefined || value === "";
+  }
+
   // The value a control stands for, in the config's JSON types. An empty field of a
   // nullable setting is null (unset); an empty number that may not be null is sent as
   // null too, so the server names the field instead of the form guessing a value.
@@ -77,6 +90,7 @@
     var kind = control.dataset.kind;
     var nullable = control.hasAttribute("data-nullable");
     if (kind === "checkbox") return el.checked;
+    if (kind === "choice") return el.value !== "" ? el.value : other(control).value.trim();
     if (kind === "integer" || kind === "number") {
       if (el.value === "") return null;
       return Number(el.value);
@@ -92,7 +106,14 @@
     var el = input(control);
     var kind = control.dataset.kind;
     if (kind === "checkbox") el.checked = value === true;
-    else if (kind === "list") el.value = Array.isArray(value) ? value.join(", ") : "";
+    else if (kind === "choice") {
+      var known = !empty(value) && Array.prototype.some.call(el.options, function (o) {
+        return o.value === value;
+      });
+      el.value = known ? value : "";
+      other(control).value = known || empty(value) ? "" : String(value);
+      other(control).hidden = known;
+    } else if (kind === "list") el.value = Array.isArray(value) ? value.join(", ") : "";
     else el.value = value === null || value === undefined ? "" : String(value);
   }
 
@@ -147,10 +168,15 @@
     var path = control.dataset.path;
     var value = read(control);
     var preset_ = lookup(base(), path);
+    var choosing = control.dataset.kind === "choice" && input(control).value === "";
+    if (choosing) other(control).hidden = false; // "other" picked: its box, empty until typed in
     if (preset_.found && same(value, preset_.value)) remove(overrides, path);
+    else if (empty(value) && (choosing || control.hasAttribute("data-optional"))) remove(overrides, path);
     else assign(overrides, path, value);
     writeJSON();
-    render(event.type === "input" ? control : null);
+    // Not rewritten: the control being typed in, and a choice left on "other" while
+    // its box is empty (rewriting would snap the select back to the preset's value).
+    render(event.type === "input" || (choosing && empty(value)) ? control : null);
   }
 
   panel.addEventListener("input", onControl);
