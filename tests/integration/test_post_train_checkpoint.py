@@ -1,0 +1,154 @@
+"""A new user's whole path, through the real stack (daphne, a separate Celery worker,
+Ray, real torch training, Chromium): write a small real checkpoint under a model root,
+point the launch form's controls at it and at the shipped countdown file, launch, watch
+the run succeed with its reward rising, download the exported model and generate with
+it through transformers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import statistics
+import zipfile
+
+import pytest
+
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
+from tests.integration.stack import REPO, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+COUNTDOWN_FILE = str(REPO / "data" / "countdown.jsonl")  # data/ is a default data root
+STEPS = 60
+# What the launch form's controls set: the sync preset, 8 prompts × 8 completions a step,
+# the longest countdown solution's 13 tokens (the checkpoint's tokenizer has no merges
+# among digits and operators: one token a character).
+CONTROLS = {
+    "#cfg-trainer-batch_groups": "8",
+    "#cfg-trainer-group_size": "8",
+    "#cfg-inference-max_new_tokens": "13",
+    "#cfg-stop-max_steps": str(STEPS),
+}
+# The warm start has no controls: typed into the overrides JSON. Clean demonstrations
+# teach the format, noisy ones (digits and operators replaced at random) leave a policy
+# that starts RL near zero: mostly malformed expressions, a few well-formed ones. What
+# GRPO can learn from there in 60 steps is the format, whose partial credit (0.1) the
+# reward pays: solving countdown takes this 0.33M-parameter model far longer.
+WARM_START = {"steps": 300, "noisy_steps": 100, "batch_size": 32, "label_noise": 0.6}
+# Measured on this machine with the seed fixed (mean of the last 5 steps − mean of the
+# first 5): see the README's "Post-training your own model".
+MIN_RISE = 0.015
+
+
+@pytest.fixture
+def new_user(db):
+    from django.contrib.auth import get_user_model
+
+    from runs.actions import do_ensure_demo
+
+    user = get_user_model().objects.create_user("nina", password=PASSWORD)
+    _, experiment = do_ensure_demo(user, team_name="Post-training")
+    return user, experiment
+
+
+@pytest.fixture
+def checkpoint(stack):
+    """A tiny Qwen2 with its BPE tokenizer, under the site's model root (the stack's
+    ROLLWAY_HOME/models, ROLLWAY_MODEL_ROOTS' default)."""
+    from workers.config import TaskConfig
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    directory = make_tiny_checkpoint(str(stack.home / "models" / "tiny-qwen2"), "qwen2", task=TaskConfig())
+    from transformers import AutoTokenizer
+
+    # Byte-level BPE: every countdown character has a token, so nothing is lost.
+    tok = AutoTokenizer.from_pretrained(directory)
+    for text in ("14 5 8:27=", "(3+4)*2-10/5"):
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    return directory
+
+
+def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
+    stack, new_user, checkpoint, tmp_path, show_logs_on_failure
+):
+    skip_without_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    from runs.models import MetricPoint, Run
+
+    user, experiment = new_user
+    stack.ensure_worker()
+    # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = log_in(browser, stack.url, user.username)
+            page.goto(f"{stack.url}/runs/new/")
+            page.select_option("#id_experiment", str(experiment.pk))
+            page.select_option("#id_preset", "sync")
+            expect(page.locator("#config-controls")).to_be_visible()
+            page.select_option("#cfg-model-source", "path")
+            page.fill("#cfg-model-path", checkpoint)
+            page.select_option("#cfg-task-name", "countdown")
+            page.fill("#cfg-task-dataset-path", COUNTDOWN_FILE)
+            for selector, value in CONTROLS.items():
+                page.fill(selector, value)
+            overrides = json.loads(page.input_value("#id_overrides"))
+            assert overrides["model"] == {"source": "path", "path": checkpoint}
+            assert overrides["task"] == {"name": "countdown", "dataset": {"path": COUNTDOWN_FILE}}
+            page.fill("#id_overrides", json.dumps({**overrides, "warm_start": WARM_START}))
+            page.click("#launch-form button[value=launch]")
+            page.wait_for_url(re.compile(r"/runs/\d+/$"))
+            run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+
+            def finished() -> str:
+                text = page.locator("[data-role=status]").inner_text()
+                return text if text in ("succeeded", "failed", "cancelled") else ""
+
+            assert wait_for(finished, 420, "the run to finish", interval_s=1.0) == "succeeded", stack.log_tail()
+
+            # The model comes back as the page's Download model link serves it.
+            response = page.request.get(f"{stack.url}/api/runs/{run_id}/export")
+            assert response.status == 200, response.text()
+            archive = response.body()
+        finally:
+            browser.close()
+
+    run = Run.objects.get(pk=run_id)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert run.config["model"]["path"] == checkpoint
+    assert run.config["task"]["dataset"]["path"] == COUNTDOWN_FILE
+
+    rewards = [
+        value
+        for _, value in MetricPoint.objects.filter(run_id=run_id, series="reward/mean")
+        .order_by("step")
+        .values_list("step", "value")
+    ]
+    assert len(rewards) == STEPS, rewards
+    first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
+    print(f"reward: first 5 steps {first:.4f}, last 5 {last:.4f}, rise {last - first:+.4f}; curve {rewards}")
+    assert last - first >= MIN_RISE, (first, last, rewards)
+
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        zf.extractall(tmp_path)
+    exported = str(tmp_path / f"run-{run_id}-model")
+    assert os.path.exists(os.path.join(exported, "model.safetensors"))
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    tok = AutoTokenizer.from_pretrained(exported)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "14 5 8:27="}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=13, do_sample=False, pad_token_id=tok.pad_token_id)
+    completion = tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    print(f"the exported model answers 14 5 8:27= with {completion!r}")
+    # Trained on countdown's format: digits and operators, stopped by EOS.
+    assert completion and set(completion) <= set("0123456789+-*/() "), completion
+    assert tok.eos_token_id in out[0, prompt["input_ids"].shape[1] :].tolist(), "no EOS within 13 tokens"
