@@ -57,13 +57,13 @@ def new_user(db):
 def checkpoint(stack):
     """A tiny Qwen2 with its BPE tokenizer, under the site's model root (the stack's
     ROLLWAY_HOME/models, ROLLWAY_MODEL_ROOTS' default)."""
-    from workers.config import TaskConfig
-    from workers.tiny_hf import make_tiny_checkpoint
-
-    directory = make_tiny_checkpoint(str(stack.home / "models" / "tiny-qwen2"), "qwen2", task=TaskConfig())
     from transformers import AutoTokenizer
 
-    # Byte-level BPE: every countdown character has a token, so nothing is lost.
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    directory = make_tiny_checkpoint(str(stack.home / "models" / "tiny-qwen2"), "qwen2")
+    # Its BPE is trained on the reverse task's text, but byte-level: every countdown
+    # character has a token of its own, so a prompt or solution round-trips.
     tok = AutoTokenizer.from_pretrained(directory)
     for text in ("14 5 8:27=", "(3+4)*2-10/5"):
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
