@@ -90,13 +90,13 @@ class DatasetConfig(_Section):
 class TaskConfig(_Section):
     """The task with a verifiable reward (workers/rl_tasks): a built-in name, a
     'package.module:ClassName' path, or a 'rollway.tasks' entry point. min_len, max_len,
-    alphabet and reward configure `reverse`; other tasks read `options`."""
+    alphabet and reward configure `reverse` (and `copy`); other tasks read `options`."""
 
     name: str = Field(
         "reverse",
         min_length=1,
         max_length=200,
-        description="reverse · countdown · gsm8k · calculator, or 'package.module:ClassName', "
+        description="reverse · copy · countdown · gsm8k · calculator, or 'package.module:ClassName', "
         "or a 'rollway.tasks' entry point name.",
     )
     min_len: int = Field(3, ge=1)

@@ -54,6 +54,18 @@ def test_reverse_task_samples_prompts_and_reversed_answers():
         assert 3 <= len(answer) <= 5 and set(answer) <= set("abcd")
 
 
+def test_copy_task_answers_the_string_itself_and_scores_as_reverse_does():
+    cfg = TaskConfig(name="copy", min_len=3, max_len=5, alphabet="abcd", reward="position")
+    task = make_task(cfg)
+    pairs = task.sample(50, random.Random(1))
+    # the same prompts as reverse draws from the same generator
+    assert [p for p, _ in pairs] == [
+        p for p, _ in make_task(TaskConfig(**(cfg.model_dump() | {"name": "reverse"}))).sample(50, random.Random(1))
+    ]
+    assert all(answer == prompt[:-1] for prompt, answer in pairs)
+    assert task.reward("abxd", "abcd") == pytest.approx(3 / 4)
+
+
 @pytest.mark.parametrize(
     ("mode", "completion", "answer", "expected"),
     [

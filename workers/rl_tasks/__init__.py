@@ -42,6 +42,7 @@ MODULES_SETTING = "ROLLWAY_TASK_MODULES"
 # lives in its own module, written beside this registry.
 BUILTINS: dict[str, str] = {
     "reverse": "workers.rl_tasks.reverse:ReverseTask",
+    "copy": "workers.rl_tasks.reverse:CopyTask",
     "countdown": "workers.rl_tasks.countdown:CountdownTask",
     "gsm8k": "workers.rl_tasks.gsm8k:GSM8KTask",
     "calculator": "workers.tool_task:CalculatorTask",
