@@ -79,7 +79,9 @@ def train_tokenizer(task_cfg: TaskConfig, seed: int = 0, vocab_size: int = VOCAB
     return tokenizer
 
 
-def build_model(arch: str, tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 2):
+def build_model(
+    arch: str, tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 2, max_position_embeddings: int = 128
+):
     """A randomly initialised tiny causal LM whose vocabulary is the tokenizer's.
 
     Qwen2 as its small checkpoints are: biased q/k/v, grouped KV heads, tied embeddings.
@@ -94,7 +96,7 @@ def build_model(arch: str, tokenizer, seed: int = 0, hidden_size: int = 128, num
         "intermediate_size": 2 * hidden_size,
         "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
-        "max_position_embeddings": 128,
+        "max_position_embeddings": max_position_embeddings,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
@@ -121,15 +123,18 @@ def make_tiny_checkpoint(
     hidden_size: int = 128,
     num_layers: int = 2,
     vocab_size: int = VOCAB_SIZE,
+    max_position_embeddings: int = 128,
 ) -> str:
     """Write a tiny `arch` checkpoint and its tokenizer to `directory` (created); returns it.
-    `vocab_size`: the BPE vocabulary (256 bytes + 5 special tokens + merges)."""
+    `vocab_size`: the BPE vocabulary (256 bytes + 5 special tokens + merges);
+    `max_position_embeddings`: the longest prompt + completion it takes (a task with long
+    strings needs more than the default)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per save would clutter test and run logs
     os.makedirs(directory, exist_ok=True)
     tokenizer = train_tokenizer(task or TaskConfig(), seed, vocab_size)
-    model = build_model(arch, tokenizer, seed, hidden_size, num_layers)
+    model = build_model(arch, tokenizer, seed, hidden_size, num_layers, max_position_embeddings)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(directory)
