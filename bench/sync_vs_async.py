@@ -27,14 +27,17 @@ import time
 import ray
 
 from workers.driver import RunDriver
+from workers.paths import Confinement
 from workers.presets import build, deep_merge, dotted_overrides
 from workers.run_actors import NAMESPACE
 
 
-def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int) -> dict:
+def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int, confinement: Confinement | None = None) -> dict:
+    """One run of preset `mode` with `overrides` through the real driver; `confinement`
+    says where config paths may point (a model directory), as the site's settings do."""
     cfg = build(mode, overrides)
     driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
-        run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
+        run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False, confinement=confinement
     )
     try:
         out = ray.get(driver.run.remote())
