@@ -177,6 +177,128 @@ def test_pipeline_efficiency_runs_the_engine_and_prints_the_table(tmp_path):
     assert figures["modes"]["sync"]["ratio_to_sync"] == 1.0
 
 
+# ---- peer_trl (pure parts: the TRL side needs its own venv and minutes) ----------------
+
+
+def test_peer_trl_refuses_bad_flags_naming_them():
+    for args, needle in (
+        (["--steps", "2"], "--steps must be ≥ 3"),
+        (["--target", "1.5"], "--target must be in (0, 1]"),
+        (["--group-size", "1"], "--group-size must be ≥ 2"),
+        (["--length", "64", "--max-new-tokens", "64"], "--max-new-tokens (64) must be ≥ --length + 1 (65)"),
+        (["--backends", "torch,tgi"], "--backends"),
+        (["--skip-trl", "--skip-rollway"], "leave nothing to run"),
+    ):
+        done = bench("peer_trl.py", *args)
+        assert done.returncode != 0 and needle in done.stderr, (args, done.stderr[-500:])
+
+
+def test_peer_trl_quick_is_small():
+    pt = load("peer_trl.py")
+    args = pt.parse_args(["--quick"])
+    assert (args.steps, args.batch_groups, args.group_size) == (4, 4, 4)
+    assert args.max_new_tokens >= 64  # still generation-heavy
+
+
+def test_peer_trl_window_is_the_engines_reward_window():
+    from workers.metric_names import REWARD_WINDOW
+
+    assert load("peer_trl.py").WINDOW == REWARD_WINDOW
+
+
+def test_peer_trl_moving_mean_and_time_to_target():
+    pt = load("peer_trl.py")
+    rewards = [0.1, 0.2, 0.3, 0.4, 0.5, 0.9, 0.9]
+    times = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    means = pt.moving_mean(rewards, 5)
+    assert means[:4] == [None] * 4
+    assert means[4] == pytest.approx(0.3) and means[5] == pytest.approx(0.46)
+    assert pt.time_to_target(rewards, times, 0.45, window=5) == (6, 6.0)
+    assert pt.time_to_target(rewards, times, 0.9, window=5) is None
+    # one step over the target is not enough: the mean of the window must be
+    assert pt.time_to_target([0.0, 0.0, 0.0, 0.0, 1.0], times[:5], 0.5, window=5) is None
+
+
+def test_peer_trl_figures_skip_step_one_and_split_busy_time():
+    pt = load("peer_trl.py")
+    # 3 steps of 8 samples: step 1 ends at 10 s (first generation), then 2 s a step.
+    r = pt.figures([10.0, 12.0, 14.0], [0.2, 0.4, 0.6], 8, [500, 400, 400], [9, 1.5, 1.0], [1, 0.5, 0.5], 0.5)
+    assert r["samples_per_s"] == pytest.approx(2 * 8 / 4.0)
+    assert r["tokens_per_s"] == pytest.approx(800 / 4.0)
+    assert r["tokens_per_sample"] == pytest.approx(1300 / 24)
+    assert r["inference_busy"] == pytest.approx(2.5 / 4.0) and r["trainer_busy"] == pytest.approx(0.25)
+    assert r["reward_start"] == pytest.approx(0.4) and r["target_s"] is None  # 3 steps < window
+
+
+def test_peer_trl_rollway_step_ends_are_summed_windows():
+    pt = load("peer_trl.py")
+    series = _series(
+        {
+            "samples/per_s": [8.0, 16.0, 16.0],  # windows 1, 0.5, 0.5 s for 8 samples
+            "reward/mean": [0.1, 0.2, 0.3],
+            "inference/tokens_per_s": [100.0, 200.0, 200.0],
+            "inference/idle_frac": [0.0, 0.5, 0.5],
+            "trainer/idle_frac": [1.0, 0.2, 0.2],
+            "trainer/step_s": [0.4, 0.4, 0.4],
+            "buffer/dropped_stale": [0.0, 1.0, 2.0],
+        }
+    )
+    r = pt.rollway_figures(series, 8, 0.9)
+    assert r["wall_s"] == pytest.approx(2.0) and r["samples_per_s"] == pytest.approx(16.0)
+    assert r["tokens_per_s"] == pytest.approx(200.0)
+    assert r["inference_busy"] == pytest.approx(0.5) and r["trainer_busy"] == pytest.approx(0.8)
+    assert r["dropped_stale"] == 2.0
+
+
+def test_peer_trl_table_prints_a_dash_for_what_is_missing_and_the_verdict_names_the_target():
+    pt = load("peer_trl.py")
+    row = {key: 1.0 for _, key, _ in pt.ROWS} | {"target_s": None, "target_step": None}
+    fast = dict(row, samples_per_s=3.5, target_s=2.0, target_step=4)
+    table = pt.format_table({"trl": row, "async": fast})
+    lines = table.splitlines()
+    assert lines[0].split() == ["trl", "async"]
+    assert len(lines) == 1 + len(pt.ROWS)
+    target_line = next(line for line in lines if line.startswith("time to target (s)"))
+    assert target_line.split()[-2:] == ["-", "2.0"]
+    (line,) = pt.verdict({"trl": dict(row, target_s=5.0), "async": fast}, 0.5)
+    assert "3.50× (target ≥ 3×: met)" in line and "2.0s vs TRL 5.0s (less)" in line
+    (line,) = pt.verdict({"trl": row, "async": dict(fast, samples_per_s=2.0)}, 0.5)
+    assert "NOT met" in line and "reached by async" in line
+
+
+def test_peer_trl_runner_reward_is_the_tasks():
+    import random
+
+    from workers.config import TaskConfig
+    from workers.rl_tasks import make_task
+
+    runner = load("peer_trl_runner.py")
+    rng = random.Random(0)
+    for kind in ("exact", "prefix", "position"):
+        task = make_task(TaskConfig(name="copy", min_len=1, max_len=8, alphabet="abc", reward=kind))
+        for _ in range(300):
+            answer = "".join(rng.choice("abc") for _ in range(rng.randint(1, 8)))
+            completion = "".join(rng.choice("abc") for _ in range(rng.randint(0, 10)))
+            assert runner.reward(completion, answer, kind) == task.reward(completion, answer)
+
+
+def test_peer_trl_prompts_are_the_inference_workers():
+    import random
+
+    from workers.config import TaskConfig
+    from workers.rl_tasks import make_task
+
+    pt = load("peer_trl.py")
+    args = pt.parse_args(["--quick", "--seed", "3"])
+    prompts = pt.prompts_in_order(args, 6)
+    # workers/actors.py: one generator per worker, drawn batch after batch
+    rng = random.Random("3-prompts-0")
+    task = make_task(TaskConfig(**pt.task_section(args)))
+    expected = task.sample(2, rng) + task.sample(4, rng)
+    assert [(p["prompt"], p["answer"]) for p in prompts] == expected
+    assert all(p["answer"] == p["prompt"][:-1] and len(p["answer"]) == args.length for p in prompts)
+
+
 # ---- weight_sync ----------------------------------------------------------------------
 
 
