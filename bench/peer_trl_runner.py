@@ -10,7 +10,8 @@ venv can import this module for that test.
 
 SPEC: model_dir, prompts ([{"prompt": text, "answer": text}] in training order), reward
 ("exact" | "prefix" | "position"), batch_groups, group_size, max_new_tokens, temperature,
-lr, clip_eps, max_grad_norm, seed, steps, max_minutes, work_dir.
+lr, clip_eps, max_grad_norm, seed, steps, max_minutes, work_dir; optional threads (torch's
+intra-op threads; absent: torch's default, one per core).
 
 OUT: per step (1-based) its end time from the start of training, the batch's mean reward,
 its completion tokens (EOS included, as Rollway counts them), and the seconds spent in
@@ -72,6 +73,8 @@ def main(spec_path: str, out_path: str) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     B, G = spec["batch_groups"], spec["group_size"]
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
