@@ -42,8 +42,11 @@ What cannot be the same, and why:
   Rollway's torch backend runs its own decode loop on transformers' forward in a
   separate actor (and vLLM's engine with `--backends vllm`), with weights copied over
   after every step.
-- Threads: TRL's process uses torch's default (one per core); Rollway's actors use the
-  thread counts the engine gives them. Both share the same 2 cores.
+- Threads: TRL's process uses torch's default (one per core) unless `--trl-threads`
+  says otherwise; Rollway's actors use the thread counts the engine gives them. Both
+  share the host's cores. On a busy 2-core host TRL's two threads wait on each other
+  (its generate step took 6.3 s with 2 threads against 1.0 s with 1), so compare at
+  both settings before reading a ratio.
 - Time to target counts from the start of training (TRL: `train()` begins; Rollway: its
   loops start), after model loading and actor start-up on both sides; the start-up
   times are printed apart.
