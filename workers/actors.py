@@ -46,7 +46,8 @@ import ray
 from workers.admission import INFERENCE_CPUS, TRAINER_CPUS
 from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.config import RunConfig
-from workers.messages import InferenceReport, StepRecord, TrainerReport
+from workers.evaluation import eval_prompts, is_due, training_prompts
+from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
 from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 WAIT_S = 0.25
 # A worker refused admission sleeps this long unless new weights wake it first.
 ADMIT_POLL_S = 0.05
+# At the end of a run with eval on, worker 0 waits this long for the trainer's last
+# weights before the final eval pass (else the pass runs on the newest it holds).
+FINAL_WEIGHTS_WAIT_S = 30.0
 
 
 def _log_error(actor: str) -> str:
@@ -164,7 +168,13 @@ class InferenceWorker:
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
         self.backend = make_backend(self.cfg, model_dir, own_scratch)
         self.task = make_task(self.cfg.task)
-        self.prompts = worker_prompts(self.cfg, self.task, index, num_workers)  # a dataset's share, or the task
+        # A dataset's share, or the task's generator less the held-out eval prompts.
+        self.prompts = training_prompts(cfg, self.task, worker_prompts(cfg, self.task, index, num_workers))
+        # Worker 0 runs the eval passes (workers/evaluation.py); None: this one does not.
+        self.eval_prompts = eval_prompts(cfg, self.task) if cfg.eval.every_steps and index == 0 else None
+        self.evaluated = 0  # the version of the last eval pass
+        self.evals: list[EvalRecord] = []
+        self._evals_lock = threading.Lock()
         self.tokenizer = load_tokenizer(model_dir)
         # Workers split a batch between them so sync mode keeps them all busy.
         self.chunk_groups = math.ceil(self.cfg.trainer.batch_groups / num_workers)
@@ -196,16 +206,24 @@ class InferenceWorker:
             self._thread = threading.Thread(target=self._loop, name=f"inference-{self.index}", daemon=True)
             self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Finish the call in flight, then stop and close the backend."""
+    def stop(self, timeout: float = 10.0, final_eval_version: int | None = None) -> None:
+        """Finish the call in flight, then stop and close the backend. With
+        `final_eval_version` (worker 0, eval on), first run the run's final eval pass on
+        that version's weights, unless a pass already ran on them."""
         self._stop.set()
         self._weights_arrived.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 return  # still inside generate: closing now would pull the engine from under it
-        self.backend.close()
-        self.receiver.close()
+        try:
+            if final_eval_version is not None and self.eval_prompts is not None:
+                self._final_eval(final_eval_version)
+        except Exception:
+            self.error = _log_error(f"inference worker {self.index} (final eval)")
+        finally:
+            self.backend.close()
+            self.receiver.close()
 
     def update_weights(self, notice: Notice) -> None:
         """Receive new weights now (overlapping generation); the loop applies them
@@ -221,6 +239,8 @@ class InferenceWorker:
         closed, open_seg, now = self.timeline.drain()
         with self._syncs_lock:
             syncs, self.syncs = self.syncs, []
+        with self._evals_lock:
+            evals, self.evals = self.evals, []
         # A copy: the loop thread keeps adding to self.partial while Ray pickles the report.
         return InferenceReport(
             segments=closed,
@@ -230,6 +250,7 @@ class InferenceWorker:
             version=self.version,
             error=self.error,
             partial=dataclasses.replace(self.partial),
+            evals=evals,
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -250,6 +271,8 @@ class InferenceWorker:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
                 self._apply_pending()
+                if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
+                    self._evaluate()
                 n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
                     self._weights_arrived.wait(ADMIT_POLL_S)
@@ -257,6 +280,37 @@ class InferenceWorker:
                 self._generate_and_put(n)
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
+
+    def _evaluate(self) -> None:
+        """One eval pass on the weights loaded now. Its time is outside the timeline's
+        generate segments: it produced no rollouts, so it counts as inference idle."""
+        from workers.evaluation import evaluate
+
+        metrics = evaluate(
+            self.backend,
+            self.task,
+            self.tokenizer,
+            self.eval_prompts,
+            self.cfg.eval,
+            self.cfg.inference.max_new_tokens,
+            self.cfg.seed,
+        )
+        self.evaluated = self.version
+        with self._evals_lock:
+            self.evals.append(EvalRecord(step=self.version, t=time.time(), metrics=metrics))
+
+    def _final_eval(self, version: int) -> None:
+        """The end-of-run pass, the loop stopped: load the trainer's last weights (they
+        may still be on their way), then evaluate them if no pass has yet."""
+        self._weights_arrived.clear()
+        deadline = time.monotonic() + FINAL_WEIGHTS_WAIT_S
+        self._apply_pending()
+        while self.version < version and time.monotonic() < deadline:
+            self._weights_arrived.wait(WAIT_S)
+            self._weights_arrived.clear()
+            self._apply_pending()
+        if self.version > self.evaluated:
+            self._evaluate()
 
     def _generate_and_put(self, n: int) -> None:
         # on_stale="requeue": prompts of rejected groups are generated again first.
@@ -352,13 +406,20 @@ class TrainerActor:
             self._thread = threading.Thread(target=self._loop, name="trainer", daemon=True)
             self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the step in progress, then stop."""
+    def stop(self, timeout: float = 30.0, keep_sender: bool = False) -> int:
+        """Finish the step in progress, then stop; returns the policy version it ends at.
+        `keep_sender`: leave the weight sender open, since its last weights may still be
+        on their way to a worker (the final eval pass); `close_sender` closes it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                return  # still inside a step or a send: the sender is in use
+                return self.trainer.version  # still inside a step or a send: the sender is in use
+        if not keep_sender:
+            self.sender.close()
+        return self.trainer.version
+
+    def close_sender(self) -> None:
         self.sender.close()
 
     def _notify(self, notice: Notice) -> None:

@@ -336,6 +336,20 @@ class StopConfig(_Section):
     )
 
 
+class EvalConfig(_Section):
+    """The periodic eval pass (workers/evaluation.py): the policy on held-out prompts
+    (the dataset's eval split, or a fixed seeded set of generator prompts that training
+    never draws), `k` samples each, reported as eval/reward_mean, eval/pass@1 and
+    eval/pass@k. Off by default."""
+
+    every_steps: int = Field(
+        0, ge=0, description="Evaluate every this many trained steps, and at the end of the run (0 = off)."
+    )
+    num_prompts: int = Field(32, ge=1, le=10_000, description="Held-out prompts per pass.")
+    k: int = Field(4, ge=1, le=256, description="Completions sampled per prompt (the k of pass@k).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the eval completions.")
+
+
 class RunConfig(_Section):
     """Everything a run chooses. `mode="sync"` generates a batch, trains on it, syncs,
     repeats; `mode="async"` runs inference and training side by side through the
@@ -353,6 +367,7 @@ class RunConfig(_Section):
     sync: SyncConfig = SyncConfig()
     lora: LoRAConfig = LoRAConfig()
     stop: StopConfig = StopConfig()
+    eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:
@@ -417,6 +432,17 @@ class RunConfig(_Section):
                 "inference.backend 'vllm': vLLM fixes a request's adapter when it starts. "
                 "Choose sync.update_mode 'abort_resume' (continue from the kept tokens under "
                 "the new adapter), or a full-weight sync.protocol, or inference.backend 'torch'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_has_held_out_rows(self) -> RunConfig:
+        ds = self.task.dataset
+        if self.eval.every_steps and ds is not None and ds.eval_path is None and ds.eval_fraction == 0:
+            raise ValueError(
+                "eval.every_steps > 0 needs held-out rows, but task.dataset.eval_fraction is 0 and "
+                "task.dataset.eval_path is unset: raise task.dataset.eval_fraction, give an eval_path, "
+                "or set eval.every_steps to 0"
             )
         return self
 

@@ -55,6 +55,10 @@ CANCEL_FLUSH_S = 2.0
 PHASE_PROGRESS_S = 1.0
 # Writing the final model: seconds for the tiny model, minutes for a multi-GB checkpoint.
 EXPORT_TIMEOUT_S = 3600.0
+# The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
+# (workers.actors.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
+# without it.
+FINAL_EVAL_TIMEOUT_S = 300.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -306,9 +310,25 @@ class RunDriver:
             return ""
 
     def _stop_children(self) -> None:
+        if self.cfg.eval.every_steps and self.reason != "cancelled" and self.trainer is not None:
+            self._stop_with_final_eval()
+            return
         actors = [a for a in (self.trainer, *self.workers) if a is not None]
         calls = [a.stop.remote() for a in actors]
         ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S)
+
+    def _stop_with_final_eval(self) -> None:
+        """Stop the trainer first, its sender open so its last weights still reach worker
+        0; then the workers, worker 0 running the final eval pass on those weights as it
+        stops (workers.evaluation); then close the sender."""
+        try:
+            final = ray.get(self.trainer.stop.remote(keep_sender=True), timeout=STOP_TIMEOUT_S)
+        except Exception:  # a dead or stuck trainer: the pass runs on the newest weights worker 0 holds
+            log.warning("run %s: no final version from the trainer", self.run_id, exc_info=True)
+            final = self.version
+        calls = [w.stop.remote(final_eval_version=final if k == 0 else None) for k, w in enumerate(self.workers)]
+        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S + FINAL_EVAL_TIMEOUT_S)
+        ray.wait([self.trainer.close_sender.remote()], timeout=STOP_TIMEOUT_S)
 
     def _kill_children(self) -> None:
         for a in (self.trainer, *self.workers, self.buffer):
@@ -354,6 +374,9 @@ class RunDriver:
             self._emit("rollout/partial_resumed", self.version, sum(r.partial.resumed for r in reports))
             self._emit("rollout/partial_retried", self.version, sum(r.partial.retried for r in reports))
         for k, rep in enumerate(reports):
+            for ev in rep.evals:
+                for series, value in ev.metrics.items():
+                    self._emit(series, ev.step, value, ev.t)
             self._windows.report(k, rep.segments, rep.open_segment, rep.now)
             for s in rep.syncs:
                 self._syncs[s.version].append(s)

@@ -11,7 +11,7 @@ so nothing is validated, and Ray pickles them like any object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,6 +43,16 @@ class TrainerReport:
 
 
 @dataclass
+class EvalRecord:
+    """One eval pass (workers/evaluation.py): the policy version it ran on, when it
+    ended (`time.time()`), and its metric values by series name."""
+
+    step: int
+    t: float
+    metrics: dict[str, float]
+
+
+@dataclass
 class InferenceReport:
     """An inference worker's answer to `drain_metrics`: what it did since the last drain."""
 
@@ -53,3 +63,4 @@ class InferenceReport:
     version: int  # the policy version of the weights it holds
     error: str | None  # the traceback that ended its loop, if one did
     partial: PartialCounts  # sequences aborted / resumed / retried, cumulative over the run
+    evals: list[EvalRecord] = field(default_factory=list)  # eval passes since the last drain

@@ -93,6 +93,27 @@ METRICS: tuple[Metric, ...] = (
         "Mean per-token entropy of the policy (at the sampling temperature) on the trained completions.",
     ),
     Metric("samples/per_s", "samples/s", "Trained samples per second of wall time."),
+    # The eval pass (workers/evaluation.py): step = the policy version it ran on.
+    Metric(
+        "eval/pass@1",
+        "fraction",
+        "Held-out prompts: chance one sampled completion is correct (full reward), unbiased "
+        "estimate from eval.k samples, mean over prompts.",
+        only="eval.every_steps > 0",
+    ),
+    Metric(
+        "eval/pass@k",
+        "fraction",
+        "Held-out prompts: chance at least one of eval.k sampled completions is correct (full reward), "
+        "mean over prompts.",
+        only="eval.every_steps > 0",
+    ),
+    Metric(
+        "eval/reward_mean",
+        "reward",
+        "Held-out prompts: mean reward of all eval completions (partial credit included).",
+        only="eval.every_steps > 0",
+    ),
 )
 
 NAMES: frozenset[str] = frozenset(m.name for m in METRICS)
@@ -108,6 +129,7 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Buffer rejections (groups)", ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated")),
     ("Trainer starved (s)", ("buffer/starved_s",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
+    ("Eval (held-out prompts)", ("eval/pass@1", "eval/pass@k", "eval/reward_mean")),
 )
 
 # How many of the latest reward/mean points a reward target is judged on (their mean):

@@ -5,9 +5,9 @@ steps on the task's own (prompt, answer) pairs: clean ones teach the skill, then
 ones (characters replaced at random) make the policy sample wrong characters often, so
 RL starts at a low reward and has real sharpening to do (see WarmStartConfig). The result
 is a Hugging Face directory cached under `cache_dir`, keyed by a hash of everything that
-shapes it (model, task, warm_start, seed, and for a model from a directory or the Hub,
-its files), built once per machine: a lock file serialises concurrent builders and an
-atomic rename publishes the finished directory.
+shapes it (model, task, warm_start, seed, the held-out eval prompts it never teaches,
+and for a model from a directory or the Hub, its files), built once per machine: a lock
+file serialises concurrent builders and an atomic rename publishes the finished directory.
 
 A model from a directory or the Hub goes through the same loop on its own tokenizer's
 ids (the prompt as its chat template renders it, the answer then EOS); with
@@ -54,6 +54,8 @@ def cache_key(cfg: RunConfig) -> str:
         parts["source_files"] = _fingerprint(source_dir(cfg.model))
     if cfg.task.dataset is not None:  # an edited data file teaches other demonstrations
         parts["dataset_file"] = _file_fingerprint(cfg.task.dataset.path)
+    elif cfg.eval.every_steps:  # the generator's held-out eval prompts are never taught
+        parts["held_out_prompts"] = cfg.eval.num_prompts
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -143,6 +145,7 @@ def demonstrations(cfg: RunConfig):
     teaches for a pair, and what the noisy phase replaces characters with (the task's
     `noise_chars`, else the demonstration's own characters). ValueError, naming the
     fix, for a task that offers no demonstration."""
+    from workers.evaluation import training_prompts
     from workers.task_data import train_prompts
 
     task = make_task(cfg.task)
@@ -152,7 +155,7 @@ def demonstrations(cfg: RunConfig):
             f"task {cfg.task.name!r} offers no demonstration (a demonstration(prompt, answer) method) for the "
             "supervised warm start: set warm_start.steps and warm_start.noisy_steps to 0"
         )
-    return train_prompts(cfg, task), demo, getattr(task, "noise_chars", None)
+    return training_prompts(cfg, task, train_prompts(cfg, task)), demo, getattr(task, "noise_chars", None)
 
 
 def corrupt(answer: str, noise: float, alphabet: str, rng: random.Random) -> str:

@@ -22,16 +22,18 @@ def start(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> str:
 
 
 def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):
-    assert start(101, stub, cache_dir) == "run-101"
+    assert start(101, stub, cache_dir, eval={"every_steps": 2, "num_prompts": 8}) == "run-101"
     wait_for(lambda: stub.status.get(101) in ("succeeded", "failed"), 180, "a terminal status")
     assert stub.statuses[101] == ["running", "succeeded"], stub.errors.get(101)
 
     series = stub.series(101)
     always = {m.name for m in METRICS if not m.only}
     assert always <= set(series), f"missing: {sorted(always - set(series))}"
-    # The default config (bounded buffer, token_tis correction) meets the condition of
-    # every series marked `only`, so this run emits the whole vocabulary.
+    # The default config (bounded buffer, token_tis correction) with the eval pass on
+    # meets the condition of every series marked `only`, so this run emits the whole
+    # vocabulary.
     assert set(series) == NAMES, f"mode-specific missing: {sorted(NAMES - set(series))}"
+    assert max(series["eval/pass@k"]) == 4  # the end of the run's pass, on the final weights
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
     assert series["policy/version"] == {s: float(s) for s in range(1, 5)}
     assert all(0 <= v <= 1 for v in series["inference/idle_frac"].values())
@@ -104,6 +106,7 @@ def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
     assert sorted(s["staleness/max"]) == [1, 2, 3, 4, 5]
     assert set(s["staleness/max"].values()) == {0.0}  # every batch from the current weights
     assert set(s["buffer/dropped_stale"].values()) == {0.0}
+    assert not [name for name in s if name.startswith("eval/")]  # eval is off by default
     # Alternation: the trainer waits while inference generates, at every step.
     assert all(v > 0.2 for v in s["trainer/idle_frac"].values())
 

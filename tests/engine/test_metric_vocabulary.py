@@ -20,6 +20,8 @@ import pytest
 from tests.engine.helpers import fixed_groups, small_config
 from workers.buffer import RolloutBuffer, plan
 from workers.config import BufferConfig
+from workers.evaluation import SERIES as EVAL_SERIES
+from workers.evaluation import eval_metrics, is_due
 from workers.loss import METHODS
 from workers.metric_names import METRICS, NAMES
 from workers.reporter import MetricsReporter
@@ -77,10 +79,20 @@ def test_the_step_windows_are_known_names():
     assert set(windows.window(0.0, 2.0)) <= NAMES
 
 
+def test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on():
+    # Both ways in a real run: tests/engine/test_eval_runs.py (on) and test_driver.py's
+    # default-config runs, which emit no eval series.
+    assert set(eval_metrics([[1.0, 0.0]], k=2)) == set(EVAL_SERIES) <= NAMES
+    assert not any(is_due(v, 0, every_steps=0) for v in range(100))
+    assert is_due(2, 0, every_steps=2)
+    assert all(BY_NAME[name].only == "eval.every_steps > 0" for name in EVAL_SERIES)
+
+
 # Each series marked `only`, and the test above that checks its condition both ways.
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
     "ppo/clipped_frac": test_train_step_returns_only_known_names,
+    **dict.fromkeys(EVAL_SERIES, test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on),
 }
 
 

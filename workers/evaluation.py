@@ -1,0 +1,163 @@
+"""The periodic eval pass: the current policy on held-out prompts, scored as pass@k.
+
+Held-out prompts (`eval_prompts`): the dataset's eval split (its first `eval.num_prompts`
+rows, already shuffled by the run's seed) when the task reads a dataset; otherwise a
+fixed set of `eval.num_prompts` distinct prompts drawn from the task's generator with
+an rng seeded by the run's seed alone, so every worker (and the warm start) computes
+the same set. Training never draws them: a generator task's training prompts go
+through `WithoutHeldOut`, which draws again in place of any held-out prompt.
+
+Each pass samples `eval.k` completions per prompt at `eval.temperature` through the same
+backend, tokenizer and prompt encoding as training (workers.generation.encode_prompt;
+a multi-turn task's episodes through workers.episodes.run_episodes), always with the
+same sampling seed, so two passes differ by their weights, not by their dice.
+
+Metrics, over all prompts: `eval/reward_mean`, the mean reward of every completion;
+`eval/pass@1` and `eval/pass@k`, the unbiased estimator of Chen et al. (2021) per
+prompt, averaged. A completion is *correct* when its reward is full (≥ 1 − 1e-9): a
+task's partial credit (countdown's well-formed miss, reverse's prefix reward) counts in
+the reward mean but never as a pass.
+
+When (`is_due`): worker 0 runs a pass as soon as it holds weights that have crossed a
+multiple of `eval.every_steps` since its last pass, and once more at the end of the run
+on the final weights. The pass is labelled with the version it ran on.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.config import EvalConfig, RunConfig
+    from workers.inference.base import InferenceBackend
+    from workers.rl_tasks import Task
+    from workers.tokenizer import Tokenizer
+
+# A reward at least this is a full answer: pass@k counts these.
+CORRECT = 1.0 - 1e-9
+REWARD_MEAN, PASS_AT_1, PASS_AT_K = "eval/reward_mean", "eval/pass@1", "eval/pass@k"
+SERIES = (REWARD_MEAN, PASS_AT_1, PASS_AT_K)
+# Draws per wanted prompt before a generator is judged unable to give enough distinct
+# (or non-held-out) prompts: far above what any task with room for them needs.
+DRAWS_PER_PROMPT = 100
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `n` samples of which `c` are correct: the
+    probability that `k` of the `n`, drawn without replacement, include a correct one,
+    1 − C(n−c, k) / C(n, k)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 ≤ k ≤ n (got k={k}, n={n})")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 ≤ c ≤ n (got c={c}, n={n})")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_metrics(rewards: list[list[float]], k: int) -> dict[str, float]:
+    """The pass's series from each prompt's completion rewards (k or more each)."""
+    if not rewards or any(len(r) < k for r in rewards):
+        raise ValueError(f"every prompt needs at least k={k} rewards")
+    corrects = [sum(r >= CORRECT for r in rs) for rs in rewards]
+    return {
+        REWARD_MEAN: sum(map(sum, rewards)) / sum(map(len, rewards)),
+        PASS_AT_1: sum(pass_at_k(len(rs), c, 1) for rs, c in zip(rewards, corrects, strict=True)) / len(rewards),
+        PASS_AT_K: sum(pass_at_k(len(rs), c, k) for rs, c in zip(rewards, corrects, strict=True)) / len(rewards),
+    }
+
+
+def is_due(version: int, last: int, every_steps: int) -> bool:
+    """Whether weights at `version` have crossed a multiple of `every_steps` since the
+    pass at `last` (0 before any): a version skipped on the way (two arrived at once)
+    moves the pass to the next one, never drops it."""
+    return every_steps > 0 and version // every_steps > last // every_steps
+
+
+def held_out_prompts(task: Task, n: int, seed: int) -> list[tuple[str, str]]:
+    """`n` distinct (prompt, answer) pairs from the task's generator, the same for every
+    caller with this seed."""
+    rng = random.Random(f"{seed}-eval-prompts")
+    found: dict[str, str] = {}
+    for _ in range(n * DRAWS_PER_PROMPT):
+        ((prompt, answer),) = task.sample(1, rng)
+        found.setdefault(prompt, answer)
+        if len(found) == n:
+            return list(found.items())
+    raise ValueError(
+        f"eval.num_prompts ({n}): the task's generator gave only {len(found)} distinct prompts in "
+        f"{n * DRAWS_PER_PROMPT} draws; lower eval.num_prompts or widen the task"
+    )
+
+
+def eval_prompts(cfg: RunConfig, task: Task) -> list[tuple[str, str]]:
+    """The held-out (prompt, answer) pairs every pass of this run evaluates."""
+    if cfg.task.dataset is not None:
+        from workers.task_data import DatasetError, load_splits
+
+        held = load_splits(cfg).eval[: cfg.eval.num_prompts]
+        if not held:
+            raise DatasetError(
+                "task.dataset.eval_fraction",
+                "holds out no rows to evaluate on (eval.every_steps > 0); raise it or give task.dataset.eval_path",
+            )
+        return held
+    return held_out_prompts(task, cfg.eval.num_prompts, cfg.seed)
+
+
+class WithoutHeldOut:
+    """A prompt source (`sample(n, rng)`) that never yields a held-out prompt: each one
+    drawn is replaced by a fresh draw."""
+
+    def __init__(self, source, held_out: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.held_out = frozenset(p for p, _ in held_out)
+
+    def sample(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for _ in range(max(n, 1) * DRAWS_PER_PROMPT):
+            if len(out) == n:
+                break
+            out.extend(pair for pair in self.source.sample(n - len(out), rng) if pair[0] not in self.held_out)
+        if len(out) < n:
+            raise ValueError(
+                "the task's generator yields almost only held-out prompts; lower eval.num_prompts or widen the task"
+            )
+        return out
+
+
+def training_prompts(cfg: RunConfig, task: Task, source):
+    """`source` (what training draws from) kept clear of the held-out prompts: a
+    generator task's with eval on; a dataset's train split is already disjoint."""
+    if cfg.eval.every_steps == 0 or cfg.task.dataset is not None:
+        return source
+    return WithoutHeldOut(source, held_out_prompts(task, cfg.eval.num_prompts, cfg.seed))
+
+
+def evaluate(
+    backend: InferenceBackend,
+    task: Task,
+    tokenizer: Tokenizer,
+    prompts: list[tuple[str, str]],
+    eval_cfg: EvalConfig,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """One pass with the weights the backend holds: `eval_cfg.k` completions per prompt,
+    scored by the task's reward; returns `eval_metrics`."""
+    from workers.episodes import is_multi_turn, run_episodes
+    from workers.generation import encode_prompt
+
+    prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
+    k, temperature = eval_cfg.k, eval_cfg.temperature
+    if is_multi_turn(task):
+        episodes = run_episodes(backend, task, tokenizer, prompt_ids, k, max_new_tokens, temperature, seed, 0)
+        token_ids = [[s.token_ids for s in seqs] for seqs in episodes.sequences]
+    else:
+        completions = backend.generate(prompt_ids, k, max_new_tokens, temperature, seed)
+        token_ids = [[c.token_ids for c in comps] for comps in completions]
+    rewards = [
+        [task.reward(tokenizer.decode(ids), answer) for ids in per_prompt]
+        for (_, answer), per_prompt in zip(prompts, token_ids, strict=True)
+    ]
+    return eval_metrics(rewards, k)
