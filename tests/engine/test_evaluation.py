@@ -199,3 +199,18 @@ def test_a_pass_on_the_torch_backend_scores_k_completions_per_prompt(tiny_model_
     assert m[PASS_AT_K] >= m[PASS_AT_1]
     # The same seed and weights give the same figures: passes differ by their weights only.
     assert evaluate(backend, task, tokenizer, prompts, cfg.eval, cfg.inference.max_new_tokens, seed=0) == m
+
+
+def test_a_multi_turn_task_is_evaluated_on_whole_episodes():
+    """The calculator through its episode path: a policy that calls the tool and then
+    answers passes every prompt; one that answers without the call's result, none."""
+    from tests.engine.test_episodes import TOK, ScriptedBackend
+    from workers.tool_task import CalculatorTask
+
+    cfg = small_config(eval={"every_steps": 1, "k": 2})
+    prompts = [("12*7+3=", "87"), ("2-9=", "-7")]
+    m = evaluate(ScriptedBackend(), CalculatorTask(), TOK, prompts, cfg.eval, max_new_tokens=40, seed=0)
+    assert m == {REWARD_MEAN: 1.0, PASS_AT_1: 1.0, PASS_AT_K: 1.0}
+    wrong = ScriptedBackend(lambda expression: ["5"])
+    m = evaluate(wrong, CalculatorTask(), TOK, prompts, cfg.eval, max_new_tokens=40, seed=0)
+    assert m == {REWARD_MEAN: 0.0, PASS_AT_1: 0.0, PASS_AT_K: 0.0}
