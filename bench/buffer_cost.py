@@ -184,7 +184,9 @@ def main() -> int:
     if not args.no_ray:
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rollway-bench-buffer")
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rollway-bench-buffer"
+        )
         try:
             for mode in modes:
                 cap = capacity_batches(mode)

@@ -95,7 +95,7 @@ def main() -> int:
         overrides = deep_merge(common, extra)
         configs[m] = (preset, overrides, build(preset, overrides).model_dump_json())
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     results: dict[str, dict] = {}
     by_config: dict[str, str] = {}
     try:

@@ -111,7 +111,7 @@ def main() -> int:
     overrides = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
     overrides = deep_merge(overrides, dotted_overrides(args.set))
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     try:
         for rep in range(args.repeat):

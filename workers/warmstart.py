@@ -31,12 +31,12 @@ import torch
 from workers.config import RunConfig
 from workers.generation import encode_prompt
 from workers.model import build_tiny, load_model, save_model, source_dir
-from workers.rl_tasks import make_task
-from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from workers.rl_tasks import make_task, task_class
+from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tiny_chars
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
-RECIPE_VERSION = 3  # 3: the char vocabulary grew ("()#"), demonstrations per task
+RECIPE_VERSION = 4  # 4: the char vocabulary grows only for a task that uses "()#"; 3: demonstrations per task
 # progress(done, total): supervised steps done out of the build's total.
 Progress = Callable[[int, int], None]
 
@@ -117,7 +117,7 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
         model = load_model(src)
         tokenizer = load_tokenizer(src)
     else:
-        tokenizer = CharTokenizer()
+        tokenizer = CharTokenizer(tiny_chars(getattr(task_class(cfg.task.name), "extra_chars", "")))
         model = build_tiny(cfg.model, tokenizer, cfg.seed)
     ws = cfg.warm_start
     total = ws.steps + ws.noisy_steps

@@ -186,6 +186,7 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     # value typed there creates it.
     ("Task", ["task.name", "task.dataset.*", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
     ("Trainer", ["trainer.*"]),
+    ("Eval", ["eval.*"]),
     ("Stop", ["stop.*"]),
     ("Seed", ["seed"]),
 ]

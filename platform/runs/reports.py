@@ -23,7 +23,7 @@ from workers.failures import DETAIL_MAX
 
 logger = logging.getLogger(__name__)
 
-SERIES_PATTERN = r"^[a-z0-9_./-]{1,64}$"
+SERIES_PATTERN = r"^[a-z0-9_./@-]{1,64}$"
 # The error a failed run gets when its driver reported none.
 NO_REASON = "failed (the driver gave no reason)"
 # The engine's word for each status it may report (workers.reporter.STATUSES).

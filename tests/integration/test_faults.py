@@ -254,6 +254,10 @@ def test_the_ray_head_crashed_and_back_fails_the_run(stack, member, show_logs_on
         assert by_driver or run.error.startswith(
             f"The run's driver (Ray actor run-{run.pk}) is gone from Ray at {head.address}"
         ), run.error
+        # Asked from a process that joined the head as it is now: when the driver failed
+        # the run first, reconcile had nothing to ask Ray, so the first control never left
+        # the cluster that died.
+        controls.append(RayControl(head.address, env, ray_stack.log_path))
         assert not controls[-1].names(run.pk)
         after = assert_points_kept(run, before, stack)
     except BaseException:

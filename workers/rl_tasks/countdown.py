@@ -144,6 +144,7 @@ class CountdownTask:
 
     Options = CountdownOptions
     noise_chars = "0123456789+-*/()"
+    extra_chars = "()"  # beyond the tiny tokenizer's base characters (workers.tokenizer)
 
     def __init__(self, cfg: TaskSettings) -> None:
         self.options = CountdownOptions.model_validate(cfg.options)

@@ -39,6 +39,7 @@ class GSM8KTask:
 
     Options = GSM8KOptions
     noise_chars = "0123456789+-*/= #"
+    extra_chars = "#"  # beyond the tiny tokenizer's base characters (workers.tokenizer)
 
     def __init__(self, cfg: TaskSettings) -> None:
         self.options = GSM8KOptions.model_validate(cfg.options)
