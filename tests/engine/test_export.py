@@ -65,7 +65,7 @@ def test_the_char_model_exports_as_a_llama_with_a_tokenizer_hf_loads(tmp_path):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert state_checksum(model.state_dict()) == state_checksum(trainer.state_dict()) == manifest["sha256"]
     # The char vocabulary as a Hugging Face tokenizer: the same ids, BOS first, no spaces.
-    chars = CharTokenizer()
+    chars = CharTokenizer.load(policy(cfg, cache))  # the run's own vocabulary
     assert tok("ab c=")["input_ids"] == chars.prompt_ids("ab c=")
     assert tok.decode(chars.encode("c ba") + [chars.eos_id], skip_special_tokens=True) == "c ba"
     assert (tok.eos_token_id, tok.pad_token_id, len(tok)) == (chars.eos_id, chars.pad_id, chars.vocab_size)
