@@ -39,17 +39,7 @@ def generate_groups(
     """
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
     if is_multi_turn(task):
-        gen = run_episodes(
-            backend,
-            task,
-            tokenizer,
-            prompt_ids,
-            cfg.trainer.group_size,
-            cfg.inference.max_new_tokens,
-            cfg.inference.temperature,
-            seed,
-            version,
-        )
+        gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version)
         return _score(task, tokenizer, prompts, gen.sequences, seed)
     completions = backend.generate(
         prompt_ids,
@@ -84,19 +74,7 @@ def generate_groups_across_updates(
     Returns the groups, the version loaded at the end, and the partial-rollout counts."""
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
     if is_multi_turn(task):
-        gen = run_episodes(
-            backend,
-            task,
-            tokenizer,
-            prompt_ids,
-            cfg.trainer.group_size,
-            cfg.inference.max_new_tokens,
-            cfg.inference.temperature,
-            seed,
-            version,
-            cfg.sync.update_mode,
-            updates,
-        )
+        gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version, updates)
         return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
     gen = generate_across_updates(
         backend,
@@ -110,6 +88,16 @@ def generate_groups_across_updates(
         updates,
     )
     return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
+
+
+def _episodes(backend, task, tokenizer, prompt_ids, cfg: RunConfig, seed: int, version: int, updates=None):
+    """A multi-turn task's episodes with the run's batch shape: on one version without
+    `updates`, else taking staged weights as `sync.update_mode` says."""
+    mode = cfg.sync.update_mode if updates is not None else "drain"
+    return run_episodes(
+        backend, task, tokenizer, prompt_ids, cfg.trainer.group_size, cfg.inference.max_new_tokens,
+        cfg.inference.temperature, seed, version, mode, updates,
+    )  # fmt: skip
 
 
 def _score(
