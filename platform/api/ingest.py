@@ -20,7 +20,9 @@ from typing_extensions import TypedDict
 from api.http import errors_response, refusal_response
 from runs.models import Run
 from runs.reports import (
+    CHECKPOINT_IN,
     STATUS_IN,
+    do_record_checkpoint,
     PointIn,
     do_record_phase,
     do_record_points,
@@ -100,3 +102,17 @@ def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
         if "phase" in payload:
             changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed
     return JsonResponse({"status": run.status, "changed": changed})
+
+
+def ingest_checkpoint(request: HttpRequest, run_id: int) -> JsonResponse:
+    """POST /api/runs/<id>/checkpoints {"step", "location", "bytes", "sha256", "pruned":
+    [locations]} (runs.reports.CheckpointIn): a checkpoint the run's trainer wrote."""
+    run = _authorized_run(request, run_id, Run.objects.only("pk", "ingest_token"))
+    if isinstance(run, JsonResponse):
+        return run
+    try:
+        payload = CHECKPOINT_IN.validate_json(request.body)
+    except ValidationError as exc:
+        return refusal_response(exc)
+    row = do_record_checkpoint(run, payload)
+    return JsonResponse(row.as_dict(), status=201)

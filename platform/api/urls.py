@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import comparisons, configs, teams, tokens, views
+from api import checkpoints, comparisons, configs, teams, tokens, views
 
 app_name = "api"
 
@@ -27,4 +27,5 @@ urlpatterns = [
     path("runs/<int:run_id>/metrics", views.run_metrics, name="run-metrics"),
     path("runs/<int:run_id>/status", views.run_status, name="run-status"),
     path("runs/<int:run_id>/export", views.run_export, name="run-export"),
+    path("runs/<int:run_id>/checkpoints", checkpoints.run_checkpoints, name="run-checkpoints"),
 ]

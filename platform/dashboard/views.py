@@ -23,7 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from configs import actions as config_actions
 from configs.models import SavedConfig
 from rollway import jsonin
-from runs import actions, listing
+from runs import actions, lineage, listing
 from runs.errors import ActionError, NotFound, nul_errors
 from runs.models import Experiment, Run
 from teams import roles
@@ -354,6 +354,23 @@ def launch(request: HttpRequest) -> HttpResponse:
         "config_name": request.POST.get("config_name", ""),
         "config_description": request.POST.get("config_description", ""),
     }
+    # Clone with edits: the form opens holding the run's preset and overrides, and the
+    # launched run records that it is a clone of it (runs/lineage.py).
+    form["clone_of"] = request.POST.get("clone_of", request.GET.get("clone", ""))
+    clone_of = None
+    if form["clone_of"]:
+        try:
+            clone_of = actions.check_run_access(request.user, int(form["clone_of"]))
+        except (ValueError, NotFound):
+            raise Http404(NO_SUCH_RUN) from None
+        if request.method == "GET":
+            form.update(
+                experiment=str(clone_of.experiment_id),
+                name=f"{clone_of.name} (clone)"[: actions.RUN_NAME_MAX],
+                preset=clone_of.preset,
+                overrides=json.dumps(clone_of.overrides, indent=2),
+                priority=str(clone_of.priority),
+            )
     errors: dict[str, str] = nul_errors(form) if request.method == "POST" else {}
     status = 400  # a refusal's own (403: the role does not allow it)
     if request.method == "POST" and not errors:
@@ -384,7 +401,10 @@ def launch(request: HttpRequest) -> HttpResponse:
             except ActionError as exc:
                 errors, status = exc.errors, exc.http_status
             else:
-                run = actions.do_launch_run(request.user, launch_request)
+                if clone_of is not None:
+                    run = lineage.do_clone(request.user, clone_of, launch_request)
+                else:
+                    run = actions.do_launch_run(request.user, launch_request)
                 messages.success(request, f"Run #{run.pk} queued.")
                 return redirect(run)
     if "team" in errors:
@@ -437,13 +457,19 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
         found = actions.check_run_access(request.user, run_id)
     except NotFound:
         raise Http404(NO_SUCH_RUN) from None
+    role = roles.role_of(request.user, found.experiment.team)
     return render(
         request,
         "dashboard/run.html",
         {
             "run": found,
             "may_cancel": roles.may_cancel(request.user, found),
-            "may_export": roles.allows(roles.role_of(request.user, found.experiment.team), "export models"),
+            "may_export": roles.allows(role, "export models"),
+            "may_launch": roles.allows(role, "launch runs"),
+            "may_annotate": roles.allows(role, roles.annotate_action(request.user, found)),
+            "checkpoints": found.checkpoints.order_by("-step"),
+            "children": found.children.order_by("pk"),
+            "tags_text": " ".join(found.tag_names()),
             "config_json": json.dumps(found.config, indent=2),
             "overrides_json": json.dumps(found.overrides, indent=2),
             "charts": _charts(),
@@ -463,4 +489,60 @@ def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     else:
         actions.do_cancel_run(request.user, found)
         messages.info(request, f"Cancelling run #{found.pk}.")
+    return redirect("dashboard:run", run_id=run_id)
+
+
+def _lineage_action(request: HttpRequest, run_id: int, check, do, done: str) -> HttpResponse:
+    """A lineage POST from the run page (runs/lineage.py): on success, off to the new
+    run; a refusal comes back to the run page as a message."""
+    try:
+        checked = check()
+    except NotFound:
+        raise Http404(NO_SUCH_RUN) from None
+    except ActionError as exc:
+        messages.error(request, exc.message)
+        return redirect("dashboard:run", run_id=run_id)
+    child = do(*checked) if isinstance(checked, tuple) else do(checked)
+    messages.success(request, done.format(child=child.pk, parent=run_id))
+    return redirect(child)
+
+
+@login_required
+@require_POST
+def retry(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _lineage_action(
+        request,
+        run_id,
+        lambda: lineage.check_retry(request.user, run_id),
+        lambda parent: lineage.do_retry(request.user, parent),
+        "Run #{child} queued: a retry of run #{parent}.",
+    )
+
+
+@login_required
+@require_POST
+def resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _lineage_action(
+        request,
+        run_id,
+        lambda: lineage.check_resume(request.user, run_id, request.POST.get("step")),
+        lambda parent, checkpoint: lineage.do_resume(request.user, parent, checkpoint),
+        "Run #{child} queued: it resumes run #{parent} from its checkpoint.",
+    )
+
+
+@login_required
+@require_POST
+def annotate(request: HttpRequest, run_id: int) -> HttpResponse:
+    try:
+        found, notes, tags = lineage.check_annotate(
+            request.user, run_id, notes=request.POST.get("notes"), tags=request.POST.get("tags")
+        )
+    except NotFound:
+        raise Http404(NO_SUCH_RUN) from None
+    except ActionError as exc:
+        messages.error(request, exc.message)
+    else:
+        lineage.do_annotate(request.user, found, notes, tags)
+        messages.success(request, "Notes and tags saved.")
     return redirect("dashboard:run", run_id=run_id)

@@ -39,7 +39,7 @@ def ray_lifecycle():
 
 def load_run(run_id: int) -> Run | None:
     """The run with its team, or None (logged) if it was deleted since it was enqueued."""
-    run = Run.objects.select_related("experiment__team").filter(pk=run_id).first()
+    run = Run.objects.select_related("experiment__team", "resume_from").filter(pk=run_id).first()
     if run is None:
         logger.warning("run %s does not exist (deleted?)", run_id)
     return run
@@ -87,6 +87,8 @@ def do_start_in_ray(run_id: int) -> None:
             logger.warning("run %s refused before start: %s", run_id, reason)
             do_set_run_status(run, Status.FAILED, error=f"refused: {reason}")
             return
+        # A resumed run (runs/lineage.py) starts from its parent's checkpoint.
+        resume = {"resume_from": run.resume_from.location} if run.resume_from_id else {}
         actor = lifecycle.launch(
             run.pk,
             run.config,
@@ -95,6 +97,7 @@ def do_start_in_ray(run_id: int) -> None:
             cache_dir=settings.ROLLWAY_CACHE_DIR,
             ray_address=settings.RAY_ADDRESS,
             confinement=admission.confinement(),
+            **resume,
         )
     except Exception as exc:
         # Whatever stopped the launch (Ray unreachable, a driver that would not start) is

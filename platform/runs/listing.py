@@ -7,6 +7,7 @@ parameters through `check_list_query`, so a URL copied from one works on the oth
 
     status=running,queued  preset=async  experiment=<id>  launcher=<username>
     created_from=YYYY-MM-DD  created_to=YYYY-MM-DD (inclusive)  q=<part of the name>
+    tag=<a tag on the run>
     sort=created|name|status|steps|reward|samples_per_s|duration (prefix "-" to reverse)
     page=<1..MAX_PAGE>  page_size=<1..MAX_PAGE_SIZE>
 
@@ -63,6 +64,7 @@ class ListQuery:
     created_from: dt.date | None = None
     created_to: dt.date | None = None
     q: str = ""
+    tag: str = ""
     sort: str = "-created"
     page: int = 1
     page_size: int = DEFAULT_PAGE_SIZE
@@ -78,6 +80,7 @@ class ListQuery:
             "created_from": self.created_from.isoformat() if self.created_from else "",
             "created_to": self.created_to.isoformat() if self.created_to else "",
             "q": self.q,
+            "tag": self.tag,
             "sort": "" if self.sort == "-created" else self.sort,
             "page": "" if self.page == 1 else str(self.page),
             "page_size": "" if self.page_size == DEFAULT_PAGE_SIZE else str(self.page_size),
@@ -109,7 +112,7 @@ def check_list_query(get) -> ListQuery:
     bad parameter and what it accepts."""
     raw = {k: (get.get(k) or "").strip() for k in LIST_PARAMS}
     errors = nul_errors(raw)
-    out: dict[str, Any] = {"q": raw["q"], "preset": raw["preset"], "launcher": raw["launcher"]}
+    out: dict[str, Any] = {"q": raw["q"], "preset": raw["preset"], "launcher": raw["launcher"], "tag": raw["tag"]}
     checks = {
         "status": lambda v: tuple(s for s in v.split(",") if s),
         "experiment": lambda v: _int(v, "experiment", 1, MAX_ID),
@@ -148,6 +151,7 @@ LIST_PARAMS = (
     "created_from",
     "created_to",
     "q",
+    "tag",
     "sort",
     "page",
     "page_size",
@@ -184,6 +188,8 @@ def filtered(runs: QuerySet[Run], query: ListQuery) -> QuerySet[Run]:
         runs = runs.filter(created_at__date__lte=query.created_to)
     if query.q:
         runs = runs.filter(name__icontains=query.q)
+    if query.tag:
+        runs = runs.filter(tags__name=query.tag)
     return runs
 
 
@@ -222,9 +228,9 @@ def list_runs(user, query: ListQuery) -> Page:
     total = runs.count()
     start = (query.page - 1) * query.page_size
     rows = list(
-        ordered(annotated(runs), query.sort).select_related("experiment__team", "launched_by")[
-            start : start + query.page_size
-        ]
+        ordered(annotated(runs), query.sort)
+        .select_related("experiment__team", "launched_by")
+        .prefetch_related("tags")[start : start + query.page_size]
     )
     sparks = sparklines([r.pk for r in rows])
     for r in rows:

@@ -102,6 +102,12 @@ class Run(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
+    class Origin(models.TextChoices):
+        LAUNCH = "", "launched"
+        RETRY = "retry", "retry of"
+        RESUME = "resume", "resumed from"
+        CLONE = "clone", "clone of"
+
     TERMINAL = frozenset({Status.CANCELLED, Status.SUCCEEDED, Status.FAILED})
     # The states each status may be entered from: the WHERE clause of its UPDATE. Starting
     # may be entered from queued only, so that transition is the launch's claim: of two
@@ -164,6 +170,18 @@ class Run(models.Model):
     saved_config = models.ForeignKey(
         "configs.SavedConfig", null=True, blank=True, on_delete=models.RESTRICT, related_name="runs"
     )
+    # Lineage (runs/lineage.py): a retry, resume or clone is a new run that points at the
+    # run it came from; the parent's own history is never touched. A resumed run also
+    # names the checkpoint it starts from, and its steps continue that checkpoint's count.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    origin = models.CharField(max_length=8, choices=Origin.choices, blank=True, default=Origin.LAUNCH)
+    resume_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_runs"
+    )
+    # How many automatic resumes (reconcile, `checkpoint.max_restarts`) the chain of runs
+    # ending in this one has used.
+    restarts = models.SmallIntegerField(default=0)
+    notes = models.TextField(blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -262,7 +280,14 @@ class Run(models.Model):
             "url": self.get_absolute_url(),
             "queue_position": self.queue_position(),
             "waiting_for": self.waiting_for(),
+            "parent": self.parent_id,
+            "origin": self.origin,
+            "tags": self.tag_names(),
         }
+
+    def tag_names(self) -> list[str]:
+        # A page of runs prefetches `tags` (runs/listing.py); .all() then costs no query.
+        return [tag.name for tag in self.tags.all()]
 
     def detail(self) -> dict:
         return {
@@ -277,12 +302,62 @@ class Run(models.Model):
                 if self.saved_config_id
                 else None
             ),
+            "notes": self.notes,
+            "restarts": self.restarts,
+            "resume_from": self.resume_from.as_dict() if self.resume_from_id else None,
+            "children": [{"id": c.pk, "origin": c.origin, "status": c.status} for c in self.children.order_by("pk")],
+            "checkpoints": [c.as_dict() for c in self.checkpoints.order_by("-step")],
         }
 
     def series_names(self) -> list[str]:
         # From the widest rollup level (a row or two per series), not a DISTINCT over
         # every point, which grows with the run.
         return sorted(name for _, name in rollups.totals([self.pk]))
+
+
+class RunTag(models.Model):
+    """A label on a run ("baseline", "paper-fig-3"): runs are filtered by them."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tags")
+    name = models.CharField(max_length=40)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="unique_tag_per_run")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Checkpoint(models.Model):
+    """A checkpoint the run's trainer wrote (workers/checkpoints.py): where, how big, its
+    digest. The engine prunes old ones (`checkpoint.keep_last`) and says so; the row of a
+    pruned checkpoint is deleted with it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.BigIntegerField()
+    location = models.CharField(max_length=1000)
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "-step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_checkpoint_per_run_step")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}"
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.pk,
+            "run": self.run_id,
+            "step": self.step,
+            "location": self.location,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "created_at": _iso(self.created_at),
+        }
 
 
 def _iso(value) -> str | None:

@@ -17,12 +17,13 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from runs import admission, dispatch, engine, queue
+from runs import admission, dispatch, engine, lineage, queue
 from runs.actions import do_set_run_status
-from runs.models import ClusterCapacity, MetricPoint, Run
+from runs.models import Checkpoint, ClusterCapacity, MetricPoint, Run
 from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
 from workers.reporter import clear_spool, read_spool, read_spooled_status
 
@@ -46,7 +47,7 @@ def do_reconcile_runs() -> dict[str, int]:
     actor is gone become cancelled, stuck cancels and launches are sent again. Returns
     how many runs each of these happened to."""
     now = timezone.now()
-    counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
+    counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
 
     stuck = Run.objects.filter(
         status=Status.QUEUED, phase=queue.ADMITTED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
@@ -98,11 +99,34 @@ def do_reconcile_runs() -> dict[str, int]:
         if run.status == Status.CANCELLING:
             if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]):
                 counts["cancelled"] += 1
+        elif run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
+            if do_resume_lost(run, checkpoint, now):
+                counts["resumed"] += 1
         # only_from the state we saw: a run that just finished keeps its real outcome
         elif do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
             logger.warning("run %s lost: %s", run.pk, run.error)
             counts["lost"] += 1
     return counts
+
+
+def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> bool:
+    """A running run whose driver is gone, with restarts left (`checkpoint.max_restarts`):
+    it fails saying so, and a child run resumes it from `checkpoint` (runs/lineage.py),
+    in one transaction. False if the run changed meanwhile (it is left alone)."""
+    allowed = run.config.get("checkpoint", {}).get("max_restarts", 0)
+    error, detail = lost_reason(run, now)
+    with transaction.atomic():
+        if not do_fail_run(run, "", detail, only_from=[run.status]):
+            return False
+        child = lineage.do_auto_resume(run, checkpoint)
+        message = (
+            f"The run's driver died; it was resumed as run {child.pk} from its checkpoint at step "
+            f"{checkpoint.step} (restart {child.restarts} of checkpoint.max_restarts={allowed})."
+        )
+        Run.objects.filter(pk=run.pk).update(error=message)
+        run.error = message
+    logger.warning("run %s lost; resumed as run %s from step %s", run.pk, child.pk, checkpoint.step)
+    return True
 
 
 def lost_reason(run: Run, now: datetime) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 
 from runs import events
 from runs.actions import do_set_run_status
-from runs.models import MetricPoint, Run
+from runs.models import Checkpoint, MetricPoint, Run
 from workers.failures import DETAIL_MAX
 
 logger = logging.getLogger(__name__)
@@ -147,3 +147,34 @@ def do_record_phase(run: Run, phase: str, detail: str = "") -> bool:
     if changed:
         transaction.on_commit(lambda: events.send_status(run))
     return changed
+
+
+class CheckpointIn(TypedDict):
+    """A checkpoint the run's trainer finished writing (workers.reporter.post_checkpoint),
+    and the older ones it pruned (`checkpoint.keep_last`), by location."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    location: Annotated[str, Field(min_length=1, max_length=1000), NO_NUL]
+    bytes: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    pruned: NotRequired[Annotated[list[Annotated[str, Field(max_length=1000), NO_NUL]], Field(max_length=1000)]]
+
+
+CHECKPOINT_IN = TypeAdapter(CheckpointIn)
+
+
+def do_record_checkpoint(run: Run, checkpoint: dict) -> Checkpoint:
+    """Record a checkpoint (idempotent: a resend of the same step updates its row) and
+    forget the ones the engine pruned."""
+    with transaction.atomic():
+        row, _ = Checkpoint.objects.update_or_create(
+            run=run,
+            step=checkpoint["step"],
+            defaults={k: checkpoint[k] for k in ("location", "bytes", "sha256")},
+        )
+        pruned = checkpoint.get("pruned") or []
+        if pruned:
+            Checkpoint.objects.filter(run=run, location__in=pruned).exclude(pk=row.pk).delete()
+    return row

@@ -1,9 +1,11 @@
 """What each role in a team may do, in one place.
 
 - viewer: reads everything of the team (runs, metrics, comparisons, configurations).
-- member: also launches runs and comparisons, saves configurations, exports models, and
-  cancels the runs they launched.
-- admin: also cancels anyone's run and manages the team's members and their roles.
+- member: also launches runs and comparisons (and retries, resumes and clones runs),
+  saves configurations, exports models, and cancels and annotates (notes, tags) the runs
+  they launched.
+- admin: also cancels and annotates anyone's run and manages the team's members and
+  their roles.
 
 Site staff get no rights in a team from being staff: a superuser has every right (the
 Django admin is theirs), anyone else only what their membership gives. The actions
@@ -28,6 +30,8 @@ NEEDS = {
     "export models": Role.MEMBER,
     "cancel runs": Role.MEMBER,  # their own; anyone's needs "cancel others' runs"
     "cancel others' runs": Role.ADMIN,
+    "edit notes": Role.MEMBER,  # of their own runs; anyone's needs "edit others' notes"
+    "edit others' notes": Role.ADMIN,
     "manage members": Role.ADMIN,
 }
 
@@ -52,6 +56,12 @@ def cancel_action(user, run) -> str:
     """What cancelling `run` is for `user`: their own run, or someone else's."""
     own = run.launched_by_id is not None and run.launched_by_id == user.pk
     return "cancel runs" if own else "cancel others' runs"
+
+
+def annotate_action(user, run) -> str:
+    """What editing the notes and tags of `run` is for `user`: their own run or not."""
+    own = run.launched_by_id is not None and run.launched_by_id == user.pk
+    return "edit notes" if own else "edit others' notes"
 
 
 def may_cancel(user, run) -> bool:

@@ -236,7 +236,7 @@ def test_the_ray_head_crashed_and_back_fails_the_run(stack, member, show_logs_on
         t = time.monotonic()
         down_pass = controls[-1].reconcile()  # the head is down: nothing is settled
         down_pass_s = time.monotonic() - t
-        assert down_pass == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}, down_pass
+        assert down_pass == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}, down_pass
         assert status(run) == Run.Status.RUNNING or run.error.startswith("A run actor died"), run.error
 
         head.start()

@@ -137,6 +137,7 @@ class FakeLifecycle:
         self.capacity = Capacity(cpus=2.0, memory_bytes=16 * 2**30)
         self.available: Capacity | None = None  # what is free now; None: all of `capacity`
         self.confinements: list = []
+        self.resumed_from: dict[int, str | None] = {}  # run id → the checkpoint it was launched from
 
     def cluster_capacity(self, *, ray_address):
         if self.fail_with:
@@ -148,9 +149,10 @@ class FakeLifecycle:
             raise self.fail_with
         return self.available if self.available is not None else self.capacity
 
-    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement):
+    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement, resume_from=None):
         self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))
         self.confinements.append(confinement)
+        self.resumed_from[run_id] = resume_from
         if self.fail_with:
             raise self.fail_with
         self.alive.add(run_id)

@@ -254,7 +254,7 @@ def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make
 def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
     make_run(status=Status.SUCCEEDED)
     monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
-    assert reconcile.do_reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0}
+    assert reconcile.do_reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
 
 
 def test_reconcile_does_not_fail_a_run_that_just_succeeded(driver, make_run, monkeypatch):

@@ -28,7 +28,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from compare.models import Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs import exports
-from runs.models import Experiment, Run
+from runs.models import Checkpoint, Experiment, Run
 from teams.models import ApiToken, AuditEvent, Membership, Team
 from workers.presets import build
 
@@ -172,6 +172,15 @@ ASKS: dict[str, list[Ask]] = {
         Ask("POST", lambda w: f"/api/runs/{w.run.pk}/status", "token", lambda w: {"status": "failed", "error": "x"})
     ],
     "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
+    "api:run-checkpoints": [
+        Ask("GET", lambda w: f"/api/runs/{w.done.pk}/checkpoints", "viewer"),
+        Ask(
+            "POST",
+            lambda w: f"/api/runs/{w.run.pk}/checkpoints",
+            "token",
+            lambda w: {"step": 2, "location": "/ck/step-2", "bytes": 10, "sha256": "0" * 64},
+        ),
+    ],
     "compare:page": [Ask("GET", lambda w: f"/compare/?runs={w.run.pk},{w.done.pk}", "viewer", json=False)],
     "compare:api": [Ask("GET", lambda w: f"/api/compare?runs={w.run.pk},{w.done.pk}&series=", "viewer")],
     "compare:comparisons": [Ask("GET", lambda w: "/comparisons/", "login", json=False)],
@@ -223,6 +232,11 @@ ASKS: dict[str, list[Ask]] = {
     ],
     "dashboard:run": [Ask("GET", lambda w: f"/runs/{w.run.pk}/", "viewer", json=False)],
     "dashboard:cancel": [Ask("POST", lambda w: f"/runs/{w.run.pk}/cancel/", "own", json=False, form=True)],
+    "dashboard:retry": [Ask("POST", lambda w: f"/runs/{w.done.pk}/retry/", "member", json=False, form=True)],
+    "dashboard:resume": [Ask("POST", lambda w: f"/runs/{w.done.pk}/resume/", "member", json=False, form=True)],
+    "dashboard:notes": [
+        Ask("POST", lambda w: f"/runs/{w.run.pk}/notes/", "own", lambda w: {"notes": "n"}, json=False, form=True)
+    ],
 }
 
 WS_ASKS = {
@@ -337,6 +351,7 @@ def world(db, settings, tmp_path) -> World:
     export = Path(exports.export_dir(done.pk))
     export.mkdir(parents=True)
     (export / exports.MARKER).write_text("{}")
+    Checkpoint.objects.create(run=done, step=1, location="/ck/step-1", bytes=10, sha256="0" * 64)
     comparison = Comparison.objects.create(
         team=team, experiment=experiment, name="c", created_by=users["admin"], configurations=["sync"], seeds=[0]
     )
@@ -348,7 +363,8 @@ def world(db, settings, tmp_path) -> World:
 def stored() -> tuple:
     """Everything a request could change, in one comparable value."""
     return (
-        tuple(Run.objects.order_by("pk").values_list("pk", "status")),
+        tuple(Run.objects.order_by("pk").values_list("pk", "status", "notes")),
+        tuple(Checkpoint.objects.order_by("pk").values_list("pk", "step")),
         Experiment.objects.count(),
         SavedConfig.objects.count(),
         Comparison.objects.count(),

@@ -166,11 +166,11 @@ def test_a_list_of_200_runs_costs_a_few_queries(client_for, owner, make_run, dja
         points(run, "reward/mean", [0.1 * (k % 10) for k in range(60)])
         points(run, "policy/version", list(range(1, 61)))
     client = client_for(owner)
-    # Session and user lookups, the count, the page, the sparklines.
-    with django_assert_max_num_queries(6):
+    # Session and user lookups, the count, the page, its tags, the sparklines.
+    with django_assert_max_num_queries(7):
         body = client.get("/api/runs?page_size=200").json()
     assert len(body["runs"]) == 200 and all(len(r["sparkline"]) == SPARK_POINTS for r in body["runs"])
-    with django_assert_max_num_queries(12):  # plus the filters' choices
+    with django_assert_max_num_queries(13):  # plus the filters' choices
         page = client.get("/?page_size=200")
     assert page.content.decode().count('<svg class="spark"') == 200
 

@@ -1,0 +1,258 @@
+"""A run's lineage: retry, resume and clone make a new run that points at its parent,
+and notes and tags are what people write on a run.
+
+- **Retry** runs the parent's config again, as it was stored, in the same experiment.
+- **Resume** continues a run from one of its checkpoints (workers/checkpoints.py): the
+  child's steps carry on from the checkpoint's step and `stop.max_steps` stays the total,
+  so a run resumed at step k of N trains N−k more. The parent's points, status and
+  checkpoints are never touched: the child reports under its own id.
+- **Clone** launches the parent's preset and overrides with the user's edits on top (the
+  launch form opens prefilled for it; the API takes the edits in the request).
+
+Each is checked against the same roles, admission limits and queue as a launch
+(runs/actions.py), and written to the team's audit log. The reconcile resumes a run whose
+driver died by the same path (`do_auto_resume`), when its config allows restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.db import transaction
+
+from runs import actions, admission, events
+from runs.errors import ActionError, Conflict
+from runs.models import Checkpoint, Run, RunTag
+from teams import audit, roles
+from workers.config import RunConfig
+from workers.presets import deep_merge
+
+logger = logging.getLogger(__name__)
+
+Status = Run.Status
+Origin = Run.Origin
+NOTES_MAX = 20_000
+TAGS_MAX = 20
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+/-]{0,39}")
+# The runs a retry or resume may come from: one still going is cancelled first.
+ENDED = (Status.FAILED, Status.CANCELLED, Status.SUCCEEDED)
+
+
+def _child_name(parent: Run, what: str) -> str:
+    return f"{parent.name} ({what})"[: actions.RUN_NAME_MAX]
+
+
+def _check_launchable(user, parent: Run, config: RunConfig) -> None:
+    """The member role in the parent's team, and a config the site would launch now (the
+    operator's limits and roots may have changed since the parent ran)."""
+    roles.require(user, parent.experiment.team, "launch runs", field="run")
+    refused = admission.config_errors(config)
+    if refused:
+        raise ActionError({f"config.{name}": message for name, message in refused.items()})
+
+
+def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run:
+    with transaction.atomic():
+        run = Run.objects.create(
+            experiment=parent.experiment,
+            name=name,
+            launched_by=user if getattr(user, "pk", None) else None,
+            parent=parent,
+            origin=origin,
+            **fields,
+        )
+        run = Run.objects.select_related("experiment__team", "resume_from").get(pk=run.pk)
+        action = {
+            Origin.RETRY: audit.Action.RETRY,
+            Origin.RESUME: audit.Action.RESUME,
+            Origin.CLONE: audit.Action.CLONE,
+        }
+        detail = {"child": run.pk}
+        if run.resume_from_id:
+            detail["step"] = run.resume_from.step
+        audit.record(user, parent.experiment.team, action[origin], f"run {parent.pk}", **detail)
+        transaction.on_commit(lambda: events.send_status(run))
+        actions.ask_scheduler()
+    logger.info("run %s: %s of run %s by %s", run.pk, origin, parent.pk, user)
+    return run
+
+
+# --- retry --------------------------------------------------------------------------
+
+
+def check_retry(user, run_id: int) -> Run:
+    """The run, if `user` may retry it: it has ended, and its config still passes."""
+    parent = actions.check_run_access(user, run_id)
+    if parent.status not in ENDED:
+        raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
+    _check_launchable(user, parent, RunConfig.model_validate(parent.config))
+    return parent
+
+
+def do_retry(user, parent: Run) -> Run:
+    """A new queued run with the parent's config, linked to it."""
+    return _create_child(
+        user,
+        parent,
+        origin=Origin.RETRY,
+        name=_child_name(parent, "retry"),
+        preset=parent.preset,
+        overrides=parent.overrides,
+        config=parent.config,
+        saved_config=parent.saved_config,
+        priority=parent.priority,
+    )
+
+
+# --- resume -------------------------------------------------------------------------
+
+
+def check_resume(user, run_id: int, step: Any = None) -> tuple[Run, Checkpoint]:
+    """The run and the checkpoint to resume it from: the one at `step`, or its latest."""
+    parent = actions.check_run_access(user, run_id)
+    if parent.status not in ENDED:
+        raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
+    checkpoints = parent.checkpoints.all()
+    if step not in (None, ""):
+        if isinstance(step, bool) or not re.fullmatch(r"[0-9]{1,18}", str(step)):
+            raise ActionError({"step": f"must be the step of one of the run's checkpoints (got {step!r})"})
+        checkpoint = checkpoints.filter(step=int(step)).first()
+        if checkpoint is None:
+            steps = ", ".join(str(s) for s in checkpoints.values_list("step", flat=True)) or "none"
+            raise ActionError({"step": f"run {parent.pk} has no checkpoint at step {step} (it has: {steps})"})
+    else:
+        checkpoint = checkpoints.order_by("-step").first()
+        if checkpoint is None:
+            raise Conflict(
+                {"run": f"run {parent.pk} has no checkpoint to resume from (set checkpoint.every_steps to keep some)"}
+            )
+    config = RunConfig.model_validate(parent.config)
+    if checkpoint.step >= config.stop.max_steps:
+        raise Conflict(
+            {"step": f"the checkpoint at step {checkpoint.step} is already at stop.max_steps={config.stop.max_steps}"}
+        )
+    _check_launchable(user, parent, config)
+    return parent, checkpoint
+
+
+def do_resume(user, parent: Run, checkpoint: Checkpoint, *, restarts: int | None = None) -> Run:
+    """A new queued run that continues `parent` from `checkpoint`."""
+    return _create_child(
+        user,
+        parent,
+        origin=Origin.RESUME,
+        name=_child_name(parent, f"resumed at step {checkpoint.step}"),
+        preset=parent.preset,
+        overrides=parent.overrides,
+        config=parent.config,
+        saved_config=parent.saved_config,
+        priority=parent.priority,
+        resume_from=checkpoint,
+        restarts=parent.restarts if restarts is None else restarts,
+    )
+
+
+def auto_resume_checkpoint(run: Run) -> Checkpoint | None:
+    """The checkpoint the reconcile may resume a dead run from: its latest, when its
+    config's `checkpoint.max_restarts` has restarts left; None otherwise."""
+    try:
+        allowed = RunConfig.model_validate(run.config).checkpoint.max_restarts
+    except Exception:  # a config from before checkpoints: no restarts
+        return None
+    if run.restarts >= allowed:
+        return None
+    return run.checkpoints.order_by("-step").first()
+
+
+def do_auto_resume(run: Run, checkpoint: Checkpoint) -> Run:
+    """The reconcile's resume of a run whose driver died: a child run, counted against the
+    chain's `max_restarts`, launched as the run's own launcher would."""
+    return do_resume(run.launched_by, run, checkpoint, restarts=run.restarts + 1)
+
+
+# --- clone --------------------------------------------------------------------------
+
+
+def check_clone(user, run_id: int, *, overrides: Any = None, name: str = "", priority: Any = None):
+    """A launch of the run's preset and overrides with `overrides` merged on top, in the
+    run's experiment; the launch's own checks (actions.check_launch) decide."""
+    parent = actions.check_run_access(user, run_id)
+    if overrides in (None, ""):
+        overrides = {}
+    if not isinstance(overrides, dict):
+        raise ActionError({"overrides": 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'})
+    launch = actions.check_launch(
+        user,
+        experiment=parent.experiment_id,
+        name=name or _child_name(parent, "clone"),
+        preset=parent.preset,
+        overrides=deep_merge(parent.overrides, overrides),
+        priority=parent.priority if priority is None else priority,
+    )
+    return parent, launch
+
+
+def do_clone(user, parent: Run, launch: actions.LaunchRequest) -> Run:
+    return _create_child(
+        user,
+        parent,
+        origin=Origin.CLONE,
+        name=launch.name,
+        preset=launch.preset,
+        overrides=launch.overrides,
+        config=launch.config.model_dump(mode="json"),
+        priority=launch.priority,
+    )
+
+
+# --- notes and tags -----------------------------------------------------------------
+
+
+def check_annotate(user, run_id: int, *, notes: Any = None, tags: Any = None) -> tuple[Run, str | None, list | None]:
+    """The run and its new notes and tags (None: unchanged). A member edits the notes of
+    runs they launched, an admin anyone's."""
+    run = actions.check_run_access(user, run_id)
+    roles.require(user, run.experiment.team, roles.annotate_action(user, run), field="run")
+    errors: dict[str, str] = {}
+    if notes is not None:
+        if not isinstance(notes, str):
+            errors["notes"] = "must be text"
+        elif len(notes) > NOTES_MAX or "\x00" in notes:
+            errors["notes"] = f"at most {NOTES_MAX} characters, no NUL"
+    if tags is not None:
+        if isinstance(tags, str):
+            tags = [t for t in re.split(r"[,\s]+", tags) if t]
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            errors["tags"] = 'a list of tags, e.g. ["baseline", "lr-sweep"]'
+        elif len(tags) > TAGS_MAX:
+            errors["tags"] = f"at most {TAGS_MAX} tags (got {len(tags)})"
+        elif bad := next((t for t in tags if not TAG.fullmatch(t)), None):
+            errors["tags"] = (
+                f"{bad!r}: a tag is 1 to 40 letters, digits or . _ : + / - (starting with a letter or digit)"
+            )
+        else:
+            tags = list(dict.fromkeys(tags))
+    if errors:
+        raise ActionError(errors)
+    return run, notes, tags
+
+
+def do_annotate(user, run: Run, notes: str | None, tags: list[str] | None) -> Run:
+    with transaction.atomic():
+        if notes is not None:
+            Run.objects.filter(pk=run.pk).update(notes=notes)
+            run.notes = notes
+        if tags is not None:
+            run.tags.exclude(name__in=tags).delete()
+            have = set(run.tags.values_list("name", flat=True))
+            RunTag.objects.bulk_create([RunTag(run=run, name=t) for t in tags if t not in have])
+        audit.record(
+            user,
+            run.experiment.team,
+            audit.Action.NOTES,
+            f"run {run.pk}",
+            **({"tags": tags} if tags is not None else {}),
+        )
+    return run

@@ -1,0 +1,190 @@
+"""Retry, resume, clone, notes and tags (runs/lineage.py), and the checkpoint ingest:
+each makes a new run linked to its parent and never touches the parent's history; each
+is checked against roles like a launch, and lands in the audit log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from runs import reconcile
+from runs.models import Checkpoint, MetricPoint, Run
+from teams.models import AuditEvent, Membership
+from workers.presets import build
+
+Status = Run.Status
+SHA = "ab" * 32
+
+
+def post_json(client, url, body):
+    return client.post(url, data=json.dumps(body), content_type="application/json")
+
+
+def ingest_checkpoint(client, run, step, *, pruned=(), token=None):
+    return client.post(
+        f"/api/runs/{run.pk}/checkpoints",
+        data=json.dumps(
+            {"step": step, "location": f"/ck/run-{run.pk}/step-{step:08d}", "bytes": 1000 + step, "sha256": SHA}
+            | ({"pruned": list(pruned)} if pruned else {})
+        ),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token or run.ingest_token}",
+    )
+
+
+@pytest.fixture
+def viewer(team):
+    user = get_user_model().objects.create_user("vera", password="x")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.VIEWER)
+    return user
+
+
+def test_the_engine_records_checkpoints_and_their_pruning(client, make_run):
+    run = make_run(Status.RUNNING)
+    assert ingest_checkpoint(client, run, 2).status_code == 201
+    assert ingest_checkpoint(client, run, 4).status_code == 201
+    # keep_last=2: step 6 prunes step 2
+    response = ingest_checkpoint(client, run, 6, pruned=[f"/ck/run-{run.pk}/step-00000002"])
+    assert response.status_code == 201 and response.json()["step"] == 6
+    assert list(run.checkpoints.values_list("step", flat=True)) == [6, 4]
+    # a resend is idempotent
+    assert ingest_checkpoint(client, run, 6).status_code == 201
+    assert run.checkpoints.count() == 2
+
+
+def test_checkpoint_ingest_refuses_a_wrong_token_and_bad_bodies(client, make_run):
+    run = make_run(Status.RUNNING)
+    assert ingest_checkpoint(client, run, 2, token="nope").status_code == 401
+    bad = client.post(
+        f"/api/runs/{run.pk}/checkpoints",
+        data=json.dumps({"step": -1, "location": "", "bytes": 1, "sha256": "xyz"}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}",
+    )
+    assert bad.status_code == 400
+    assert {"step", "location", "sha256"} <= set(bad.json()["errors"])
+    assert not Checkpoint.objects.exists()
+
+
+def test_retry_makes_a_linked_run_with_the_same_config(client_for, owner, make_run, enqueued):
+    parent = make_run(Status.FAILED, overrides={"buffer": {"capacity": 3}}, priority=4)
+    response = client_for(owner).post(f"/runs/{parent.pk}/retry/")
+    child = Run.objects.exclude(pk=parent.pk).get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{child.pk}/"
+    assert (child.parent_id, child.origin, child.status) == (parent.pk, "retry", Status.QUEUED)
+    assert child.config == parent.config and child.overrides == parent.overrides and child.priority == 4
+    assert AuditEvent.objects.filter(action="retry", subject=f"run {parent.pk}").exists()
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED  # untouched
+
+
+def test_retry_of_a_running_run_is_a_conflict_and_a_viewer_may_not(client_for, owner, viewer, make_run):
+    running = make_run(Status.RUNNING)
+    response = client_for(owner).post(f"/runs/{running.pk}/retry/", follow=True)
+    assert "cancel it first" in response.content.decode()
+    failed = make_run(Status.FAILED)
+    response = client_for(viewer).post(f"/runs/{failed.pk}/retry/", follow=True)
+    assert "you need the member role" in response.content.decode()
+    assert Run.objects.count() == 2
+
+
+def test_resume_continues_from_a_checkpoint_and_leaves_the_parent_alone(
+    client, client_for, owner, make_run, driver, enqueued
+):
+    parent = make_run(Status.CANCELLED, config=build("sync", {"stop": {"max_steps": 10}}).model_dump(mode="json"))
+    MetricPoint.objects.upsert(parent.pk, [("reward/mean", s, 0.1 * s, 1.0) for s in range(1, 6)])
+    for step in (2, 4):
+        assert ingest_checkpoint(client, parent, step).status_code == 201
+    response = client_for(owner).post(f"/runs/{parent.pk}/resume/")
+    child = Run.objects.exclude(pk=parent.pk).get()
+    assert response.status_code == 302
+    assert (child.origin, child.parent_id, child.resume_from.step) == ("resume", parent.pk, 4)
+    # the queue admits it and the launch hands the checkpoint's location to the engine
+    from runs import engine, queue
+
+    queue.do_schedule_queue()
+    engine.do_start_in_ray(child.pk)
+    assert driver.resumed_from[child.pk] == f"/ck/run-{parent.pk}/step-00000004"
+    # an earlier checkpoint by step
+    client_for(owner).post(f"/runs/{parent.pk}/resume/", {"step": "2"})
+    assert Run.objects.filter(parent=parent, resume_from__step=2).exists()
+    parent.refresh_from_db()
+    assert parent.status == Status.CANCELLED and parent.points.count() == 5 and parent.checkpoints.count() == 2
+
+
+def test_resume_without_a_checkpoint_or_at_an_unknown_step_is_refused(client_for, owner, make_run):
+    parent = make_run(Status.FAILED)
+    response = client_for(owner).post(f"/runs/{parent.pk}/resume/", follow=True)
+    assert "no checkpoint to resume from" in response.content.decode()
+    Checkpoint.objects.create(run=parent, step=3, location="/x", bytes=1, sha256=SHA)
+    response = client_for(owner).post(f"/runs/{parent.pk}/resume/", {"step": "7"}, follow=True)
+    assert "no checkpoint at step 7 (it has: 3)" in response.content.decode()
+    assert Run.objects.count() == 1
+
+
+def test_clone_opens_the_form_prefilled_and_records_the_parent(client_for, owner, make_run, experiment):
+    parent = make_run(Status.SUCCEEDED, preset="sync", overrides={"buffer": {"capacity": 3}})
+    client = client_for(owner)
+    page = client.get(f"/runs/new/?clone={parent.pk}").content.decode()
+    assert f'name="clone_of" value="{parent.pk}"' in page and "&quot;capacity&quot;: 3" in page
+    response = client.post(
+        "/runs/new/",
+        {
+            "clone_of": str(parent.pk),
+            "experiment": str(experiment.pk),
+            "preset": "sync",
+            "name": "edited",
+            "overrides": json.dumps({"buffer": {"capacity": 5}}),
+        },
+    )
+    child = Run.objects.exclude(pk=parent.pk).get()
+    assert response.status_code == 302
+    assert (child.origin, child.parent_id, child.config["buffer"]["capacity"]) == ("clone", parent.pk, 5)
+    assert AuditEvent.objects.filter(action="clone").exists()
+
+
+def test_notes_and_tags_by_role_and_the_tag_filter(client_for, owner, teammate, viewer, make_run):
+    mine = make_run(Status.SUCCEEDED, launched_by=teammate, name="mine")
+    other = make_run(Status.SUCCEEDED, name="other")
+    member = client_for(teammate)
+    member.post(f"/runs/{mine.pk}/notes/", {"notes": "lr too high?", "tags": "baseline, lr-sweep"})
+    mine.refresh_from_db()
+    assert mine.notes == "lr too high?" and mine.tag_names() == ["baseline", "lr-sweep"]
+    # a member may not annotate someone else's run, a viewer none; an admin any
+    assert (
+        "you need the admin role"
+        in member.post(f"/runs/{other.pk}/notes/", {"notes": "x"}, follow=True).content.decode()
+    )
+    client_for(viewer).post(f"/runs/{mine.pk}/notes/", {"notes": "x"})
+    client_for(owner).post(f"/runs/{other.pk}/notes/", {"tags": "baseline"})
+    mine.refresh_from_db()
+    assert mine.notes == "lr too high?"
+    listed = client_for(viewer).get("/api/runs?tag=baseline").json()["runs"]
+    assert sorted(r["id"] for r in listed) == sorted([mine.pk, other.pk])
+    assert [r["id"] for r in client_for(viewer).get("/api/runs?tag=lr-sweep").json()["runs"]] == [mine.pk]
+    bad = member.post(f"/runs/{mine.pk}/notes/", {"tags": "ok ../etc"}, follow=True).content.decode()
+    assert "a tag is 1 to 40" in bad
+    # retagging replaces the set
+    member.post(f"/runs/{mine.pk}/notes/", {"tags": "final"})
+    assert mine.tag_names() == ["final"]
+
+
+def test_reconcile_resumes_a_dead_run_with_restarts_left_and_fails_one_without(make_run, driver, enqueued):
+    config = build("sync", {"stop": {"max_steps": 10}, "checkpoint": {"every_steps": 2, "max_restarts": 1}})
+    dead = make_run(Status.RUNNING, config=config.model_dump(mode="json"))
+    Checkpoint.objects.create(run=dead, step=4, location="/ck/4", bytes=1, sha256=SHA)
+    counts = reconcile.do_reconcile_runs()
+    dead.refresh_from_db()
+    child = Run.objects.get(parent=dead)
+    assert counts["resumed"] == 1 and dead.status == Status.FAILED
+    assert f"resumed as run {child.pk} from its checkpoint at step 4" in dead.error
+    assert (child.origin, child.restarts, child.resume_from.step) == ("resume", 1, 4)
+    # the child dies too: its one restart is used, so it fails as lost
+    Run.objects.filter(pk=child.pk).update(status=Status.RUNNING)
+    Checkpoint.objects.create(run=child, step=6, location="/ck/6", bytes=1, sha256=SHA)
+    counts = reconcile.do_reconcile_runs()
+    child.refresh_from_db()
+    assert counts["lost"] == 1 and child.status == Status.FAILED and "is gone" in child.error
+    assert not Run.objects.filter(parent=child).exists()
