@@ -22,8 +22,8 @@ from runs.models import Run
 from runs.reports import (
     CHECKPOINT_IN,
     STATUS_IN,
-    do_record_checkpoint,
     PointIn,
+    do_record_checkpoint,
     do_record_phase,
     do_record_points,
     do_record_reported_status,
