@@ -180,6 +180,58 @@ def test_the_driver_killed_mid_run_is_failed_by_reconcile(stack, member, ray_con
     )
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_driver_killed_mid_run_is_resumed_from_its_checkpoint(stack, member, ray_control, show_logs_on_failure):
+    """checkpoint.max_restarts=1: reconcile fails the dead run saying so and a child run
+    resumes it from its latest checkpoint, its steps going on from there; the parent's
+    points stay as they were."""
+    from runs.actions import check_cancel, do_cancel_run
+    from runs.models import Checkpoint, MetricPoint, Run
+
+    stack.ensure_worker()
+    config = {**overrides(max_steps=10_000, max_minutes=3), "checkpoint": {"every_steps": 2, "max_restarts": 1}}
+    run = launch(member, "sync", config)
+    wait_for(
+        lambda: Checkpoint.objects.filter(run=run).exists() or status(run) in Run.TERMINAL,
+        300,
+        f"run {run.pk} to write a checkpoint",
+    )
+    assert status(run) == Run.Status.RUNNING, f"run {run.pk} {run.status}: {run.error}"
+    ray_control.kill(f"run-{run.pk}")
+    killed = time.monotonic()
+    before = stored_points(run)
+
+    def reconciled() -> bool:  # what the beat does every 15 s, here once a second
+        ray_control.reconcile()
+        return status(run) in Run.TERMINAL
+
+    wait_for(reconciled, DETECT_BUDGET_S, f"reconcile to resume run {run.pk}", interval_s=1.0)
+    detect_s = time.monotonic() - killed
+    child = Run.objects.select_related("resume_from").get(parent=run)
+    resumed_at = child.resume_from.step
+    assert run.status == Run.Status.FAILED
+    assert f"resumed as run {child.pk} from its checkpoint at step {resumed_at}" in run.error, run.error
+    assert (child.origin, child.restarts, child.resume_from.run_id) == ("resume", 1, run.pk)
+
+    def child_stepped() -> bool:
+        return MetricPoint.objects.filter(run=child, series="loss").exists() or status(child) in Run.TERMINAL
+
+    wait_for(child_stepped, 300, f"resumed run {child.pk} to train a step")
+    next_step_s = time.monotonic() - killed
+    steps = MetricPoint.objects.filter(run=child, series="loss").order_by("step").values_list("step", flat=True)
+    assert steps and steps[0] == resumed_at + 1, f"run {child.pk} ({child.status}: {child.error}) steps {list(steps)}"
+    assert stored_points(run) == before, "the parent's points changed after it was resumed"
+    do_cancel_run(member[0], check_cancel(member[0], child.pk))
+    wait_for(lambda: status(child) in Run.TERMINAL, 60, f"run {child.pk} to cancel")
+    report(
+        "driver killed (max_restarts=1)",
+        detect_s=detect_s,
+        resumed_at_step=resumed_at,
+        to_next_step_s=next_step_s,
+        parent_points=len(before),
+    )
+
+
 def admitted_run(member):
     """A tiny run the queue has admitted, as the launch_run task finds it (created here,
     not launched: no message reaches the session's worker, which would start it on the
