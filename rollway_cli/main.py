@@ -44,9 +44,16 @@ class RunRef(click.ParamType):
 RUN = RunRef()
 
 
+# Piped output has no width to fit: rich's default 80 columns would cut names short.
+PIPE_WIDTH = 240
+
+
 def stdout() -> Console:
     # Made per call: tests and pipes swap sys.stdout, and rich must write to the current one.
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
 
 
 def print_json(data: Any) -> None:
