@@ -5,6 +5,7 @@ lines with --json."""
 from __future__ import annotations
 
 import json
+import time
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -13,6 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from rollway_cli.follow import Snapshot
+
+# Piped, a line is printed when the run's status, phase or metrics change, and otherwise
+# once this often, so a long warm start still shows the clock moving in a log.
+HEARTBEAT_S = 30.0
 
 STATUS_STYLE = {
     "queued": "yellow",
@@ -48,6 +53,8 @@ def progress_text(s: Snapshot) -> str:
 
 def doing(s: Snapshot) -> str:
     """What the run is doing, in a few words."""
+    if s.is_terminal:
+        return s.status  # its last phase ("stepping") is no longer what it does
     if s.status == "queued":
         return s.waiting_for or "waiting in the queue"
     return s.phase_detail or s.phase or s.status
@@ -91,11 +98,12 @@ class View:
         self.as_json = as_json
         self.live_mode = console.is_terminal if live is None else live
         self.live: Live | None = None
-        self._last_line: str | None = None
+        self._last_key: tuple | None = None
+        self._last_printed_s = float("-inf")
 
     def show(self, s: Snapshot) -> None:
-        if self.as_json:
-            self.console.print_json(json.dumps(s.as_json())) if self.live_mode else print(json.dumps(s.as_json()))
+        if self.as_json:  # JSON lines, terminal or not
+            print(json.dumps(s.as_json()), flush=True)
         elif self.live_mode:
             if self.live is None:
                 self.live = Live(panel(s), console=self.console, refresh_per_second=4, transient=False)
@@ -103,12 +111,11 @@ class View:
             else:
                 self.live.update(panel(s))
         else:
-            text = line(s)
-            # Elapsed time alone changes every poll; a line is printed when something else does.
-            key = text.rsplit(" elapsed=", 1)[0] + doing(s)
-            if key != self._last_line:
-                print(text, flush=True)
-                self._last_line = key
+            key = (s.status, doing(s), s.steps, s.reward, s.loss, s.samples_per_s)
+            now = time.monotonic()
+            if key != self._last_key or now - self._last_printed_s >= HEARTBEAT_S:
+                print(line(s), flush=True)
+                self._last_key, self._last_printed_s = key, now
 
     def note(self, message: str) -> None:
         if self.live is not None:
