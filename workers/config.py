@@ -350,6 +350,27 @@ class EvalConfig(_Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the eval completions.")
 
 
+class CheckpointConfig(_Section):
+    """Checkpoints of a run (workers/checkpoints.py): the trainer's weights, optimizer and
+    RNG state, the inference workers' sampling state and the buffer's contents, written
+    under the site's checkpoint root; a run can be resumed from one. The site writes none
+    when it has no checkpoint root."""
+
+    every_steps: int = Field(0, ge=0, description="Write a checkpoint every this many trained steps (0 = none).")
+    at_end: bool = Field(
+        True,
+        description="Write a checkpoint when the run stops at max_steps, max_minutes or target_reward "
+        "(not when it is cancelled or fails).",
+    )
+    keep_last: int = Field(2, ge=1, description="Checkpoints of the run kept; older ones are deleted.")
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="How many times the platform may resume the run from its latest checkpoint after its driver dies.",
+    )
+
+
 class RunConfig(_Section):
     """Everything a run chooses. `mode="sync"` generates a batch, trains on it, syncs,
     repeats; `mode="async"` runs inference and training side by side through the
@@ -368,6 +389,7 @@ class RunConfig(_Section):
     lora: LoRAConfig = LoRAConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:

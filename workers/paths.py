@@ -81,13 +81,17 @@ class Confinement:
     the field must stay unset, and filesystem sync writes into the run's scratch).
     `scratch_root`: where each run's scratch directory is made. `export_root`: where
     each successful run's model is exported (empty: runs export nothing). `data_roots`:
-    directories under which `task.dataset.path` and `eval_path` may point."""
+    directories under which `task.dataset.path` and `eval_path` may point.
+    `checkpoint_root`: where runs write their checkpoints and the only place a run may
+    be resumed from, a directory or an fsspec URL such as `s3://bucket/prefix` for a
+    cluster (empty: runs write none; workers/checkpoints.py)."""
 
     model_roots: tuple[str, ...] = ()
     sync_roots: tuple[str, ...] = ()
     scratch_root: str = field(default="")
     export_root: str = field(default="")
     data_roots: tuple[str, ...] = ()
+    checkpoint_root: str = field(default="")
 
     @classmethod
     def from_lists(
@@ -97,8 +101,9 @@ class Confinement:
         scratch_root: str,
         export_root: str = "",
         data_roots: Sequence[str] = (),
+        checkpoint_root: str = "",
     ) -> Confinement:
-        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root, tuple(data_roots))
+        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root, tuple(data_roots), checkpoint_root)
 
     def errors(self, cfg: RunConfig) -> dict[str, str]:
         """{dotted field: message} for each path in `cfg` that escapes its roots, a
