@@ -52,6 +52,7 @@ from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
 if TYPE_CHECKING:
+    from workers.checkpoints import CheckpointRecord, CheckpointTarget
     from workers.sync import Notice, SyncReport
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,19 @@ class BufferActor:
     def stats(self) -> dict[str, float]:
         return self.buffer.stats()
 
+    def checkpoint_state(self) -> dict:
+        """The buffer's contents and counters (workers.checkpoints)."""
+        from workers.checkpoints import buffer_state
+
+        return buffer_state(self.buffer)
+
+    def restore(self, state: dict) -> None:
+        """Fill the buffer from a checkpoint, before any worker is admitted."""
+        from workers.checkpoints import restore_buffer
+
+        with self._lock:
+            self.admitted = restore_buffer(self.buffer, state)
+
 
 class _StagedWeights:
     """A worker's staged weights as workers.updates.WeightUpdates: what the stepped
@@ -189,6 +203,7 @@ class InferenceWorker:
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
         self._pending = None  # staged weights (the receiver's), newest version only
+        self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._pending_lock = threading.Lock()
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
@@ -200,6 +215,23 @@ class InferenceWorker:
     def sync_connect(self, endpoint: dict, rank: int) -> None:
         """Join the trainer's sender (blocks until every rank joins, for a collective)."""
         self.receiver.connect(endpoint, rank)
+
+    def checkpoint_state(self) -> dict:
+        """What decides this worker's next prompts and seeds (workers.checkpoints); safe
+        while the loop runs: in sync mode the trainer asks while every worker waits for
+        new weights."""
+        from workers.checkpoints import worker_state
+
+        return worker_state(self)
+
+    def restore(self, state: dict, policy_version: int) -> None:
+        """Take a checkpoint's state before the loop starts. The backend still holds the
+        run's initial weights: the loop generates nothing until the trainer has sent
+        `policy_version`, the checkpoint's policy."""
+        from workers.checkpoints import restore_worker
+
+        restore_worker(self, state)
+        self._resume_at = policy_version
 
     def start(self) -> None:
         if self._thread is None:
@@ -271,6 +303,9 @@ class InferenceWorker:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
                 self._apply_pending()
+                if self.version < self._resume_at:
+                    self._weights_arrived.wait(ADMIT_POLL_S)
+                    continue
                 if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
                     self._evaluate()
                 n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
@@ -355,9 +390,11 @@ class TrainerActor:
         workers: list,
         num_threads: int | None = None,
         scratch_dir: str | None = None,
+        checkpoints: CheckpointTarget | None = None,
     ) -> None:
         """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
-        sync.directory names a place)."""
+        sync.directory names a place). `checkpoints`: where and how often to write them
+        (None: never)."""
         from workers.sync import make_sender
         from workers.trainer import Trainer
 
@@ -372,6 +409,10 @@ class TrainerActor:
         self._steps_lock = threading.Lock()
         self._prefetch = None  # the next step's buffer.get, in flight while this one trains
         self._starved_s = 0.0
+        self.checkpoints = checkpoints
+        self._written: list[CheckpointRecord] = []  # periodic checkpoints since the last drain
+        self._checkpoint_lock = threading.Lock()
+        self._publish_first = False  # resumed: publish the restored version before training
         self.error: str | None = None
         self.done = False
         self._stop = threading.Event()
@@ -392,6 +433,49 @@ class TrainerActor:
         from workers.export import export_policy
 
         return export_policy(self.trainer.model, self.model_dir, target, self.cfg)
+
+    def restore(self, location: str) -> int:
+        """Take weights, optimizer, RNG states and version from the checkpoint at
+        `location` (before the loop starts); returns the restored version."""
+        from workers.checkpoints import Checkpoint, restore_trainer
+
+        self._starved_s = restore_trainer(self.trainer, Checkpoint(location))
+        self._publish_first = True
+        return self.trainer.version
+
+    def checkpoint(self) -> CheckpointRecord | None:
+        """Write a checkpoint now (the run's end, its loops stopped); None if there is no
+        checkpoint root or this version has one already."""
+        if self.checkpoints is None:
+            return None
+        return self._checkpoint()
+
+    def _checkpoint(self) -> CheckpointRecord | None:
+        """Gather the run's state (the workers' and the buffer's too) and write it."""
+        from workers import checkpoints
+
+        with self._checkpoint_lock:
+            prefetched = self._settle_prefetch()
+            workers = ray.get([w.checkpoint_state.remote() for w in self.workers])
+            buffer = checkpoints.with_prefetched(ray.get(self.buffer.checkpoint_state.remote()), prefetched)
+            parts = {
+                **checkpoints.trainer_parts(self.trainer, self._starved_s),
+                checkpoints.INFERENCE: workers,
+                checkpoints.BUFFER: buffer,
+            }
+            return checkpoints.write_checkpoint(self.checkpoints, self.trainer.version, parts)
+
+    def _settle_prefetch(self) -> list[Group]:
+        """The groups the get issued ahead for the next step brought, once it has answered
+        (within its WAIT_S), so that none is both in the buffer's snapshot and taken.
+        They stay this run's next batch."""
+        if self._prefetch is None:
+            return []
+        groups, _ = ray.get(self._prefetch)
+        if groups is None:
+            self._prefetch = None
+            return []
+        return groups
 
     def sync_endpoint(self) -> dict:
         """What the workers need to `sync_connect` (opens a collective's rendezvous)."""
@@ -431,7 +515,10 @@ class TrainerActor:
         """Per-step records since the last drain (each with its window `t0`..`t1`)."""
         with self._steps_lock:
             steps, self.steps = self.steps, []
-        return TrainerReport(steps=steps, version=self.trainer.version, done=self.done, error=self.error)
+            written, self._written = self._written, []
+        return TrainerReport(
+            steps=steps, version=self.trainer.version, done=self.done, error=self.error, checkpoints=written
+        )
 
     def _next_batch(self) -> tuple[list[Group] | None, dict]:
         """The batch for the coming step. The get was issued before the previous step
@@ -452,6 +539,8 @@ class TrainerActor:
     def _loop(self) -> None:
         try:
             t_prev = time.time()
+            if self._publish_first:  # the checkpoint was written before its version was published
+                self.sender.send(self.trainer.version, self._notify)
             while not self._stop.is_set() and self.trainer.version < self.cfg.stop.max_steps:
                 t_wait = time.perf_counter()
                 groups, buffer_stats = self._next_batch()
@@ -461,6 +550,13 @@ class TrainerActor:
                 self._starved_s += wait_s
                 metrics = self.trainer.train_step(groups)
                 version = self.trainer.version
+                if self.checkpoints is not None and self.checkpoints.due(version):
+                    # Before publishing `version`: in sync mode every worker waits for it,
+                    # its sampling state still (workers.checkpoints).
+                    record = self._checkpoint()
+                    if record is not None:
+                        with self._steps_lock:
+                            self._written.append(record)
                 sent = self.sender.send(version, self._notify)
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)

@@ -18,6 +18,7 @@ first_step, stepping; start-up can take a minute before the first point.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -28,6 +29,14 @@ import ray
 
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
 from workers.buffer import plan as buffer_plan
+from workers.checkpoints import (
+    BUFFER,
+    INFERENCE,
+    Checkpoint,
+    CheckpointRecord,
+    CheckpointTarget,
+    check_resume,
+)
 from workers.config import RunConfig, StopConfig
 from workers.failures import ChildFailed, SyncTimeout, explain
 from workers.messages import InferenceReport, TrainerReport
@@ -75,10 +84,13 @@ class RunDriver:
         exit_when_done: bool = True,
         trainer_threads: int | None = None,
         confinement: Confinement | None = None,
+        resume_from: str | None = None,
     ) -> None:
         """`config` is validated here, once; the actors get the validated sections.
         `confinement`: where the run may read and write (workers/paths.py); without one,
-        no config path is allowed and the scratch goes under `cache_dir`."""
+        no config path is allowed and the scratch goes under `cache_dir`. `resume_from`:
+        a checkpoint (a step directory under `confinement.checkpoint_root`, of this run
+        or another) to continue from (workers/checkpoints.py)."""
         self.run_id = run_id
         self.name = actor_name(run_id)
         self.cfg = RunConfig.model_validate(config)
@@ -87,6 +99,8 @@ class RunDriver:
             scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
         )
         self.scratch_dir = self.confinement.scratch_dir(run_id)
+        self.resume_from = resume_from
+        self.checkpoints = self._checkpoint_target()
         self.exit_when_done = exit_when_done
         self.trainer_threads = trainer_threads
         self.reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
@@ -105,6 +119,7 @@ class RunDriver:
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
         self.export_dir = ""  # where the final policy was exported (workers/export.py)
+        self.checkpoints_written: list[CheckpointRecord] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.phase = ""
@@ -144,6 +159,8 @@ class RunDriver:
         try:
             # Again here, not only at launch: a symlink may have changed since.
             self.confinement.check(self.cfg)
+            if self.resume_from is not None:
+                self.resume_from = check_resume(self.resume_from, self.confinement.checkpoint_root)
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
             from workers.warmstart import policy_dir  # torch + transformers: only here
@@ -161,6 +178,7 @@ class RunDriver:
                 self.policy_sha256 = self._policy_checksum()
                 self.timings["stop"] = time.perf_counter() - t1
                 if self.reason != "cancelled":
+                    self._final_checkpoint()
                     self._export()
             else:  # cancelled before the loops ran: nothing to drain, just kill
                 self.reason = "cancelled"
@@ -194,6 +212,50 @@ class RunDriver:
         self.export_dir = target
         self.timings["export"] = time.perf_counter() - t0
 
+    def _checkpoint_target(self) -> CheckpointTarget | None:
+        """Where the trainer writes this run's checkpoints; None when it writes none."""
+        ck = self.cfg.checkpoint
+        if not (ck.every_steps or ck.at_end):
+            return None
+        if not self.confinement.checkpoint_root:
+            log.warning("run %s: no checkpoints are written: this site has no checkpoint root", self.run_id)
+            return None
+        return CheckpointTarget(self.confinement.checkpoint_root, self.run_id, ck.every_steps, ck.keep_last)
+
+    def _final_checkpoint(self) -> None:
+        """The checkpoint of a run that stopped as planned (checkpoint.at_end), written by
+        the trainer once the loops have stopped; skipped if its last step has one."""
+        if self.checkpoints is None or not self.cfg.checkpoint.at_end:
+            return
+        t0 = time.perf_counter()
+        record = ray.get(self.trainer.checkpoint.remote(), timeout=EXPORT_TIMEOUT_S)
+        if record is not None:
+            self._report_checkpoint(record)
+        self.timings["checkpoint"] = time.perf_counter() - t0
+
+    def _report_checkpoint(self, record: CheckpointRecord) -> None:
+        self.checkpoints_written.append(record)
+        self.reporter.post_checkpoint(record.step, record.location, record.bytes, record.sha256, record.pruned)
+
+    def _restore(self) -> None:
+        """Put the checkpoint at `resume_from` into the new actors before their loops
+        start: the trainer's state, then the buffer's and each worker's; the trainer
+        publishes the checkpoint's weights first thing when it starts."""
+        ckpt = Checkpoint(self.resume_from)
+        workers = ckpt.load_json(INFERENCE)
+        if len(workers) != len(self.workers):
+            log.warning(
+                "run %s: the checkpoint has %d inference workers' states, this run %d: unmatched ones start afresh",
+                self.run_id,
+                len(workers),
+                len(self.workers),
+            )
+        self.version = ray.get(self.trainer.restore.remote(self.resume_from))
+        ray.get(
+            [self.buffer.restore.remote(ckpt.load_json(BUFFER))]
+            + [w.restore.remote(state, self.version) for w, state in zip(self.workers, workers, strict=False)]
+        )
+
     def _set_phase(self, phase: str, detail: str = "") -> None:
         """Tell the site what the run is doing now (with the status, which stays running)."""
         self.phase = phase
@@ -208,7 +270,8 @@ class RunDriver:
         """state, reason, error (a sentence), error_detail (its traceback), steps,
         wall_s (of the loops), timings (seconds per phase), policy_sha256 (the final
         weights' checksum: equal for bit-identical policies), export_dir (where the final
-        policy was exported, "" if not) and every emitted series as
+        policy was exported, "" if not), checkpoints (each written, oldest first: step,
+        location, bytes, sha256, pruned) and every emitted series as
         {name: [(step, value), ...]}."""
         return {
             "run_id": self.run_id,
@@ -221,6 +284,7 @@ class RunDriver:
             "timings": dict(self.timings),
             "policy_sha256": self.policy_sha256,
             "export_dir": self.export_dir,
+            "checkpoints": [dataclasses.asdict(c) for c in self.checkpoints_written],
             "series": dict(self.series),
         }
 
@@ -248,7 +312,7 @@ class RunDriver:
             for k in range(w)
         ]
         self.trainer = TrainerActor.options(name=f"{self.name}-trainer", namespace=NAMESPACE).remote(
-            cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir
+            cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir, self.checkpoints
         )
         pending = [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)]
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
@@ -262,6 +326,8 @@ class RunDriver:
                     f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s: the cluster may lack "
                     "the CPUs they ask for (workers.admission INFERENCE_CPUS / TRAINER_CPUS)"
                 )
+        if self.resume_from is not None:
+            self._restore()
         if not self._connect_sync():
             return False
         ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
@@ -361,6 +427,8 @@ class RunDriver:
             if rep.error:
                 raise ChildFailed(f"inference worker {k} failed", who=f"inference worker {k}", detail=rep.error)
 
+        for record in tr.checkpoints:
+            self._report_checkpoint(record)
         for rec in tr.steps:
             for series, value in rec.metrics.items():
                 self._emit(series, rec.step, value, rec.t1)

@@ -15,6 +15,7 @@ import time
 import ray
 
 from workers.admission import Capacity
+from workers.checkpoints import check_resume
 from workers.config import RunConfig
 from workers.driver import RunDriver
 from workers.paths import Confinement
@@ -75,6 +76,7 @@ def launch(
     cache_dir: str,
     ray_address: str | None = None,
     confinement: Confinement | None = None,
+    resume_from: str | None = None,
 ) -> str:
     """Create (or find) the detached driver actor `run-<run_id>` and start the run.
 
@@ -82,8 +84,13 @@ def launch(
     name once the driver has started (seconds); the run goes on inside Ray. Raises
     pydantic.ValidationError for a bad config. A driver that already finished has exited,
     so launching its run again starts it afresh: check the run's state first.
-    `confinement`: where the run may read and write (the site's settings)."""
+    `confinement`: where the run may read and write (the site's settings).
+    `resume_from`: a checkpoint's location (its step directory, workers/checkpoints.py)
+    to continue from, of this run or another; CheckpointRefused (a ValueError naming
+    `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete."""
     cfg = RunConfig.model_validate(config)
+    if resume_from is not None:
+        resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
     connect(ray_address)
     driver = RunDriver.options(
         name=actor_name(run_id),
@@ -91,7 +98,15 @@ def launch(
         lifetime="detached",
         get_if_exists=True,
         max_restarts=0,
-    ).remote(run_id, cfg.model_dump(mode="json"), ingest_url, token, cache_dir, confinement=confinement)
+    ).remote(
+        run_id,
+        cfg.model_dump(mode="json"),
+        ingest_url,
+        token,
+        cache_dir,
+        confinement=confinement,
+        resume_from=resume_from,
+    )
     return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
 
 

@@ -40,6 +40,8 @@ class TrainerReport:
     version: int  # the trainer's policy version now
     done: bool  # its loop has ended (max_steps reached, stopped, or failed)
     error: str | None  # the traceback that ended its loop, if one did
+    # workers.checkpoints.CheckpointRecord of each checkpoint written since the last drain
+    checkpoints: list = field(default_factory=list)
 
 
 @dataclass

@@ -11,8 +11,13 @@ to a spool file, `<cache_dir>/spool/run-<id>.jsonl`, and is re-sent first on the
 flush that gets through; nothing is held only in memory. A rejected batch (400/401/404)
 is not retried: the site has said it will never take it, so it is logged and dropped.
 
+Each checkpoint a run writes (workers/checkpoints.py) is announced with
+`post_checkpoint` (`POST .../runs/{run_id}/checkpoints`); undelivered, it is retried on
+every flush like the status, and given up when the run ends: the site can also find a
+run's checkpoints by their meta.json files.
+
 With `ingest_url=None` the reporter posts nothing and keeps every point in memory
-(`points`): benchmarks and tests run without a site.
+(`points`, and `checkpoints`): benchmarks and tests run without a site.
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ class MetricsReporter:
         self.ingest_url = ingest_url.rstrip("/") if ingest_url else None
         self.points: list[dict] = []  # in-memory mode only: everything ever added
         self.phases: list[tuple[str, str]] = []  # in-memory mode only: (phase, detail) posted
+        self.checkpoints: list[dict] = []  # in-memory mode only: checkpoint bodies posted
+        self._pending_checkpoints: list[dict] = []  # bodies not yet delivered, oldest first
         self.sent = 0  # points the site accepted
         self.dropped = 0  # points the site rejected (400/401/404) or not finite
         self.last_error = ""
@@ -162,6 +169,20 @@ class MetricsReporter:
             self._send_status()
             return self._pending_status is None
 
+    def post_checkpoint(self, step: int, location: str, bytes: int, sha256: str, pruned: list[str]) -> bool:
+        """Tell the site of a completed checkpoint at `step` (`location`, its step
+        directory; `bytes` in total; `sha256` its manifest digest) and of the run's
+        older checkpoints deleted after it (`pruned`, their locations). True once
+        delivered; undelivered, it is retried on each flush until the reporter closes."""
+        body = {"step": int(step), "location": location, "bytes": int(bytes), "sha256": sha256, "pruned": list(pruned)}
+        if self._client is None:
+            self.checkpoints.append(body)
+            return True
+        with self._lock:
+            self._pending_checkpoints.append(body)
+            self._send_checkpoints()
+            return not self._pending_checkpoints
+
     # -- sending -------------------------------------------------------------------
 
     def flush(self, force: bool = False) -> int:
@@ -178,6 +199,11 @@ class MetricsReporter:
             if self._pending_status is not None:
                 self._send_status()
                 if self._pending_status is not None:  # still down: don't knock twice
+                    self._spool_pending()
+                    return 0
+            if self._pending_checkpoints:
+                self._send_checkpoints()
+                if self._pending_checkpoints:
                     self._spool_pending()
                     return 0
             spooled = self._read_spool()
@@ -207,13 +233,25 @@ class MetricsReporter:
         while True:
             self.flush(force=True)
             with self._lock:
-                done = not self._pending and self._pending_status is None and not self._spool_size()
+                done = (
+                    not self._pending
+                    and self._pending_status is None
+                    and not self._pending_checkpoints
+                    and not self._spool_size()
+                )
             if done or time.monotonic() >= deadline:
                 break
             time.sleep(min(self._backoff, max(0.0, deadline - time.monotonic())))
         with self._lock:
             self._spool_pending()
             self._spool_status()
+            if self._pending_checkpoints:
+                # The site finds them by their meta.json files when it rescans.
+                log.warning(
+                    "run %s: the site was not told of checkpoints at steps %s",
+                    self.run_id,
+                    [body["step"] for body in self._pending_checkpoints],
+                )
         self._client.close()
         return done
 
@@ -262,6 +300,22 @@ class MetricsReporter:
             log.error("run %s: %s", self.run_id, self.last_error)
         self._pending_status = None
         self._spool_status()
+
+    def _send_checkpoints(self) -> None:
+        """Deliver the pending checkpoint announcements in order; stop at a site down."""
+        while self._pending_checkpoints:
+            body = self._pending_checkpoints[0]
+            try:
+                resp = self._post("checkpoints", body)
+            except _SiteDown as exc:
+                self._site_down(exc)
+                return
+            if not 200 <= resp.status_code < 300:
+                self.last_error = (
+                    f"checkpoint of step {body['step']} rejected: HTTP {resp.status_code} {resp.text[:300]}"
+                )
+                log.error("run %s: %s", self.run_id, self.last_error)
+            self._pending_checkpoints.pop(0)
 
     def _spool_status(self) -> None:
         """Mirror the pending status on disk (or remove the file once delivered)."""

@@ -2,7 +2,8 @@
 
 A real HTTP server in a thread that speaks the Metrics ingest contract: Bearer token,
 `POST /api/runs/<id>/metrics` (idempotent per (run, series, step)) and
-`POST /api/runs/<id>/status` (terminal states stick). It records every request so
+`POST /api/runs/<id>/status` (terminal states stick) and `POST /api/runs/<id>/checkpoints`
+(each announcement recorded in `checkpoints`, in order). It records every request so
 tests can check batching, auth and duplicates.
 """
 
@@ -13,7 +14,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status)$")
+PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status|checkpoints)$")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -29,6 +30,7 @@ class IngestStub:
         self.status: dict[int, str] = {}  # current state (terminal sticks)
         self.errors: dict[int, str] = {}
         self.phases: dict[int, list[tuple[str, str]]] = {}  # every (phase, detail) posted, in order
+        self.checkpoints: dict[int, list[dict]] = {}  # every checkpoint body posted, in order
         self.fail_with: int | None = None  # answer every request with this status code
         stub = self
 
@@ -57,6 +59,9 @@ class IngestStub:
                             stub.received += 1
                             stub.points.setdefault((run_id, p["series"], p["step"]), p["value"])
                         return self._answer(200, {"accepted": len(body["points"])})
+                    if kind == "checkpoints":
+                        stub.checkpoints.setdefault(run_id, []).append(body)
+                        return self._answer(201, {"step": body["step"]})
                     # A phase change repeats the status the run is in: it is recorded in
                     # `phases` only, so `statuses` lists the changes of status.
                     if not (body.get("phase") and stub.status.get(run_id) == body["status"]):

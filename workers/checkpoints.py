@@ -1,0 +1,463 @@
+"""Checkpoints: a run's whole training state in one directory per step, and resume.
+
+A checkpoint of run `id` at step k lives in `<checkpoint_root>/run-<id>/step-<k:08d>/`:
+
+    model.pt        the trainer's model.state_dict() (with LoRA: the peft model's, base
+                    and adapter as the model holds them, so load_state_dict restores it)
+    optimizer.pt    the AdamW state
+    trainer.pt      policy version k, torch RNG state(s), Trainer._rng state, the
+                    trainer's cumulative starved seconds
+    inference.json  each inference worker's prompt-sampler RNG, call counter (it seeds
+                    sampling), policy version, last eval pass, partial-rollout counts
+                    and, for a dataset, its row order and position
+    buffer.json     the groups waiting (the trainer's prefetched batch first), stale
+                    groups awaiting regeneration, the counters behind the buffer metrics
+    meta.json       {run_id, step, created, bytes, sha256, files}: written last, so a
+                    directory without it is incomplete and never listed or resumed
+
+`checkpoint_root` is a local directory or an fsspec URL (`s3://bucket/prefix`,
+`memory://…` in tests): everything goes through fsspec. Locally the step is written
+under a temporary name and renamed, so a crash leaves no directory that looks whole;
+an object store has no rename, and there meta.json last is what marks it complete.
+`sha256` digests the manifest (each file's name, size and sha256, by name): equal
+digests mean identical checkpoints, and a resume checks every file it reads against it.
+
+Consistency. In sync mode the trainer writes after step k and before it publishes
+version k's weights: every worker has then generated all it was admitted and waits for
+version k (its RNG and call counter still), the buffer is empty, and the trainer's
+prefetched `get` is settled first, so a resumed run repeats the uninterrupted one step
+for step. In async mode the same snapshot is best effort: groups a worker is generating
+(or putting) at that moment are in no checkpoint; the resumed buffer's admission count
+is set from what the checkpoint holds, so their places are given back and the workers
+generate others instead (with a sampler that has moved past them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import io
+import json
+import logging
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from workers.paths import PathNotAllowed, is_under, real
+from workers.rollout import Group, Rollout
+
+if TYPE_CHECKING:
+    from workers.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+MODEL, OPTIMIZER, TRAINER, INFERENCE, BUFFER = "model.pt", "optimizer.pt", "trainer.pt", "inference.json", "buffer.json"
+STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# Read and hash in pieces of this size: a multi-GB weights file never sits twice in memory.
+CHUNK = 16 << 20
+
+
+class CheckpointRefused(PathNotAllowed):
+    """A `resume_from` that is outside the checkpoint root, incomplete or damaged."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("resume_from", message)
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """Where and when a run writes checkpoints: `root` (a directory or fsspec URL),
+    the run's id, every `every_steps` steps (0: none periodic), `keep_last` kept."""
+
+    root: str
+    run_id: int
+    every_steps: int = 0
+    keep_last: int = 2
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+
+@dataclass
+class CheckpointRecord:
+    """A completed checkpoint, as the site is told of it (`MetricsReporter.post_checkpoint`):
+    `pruned` lists the locations of the run's older checkpoints deleted after it."""
+
+    step: int
+    location: str
+    bytes: int
+    sha256: str
+    pruned: list[str] = field(default_factory=list)
+
+
+# -- locations -------------------------------------------------------------------------
+
+
+def is_url(location: str) -> bool:
+    return "://" in location
+
+
+def _join(base: str, *parts: str) -> str:
+    if is_url(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return os.path.join(base, *parts)
+
+
+def _fs(location: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(location)
+
+
+def run_dir(root: str, run_id: int) -> str:
+    return _join(root, f"run-{int(run_id)}")
+
+
+def step_dir(root: str, run_id: int, step: int) -> str:
+    return _join(run_dir(root, run_id), f"step-{int(step):08d}")
+
+
+def _normal(location: str) -> str:
+    """A URL with `..` and repeated slashes resolved (no symlinks on an object store),
+    or a local path resolved as the OS would follow it."""
+    if not is_url(location):
+        return real(location)
+    protocol, _, path = location.partition("://")
+    return f"{protocol}://{posixpath.normpath('/' + path).lstrip('/')}"
+
+
+def check_resume(location: str, checkpoint_root: str) -> str:
+    """The normalised `location` if it is a complete checkpoint under `checkpoint_root`;
+    CheckpointRefused saying why not (no root, outside it, no meta.json)."""
+    if not checkpoint_root:
+        raise CheckpointRefused(
+            f"{location!r} cannot be resumed: this site keeps no checkpoints (ROLLWAY_CHECKPOINT_ROOT is empty)"
+        )
+    if is_url(location) != is_url(checkpoint_root):
+        raise CheckpointRefused(f"{location!r} is outside the checkpoint root {checkpoint_root!r}")
+    if is_url(location):
+        loc, root = _normal(location), _normal(checkpoint_root).rstrip("/")
+        inside = loc == root or loc.startswith(root + "/")
+    else:
+        loc, inside = real(location), is_under(location, checkpoint_root)
+    if not inside:
+        raise CheckpointRefused(f"{location!r} resolves to {loc!r}, outside the checkpoint root {checkpoint_root!r}")
+    fs, path = _fs(loc)
+    if not fs.exists(posixpath.join(path, META)):
+        raise CheckpointRefused(f"{location!r} is not a complete checkpoint (it has no {META})")
+    return loc
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+class _HashingWriter:
+    """A write-only file that hashes and counts what goes through it (torch.save streams
+    into it, so the weights are hashed without being read back)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        self.sha.update(data)
+        self.bytes += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _manifest_digest(files: list[dict]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f["name"]):
+        h.update(f"{f['name']}\0{f['bytes']}\0{f['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any]) -> CheckpointRecord | None:
+    """Write `parts` ({file name: object}; `.pt` through torch.save, `.json` as JSON) as
+    the checkpoint of `target.run_id` at `step`, then prune the run's older ones. None
+    if a complete checkpoint of that step is there already (the run's last periodic one
+    is also its end)."""
+    import torch
+
+    final = step_dir(target.root, target.run_id, step)
+    fs, final_path = _fs(final)
+    local = isinstance(fs, LocalFileSystem)
+    if fs.exists(posixpath.join(final_path, META)):
+        return None
+    # Locally: a temporary sibling, renamed when whole. Elsewhere: in place, meta.json last.
+    path = f"{final_path}.tmp-{uuid.uuid4().hex[:8]}" if local else final_path
+    fs.makedirs(path, exist_ok=True)
+    files = []
+    for name, obj in parts.items():
+        with fs.open(posixpath.join(path, name), "wb") as f:
+            out = _HashingWriter(f)
+            if name.endswith(".pt"):
+                torch.save(obj, out)
+            else:
+                out.write(json.dumps(obj).encode())
+        files.append({"name": name, "bytes": out.bytes, "sha256": out.sha.hexdigest()})
+    meta = {
+        "run_id": int(target.run_id),
+        "step": int(step),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(),
+        "bytes": sum(f["bytes"] for f in files),
+        "sha256": _manifest_digest(files),
+        "files": files,
+    }
+    with fs.open(posixpath.join(path, META), "w") as f:
+        f.write(json.dumps(meta, indent=1))
+    if local:
+        os.replace(path, final_path)
+    pruned = prune(target.root, target.run_id, target.keep_last)
+    log.info("run %s: checkpoint of step %s at %s (%s bytes)", target.run_id, step, final, meta["bytes"])
+    return CheckpointRecord(step, final, meta["bytes"], meta["sha256"], pruned)
+
+
+def prune(root: str, run_id: int, keep_last: int) -> list[str]:
+    """Delete the run's complete checkpoints older than its `keep_last` newest, and any
+    leftover of an unfinished write older than those; returns the complete ones deleted."""
+    keep = list_checkpoints(root, run_id)[-keep_last:]
+    if not keep:
+        return []
+    oldest_kept = keep[0]["step"]
+    fs, base = _fs(run_dir(root, run_id))
+    pruned = []
+    for entry in fs.ls(base, detail=False):
+        name = posixpath.basename(entry.rstrip("/"))
+        m = STEP_DIR.match(name.split(".tmp-")[0])
+        if not m or int(m.group(1)) >= oldest_kept:
+            continue
+        complete = ".tmp-" not in name and fs.exists(posixpath.join(entry, META))
+        fs.rm(entry, recursive=True)
+        if complete:
+            pruned.append(step_dir(root, run_id, int(m.group(1))))
+    return pruned
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def list_checkpoints(root: str, run_id: int) -> list[dict]:
+    """The complete checkpoints of run `run_id` under `root`, oldest first: each its
+    meta.json plus `location` (the step directory). A step directory without meta.json
+    (being written, or left by a crash) is not listed."""
+    if not root:
+        return []
+    fs, base = _fs(run_dir(root, run_id))
+    if not fs.isdir(base):
+        return []
+    found = []
+    for entry in fs.ls(base, detail=False):
+        m = STEP_DIR.match(posixpath.basename(entry.rstrip("/")))
+        if not m:
+            continue
+        try:
+            with fs.open(posixpath.join(entry, META), "r") as f:
+                meta = json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        found.append({**meta, "location": step_dir(root, run_id, int(m.group(1)))})
+    return sorted(found, key=lambda meta: meta["step"])
+
+
+def latest_checkpoint(root: str, run_id: int) -> dict | None:
+    """The newest complete checkpoint of run `run_id` (as `list_checkpoints` gives it), or None."""
+    found = list_checkpoints(root, run_id)
+    return found[-1] if found else None
+
+
+class Checkpoint:
+    """One complete checkpoint opened for reading; each file is checked against the
+    manifest as it is read."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.fs, self.path = _fs(location)
+        try:
+            with self.fs.open(posixpath.join(self.path, META), "r") as f:
+                self.meta = json.load(f)
+        except FileNotFoundError:
+            raise CheckpointRefused(f"{location!r} is not a complete checkpoint (it has no {META})") from None
+        self.step = int(self.meta["step"])
+        self._files = {f["name"]: f for f in self.meta["files"]}
+
+    def read(self, name: str) -> bytes:
+        expected = self._files.get(name)
+        if expected is None:
+            raise CheckpointRefused(f"{self.location!r} holds no {name}")
+        sha, chunks = hashlib.sha256(), []
+        with self.fs.open(posixpath.join(self.path, name), "rb") as f:
+            while chunk := f.read(CHUNK):
+                sha.update(chunk)
+                chunks.append(chunk)
+        data = b"".join(chunks)
+        if len(data) != expected["bytes"] or sha.hexdigest() != expected["sha256"]:
+            raise CheckpointRefused(f"{self.location!r}: {name} does not match its sha256 in {META} (damaged)")
+        return data
+
+    def load_torch(self, name: str) -> Any:
+        import torch
+
+        return torch.load(io.BytesIO(self.read(name)), map_location="cpu", weights_only=True)
+
+    def load_json(self, name: str) -> Any:
+        return json.loads(self.read(name))
+
+
+# -- the trainer -----------------------------------------------------------------------
+
+
+def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
+    """The trainer's files: weights, optimizer, version and RNG states."""
+    import torch
+
+    state = {
+        "version": trainer.version,
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": trainer._rng.getstate(),
+        "starved_s": float(starved_s),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return {
+        MODEL: {k: t.detach().cpu() for k, t in trainer.model.state_dict().items()},
+        OPTIMIZER: trainer.optimizer.state_dict(),
+        TRAINER: state,
+    }
+
+
+def restore_trainer(trainer: Trainer, ckpt: Checkpoint) -> float:
+    """Put the checkpoint's weights, optimizer, RNG states and version into `trainer`
+    (in place: a weight sender's view of the parameters stays valid); returns the
+    trainer's starved seconds so far."""
+    import torch
+
+    trainer.model.load_state_dict(ckpt.load_torch(MODEL), strict=True)
+    trainer.optimizer.load_state_dict(ckpt.load_torch(OPTIMIZER))
+    state = ckpt.load_torch(TRAINER)
+    trainer.version = int(state["version"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    trainer._rng.setstate(_rng_state(state["python_rng"]))
+    return float(state["starved_s"])
+
+
+def _rng_state(state) -> tuple:
+    """random.Random's state from its JSON (lists) or torch.load (tuples) form."""
+    version, internal, gauss = state
+    return int(version), tuple(int(x) for x in internal), gauss
+
+
+# -- the inference workers -------------------------------------------------------------
+
+
+def worker_state(worker) -> dict:
+    """An InferenceWorker's sampling state (JSON): what decides the prompts and seeds of
+    its next calls."""
+    state = {
+        "index": worker.index,
+        "rng": list(worker.rng.getstate()),
+        "calls": worker.calls,
+        "version": worker.version,
+        "evaluated": worker.evaluated,
+        "partial": dataclasses.asdict(worker.partial),
+    }
+    rows = _dataset_prompts(worker.prompts)
+    if rows is not None:
+        state["dataset"] = {"rows": [list(r) for r in rows.rows], "next": rows.next}
+    return state
+
+
+def restore_worker(worker, state: dict) -> None:
+    worker.rng.setstate(_rng_state(state["rng"]))
+    worker.calls = int(state["calls"])
+    worker.version = int(state["version"])
+    worker.evaluated = int(state["evaluated"])
+    for name, value in state["partial"].items():
+        setattr(worker.partial, name, int(value))
+    rows = _dataset_prompts(worker.prompts)
+    if rows is not None and "dataset" in state:
+        rows.rows = [tuple(r) for r in state["dataset"]["rows"]]
+        rows.next = int(state["dataset"]["next"])
+
+
+def _dataset_prompts(source):
+    """The DatasetPrompts a worker draws from (its order and position are state), or None."""
+    from workers.task_data import DatasetPrompts
+
+    source = getattr(source, "source", source)  # workers.evaluation.WithoutHeldOut wraps it
+    return source if isinstance(source, DatasetPrompts) else None
+
+
+# -- the buffer ------------------------------------------------------------------------
+
+
+def group_json(group: Group) -> dict:
+    return dataclasses.asdict(group)
+
+
+def group_from_json(data: dict) -> Group:
+    return Group(
+        group_id=data["group_id"],
+        prompt=data["prompt"],
+        answer=data["answer"],
+        rollouts=[Rollout(**r) for r in data["rollouts"]],
+    )
+
+
+def buffer_state(buffer) -> dict:
+    """A RolloutBuffer's contents and counters (JSON)."""
+    with buffer._cond:
+        return {
+            "groups": [group_json(g) for g in buffer._groups],
+            "requeue": [group_json(g) for g in buffer._requeue],
+            "regenerating": [[p, a, n] for (p, a), n in buffer._regenerating.items()],
+            "dropped_stale": buffer._dropped_stale,
+            "requeued": buffer._requeued,
+            "regenerated": buffer._regenerated,
+            "total_put": buffer.total_put,
+            "total_got": buffer.total_got,
+            "backpressure_s": buffer.backpressure_s,
+            "starved_s": buffer.starved_s,
+        }
+
+
+def with_prefetched(state: dict, prefetched: list[Group]) -> dict:
+    """`state` (buffer_state's) with `prefetched`, groups the trainer took for its next
+    step and has not trained, back at the buffer's head."""
+    return {
+        **state,
+        "groups": [group_json(g) for g in prefetched] + state["groups"],
+        "total_got": state["total_got"] - len(prefetched),
+    }
+
+
+def restore_buffer(buffer, state: dict) -> int:
+    """Fill a fresh RolloutBuffer from `state`; returns the admission count that goes
+    with it: groups trained + waiting + rejected, so that groups a worker was still
+    generating when the checkpoint was taken (in no checkpoint) free their places."""
+    from collections import Counter, deque
+
+    with buffer._cond:
+        buffer._groups = deque(group_from_json(g) for g in state["groups"])
+        buffer._requeue = deque(group_from_json(g) for g in state["requeue"])
+        buffer._regenerating = Counter({(p, a): int(n) for p, a, n in state["regenerating"]})
+        buffer._dropped_stale = int(state["dropped_stale"])
+        buffer._requeued = int(state["requeued"])
+        buffer._regenerated = int(state["regenerated"])
+        buffer.total_put = int(state["total_put"])
+        buffer.total_got = int(state["total_got"])
+        buffer.backpressure_s = float(state["backpressure_s"])
+        buffer.starved_s = float(state["starved_s"])
+        buffer._cond.notify_all()
+        return buffer.total_got + len(buffer._groups) + buffer._dropped_stale + buffer._requeued
