@@ -13,6 +13,11 @@ cancelled run posts no terminal status: the platform set "cancelled" itself. Whi
 running, each change of phase goes with the status (workers.reporter.PHASES): warm_start
 (with the supervised steps done when it builds the policy), starting_engines,
 first_step, stepping; start-up can take a minute before the first point.
+
+Checkpoints (workers/checkpoints.py, `checkpoint` in the config): the trainer writes one
+every `every_steps` steps, the driver has it write one more when the run stops as
+planned, and each is announced to the site; a driver given `resume_from` restores one
+into its new actors before their loops start and continues from its step.
 """
 
 from __future__ import annotations

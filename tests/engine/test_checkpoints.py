@@ -347,11 +347,20 @@ def test_a_driver_refuses_to_resume_from_an_incomplete_checkpoint(cluster, cache
     assert "not a complete checkpoint" in out["error"] + out["error_detail"]
 
 
-def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(cluster, cache_dir, ckpt_root):
-    first = run("async", 304, cache_dir, ckpt_root, stop={"max_steps": 4}, checkpoint={"every_steps": 2})
-    assert [c["step"] for c in first["checkpoints"]] == [2, 4]
-    resumed = run("async", 305, cache_dir, ckpt_root, resume_from=step_dir(ckpt_root, 304, 2), stop={"max_steps": 5})
-    assert sorted(resumed["series"]["loss"]) == [3, 4, 5]
-    assert resumed["series"]["policy/version"] == {3: 3.0, 4: 4.0, 5: 5.0}
+def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(sync_run, cache_dir, ckpt_root):
+    # A checkpoint holds state, not the mode: the sync run's step 4 resumes as async.
+    resumed = run("async", 304, cache_dir, ckpt_root, resume_from=step_dir(ckpt_root, 301, 4), stop={"max_steps": 7})
+    assert sorted(resumed["series"]["loss"]) == [5, 6, 7]
+    assert resumed["series"]["policy/version"] == {5: 5.0, 6: 6.0, 7: 7.0}
+    # Inference ran ahead again, and within max_staleness: the gate's count was restored.
     assert max(resumed["series"]["staleness/max"].values()) <= 1.0
-    assert [c["step"] for c in resumed["checkpoints"]] == [4, 5]  # periodic at 4, at the end 5
+    # Step 6's checkpoint was taken with inference running ahead (the trainer's prefetch
+    # and the buffer may hold groups), step 7's at the end with the loops stopped.
+    assert [c["step"] for c in resumed["checkpoints"]] == [6, 7]
+    for step in (6, 7):
+        ckpt = Checkpoint(check_resume(step_dir(ckpt_root, 304, step), ckpt_root))  # complete and intact
+        assert ckpt.load_torch("trainer.pt")["version"] == step
+        state = ckpt.load_json(BUFFER)
+        assert state["total_got"] == 4 * step  # groups trained, the parent run's included
+        (worker,) = ckpt.load_json(INFERENCE)
+        assert worker["calls"] > 0 and worker["version"] <= step
