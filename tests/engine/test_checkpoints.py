@@ -103,6 +103,18 @@ def test_a_trainer_restored_from_a_checkpoint_trains_on_exactly_as_the_original(
     assert {f["name"] for f in meta["files"]} == {"model.pt", "optimizer.pt", "trainer.pt", INFERENCE, BUFFER}
 
 
+def test_a_lora_trainer_comes_back_with_its_adapter_and_base(tiny_model_dir, tmp_path, one_torch_thread):
+    cfg = small_config(lora={"enabled": True, "rank": 2})
+    first, second = fixed_groups(tiny_model_dir, cfg, seed=1), fixed_groups(tiny_model_dir, cfg, seed=2)
+    original = Trainer(cfg, tiny_model_dir)
+    original.train_step(first)
+    record = write_checkpoint(CheckpointTarget(str(tmp_path), 6), 1, trainer_parts(original, 0.0))
+    restored = Trainer(cfg, tiny_model_dir)
+    restore_trainer(restored, Checkpoint(record.location))
+    assert original.train_step(second)["loss"] == restored.train_step(second)["loss"]
+    assert all(torch.equal(restored.state_dict()[n], t) for n, t in original.state_dict().items())
+
+
 def test_the_optimizer_state_matters_to_the_next_step(tiny_model_dir, one_torch_thread):
     """The control for the test above: without the optimizer's moments, the next step differs."""
     cfg = small_config()
