@@ -224,13 +224,15 @@ class InferenceWorker:
 
         return worker_state(self)
 
-    def restore(self, state: dict, policy_version: int) -> None:
-        """Take a checkpoint's state before the loop starts. The backend still holds the
-        run's initial weights: the loop generates nothing until the trainer has sent
-        `policy_version`, the checkpoint's policy."""
+    def restore(self, state: dict | None, policy_version: int) -> None:
+        """Take a checkpoint's state (None: the checkpoint has none for this worker)
+        before the loop starts. The backend still holds the run's initial weights: the
+        loop generates nothing until the trainer has sent `policy_version`, the
+        checkpoint's policy."""
         from workers.checkpoints import restore_worker
 
-        restore_worker(self, state)
+        if state is not None:
+            restore_worker(self, state)
         self._resume_at = policy_version
 
     def start(self) -> None:

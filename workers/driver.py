@@ -256,9 +256,11 @@ class RunDriver:
                 len(self.workers),
             )
         self.version = ray.get(self.trainer.restore.remote(self.resume_from))
+        # A worker without a state of its own still waits for the checkpoint's weights.
+        states = workers[: len(self.workers)] + [None] * (len(self.workers) - len(workers))
         ray.get(
             [self.buffer.restore.remote(ckpt.load_json(BUFFER))]
-            + [w.restore.remote(state, self.version) for w, state in zip(self.workers, workers, strict=False)]
+            + [w.restore.remote(state, self.version) for w, state in zip(self.workers, states, strict=True)]
         )
 
     def _set_phase(self, phase: str, detail: str = "") -> None:
