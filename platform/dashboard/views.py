@@ -187,6 +187,7 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Task", ["task.name", "task.dataset.*", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
     ("Trainer", ["trainer.*"]),
     ("Eval", ["eval.*"]),
+    ("Checkpoints", ["checkpoint.*"]),
     ("Stop", ["stop.*"]),
     ("Seed", ["seed"]),
 ]

@@ -309,6 +309,10 @@ ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
 ROLLWAY_SCRATCH_DIR = env_str("ROLLWAY_SCRATCH_DIR", str(ROLLWAY_HOME / "scratch"))
 # Each successful run's exported model, run-<id>/, served by GET /api/runs/<id>/export.
 ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports"))
+# Each run's checkpoints, run-<id>/step-<k>/ (workers/checkpoints.py): a directory every
+# Ray node sees, or an fsspec URL (s3://bucket/prefix) on a cluster. A resumed run may
+# start only from a checkpoint under it.
+ROLLWAY_CHECKPOINT_ROOT = env_str("ROLLWAY_CHECKPOINT_ROOT", str(ROLLWAY_HOME / "checkpoints"))
 
 # --- admission: what one run may ask for (workers/admission.py) ----------------------
 ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)

@@ -25,6 +25,7 @@ def confinement() -> Confinement:
         settings.ROLLWAY_SCRATCH_DIR,
         settings.ROLLWAY_EXPORT_DIR,
         settings.ROLLWAY_DATA_ROOTS,
+        checkpoint_root=settings.ROLLWAY_CHECKPOINT_ROOT,
     )
 
 
