@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from pydantic import BaseModel, ConfigDict, ValidationError
+from ninja import Router, Schema
+from pydantic import BaseModel, ConfigDict
 
-from api.http import api_login_required, json_object, refusal_response
+from api.http import responses
 from compare import actions
 from compare.models import Comparison
-from runs.errors import ActionError
+
+router = Router(tags=["comparisons"])
 
 
 class ComparisonIn(BaseModel):
@@ -41,40 +42,42 @@ class RerunIn(BaseModel):
     priority: Any = None
 
 
-@require_http_methods(["GET", "POST"])
-@api_login_required
-def comparisons(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
-        found = Comparison.objects.visible_to(request.user).select_related("team", "created_by")
-        return JsonResponse({"comparisons": [c.as_dict() for c in found]})
-    try:
-        data = ComparisonIn.model_validate(json_object(request))
-        launch = actions.check_comparison(request.user, **data.model_dump())
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+class Comparisons(Schema):
+    comparisons: list[dict[str, Any]]
+
+
+@router.get("/comparisons", url_name="comparisons", response=responses(Comparisons))
+def list_comparisons(request: HttpRequest) -> JsonResponse:
+    """The comparisons of your teams, newest first."""
+    found = Comparison.objects.visible_to(request.user).select_related("team", "created_by")
+    return JsonResponse({"comparisons": [c.as_dict() for c in found]})
+
+
+@router.post("/comparisons", url_name="comparisons", response=responses(dict[str, Any], 201, 400, 403, 404))
+def launch_comparison(request: HttpRequest, data: ComparisonIn | None = None) -> JsonResponse:
+    """Create a comparison (configurations × seeds) and queue its runs."""
+    launch = actions.check_comparison(request.user, **(data or ComparisonIn()).model_dump())
     comparison = actions.do_launch_comparison(request.user, launch)
     return JsonResponse(comparison.as_dict(with_runs=True), status=201)
 
 
-@require_GET
-@api_login_required
-def comparison_detail(request: HttpRequest, comparison_id: int) -> JsonResponse:
-    try:
-        comparison = actions.check_comparison_access(request.user, comparison_id)
-    except ActionError as exc:
-        return refusal_response(exc)
+@router.get("/comparisons/{int:comparison_id}", url_name="comparison", response=responses(dict[str, Any], 200, 404))
+def get_comparison(request: HttpRequest, comparison_id: int) -> JsonResponse:
+    """A comparison's configurations, seeds, runs and compare page link."""
+    comparison = actions.check_comparison_access(request.user, comparison_id)
     return JsonResponse(comparison.as_dict(with_runs=True))
 
 
-@require_POST
-@api_login_required
-def comparison_rerun(request: HttpRequest, comparison_id: int) -> JsonResponse:
-    try:
-        comparison = actions.check_comparison_access(request.user, comparison_id)
-        data = RerunIn.model_validate(json_object(request))
-        rerun = actions.check_rerun(request.user, comparison, seeds=data.seeds, priority=data.priority)
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+@router.post(
+    "/comparisons/{int:comparison_id}/rerun",
+    url_name="comparison-rerun",
+    response=responses(dict[str, Any], 201, 400, 403, 404),
+)
+def rerun_comparison(request: HttpRequest, comparison_id: int, data: RerunIn | None = None) -> JsonResponse:
+    """Queue another set of a comparison's runs (other seeds, another priority)."""
+    comparison = actions.check_comparison_access(request.user, comparison_id)
+    data = data or RerunIn()
+    rerun = actions.check_rerun(request.user, comparison, seeds=data.seeds, priority=data.priority)
     runs = actions.do_rerun_comparison(request.user, comparison, rerun)
     comparison.refresh_from_db()
     return JsonResponse({**comparison.as_dict(with_runs=True), "launched": [r.pk for r in runs]}, status=201)

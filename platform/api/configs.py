@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from pydantic import BaseModel, ConfigDict, ValidationError
+from ninja import Router, Schema
+from pydantic import BaseModel, ConfigDict
 
-from api.http import api_login_required, json_object, refusal_response
+from api.http import responses
 from configs import actions
 from configs.models import SavedConfig
-from runs.errors import ActionError
 from workers.presets import PRESETS
+
+router = Router(tags=["configs"])
 
 
 class ConfigIn(BaseModel):
@@ -42,48 +43,47 @@ class VersionIn(BaseModel):
     overrides: Any = None
 
 
+class Configs(Schema):
+    configs: list[dict[str, Any]]
+
+
 def _saved_list(user) -> list[dict]:
     found = SavedConfig.objects.visible_to(user).select_related("team", "created_by")
     latest = set(found.latest_versions().values_list("pk", flat=True))
     return [{**saved.as_dict(), "latest": saved.pk in latest} for saved in found]
 
 
-@require_http_methods(["GET", "POST"])
-@api_login_required
-def configs(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
-        return JsonResponse({"configs": actions.builtin_presets() + _saved_list(request.user)})
-    try:
-        data = ConfigIn.model_validate(json_object(request))
-        save = actions.check_new_config(request.user, **data.model_dump())
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+@router.get("/configs", url_name="configs", response=responses(Configs))
+def list_configs(request: HttpRequest) -> JsonResponse:
+    """The built-in presets and your teams' saved configurations (every version)."""
+    return JsonResponse({"configs": actions.builtin_presets() + _saved_list(request.user)})
+
+
+@router.post("/configs", url_name="configs", response=responses(dict[str, Any], 201, 400, 403, 404))
+def save_config(request: HttpRequest, data: ConfigIn | None = None) -> JsonResponse:
+    """Save version 1 of a new team configuration: a base preset and overrides."""
+    save = actions.check_new_config(request.user, **(data or ConfigIn()).model_dump())
     saved = actions.do_save_config(request.user, save)
     return JsonResponse(saved.as_dict(), status=201)
 
 
-@require_GET
-@api_login_required
-def config_detail(request: HttpRequest, config_id: str) -> JsonResponse:
+@router.get("/configs/{config_id}", url_name="config", response=responses(dict[str, Any], 200, 404))
+def get_config(request: HttpRequest, config_id: str) -> JsonResponse:
+    """One saved version (by id) with its siblings' ids, or a built-in preset (by name)."""
     if config_id in PRESETS:
         return JsonResponse(next(p for p in actions.builtin_presets() if p["name"] == config_id))
-    try:
-        saved = actions.check_config_access(request.user, config_id)
-    except ActionError as exc:
-        return refusal_response(exc)
+    saved = actions.check_config_access(request.user, config_id)
     versions = SavedConfig.objects.filter(team_id=saved.team_id, name=saved.name).values_list("pk", "version")
     return JsonResponse({**saved.as_dict(), "versions": [{"id": pk, "version": version} for pk, version in versions]})
 
 
-@require_POST
-@api_login_required
-def config_versions(request: HttpRequest, config_id: str) -> JsonResponse:
-    try:
-        actions.refuse_builtin(config_id)
-        previous = actions.check_config_access(request.user, config_id)
-        data = VersionIn.model_validate(json_object(request))
-        save = actions.check_new_version(request.user, previous, **data.model_dump())
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+@router.post(
+    "/configs/{config_id}/versions", url_name="config-versions", response=responses(dict[str, Any], 201, 400, 403, 404)
+)
+def save_config_version(request: HttpRequest, config_id: str, data: VersionIn | None = None) -> JsonResponse:
+    """Save an edited version (n+1) of a saved configuration; what is left out is kept."""
+    actions.refuse_builtin(config_id)
+    previous = actions.check_config_access(request.user, config_id)
+    save = actions.check_new_version(request.user, previous, **(data or VersionIn()).model_dump())
     saved = actions.do_save_config(request.user, save)
     return JsonResponse(saved.as_dict(), status=201)

@@ -14,6 +14,8 @@ from typing import Annotated
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
@@ -116,3 +118,9 @@ def ingest_checkpoint(request: HttpRequest, run_id: int) -> JsonResponse:
         return refusal_response(exc)
     row = do_record_checkpoint(run, payload)
     return JsonResponse(row.as_dict(), status=201)
+
+
+@csrf_exempt  # token-authenticated, never a browser form
+@require_POST
+def status_view(request: HttpRequest, run_id: int) -> JsonResponse:
+    return ingest_status(request, run_id)

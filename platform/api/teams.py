@@ -13,14 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET, require_http_methods
-from pydantic import BaseModel, ConfigDict, ValidationError
+from ninja import Router, Schema
+from pydantic import BaseModel, ConfigDict
 
-from api.http import BadParam, api_login_required, int_param, json_object, refusal_response
+from api.http import int_param, query_doc, responses
 from runs.actions import check_team_access
 from runs.errors import ActionError, NotFound
 from teams import actions
 from teams.models import AuditEvent, Membership
+
+router = Router(tags=["teams"])
 
 AUDIT_PAGE = 100
 
@@ -29,6 +31,17 @@ class MemberIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     username: Any = None
     role: Any = Membership.Role.MEMBER
+
+
+class MemberOut(Schema):
+    username: str
+    role: str
+    joined_at: str
+
+
+class Members(Schema):
+    team: str
+    members: list[MemberOut]
 
 
 def _member(m: Membership) -> dict:
@@ -42,41 +55,56 @@ def _team(user, team: str):
         raise NotFound(exc.errors) from None
 
 
-@require_http_methods(["GET", "POST"])
-@api_login_required
-def members(request: HttpRequest, team: str) -> JsonResponse:
-    try:
-        if request.method == "GET":
-            found = _team(request.user, team)
-            listed = found.memberships.select_related("user").order_by("user__username")
-            return JsonResponse({"team": found.slug, "members": [_member(m) for m in listed]})
-        found = actions.check_manage(request.user, team)
-        data = MemberIn.model_validate(json_object(request))
-        member, new = actions.do_set_member(request.user, found, data.username, data.role)
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+@router.get("/teams/{team}/members", url_name="team-members", response=responses(Members, 200, 404))
+def list_members(request: HttpRequest, team: str) -> JsonResponse:
+    """A team's members and their roles (any member may look)."""
+    found = _team(request.user, team)
+    listed = found.memberships.select_related("user").order_by("user__username")
+    return JsonResponse({"team": found.slug, "members": [_member(m) for m in listed]})
+
+
+@router.post(
+    "/teams/{team}/members",
+    url_name="team-members",
+    response={**responses(MemberOut, 200, 400, 403, 404), 201: MemberOut},
+)
+def set_member(request: HttpRequest, team: str, data: MemberIn | None = None) -> JsonResponse:
+    """Add a member (201) or change a member's role (200): team admins only."""
+    found = actions.check_manage(request.user, team)
+    data = data or MemberIn()
+    member, new = actions.do_set_member(request.user, found, data.username, data.role)
     return JsonResponse(_member(member), status=201 if new else 200)
 
 
-@require_http_methods(["DELETE"])
-@api_login_required
-def member(request: HttpRequest, team: str, username: str) -> JsonResponse:
-    try:
-        found = actions.check_manage(request.user, team)
-        actions.do_remove_member(request.user, found, username)
-    except ActionError as exc:
-        return refusal_response(exc)
+class Removed(Schema):
+    removed: str
+
+
+@router.delete(
+    "/teams/{team}/members/{username}", url_name="team-member", response=responses(Removed, 200, 400, 403, 404)
+)
+def remove_member(request: HttpRequest, team: str, username: str) -> JsonResponse:
+    """Remove a member: team admins only."""
+    found = actions.check_manage(request.user, team)
+    actions.do_remove_member(request.user, found, username)
     return JsonResponse({"removed": username})
 
 
-@require_GET
-@api_login_required
-def audit(request: HttpRequest, team: str) -> JsonResponse:
-    try:
-        found = actions.check_manage(request.user, team)
-        before = int_param(request, "before", None, lo=1)
-    except (ActionError, BadParam) as exc:
-        return refusal_response(exc)
+class Audit(Schema):
+    events: list[dict[str, Any]]
+    next: str | None
+
+
+@router.get(
+    "/teams/{team}/audit",
+    url_name="team-audit",
+    response=responses(Audit, 200, 400, 403, 404),
+    openapi_extra=query_doc(("before", "integer", "only events with a smaller id (the next page)")),
+)
+def read_audit_log(request: HttpRequest, team: str) -> JsonResponse:
+    """The team's audit log, newest first, 100 a page: team admins only."""
+    found = actions.check_manage(request.user, team)
+    before = int_param(request, "before", None, lo=1)
     events = AuditEvent.objects.filter(team=found)
     if before is not None:
         events = events.filter(pk__lt=before)

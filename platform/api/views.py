@@ -1,7 +1,8 @@
-"""The JSON API: everything the UI does, for scripts and the browser alike.
+"""The JSON API's runs, metrics, presets, experiments and teams (api/api.py mounts the
+router): everything the UI does, for scripts and the browser alike.
 
-Session-authenticated (CSRF applies to POSTs as for any session form). The engine's
-token-authenticated ingest endpoints live in api/ingest.py.
+The engine's token-authenticated ingest lives in api/ingest.py; its metrics POST shares
+its URL with the metrics read below, so ninja routes both.
 """
 
 from __future__ import annotations
@@ -13,20 +14,12 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from pydantic import BaseModel, ConfigDict, ValidationError
+from ninja import Router, Schema
+from pydantic import BaseModel, ConfigDict
 
-from api.http import (
-    BadParam,
-    api_login_required,
-    int_param,
-    json_object,
-    refusal_response,
-)
-from api.ingest import ingest_metrics, ingest_status
+from api.http import BadParam, Errors, int_param, query_doc, responses
+from api.ingest import ingest_metrics
 from runs import actions, exports, listing
-from runs.errors import ActionError, NotFound
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
@@ -34,6 +27,8 @@ from teams import roles
 from teams.models import Team
 from workers.config import json_schema
 from workers.presets import PRESETS
+
+router = Router()
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -43,9 +38,19 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
-@require_GET
-@api_login_required
-def presets(request: HttpRequest) -> JsonResponse:
+class Preset(Schema):
+    name: str
+    description: str
+    config: dict[str, Any]
+
+
+class Presets(Schema):
+    presets: list[Preset]
+
+
+@router.get("/presets", url_name="presets", tags=["presets"], response=responses(Presets))
+def list_presets(request: HttpRequest) -> JsonResponse:
+    """The built-in presets, each with its full run configuration."""
     return JsonResponse(
         {
             "presets": [
@@ -60,15 +65,34 @@ def presets(request: HttpRequest) -> JsonResponse:
     )
 
 
-@require_GET
-@api_login_required
+@router.get("/config/schema", url_name="config-schema", tags=["configs"], response=responses(dict[str, Any]))
 def config_schema(request: HttpRequest) -> JsonResponse:
+    """The JSON Schema of a run configuration (what `overrides` may set)."""
     return JsonResponse(json_schema())
 
 
-@require_GET
-@api_login_required
-def teams(request: HttpRequest) -> JsonResponse:
+class ExperimentOut(Schema):
+    id: int
+    name: str
+    description: str
+    team: int
+
+
+class TeamOut(Schema):
+    id: int
+    slug: str
+    name: str
+    role: str | None
+    experiments: list[ExperimentOut]
+
+
+class Teams(Schema):
+    teams: list[TeamOut]
+
+
+@router.get("/teams", url_name="teams", tags=["teams"], response=responses(Teams))
+def list_teams(request: HttpRequest) -> JsonResponse:
+    """Your teams, your role in each, and their experiments."""
     out = []
     for team in Team.objects.for_user(request.user).prefetch_related("experiments"):
         out.append(
@@ -99,19 +123,29 @@ class ExperimentIn(BaseModel):
     description: str = ""
 
 
-@require_http_methods(["GET", "POST"])
-@api_login_required
-def experiments(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
-        found = Experiment.objects.filter(team__in=Team.objects.for_user(request.user))
-        return JsonResponse({"experiments": [_experiment(e) for e in found]})
-    try:
-        data = ExperimentIn.model_validate(json_object(request))
-        team = actions.check_team_access(request.user, data.team)
-        name = actions.check_experiment_name(data.name)
-        experiment = actions.do_create_experiment(request.user, team, name, data.description)
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+class Experiments(Schema):
+    experiments: list[ExperimentOut]
+
+
+@router.get("/experiments", url_name="experiments", tags=["experiments"], response=responses(Experiments))
+def list_experiments(request: HttpRequest) -> JsonResponse:
+    """The experiments of your teams."""
+    found = Experiment.objects.filter(team__in=Team.objects.for_user(request.user))
+    return JsonResponse({"experiments": [_experiment(e) for e in found]})
+
+
+@router.post(
+    "/experiments",
+    url_name="experiments",
+    tags=["experiments"],
+    response=responses(ExperimentOut, 201, 400, 403, 404),
+)
+def create_experiment(request: HttpRequest, data: ExperimentIn | None = None) -> JsonResponse:
+    """Create an experiment in a team (id or slug) where you are a member or admin."""
+    data = data or ExperimentIn.model_validate({})
+    team = actions.check_team_access(request.user, data.team)
+    name = actions.check_experiment_name(data.name)
+    experiment = actions.do_create_experiment(request.user, team, name, data.description)
     return JsonResponse(_experiment(experiment), status=201)
 
 
@@ -128,33 +162,53 @@ class LaunchIn(BaseModel):
     priority: Any = None  # the queue's order, higher first; checked by the actions layer
 
 
-@require_http_methods(["GET", "POST"])
-@api_login_required
-def runs(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
-        # Filters, search, sort and pages as in runs/listing.py (the page reads the same).
-        try:
-            query = listing.check_list_query(request.GET)
-        except ActionError as exc:
-            return refusal_response(exc)
-        page = listing.list_runs(request.user, query)
-        return JsonResponse(
-            {
-                "runs": [listing.row(run) for run in page.runs],
-                "total": page.total,
-                "page": query.page,
-                "page_size": query.page_size,
-                "pages": page.pages,
-                "next": _page_url(request, query, query.page + 1) if page.has_next else None,
-                "prev": _page_url(request, query, query.page - 1) if page.has_prev else None,
-            }
-        )
+class RunPage(Schema):
+    runs: list[dict[str, Any]]
+    total: int
+    page: int
+    page_size: int
+    pages: int
+    next: str | None
+    prev: str | None
 
-    try:
-        data = LaunchIn.model_validate(json_object(request))
-        launch = actions.check_launch(request.user, **data.model_dump())
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+
+LIST_DOC = query_doc(
+    ("status", "string", "comma-separated statuses, e.g. running,queued"),
+    ("preset", "string", "the preset's name"),
+    ("experiment", "integer", "an experiment's id"),
+    ("launcher", "string", "who launched the run (username)"),
+    ("created_from", "string", "launched on or after, YYYY-MM-DD"),
+    ("created_to", "string", "launched on or before, YYYY-MM-DD"),
+    ("q", "string", "search in names"),
+    ("sort", "string", "a column, - first to reverse (e.g. -created)"),
+    ("page", "integer", "the page, from 1"),
+    ("page_size", "integer", "runs per page"),
+)
+
+
+@router.get("/runs", url_name="runs", tags=["runs"], response=responses(RunPage, 200, 400), openapi_extra=LIST_DOC)
+def list_runs(request: HttpRequest) -> JsonResponse:
+    """Your teams' runs: filters, search, sort and pages as on the runs page (runs/listing.py)."""
+    query = listing.check_list_query(request.GET)
+    page = listing.list_runs(request.user, query)
+    return JsonResponse(
+        {
+            "runs": [listing.row(run) for run in page.runs],
+            "total": page.total,
+            "page": query.page,
+            "page_size": query.page_size,
+            "pages": page.pages,
+            "next": _page_url(request, query, query.page + 1) if page.has_next else None,
+            "prev": _page_url(request, query, query.page - 1) if page.has_prev else None,
+        }
+    )
+
+
+@router.post("/runs", url_name="runs", tags=["runs"], response=responses(dict[str, Any], 201, 400, 403, 404))
+def launch_run(request: HttpRequest, data: LaunchIn | None = None) -> JsonResponse:
+    """Queue a run: an experiment (or a team, for its default experiment), a preset or a
+    saved configuration's version, and `overrides` on top."""
+    launch = actions.check_launch(request.user, **(data or LaunchIn()).model_dump())
     run = actions.do_launch_run(request.user, launch)
     return JsonResponse(run.detail(), status=201)
 
@@ -170,67 +224,71 @@ class CancelManyIn(BaseModel):
     runs: Any = None
 
 
-@require_POST
-@api_login_required
-def runs_cancel(request: HttpRequest) -> JsonResponse:
+class Cancelled(Schema):
+    cancelled: list[int]
+    refused: dict[str, str]
+
+
+@router.post("/runs/cancel", url_name="runs-cancel", tags=["runs"], response=responses(Cancelled, 200, 400))
+def cancel_runs(request: HttpRequest, data: CancelManyIn | None = None) -> JsonResponse:
     """Cancel several runs: {"runs": [ids]} → {"cancelled": [ids], "refused": {id: why}}.
     Each run is checked and cancelled on its own; 200 even when some were refused."""
-    try:
-        data = CancelManyIn.model_validate(json_object(request))
-        run_ids = actions.check_run_ids(data.runs)
-    except (ValidationError, ActionError) as exc:
-        return refusal_response(exc)
+    run_ids = actions.check_run_ids((data or CancelManyIn()).runs)
     cancelled, refused = actions.do_cancel_runs(request.user, run_ids)
     return JsonResponse({"cancelled": cancelled, "refused": {str(k): v for k, v in refused.items()}})
 
 
-@require_GET
-@api_login_required
-def run_detail(request: HttpRequest, run_id: int) -> JsonResponse:
-    try:
-        run = actions.check_run_access(request.user, run_id)
-    except NotFound as exc:
-        return refusal_response(exc)
+@router.get("/runs/{int:run_id}", url_name="run", tags=["runs"], response=responses(dict[str, Any], 200, 404))
+def get_run(request: HttpRequest, run_id: int) -> JsonResponse:
+    """One run: its configuration, status, phase and series names."""
+    run = actions.check_run_access(request.user, run_id)
     return JsonResponse(run.detail())
 
 
-@require_POST
-@api_login_required
-def run_cancel(request: HttpRequest, run_id: int) -> JsonResponse:
-    try:
-        run = actions.check_cancel(request.user, run_id)
-    except ActionError as exc:
-        return refusal_response(exc)
+@router.post(
+    "/runs/{int:run_id}/cancel",
+    url_name="run-cancel",
+    tags=["runs"],
+    response=responses(dict[str, Any], 202, 403, 404, 409),
+)
+def cancel_run(request: HttpRequest, run_id: int) -> JsonResponse:
+    """Cancel a queued or running run (your own; an admin anyone's): 202, it stops soon."""
+    run = actions.check_cancel(request.user, run_id)
     actions.do_cancel_run(request.user, run)
     return JsonResponse(run.detail(), status=202)
 
 
-@csrf_exempt  # POST is the engine's token-authenticated ingest; GET is a session read
-@require_http_methods(["GET", "POST"])
-def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
-    if request.method == "POST":
-        return ingest_metrics(request, run_id)
-    return _read_metrics(request, run_id)
+class Series(Schema):
+    run: int
+    status: str
+    max_points: int
+    series: dict[str, Any]
 
 
-@api_login_required
-def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
-    """GET ?series=a,b (or repeated) &after_step=N &max_points=N → each series' points,
-    min-max downsampled to at most max_points."""
-    try:
-        run = actions.check_run_access(request.user, run_id)
-    except NotFound as exc:
-        return refusal_response(exc)
-    try:
-        after_step = int_param(request, "after_step", None)
-        max_points = int_param(request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000)
-        names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
-        # Only a name the ingest could have stored (a NUL would fail the query itself).
-        bad = next((name for name in names if not re.fullmatch(SERIES_PATTERN, name)), None)
-        if bad is not None:
-            raise BadParam("series", f"series are names such as reward/mean ({SERIES_PATTERN}); got {bad!r}")
-    except BadParam as exc:
-        return refusal_response(exc)
+METRICS_DOC = query_doc(
+    ("series", "string", "series names, comma-separated or repeated (default: all)"),
+    ("after_step", "integer", "only points after this step (polling)"),
+    ("max_points", "integer", "at most this many points per series, min-max downsampled (10 to 100000)"),
+)
+
+
+@router.get(
+    "/runs/{int:run_id}/metrics",
+    url_name="run-metrics",
+    tags=["metrics"],
+    response=responses(Series, 200, 400, 404),
+    openapi_extra=METRICS_DOC,
+)
+def read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+    """A run's metric series, each min-max downsampled to at most `max_points`."""
+    run = actions.check_run_access(request.user, run_id)
+    after_step = int_param(request, "after_step", None)
+    max_points = int_param(request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000)
+    names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
+    # Only a name the ingest could have stored (a NUL would fail the query itself).
+    bad = next((name for name in names if not re.fullmatch(SERIES_PATTERN, name)), None)
+    if bad is not None:
+        raise BadParam("series", f"series are names such as reward/mean ({SERIES_PATTERN}); got {bad!r}")
     return JsonResponse(
         {
             "run": run.pk,
@@ -241,20 +299,24 @@ def _read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     )
 
 
-@csrf_exempt  # token-authenticated, never a browser form
-@require_POST
-def run_status(request: HttpRequest, run_id: int) -> JsonResponse:
-    return ingest_status(request, run_id)
+# The engine's metric batches: the run's own bearer token, not a user (api/ingest.py
+# checks it), so no user auth and no CSRF. Left out of the schema: the engine's
+# reporter is its one client.
+@router.post("/runs/{int:run_id}/metrics", url_name="run-metrics", auth=None, include_in_schema=False)
+def run_metrics_ingest(request: HttpRequest, run_id: int) -> JsonResponse:
+    return ingest_metrics(request, run_id)
 
 
-@require_GET
-@api_login_required
-def run_export(request: HttpRequest, run_id: int):
+@router.get(
+    "/runs/{int:run_id}/export",
+    url_name="run-export",
+    tags=["exports"],
+    response={200: None, 401: Errors, 404: Errors, 409: Errors},
+    openapi_extra={"responses": {"200": {"description": "the model as a zip", "content": {"application/zip": {}}}}},
+)
+def download_export(request: HttpRequest, run_id: int):
     """The run's exported model as a zip (runs/exports.py): 404 if there is none or the
     run is not yours, 409 while the run is not finished."""
-    try:
-        run, directory = exports.check_export(request.user, run_id)
-    except ActionError as exc:
-        return refusal_response(exc)
+    run, directory = exports.check_export(request.user, run_id)
     exports.do_record_export(request.user, run)
     return exports.zip_response(request, run, directory)

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "runs",
     "configs",
     "api",
+    "ninja",  # the API docs page's template and its Swagger UI files (no CDN)
     "dashboard",
     "compare",  # the compare page and comparison experiments
     "ops",  # management commands only (up, …)

@@ -7,6 +7,8 @@ API answers `http_status` with `{"errors": errors}`, the pages show the messages
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ValidationError
 
 
@@ -61,8 +63,16 @@ def field_errors(exc: ValidationError, *, model: type[BaseModel] | None = None, 
     dotted location (the first), `root` for an error about the whole input, worded for
     the person who wrote it. Given the `model` that was validated, an unknown field's
     message lists what its section accepts."""
+    return errors_by_field(exc.errors(), model=model, root=root)
+
+
+def errors_by_field(
+    found: Iterable[dict], *, model: type[BaseModel] | None = None, root: str = "body"
+) -> dict[str, str]:
+    """field_errors over pydantic's error dicts themselves (django-ninja hands those on,
+    with the location relative to the model they were found in)."""
     errors: dict[str, str] = {}
-    for err in exc.errors():
+    for err in found:
         loc = [str(part) for part in err["loc"]]
         field = ".".join(loc) or root
         message = err["msg"].removeprefix("Value error, ")

@@ -93,6 +93,8 @@ def _launch_body(w: World) -> dict:
 
 ASKS: dict[str, list[Ask]] = {
     "healthz": [Ask("GET", lambda w: "/healthz", "public")],
+    "api:openapi-json": [Ask("GET", lambda w: "/api/openapi.json", "login")],
+    "api:openapi-view": [Ask("GET", lambda w: "/api/docs", "login", json=False)],
     "api:presets": [Ask("GET", lambda w: "/api/presets", "login")],
     "api:config-schema": [Ask("GET", lambda w: "/api/config/schema", "login")],
     "api:teams": [Ask("GET", lambda w: "/api/teams", "login")],
