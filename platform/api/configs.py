@@ -67,7 +67,7 @@ def save_config(request: HttpRequest, data: ConfigIn | None = None) -> JsonRespo
     return JsonResponse(saved.as_dict(), status=201)
 
 
-@router.get("/configs/{config_id}", url_name="config", response=responses(dict[str, Any], 200, 404))
+@router.get("/configs/{str:config_id}", url_name="config", response=responses(dict[str, Any], 200, 404))
 def get_config(request: HttpRequest, config_id: str) -> JsonResponse:
     """One saved version (by id) with its siblings' ids, or a built-in preset (by name)."""
     if config_id in PRESETS:
@@ -78,7 +78,9 @@ def get_config(request: HttpRequest, config_id: str) -> JsonResponse:
 
 
 @router.post(
-    "/configs/{config_id}/versions", url_name="config-versions", response=responses(dict[str, Any], 201, 400, 403, 404)
+    "/configs/{str:config_id}/versions",
+    url_name="config-versions",
+    response=responses(dict[str, Any], 201, 400, 403, 404),
 )
 def save_config_version(request: HttpRequest, config_id: str, data: VersionIn | None = None) -> JsonResponse:
     """Save an edited version (n+1) of a saved configuration; what is left out is kept."""

@@ -55,7 +55,7 @@ def _team(user, team: str):
         raise NotFound(exc.errors) from None
 
 
-@router.get("/teams/{team}/members", url_name="team-members", response=responses(Members, 200, 404))
+@router.get("/teams/{str:team}/members", url_name="team-members", response=responses(Members, 200, 404))
 def list_members(request: HttpRequest, team: str) -> JsonResponse:
     """A team's members and their roles (any member may look)."""
     found = _team(request.user, team)
@@ -64,7 +64,7 @@ def list_members(request: HttpRequest, team: str) -> JsonResponse:
 
 
 @router.post(
-    "/teams/{team}/members",
+    "/teams/{str:team}/members",
     url_name="team-members",
     response={**responses(MemberOut, 200, 400, 403, 404), 201: MemberOut},
 )
@@ -81,7 +81,7 @@ class Removed(Schema):
 
 
 @router.delete(
-    "/teams/{team}/members/{username}", url_name="team-member", response=responses(Removed, 200, 400, 403, 404)
+    "/teams/{str:team}/members/{str:username}", url_name="team-member", response=responses(Removed, 200, 400, 403, 404)
 )
 def remove_member(request: HttpRequest, team: str, username: str) -> JsonResponse:
     """Remove a member: team admins only."""
@@ -96,7 +96,7 @@ class Audit(Schema):
 
 
 @router.get(
-    "/teams/{team}/audit",
+    "/teams/{str:team}/audit",
     url_name="team-audit",
     response=responses(Audit, 200, 400, 403, 404),
     openapi_extra=query_doc(("before", "integer", "only events with a smaller id (the next page)")),

@@ -47,7 +47,7 @@ def make_token(request: HttpRequest, data: TokenIn | None = None) -> JsonRespons
     return JsonResponse({**token.as_dict(), "token": secret}, status=201)
 
 
-@router.delete("/tokens/{token_id}", url_name="token", response=responses(dict[str, Any], 200, 404))
+@router.delete("/tokens/{str:token_id}", url_name="token", response=responses(dict[str, Any], 200, 404))
 def revoke_token(request: HttpRequest, token_id: str) -> JsonResponse:
     """Revoke one of your tokens."""
     token = tokens.check_own(request.user, token_id)

@@ -312,7 +312,7 @@ def run_metrics_ingest(request: HttpRequest, run_id: int) -> JsonResponse:
     url_name="run-export",
     tags=["exports"],
     response={200: None, 401: Errors, 404: Errors, 409: Errors},
-    openapi_extra={"responses": {"200": {"description": "the model as a zip", "content": {"application/zip": {}}}}},
+    openapi_extra={"responses": {200: {"description": "the model as a zip", "content": {"application/zip": {}}}}},
 )
 def download_export(request: HttpRequest, run_id: int):
     """The run's exported model as a zip (runs/exports.py): 404 if there is none or the

@@ -14,6 +14,7 @@ import inspect
 import json
 import re
 import types
+import typing
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
@@ -119,7 +120,12 @@ def walk(patterns, prefix: tuple = ()) -> list[Route]:
 
 
 def http_routes() -> list[Route]:
-    return walk(get_resolver().url_patterns)
+    """Each route once: django-ninja gives every method of a path its own pattern (one
+    view, dispatching by method), and only the first of them is ever resolved."""
+    unique: dict[str, Route] = {}
+    for route in walk(get_resolver().url_patterns):
+        unique.setdefault(route.template, route)
+    return list(unique.values())
 
 
 def ws_routes() -> list[Route]:
@@ -191,8 +197,30 @@ def view_reads(view) -> ViewReads:
                     if inspect.isfunction(target):
                         visit(target, depth - 1)
 
-    visit(view, 3)
+    operations = ninja_operations(view)
+    for operation in operations:
+        visit(operation.view_func, 3)
+        for hint in typing.get_type_hints(operation.view_func).values():
+            for model in (hint, *typing.get_args(hint)):
+                if (
+                    isinstance(model, type)
+                    and issubclass(model, BaseModel)
+                    and _ours(model)
+                    and model not in reads.models
+                ):
+                    reads.models.append(model)
+    if not operations:
+        visit(view, 3)
     return reads
+
+
+def ninja_operations(view) -> list:
+    """The django-ninja operations behind a URL's view (one view per path, dispatching by
+    method to each operation's function); [] for a plain Django view."""
+    if not (inspect.isfunction(view) and view.__module__.startswith("ninja.")):
+        return []
+    path_view = inspect.getclosurevars(view).nonlocals.get("self")
+    return list(getattr(path_view, "operations", []))
 
 
 def model_schema(model) -> dict:
@@ -603,7 +631,7 @@ def requests_for(
     a valid path with well-formed JSON or forms, so the view's checks (not only the
     login, the token and the parser) meet hostile values."""
     reads = view_reads(route.view)
-    params = reads.params | (set(DJANGO_PARAMS) if not _ours(route.view) else set())
+    params = reads.params | (set(DJANGO_PARAMS) if not (_ours(route.view) or ninja_operations(route.view)) else set())
     valid_paths = paths(route, valid, hostile=False)
     focused = _request(
         personas=st.just("admin" if route.is_admin else "member"),
