@@ -50,7 +50,7 @@ def _check_launchable(user, parent: Run, config: RunConfig) -> None:
     roles.require(user, parent.experiment.team, "launch runs", field="run")
     refused = admission.config_errors(config)
     if refused:
-        raise ActionError({f"config.{name}": message for name, message in refused.items()})
+        raise ActionError(refused)  # by dotted config field, as a launch's refusal
 
 
 def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run:

@@ -188,3 +188,27 @@ def test_reconcile_resumes_a_dead_run_with_restarts_left_and_fails_one_without(m
     child.refresh_from_db()
     assert counts["lost"] == 1 and child.status == Status.FAILED and "is gone" in child.error
     assert not Run.objects.filter(parent=child).exists()
+
+
+def test_the_api_retries_resumes_clones_and_annotates(client, client_for, owner, make_run, enqueued):
+    api = client_for(owner)
+    parent = make_run(
+        Status.FAILED, preset="sync", config=build("sync", {"stop": {"max_steps": 9}}).model_dump(mode="json")
+    )
+    assert ingest_checkpoint(client, parent, 3).status_code == 201
+    listed = api.get(f"/api/runs/{parent.pk}/checkpoints").json()["checkpoints"]
+    assert [(c["step"], c["bytes"], c["sha256"]) for c in listed] == [(3, 1003, SHA)]
+
+    retried = post_json(api, f"/api/runs/{parent.pk}/retry", {})
+    assert retried.status_code == 201 and (retried.json()["parent"], retried.json()["origin"]) == (parent.pk, "retry")
+    resumed = post_json(api, f"/api/runs/{parent.pk}/resume", {"step": 3})
+    assert resumed.status_code == 201 and resumed.json()["resume_from"]["step"] == 3
+    assert post_json(api, f"/api/runs/{parent.pk}/resume", {"step": 5}).json()["errors"]["step"].endswith("(it has: 3)")
+    cloned = post_json(api, f"/api/runs/{parent.pk}/clone", {"overrides": {"buffer": {"capacity": 6}}})
+    assert cloned.status_code == 201 and cloned.json()["config"]["buffer"]["capacity"] == 6
+    bad = post_json(api, f"/api/runs/{parent.pk}/clone", {"overrides": {"buffer": {"capacity": -1}}})
+    assert bad.status_code == 400 and "buffer.capacity" in bad.json()["errors"]
+    noted = post_json(api, f"/api/runs/{parent.pk}/notes", {"notes": "see #12", "tags": ["a", "b"]})
+    assert noted.status_code == 200 and (noted.json()["notes"], noted.json()["tags"]) == ("see #12", ["a", "b"])
+    children = api.get(f"/api/runs/{parent.pk}").json()["children"]
+    assert [c["origin"] for c in children] == ["retry", "resume", "clone"]

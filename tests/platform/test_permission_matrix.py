@@ -174,6 +174,12 @@ ASKS: dict[str, list[Ask]] = {
         Ask("POST", lambda w: f"/api/runs/{w.run.pk}/status", "token", lambda w: {"status": "failed", "error": "x"})
     ],
     "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
+    "api:run-retry": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/retry", "member")],
+    "api:run-resume": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/resume", "member", lambda w: {"step": 1})],
+    "api:run-clone": [
+        Ask("POST", lambda w: f"/api/runs/{w.done.pk}/clone", "member", lambda w: {"overrides": {"seed": 3}})
+    ],
+    "api:run-notes": [Ask("POST", lambda w: f"/api/runs/{w.run.pk}/notes", "own", lambda w: {"notes": "n"})],
     "api:run-checkpoints": [
         Ask("GET", lambda w: f"/api/runs/{w.done.pk}/checkpoints", "viewer"),
         Ask(
