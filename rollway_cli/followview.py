@@ -111,7 +111,10 @@ class View:
             else:
                 self.live.update(panel(s))
         else:
-            key = (s.status, doing(s), s.steps, s.reward, s.loss, s.samples_per_s)
+            # The phase, not its detail: a warm start's detail counts its steps every poll,
+            # which would print a line a second for a minute.
+            what = s.phase if s.status == "running" and s.phase else doing(s)
+            key = (s.status, what, s.steps, s.reward, s.loss, s.samples_per_s)
             now = time.monotonic()
             if key != self._last_key or now - self._last_printed_s >= HEARTBEAT_S:
                 print(line(s), flush=True)
