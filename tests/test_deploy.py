@@ -16,6 +16,7 @@ from ops.management.commands.up import (
     celery_worker_args,
     daphne_args,
 )
+from ops.ray_head import GCS_HISTORY, make_head
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -34,7 +35,7 @@ PRODUCTION = {
 }
 # Read by Ray itself, not by settings.py: the token auth every Ray client needs, and the
 # switch that lets the Celery worker warm-shut-down on SIGTERM once it has joined Ray.
-RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
+RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", *GCS_HISTORY}
 
 
 def settings_env_names() -> set[str]:
@@ -188,3 +189,12 @@ def test_readme_documents_every_setting():
     readme = (REPO / "README.md").read_text()
     missing = [name for name in sorted(settings_env_names()) if f"`{name}`" not in readme]
     assert not missing, f"README.md's settings table lacks {missing}"
+
+
+def test_every_ray_head_caps_the_gcs_history_alike(tmp_path):
+    """The GCS keeps at most GCS_HISTORY's task events and dead actors, on every head:
+    the one `up` and the tests start, compose's and KubeRay's."""
+    assert make_head(tmp_path).head_env().items() >= GCS_HISTORY.items()
+    assert compose()["services"]["ray-head"]["environment"].items() >= GCS_HISTORY.items()
+    head = k8s("RayCluster", "rollway-ray")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in head["env"]}.items() >= GCS_HISTORY.items()

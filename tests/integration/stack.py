@@ -165,7 +165,7 @@ class Stack:
         child = self.sup.start(
             "ray",
             head.command(),
-            env=child_env(**self.ray_env),
+            env=child_env(**head.head_env()),
             cwd=str(REPO),
             ready_when=head.is_ready_line,
             stop_leader_only=True,

@@ -135,7 +135,7 @@ class Command(BaseCommand):
                 ray_child = sup.start(
                     "ray",
                     head.command(),
-                    env=child_env(url.rstrip("/"), ray_env),
+                    env=child_env(url.rstrip("/"), head.head_env()),
                     cwd=str(settings.REPO_ROOT),
                     ready_when=head.is_ready_line,
                     stop_leader_only=True,
