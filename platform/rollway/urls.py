@@ -13,3 +13,6 @@ urlpatterns = [
     path("teams/", include("teams.urls")),
     path("", include("dashboard.urls")),
 ]
+
+# A database outage met outside any view (a middleware's query) is a 503 too (rollway/dbdown.py).
+handler500 = "rollway.dbdown.server_error"
