@@ -199,7 +199,6 @@ def test_the_driver_killed_mid_run_is_resumed_from_its_checkpoint(stack, member,
     assert status(run) == Run.Status.RUNNING, f"run {run.pk} {run.status}: {run.error}"
     ray_control.kill(f"run-{run.pk}")
     killed = time.monotonic()
-    before = stored_points(run)
 
     def reconciled() -> bool:  # what the beat does every 15 s, here once a second
         ray_control.reconcile()
@@ -207,6 +206,9 @@ def test_the_driver_killed_mid_run_is_resumed_from_its_checkpoint(stack, member,
 
     wait_for(reconciled, DETECT_BUDGET_S, f"reconcile to resume run {run.pk}", interval_s=1.0)
     detect_s = time.monotonic() - killed
+    # The parent as reconcile settled it (with what its driver posted or spooled before it
+    # died): the child must not add to it.
+    before = stored_points(run)
     child = Run.objects.select_related("resume_from").get(parent=run)
     resumed_at = child.resume_from.step
     assert run.status == Run.Status.FAILED
