@@ -117,8 +117,6 @@ class Trainer:
         trained = batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)
         versions = [v for r in rollouts for v in r.model_versions]
         adv = torch.tensor(advantages)[:, None].expand_as(behaviour)
-        with torch.no_grad():
-            old_logp = token_logprobs(self.model, batch, temperature)
 
         # Minibatches of whole groups, in a seeded shuffled order.
         row_of_group, row = [], 0
@@ -128,15 +126,25 @@ class Trainer:
         order = list(range(len(groups)))
         self._rng.shuffle(order)
         n_mb = min(tc.minibatches, len(groups))
+        minibatch_rows = [torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]]) for k in range(n_mb)]
+        # pi_old, the policy at step start: the first minibatch's forward runs before any
+        # update, so its logprobs, detached, are pi_old on its rows; only the other
+        # minibatches' rows need a forward of their own (none with one minibatch).
+        old_logp = torch.zeros(batch.mask.shape)
+        if n_mb > 1:
+            rest = torch.cat(minibatch_rows[1:])
+            ids, attn, targets = batch.input_ids[rest], batch.attention_mask[rest], batch.targets[rest]
+            others = PackedBatch(ids, attn, targets, batch.mask[rest])
+            with torch.no_grad():
+                old_logp[rest] = token_logprobs(self.model, others, temperature)
         losses, stats_acc, grad_norms = [], {}, []
-        for k in range(n_mb):
-            rows = torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]])
+        for k, rows in enumerate(minibatch_rows):
             sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], trained[rows])
             logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
             loss, stats = correction_loss(
                 self.cfg.correction,
                 logp,
-                old_logp[rows],
+                logp.detach() if k == 0 else old_logp[rows],
                 behaviour[rows],
                 adv[rows],
                 sub.mask,

@@ -178,3 +178,42 @@ def test_a_missing_model_path_is_named(tmp_path):
     cfg = small_config(model={"source": "path", "path": str(tmp_path / "nope")})
     with pytest.raises(FileNotFoundError, match="model.path"):
         warmstart.policy_dir(cfg, str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("minibatches", [1, 2, 3])
+def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_model_dir, monkeypatch, minibatches):
+    """Each minibatch's loss gets the logprobs of the policy as the step began: the
+    first minibatch's own forward (no update has run yet), the others' from one extra
+    no-grad forward of their rows; with one minibatch a step runs one forward only."""
+    import copy
+
+    import workers.trainer as trainer_module
+
+    cfg = small_config(trainer={"minibatches": minibatches})
+    groups = fixed_groups(tiny_model_dir, cfg)
+    trainer = Trainer(cfg, tiny_model_dir)
+    start = copy.deepcopy(trainer.model)
+    rollouts = [r for g in groups for r in g.rollouts]
+    batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], trainer.pad_id)
+    with torch.no_grad():
+        reference = token_logprobs(start, batch, cfg.inference.temperature)
+    seen = []
+    real_loss = trainer_module.correction_loss
+
+    def spy(correction, logp, old_logp, behaviour, advantages, mask, *rest):
+        seen.append((old_logp.clone(), mask.clone()))
+        return real_loss(correction, logp, old_logp, behaviour, advantages, mask, *rest)
+
+    monkeypatch.setattr(trainer_module, "correction_loss", spy)
+    forwards = []
+    trainer.model.register_forward_hook(lambda *a: forwards.append(1))
+    trainer.train_step(groups)
+
+    order = list(range(len(groups)))
+    random.Random(cfg.seed).shuffle(order)  # the trainer's first shuffle
+    size = cfg.trainer.group_size
+    assert len(seen) == minibatches
+    for k, (old_logp, mask) in enumerate(seen):
+        rows = [gi * size + j for gi in order[k::minibatches] for j in range(size)]
+        assert torch.allclose(old_logp * mask, reference[rows] * mask, atol=1e-5)
+    assert len(forwards) == minibatches + (minibatches > 1)
