@@ -109,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--venv", default=None, help="TRL's virtual environment (made if missing)")
     ap.add_argument("--work-dir", default=None, help="checkpoint, policy and scratch (default: a temp dir, removed)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown, a row per side")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.batch_groups, args.group_size = 4, 4, 4
@@ -193,6 +194,7 @@ def figures(
         "trainer_busy": sum(busy_trainer[1:]) / span,
         "reward_start": sum(head) / len(head),
         "reward_end": sum(tail) / len(tail),
+        "reward_best": max((m for m in moving_mean(rewards) if m is not None), default=None),
         "target_step": reached[0] if reached else None,
         "target_s": reached[1] if reached else None,
         "wall_s": times[-1],
@@ -269,6 +271,7 @@ ROWS = (
     ("trainer busy", "trainer_busy", "{:.0%}"),
     ("reward, first 5 steps", "reward_start", "{:.3f}"),
     ("reward, last 5 steps", "reward_end", "{:.3f}"),
+    ("best 5-step mean reward", "reward_best", "{:.3f}"),
     ("step reaching target", "target_step", "{}"),
     ("time to target (s)", "target_s", "{:.1f}"),
     ("training wall time (s)", "wall_s", "{:.1f}"),
@@ -289,6 +292,35 @@ def format_table(results: dict[str, dict], rows=ROWS) -> str:
             v = r.get(key)
             cells.append(f"{'-' if v is None else fmt.format(v):>{width}}")
         lines.append(f"{title:<{label}}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def markdown_table(results: dict[str, dict], target: float) -> str:
+    """One row per side (a Markdown table for the README): throughput, its ratio to
+    TRL's, time to `target`, rewards, busy fractions and the load the figure was
+    taken under; '-' where a figure is missing."""
+
+    def cell(r: dict, key: str, fmt: str) -> str:
+        v = r.get(key)
+        return "-" if v is None else fmt.format(v)
+
+    trl = results.get("trl")
+    head = (
+        "| side | samples/s | × TRL | completion tokens/s | time to reward "
+        f"{target} (s, step) | training wall (s) | reward first 5 → last 5 steps | best 5-step mean "
+        "| inference busy | trainer busy | load average |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for name, r in results.items():
+        ratio = "-" if trl is None else f"{r['samples_per_s'] / trl['samples_per_s']:.2f}×"
+        to_target = "not reached" if r.get("target_s") is None else f"{r['target_s']:.0f} (step {r['target_step']})"
+        lines.append(
+            f"| {name} | {cell(r, 'samples_per_s', '{:.1f}')} | {ratio} | {cell(r, 'tokens_per_s', '{:.0f}')} "
+            f"| {to_target} | {cell(r, 'wall_s', '{:.0f}')} "
+            f"| {cell(r, 'reward_start', '{:.3f}')} → {cell(r, 'reward_end', '{:.3f}')} "
+            f"| {cell(r, 'reward_best', '{:.3f}')} | {cell(r, 'inference_busy', '{:.0%}')} "
+            f"| {cell(r, 'trainer_busy', '{:.0%}')} | {cell(r, 'loadavg_1m', '{:.1f}')} |"
+        )
     return "\n".join(lines)
 
 
@@ -486,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nwhere a step's time goes (seconds per step, steps 2..N):")
     for name, r in results.items():
         print(f"  {name:12} " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()))
+    if args.markdown:
+        print()
+        print(markdown_table(results, args.target))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=2, default=str)

@@ -545,3 +545,23 @@ def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path
         assert s["web_fds"] > 0 and s["worker_fds"] > 0 and s["db_conns"] >= 0
         assert s["all_pts_s"] >= s["run_pts_s"] >= 0 and s["run_ms"] > 0 and s["metrics_ms"] > 0
     assert sum(s["all_pts_s"] for s in samples) > 0 and not f["viewers_short"]
+
+
+def test_peer_trl_markdown_has_a_row_per_side_and_the_ratio_to_trl():
+    pt = load("peer_trl.py")
+    row = {key: 1.0 for _, key, _ in pt.ROWS} | {"target_s": None, "target_step": None}
+    fast = dict(row, samples_per_s=3.5, target_s=2.0, target_step=4)
+    lines = pt.markdown_table({"trl": row, "async": fast}, 0.5).splitlines()
+    assert len(lines) == 4 and "time to reward 0.5" in lines[0]
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
+    trl, async_ = ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])
+    assert trl[:3] == ["trl", "1.0", "1.00×"] and trl[4] == "not reached"
+    assert async_[:3] == ["async", "3.5", "3.50×"] and async_[4] == "2 (step 4)"
+
+
+def test_peer_trl_figures_keep_the_best_moving_mean():
+    pt = load("peer_trl.py")
+    r = pt.figures(
+        [float(t) for t in range(1, 8)], [0.1, 0.2, 0.3, 0.4, 0.5, 0.9, 0.2], 8, [1] * 7, [0] * 7, [0] * 7, 0.9
+    )
+    assert r["reward_best"] == pytest.approx(0.46)
