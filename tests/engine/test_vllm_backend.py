@@ -160,6 +160,18 @@ def test_a_completion_that_reaches_the_context_length_finishes_with_length(backe
     assert any(len(c.token_ids) == 4 for c in groups[0])
 
 
+def test_a_batch_with_more_prompt_tokens_than_one_engine_step_takes(backend):
+    # 16 prompts × 8 samples × 60 tokens = 7680 prompt tokens, more than one step of a
+    # CPU engine schedules (4096 by default): no prompt may be left half prefilled (vLLM
+    # then rewinds the request's generator, which a CPU generator cannot do).
+    prompts = [[1] + [3 + (i + j) % 45 for j in range(59)] for i in range(16)]
+    first = backend.generate(prompts, n=8, max_new_tokens=4, temperature=1.0, seed=3)
+    assert [len(g) for g in first] == [8] * 16
+    assert all(1 <= len(c.token_ids) <= 4 for g in first for c in g)
+    again = backend.generate(prompts, n=8, max_new_tokens=4, temperature=1.0, seed=3)
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
+
+
 def _perturbed(hf, scale: float, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {

