@@ -56,6 +56,11 @@ What cannot be the same, and why:
 
     .venv/bin/python bench/peer_trl.py                       # B=16 × G=8, 30 steps a side (~20 min)
     .venv/bin/python bench/peer_trl.py --quick               # smoke test: 4 steps, B=4 × G=4
+    # the README's table (~6 min after the warm start): B=8 × G=8, 40 steps, lr 3e-4, at
+    # which TRL's 5-step mean first reaches 0.375 at its step 19; at lr 1e-3 it peaks at
+    # 0.372 and falls back, at 3e-3 it falls to 0.11–0.23
+    .venv/bin/python bench/peer_trl.py --trl-threads 1 --batch-groups 8 --group-size 8 --steps 40 \
+        --lr 3e-4 --target 0.375 --markdown
     .venv/bin/python bench/peer_trl.py --skip-trl --backends torch,vllm
     .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer  # keeps (and reuses) the warm-started policy
 """
