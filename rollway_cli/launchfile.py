@@ -16,18 +16,9 @@ from typing import Any
 import yaml
 
 from rollway_cli.errors import BAD_REQUEST, CliError
+from workers.merge import deep_merge
 
 LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "saved_config", "overrides")
-
-
-def deep_merge(base: dict, more: dict) -> dict:
-    out = dict(base)
-    for key, value in more.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def nest(flat: dict[str, Any], where: str = "overrides") -> dict:

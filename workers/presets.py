@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from workers.config import RunConfig
+from workers.merge import deep_merge
 
 # Each peer preset reproduces one library's *pipeline choices* (buffer, staleness,
 # correction, weight sync, update mode) on Rollway's default model, task and trainer
@@ -383,16 +384,6 @@ PEERS: dict[str, str] = {
 
 class UnknownPreset(ValueError):
     pass
-
-
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def dotted_overrides(items: list[str]) -> dict[str, Any]:
