@@ -154,14 +154,16 @@ def do_resume(user, parent: Run, checkpoint: Checkpoint, *, restarts: int | None
     )
 
 
+def max_restarts(run: Run) -> int:
+    """The run's `checkpoint.max_restarts` (a section with defaults: a config stored
+    before it existed has none, so 0)."""
+    return (run.config.get("checkpoint") or {}).get("max_restarts", 0)
+
+
 def auto_resume_checkpoint(run: Run) -> Checkpoint | None:
     """The checkpoint the reconcile may resume a dead run from: its latest, when its
     config's `checkpoint.max_restarts` has restarts left; None otherwise."""
-    try:
-        allowed = RunConfig.model_validate(run.config).checkpoint.max_restarts
-    except Exception:  # a config from before checkpoints: no restarts
-        return None
-    if run.restarts >= allowed:
+    if run.restarts >= max_restarts(run):
         return None
     return run.checkpoints.order_by("-step").first()
 

@@ -113,15 +113,14 @@ def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> bool:
     """A running run whose driver is gone, with restarts left (`checkpoint.max_restarts`):
     it fails saying so, and a child run resumes it from `checkpoint` (runs/lineage.py),
     in one transaction. False if the run changed meanwhile (it is left alone)."""
-    allowed = run.config.get("checkpoint", {}).get("max_restarts", 0)
-    error, detail = lost_reason(run, now)
+    _, detail = lost_reason(run, now)  # the facts stay; the sentence says it was resumed
     with transaction.atomic():
         if not do_fail_run(run, "", detail, only_from=[run.status]):
             return False
         child = lineage.do_auto_resume(run, checkpoint)
         message = (
             f"The run's driver died; it was resumed as run {child.pk} from its checkpoint at step "
-            f"{checkpoint.step} (restart {child.restarts} of checkpoint.max_restarts={allowed})."
+            f"{checkpoint.step} (restart {child.restarts} of checkpoint.max_restarts={lineage.max_restarts(run)})."
         )
         Run.objects.filter(pk=run.pk).update(error=message)
         run.error = message
