@@ -96,3 +96,20 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
 # A warm start long enough that the tiny BPE checkpoint (workers/tiny_hf.py) answers with
 # task characters and stops (measured: EOS ends ~all completions, most decode to letters).
 HF_WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
+
+
+# The per-step series computed from the trained batch and the weights alone (no clocks, no
+# buffer occupancy): they must match step for step when the runs train the same thing.
+TRAINED = (
+    "loss",
+    "reward/mean",
+    "staleness/mean",
+    "staleness/max",
+    "trainer/grad_norm",
+    "policy/version",
+    "policy/entropy",
+    "is/ratio_mean",
+    "is/clipped_frac",
+    "ppo/clipped_frac",
+    "mismatch/kl",
+)

@@ -25,6 +25,7 @@ import math
 import pytest
 import ray
 
+from tests.engine.helpers import TRAINED
 from workers.driver import RunDriver
 from workers.presets import build, deep_merge
 from workers.run_actors import NAMESPACE, actor_name
@@ -32,21 +33,6 @@ from workers.run_actors import NAMESPACE, actor_name
 pytestmark = pytest.mark.slow
 
 STEPS = 5
-# Per-step series computed from the trained batch and the weights alone (no clocks, no
-# buffer occupancy): they must match step for step when the runs train the same thing.
-TRAINED = (
-    "loss",
-    "reward/mean",
-    "staleness/mean",
-    "staleness/max",
-    "trainer/grad_norm",
-    "policy/version",
-    "policy/entropy",
-    "is/ratio_mean",
-    "is/clipped_frac",
-    "ppo/clipped_frac",
-    "mismatch/kl",
-)
 # Same ops in the same order on the same host: bit-identical in practice. The absolute
 # floor is float32 rounding of O(1) terms (a loss can cancel to ~1e-8); the negative
 # control differs by ≥ 1e-4.
