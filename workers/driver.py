@@ -28,7 +28,8 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from functools import partial
 
 import ray
 
@@ -57,6 +58,10 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 # target_reward is judged on the mean reward/mean of this many latest steps.
 TARGET_WINDOW = REWARD_WINDOW
+# The driver keeps this many latest points of each series for its summary (the site
+# stores them all). Keeping every point grew a fast run's driver without bound: a tiny
+# run's 22 steps/s × 28 series is 1.1M points, ~105 MB, in 30 minutes.
+SERIES_TAIL = 2_000
 # Child actors must be up within this (vLLM needs ~20–40 s on CPU to start).
 SPAWN_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
@@ -114,7 +119,7 @@ class RunDriver:
         self.error = ""  # why it failed, for people (workers.failures)
         self.error_detail = ""  # the traceback behind `error`
         self.version = 0
-        self.series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.series = series_store()
         self.buffer = self.trainer = None
         self.workers: list = []
         self._windows = StepWindows(self.cfg.inference.num_workers)
@@ -279,7 +284,7 @@ class RunDriver:
         weights' checksum: equal for bit-identical policies), export_dir (where the final
         policy was exported, "" if not), checkpoints (each written, oldest first: step,
         location, bytes, sha256, pruned) and every emitted series as
-        {name: [(step, value), ...]}."""
+        {name: [(step, value), ...]}, its latest SERIES_TAIL points."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -292,7 +297,7 @@ class RunDriver:
             "policy_sha256": self.policy_sha256,
             "export_dir": self.export_dir,
             "checkpoints": [dataclasses.asdict(c) for c in self.checkpoints_written],
-            "series": dict(self.series),
+            "series": {name: list(points) for name, points in self.series.items()},
         }
 
     def _spawn(self, model_dir: str) -> bool:
@@ -367,7 +372,7 @@ class RunDriver:
                 self.cfg.stop,
                 trainer_done=trainer_done,
                 elapsed_s=time.time() - self._loop_started,
-                rewards=[v for _, v in self.series["reward/mean"]],
+                rewards=[v for _, v in list(self.series["reward/mean"])[-TARGET_WINDOW:]],
             )
             if reason:
                 return reason
@@ -479,6 +484,11 @@ class RunDriver:
         if complete:
             for v in [v for v in self._syncs if v < complete[-1]]:
                 del self._syncs[v]
+
+
+def series_store(tail: int = SERIES_TAIL) -> defaultdict[str, deque[tuple[int, float]]]:
+    """Per series name, its latest `tail` (step, value) points."""
+    return defaultdict(partial(deque, maxlen=tail))
 
 
 def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewards: list[float]) -> str | None:
