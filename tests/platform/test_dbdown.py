@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import psycopg
+import psycopg_pool
 import pytest
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.test import RequestFactory
 
+from rollway import dbdown
 from rollway.dbdown import DatabaseUnavailableMiddleware
 
 middleware = DatabaseUnavailableMiddleware(lambda request: None)
@@ -78,3 +81,70 @@ def test_a_database_error_outside_any_view_is_a_503_too(raising, settings, path,
 def test_a_bug_outside_any_view_stays_a_500(raising, settings):
     settings.TEST_RAISE = ZeroDivisionError("a bug")
     assert raising.get("/api/presets").status_code == 500
+
+
+# -- holding the outage: no pool wait per request while the database is down ----------
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture(autouse=True)
+def held(monkeypatch):
+    """A fresh outage on a clock the test moves, for every test here: one that trips
+    the process's own would hold the next tests' requests."""
+    clock = Clock()
+    fresh = dbdown.Outage(hold_s=2.0, clock=clock)
+    monkeypatch.setattr(dbdown, "outage", fresh)
+    return clock
+
+
+def _django_error(cause: Exception) -> OperationalError:
+    # As Django's wrapper raises it: its own class, psycopg's error as the cause.
+    error = OperationalError(str(cause))
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [psycopg_pool.PoolTimeout("couldn't get a connection after 3.00 sec"), psycopg.OperationalError("refused")],
+)
+def test_an_unreachable_database_answers_the_next_requests_at_once_for_a_while(held, cause):
+    factory = RequestFactory()
+    assert middleware.process_request(factory.get("/api/runs")) is None
+    assert middleware.process_exception(factory.get("/api/runs"), _django_error(cause)).status_code == 503
+    # Held: answered before any view (or the pool) is reached, in each path's shape.
+    api = middleware.process_request(factory.post("/api/runs/3/metrics"))
+    assert api.status_code == 503 and json.loads(api.content)["errors"]["database"] == dbdown.MESSAGE
+    assert api["Retry-After"] == "5"
+    page = middleware.process_request(factory.get("/runs/3/"))
+    assert page.status_code == 503 and page["Content-Type"].startswith("text/plain")
+    assert middleware.process_request(factory.get("/static/dashboard.js")) is None  # no database there
+    held.t += 1.9
+    assert middleware.process_request(factory.get("/api/runs")).status_code == 503
+    held.t += 0.2  # past the hold: the next request tries the database again
+    assert middleware.process_request(factory.get("/api/runs")) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _django_error(psycopg.errors.QueryCanceled("canceling statement due to statement timeout")),
+        _django_error(psycopg.errors.DeadlockDetected("deadlock detected")),
+        OperationalError("database is locked"),  # SQLite's
+    ],
+)
+def test_a_query_of_its_own_failing_holds_nothing(held, error):
+    assert middleware.process_exception(RequestFactory().get("/api/runs"), error).status_code == 503
+    assert middleware.process_request(RequestFactory().get("/api/runs")) is None
+
+
+def test_a_cut_connection_holds_the_site_too(held):
+    middleware.process_exception(RequestFactory().get("/api/runs"), InterfaceError("connection already closed"))
+    assert middleware.process_request(RequestFactory().get("/api/runs")).status_code == 503
