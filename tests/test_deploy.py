@@ -12,6 +12,7 @@ import yaml
 
 from ops.management.commands.up import (
     ASGI_APPLICATION,
+    WEB_ENV,
     celery_beat_args,
     celery_worker_args,
     daphne_args,
@@ -36,6 +37,8 @@ PRODUCTION = {
 # Read by Ray itself, not by settings.py: the token auth every Ray client needs, and the
 # switch that lets the Celery worker warm-shut-down on SIGTERM once it has joined Ray.
 RAY_OWN = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", *GCS_HISTORY}
+# Read by glibc: the web process's malloc arenas.
+LIBC_OWN = set(WEB_ENV)
 
 
 def settings_env_names() -> set[str]:
@@ -96,7 +99,7 @@ def test_compose_runs_the_entry_points_up_runs():
 @pytest.mark.parametrize("service", ["web", "worker", "beat", "ray-head"])
 def test_compose_sets_only_settings_the_platform_reads(service):
     env = compose()["services"][service]["environment"]
-    unknown = set(env) - settings_env_names() - RAY_OWN
+    unknown = set(env) - settings_env_names() - RAY_OWN - LIBC_OWN
     assert not unknown, f"{service} sets variables nothing reads: {sorted(unknown)}"
     if service != "ray-head":
         assert set(env) >= PRODUCTION, f"{service} lacks {sorted(PRODUCTION - set(env))}"
@@ -189,6 +192,17 @@ def test_readme_documents_every_setting():
     readme = (REPO / "README.md").read_text()
     missing = [name for name in sorted(settings_env_names()) if f"`{name}`" not in readme]
     assert not missing, f"README.md's settings table lacks {missing}"
+
+
+def test_every_web_process_gets_the_web_environment_alike():
+    """daphne's malloc arenas (WEB_ENV), wherever it runs: `up`'s and the benches' (read
+    from the constant), compose's and Kubernetes'."""
+    assert WEB_ENV == {"MALLOC_ARENA_MAX": "2"}
+    assert compose()["services"]["web"]["environment"].items() >= WEB_ENV.items()
+    web = container(k8s("Deployment", "rollway-web"))
+    assert {e["name"]: e.get("value") for e in web["env"]}.items() >= WEB_ENV.items()
+    up = (REPO / "platform" / "ops" / "management" / "commands" / "up.py").read_text()
+    assert 'sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env={**env, **WEB_ENV}' in up
 
 
 def test_every_ray_head_caps_the_gcs_history_alike(tmp_path):
