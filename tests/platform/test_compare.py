@@ -301,6 +301,30 @@ def test_downsampling_keeps_each_groups_min_max_and_the_last_point(run, n, max_p
     assert newer["steps"] == expected_decimation(values, max_points, after=n - 2000)
 
 
+def test_a_read_holds_a_few_series_rows_at_a_time_not_every_series(run):
+    # A long run's level is up to FAN_OUT × keep rows per series; holding all series'
+    # rows at once made the run page's read peak grow with the run and its series.
+    import tracemalloc
+
+    names = [f"bench/extra-{i:03d}" for i in range(24)]
+    MetricPoint.objects.upsert(run.pk, [(name, st, st % 97 / 97, T0 + st) for name in names for st in range(3000)])
+
+    def peak(series: list[str]) -> tuple[int, dict]:
+        tracemalloc.start()
+        try:
+            got = read_series(run, series, max_points=100)
+            return tracemalloc.get_traced_memory()[1], got
+        finally:
+            tracemalloc.stop()
+
+    few, _ = peak(names[:4])
+    every, got = peak(names)
+    assert len(got) == 24 and all(s["downsampled"] and len(s["steps"]) <= 100 for s in got.values())
+    # Six times the series: the answer grows six-fold, the rows held at once do not
+    # (all 24 series' rows at once peaked at 6× the 4-series read).
+    assert every < 2.5 * few, (every, few)
+
+
 def test_a_short_series_comes_back_whole_and_after_step_cuts_it(run):
     store(run, "loss", [float(s) for s in range(30)])
     whole = read_series(run, ["loss"], max_points=100)["loss"]
