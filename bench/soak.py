@@ -147,9 +147,12 @@ class Probe:
     @staticmethod
     def _anonymous(pid: int | None) -> tuple[float, float]:
         """(python, malloc) MB resident of a process's anonymous memory, from its smaps:
-        CPython's small-object arenas are anonymous mappings of exactly 1 MiB; the rest
-        ([heap] and other anonymous mappings) is malloc's (large objects, C libraries,
-        thread stacks). Which one grows says where to look."""
+        CPython's small-object arenas are anonymous mappings of 1 MiB, which the kernel
+        merges into one mapping when they lie side by side, so a whole number of MiB is
+        taken for them; the rest ([heap] and other anonymous mappings: large objects, C
+        libraries, thread stacks) is malloc's. A rule of thumb, not an accounting (a
+        malloc mapping can happen to be a whole number of MiB), but which one grows says
+        where to look."""
         if pid is None:
             return float("nan"), float("nan")
         py = malloc = 0
@@ -161,7 +164,7 @@ class Probe:
                     if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
                         lo, hi = (int(x, 16) for x in head[0].split("-"))
                         name = head[5].strip() if len(head) > 5 else ""
-                        kind = "py" if not name and hi - lo == 2**20 else "malloc" if name in ("", "[heap]") else None
+                        kind = "py" if not name and (hi - lo) % 2**20 == 0 else "malloc" if name in ("", "[heap]") else None
                     elif head[0] == "Rss:" and kind is not None:
                         kb = int(head[1])
                         py, malloc = (py + kb, malloc) if kind == "py" else (py, malloc + kb)
