@@ -4,10 +4,8 @@ run's page, a steady synthetic ingest into a second run (--extra-points-per-s) a
 pages' API reads every few seconds (the run page's /api/runs/<id> and its metrics, the
 compare page's /api/compare). Every --interval seconds it samples:
 
-- RSS and open file descriptors of the web (daphne) and worker (Celery) processes, the
-  web's anonymous memory split into CPython's object arenas and malloc's (`py MB`,
-  `mlc MB`), and the RSS of everything in the Ray head's session (raylet, GCS, the
-  run's actors);
+- RSS and open file descriptors of the web (daphne) and worker (Celery) processes, and
+  the RSS of everything in the Ray head's session (raylet, GCS, the run's actors);
 - the site's PostgreSQL connections (pg_stat_activity, the bench's own left out);
 - Redis memory (the whole server: shared with whatever else uses it) and the keys in
   the channel layer's database;
@@ -59,8 +57,6 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 class Sample(NamedTuple):
     t_min: float
     web_rss_mb: float
-    web_py_mb: float
-    web_malloc_mb: float
     worker_rss_mb: float
     ray_rss_mb: float
     ray_procs: int
@@ -80,8 +76,6 @@ class Sample(NamedTuple):
 COLUMNS = (
     ("t_min", "min", "{:5.1f}"),
     ("web_rss_mb", "web MB", "{:7.1f}"),
-    ("web_py_mb", "py MB", "{:6.1f}"),
-    ("web_malloc_mb", "mlc MB", "{:6.1f}"),
     ("worker_rss_mb", "wrk MB", "{:7.1f}"),
     ("ray_rss_mb", "ray MB", "{:7.0f}"),
     ("ray_procs", "ray n", "{:5d}"),
@@ -144,34 +138,6 @@ class Probe:
             return p.memory_info().rss / 2**20, p.num_fds()
         return float("nan"), -1
 
-    @staticmethod
-    def _anonymous(pid: int | None) -> tuple[float, float]:
-        """(python, malloc) MB resident of a process's anonymous memory, from its smaps:
-        CPython's small-object arenas are anonymous mappings of 1 MiB, which the kernel
-        merges into one mapping when they lie side by side, so a whole number of MiB is
-        taken for them; the rest ([heap] and other anonymous mappings: large objects, C
-        libraries, thread stacks) is malloc's. A rule of thumb, not an accounting (a
-        malloc mapping can happen to be a whole number of MiB), but which one grows says
-        where to look."""
-        if pid is None:
-            return float("nan"), float("nan")
-        py = malloc = 0
-        kind = None
-        try:
-            with open(f"/proc/{pid}/smaps") as f:
-                for line in f:
-                    head = line.split(maxsplit=6)
-                    if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
-                        lo, hi = (int(x, 16) for x in head[0].split("-"))
-                        name = head[5].strip() if len(head) > 5 else ""
-                        kind = "py" if not name and (hi - lo) % 2**20 == 0 else "malloc" if name in ("", "[heap]") else None
-                    elif head[0] == "Rss:" and kind is not None:
-                        kb = int(head[1])
-                        py, malloc = (py + kb, malloc) if kind == "py" else (py, malloc + kb)
-        except OSError:
-            return float("nan"), float("nan")
-        return py / 1024, malloc / 1024
-
     def _session(self, sid: int | None) -> dict[int, tuple[str, float]]:
         """pid → (process title, RSS MB) of every process in session `sid`: the Ray
         head's raylet, GCS and agents, and the run's actors (their titles name them)."""
@@ -210,7 +176,6 @@ class Probe:
         self.ray_first = self.ray_first or ray
         self.ray_last = ray
         web_rss, web_fds = self._rss_fds(pids.get("web"))
-        web_py, web_malloc = self._anonymous(pids.get("web"))
         worker_rss, worker_fds = self._rss_fds(pids.get("worker"))
         now = time.monotonic()
         run_points, all_points = self._points()
@@ -222,8 +187,6 @@ class Probe:
         self.last = (now, run_points, all_points)
         return {
             "web_rss_mb": web_rss,
-            "web_py_mb": web_py,
-            "web_malloc_mb": web_malloc,
             "worker_rss_mb": worker_rss,
             "ray_rss_mb": sum(mb for _, mb in ray.values()),
             "ray_procs": len(ray),
