@@ -119,7 +119,7 @@ class RunDriver:
         self.error = ""  # why it failed, for people (workers.failures)
         self.error_detail = ""  # the traceback behind `error`
         self.version = 0
-        self.series = series_store()
+        self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
         self.buffer = self.trainer = None
         self.workers: list = []
         self._windows = StepWindows(self.cfg.inference.num_workers)
@@ -484,11 +484,6 @@ class RunDriver:
         if complete:
             for v in [v for v in self._syncs if v < complete[-1]]:
                 del self._syncs[v]
-
-
-def series_store(tail: int = SERIES_TAIL) -> defaultdict[str, deque[tuple[int, float]]]:
-    """Per series name, its latest `tail` (step, value) points."""
-    return defaultdict(partial(deque, maxlen=tail))
 
 
 def stop_reason(stop: StopConfig, *, trainer_done: bool, elapsed_s: float, rewards: list[float]) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workers.config import StopConfig
-from workers.driver import SERIES_TAIL, TARGET_WINDOW, series_store, stop_reason
+from workers.driver import SERIES_TAIL, TARGET_WINDOW, RunDriver, stop_reason
 
 
 def reason(stop: StopConfig, done=False, elapsed=0.0, rewards=()):
@@ -31,13 +31,16 @@ def test_without_a_target_reward_only_steps_and_time_stop_the_run():
     assert reason(StopConfig(), rewards=[1.0] * 50) is None
 
 
-def test_the_driver_keeps_only_the_latest_points_of_each_series():
-    # A long fast run emits millions of points; the driver must not hold them all.
-    series = series_store(tail=5)
-    for step in range(1, 1001):
-        series["reward/mean"].append((step, step / 1000))
-        series["loss"].append((step, 1.0))
-    assert [s for s, _ in series["reward/mean"]] == [996, 997, 998, 999, 1000]
-    assert len(series["loss"]) == 5
-    # The default keeps enough for the target_reward window.
-    assert series_store()["reward/mean"].maxlen == SERIES_TAIL >= TARGET_WINDOW
+def test_the_driver_keeps_only_the_latest_points_of_each_series(tmp_path):
+    # A long fast run emits millions of points; the driver must not hold them all. The
+    # driver's own class (outside Ray), with no site: its reporter keeps every point.
+    driver = RunDriver.__ray_actor_class__(1, {}, None, "", str(tmp_path))
+    for step in range(SERIES_TAIL + 500):
+        driver._emit("reward/mean", step, step / 1000)
+        driver._emit("loss", step, 1.0)
+    kept = driver.summary()["series"]
+    assert [s for s, _ in kept["reward/mean"]] == list(range(500, SERIES_TAIL + 500))
+    assert len(kept["loss"]) == SERIES_TAIL
+    assert len(driver.reporter.points) == 2 * (SERIES_TAIL + 500)  # sent on, all of them
+    # The tail keeps enough for the target_reward window.
+    assert SERIES_TAIL >= TARGET_WINDOW
