@@ -191,11 +191,11 @@ class Site:
         self.child = None
 
     def start_web(self, timeout_s: float = 90) -> Site:
-        from ops.management.commands.up import WEB_ENV, daphne_args
+        from ops.management.commands.up import daphne_args, web_env
 
         daphne = str(Path(sys.executable).parent / "daphne")
         argv = [daphne, *daphne_args("127.0.0.1", self.port)]
-        self.child = self.sup.start("web", argv, env={**WEB_ENV, **self.env}, cwd=str(REPO))
+        self.child = self.sup.start("web", argv, env=web_env(self.env), cwd=str(REPO))
         self._wait(timeout_s, "daphne")
         return self
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ops.management.commands.up import celery_worker_args, daphne_args
+from ops.management.commands.up import celery_worker_args, daphne_args, web_env
 from ops.ray_head import make_head
 from ops.supervisor import Child, Supervisor
 
@@ -178,7 +178,7 @@ class Stack:
         child = self.sup.start(
             "web",
             [str(Path(sys.executable).parent / "daphne"), *daphne_args("127.0.0.1", port)],
-            env=env,
+            env=web_env(env),
             cwd=str(REPO),
         )
         wait_for(

@@ -40,12 +40,18 @@ WEB_READY_TIMEOUT_S = 60
 # the same ones, which tests/test_deploy.py checks.
 
 
-# The web process's environment on top of the others'. glibc gives threads their own
-# malloc arenas (up to 8 per core) and each arena keeps the memory freed in it; daphne
-# runs every request's Django code in a new thread, so what one request frees is often
-# not reused by the next. Two arenas held its anonymous memory lower in bench runs of the
-# soak's web load (70 vs 86 MB after 8 minutes). deploy/ sets the same.
+# Defaults for the web process's environment (an operator's own value wins). glibc gives
+# threads their own malloc arenas (up to 8 per core) and each arena keeps the memory
+# freed in it; daphne runs every request's Django code in a new thread, so what one
+# request frees is often not reused by the next. Two arenas held its anonymous memory
+# lower in bench runs of the soak's web load (71 vs 86 MB after 8 minutes). deploy/ sets
+# the same.
 WEB_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
+def web_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for daphne: WEB_ENV's defaults under it."""
+    return {**WEB_ENV, **env}
 
 
 def daphne_args(host: str, port: int) -> list[str]:
@@ -167,7 +173,7 @@ class Command(BaseCommand):
             sup.start(
                 "beat", [python, "-m", "celery", *celery_beat_args(str(home / "celerybeat-schedule"))], env=env, cwd=cwd
             )
-            web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env={**env, **WEB_ENV}, cwd=cwd)
+            web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env=web_env(env), cwd=cwd)
             if not wait_http_ok(f"{url}healthz", WEB_READY_TIMEOUT_S, web.alive):
                 raise CommandError(f"the web server did not answer at {url}healthz")
             login = "" if opts["no_demo"] else f"  log in as {DEMO_USERNAME} / {DEMO_PASSWORD}"
