@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 
 import psycopg
@@ -47,17 +46,16 @@ HOLD_S = 2.0
 
 class Outage:
     """When this process last found the database unreachable: `trip()` then; `held()`
-    is true for `hold_s` after. One per process (`outage`), shared by daphne's threads."""
+    is true for `hold_s` after. One per process (`outage`), shared by daphne's threads
+    (one float, replaced whole: the last trip wins, which is all a hold needs)."""
 
     def __init__(self, hold_s: float = HOLD_S, clock=time.monotonic) -> None:
         self.hold_s = hold_s
         self.clock = clock
         self._until = float("-inf")
-        self._lock = threading.Lock()
 
     def trip(self) -> None:
-        with self._lock:
-            self._until = self.clock() + self.hold_s
+        self._until = self.clock() + self.hold_s
 
     def held(self) -> bool:
         return self.clock() < self._until
