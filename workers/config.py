@@ -175,6 +175,11 @@ class InferenceConfig(_Section):
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32",
+        description="Weights and compute of the inference backends: float32, bfloat16, or auto (the "
+        "checkpoint's own dtype, what vLLM serves by default). Behaviour logprobs are float32 either way.",
+    )
 
 
 class BufferConfig(_Section):
@@ -234,6 +239,24 @@ class TrainerConfig(_Section):
     )
     weight_decay: float = Field(0.0, ge=0)
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the mean-token-entropy bonus in the loss (0 = off).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype of the trainer's forward and backward. bfloat16 is mixed precision: "
+        "bf16 matmuls under autocast, float32 master weights, gradients and optimizer state "
+        "(with LoRA the frozen base is held in bf16, the adapter in float32).",
+    )
+    micro_batch_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Rows (completions) per forward/backward; a minibatch's gradients are accumulated "
+        "over its micro-batches, so the update equals one pass over the whole minibatch. Unset: the "
+        "whole minibatch in one pass. Bounds activation memory at real model sizes.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each block's activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing): less memory, about a third more compute.",
+    )
 
 
 # Every linear layer of a Llama/Qwen2 block: the usual choice for RL fine-tuning with LoRA.
