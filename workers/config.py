@@ -8,6 +8,7 @@ silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -171,7 +172,19 @@ class WarmStartConfig(_Section):
 
 class InferenceConfig(_Section):
     backend: Literal["torch", "vllm"] = "torch"
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(1, ge=1, description="Inference workers: Ray actors generating side by side.")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Devices per inference worker (vLLM's tensor parallel size): the GPUs each worker asks "
+        "Ray for when placement.devices is 'gpu'.",
+    )
+    cpus_per_worker: float = Field(
+        0.25,
+        gt=0,
+        description="CPUs each inference worker reserves in Ray: a scheduling reservation, not a limit; "
+        "fractions let a whole run share a few cores.",
+    )
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
@@ -226,6 +239,17 @@ class BufferConfig(_Section):
 
 class TrainerConfig(_Section):
     lr: float = Field(1e-3, gt=0)
+    num_ranks: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes, one device each when placement.devices is 'gpu'. More than 1 needs "
+        "a data-parallel trainer backend, not available yet.",
+    )
+    cpus_per_rank: float = Field(
+        0.25,
+        gt=0,
+        description="CPUs each trainer rank reserves in Ray: a scheduling reservation, not a limit.",
+    )
     batch_groups: int = Field(16, ge=1, description="Groups (prompts) per training step (B).")
     group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range.")
@@ -242,8 +266,7 @@ class TrainerConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description="Compute dtype of the trainer's forward and backward. bfloat16 is mixed precision: "
-        "bf16 matmuls under autocast, float32 master weights, gradients and optimizer state "
-        "(with LoRA the frozen base is held in bf16, the adapter in float32).",
+        "bf16 matmuls under autocast, float32 master weights, gradients and optimizer state.",
     )
     micro_batch_rows: int | None = Field(
         None,
@@ -351,6 +374,65 @@ class SyncConfig(_Section):
     )
 
 
+# Ray's label selector syntax (ray._private.label_utils), checked here so a bad selector
+# is refused at launch instead of failing the placement group inside the driver.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+_NODE_SELECTOR = re.compile(rf"^(?:[a-z0-9.-]{{1,253}}/)?{_LABEL}=!?(?:{_LABEL}|(?:in)?\({_LABEL}(?:, ?{_LABEL})*\))$")
+
+
+class PlacementConfig(_Section):
+    """Where the run's actors go in Ray (workers/placement.py): one placement group per
+    run, one bundle per inference worker and per trainer rank, each bundle the CPUs and
+    GPUs its actor asks for."""
+
+    devices: Literal["cpu", "gpu"] = Field(
+        "cpu",
+        description="cpu: the actors ask Ray for no GPU and compute on the CPU; gpu: each inference worker "
+        "asks for inference.tensor_parallel_size GPUs and each trainer rank for one.",
+    )
+    mode: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="disaggregated: inference and training on GPUs of their own; colocated: inference worker "
+        "k and trainer rank k share one GPU (half of it each in Ray's accounting; placement.devices 'gpu').",
+    )
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="Ray's placement group strategy over the bundles: PACK (few nodes, best effort), SPREAD "
+        "(many nodes, best effort), STRICT_PACK (one node), STRICT_SPREAD (each bundle on its own node).",
+    )
+    inference_node: str | None = Field(
+        None,
+        max_length=400,
+        description="Ray node label the inference workers' nodes must carry, as key=value (e.g. "
+        "'pool=rollout', or 'pool=in(a,b)', 'pool=!trainer'); unset: any node.",
+    )
+    trainer_node: str | None = Field(
+        None,
+        max_length=400,
+        description="Ray node label the trainer ranks' nodes must carry, as key=value (e.g. 'pool=train'); "
+        "unset: any node.",
+    )
+
+    @field_validator("inference_node", "trainer_node")
+    @classmethod
+    def _selector(cls, value: str | None, info) -> str | None:
+        if value is not None and not _NODE_SELECTOR.match(value):
+            raise ValueError(
+                f"placement.{info.field_name} {value!r} is not a Ray node label selector: write key=value, "
+                "e.g. 'pool=rollout' (value also 'in(a,b)' or '!a'; letters, digits, '-', '_', '.')"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _colocated_shares_gpus(self) -> PlacementConfig:
+        if self.mode == "colocated" and self.devices != "gpu":
+            raise ValueError(
+                "placement.mode 'colocated' shares GPUs between inference and training: "
+                "set placement.devices to 'gpu', or placement.mode to 'disaggregated'"
+            )
+        return self
+
+
 class StopConfig(_Section):
     max_steps: int = Field(300, ge=1)
     max_minutes: float = Field(10.0, gt=0)
@@ -409,6 +491,7 @@ class RunConfig(_Section):
     trainer: TrainerConfig = TrainerConfig()
     correction: CorrectionConfig = CorrectionConfig()
     sync: SyncConfig = SyncConfig()
+    placement: PlacementConfig = PlacementConfig()
     lora: LoRAConfig = LoRAConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
@@ -481,6 +564,27 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _colocation_fits(self) -> RunConfig:
+        pl = self.placement
+        if pl.mode != "colocated":
+            return self
+        if self.inference.tensor_parallel_size > 1:
+            # Ray gives a fraction of one GPU, or whole GPUs: a worker cannot hold half of two.
+            raise ValueError(
+                "placement.mode 'colocated' shares one GPU between an inference worker and a trainer rank: "
+                f"set inference.tensor_parallel_size to 1 (it is {self.inference.tensor_parallel_size}), "
+                "or placement.mode to 'disaggregated'"
+            )
+        inference, trainer = node_labels(pl.inference_node), node_labels(pl.trainer_node)
+        if any(inference[key] != trainer[key] for key in inference.keys() & trainer.keys()):
+            raise ValueError(
+                "placement.mode 'colocated' puts inference workers and trainer ranks on the same nodes: "
+                f"placement.inference_node ({pl.inference_node!r}) and placement.trainer_node "
+                f"({pl.trainer_node!r}) must not ask different values of one label"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _eval_has_held_out_rows(self) -> RunConfig:
         ds = self.task.dataset
         if self.eval.every_steps and ds is not None and ds.eval_path is None and ds.eval_fraction == 0:
@@ -490,6 +594,14 @@ class RunConfig(_Section):
                 "or set eval.every_steps to 0"
             )
         return self
+
+
+def node_labels(selector: str | None) -> dict[str, str]:
+    """A placement.*_node value as Ray's label selector: {} when unset."""
+    if selector is None:
+        return {}
+    key, _, value = selector.partition("=")
+    return {key: value}
 
 
 def json_schema() -> dict:

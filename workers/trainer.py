@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from workers.config import RunConfig
+from workers.devices import assigned_device, autocast
+from workers.logprobs import chosen_logprobs
 from workers.loss import correction_loss, group_advantages
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group
@@ -55,32 +57,48 @@ def spread(values: list[list[float]], batch: PackedBatch, dtype=torch.float32) -
 
 
 def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool = False):
-    """log pi(target) under log_softmax(logits / temperature), (N, T-1); with
-    `with_entropy`, also the entropy of that distribution at each slot."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    picked = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    """log pi(target) under log_softmax(logits / temperature), (N, T-1), float32, on the
+    model's device; with `with_entropy`, also the entropy of that distribution at each
+    slot. Never holds a float32 copy of the full-vocabulary logits (workers.logprobs)."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+    # The last position predicts nothing: its dummy target keeps the logits contiguous
+    # (slicing them to T-1 positions first would copy the whole tensor).
+    targets = torch.nn.functional.pad(batch.targets.to(device), (0, 1))
+    out = chosen_logprobs(logits, targets, temperature, with_entropy)
     if not with_entropy:
-        return picked
-    return picked, -(logp.exp() * logp).sum(-1)
+        return out[:, :-1]
+    return out[0][:, :-1], out[1][:, :-1]
 
 
 class Trainer:
-    """Holds the policy and its optimizer; `version` counts completed steps."""
+    """Holds the policy and its optimizer; `version` counts completed steps.
 
-    def __init__(self, cfg: RunConfig, model_dir: str, num_threads: int | None = None) -> None:
+    The model lives on the device this process was given (workers.devices) in float32:
+    with `trainer.dtype` "bfloat16" the forward and backward run under bf16 autocast
+    while weights, gradients and AdamW's moments stay float32 (mixed precision)."""
+
+    def __init__(
+        self, cfg: RunConfig, model_dir: str, num_threads: int | None = None, device: torch.device | None = None
+    ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
+        self.device = device if device is not None else assigned_device()
         torch.manual_seed(cfg.seed)
-        self.model = load_model(model_dir).train()
+        model = load_model(model_dir).train()
+        tc = cfg.trainer
+        if tc.gradient_checkpointing:
+            # Non-reentrant: works with frozen inputs (a LoRA base) and under autocast.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        self.model = model.to(self.device)
         self.pad_id = self.model.config.pad_token_id or 0
         if cfg.lora.enabled:
             # Wrap before the optimizer: it must see only the adapter (the base is frozen).
             from workers.lora import apply_lora
 
             self.model = apply_lora(self.model, cfg.lora)
-        tc = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
@@ -96,13 +114,21 @@ class Trainer:
             return {k: t.to("cpu").contiguous().clone() for k, t in effective_state_dict(self.model).items()}
         return checkpoint_state_dict(self.model)
 
+    def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
+        with autocast(self.device, self.cfg.trainer.dtype):
+            return token_logprobs(self.model, batch, self.cfg.inference.temperature, with_entropy)
+
+    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset)."""
+        size = self.cfg.trainer.micro_batch_rows
+        return [rows] if size is None or size >= len(rows) else list(rows.split(size))
+
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         """One policy update on `groups`; returns metrics (workers/metric_names.py names)."""
         if not groups:
             raise ValueError("train_step needs at least one group")
         start = time.perf_counter()
         tc = self.cfg.trainer
-        temperature = self.cfg.inference.temperature
         rollouts = [r for g in groups for r in g.rollouts]
         # Advantages per group (groups may differ in size, e.g. after filtering).
         advantages: list[float] = []
@@ -110,13 +136,18 @@ class Trainer:
             rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
             advantages += group_advantages(rewards)[0].tolist()
 
+        dev = self.device
         batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
-        behaviour = spread([r.behaviour_logprobs for r in rollouts], batch)
+        behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
         # The slots the loss counts: completion tokens the model produced (a multi-turn
         # episode's tool tokens are out: workers/rollout.py).
-        trained = batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)
+        trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
         versions = [v for r in rollouts for v in r.model_versions]
-        adv = torch.tensor(advantages)[:, None].expand_as(behaviour)
+        adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
+        batch = PackedBatch(*(t.to(dev) for t in (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)))
+
+        def rows_of(rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
+            return PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], mask[rows])
 
         # Minibatches of whole groups, in a seeded shuffled order.
         row_of_group, row = [], 0
@@ -126,43 +157,52 @@ class Trainer:
         order = list(range(len(groups)))
         self._rng.shuffle(order)
         n_mb = min(tc.minibatches, len(groups))
-        minibatch_rows = [torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]]) for k in range(n_mb)]
+        minibatch_rows = [
+            torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]], device=dev) for k in range(n_mb)
+        ]
         # pi_old, the policy at step start: the first minibatch's forward runs before any
         # update, so its logprobs, detached, are pi_old on its rows; only the other
         # minibatches' rows need a forward of their own (none with one minibatch).
-        old_logp = torch.zeros(batch.mask.shape)
+        old_logp = torch.zeros(batch.mask.shape, device=dev)
         if n_mb > 1:
-            rest = torch.cat(minibatch_rows[1:])
-            ids, attn, targets = batch.input_ids[rest], batch.attention_mask[rest], batch.targets[rest]
-            others = PackedBatch(ids, attn, targets, batch.mask[rest])
             with torch.no_grad():
-                old_logp[rest] = token_logprobs(self.model, others, temperature)
+                for micro in self._micro_batches(torch.cat(minibatch_rows[1:])):
+                    old_logp[micro] = self._logprobs(rows_of(micro, batch.mask))
         losses, stats_acc, grad_norms = [], {}, []
         for k, rows in enumerate(minibatch_rows):
-            sub = PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], trained[rows])
-            logp, entropy = token_logprobs(self.model, sub, temperature, with_entropy=True)
-            loss, stats = correction_loss(
-                self.cfg.correction,
-                logp,
-                logp.detach() if k == 0 else old_logp[rows],
-                behaviour[rows],
-                adv[rows],
-                sub.mask,
-                tc.clip_eps,
-                tc.tis_cap,
-            )
-            mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
-            stats["policy/entropy"] = mean_entropy.item()
-            if tc.entropy_coef:
-                # A small bonus keeps positions the policy has not solved from collapsing
-                # onto one wrong token, where a group's samples agree and GRPO has no signal.
-                loss = loss - tc.entropy_coef * mean_entropy
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # The loss is a token mean over the minibatch: each micro-batch's own token
+            # mean, weighted by its share of the tokens, sums to it (and so do the grads).
+            total = trained[rows].sum().clamp(min=1)
+            loss_sum, stats_mb = 0.0, {}
+            for micro in self._micro_batches(rows):
+                sub = rows_of(micro, trained)
+                share = float(sub.mask.sum() / total)
+                logp, entropy = self._logprobs(sub, with_entropy=True)
+                loss, stats = correction_loss(
+                    self.cfg.correction,
+                    logp,
+                    logp.detach() if k == 0 else old_logp[micro],
+                    behaviour[micro],
+                    adv[micro],
+                    sub.mask,
+                    tc.clip_eps,
+                    tc.tis_cap,
+                )
+                mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
+                stats["policy/entropy"] = mean_entropy.item()
+                if tc.entropy_coef:
+                    # A small bonus keeps positions the policy has not solved from collapsing
+                    # onto one wrong token, where a group's samples agree and GRPO has no signal.
+                    loss = loss - tc.entropy_coef * mean_entropy
+                (loss * share).backward()
+                loss_sum += loss.item() * share
+                for key, val in stats.items():
+                    stats_mb[key] = stats_mb.get(key, 0.0) + val * share
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)))
             self.optimizer.step()
-            losses.append(loss.item())
-            for key, val in stats.items():
+            losses.append(loss_sum)
+            for key, val in stats_mb.items():
                 stats_acc[key] = stats_acc.get(key, 0.0) + val / n_mb
 
         staleness = [self.version - v for v in versions]
