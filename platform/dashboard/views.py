@@ -34,6 +34,10 @@ from workers.presets import PRESETS
 from workers.rl_tasks import BUILTINS
 
 NO_SUCH_RUN = "No such run in your teams."
+# Tags the flash that says a new run is queued (launch, retry, resume): once the run has
+# ended that is no longer true, so a finished run's page leaves it out, and run.js drops
+# it when the run ends under the reader's eyes.
+UNTIL_RUN_ENDS = "until-run-ends"
 UNITS = {m.name: m.unit for m in METRICS}
 
 
@@ -406,7 +410,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     run = lineage.do_clone(request.user, clone_of, launch_request)
                 else:
                     run = actions.do_launch_run(request.user, launch_request)
-                messages.success(request, f"Run #{run.pk} queued.")
+                messages.success(request, f"Run #{run.pk} queued.", extra_tags=UNTIL_RUN_ENDS)
                 return redirect(run)
     if "team" in errors:
         errors["experiment"] = errors.pop("team")
@@ -459,6 +463,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     except NotFound:
         raise Http404(NO_SUCH_RUN) from None
     role = roles.role_of(request.user, found.experiment.team)
+    flashes = [m for m in messages.get_messages(request) if not found.is_terminal or UNTIL_RUN_ENDS not in m.tags]
     return render(
         request,
         "dashboard/run.html",
@@ -474,6 +479,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
             "config_json": json.dumps(found.config, indent=2),
             "overrides_json": json.dumps(found.overrides, indent=2),
             "charts": _charts(),
+            "messages": flashes,
         },
     )
 
@@ -504,7 +510,7 @@ def _lineage_action(request: HttpRequest, run_id: int, check, do, done: str) -> 
         messages.error(request, exc.message)
         return redirect("dashboard:run", run_id=run_id)
     child = do(*checked) if isinstance(checked, tuple) else do(checked)
-    messages.success(request, done.format(child=child.pk, parent=run_id))
+    messages.success(request, done.format(child=child.pk, parent=run_id), extra_tags=UNTIL_RUN_ENDS)
     return redirect(child)
 
 

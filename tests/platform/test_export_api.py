@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import zipfile
 
 import pytest
@@ -142,9 +143,12 @@ def test_it_asks_anonymous_callers_to_log_in(client, make_run, export_root, expo
 
 def test_the_run_page_links_the_download_once_the_run_succeeded(client_for, owner, make_run, export_root):
     done, running = make_run(status=Status.SUCCEEDED), make_run(status=Status.RUNNING)
-    page = client_for(owner).get(f"/runs/{done.pk}/").content.decode()
-    assert f'href="{url(done.pk)}"' in page and "Download model" in page
-    assert "Download model" not in client_for(owner).get(f"/runs/{running.pk}/").content.decode()
+    link = re.compile(r'<a [^>]*id="download-model"[^>]*>')
+    [shown] = link.findall(client_for(owner).get(f"/runs/{done.pk}/").content.decode())
+    assert f'href="{url(done.pk)}"' in shown and "hidden" not in shown
+    # A running run's page holds it hidden, for run.js to show once the run succeeds.
+    [held] = link.findall(client_for(owner).get(f"/runs/{running.pk}/").content.decode())
+    assert re.search(r"\bhidden\b", held)
 
 
 def test_the_worker_tells_the_driver_where_to_export(make_run, driver, export_root):

@@ -202,12 +202,35 @@
     showProgress();
   }
 
+  // Each action the run's status allows, and only those; an element is absent where the
+  // reader's role does not allow the action at all.
+  function showActions(run) {
+    var shown = {
+      "cancel-form": !run.is_terminal && run.status !== "cancelling",
+      "retry-form": run.is_terminal,
+      "resume-form": run.is_terminal,
+      "download-model": run.status === "succeeded",
+    };
+    Object.keys(shown).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) el.hidden = !shown[id];
+    });
+    // "Run #N queued." is no longer true once the run has ended.
+    if (run.is_terminal) {
+      document.querySelectorAll(".messages li.until-run-ends").forEach(function (li) {
+        var list = li.parentNode;
+        li.remove();
+        if (!list.querySelector("li")) list.remove();
+      });
+    }
+  }
+
   function showStatus(run) {
     finished = Boolean(run.is_terminal);
+    root.dataset.terminal = String(finished);
     Rollway.setStatus(root, run);
     showPhase(run);
-    const cancelForm = document.getElementById("cancel-form"); // absent where the role may not cancel
-    if (cancelForm) cancelForm.hidden = run.is_terminal || run.status === "cancelling";
+    showActions(run);
     showError(run);
   }
 
