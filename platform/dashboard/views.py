@@ -444,13 +444,17 @@ def launch(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/launch.html", context, status=status if errors else 200)
 
 
-def _charts() -> list[dict]:
+def _charts(run: Run) -> list[dict]:
+    """The run page's chart cards; `empty` says why a chart will stay empty for this run
+    (its pass is off in the run's config), shown in place of "waiting for data"."""
+    eval_off = not (run.config.get("eval") or {}).get("every_steps")
     return [
         {
             "id": f"chart-{slugify(title)}",
             "title": title,
             "series": ",".join(series),
             "unit": UNITS.get(series[0], ""),
+            "empty": "eval is off for this run" if eval_off and all(s.startswith("eval/") for s in series) else "",
         }
         for title, series in DASHBOARD_CHARTS
     ]
@@ -478,7 +482,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
             "tags_text": " ".join(found.tag_names()),
             "config_json": json.dumps(found.config, indent=2),
             "overrides_json": json.dumps(found.overrides, indent=2),
-            "charts": _charts(),
+            "charts": _charts(found),
             "messages": flashes,
         },
     )

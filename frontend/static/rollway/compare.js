@@ -165,9 +165,12 @@
     if (div.dataset.state === "waiting") { div.textContent = ""; div.dataset.state = "drawn"; }
     var traces = tracesFor(m.name);
     var layout = {
-      margin: { l: 48, r: 12, t: 8, b: 36 }, height: 260, showlegend: true,
-      legend: { orientation: "h", y: -0.3 }, uirevision: state.x,
-      xaxis: { title: { text: xTitle[state.x] }, zeroline: false }, yaxis: { zeroline: false },
+      margin: { l: 48, r: 12, t: 8, b: 40 }, showlegend: true,  // as tall as its div (rollway.css)
+      // Above the plot: under it the legend ran into the x axis's title.
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" }, uirevision: state.x,
+      // An empty chart's axes would only number an arbitrary range: the note stands alone.
+      xaxis: { title: { text: xTitle[state.x] }, zeroline: false, visible: traces.length > 0 },
+      yaxis: { zeroline: false, visible: traces.length > 0 },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       annotations: traces.length ? [] : [{ text: "no run has this series", showarrow: false, xref: "paper",
                                             yref: "paper", x: 0.5, y: 0.5, font: { color: "#9ca3af" } }],

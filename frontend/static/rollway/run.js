@@ -18,19 +18,32 @@
   var catchingUp = 0;       // catch-ups in flight: live points wait for their answers
 
   var palette = ["#2563eb", "#dc2626", "#059669", "#d97706"];
-  var layout = {
-    margin: { l: 48, r: 12, t: 8, b: 36 },
-    height: 240,
-    showlegend: true,
-    legend: { orientation: "h", y: -0.25 },
-    xaxis: { title: { text: "step" }, zeroline: false },
-    yaxis: { zeroline: false },
-    paper_bgcolor: "rgba(0,0,0,0)",
-    plot_bgcolor: "rgba(0,0,0,0)",
-  };
+  // A new object each time: Plotly writes into the layout it is given (an axis's range),
+  // so charts sharing one would take each other's ranges.
+  function chartLayout(note) {
+    return {
+      margin: { l: 48, r: 12, t: 8, b: 40 },  // as tall as its div (rollway.css)
+      showlegend: true,
+      // Above the plot: under it the legend ran into the x axis's title.
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" },
+      // An empty chart's axes would only number an arbitrary range: the note stands alone.
+      xaxis: { title: { text: "step" }, zeroline: false, visible: !note },
+      yaxis: { zeroline: false, visible: !note },
+      uirevision: "run",  // a redraw with more points keeps the reader's zoom
+      annotations: note ? [{ text: note, showarrow: false, xref: "paper", yref: "paper",
+                             x: 0.5, y: 0.5, font: { color: "#9ca3af" } }] : [],
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+    };
+  }
   var plotConfig = { responsive: true, displaylogo: false };
-  var waiting = { text: "waiting for data…", showarrow: false, xref: "paper", yref: "paper",
-                  x: 0.5, y: 0.5, font: { color: "#9ca3af" } };
+
+  // What an empty chart says: why it stays empty for this run (its pass is off, from the
+  // run's config), or whether points may still come.
+  function emptyNote(chart) {
+    if (chart.div.dataset.empty) return chart.div.dataset.empty;
+    return root.dataset.terminal === "true" ? "no points were recorded" : "waiting for data…";
+  }
 
   document.querySelectorAll(".chart").forEach(function (div) {
     var chart = { div: div, series: div.dataset.series.split(",") };
@@ -46,6 +59,18 @@
     chart.div.dataset.points = String(n);
   }
 
+  function traceOfSeries(name, i, s) {
+    return {
+      name: name,
+      x: s.steps.slice(),
+      y: s.values.slice(),
+      type: "scatter",
+      mode: "lines+markers",
+      marker: { size: 3 },
+      line: { width: 1.5, color: palette[i % palette.length] },
+    };
+  }
+
   function draw(seriesData) {
     charts.forEach(function (chart) {
       var traces = chart.series.map(function (name, i) {
@@ -53,19 +78,10 @@
         // The API reads a series' last step and its points in two queries: a point that
         // lands in between is drawn here but newer than last_step. What is drawn counts.
         if (s.steps.length) lastStep[name] = Math.max(s.last_step, s.steps[s.steps.length - 1]);
-        return {
-          name: name,
-          x: s.steps.slice(),
-          y: s.values.slice(),
-          type: "scatter",
-          mode: "lines+markers",
-          marker: { size: 3 },
-          line: { width: 1.5, color: palette[i % palette.length] },
-        };
+        return traceOfSeries(name, i, s);
       });
       var empty = traces.every(function (t) { return t.x.length === 0; });
-      var chartLayout = Object.assign({}, layout, { annotations: empty ? [waiting] : [] });
-      Plotly.newPlot(chart.div, traces, chartLayout, plotConfig);
+      Plotly.newPlot(chart.div, traces, chartLayout(empty ? emptyNote(chart) : ""), plotConfig);
       chart.empty = empty;
       countPoints(chart);
     });
@@ -95,7 +111,7 @@
       Plotly.extendTraces(chart.div, u, indices);
       if (chart.empty) {
         chart.empty = false;
-        Plotly.relayout(chart.div, { annotations: [] });
+        Plotly.relayout(chart.div, { annotations: [], "xaxis.visible": true, "yaxis.visible": true });
       }
       countPoints(chart);
     });
@@ -227,11 +243,17 @@
 
   function showStatus(run) {
     finished = Boolean(run.is_terminal);
+    var ended = finished && root.dataset.terminal !== "true";
     root.dataset.terminal = String(finished);
     Rollway.setStatus(root, run);
     showPhase(run);
     showActions(run);
     showError(run);
+    if (ended && drawn) {  // an empty chart now waits for nothing
+      charts.forEach(function (chart) {
+        if (chart.empty) Plotly.relayout(chart.div, { "annotations[0].text": emptyNote(chart) });
+      });
+    }
   }
 
   // Why the run failed (a sentence) and, folded, the traceback behind it. A traceback
