@@ -4,6 +4,11 @@
 // Points are (series, step, value, time); x is the trainer step, shared by every
 // series. lastStep[series] makes appends idempotent: a point re-sent by the engine's
 // spool, or one already in the API answer, is never drawn twice.
+//
+// A trace never holds more than twice the points the API's downsampled read gives a
+// series (its max_points): once one reaches that, its chart is read again, the whole run
+// downsampled, so a tab left open on a long run keeps its memory bounded and still
+// shows the run from its first step.
 "use strict";
 
 (function () {
@@ -37,6 +42,7 @@
     };
   }
   var plotConfig = { responsive: true, displaylogo: false };
+  var maxPoints = 2000;     // the API's max_points per series, from its first answer
 
   // What an empty chart says: why it stays empty for this run (its pass is off, from the
   // run's config), or whether points may still come.
@@ -88,6 +94,29 @@
     drawn = true;
   }
 
+  // One chart's series read again, downsampled over the whole run, in place of what it
+  // drew; what was drawn after the answer's last step stays on the end of each trace.
+  function reread(chart) {
+    if (chart.rereading) return;
+    chart.rereading = true;
+    fetchSeries(undefined, chart.series).then(function (data) {
+      var traces = chart.series.map(function (name, i) {
+        var s = data.series[name] || { steps: [], values: [] };
+        var drawnTrace = chart.div.data[i];
+        var end = s.steps.length ? s.steps[s.steps.length - 1] : -Infinity;
+        var trace = traceOfSeries(name, i, s);
+        drawnTrace.x.forEach(function (step, k) {
+          if (step > end) { trace.x.push(step); trace.y.push(drawnTrace.y[k]); }
+        });
+        return trace;
+      });
+      Plotly.react(chart.div, traces, chartLayout(""), plotConfig);
+      countPoints(chart);
+    }).catch(function () { /* the cap still holds: the next append tries again */ }).finally(function () {
+      chart.rereading = false;
+    });
+  }
+
   function append(points) {
     // Group by chart, sorted by step, skipping what is already drawn.
     points.sort(function (a, b) { return a.step - b.step; });
@@ -108,12 +137,14 @@
     });
     updates.forEach(function (u, chart) {
       var indices = chart.series.map(function (_, i) { return i; });
-      Plotly.extendTraces(chart.div, u, indices);
+      var cap = 2 * maxPoints;
+      Plotly.extendTraces(chart.div, u, indices, cap);
       if (chart.empty) {
         chart.empty = false;
         Plotly.relayout(chart.div, { annotations: [], "xaxis.visible": true, "yaxis.visible": true });
       }
       countPoints(chart);
+      if (chart.div.data.some(function (trace) { return trace.x.length >= cap; })) reread(chart);
     });
   }
 
@@ -130,9 +161,13 @@
     }, 50);
   }
 
-  function fetchSeries(afterStep) {
-    var url = metricsUrl + (afterStep === undefined ? "" : "?after_step=" + afterStep);
-    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+  function fetchSeries(afterStep, names) {
+    var params = new URLSearchParams();
+    if (afterStep !== undefined) params.set("after_step", afterStep);
+    if (names) params.set("series", names.join(","));
+    var query = params.toString();
+    return fetch(metricsUrl + (query ? "?" + query : ""),
+                 { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) {
         if (!r.ok) throw new Error("metrics API answered " + r.status);
         return r.json();
@@ -308,6 +343,7 @@
     if (started) return;
     started = true;
     fetchSeries().then(function (data) {
+      maxPoints = data.max_points || maxPoints;
       noteSteps(toPoints({ "policy/version": data.series["policy/version"] || { steps: [], values: [], times: [] } }));
       draw(data.series);
       var batch = pending;
