@@ -344,7 +344,7 @@ class SyncConfig(_Section):
     """Weight sync protocol (workers/sync): how new weights reach the inference workers."""
 
     protocol: Annotated[
-        Literal["object_store", "collective", "filesystem", "lora"], BeforeValidator(_canonical_protocol)
+        Literal["object_store", "collective", "filesystem", "lora", "cuda_ipc"], BeforeValidator(_canonical_protocol)
     ] = "object_store"
     packed: bool = Field(True, description="collective: broadcast in buckets (else one tensor at a time).")
     # Bigger → fewer messages; smaller → the first bytes arrive sooner and a receiver's

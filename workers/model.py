@@ -65,8 +65,9 @@ def build_tiny(model_cfg: ModelConfig, tokenizer: CharTokenizer, seed: int) -> L
     return model.float()
 
 
-def load_model(model_dir: str) -> PreTrainedModel:
-    """Load a Hugging Face causal LM directory (float32, eval mode)."""
+def load_model(model_dir: str, dtype: str = "float32") -> PreTrainedModel:
+    """Load a Hugging Face causal LM directory in eval mode, on the CPU, in `dtype`
+    ("float32", "bfloat16", or "auto": the checkpoint's own)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -75,7 +76,7 @@ def load_model(model_dir: str) -> PreTrainedModel:
         raise FileNotFoundError(
             f"{model_dir} is not a Hugging Face model directory (no config.json); model.path must point at one"
         )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
     return model.eval()
 
 

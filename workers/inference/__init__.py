@@ -18,7 +18,7 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
     if cfg.inference.backend == "torch":
-        return make_torch_backend(model_dir)
+        return make_torch_backend(model_dir, cfg.inference.dtype)
     if cfg.inference.backend == "vllm":
         from workers.inference.vllm_backend import VLLMBackend
 
@@ -28,21 +28,25 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
             model_dir,
             cfg.inference,
             lora_rank=lora_rank,
+            dtype=cfg.inference.dtype,
             exact_steps=cfg.sync.update_mode != "drain",
             scratch_dir=scratch_dir,
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
 
 
-def make_torch_backend(model_dir: str) -> InferenceBackend:
+def make_torch_backend(model_dir: str, dtype: str = "float32") -> InferenceBackend:
     """The torch backend for `model_dir`: the hand-written Llama loop where it can run the
-    model (fastest at the tiny sizes), else the model's own transformers forward."""
+    model (float32 on the CPU, fastest at the tiny sizes), else the model's own
+    transformers forward, on the device this process was given and in `dtype`."""
+    from workers.devices import assigned_device
     from workers.inference.torch_backend import TorchBackend, fast_path_problem
 
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    if fast_path_problem(config) is None:
+    device = assigned_device()
+    if fast_path_problem(config) is None and dtype == "float32" and device.type == "cpu":
         return TorchBackend(model_dir)
     from workers.inference.transformers_backend import TransformersBackend
 
-    return TransformersBackend(model_dir)
+    return TransformersBackend(model_dir, dtype=dtype, device=device)

@@ -244,7 +244,9 @@ class SteppedSampler:
         for i, p in enumerate(prompts):
             self.ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
         self.prompt_mask = torch.arange(P)[None, :] >= (P - self.lengths)[:, None]
-        self.gen = torch.Generator().manual_seed(seed)
+        # Draws happen where the logits are (a GPU backend's device): moving a 150k-wide
+        # row per sequence to the CPU each step would cost more than the forward.
+        self.gen = torch.Generator(device=getattr(backend, "device", "cpu")).manual_seed(seed)
         self.done = torch.zeros(B, dtype=torch.bool)
         self.t = 0  # tokens sampled per row so far
         self.last: torch.Tensor | None = None
@@ -258,9 +260,9 @@ class SteppedSampler:
         but gets pad and reports nothing."""
         b, t = self.b, self.t
         logp = torch.log_softmax(logits / self.temperature, dim=-1)
-        tok = torch.multinomial(logp.exp(), 1, generator=self.gen).squeeze(1)
-        tok = torch.where(self.done, torch.full_like(tok, b.pad_id), tok)
-        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        tok = torch.multinomial(logp.exp(), 1, generator=self.gen)
+        lp = logp.gather(1, tok).squeeze(1).cpu()
+        tok = torch.where(self.done, torch.full_like(self.done, b.pad_id, dtype=torch.long), tok.squeeze(1).cpu())
         hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
         spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
         out = [

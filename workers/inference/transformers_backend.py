@@ -18,12 +18,17 @@ from workers.inference.torch_backend import SteppedSampler, generate_by_steps
 
 
 class TransformersBackend:
-    """A transformers causal LM (float32, eval) with a stepped sampling loop."""
+    """A transformers causal LM (eval mode) with a stepped sampling loop, on `device` in
+    `dtype` (float32 on the CPU by default).
 
-    def __init__(self, model_dir: str) -> None:
+    Sampling runs on the same device, from a generator seeded there: on the CPU the draws
+    are those of every CPU host; a GPU's generator draws other (equally seeded) tokens."""
+
+    def __init__(self, model_dir: str, dtype: str = "float32", device: torch.device | str = "cpu") -> None:
         from workers.model import load_model
 
-        self.model = load_model(model_dir)
+        self.device = torch.device(device)
+        self.model = load_model(model_dir, dtype).to(self.device)
         config = self.model.config
         eos = config.eos_token_id
         eos = [] if eos is None else [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
@@ -58,9 +63,8 @@ class TransformersBackend:
                 f"load_weights needs every weight of the model under its checkpoint name; "
                 f"missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        self.model.load_state_dict(
-            {k: v.detach().to(torch.float32) for k, v in state_dict.items()}, strict=False, assign=False
-        )
+        # load_state_dict copies into the live parameters, casting to their dtype and device.
+        self.model.load_state_dict({k: v.detach() for k, v in state_dict.items()}, strict=False, assign=False)
 
     def close(self) -> None:
         self.model = None
@@ -119,10 +123,11 @@ class TransformersSession(SteppedSampler):
         else:
             self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], dim=1)
             ids, positions = self.last[:, None], (self.lengths + t - 1)[:, None]
+        dev = b.device
         out = b.model(
-            input_ids=ids,
-            attention_mask=self.attention,
-            position_ids=positions,
+            input_ids=ids.to(dev),
+            attention_mask=self.attention.to(dev),
+            position_ids=positions.to(dev),
             past_key_values=self.cache,
             use_cache=True,
         )

@@ -9,6 +9,9 @@
                                              + notice
     lora           LoRA adapter only         object store; the worker merges or   lora.py
                                              registers a versioned adapter
+    cuda_ipc       full state dict           a CUDA IPC handle to one flat GPU    cuda_ipc.py
+                                             buffer (trainer and worker on the
+                                             same GPU)
 
 Usage (trainer and workers in different processes; see each class for the lifecycle):
 
@@ -40,11 +43,24 @@ __all__ = [
 
 
 def make_sender(
-    sync: SyncConfig, *, num_receivers: int = 1, store: Any | None = None, scratch_dir: str | None = None
+    sync: SyncConfig,
+    *,
+    num_receivers: int = 1,
+    store: Any | None = None,
+    scratch_dir: str | None = None,
+    wire_dtype: str | None = None,
 ) -> WeightSender:
     """The trainer's half of `sync.protocol`, set up from the run's `sync` section.
     `store` replaces the Ray object store (tests); `scratch_dir` is the run's scratch
-    directory, where a protocol keeps its files unless the config names a place."""
+    directory, where a protocol keeps its files unless the config names a place;
+    `wire_dtype` ("float32", "bfloat16"; None: the parameters' own) is the dtype
+    "cuda_ipc" packs the weights in, the inference workers' dtype."""
+    if sync.protocol == "cuda_ipc":
+        import torch
+
+        from workers.sync.cuda_ipc import CudaIpcSender
+
+        return CudaIpcSender(getattr(torch, wire_dtype) if wire_dtype else None)
     if sync.protocol == "object_store":
         from workers.sync.object_store import ObjectStoreSender
 
@@ -76,6 +92,10 @@ def make_receiver(
         from workers.sync.collective import CollectiveReceiver
 
         return CollectiveReceiver()
+    if sync.protocol == "cuda_ipc":
+        from workers.sync.cuda_ipc import CudaIpcReceiver
+
+        return CudaIpcReceiver()
     if sync.protocol == "filesystem":
         from workers.sync.filesystem import FilesystemReceiver
 

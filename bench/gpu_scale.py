@@ -1,0 +1,328 @@
+"""The engine's pieces on one GPU at real model shapes: trainer step, torch inference, CUDA-IPC sync.
+
+Random-weight models with the shapes of Qwen2.5-0.5B, 1.5B and 7B (their published
+config values; no weights are downloaded) are written as Hugging Face directories under
+a scratch directory and driven through the engine's own classes:
+
+- the trainer (`workers.trainer.Trainer`): one GRPO step on B × G synthetic rollouts of
+  `--prompt` + `--completion` tokens, bf16 mixed precision (float32 masters), with
+  micro-batches and gradient checkpointing; full fine-tuning where AdamW's float32
+  state fits the GPU (16 bytes a parameter), LoRA otherwise;
+- the torch inference backend (`workers.inference.transformers_backend`): batched
+  sampling of `--gen-rows` rows × `--gen-tokens` tokens in bf16, tokens/s;
+- the "cuda_ipc" weight sync (`workers.sync.cuda_ipc`): the trainer's process packs its
+  bf16 weights into one GPU buffer and a second process maps it and loads it into its
+  own model on the same GPU; per side and end to end, checked bit for bit.
+
+Prints one table row per model; `--json` also writes the figures. Needs a CUDA GPU:
+
+    python bench/gpu_scale.py --sizes 0.5b 1.5b 7b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from workers.devices import synchronize  # noqa: E402
+
+# Qwen2.5's published shapes (config.json of the Qwen/Qwen2.5-*B checkpoints).
+SHAPES = {
+    "0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    # Not a Qwen size: a smoke test of the script itself (runs on the CPU too).
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "7b": {
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
+}
+VOCAB = 151_936
+EOS = 151_643
+# AdamW float32 masters: weights, gradients and two moments, 4 bytes each.
+FULL_FT_BYTES_PER_PARAM = 16
+
+
+def build(size: str, root: str, device: torch.device) -> tuple[str, int]:
+    """A random-weight Qwen2 of `size`'s shape saved as a bf16 HF directory; (dir, params)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = os.path.join(root, f"qwen2.5-{size}")
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        max_position_embeddings=32_768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        bos_token_id=EOS,
+        dtype="bfloat16",
+        **SHAPES[size],
+    )
+    torch.manual_seed(0)
+    with device:
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    del model
+    _release(device)
+    return path, params
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def rollouts(b: int, g: int, prompt: int, completion: int, seed: int = 0):
+    from workers.rollout import Group, Rollout
+
+    rng = random.Random(seed)
+    groups = []
+    for k in range(b):
+        p = [rng.randrange(VOCAB - 1000) for _ in range(prompt)]
+        group = Group(group_id=f"g{k}", prompt="", answer="")
+        for _ in range(g):
+            c = [rng.randrange(VOCAB - 1000) for _ in range(completion)]
+            group.rollouts.append(
+                Rollout(
+                    prompt_ids=p,
+                    completion_ids=c,
+                    behaviour_logprobs=[-12.0 + rng.random() for _ in c],
+                    token_versions=[0] * len(c),
+                    finish_reason="length",
+                    reward=rng.random(),
+                    group_id=f"g{k}",
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dict:
+    from workers.config import RunConfig
+    from workers.trainer import Trainer
+
+    total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else float("inf")
+    lora = params * FULL_FT_BYTES_PER_PARAM > 0.7 * total
+    cfg = RunConfig.model_validate(
+        {
+            "model": {"source": "path", "path": model_dir},
+            "warm_start": {"steps": 0, "noisy_steps": 0},
+            "inference": {"max_new_tokens": args.completion},
+            "trainer": {
+                "batch_groups": args.b,
+                "group_size": args.g,
+                "dtype": "bfloat16",
+                "micro_batch_rows": args.micro,
+                "gradient_checkpointing": True,
+                "lr": 1e-6,
+            },
+            "lora": {"enabled": lora, "rank": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                      "gate_proj", "up_proj", "down_proj"]},
+        }
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, model_dir, device=device)
+    load_s = time.perf_counter() - t0
+    groups = rollouts(args.b, args.g, args.prompt, args.completion)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(1 + args.steps):  # the first step warms the kernels up
+        synchronize(device)
+        t0 = time.perf_counter()
+        metrics = trainer.train_step(groups)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    tokens = args.b * args.g * (args.prompt + args.completion)
+    step = sum(times[1:]) / len(times[1:])
+    out = {
+        "mode": "lora r32" if lora else "full",
+        "load_s": load_s,
+        "step_s": step,
+        "train_tokens_per_s": tokens / step,
+        "samples_per_s": args.b * args.g / step,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+        "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))),
+    }
+    del trainer
+    _release(device)
+    return out
+
+
+def generation(model_dir: str, args, device: torch.device) -> dict:
+    from workers.inference.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(model_dir, dtype="bfloat16", device=device)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(VOCAB - 1000) for _ in range(args.prompt)] for _ in range(args.gen_rows // 8)]
+    backend.generate(prompts[:1], 1, 4, 1.0, 0)  # warm-up
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = backend.generate(prompts, 8, args.gen_tokens, 1.0, 0)
+    synchronize(device)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for group in out for c in group)
+    backend.close()
+    _release(device)
+    return {"gen_tokens_per_s": tokens / wall, "gen_s": wall, "gen_tokens": tokens}
+
+
+def _fingerprint(model: torch.nn.Module) -> list[float]:
+    """Per-tensor float64 sums (computed on the GPU): equal lists ⇔ the same weights
+    here, where every version differs from the last in every tensor."""
+    return [float(t.double().sum()) for _, t in sorted(model.state_dict().items())]
+
+
+def _receiver(model_dir: str, notices, replies) -> None:
+    from workers.inference.transformers_backend import TransformersBackend
+    from workers.sync.cuda_ipc import CudaIpcReceiver
+
+    backend = TransformersBackend(model_dir, dtype="bfloat16", device="cuda")
+    receiver = CudaIpcReceiver()
+    receiver.connect(notices.get(), 1)
+    replies.put("connected")
+    while (notice := notices.get()) is not None:
+        report = receiver.apply(backend, receiver.receive(notice))
+        replies.put((report, _fingerprint(backend.model)))
+
+
+def ipc_sync(model_dir: str, args) -> dict:
+    import torch.multiprocessing as mp
+
+    from workers.model import load_model
+    from workers.sync.cuda_ipc import CudaIpcSender
+
+    ctx = mp.get_context("spawn")
+    notices, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_receiver, args=(model_dir, notices, replies), daemon=True)
+    proc.start()
+    model = load_model(model_dir, "bfloat16").cuda()
+    sender = CudaIpcSender()
+    sender.attach(model)
+    notices.put(sender.endpoint())
+    assert replies.get(timeout=600) == "connected"
+    rows = []
+    for version in range(1, args.syncs + 2):
+        with torch.no_grad():  # a "step": every tensor changes
+            for p in model.parameters():
+                p.add_(1e-3 * version)
+        sent = sender.send(version, notices.put)
+        got, fingerprint = replies.get(timeout=600)
+        if fingerprint != _fingerprint(model):
+            raise AssertionError(f"version {version}: the worker's weights differ from the trainer's")
+        rows.append((sent, got))
+    notices.put(None)
+    proc.join(60)
+    sender.close()
+    timed = rows[1:]  # the first maps the allocator's handles for the first time
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    return {
+        "sync_bytes": rows[-1][0].bytes,
+        "sync_trainer_ms": mean([s.trainer_ms for s, _ in timed]),
+        "sync_receive_ms": mean([g.receive_ms for _, g in timed]),
+        "sync_inference_ms": mean([g.inference_ms for _, g in timed]),
+        "sync_end_to_end_ms": mean([g.end_to_end_ms for _, g in timed]),
+        "sync_identical": True,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b", "7b"], choices=list(SHAPES))
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no sync part)")
+    parser.add_argument("--b", type=int, default=8, help="groups per step")
+    parser.add_argument("--g", type=int, default=8, help="completions per group")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--completion", type=int, default=512)
+    parser.add_argument("--micro", type=int, default=8, help="trainer.micro_batch_rows")
+    parser.add_argument("--steps", type=int, default=2, help="timed trainer steps (after one warm-up)")
+    parser.add_argument("--gen-rows", type=int, default=64)
+    parser.add_argument("--gen-tokens", type=int, default=256)
+    parser.add_argument("--syncs", type=int, default=4, help="timed syncs (after one warm-up)")
+    parser.add_argument("--parts", nargs="+", default=["train", "generate", "sync"])
+    parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench/gpu_scale.py: no CUDA GPU here (--device cpu runs a smoke test)", file=sys.stderr)
+        return 2
+    if device.type != "cuda" and "sync" in args.parts:
+        print("bench/gpu_scale.py: the cuda_ipc sync needs a GPU; leave 'sync' out of --parts", file=sys.stderr)
+        return 2
+    root = args.root or tempfile.mkdtemp(prefix="rollway-gpu-")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"# {name} · torch {torch.__version__} · "
+          f"B×G={args.b}×{args.g} · {args.prompt}+{args.completion} tokens · micro {args.micro}")  # fmt: skip
+    results = {}
+    for size in args.sizes:
+        t0 = time.perf_counter()
+        model_dir, params = build(size, root, device)
+        row = {"params": params, "build_s": time.perf_counter() - t0}
+        if "train" in args.parts:
+            row.update(trainer_step(model_dir, params, args, device))
+        if "generate" in args.parts:
+            row.update(generation(model_dir, args, device))
+        if "sync" in args.parts:
+            row.update(ipc_sync(model_dir, args))
+        results[size] = row
+        print(json.dumps({size: row}), flush=True)
+    print()
+    print("| model | params | trainer | step s | train tok/s | samples/s | peak GiB | gen tok/s | "
+          "sync MB | IPC trainer ms | IPC worker ms | end to end ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, r in results.items():
+        print(
+            f"| Qwen2.5-{size} shape | {r['params'] / 1e9:.2f}B | {r.get('mode', '—')} | {r.get('step_s', 0):.2f} | "
+            f"{r.get('train_tokens_per_s', 0):,.0f} | {r.get('samples_per_s', 0):.1f} | {r.get('peak_gib', 0):.1f} | "
+            f"{r.get('gen_tokens_per_s', 0):,.0f} | {r.get('sync_bytes', 0) / 1e6:,.0f} | "
+            f"{r.get('sync_trainer_ms', 0):.1f} | {r.get('sync_inference_ms', 0):.1f} | "
+            f"{r.get('sync_end_to_end_ms', 0):.1f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

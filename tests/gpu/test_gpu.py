@@ -1,0 +1,97 @@
+"""The engine on a CUDA GPU: the trainer on the device it was given, checkpoints that move
+between GPU and CPU, and the cuda_ipc weight hand-off between two processes.
+
+Skipped where torch sees no GPU (CI here); run on a GPU host with
+`python -m pytest tests/engine/test_gpu.py`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.gpu.conftest import small_config
+from workers.sync.base import state_checksum
+from workers.trainer import Trainer
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = torch.device("cuda:0")
+
+
+@needs_gpu
+def test_the_trainer_trains_on_the_gpu_and_hands_out_cpu_weights(tiny_model_dir, groups):
+    cfg = small_config(trainer={"dtype": "bfloat16", "micro_batch_rows": 4})
+    trainer = Trainer(cfg, tiny_model_dir, device=CUDA)
+    assert {p.device.type for p in trainer.model.parameters()} == {"cuda"}
+    before = trainer.state_dict()
+    metrics = trainer.train_step(copy.deepcopy(groups))
+    after = trainer.state_dict()
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert {t.device.type for t in after.values()} == {"cpu"}
+    assert state_checksum(after) != state_checksum(before)
+
+
+@needs_gpu
+def test_a_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tiny_model_dir, groups, tmp_path):
+    from workers.checkpoints import Checkpoint, CheckpointTarget, restore_trainer, trainer_parts, write_checkpoint
+
+    cfg = small_config()
+    on_gpu = Trainer(cfg, tiny_model_dir, device=CUDA)
+    on_gpu.train_step(copy.deepcopy(groups))
+    record = write_checkpoint(CheckpointTarget(str(tmp_path), 1), 1, trainer_parts(on_gpu, 0.0))
+
+    on_cpu = Trainer(cfg, tiny_model_dir, device=torch.device("cpu"))
+    restore_trainer(on_cpu, Checkpoint(record.location))
+    assert state_checksum(on_cpu.state_dict()) == state_checksum(on_gpu.state_dict())
+    # The next step from the restored optimizer state agrees across devices (float32).
+    a = on_gpu.train_step(copy.deepcopy(groups))
+    b = on_cpu.train_step(copy.deepcopy(groups))
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-4)
+    back = Trainer(cfg, tiny_model_dir, device=CUDA)
+    restore_trainer(back, Checkpoint(record.location))
+    assert {s["exp_avg"].device.type for s in back.optimizer.state.values()} == {"cuda"}
+
+
+def _receive(model_dir, notices, replies) -> None:
+    from workers.inference.transformers_backend import TransformersBackend
+    from workers.sync.cuda_ipc import CudaIpcReceiver
+
+    backend = TransformersBackend(model_dir, device="cuda")
+    receiver = CudaIpcReceiver()
+    receiver.connect(notices.get(), 1)
+    notice = notices.get()
+    report = receiver.apply(backend, receiver.receive(notice))
+    replies.put((report.version, report.bytes, state_checksum(backend.model.state_dict())))
+
+
+@needs_gpu
+def test_cuda_ipc_hands_the_trainers_weights_to_another_process_bit_for_bit(tiny_model_dir, groups):
+    import torch.multiprocessing as mp
+
+    from workers.sync.cuda_ipc import CudaIpcSender
+
+    cfg = small_config()
+    trainer = Trainer(cfg, tiny_model_dir, device=CUDA)
+    trainer.train_step(copy.deepcopy(groups))
+    ctx = mp.get_context("spawn")
+    notices, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_receive, args=(tiny_model_dir, notices, replies))
+    proc.start()
+    sender = CudaIpcSender()
+    sender.attach(trainer.model)
+    notices.put(sender.endpoint())
+    sent = sender.send(1, notices.put)
+    version, nbytes, checksum = replies.get(timeout=120)
+    proc.join(30)
+    assert (version, nbytes) == (1, sent.bytes)
+    assert checksum == state_checksum(trainer.model.state_dict())
+
+
+def test_cuda_ipc_refuses_a_trainer_on_the_cpu(tiny_model_dir):
+    from workers.sync.cuda_ipc import CudaIpcSender
+
+    trainer = Trainer(small_config(), tiny_model_dir, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="give the trainer a GPU"):
+        CudaIpcSender().attach(trainer.model)
