@@ -130,40 +130,6 @@ def test_every_page_loads_and_draws_without_a_csp_violation(live_server):
             browser.close()
 
 
-def _fresh_sync_thread() -> None:
-    """In the forked server: a new thread for asgiref's sync_to_async. The parent's
-    executor comes across the fork with its worker thread recorded but not running, so
-    once an earlier test in this process used it (any consumer test does), every
-    database call of the child's consumers queued forever and no socket ever opened."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from asgiref.sync import SyncToAsync
-
-    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
-
-
-@pytest.fixture
-def daphne_url(transactional_db):
-    """The site served by daphne (HTTP and WebSockets, as `manage.py up` serves it) in a
-    forked process on the test database: PostgreSQL only, as the fork cannot share an
-    in-memory SQLite database."""
-    from daphne.testing import DaphneProcess
-    from django.db import connection
-
-    if connection.vendor == "sqlite" and connection.is_in_memory_db():
-        pytest.skip("the daphne test needs DATABASE_URL pointing at PostgreSQL (`make test` sets it)")
-    from channels.routing import get_default_application
-
-    server = DaphneProcess("127.0.0.1", get_default_application, setup=_fresh_sync_thread)
-    server.start()
-    try:
-        assert server.ready.wait(30), "daphne did not start"
-        yield f"http://127.0.0.1:{server.port.value}"
-    finally:
-        server.terminate()
-        server.join(10)
-
-
 def test_the_run_pages_websocket_opens_and_streams_under_the_policy(daphne_url):
     skip_without_chromium()
     from playwright.sync_api import expect, sync_playwright
