@@ -551,6 +551,20 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _cuda_ipc_shares_the_trainers_gpu(self) -> RunConfig:
+        if self.sync.protocol != "cuda_ipc":
+            return self
+        p, inf = self.placement, self.inference
+        if p.devices != "gpu" or p.mode != "colocated" or inf.num_workers != 1 or inf.tensor_parallel_size != 1:
+            raise ValueError(
+                "sync.protocol 'cuda_ipc' hands weights over in the memory of one GPU, so the inference worker "
+                "must share the trainer's GPU: set placement.devices 'gpu', placement.mode 'colocated', "
+                "inference.num_workers 1 and inference.tensor_parallel_size 1; across GPUs or nodes choose "
+                "'collective' (NCCL) or 'filesystem'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _update_mode_fits_backend(self) -> RunConfig:
         if self.sync.update_mode == "in_flight" and self.sync.protocol == "lora" and self.inference.backend == "vllm":
             # vLLM binds a request's LoRA adapter when the request starts; swapping it

@@ -95,3 +95,17 @@ def test_cuda_ipc_refuses_a_trainer_on_the_cpu(tiny_model_dir):
     trainer = Trainer(small_config(), tiny_model_dir, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="give the trainer a GPU"):
         CudaIpcSender().attach(trainer.model)
+
+
+def test_a_cuda_ipc_run_is_refused_unless_its_worker_shares_the_trainers_gpu():
+    from pydantic import ValidationError
+
+    from workers.config import RunConfig
+
+    colocated = {"devices": "gpu", "mode": "colocated"}
+    for placement, workers in (({}, 1), ({"devices": "gpu"}, 1), (colocated, 2)):
+        with pytest.raises(ValidationError, match="must share the trainer's GPU"):
+            RunConfig.model_validate(
+                {"sync": {"protocol": "cuda_ipc"}, "placement": placement, "inference": {"num_workers": workers}}
+            )
+    assert RunConfig.model_validate({"sync": {"protocol": "cuda_ipc"}, "placement": colocated})
