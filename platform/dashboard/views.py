@@ -190,6 +190,8 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     # value typed there creates it.
     ("Task", ["task.name", "task.dataset.*", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
     ("Trainer", ["trainer.*"]),
+    # Devices per pool are in the inference and trainer groups; where the pools go, here.
+    ("Placement", ["placement.*"]),
     ("Eval", ["eval.*"]),
     ("Checkpoints", ["checkpoint.*"]),
     ("Stop", ["stop.*"]),
