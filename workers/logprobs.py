@@ -6,11 +6,9 @@ of that distribution. `log_softmax(logits.float())` holds the whole (rows × tok
 vocabulary) tensor in float32 several times over (the upcast, the log-softmax, its
 gradient): at a 152k vocabulary and 128 × 512 tokens that is some 40 GB per copy. Here
 the forward keeps only the logits the model produced (bf16 under autocast) and one
-float32 chunk at a time; the backward recomputes the softmax chunk by chunk and writes
-the logits' gradient once, in the logits' own dtype:
-
-    d logp / d z   = onehot(target) − p                 (z = logits / temperature)
-    d H / d z      = −p · (z − Σ p z)                   (H = logsumexp(z) − Σ p z)
+float32 chunk at a time; the backward runs each chunk's forward again under autograd
+and writes the logits' gradient once, in the logits' own dtype. Values and gradients
+are bit for bit those of log_softmax over the whole tensor.
 
 `torch.autograd.Function` by hand because no library op returns the chosen token's
 logprob without materialising the log-softmax (torch's cross_entropy does the same
@@ -31,24 +29,22 @@ def _chunk_rows(vocab: int) -> int:
 
 
 class _ChosenLogprob(torch.autograd.Function):
+    # Each chunk goes through torch's own log_softmax, forward and backward alike, so the
+    # values and gradients are bit for bit those of log_softmax over the whole tensor.
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
         vocab = logits.shape[-1]
         flat, idx = logits.reshape(-1, vocab), targets.reshape(-1)
         n = flat.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=logits.device)
         step = _chunk_rows(vocab)
         for s in range(0, n, step):
-            z = flat[s : s + step].float() / temperature
-            chunk_lse = torch.logsumexp(z, dim=-1)
-            lse[s : s + step] = chunk_lse
-            logp[s : s + step] = z.gather(-1, idx[s : s + step, None]).squeeze(-1) - chunk_lse
+            lp = torch.log_softmax(flat[s : s + step].float() / temperature, dim=-1)
+            logp[s : s + step] = lp.gather(-1, idx[s : s + step, None]).squeeze(-1)
             if with_entropy:
-                p = torch.exp(z - chunk_lse[:, None])
-                entropy[s : s + step] = chunk_lse - (p * z).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
+                entropy[s : s + step] = -(lp.exp() * lp).sum(-1)
+        ctx.save_for_backward(logits, targets)
         ctx.temperature = temperature
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -58,27 +54,28 @@ class _ChosenLogprob(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
-        logits, targets, lse = ctx.saved_tensors
-        if grad_logp is None and (grad_entropy is None or grad_entropy.numel() == 0):
+        logits, targets = ctx.saved_tensors
+        use_ent = grad_entropy is not None and grad_entropy.numel() > 0
+        if grad_logp is None and not use_ent:
             return None, None, None, None
         vocab, t = logits.shape[-1], ctx.temperature
         flat, idx = logits.reshape(-1, vocab), targets.reshape(-1)
-        g_logp = grad_logp.reshape(-1).float() if grad_logp is not None else None
-        g_ent = grad_entropy.reshape(-1).float() if grad_entropy is not None and grad_entropy.numel() else None
         grad = torch.empty_like(flat)
         step = _chunk_rows(vocab)
         for s in range(0, flat.shape[0], step):
-            z = flat[s : s + step].float() / t
-            p = torch.exp(z - lse[s : s + step, None])
-            gz = torch.zeros_like(z)
-            if g_logp is not None:
-                g = g_logp[s : s + step, None]
-                gz -= p * g
-                gz.scatter_add_(-1, idx[s : s + step, None], g)
-            if g_ent is not None:
-                mean_z = (p * z).sum(-1, keepdim=True)
-                gz -= p * (z - mean_z) * g_ent[s : s + step, None]
-            grad[s : s + step] = (gz / t).to(grad.dtype)
+            # The chunk's forward again, under autograd: torch's own backward kernels, so
+            # the gradient is bit for bit that of the unchunked graph.
+            with torch.enable_grad():
+                x = flat[s : s + step].detach().requires_grad_()
+                lp = torch.log_softmax(x.float() / t, dim=-1)
+                outs, grads = [], []
+                if grad_logp is not None:
+                    outs.append(lp.gather(-1, idx[s : s + step, None]).squeeze(-1))
+                    grads.append(grad_logp.reshape(-1)[s : s + step])
+                if use_ent:
+                    outs.append(-(lp.exp() * lp).sum(-1))
+                    grads.append(grad_entropy.reshape(-1)[s : s + step])
+                (grad[s : s + step],) = torch.autograd.grad(outs, x, grads)
         return grad.view_as(logits), None, None, None
 
 

@@ -56,17 +56,17 @@ def test_bf16_logits_get_a_bf16_gradient_and_no_float32_copy_of_the_whole_vocabu
     vocab, rows = 1000, 64
     monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 8 * vocab)
     seen = []
-    real_logsumexp = torch.logsumexp
+    real_log_softmax = torch.log_softmax
 
     def spy(z, dim):
         seen.append(z.numel())
-        return real_logsumexp(z, dim=dim)
+        return real_log_softmax(z, dim=dim)
 
-    monkeypatch.setattr(torch, "logsumexp", spy)
+    monkeypatch.setattr(torch, "log_softmax", spy)
     logits = torch.randn(rows, vocab, dtype=torch.bfloat16, requires_grad=True)
     logp = chosen_logprobs(logits, torch.zeros(rows, dtype=torch.long))
     logp.sum().backward()
-    assert max(seen) == 8 * vocab and len(seen) == rows // 8
+    assert max(seen) == 8 * vocab and len(seen) == 2 * rows // 8  # forward, then backward
     assert logits.grad.dtype == torch.bfloat16
 
 
@@ -136,3 +136,19 @@ def test_a_process_ray_gave_no_gpu_computes_on_the_cpu(monkeypatch):
     assert assigned_device() == torch.device("cuda:0")
     monkeypatch.setattr(devices, "_ray_gpu_ids", lambda: None)  # outside Ray: what torch sees
     assert assigned_device() == torch.device("cuda:0")
+
+
+def test_the_chunks_give_exactly_the_log_softmax_path_values_and_gradients(monkeypatch):
+    """Bit for bit what log_softmax over the whole float32 tensor gives (one chunk or
+    many): a trained run's numbers do not depend on the chunking."""
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * 50)
+    gen = torch.Generator().manual_seed(1)
+    logits = (4 * torch.randn(4, 6, 50, generator=gen)).requires_grad_()
+    targets = torch.randint(0, 50, (4, 6), generator=gen)
+    weight = torch.randn(4, 6, generator=gen)
+    (chosen_logprobs(logits, targets, 0.9) * weight).sum().backward()
+    got, logits.grad = logits.grad.clone(), None
+    logp = torch.log_softmax(logits / 0.9, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    assert torch.equal(chosen_logprobs(logits, targets, 0.9), logp)
+    (logp * weight).sum().backward()
+    assert torch.equal(got, logits.grad)
