@@ -152,10 +152,9 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dic
                 "gradient_checkpointing": True,
                 "lr": 1e-6,
             },
-            "lora": {"enabled": lora, "rank": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                      "gate_proj", "up_proj", "down_proj"]},
+            "lora": {"enabled": lora, "rank": 32},
         }
-    )  # fmt: skip
+    )
     t0 = time.perf_counter()
     trainer = Trainer(cfg, model_dir, device=device)
     load_s = time.perf_counter() - t0

@@ -89,14 +89,11 @@ def test_micro_batches_give_the_step_of_the_whole_minibatch(tiny_model_dir, lora
     )
     for key in ("loss", "trainer/grad_norm", "is/ratio_mean", "mismatch/kl", "policy/entropy"):
         assert micro[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
-    changed = [k for k in w_whole if not torch.equal(w_whole[k], _trained_start(tiny_model_dir, cfg)[k])]
+    start = {k: v.detach().clone() for k, v in Trainer(cfg, tiny_model_dir).model.state_dict().items()}
+    changed = [k for k in w_whole if not torch.equal(w_whole[k], start[k])]
     assert changed, "the step changed no weight: the comparison would prove nothing"
     for k in w_whole:
         torch.testing.assert_close(w_micro[k], w_whole[k], rtol=1e-4, atol=1e-6)
-
-
-def _trained_start(model_dir, cfg):
-    return {k: v.detach().clone() for k, v in Trainer(cfg, model_dir).model.state_dict().items()}
 
 
 def test_gradient_checkpointing_changes_memory_not_the_step(tiny_model_dir):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from workers.config import RunConfig
 from workers.model import build_tiny, save_model
@@ -52,8 +51,5 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def groups(tiny_model_dir) -> list[Group]:
+def groups() -> list[Group]:
     return random_groups(small_config(), CharTokenizer().vocab_size)
-
-
-CPU = torch.device("cpu")

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from workers.lora import effective_state_dict
-from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
+from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender
+from workers.sync.object_store import StagedWeights, apply_full
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,6 @@ class CudaIpcSender(WeightSender):
         self._last = None
 
 
-@dataclass
-class Mapped:
-    """A version's buffer mapped into this process, not yet loaded."""
-
-    notice: Notice
-    flat: torch.Tensor
-    receive_ms: float
-
-
 class CudaIpcReceiver(WeightReceiver):
     protocol = "cuda_ipc"
 
@@ -137,26 +129,17 @@ class CudaIpcReceiver(WeightReceiver):
                 "(placement.mode 'colocated'); across GPUs choose 'collective' (NCCL) or 'filesystem'"
             )
 
-    def receive(self, notice: Notice) -> Mapped:
+    def receive(self, notice: Notice) -> StagedWeights:
+        """Map the version's buffer (cheap: no copy) as views under checkpoint names."""
         clock = Stopwatch()
         rebuild, args = notice.payload["handle"]
         flat = rebuild(*args)  # maps the trainer's allocation; waits on its event
-        return Mapped(notice, flat, clock.ms())
+        weights = views(flat, notice.payload["slots"])
+        return StagedWeights(notice, weights, clock.ms(), len(weights), 1)
 
-    def apply(self, backend: Any, staged: Mapped) -> SyncReport:
-        clock = Stopwatch()
-        backend.load_weights(views(staged.flat, staged.notice.payload["slots"]))
-        if staged.flat.is_cuda:
-            torch.cuda.current_stream(staged.flat.device).synchronize()
-        staged.flat = None  # drop the mapping: the trainer may free that version
-        load_ms = clock.ms()
-        return SyncReport(
-            protocol=self.protocol,
-            version=staged.notice.version,
-            bytes=staged.notice.nbytes,
-            inference_ms=staged.receive_ms + load_ms,
-            end_to_end_ms=end_to_end_ms(staged.notice),
-            receive_ms=staged.receive_ms,
-            tensors=len(staged.notice.payload["slots"]),
-            messages=1,
-        )
+    def apply(self, backend: Any, staged: StagedWeights) -> SyncReport:
+        # The device-to-device copy into the backend, timed to its end; then the views
+        # go, so the trainer's allocator may free that version.
+        report = apply_full(self.protocol, backend, staged)
+        staged.weights = {}
+        return report

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.devices import synchronize
 from workers.lora import effective_state_dict
 from workers.sync.base import (
     Notice,
@@ -116,6 +117,8 @@ def apply_full(protocol: str, backend: Any, staged: StagedWeights) -> SyncReport
     """Full reload of staged weights into `backend`; the report of one worker."""
     clock = Stopwatch()
     backend.load_weights(staged.weights)
+    # A GPU backend's copies are queued, not done: time the load to its end.
+    synchronize(getattr(backend, "device", torch.device("cpu")))
     load_ms = clock.ms()
     return SyncReport(
         protocol=protocol,
