@@ -18,8 +18,9 @@ differ only in how far inference may run ahead of the trainer (`ahead_batches`):
   drops groups older than max_staleness at get() (weights that reach a worker late can
   still make a group too old).
 
-Actors ask for fractional CPUs (workers/admission.py, which also checks a run fits): on a 2-core host, whole-CPU
-requests leave the third actor pending forever. Each actor process imports only what its
+The inference workers and the trainer get their CPUs and GPUs from the run's placement
+(workers/placement.py: the config's pools, in one Ray placement group; the driver passes
+them as `.options`). The buffer asks for none. Each actor process imports only what its
 role needs (torch and transformers inside the constructors that use them): a run starts
 its processes at once, and on a busy 2-core host each heavy import costs 5–10 s.
 
@@ -43,7 +44,6 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.admission import INFERENCE_CPUS, TRAINER_CPUS
 from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
@@ -151,7 +151,7 @@ class _StagedWeights:
         return self.worker.version
 
 
-@ray.remote(num_cpus=INFERENCE_CPUS, max_concurrency=4)
+@ray.remote(max_concurrency=4)
 class InferenceWorker:
     """Generates groups with the weights it holds and puts them into the buffer.
 
@@ -380,7 +380,7 @@ class InferenceWorker:
             groups = groups[accepted:]
 
 
-@ray.remote(num_cpus=TRAINER_CPUS, max_concurrency=4)
+@ray.remote(max_concurrency=4)
 class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights."""
 

@@ -6,9 +6,11 @@ names the field and the limit. Two checks, both pure functions of the config:
 
 - **operator limits** (`Limits`, set by the site's settings): steps, minutes, inference
   workers, model parameters;
+- **what the engine can run** (`engine_errors`): pool sizes it does not implement yet;
 - **cluster capacity** (`Capacity`, what Ray reports the cluster has in total): the CPUs
-  the run's actors ask for, and an estimate of the memory they need (model, optimizer
-  state, activations, KV cache, per-process overhead; `demand`).
+  and GPUs the run's actors ask for (workers/placement.py, from the config), and an
+  estimate of the memory they need (model, optimizer state, activations, KV cache,
+  per-process overhead; `demand`).
 
 The estimate is deliberately rough — the point is to refuse what can never run, not
 to pack the cluster tightly. A run that fits but not now waits in the platform's queue.
@@ -24,15 +26,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from workers import placement
+
 if TYPE_CHECKING:
     from workers.config import RunConfig
-
-# CPU requests of the run's actors (workers/actors.py reads these): scheduling hints, not
-# limits; small enough that a whole run fits on 2 cores. Whole-CPU requests would leave
-# the third actor of a 2-core host pending forever.
-INFERENCE_CPUS = 0.25
-TRAINER_CPUS = 0.25
-# The driver and the buffer wait on the others and ask for none.
 
 FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 # Resident memory of an actor process before its model: Python, torch, Ray's worker.
@@ -72,6 +69,7 @@ class Demand:
     params: int
     cpus: float
     memory_bytes: int
+    gpus: float = 0.0
     per_role: dict[str, int] = field(default_factory=dict)  # role → bytes of one actor
 
 
@@ -129,7 +127,8 @@ def _checkpoint_params(model_dir: str) -> int:
 
 
 def demand(cfg: RunConfig) -> Demand:
-    """The CPUs the run's actors ask for and an estimate of the memory they need."""
+    """The CPUs and GPUs the run's actors ask for (the driver and the buffer ask for
+    none) and an estimate of the memory they need."""
     shape = model_shape(cfg)
     params, h, n, v = shape["params"], shape["hidden"], shape["layers"], shape["vocab"]
     weights = params * FLOAT_BYTES
@@ -151,9 +150,11 @@ def demand(cfg: RunConfig) -> Demand:
         rows = math.ceil(cfg.trainer.batch_groups / workers) * cfg.trainer.group_size
         worker = PROCESS_BYTES + weights + kv_per_token * seq * rows
     driver = PROCESS_BYTES  # the driver and the buffer, together
+    asked = placement.totals(cfg)
     return Demand(
         params=params,
-        cpus=TRAINER_CPUS + INFERENCE_CPUS * workers,
+        cpus=asked.cpus,
+        gpus=asked.gpus,
         memory_bytes=trainer + workers * worker + driver,
         per_role={"trainer": trainer, "inference worker": worker, "driver and buffer": driver},
     )
@@ -190,6 +191,40 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
     return errors
 
 
+def engine_errors(cfg: RunConfig) -> dict[str, str]:
+    """{dotted field: message} for each pool size the engine cannot run yet."""
+    errors: dict[str, str] = {}
+    if cfg.trainer.num_ranks > 1:
+        errors["trainer.num_ranks"] = (
+            f"trainer.num_ranks > 1 needs trainer.backend ddp/fsdp2, not available yet; got "
+            f"{cfg.trainer.num_ranks}: set it to 1"
+        )
+    if cfg.inference.tensor_parallel_size > 1:
+        errors["inference.tensor_parallel_size"] = (
+            "inference.tensor_parallel_size > 1 needs an inference backend that shards a worker's model "
+            f"across its devices, not available yet; got {cfg.inference.tensor_parallel_size}: set it to 1 "
+            "and raise inference.num_workers instead"
+        )
+    return errors
+
+
+def _gpu_error(cfg: RunConfig, need: Demand, capacity: Capacity) -> tuple[str, str]:
+    """(field, message) for a run that asks for more GPUs than the cluster has: the field
+    of the pool that asks for more."""
+    w, tp, r = cfg.inference.num_workers, cfg.inference.tensor_parallel_size, cfg.trainer.num_ranks
+    if cfg.placement.mode == "colocated":
+        inference = w
+        asked = f"max(inference.num_workers {w}, trainer.num_ranks {r}), colocated"
+    else:
+        inference = w * tp
+        asked = f"inference.num_workers {w} × inference.tensor_parallel_size {tp} + trainer.num_ranks {r}"
+    field_name = "inference.num_workers" if inference >= r else "trainer.num_ranks"
+    return field_name, (
+        f"the run asks for {need.gpus:g} GPUs ({asked}); the cluster has {capacity.gpus:g}: "
+        "ask for fewer, or set placement.devices to 'cpu'"
+    )
+
+
 def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
     """{dotted field: message} if the run could never fit on a cluster of `capacity`."""
     need = demand(cfg)
@@ -197,8 +232,13 @@ def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
     if need.cpus > capacity.cpus + 1e-9:
         errors["inference.num_workers"] = (
             f"{cfg.inference.num_workers} inference workers ask for {need.cpus:g} CPUs "
-            f"({INFERENCE_CPUS:g} each + {TRAINER_CPUS:g} for the trainer); the cluster has {capacity.cpus:g}"
+            f"(inference.cpus_per_worker {cfg.inference.cpus_per_worker:g} each + trainer.cpus_per_rank "
+            f"{cfg.trainer.cpus_per_rank:g} × {cfg.trainer.num_ranks} for the trainer); "
+            f"the cluster has {capacity.cpus:g}"
         )
+    if need.gpus > capacity.gpus + 1e-9:
+        field_name, message = _gpu_error(cfg, need, capacity)
+        errors.setdefault(field_name, message)
     if need.memory_bytes > capacity.memory_bytes:
         roles = ", ".join(f"{role} {_gib(b)}" for role, b in need.per_role.items())
         workers = cfg.inference.num_workers * need.per_role["inference worker"]
@@ -216,9 +256,9 @@ def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
 
 
 def admission_errors(cfg: RunConfig, limits: Limits, capacity: Capacity | None) -> dict[str, str]:
-    """Operator limits, then (when the cluster's capacity is known) what it can ever
-    give. Empty: the run may be queued."""
-    errors = limit_errors(cfg, limits)
+    """Operator limits and what the engine can run, then (when the cluster's capacity is
+    known) what it can ever give. Empty: the run may be queued."""
+    errors = {**engine_errors(cfg), **limit_errors(cfg, limits)}
     if capacity is not None and not errors:
         # Past a limit the estimate can be astronomically large: the limit's message says enough.
         errors.update(capacity_errors(cfg, capacity))

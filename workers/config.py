@@ -177,11 +177,13 @@ class InferenceConfig(_Section):
         1,
         ge=1,
         description="Devices per inference worker (vLLM's tensor parallel size): the GPUs each worker asks "
-        "Ray for when placement.devices is 'gpu'.",
+        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards a worker's model, "
+        "not available yet.",
     )
+    # Ray counts resources in steps of 0.0001: a smaller request is no request at all.
     cpus_per_worker: float = Field(
         0.25,
-        gt=0,
+        ge=0.0001,
         description="CPUs each inference worker reserves in Ray: a scheduling reservation, not a limit; "
         "fractions let a whole run share a few cores.",
     )
@@ -245,9 +247,10 @@ class TrainerConfig(_Section):
         description="Trainer processes, one device each when placement.devices is 'gpu'. More than 1 needs "
         "a data-parallel trainer backend, not available yet.",
     )
+    # Ray counts resources in steps of 0.0001 (as inference.cpus_per_worker).
     cpus_per_rank: float = Field(
         0.25,
-        gt=0,
+        ge=0.0001,
         description="CPUs each trainer rank reserves in Ray: a scheduling reservation, not a limit.",
     )
     batch_groups: int = Field(16, ge=1, description="Groups (prompts) per training step (B).")

@@ -3,9 +3,11 @@
 The platform starts and stops it through workers.lifecycle. The driver builds (or
 finds) the warm-started policy, creates the run's actors (`run-<id>-buffer`,
 `run-<id>-inference-<k>`, `run-<id>-trainer`; not detached, so they die with the
-driver), starts their loops and supervises them: every POLL_S it drains their metrics,
-reports them through the `MetricsReporter` (one point per series per trainer step,
-step = policy version) and checks the stop conditions.
+driver) in the run's Ray placement group (workers/placement.py: the CPUs and GPUs the
+config's pools ask for; removed when the actors stop, or with the driver), starts their
+loops and supervises them: every POLL_S it drains their metrics, reports them through
+the `MetricsReporter` (one point per series per trainer step, step = policy version)
+and checks the stop conditions.
 
 Status goes to the platform as running → succeeded | failed (with a sentence saying why
 and the traceback it was worked out from: workers.failures). A
@@ -33,7 +35,9 @@ from functools import partial
 
 import ray
 
+from workers import placement
 from workers.actors import BufferActor, InferenceWorker, TrainerActor
+from workers.admission import engine_errors
 from workers.buffer import plan as buffer_plan
 from workers.checkpoints import (
     BUFFER,
@@ -49,7 +53,7 @@ from workers.messages import InferenceReport, TrainerReport
 from workers.metric_names import REWARD_WINDOW
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
-from workers.run_actors import NAMESPACE, actor_name, kill_named, run_actor_names
+from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names
 from workers.timeline import StepWindows
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,8 @@ TARGET_WINDOW = REWARD_WINDOW
 # stores them all). Keeping every point grew a fast run's driver without bound: a tiny
 # run's 22 steps/s × 28 series is 1.1M points, ~105 MB, in 30 minutes.
 SERIES_TAIL = 2_000
-# Child actors must be up within this (vLLM needs ~20–40 s on CPU to start).
+# The run's placement group must be placed and its actors up within this (vLLM needs
+# ~20–40 s on CPU to start).
 SPAWN_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 # At the end the driver retries the site this long for the last points and the final
@@ -122,6 +127,7 @@ class RunDriver:
         self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
         self.buffer = self.trainer = None
         self.workers: list = []
+        self.placement_group = None  # the Ray placement group of the inference workers and the trainer
         self._windows = StepWindows(self.cfg.inference.num_workers)
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
         self._syncs: dict[int, list] = defaultdict(list)  # version → SyncReport per worker
@@ -169,6 +175,9 @@ class RunDriver:
         try:
             # Again here, not only at launch: a symlink may have changed since.
             self.confinement.check(self.cfg)
+            refused = engine_errors(self.cfg)  # the platform refuses these at launch; a direct launch is not
+            if refused:
+                raise ValueError("; ".join(refused.values()))
             if self.resume_from is not None:
                 self.resume_from = check_resume(self.resume_from, self.confinement.checkpoint_root)
             make_scratch(self.scratch_dir)
@@ -305,12 +314,23 @@ class RunDriver:
         if self._stop.is_set():
             return False
         kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
+        placement.remove_named(placement_group_name(self.run_id))  # a previous driver's group
         cfg, b = self.cfg, self.cfg.trainer.batch_groups
         w = cfg.inference.num_workers
         self._set_phase(
             "starting_engines",
             f"starting {w} {cfg.inference.backend} inference worker{'s' if w != 1 else ''}, the trainer and the buffer",
         )
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        plan = placement.plan(cfg)
+        self.placement_group = placement.create(plan, placement_group_name(self.run_id))
+        if not self._wait(
+            [self.placement_group.ready()],
+            deadline,
+            f"the cluster could not place the run's actors within {SPAWN_TIMEOUT_S:.0f}s: they ask for "
+            f"{plan.summary} (inference.*, trainer.*, placement.*)",
+        ):
+            return False
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
         # most max_staleness batches ahead, so admission paces generation instead of
         # generating groups get() would drop).
@@ -318,26 +338,27 @@ class RunDriver:
             buffer_plan(cfg.buffer, cfg.mode, b), b
         )
         self.workers = [
-            InferenceWorker.options(name=f"{self.name}-inference-{k}", namespace=NAMESPACE).remote(
-                cfg, model_dir, k, w, self.buffer, self.scratch_dir
-            )
+            InferenceWorker.options(
+                name=f"{self.name}-inference-{k}",
+                namespace=NAMESPACE,
+                **placement.actor_options(self.placement_group, plan.inference[k]),
+            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir)
             for k in range(w)
         ]
-        self.trainer = TrainerActor.options(name=f"{self.name}-trainer", namespace=NAMESPACE).remote(
-            cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir, self.checkpoints
-        )
-        pending = [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)]
-        deadline = time.monotonic() + SPAWN_TIMEOUT_S
-        while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            ray.get(done)  # raises an actor's constructor error
-            if self._stop.is_set():
-                return False
-            if pending and time.monotonic() > deadline:
-                raise ChildFailed(
-                    f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s: the cluster may lack "
-                    "the CPUs they ask for (workers.admission INFERENCE_CPUS / TRAINER_CPUS)"
-                )
+        # One rank: the trainer is one process until a data-parallel backend exists
+        # (workers.admission.engine_errors refuses more).
+        self.trainer = TrainerActor.options(
+            name=f"{self.name}-trainer",
+            namespace=NAMESPACE,
+            **placement.actor_options(self.placement_group, plan.trainer[0]),
+        ).remote(cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir, self.checkpoints)
+        if not self._wait(
+            [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)],
+            deadline,
+            f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s, their resources reserved ({plan.summary}): "
+            "they are slow to start on this cluster",
+        ):
+            return False
         if self.resume_from is not None:
             self._restore()
         if not self._connect_sync():
@@ -345,6 +366,18 @@ class RunDriver:
         ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
         self._loop_started = time.time()
         self._set_phase("first_step", "loops started: waiting for the first trained step")
+        return True
+
+    def _wait(self, pending: list, deadline: float, late: str) -> bool:
+        """Wait for every reference in `pending`; False if the run is cancelled meanwhile,
+        ChildFailed(`late`) past `deadline`, an actor's constructor error as raised."""
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            ray.get(done)  # raises an actor's constructor error
+            if self._stop.is_set():
+                return False
+            if pending and time.monotonic() > deadline:
+                raise ChildFailed(late)
         return True
 
     def _connect_sync(self) -> bool:
@@ -409,10 +442,15 @@ class RunDriver:
         ray.wait([self.trainer.close_sender.remote()], timeout=STOP_TIMEOUT_S)
 
     def _kill_children(self) -> None:
+        """Kill the run's actors and give their placement group's resources back."""
         for a in (self.trainer, *self.workers, self.buffer):
             if a is not None:
                 with contextlib.suppress(Exception):  # already gone
                     ray.kill(a, no_restart=True)
+        if self.placement_group is not None:
+            with contextlib.suppress(Exception):  # already removed
+                placement.remove(self.placement_group)
+            self.placement_group = None
 
     # -- metrics -------------------------------------------------------------------
 

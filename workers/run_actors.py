@@ -19,6 +19,11 @@ def actor_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
+def placement_group_name(run_id: int) -> str:
+    """The name of the run's Ray placement group (workers/placement.py), owned by its driver."""
+    return f"{actor_name(run_id)}-placement"
+
+
 def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
     """Names of the live actors of run `run_id` in the rollway namespace."""
     base = actor_name(run_id)

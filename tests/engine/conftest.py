@@ -4,7 +4,9 @@ them. Plain helper functions are in helpers.py.
 Ray: one in-process cluster serves every engine test that asks for `cluster` (a start
 costs seconds, and its first actors more). It starts with the first test that asks and
 stops after the last engine test, so it never runs beside the Ray heads that the
-integration tests and bench scripts start in their own processes.
+integration tests and bench scripts start in their own processes. It declares GPUS
+GPUs, which this host need not have: runs placed on GPUs (placement.devices "gpu") get
+Ray's GPU ids and CUDA_VISIBLE_DEVICES, and compute on the CPU where torch sees no GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from workers.run_actors import NAMESPACE, kill_named
 from workers.tokenizer import CharTokenizer
 
 HERE = Path(__file__).parent
+GPUS = 4
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,14 @@ def cluster():
     if not ray.is_initialized():
         # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
         # on this machine names another one.
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=GPUS,
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+        )
     yield
     if ray.is_initialized():
         kill_named([a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE])

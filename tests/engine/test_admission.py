@@ -1,14 +1,14 @@
-"""Admission (workers/admission.py): operator limits and cluster capacity, each refusal
-naming the field and the limit; the estimate grows with what drives memory."""
+"""Admission (workers/admission.py): operator limits, what the engine can run and cluster
+capacity (CPUs, GPUs, memory), each refusal naming the field and the limit; the estimate
+grows with what drives memory."""
 
 from __future__ import annotations
 
 from workers.admission import (
-    INFERENCE_CPUS,
-    TRAINER_CPUS,
     Capacity,
     Limits,
     admission_errors,
+    capacity_errors,
     demand,
     model_shape,
 )
@@ -34,9 +34,56 @@ def test_the_default_run_fits_this_kind_of_machine():
 
 
 def test_cpus_are_what_the_actors_ask_for():
-    assert demand(cfg(inference={"num_workers": 3})).cpus == TRAINER_CPUS + 3 * INFERENCE_CPUS
+    assert demand(cfg(inference={"num_workers": 3})).cpus == 0.25 + 3 * 0.25
+    assert demand(cfg(inference={"num_workers": 3, "cpus_per_worker": 1}, trainer={"cpus_per_rank": 2})).cpus == 5
     errors = admission_errors(cfg(inference={"num_workers": 8}), Limits(), Capacity(cpus=2, memory_bytes=2**40))
     assert "2.25 CPUs" in errors["inference.num_workers"]
+
+
+FOUR_GPUS = Capacity(cpus=64, memory_bytes=512 * 2**30, gpus=4)
+
+
+def on_gpus(workers: int, ranks: int = 1, mode: str = "disaggregated") -> RunConfig:
+    return cfg(
+        inference={"num_workers": workers},
+        trainer={"num_ranks": ranks},
+        placement={"devices": "gpu", "mode": mode},
+    )
+
+
+def test_gpus_are_counted_per_pool_when_disaggregated():
+    assert demand(on_gpus(2, 2)).gpus == 4
+    assert capacity_errors(on_gpus(2, 2), FOUR_GPUS) == {}
+    errors = capacity_errors(on_gpus(3, 2), FOUR_GPUS)
+    assert list(errors) == ["inference.num_workers"]
+    assert "asks for 5 GPUs" in errors["inference.num_workers"]
+    assert "the cluster has 4" in errors["inference.num_workers"]
+    assert list(capacity_errors(on_gpus(1, 4), FOUR_GPUS)) == ["trainer.num_ranks"]
+
+
+def test_a_launch_asking_more_gpus_than_the_cluster_has_is_refused():
+    assert admission_errors(on_gpus(3), Limits(), FOUR_GPUS) == {}
+    errors = admission_errors(on_gpus(4), Limits(), FOUR_GPUS)
+    assert set(errors) == {"inference.num_workers"}
+    assert "5 GPUs" in errors["inference.num_workers"]
+    # No GPU in the cluster at all: any GPU placement is refused, a CPU one is not.
+    assert "inference.num_workers" in admission_errors(on_gpus(1), Limits(), ROOMY)
+    assert admission_errors(cfg(inference={"num_workers": 4}), Limits(), ROOMY) == {}
+
+
+def test_colocated_pools_share_their_gpus():
+    assert demand(on_gpus(2, 2, "colocated")).gpus == 2
+    assert demand(on_gpus(4, 1, "colocated")).gpus == 4
+    assert capacity_errors(on_gpus(4, 1, "colocated"), FOUR_GPUS) == {}
+    assert "inference.num_workers" in capacity_errors(on_gpus(5, 1, "colocated"), FOUR_GPUS)
+
+
+def test_pool_sizes_the_engine_cannot_run_yet_are_refused_naming_the_field():
+    errors = admission_errors(on_gpus(2, 2), Limits(), FOUR_GPUS)
+    assert list(errors) == ["trainer.num_ranks"]
+    assert "trainer.num_ranks > 1 needs trainer.backend ddp/fsdp2, not available yet" in errors["trainer.num_ranks"]
+    errors = admission_errors(cfg(inference={"tensor_parallel_size": 2}), Limits(), ROOMY)
+    assert list(errors) == ["inference.tensor_parallel_size"]
 
 
 def test_memory_grows_with_the_model_the_batch_and_vllm():

@@ -1,0 +1,225 @@
+"""A run's placement in Ray (workers/placement.py): the bundles and each actor's seat,
+worked out from the config without Ray; then real runs on the shared cluster, whose 4
+GPUs are declared (this host has none, so the actors still compute on the CPU): each
+actor sees the GPUs Ray gave it, disjoint per pool or shared when colocated, and the
+run's placement group is gone once its actors stop."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pydantic
+import pytest
+import ray
+
+from tests.engine.helpers import TOKEN, tiny_config, wait_for
+from workers import placement
+from workers.config import RunConfig
+from workers.driver import RunDriver
+from workers.failures import ChildFailed
+from workers.lifecycle import cancel, launch
+from workers.placement import Seat
+from workers.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+
+
+def cfg(**sections) -> RunConfig:
+    return RunConfig.model_validate(sections)
+
+
+def gpus(workers: int = 1, ranks: int = 1, mode: str = "disaggregated", **placement_fields) -> RunConfig:
+    return cfg(
+        inference={"num_workers": workers},
+        trainer={"num_ranks": ranks},
+        placement={"devices": "gpu", "mode": mode, **placement_fields},
+    )
+
+
+# --- the plan, without Ray ------------------------------------------------------------
+
+
+def test_by_default_each_actor_has_a_cpu_bundle_of_its_own_and_asks_no_gpu():
+    p = placement.plan(RunConfig())
+    assert p.bundles == [{"CPU": 0.25}, {"CPU": 0.25}]
+    assert p.inference == [Seat(bundle=0, num_cpus=0.25, num_gpus=0.0)]
+    assert p.trainer == [Seat(bundle=1, num_cpus=0.25, num_gpus=0.0)]
+    assert (p.strategy, p.selectors) == ("PACK", [{}, {}])
+    assert placement.totals(RunConfig()).gpus == 0
+
+
+def test_disaggregated_pools_ask_for_gpus_of_their_own():
+    c = cfg(
+        inference={"num_workers": 3, "tensor_parallel_size": 2, "cpus_per_worker": 1},
+        trainer={"num_ranks": 2, "cpus_per_rank": 2},
+        placement={"devices": "gpu", "strategy": "STRICT_PACK"},
+    )
+    p = placement.plan(c)
+    assert p.bundles == [{"CPU": 1, "GPU": 2}] * 3 + [{"CPU": 2, "GPU": 1}] * 2
+    assert p.inference == [Seat(k, 1, 2) for k in range(3)]
+    assert p.trainer == [Seat(3, 2, 1), Seat(4, 2, 1)]
+    assert p.strategy == "STRICT_PACK"
+    assert "3 inference worker(s) × {CPU: 1, GPU: 2}" in p.summary
+    assert "2 trainer rank(s) × {CPU: 2, GPU: 1}" in p.summary
+
+
+def test_colocated_worker_k_and_rank_k_share_gpu_k():
+    p = placement.plan(gpus(workers=2, ranks=1, mode="colocated"))
+    assert p.bundles == [{"CPU": 0.5, "GPU": 1}, {"CPU": 0.25, "GPU": 1}]
+    assert p.inference == [Seat(0, 0.25, 0.5), Seat(1, 0.25, 1.0)]  # worker 1 has its GPU to itself
+    assert p.trainer == [Seat(0, 0.25, 0.5)]
+    p = placement.plan(gpus(workers=1, ranks=2, mode="colocated"))
+    assert [s.bundle for s in p.trainer] == [0, 1]
+    assert [s.num_gpus for s in p.trainer] == [0.5, 1.0]
+
+
+def test_each_pool_bundles_carry_its_node_label_selector():
+    p = placement.plan(gpus(workers=2, inference_node="pool=rollout", trainer_node="pool=in(train,big)"))
+    assert p.selectors == [{"pool": "rollout"}, {"pool": "rollout"}, {"pool": "in(train,big)"}]
+    assert "on nodes pool=rollout" in p.summary
+    # Colocated bundles hold both pools: both selectors apply.
+    p = placement.plan(gpus(workers=2, mode="colocated", inference_node="zone=a", trainer_node="pool=train"))
+    assert p.selectors == [{"zone": "a", "pool": "train"}, {"zone": "a"}]
+
+
+@pytest.mark.parametrize(
+    ("workers", "tp", "ranks", "devices", "mode"),
+    [
+        (w, tp, r, d, m)
+        for w, tp, r, d, m in itertools.product(
+            [1, 2, 5], [1, 3], [1, 2], ["cpu", "gpu"], ["disaggregated", "colocated"]
+        )
+        if not (m == "colocated" and (d == "cpu" or tp > 1))
+    ],
+)
+def test_the_totals_admission_counts_are_the_plans_own(workers, tp, ranks, devices, mode):
+    c = cfg(
+        inference={"num_workers": workers, "tensor_parallel_size": tp},
+        trainer={"num_ranks": ranks},
+        placement={"devices": devices, "mode": mode},
+    )
+    p, t = placement.plan(c), placement.totals(c)
+    assert t.gpus == sum(b.get("GPU", 0) for b in p.bundles)
+    assert t.cpus == pytest.approx(sum(b["CPU"] for b in p.bundles))
+    seats = [*p.inference, *p.trainer]
+    for k, bundle in enumerate(p.bundles):  # a bundle holds what its actors ask for, and they ask
+        here = [s for s in seats if s.bundle == k]
+        assert bundle["CPU"] == pytest.approx(sum(s.num_cpus for s in here))
+        if devices == "gpu":
+            assert 0 < sum(s.num_gpus for s in here) <= bundle["GPU"]
+    assert len(p.selectors) == len(p.bundles)
+
+
+@pytest.mark.parametrize(
+    ("sections", "says"),
+    [
+        ({"placement": {"mode": "colocated"}}, "set placement.devices to 'gpu'"),
+        (
+            {"placement": {"mode": "colocated", "devices": "gpu"}, "inference": {"tensor_parallel_size": 2}},
+            "set inference.tensor_parallel_size to 1",
+        ),
+        ({"placement": {"inference_node": "pool"}}, "placement.inference_node 'pool' is not a Ray node label"),
+        ({"placement": {"trainer_node": "pool=a b"}}, "placement.trainer_node"),
+        (
+            {"placement": {"mode": "colocated", "devices": "gpu", "inference_node": "p=a", "trainer_node": "p=b"}},
+            "must not ask different values of one label",
+        ),
+        ({"placement": {"strategy": "BALANCED"}}, "'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'"),
+        ({"inference": {"cpus_per_worker": 0}}, "greater than or equal to 0.0001"),
+    ],
+)
+def test_a_placement_that_cannot_work_is_refused_naming_the_fields(sections, says):
+    with pytest.raises(pydantic.ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        cfg(**sections)
+
+
+# --- real runs on the shared cluster (4 GPUs declared) -----------------------------------
+
+
+def actor_devices(name: str) -> tuple[list, str | None]:
+    """The GPU ids Ray gave the named actor and the CUDA_VISIBLE_DEVICES it runs under."""
+    actor = ray.get_actor(name, namespace=NAMESPACE)
+    return ray.get(
+        actor.__ray_call__.remote(lambda _: (ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))), timeout=120
+    )
+
+
+def group_state(run_id: int) -> str | None:
+    """The state of run `run_id`'s placement group (None: never created)."""
+    name = placement_group_name(run_id)
+    states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"] == name]
+    return states[-1] if states else None
+
+
+@pytest.mark.slow
+def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, stub, cache_dir):
+    config = tiny_config(inference={"num_workers": 2}, placement={"devices": "gpu"}, stop={"max_steps": 10_000})
+    launch(141, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    names = ["run-141-inference-0", "run-141-inference-1", "run-141-trainer"]
+    wait_for(lambda: set(names) <= set(run_actor_names(141)), 120, "the run's actors")
+    seen = {name: actor_devices(name) for name in names}
+    print({name: visible for name, (_, visible) in seen.items()})
+    ids = [tuple(gpu_ids) for gpu_ids, _ in seen.values()]
+    assert all(len(i) == 1 for i in ids) and len(set(ids)) == 3, seen
+    for gpu_ids, visible in seen.values():
+        assert visible == ",".join(str(i) for i in gpu_ids)
+    assert group_state(141) == "CREATED"
+    wait_for(lambda: stub.series(141).get("reward/mean"), 120, "a first step")  # it trains, on the CPU
+
+    assert cancel(141, timeout_s=10)
+    wait_for(lambda: group_state(141) == "REMOVED", 10, "the placement group to be removed")
+    assert ray.available_resources().get("GPU") == 4
+
+
+@pytest.mark.slow
+def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_group(cluster, cache_dir):
+    config = tiny_config(
+        inference={"num_workers": 2},
+        placement={"devices": "gpu", "mode": "colocated"},
+        stop={"max_steps": 10_000},
+    )
+    driver = RunDriver.options(name=actor_name(142), namespace=NAMESPACE).remote(
+        142, config, None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        done = driver.run.remote()
+        names = ["run-142-inference-0", "run-142-inference-1", "run-142-trainer"]
+        wait_for(lambda: set(names) <= set(run_actor_names(142)), 120, "the run's actors")
+        seen = {name: actor_devices(name) for name in names}
+        print({name: visible for name, (_, visible) in seen.items()})
+        assert seen["run-142-trainer"] == seen["run-142-inference-0"]
+        assert len(seen["run-142-trainer"][0]) == 1
+        assert set(seen["run-142-inference-1"][0]).isdisjoint(seen["run-142-trainer"][0])
+
+        ray.get(driver.stop.remote())
+        assert ray.get(done, timeout=120)["state"] == "cancelled"
+        # The driver is still alive: it removed the group itself.
+        assert group_state(142) == "REMOVED"
+    finally:
+        ray.kill(driver)
+
+
+def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(cluster, tmp_path, monkeypatch):
+    driver_class = RunDriver.__ray_actor_class__  # outside Ray: the driver runs in this process
+    # The globals _spawn reads: once this process has created a driver actor, Ray's copy of
+    # the class's functions has its own, not workers.driver's.
+    monkeypatch.setitem(driver_class._spawn.__globals__, "SPAWN_TIMEOUT_S", 1.0)
+    config = {"placement": {"devices": "gpu", "inference_node": "pool=nowhere"}}
+    driver = driver_class(143, config, None, "", str(tmp_path))
+    try:
+        with pytest.raises(ChildFailed) as failed:
+            driver._spawn(str(tmp_path))
+    finally:
+        driver._kill_children()
+    message = str(failed.value)
+    assert "could not place the run's actors" in message
+    assert "1 inference worker(s) × {CPU: 0.25, GPU: 1} on nodes pool=nowhere" in message
+    assert group_state(143) == "REMOVED"
+    assert run_actor_names(143) == []
+
+
+def test_a_driver_refuses_a_pool_size_the_engine_cannot_run_before_its_warm_start(tmp_path):
+    driver = RunDriver.__ray_actor_class__(144, {"trainer": {"num_ranks": 2}}, None, "", str(tmp_path))
+    out = driver.run()
+    assert out["state"] == "failed"
+    assert "trainer.num_ranks > 1 needs trainer.backend ddp/fsdp2, not available yet" in out["error"]
+    assert "warm_start" not in out["timings"]
