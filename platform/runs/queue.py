@@ -7,14 +7,14 @@ when all three hold:
 1. fewer than `ROLLWAY_MAX_RUNNING` runs are active on the site;
 2. its team has fewer than `ROLLWAY_MAX_RUNNING_PER_TEAM` active;
 3. the cluster's free resources cover what its config asks for
-   (`workers.admission.demand`: CPUs and an estimate of memory).
+   (`workers.admission.demand`: CPUs, GPUs and an estimate of memory).
 
 "Active" is starting, running or cancelling, plus runs admitted but not yet claimed by
 `launch_run` (queued with phase `admitted`): they hold their place from the moment the
 scheduler lets them through. "Free" is the smaller of what Ray says is available now
 (other users of the cluster count) and the cluster's total less the demand of every
-active run: our actors ask Ray for CPUs only, and a run admitted a moment ago has not
-placed its actors yet, so Ray's own figure alone would let two runs take one slot.
+active run: our actors do not reserve memory in Ray, and a run admitted a moment ago has
+not placed its actors yet, so Ray's own figure alone would let two runs take one slot.
 
 **Admission order** (`Run.objects.in_admission_order`): higher `Run.priority` first.
 Within a priority, round-robin over teams — each team's first queued run, teams ordered
@@ -27,9 +27,9 @@ a team and a priority, first come first served. `Run.queue_position()` is the pl
 - a run that waits for its *team's* limit is passed over: its team's own runs are what
   it waits for, and it is first in line again when one of them ends;
 - once a run waits for the *cluster*, nothing after it in the order is admitted. Runs
-  behind it that happen to fit would otherwise keep taking the CPUs and memory it waits
-  for, and a big run could wait forever behind a stream of small ones. The cost is some
-  idle capacity while it waits; every run ahead of it eventually ends.
+  behind it that happen to fit would otherwise keep taking the CPUs, GPUs and memory it
+  waits for, and a big run could wait forever behind a stream of small ones. The cost is
+  some idle capacity while it waits; every run ahead of it eventually ends.
 - when the site's limit is reached, nothing is admitted.
 
 All of the queue's state is in the Run rows (status, phase, priority, created_at), so it
@@ -102,6 +102,7 @@ class Free:
 
     cpus: float
     memory_bytes: int
+    gpus: float = 0.0
 
 
 def _gib(n: float) -> str:
@@ -117,6 +118,8 @@ def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
     need = demand(cfg)
     if need.cpus > free.cpus + 1e-9:
         return f"the cluster has {max(free.cpus, 0):.2f} of the {need.cpus:.2f} CPUs it needs free"
+    if need.gpus > free.gpus + 1e-9:
+        return f"the cluster has {max(free.gpus, 0):g} of the {need.gpus:g} GPUs it needs free"
     if need.memory_bytes > free.memory_bytes:
         have, want = _gib(max(free.memory_bytes, 0)), _gib(need.memory_bytes)
         return f"the cluster has {have} of the {want} of memory it needs free"
@@ -125,12 +128,17 @@ def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
 
 def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) -> Free:
     """The smaller of Ray's available resources and the total less every active run's demand."""
-    cpus, memory = total.cpus, total.memory_bytes
+    cpus, memory, gpus = total.cpus, total.memory_bytes, total.gpus
     for run in active:
         need = demand(RunConfig.model_validate(run.config))
         cpus -= need.cpus
         memory -= need.memory_bytes
-    return Free(cpus=min(cpus, available.cpus), memory_bytes=min(memory, available.memory_bytes))
+        gpus -= need.gpus
+    return Free(
+        cpus=min(cpus, available.cpus),
+        memory_bytes=min(memory, available.memory_bytes),
+        gpus=min(gpus, available.gpus),
+    )
 
 
 @contextmanager
@@ -213,7 +221,11 @@ def do_schedule_queue() -> list[int]:
             if not claimed:
                 continue  # cancelled since it was read
             need = demand(RunConfig.model_validate(run.config))
-            free = Free(cpus=free.cpus - need.cpus, memory_bytes=free.memory_bytes - need.memory_bytes)
+            free = Free(
+                cpus=free.cpus - need.cpus,
+                memory_bytes=free.memory_bytes - need.memory_bytes,
+                gpus=free.gpus - need.gpus,
+            )
             active.append(run)
             per_team[team.pk] += 1
             admitted.append(run)

@@ -113,6 +113,26 @@ def test_the_cluster_total_is_shared_by_runs_not_yet_placed_in_ray(schedule, dri
     assert second.waiting_for() == "the cluster has 0.25 of the 0.75 CPUs it needs free"
 
 
+def on_gpus(n: int) -> dict:
+    """A run whose n inference workers and trainer ask for a GPU each."""
+    return build("async", {"inference": {"num_workers": n}, "placement": {"devices": "gpu"}}).model_dump(mode="json")
+
+
+def test_gpus_are_shared_by_runs_not_yet_placed_and_by_other_users(schedule, driver, limits, make_run):
+    driver.capacity = Capacity(cpus=16.0, memory_bytes=64 * GiB, gpus=4.0)
+    first, second = make_run(config=on_gpus(2)), make_run(config=on_gpus(2))
+    assert schedule() == [first.pk]  # 3 of 4 GPUs taken, though Ray still reports all 4 free
+    [second] = refreshed(second)
+    assert second.waiting_for() == "the cluster has 1 of the 3 GPUs it needs free"
+    Run.objects.filter(pk=first.pk).update(status=Status.SUCCEEDED)
+    driver.available = Capacity(cpus=16.0, memory_bytes=64 * GiB, gpus=2.0)  # another user holds two
+    assert schedule() == []
+    [second] = refreshed(second)
+    assert second.waiting_for() == "the cluster has 2 of the 3 GPUs it needs free"
+    driver.available = None
+    assert schedule() == [second.pk]
+
+
 def test_a_run_waits_for_memory_the_cluster_has_free(schedule, driver, limits, make_run):
     driver.available = Capacity(cpus=2.0, memory_bytes=GiB // 2)
     run = make_run()
