@@ -258,6 +258,10 @@ def cancel_run(request: HttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(run.detail(), status=202)
 
 
+# The largest step a range may name (steps are stored as 64-bit integers).
+STEP_MAX = 2**62
+
+
 class Series(Schema):
     run: int
     status: str
@@ -268,6 +272,8 @@ class Series(Schema):
 METRICS_DOC = query_doc(
     ("series", "string", "series names, comma-separated or repeated (default: all)"),
     ("after_step", "integer", "only points after this step (polling)"),
+    ("from_step", "integer", "only points at or after this step (a zoomed chart; downsampled within the range)"),
+    ("to_step", "integer", "only points at or before this step (a zoomed chart; downsampled within the range)"),
     ("max_points", "integer", "at most this many points per series, min-max downsampled (10 to 100000)"),
 )
 
@@ -283,6 +289,10 @@ def read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     """A run's metric series, each min-max downsampled to at most `max_points`."""
     run = actions.check_run_access(request.user, run_id)
     after_step = int_param(request, "after_step", None)
+    from_step = int_param(request, "from_step", None, lo=0, hi=STEP_MAX)
+    to_step = int_param(request, "to_step", None, lo=0, hi=STEP_MAX)
+    if from_step is not None and to_step is not None and to_step < from_step:
+        raise BadParam("to_step", f"to_step must be ≥ from_step ({from_step}); got {to_step}")
     max_points = int_param(request, "max_points", settings.ROLLWAY_MAX_POINTS_PER_SERIES, lo=10, hi=100_000)
     names = [s for value in request.GET.getlist("series") for s in value.split(",") if s]
     # Only a name the ingest could have stored (a NUL would fail the query itself).
@@ -294,7 +304,7 @@ def read_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
             "run": run.pk,
             "status": run.status,
             "max_points": max_points,
-            "series": read_series(run, names or None, after_step, max_points),
+            "series": read_series(run, names or None, after_step, max_points, from_step=from_step, to_step=to_step),
         }
     )
 

@@ -7,8 +7,15 @@ chart appends new steps after it.
 
 The groups are rollup buckets (runs/rollups.py): for a long series the narrowest level
 with at most FAN_OUT × the wanted number of buckets is read and consecutive buckets are
-merged down to that number, so a read costs a few hundred rows per series however many
-points were stored. A series short enough to show whole is read point by point.
+merged down to that number, so a read costs at most FAN_OUT × the chart's groups in rows
+per series however many points were stored. A series short enough to show whole is read
+point by point.
+
+The run page reads every series of a run at 2,000 points each: tens of thousands of
+buckets. Each is read as the six numbers its merge needs (`rollups.extremes`), one
+series at a time (the read holds one series' rows, never the run's), and merged in one
+pass over plain tuples: per-bucket Python objects (an `Agg` of fourteen fields, a
+`rollups.merge` call per group) would cost several times the database's own work.
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ from statistics import fmean
 from runs import rollups
 from runs.models import MetricPoint, Run
 
-# (run, series) pairs whose rollup rows one query reads (see read_many).
-PAIRS_PER_READ = 4
+# Beyond any step: "no bound" on that side of a read (steps are stored as 64-bit ints).
+NO_STEP = 2**62
 
 
 def widest_fit(span: int, buckets: int) -> int:
@@ -45,11 +52,11 @@ def _by_series_set(pairs: Iterable[tuple[int, str]]) -> list[tuple[list[int], li
     return [(runs, sorted(names)) for names, runs in groups.items()]
 
 
-def _raw(pairs: list[tuple[int, str]], after: int) -> dict[tuple[int, str], list[tuple]]:
+def _raw(pairs: list[tuple[int, str]], lo: int, hi: int) -> dict[tuple[int, str], list[tuple]]:
     out: dict[tuple[int, str], list[tuple]] = defaultdict(list)
     for runs, names in _by_series_set(pairs):
         rows = (
-            MetricPoint.objects.filter(run_id__in=runs, series__in=names, step__gt=after)
+            MetricPoint.objects.filter(run_id__in=runs, series__in=names, step__gte=lo, step__lte=hi)
             .order_by("run_id", "series", "step")
             .values_list("run_id", "series", "step", "value", "time")
         )
@@ -58,20 +65,50 @@ def _raw(pairs: list[tuple[int, str]], after: int) -> dict[tuple[int, str], list
     return out
 
 
-def decimate(buckets: list[rollups.Agg], keep: int, last: rollups.Agg, after: int) -> list[tuple]:
-    """(step, value, time) points: consecutive buckets merged into at most `keep` groups,
-    each giving its first lowest and first highest point, then the series' last point;
-    only steps > after."""
-    size = -(-len(buckets) // keep)
-    points: list[tuple] = []
-    for start in range(0, len(buckets), size):
-        group = rollups.merge(buckets[start : start + size])
-        lo = (group.lo_step, group.lo, group.lo_time)
-        hi = (group.hi_step, group.hi, group.hi_time)
-        points.extend(sorted({lo, hi}))
-    if not points or points[-1][0] != last.last_step:
-        points.append((last.last_step, last.last_value, last.last_time))
-    return [p for p in points if p[0] > after]
+def decimate(rows: list[tuple], keep: int) -> tuple[list, list, list]:
+    """(steps, values, times) of consecutive buckets' `rollups.extremes` rows merged into
+    at most `keep` groups of equal count, each giving its first lowest and first highest
+    point in step order (one point when they are the same)."""
+    size = -(-len(rows) // keep)
+    steps: list[int] = []
+    values: list[float] = []
+    times: list[float] = []
+    for start in range(0, len(rows), size):
+        lo = hi = rows[start]
+        # A later bucket wins only when strictly lower (higher): ties keep the first.
+        for row in rows[start + 1 : start + size]:
+            if row[1] < lo[1]:
+                lo = row
+            if row[4] > hi[4]:
+                hi = row
+        lo_step, hi_step = lo[0], hi[3]
+        if lo_step < hi_step:
+            steps += (lo_step, hi_step)
+            values += (lo[1], hi[4])
+            times += (lo[2], hi[5])
+        elif hi_step < lo_step:
+            steps += (hi_step, lo_step)
+            values += (hi[4], lo[1])
+            times += (hi[5], lo[2])
+        else:
+            steps.append(lo_step)
+            values.append(lo[1])
+            times.append(lo[2])
+    return steps, values, times
+
+
+def _last_point(run_id: int, name: str, hi: int) -> tuple | None:
+    """The series' last (step, value, time) at or before step `hi`."""
+    return (
+        MetricPoint.objects.filter(run_id=run_id, series=name, step__lte=hi)
+        .order_by("-step")
+        .values_list("step", "value", "time")
+        .first()
+    )
+
+
+def _clamp(step: int) -> int:
+    return max(-NO_STEP, min(int(step), NO_STEP))
 
 
 def read_many(
@@ -80,14 +117,21 @@ def read_many(
     after_step: int | None = None,
     max_points: int = 2000,
     *,
+    from_step: int | None = None,
+    to_step: int | None = None,
     only: set[tuple[int, str]] | None = None,
     totals: dict[tuple[int, str], rollups.Agg] | None = None,
 ) -> dict[int, dict[str, dict]]:
     """{run_id: {name: {"steps", "values", "times", "total", "last_step", "downsampled"}}}
     for the runs' series (all, or those named; only the (run, name) pairs in `only` when
-    given), with steps > after_step only when given; each series min-max downsampled to
-    at most `max_points` points. `total` counts all the series' stored points, whatever
-    after_step. `totals`: the runs' `rollups.totals` when the caller has read them."""
+    given), each min-max downsampled to at most `max_points` points, ending with the
+    last point of the steps asked for. Only steps > after_step (polling for newer
+    points) and in [from_step, to_step] (a chart zoomed in) when given: the groups are
+    then cut from that range alone, so a zoom shows the detail that the whole run's
+    chart merged away.
+    `total` counts all the series' stored points and `last_step` is where the series
+    ends, whatever the range. `totals`: the runs' `rollups.totals` when the caller has
+    read them."""
     run_ids = [int(r) for r in run_ids]
     out: dict[int, dict[str, dict]] = {r: {} for r in run_ids}
     if totals is None:
@@ -96,45 +140,59 @@ def read_many(
         totals = {key: agg for key, agg in totals.items() if key in only}
     max_points = max(int(max_points), 3)
     keep = (max_points - 1) // 2
-    after = -(2**62) if after_step is None else int(after_step)
+    lo = -NO_STEP if after_step is None else _clamp(after_step) + 1
+    if from_step is not None:
+        lo = max(lo, _clamp(from_step))
+    hi = NO_STEP if to_step is None else _clamp(to_step)
 
     raw: list[tuple[int, str]] = []
-    coarse: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    coarse: list[tuple[tuple[int, str], int, int]] = []  # (key, first step, last step) to read
     for key, agg in totals.items():
-        if agg.last_step <= after:
-            continue  # nothing newer
-        first = max(agg.first_step, after + 1)
-        # After a step only the span is known: it bounds the points left (one per step).
-        count = agg.n if after_step is None else agg.last_step - first + 1
-        if count <= max_points:
+        first, last = max(agg.first_step, lo), min(agg.last_step, hi)
+        if first > last:
+            continue  # nothing in the range
+        # Inside a range only its span is known: it bounds the points there (one per step).
+        if min(agg.n, last - first + 1) <= max_points:
             raw.append(key)
         else:
-            coarse[widest_fit(agg.last_step - first + 1, keep)].append(key)
+            coarse.append((key, first, last))
 
-    points = dict(_raw(raw, after))
-    for width, pairs in coarse.items():
-        # A few series at a time, each decimated before the next are read: a long
-        # series' level is up to FAN_OUT × keep rows, and every series' rows held at
-        # once made a read's memory peak grow with the run (a 28-series run page at 40k
-        # steps: the web's RSS swung by 70 MB with it).
-        ordered = sorted(pairs)
-        for block in (ordered[i : i + PAIRS_PER_READ] for i in range(0, len(ordered), PAIRS_PER_READ)):
-            for runs, names in _by_series_set(block):
-                levels = rollups.rows(runs, names, width, min_idx=max(after, 0) // width)
-                for key in set(block) & set(levels):
-                    points[key] = decimate([agg for _, agg in levels.pop(key)], keep, totals[key], after)
+    points = {key: tuple(map(list, zip(*rows, strict=True))) for key, rows in _raw(raw, lo, hi).items()}
+    levels = []
+    for key, first, last in coarse:
+        width = widest_fit(last - first + 1, keep)
+        # Unbounded above without to_step: buckets newer than the totals come too.
+        levels.append((*key, width, first // width, last // width if to_step is not None else NO_STEP))
+    # One series' buckets at a time, decimated before the next are read: the read's
+    # memory is one series' level (up to FAN_OUT × keep rows), not the run's.
+    for key, rows in rollups.extremes(levels):
+        steps, values, times = decimate(rows, keep) if rows else ([], [], [])
+        if steps and (steps[0] < lo or steps[-1] > hi):
+            # The edge buckets of a range also hold steps outside it.
+            inside = [i for i, step in enumerate(steps) if lo <= step <= hi]
+            steps, values, times = ([column[i] for i in inside] for column in (steps, values, times))
+        agg = totals[key]
+        end = (agg.last_step, agg.last_value, agg.last_time) if hi >= agg.last_step else _last_point(*key, hi)
+        # The last point in the range ends the line, unless the buckets brought a newer
+        # one (stored since the totals were read).
+        if end is not None and end[0] >= lo and (not steps or steps[-1] < end[0]):
+            steps.append(end[0])
+            values.append(end[1])
+            times.append(end[2])
+        points[key] = (steps, values, times)
 
     for (run_id, name), agg in totals.items():
         kept = points.get((run_id, name))
-        if kept:
+        if kept and kept[0]:
+            steps, values, times = kept
             out[run_id][name] = {
-                "steps": [p[0] for p in kept],
-                "values": [p[1] for p in kept],
-                "times": [p[2] for p in kept],
+                "steps": steps,
+                "values": values,
+                "times": times,
                 "total": agg.n,
                 # The points and the totals are two reads: a point stored between them
                 # is in `steps` but newer than the totals say.
-                "last_step": max(agg.last_step, kept[-1][0]),
+                "last_step": max(agg.last_step, steps[-1]),
                 "downsampled": (run_id, name) not in raw,
             }
     return out
@@ -182,7 +240,11 @@ def read_series(
     series: list[str] | None = None,
     after_step: int | None = None,
     max_points: int = 2000,
+    *,
+    from_step: int | None = None,
+    to_step: int | None = None,
 ) -> dict[str, dict]:
     """{name: {"steps", "values", "times", "total", "last_step", "downsampled"}} for the
-    run's series (all, or those named), with steps > after_step only when given."""
-    return read_many([run.pk], series, after_step, max_points)[run.pk]
+    run's series (all, or those named), with steps > after_step and in [from_step,
+    to_step] only when given (see read_many)."""
+    return read_many([run.pk], series, after_step, max_points, from_step=from_step, to_step=to_step)[run.pk]

@@ -18,7 +18,9 @@ of order.
 
 Reads:
 - `totals`: a whole series' aggregate, from the widest level (a row or two per series);
-- `rows`: one level's buckets, which runs/metrics.py merges into a downsampled chart;
+- `rows`: one level's buckets as aggregates, which runs/metrics.py merges into bands;
+- `extremes`: one level's buckets as just their lowest and highest points, which
+  runs/metrics.py merges into a downsampled chart;
 - `first_reach` and `last_at_or_before`: "the first step whose trailing mean reaches x"
   and "the last point measured by time t", found by descending from the widest level
   to one narrow bucket (each aggregate they test is a max or a min, so a bucket passes
@@ -42,6 +44,11 @@ from workers.metric_names import REWARD_WINDOW
 
 WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
 FAN_OUT = 4
+# Indexes the reads below rely on, made by a migration (a new widest width needs a new
+# one): the widest level's rows alone (run, series, idx where width = WIDTHS[-1]) for
+# `totals`; on SQLite, every column `extremes` reads, after the unique index's.
+WIDEST_INDEX = "runs_bucket_widest"
+EXTREMES_INDEX = "runs_bucket_extremes"
 # The series whose buckets keep `best_moving`: the compare page's "time to target" asks
 # when the mean of the last MOVING_WINDOW reward points first reached a target.
 MOVING_SERIES = frozenset({"reward/mean"})
@@ -387,11 +394,14 @@ def totals(
     those named), from the widest level."""
     if not run_ids:
         return {}
+    # The width is written into the statement, not bound: that is what lets both
+    # databases use the widest level's own (partial) index, WIDEST_INDEX. Through the
+    # unique index a run's every bucket of every width would be scanned to find them.
     sql = (
         f"SELECT run_id, series, {', '.join(COLUMNS)} FROM {TABLES.buckets} "
-        f"WHERE width = %s AND run_id IN ({_in(run_ids)})"
+        f"WHERE width = {int(WIDTHS[-1])} AND run_id IN ({_in(run_ids)})"
     )
-    params: list = [WIDTHS[-1], *run_ids]
+    params: list = [*run_ids]
     if series:
         sql += f" AND series IN ({_in(series)})"
         params += series
@@ -421,6 +431,31 @@ def rows(
         for run_id, name, idx, *values in cursor.fetchall():
             out[(run_id, name)].append((idx, Agg(*values)))
     return out
+
+
+# The columns a chart's min-max decimation reads of a bucket (runs/metrics.py `decimate`).
+EXTREMES = ("lo_step", "lo", "lo_time", "hi_step", "hi", "hi_time")
+
+
+def extremes(
+    levels: Iterable[tuple[int, str, int, int, int]], using: str = DEFAULT_DB_ALIAS
+) -> Iterator[tuple[tuple[int, str], list[tuple]]]:
+    """For each (run id, series, width, first idx, last idx) in `levels`: ((run id,
+    series), its buckets of that width with first idx ≤ idx ≤ last idx in step order,
+    each as the EXTREMES tuple), one series at a time: a chart's read holds one series'
+    rows, and each is a plain tuple of six numbers (an index range scan per series;
+    on SQLite an index-only one, EXTREMES_INDEX)."""
+    connection = connections[using]
+    sql = (
+        f"SELECT {', '.join(EXTREMES)} FROM {TABLES.buckets} "
+        "WHERE run_id = %s AND series = %s AND width = %s AND idx BETWEEN %s AND %s ORDER BY idx"
+    )
+    # PostgreSQL sends the numbers in binary: none is parsed from text.
+    binary = connection.vendor == "postgresql"
+    with pgbulk.binary_cursor(connection, binary_results=True) if binary else connection.cursor() as cursor:
+        for run_id, series, width, first, last in levels:
+            cursor.execute(sql, [run_id, series, width, first, last])
+            yield (run_id, series), cursor.fetchall()
 
 
 def _descend(cursor, series: str, test: str, thresholds: dict[int, float], pick: str) -> dict[int, int]:
