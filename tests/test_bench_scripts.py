@@ -565,3 +565,51 @@ def test_peer_trl_figures_keep_the_best_moving_mean():
         [float(t) for t in range(1, 8)], [0.1, 0.2, 0.3, 0.4, 0.5, 0.9, 0.2], 8, [1] * 7, [0] * 7, [0] * 7, 0.9
     )
     assert r["reward_best"] == pytest.approx(0.46)
+
+
+# ---- long_run_read -----------------------------------------------------------------------
+
+
+def test_long_run_read_refuses_bad_flags_naming_them():
+    for args, name in [
+        (["--steps", "0"], "--steps"),
+        (["--databases", "mysql"], "--databases"),
+        (["--databases", "postgresql", "--database-url", "sqlite:///x.db"], "--database-url"),
+    ]:
+        done = bench("long_run_read.py", *args, timeout=60)
+        assert done.returncode == 2 and name in done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("store", ["rebuild", "ingest"])
+def test_long_run_read_times_each_read_on_sqlite(tmp_path, store):
+    out = tmp_path / "read.json"
+    done = bench(
+        "long_run_read.py",
+        *("--steps", "3000", "--series", "3", "--repeat", "3", "--store", store),
+        *("--databases", "sqlite", "--json", str(out)),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "sqlite:" in done.stdout and "the page's request p95" in done.stdout
+    f = json.loads(out.read_text())["sqlite"]
+    assert f["vendor"] == "sqlite" and f["max_points"] > 0
+    # 3 series of 3,000 points each, downsampled to at most max_points each.
+    assert 3 < f["points_returned"] <= 3 * min(3000, f["max_points"])
+    assert set(f["answer_bytes"]) == {"page", "refresh", "zoom"}
+    assert len(f["times"]) == 4 and all(len(t) == 3 and min(t) > 0 for t in f["times"].values())
+
+
+def test_long_run_read_on_postgresql_in_a_database_of_its_own(tmp_path):
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        pytest.skip("needs DATABASE_URL (PostgreSQL): `make test` sets it")
+    out = tmp_path / "read.json"
+    done = bench(
+        "long_run_read.py",
+        *("--steps", "3000", "--series", "3", "--repeat", "3", "--databases", "postgresql"),
+        *("--database-url", url, "--json", str(out)),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    f = json.loads(out.read_text())["postgresql"]
+    assert f["vendor"] == "postgresql" and all(len(t) == 3 for t in f["times"].values())
