@@ -405,7 +405,10 @@ class TrainerActor:
         self.workers = workers
         self.model_dir = model_dir
         self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
-        self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir)
+        # cuda_ipc packs the weights in the dtype the workers hold them in ("auto" is the
+        # checkpoint's, known only to the workers: the parameters' own then).
+        wire = cfg.inference.dtype if cfg.inference.dtype != "auto" else None
+        self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir, wire_dtype=wire)
         self.sender.attach(self.trainer.model)
         self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()
