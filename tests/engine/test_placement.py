@@ -147,26 +147,31 @@ def group_state(run_id: int) -> str | None:
     """The state of run `run_id`'s placement group (None: never created)."""
     name = placement_group_name(run_id)
     states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"] == name]
-    return states[-1] if states else None
+    # Ray keeps removed groups in its table: a second group of the name is another test's
+    # run of the same id, whose state would stand in for this one's.
+    assert len(states) <= 1, f"{len(states)} placement groups named {name}: give this test a run id of its own"
+    return states[0] if states else None
 
 
 @pytest.mark.slow
 def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, stub, cache_dir):
     config = tiny_config(inference={"num_workers": 2}, placement={"devices": "gpu"}, stop={"max_steps": 10_000})
-    launch(141, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
-    names = ["run-141-inference-0", "run-141-inference-1", "run-141-trainer"]
-    wait_for(lambda: set(names) <= set(run_actor_names(141)), 120, "the run's actors")
-    seen = {name: actor_devices(name) for name in names}
-    print({name: visible for name, (_, visible) in seen.items()})
-    ids = [tuple(gpu_ids) for gpu_ids, _ in seen.values()]
-    assert all(len(i) == 1 for i in ids) and len(set(ids)) == 3, seen
-    for gpu_ids, visible in seen.values():
-        assert visible == ",".join(str(i) for i in gpu_ids)
-    assert group_state(141) == "CREATED"
-    wait_for(lambda: stub.series(141).get("reward/mean"), 120, "a first step")  # it trains, on the CPU
-
-    assert cancel(141, timeout_s=10)
-    wait_for(lambda: group_state(141) == "REMOVED", 10, "the placement group to be removed")
+    launch(9141, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    try:
+        names = ["run-9141-inference-0", "run-9141-inference-1", "run-9141-trainer"]
+        wait_for(lambda: set(names) <= set(run_actor_names(9141)), 120, "the run's actors")
+        seen = {name: actor_devices(name) for name in names}
+        print({name: visible for name, (_, visible) in seen.items()})
+        ids = [tuple(gpu_ids) for gpu_ids, _ in seen.values()]
+        assert all(len(i) == 1 for i in ids) and len(set(ids)) == 3, seen
+        for gpu_ids, visible in seen.values():
+            assert visible == ",".join(str(i) for i in gpu_ids)
+        assert group_state(9141) == "CREATED"
+        wait_for(lambda: stub.series(9141).get("reward/mean"), 120, "a first step")  # it trains, on the CPU
+    finally:
+        # A failed check must not leave the run holding 3 of the cluster's 4 GPUs.
+        assert cancel(9141, timeout_s=10)
+    wait_for(lambda: group_state(9141) == "REMOVED", 10, "the placement group to be removed")
     assert ray.available_resources().get("GPU") == 4
 
 
@@ -177,23 +182,23 @@ def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_gro
         placement={"devices": "gpu", "mode": "colocated"},
         stop={"max_steps": 10_000},
     )
-    driver = RunDriver.options(name=actor_name(142), namespace=NAMESPACE).remote(
-        142, config, None, "", cache_dir, exit_when_done=False
+    driver = RunDriver.options(name=actor_name(9142), namespace=NAMESPACE).remote(
+        9142, config, None, "", cache_dir, exit_when_done=False
     )
     try:
         done = driver.run.remote()
-        names = ["run-142-inference-0", "run-142-inference-1", "run-142-trainer"]
-        wait_for(lambda: set(names) <= set(run_actor_names(142)), 120, "the run's actors")
+        names = ["run-9142-inference-0", "run-9142-inference-1", "run-9142-trainer"]
+        wait_for(lambda: set(names) <= set(run_actor_names(9142)), 120, "the run's actors")
         seen = {name: actor_devices(name) for name in names}
         print({name: visible for name, (_, visible) in seen.items()})
-        assert seen["run-142-trainer"] == seen["run-142-inference-0"]
-        assert len(seen["run-142-trainer"][0]) == 1
-        assert set(seen["run-142-inference-1"][0]).isdisjoint(seen["run-142-trainer"][0])
+        assert seen["run-9142-trainer"] == seen["run-9142-inference-0"]
+        assert len(seen["run-9142-trainer"][0]) == 1
+        assert set(seen["run-9142-inference-1"][0]).isdisjoint(seen["run-9142-trainer"][0])
 
         ray.get(driver.stop.remote())
         assert ray.get(done, timeout=120)["state"] == "cancelled"
         # The driver is still alive: it removed the group itself.
-        assert group_state(142) == "REMOVED"
+        assert group_state(9142) == "REMOVED"
     finally:
         ray.kill(driver)
 
@@ -204,7 +209,7 @@ def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(clu
     # the class's functions has its own, not workers.driver's.
     monkeypatch.setitem(driver_class._spawn.__globals__, "SPAWN_TIMEOUT_S", 1.0)
     config = {"placement": {"devices": "gpu", "inference_node": "pool=nowhere"}}
-    driver = driver_class(143, config, None, "", str(tmp_path))
+    driver = driver_class(9143, config, None, "", str(tmp_path))
     try:
         with pytest.raises(ChildFailed) as failed:
             driver._spawn(str(tmp_path))
@@ -213,8 +218,8 @@ def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(clu
     message = str(failed.value)
     assert "could not place the run's actors" in message
     assert "1 inference worker(s) × {CPU: 0.25, GPU: 1} on nodes pool=nowhere" in message
-    assert group_state(143) == "REMOVED"
-    assert run_actor_names(143) == []
+    assert group_state(9143) == "REMOVED"
+    assert run_actor_names(9143) == []
 
 
 def test_a_driver_refuses_a_pool_size_the_engine_cannot_run_before_its_warm_start(tmp_path):
