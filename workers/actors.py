@@ -48,6 +48,7 @@ from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
+from workers.metric_names import rank_series
 from workers.rollout import Group
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
@@ -85,6 +86,9 @@ class BufferActor:
 
     def ready(self) -> bool:
         return True
+
+    def where(self) -> dict:
+        return where_am_i()
 
     def admit(self, held_version: int, max_groups: int) -> int:
         """How many groups (0..max_groups) a worker holding `held_version` may start now."""
@@ -211,6 +215,9 @@ class InferenceWorker:
 
     def ready(self) -> bool:
         return True
+
+    def where(self) -> dict:
+        return where_am_i()
 
     def sync_connect(self, endpoint: dict, rank: int) -> None:
         """Join the trainer's sender (blocks until every rank joins, for a collective)."""
@@ -380,9 +387,110 @@ class InferenceWorker:
             groups = groups[accepted:]
 
 
+def where_am_i() -> dict:
+    """This actor's node and devices, as the run page shows them: Ray's node id, its
+    address and labels, and the GPU ids Ray gave it (with CUDA_VISIBLE_DEVICES)."""
+    ctx = ray.get_runtime_context()
+    node_id = ctx.get_node_id()
+    labels: dict = {}
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
+            break
+    return {
+        "node_id": node_id,
+        "node_ip": ray.util.get_node_ip_address(),
+        "labels": labels,
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "pid": os.getpid(),
+    }
+
+
+# A trainer rank waits this long for the others inside one collective. Longer than any
+# step's imbalance between ranks; a rank that died is caught sooner by the driver, which
+# checks every actor of the run each poll.
+POOL_TIMEOUT_S = 900.0
+
+
+@ray.remote(max_concurrency=4)
+class TrainerRank:
+    """Rank r ≥ 1 of a trainer pool (workers/trainer_pool.py): holds its replica (ddp)
+    or shard (fsdp2) of the policy and runs what rank 0, the `TrainerActor`, hands it:
+    its part of each step, and its part of every collective rank 0 starts (weight-sync
+    gathers, checkpoints, the final weights)."""
+
+    def __init__(self, cfg: RunConfig, model_dir: str, rank: int, num_threads: int | None = None) -> None:
+        self.cfg, self.model_dir, self.rank, self.num_threads = cfg, model_dir, rank, num_threads
+        self.trainer = None
+
+    def ready(self) -> bool:
+        return True
+
+    def where(self) -> dict:
+        return where_am_i()
+
+    def join(self, endpoint) -> None:
+        """Join rank 0's process group and build this rank's part of the policy."""
+        from workers.devices import assigned_device
+        from workers.trainer import Trainer
+        from workers.trainer_pool import join_pool
+
+        pool = join_pool(endpoint, self.cfg.trainer.backend, self.rank, assigned_device())
+        self.trainer = Trainer(self.cfg, self.model_dir, num_threads=self.num_threads, pool=pool)
+
+    def train_rank(self, step):
+        return self.trainer.train_rank(step)
+
+    def follow_sync(self, gathers: str) -> None:
+        """Join the gathers of rank 0's weight sender (a sharded pool only)."""
+        from workers.sync.weights import follow
+
+        follow(self.trainer.model, gathers)
+
+    def gather_state(self) -> None:
+        """Join rank 0's gather of the whole policy (its checksum, its export)."""
+        self.trainer.gathered_state()
+
+    def checkpoint_state(self) -> None:
+        """Join rank 0's gather of the training state for a checkpoint."""
+        from workers.checkpoints import training_state
+
+        training_state(self.trainer)
+
+    def restore(self, version: int) -> None:
+        """Take the training state rank 0 broadcasts from a checkpoint."""
+        from workers.checkpoints import restore_training_state
+
+        restore_training_state(self.trainer, None)
+        self.trainer.version = version
+
+    def close(self) -> None:
+        if self.trainer is not None and self.trainer.pool is not None:
+            self.trainer.pool.close()
+
+
+class _RayPeers:
+    """Ranks 1.. of the pool as rank 0's step sees them (workers.trainer.Peers)."""
+
+    def __init__(self, ranks: list) -> None:
+        self.ranks = ranks
+        self._refs: list = []
+
+    def start(self, steps) -> None:
+        self._refs = [r.train_rank.remote(s) for r, s in zip(self.ranks, steps, strict=True)]
+
+    def results(self):
+        refs, self._refs = self._refs, []
+        return ray.get(refs)
+
+
 @ray.remote(max_concurrency=4)
 class TrainerActor:
-    """Takes B groups per step from the buffer, trains, publishes the new weights."""
+    """Takes B groups per step from the buffer, trains, publishes the new weights.
+
+    In a trainer pool this is rank 0: it plans each step and hands ranks 1.. (`ranks`,
+    `TrainerRank` actors) their parts, and starts every collective the others join."""
 
     def __init__(
         self,
@@ -393,10 +501,11 @@ class TrainerActor:
         num_threads: int | None = None,
         scratch_dir: str | None = None,
         checkpoints: CheckpointTarget | None = None,
+        ranks: list | None = None,
     ) -> None:
         """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
         sync.directory names a place). `checkpoints`: where and how often to write them
-        (None: never)."""
+        (None: never). `ranks`: the pool's other ranks (trainer.num_ranks − 1 of them)."""
         from workers.sync import make_sender
         from workers.trainer import Trainer
 
@@ -404,11 +513,18 @@ class TrainerActor:
         self.buffer = buffer
         self.workers = workers
         self.model_dir = model_dir
-        self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
+        self.ranks = list(ranks or [])
+        if cfg.trainer.backend == "single":
+            self.trainer = Trainer(self.cfg, model_dir, num_threads=num_threads)
+        else:
+            self.trainer = self._open_pool(num_threads)
+        self._peers = _RayPeers(self.ranks) if self.ranks else None
         # cuda_ipc packs the weights in the dtype the workers hold them in ("auto" is the
         # checkpoint's, known only to the workers: the parameters' own then).
         wire = cfg.inference.dtype if cfg.inference.dtype != "auto" else None
         self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir, wire_dtype=wire)
+        if self.trainer.base_checksum is not None:
+            self.sender.base_checksum = self.trainer.base_checksum
         self.sender.attach(self.trainer.model)
         self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()
@@ -423,28 +539,59 @@ class TrainerActor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _open_pool(self, num_threads: int | None):
+        """Form the trainer pool with ranks 1.. (they build their parts meanwhile) and
+        build this rank's part; returns its Trainer."""
+        from workers.devices import assigned_device
+        from workers.trainer import Trainer
+        from workers.trainer_pool import Rendezvous
+
+        rendezvous = Rendezvous(self.cfg.trainer.num_ranks, POOL_TIMEOUT_S)
+        joined = [r.join.remote(rendezvous.endpoint()) for r in self.ranks]
+        pool = rendezvous.join(self.cfg.trainer.backend, assigned_device())
+        trainer = Trainer(self.cfg, self.model_dir, num_threads=num_threads, pool=pool)
+        ray.get(joined)  # a rank's error in building its part is raised here
+        return trainer
+
+    def _together(self, method: str, *args):
+        """Start `method` on ranks 1.. (their part of a collective this rank starts now);
+        returns what to wait on once this rank's part is done."""
+        return [getattr(r, method).remote(*args) for r in self.ranks]
+
     def ready(self) -> bool:
         return True
+
+    def where(self) -> dict:
+        return where_am_i()
 
     def policy_checksum(self) -> str:
         """sha256 of the policy's weights under checkpoint names (workers.sync.base
         .state_checksum): equal checksums mean bit-identical policies."""
         from workers.sync.base import state_checksum
 
-        return state_checksum(self.trainer.state_dict())
+        others = self._together("gather_state") if self.trainer.sharded else []
+        state = self.trainer.state_dict()
+        ray.get(others)
+        return state_checksum(state)
 
     def export(self, target: str) -> dict:
         """Write the policy as a Hugging Face directory at `target` (workers.export)."""
         from workers.export import export_policy
 
-        return export_policy(self.trainer.model, self.model_dir, target, self.cfg)
+        others = self._together("gather_state") if self.trainer.sharded else []
+        live = self.trainer.gathered_state() if self.trainer.sharded else None
+        ray.get(others)
+        return export_policy(self.trainer.model, self.model_dir, target, self.cfg, live_state=live)
 
     def restore(self, location: str) -> int:
         """Take weights, optimizer, RNG states and version from the checkpoint at
-        `location` (before the loop starts); returns the restored version."""
-        from workers.checkpoints import Checkpoint, restore_trainer
+        `location` (before the loop starts), ranks 1.. too; returns the restored version."""
+        from workers.checkpoints import Checkpoint, read_version, restore_trainer
 
-        self._starved_s = restore_trainer(self.trainer, Checkpoint(location))
+        ckpt = Checkpoint(location)
+        others = self._together("restore", read_version(ckpt))
+        self._starved_s = restore_trainer(self.trainer, ckpt)
+        ray.get(others)
         self._publish_first = True
         return self.trainer.version
 
@@ -463,8 +610,11 @@ class TrainerActor:
             prefetched = self._settle_prefetch()
             workers = ray.get([w.checkpoint_state.remote() for w in self.workers])
             buffer = checkpoints.with_prefetched(ray.get(self.buffer.checkpoint_state.remote()), prefetched)
+            others = self._together("checkpoint_state") if self.trainer.sharded else []
+            trainer = checkpoints.trainer_parts(self.trainer, self._starved_s)
+            ray.get(others)
             parts = {
-                **checkpoints.trainer_parts(self.trainer, self._starved_s),
+                **trainer,
                 checkpoints.INFERENCE: workers,
                 checkpoints.BUFFER: buffer,
             }
@@ -511,6 +661,13 @@ class TrainerActor:
     def close_sender(self) -> None:
         self.sender.close()
 
+    def _send(self, version: int):
+        """Publish `version`'s weights; a sharded pool's other ranks join the gathers."""
+        others = self._together("follow_sync", self.sender.gathers) if self.trainer.sharded else []
+        sent = self.sender.send(version, self._notify)
+        ray.get(others)
+        return sent
+
     def _notify(self, notice: Notice) -> None:
         # Fire and forget: the workers receive concurrently with training.
         for w in self.workers:
@@ -545,7 +702,7 @@ class TrainerActor:
         try:
             t_prev = time.time()
             if self._publish_first:  # the checkpoint was written before its version was published
-                self.sender.send(self.trainer.version, self._notify)
+                self._send(self.trainer.version)
             while not self._stop.is_set() and self.trainer.version < self.cfg.stop.max_steps:
                 t_wait = time.perf_counter()
                 groups, buffer_stats = self._next_batch()
@@ -553,7 +710,7 @@ class TrainerActor:
                     break
                 wait_s = time.perf_counter() - t_wait
                 self._starved_s += wait_s
-                metrics = self.trainer.train_step(groups)
+                metrics = self.trainer.train_step(groups, self._peers)
                 version = self.trainer.version
                 if self.checkpoints is not None and self.checkpoints.due(version):
                     # Before publishing `version`: in sync mode every worker waits for it,
@@ -562,10 +719,16 @@ class TrainerActor:
                     if record is not None:
                         with self._steps_lock:
                             self._written.append(record)
-                sent = self.sender.send(version, self._notify)
+                sent = self._send(version)
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)
                 samples = sum(len(g.rollouts) for g in groups)
+                for r in range(self.cfg.trainer.num_ranks if self.trainer.pool is not None else 0):
+                    part = (
+                        metrics[rank_series("trainer/rank_compute_s", r)]
+                        + metrics[rank_series("trainer/rank_comm_s", r)]
+                    )
+                    metrics[rank_series("trainer/rank_busy_frac", r)] = min(1.0, part / window)
                 record = StepRecord(
                     step=version,
                     t0=t_prev,

@@ -194,11 +194,6 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
 def engine_errors(cfg: RunConfig) -> dict[str, str]:
     """{dotted field: message} for each pool size the engine cannot run yet."""
     errors: dict[str, str] = {}
-    if cfg.trainer.num_ranks > 1:
-        errors["trainer.num_ranks"] = (
-            f"trainer.num_ranks > 1 needs trainer.backend ddp/fsdp2, not available yet; got "
-            f"{cfg.trainer.num_ranks}: set it to 1"
-        )
     if cfg.inference.tensor_parallel_size > 1:
         errors["inference.tensor_parallel_size"] = (
             "inference.tensor_parallel_size > 1 needs an inference backend that shards a worker's model "

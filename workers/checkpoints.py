@@ -316,8 +316,77 @@ class Checkpoint:
 # -- the trainer -----------------------------------------------------------------------
 
 
+def _optimizer_by_index(state: dict) -> dict:
+    """An optimizer state dict keyed by parameter name (torch.distributed.checkpoint's
+    form) in torch's own form, keyed 0, 1, … in the optimizer's parameter order: one
+    checkpoint format whatever the trainer backend, so any backend resumes any."""
+    ids: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        named = dict(group)
+        named["params"] = [ids.setdefault(name, len(ids)) for name in group["params"]]
+        groups.append(named)
+    return {"state": {ids[name]: value for name, value in state["state"].items()}, "param_groups": groups}
+
+
+def _optimizer_by_name(state: dict, names: list[str]) -> dict:
+    """The inverse of `_optimizer_by_index`: `names` are the optimizer's parameters' names
+    in its order."""
+    groups = []
+    for group in state["param_groups"]:
+        named = dict(group)
+        named["params"] = [names[i] for i in group["params"]]
+        groups.append(named)
+    return {"state": {names[i]: value for i, value in state["state"].items()}, "param_groups": groups}
+
+
+def _trainable_names(trainer: Trainer) -> list[str]:
+    """The optimizer's parameters by name, in its order (the trainer builds it from the
+    trainable parameters in model order)."""
+    return [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+
+
+def training_state(trainer: Trainer) -> tuple[dict, dict]:
+    """(model state dict, optimizer state dict) of the trainer, whole, on the CPU. For a
+    trainer pool a collective every rank calls: torch gathers them on rank 0, which
+    alone gets them (the others get empty dicts) — rank 0's host memory holds the whole
+    training state while a checkpoint is written."""
+    if trainer.pool is None:
+        return {k: t.detach().cpu() for k, t in trainer.model.state_dict().items()}, trainer.optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model, optimizer = get_state_dict(
+        trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return model, (_optimizer_by_index(optimizer) if optimizer else {})
+
+
+def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) -> None:
+    """Put a checkpoint's model and optimizer state into `trainer`, in place (a weight
+    sender's view of the parameters stays valid). For a pool, every rank calls it and
+    rank 0, which alone passes `state`, broadcasts it to the others."""
+    if trainer.pool is None:
+        model, optimizer = state
+        trainer.model.load_state_dict(model, strict=True)
+        trainer.optimizer.load_state_dict(optimizer)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model, optimizer = state if state is not None else ({}, {})
+    if optimizer:
+        optimizer = _optimizer_by_name(optimizer, _trainable_names(trainer))
+    set_state_dict(
+        trainer.model,
+        trainer.optimizer,
+        model_state_dict=model,
+        optim_state_dict=optimizer,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+
+
 def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
-    """The trainer's files: weights, optimizer, version and RNG states."""
+    """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
+    0's (the others join `training_state`)."""
     import torch
 
     state = {
@@ -328,21 +397,23 @@ def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return {
-        MODEL: {k: t.detach().cpu() for k, t in trainer.model.state_dict().items()},
-        OPTIMIZER: trainer.optimizer.state_dict(),
-        TRAINER: state,
-    }
+    model, optimizer = training_state(trainer)
+    return {MODEL: model, OPTIMIZER: optimizer, TRAINER: state}
+
+
+def read_version(ckpt: Checkpoint) -> int:
+    """The policy version a checkpoint holds."""
+    return int(ckpt.meta["step"])
 
 
 def restore_trainer(trainer: Trainer, ckpt: Checkpoint) -> float:
     """Put the checkpoint's weights, optimizer, RNG states and version into `trainer`
     (in place: a weight sender's view of the parameters stays valid); returns the
-    trainer's starved seconds so far."""
+    trainer's starved seconds so far. In a pool this is rank 0's part: the others call
+    `restore_training_state(trainer, None)` meanwhile."""
     import torch
 
-    trainer.model.load_state_dict(ckpt.load_torch(MODEL), strict=True)
-    trainer.optimizer.load_state_dict(ckpt.load_torch(OPTIMIZER))
+    restore_training_state(trainer, (ckpt.load_torch(MODEL), ckpt.load_torch(OPTIMIZER)))
     state = ckpt.load_torch(TRAINER)
     trainer.version = int(state["version"])
     torch.set_rng_state(state["torch_rng"])

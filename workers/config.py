@@ -241,11 +241,17 @@ class BufferConfig(_Section):
 
 class TrainerConfig(_Section):
     lr: float = Field(1e-3, gt=0)
+    backend: Literal["single", "ddp", "fsdp2"] = Field(
+        "single",
+        description="single: one trainer process; ddp: trainer.num_ranks processes, each a whole replica, "
+        "gradients all-reduced (PyTorch DistributedDataParallel); fsdp2: trainer.num_ranks processes sharing "
+        "the parameters, gradients and optimizer state (PyTorch fully_shard). gloo on the CPU, NCCL on GPUs.",
+    )
     num_ranks: int = Field(
         1,
         ge=1,
-        description="Trainer processes, one device each when placement.devices is 'gpu'. More than 1 needs "
-        "a data-parallel trainer backend, not available yet.",
+        description="Trainer processes (ranks), one device each when placement.devices is 'gpu'. More than "
+        "1 needs trainer.backend 'ddp' or 'fsdp2': a step's groups are split across the ranks, whole.",
     )
     # Ray counts resources in steps of 0.0001 (as inference.cpus_per_worker).
     cpus_per_rank: float = Field(
@@ -283,6 +289,16 @@ class TrainerConfig(_Section):
         description="Recompute each block's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing): less memory, about a third more compute.",
     )
+
+    @model_validator(mode="after")
+    def _pool_has_a_backend(self) -> TrainerConfig:
+        if self.num_ranks > 1 and self.backend == "single":
+            raise ValueError(
+                f"trainer.num_ranks {self.num_ranks} needs a data-parallel trainer: set trainer.backend to "
+                "'ddp' (a replica per rank) or 'fsdp2' (parameters sharded across the ranks), or "
+                "trainer.num_ranks to 1"
+            )
+        return self
 
 
 # Every linear layer of a Llama/Qwen2 block: the usual choice for RL fine-tuning with LoRA.
@@ -558,6 +574,13 @@ class RunConfig(_Section):
         if self.sync.protocol != "cuda_ipc":
             return self
         p, inf = self.placement, self.inference
+        if self.trainer.backend == "fsdp2":
+            # Each fsdp2 rank holds a shard: no one process has the weights to hand over.
+            raise ValueError(
+                "sync.protocol 'cuda_ipc' hands one process's whole weights to a worker on its GPU, but "
+                "trainer.backend 'fsdp2' shards them across the ranks: choose sync.protocol 'collective', "
+                "'object_store' or 'filesystem' (they gather one bucket at a time), or trainer.backend 'ddp'"
+            )
         if p.devices != "gpu" or p.mode != "colocated" or inf.num_workers != 1 or inf.tensor_parallel_size != 1:
             raise ValueError(
                 "sync.protocol 'cuda_ipc' hands weights over in the memory of one GPU, so the inference worker "

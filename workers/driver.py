@@ -36,7 +36,7 @@ from functools import partial
 import ray
 
 from workers import placement
-from workers.actors import BufferActor, InferenceWorker, TrainerActor
+from workers.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank, where_am_i
 from workers.admission import engine_errors
 from workers.buffer import plan as buffer_plan
 from workers.checkpoints import (
@@ -127,6 +127,9 @@ class RunDriver:
         self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
         self.buffer = self.trainer = None
         self.workers: list = []
+        self.ranks: list = []  # a trainer pool's ranks 1.. (the trainer is rank 0)
+        # Where each actor runs: [{actor, node_id, node_ip, labels, gpu_ids, …}], once up.
+        self.placement: list[dict] = []
         self.placement_group = None  # the Ray placement group of the inference workers and the trainer
         self._windows = StepWindows(self.cfg.inference.num_workers)
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
@@ -208,7 +211,7 @@ class RunDriver:
                 self.reporter.post_status("succeeded")
         except Exception as exc:
             self.state, self.reason = "failed", "error"
-            failure = explain(exc, self.cfg, phase=self.phase)
+            failure = explain(exc, self.cfg, phase=self.phase, nodes=self._node_names())
             self.error, self.error_detail = failure.message, failure.detail
             log.error("run %s failed: %s\n%s", self.run_id, self.error, self.error_detail)
             self.reporter.post_status("failed", self.error, error_detail=self.error_detail)
@@ -292,7 +295,8 @@ class RunDriver:
         wall_s (of the loops), timings (seconds per phase), policy_sha256 (the final
         weights' checksum: equal for bit-identical policies), export_dir (where the final
         policy was exported, "" if not), checkpoints (each written, oldest first: step,
-        location, bytes, sha256, pruned) and every emitted series as
+        location, bytes, sha256, pruned), placement (where each actor ran: its node and
+        devices) and every emitted series as
         {name: [(step, value), ...]}, its latest SERIES_TAIL points."""
         return {
             "run_id": self.run_id,
@@ -306,6 +310,7 @@ class RunDriver:
             "policy_sha256": self.policy_sha256,
             "export_dir": self.export_dir,
             "checkpoints": [dataclasses.asdict(c) for c in self.checkpoints_written],
+            "placement": list(self.placement),
             "series": {name: list(points) for name, points in self.series.items()},
         }
 
@@ -345,20 +350,38 @@ class RunDriver:
             ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir)
             for k in range(w)
         ]
-        # One rank: the trainer is one process until a data-parallel backend exists
-        # (workers.admission.engine_errors refuses more).
+        # A trainer pool: ranks 1.. first, so that rank 0 (the trainer actor) can form the
+        # pool with them while it starts (workers/trainer_pool.py).
+        self.ranks = [
+            TrainerRank.options(
+                name=f"{self.name}-trainer-{k}",
+                namespace=NAMESPACE,
+                **placement.actor_options(self.placement_group, plan.trainer[k]),
+            ).remote(cfg, model_dir, k, self.trainer_threads)
+            for k in range(1, cfg.trainer.num_ranks)
+        ]
         self.trainer = TrainerActor.options(
             name=f"{self.name}-trainer",
             namespace=NAMESPACE,
             **placement.actor_options(self.placement_group, plan.trainer[0]),
-        ).remote(cfg, model_dir, self.buffer, self.workers, self.trainer_threads, self.scratch_dir, self.checkpoints)
+        ).remote(
+            cfg,
+            model_dir,
+            self.buffer,
+            self.workers,
+            self.trainer_threads,
+            self.scratch_dir,
+            self.checkpoints,
+            ranks=self.ranks,
+        )
         if not self._wait(
-            [a.ready.remote() for a in (self.buffer, self.trainer, *self.workers)],
+            [a.ready.remote() for a in (self.buffer, self.trainer, *self.ranks, *self.workers)],
             deadline,
             f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s, their resources reserved ({plan.summary}): "
             "they are slow to start on this cluster",
         ):
             return False
+        self.placement = self._where()
         if self.resume_from is not None:
             self._restore()
         if not self._connect_sync():
@@ -367,6 +390,30 @@ class RunDriver:
         self._loop_started = time.time()
         self._set_phase("first_step", "loops started: waiting for the first trained step")
         return True
+
+    def _actors(self) -> list[tuple[str, object]]:
+        """(role, handle) of each of the run's actors but the driver, in the order the run
+        page lists them."""
+        roles = [("trainer rank 0" if self.ranks else "trainer", self.trainer)]
+        roles += [(f"trainer rank {k + 1}", r) for k, r in enumerate(self.ranks)]
+        roles += [(f"inference worker {k}", w) for k, w in enumerate(self.workers)]
+        return [*roles, ("buffer", self.buffer)]
+
+    def _where(self) -> list[dict]:
+        """Where each actor runs (its node and devices), the driver first."""
+        actors = self._actors()
+        found = ray.get([a.where.remote() for _, a in actors])
+        return [{"actor": "driver", **where_am_i()}] + [
+            {"actor": role, **where} for (role, _), where in zip(actors, found, strict=True)
+        ]
+
+    def _node_names(self) -> dict[str, str]:
+        """Node id → how a message names it: its address and labels."""
+        named = {}
+        for row in self.placement:
+            labels = ", ".join(f"{k}={v}" for k, v in sorted(row.get("labels", {}).items()))
+            named[row["node_id"]] = row["node_ip"] + (f", {labels}" if labels else "")
+        return named
 
     def _wait(self, pending: list, deadline: float, late: str) -> bool:
         """Wait for every reference in `pending`; False if the run is cancelled meanwhile,
@@ -443,7 +490,7 @@ class RunDriver:
 
     def _kill_children(self) -> None:
         """Kill the run's actors and give their placement group's resources back."""
-        for a in (self.trainer, *self.workers, self.buffer):
+        for a in (self.trainer, *self.ranks, *self.workers, self.buffer):
             if a is not None:
                 with contextlib.suppress(Exception):  # already gone
                     ray.kill(a, no_restart=True)
@@ -468,6 +515,9 @@ class RunDriver:
         try:
             tr: TrainerReport = ray.get(self.trainer.drain_metrics.remote())
             reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in self.workers])
+            # Ranks 1.. report through rank 0; asking them is how a dead one is noticed
+            # (rank 0 would wait for it inside a collective).
+            ray.get([r.ready.remote() for r in self.ranks])
         except ray.exceptions.RayActorError as exc:
             # Ray's error names the dead actor and why it died (workers.failures reads it).
             raise ChildFailed("a run actor died") from exc

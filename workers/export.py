@@ -27,7 +27,16 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING
 
-from workers.lora import adapter_config, adapter_state_dict, base_state_dict, effective_state_dict, is_peft
+from workers.lora import (
+    adapter_config,
+    adapter_state_dict,
+    base_state_dict,
+    effective_state_dict,
+    is_peft,
+    lora_scaling,
+    merge_adapter,
+    split_live_state,
+)
 from workers.sync.base import state_checksum
 from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
@@ -72,15 +81,20 @@ def write_model_dir(weights: dict[str, torch.Tensor], model_dir: str, tokenizer:
     hf_tokenizer(tokenizer).save_pretrained(out_dir)
 
 
-def export_policy(model: torch.nn.Module, model_dir: str, target: str, cfg: RunConfig) -> dict:
+def export_policy(
+    model: torch.nn.Module, model_dir: str, target: str, cfg: RunConfig, live_state: dict | None = None
+) -> dict:
     """Export the trainer's `model` (plain or peft-wrapped, trained from the policy
-    directory `model_dir`) to `target`, replacing what was there. Returns the manifest."""
+    directory `model_dir`) to `target`, replacing what was there. Returns the manifest.
+    `live_state`: the model's whole state dict, gathered, when `model` is a shard of a
+    trainer pool's (its tensors are read from there, its config from `model`)."""
     parent = os.path.dirname(os.path.abspath(target))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-", dir=parent)
     try:
         tokenizer = load_tokenizer(model_dir)
-        weights = effective_state_dict(model)
+        tensors = _tensors(model, live_state)
+        weights = tensors["effective"]
         write_model_dir(weights, model_dir, tokenizer, tmp)
         manifest = {
             "format": "huggingface",
@@ -90,7 +104,7 @@ def export_policy(model: torch.nn.Module, model_dir: str, target: str, cfg: RunC
             "sha256": state_checksum(weights),
         }
         if is_peft(model):
-            manifest.update(_export_adapter(model, model_dir, tokenizer, tmp, cfg))
+            manifest.update(_export_adapter(model, tensors, model_dir, tokenizer, tmp, cfg))
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=2)
         os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the site's process reads it
@@ -101,7 +115,25 @@ def export_policy(model: torch.nn.Module, model_dir: str, target: str, cfg: RunC
     return manifest
 
 
-def _export_adapter(model, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:
+def _tensors(model: torch.nn.Module, live_state: dict | None) -> dict[str, dict]:
+    """The policy's weights under checkpoint names ("effective", LoRA merged) and, for a
+    peft model, its "base" and "adapter" (peft's saved names): from the model, or from
+    its gathered `live_state`."""
+    if live_state is None:
+        if not is_peft(model):
+            return {"effective": effective_state_dict(model)}
+        return {
+            "effective": effective_state_dict(model),
+            "base": base_state_dict(model),
+            "adapter": adapter_state_dict(model),
+        }
+    if not is_peft(model):
+        return {"effective": live_state}
+    base, adapter = split_live_state(live_state)
+    return {"effective": merge_adapter(base, adapter, lora_scaling(model)), "base": base, "adapter": adapter}
+
+
+def _export_adapter(model, tensors: dict, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:
     """adapter/ (peft) and, where the run's checkpoint is not its base, base/."""
     from workers.lora import write_adapter_dir
 
@@ -110,11 +142,11 @@ def _export_adapter(model, model_dir: str, tokenizer: Tokenizer, out_dir: str, c
         base = cfg.model.path if cfg.model.source == "path" else cfg.model.hub_id
     else:
         # The adapter was trained on a base only this run's cache holds: ship it.
-        write_model_dir(base_state_dict(model), model_dir, tokenizer, os.path.join(out_dir, "base"))
+        write_model_dir(tensors["base"], model_dir, tokenizer, os.path.join(out_dir, "base"))
         base = "base"
     config = adapter_config(model)
     config["base_model_name_or_path"] = base
-    write_adapter_dir(os.path.join(out_dir, "adapter"), adapter_state_dict(model), config)
+    write_adapter_dir(os.path.join(out_dir, "adapter"), tensors["adapter"], config)
     return {"adapter": "adapter", "base": base}
 
 

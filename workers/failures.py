@@ -71,10 +71,11 @@ _FRAME = re.compile(r'^\s+File "([^"]+)", line \d+')
 _CHAIN_SEPARATORS = ("The above exception", "During handling of the above", "Traceback (most recent call last)")
 # A run actor's name as Ray writes it in an actor's error: the dead actor's "name:"
 # field, or the process title of a failed constructor.
-_ACTOR_NAME = re.compile(r"(?:\bname: |ray::)(run-\d+(?:-(?:buffer|trainer|inference-\d+))?)\b")
+_ACTOR_NAME = re.compile(r"(?:\bname: |ray::)(run-\d+(?:-(?:buffer|trainer(?:-\d+)?|inference-\d+))?)\b")
 _ACTOR_CLASSES = {
     "BufferActor": "buffer",
     "TrainerActor": "trainer",
+    "TrainerRank": "trainer rank",
     "InferenceWorker": "inference worker",
     "RunDriver": "driver",
 }
@@ -148,6 +149,7 @@ def explain(
     ray_address: str | None = None,
     phase: str = "",
     what: str = "",
+    nodes: dict[str, str] | None = None,
 ) -> Failure:
     """Why `exc` ended the run: a Failure whose message says what happened and what to
     do, and whose detail is the full traceback (with any traceback a child reported).
@@ -155,12 +157,13 @@ def explain(
     `cfg`: the run's config (names the fields to change, and model.path); `ray_address`:
     the cluster the caller tried to reach; `phase`: what the driver was doing (a
     workers.reporter PHASE); `what`: the action that failed, for the fallback message
-    ("The launch" → "The launch failed: ConnectionError: ...")."""
+    ("The launch" → "The launch failed: ConnectionError: ..."); `nodes`: the run's Ray
+    nodes, id → how to name one ("10.0.0.5, pool=train"), for an actor whose node died."""
     try:
         chain = _chain(exc)
         raised = _raised_behind(chain)
         child = next((e for e in chain if isinstance(e, ChildFailed)), None)
-        facts = _Facts(chain, raised, child, cfg, ray_address, phase)
+        facts = _Facts(chain, raised, child, cfg, ray_address, phase, nodes or {})
         for rule in _RULES:
             found = rule(facts)
             if found is not None:
@@ -304,6 +307,7 @@ class _Facts:
     cfg: RunConfig | None
     ray_address: str | None
     phase: str
+    nodes: dict[str, str]
 
     def actor(self) -> tuple[str, str]:
         """(role, Ray actor name) of the run actor the failure is about: the one Ray
@@ -332,6 +336,8 @@ def _actor_in(text: str) -> tuple[str, str]:
         role = parts[2]
         if role.startswith("inference-"):
             return f"inference worker {role.removeprefix('inference-')}", name
+        if role.startswith("trainer-"):
+            return f"trainer rank {role.removeprefix('trainer-')}", name
         return role, name
     m = _CLASS_NAME.search(text)
     if m:
@@ -344,7 +350,7 @@ def _who_name(role: str) -> str:
     """How a message names an actor, capitalised: "The trainer", "Inference worker 0"."""
     if not role:
         return "A run actor"
-    if role.startswith("inference worker"):
+    if role.startswith(("inference worker", "trainer rank")):
         return role[0].upper() + role[1:]
     return f"The {role}"
 
@@ -523,8 +529,8 @@ def _actor_start(f: _Facts) -> tuple[str, str] | None:
     return None
 
 
-def _death_cause(text: str) -> str:
-    """Ray's reason an actor died, in a few words."""
+def _death_cause(text: str, nodes: dict[str, str]) -> str:
+    """Ray's reason an actor died, in a few words; a dead node named as `nodes` knows it."""
     if "killed by `ray.kill`" in text:
         return "it was killed (ray.kill)"
     if "owner has died" in text:
@@ -532,7 +538,12 @@ def _death_cause(text: str) -> str:
     if "preempted" in text.lower():
         return "its node was preempted"
     if re.search(r"node (?:\S+ )?(?:has )?died|NODE_DIED", text):
-        return "its node died"
+        m = re.search(r"Node Id: ([0-9a-f]+)", text)
+        node = m.group(1) if m else ""
+        named = nodes.get(node)
+        if named:
+            return f"its node died ({named}; Ray node {node[:12]}): it left the cluster"
+        return f"its node died (Ray node {node[:12]})" if node else "its node died"
     m = re.search(r"Worker exit detail: (.+)", text)
     if m:
         return f"its process died ({_cut(m.group(1).strip(), QUOTE_MAX)})"
@@ -548,7 +559,7 @@ def _actor_died(f: _Facts) -> tuple[str, str] | None:
             role, name = _actor_in(r.message)
             if not role:
                 role, name = f.actor()
-            cause = "Ray could not reach it" if r.short == "ActorUnavailableError" else _death_cause(r.message)
+            cause = "Ray could not reach it" if r.short == "ActorUnavailableError" else _death_cause(r.message, f.nodes)
             actor = f" (Ray actor {name})" if name else ""
             return "actor_died", f"{_who_name(role)}{actor} died: {cause}. Launch the run again."
     return None

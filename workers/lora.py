@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import TYPE_CHECKING
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 # peft's saved adapter names start with this; checkpoint names do not.
 _PEFT_PREFIX = "base_model.model."
+# A live adapter weight: <module>.lora_A|lora_B.<adapter name>.weight.
+_LIVE_ADAPTER = re.compile(r"^(.*)\.(lora_[AB])\.[^.]+\.weight$")
 
 
 def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bool | str = True):
@@ -142,6 +145,21 @@ def merge_adapter(
             torch.add(base[weight], dest, out=dest)
             merged[weight] = dest
     return merged
+
+
+def split_live_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A peft model's own state dict (or a piece of it, under its live names) as (base
+    under checkpoint names, adapter under peft's saved names): what `merge_adapter`
+    takes. Used where the live tensors were gathered from ranks that each held a shard."""
+    base, adapter = {}, {}
+    for key, t in state.items():
+        name = key.removeprefix(_PEFT_PREFIX)
+        m = _LIVE_ADAPTER.match(name)
+        if m:  # "…q_proj.lora_A.default.weight" → "base_model.model.…q_proj.lora_A.weight"
+            adapter[f"{_PEFT_PREFIX}{m.group(1)}.{m.group(2)}.weight"] = t
+        else:
+            base[name.replace(".base_layer.", ".")] = t
+    return base, adapter
 
 
 def effective_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

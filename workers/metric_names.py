@@ -17,6 +17,8 @@ class Metric:
     # Empty: every run emits the series. Otherwise the condition, in config terms, under
     # which a run emits it (tests/engine/test_metric_vocabulary.py checks each condition).
     only: str = ""
+    # One series per trainer rank, named `<name>/<rank>` (rank_series).
+    per_rank: bool = False
 
 
 METRICS: tuple[Metric, ...] = (
@@ -93,6 +95,36 @@ METRICS: tuple[Metric, ...] = (
         "Mean per-token entropy of the policy (at the sampling temperature) on the trained completions.",
     ),
     Metric("samples/per_s", "samples/s", "Trained samples per second of wall time."),
+    # A trainer pool's ranks (workers/trainer_pool.py), one series per rank.
+    Metric(
+        "trainer/rank_busy_frac",
+        "fraction",
+        "Fraction of the step's wall time the rank spent on its part of the step.",
+        only="trainer.backend ddp or fsdp2",
+        per_rank=True,
+    ),
+    Metric(
+        "trainer/rank_compute_s",
+        "s",
+        "Seconds of the rank's part of the step with no collective in flight.",
+        only="trainer.backend ddp or fsdp2",
+        per_rank=True,
+    ),
+    Metric(
+        "trainer/rank_comm_s",
+        "s",
+        "Seconds of the rank's part of the step with a collective in flight (gradient all-reduce; "
+        "fsdp2's parameter all-gathers and gradient reduce-scatters).",
+        only="trainer.backend ddp or fsdp2",
+        per_rank=True,
+    ),
+    Metric(
+        "trainer/rank_comm_bytes",
+        "bytes",
+        "Bytes the rank all-reduced, all-gathered or reduce-scattered since its previous step.",
+        only="trainer.backend ddp or fsdp2",
+        per_rank=True,
+    ),
     # The eval pass (workers/evaluation.py): step = the policy version it ran on.
     Metric(
         "eval/pass@1",
@@ -117,6 +149,23 @@ METRICS: tuple[Metric, ...] = (
 )
 
 NAMES: frozenset[str] = frozenset(m.name for m in METRICS)
+PER_RANK: frozenset[str] = frozenset(m.name for m in METRICS if m.per_rank)
+
+
+def rank_series(name: str, rank: int) -> str:
+    """The series of per-rank metric `name` for trainer rank `rank`."""
+    if name not in PER_RANK:
+        raise ValueError(f"{name!r} is not a per-rank metric ({sorted(PER_RANK)})")
+    return f"{name}/{int(rank)}"
+
+
+def metric_of(series: str) -> Metric | None:
+    """The vocabulary's entry for a series name (a per-rank series by its metric), or None."""
+    name, _, rank = series.rpartition("/")
+    if name in PER_RANK and rank.isdigit():
+        return next(m for m in METRICS if m.name == name)
+    return next((m for m in METRICS if m.name == series and not m.per_rank), None)
+
 
 # The charts on a run page: (title, series shown together).
 DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from workers.failures import DETAIL_MAX, MESSAGE_MAX, clip
-from workers.metric_names import NAMES
+from workers.metric_names import metric_of
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class MetricsReporter:
         """Queue one point. Non-finite values are dropped (JSON has no NaN); a series
         outside the vocabulary raises ValueError: the dashboard would not know its unit
         or help text, and a misspelt name would chart as a new series."""
-        if series not in NAMES:
+        if metric_of(series) is None:
             raise ValueError(f"unknown metric series {series!r}: add it to workers.metric_names.METRICS")
         value = float(value)
         if not math.isfinite(value):

@@ -1,15 +1,22 @@
-"""The trainer: one GRPO step per batch of groups, on a Hugging Face Llama in torch.
+"""The trainer: one GRPO step per batch of groups, on a Hugging Face causal LM in torch.
 
 A step computes pi_old (the policy's logprobs before any update, detached), then runs
 `trainer.minibatches` AdamW updates on whole-group minibatches with the PPO-clip +
 truncated-IS loss of workers.loss, and advances the policy version by one.
+
+One process (`trainer.backend` "single") or a pool of ranks (workers/trainer_pool.py):
+the step is planned once (workers/step_plan.py: minibatches, and each rank's share of
+them), every rank runs its share (`train_rank`), and the ranks' partial sums make the
+step's metrics (`step_metrics`). With one rank the plan is the whole batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,8 +24,13 @@ from workers.config import RunConfig
 from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
 from workers.loss import correction_loss, group_advantages
+from workers.metric_names import rank_series
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group
+from workers.step_plan import RankStep, plan_step
+
+if TYPE_CHECKING:
+    from workers.trainer_pool import Pool
 
 
 @dataclass
@@ -71,15 +83,41 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
     return out[0][:, :-1], out[1][:, :-1]
 
 
+@dataclass
+class RankResult:
+    """One rank's part of a step, as the step's metrics need it: per minibatch, its loss
+    and loss statistics already weighted by its share of the minibatch's trained tokens
+    (summed over the ranks they are the minibatch's token means); and where its time went."""
+
+    loss_sums: list[float]
+    stats: list[dict[str, float]]
+    grad_norms: list[float]
+    step_s: float = 0.0  # wall time of its part
+    comm_s: float = 0.0  # of which at least one collective was in flight
+    comm_bytes: int = 0  # payload of the collectives it issued since its previous part
+    rows: int = 0  # completions it trained on
+    extra: dict[str, float] = field(default_factory=dict)
+
+
 class Trainer:
     """Holds the policy and its optimizer; `version` counts completed steps.
 
     The model lives on the device this process was given (workers.devices) in float32:
     with `trainer.dtype` "bfloat16" the forward and backward run under bf16 autocast
-    while weights, gradients and AdamW's moments stay float32 (mixed precision)."""
+    while weights, gradients and AdamW's moments stay float32 (mixed precision).
+
+    `pool` (workers/trainer_pool.py): this process is one rank of a trainer pool. Then
+    `model` is the policy as this rank holds it (a whole replica for ddp, sharded in
+    place for fsdp2) and `forward_model` what a step runs through (the DDP wrapper, or
+    the sharded model itself)."""
 
     def __init__(
-        self, cfg: RunConfig, model_dir: str, num_threads: int | None = None, device: torch.device | None = None
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        num_threads: int | None = None,
+        device: torch.device | None = None,
+        pool: Pool | None = None,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -99,114 +137,210 @@ class Trainer:
             from workers.lora import apply_lora
 
             self.model = apply_lora(self.model, cfg.lora)
+        self.pool = pool
+        # Once sharded no rank holds the whole LoRA base, whose checksum adapter-only
+        # sync publishes: take it now.
+        self.base_checksum: str | None = None
+        if pool is not None and pool.sharded and cfg.lora.enabled:
+            from workers.lora import base_state_dict
+            from workers.sync.base import state_checksum
+
+            self.base_checksum = state_checksum(base_state_dict(self.model))
+        self.forward_model = pool.wrap(self.model) if pool is not None else self.model
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
         self._rng = random.Random(cfg.seed)
         self.version = 0
 
+    @property
+    def world_size(self) -> int:
+        return self.pool.world_size if self.pool is not None else 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.pool is not None and self.pool.sharded
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current weights under HF checkpoint names (contiguous CPU copies); with LoRA,
-        base and adapter merged (the policy the model computes)."""
-        if self.cfg.lora.enabled:
-            from workers.lora import effective_state_dict
+        base and adapter merged (the policy the model computes). Sharded (fsdp2): a
+        collective every rank calls, gathering the whole policy into each rank's host
+        memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
+        from workers.lora import effective_state_dict, is_peft, lora_scaling, merge_adapter, split_live_state
 
+        if self.sharded:
+            full = self.gathered_state()
+            if is_peft(self.model):
+                full = merge_adapter(*split_live_state(full), lora_scaling(self.model))
+            return {k: t.contiguous().clone() for k, t in full.items()}
+        if self.cfg.lora.enabled:
             return {k: t.to("cpu").contiguous().clone() for k, t in effective_state_dict(self.model).items()}
         return checkpoint_state_dict(self.model)
 
+    def gathered_state(self) -> dict[str, torch.Tensor]:
+        """A sharded model's whole state dict under its live names, gathered into host
+        memory (a collective every rank calls; ranks 1.. get an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
         with autocast(self.device, self.cfg.trainer.dtype):
-            return token_logprobs(self.model, batch, self.cfg.inference.temperature, with_entropy)
+            return token_logprobs(self.forward_model, batch, self.cfg.inference.temperature, with_entropy)
 
-    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset)."""
+    def _pieces(self, rows: torch.Tensor, passes: int) -> list[torch.Tensor]:
+        """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset), then
+        empty ones up to `passes`: every rank of a pool runs the same number."""
         size = self.cfg.trainer.micro_batch_rows
-        return [rows] if size is None or size >= len(rows) else list(rows.split(size))
+        pieces = [rows] if size is None or size >= len(rows) else list(rows.split(size))
+        pieces = [p for p in pieces if len(p)]
+        return pieces + [rows[:0]] * (passes - len(pieces))
 
-    def train_step(self, groups: list[Group]) -> dict[str, float]:
-        """One policy update on `groups`; returns metrics (workers/metric_names.py names)."""
+    def _empty_pass(self, backward: bool) -> None:
+        """A pass that moves nothing: a rank with no rows in a micro-batch still joins
+        its collectives (a sharded forward's all-gathers, the backward's gradient sync)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        with autocast(self.device, self.cfg.trainer.dtype):
+            logits = self.forward_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
+
+    def _gradient_sync(self, last: bool):
+        """A pool syncs gradients on a minibatch's last backward only; the earlier ones
+        accumulate locally."""
+        return self.pool.gradient_sync(self.forward_model, last) if self.pool is not None else contextlib.nullcontext()
+
+    def plan(self, groups: list[Group]) -> list[RankStep]:
+        """Each rank's part of a step on `groups` (workers/step_plan.py); advances the
+        shuffle RNG, so only the process that runs the step plans it."""
+        tc = self.cfg.trainer
+        return plan_step(groups, self._rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
+
+    def train_step(self, groups: list[Group], peers: Peers | None = None) -> dict[str, float]:
+        """One policy update on `groups`; returns metrics (workers/metric_names.py names).
+        In a pool this process is rank 0 and `peers` runs the other ranks' parts."""
         if not groups:
             raise ValueError("train_step needs at least one group")
         start = time.perf_counter()
-        tc = self.cfg.trainer
-        rollouts = [r for g in groups for r in g.rollouts]
+        steps = self.plan(groups)
+        if peers is not None:
+            peers.start(steps[1:])
+        results = [self.train_rank(steps[0])]
+        if peers is not None:
+            results += peers.results()
+        return self.step_metrics(groups, results, start)
+
+    def train_rank(self, step: RankStep) -> RankResult:
+        """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
+        t_start = time.perf_counter()
+        tc, dev, world = self.cfg.trainer, self.device, self.world_size
+        rollouts = [r for g in step.groups for r in g.rollouts]
         # Advantages per group (groups may differ in size, e.g. after filtering).
         advantages: list[float] = []
-        for g in groups:
+        for g in step.groups:
             rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
             advantages += group_advantages(rewards)[0].tolist()
-
-        dev = self.device
-        batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
-        behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
-        # The slots the loss counts: completion tokens the model produced (a multi-turn
-        # episode's tool tokens are out: workers/rollout.py).
-        trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
-        versions = [v for r in rollouts for v in r.model_versions]
-        adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
-        batch = PackedBatch(*(t.to(dev) for t in (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)))
+        if rollouts:
+            batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
+            behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
+            # The slots the loss counts: completion tokens the model produced (a multi-turn
+            # episode's tool tokens are out: workers/rollout.py).
+            trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
+            adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
+            fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
+            batch = PackedBatch(*(t.to(dev) for t in fields))
+        row_of_group, row = [], 0
+        for g in step.groups:
+            row_of_group.append(list(range(row, row + len(g.rollouts))))
+            row += len(g.rollouts)
+        minibatch_rows = [
+            torch.tensor([r for gi in mb for r in row_of_group[gi]], dtype=torch.long, device=dev)
+            for mb in step.minibatches
+        ]
 
         def rows_of(rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
             return PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], mask[rows])
 
-        # Minibatches of whole groups, in a seeded shuffled order.
-        row_of_group, row = [], 0
-        for g in groups:
-            row_of_group.append(list(range(row, row + len(g.rollouts))))
-            row += len(g.rollouts)
-        order = list(range(len(groups)))
-        self._rng.shuffle(order)
-        n_mb = min(tc.minibatches, len(groups))
-        minibatch_rows = [
-            torch.tensor([r for gi in order[k::n_mb] for r in row_of_group[gi]], device=dev) for k in range(n_mb)
-        ]
         # pi_old, the policy at step start: the first minibatch's forward runs before any
         # update, so its logprobs, detached, are pi_old on its rows; only the other
         # minibatches' rows need a forward of their own (none with one minibatch).
-        old_logp = torch.zeros(batch.mask.shape, device=dev)
-        if n_mb > 1:
+        old_logp = torch.zeros(batch.mask.shape, device=dev) if rollouts else None
+        if step.old_micro_batches:
+            later = torch.cat(minibatch_rows[1:])
             with torch.no_grad():
-                for micro in self._micro_batches(torch.cat(minibatch_rows[1:])):
-                    old_logp[micro] = self._logprobs(rows_of(micro, batch.mask))
-        losses, stats_acc, grad_norms = [], {}, []
+                for micro in self._pieces(later, step.old_micro_batches):
+                    if len(micro):
+                        old_logp[micro] = self._logprobs(rows_of(micro, batch.mask))
+                    else:
+                        self._empty_pass(backward=False)
+        loss_sums, stats_list, grad_norms = [], [], []
         for k, rows in enumerate(minibatch_rows):
             self.optimizer.zero_grad(set_to_none=True)
-            # The loss is a token mean over the minibatch: each micro-batch's own token
-            # mean, weighted by its share of the tokens, sums to it (and so do the grads).
-            total = trained[rows].sum().clamp(min=1)
+            # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
+            # token mean, weighted by its share of the tokens, sums to it (and so do the
+            # grads). A pool averages gradients over its ranks: × world undoes that.
+            total = max(step.trained_tokens[k], 1)
             loss_sum, stats_mb = 0.0, {}
-            for micro in self._micro_batches(rows):
-                sub = rows_of(micro, trained)
-                share = float(sub.mask.sum() / total)
-                logp, entropy = self._logprobs(sub, with_entropy=True)
-                loss, stats = correction_loss(
-                    self.cfg.correction,
-                    logp,
-                    logp.detach() if k == 0 else old_logp[micro],
-                    behaviour[micro],
-                    adv[micro],
-                    sub.mask,
-                    tc.clip_eps,
-                    tc.tis_cap,
-                )
-                mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
-                stats["policy/entropy"] = mean_entropy.item()
-                if tc.entropy_coef:
-                    # A small bonus keeps positions the policy has not solved from collapsing
-                    # onto one wrong token, where a group's samples agree and GRPO has no signal.
-                    loss = loss - tc.entropy_coef * mean_entropy
-                (loss * share).backward()
+            pieces = self._pieces(rows, step.micro_batches[k])
+            for i, micro in enumerate(pieces):
+                with self._gradient_sync(last=i == len(pieces) - 1):
+                    if not len(micro):
+                        self._empty_pass(backward=True)
+                        continue
+                    sub = rows_of(micro, trained)
+                    share = float(sub.mask.sum() / total)
+                    logp, entropy = self._logprobs(sub, with_entropy=True)
+                    loss, stats = correction_loss(
+                        self.cfg.correction,
+                        logp,
+                        logp.detach() if k == 0 else old_logp[micro],
+                        behaviour[micro],
+                        adv[micro],
+                        sub.mask,
+                        tc.clip_eps,
+                        tc.tis_cap,
+                    )
+                    mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
+                    stats["policy/entropy"] = mean_entropy.item()
+                    if tc.entropy_coef:
+                        # A small bonus keeps positions the policy has not solved from collapsing
+                        # onto one wrong token, where a group's samples agree and GRPO has no signal.
+                        loss = loss - tc.entropy_coef * mean_entropy
+                    (loss * (share * world)).backward()
                 loss_sum += loss.item() * share
                 for key, val in stats.items():
                     stats_mb[key] = stats_mb.get(key, 0.0) + val * share
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
+            grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
             self.optimizer.step()
-            losses.append(loss_sum)
-            for key, val in stats_mb.items():
-                stats_acc[key] = stats_acc.get(key, 0.0) + val / n_mb
-
-        staleness = [self.version - v for v in versions]
+            loss_sums.append(loss_sum)
+            stats_list.append(stats_mb)
         self.version += 1
+        end = time.perf_counter()
+        result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=len(rollouts))
+        if self.pool is not None:
+            from workers.trainer_pool import busy_seconds
+
+            result.comm_bytes, intervals = self.pool.meter.drain()
+            result.comm_s = busy_seconds(intervals, t_start, end)
+        return result
+
+    def step_metrics(self, groups: list[Group], results: list[RankResult], start: float) -> dict[str, float]:
+        """The step's metrics from every rank's part (`results`, rank 0 first)."""
+        rollouts = [r for g in groups for r in g.rollouts]
+        n_mb = len(results[0].loss_sums)
+        losses = [sum(res.loss_sums[k] for res in results) for k in range(n_mb)]
+        stats_acc: dict[str, float] = {}
+        for k in range(n_mb):
+            merged: dict[str, float] = {}
+            for res in results:
+                for key, val in res.stats[k].items():
+                    merged[key] = merged.get(key, 0.0) + val
+            for key, val in merged.items():
+                stats_acc[key] = stats_acc.get(key, 0.0) + val / n_mb
+        grad_norms = results[0].grad_norms  # the same on every rank: gradients are synced
+        versions = [v for r in rollouts for v in r.model_versions]
+        staleness = [self.version - 1 - v for v in versions]
         metrics = {
             "loss": sum(losses) / len(losses),
             "reward/mean": sum(r.reward for r in rollouts) / len(rollouts),
@@ -219,5 +353,21 @@ class Trainer:
             "policy/version": float(self.version),
             **stats_acc,
         }
+        if self.pool is not None:
+            for r, res in enumerate(results):
+                metrics[rank_series("trainer/rank_compute_s", r)] = res.step_s - res.comm_s
+                metrics[rank_series("trainer/rank_comm_s", r)] = res.comm_s
+                metrics[rank_series("trainer/rank_comm_bytes", r)] = float(res.comm_bytes)
         metrics["trainer/step_s"] = time.perf_counter() - start
         return metrics
+
+
+class Peers:
+    """The other ranks of a pool, as rank 0's step sees them: `start` hands each its
+    part (they run concurrently with rank 0's), `results` waits for their results."""
+
+    def start(self, steps: list[RankStep]) -> None:
+        raise NotImplementedError
+
+    def results(self) -> list[RankResult]:
+        raise NotImplementedError

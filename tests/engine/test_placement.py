@@ -30,7 +30,7 @@ def cfg(**sections) -> RunConfig:
 def gpus(workers: int = 1, ranks: int = 1, mode: str = "disaggregated", **placement_fields) -> RunConfig:
     return cfg(
         inference={"num_workers": workers},
-        trainer={"num_ranks": ranks},
+        trainer={"num_ranks": ranks, "backend": "ddp" if ranks > 1 else "single"},
         placement={"devices": "gpu", "mode": mode, **placement_fields},
     )
 
@@ -50,7 +50,7 @@ def test_by_default_each_actor_has_a_cpu_bundle_of_its_own_and_asks_no_gpu():
 def test_disaggregated_pools_ask_for_gpus_of_their_own():
     c = cfg(
         inference={"num_workers": 3, "tensor_parallel_size": 2, "cpus_per_worker": 1},
-        trainer={"num_ranks": 2, "cpus_per_rank": 2},
+        trainer={"num_ranks": 2, "cpus_per_rank": 2, "backend": "fsdp2"},
         placement={"devices": "gpu", "strategy": "STRICT_PACK"},
     )
     p = placement.plan(c)
@@ -94,7 +94,7 @@ def test_each_pool_bundles_carry_its_node_label_selector():
 def test_the_totals_admission_counts_are_the_plans_own(workers, tp, ranks, devices, mode):
     c = cfg(
         inference={"num_workers": workers, "tensor_parallel_size": tp},
-        trainer={"num_ranks": ranks},
+        trainer={"num_ranks": ranks, "backend": "ddp" if ranks > 1 else "single"},
         placement={"devices": devices, "mode": mode},
     )
     p, t = placement.plan(c), placement.totals(c)
@@ -155,15 +155,21 @@ def group_state(run_id: int) -> str | None:
 
 @pytest.mark.slow
 def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, stub, cache_dir):
-    config = tiny_config(inference={"num_workers": 2}, placement={"devices": "gpu"}, stop={"max_steps": 10_000})
+    """2 inference workers + 2 trainer ranks on the 4 declared GPUs: one each."""
+    config = tiny_config(
+        inference={"num_workers": 2},
+        trainer={"batch_groups": 4, "group_size": 4, "num_ranks": 2, "backend": "ddp"},
+        placement={"devices": "gpu"},
+        stop={"max_steps": 10_000},
+    )
     launch(9141, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
     try:
-        names = ["run-9141-inference-0", "run-9141-inference-1", "run-9141-trainer"]
+        names = ["run-9141-inference-0", "run-9141-inference-1", "run-9141-trainer", "run-9141-trainer-1"]
         wait_for(lambda: set(names) <= set(run_actor_names(9141)), 120, "the run's actors")
         seen = {name: actor_devices(name) for name in names}
         print({name: visible for name, (_, visible) in seen.items()})
         ids = [tuple(gpu_ids) for gpu_ids, _ in seen.values()]
-        assert all(len(i) == 1 for i in ids) and len(set(ids)) == 3, seen
+        assert all(len(i) == 1 for i in ids) and len(set(ids)) == 4, seen
         for gpu_ids, visible in seen.values():
             assert visible == ",".join(str(i) for i in gpu_ids)
         assert group_state(9141) == "CREATED"
@@ -177,8 +183,10 @@ def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, st
 
 @pytest.mark.slow
 def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_group(cluster, cache_dir):
+    """2 inference workers + 2 trainer ranks colocated: worker k and rank k share GPU k."""
     config = tiny_config(
         inference={"num_workers": 2},
+        trainer={"batch_groups": 4, "group_size": 4, "num_ranks": 2, "backend": "ddp"},
         placement={"devices": "gpu", "mode": "colocated"},
         stop={"max_steps": 10_000},
     )
@@ -187,11 +195,12 @@ def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_gro
     )
     try:
         done = driver.run.remote()
-        names = ["run-9142-inference-0", "run-9142-inference-1", "run-9142-trainer"]
+        names = ["run-9142-inference-0", "run-9142-inference-1", "run-9142-trainer", "run-9142-trainer-1"]
         wait_for(lambda: set(names) <= set(run_actor_names(9142)), 120, "the run's actors")
         seen = {name: actor_devices(name) for name in names}
         print({name: visible for name, (_, visible) in seen.items()})
         assert seen["run-9142-trainer"] == seen["run-9142-inference-0"]
+        assert seen["run-9142-trainer-1"] == seen["run-9142-inference-1"]
         assert len(seen["run-9142-trainer"][0]) == 1
         assert set(seen["run-9142-inference-1"][0]).isdisjoint(seen["run-9142-trainer"][0])
 
@@ -223,8 +232,19 @@ def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(clu
 
 
 def test_a_driver_refuses_a_pool_size_the_engine_cannot_run_before_its_warm_start(tmp_path):
-    driver = RunDriver.__ray_actor_class__(144, {"trainer": {"num_ranks": 2}}, None, "", str(tmp_path))
+    driver = RunDriver.__ray_actor_class__(144, {"inference": {"tensor_parallel_size": 2}}, None, "", str(tmp_path))
     out = driver.run()
     assert out["state"] == "failed"
-    assert "trainer.num_ranks > 1 needs trainer.backend ddp/fsdp2, not available yet" in out["error"]
+    assert "inference.tensor_parallel_size > 1 needs an inference backend that shards" in out["error"]
     assert "warm_start" not in out["timings"]
+
+
+def test_a_trainer_pool_needs_a_data_parallel_backend():
+    with pytest.raises(pydantic.ValidationError, match="set trainer.backend to 'ddp'"):
+        cfg(trainer={"num_ranks": 2})
+    with pytest.raises(pydantic.ValidationError, match="trainer.backend 'fsdp2' shards them"):
+        cfg(
+            trainer={"num_ranks": 2, "backend": "fsdp2"},
+            placement={"devices": "gpu", "mode": "colocated"},
+            sync={"protocol": "cuda_ipc"},
+        )

@@ -64,7 +64,7 @@ def make_sender(
     if sync.protocol == "object_store":
         from workers.sync.object_store import ObjectStoreSender
 
-        return ObjectStoreSender(store)
+        return ObjectStoreSender(store, bucket_mb=sync.bucket_mb)
     if sync.protocol == "collective":
         from workers.sync.collective import CollectiveSender
 

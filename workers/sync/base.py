@@ -107,6 +107,9 @@ class WeightSender(ABC):
     (all ranks at once for a collective) → send(version, notify) per step → close()."""
 
     protocol: ClassVar[str]
+    # What `send` gathers from a sharded trainer, so that the pool's other ranks join the
+    # same gathers (workers/sync/weights.py): every parameter, or the LoRA adapter's.
+    gathers: ClassVar[str] = "all"
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None

@@ -28,7 +28,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from workers.rendezvous import default_host, join_store, open_store
 from workers.sync.base import (
     Notice,
     Notify,
@@ -46,15 +46,12 @@ from workers.sync.base import (
     WeightSender,
     end_to_end_ms,
 )
+from workers.sync.weights import gathered_parameters, is_sharded
 
 if TYPE_CHECKING:
     from workers.config import SyncConfig
 
 log = logging.getLogger(__name__)
-
-# Ports the rendezvous may bind (deploy/ opens this range between Ray pods); a random
-# start spreads concurrent runs.
-PORT_RANGE = range(29600, 29700)
 
 
 @dataclass(frozen=True)
@@ -160,18 +157,6 @@ def _broadcast_all(group, tensors: list[torch.Tensor]) -> None:
         w.wait()
 
 
-def default_host() -> str:
-    """This node's address as other Ray nodes see it; 127.0.0.1 outside Ray."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"
-
-
 class CollectiveSender(WeightSender):
     protocol = "collective"
 
@@ -187,6 +172,7 @@ class CollectiveSender(WeightSender):
         self.timeout_s = sync.timeout_s
         self.layout: Layout | None = None
         self.flats: dict[str, torch.Tensor] | None = None
+        self.sharded = False
         self._store = None
         self._port: int | None = None
         self._group = None
@@ -194,21 +180,27 @@ class CollectiveSender(WeightSender):
     def attach(self, model: torch.nn.Module) -> None:
         super().attach(model)
         self.layout = Layout.of(model)
-        if self.mode == "packed" and self.flat_params:
+        # A sharded trainer's parameters are DTensors: they stream through `_send_gathered`.
+        self.sharded = is_sharded(model)
+        if self.sharded and self.mode == "packed" and len(self.layout.sizes) > 1:
+            raise NotImplementedError(
+                "collective sync from a sharded trainer packs one dtype's buckets: this model's parameters "
+                f"come in {[d for d, _ in self.layout.sizes]}; set sync.packed to false"
+            )
+        if self.mode == "packed" and self.flat_params and not self.sharded:
             self.flats = flatten_parameters(model, self.layout)
 
     @property
     def backend(self) -> str:
-        device = next(self._require_model().parameters()).device
-        return "nccl" if device.type == "cuda" else "gloo"
+        return "nccl" if self._device().type == "cuda" else "gloo"
 
     def endpoint(self) -> dict[str, Any]:
-        """Opens the rendezvous (binds a port in PORT_RANGE) and describes it."""
+        """Opens the rendezvous (binds a port of workers.rendezvous.PORT_RANGE) and describes it."""
         if self.layout is None:
             raise RuntimeError("CollectiveSender.endpoint before attach(model)")
         if self._store is None:
             self.host = self.host or default_host()
-            self._store, self._port = self._open_store()
+            self._store, self._port = open_store(self.host, self.num_receivers + 1, self.timeout_s, "weight sync")
         return {
             "protocol": self.protocol,
             "host": self.host,
@@ -220,24 +212,6 @@ class CollectiveSender(WeightSender):
             "layout": self.layout,
             "timeout_s": self.timeout_s,
         }
-
-    def _open_store(self):
-        ports = list(PORT_RANGE)
-        start = random.randrange(len(ports))
-        for port in ports[start:] + ports[:start]:
-            try:
-                store = dist.TCPStore(
-                    self.host,
-                    port,
-                    self.num_receivers + 1,
-                    is_master=True,
-                    timeout=datetime.timedelta(seconds=self.timeout_s),
-                    wait_for_workers=False,
-                )
-                return store, port
-            except RuntimeError:  # port taken (DistNetworkError): try the next
-                continue
-        raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} for the sync rendezvous")
 
     def connect(self) -> None:
         """Blocks until every receiver has called `connect` too (call them concurrently)."""
@@ -277,10 +251,51 @@ class CollectiveSender(WeightSender):
         nbytes = self.layout.nbytes
         notify(Notice(self.protocol, version, seq, nbytes, sent_at, {"layout": self.layout.digest()}))
         with torch.no_grad():
-            payload, tensors = self._payload()
-            header = torch.tensor([seq, version], dtype=torch.int64, device=payload[0].device)
-            _broadcast_all(self._group, [header, *payload])
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=tensors, messages=len(payload))
+            if self.sharded:
+                header = torch.tensor([seq, version], dtype=torch.int64, device=self._device())
+                _broadcast_all(self._group, [header])
+                messages = self._send_gathered()
+                tensors = len(self.layout.entries)
+            else:
+                payload, tensors = self._payload()
+                header = torch.tensor([seq, version], dtype=torch.int64, device=payload[0].device)
+                _broadcast_all(self._group, [header, *payload])
+                messages = len(payload)
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=tensors, messages=messages)
+
+    def _device(self) -> torch.device:
+        return next(self._require_model().parameters()).device
+
+    def _send_gathered(self) -> int:
+        """A sharded trainer's broadcast: the same messages the receivers expect from a
+        whole one (a tensor per parameter, or the layout's buckets), each filled from
+        parameters gathered as they are needed (workers/sync/weights.py; the pool's other
+        ranks join the gathers), so rank 0 holds at most about one bucket at a time."""
+        stream = gathered_parameters(self._require_model())
+        if self.mode == "per_tensor":
+            count = 0
+            for _, full in stream:
+                _broadcast_all(self._group, [full.contiguous()])
+                count += 1
+            return count
+        ((dtype, _),) = self.layout.sizes
+        buckets = self.layout.bucket_ranges(self.bucket_mb)
+        entries = iter(self.layout.entries)
+        held, held_at = None, 0  # the gathered parameter being copied, and its offset
+        for _, s, e in buckets:
+            bucket = torch.empty(e - s, dtype=getattr(torch, dtype), device=self._device())
+            at = s
+            while at < e:
+                if held is None or held_at + held.numel() <= at:
+                    entry = next(entries)
+                    held, held_at = next(stream)[1].reshape(-1), entry.offset
+                lo, hi = at, min(e, held_at + held.numel())
+                bucket[lo - s : hi - s] = held[lo - held_at : hi - held_at]
+                at = hi
+            _broadcast_all(self._group, [bucket])
+        for _ in stream:  # nothing is left, but every rank must finish the same gathers
+            pass
+        return len(buckets)
 
     def close(self) -> None:
         self._group = None
@@ -324,8 +339,7 @@ class CollectiveReceiver(WeightReceiver):
             self._targets = list(self.views.values())
         else:
             self._targets = [self.flats[d][s:e] for d, s, e in self.layout.bucket_ranges(endpoint["bucket_mb"])]
-        timeout = datetime.timedelta(seconds=endpoint["timeout_s"])
-        self._store = dist.TCPStore(endpoint["host"], endpoint["port"], world, is_master=False, timeout=timeout)
+        self._store = join_store(endpoint["host"], endpoint["port"], world, endpoint["timeout_s"])
         self._group = _new_group(self._store, rank, world, endpoint["backend"], endpoint["timeout_s"])
 
     def receive(self, notice: Notice) -> StagedBroadcast:

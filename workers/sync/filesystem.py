@@ -2,7 +2,9 @@
 
 The trainer writes `<directory>/v<version>/model.safetensors` (into a temporary name,
 then an atomic rename, so a reader never sees half a file) and notifies the workers with
-the version and the path; each worker reads the file and loads it. This is PRIME-RL's
+the version and the path; each worker reads the file and loads it. A sharded trainer
+writes one file per gathered bucket (`model-00001-of-00004.safetensors`, …,
+workers/sync/weights.py) and the notice lists them. This is PRIME-RL's
 and AReaL's path: it works across any topology that shares a filesystem (NFS, a
 Kubernetes volume) and leaves every version on disk for inspection or resumption, at
 the price of a write and a read per sync (page cache on one host).
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors.torch import load_file, save_file
 
-from workers.lora import effective_state_dict
 from workers.sync.base import (
     Notice,
     Notify,
@@ -31,6 +32,7 @@ from workers.sync.base import (
     WeightSender,
 )
 from workers.sync.object_store import StagedWeights, apply_full
+from workers.sync.weights import state_buckets
 
 if TYPE_CHECKING:
     from workers.config import SyncConfig
@@ -61,6 +63,7 @@ class FilesystemSender(WeightSender):
             self.directory = tempfile.mkdtemp(prefix="rollway-sync-")
         os.makedirs(self.directory, exist_ok=True)
         self.keep_versions = sync.keep_versions
+        self.bucket_mb = sync.bucket_mb  # a sharded trainer's files: one per gathered bucket
         self._written: list[str] = []
 
     def endpoint(self) -> dict[str, Any]:
@@ -69,20 +72,32 @@ class FilesystemSender(WeightSender):
     def send(self, version: int, notify: Notify) -> SyncReport:
         model = self._require_model()
         sent_at, clock = time.time(), Stopwatch()
-        state = effective_state_dict(model)
         final = version_dir(self.directory, version)
         staging = tempfile.mkdtemp(prefix=f".v{version:08d}-", dir=self.directory)
-        save_file(state, os.path.join(staging, WEIGHTS_FILE), metadata={"version": str(version)})
+        names, tensors = [], 0
+        for k, bucket in enumerate(state_buckets(model, self.bucket_mb)):
+            name = f"model-{k + 1:05d}.safetensors"
+            save_file(bucket, os.path.join(staging, name), metadata={"version": str(version)})
+            names.append(name)
+            tensors += len(bucket)
+        # One file keeps the name every Hugging Face loader knows; several say how many.
+        renamed = (
+            [WEIGHTS_FILE]
+            if len(names) == 1
+            else [f"model-{k + 1:05d}-of-{len(names):05d}.safetensors" for k in range(len(names))]
+        )
+        for old, new in zip(names, renamed, strict=True):
+            os.rename(os.path.join(staging, old), os.path.join(staging, new))
         if os.path.exists(final):  # the same version sent twice (a resumed run)
             shutil.rmtree(final)
         os.rename(staging, final)
-        path = os.path.join(final, WEIGHTS_FILE)
-        nbytes = os.path.getsize(path)
+        paths = [os.path.join(final, name) for name in renamed]
+        nbytes = sum(os.path.getsize(path) for path in paths)
         self._written.append(final)
         while len(self._written) > self.keep_versions:
             shutil.rmtree(self._written.pop(0), ignore_errors=True)
-        notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"path": path}))
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(state), messages=1)
+        notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"paths": paths}))
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=tensors, messages=len(paths))
 
     def close(self) -> None:
         for path in self._written:
@@ -96,16 +111,18 @@ class FilesystemReceiver(WeightReceiver):
     protocol = "filesystem"
 
     def receive(self, notice: Notice) -> StagedWeights:
-        path = notice.payload["path"]
+        paths = notice.payload["paths"]
         clock = Stopwatch()
-        try:
-            weights = load_file(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"weights of version {notice.version} are gone from {path}: the trainer keeps only "
-                f"the newest sync.keep_versions checkpoints; raise it if workers fall that far behind"
-            ) from None
-        return StagedWeights(notice, weights, clock.ms(), len(weights), 1)
+        weights = {}
+        for path in paths:
+            try:
+                weights.update(load_file(path))
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"weights of version {notice.version} are gone from {path}: the trainer keeps only "
+                    f"the newest sync.keep_versions checkpoints; raise it if workers fall that far behind"
+                ) from None
+        return StagedWeights(notice, weights, clock.ms(), len(weights), len(paths))
 
     def apply(self, backend: Any, staged: StagedWeights) -> SyncReport:
         return apply_full(self.protocol, backend, staged)

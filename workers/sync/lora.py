@@ -47,6 +47,7 @@ from workers.sync.base import (
     state_checksum,
 )
 from workers.sync.object_store import RayStore, from_wire, to_wire
+from workers.sync.weights import adapter_tensors, is_sharded
 
 # Adapter directories kept on a worker: vLLM may re-read an evicted adapter from disk.
 KEEP_ADAPTERS = 2
@@ -59,11 +60,16 @@ def adapter_name(version: int) -> str:
 
 class LoRASender(WeightSender):
     protocol = "lora"
+    gathers = "adapter"
 
     def __init__(self, store: Any | None = None) -> None:
         super().__init__()
         self.store = store if store is not None else RayStore()
         self._last_ref: Any = None
+        # A sharded trainer's base is whole in no rank: its trainer takes the checksum
+        # before sharding and sets it here.
+        self.base_checksum: str | None = None
+        self._adapter: dict[str, torch.nn.Parameter] | None = None
 
     def attach(self, model: torch.nn.Module) -> None:
         if not is_peft(model):
@@ -72,21 +78,25 @@ class LoRASender(WeightSender):
                 "(workers.lora.apply_lora); enable LoRA or choose a full-weight protocol"
             )
         super().attach(model)
-        self._adapter = adapter_parameters(model)
+        self._adapter = None if is_sharded(model) else adapter_parameters(model)
 
     def endpoint(self) -> dict[str, Any]:
         model = self._require_model()
+        if self.base_checksum is None and is_sharded(model):
+            raise RuntimeError("a sharded trainer's LoRA sender needs base_checksum set before endpoint()")
         return {
             "protocol": self.protocol,
             "scaling": lora_scaling(model),
             "adapter_config": adapter_config(model),
-            "base_checksum": state_checksum(base_state_dict(model)),
+            "base_checksum": self.base_checksum or state_checksum(base_state_dict(model)),
         }
 
     def send(self, version: int, notify: Notify) -> SyncReport:
-        self._require_model()
+        model = self._require_model()
         sent_at, clock = time.time(), Stopwatch()
-        wire, nbytes = to_wire({k: p.detach() for k, p in self._adapter.items()})
+        # Sharded: gathered, every rank joining (workers/sync/weights.py).
+        live = self._adapter
+        wire, nbytes = to_wire(adapter_tensors(model) if live is None else {k: p.detach() for k, p in live.items()})
         self._last_ref = self.store.put(wire)
         notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"ref": self._last_ref}))
         return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(wire), messages=1)

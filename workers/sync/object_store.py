@@ -1,8 +1,9 @@
 """Protocol "object_store": the full state dict through the Ray object store.
 
 The trainer puts its weights into the object store once per version and notifies the
-workers with the object ref; each worker fetches it (zero-copy on the same node) and
-loads it into its backend. Works across Ray nodes with no extra set-up; every sync moves
+workers with the object refs (one; or one per gathered bucket from a sharded trainer,
+workers/sync/weights.py); each worker fetches them (zero-copy on the same node) and
+loads them into its backend. Works across Ray nodes with no extra set-up; every sync moves
 the whole model and pays one copy into shared memory on the trainer.
 
 Tensors travel as uint8 numpy views, which Ray moves out-of-band and maps zero-copy on
@@ -27,7 +28,6 @@ import numpy as np
 import torch
 
 from workers.devices import synchronize
-from workers.lora import effective_state_dict
 from workers.sync.base import (
     Notice,
     Notify,
@@ -37,6 +37,7 @@ from workers.sync.base import (
     WeightSender,
     end_to_end_ms,
 )
+from workers.sync.weights import state_buckets
 
 
 @dataclass
@@ -135,23 +136,30 @@ def apply_full(protocol: str, backend: Any, staged: StagedWeights) -> SyncReport
 class ObjectStoreSender(WeightSender):
     protocol = "object_store"
 
-    def __init__(self, store: Any | None = None) -> None:
+    def __init__(self, store: Any | None = None, bucket_mb: float = 32.0) -> None:
+        """`bucket_mb`: the size of each gathered bucket from a sharded trainer (a whole
+        trainer puts its weights as one object)."""
         super().__init__()
         self.store = store if store is not None else RayStore()
-        # The last ref stays referenced until the next send, so the object outlives
+        self.bucket_mb = bucket_mb
+        # The last refs stay referenced until the next send, so the objects outlive
         # the workers' fetches even if a notice waits in an actor's queue.
-        self._last_ref: Any = None
+        self._last_refs: list[Any] = []
 
     def send(self, version: int, notify: Notify) -> SyncReport:
         model = self._require_model()
         sent_at, clock = time.time(), Stopwatch()
-        wire, nbytes = to_wire(effective_state_dict(model))
-        self._last_ref = self.store.put(wire)
-        notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"ref": self._last_ref}))
-        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(wire), messages=1)
+        refs, nbytes, tensors = [], 0, 0
+        for bucket in state_buckets(model, self.bucket_mb):
+            wire, n = to_wire(bucket)
+            refs.append(self.store.put(wire))
+            nbytes, tensors = nbytes + n, tensors + len(wire)
+        self._last_refs = refs
+        notify(Notice(self.protocol, version, self._next_seq(), nbytes, sent_at, {"refs": refs}))
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=tensors, messages=len(refs))
 
     def close(self) -> None:
-        self._last_ref = None
+        self._last_refs = []
 
 
 class ObjectStoreReceiver(WeightReceiver):
@@ -162,8 +170,11 @@ class ObjectStoreReceiver(WeightReceiver):
 
     def receive(self, notice: Notice) -> StagedWeights:
         clock = Stopwatch()
-        weights = from_wire(self.store.get(notice.payload["ref"]))
-        return StagedWeights(notice, weights, clock.ms(), len(weights), 1)
+        refs = notice.payload["refs"]
+        weights: dict[str, torch.Tensor] = {}
+        for ref in refs:
+            weights.update(from_wire(self.store.get(ref)))
+        return StagedWeights(notice, weights, clock.ms(), len(weights), len(refs))
 
     def apply(self, backend: Any, staged: StagedWeights) -> SyncReport:
         return apply_full(self.protocol, backend, staged)

@@ -1,0 +1,144 @@
+"""The trainer pool: a step split across ranks equals the single trainer's step.
+
+The plan (workers/step_plan.py) is checked on its own; the equivalence runs the real
+Trainer in two Ray processes joined by the real pool (gloo on this CPU host), for ddp and
+fsdp2, full fine-tuning and LoRA, against one Trainer in this process on the same batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import ray
+import torch
+
+from tests.engine.helpers import fixed_groups, small_config
+from workers.rollout import Group, Rollout
+from workers.step_plan import plan_step, trained_tokens
+from workers.trainer import Trainer
+
+CPU = torch.device("cpu")
+
+
+def _group(i: int, rows: int, tokens: int) -> Group:
+    rollout = Rollout([1, 2], [5] * tokens, [-1.0] * tokens, [0] * tokens, "stop")
+    return Group(f"g{i}", f"p{i}", "a", [copy.deepcopy(rollout) for _ in range(rows)])
+
+
+def test_one_rank_gets_the_whole_batch_in_the_single_trainers_order():
+    groups = [_group(i, 2, 3 + i) for i in range(6)]
+    (step,) = plan_step(groups, random.Random(7), minibatches=2, num_ranks=1, micro_batch_rows=None)
+    order = list(range(6))
+    random.Random(7).shuffle(order)
+    assert step.groups == groups
+    assert step.minibatches == [order[0::2], order[1::2]]
+    assert step.micro_batches == [1, 1] and step.old_micro_batches == 1
+    assert step.trained_tokens == [sum(trained_tokens(groups[i]) for i in order[k::2]) for k in range(2)]
+
+
+def test_ranks_get_whole_groups_balanced_by_tokens_and_run_as_many_passes_as_each_other():
+    sizes = [9, 1, 1, 1, 8, 2]  # tokens per completion
+    groups = [_group(i, 2, n) for i, n in enumerate(sizes)]
+    steps = plan_step(groups, random.Random(0), minibatches=1, num_ranks=2, micro_batch_rows=1)
+    owned = [[g.group_id for g in s.groups] for s in steps]
+    assert sorted(owned[0] + owned[1]) == sorted(g.group_id for g in groups)  # each group once, whole
+    loads = [sum(trained_tokens(g) for g in s.groups) for s in steps]
+    assert abs(loads[0] - loads[1]) <= 2 * 2  # the LPT deal: within one smallest group
+    rows = [sum(len(g.rollouts) for g in s.groups) for s in steps]
+    assert steps[0].micro_batches == steps[1].micro_batches == [max(rows)]
+    assert steps[0].trained_tokens == steps[1].trained_tokens == [sum(trained_tokens(g) for g in groups)]
+
+
+def test_a_rank_with_no_group_in_a_minibatch_still_runs_its_passes():
+    groups = [_group(i, 2, 4) for i in range(3)]
+    steps = plan_step(groups, random.Random(1), minibatches=2, num_ranks=2, micro_batch_rows=None)
+    # minibatch 1 has a single group: one rank holds none of it and runs an empty pass
+    assert sorted(len(s.minibatches[1]) for s in steps) == [0, 1]
+    assert all(s.micro_batches == [1, 1] and s.old_micro_batches == 1 for s in steps)
+
+
+@ray.remote(num_cpus=0)
+class Rank:
+    """One rank of a test pool: the real Trainer on the real pool, driven by the test."""
+
+    def __init__(self, rank: int) -> None:
+        torch.set_num_threads(1)
+        self.rank = rank
+        self.rendezvous = None
+
+    def open(self, world_size: int):
+        from workers.trainer_pool import Rendezvous
+
+        self.rendezvous = Rendezvous(world_size, 120.0, host="127.0.0.1")
+        return self.rendezvous.endpoint()
+
+    def build(self, cfg, model_dir: str, endpoint=None) -> None:
+        from workers.trainer_pool import join_pool
+
+        backend = cfg.trainer.backend
+        first = self.rank == 0
+        pool = self.rendezvous.join(backend, CPU) if first else join_pool(endpoint, backend, self.rank, CPU)
+        self.trainer = Trainer(cfg, model_dir, device=CPU, pool=pool)
+
+    def step(self, groups: list[Group], others: list) -> dict:
+        class Peers:
+            def start(self, steps):
+                self.refs = [o.train_rank.remote(s) for o, s in zip(others, steps, strict=True)]
+
+            def results(self):
+                return ray.get(self.refs)
+
+        return self.trainer.train_step(groups, Peers())
+
+    def train_rank(self, step):
+        return self.trainer.train_rank(step)
+
+    def weights(self) -> dict:
+        return self.trainer.state_dict()
+
+
+@pytest.fixture(scope="module")
+def ranks(cluster):
+    actors = [Rank.remote(0), Rank.remote(1)]
+    yield actors
+    for a in actors:
+        ray.kill(a)
+
+
+def _pool(ranks, cfg, model_dir: str) -> None:
+    endpoint = ray.get(ranks[0].open.remote(len(ranks)))
+    ray.get([ranks[0].build.remote(cfg, model_dir)] + [r.build.remote(cfg, model_dir, endpoint) for r in ranks[1:]])
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("n_groups", [4, 3])  # 3: one rank holds no group of the second minibatch
+def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, backend, lora, n_groups):
+    trainer = {"minibatches": 2, "micro_batch_rows": 3, "entropy_coef": 0.01}
+    single_cfg = small_config(trainer=trainer, lora={"enabled": lora, "rank": 2})
+    pool_cfg = small_config(trainer={**trainer, "backend": backend, "num_ranks": 2}, lora=single_cfg.lora.model_dump())
+    groups = fixed_groups(tiny_model_dir, single_cfg)[:n_groups]
+
+    single = Trainer(single_cfg, tiny_model_dir, device=CPU)
+    start = single.state_dict()
+    want = single.train_step(copy.deepcopy(groups))
+    want_weights = single.state_dict()
+
+    _pool(ranks, pool_cfg, tiny_model_dir)
+    got = ray.get(ranks[0].step.remote(copy.deepcopy(groups), ranks[1:]))
+    got_weights, _ = ray.get([r.weights.remote() for r in ranks])  # a gather every rank joins
+
+    for key in ("loss", "trainer/grad_norm", "is/ratio_mean", "is/clipped_frac", "mismatch/kl", "policy/entropy"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert got["policy/version"] == want["policy/version"] == 1.0
+    changed = [k for k in want_weights if not torch.equal(want_weights[k], start[k])]
+    assert changed, "the step changed no weight: the comparison would prove nothing"
+    assert sorted(got_weights) == sorted(want_weights)
+    for k in want_weights:
+        torch.testing.assert_close(got_weights[k], want_weights[k], rtol=1e-4, atol=1e-6, msg=k)
+    # each rank's part is reported: both computed, both communicated
+    for r in range(2):
+        assert got[f"trainer/rank_compute_s/{r}"] > 0
+        assert got[f"trainer/rank_comm_s/{r}"] > 0 and got[f"trainer/rank_comm_bytes/{r}"] > 0
