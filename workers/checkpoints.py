@@ -370,18 +370,20 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
         trainer.model.load_state_dict(model, strict=True)
         trainer.optimizer.load_state_dict(optimizer)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     model, optimizer = state if state is not None else ({}, {})
     if optimizer:
         optimizer = _optimizer_by_name(optimizer, _trainable_names(trainer))
-    set_state_dict(
-        trainer.model,
-        trainer.optimizer,
-        model_state_dict=model,
-        optim_state_dict=optimizer,
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # One call each: set_state_dict with the other ranks' empty model dict would take them
+    # for an optimizer-only load and skip the model's broadcast rank 0 makes.
+    set_model_state_dict(trainer.model, model, options=options)
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer, options=options)
 
 
 def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:

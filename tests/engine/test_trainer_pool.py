@@ -98,6 +98,16 @@ class Rank:
     def weights(self) -> dict:
         return self.trainer.state_dict()
 
+    def training_state(self):
+        from workers.checkpoints import training_state
+
+        return training_state(self.trainer)
+
+    def restore(self, state) -> None:
+        from workers.checkpoints import restore_training_state
+
+        restore_training_state(self.trainer, state)
+
 
 @pytest.fixture(scope="module")
 def ranks(cluster):
@@ -142,3 +152,34 @@ def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, 
     for r in range(2):
         assert got[f"trainer/rank_compute_s/{r}"] > 0
         assert got[f"trainer/rank_comm_s/{r}"] > 0 and got[f"trainer/rank_comm_bytes/{r}"] > 0
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+def test_a_pools_training_state_is_the_single_trainers_format_both_ways(ranks, tiny_model_dir, backend):
+    """A pool's checkpointed state (gathered on rank 0) resumes a single trainer, and a
+    single trainer's resumes a pool (broadcast from rank 0): the next step is the same."""
+    trainer = {"minibatches": 2, "micro_batch_rows": 3}
+    single_cfg = small_config(trainer=trainer)
+    pool_cfg = small_config(trainer={**trainer, "backend": backend, "num_ranks": 2})
+    first, second = fixed_groups(tiny_model_dir, single_cfg, seed=1), fixed_groups(tiny_model_dir, single_cfg, seed=2)
+
+    _pool(ranks, pool_cfg, tiny_model_dir)
+    ray.get(ranks[0].step.remote(copy.deepcopy(first), ranks[1:]))
+    state, empty = ray.get([r.training_state.remote() for r in ranks])  # a gather every rank joins
+    assert empty == ({}, {}) and state[1]["state"], "rank 0 alone holds the state, with AdamW's moments"
+
+    single = Trainer(single_cfg, tiny_model_dir, device=CPU)
+    from workers.checkpoints import restore_training_state
+
+    # A copy: torch's optimizer keeps the loaded step counters and increments them in place.
+    restore_training_state(single, copy.deepcopy(state))
+    single.train_step(copy.deepcopy(second))
+    after_single = single.state_dict()
+
+    # And back: a fresh pool takes the state the single trainer started its step from.
+    _pool(ranks, pool_cfg, tiny_model_dir)
+    ray.get([ranks[0].restore.remote(state), ranks[1].restore.remote(None)])
+    ray.get(ranks[0].step.remote(copy.deepcopy(second), ranks[1:]))
+    after_pool, _ = ray.get([r.weights.remote() for r in ranks])
+    for k in after_single:
+        torch.testing.assert_close(after_pool[k], after_single[k], rtol=1e-4, atol=1e-6, msg=k)
