@@ -34,6 +34,7 @@ from collections import defaultdict, deque
 from functools import partial
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from workers import placement
 from workers.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank, where_am_i
@@ -48,7 +49,7 @@ from workers.checkpoints import (
     check_resume,
 )
 from workers.config import RunConfig, StopConfig
-from workers.failures import ChildFailed, SyncTimeout, explain
+from workers.failures import ChildFailed, NodeLost, SyncTimeout, explain
 from workers.messages import InferenceReport, TrainerReport
 from workers.metric_names import REWARD_WINDOW
 from workers.paths import Confinement, make_scratch, remove_scratch
@@ -79,6 +80,10 @@ CANCEL_FLUSH_S = 2.0
 PHASE_PROGRESS_S = 1.0
 # Writing the final model: seconds for the tiny model, minutes for a multi-GB checkpoint.
 EXPORT_TIMEOUT_S = 3600.0
+# An actor Ray cannot reach may be on a node that is being lost: Ray declares a node
+# dead after a few missed health checks (seconds to tens of seconds). The driver waits
+# this long for that verdict before failing the run for the actor alone.
+NODE_VERDICT_S = 45.0
 # The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
 # (workers.actors.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
 # without it.
@@ -339,9 +344,12 @@ class RunDriver:
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
         # most max_staleness batches ahead, so admission paces generation instead of
         # generating groups get() would drop).
-        self.buffer = BufferActor.options(name=f"{self.name}-buffer", namespace=NAMESPACE).remote(
-            buffer_plan(cfg.buffer, cfg.mode, b), b
-        )
+        # The buffer beside the driver (no GPU, no CPU of its own): it lives as long as
+        # the run's control does, whichever worker node is lost.
+        beside_driver = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.buffer = BufferActor.options(
+            name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
+        ).remote(buffer_plan(cfg.buffer, cfg.mode, b), b)
         self.workers = [
             InferenceWorker.options(
                 name=f"{self.name}-inference-{k}",
@@ -415,6 +423,28 @@ class RunDriver:
             named[row["node_id"]] = row["node_ip"] + (f", {labels}" if labels else "")
         return named
 
+    def _lost_nodes(self, exc: Exception) -> NodeLost | None:
+        """The run's nodes Ray has declared dead, as a NodeLost, or None. An actor Ray
+        could not reach, or one that died with its node, may be the first sign of a node
+        going: its verdict is awaited up to NODE_VERDICT_S; an actor that died alone is
+        not."""
+        text = str(exc)
+        if not (isinstance(exc, ray.exceptions.ActorUnavailableError) or "node" in text.lower()):
+            return None
+        ours = {row["node_id"] for row in self.placement}
+        deadline = time.monotonic() + NODE_VERDICT_S
+        while True:
+            dead = {n["NodeID"] for n in ray.nodes() if n["NodeID"] in ours and not n.get("Alive")}
+            if dead or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        if not dead:
+            return None
+        names = self._node_names()
+        nodes = [f"{names.get(node, 'a node')} (Ray node {node[:12]})" for node in sorted(dead)]
+        actors = [row["actor"] for row in self.placement if row["node_id"] in dead]
+        return NodeLost(nodes, actors)
+
     def _wait(self, pending: list, deadline: float, late: str) -> bool:
         """Wait for every reference in `pending`; False if the run is cancelled meanwhile,
         ChildFailed(`late`) past `deadline`, an actor's constructor error as raised."""
@@ -468,24 +498,23 @@ class RunDriver:
             return ""
 
     def _stop_children(self) -> None:
-        if self.cfg.eval.every_steps and self.reason != "cancelled" and self.trainer is not None:
-            self._stop_with_final_eval()
+        """Stop the trainer first, its sender open, so the step and the weights it is
+        sending finish while the workers still receive (a collective's receivers closing
+        under a broadcast would fail it); then the workers, worker 0 running the final
+        eval pass on those weights as it stops when eval is on (workers.evaluation); then
+        close the sender."""
+        if self.trainer is None:
             return
-        actors = [a for a in (self.trainer, *self.workers) if a is not None]
-        calls = [a.stop.remote() for a in actors]
-        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S)
-
-    def _stop_with_final_eval(self) -> None:
-        """Stop the trainer first, its sender open so its last weights still reach worker
-        0; then the workers, worker 0 running the final eval pass on those weights as it
-        stops (workers.evaluation); then close the sender."""
         try:
             final = ray.get(self.trainer.stop.remote(keep_sender=True), timeout=STOP_TIMEOUT_S)
-        except Exception:  # a dead or stuck trainer: the pass runs on the newest weights worker 0 holds
+        except Exception:  # a dead or stuck trainer: a final pass runs on the newest weights worker 0 holds
             log.warning("run %s: no final version from the trainer", self.run_id, exc_info=True)
             final = self.version
-        calls = [w.stop.remote(final_eval_version=final if k == 0 else None) for k, w in enumerate(self.workers)]
-        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S + FINAL_EVAL_TIMEOUT_S)
+        evaluate = bool(self.cfg.eval.every_steps) and self.reason != "cancelled"
+        calls = [
+            w.stop.remote(final_eval_version=final if k == 0 and evaluate else None) for k, w in enumerate(self.workers)
+        ]
+        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S + (FINAL_EVAL_TIMEOUT_S if evaluate else 0))
         ray.wait([self.trainer.close_sender.remote()], timeout=STOP_TIMEOUT_S)
 
     def _kill_children(self) -> None:
@@ -519,6 +548,9 @@ class RunDriver:
             # (rank 0 would wait for it inside a collective).
             ray.get([r.ready.remote() for r in self.ranks])
         except ray.exceptions.RayActorError as exc:
+            lost = self._lost_nodes(exc)
+            if lost:
+                raise lost from exc
             # Ray's error names the dead actor and why it died (workers.failures reads it).
             raise ChildFailed("a run actor died") from exc
         if tr.error:

@@ -45,6 +45,7 @@ KINDS = (
     "bad_model",  # model.path is not a loadable model directory
     "out_of_memory",  # MemoryError, torch's OutOfMemoryError, Ray's memory monitor
     "sync_timeout",  # the weight sync's rendezvous or broadcast outlived sync.timeout_s
+    "node_lost",  # a Ray node holding run actors left the cluster
     "vllm_start",  # the vLLM engine raised in an inference worker's constructor
     "actor_start",  # another run actor's constructor raised
     "actor_died",  # Ray reports a run actor dead (killed, crashed, its node gone)
@@ -105,6 +106,17 @@ class ChildFailed(RuntimeError):
         super().__init__(message)
         self.who = who
         self.detail = detail
+
+
+class NodeLost(ChildFailed):
+    """Ray declared dead a node that held some of the run's actors. `nodes`: how each
+    lost node is named ("10.0.0.5, pool=train; Ray node 1a2b…"); `actors`: the run's
+    actors that were on them ("trainer rank 1")."""
+
+    def __init__(self, nodes: list[str], actors: list[str]) -> None:
+        super().__init__(f"lost node(s) {nodes} with {actors}", who=actors[0] if actors else "")
+        self.nodes = nodes
+        self.actors = actors
 
 
 class SyncTimeout(ChildFailed):
@@ -482,6 +494,18 @@ def _death_words(text: str) -> str:
     return text[at:] if at >= 0 else ""
 
 
+def _node_lost(f: _Facts) -> tuple[str, str] | None:
+    lost = next((e for e in f.chain if isinstance(e, NodeLost)), None)
+    if lost is None:
+        return None
+    nodes = " and ".join(lost.nodes)
+    actors = ", ".join(lost.actors) or "no actor of this run"
+    return "node_lost", (
+        f"The run lost a node: {nodes} left the cluster, and with it {actors}. Launch the run again, "
+        "or resume it from its latest checkpoint."
+    )
+
+
 def _sync_timeout(f: _Facts) -> tuple[str, str] | None:
     own = next((e for e in f.chain if isinstance(e, SyncTimeout)), None)
     timed_out = own is not None
@@ -620,6 +644,7 @@ def _fallback(f: _Facts, what: str) -> str:
 
 
 _RULES = (
+    _node_lost,
     _path_not_allowed,
     _bad_model,
     _out_of_memory,

@@ -304,6 +304,39 @@ def test_an_actor_whose_process_crashed_quotes_rays_exit_detail():
     )
 
 
+def test_a_trainer_rank_is_named_by_its_rank():
+    dead = actor_died("run-7-trainer-1", "TrainerRank", "The actor is dead because it was killed by `ray.kill`.")
+    failure = explain(dead, small_config())
+    assert failure.message.startswith("Trainer rank 1 (Ray actor run-7-trainer-1) died: it was killed (ray.kill).")
+
+
+def test_an_actor_whose_node_died_names_the_node_the_driver_knew():
+    dead = actor_died(
+        "run-7-trainer-1", "TrainerRank", "The actor died because its node has died. Node Id: 1f11c59d4fb8aa"
+    )
+    failure = explain(dead, small_config(), nodes={"1f11c59d4fb8aa": "10.0.0.5, pool=train"})
+    assert failure.message == (
+        "Trainer rank 1 (Ray actor run-7-trainer-1) died: its node died (10.0.0.5, pool=train; Ray node "
+        "1f11c59d4fb8): it left the cluster. Launch the run again."
+    )
+
+
+def test_a_lost_node_names_the_node_and_every_actor_it_took():
+    from workers.failures import NodeLost
+
+    try:
+        raise NodeLost(["10.0.0.5, pool=train (Ray node 1f11c59d4fb8)"], ["trainer rank 0", "trainer rank 1"]) from (
+            RayActorError()
+        )
+    except NodeLost as exc:
+        failure = explain(exc, small_config())
+    assert (failure.kind, failure.message) == (
+        "node_lost",
+        "The run lost a node: 10.0.0.5, pool=train (Ray node 1f11c59d4fb8) left the cluster, and with it trainer "
+        "rank 0, trainer rank 1. Launch the run again, or resume it from its latest checkpoint.",
+    )
+
+
 def test_a_bare_ray_actor_error_still_reads_as_an_actor_death():
     failure = explain(RayActorError(), small_config())
     assert failure.kind == "actor_died"

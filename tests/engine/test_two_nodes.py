@@ -1,0 +1,136 @@
+"""Runs on a Ray cluster of two nodes (tests/engine/two_nodes.py: a head labelled
+pool=rollout and a second node labelled pool=train, each a `ray start` of its own on
+this machine).
+
+- The inference pool goes to one node and a trainer pool of 2 ranks to the other, as
+  `placement.inference_node` / `placement.trainer_node` say; the run learns the default
+  task, and says where each actor ran.
+- Weights cross the nodes by each protocol that can: the object store, a collective over
+  TCP, files in a shared directory; in a sync run the workers then hold exactly the
+  trainer's weights (`mismatch/kl` at rounding level).
+- The second node killed mid-run: the run fails within a minute with a sentence naming
+  the node, and nothing of it is left behind (last: the node stays dead).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from tests.engine.helpers import TOKEN, wait_for
+from tests.engine.ingest_stub import IngestStub
+from tests.engine.two_nodes import TwoNodes
+from workers.driver import RunDriver
+from workers.lifecycle import launch, on_the_head
+from workers.presets import build, deep_merge
+from workers.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+
+pytestmark = pytest.mark.slow
+
+SPLIT = {
+    "placement": {"inference_node": "pool=rollout", "trainer_node": "pool=train"},
+    "trainer": {"num_ranks": 2, "backend": "ddp"},
+}
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    if ray.is_initialized():  # the other engine tests' one-node cluster
+        ray.shutdown()
+    home = Path(tempfile.mkdtemp(prefix="rw2n-"))  # short: Ray's socket paths must stay under 108 bytes
+    two = TwoNodes(home)
+    saved = {key: os.environ.get(key) for key in two.env()}
+    try:
+        two.start()
+        os.environ.update(two.env())
+        ray.init(address=two.address, namespace=NAMESPACE, log_to_driver=False)
+        yield two
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        two.stop()
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
+    cfg = build(preset, deep_merge(SPLIT, overrides)).model_dump(mode="json")
+    driver = RunDriver.options(
+        name=actor_name(run_id), namespace=NAMESPACE, scheduling_strategy=on_the_head()
+    ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)
+    try:
+        out = ray.get(driver.run.remote(), timeout=600)
+    finally:
+        ray.kill(driver)
+    assert out["state"] == "succeeded", out["error_detail"] or out["error"]
+    out["series"] = {name: dict(points) for name, points in out["series"].items()}
+    return out
+
+
+def test_the_pools_run_on_the_nodes_they_ask_for_and_the_run_learns(nodes, cache_dir):
+    out = run(
+        9401,
+        cache_dir,
+        "async",
+        {"sync": {"protocol": "collective"}, "stop": {"max_steps": 60, "max_minutes": 8, "target_reward": 0.7}},
+    )
+    table = [(row["actor"], row["node_ip"], row["labels"].get("pool"), row["node_id"][:8]) for row in out["placement"]]
+    print("\nactor → node → devices:")
+    for row in out["placement"]:
+        print(f"  {row['actor']:<20} {row['node_ip']} pool={row['labels'].get('pool')} node {row['node_id'][:12]}")
+    pools = {actor: pool for actor, _, pool, _ in table}
+    assert pools["inference worker 0"] == "rollout"
+    assert pools["trainer rank 0"] == pools["trainer rank 1"] == "train"
+    assert pools["driver"] == pools["buffer"] == "rollout"  # the head: they outlive a lost worker node
+    reward = out["series"]["reward/mean"]
+    steps = sorted(reward)
+    first, last = sum(reward[s] for s in steps[:3]) / 3, sum(reward[s] for s in steps[-5:]) / 5
+    print(f"reward: first 3 steps {first:.3f}, last 5 {last:.3f}, {len(steps)} steps, stopped on {out['reason']}")
+    assert last >= 0.7 and first < 0.5, (first, last)
+
+
+@pytest.mark.parametrize(
+    ("run_id", "sync"),
+    [
+        (9411, {"protocol": "object_store", "bucket_mb": 0.25}),
+        (9412, {"protocol": "collective", "packed": True, "bucket_mb": 0.25}),
+        (9413, {"protocol": "filesystem", "bucket_mb": 0.25}),
+    ],
+    ids=["object_store", "collective", "filesystem"],
+)
+def test_weights_cross_the_nodes_exactly_by_every_protocol_that_can(nodes, cache_dir, run_id, sync):
+    overrides = {
+        "trainer": {"backend": "fsdp2", "batch_groups": 4, "group_size": 4},
+        "inference": {"backend": "torch"},
+        "sync": sync,
+        "stop": {"max_steps": 3, "max_minutes": 3},
+    }
+    s = run(run_id, cache_dir, "sync", overrides)["series"]
+    assert sorted(s["loss"]) == [1, 2, 3]
+    assert max(s["mismatch/kl"].values()) < 1e-6, s["mismatch/kl"]
+    assert all(v > 0 for v in s["sync/latency_ms"].values())
+
+
+def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing(nodes, cache_dir):
+    config = build("async", deep_merge(SPLIT, {"stop": {"max_steps": 100_000, "max_minutes": 10}}))
+    with IngestStub(token=TOKEN) as stub:
+        launch(9421, config.model_dump(mode="json"), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+        wait_for(lambda: len(stub.series(9421).get("reward/mean", {})) >= 2, 240, "two trained steps")
+        killed_at = nodes.kill_second()
+        wait_for(lambda: stub.status.get(9421) == "failed", 90, "the run to fail")
+        failed_in = time.time() - killed_at
+        error = stub.errors[9421]
+    print(f"\nfailed {failed_in:.1f} s after the node was killed: {error}")
+    assert failed_in < 60
+    assert error.startswith("The run lost a node: ") and "pool=train" in error and "left the cluster" in error, error
+    assert "trainer rank 0, trainer rank 1" in error and "inference worker" not in error, error
+    wait_for(lambda: not run_actor_names(9421), 30, "the run's actors to be gone")
+    states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"] == placement_group_name(9421)]
+    assert states == ["REMOVED"], states
