@@ -62,9 +62,9 @@ def nodes():
 
 def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
     cfg = build(preset, deep_merge(SPLIT, overrides)).model_dump(mode="json")
-    driver = RunDriver.options(
-        name=actor_name(run_id), namespace=NAMESPACE, scheduling_strategy=on_the_head()
-    ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, scheduling_strategy=on_the_head()).remote(
+        run_id, cfg, None, "", cache_dir, exit_when_done=False
+    )
     try:
         out = ray.get(driver.run.remote(), timeout=600)
     finally:
