@@ -98,7 +98,7 @@ def launch(
         lifetime="detached",
         get_if_exists=True,
         max_restarts=0,
-        scheduling_strategy=on_the_head(),
+        **on_the_head(),
     ).remote(
         run_id,
         cfg.model_dump(mode="json"),
@@ -111,20 +111,17 @@ def launch(
     return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
 
 
-# Ray gives its head node this resource (and no other node): how the head is found.
+# Ray gives its head node this resource (and no other node): how the head is asked for.
 HEAD_RESOURCE = "node:__internal_head__"
 
 
-def on_the_head():
-    """A scheduling strategy for a run's driver: the head node. A driver on the head
-    outlives the worker nodes, so a lost node fails its run with a sentence naming the
-    node, or resumes it, instead of losing the run with its driver. The affinity is hard
-    (the driver asks for no CPU, so the head always has room): Ray 2.60 placed soft-pinned
-    actors on other nodes half of the time."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    head = next((n["NodeID"] for n in ray.nodes() if n.get("Alive") and HEAD_RESOURCE in n.get("Resources", {})), None)
-    return NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
+def on_the_head() -> dict:
+    """`.options` that put a run's driver on the head node. A driver on the head outlives
+    the worker nodes, so a lost node fails its run with a sentence naming the node, or
+    resumes it, instead of losing the run with its driver. Asked as a sliver of the
+    head's own resource (hard: Ray 2.60 placed actors soft-pinned to a node elsewhere
+    half of the time); {} where the cluster names no head."""
+    return {"resources": {HEAD_RESOURCE: 0.001}} if HEAD_RESOURCE in ray.cluster_resources() else {}
 
 
 def cancel(run_id: int, *, ray_address: str | None = None, timeout_s: float = 10.0) -> bool:

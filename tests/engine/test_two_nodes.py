@@ -1,4 +1,4 @@
-"""Runs on a Ray cluster of two nodes (tests/engine/two_nodes.py: a head labelled
+"""Runs on a Ray cluster of two nodes (ops/local_cluster.py: a head labelled
 pool=rollout and a second node labelled pool=train, each a `ray start` of its own on
 this machine).
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import ray
 
+from ops.local_cluster import LocalCluster, Node
 from tests.engine.helpers import TOKEN, wait_for
 from tests.engine.ingest_stub import IngestStub
-from tests.engine.two_nodes import TwoNodes
 from workers.driver import RunDriver
 from workers.lifecycle import launch, on_the_head
 from workers.presets import build, deep_merge
@@ -44,7 +44,7 @@ def nodes():
     if ray.is_initialized():  # the other engine tests' one-node cluster
         ray.shutdown()
     home = Path(tempfile.mkdtemp(prefix="rw2n-"))  # short: Ray's socket paths must stay under 108 bytes
-    two = TwoNodes(home)
+    two = LocalCluster(home, [Node(labels={"pool": "rollout"}), Node(labels={"pool": "train"})])
     saved = {key: os.environ.get(key) for key in two.env()}
     try:
         two.start()
@@ -62,7 +62,7 @@ def nodes():
 
 def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
     cfg = build(preset, deep_merge(SPLIT, overrides)).model_dump(mode="json")
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, scheduling_strategy=on_the_head()).remote(
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **on_the_head()).remote(
         run_id, cfg, None, "", cache_dir, exit_when_done=False
     )
     try:
@@ -123,7 +123,7 @@ def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing
     with IngestStub(token=TOKEN) as stub:
         launch(9421, config.model_dump(mode="json"), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
         wait_for(lambda: len(stub.series(9421).get("reward/mean", {})) >= 2, 240, "two trained steps")
-        killed_at = nodes.kill_second()
+        killed_at = nodes.kill(1)
         wait_for(lambda: stub.status.get(9421) == "failed", 90, "the run to fail")
         failed_in = time.time() - killed_at
         error = stub.errors[9421]

@@ -1,0 +1,109 @@
+"""A Ray cluster of several nodes on one machine, as `ray start` makes one on several hosts.
+
+The multi-node tests and `bench/scale_out.py` run on it; `manage.py up` starts a single
+head (ray_head.py). The head and each further node are `ray start --block` children of a
+Supervisor, each with its own raylet, object store, temp dir, process group and node
+labels, every port chosen free; a node other than the head can be killed whole
+(SIGKILL to its process group), as a host is lost.
+
+Token auth is off: the tests and benches join the cluster from a process that imported
+Ray long before (Ray reads its auth mode once, on import). Not for a shared machine.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.ray_head import GCS_HISTORY, free_port, ray_executable
+from ops.supervisor import Child, Supervisor
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's resources and labels (e.g. {"pool": "train"})."""
+
+    cpus: float = 2
+    gpus: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _free_ports() -> list[str]:
+    """Every port a node would otherwise take at a fixed default, chosen free."""
+    return [
+        f"--node-manager-port={free_port(HOST)}",
+        f"--object-manager-port={free_port(HOST)}",
+        f"--metrics-export-port={free_port(HOST)}",
+        f"--dashboard-agent-listen-port={free_port(HOST)}",
+        f"--dashboard-agent-grpc-port={free_port(HOST)}",
+        f"--runtime-env-agent-port={free_port(HOST)}",
+        "--min-worker-port=0",  # 0 and 0: each worker takes a port the OS gives it
+        "--max-worker-port=0",
+    ]
+
+
+class LocalCluster:
+    """`nodes[0]` is the head. `home` must be short: Ray's socket paths under each
+    node's temp dir (`home/n<k>`) may not exceed 107 bytes."""
+
+    def __init__(self, home: Path, nodes: list[Node], out: io.TextIOBase | None = None) -> None:
+        self.home, self.nodes = home, nodes
+        self.port = free_port(HOST)
+        self.log = out or io.StringIO()
+        self.supervisor = Supervisor(self.log)
+        self.children: list[Child] = []
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """What a process joining this cluster needs."""
+        return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
+
+    def _argv(self, k: int, node: Node) -> list[str]:
+        argv = [ray_executable(), "start", "--block", f"--node-ip-address={HOST}", "--disable-usage-stats"]
+        if k == 0:
+            argv += [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={free_port(HOST)}",
+            ]
+        else:
+            argv.append(f"--address={self.address}")
+        argv += [f"--num-cpus={node.cpus:g}", f"--num-gpus={node.gpus}", f"--temp-dir={self.home / f'n{k}'}"]
+        if node.labels:
+            argv.append("--labels=" + ",".join(f"{key}={value}" for key, value in node.labels.items()))
+        return argv + _free_ports()
+
+    def start(self, timeout_s: float = 120.0) -> LocalCluster:
+        env = {**os.environ, **self.env(), **GCS_HISTORY}
+        for k, node in enumerate(self.nodes):
+            name = "head" if k == 0 else f"node{k}"
+            child = self.supervisor.start(name, self._argv(k, node), env=env, cwd=str(self.home), ready_when=_ready)
+            if not child.ready.wait(timeout_s):
+                tail = self.log.getvalue()[-3000:] if isinstance(self.log, io.StringIO) else ""
+                raise RuntimeError(f"Ray {name} did not start in {timeout_s:g}s{':' if tail else ''}\n{tail}")
+            self.children.append(child)
+        return self
+
+    def kill(self, k: int) -> float:
+        """Kill node `k` (≥ 1) whole, as a lost host; returns when (time.time())."""
+        if k == 0:
+            raise ValueError("the head is the cluster: kill another node")
+        self.children[k].signal(signal.SIGKILL)
+        return time.time()
+
+    def stop(self) -> None:
+        self.supervisor.stop_all(timeout_s=20)
+
+
+def _ready(line: str) -> bool:
+    return "Ray runtime started" in line
