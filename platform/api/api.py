@@ -29,7 +29,7 @@ from ninja.utils import check_csrf
 
 from api import comparisons, configs, lineage, teams, tokens, views
 from api.http import errors_response, json_object, refusal_response
-from runs.errors import ActionError, errors_by_field
+from foundation.errors import ActionError, errors_by_field
 from teams.tokens import PREFIX as TOKEN_PREFIX
 
 LOGIN_FIRST = "log in first (session cookie) or send an API token"

@@ -17,8 +17,8 @@ from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
 from api.http import int_param, query_doc, responses
+from foundation.errors import ActionError, NotFound
 from runs.actions import check_team_access
-from runs.errors import ActionError, NotFound
 from teams import actions
 from teams.models import AuditEvent, Membership
 

@@ -18,6 +18,7 @@ from django.db import transaction
 from compare.analysis import MAX_RUNS
 from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
 from configs.models import SavedConfig
+from foundation.errors import ActionError, NotFound
 from runs.actions import (
     ID_TEXT,
     LaunchRequest,
@@ -29,7 +30,6 @@ from runs.actions import (
     check_team_access,
     do_launch_run,
 )
-from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team

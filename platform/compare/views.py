@@ -17,9 +17,9 @@ from api.http import BadParam, api_login_required, int_param, refusal_response
 from compare import actions, analysis
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
+from foundation.errors import ActionError, nul_errors
 from rollway import jsonin
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
-from runs.errors import ActionError, nul_errors
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
 from workers.metric_names import NAMES as METRIC_NAMES

@@ -15,8 +15,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from configs.models import SavedConfig
+from foundation.errors import ActionError, Conflict, NotFound
 from runs.actions import check_config, check_saved_config_access, check_team_access
-from runs.errors import ActionError, Conflict, NotFound
 from teams import roles
 from teams.models import Team
 from workers.presets import PRESETS, deep_merge

@@ -22,9 +22,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from configs import actions as config_actions
 from configs.models import SavedConfig
+from foundation.errors import ActionError, NotFound, nul_errors
 from rollway import jsonin
 from runs import actions, lineage, listing
-from runs.errors import ActionError, NotFound, nul_errors
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team

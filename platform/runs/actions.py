@@ -5,7 +5,7 @@ ingest endpoint all go through here, so there is one path per change.
 This module holds what a user asks for (experiments, launch, cancel) and the one status
 change every writer uses (`do_set_run_status`). What the engine reports is in
 runs/reports.py; a run's life in Ray is in runs/engine.py and runs/reconcile.py.
-Refusals are the exceptions of runs/errors.py.
+Refusals are the exceptions of foundation/errors.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from configs.models import SavedConfig
+from foundation.errors import ActionError, Conflict, NotFound, field_errors, nul_errors
 from runs import admission, dispatch, events
-from runs.errors import ActionError, Conflict, NotFound, field_errors, nul_errors
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team

@@ -22,8 +22,8 @@ from typing import Any
 
 from django.db import transaction
 
+from foundation.errors import ActionError, Conflict
 from runs import actions, admission, events
-from runs.errors import ActionError, Conflict
 from runs.models import Checkpoint, Run, RunTag
 from teams import audit, roles
 from workers.config import RunConfig

@@ -15,7 +15,7 @@ the role the action needs, while a team the user is not in stays invisible (404)
 
 from __future__ import annotations
 
-from runs.errors import Forbidden
+from foundation.errors import Forbidden
 from teams.models import Membership, Team
 
 Role = Membership.Role

@@ -18,8 +18,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from foundation.errors import ActionError, Forbidden, NotFound, nul_errors
 from runs.actions import check_team_access
-from runs.errors import ActionError, Forbidden, NotFound, nul_errors
 from teams import roles
 from teams.models import ApiToken, Membership
 
