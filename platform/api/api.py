@@ -6,7 +6,7 @@ what a client sees is what the hand-written views answered: the same URLs, metho
 statuses and bodies, every refusal as {"errors": {field: message}}.
 
 Auth: a personal API token (`Authorization: Bearer rwp_…`, checked by
-rollway.apitokens before any view) or the session cookie. A session's POST needs its
+api.token_auth before any view) or the session cookie. A session's POST needs its
 CSRF token as any session form does; a token request is exempt (a browser never attaches
 that header by itself).
 """
@@ -44,7 +44,7 @@ class CsrfRefused(Exception):
 
 
 class ApiToken(HttpBearer):
-    """A personal API token. rollway.apitokens has already checked it and made the request
+    """A personal API token. api.token_auth has already checked it and made the request
     its owner's (an unknown or revoked one never gets here: it is a 401 there)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
@@ -55,7 +55,7 @@ class ApiToken(HttpBearer):
 
 class SessionUser(SessionAuth):
     """The session's signed-in user, with Django's CSRF check for unsafe methods (it
-    honours the exemption rollway.apitokens gives a token request). Ninja's own check
+    honours the exemption api.token_auth gives a token request). Ninja's own check
     would answer its own 403 body; this keeps Django's, as before the port."""
 
     def _get_key(self, request: HttpRequest) -> str | None:
@@ -66,7 +66,7 @@ class SessionUser(SessionAuth):
 
 
 class SafeJSONParser(Parser):
-    """Bodies through rollway.jsonin (no NaN or 1e999, bounded depth) and only a JSON
+    """Bodies through foundation.jsonin (no NaN or 1e999, bounded depth) and only a JSON
     object: BadBody names "body" and what is wrong. Ninja wraps a parser's exception in
     an HttpError; `http_error` below answers the BadBody inside it."""
 

@@ -11,8 +11,8 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Schema
 from pydantic import ValidationError
 
+from foundation import jsonin
 from foundation.errors import ActionError, field_errors
-from rollway import jsonin
 
 
 class Errors(Schema):

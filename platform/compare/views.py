@@ -17,8 +17,8 @@ from api.http import BadParam, api_login_required, int_param, refusal_response
 from compare import actions, analysis
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
+from foundation import jsonin
 from foundation.errors import ActionError, nul_errors
-from rollway import jsonin
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team

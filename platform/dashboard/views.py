@@ -22,8 +22,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from configs import actions as config_actions
 from configs.models import SavedConfig
+from foundation import jsonin
 from foundation.errors import ActionError, NotFound, nul_errors
-from rollway import jsonin
 from runs import actions, lineage, listing
 from runs.models import Experiment, Run
 from teams import roles

@@ -17,7 +17,7 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
-from rollway.env import env_bool, env_float, env_int, env_list, env_str
+from foundation.env import env_bool, env_float, env_int, env_list, env_str
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FRONTEND_DIR = REPO_ROOT / "frontend"
@@ -74,20 +74,20 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: an oversized body is refused before anything reads it.
-    "rollway.bodylimits.RequestBodyLimitMiddleware",
+    "foundation.bodylimits.RequestBodyLimitMiddleware",
     # A NUL in a query parameter: a 400 here, not a database error in a view (the admin's).
-    "rollway.nulguard.QueryNulMiddleware",
+    "foundation.nulguard.QueryNulMiddleware",
     # A view's database error (PostgreSQL down) → 503, JSON for the API, not an HTML 500.
-    "rollway.dbdown.DatabaseUnavailableMiddleware",
+    "foundation.dbdown.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "rollway.security.ContentSecurityPolicyMiddleware",
+    "foundation.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # After the session's user: a personal API token on /api/ replaces it (and skips CSRF).
-    "rollway.apitokens.PersonalTokenMiddleware",
+    "api.token_auth.PersonalTokenMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes requires: turns a login the backend refused into the lockout page.
@@ -139,7 +139,7 @@ if DATABASE_POOL_SIZE and _POOLABLE:
         "min_size": 2,
         "max_size": DATABASE_POOL_SIZE,
         # How long a request waits for a free connection before it fails (a 503,
-        # rollway/dbdown.py). While the database is down every request waits this long
+        # foundation/dbdown.py). While the database is down every request waits this long
         # (the pool keeps trying to reconnect): short, so callers hear 503 and back off.
         # (With 20 runs ingesting at once, whole requests took at most 1.3 s: bench/ingest_load.py.)
         "timeout": 3,
@@ -193,13 +193,13 @@ STATICFILES_DIRS = [FRONTEND_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "rollway.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
+    "foundation.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
 ]
 # Serve straight from the finders: no collectstatic step before `up`.
 WHITENOISE_USE_FINDERS = True
 
 
-# --- request body limits (rollway/bodylimits.py) ----------------------------------------
+# --- request body limits (foundation/bodylimits.py) ----------------------------------------
 def _positive(name: str, value: int) -> int:
     if value <= 0:
         raise ImproperlyConfigured(f"{name} must be a positive number of bytes (got {value})")
@@ -224,13 +224,13 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     from redis.connection import parse_url
 
-    from rollway.channel_layer import publish_retry
+    from foundation.channel_layer import publish_retry
 
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's pub/sub layer, which tells its consumers when Redis is
-            # lost (rollway/channel_layer.py says why pub/sub, and why that).
-            "BACKEND": "rollway.channel_layer.PubSubChannelLayer",
+            # lost (foundation/channel_layer.py says why pub/sub, and why that).
+            "BACKEND": "foundation.channel_layer.PubSubChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
@@ -257,8 +257,8 @@ else:
 BROKER_DIR = ROLLWAY_HOME / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    # kombu's filesystem transport, with messages written whole (rollway/fs_broker.py).
-    CELERY_BROKER_TRANSPORT = "rollway.fs_broker:Transport"
+    # kombu's filesystem transport, with messages written whole (foundation/fs_broker.py).
+    CELERY_BROKER_TRANSPORT = "foundation.fs_broker:Transport"
     # Producers (web) and consumers (worker) must share one folder for in and out.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
@@ -348,7 +348,7 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 if env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
-# Content-Security-Policy (django-csp; rollway/security.py adds ws:/wss: to this host).
+# Content-Security-Policy (django-csp; foundation/security.py adds ws:/wss: to this host).
 # No inline script and no other origin anywhere. Inline styles are allowed: Plotly
 # injects <style> elements (Chromium refuses them under style-src 'self' alone) and the
 # run list sizes its progress bars with style attributes.
@@ -382,8 +382,8 @@ AXES_RESET_ON_SUCCESS = True
 # Attempts made while locked out neither count nor extend the lockout: it ends when the
 # page says, and a client hammering a locked login adds no rows.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_LOCKOUT_CALLABLE = "rollway.security.lockout_response"  # the login page with the reason
-AXES_CLIENT_IP_CALLABLE = "rollway.security.client_ip"
+AXES_LOCKOUT_CALLABLE = "foundation.security.lockout_response"  # the login page with the reason
+AXES_CLIENT_IP_CALLABLE = "foundation.security.client_ip"
 AXES_DISABLE_ACCESS_LOG = True  # only failures are needed; a row per login grows forever
 AXES_VERBOSE = False  # no banner from every process at start; logs name only what locks
 # Proxies in front of daphne that append the client's address to X-Forwarded-For: 0 uses

@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from rollway.channel_layer import LOST_EVENT
+from foundation.channel_layer import LOST_EVENT
 from runs import events
 from runs.models import Run
 from teams.models import Team
@@ -64,7 +64,7 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
 
     async def channel_layer_lost(self, event: dict) -> None:
-        # Redis went away (rollway/channel_layer.py): events published meanwhile are lost,
+        # Redis went away (foundation/channel_layer.py): events published meanwhile are lost,
         # so the socket closes and the page catches up from the API when it reconnects.
         await self.close(code=CLOSE_LAYER_LOST)
 

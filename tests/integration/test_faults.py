@@ -458,7 +458,7 @@ def test_the_web_process_restarted_mid_run_loses_no_point(site, tmp_path):
 
 
 def test_the_channel_layer_reconnects_after_a_redis_restart_and_tells_its_consumers(tmp_path):
-    """The site's channel layer (rollway/channel_layer.py, configured as settings.py
+    """The site's channel layer (foundation/channel_layer.py, configured as settings.py
     does) on a private redis-server, in two processes' roles: a web process with a
     viewer, and one that only publishes (the ingest of a process nobody watches,
     Celery). Stopping Redis tells the viewer's consumer (it closes, so the page catches
@@ -467,7 +467,7 @@ def test_the_channel_layer_reconnects_after_a_redis_restart_and_tells_its_consum
     what is published."""
     import asyncio
 
-    from rollway.channel_layer import LOST_EVENT, PubSubChannelLayer, publish_retry
+    from foundation.channel_layer import LOST_EVENT, PubSubChannelLayer, publish_retry
 
     reason = skip_reason()
     if reason:

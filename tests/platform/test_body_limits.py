@@ -1,4 +1,4 @@
-"""Request body limits (rollway/bodylimits.py): an oversized body is a 413 naming `body`
+"""Request body limits (foundation/bodylimits.py): an oversized body is a 413 naming `body`
 and the limit, for the JSON API, the pages' forms and the engine's ingest alike, whether
 the size is declared (Content-Length) or only found on reading (a chunked body through
 the ASGI stack); a body under the limit goes through. WebSocket messages have their own

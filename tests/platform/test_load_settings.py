@@ -33,7 +33,7 @@ def settings_with(tmp_path, **env: str) -> subprocess.CompletedProcess:
 def test_the_pubsub_layer_gets_a_prefix_per_redis_database(tmp_path):
     r = settings_with(tmp_path, REDIS_URL="redis://127.0.0.1:6379/7")
     shown = json.loads(r.stdout)
-    assert shown["layer"] == "rollway.channel_layer.PubSubChannelLayer"
+    assert shown["layer"] == "foundation.channel_layer.PubSubChannelLayer"
     assert shown["prefix"] == "rollway.db7."
     assert json.loads(settings_with(tmp_path, REDIS_URL="redis://127.0.0.1:6379").stdout)["prefix"] == "rollway.db0."
 
