@@ -28,8 +28,8 @@ from ninja.security import HttpBearer, SessionAuth
 from ninja.utils import check_csrf
 
 from api import comparisons, configs, lineage, teams, tokens, views
-from api.http import errors_response, json_object, refusal_response
 from foundation.errors import ActionError, errors_by_field
+from foundation.http import errors_response, json_object, refusal_response
 from teams.tokens import PREFIX as TOKEN_PREFIX
 
 LOGIN_FIRST = "log in first (session cookie) or send an API token"

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from api.http import errors_response, refusal_response
+from foundation.http import errors_response, refusal_response
 from runs.models import Run
 from runs.reports import (
     CHECKPOINT_IN,

@@ -16,8 +16,9 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import int_param, query_doc, responses
+from api.openapi import query_doc, responses
 from foundation.errors import ActionError, NotFound
+from foundation.http import int_param
 from runs.actions import check_team_access
 from teams import actions
 from teams.models import AuditEvent, Membership

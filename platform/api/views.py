@@ -17,8 +17,9 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import BadParam, Errors, int_param, query_doc, responses
 from api.ingest import ingest_metrics
+from api.openapi import Errors, query_doc, responses
+from foundation.http import BadParam, int_param
 from runs import actions, exports, listing
 from runs.metrics import read_series
 from runs.models import Experiment

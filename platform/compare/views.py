@@ -13,12 +13,12 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from api.http import BadParam, api_login_required, int_param, refusal_response
 from compare import actions, analysis
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
 from foundation import jsonin
 from foundation.errors import ActionError, nul_errors
+from foundation.http import BadParam, api_login_required, int_param, refusal_response
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team

@@ -1,24 +1,17 @@
-"""Small helpers shared by the JSON views: error bodies, body parsing, what the OpenAPI
-document says of them."""
+"""The JSON side of a view, for every app that answers JSON: the one error shape, a
+login check that answers 401 instead of redirecting, the body as a JSON object and
+integer query parameters read strictly, each refusal naming its field."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from ninja import Schema
 from pydantic import ValidationError
 
 from foundation import jsonin
 from foundation.errors import ActionError, field_errors
-
-
-class Errors(Schema):
-    """Every refusal: the field (or "body", "auth", a parameter) and what to change."""
-
-    errors: dict[str, str]
 
 
 def errors_response(errors: dict[str, str], status: int = 400) -> JsonResponse:
@@ -84,21 +77,3 @@ def int_param(
     if hi is not None and value > hi:
         raise BadParam(name, f"{name} must be ≤ {hi} (got {value})")
     return value
-
-
-def query_doc(*params: tuple[str, str, str]) -> dict:
-    """OpenAPI parameters for query strings a view reads itself (as the page's forms do,
-    through the actions layer's checks, whose messages name the parameter): ninja would
-    otherwise validate them first with messages of its own. (name, type, description)."""
-    return {
-        "parameters": [
-            {"in": "query", "name": name, "required": False, "schema": {"type": kind}, "description": text}
-            for name, kind, text in params
-        ]
-    }
-
-
-def responses(ok: Any, status: int = 200, *refusals: int) -> dict[int, Any]:
-    """The documented answers of an operation: `ok` at `status`, 401 (every operation
-    needs a login), and the given refusal statuses, all in the error shape."""
-    return {status: ok, 401: Errors, **dict.fromkeys(refusals, Errors)}
