@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict
 from api.openapi import query_doc, responses
 from foundation.errors import ActionError, NotFound
 from foundation.http import int_param
-from runs.actions import check_team_access
 from teams import actions
 from teams.models import AuditEvent, Membership
+from teams.roles import check_team_access
 
 router = Router(tags=["teams"])
 

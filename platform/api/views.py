@@ -144,7 +144,7 @@ def list_experiments(request: HttpRequest) -> JsonResponse:
 def create_experiment(request: HttpRequest, data: ExperimentIn | None = None) -> JsonResponse:
     """Create an experiment in a team (id or slug) where you are a member or admin."""
     data = data or ExperimentIn.model_validate({})
-    team = actions.check_team_access(request.user, data.team)
+    team = roles.check_team_access(request.user, data.team)
     name = actions.check_experiment_name(data.name)
     experiment = actions.do_create_experiment(request.user, team, name, data.description)
     return JsonResponse(_experiment(experiment), status=201)

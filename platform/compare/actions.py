@@ -19,20 +19,20 @@ from compare.analysis import MAX_RUNS
 from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
 from configs.models import SavedConfig
 from foundation.errors import ActionError, NotFound
+from foundation.ids import ID_TEXT
 from runs.actions import (
-    ID_TEXT,
     LaunchRequest,
     ask_scheduler,
     check_experiment_access,
     check_launch,
     check_priority,
     check_saved_config_access,
-    check_team_access,
     do_launch_run,
 )
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
+from teams.roles import check_team_access
 from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from django.db import IntegrityError, transaction
 
 from configs.models import SavedConfig
 from foundation.errors import ActionError, Conflict, NotFound
-from runs.actions import check_config, check_saved_config_access, check_team_access
+from runs.actions import check_config, check_saved_config_access
 from teams import roles
 from teams.models import Team
+from teams.roles import check_team_access
 from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)

@@ -327,7 +327,7 @@ def _save_config(request: HttpRequest, form: dict, overrides: dict) -> SavedConf
     if experiment:
         team_obj = actions.check_experiment_access(request.user, experiment).team
     else:
-        team_obj = actions.check_team_access(request.user, team)
+        team_obj = roles.check_team_access(request.user, team)
     saved = None
     if form["preset"].startswith(SAVED_PREFIX):
         saved_id = form["preset"].removeprefix(SAVED_PREFIX)

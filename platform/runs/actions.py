@@ -21,11 +21,13 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from configs.models import SavedConfig
-from foundation.errors import ActionError, Conflict, NotFound, field_errors, nul_errors
+from foundation.errors import ActionError, Conflict, NotFound, field_errors
+from foundation.ids import ID_TEXT
 from runs import admission, dispatch, events
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
+from teams.roles import check_team_access
 from workers.config import RunConfig
 from workers.presets import PRESETS, UnknownPreset, build, deep_merge
 
@@ -36,9 +38,6 @@ EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
 # A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
 # levels meaningful to people; the column itself could hold far more.
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
-# An id written as text: ASCII digits that int() reads (str.isdigit() also says yes to
-# "²", and int() refuses more than 4300 digits); 19 hold every positive bigint.
-ID_TEXT = re.compile(r"[0-9]{1,19}")
 
 
 # --- access -------------------------------------------------------------------------
@@ -63,17 +62,6 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
     if experiment is None:
         raise ActionError({"experiment": f"no experiment {experiment_id} in your teams"})
     return experiment
-
-
-def check_team_access(user, team: Any) -> Team:
-    """A team of the user's, by id or slug."""
-    if bad := nul_errors({"team": team}):
-        raise ActionError(bad)
-    teams = Team.objects.for_user(user)
-    found = teams.filter(pk=team).first() if ID_TEXT.fullmatch(str(team)) else teams.filter(slug=team).first()
-    if found is None:
-        raise ActionError({"team": f"you are not a member of team {team!r}"})
-    return found
 
 
 # --- experiments --------------------------------------------------------------------

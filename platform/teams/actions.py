@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from foundation.errors import ActionError, Conflict, NotFound, nul_errors
-from runs.actions import check_team_access
 from teams import audit, roles
 from teams.models import Membership, Team
+from teams.roles import check_team_access
 
 Role = Membership.Role
 

@@ -19,9 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from foundation.errors import ActionError, Forbidden, NotFound, nul_errors
-from runs.actions import check_team_access
 from teams import roles
 from teams.models import ApiToken, Membership
+from teams.roles import check_team_access
 
 PREFIX = "rwp_"
 NAME_MAX = ApiToken._meta.get_field("name").max_length
