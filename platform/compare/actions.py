@@ -17,6 +17,7 @@ from django.db import transaction
 
 from compare.analysis import MAX_RUNS
 from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
+from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
 from foundation.errors import ActionError, NotFound
 from foundation.ids import ID_TEXT
@@ -26,7 +27,6 @@ from runs.actions import (
     check_experiment_access,
     check_launch,
     check_priority,
-    check_saved_config_access,
     do_launch_run,
 )
 from runs.models import Experiment, Run

@@ -1,6 +1,6 @@
 """Saving team configurations: `check_*` validate and enforce access, `do_*` store.
 
-A configuration is validated exactly as a launch is (`runs.actions.check_config`: the
+A configuration is validated exactly as a launch is (`configs.policy.check_config`: the
 engine's own model, then the operator's paths, limits and cluster), so what saves is
 what launches and a refusal names the same fields. Built-in presets are code, never
 rows: asking to edit one is refused with the way to derive a configuration from it.
@@ -15,8 +15,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from configs.models import SavedConfig
+from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound
-from runs.actions import check_config, check_saved_config_access
 from teams import roles
 from teams.models import Team
 from teams.roles import check_team_access
@@ -62,6 +62,19 @@ def refuse_builtin(name: str) -> None:
                 f'configuration based on it instead (POST /api/configs with "base_preset": "{name}")'
             }
         )
+
+
+def check_saved_config_access(user, saved_config: Any, *, field: str = "saved_config") -> SavedConfig:
+    """A saved configuration version of one of the user's teams, by id; ActionError on
+    `field` otherwise (an outsider learns nothing about other teams' configurations)."""
+    try:
+        saved_id = int(saved_config)
+    except (TypeError, ValueError):
+        raise ActionError({field: f"must be a saved configuration id (got {saved_config!r})"}) from None
+    found = SavedConfig.objects.visible_to(user).select_related("team").filter(pk=saved_id).first()
+    if found is None:
+        raise ActionError({field: f"no saved configuration {saved_id} in your teams"})
+    return found
 
 
 def check_config_access(user, config_id: Any) -> SavedConfig:

@@ -331,7 +331,7 @@ def _save_config(request: HttpRequest, form: dict, overrides: dict) -> SavedConf
     saved = None
     if form["preset"].startswith(SAVED_PREFIX):
         saved_id = form["preset"].removeprefix(SAVED_PREFIX)
-        saved = actions.check_saved_config_access(request.user, saved_id, field="preset")
+        saved = config_actions.check_saved_config_access(request.user, saved_id, field="preset")
     save = config_actions.check_save_from_launch_form(
         request.user,
         team=team_obj,

@@ -18,18 +18,19 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from pydantic import ValidationError
 
+from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
-from foundation.errors import ActionError, Conflict, NotFound, field_errors
+from configs.policy import check_config
+from foundation.errors import ActionError, Conflict, NotFound
 from foundation.ids import ID_TEXT
-from runs import admission, dispatch, events
+from runs import dispatch, events
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
 from teams.roles import check_team_access
 from workers.config import RunConfig
-from workers.presets import PRESETS, UnknownPreset, build, deep_merge
+from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
@@ -121,33 +122,6 @@ def check_priority(value: Any, *, field: str = "priority") -> int:
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ActionError({field: f"must be {span} (higher starts first; 0 is the default), got {value}"})
     return value
-
-
-def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:
-    """The config `preset` + `overrides` stand for, and every field error that keeps it
-    from running here: the engine's own validation (`presets.build`) and the operator's
-    paths, limits and cluster (`admission.config_errors`). The launch and saved
-    configurations check through here, so both refuse with the same messages."""
-    try:
-        config = build(preset, overrides)
-    except UnknownPreset as exc:
-        return None, {"preset": str(exc)}
-    except ValidationError as exc:
-        return None, field_errors(exc, model=RunConfig, root="config")
-    return config, admission.config_errors(config)
-
-
-def check_saved_config_access(user, saved_config: Any, *, field: str = "saved_config") -> SavedConfig:
-    """A saved configuration version of one of the user's teams, by id; ActionError on
-    `field` otherwise (an outsider learns nothing about other teams' configurations)."""
-    try:
-        saved_id = int(saved_config)
-    except (TypeError, ValueError):
-        raise ActionError({field: f"must be a saved configuration id (got {saved_config!r})"}) from None
-    found = SavedConfig.objects.visible_to(user).select_related("team").filter(pk=saved_id).first()
-    if found is None:
-        raise ActionError({field: f"no saved configuration {saved_id} in your teams"})
-    return found
 
 
 def check_launch(

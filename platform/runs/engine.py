@@ -17,12 +17,14 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
-from runs import admission
+from configs import policy
+from configs.models import ClusterCapacity
 from runs.actions import do_set_run_status
-from runs.models import ClusterCapacity, Run
+from runs.models import Run
 from runs.reports import do_fail_run
 from workers.config import RunConfig
 from workers.failures import explain
+from workers.paths import remove_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +48,19 @@ def load_run(run_id: int) -> Run | None:
 
 
 def record_capacity(capacity) -> None:
-    """Remember what the cluster has, for the web's admission checks. Best effort: a busy
-    database (SQLite's "database is locked" under load) must not fail the launch it is
-    part of; the next look at the cluster records it."""
+    """Remember what the cluster has, for the web's config checks (configs/policy.py).
+    Best effort: a busy database (SQLite's "database is locked" under load) must not fail
+    the launch it is part of; the next look at the cluster records it."""
     try:
         ClusterCapacity.record(capacity)
     except DatabaseError:
         logger.warning("could not record the cluster's capacity this time", exc_info=True)
+
+
+def remove_run_scratch(run_id: int) -> bool:
+    """Remove run `run_id`'s scratch directory (its driver removes it itself when it can;
+    this covers a driver that was killed or lost). True if there was one."""
+    return remove_scratch(policy.confinement().scratch_dir(run_id))
 
 
 def do_start_in_ray(run_id: int) -> None:
@@ -81,7 +89,7 @@ def do_start_in_ray(run_id: int) -> None:
         # capacity recorded, or none): nothing that can never fit reaches Ray.
         capacity = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         record_capacity(capacity)
-        refused = admission.config_errors(RunConfig.model_validate(run.config), capacity)
+        refused = policy.config_errors(RunConfig.model_validate(run.config), capacity)
         if refused:
             reason = "; ".join(f"{name}: {message}" for name, message in refused.items())
             logger.warning("run %s refused before start: %s", run_id, reason)
@@ -96,7 +104,7 @@ def do_start_in_ray(run_id: int) -> None:
             token=run.ingest_token,
             cache_dir=settings.ROLLWAY_CACHE_DIR,
             ray_address=settings.RAY_ADDRESS,
-            confinement=admission.confinement(),
+            confinement=policy.confinement(),
             **resume,
         )
     except Exception as exc:
@@ -135,5 +143,5 @@ def do_stop_in_ray(run_id: int) -> None:
         return
     logger.info("run %s: driver %s", run_id, "stopped" if found else "was not running")
     # A driver stopped gracefully removed its scratch; one that had to be killed did not.
-    admission.remove_run_scratch(run.pk)
+    remove_run_scratch(run.pk)
     do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING])

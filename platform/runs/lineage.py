@@ -22,8 +22,9 @@ from typing import Any
 
 from django.db import transaction
 
+from configs import policy
 from foundation.errors import ActionError, Conflict
-from runs import actions, admission, events
+from runs import actions, events
 from runs.models import Checkpoint, Run, RunTag
 from teams import audit, roles
 from workers.config import RunConfig
@@ -48,7 +49,7 @@ def _check_launchable(user, parent: Run, config: RunConfig) -> None:
     """The member role in the parent's team, and a config the site would launch now (the
     operator's limits and roots may have changed since the parent ran)."""
     roles.require(user, parent.experiment.team, "launch runs", field="run")
-    refused = admission.config_errors(config)
+    refused = policy.config_errors(config)
     if refused:
         raise ActionError(refused)  # by dotted config field, as a launch's refusal
 

@@ -75,7 +75,7 @@ def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
 def test_a_busy_database_while_recording_the_clusters_capacity_does_not_fail_the_launch(driver, run, monkeypatch):
     from django.db import OperationalError
 
-    from runs.models import ClusterCapacity
+    from configs.models import ClusterCapacity
 
     def locked(capacity):
         raise OperationalError("database is locked")

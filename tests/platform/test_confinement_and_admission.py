@@ -10,8 +10,10 @@ import os
 
 import pytest
 
-from runs import admission, engine, queue, reconcile
-from runs.models import ClusterCapacity, Run
+from configs import policy
+from configs.models import ClusterCapacity
+from runs import engine, queue, reconcile
+from runs.models import Run
 from workers.admission import Capacity
 from workers.tiny_hf import make_tiny_checkpoint
 
@@ -176,7 +178,7 @@ def test_the_worker_passes_the_confinement_to_the_engine(make_run, driver, roots
     run = make_run(phase=queue.ADMITTED)
     engine.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
-    assert confinement == admission.confinement()
+    assert confinement == policy.confinement()
     assert confinement.scratch_dir(run.pk) == os.path.join(str(roots["scratch"]), f"run-{run.pk}")
 
 

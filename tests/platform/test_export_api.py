@@ -15,7 +15,8 @@ import pytest
 from django.test import AsyncRequestFactory, RequestFactory
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runs import admission, engine, exports, queue
+from configs import policy
+from runs import engine, exports, queue
 from runs.models import Run
 from workers.config import RunConfig
 from workers.export import export_policy
@@ -156,7 +157,7 @@ def test_the_worker_tells_the_driver_where_to_export(make_run, driver, export_ro
     engine.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement.export_dir(run.pk) == str(export_root / f"run-{run.pk}")
-    assert confinement == admission.confinement()
+    assert confinement == policy.confinement()
 
 
 # --- a model directory a run cannot use is refused at launch -----------------------------
