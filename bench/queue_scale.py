@@ -71,7 +71,7 @@ def run_bench(sizes: list[int]) -> None:
     from django.contrib.auth import get_user_model
 
     from rollway.celery import app
-    from runs import engine, queue
+    from runs import in_ray, queue
     from runs.models import Experiment, Run
     from teams.models import Team
     from workers.presets import build
@@ -79,7 +79,7 @@ def run_bench(sizes: list[int]) -> None:
     class Sent:
         id = "bench"
 
-    engine.ray_lifecycle = RoomyCluster
+    in_ray.ray_lifecycle = RoomyCluster
     app.send_task = lambda *a, **k: Sent()
     user = get_user_model().objects.create_user("bench")
     config = build("async").model_dump(mode="json")

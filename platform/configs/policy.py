@@ -6,7 +6,7 @@ The engine validates the config itself (`workers.presets.build`, its own model).
 is then held to the operator's settings — the paths it may read and write (the engine's
 `Confinement`) and how much one run may ask for (`Limits`) — and to the cluster as last
 seen (`ClusterCapacity`: the web process never asks Ray). Before its driver starts, the
-Celery worker holds it once more to the cluster as Ray reports it then (runs/engine.py).
+Celery worker holds it once more to the cluster as Ray reports it then (runs/in_ray.py).
 """
 
 from __future__ import annotations

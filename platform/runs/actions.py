@@ -4,7 +4,7 @@ ingest endpoint all go through here, so there is one path per change.
 
 This module holds what a user asks for (experiments, launch, cancel) and the one status
 change every writer uses (`do_set_run_status`). What the engine reports is in
-runs/reports.py; a run's life in Ray is in runs/engine.py and runs/reconcile.py.
+runs/reports.py; a run's life in Ray is in runs/in_ray.py and runs/reconcile.py.
 Refusals are the exceptions of foundation/errors.py.
 """
 

@@ -58,7 +58,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs import dispatch, engine, events
+from runs import dispatch, events, in_ray
 from runs.models import Run
 from workers.admission import Capacity, capacity_errors, demand
 from workers.config import RunConfig
@@ -155,7 +155,7 @@ def _scheduler_lock():
 
 def _read_cluster() -> tuple[Capacity, Capacity] | str:
     """(total, available) from Ray, or why Ray cannot be asked (logged)."""
-    lifecycle = engine.ray_lifecycle()
+    lifecycle = in_ray.ray_lifecycle()
     try:
         total = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         available = lifecycle.available_capacity(ray_address=settings.RAY_ADDRESS)
@@ -164,7 +164,7 @@ def _read_cluster() -> tuple[Capacity, Capacity] | str:
         # pass (after a run ends, or the next beat) tries again.
         logger.warning("queue: cannot read the cluster's resources; admitting nothing", exc_info=True)
         return explain(exc, ray_address=settings.RAY_ADDRESS, what="Asking Ray for its free resources").message
-    engine.record_capacity(total)  # the launch check's view of the cluster stays fresh
+    in_ray.record_capacity(total)  # the launch check's view of the cluster stays fresh
     return total, available
 
 

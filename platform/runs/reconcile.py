@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from runs import dispatch, engine, lineage, queue
+from runs import dispatch, in_ray, lineage, queue
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
 from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
@@ -73,9 +73,9 @@ def do_reconcile_runs() -> dict[str, int]:
     if not candidates:
         return counts  # nothing to ask Ray: do not even connect to it
 
-    lifecycle = engine.ray_lifecycle()
+    lifecycle = in_ray.ray_lifecycle()
     try:
-        engine.record_capacity(lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS))
+        in_ray.record_capacity(lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS))
     except Exception:
         # Only the launch check's view of the cluster goes stale; settling runs goes on.
         logger.warning("reconcile: cannot read the cluster's capacity", exc_info=True)
@@ -92,7 +92,7 @@ def do_reconcile_runs() -> dict[str, int]:
                 counts["resent"] += 1
             continue
         # The driver is gone: whatever it left in its scratch directory goes too.
-        engine.remove_run_scratch(run.pk)
+        in_ray.remove_run_scratch(run.pk)
         if do_take_in_spool(run):
             counts["recovered"] += 1
             continue

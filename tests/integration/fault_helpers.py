@@ -333,7 +333,7 @@ import json, sys, traceback
 import django
 django.setup()
 import ray
-from runs.engine import do_start_in_ray
+from runs.in_ray import do_start_in_ray
 from runs.reconcile import do_reconcile_runs
 from workers import lifecycle, run_actors
 lifecycle.connect(sys.argv[1])

@@ -37,10 +37,10 @@ def one_slot(settings, monkeypatch):
     launch_run messages it sends recorded instead of reaching a worker (which would
     start real runs)."""
     from rollway.celery import app
-    from runs import engine
+    from runs import in_ray
 
     settings.ROLLWAY_MAX_RUNNING = 1
-    monkeypatch.setattr(engine, "ray_lifecycle", RoomyCluster)
+    monkeypatch.setattr(in_ray, "ray_lifecycle", RoomyCluster)
     sent: list[tuple[str, list]] = []
 
     class Sent:

@@ -1,4 +1,4 @@
-"""Launching, cancelling and reconciling runs (runs/engine.py, runs/reconcile.py, the
+"""Launching, cancelling and reconciling runs (runs/in_ray.py, runs/reconcile.py, the
 Celery tasks that wrap them) against a fake workers.lifecycle in place of Ray."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs import dispatch, engine, queue, reconcile, tasks
+from runs import dispatch, in_ray, queue, reconcile, tasks
 from runs.models import Run
 
 Status = Run.Status
@@ -33,7 +33,7 @@ def ago(seconds: float):
 
 
 def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings):
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.STARTING
     assert (run.phase, run.phase_detail) == ("", "")  # the queue's mark is gone
@@ -44,28 +44,28 @@ def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings
 
 
 def test_a_redelivered_launch_does_nothing(driver, run):
-    engine.do_start_in_ray(run.pk)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert len(driver.named("launch")) == 1
 
 
 def test_launch_does_not_start_a_queued_run_the_queue_has_not_admitted(driver, make_run):
     run = make_run()
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.QUEUED
 
 
 def test_launch_does_not_start_a_cancelled_run(driver, make_run):
     run = make_run(status=Status.CANCELLING)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.CANCELLING
 
 
 def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
     driver.fail_with = ConnectionError("Ray head not reachable at 10.0.0.9:6380")
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
@@ -81,7 +81,7 @@ def test_a_busy_database_while_recording_the_clusters_capacity_does_not_fail_the
         raise OperationalError("database is locked")
 
     monkeypatch.setattr(ClusterCapacity, "record", locked)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert status_of(run) == Status.STARTING and len(driver.named("launch")) == 1
 
 
@@ -94,13 +94,13 @@ def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
         return name
 
     monkeypatch.setattr(driver, "launch", launch_then_user_cancels)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     assert run.pk not in driver.alive
 
 
 def test_launching_a_deleted_run_is_harmless(driver, db):
-    engine.do_start_in_ray(424242)
+    in_ray.do_start_in_ray(424242)
     assert driver.calls == []
 
 
@@ -110,7 +110,7 @@ def test_launching_a_deleted_run_is_harmless(driver, db):
 def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.alive.add(run.pk)
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.finished_at is not None
@@ -118,7 +118,7 @@ def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
 
 def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
     run = make_run(status=Status.SUCCEEDED)
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.SUCCEEDED
 
@@ -126,7 +126,7 @@ def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
 def test_a_failed_cancel_leaves_the_run_cancelling_for_reconcile(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.fail_with = TimeoutError("ray")
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert status_of(run) == Status.CANCELLING
 
 
@@ -253,7 +253,7 @@ def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make
 
 def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
     make_run(status=Status.SUCCEEDED)
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
     assert reconcile.do_reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
 
 

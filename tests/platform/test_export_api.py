@@ -16,7 +16,7 @@ from django.test import AsyncRequestFactory, RequestFactory
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from configs import policy
-from runs import engine, exports, queue
+from runs import exports, in_ray, queue
 from runs.models import Run
 from workers.config import RunConfig
 from workers.export import export_policy
@@ -154,7 +154,7 @@ def test_the_run_page_links_the_download_once_the_run_succeeded(client_for, owne
 
 def test_the_worker_tells_the_driver_where_to_export(make_run, driver, export_root):
     run = make_run(phase=queue.ADMITTED)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement.export_dir(run.pk) == str(export_root / f"run-{run.pk}")
     assert confinement == policy.confinement()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from runs import actions, engine, queue
+from runs import actions, in_ray, queue
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.admission import Capacity, demand
@@ -154,7 +154,7 @@ def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits,
 def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, make_run):
     make_run(status=Status.RUNNING)
     make_run(phase=queue.ADMITTED)
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
     assert queue.do_schedule_queue() == []
 
 
@@ -291,8 +291,7 @@ class Simulation:
         self.counter = itertools.count()
 
     def deliver(self) -> None:
-        from runs import engine as run_engine
-        from runs import tasks
+        from runs import in_ray, tasks
 
         while self.enqueued:
             name, run_id = self.enqueued.pop(0)
@@ -300,12 +299,12 @@ class Simulation:
                 if name == "schedule_queue":
                     self.admitted += tasks.schedule_queue()
                 elif name == "launch_run":
-                    run_engine.do_start_in_ray(run_id)
+                    in_ray.do_start_in_ray(run_id)
                     run = Run.objects.get(pk=run_id)
                     if run.status == Status.STARTING:
                         actions.do_set_run_status(run, Status.RUNNING)
                 elif name == "cancel_run":
-                    run_engine.do_stop_in_ray(run_id)
+                    in_ray.do_stop_in_ray(run_id)
             self.check_limits()
 
     def check_limits(self) -> None:

@@ -1,4 +1,5 @@
-"""A run's life in Ray: start a queued run's driver actor, stop a cancelling run's actors.
+"""A run's life in Ray, the site's one seam to it: start a queued run's driver actor, stop
+a cancelling run's actors, and what the cluster has.
 
 The run lives in Ray as the detached actor "run-<id>", not in the Celery task that
 starts it: a task as long as its run would be redelivered after the broker's visibility
