@@ -91,7 +91,7 @@ def run_bench(sizes: list[int]) -> None:
             for i in range(n)
         )
         t = time.perf_counter()
-        admitted = queue.do_schedule_queue()
+        scheduled = queue.do_schedule_queue()
         first = time.perf_counter() - t
         t = time.perf_counter()
         queue.do_schedule_queue()
@@ -102,7 +102,7 @@ def run_bench(sizes: list[int]) -> None:
             run.summary()
         summaries = time.perf_counter() - t
         print(
-            f"{n:>6} queued: first pass {first * 1000:.0f} ms (admitted {len(admitted)}), "
+            f"{n:>6} queued: first pass {first * 1000:.0f} ms (scheduled {len(scheduled)}), "
             f"second pass {again * 1000:.0f} ms, summary() of 50 queued runs {summaries * 1000:.0f} ms"
         )
 

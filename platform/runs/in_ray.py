@@ -70,11 +70,11 @@ def do_start_in_ray(run_id: int) -> None:
     run = load_run(run_id)
     if run is None:
         return
-    if run.status == Status.QUEUED and run.phase != Run.QUEUE_ADMITTED:
+    if run.status == Status.QUEUED and run.phase != Run.QUEUE_SCHEDULED:
         # Only the queue's scheduler lets a run start (a message from before the queue,
-        # or a stray resend, must not get past its limits); admission is never undone
+        # or a stray resend, must not get past its limits); scheduling is never undone
         # while a run is queued, so this check cannot race with it.
-        logger.info("run %s is not admitted by the queue yet: not launching it", run_id)
+        logger.info("run %s is not scheduled by the queue yet: not launching it", run_id)
         return
     # The claim: starting may be entered from queued only, and the UPDATE is conditional,
     # so of two deliveries of this task exactly one goes on.
@@ -82,7 +82,7 @@ def do_start_in_ray(run_id: int) -> None:
         logger.info("run %s is %s: not launching it again", run_id, run.status)
         return
     # The queue's mark has done its job; the driver reports the phases of a starting run.
-    Run.objects.filter(pk=run.pk, phase=Run.QUEUE_ADMITTED).update(phase="", phase_detail="")
+    Run.objects.filter(pk=run.pk, phase=Run.QUEUE_SCHEDULED).update(phase="", phase_detail="")
     lifecycle = ray_lifecycle()
     started = time.monotonic()
     try:

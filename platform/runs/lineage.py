@@ -9,7 +9,7 @@ and notes and tags are what people write on a run.
 - **Clone** launches the parent's preset and overrides with the user's edits on top (the
   launch form opens prefilled for it; the API takes the edits in the request).
 
-Each is checked against the same roles, admission limits and queue as a launch
+Each is checked against the same roles, config policy and queue as a launch
 (runs/actions.py), and written to the team's audit log. The reconcile resumes a run whose
 driver died by the same path (`do_auto_resume`), when its config allows restarts.
 """

@@ -50,7 +50,7 @@ class Experiment(models.Model):
         return f"{self.team} / {self.name}"
 
 
-def admission_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
+def queue_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
     """The run queue's order (runs/queue.py explains why) of (run id, priority, team id)
     rows given oldest first: higher priority first; within a priority the teams take
     turns, each team's oldest run first, then each team's second, and so on; first come
@@ -77,19 +77,19 @@ class RunQuerySet(models.QuerySet):
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)
 
-    def in_admission_order(self) -> list[Run]:
-        """These runs in the order the run queue admits them (`admission_order`). Loads
+    def in_queue_order(self) -> list[Run]:
+        """These runs in the order the run queue schedules them (`queue_order`). Loads
         each run's experiment (for its team)."""
         runs = {run.pk: run for run in self.select_related("experiment").order_by("created_at", "pk")}
         rows = [(pk, run.priority, run.experiment.team_id) for pk, run in runs.items()]
-        return [runs[pk] for pk in admission_order(rows)]
+        return [runs[pk] for pk in queue_order(rows)]
 
     def queue_positions(self) -> dict[int, int]:
-        """{run id: 1-based place} of the runs waiting in the queue, in admission order.
+        """{run id: 1-based place} of the runs waiting in the queue, in queue order.
         One query of three columns: cheap enough for every row of a list page."""
-        waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_ADMITTED)
+        waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_SCHEDULED)
         rows = waiting.order_by("created_at", "pk").values_list("pk", "priority", "experiment__team_id")
-        return {pk: place for place, pk in enumerate(admission_order(rows), start=1)}
+        return {pk: place for place, pk in enumerate(queue_order(rows), start=1)}
 
 
 class Run(models.Model):
@@ -122,12 +122,12 @@ class Run(models.Model):
         Status.FAILED: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}),
     }
     LOST_REASON = "lost: driver actor not found"
-    # Run.phase of a queued run (runs/queue.py): waiting for the queue, or admitted by it
+    # Run.phase of a queued run (runs/queue.py): waiting for the queue, or scheduled by it
     # and waiting for a worker to claim it (queued → starting); phase_detail says why a
     # waiting run waits, as the scheduler last saw it.
     QUEUE_WAITING = "waiting"
-    QUEUE_ADMITTED = "admitted"
-    QUEUE_ADMITTED_DETAIL = "admitted: a worker is starting it"
+    QUEUE_SCHEDULED = "scheduled"
+    QUEUE_SCHEDULED_DETAIL = "scheduled: a worker is starting it"
     QUEUE_NOT_SEEN = "the scheduler has not looked at it yet"
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
@@ -157,7 +157,7 @@ class Run(models.Model):
     ingest_token = models.CharField(max_length=64, default=new_ingest_token, editable=False)
     celery_task_id = models.CharField(max_length=64, blank=True)
     ray_actor = models.CharField(max_length=100, blank=True, help_text="Detached driver actor.")
-    # The run queue admits higher priorities first, first come first served within one.
+    # The run queue schedules higher priorities first, first come first served within one.
     priority = models.SmallIntegerField(default=0, help_text="Higher starts first; FIFO within a priority.")
     # What a starting or running run is doing, as its driver last reported it (e.g. warm
     # start, starting inference engines, first step, stepping), and a detail for people.
@@ -207,12 +207,12 @@ class Run(models.Model):
         return reverse("dashboard:run", args=[self.pk])
 
     def queue_position(self) -> int | None:
-        """1-based place among the runs waiting in the queue, in its admission order
-        (runs/queue.py); None for any other run, including one the queue has admitted and
+        """1-based place among the runs waiting in the queue, in its queue order
+        (runs/queue.py); None for any other run, including one the queue has scheduled and
         a worker is about to start. One query, and none for a run that is not queued or
         whose place its loader already set (`known_queue_position`, e.g. from
         `Run.objects.queue_positions()` for a whole page of runs)."""
-        if self.status != self.Status.QUEUED or self.phase == self.QUEUE_ADMITTED:
+        if self.status != self.Status.QUEUED or self.phase == self.QUEUE_SCHEDULED:
             return None
         known = getattr(self, "known_queue_position", None)
         if known is not None:
@@ -224,8 +224,8 @@ class Run(models.Model):
         are active (ROLLWAY_MAX_RUNNING=2)"; None unless queued. No query, no call to Ray."""
         if self.status != self.Status.QUEUED:
             return None
-        if self.phase == self.QUEUE_ADMITTED:
-            return self.QUEUE_ADMITTED_DETAIL
+        if self.phase == self.QUEUE_SCHEDULED:
+            return self.QUEUE_SCHEDULED_DETAIL
         return self.phase_detail or self.QUEUE_NOT_SEEN
 
     def transition(self, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:

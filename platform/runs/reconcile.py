@@ -29,7 +29,7 @@ from workers.reporter import clear_spool, read_spool, read_spooled_status
 
 logger = logging.getLogger(__name__)
 
-# A run the queue admitted that no worker has claimed by then gets its launch message
+# A run the queue scheduled that no worker has claimed by then gets its launch message
 # sent again (the first may have been lost with the worker); launching is idempotent.
 QUEUED_RESEND_S = 60
 # A cancel still in flight this long after it was asked for is sent again.
@@ -50,14 +50,14 @@ def do_reconcile_runs() -> dict[str, int]:
     counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
 
     stuck = Run.objects.filter(
-        status=Status.QUEUED, phase=queue.ADMITTED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
+        status=Status.QUEUED, phase=queue.SCHEDULED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
     )
     for run in stuck:
         # Touch the clock so a worker that is down gets one message a minute, not a pile.
         Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
         dispatch.send(dispatch.LAUNCH_RUN, run.pk)
         counts["resent"] += 1
-    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.ADMITTED).exists():
+    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.SCHEDULED).exists():
         # The queue's state is all in the rows: whatever message was lost (a restart of
         # web, worker or beat), this pass sees the waiting runs and schedules them.
         dispatch.send(dispatch.SCHEDULE_QUEUE)

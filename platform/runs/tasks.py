@@ -36,5 +36,5 @@ def reconcile_runs() -> dict[str, int]:
 
 @shared_task(name=dispatch.SCHEDULE_QUEUE, ignore_result=True)
 def schedule_queue() -> list[int]:
-    """Admit the queued runs that may start now and send `launch_run` for each."""
+    """Schedule the queued runs that may start now and send `launch_run` for each."""
     return do_schedule_queue()

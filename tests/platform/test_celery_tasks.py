@@ -16,8 +16,8 @@ Status = Run.Status
 
 @pytest.fixture
 def run(make_run):
-    """A queued run the queue has admitted: what launch_run is sent for."""
-    return make_run(phase=queue.ADMITTED)
+    """A queued run the queue has scheduled: what launch_run is sent for."""
+    return make_run(phase=queue.SCHEDULED)
 
 
 def status_of(run) -> str:
@@ -49,7 +49,7 @@ def test_a_redelivered_launch_does_nothing(driver, run):
     assert len(driver.named("launch")) == 1
 
 
-def test_launch_does_not_start_a_queued_run_the_queue_has_not_admitted(driver, make_run):
+def test_launch_does_not_start_a_queued_run_the_queue_has_not_scheduled(driver, make_run):
     run = make_run()
     in_ray.do_start_in_ray(run.pk)
     assert driver.calls == []
@@ -223,8 +223,8 @@ def test_reconcile_retries_a_stuck_cancel(driver, make_run, enqueued):
 
 
 def test_reconcile_resends_a_launch_nobody_picked_up(driver, make_run, enqueued):
-    old = make_run(phase=queue.ADMITTED, status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
-    make_run(phase=queue.ADMITTED)  # just admitted: the worker has it
+    old = make_run(phase=queue.SCHEDULED, status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
+    make_run(phase=queue.SCHEDULED)  # just scheduled: the worker has it
     reconcile.do_reconcile_runs()
     assert enqueued == [("launch_run", old.pk)]
     reconcile.do_reconcile_runs()  # its clock was reset: not sent again right away
@@ -239,7 +239,7 @@ def test_reconcile_asks_the_scheduler_to_look_while_runs_wait_in_the_queue(drive
 
 def test_reconcile_does_not_ask_the_scheduler_when_nothing_waits(driver, make_run, enqueued):
     make_run(status=Status.SUCCEEDED)
-    make_run(phase=queue.ADMITTED)
+    make_run(phase=queue.SCHEDULED)
     reconcile.do_reconcile_runs()
     assert enqueued == []
 

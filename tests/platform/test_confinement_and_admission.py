@@ -175,7 +175,7 @@ def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before
 
 
 def test_the_worker_passes_the_confinement_to_the_engine(make_run, driver, roots):
-    run = make_run(phase=queue.ADMITTED)
+    run = make_run(phase=queue.SCHEDULED)
     in_ray.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement == policy.confinement()

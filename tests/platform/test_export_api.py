@@ -153,7 +153,7 @@ def test_the_run_page_links_the_download_once_the_run_succeeded(client_for, owne
 
 
 def test_the_worker_tells_the_driver_where_to_export(make_run, driver, export_root):
-    run = make_run(phase=queue.ADMITTED)
+    run = make_run(phase=queue.SCHEDULED)
     in_ray.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement.export_dir(run.pk) == str(export_root / f"run-{run.pk}")

@@ -321,7 +321,7 @@ def test_a_missing_column_is_refused_beside_its_control(client_for, owner, exper
 # --- priority ------------------------------------------------------------------------
 
 
-def test_the_forms_priority_reaches_the_run_and_the_queue_admits_it_first(
+def test_the_forms_priority_reaches_the_run_and_the_queue_schedules_it_first(
     client_for, owner, experiment, driver, settings, django_capture_on_commit_callbacks
 ):
     settings.ROLLWAY_MAX_RUNNING = 1
@@ -333,8 +333,8 @@ def test_the_forms_priority_reaches_the_run_and_the_queue_admits_it_first(
     assert {name: run.priority for name, run in runs.items()} == {"first come": 0, "urgent": 3, "later": 0}
 
     with django_capture_on_commit_callbacks(execute=True):
-        admitted = queue.do_schedule_queue()
-    assert admitted == [runs["urgent"].pk]
+        scheduled = queue.do_schedule_queue()
+    assert scheduled == [runs["urgent"].pk]
 
 
 def test_the_form_shows_its_priority_field_with_the_range(form_page):

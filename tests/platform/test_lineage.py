@@ -101,7 +101,7 @@ def test_resume_continues_from_a_checkpoint_and_leaves_the_parent_alone(
     child = Run.objects.exclude(pk=parent.pk).get()
     assert response.status_code == 302
     assert (child.origin, child.parent_id, child.resume_from.step) == ("resume", parent.pk, 4)
-    # the queue admits it and the launch hands the checkpoint's location to the engine
+    # the queue schedules it and the launch hands the checkpoint's location to the engine
     from runs import in_ray, queue
 
     queue.do_schedule_queue()

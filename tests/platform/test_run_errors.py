@@ -129,7 +129,7 @@ def test_a_run_that_did_not_fail_shows_no_failure_box(client_for, owner, make_ru
 
 def test_a_launch_that_cannot_reach_ray_names_the_address_and_keeps_the_traceback(driver, make_run, settings):
     settings.RAY_ADDRESS = "10.0.0.9:6380"
-    run = make_run(phase=queue.ADMITTED)
+    run = make_run(phase=queue.SCHEDULED)
     try:  # as ray.init raises it
         raise RuntimeError("Failed to connect to GCS. Last connection error: RpcError: Timed out")
     except RuntimeError as gcs:
