@@ -7,7 +7,8 @@ API answers `http_status` with `{"errors": errors}`, the pages show the messages
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from pydantic import BaseModel, ValidationError
 
@@ -46,6 +47,16 @@ class NotFound(ActionError):
     """No such object, or the user may not see it (outsiders learn nothing)."""
 
     http_status = 404
+
+
+@contextmanager
+def collected(errors: dict[str, str]) -> Iterator[None]:
+    """Run a check inside, adding its refusal's messages to `errors` instead of raising
+    it: for a check that answers with every field error at once."""
+    try:
+        yield
+    except ActionError as exc:
+        errors.update(exc.errors)
 
 
 def nul_errors(values: dict[str, object]) -> dict[str, str]:

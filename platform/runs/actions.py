@@ -22,7 +22,7 @@ from django.utils import timezone
 from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
 from configs.policy import check_config
-from foundation.errors import ActionError, Conflict, NotFound
+from foundation.errors import ActionError, Conflict, NotFound, collected
 from foundation.ids import ID_TEXT
 from runs import dispatch, events
 from runs.models import Experiment, Run
@@ -136,69 +136,23 @@ def check_launch(
     priority: Any = None,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
-    shows them all at once. Config validation is the engine's own (`presets.build`).
+    shows them all at once (Forbidden at once if the user's role may not launch there).
 
     `saved_config` (an id) launches a team's saved configuration version instead of a
     built-in `preset`: its base preset and overrides, with `overrides` merged on top.
     The run lands in the configuration's team (its default experiment unless one of
     that team's experiments is given). `priority` orders the run in the queue
-    (`check_priority`)."""
+    (`check_priority`). The config is validated here, once (`configs.policy`); the
+    LaunchRequest carries it typed from here on."""
     errors: dict[str, str] = {}
-    exp_obj = team_obj = saved = None
-    if saved_config not in (None, ""):
-        if preset:
-            errors["preset"] = "give a preset or a saved_config, not both"
-        try:
-            saved = check_saved_config_access(user, saved_config)
-        except ActionError as exc:
-            errors.update(exc.errors)
-    try:
-        if experiment not in (None, ""):
-            exp_obj = check_experiment_access(user, experiment)
-            team_obj = exp_obj.team
-        elif team not in (None, ""):
-            team_obj = check_team_access(user, team)
-        elif saved is not None:
-            team_obj = saved.team
-        else:
-            errors["experiment"] = "choose an experiment (or give a team to use its default one)"
-    except ActionError as exc:
-        errors.update(exc.errors)
-    if team_obj is not None:  # a team the user sees; launching in it needs a role that may
-        roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
-    if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
-        errors["saved_config"] = (
-            f"configuration {saved.label!r} belongs to team {saved.team.name}; "
-            f"launch it into one of {saved.team.name}'s experiments"
-        )
-
-    try:
+    saved = _check_saved_config(user, saved_config, preset, errors)
+    exp_obj, team_obj = _check_place(user, experiment, team, saved, errors)
+    with collected(errors):
         priority = check_priority(priority)
-    except ActionError as exc:
-        errors.update(exc.errors)
-
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
         errors["name"] = f"at most {RUN_NAME_MAX} characters (got {len(name)})"
-
-    if overrides in (None, ""):
-        overrides = {}
-    if not isinstance(overrides, dict):
-        errors["overrides"] = 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'
-        overrides = {}
-
-    config = None
-    if saved is not None:
-        # Stored as the base preset + every override, so the run's preset and overrides
-        # alone rebuild its config; `saved_config` names the version they came from.
-        preset, overrides = saved.base_preset, deep_merge(saved.overrides, overrides)
-    if not preset:
-        if saved_config in (None, ""):  # else: refused above, its config cannot be known
-            errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
-    else:
-        config, config_errors = check_config(preset, overrides)
-        errors.update(config_errors)
-
+    preset, overrides, config = _check_run_config(preset, overrides, saved, saved_config not in (None, ""), errors)
     if errors:
         raise ActionError(errors)
     return LaunchRequest(
@@ -211,6 +165,67 @@ def check_launch(
         saved_config=saved,
         priority=priority,
     )
+
+
+def _check_saved_config(user, saved_config: Any, preset: str, errors: dict[str, str]) -> SavedConfig | None:
+    """The saved configuration a launch asks for (None: a built-in preset, or refused)."""
+    if saved_config in (None, ""):
+        return None
+    if preset:
+        errors["preset"] = "give a preset or a saved_config, not both"
+    with collected(errors):
+        return check_saved_config_access(user, saved_config)
+    return None
+
+
+def _check_place(
+    user, experiment: Any, team: Any, saved: SavedConfig | None, errors: dict[str, str]
+) -> tuple[Experiment | None, Team | None]:
+    """Where the run lands: the experiment given, else the default experiment of the
+    team given or of the saved configuration's team. Launching there needs a role that
+    may (Forbidden, raised at once)."""
+    exp_obj = team_obj = None
+    with collected(errors):
+        if experiment not in (None, ""):
+            exp_obj = check_experiment_access(user, experiment)
+            team_obj = exp_obj.team
+        elif team not in (None, ""):
+            team_obj = check_team_access(user, team)
+        elif saved is not None:
+            team_obj = saved.team
+        else:
+            errors["experiment"] = "choose an experiment (or give a team to use its default one)"
+    if team_obj is not None:
+        roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
+    if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
+        errors["saved_config"] = (
+            f"configuration {saved.label!r} belongs to team {saved.team.name}; "
+            f"launch it into one of {saved.team.name}'s experiments"
+        )
+    return exp_obj, team_obj
+
+
+def _check_run_config(
+    preset: str, overrides: Any, saved: SavedConfig | None, saved_asked: bool, errors: dict[str, str]
+) -> tuple[str, dict, RunConfig | None]:
+    """(preset, overrides, config) of the run: the preset with the overrides on top, or
+    the saved configuration's base preset with its overrides and these on top."""
+    if overrides in (None, ""):
+        overrides = {}
+    if not isinstance(overrides, dict):
+        errors["overrides"] = 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'
+        overrides = {}
+    if saved is not None:
+        # Stored as the base preset + every override, so the run's preset and overrides
+        # alone rebuild its config; `saved_config` names the version they came from.
+        preset, overrides = saved.base_preset, deep_merge(saved.overrides, overrides)
+    if not preset:
+        if not saved_asked:  # else: refused above, its config cannot be known
+            errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
+        return preset, overrides, None
+    config, config_errors = check_config(preset, overrides)
+    errors.update(config_errors)
+    return preset, overrides, config
 
 
 def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
