@@ -23,7 +23,6 @@ from configs.models import ClusterCapacity
 from runs.actions import do_set_run_status
 from runs.models import Run
 from runs.reports import do_fail_run
-from workers.config import RunConfig
 from workers.failures import explain
 from workers.paths import remove_scratch
 
@@ -90,7 +89,7 @@ def do_start_in_ray(run_id: int) -> None:
         # capacity recorded, or none): nothing that can never fit reaches Ray.
         capacity = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         record_capacity(capacity)
-        refused = policy.config_errors(RunConfig.model_validate(run.config), capacity)
+        refused = policy.config_errors(run.run_config, capacity)
         if refused:
             reason = "; ".join(f"{name}: {message}" for name, message in refused.items())
             logger.warning("run %s refused before start: %s", run_id, reason)
@@ -100,7 +99,7 @@ def do_start_in_ray(run_id: int) -> None:
         resume = {"resume_from": run.resume_from.location} if run.resume_from_id else {}
         actor = lifecycle.launch(
             run.pk,
-            run.config,
+            run.run_config,
             ingest_url=settings.ROLLWAY_PUBLIC_URL,
             token=run.ingest_token,
             cache_dir=settings.ROLLWAY_CACHE_DIR,

@@ -88,7 +88,7 @@ def check_retry(user, run_id: int) -> Run:
     parent = actions.check_run_access(user, run_id)
     if parent.status not in ENDED:
         raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
-    _check_launchable(user, parent, RunConfig.model_validate(parent.config))
+    _check_launchable(user, parent, parent.run_config)
     return parent
 
 
@@ -129,7 +129,7 @@ def check_resume(user, run_id: int, step: Any = None) -> tuple[Run, Checkpoint]:
             raise Conflict(
                 {"run": f"run {parent.pk} has no checkpoint to resume from (set checkpoint.every_steps to keep some)"}
             )
-    config = RunConfig.model_validate(parent.config)
+    config = parent.run_config
     if checkpoint.step >= config.stop.max_steps:
         raise Conflict(
             {"step": f"the checkpoint at step {checkpoint.step} is already at stop.max_steps={config.stop.max_steps}"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cached_property
 
 from django.conf import settings
 from django.db import connections, models, transaction
@@ -21,6 +22,7 @@ from django.utils import timezone
 
 from runs import pgbulk, rollups
 from teams.models import Team
+from workers.config import RunConfig
 
 
 def new_ingest_token() -> str:
@@ -194,6 +196,12 @@ class Run(models.Model):
     @property
     def team(self) -> Team:
         return self.experiment.team
+
+    @cached_property
+    def run_config(self) -> RunConfig:
+        """The stored config as the engine's typed RunConfig: validated once where it came
+        in (`configs.policy.check_config`), read back from its JSON once per loaded row."""
+        return RunConfig.model_validate(self.config)
 
     @property
     def is_terminal(self) -> bool:

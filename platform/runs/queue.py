@@ -60,8 +60,7 @@ from django.utils import timezone
 
 from runs import dispatch, events, in_ray
 from runs.models import Run
-from workers.admission import Capacity, capacity_errors, demand
-from workers.config import RunConfig
+from workers.admission import Capacity, Demand, capacity_errors, demand
 from workers.failures import explain
 
 logger = logging.getLogger(__name__)
@@ -104,6 +103,9 @@ class Free:
     memory_bytes: int
     gpus: float = 0.0
 
+    def less(self, need: Demand) -> Free:
+        return Free(self.cpus - need.cpus, self.memory_bytes - need.memory_bytes, self.gpus - need.gpus)
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
@@ -113,9 +115,8 @@ def _runs(n: int) -> str:
     return f"{n} run is" if n == 1 else f"{n} runs are"
 
 
-def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
-    """Why the cluster cannot take a run of `cfg` now ("" if it can)."""
-    need = demand(cfg)
+def cluster_shortfall(need: Demand, free: Free) -> str:
+    """Why the cluster cannot give a run what it needs now ("" if it can)."""
     if need.cpus > free.cpus + 1e-9:
         return f"the cluster has {max(free.cpus, 0):.2f} of the {need.cpus:.2f} CPUs it needs free"
     if need.gpus > free.gpus + 1e-9:
@@ -128,17 +129,71 @@ def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
 
 def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) -> Free:
     """The smaller of Ray's available resources and the total less every active run's demand."""
-    cpus, memory, gpus = total.cpus, total.memory_bytes, total.gpus
+    free = Free(total.cpus, total.memory_bytes, total.gpus)
     for run in active:
-        need = demand(RunConfig.model_validate(run.config))
-        cpus -= need.cpus
-        memory -= need.memory_bytes
-        gpus -= need.gpus
+        free = free.less(demand(run.run_config))
     return Free(
-        cpus=min(cpus, available.cpus),
-        memory_bytes=min(memory, available.memory_bytes),
-        gpus=min(gpus, available.gpus),
+        cpus=min(free.cpus, available.cpus),
+        memory_bytes=min(free.memory_bytes, available.memory_bytes),
+        gpus=min(free.gpus, available.gpus),
     )
+
+
+class Room:
+    """What one scheduler pass can still give (the module doc says how it is reckoned):
+    places on the site and in each team, and the cluster's free resources. Made under
+    the scheduler's lock, from the active runs."""
+
+    def __init__(self, cluster: tuple[Capacity, Capacity] | str) -> None:
+        self.active = list(active_runs().select_related("experiment__team"))
+        self.per_team: dict[int, int] = defaultdict(int)
+        for run in self.active:
+            self.per_team[run.experiment.team_id] += 1
+        self.total: Capacity | None = None  # the cluster's total: None while Ray cannot be asked
+        self.free: Free | None = None
+        self.unreachable = ""  # why Ray cannot be asked
+        if isinstance(cluster, str):
+            self.unreachable = cluster
+        else:
+            self.total, self.free = cluster[0], free_resources(*cluster, self.active)
+        self.blocked_by: Run | None = None  # the first run waiting for the cluster
+        self.max_running = settings.ROLLWAY_MAX_RUNNING
+        self.max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
+        self._needs: dict[int, Demand] = {}
+
+    def need(self, run: Run) -> Demand:
+        """What `run` asks of the cluster, worked out once per pass, and only for a run
+        that gets as far as the cluster (sizing a model may read its checkpoint)."""
+        if run.pk not in self._needs:
+            self._needs[run.pk] = demand(run.run_config)
+        return self._needs[run.pk]
+
+    def why_wait(self, run: Run) -> str:
+        """Why `run` may not start in this pass ("" if it may)."""
+        team = run.experiment.team
+        if len(self.active) >= self.max_running:
+            return f"{_runs(len(self.active))} active (ROLLWAY_MAX_RUNNING={self.max_running})"
+        if self.blocked_by is not None:
+            return f"run #{self.blocked_by.pk} is ahead of it and waits for the cluster"
+        if self.per_team[team.pk] >= self.max_per_team:
+            return f"team {team.name} has {self.per_team[team.pk]} runs active (limit {self.max_per_team})"
+        if self.total is None or self.free is None:
+            return self.unreachable
+        if capacity_errors(run.run_config, self.total):
+            # It can never fit (launched before any capacity was seen): it goes, so that
+            # launch_run refuses it with the reason instead of it holding the line.
+            return ""
+        reason = cluster_shortfall(self.need(run), self.free)
+        if reason:
+            self.blocked_by = run
+        return reason
+
+    def take(self, run: Run) -> None:
+        """`run` starts: it holds a place on the site and in its team, and what it needs."""
+        self.active.append(run)
+        self.per_team[run.experiment.team_id] += 1
+        if self.free is not None:
+            self.free = self.free.less(self.need(run))
 
 
 @contextmanager
@@ -178,57 +233,19 @@ def do_schedule_queue() -> list[int]:
     # totals may be a moment old by the time they are used; the run's own launch checks
     # again against the live cluster.
     cluster = _read_cluster()
-    max_running = settings.ROLLWAY_MAX_RUNNING
-    max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
     scheduled: list[Run] = []
     with transaction.atomic(), _scheduler_lock():
-        active = list(active_runs().select_related("experiment__team"))
-        per_team: dict[int, int] = defaultdict(int)
-        for run in active:
-            per_team[run.experiment.team_id] += 1
-        free = free_resources(*cluster, active) if not isinstance(cluster, str) else None
-        blocked_by: Run | None = None  # the first run waiting for the cluster
+        room = Room(cluster)
         reasons: dict[int, str] = {}
         for run in queued_in_order():
             if run.phase == SCHEDULED:
                 continue  # counted among the active
-            team = run.experiment.team
-            reason = ""
-            if len(active) >= max_running:
-                reason = f"{_runs(len(active))} active (ROLLWAY_MAX_RUNNING={max_running})"
-            elif blocked_by is not None:
-                reason = f"run #{blocked_by.pk} is ahead of it and waits for the cluster"
-            elif per_team[team.pk] >= max_per_team:
-                reason = f"team {team.name} has {per_team[team.pk]} runs active (limit {max_per_team})"
-            elif free is None:
-                reason = cluster  # why Ray could not be asked
-            elif not capacity_errors(RunConfig.model_validate(run.config), cluster[0]):
-                reason = cluster_shortfall(RunConfig.model_validate(run.config), free)
-                if reason:
-                    blocked_by = run
-            # else: it can never fit (launched before any capacity was seen): scheduled,
-            # so that launch_run refuses it with the reason instead of it holding the line.
+            reason = room.why_wait(run)
             if reason:
                 reasons[run.pk] = reason[:DETAIL_MAX]
-                continue
-            claimed = (
-                Run.objects.filter(pk=run.pk, status=Status.QUEUED)
-                .exclude(phase=SCHEDULED)
-                # status_changed_at is reconcile's clock for resending a lost launch: it
-                # starts now, not when the run was queued.
-                .update(phase=SCHEDULED, phase_detail=SCHEDULED_DETAIL, status_changed_at=timezone.now())
-            )
-            if not claimed:
-                continue  # cancelled since it was read
-            need = demand(RunConfig.model_validate(run.config))
-            free = Free(
-                cpus=free.cpus - need.cpus,
-                memory_bytes=free.memory_bytes - need.memory_bytes,
-                gpus=free.gpus - need.gpus,
-            )
-            active.append(run)
-            per_team[team.pk] += 1
-            scheduled.append(run)
+            elif _claim(run):
+                room.take(run)
+                scheduled.append(run)
         changed = _record_reasons(reasons, moved=bool(scheduled))
     for run in scheduled:
         transaction.on_commit(lambda run=run: _send_launch(run))
@@ -240,6 +257,17 @@ def do_schedule_queue() -> list[int]:
     if scheduled:
         logger.info("queue: scheduled runs %s", ", ".join(str(r.pk) for r in scheduled))
     return [r.pk for r in scheduled]
+
+
+def _claim(run: Run) -> bool:
+    """Mark `run` scheduled, unless it was cancelled since it was read."""
+    return bool(
+        Run.objects.filter(pk=run.pk, status=Status.QUEUED)
+        .exclude(phase=SCHEDULED)
+        # status_changed_at is reconcile's clock for resending a lost launch: it starts
+        # now, not when the run was queued.
+        .update(phase=SCHEDULED, phase_detail=SCHEDULED_DETAIL, status_changed_at=timezone.now())
+    )
 
 
 def _record_reasons(reasons: dict[int, str], *, moved: bool) -> list[Run]:

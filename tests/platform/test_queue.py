@@ -72,7 +72,7 @@ def test_a_run_is_scheduled_when_the_site_the_team_and_the_cluster_have_room(sch
 
 
 def test_the_site_limit_counts_starting_running_cancelling_and_scheduled_runs(schedule, limits, make_run):
-    limits.ROLLWAY_MAX_RUNNING = 3
+    limits.ROLLWAY_MAX_RUNNING = limits.ROLLWAY_MAX_RUNNING_PER_TEAM = 3
     make_run(status=Status.RUNNING)
     make_run(status=Status.CANCELLING)
     make_run(phase=queue.SCHEDULED)
@@ -156,6 +156,22 @@ def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, 
     make_run(phase=queue.SCHEDULED)
     monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
     assert queue.do_schedule_queue() == []
+
+
+def test_a_scheduler_pass_reads_each_runs_config_at_most_once(schedule, limits, make_run, monkeypatch):
+    """A stored config was validated at launch: a pass reads a run's JSON back into a
+    RunConfig once however many checks use it, and not at all for a run that waits
+    for the site's limit."""
+    limits.ROLLWAY_MAX_RUNNING = limits.ROLLWAY_MAX_RUNNING_PER_TEAM = 3
+    make_run(status=Status.RUNNING)
+    make_run()
+    make_run()
+    make_run()  # waits: the site's limit is reached
+    read = []
+    validate = RunConfig.model_validate
+    monkeypatch.setattr(RunConfig, "model_validate", lambda obj, *a, **kw: read.append(obj) or validate(obj, *a, **kw))
+    assert len(schedule()) == 2
+    assert len(read) == 3  # the running run's and the two scheduled ones
 
 
 def test_a_run_is_scheduled_once_however_often_the_scheduler_runs(schedule, limits, make_run, enqueued):
