@@ -18,6 +18,7 @@ from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
+from workers.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FRONTEND_DIR = REPO_ROOT / "frontend"
@@ -200,6 +201,11 @@ WHITENOISE_USE_FINDERS = True
 
 
 # --- request body limits (foundation/bodylimits.py) ----------------------------------------
+# The engine's ingest (workers.reporter posts each report to one of these), as a pattern
+# of request paths without their leading slash.
+ROLLWAY_INGEST_PATHS = rf"^api/runs/\d+/({'|'.join(INGEST_ENDPOINTS)})$"
+
+
 def _positive(name: str, value: int) -> int:
     if value <= 0:
         raise ImproperlyConfigured(f"{name} must be a positive number of bytes (got {value})")
@@ -208,8 +214,8 @@ def _positive(name: str, value: int) -> int:
 
 # Every request but the engine's ingest: forms and the JSON API take a few KB at most.
 ROLLWAY_MAX_BODY_BYTES = _positive("ROLLWAY_MAX_BODY_BYTES", env_int("ROLLWAY_MAX_BODY_BYTES", 1024 * 1024))
-# POST /api/runs/<id>/metrics and /status: a batch of 10k+ points is ~1 MB of JSON and
-# the ingest view takes up to 50k points per request (~5 MB).
+# POST to the engine's ingest (ROLLWAY_INGEST_PATHS): a batch of 10k+ points is ~1 MB of
+# JSON and the ingest takes up to 50k points per request (~5 MB).
 ROLLWAY_MAX_INGEST_BODY_BYTES = _positive(
     "ROLLWAY_MAX_INGEST_BODY_BYTES", env_int("ROLLWAY_MAX_INGEST_BODY_BYTES", 16 * 1024 * 1024)
 )
@@ -335,7 +341,7 @@ CSRF_COOKIE_HTTPONLY = True
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
 # The run driver posts metrics to ROLLWAY_PUBLIC_URL, often the web service's plain-HTTP
 # address inside the cluster, and probes ask /healthz over HTTP: a redirect breaks both.
-SECURE_REDIRECT_EXEMPT = [r"^api/runs/\d+/(metrics|status)$", r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [ROLLWAY_INGEST_PATHS, r"^healthz$"]
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
