@@ -191,6 +191,11 @@ def view_reads(view) -> ViewReads:
                     reads.models.append(obj)
             elif depth and inspect.isfunction(obj):
                 visit(obj, depth - 1)
+            elif depth and isinstance(obj, type) and _ours(obj):
+                # A class of ours the code uses (the launch form): what its methods read.
+                for member in vars(obj).values():
+                    if inspect.isfunction(member):
+                        visit(member, depth - 1)
             elif dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _ours(obj):
                 # A declaration of ours (an ingest endpoint): the input models it holds.
                 for value in vars(obj).values():
