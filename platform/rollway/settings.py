@@ -18,6 +18,7 @@ from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
+from workers.admission import Limits
 from workers.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -321,11 +322,11 @@ ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports")
 # start only from a checkpoint under it.
 ROLLWAY_CHECKPOINT_ROOT = env_str("ROLLWAY_CHECKPOINT_ROOT", str(ROLLWAY_HOME / "checkpoints"))
 
-# --- admission: what one run may ask for (workers/admission.py) ----------------------
-ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)
-ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", 24 * 60.0)
-ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", 16)
-ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", 10_000_000_000)
+# --- what one run may ask for (configs/policy.py): the engine's Limits, its defaults ---
+ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", Limits.max_steps)
+ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", Limits.max_minutes)
+ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", Limits.max_workers)
+ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", Limits.max_model_params)
 
 # --- web security (README.md, "Deploying" → "Security") -----------------------------
 # Safe over plain HTTP too, so always on.

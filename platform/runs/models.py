@@ -23,6 +23,7 @@ from django.utils import timezone
 from runs import pgbulk, rollups
 from teams.models import Team
 from workers.config import RunConfig
+from workers.reporter import PHASE_DETAIL_MAX
 
 
 def new_ingest_token() -> str:
@@ -164,7 +165,7 @@ class Run(models.Model):
     # What a starting or running run is doing, as its driver last reported it (e.g. warm
     # start, starting inference engines, first step, stepping), and a detail for people.
     phase = models.CharField(max_length=32, blank=True)
-    phase_detail = models.CharField(max_length=200, blank=True)
+    phase_detail = models.CharField(max_length=PHASE_DETAIL_MAX, blank=True)
     # The saved configuration version this run was launched from (None: a built-in
     # preset). RESTRICT, not SET_NULL: a version a run ran cannot be deleted on its own,
     # so the run never loses the record of what it ran; unlike PROTECT it still lets a

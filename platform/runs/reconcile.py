@@ -25,7 +25,7 @@ from runs import dispatch, in_ray, lineage, queue
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
 from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
-from workers.reporter import clear_spool, read_spool, read_spooled_status
+from workers.reporter import STATUSES, clear_spool, read_spool, read_spooled_status
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 QUEUED_RESEND_S = 60
 # A cancel still in flight this long after it was asked for is sent again.
 CANCEL_RETRY_S = 30
-# What a driver may spool as its end ("running" is not one: such a run is still lost).
-SPOOLED_ENDS = ("succeeded", "failed")
+# What a driver may spool as its end: the engine's statuses that end a run ("running" is
+# not one: such a run is still lost).
+SPOOLED_ENDS = tuple(word for word in STATUSES if Run.Status(word) in Run.TERMINAL)
 
 Status = Run.Status
 
