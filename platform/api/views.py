@@ -131,7 +131,7 @@ class Experiments(Schema):
 @router.get("/experiments", url_name="experiments", tags=["experiments"], response=responses(Experiments))
 def list_experiments(request: HttpRequest) -> JsonResponse:
     """The experiments of your teams."""
-    found = Experiment.objects.filter(team__in=Team.objects.for_user(request.user))
+    found = Experiment.objects.visible_to(request.user)
     return JsonResponse({"experiments": [_experiment(e) for e in found]})
 
 

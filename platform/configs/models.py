@@ -14,19 +14,13 @@ from django.db import models
 from django.db.models import Max
 from django.utils import timezone
 
-from teams.models import Team
+from teams.models import Team, TeamOwnedQuerySet
 from workers.admission import Capacity
 from workers.config import RunConfig
 from workers.presets import build
 
 
-class SavedConfigQuerySet(models.QuerySet):
-    def visible_to(self, user) -> SavedConfigQuerySet:
-        """Configurations of the teams `user` belongs to."""
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(team__in=Team.objects.for_user(user))
-
+class SavedConfigQuerySet(TeamOwnedQuerySet):
     def latest_versions(self) -> SavedConfigQuerySet:
         """The newest version of each (team, name)."""
         newest = (

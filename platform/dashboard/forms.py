@@ -150,7 +150,7 @@ class LaunchForm:
         it belongs."""
         errors = self.shown_errors()
         teams = Team.objects.for_user(self.user)
-        experiments = Experiment.objects.filter(team__in=teams).select_related("team")
+        experiments = Experiment.objects.visible_to(self.user).select_related("team")
         presets = preset_choices(self.user)
         control_groups, unplaced = controls_with_errors({k: v for k, v in errors.items() if k not in FORM_FIELDS})
         return {

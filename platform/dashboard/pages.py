@@ -59,7 +59,7 @@ def run_list(request: HttpRequest) -> tuple[dict, int]:
         "columns": _columns(query),
         "statuses": Run.Status.values,
         "presets": sorted(PRESETS),
-        "experiments": Experiment.objects.filter(team__in=teams).select_related("team"),
+        "experiments": Experiment.objects.visible_to(request.user).select_related("team"),
         "launchers": sorted(
             get_user_model().objects.filter(memberships__team__in=teams).values_list("username", flat=True).distinct()
         ),

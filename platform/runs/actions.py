@@ -57,9 +57,7 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
         experiment_id = int(experiment_id)
     except (TypeError, ValueError):
         raise ActionError({"experiment": f"must be an experiment id (got {experiment_id!r})"}) from None
-    experiment = (
-        Experiment.objects.filter(team__in=Team.objects.for_user(user), pk=experiment_id).select_related("team").first()
-    )
+    experiment = Experiment.objects.visible_to(user).filter(pk=experiment_id).select_related("team").first()
     if experiment is None:
         raise ActionError({"experiment": f"no experiment {experiment_id} in your teams"})
     return experiment

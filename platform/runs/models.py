@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import pgbulk, rollups
-from teams.models import Team
+from teams.models import Team, TeamOwnedQuerySet
 from workers.config import RunConfig
 from workers.reporter import PHASE_DETAIL_MAX
 
@@ -44,6 +44,8 @@ class Experiment(models.Model):
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TeamOwnedQuerySet.as_manager()
 
     class Meta:
         ordering = ["team__name", "name"]
@@ -70,12 +72,8 @@ def queue_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
     return order
 
 
-class RunQuerySet(models.QuerySet):
-    def visible_to(self, user) -> RunQuerySet:
-        """Runs of the teams `user` belongs to."""
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(experiment__team__in=Team.objects.for_user(user))
+class RunQuerySet(TeamOwnedQuerySet):
+    team_path = "experiment__team"
 
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)

@@ -24,6 +24,19 @@ class TeamQuerySet(models.QuerySet):
         return team
 
 
+class TeamOwnedQuerySet(models.QuerySet):
+    """Rows that belong to a team, through the lookup path `team_path`: each is visible
+    to the team's members and to no one else (teams/roles.py says what they may do)."""
+
+    team_path = "team"
+
+    def visible_to(self, user) -> TeamOwnedQuerySet:
+        """The rows of the teams `user` belongs to (none for an anonymous user)."""
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(**{f"{self.team_path}__in": Team.objects.for_user(user)})
+
+
 class Team(models.Model):
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=100, unique=True)
