@@ -2,8 +2,8 @@
 comparisons.py, teams.py, tokens.py) are thin views over the actions layer.
 
 Ninja adds the OpenAPI document (/api/openapi.json) and its Swagger page (/api/docs);
-what a client sees is what the hand-written views answered: the same URLs, methods,
-statuses and bodies, every refusal as {"errors": {field: message}}.
+what a client sees is the site's own shape, not ninja's: every refusal is
+{"errors": {field: message}} with the status of its kind (foundation/errors.py).
 
 Auth: a personal API token (`Authorization: Bearer rwp_…`, checked by
 api.token_auth before any view) or the session cookie. A session's POST needs its
@@ -56,7 +56,8 @@ class ApiToken(HttpBearer):
 class SessionUser(SessionAuth):
     """The session's signed-in user, with Django's CSRF check for unsafe methods (it
     honours the exemption api.token_auth gives a token request). Ninja's own check
-    would answer its own 403 body; this keeps Django's, as before the port."""
+    would answer its own 403 body; this keeps Django's, which the site's pages and
+    scripts already know."""
 
     def _get_key(self, request: HttpRequest) -> str | None:
         refusal = check_csrf(request)
@@ -132,7 +133,7 @@ api = RollwayAPI(
 
 @api.exception_handler(ValidationError)
 def validation_error(request: HttpRequest, exc: ValidationError) -> JsonResponse:
-    """Named as the hand-written views named them: a body field by its dotted path inside
+    """Named as the actions layer names fields: a body field by its dotted path inside
     the body ("overrides", "buffer.capacity"), a query or path parameter by its name."""
     relative = []
     for err in exc.errors:

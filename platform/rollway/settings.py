@@ -122,12 +122,11 @@ DATABASES = {
     )
 }
 # Under daphne every request runs its database work in a thread of its own, so a kept
-# connection (DATABASE_CONN_MAX_AGE > 0) is never reused: each request left one open
-# until garbage collection (24-65 open at once under bench/ingest_load.py), and with 0
-# each request opens its own (a PostgreSQL backend forked per request). A pool
-# (psycopg_pool, through Django's own support) hands connections across requests: 3,728
-# → 5,475 points/s in bench/ingest_load.py. On by default where psycopg[pool] is
-# installed; DATABASE_POOL_SIZE=0 turns it off.
+# connection (DATABASE_CONN_MAX_AGE > 0) is never reused: each request leaves one open
+# until garbage collection, and with 0 each request opens its own (a PostgreSQL backend
+# forked per request). A pool (psycopg_pool, through Django's own support) hands
+# connections across requests (docs/performance.md has the figures). On by default where
+# psycopg[pool] is installed; DATABASE_POOL_SIZE=0 turns it off.
 _POOLABLE = DATABASES["default"]["ENGINE"].endswith("postgresql")
 DATABASE_POOL_SIZE = env_int("DATABASE_POOL_SIZE", 10 if importlib.util.find_spec("psycopg_pool") else 0)
 if DATABASE_POOL_SIZE < 0:
@@ -142,8 +141,8 @@ if DATABASE_POOL_SIZE and _POOLABLE:
         "max_size": DATABASE_POOL_SIZE,
         # How long a request waits for a free connection before it fails (a 503,
         # foundation/dbdown.py). While the database is down every request waits this long
-        # (the pool keeps trying to reconnect): short, so callers hear 503 and back off.
-        # (With 20 runs ingesting at once, whole requests took at most 1.3 s: bench/ingest_load.py.)
+        # (the pool keeps trying to reconnect): short, so callers hear 503 and back off;
+        # long enough for a busy ingest (docs/performance.md).
         "timeout": 3,
     }
     # A pooled connection a database restart cut is replaced before a request gets it.

@@ -44,9 +44,9 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
 
     async def dispatch(self, message: dict) -> None:
         # Channels closes stale database connections before every handler, in a thread
-        # hop (sync_to_async) per message and viewer: with 200 viewers on a live run that
-        # was a thousand hops a second, a sixth of the web process's samples
-        # (bench/ws_fanout.py under py-spy). These handlers use no connection to close.
+        # hop (sync_to_async) per message and viewer: with many viewers on a live run, a
+        # large share of the web process's time (docs/performance.md). These handlers use
+        # no connection to close.
         if message["type"] in NO_DATABASE:
             handler = getattr(self, get_handler_name(message))
             await handler(message)

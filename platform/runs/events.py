@@ -46,9 +46,9 @@ def send_points(run_id: int, points: list[dict]) -> None:
     """Points as {"series", "step", "value", "time"} dicts, to the run's page.
 
     The frame is encoded here, once, rather than by each of the run's consumers: with
-    200 viewers on a run, encoding the same points 200 times was a tenth of the web
-    process's time (bench/ws_fanout.py under py-spy), and a string crosses the channel
-    layer cheaper than the points as objects."""
+    many viewers on a run, encoding the same points for each of them costs the web
+    process dearly (docs/performance.md), and a string crosses the channel layer cheaper
+    than the points as objects."""
     _send(run_group(run_id), {"type": POINTS_EVENT, "run_id": run_id, "frame": points_frame(points)})
 
 

@@ -393,14 +393,15 @@ class MetricPointQuerySet(models.QuerySet):
             rollups.refresh(run_id, latest.keys(), using=self.db)
         return len(latest)
 
-    # Hand-written SQL because the ORM's bulk_create spends ~100 µs per point building
-    # model instances and SQL (and SQLite caps a statement at 999 parameters): ingest
-    # must take 10k+ points/s on two cores. Same semantics as `_upsert_orm`.
+    # Hand-written SQL because the ORM's bulk_create builds a model instance and SQL per
+    # point (and SQLite caps a statement at 999 parameters), too slow for an ingest that
+    # must take 10k+ points/s on two cores (docs/performance.md). Same semantics as
+    # `_upsert_orm`.
     _COLUMNS = '(run_id, series, step, value, "time")'
     _CONFLICT = 'ON CONFLICT (run_id, series, step) DO UPDATE SET value = EXCLUDED.value, "time" = EXCLUDED."time"'
 
     def _upsert_orm(self, run_id: int, latest: dict) -> None:
-        """Portable but ~10× slower: for databases without a hand-written path."""
+        """Portable but far slower: for databases without a hand-written path."""
         self.bulk_create(
             [
                 MetricPoint(run_id=run_id, series=series, step=step, value=value, time=t)
