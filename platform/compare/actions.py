@@ -20,6 +20,7 @@ from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
 from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
 from foundation.errors import ActionError, NotFound
+from foundation.fields import max_length
 from foundation.ids import ID_TEXT
 from runs.actions import (
     LaunchRequest,
@@ -37,7 +38,7 @@ from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-NAME_MAX = Comparison._meta.get_field("name").max_length
+NAME_MAX = max_length(Comparison, "name")
 # A comparison's runs all land in the run queue at once and are shown on one compare
 # page, which draws at most `analysis.MAX_RUNS` runs; these caps keep one form from
 # flooding the queue and keep every run of a comparison on its page (reruns included).
@@ -241,6 +242,7 @@ def check_comparison(
     )  # fmt: skip
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None  # else "team" is among the errors
     return ComparisonRequest(team_obj, exp_obj, name, description, overrides, stored, seed_list, launches, priority)
 
 

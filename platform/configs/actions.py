@@ -17,14 +17,16 @@ from django.db import IntegrityError, transaction
 from configs.models import SavedConfig
 from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound
+from foundation.fields import max_length
 from teams import roles
 from teams.models import Team
 from teams.roles import check_team_access
+from workers.config import RunConfig
 from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-NAME_MAX = SavedConfig._meta.get_field("name").max_length
+NAME_MAX = max_length(SavedConfig, "name")
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,17 @@ def builtin_presets() -> list[dict]:
             "name": name,
             "read_only": True,
             "description": preset["description"],
-            "config": preset["config"].model_dump(mode="json"),
+            "config": preset_config(name).model_dump(mode="json"),
         }
         for name, preset in PRESETS.items()
     ]
+
+
+def preset_config(name: str) -> RunConfig:
+    """The config of built-in preset `name` (PRESETS keeps it beside its description)."""
+    config = PRESETS[name]["config"]
+    assert isinstance(config, RunConfig)
+    return config
 
 
 def refuse_builtin(name: str) -> None:
@@ -127,6 +136,7 @@ def check_new_config(
     name, description, base_preset, overrides = _check_content(errors, name, description, base_preset, overrides)
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None  # else "team" is among the errors
     existing = SavedConfig.objects.filter(team=team_obj, name=name).order_by("-version").first()
     if existing is not None:
         raise Conflict(

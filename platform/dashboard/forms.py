@@ -11,6 +11,7 @@ it in step with the controls (dashboard/config_controls.py).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.http import HttpRequest
 
@@ -176,17 +177,12 @@ class LaunchForm:
 def preset_choices(user) -> list[dict]:
     """The preset selector's groups: the built-in presets, then each of the user's
     teams' saved configurations (newest version of each name)."""
-    groups = [
+    groups: list[dict[str, Any]] = [
         {
             "label": "Built-in presets",
             "options": [
-                {
-                    "name": name,
-                    "label": name,
-                    "description": preset["description"],
-                    "config": preset["config"].model_dump(mode="json"),
-                }
-                for name, preset in PRESETS.items()
+                {"name": p["name"], "label": p["name"], "description": p["description"], "config": p["config"]}
+                for p in config_actions.builtin_presets()
             ],
         }
     ]

@@ -23,6 +23,7 @@ from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
 from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound, collected
+from foundation.fields import max_length
 from foundation.ids import ID_TEXT
 from runs import dispatch, events
 from runs.models import Experiment, Run
@@ -34,8 +35,8 @@ from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-RUN_NAME_MAX = Run._meta.get_field("name").max_length
-EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
+RUN_NAME_MAX = max_length(Run, "name")
+EXPERIMENT_NAME_MAX = max_length(Experiment, "name")
 # A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
 # levels meaningful to people; the column itself could hold far more.
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
@@ -153,6 +154,7 @@ def check_launch(
     preset, overrides, config = _check_run_config(preset, overrides, saved, saved_config not in (None, ""), errors)
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None and config is not None  # else the errors say why
     return LaunchRequest(
         experiment=exp_obj,
         team=team_obj,

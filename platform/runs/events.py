@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -37,12 +39,12 @@ def _send(group: str, message: dict) -> None:
         logger.exception("channel layer send to %s failed", group)
 
 
-def points_frame(points: list[dict]) -> str:
+def points_frame(points: Sequence[Mapping[str, Any]]) -> str:
     """The WebSocket frame a run page gets for `points`: {"type": "points", "points": [...]}."""
     return json.dumps({"type": "points", "points": points}, separators=(",", ":"))
 
 
-def send_points(run_id: int, points: list[dict]) -> None:
+def send_points(run_id: int, points: Sequence[Mapping[str, Any]]) -> None:
     """Points as {"series", "step", "value", "time"} dicts, to the run's page.
 
     The frame is encoded here, once, rather than by each of the run's consumers: with

@@ -96,7 +96,7 @@ def do_start_in_ray(run_id: int) -> None:
             do_set_run_status(run, Status.FAILED, error=f"refused: {reason}")
             return
         # A resumed run (runs/lineage.py) starts from its parent's checkpoint.
-        resume = {"resume_from": run.resume_from.location} if run.resume_from_id else {}
+        resume = {"resume_from": run.resume_from.location} if run.resume_from is not None else {}
         actor = lifecycle.launch(
             run.pk,
             run.run_config,

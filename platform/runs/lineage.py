@@ -65,13 +65,13 @@ def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run
             **fields,
         )
         run = Run.objects.select_related("experiment__team", "resume_from").get(pk=run.pk)
-        action = {
+        action: dict[str, str] = {
             Origin.RETRY: audit.Action.RETRY,
             Origin.RESUME: audit.Action.RESUME,
             Origin.CLONE: audit.Action.CLONE,
         }
         detail = {"child": run.pk}
-        if run.resume_from_id:
+        if run.resume_from is not None:
             detail["step"] = run.resume_from.step
         audit.record(user, parent.experiment.team, action[origin], f"run {parent.pk}", **detail)
         transaction.on_commit(lambda: events.send_status(run))

@@ -185,6 +185,8 @@ class Run(models.Model):
     notes = models.TextField(blank=True)
 
     objects = RunQuerySet.as_manager()
+    # A run's place in the queue, where the code that loaded it knew it (`queue_position`).
+    known_queue_position: int | None = None
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -221,9 +223,8 @@ class Run(models.Model):
         `Run.objects.queue_positions()` for a whole page of runs)."""
         if self.status != self.Status.QUEUED or self.phase == self.QUEUE_SCHEDULED:
             return None
-        known = getattr(self, "known_queue_position", None)
-        if known is not None:
-            return known
+        if self.known_queue_position is not None:
+            return self.known_queue_position
         return Run.objects.queue_positions().get(self.pk)
 
     def waiting_for(self) -> str | None:

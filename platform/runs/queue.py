@@ -52,12 +52,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from foundation.fields import max_length
 from runs import dispatch, events, in_ray
 from runs.models import Run
 from workers.admission import Capacity, Demand, capacity_errors, demand
@@ -76,7 +78,7 @@ NOT_SEEN = Run.QUEUE_NOT_SEEN
 # Any fixed 64-bit number: the PostgreSQL advisory lock that one scheduler holds at a time.
 ADVISORY_LOCK_KEY = 0x526F6C6C51  # "RollQ"
 # A detail is at most this long (Run.phase_detail).
-DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
+DETAIL_MAX = max_length(Run, "phase_detail")
 
 _process_lock = threading.Lock()
 
@@ -248,12 +250,12 @@ def do_schedule_queue() -> list[int]:
                 scheduled.append(run)
         changed = _record_reasons(reasons, moved=bool(scheduled))
     for run in scheduled:
-        transaction.on_commit(lambda run=run: _send_launch(run))
+        transaction.on_commit(partial(_send_launch, run))
     if changed:
         positions = Run.objects.queue_positions()  # one query for every event below
         for run in changed:
             run.known_queue_position = positions.get(run.pk)
-            transaction.on_commit(lambda run=run: events.send_status(run))
+            transaction.on_commit(partial(events.send_status, run))
     if scheduled:
         logger.info("queue: scheduled runs %s", ", ".join(str(r.pk) for r in scheduled))
     return [r.pk for r in scheduled]

@@ -9,7 +9,7 @@ records through the same `do_*` functions, so the two cannot drift apart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import transaction
@@ -80,7 +80,7 @@ class StatusIn(TypedDict):
 STATUS_IN = TypeAdapter(StatusIn)
 
 
-def valid_points(points: Iterable[Any]) -> list[dict]:
+def valid_points(points: Iterable[Any]) -> list[PointIn]:
     """The points that are valid `PointIn`s (for input read from disk, point by point:
     one bad line does not cost the others)."""
     out = []
@@ -92,7 +92,7 @@ def valid_points(points: Iterable[Any]) -> list[dict]:
     return out
 
 
-def do_record_points(run: Run, points: list[dict]) -> int:
+def do_record_points(run: Run, points: Sequence[PointIn]) -> int:
     """Store points idempotently (one row per run, series, step) and stream them to the
     run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
     written = MetricPoint.objects.upsert(run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points))

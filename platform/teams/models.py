@@ -3,6 +3,8 @@ as far as their role in the team allows (teams/roles.py says what each role may 
 
 from __future__ import annotations
 
+from typing import Self
+
 from django.conf import settings
 from django.db import models
 from django.utils.text import slugify
@@ -30,7 +32,7 @@ class TeamOwnedQuerySet(models.QuerySet):
 
     team_path = "team"
 
-    def visible_to(self, user) -> TeamOwnedQuerySet:
+    def visible_to(self, user) -> Self:
         """The rows of the teams `user` belongs to (none for an anonymous user)."""
         if not user.is_authenticated:
             return self.none()

@@ -76,7 +76,7 @@ def may_cancel(user, run) -> bool:
 def require(user, team: Team, action: str, *, field: str = "team") -> str:
     """The user's role in `team` if it allows `action`; Forbidden on `field` otherwise."""
     role = role_of(user, team)
-    if not allows(role, action):
+    if role is None or not allows(role, action):
         need = NEEDS[action]
         raise Forbidden(
             {field: f"to {action} in team {team.slug} you need the {need} role or higher (yours: {role or 'none'})"}
