@@ -49,19 +49,7 @@ def do_reconcile_runs() -> dict[str, int]:
     how many runs each of these happened to."""
     now = timezone.now()
     counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
-
-    stuck = Run.objects.filter(
-        status=Status.QUEUED, phase=queue.SCHEDULED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
-    )
-    for run in stuck:
-        # Touch the clock so a worker that is down gets one message a minute, not a pile.
-        Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
-        dispatch.send(dispatch.LAUNCH_RUN, run.pk)
-        counts["resent"] += 1
-    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.SCHEDULED).exists():
-        # The queue's state is all in the rows: whatever message was lost (a restart of
-        # web, worker or beat), this pass sees the waiting runs and schedules them.
-        dispatch.send(dispatch.SCHEDULE_QUEUE)
+    counts["resent"] += _resend_queue_messages(now)
 
     grace = timedelta(seconds=settings.ROLLWAY_STARTING_GRACE_S)
     candidates = [
@@ -92,22 +80,47 @@ def do_reconcile_runs() -> dict[str, int]:
                 dispatch.send(dispatch.CANCEL_RUN, run.pk)
                 counts["resent"] += 1
             continue
-        # The driver is gone: whatever it left in its scratch directory goes too.
-        in_ray.remove_run_scratch(run.pk)
-        if do_take_in_spool(run):
-            counts["recovered"] += 1
-            continue
-        if run.status == Status.CANCELLING:
-            if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]):
-                counts["cancelled"] += 1
-        elif run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
-            if do_resume_lost(run, checkpoint, now):
-                counts["resumed"] += 1
-        # only_from the state we saw: a run that just finished keeps its real outcome
-        elif do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
-            logger.warning("run %s lost: %s", run.pk, run.error)
-            counts["lost"] += 1
+        outcome = _settle_gone(run, now)
+        if outcome:
+            counts[outcome] += 1
     return counts
+
+
+def _resend_queue_messages(now: datetime) -> int:
+    """Send again the launch of each run scheduled long ago that no worker claimed, and
+    have the scheduler look while runs wait; how many launches were sent."""
+    stuck = Run.objects.filter(
+        status=Status.QUEUED, phase=queue.SCHEDULED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
+    )
+    resent = 0
+    for run in stuck:
+        # Touch the clock so a worker that is down gets one message a minute, not a pile.
+        Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
+        dispatch.send(dispatch.LAUNCH_RUN, run.pk)
+        resent += 1
+    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.SCHEDULED).exists():
+        # The queue's state is all in the rows: whatever message was lost (a restart of
+        # web, worker or beat), this pass sees the waiting runs and schedules them.
+        dispatch.send(dispatch.SCHEDULE_QUEUE)
+    return resent
+
+
+def _settle_gone(run: Run, now: datetime) -> str:
+    """Settle a run whose driver actor is gone: "recovered" from its spool, "cancelled",
+    "resumed" from its checkpoint or "lost"; "" if it ended meanwhile."""
+    # Whatever the driver left in its scratch directory goes too.
+    in_ray.remove_run_scratch(run.pk)
+    if do_take_in_spool(run):
+        return "recovered"
+    if run.status == Status.CANCELLING:
+        return "cancelled" if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]) else ""
+    if run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
+        return "resumed" if do_resume_lost(run, checkpoint, now) else ""
+    # only_from the state we saw: a run that just finished keeps its real outcome
+    if do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
+        logger.warning("run %s lost: %s", run.pk, run.error)
+        return "lost"
+    return ""
 
 
 def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> bool:
