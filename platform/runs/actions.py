@@ -42,7 +42,7 @@ EXPERIMENT_NAME_MAX = max_length(Experiment, "name")
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
 
 
-# --- access -------------------------------------------------------------------------
+# --- access: a run or experiment by id, as its team's rule allows (teams/models.py) ---
 
 
 def check_run_access(user, run_id: int) -> Run:
