@@ -1,9 +1,10 @@
 """The JSON side of a view, for every app that answers JSON: the one error shape, a
 login check that answers 401 instead of redirecting, the body as a JSON object and
-integer query parameters read strictly, each refusal naming its field."""
+numeric query parameters read strictly, each refusal naming its field."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import wraps
 
@@ -76,4 +77,18 @@ def int_param(
         raise BadParam(name, f"{name} must be ≥ {lo} (got {value})")
     if hi is not None and value > hi:
         raise BadParam(name, f"{name} must be ≤ {hi} (got {value})")
+    return value
+
+
+def float_param(request: HttpRequest, name: str, default: float) -> float:
+    """A finite number as a query parameter; BadParam names the parameter and the fix."""
+    raw = request.GET.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadParam(name, f"{name} must be a number (got {raw!r})") from None
+    if not math.isfinite(value):
+        raise BadParam(name, f"{name} must be a finite number (got {raw!r})")
     return value
