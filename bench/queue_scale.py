@@ -71,7 +71,7 @@ def run_bench(sizes: list[int]) -> None:
     from django.contrib.auth import get_user_model
 
     from rollway.celery import app
-    from runs import engine, queue
+    from runs import in_ray, queue
     from runs.models import Experiment, Run
     from teams.models import Team
     from workers.presets import build
@@ -79,7 +79,7 @@ def run_bench(sizes: list[int]) -> None:
     class Sent:
         id = "bench"
 
-    engine.ray_lifecycle = RoomyCluster
+    in_ray.ray_lifecycle = RoomyCluster
     app.send_task = lambda *a, **k: Sent()
     user = get_user_model().objects.create_user("bench")
     config = build("async").model_dump(mode="json")
@@ -91,7 +91,7 @@ def run_bench(sizes: list[int]) -> None:
             for i in range(n)
         )
         t = time.perf_counter()
-        admitted = queue.do_schedule_queue()
+        scheduled = queue.do_schedule_queue()
         first = time.perf_counter() - t
         t = time.perf_counter()
         queue.do_schedule_queue()
@@ -102,7 +102,7 @@ def run_bench(sizes: list[int]) -> None:
             run.summary()
         summaries = time.perf_counter() - t
         print(
-            f"{n:>6} queued: first pass {first * 1000:.0f} ms (admitted {len(admitted)}), "
+            f"{n:>6} queued: first pass {first * 1000:.0f} ms (scheduled {len(scheduled)}), "
             f"second pass {again * 1000:.0f} ms, summary() of 50 queued runs {summaries * 1000:.0f} ms"
         )
 

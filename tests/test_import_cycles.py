@@ -18,7 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 # (source root, top-level packages under it): platform/ is a source root, not a package.
 TREES = {
     "workers": (REPO, ("workers",)),
-    "platform": (REPO / "platform", ("rollway", "runs", "teams", "configs", "compare", "api", "dashboard", "ops")),
+    "platform": (
+        REPO / "platform",
+        ("foundation", "rollway", "runs", "teams", "configs", "compare", "api", "dashboard", "ops"),
+    ),
 }
 
 

@@ -69,7 +69,7 @@ def _answers(address: str) -> bool:
 
 def launch(
     run_id: int,
-    config: dict,
+    config: RunConfig | dict,
     *,
     ingest_url: str,
     token: str,
@@ -78,7 +78,8 @@ def launch(
     confinement: Confinement | None = None,
     resume_from: str | None = None,
 ) -> str:
-    """Create (or find) the detached driver actor `run-<run_id>` and start the run.
+    """Create (or find) the detached driver actor `run-<run_id>` and start the run of
+    `config` (the site hands it over validated; a dict is validated here).
 
     Idempotent: launching a run whose driver is alive only finds it. Returns the actor
     name once the driver has started (seconds); the run goes on inside Ray. Raises
@@ -88,7 +89,7 @@ def launch(
     `resume_from`: a checkpoint's location (its step directory, workers/checkpoints.py)
     to continue from, of this run or another; CheckpointRefused (a ValueError naming
     `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete."""
-    cfg = RunConfig.model_validate(config)
+    cfg = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
     connect(ray_address)

@@ -2,11 +2,11 @@
 comparisons.py, teams.py, tokens.py) are thin views over the actions layer.
 
 Ninja adds the OpenAPI document (/api/openapi.json) and its Swagger page (/api/docs);
-what a client sees is what the hand-written views answered: the same URLs, methods,
-statuses and bodies, every refusal as {"errors": {field: message}}.
+what a client sees is the site's own shape, not ninja's: every refusal is
+{"errors": {field: message}} with the status of its kind (foundation/errors.py).
 
 Auth: a personal API token (`Authorization: Bearer rwp_…`, checked by
-rollway.apitokens before any view) or the session cookie. A session's POST needs its
+api.token_auth before any view) or the session cookie. A session's POST needs its
 CSRF token as any session form does; a token request is exempt (a browser never attaches
 that header by itself).
 """
@@ -28,8 +28,8 @@ from ninja.security import HttpBearer, SessionAuth
 from ninja.utils import check_csrf
 
 from api import comparisons, configs, lineage, teams, tokens, views
-from api.http import errors_response, json_object, refusal_response
-from runs.errors import ActionError, errors_by_field
+from foundation.errors import ActionError, errors_by_field
+from foundation.http import errors_response, json_object, refusal_response
 from teams.tokens import PREFIX as TOKEN_PREFIX
 
 LOGIN_FIRST = "log in first (session cookie) or send an API token"
@@ -44,7 +44,7 @@ class CsrfRefused(Exception):
 
 
 class ApiToken(HttpBearer):
-    """A personal API token. rollway.apitokens has already checked it and made the request
+    """A personal API token. api.token_auth has already checked it and made the request
     its owner's (an unknown or revoked one never gets here: it is a 401 there)."""
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
@@ -55,8 +55,9 @@ class ApiToken(HttpBearer):
 
 class SessionUser(SessionAuth):
     """The session's signed-in user, with Django's CSRF check for unsafe methods (it
-    honours the exemption rollway.apitokens gives a token request). Ninja's own check
-    would answer its own 403 body; this keeps Django's, as before the port."""
+    honours the exemption api.token_auth gives a token request). Ninja's own check
+    would answer its own 403 body; this keeps Django's, which the site's pages and
+    scripts already know."""
 
     def _get_key(self, request: HttpRequest) -> str | None:
         refusal = check_csrf(request)
@@ -66,7 +67,7 @@ class SessionUser(SessionAuth):
 
 
 class SafeJSONParser(Parser):
-    """Bodies through rollway.jsonin (no NaN or 1e999, bounded depth) and only a JSON
+    """Bodies through foundation.jsonin (no NaN or 1e999, bounded depth) and only a JSON
     object: BadBody names "body" and what is wrong. Ninja wraps a parser's exception in
     an HttpError; `http_error` below answers the BadBody inside it."""
 
@@ -132,7 +133,7 @@ api = RollwayAPI(
 
 @api.exception_handler(ValidationError)
 def validation_error(request: HttpRequest, exc: ValidationError) -> JsonResponse:
-    """Named as the hand-written views named them: a body field by its dotted path inside
+    """Named as the actions layer names fields: a body field by its dotted path inside
     the body ("overrides", "buffer.capacity"), a query or path parameter by its name."""
     relative = []
     for err in exc.errors:

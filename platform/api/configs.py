@@ -14,7 +14,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import responses
+from api.openapi import responses
 from configs import actions
 from configs.models import SavedConfig
 from workers.presets import PRESETS

@@ -1,16 +1,22 @@
-"""The engine's ingest endpoints: the driver's reporter posts metric batches and status
-changes here, authenticated by the run's own bearer token.
+"""The engine's ingest endpoints: the driver's reporter posts metric batches, status
+changes and checkpoints here, authenticated by the run's own bearer token.
 
-One metrics path for local and remote Ray clusters alike; persisted idempotently (one row
-per run, series, step) and then fanned out to the run's WebSocket group.
-Throughput target ≥ 10k points/s: one validation pass, one bulk upsert, no per-point query.
+Each endpoint is an `Ingest`: the body it takes and how it is stored. `receive` is their
+one wiring: the run's token, the body validated once against its TypedDict, then stored
+through runs/reports.py. (Their body limit, the ingest's, is applied before any view:
+foundation/bodylimits.py, for the paths settings.ROLLWAY_INGEST_PATHS names.) One metrics
+path for local and remote Ray clusters alike, persisted idempotently (one row per run,
+series, step) and fanned out to the run's WebSocket group: one validation pass, one bulk
+upsert, no query per point.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
@@ -19,7 +25,7 @@ from django.views.decorators.http import require_POST
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from api.http import errors_response, refusal_response
+from foundation.http import errors_response, refusal_response
 from runs.models import Run
 from runs.reports import (
     CHECKPOINT_IN,
@@ -46,81 +52,95 @@ class MetricsIn(TypedDict):
 METRICS_IN = TypeAdapter(MetricsIn)
 
 
-def _authorized_run(request: HttpRequest, run_id: int, runs=None) -> Run | JsonResponse:
-    """The run (from `runs`, default every column with its experiment and team) if the
-    bearer token is its own; else the 404/401 response to return."""
-    runs = Run.objects.select_related("experiment__team") if runs is None else runs
-    run = runs.filter(pk=run_id).first()
+@dataclass(frozen=True)
+class Ingest:
+    """One kind of report: the body it takes, what storing it needs of the Run row
+    (`columns`; None: the whole row with its experiment and team), and `store`, which
+    records a valid body and returns the answer (its JSON and status)."""
+
+    body: TypeAdapter
+    store: Callable[[Run, Any], tuple[dict, int]]
+    columns: tuple[str, ...] | None = None
+
+
+def receive(ingest: Ingest, request: HttpRequest, run_id: int) -> JsonResponse:
+    """The one path of every report: 404 for an unknown run, 401 without the run's own
+    token, 400 by field for a body that is not valid, else what `ingest.store` answers."""
+    run = _authorized_run(request, run_id, ingest.columns)
+    if isinstance(run, JsonResponse):
+        return run
+    try:
+        payload = ingest.body.validate_json(request.body)
+    except ValidationError as exc:
+        return refusal_response(exc)
+    answer, status = ingest.store(run, payload)
+    return JsonResponse(answer, status=status)
+
+
+def _authorized_run(request: HttpRequest, run_id: int, columns: tuple[str, ...] | None) -> Run | JsonResponse:
+    """The run, if the request's bearer token is its own; else the 404 or 401 to answer."""
+    rows = Run.objects.only(*columns) if columns else Run.objects.select_related("experiment__team")
+    run = rows.filter(pk=run_id).first()
     if run is None:
         return errors_response({"run": f"run {run_id} not found"}, status=404)
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), run.ingest_token.encode()):
         response = errors_response(
-            {"auth": "send the run's ingest token as 'Authorization: Bearer <token>'"},
-            status=401,
+            {"auth": "send the run's ingest token as 'Authorization: Bearer <token>'"}, status=401
         )
         response["WWW-Authenticate"] = 'Bearer realm="rollway-ingest"'
         return response
     return run
 
 
-def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
-    """POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}."""
-    # Only what storing points needs: the whole row (its config JSON decoded) and two
-    # joined rows cost about a tenth of a request's CPU (1.5 of 17 ms for 150 points).
-    run = _authorized_run(request, run_id, Run.objects.only("pk", "ingest_token"))
-    if isinstance(run, JsonResponse):
-        return run
-    try:
-        payload = METRICS_IN.validate_json(request.body)
-    except ValidationError as exc:
-        return refusal_response(exc)
+def _store_points(run: Run, payload: MetricsIn) -> tuple[dict, int]:
     points = payload["points"]
     if points:
         with transaction.atomic():
             do_record_points(run, points)
-    return JsonResponse({"accepted": len(points)})
+    return {"accepted": len(points)}, 200
 
 
-def ingest_status(request: HttpRequest, run_id: int) -> JsonResponse:
-    """POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
-    "error_detail": "", "phase": "warm_start"|"starting_engines"|"first_step"|"stepping",
-    "phase_detail": ""} (runs.reports.StatusIn).
-
-    Answers the run's status after the call: a driver told "cancelling" or "cancelled"
-    knows to stop. A status the run may not enter (a late "running" on a finished run)
-    is not an error: it is ignored and `changed` is false."""
-    run = _authorized_run(request, run_id)
-    if isinstance(run, JsonResponse):
-        return run
-    try:
-        payload = STATUS_IN.validate_json(request.body)
-    except ValidationError as exc:
-        return refusal_response(exc)
+def _store_status(run: Run, payload: Any) -> tuple[dict, int]:
     with transaction.atomic():
         changed = do_record_reported_status(
             run, payload["status"], payload.get("error", ""), payload.get("error_detail", "")
         )
         if "phase" in payload:
             changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed
-    return JsonResponse({"status": run.status, "changed": changed})
+    return {"status": run.status, "changed": changed}, 200
+
+
+def _store_checkpoint(run: Run, payload: Any) -> tuple[dict, int]:
+    return do_record_checkpoint(run, payload).as_dict(), 201
+
+
+# POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}. Only what
+# storing points needs of the row: the whole row (its config JSON decoded) and two
+# joined rows would cost a noticeable share of each request's CPU.
+METRICS = Ingest(METRICS_IN, _store_points, columns=("pk", "ingest_token"))
+# POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
+# "error_detail": "", "phase": one of workers.reporter.PHASES, "phase_detail": ""}
+# (runs.reports.StatusIn). Answers the run's status after the call and whether this
+# report changed it, for a script or a person reading it: the reporter reads only the
+# HTTP status (a cancel reaches the driver through Ray, runs/in_ray.py). A status the
+# run may not enter (a late "running" on a finished run) is not an error: it is ignored
+# and `changed` is false.
+STATUS = Ingest(STATUS_IN, _store_status)
+# POST /api/runs/<id>/checkpoints {"step", "location", "bytes", "sha256", "pruned":
+# [locations]} (runs.reports.CheckpointIn): a checkpoint the run's trainer wrote.
+CHECKPOINT = Ingest(CHECKPOINT_IN, _store_checkpoint, columns=("pk", "ingest_token"))
+
+
+def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+    return receive(METRICS, request, run_id)
 
 
 def ingest_checkpoint(request: HttpRequest, run_id: int) -> JsonResponse:
-    """POST /api/runs/<id>/checkpoints {"step", "location", "bytes", "sha256", "pruned":
-    [locations]} (runs.reports.CheckpointIn): a checkpoint the run's trainer wrote."""
-    run = _authorized_run(request, run_id, Run.objects.only("pk", "ingest_token"))
-    if isinstance(run, JsonResponse):
-        return run
-    try:
-        payload = CHECKPOINT_IN.validate_json(request.body)
-    except ValidationError as exc:
-        return refusal_response(exc)
-    row = do_record_checkpoint(run, payload)
-    return JsonResponse(row.as_dict(), status=201)
+    return receive(CHECKPOINT, request, run_id)
 
 
 @csrf_exempt  # token-authenticated, never a browser form
 @require_POST
 def status_view(request: HttpRequest, run_id: int) -> JsonResponse:
-    return ingest_status(request, run_id)
+    return receive(STATUS, request, run_id)

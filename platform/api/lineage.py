@@ -10,8 +10,8 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import responses
 from api.ingest import ingest_checkpoint
+from api.openapi import responses
 from runs import actions, lineage
 
 router = Router()

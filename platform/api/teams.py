@@ -16,11 +16,12 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import int_param, query_doc, responses
-from runs.actions import check_team_access
-from runs.errors import ActionError, NotFound
+from api.openapi import query_doc, responses
+from foundation.errors import ActionError, NotFound
+from foundation.http import int_param
 from teams import actions
 from teams.models import AuditEvent, Membership
+from teams.roles import check_team_access
 
 router = Router(tags=["teams"])
 

@@ -13,7 +13,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import responses
+from api.openapi import responses
 from teams import tokens
 from teams.models import ApiToken
 

@@ -17,8 +17,9 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.http import BadParam, Errors, int_param, query_doc, responses
 from api.ingest import ingest_metrics
+from api.openapi import Errors, query_doc, responses
+from foundation.http import BadParam, int_param
 from runs import actions, exports, listing
 from runs.metrics import read_series
 from runs.models import Experiment
@@ -130,7 +131,7 @@ class Experiments(Schema):
 @router.get("/experiments", url_name="experiments", tags=["experiments"], response=responses(Experiments))
 def list_experiments(request: HttpRequest) -> JsonResponse:
     """The experiments of your teams."""
-    found = Experiment.objects.filter(team__in=Team.objects.for_user(request.user))
+    found = Experiment.objects.visible_to(request.user)
     return JsonResponse({"experiments": [_experiment(e) for e in found]})
 
 
@@ -143,7 +144,7 @@ def list_experiments(request: HttpRequest) -> JsonResponse:
 def create_experiment(request: HttpRequest, data: ExperimentIn | None = None) -> JsonResponse:
     """Create an experiment in a team (id or slug) where you are a member or admin."""
     data = data or ExperimentIn.model_validate({})
-    team = actions.check_team_access(request.user, data.team)
+    team = roles.check_team_access(request.user, data.team)
     name = actions.check_experiment_name(data.name)
     experiment = actions.do_create_experiment(request.user, team, name, data.description)
     return JsonResponse(_experiment(experiment), status=201)

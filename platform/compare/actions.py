@@ -17,27 +17,28 @@ from django.db import transaction
 
 from compare.analysis import MAX_RUNS
 from compare.models import SAVED_PREFIX, Comparison, ComparisonRun
+from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
+from foundation.errors import ActionError, NotFound, collected
+from foundation.fields import max_length
+from foundation.ids import ID_TEXT
 from runs.actions import (
-    ID_TEXT,
     LaunchRequest,
     ask_scheduler,
     check_experiment_access,
     check_launch,
     check_priority,
-    check_saved_config_access,
-    check_team_access,
     do_launch_run,
 )
-from runs.errors import ActionError, NotFound
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
+from teams.roles import check_team_access
 from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-NAME_MAX = Comparison._meta.get_field("name").max_length
+NAME_MAX = max_length(Comparison, "name")
 # A comparison's runs all land in the run queue at once and are shown on one compare
 # page, which draws at most `analysis.MAX_RUNS` runs; these caps keep one form from
 # flooding the queue and keep every run of a comparison on its page (reruns included).
@@ -184,45 +185,14 @@ def check_comparison(
     """Validate a new comparison; ActionError with every field error found (nothing is
     stored). Every run gets `priority` in the queue."""
     errors: dict[str, str] = {}
-    team_obj = exp_obj = None
-    try:
-        if experiment not in (None, ""):
-            exp_obj = check_experiment_access(user, experiment)
-            team_obj = exp_obj.team
-            if team not in (None, "") and str(team) not in (str(team_obj.pk), team_obj.slug):
-                errors["team"] = f"experiment {exp_obj.name!r} is in team {team_obj.name}; leave team out"
-        elif team not in (None, ""):
-            team_obj = check_team_access(user, team)
-        else:
-            errors["team"] = "choose one of your teams (or an experiment of one)"
-    except ActionError as exc:
-        errors.update(exc.errors)
-    if team_obj is not None:
-        roles.require(user, team_obj, "launch comparisons", field="experiment" if exp_obj else "team")
-    if not isinstance(name, str) or not name.strip() or len(name.strip()) > NAME_MAX:
-        errors["name"] = f"must be 1 to {NAME_MAX} characters"
-        name = ""
-    name = name.strip()
-    if not isinstance(description, str):
-        errors["description"] = "must be a string"
-        description = ""
-    if overrides in (None, ""):
-        overrides = {}
-    if not isinstance(overrides, dict):
-        errors["overrides"] = 'must be a JSON object, e.g. {"task": {"name": "reverse"}}'
-        overrides = {}
-    elif "seed" in overrides:
-        errors["overrides"] = "leave seed out of the shared overrides: give the seeds in seeds"
+    exp_obj, team_obj = _check_place(user, experiment, team, errors)
+    name, description, overrides = _check_shared(name, description, overrides, errors)
     seed_list: list[int] = []
-    try:
+    with collected(errors):
         seed_list = check_seeds(seeds)
-    except ActionError as exc:
-        errors.update(exc.errors)
     # Checked once here: per run it would repeat the same message for every run.
-    try:
+    with collected(errors):
         priority = check_priority(priority)
-    except ActionError as exc:
-        errors.update(exc.errors)
     n_configs = len(configurations) if isinstance(configurations, list) else 0
     if seed_list and n_configs and n_configs * len(seed_list) > MAX_RUNS:
         errors["seeds"] = (
@@ -241,7 +211,45 @@ def check_comparison(
     )  # fmt: skip
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None  # else "team" is among the errors
     return ComparisonRequest(team_obj, exp_obj, name, description, overrides, stored, seed_list, launches, priority)
+
+
+def _check_place(user, experiment: Any, team: Any, errors: dict[str, str]) -> tuple[Experiment | None, Team | None]:
+    """Where the comparison's runs land: the experiment given (team, if given too, must be
+    its own), else the team's. Launching there needs a role that may (Forbidden, at once)."""
+    exp_obj = team_obj = None
+    with collected(errors):
+        if experiment not in (None, ""):
+            exp_obj = check_experiment_access(user, experiment)
+            team_obj = exp_obj.team
+            if team not in (None, "") and str(team) not in (str(team_obj.pk), team_obj.slug):
+                errors["team"] = f"experiment {exp_obj.name!r} is in team {team_obj.name}; leave team out"
+        elif team not in (None, ""):
+            team_obj = check_team_access(user, team)
+        else:
+            errors["team"] = "choose one of your teams (or an experiment of one)"
+    if team_obj is not None:
+        roles.require(user, team_obj, "launch comparisons", field="experiment" if exp_obj else "team")
+    return exp_obj, team_obj
+
+
+def _check_shared(name: Any, description: Any, overrides: Any, errors: dict[str, str]) -> tuple[str, str, dict]:
+    """The comparison's name, description and the overrides every configuration shares."""
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > NAME_MAX:
+        errors["name"] = f"must be 1 to {NAME_MAX} characters"
+        name = ""
+    if not isinstance(description, str):
+        errors["description"] = "must be a string"
+        description = ""
+    if overrides in (None, ""):
+        overrides = {}
+    if not isinstance(overrides, dict):
+        errors["overrides"] = 'must be a JSON object, e.g. {"task": {"name": "reverse"}}'
+        overrides = {}
+    elif "seed" in overrides:
+        errors["overrides"] = "leave seed out of the shared overrides: give the seeds in seeds"
+    return name.strip(), description, overrides
 
 
 def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: Any = None) -> ComparisonRequest:

@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 
 from compare import actions
 from compare.models import Comparison, ComparisonRun
-from runs.errors import ActionError
+from foundation.errors import ActionError
 from teams.admin import administered
 
 

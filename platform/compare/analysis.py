@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 from statistics import fmean
 
+from foundation.errors import ActionError, NotFound
 from runs import rollups
-from runs.errors import ActionError, NotFound
 from runs.metrics import bucket_band, read_many
 from runs.models import Run
 from workers.metric_names import METRICS

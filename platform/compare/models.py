@@ -13,17 +13,9 @@ from django.db import models
 from django.urls import reverse
 
 from runs.models import Experiment, Run
-from teams.models import Team
+from teams.models import Team, TeamOwnedQuerySet
 
 SAVED_PREFIX = "saved:"  # a configuration that names a saved configuration version, as the launch form's values do
-
-
-class ComparisonQuerySet(models.QuerySet):
-    def visible_to(self, user) -> ComparisonQuerySet:
-        """Comparisons of the teams `user` belongs to."""
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(team__in=Team.objects.for_user(user))
 
 
 class Comparison(models.Model):
@@ -44,7 +36,7 @@ class Comparison(models.Model):
     seeds = models.JSONField(default=list, help_text="Every seed launched so far, in order.")
     runs = models.ManyToManyField(Run, through="ComparisonRun", related_name="comparisons", blank=True)
 
-    objects = ComparisonQuerySet.as_manager()
+    objects = TeamOwnedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-pk"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -13,13 +12,13 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from api.http import BadParam, api_login_required, int_param, refusal_response
 from compare import actions, analysis
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
-from rollway import jsonin
+from foundation import jsonin
+from foundation.errors import ActionError, nul_errors
+from foundation.http import BadParam, api_login_required, float_param, int_param, refusal_response
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
-from runs.errors import ActionError, nul_errors
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
 from workers.metric_names import NAMES as METRIC_NAMES
@@ -28,19 +27,6 @@ from workers.presets import PRESETS
 DEFAULT_TARGET = 0.8
 DEFAULT_BUDGET_S = 60.0
 X_AXES = ("step", "wall", "samples")
-
-
-def float_param(request: HttpRequest, name: str, default: float) -> float:
-    raw = request.GET.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadParam(name, f"{name} must be a number (got {raw!r})") from None
-    if not math.isfinite(value):
-        raise BadParam(name, f"{name} must be a finite number (got {raw!r})")
-    return value
 
 
 def metric_names_param(request: HttpRequest) -> list[str] | None:

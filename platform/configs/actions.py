@@ -1,6 +1,6 @@
 """Saving team configurations: `check_*` validate and enforce access, `do_*` store.
 
-A configuration is validated exactly as a launch is (`runs.actions.check_config`: the
+A configuration is validated exactly as a launch is (`configs.policy.check_config`: the
 engine's own model, then the operator's paths, limits and cluster), so what saves is
 what launches and a refusal names the same fields. Built-in presets are code, never
 rows: asking to edit one is refused with the way to derive a configuration from it.
@@ -15,15 +15,18 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from configs.models import SavedConfig
-from runs.actions import check_config, check_saved_config_access, check_team_access
-from runs.errors import ActionError, Conflict, NotFound
+from configs.policy import check_config
+from foundation.errors import ActionError, Conflict, NotFound
+from foundation.fields import max_length
 from teams import roles
 from teams.models import Team
+from teams.roles import check_team_access
+from workers.config import RunConfig
 from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-NAME_MAX = SavedConfig._meta.get_field("name").max_length
+NAME_MAX = max_length(SavedConfig, "name")
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,17 @@ def builtin_presets() -> list[dict]:
             "name": name,
             "read_only": True,
             "description": preset["description"],
-            "config": preset["config"].model_dump(mode="json"),
+            "config": preset_config(name).model_dump(mode="json"),
         }
         for name, preset in PRESETS.items()
     ]
+
+
+def preset_config(name: str) -> RunConfig:
+    """The config of built-in preset `name` (PRESETS keeps it beside its description)."""
+    config = PRESETS[name]["config"]
+    assert isinstance(config, RunConfig)
+    return config
 
 
 def refuse_builtin(name: str) -> None:
@@ -61,6 +71,19 @@ def refuse_builtin(name: str) -> None:
                 f'configuration based on it instead (POST /api/configs with "base_preset": "{name}")'
             }
         )
+
+
+def check_saved_config_access(user, saved_config: Any, *, field: str = "saved_config") -> SavedConfig:
+    """A saved configuration version of one of the user's teams, by id; ActionError on
+    `field` otherwise (an outsider learns nothing about other teams' configurations)."""
+    try:
+        saved_id = int(saved_config)
+    except (TypeError, ValueError):
+        raise ActionError({field: f"must be a saved configuration id (got {saved_config!r})"}) from None
+    found = SavedConfig.objects.visible_to(user).select_related("team").filter(pk=saved_id).first()
+    if found is None:
+        raise ActionError({field: f"no saved configuration {saved_id} in your teams"})
+    return found
 
 
 def check_config_access(user, config_id: Any) -> SavedConfig:
@@ -113,6 +136,7 @@ def check_new_config(
     name, description, base_preset, overrides = _check_content(errors, name, description, base_preset, overrides)
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None  # else "team" is among the errors
     existing = SavedConfig.objects.filter(team=team_obj, name=name).order_by("-version").first()
     if existing is not None:
         raise Conflict(

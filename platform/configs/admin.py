@@ -16,7 +16,7 @@ from django.urls import path
 
 from configs.actions import builtin_presets
 from configs.models import SavedConfig
-from runs.actions import check_config
+from configs.policy import check_config
 from teams.admin import administered
 from workers.presets import PRESETS
 

@@ -1,4 +1,5 @@
-"""Saved configurations: a team's named, versioned run configs, stored as data.
+"""Saved configurations: a team's named, versioned run configs, stored as data; and the
+cluster's capacity as last seen, which every config is checked against (configs/policy.py).
 
 A saved configuration is what a launch is made of — a built-in preset
 (workers/presets.py) and JSON overrides on top — under a name the team chose. Rows are
@@ -11,19 +12,15 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Max
+from django.utils import timezone
 
-from teams.models import Team
+from teams.models import Team, TeamOwnedQuerySet
+from workers.admission import Capacity
 from workers.config import RunConfig
 from workers.presets import build
 
 
-class SavedConfigQuerySet(models.QuerySet):
-    def visible_to(self, user) -> SavedConfigQuerySet:
-        """Configurations of the teams `user` belongs to."""
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(team__in=Team.objects.for_user(user))
-
+class SavedConfigQuerySet(TeamOwnedQuerySet):
     def latest_versions(self) -> SavedConfigQuerySet:
         """The newest version of each (team, name)."""
         newest = (
@@ -94,3 +91,43 @@ class SavedConfig(models.Model):
             "created_by": self.created_by.get_username() if self.created_by else None,
             "created_at": self.created_at.isoformat() if self.created_at else None,
         }
+
+
+class ClusterCapacity(models.Model):
+    """What the Ray cluster has in total, as last seen by the Celery worker (one row).
+
+    The web process never talks to Ray, yet a config that could never fit must be refused
+    there, with the field to change (configs/policy.py): it checks against this row. The
+    worker records it each time it asks Ray (before a run starts, and on reconcile)."""
+
+    cpus = models.FloatField()
+    memory_bytes = models.BigIntegerField()
+    gpus = models.FloatField(default=0.0)
+    seen_at = models.DateTimeField()
+
+    SINGLETON = 1
+
+    def __str__(self) -> str:
+        memory = self.memory_bytes / 2**30
+        return f"{self.cpus:g} CPUs, {memory:.1f} GiB, {self.gpus:g} GPUs at {self.seen_at:%Y-%m-%d %H:%M}"
+
+    @classmethod
+    def record(cls, capacity: Capacity) -> None:
+        """Store `capacity` as the latest seen."""
+        cls.objects.update_or_create(
+            pk=cls.SINGLETON,
+            defaults={
+                "cpus": capacity.cpus,
+                "memory_bytes": capacity.memory_bytes,
+                "gpus": capacity.gpus,
+                "seen_at": timezone.now(),
+            },
+        )
+
+    @classmethod
+    def latest(cls) -> Capacity | None:
+        """The last capacity seen, or None before any."""
+        row = cls.objects.filter(pk=cls.SINGLETON).first()
+        if row is None:
+            return None
+        return Capacity(cpus=row.cpus, memory_bytes=row.memory_bytes, gpus=row.gpus)

@@ -71,10 +71,9 @@ def ray_executable() -> str:
 
 # How much of the past the head's GCS keeps. By default the events of up to 100,000
 # tasks — every actor method call is one, and a run's driver polls its actors twice a
-# second — and 100,000 dead actors' records: a head that lived through many calls grew by
-# about 3.5 MB per 1,000 (30 → 222 MB after 60,000 calls on 4-actor sets created and
-# killed in turn); with these caps it levelled off at 88 MB. Rollway reads neither (no
-# dashboard; its actors are looked up by name while alive). Set in the head's
+# second — and 100,000 dead actors' records, so a head that lives through many runs grows
+# without bound; with these caps it levels off (docs/performance.md). Rollway reads
+# neither (no dashboard; its actors are looked up by name while alive). Set in the head's
 # environment only (deploy/ sets the same on its head).
 GCS_HISTORY = {
     "RAY_task_events_max_num_task_in_gcs": "10000",

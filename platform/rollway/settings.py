@@ -17,7 +17,9 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
-from rollway.env import env_bool, env_float, env_int, env_list, env_str
+from foundation.env import env_bool, env_float, env_int, env_list, env_str
+from workers.admission import Limits
+from workers.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FRONTEND_DIR = REPO_ROOT / "frontend"
@@ -74,20 +76,20 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: an oversized body is refused before anything reads it.
-    "rollway.bodylimits.RequestBodyLimitMiddleware",
+    "foundation.bodylimits.RequestBodyLimitMiddleware",
     # A NUL in a query parameter: a 400 here, not a database error in a view (the admin's).
-    "rollway.nulguard.QueryNulMiddleware",
+    "foundation.nulguard.QueryNulMiddleware",
     # A view's database error (PostgreSQL down) → 503, JSON for the API, not an HTML 500.
-    "rollway.dbdown.DatabaseUnavailableMiddleware",
+    "foundation.dbdown.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "rollway.security.ContentSecurityPolicyMiddleware",
+    "foundation.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # After the session's user: a personal API token on /api/ replaces it (and skips CSRF).
-    "rollway.apitokens.PersonalTokenMiddleware",
+    "api.token_auth.PersonalTokenMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes requires: turns a login the backend refused into the lockout page.
@@ -120,12 +122,11 @@ DATABASES = {
     )
 }
 # Under daphne every request runs its database work in a thread of its own, so a kept
-# connection (DATABASE_CONN_MAX_AGE > 0) is never reused: each request left one open
-# until garbage collection (24-65 open at once under bench/ingest_load.py), and with 0
-# each request opens its own (a PostgreSQL backend forked per request). A pool
-# (psycopg_pool, through Django's own support) hands connections across requests: 3,728
-# → 5,475 points/s in bench/ingest_load.py. On by default where psycopg[pool] is
-# installed; DATABASE_POOL_SIZE=0 turns it off.
+# connection (DATABASE_CONN_MAX_AGE > 0) is never reused: each request leaves one open
+# until garbage collection, and with 0 each request opens its own (a PostgreSQL backend
+# forked per request). A pool (psycopg_pool, through Django's own support) hands
+# connections across requests (docs/performance.md has the figures). On by default where
+# psycopg[pool] is installed; DATABASE_POOL_SIZE=0 turns it off.
 _POOLABLE = DATABASES["default"]["ENGINE"].endswith("postgresql")
 DATABASE_POOL_SIZE = env_int("DATABASE_POOL_SIZE", 10 if importlib.util.find_spec("psycopg_pool") else 0)
 if DATABASE_POOL_SIZE < 0:
@@ -139,9 +140,9 @@ if DATABASE_POOL_SIZE and _POOLABLE:
         "min_size": 2,
         "max_size": DATABASE_POOL_SIZE,
         # How long a request waits for a free connection before it fails (a 503,
-        # rollway/dbdown.py). While the database is down every request waits this long
-        # (the pool keeps trying to reconnect): short, so callers hear 503 and back off.
-        # (With 20 runs ingesting at once, whole requests took at most 1.3 s: bench/ingest_load.py.)
+        # foundation/dbdown.py). While the database is down every request waits this long
+        # (the pool keeps trying to reconnect): short, so callers hear 503 and back off;
+        # long enough for a busy ingest (docs/performance.md).
         "timeout": 3,
     }
     # A pooled connection a database restart cut is replaced before a request gets it.
@@ -193,13 +194,18 @@ STATICFILES_DIRS = [FRONTEND_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "rollway.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
+    "foundation.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
 ]
 # Serve straight from the finders: no collectstatic step before `up`.
 WHITENOISE_USE_FINDERS = True
 
 
-# --- request body limits (rollway/bodylimits.py) ----------------------------------------
+# --- request body limits (foundation/bodylimits.py) ----------------------------------------
+# The engine's ingest (workers.reporter posts each report to one of these), as a pattern
+# of request paths without their leading slash.
+ROLLWAY_INGEST_PATHS = rf"^api/runs/\d+/({'|'.join(INGEST_ENDPOINTS)})$"
+
+
 def _positive(name: str, value: int) -> int:
     if value <= 0:
         raise ImproperlyConfigured(f"{name} must be a positive number of bytes (got {value})")
@@ -208,8 +214,8 @@ def _positive(name: str, value: int) -> int:
 
 # Every request but the engine's ingest: forms and the JSON API take a few KB at most.
 ROLLWAY_MAX_BODY_BYTES = _positive("ROLLWAY_MAX_BODY_BYTES", env_int("ROLLWAY_MAX_BODY_BYTES", 1024 * 1024))
-# POST /api/runs/<id>/metrics and /status: a batch of 10k+ points is ~1 MB of JSON and
-# the ingest view takes up to 50k points per request (~5 MB).
+# POST to the engine's ingest (ROLLWAY_INGEST_PATHS): a batch of 10k+ points is ~1 MB of
+# JSON and the ingest takes up to 50k points per request (~5 MB).
 ROLLWAY_MAX_INGEST_BODY_BYTES = _positive(
     "ROLLWAY_MAX_INGEST_BODY_BYTES", env_int("ROLLWAY_MAX_INGEST_BODY_BYTES", 16 * 1024 * 1024)
 )
@@ -224,13 +230,13 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     from redis.connection import parse_url
 
-    from rollway.channel_layer import publish_retry
+    from foundation.channel_layer import publish_retry
 
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's pub/sub layer, which tells its consumers when Redis is
-            # lost (rollway/channel_layer.py says why pub/sub, and why that).
-            "BACKEND": "rollway.channel_layer.PubSubChannelLayer",
+            # lost (foundation/channel_layer.py says why pub/sub, and why that).
+            "BACKEND": "foundation.channel_layer.PubSubChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
@@ -257,8 +263,8 @@ else:
 BROKER_DIR = ROLLWAY_HOME / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    # kombu's filesystem transport, with messages written whole (rollway/fs_broker.py).
-    CELERY_BROKER_TRANSPORT = "rollway.fs_broker:Transport"
+    # kombu's filesystem transport, with messages written whole (foundation/fs_broker.py).
+    CELERY_BROKER_TRANSPORT = "foundation.fs_broker:Transport"
     # Producers (web) and consumers (worker) must share one folder for in and out.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
@@ -315,11 +321,11 @@ ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports")
 # start only from a checkpoint under it.
 ROLLWAY_CHECKPOINT_ROOT = env_str("ROLLWAY_CHECKPOINT_ROOT", str(ROLLWAY_HOME / "checkpoints"))
 
-# --- admission: what one run may ask for (workers/admission.py) ----------------------
-ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", 100_000)
-ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", 24 * 60.0)
-ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", 16)
-ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", 10_000_000_000)
+# --- what one run may ask for (configs/policy.py): the engine's Limits, its defaults ---
+ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", Limits.max_steps)
+ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", Limits.max_minutes)
+ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", Limits.max_workers)
+ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", Limits.max_model_params)
 
 # --- web security (README.md, "Deploying" → "Security") -----------------------------
 # Safe over plain HTTP too, so always on.
@@ -335,7 +341,7 @@ CSRF_COOKIE_HTTPONLY = True
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
 # The run driver posts metrics to ROLLWAY_PUBLIC_URL, often the web service's plain-HTTP
 # address inside the cluster, and probes ask /healthz over HTTP: a redirect breaks both.
-SECURE_REDIRECT_EXEMPT = [r"^api/runs/\d+/(metrics|status)$", r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [ROLLWAY_INGEST_PATHS, r"^healthz$"]
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
@@ -348,7 +354,7 @@ SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
 if env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
-# Content-Security-Policy (django-csp; rollway/security.py adds ws:/wss: to this host).
+# Content-Security-Policy (django-csp; foundation/security.py adds ws:/wss: to this host).
 # No inline script and no other origin anywhere. Inline styles are allowed: Plotly
 # injects <style> elements (Chromium refuses them under style-src 'self' alone) and the
 # run list sizes its progress bars with style attributes.
@@ -382,8 +388,8 @@ AXES_RESET_ON_SUCCESS = True
 # Attempts made while locked out neither count nor extend the lockout: it ends when the
 # page says, and a client hammering a locked login adds no rows.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_LOCKOUT_CALLABLE = "rollway.security.lockout_response"  # the login page with the reason
-AXES_CLIENT_IP_CALLABLE = "rollway.security.client_ip"
+AXES_LOCKOUT_CALLABLE = "foundation.security.lockout_response"  # the login page with the reason
+AXES_CLIENT_IP_CALLABLE = "foundation.security.client_ip"
 AXES_DISABLE_ACCESS_LOG = True  # only failures are needed; a row per login grows forever
 AXES_VERBOSE = False  # no banner from every process at start; logs name only what locks
 # Proxies in front of daphne that append the client's address to X-Forwarded-For: 0 uses

@@ -14,5 +14,5 @@ urlpatterns = [
     path("", include("dashboard.urls")),
 ]
 
-# A database outage met outside any view (a middleware's query) is a 503 too (rollway/dbdown.py).
-handler500 = "rollway.dbdown.server_error"
+# A database outage met outside any view (a middleware's query) is a 503 too (foundation/dbdown.py).
+handler500 = "foundation.dbdown.server_error"

@@ -4,8 +4,8 @@ ingest endpoint all go through here, so there is one path per change.
 
 This module holds what a user asks for (experiments, launch, cancel) and the one status
 change every writer uses (`do_set_run_status`). What the engine reports is in
-runs/reports.py; a run's life in Ray is in runs/engine.py and runs/reconcile.py.
-Refusals are the exceptions of runs/errors.py.
+runs/reports.py; a run's life in Ray is in runs/in_ray.py and runs/reconcile.py.
+Refusals are the exceptions of foundation/errors.py.
 """
 
 from __future__ import annotations
@@ -18,30 +18,31 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from pydantic import ValidationError
 
+from configs.actions import check_saved_config_access
 from configs.models import SavedConfig
-from runs import admission, dispatch, events
-from runs.errors import ActionError, Conflict, NotFound, field_errors, nul_errors
+from configs.policy import check_config
+from foundation.errors import ActionError, Conflict, NotFound, collected
+from foundation.fields import max_length
+from foundation.ids import ID_TEXT
+from runs import dispatch, events
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
+from teams.roles import check_team_access
 from workers.config import RunConfig
-from workers.presets import PRESETS, UnknownPreset, build, deep_merge
+from workers.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 
-RUN_NAME_MAX = Run._meta.get_field("name").max_length
-EXPERIMENT_NAME_MAX = Experiment._meta.get_field("name").max_length
+RUN_NAME_MAX = max_length(Run, "name")
+EXPERIMENT_NAME_MAX = max_length(Experiment, "name")
 # A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
 # levels meaningful to people; the column itself could hold far more.
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
-# An id written as text: ASCII digits that int() reads (str.isdigit() also says yes to
-# "²", and int() refuses more than 4300 digits); 19 hold every positive bigint.
-ID_TEXT = re.compile(r"[0-9]{1,19}")
 
 
-# --- access -------------------------------------------------------------------------
+# --- access: a run or experiment by id, as its team's rule allows (teams/models.py) ---
 
 
 def check_run_access(user, run_id: int) -> Run:
@@ -57,23 +58,10 @@ def check_experiment_access(user, experiment_id: Any) -> Experiment:
         experiment_id = int(experiment_id)
     except (TypeError, ValueError):
         raise ActionError({"experiment": f"must be an experiment id (got {experiment_id!r})"}) from None
-    experiment = (
-        Experiment.objects.filter(team__in=Team.objects.for_user(user), pk=experiment_id).select_related("team").first()
-    )
+    experiment = Experiment.objects.visible_to(user).filter(pk=experiment_id).select_related("team").first()
     if experiment is None:
         raise ActionError({"experiment": f"no experiment {experiment_id} in your teams"})
     return experiment
-
-
-def check_team_access(user, team: Any) -> Team:
-    """A team of the user's, by id or slug."""
-    if bad := nul_errors({"team": team}):
-        raise ActionError(bad)
-    teams = Team.objects.for_user(user)
-    found = teams.filter(pk=team).first() if ID_TEXT.fullmatch(str(team)) else teams.filter(slug=team).first()
-    if found is None:
-        raise ActionError({"team": f"you are not a member of team {team!r}"})
-    return found
 
 
 # --- experiments --------------------------------------------------------------------
@@ -135,33 +123,6 @@ def check_priority(value: Any, *, field: str = "priority") -> int:
     return value
 
 
-def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:
-    """The config `preset` + `overrides` stand for, and every field error that keeps it
-    from running here: the engine's own validation (`presets.build`) and the operator's
-    paths, limits and cluster (`admission.config_errors`). The launch and saved
-    configurations check through here, so both refuse with the same messages."""
-    try:
-        config = build(preset, overrides)
-    except UnknownPreset as exc:
-        return None, {"preset": str(exc)}
-    except ValidationError as exc:
-        return None, field_errors(exc, model=RunConfig, root="config")
-    return config, admission.config_errors(config)
-
-
-def check_saved_config_access(user, saved_config: Any, *, field: str = "saved_config") -> SavedConfig:
-    """A saved configuration version of one of the user's teams, by id; ActionError on
-    `field` otherwise (an outsider learns nothing about other teams' configurations)."""
-    try:
-        saved_id = int(saved_config)
-    except (TypeError, ValueError):
-        raise ActionError({field: f"must be a saved configuration id (got {saved_config!r})"}) from None
-    found = SavedConfig.objects.visible_to(user).select_related("team").filter(pk=saved_id).first()
-    if found is None:
-        raise ActionError({field: f"no saved configuration {saved_id} in your teams"})
-    return found
-
-
 def check_launch(
     user,
     *,
@@ -174,71 +135,26 @@ def check_launch(
     priority: Any = None,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
-    shows them all at once. Config validation is the engine's own (`presets.build`).
+    shows them all at once (Forbidden at once if the user's role may not launch there).
 
     `saved_config` (an id) launches a team's saved configuration version instead of a
     built-in `preset`: its base preset and overrides, with `overrides` merged on top.
     The run lands in the configuration's team (its default experiment unless one of
     that team's experiments is given). `priority` orders the run in the queue
-    (`check_priority`)."""
+    (`check_priority`). The config is validated here, once (`configs.policy`); the
+    LaunchRequest carries it typed from here on."""
     errors: dict[str, str] = {}
-    exp_obj = team_obj = saved = None
-    if saved_config not in (None, ""):
-        if preset:
-            errors["preset"] = "give a preset or a saved_config, not both"
-        try:
-            saved = check_saved_config_access(user, saved_config)
-        except ActionError as exc:
-            errors.update(exc.errors)
-    try:
-        if experiment not in (None, ""):
-            exp_obj = check_experiment_access(user, experiment)
-            team_obj = exp_obj.team
-        elif team not in (None, ""):
-            team_obj = check_team_access(user, team)
-        elif saved is not None:
-            team_obj = saved.team
-        else:
-            errors["experiment"] = "choose an experiment (or give a team to use its default one)"
-    except ActionError as exc:
-        errors.update(exc.errors)
-    if team_obj is not None:  # a team the user sees; launching in it needs a role that may
-        roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
-    if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
-        errors["saved_config"] = (
-            f"configuration {saved.label!r} belongs to team {saved.team.name}; "
-            f"launch it into one of {saved.team.name}'s experiments"
-        )
-
-    try:
+    saved = _check_saved_config(user, saved_config, preset, errors)
+    exp_obj, team_obj = _check_place(user, experiment, team, saved, errors)
+    with collected(errors):
         priority = check_priority(priority)
-    except ActionError as exc:
-        errors.update(exc.errors)
-
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
         errors["name"] = f"at most {RUN_NAME_MAX} characters (got {len(name)})"
-
-    if overrides in (None, ""):
-        overrides = {}
-    if not isinstance(overrides, dict):
-        errors["overrides"] = 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'
-        overrides = {}
-
-    config = None
-    if saved is not None:
-        # Stored as the base preset + every override, so the run's preset and overrides
-        # alone rebuild its config; `saved_config` names the version they came from.
-        preset, overrides = saved.base_preset, deep_merge(saved.overrides, overrides)
-    if not preset:
-        if saved_config in (None, ""):  # else: refused above, its config cannot be known
-            errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
-    else:
-        config, config_errors = check_config(preset, overrides)
-        errors.update(config_errors)
-
+    preset, overrides, config = _check_run_config(preset, overrides, saved, saved_config not in (None, ""), errors)
     if errors:
         raise ActionError(errors)
+    assert team_obj is not None and config is not None  # else the errors say why
     return LaunchRequest(
         experiment=exp_obj,
         team=team_obj,
@@ -249,6 +165,67 @@ def check_launch(
         saved_config=saved,
         priority=priority,
     )
+
+
+def _check_saved_config(user, saved_config: Any, preset: str, errors: dict[str, str]) -> SavedConfig | None:
+    """The saved configuration a launch asks for (None: a built-in preset, or refused)."""
+    if saved_config in (None, ""):
+        return None
+    if preset:
+        errors["preset"] = "give a preset or a saved_config, not both"
+    with collected(errors):
+        return check_saved_config_access(user, saved_config)
+    return None
+
+
+def _check_place(
+    user, experiment: Any, team: Any, saved: SavedConfig | None, errors: dict[str, str]
+) -> tuple[Experiment | None, Team | None]:
+    """Where the run lands: the experiment given, else the default experiment of the
+    team given or of the saved configuration's team. Launching there needs a role that
+    may (Forbidden, raised at once)."""
+    exp_obj = team_obj = None
+    with collected(errors):
+        if experiment not in (None, ""):
+            exp_obj = check_experiment_access(user, experiment)
+            team_obj = exp_obj.team
+        elif team not in (None, ""):
+            team_obj = check_team_access(user, team)
+        elif saved is not None:
+            team_obj = saved.team
+        else:
+            errors["experiment"] = "choose an experiment (or give a team to use its default one)"
+    if team_obj is not None:
+        roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
+    if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:
+        errors["saved_config"] = (
+            f"configuration {saved.label!r} belongs to team {saved.team.name}; "
+            f"launch it into one of {saved.team.name}'s experiments"
+        )
+    return exp_obj, team_obj
+
+
+def _check_run_config(
+    preset: str, overrides: Any, saved: SavedConfig | None, saved_asked: bool, errors: dict[str, str]
+) -> tuple[str, dict, RunConfig | None]:
+    """(preset, overrides, config) of the run: the preset with the overrides on top, or
+    the saved configuration's base preset with its overrides and these on top."""
+    if overrides in (None, ""):
+        overrides = {}
+    if not isinstance(overrides, dict):
+        errors["overrides"] = 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'
+        overrides = {}
+    if saved is not None:
+        # Stored as the base preset + every override, so the run's preset and overrides
+        # alone rebuild its config; `saved_config` names the version they came from.
+        preset, overrides = saved.base_preset, deep_merge(saved.overrides, overrides)
+    if not preset:
+        if not saved_asked:  # else: refused above, its config cannot be known
+            errors["preset"] = f"choose a preset: {', '.join(sorted(PRESETS))}"
+        return preset, overrides, None
+    config, config_errors = check_config(preset, overrides)
+    errors.update(config_errors)
+    return preset, overrides, config
 
 
 def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:

@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from rollway.channel_layer import LOST_EVENT
+from foundation.channel_layer import LOST_EVENT
 from runs import events
 from runs.models import Run
 from teams.models import Team
@@ -44,9 +44,9 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
 
     async def dispatch(self, message: dict) -> None:
         # Channels closes stale database connections before every handler, in a thread
-        # hop (sync_to_async) per message and viewer: with 200 viewers on a live run that
-        # was a thousand hops a second, a sixth of the web process's samples
-        # (bench/ws_fanout.py under py-spy). These handlers use no connection to close.
+        # hop (sync_to_async) per message and viewer: with many viewers on a live run, a
+        # large share of the web process's time (docs/performance.md). These handlers use
+        # no connection to close.
         if message["type"] in NO_DATABASE:
             handler = getattr(self, get_handler_name(message))
             await handler(message)
@@ -64,7 +64,7 @@ class _RefusingConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
 
     async def channel_layer_lost(self, event: dict) -> None:
-        # Redis went away (rollway/channel_layer.py): events published meanwhile are lost,
+        # Redis went away (foundation/channel_layer.py): events published meanwhile are lost,
         # so the socket closes and the page catches up from the API when it reconnects.
         await self.close(code=CLOSE_LAYER_LOST)
 

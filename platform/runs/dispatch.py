@@ -4,14 +4,16 @@ The actions layer enqueues tasks by their registered name and never imports the 
 module: the tasks are thin wrappers around the actions, so importing them here would tie
 the two into one loop. The names are part of the deployment (the beat schedule in
 rollway/settings.py names `reconcile_runs`, and a message already queued names its
-task), so runs/tasks.py registers each task under the constant defined here.
+task), so runs/tasks.py registers each task under the constant defined here. They go through
+Celery's current app, which the Django project (`rollway`) makes when it loads: the
+apps never import the project package.
 """
 
 from __future__ import annotations
 
 import logging
 
-from rollway.celery import app as celery_app
+from celery import current_app
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ SCHEDULE_QUEUE = "runs.tasks.schedule_queue"
 def send(task: str, run_id: int | None = None) -> str:
     """Enqueue `task` for run `run_id` (None: a task that takes no run); returns the
     Celery task id. Raises whatever the broker raises."""
-    return celery_app.send_task(task, args=[] if run_id is None else [run_id]).id or ""
+    return current_app.send_task(task, args=[] if run_id is None else [run_id]).id or ""
 
 
 def send_or_log(task: str, run_id: int | None = None) -> str | None:

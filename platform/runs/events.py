@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -37,18 +39,18 @@ def _send(group: str, message: dict) -> None:
         logger.exception("channel layer send to %s failed", group)
 
 
-def points_frame(points: list[dict]) -> str:
+def points_frame(points: Sequence[Mapping[str, Any]]) -> str:
     """The WebSocket frame a run page gets for `points`: {"type": "points", "points": [...]}."""
     return json.dumps({"type": "points", "points": points}, separators=(",", ":"))
 
 
-def send_points(run_id: int, points: list[dict]) -> None:
+def send_points(run_id: int, points: Sequence[Mapping[str, Any]]) -> None:
     """Points as {"series", "step", "value", "time"} dicts, to the run's page.
 
     The frame is encoded here, once, rather than by each of the run's consumers: with
-    200 viewers on a run, encoding the same points 200 times was a tenth of the web
-    process's time (bench/ws_fanout.py under py-spy), and a string crosses the channel
-    layer cheaper than the points as objects."""
+    many viewers on a run, encoding the same points for each of them costs the web
+    process dearly (docs/performance.md), and a string crosses the channel layer cheaper
+    than the points as objects."""
     _send(run_group(run_id), {"type": POINTS_EVENT, "run_id": run_id, "frame": points_frame(points)})
 
 

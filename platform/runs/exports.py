@@ -19,8 +19,8 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
+from foundation.errors import Conflict, NotFound
 from runs.actions import check_run_access
-from runs.errors import Conflict, NotFound
 from runs.models import Run
 from teams import audit, roles
 

@@ -9,7 +9,7 @@ and notes and tags are what people write on a run.
 - **Clone** launches the parent's preset and overrides with the user's edits on top (the
   launch form opens prefilled for it; the API takes the edits in the request).
 
-Each is checked against the same roles, admission limits and queue as a launch
+Each is checked against the same roles, config policy and queue as a launch
 (runs/actions.py), and written to the team's audit log. The reconcile resumes a run whose
 driver died by the same path (`do_auto_resume`), when its config allows restarts.
 """
@@ -22,8 +22,9 @@ from typing import Any
 
 from django.db import transaction
 
-from runs import actions, admission, events
-from runs.errors import ActionError, Conflict
+from configs import policy
+from foundation.errors import ActionError, Conflict
+from runs import actions, events
 from runs.models import Checkpoint, Run, RunTag
 from teams import audit, roles
 from workers.config import RunConfig
@@ -48,7 +49,7 @@ def _check_launchable(user, parent: Run, config: RunConfig) -> None:
     """The member role in the parent's team, and a config the site would launch now (the
     operator's limits and roots may have changed since the parent ran)."""
     roles.require(user, parent.experiment.team, "launch runs", field="run")
-    refused = admission.config_errors(config)
+    refused = policy.config_errors(config)
     if refused:
         raise ActionError(refused)  # by dotted config field, as a launch's refusal
 
@@ -64,13 +65,13 @@ def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run
             **fields,
         )
         run = Run.objects.select_related("experiment__team", "resume_from").get(pk=run.pk)
-        action = {
+        action: dict[str, str] = {
             Origin.RETRY: audit.Action.RETRY,
             Origin.RESUME: audit.Action.RESUME,
             Origin.CLONE: audit.Action.CLONE,
         }
         detail = {"child": run.pk}
-        if run.resume_from_id:
+        if run.resume_from is not None:
             detail["step"] = run.resume_from.step
         audit.record(user, parent.experiment.team, action[origin], f"run {parent.pk}", **detail)
         transaction.on_commit(lambda: events.send_status(run))
@@ -87,7 +88,7 @@ def check_retry(user, run_id: int) -> Run:
     parent = actions.check_run_access(user, run_id)
     if parent.status not in ENDED:
         raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
-    _check_launchable(user, parent, RunConfig.model_validate(parent.config))
+    _check_launchable(user, parent, parent.run_config)
     return parent
 
 
@@ -128,7 +129,7 @@ def check_resume(user, run_id: int, step: Any = None) -> tuple[Run, Checkpoint]:
             raise Conflict(
                 {"run": f"run {parent.pk} has no checkpoint to resume from (set checkpoint.every_steps to keep some)"}
             )
-    config = RunConfig.model_validate(parent.config)
+    config = parent.run_config
     if checkpoint.step >= config.stop.max_steps:
         raise Conflict(
             {"step": f"the checkpoint at step {checkpoint.step} is already at stop.max_steps={config.stop.max_steps}"}

@@ -26,8 +26,8 @@ from typing import Any
 from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, Now
 
+from foundation.errors import ActionError, nul_errors
 from runs import rollups
-from runs.errors import ActionError, nul_errors
 from runs.models import MetricPoint, Run
 
 DEFAULT_PAGE_SIZE = 50

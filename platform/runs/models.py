@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cached_property
 
 from django.conf import settings
 from django.db import connections, models, transaction
@@ -20,7 +21,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import pgbulk, rollups
-from teams.models import Team
+from teams.models import Team, TeamOwnedQuerySet
+from workers.config import RunConfig
+from workers.reporter import PHASE_DETAIL_MAX
 
 
 def new_ingest_token() -> str:
@@ -42,6 +45,8 @@ class Experiment(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = TeamOwnedQuerySet.as_manager()
+
     class Meta:
         ordering = ["team__name", "name"]
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_experiment_name")]
@@ -50,7 +55,7 @@ class Experiment(models.Model):
         return f"{self.team} / {self.name}"
 
 
-def admission_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
+def queue_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
     """The run queue's order (runs/queue.py explains why) of (run id, priority, team id)
     rows given oldest first: higher priority first; within a priority the teams take
     turns, each team's oldest run first, then each team's second, and so on; first come
@@ -67,29 +72,25 @@ def admission_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
     return order
 
 
-class RunQuerySet(models.QuerySet):
-    def visible_to(self, user) -> RunQuerySet:
-        """Runs of the teams `user` belongs to."""
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(experiment__team__in=Team.objects.for_user(user))
+class RunQuerySet(TeamOwnedQuerySet):
+    team_path = "experiment__team"
 
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)
 
-    def in_admission_order(self) -> list[Run]:
-        """These runs in the order the run queue admits them (`admission_order`). Loads
+    def in_queue_order(self) -> list[Run]:
+        """These runs in the order the run queue schedules them (`queue_order`). Loads
         each run's experiment (for its team)."""
         runs = {run.pk: run for run in self.select_related("experiment").order_by("created_at", "pk")}
         rows = [(pk, run.priority, run.experiment.team_id) for pk, run in runs.items()]
-        return [runs[pk] for pk in admission_order(rows)]
+        return [runs[pk] for pk in queue_order(rows)]
 
     def queue_positions(self) -> dict[int, int]:
-        """{run id: 1-based place} of the runs waiting in the queue, in admission order.
+        """{run id: 1-based place} of the runs waiting in the queue, in queue order.
         One query of three columns: cheap enough for every row of a list page."""
-        waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_ADMITTED)
+        waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_SCHEDULED)
         rows = waiting.order_by("created_at", "pk").values_list("pk", "priority", "experiment__team_id")
-        return {pk: place for place, pk in enumerate(admission_order(rows), start=1)}
+        return {pk: place for place, pk in enumerate(queue_order(rows), start=1)}
 
 
 class Run(models.Model):
@@ -122,12 +123,12 @@ class Run(models.Model):
         Status.FAILED: frozenset({Status.QUEUED, Status.STARTING, Status.RUNNING, Status.CANCELLING}),
     }
     LOST_REASON = "lost: driver actor not found"
-    # Run.phase of a queued run (runs/queue.py): waiting for the queue, or admitted by it
+    # Run.phase of a queued run (runs/queue.py): waiting for the queue, or scheduled by it
     # and waiting for a worker to claim it (queued → starting); phase_detail says why a
     # waiting run waits, as the scheduler last saw it.
     QUEUE_WAITING = "waiting"
-    QUEUE_ADMITTED = "admitted"
-    QUEUE_ADMITTED_DETAIL = "admitted: a worker is starting it"
+    QUEUE_SCHEDULED = "scheduled"
+    QUEUE_SCHEDULED_DETAIL = "scheduled: a worker is starting it"
     QUEUE_NOT_SEEN = "the scheduler has not looked at it yet"
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
@@ -157,12 +158,12 @@ class Run(models.Model):
     ingest_token = models.CharField(max_length=64, default=new_ingest_token, editable=False)
     celery_task_id = models.CharField(max_length=64, blank=True)
     ray_actor = models.CharField(max_length=100, blank=True, help_text="Detached driver actor.")
-    # The run queue admits higher priorities first, first come first served within one.
+    # The run queue schedules higher priorities first, first come first served within one.
     priority = models.SmallIntegerField(default=0, help_text="Higher starts first; FIFO within a priority.")
     # What a starting or running run is doing, as its driver last reported it (e.g. warm
     # start, starting inference engines, first step, stepping), and a detail for people.
     phase = models.CharField(max_length=32, blank=True)
-    phase_detail = models.CharField(max_length=200, blank=True)
+    phase_detail = models.CharField(max_length=PHASE_DETAIL_MAX, blank=True)
     # The saved configuration version this run was launched from (None: a built-in
     # preset). RESTRICT, not SET_NULL: a version a run ran cannot be deleted on its own,
     # so the run never loses the record of what it ran; unlike PROTECT it still lets a
@@ -184,6 +185,8 @@ class Run(models.Model):
     notes = models.TextField(blank=True)
 
     objects = RunQuerySet.as_manager()
+    # A run's place in the queue, where the code that loaded it knew it (`queue_position`).
+    known_queue_position: int | None = None
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -194,6 +197,12 @@ class Run(models.Model):
     @property
     def team(self) -> Team:
         return self.experiment.team
+
+    @cached_property
+    def run_config(self) -> RunConfig:
+        """The stored config as the engine's typed RunConfig: validated once where it came
+        in (`configs.policy.check_config`), read back from its JSON once per loaded row."""
+        return RunConfig.model_validate(self.config)
 
     @property
     def is_terminal(self) -> bool:
@@ -207,16 +216,15 @@ class Run(models.Model):
         return reverse("dashboard:run", args=[self.pk])
 
     def queue_position(self) -> int | None:
-        """1-based place among the runs waiting in the queue, in its admission order
-        (runs/queue.py); None for any other run, including one the queue has admitted and
+        """1-based place among the runs waiting in the queue, in its queue order
+        (runs/queue.py); None for any other run, including one the queue has scheduled and
         a worker is about to start. One query, and none for a run that is not queued or
         whose place its loader already set (`known_queue_position`, e.g. from
         `Run.objects.queue_positions()` for a whole page of runs)."""
-        if self.status != self.Status.QUEUED or self.phase == self.QUEUE_ADMITTED:
+        if self.status != self.Status.QUEUED or self.phase == self.QUEUE_SCHEDULED:
             return None
-        known = getattr(self, "known_queue_position", None)
-        if known is not None:
-            return known
+        if self.known_queue_position is not None:
+            return self.known_queue_position
         return Run.objects.queue_positions().get(self.pk)
 
     def waiting_for(self) -> str | None:
@@ -224,8 +232,8 @@ class Run(models.Model):
         are active (ROLLWAY_MAX_RUNNING=2)"; None unless queued. No query, no call to Ray."""
         if self.status != self.Status.QUEUED:
             return None
-        if self.phase == self.QUEUE_ADMITTED:
-            return self.QUEUE_ADMITTED_DETAIL
+        if self.phase == self.QUEUE_SCHEDULED:
+            return self.QUEUE_SCHEDULED_DETAIL
         return self.phase_detail or self.QUEUE_NOT_SEEN
 
     def transition(self, status: str, *, error: str = "", only_from: Iterable[str] | None = None) -> bool:
@@ -386,14 +394,15 @@ class MetricPointQuerySet(models.QuerySet):
             rollups.refresh(run_id, latest.keys(), using=self.db)
         return len(latest)
 
-    # Hand-written SQL because the ORM's bulk_create spends ~100 µs per point building
-    # model instances and SQL (and SQLite caps a statement at 999 parameters): ingest
-    # must take 10k+ points/s on two cores. Same semantics as `_upsert_orm`.
+    # Hand-written SQL because the ORM's bulk_create builds a model instance and SQL per
+    # point (and SQLite caps a statement at 999 parameters), too slow for an ingest that
+    # must take 10k+ points/s on two cores (docs/performance.md). Same semantics as
+    # `_upsert_orm`.
     _COLUMNS = '(run_id, series, step, value, "time")'
     _CONFLICT = 'ON CONFLICT (run_id, series, step) DO UPDATE SET value = EXCLUDED.value, "time" = EXCLUDED."time"'
 
     def _upsert_orm(self, run_id: int, latest: dict) -> None:
-        """Portable but ~10× slower: for databases without a hand-written path."""
+        """Portable but far slower: for databases without a hand-written path."""
         self.bulk_create(
             [
                 MetricPoint(run_id=run_id, series=series, step=step, value=value, time=t)
@@ -481,45 +490,3 @@ class SeriesBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.series}[{self.idx * self.width}:{(self.idx + 1) * self.width}] n={self.n}"
-
-
-class ClusterCapacity(models.Model):
-    """What the Ray cluster has in total, as last seen by the Celery worker (one row).
-
-    The web process never talks to Ray, yet a launch that could never fit must be refused
-    there, with the field to change: it checks against this row. The worker records it
-    each time it asks Ray (before a run starts, and on reconcile)."""
-
-    cpus = models.FloatField()
-    memory_bytes = models.BigIntegerField()
-    gpus = models.FloatField(default=0.0)
-    seen_at = models.DateTimeField()
-
-    SINGLETON = 1
-
-    def __str__(self) -> str:
-        memory = self.memory_bytes / 2**30
-        return f"{self.cpus:g} CPUs, {memory:.1f} GiB, {self.gpus:g} GPUs at {self.seen_at:%Y-%m-%d %H:%M}"
-
-    @classmethod
-    def record(cls, capacity) -> None:
-        """Store `capacity` (a workers.admission.Capacity) as the latest seen."""
-        cls.objects.update_or_create(
-            pk=cls.SINGLETON,
-            defaults={
-                "cpus": capacity.cpus,
-                "memory_bytes": capacity.memory_bytes,
-                "gpus": capacity.gpus,
-                "seen_at": timezone.now(),
-            },
-        )
-
-    @classmethod
-    def latest(cls):
-        """The last capacity seen (a workers.admission.Capacity), or None before any."""
-        from workers.admission import Capacity
-
-        row = cls.objects.filter(pk=cls.SINGLETON).first()
-        if row is None:
-            return None
-        return Capacity(cpus=row.cpus, memory_bytes=row.memory_bytes, gpus=row.gpus)

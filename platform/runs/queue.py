@@ -1,7 +1,7 @@
 """The run queue: which queued runs may start now, in what order, and why the rest wait.
 
 A launched run stays `queued` until the scheduler (`do_schedule_queue`, the Celery task
-`schedule_queue`) admits it; only then is `launch_run` sent for it. A run is admitted
+`schedule_queue`) schedules it; only then is `launch_run` sent for it. A run is scheduled
 when all three hold:
 
 1. fewer than `ROLLWAY_MAX_RUNNING` runs are active on the site;
@@ -9,14 +9,14 @@ when all three hold:
 3. the cluster's free resources cover what its config asks for
    (`workers.admission.demand`: CPUs, GPUs and an estimate of memory).
 
-"Active" is starting, running or cancelling, plus runs admitted but not yet claimed by
-`launch_run` (queued with phase `admitted`): they hold their place from the moment the
+"Active" is starting, running or cancelling, plus runs scheduled but not yet claimed by
+`launch_run` (queued with phase `scheduled`): they hold their place from the moment the
 scheduler lets them through. "Free" is the smaller of what Ray says is available now
 (other users of the cluster count) and the cluster's total less the demand of every
-active run: our actors do not reserve memory in Ray, and a run admitted a moment ago has
+active run: our actors do not reserve memory in Ray, and a run scheduled a moment ago has
 not placed its actors yet, so Ray's own figure alone would let two runs take one slot.
 
-**Admission order** (`Run.objects.in_admission_order`): higher `Run.priority` first.
+**Queue order** (`Run.objects.in_queue_order`): higher `Run.priority` first.
 Within a priority, round-robin over teams — each team's first queued run, teams ordered
 by how long that run has waited, then each team's second, and so on — so a team that
 queues twenty runs does not make another team's one run wait behind all of them. Within
@@ -26,22 +26,22 @@ a team and a priority, first come first served. `Run.queue_position()` is the pl
 
 - a run that waits for its *team's* limit is passed over: its team's own runs are what
   it waits for, and it is first in line again when one of them ends;
-- once a run waits for the *cluster*, nothing after it in the order is admitted. Runs
+- once a run waits for the *cluster*, nothing after it in the order is scheduled. Runs
   behind it that happen to fit would otherwise keep taking the CPUs, GPUs and memory it
   waits for, and a big run could wait forever behind a stream of small ones. The cost is
   some idle capacity while it waits; every run ahead of it eventually ends.
-- when the site's limit is reached, nothing is admitted.
+- when the site's limit is reached, nothing is scheduled.
 
 All of the queue's state is in the Run rows (status, phase, priority, created_at), so it
 survives restarts of web, worker and beat: the scheduler runs after every launch, after
 every run that ends, and from reconcile on every beat.
 
 **Concurrency.** Two schedulers running at once could each count one free slot and
-admit two different runs. Each pass therefore runs in one transaction holding a lock
+schedule two different runs. Each pass therefore runs in one transaction holding a lock
 that serializes schedulers: a PostgreSQL transaction-level advisory lock (any number of
 worker processes), or on other databases (the embedded SQLite setup runs one worker
-process) a process-wide lock. Each admission is also a conditional UPDATE (queued and
-not yet admitted), so a run is never admitted twice.
+process) a process-wide lock. Scheduling a run is also a conditional UPDATE (queued and
+not yet scheduled), so a run is never scheduled twice.
 """
 
 from __future__ import annotations
@@ -52,48 +52,49 @@ from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs import dispatch, engine, events
+from foundation.fields import max_length
+from runs import dispatch, events, in_ray
 from runs.models import Run
-from workers.admission import Capacity, capacity_errors, demand
-from workers.config import RunConfig
+from workers.admission import Capacity, Demand, capacity_errors, demand
 from workers.failures import explain
 
 logger = logging.getLogger(__name__)
 
 Status = Run.Status
 
-# Run.phase of a queued run: waiting for the scheduler, or admitted and waiting for a
+# Run.phase of a queued run: waiting for the scheduler, or scheduled and waiting for a
 # worker to claim it (launch_run: queued → starting).
 WAITING = Run.QUEUE_WAITING
-ADMITTED = Run.QUEUE_ADMITTED
-ADMITTED_DETAIL = Run.QUEUE_ADMITTED_DETAIL
+SCHEDULED = Run.QUEUE_SCHEDULED
+SCHEDULED_DETAIL = Run.QUEUE_SCHEDULED_DETAIL
 NOT_SEEN = Run.QUEUE_NOT_SEEN
 # Any fixed 64-bit number: the PostgreSQL advisory lock that one scheduler holds at a time.
 ADVISORY_LOCK_KEY = 0x526F6C6C51  # "RollQ"
 # A detail is at most this long (Run.phase_detail).
-DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
+DETAIL_MAX = max_length(Run, "phase_detail")
 
 _process_lock = threading.Lock()
 
 
 def active_runs():
-    """Runs that hold a slot: starting, running, cancelling, or admitted and not yet claimed."""
+    """Runs that hold a slot: starting, running, cancelling, or scheduled and not yet claimed."""
     return Run.objects.filter(
-        Q(status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]) | Q(status=Status.QUEUED, phase=ADMITTED)
+        Q(status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]) | Q(status=Status.QUEUED, phase=SCHEDULED)
     )
 
 
 def queued_in_order(*, configs: bool = True) -> list[Run]:
-    """The queued runs in admission order (`Run.objects.in_admission_order`, the module
+    """The queued runs in queue order (`Run.objects.in_queue_order`, the module
     doc says why); `configs=False`: without their config JSON."""
     runs = Run.objects.filter(status=Status.QUEUED).select_related("experiment__team")
-    return (runs if configs else runs.defer("config", "overrides")).in_admission_order()
+    return (runs if configs else runs.defer("config", "overrides")).in_queue_order()
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class Free:
     memory_bytes: int
     gpus: float = 0.0
 
+    def less(self, need: Demand) -> Free:
+        return Free(self.cpus - need.cpus, self.memory_bytes - need.memory_bytes, self.gpus - need.gpus)
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
@@ -113,9 +117,8 @@ def _runs(n: int) -> str:
     return f"{n} run is" if n == 1 else f"{n} runs are"
 
 
-def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
-    """Why the cluster cannot take a run of `cfg` now ("" if it can)."""
-    need = demand(cfg)
+def cluster_shortfall(need: Demand, free: Free) -> str:
+    """Why the cluster cannot give a run what it needs now ("" if it can)."""
     if need.cpus > free.cpus + 1e-9:
         return f"the cluster has {max(free.cpus, 0):.2f} of the {need.cpus:.2f} CPUs it needs free"
     if need.gpus > free.gpus + 1e-9:
@@ -128,17 +131,71 @@ def cluster_shortfall(cfg: RunConfig, free: Free) -> str:
 
 def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) -> Free:
     """The smaller of Ray's available resources and the total less every active run's demand."""
-    cpus, memory, gpus = total.cpus, total.memory_bytes, total.gpus
+    free = Free(total.cpus, total.memory_bytes, total.gpus)
     for run in active:
-        need = demand(RunConfig.model_validate(run.config))
-        cpus -= need.cpus
-        memory -= need.memory_bytes
-        gpus -= need.gpus
+        free = free.less(demand(run.run_config))
     return Free(
-        cpus=min(cpus, available.cpus),
-        memory_bytes=min(memory, available.memory_bytes),
-        gpus=min(gpus, available.gpus),
+        cpus=min(free.cpus, available.cpus),
+        memory_bytes=min(free.memory_bytes, available.memory_bytes),
+        gpus=min(free.gpus, available.gpus),
     )
+
+
+class Room:
+    """What one scheduler pass can still give (the module doc says how it is reckoned):
+    places on the site and in each team, and the cluster's free resources. Made under
+    the scheduler's lock, from the active runs."""
+
+    def __init__(self, cluster: tuple[Capacity, Capacity] | str) -> None:
+        self.active = list(active_runs().select_related("experiment__team"))
+        self.per_team: dict[int, int] = defaultdict(int)
+        for run in self.active:
+            self.per_team[run.experiment.team_id] += 1
+        self.total: Capacity | None = None  # the cluster's total: None while Ray cannot be asked
+        self.free: Free | None = None
+        self.unreachable = ""  # why Ray cannot be asked
+        if isinstance(cluster, str):
+            self.unreachable = cluster
+        else:
+            self.total, self.free = cluster[0], free_resources(*cluster, self.active)
+        self.blocked_by: Run | None = None  # the first run waiting for the cluster
+        self.max_running = settings.ROLLWAY_MAX_RUNNING
+        self.max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
+        self._needs: dict[int, Demand] = {}
+
+    def need(self, run: Run) -> Demand:
+        """What `run` asks of the cluster, worked out once per pass, and only for a run
+        that gets as far as the cluster (sizing a model may read its checkpoint)."""
+        if run.pk not in self._needs:
+            self._needs[run.pk] = demand(run.run_config)
+        return self._needs[run.pk]
+
+    def why_wait(self, run: Run) -> str:
+        """Why `run` may not start in this pass ("" if it may)."""
+        team = run.experiment.team
+        if len(self.active) >= self.max_running:
+            return f"{_runs(len(self.active))} active (ROLLWAY_MAX_RUNNING={self.max_running})"
+        if self.blocked_by is not None:
+            return f"run #{self.blocked_by.pk} is ahead of it and waits for the cluster"
+        if self.per_team[team.pk] >= self.max_per_team:
+            return f"team {team.name} has {self.per_team[team.pk]} runs active (limit {self.max_per_team})"
+        if self.total is None or self.free is None:
+            return self.unreachable
+        if capacity_errors(run.run_config, self.total):
+            # It can never fit (launched before any capacity was seen): it goes, so that
+            # launch_run refuses it with the reason instead of it holding the line.
+            return ""
+        reason = cluster_shortfall(self.need(run), self.free)
+        if reason:
+            self.blocked_by = run
+        return reason
+
+    def take(self, run: Run) -> None:
+        """`run` starts: it holds a place on the site and in its team, and what it needs."""
+        self.active.append(run)
+        self.per_team[run.experiment.team_id] += 1
+        if self.free is not None:
+            self.free = self.free.less(self.need(run))
 
 
 @contextmanager
@@ -155,106 +212,79 @@ def _scheduler_lock():
 
 def _read_cluster() -> tuple[Capacity, Capacity] | str:
     """(total, available) from Ray, or why Ray cannot be asked (logged)."""
-    lifecycle = engine.ray_lifecycle()
+    lifecycle = in_ray.ray_lifecycle()
     try:
         total = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         available = lifecycle.available_capacity(ray_address=settings.RAY_ADDRESS)
     except Exception as exc:
-        # Ray unreachable: admitting a run now would only fail its launch; the next
+        # Ray unreachable: scheduling a run now would only fail its launch; the next
         # pass (after a run ends, or the next beat) tries again.
-        logger.warning("queue: cannot read the cluster's resources; admitting nothing", exc_info=True)
+        logger.warning("queue: cannot read the cluster's resources; scheduling nothing", exc_info=True)
         return explain(exc, ray_address=settings.RAY_ADDRESS, what="Asking Ray for its free resources").message
-    engine.record_capacity(total)  # the launch check's view of the cluster stays fresh
+    in_ray.record_capacity(total)  # the launch check's view of the cluster stays fresh
     return total, available
 
 
 def do_schedule_queue() -> list[int]:
-    """Admit every queued run that may start now (module doc) and send `launch_run` for
+    """Schedule every queued run that may start now (module doc) and send `launch_run` for
     each once committed; record why each other queued run waits (its phase_detail).
-    Returns the ids admitted, in admission order."""
-    if not Run.objects.filter(status=Status.QUEUED).exclude(phase=ADMITTED).exists():
+    Returns the ids scheduled, in queue order."""
+    if not Run.objects.filter(status=Status.QUEUED).exclude(phase=SCHEDULED).exists():
         return []  # nothing waits: do not even ask Ray
     # Asked before the lock is taken: a slow Ray must not hold up other schedulers. The
     # totals may be a moment old by the time they are used; the run's own launch checks
     # again against the live cluster.
     cluster = _read_cluster()
-    max_running = settings.ROLLWAY_MAX_RUNNING
-    max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
-    admitted: list[Run] = []
+    scheduled: list[Run] = []
     with transaction.atomic(), _scheduler_lock():
-        active = list(active_runs().select_related("experiment__team"))
-        per_team: dict[int, int] = defaultdict(int)
-        for run in active:
-            per_team[run.experiment.team_id] += 1
-        free = free_resources(*cluster, active) if not isinstance(cluster, str) else None
-        blocked_by: Run | None = None  # the first run waiting for the cluster
+        room = Room(cluster)
         reasons: dict[int, str] = {}
         for run in queued_in_order():
-            if run.phase == ADMITTED:
+            if run.phase == SCHEDULED:
                 continue  # counted among the active
-            team = run.experiment.team
-            reason = ""
-            if len(active) >= max_running:
-                reason = f"{_runs(len(active))} active (ROLLWAY_MAX_RUNNING={max_running})"
-            elif blocked_by is not None:
-                reason = f"run #{blocked_by.pk} is ahead of it and waits for the cluster"
-            elif per_team[team.pk] >= max_per_team:
-                reason = f"team {team.name} has {per_team[team.pk]} runs active (limit {max_per_team})"
-            elif free is None:
-                reason = cluster  # why Ray could not be asked
-            elif not capacity_errors(RunConfig.model_validate(run.config), cluster[0]):
-                reason = cluster_shortfall(RunConfig.model_validate(run.config), free)
-                if reason:
-                    blocked_by = run
-            # else: it can never fit (launched before any capacity was seen): admitted,
-            # so that launch_run refuses it with the reason instead of it holding the line.
+            reason = room.why_wait(run)
             if reason:
                 reasons[run.pk] = reason[:DETAIL_MAX]
-                continue
-            claimed = (
-                Run.objects.filter(pk=run.pk, status=Status.QUEUED)
-                .exclude(phase=ADMITTED)
-                # status_changed_at is reconcile's clock for resending a lost launch: it
-                # starts now, not when the run was queued.
-                .update(phase=ADMITTED, phase_detail=ADMITTED_DETAIL, status_changed_at=timezone.now())
-            )
-            if not claimed:
-                continue  # cancelled since it was read
-            need = demand(RunConfig.model_validate(run.config))
-            free = Free(
-                cpus=free.cpus - need.cpus,
-                memory_bytes=free.memory_bytes - need.memory_bytes,
-                gpus=free.gpus - need.gpus,
-            )
-            active.append(run)
-            per_team[team.pk] += 1
-            admitted.append(run)
-        changed = _record_reasons(reasons, moved=bool(admitted))
-    for run in admitted:
-        transaction.on_commit(lambda run=run: _send_launch(run))
+            elif _claim(run):
+                room.take(run)
+                scheduled.append(run)
+        changed = _record_reasons(reasons, moved=bool(scheduled))
+    for run in scheduled:
+        transaction.on_commit(partial(_send_launch, run))
     if changed:
         positions = Run.objects.queue_positions()  # one query for every event below
         for run in changed:
             run.known_queue_position = positions.get(run.pk)
-            transaction.on_commit(lambda run=run: events.send_status(run))
-    if admitted:
-        logger.info("queue: admitted runs %s", ", ".join(str(r.pk) for r in admitted))
-    return [r.pk for r in admitted]
+            transaction.on_commit(partial(events.send_status, run))
+    if scheduled:
+        logger.info("queue: scheduled runs %s", ", ".join(str(r.pk) for r in scheduled))
+    return [r.pk for r in scheduled]
+
+
+def _claim(run: Run) -> bool:
+    """Mark `run` scheduled, unless it was cancelled since it was read."""
+    return bool(
+        Run.objects.filter(pk=run.pk, status=Status.QUEUED)
+        .exclude(phase=SCHEDULED)
+        # status_changed_at is reconcile's clock for resending a lost launch: it starts
+        # now, not when the run was queued.
+        .update(phase=SCHEDULED, phase_detail=SCHEDULED_DETAIL, status_changed_at=timezone.now())
+    )
 
 
 def _record_reasons(reasons: dict[int, str], *, moved: bool) -> list[Run]:
     """Store each waiting run's reason where it changed. Returns the waiting runs whose
     watchers should hear of it: those whose reason changed, or all of them if `moved`
-    (a run ahead was admitted, so every place in the queue changed)."""
+    (a run ahead was scheduled, so every place in the queue changed)."""
     changed = []
     for run in (
         Run.objects.filter(pk__in=reasons, status=Status.QUEUED)
-        .exclude(phase=ADMITTED)
+        .exclude(phase=SCHEDULED)
         .select_related("experiment__team")
     ):
         reason = reasons[run.pk]
         if (run.phase, run.phase_detail) != (WAITING, reason):
-            Run.objects.filter(pk=run.pk, status=Status.QUEUED).exclude(phase=ADMITTED).update(
+            Run.objects.filter(pk=run.pk, status=Status.QUEUED).exclude(phase=SCHEDULED).update(
                 phase=WAITING, phase_detail=reason
             )
             run.phase, run.phase_detail = WAITING, reason

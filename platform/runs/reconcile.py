@@ -21,21 +21,22 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from runs import admission, dispatch, engine, lineage, queue
+from runs import dispatch, in_ray, lineage, queue
 from runs.actions import do_set_run_status
-from runs.models import Checkpoint, ClusterCapacity, MetricPoint, Run
+from runs.models import Checkpoint, MetricPoint, Run
 from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
-from workers.reporter import clear_spool, read_spool, read_spooled_status
+from workers.reporter import STATUSES, clear_spool, read_spool, read_spooled_status
 
 logger = logging.getLogger(__name__)
 
-# A run the queue admitted that no worker has claimed by then gets its launch message
+# A run the queue scheduled that no worker has claimed by then gets its launch message
 # sent again (the first may have been lost with the worker); launching is idempotent.
 QUEUED_RESEND_S = 60
 # A cancel still in flight this long after it was asked for is sent again.
 CANCEL_RETRY_S = 30
-# What a driver may spool as its end ("running" is not one: such a run is still lost).
-SPOOLED_ENDS = ("succeeded", "failed")
+# What a driver may spool as its end: the engine's statuses that end a run ("running" is
+# not one: such a run is still lost).
+SPOOLED_ENDS = tuple(word for word in STATUSES if Run.Status(word) in Run.TERMINAL)
 
 Status = Run.Status
 
@@ -48,19 +49,7 @@ def do_reconcile_runs() -> dict[str, int]:
     how many runs each of these happened to."""
     now = timezone.now()
     counts = {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
-
-    stuck = Run.objects.filter(
-        status=Status.QUEUED, phase=queue.ADMITTED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
-    )
-    for run in stuck:
-        # Touch the clock so a worker that is down gets one message a minute, not a pile.
-        Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
-        dispatch.send(dispatch.LAUNCH_RUN, run.pk)
-        counts["resent"] += 1
-    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.ADMITTED).exists():
-        # The queue's state is all in the rows: whatever message was lost (a restart of
-        # web, worker or beat), this pass sees the waiting runs and schedules them.
-        dispatch.send(dispatch.SCHEDULE_QUEUE)
+    counts["resent"] += _resend_queue_messages(now)
 
     grace = timedelta(seconds=settings.ROLLWAY_STARTING_GRACE_S)
     candidates = [
@@ -73,9 +62,9 @@ def do_reconcile_runs() -> dict[str, int]:
     if not candidates:
         return counts  # nothing to ask Ray: do not even connect to it
 
-    lifecycle = engine.ray_lifecycle()
+    lifecycle = in_ray.ray_lifecycle()
     try:
-        ClusterCapacity.record(lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS))
+        in_ray.record_capacity(lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS))
     except Exception:
         # Only the launch check's view of the cluster goes stale; settling runs goes on.
         logger.warning("reconcile: cannot read the cluster's capacity", exc_info=True)
@@ -91,22 +80,47 @@ def do_reconcile_runs() -> dict[str, int]:
                 dispatch.send(dispatch.CANCEL_RUN, run.pk)
                 counts["resent"] += 1
             continue
-        # The driver is gone: whatever it left in its scratch directory goes too.
-        admission.remove_run_scratch(run.pk)
-        if do_take_in_spool(run):
-            counts["recovered"] += 1
-            continue
-        if run.status == Status.CANCELLING:
-            if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]):
-                counts["cancelled"] += 1
-        elif run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
-            if do_resume_lost(run, checkpoint, now):
-                counts["resumed"] += 1
-        # only_from the state we saw: a run that just finished keeps its real outcome
-        elif do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
-            logger.warning("run %s lost: %s", run.pk, run.error)
-            counts["lost"] += 1
+        outcome = _settle_gone(run, now)
+        if outcome:
+            counts[outcome] += 1
     return counts
+
+
+def _resend_queue_messages(now: datetime) -> int:
+    """Send again the launch of each run scheduled long ago that no worker claimed, and
+    have the scheduler look while runs wait; how many launches were sent."""
+    stuck = Run.objects.filter(
+        status=Status.QUEUED, phase=queue.SCHEDULED, status_changed_at__lt=now - timedelta(seconds=QUEUED_RESEND_S)
+    )
+    resent = 0
+    for run in stuck:
+        # Touch the clock so a worker that is down gets one message a minute, not a pile.
+        Run.objects.filter(pk=run.pk, status=Status.QUEUED).update(status_changed_at=now)
+        dispatch.send(dispatch.LAUNCH_RUN, run.pk)
+        resent += 1
+    if Run.objects.filter(status=Status.QUEUED).exclude(phase=queue.SCHEDULED).exists():
+        # The queue's state is all in the rows: whatever message was lost (a restart of
+        # web, worker or beat), this pass sees the waiting runs and schedules them.
+        dispatch.send(dispatch.SCHEDULE_QUEUE)
+    return resent
+
+
+def _settle_gone(run: Run, now: datetime) -> str:
+    """Settle a run whose driver actor is gone: "recovered" from its spool, "cancelled",
+    "resumed" from its checkpoint or "lost"; "" if it ended meanwhile."""
+    # Whatever the driver left in its scratch directory goes too.
+    in_ray.remove_run_scratch(run.pk)
+    if do_take_in_spool(run):
+        return "recovered"
+    if run.status == Status.CANCELLING:
+        return "cancelled" if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]) else ""
+    if run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
+        return "resumed" if do_resume_lost(run, checkpoint, now) else ""
+    # only_from the state we saw: a run that just finished keeps its real outcome
+    if do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
+        logger.warning("run %s lost: %s", run.pk, run.error)
+        return "lost"
+    return ""
 
 
 def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> bool:

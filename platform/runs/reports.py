@@ -9,7 +9,7 @@ records through the same `do_*` functions, so the two cannot drift apart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import transaction
@@ -20,23 +20,18 @@ from runs import events
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
 from workers.failures import DETAIL_MAX
+from workers.reporter import PHASE_DETAIL_MAX, PHASES, STATUSES
 
 logger = logging.getLogger(__name__)
 
 SERIES_PATTERN = r"^[a-z0-9_./@-]{1,64}$"
 # The error a failed run gets when its driver reported none.
 NO_REASON = "failed (the driver gave no reason)"
-# The engine's word for each status it may report (workers.reporter.STATUSES).
-REPORTED = {
-    "running": Run.Status.RUNNING,
-    "succeeded": Run.Status.SUCCEEDED,
-    "failed": Run.Status.FAILED,
-}
-
-
-# The engine's words for what a running run is doing (workers.reporter.PHASES).
-ReportedPhase = Literal["warm_start", "starting_engines", "first_step", "stepping"]
-PHASE_DETAIL_MAX = Run._meta.get_field("phase_detail").max_length
+# The status each of the engine's words stands for: the same word on the site.
+REPORTED = {word: Run.Status(word) for word in STATUSES}
+# The engine's words for its statuses and for what a running run is doing.
+ReportedStatus = Literal[STATUSES]  # type: ignore[valid-type]
+ReportedPhase = Literal[PHASES]  # type: ignore[valid-type]
 # MetricPoint.step is a bigint: a larger step would fail the write, not the check.
 MAX_STEP = 2**63 - 1
 
@@ -72,7 +67,7 @@ class StatusIn(TypedDict):
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
-    status: Literal["running", "succeeded", "failed"]  # the keys of REPORTED
+    status: ReportedStatus
     # Why a run failed, for people (workers.failures), and the traceback behind it,
     # which the run's page shows folded; the engine cuts it to this bound.
     error: NotRequired[Annotated[str, Field(max_length=20_000), NO_NUL]]
@@ -85,7 +80,7 @@ class StatusIn(TypedDict):
 STATUS_IN = TypeAdapter(StatusIn)
 
 
-def valid_points(points: Iterable[Any]) -> list[dict]:
+def valid_points(points: Iterable[Any]) -> list[PointIn]:
     """The points that are valid `PointIn`s (for input read from disk, point by point:
     one bad line does not cost the others)."""
     out = []
@@ -97,7 +92,7 @@ def valid_points(points: Iterable[Any]) -> list[dict]:
     return out
 
 
-def do_record_points(run: Run, points: list[dict]) -> int:
+def do_record_points(run: Run, points: Sequence[PointIn]) -> int:
     """Store points idempotently (one row per run, series, step) and stream them to the
     run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
     written = MetricPoint.objects.upsert(run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points))

@@ -3,7 +3,7 @@ wrapper over its action.
 
 Each task is registered under the name runs/dispatch.py sends it by (the beat schedule
 and messages already queued name them too, so they never change); the work itself is
-in runs/engine.py and runs/reconcile.py.
+in runs/in_ray.py and runs/reconcile.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from runs import dispatch
-from runs.engine import do_start_in_ray, do_stop_in_ray
+from runs.in_ray import do_start_in_ray, do_stop_in_ray
 from runs.queue import do_schedule_queue
 from runs.reconcile import do_reconcile_runs
 
@@ -36,5 +36,5 @@ def reconcile_runs() -> dict[str, int]:
 
 @shared_task(name=dispatch.SCHEDULE_QUEUE, ignore_result=True)
 def schedule_queue() -> list[int]:
-    """Admit the queued runs that may start now and send `launch_run` for each."""
+    """Schedule the queued runs that may start now and send `launch_run` for each."""
     return do_schedule_queue()

@@ -9,10 +9,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from runs.actions import check_team_access
-from runs.errors import ActionError, Conflict, NotFound, nul_errors
+from foundation.errors import ActionError, Conflict, NotFound, nul_errors
 from teams import audit, roles
 from teams.models import Membership, Team
+from teams.roles import check_team_access
 
 Role = Membership.Role
 

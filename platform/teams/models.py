@@ -3,6 +3,8 @@ as far as their role in the team allows (teams/roles.py says what each role may 
 
 from __future__ import annotations
 
+from typing import Self
+
 from django.conf import settings
 from django.db import models
 from django.utils.text import slugify
@@ -22,6 +24,19 @@ class TeamQuerySet(models.QuerySet):
         team, _ = self.get_or_create(slug=slugify(name), defaults={"name": name})
         Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.ADMIN})
         return team
+
+
+class TeamOwnedQuerySet(models.QuerySet):
+    """Rows that belong to a team, through the lookup path `team_path`: each is visible
+    to the team's members and to no one else (teams/roles.py says what they may do)."""
+
+    team_path = "team"
+
+    def visible_to(self, user) -> Self:
+        """The rows of the teams `user` belongs to (none for an anonymous user)."""
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(**{f"{self.team_path}__in": Team.objects.for_user(user)})
 
 
 class Team(models.Model):

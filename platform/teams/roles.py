@@ -1,4 +1,4 @@
-"""What each role in a team may do, in one place.
+"""Who may see a team, and what each role in it may do, in one place.
 
 - viewer: reads everything of the team (runs, metrics, comparisons, configurations).
 - member: also launches runs and comparisons (and retries, resumes and clones runs),
@@ -11,11 +11,16 @@ Site staff get no rights in a team from being staff: a superuser has every right
 Django admin is theirs), anyone else only what their membership gives. The actions
 layer asks here before it changes anything; a refusal is `Forbidden` (HTTP 403) naming
 the role the action needs, while a team the user is not in stays invisible (404).
+A team's runs, experiments and configurations are visible exactly to its members
+(`visible_to` on their models builds on `Team.objects.for_user`).
 """
 
 from __future__ import annotations
 
-from runs.errors import Forbidden
+from typing import Any
+
+from foundation.errors import ActionError, Forbidden, nul_errors
+from foundation.ids import ID_TEXT
 from teams.models import Membership, Team
 
 Role = Membership.Role
@@ -71,9 +76,21 @@ def may_cancel(user, run) -> bool:
 def require(user, team: Team, action: str, *, field: str = "team") -> str:
     """The user's role in `team` if it allows `action`; Forbidden on `field` otherwise."""
     role = role_of(user, team)
-    if not allows(role, action):
+    if role is None or not allows(role, action):
         need = NEEDS[action]
         raise Forbidden(
             {field: f"to {action} in team {team.slug} you need the {need} role or higher (yours: {role or 'none'})"}
         )
     return role
+
+
+def check_team_access(user, team: Any) -> Team:
+    """A team of the user's, by id or slug; ActionError on "team" for any other (an
+    outsider learns nothing of other teams)."""
+    if bad := nul_errors({"team": team}):
+        raise ActionError(bad)
+    teams = Team.objects.for_user(user)
+    found = teams.filter(pk=team).first() if ID_TEXT.fullmatch(str(team)) else teams.filter(slug=team).first()
+    if found is None:
+        raise ActionError({"team": f"you are not a member of team {team!r}"})
+    return found

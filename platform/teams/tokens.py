@@ -18,13 +18,14 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from runs.actions import check_team_access
-from runs.errors import ActionError, Forbidden, NotFound, nul_errors
+from foundation.errors import ActionError, Forbidden, NotFound, nul_errors
+from foundation.fields import max_length
 from teams import roles
 from teams.models import ApiToken, Membership
+from teams.roles import check_team_access
 
 PREFIX = "rwp_"
-NAME_MAX = ApiToken._meta.get_field("name").max_length
+NAME_MAX = max_length(ApiToken, "name")
 # last_used_at is written at most this often per token: a busy script would otherwise
 # write a row on every request.
 TOUCH_EVERY = timedelta(seconds=60)
@@ -49,8 +50,8 @@ def check_new(user, *, team: Any, role: Any, name: Any) -> tuple:
     if role not in Membership.Role.values:
         errors["role"] = f"choose one of {', '.join(Membership.Role.values)}"
     elif team_obj is not None:
-        mine = roles.role_of(user, team_obj)
-        if roles.RANK[Membership.Role(role)] > roles.RANK[Membership.Role(mine)]:
+        mine = roles.role_of(user, team_obj)  # a team of the user's: never None
+        if mine is None or roles.RANK[Membership.Role(role)] > roles.RANK[Membership.Role(mine)]:
             errors["role"] = f"at most your own role in team {team_obj.slug} ({mine})"
     if errors:
         raise ActionError(errors)
@@ -93,5 +94,5 @@ def authenticate(secret: str):
     if token.last_used_at is None or now - token.last_used_at > TOUCH_EVERY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     user = token.user  # this request's own instance: the scope lives on it alone
-    user.token_scope = (token.team_id, token.role)
+    user.token_scope = (token.team_id, token.role)  # type: ignore[attr-defined]  # on this instance only
     return user

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from runs.errors import ActionError, NotFound
+from foundation.errors import ActionError, NotFound
 from teams import actions, roles, tokens
 from teams.models import ApiToken, AuditEvent, Membership, Team
 

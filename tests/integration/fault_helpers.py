@@ -333,7 +333,7 @@ import json, sys, traceback
 import django
 django.setup()
 import ray
-from runs.engine import do_start_in_ray
+from runs.in_ray import do_start_in_ray
 from runs.reconcile import do_reconcile_runs
 from workers import lifecycle, run_actors
 lifecycle.connect(sys.argv[1])
@@ -360,7 +360,7 @@ class RayControl:
     """A process joined to a Ray head with `env` (the site's settings and the head's
     token): `names(run)`, `kill(name)` (ray.kill, no restart), `reconcile()` (the
     reconcile beat's function, called directly) and `start(run)` (what the launch_run
-    task does for an admitted run)."""
+    task does for a scheduled run)."""
 
     def __init__(self, address: str, env: dict[str, str], log_path: Path):
         with open(log_path, "a") as log:  # its logging (reconcile's, Ray's) beside the services'

@@ -234,8 +234,8 @@ def test_the_driver_killed_mid_run_is_resumed_from_its_checkpoint(stack, member,
     )
 
 
-def admitted_run(member):
-    """A tiny run the queue has admitted, as the launch_run task finds it (created here,
+def scheduled_run(member):
+    """A tiny run the queue has scheduled, as the launch_run task finds it (created here,
     not launched: no message reaches the session's worker, which would start it on the
     session's Ray head)."""
     from runs.models import Run
@@ -250,8 +250,8 @@ def admitted_run(member):
         overrides=settings,
         config=build("async", settings).model_dump(mode="json"),
         launched_by=user,
-        phase=Run.QUEUE_ADMITTED,
-        phase_detail=Run.QUEUE_ADMITTED_DETAIL,
+        phase=Run.QUEUE_SCHEDULED,
+        phase_detail=Run.QUEUE_SCHEDULED_DETAIL,
     )
 
 
@@ -274,7 +274,7 @@ def test_the_ray_head_crashed_and_back_fails_the_run(stack, member, show_logs_on
     try:
         head.start()
         controls.append(RayControl(head.address, env, ray_stack.log_path))
-        run = admitted_run(member)
+        run = scheduled_run(member)
         controls[-1].start(run.pk)
         wait_for(lambda: trained_steps(run) >= 2 or status(run) in Run.TERMINAL, 300, f"run {run.pk} to train")
         assert status(run) == Run.Status.RUNNING, f"run {run.pk} {run.status}: {run.error}"
@@ -458,7 +458,7 @@ def test_the_web_process_restarted_mid_run_loses_no_point(site, tmp_path):
 
 
 def test_the_channel_layer_reconnects_after_a_redis_restart_and_tells_its_consumers(tmp_path):
-    """The site's channel layer (rollway/channel_layer.py, configured as settings.py
+    """The site's channel layer (foundation/channel_layer.py, configured as settings.py
     does) on a private redis-server, in two processes' roles: a web process with a
     viewer, and one that only publishes (the ingest of a process nobody watches,
     Celery). Stopping Redis tells the viewer's consumer (it closes, so the page catches
@@ -467,7 +467,7 @@ def test_the_channel_layer_reconnects_after_a_redis_restart_and_tells_its_consum
     what is published."""
     import asyncio
 
-    from rollway.channel_layer import LOST_EVENT, PubSubChannelLayer, publish_retry
+    from foundation.channel_layer import LOST_EVENT, PubSubChannelLayer, publish_retry
 
     reason = skip_reason()
     if reason:

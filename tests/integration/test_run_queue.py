@@ -29,7 +29,7 @@ def member(db):
 
 @pytest.fixture
 def one_slot_worker(stack):
-    """A worker whose scheduler admits one run at a time; the session's worker after."""
+    """A worker whose scheduler schedules one run at a time; the session's worker after."""
     stack.restart_worker(**ONE_SLOT)
     yield
     stack.restart_worker()

@@ -1,6 +1,6 @@
 """A queued run's place and reason in Chromium against daphne: the run page says where
 the run stands in the queue and what it waits for, and moves up live (no reload) when
-the run ahead of it is admitted. The runs are written to the database directly and the
+the run ahead of it is scheduled. The runs are written to the database directly and the
 scheduler runs in this process with a stand-in for Ray: no engine needed."""
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def one_slot(settings, monkeypatch):
     launch_run messages it sends recorded instead of reaching a worker (which would
     start real runs)."""
     from rollway.celery import app
-    from runs import engine
+    from runs import in_ray
 
     settings.ROLLWAY_MAX_RUNNING = 1
-    monkeypatch.setattr(engine, "ray_lifecycle", RoomyCluster)
+    monkeypatch.setattr(in_ray, "ray_lifecycle", RoomyCluster)
     sent: list[tuple[str, list]] = []
 
     class Sent:
@@ -118,7 +118,7 @@ def test_a_queued_run_shows_its_place_and_reason_and_moves_up_live(stack, line, 
             expect(page.locator("#live-state[data-state=live]")).to_have_count(1)
 
             assert off_playwright_thread(ahead_ends_and_the_scheduler_runs) == [nxt.pk]
-            # "next" was admitted (it holds the one slot), so "last" is first in line now.
+            # "next" was scheduled (it holds the one slot), so "last" is first in line now.
             expect(queue_info).to_have_text(f"#1 in queue · {WAITS}")
             expect(page.locator("[data-role=status]")).to_have_text("queued")
 

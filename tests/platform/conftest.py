@@ -178,14 +178,14 @@ class FakeLifecycle:
 
 @pytest.fixture
 def driver(monkeypatch, settings, tmp_path):
-    """A FakeLifecycle in place of workers.lifecycle (runs.engine's seam to Ray)."""
-    from runs import engine
+    """A FakeLifecycle in place of workers.lifecycle (runs.in_ray's seam to Ray)."""
+    from runs import in_ray
 
     settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"
     settings.RAY_ADDRESS = None
     settings.ROLLWAY_CACHE_DIR = str(tmp_path / "cache")  # where drivers spool
     fake = FakeLifecycle()
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: fake)
+    monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: fake)
     return fake
 
 

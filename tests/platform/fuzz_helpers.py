@@ -10,6 +10,7 @@ objects by name (run_id, comparison_id, ...). A new endpoint is fuzzed without a
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -190,6 +191,16 @@ def view_reads(view) -> ViewReads:
                     reads.models.append(obj)
             elif depth and inspect.isfunction(obj):
                 visit(obj, depth - 1)
+            elif depth and isinstance(obj, type) and _ours(obj):
+                # A class of ours the code uses (the launch form): what its methods read.
+                for member in vars(obj).values():
+                    if inspect.isfunction(member):
+                        visit(member, depth - 1)
+            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _ours(obj):
+                # A declaration of ours (an ingest endpoint): the input models it holds.
+                for value in vars(obj).values():
+                    if isinstance(value, TypeAdapter) and value not in reads.models:
+                        reads.models.append(value)
             elif depth and isinstance(obj, types.ModuleType):
                 # module.function(...): follow the attributes the code names
                 for attr in names:

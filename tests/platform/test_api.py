@@ -190,8 +190,8 @@ def test_an_outsider_cannot_create_an_experiment_in_a_team(client_for, outsider,
 
 
 def test_a_duplicate_experiment_name_is_refused_on_the_name_field(owner, team, experiment):
+    from foundation.errors import ActionError
     from runs.actions import do_create_experiment
-    from runs.errors import ActionError
 
     with pytest.raises(ActionError) as refused:
         do_create_experiment(owner, team, experiment.name)

@@ -1,4 +1,4 @@
-"""Request body limits (rollway/bodylimits.py): an oversized body is a 413 naming `body`
+"""Request body limits (foundation/bodylimits.py): an oversized body is a 413 naming `body`
 and the limit, for the JSON API, the pages' forms and the engine's ingest alike, whether
 the size is declared (Content-Length) or only found on reading (a chunked body through
 the ASGI stack); a body under the limit goes through. WebSocket messages have their own
@@ -15,6 +15,7 @@ from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
 
 from runs.consumers import CLOSE_TOO_LARGE
+from workers.reporter import INGEST_ENDPOINTS
 
 API_LIMIT = 1024 * 1024  # the defaults the README documents
 INGEST_LIMIT = 16 * 1024 * 1024
@@ -119,6 +120,28 @@ def test_an_oversized_ingest_batch_is_a_413_and_stores_nothing(client, run, erro
     assert "ROLLWAY_MAX_INGEST_BODY_BYTES" in r.json()["errors"]["body"]
     assert not run.points.exists()
     assert not errors_logged()
+
+
+@pytest.mark.parametrize("endpoint", INGEST_ENDPOINTS)
+def test_every_endpoint_the_engine_posts_to_takes_the_ingest_limit(client, run, endpoint):
+    r = client.post(
+        f"/api/runs/{run.pk}/{endpoint}",
+        padded({}, 2 * API_LIMIT),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}",
+    )
+    assert r.status_code == 400  # past the body limit: the view refuses the empty report by field
+    assert "body" not in r.json()["errors"]
+
+
+@pytest.mark.parametrize("endpoint", INGEST_ENDPOINTS)
+def test_no_endpoint_the_engine_posts_to_is_redirected_to_https(client, run, settings, endpoint):
+    """The reporter posts to ROLLWAY_PUBLIC_URL, often plain HTTP inside the cluster, and
+    does not follow redirects."""
+    settings.SECURE_SSL_REDIRECT = True
+    r = client.post(f"/api/runs/{run.pk}/{endpoint}", "{}", content_type="application/json")
+    assert r.status_code == 401
+    assert client.get("/api/runs/1").status_code == 301  # the rest of the site is
 
 
 def test_the_ingest_limit_is_a_setting(client, run, settings):

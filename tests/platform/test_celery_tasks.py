@@ -1,4 +1,4 @@
-"""Launching, cancelling and reconciling runs (runs/engine.py, runs/reconcile.py, the
+"""Launching, cancelling and reconciling runs (runs/in_ray.py, runs/reconcile.py, the
 Celery tasks that wrap them) against a fake workers.lifecycle in place of Ray."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs import dispatch, engine, queue, reconcile, tasks
+from runs import dispatch, in_ray, queue, reconcile, tasks
 from runs.models import Run
 
 Status = Run.Status
@@ -16,8 +16,8 @@ Status = Run.Status
 
 @pytest.fixture
 def run(make_run):
-    """A queued run the queue has admitted: what launch_run is sent for."""
-    return make_run(phase=queue.ADMITTED)
+    """A queued run the queue has scheduled: what launch_run is sent for."""
+    return make_run(phase=queue.SCHEDULED)
 
 
 def status_of(run) -> str:
@@ -33,39 +33,40 @@ def ago(seconds: float):
 
 
 def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings):
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.STARTING
     assert (run.phase, run.phase_detail) == ("", "")  # the queue's mark is gone
     assert run.ray_actor == f"run-{run.pk}"
     [(_, run_id, config, url, token, cache_dir, address)] = driver.named("launch")
-    assert (run_id, config, url, token) == (run.pk, run.config, "http://127.0.0.1:8123", run.ingest_token)
+    assert (run_id, config, url, token) == (run.pk, run.run_config, "http://127.0.0.1:8123", run.ingest_token)
+    assert config.model_dump(mode="json") == run.config  # the stored config, typed
     assert cache_dir == settings.ROLLWAY_CACHE_DIR and address is None
 
 
 def test_a_redelivered_launch_does_nothing(driver, run):
-    engine.do_start_in_ray(run.pk)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert len(driver.named("launch")) == 1
 
 
-def test_launch_does_not_start_a_queued_run_the_queue_has_not_admitted(driver, make_run):
+def test_launch_does_not_start_a_queued_run_the_queue_has_not_scheduled(driver, make_run):
     run = make_run()
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.QUEUED
 
 
 def test_launch_does_not_start_a_cancelled_run(driver, make_run):
     run = make_run(status=Status.CANCELLING)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.CANCELLING
 
 
 def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
     driver.fail_with = ConnectionError("Ray head not reachable at 10.0.0.9:6380")
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
@@ -75,13 +76,13 @@ def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
 def test_a_busy_database_while_recording_the_clusters_capacity_does_not_fail_the_launch(driver, run, monkeypatch):
     from django.db import OperationalError
 
-    from runs.models import ClusterCapacity
+    from configs.models import ClusterCapacity
 
     def locked(capacity):
         raise OperationalError("database is locked")
 
     monkeypatch.setattr(ClusterCapacity, "record", locked)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert status_of(run) == Status.STARTING and len(driver.named("launch")) == 1
 
 
@@ -94,13 +95,13 @@ def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
         return name
 
     monkeypatch.setattr(driver, "launch", launch_then_user_cancels)
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     assert run.pk not in driver.alive
 
 
 def test_launching_a_deleted_run_is_harmless(driver, db):
-    engine.do_start_in_ray(424242)
+    in_ray.do_start_in_ray(424242)
     assert driver.calls == []
 
 
@@ -110,7 +111,7 @@ def test_launching_a_deleted_run_is_harmless(driver, db):
 def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.alive.add(run.pk)
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert driver.named("cancel") == [("cancel", run.pk)]
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.finished_at is not None
@@ -118,7 +119,7 @@ def test_cancel_stops_the_actor_and_marks_the_run_cancelled(driver, make_run):
 
 def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
     run = make_run(status=Status.SUCCEEDED)
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert driver.calls == []
     assert status_of(run) == Status.SUCCEEDED
 
@@ -126,7 +127,7 @@ def test_cancel_of_a_run_that_already_finished_does_nothing(driver, make_run):
 def test_a_failed_cancel_leaves_the_run_cancelling_for_reconcile(driver, make_run):
     run = make_run(status=Status.CANCELLING)
     driver.fail_with = TimeoutError("ray")
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     assert status_of(run) == Status.CANCELLING
 
 
@@ -223,8 +224,8 @@ def test_reconcile_retries_a_stuck_cancel(driver, make_run, enqueued):
 
 
 def test_reconcile_resends_a_launch_nobody_picked_up(driver, make_run, enqueued):
-    old = make_run(phase=queue.ADMITTED, status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
-    make_run(phase=queue.ADMITTED)  # just admitted: the worker has it
+    old = make_run(phase=queue.SCHEDULED, status_changed_at=ago(reconcile.QUEUED_RESEND_S + 5))
+    make_run(phase=queue.SCHEDULED)  # just scheduled: the worker has it
     reconcile.do_reconcile_runs()
     assert enqueued == [("launch_run", old.pk)]
     reconcile.do_reconcile_runs()  # its clock was reset: not sent again right away
@@ -239,7 +240,7 @@ def test_reconcile_asks_the_scheduler_to_look_while_runs_wait_in_the_queue(drive
 
 def test_reconcile_does_not_ask_the_scheduler_when_nothing_waits(driver, make_run, enqueued):
     make_run(status=Status.SUCCEEDED)
-    make_run(phase=queue.ADMITTED)
+    make_run(phase=queue.SCHEDULED)
     reconcile.do_reconcile_runs()
     assert enqueued == []
 
@@ -253,7 +254,7 @@ def test_reconcile_does_not_call_a_run_lost_when_ray_is_unreachable(driver, make
 
 def test_reconcile_does_not_touch_ray_without_active_runs(monkeypatch, make_run):
     make_run(status=Status.SUCCEEDED)
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
     assert reconcile.do_reconcile_runs() == {"lost": 0, "cancelled": 0, "resent": 0, "recovered": 0, "resumed": 0}
 
 

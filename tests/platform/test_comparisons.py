@@ -59,7 +59,7 @@ def test_a_3_configurations_by_2_seeds_comparison_queues_6_runs_with_their_confi
     assert response.json()["compare_url"].endswith("runs=" + ",".join(str(r.pk) for r in runs))
 
 
-def test_the_queue_admits_a_comparisons_runs_within_its_limits(client_for, owner, experiment, driver, settings):
+def test_the_queue_schedules_a_comparisons_runs_within_its_limits(client_for, owner, experiment, driver, settings):
     from runs import queue
 
     settings.ROLLWAY_MAX_RUNNING = 2
@@ -67,10 +67,10 @@ def test_the_queue_admits_a_comparisons_runs_within_its_limits(client_for, owner
     body = {"experiment": experiment.pk, "name": "q", "configurations": ["async", "sync"], "seeds": [1, 2]}
     created = post(client_for(owner), "/api/comparisons", body).json()
 
-    admitted = queue.do_schedule_queue()
+    scheduled = queue.do_schedule_queue()
 
-    assert len(admitted) == 2  # the other two wait their turn like any queued run
-    assert set(admitted) < {r["id"] for r in created["runs"]}
+    assert len(scheduled) == 2  # the other two wait their turn like any queued run
+    assert set(scheduled) < {r["id"] for r in created["runs"]}
 
 
 def test_launching_again_adds_runs_and_keeps_the_old_ones(client_for, owner, experiment):

@@ -10,8 +10,10 @@ import os
 
 import pytest
 
-from runs import admission, engine, queue, reconcile
-from runs.models import ClusterCapacity, Run
+from configs import policy
+from configs.models import ClusterCapacity
+from runs import in_ray, queue, reconcile
+from runs.models import Run
 from workers.admission import Capacity
 from workers.tiny_hf import make_tiny_checkpoint
 
@@ -164,7 +166,7 @@ def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before
     run = Run.objects.get()
     # The queue lets it through (it can never fit, so it must not wait for the cluster)...
     assert queue.do_schedule_queue() == [run.pk]
-    engine.do_start_in_ray(run.pk)  # ...and the worker refuses it with the reason
+    in_ray.do_start_in_ray(run.pk)  # ...and the worker refuses it with the reason
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error.startswith("refused: inference.num_workers:") and "the cluster has 2" in run.error
@@ -173,10 +175,10 @@ def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before
 
 
 def test_the_worker_passes_the_confinement_to_the_engine(make_run, driver, roots):
-    run = make_run(phase=queue.ADMITTED)
-    engine.do_start_in_ray(run.pk)
+    run = make_run(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
-    assert confinement == admission.confinement()
+    assert confinement == policy.confinement()
     assert confinement.scratch_dir(run.pk) == os.path.join(str(roots["scratch"]), f"run-{run.pk}")
 
 
@@ -205,7 +207,7 @@ def test_a_cancel_removes_the_scratch_a_killed_driver_left(make_run, driver, roo
     run = make_run(status=Status.CANCELLING)
     driver.alive.add(run.pk)
     path = scratch_of(run, roots)
-    engine.do_stop_in_ray(run.pk)
+    in_ray.do_stop_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.CANCELLED
     assert not path.exists()

@@ -1,4 +1,4 @@
-"""rollway/dbdown.py on its own (the real outage, a stopped PostgreSQL behind daphne, is
+"""foundation/dbdown.py on its own (the real outage, a stopped PostgreSQL behind daphne, is
 tests/integration/test_faults.py): which errors become a 503, and in which shape."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.test import RequestFactory
 
-from rollway import dbdown
-from rollway.dbdown import DatabaseUnavailableMiddleware
+from foundation import dbdown
+from foundation.dbdown import DatabaseUnavailableMiddleware
 
 middleware = DatabaseUnavailableMiddleware(lambda request: None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
-from runs.errors import ActionError, Conflict, NotFound, field_errors
+from foundation.errors import ActionError, Conflict, NotFound, field_errors
 
 
 class Section(BaseModel):

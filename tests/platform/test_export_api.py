@@ -15,7 +15,8 @@ import pytest
 from django.test import AsyncRequestFactory, RequestFactory
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runs import admission, engine, exports, queue
+from configs import policy
+from runs import exports, in_ray, queue
 from runs.models import Run
 from workers.config import RunConfig
 from workers.export import export_policy
@@ -152,11 +153,11 @@ def test_the_run_page_links_the_download_once_the_run_succeeded(client_for, owne
 
 
 def test_the_worker_tells_the_driver_where_to_export(make_run, driver, export_root):
-    run = make_run(phase=queue.ADMITTED)
-    engine.do_start_in_ray(run.pk)
+    run = make_run(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(run.pk)
     [confinement] = driver.confinements
     assert confinement.export_dir(run.pk) == str(export_root / f"run-{run.pk}")
-    assert confinement == admission.confinement()
+    assert confinement == policy.confinement()
 
 
 # --- a model directory a run cannot use is refused at launch -----------------------------

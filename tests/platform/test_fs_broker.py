@@ -7,7 +7,7 @@ import threading
 
 from kombu import Connection
 
-from rollway.fs_broker import Transport
+from foundation.fs_broker import Transport
 
 MESSAGES = 3000
 

@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 
 from compare.models import Comparison
 from configs.models import SavedConfig
-from rollway import jsonin
+from foundation import jsonin
 from runs import events, listing
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
@@ -549,7 +549,7 @@ def test_a_series_name_the_ingest_cannot_store_is_a_400_naming_series(client_for
     client = client_for(owner)
     r = client.get(f"/api/runs/{run.pk}/metrics", {"series": f"loss,{series}"})
     assert r.status_code == 400
-    if "\x00" in series:  # refused before the view, for every route (rollway/nulguard.py)
+    if "\x00" in series:  # refused before the view, for every route (foundation/nulguard.py)
         assert "NUL character" in r.json()["errors"]["series"]
     else:
         assert "series are names such as reward/mean" in r.json()["errors"]["series"]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rollway import jsonin
+from foundation import jsonin
 from runs.models import Run
 
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.events import RUNS_GROUP, run_group
 from runs.models import MetricPoint, Run
+from workers.reporter import INGEST_ENDPOINTS
 
 Status = Run.Status
 
@@ -50,14 +51,14 @@ def test_it_accepts_points_with_the_runs_token(client, run):
     assert list(run.points.order_by("step").values_list("step", "value")) == [(1, 0.5), (2, 0.7)]
 
 
-@pytest.mark.parametrize("path", ["metrics", "status"])
+@pytest.mark.parametrize("path", INGEST_ENDPOINTS)
 def test_it_refuses_a_missing_token(client, run, path):
     r = post(client, run, path, {"points": []}, token="")
     assert r.status_code == 401
     assert r["WWW-Authenticate"].startswith("Bearer")
 
 
-@pytest.mark.parametrize("path", ["metrics", "status"])
+@pytest.mark.parametrize("path", INGEST_ENDPOINTS)
 def test_it_refuses_another_runs_token(client, make_run, path):
     mine, other = make_run(), make_run()
     body = {"points": [point()]} if path == "metrics" else {"status": "running"}

@@ -44,7 +44,7 @@ def test_it_launches_a_run_and_asks_the_queue_to_schedule_it_after_commit(
         tasks.schedule_queue()
     assert enqueued == [("schedule_queue", None), ("launch_run", run.pk)]
     run.refresh_from_db()
-    assert (run.status, run.phase, run.celery_task_id) == ("queued", "admitted", "fake-task-id")
+    assert (run.status, run.phase, run.celery_task_id) == ("queued", "scheduled", "fake-task-id")
 
 
 def test_it_does_not_enqueue_before_the_transaction_commits(client_for, owner, experiment, enqueued):
@@ -247,7 +247,7 @@ def test_a_broker_outage_keeps_the_run_queued_for_reconcile(
 # --- priority ----------------------------------------------------------------------
 
 
-def test_the_apis_priority_reaches_the_run_and_the_queue_admits_it_first(
+def test_the_apis_priority_reaches_the_run_and_the_queue_schedules_it_first(
     client_for, owner, experiment, driver, settings, django_capture_on_commit_callbacks
 ):
     from runs import queue
@@ -260,7 +260,7 @@ def test_the_apis_priority_reaches_the_run_and_the_queue_admits_it_first(
     assert (plain.status_code, urgent.status_code, low.status_code) == (201, 201, 201)
     ids = [r.json()["id"] for r in (plain, urgent, low)]
     assert [Run.objects.get(pk=pk).priority for pk in ids] == [0, 10, -2]
-    assert [r.pk for r in Run.objects.filter(status="queued").in_admission_order()] == [ids[1], ids[0], ids[2]]
+    assert [r.pk for r in Run.objects.filter(status="queued").in_queue_order()] == [ids[1], ids[0], ids[2]]
 
     with django_capture_on_commit_callbacks(execute=True):
         assert queue.do_schedule_queue() == [ids[1]]

@@ -101,11 +101,11 @@ def test_resume_continues_from_a_checkpoint_and_leaves_the_parent_alone(
     child = Run.objects.exclude(pk=parent.pk).get()
     assert response.status_code == 302
     assert (child.origin, child.parent_id, child.resume_from.step) == ("resume", parent.pk, 4)
-    # the queue admits it and the launch hands the checkpoint's location to the engine
-    from runs import engine, queue
+    # the queue schedules it and the launch hands the checkpoint's location to the engine
+    from runs import in_ray, queue
 
     queue.do_schedule_queue()
-    engine.do_start_in_ray(child.pk)
+    in_ray.do_start_in_ray(child.pk)
     assert driver.resumed_from[child.pk] == f"/ck/run-{parent.pk}/step-00000004"
     # an earlier checkpoint by step
     client_for(owner).post(f"/runs/{parent.pk}/resume/", {"step": "2"})

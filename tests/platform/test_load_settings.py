@@ -1,5 +1,5 @@
-"""The channel-layer and database-pool settings, read from the environment in a fresh
-interpreter (settings are read once, at import)."""
+"""The channel-layer, database-pool and operator-limit settings, read from the environment
+in a fresh interpreter (settings are read once, at import)."""
 
 from __future__ import annotations
 
@@ -23,17 +23,35 @@ print(json.dumps({"layer": s.CHANNEL_LAYERS["default"]["BACKEND"],
 """
 
 
-def settings_with(tmp_path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "DATABASE_POOL_SIZE")}
+# Each of the engine's Limits beside the setting of its name and the default it has.
+LIMITS = """
+import dataclasses, json
+from rollway import settings as s
+from workers.admission import Limits
+limits = dataclasses.fields(Limits)
+print(json.dumps({f.name: [getattr(s, "ROLLWAY_" + f.name.upper(), None), f.default] for f in limits}))
+"""
+
+
+def settings_with(tmp_path, show: str = SHOW, **env: str) -> subprocess.CompletedProcess:
+    unset = ("REDIS_URL", "DATABASE_URL", "DATABASE_POOL_SIZE")
+    clean = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith("ROLLWAY_MAX_")}
     paths = [str(REPO / "platform"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     clean.update(ROLLWAY_HOME=str(tmp_path), PYTHONPATH=os.pathsep.join(paths), **env)
-    return subprocess.run([sys.executable, "-c", SHOW], env=clean, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=60)
+
+
+def test_each_operator_limit_is_a_setting_whose_default_is_the_engines(tmp_path):
+    shown = json.loads(settings_with(tmp_path, LIMITS).stdout)
+    assert shown and all(setting == default for setting, default in shown.values()), shown
+    overridden = json.loads(settings_with(tmp_path, LIMITS, ROLLWAY_MAX_STEPS="7").stdout)
+    assert overridden["max_steps"][0] == 7
 
 
 def test_the_pubsub_layer_gets_a_prefix_per_redis_database(tmp_path):
     r = settings_with(tmp_path, REDIS_URL="redis://127.0.0.1:6379/7")
     shown = json.loads(r.stdout)
-    assert shown["layer"] == "rollway.channel_layer.PubSubChannelLayer"
+    assert shown["layer"] == "foundation.channel_layer.PubSubChannelLayer"
     assert shown["prefix"] == "rollway.db7."
     assert json.loads(settings_with(tmp_path, REDIS_URL="redis://127.0.0.1:6379").stdout)["prefix"] == "rollway.db0."
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from runs import actions, engine, queue
+from runs import actions, in_ray, queue
 from runs.models import Experiment, Run
 from teams.models import Team
 from workers.admission import Capacity, demand
@@ -63,19 +63,19 @@ def refreshed(*runs: Run) -> list[Run]:
 # --- limits -------------------------------------------------------------------------
 
 
-def test_a_run_is_admitted_when_the_site_the_team_and_the_cluster_have_room(schedule, limits, make_run, enqueued):
+def test_a_run_is_scheduled_when_the_site_the_team_and_the_cluster_have_room(schedule, limits, make_run, enqueued):
     run = make_run()
     assert schedule() == [run.pk]
     [run] = refreshed(run)
-    assert (run.status, run.phase) == (Status.QUEUED, queue.ADMITTED)
+    assert (run.status, run.phase) == (Status.QUEUED, queue.SCHEDULED)
     assert enqueued == [("launch_run", run.pk)]
 
 
-def test_the_site_limit_counts_starting_running_cancelling_and_admitted_runs(schedule, limits, make_run):
-    limits.ROLLWAY_MAX_RUNNING = 3
+def test_the_site_limit_counts_starting_running_cancelling_and_scheduled_runs(schedule, limits, make_run):
+    limits.ROLLWAY_MAX_RUNNING = limits.ROLLWAY_MAX_RUNNING_PER_TEAM = 3
     make_run(status=Status.RUNNING)
     make_run(status=Status.CANCELLING)
-    make_run(phase=queue.ADMITTED)
+    make_run(phase=queue.SCHEDULED)
     waiting = make_run()
     assert schedule() == []
     assert waiting.waiting_for() is not None
@@ -105,7 +105,7 @@ def test_a_run_waits_for_the_cpus_the_cluster_has_free(schedule, driver, limits,
 
 
 def test_the_cluster_total_is_shared_by_runs_not_yet_placed_in_ray(schedule, driver, limits, make_run):
-    # Ray still reports all 1.0 CPU free: the admitted run has not placed its actors.
+    # Ray still reports all 1.0 CPU free: the scheduled run has not placed its actors.
     driver.capacity = Capacity(cpus=1.0, memory_bytes=16 * GiB)
     first, second = make_run(config=workers(2)), make_run(config=workers(2))
     assert schedule() == [first.pk]
@@ -142,7 +142,7 @@ def test_a_run_waits_for_memory_the_cluster_has_free(schedule, driver, limits, m
     assert run.waiting_for().endswith(" GiB of memory it needs free")
 
 
-def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits, make_run, settings):
+def test_nothing_is_scheduled_while_ray_does_not_answer(schedule, driver, limits, make_run, settings):
     run = make_run()
     settings.RAY_ADDRESS = "10.0.0.9:6380"
     driver.fail_with = ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6380")
@@ -153,19 +153,35 @@ def test_nothing_is_admitted_while_ray_does_not_answer(schedule, driver, limits,
 
 def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, make_run):
     make_run(status=Status.RUNNING)
-    make_run(phase=queue.ADMITTED)
-    monkeypatch.setattr(engine, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
+    make_run(phase=queue.SCHEDULED)
+    monkeypatch.setattr(in_ray, "ray_lifecycle", lambda: pytest.fail("Ray was asked"))
     assert queue.do_schedule_queue() == []
 
 
-def test_a_run_is_admitted_once_however_often_the_scheduler_runs(schedule, limits, make_run, enqueued):
+def test_a_scheduler_pass_reads_each_runs_config_at_most_once(schedule, limits, make_run, monkeypatch):
+    """A stored config was validated at launch: a pass reads a run's JSON back into a
+    RunConfig once however many checks use it, and not at all for a run that waits
+    for the site's limit."""
+    limits.ROLLWAY_MAX_RUNNING = limits.ROLLWAY_MAX_RUNNING_PER_TEAM = 3
+    make_run(status=Status.RUNNING)
+    make_run()
+    make_run()
+    make_run()  # waits: the site's limit is reached
+    read = []
+    validate = RunConfig.model_validate
+    monkeypatch.setattr(RunConfig, "model_validate", lambda obj, *a, **kw: read.append(obj) or validate(obj, *a, **kw))
+    assert len(schedule()) == 2
+    assert len(read) == 3  # the running run's and the two scheduled ones
+
+
+def test_a_run_is_scheduled_once_however_often_the_scheduler_runs(schedule, limits, make_run, enqueued):
     run = make_run()
     schedule()
     schedule()
     assert enqueued == [("launch_run", run.pk)]
 
 
-def test_a_scheduler_that_read_a_run_before_it_was_cancelled_does_not_admit_it(
+def test_a_scheduler_that_read_a_run_before_it_was_cancelled_does_not_schedule_it(
     schedule, limits, make_run, monkeypatch, enqueued
 ):
     run = make_run()
@@ -190,7 +206,7 @@ def test_higher_priority_goes_first_then_teams_take_turns_then_first_come_first_
     a1, a2, a3 = make_run(name="a1"), make_run(name="a2"), make_run(name="a3")
     b1, b2 = make_run(name="b1", experiment=other_experiment), make_run(name="b2", experiment=other_experiment)
     urgent = make_run(name="urgent", priority=5, experiment=other_experiment)
-    order = Run.objects.filter(status=Status.QUEUED).in_admission_order()
+    order = Run.objects.filter(status=Status.QUEUED).in_queue_order()
     assert [r.name for r in order] == ["urgent", "a1", "b1", "a2", "b2", "a3"]
     assert [r.queue_position() for r in (urgent, a1, b1, a2, b2, a3)] == [1, 2, 3, 4, 5, 6]
 
@@ -281,31 +297,30 @@ def three_teams(owner):
 class Simulation:
     """Drives the queue as the Celery worker would: every message the platform sends is
     delivered at once (schedule_queue, launch_run, cancel_run), and a started driver
-    reports running. Checks the limits after every step and records admission order."""
+    reports running. Checks the limits after every step and records queue order."""
 
     def __init__(self, driver, experiments, max_running, max_per_team, capacity, captured):
         self.driver, self.experiments = driver, experiments
         self.max_running, self.max_per_team, self.capacity = max_running, max_per_team, capacity
         self.captured, self.enqueued = captured, None
-        self.admitted: list[int] = []
+        self.scheduled: list[int] = []
         self.counter = itertools.count()
 
     def deliver(self) -> None:
-        from runs import engine as run_engine
-        from runs import tasks
+        from runs import in_ray, tasks
 
         while self.enqueued:
             name, run_id = self.enqueued.pop(0)
             with self.captured(execute=True):
                 if name == "schedule_queue":
-                    self.admitted += tasks.schedule_queue()
+                    self.scheduled += tasks.schedule_queue()
                 elif name == "launch_run":
-                    run_engine.do_start_in_ray(run_id)
+                    in_ray.do_start_in_ray(run_id)
                     run = Run.objects.get(pk=run_id)
                     if run.status == Status.STARTING:
                         actions.do_set_run_status(run, Status.RUNNING)
                 elif name == "cancel_run":
-                    run_engine.do_stop_in_ray(run_id)
+                    in_ray.do_stop_in_ray(run_id)
             self.check_limits()
 
     def check_limits(self) -> None:
@@ -388,11 +403,11 @@ def test_any_schedule_keeps_the_limits_serves_each_team_in_order_and_starts_ever
             sim.deliver()
         ended = dict(Run.objects.values_list("pk", "status"))
         assert set(ended.values()) <= {Status.SUCCEEDED, Status.CANCELLED}
-        assert {pk for pk, status in ended.items() if status == Status.SUCCEEDED} <= set(sim.admitted)
-        # FIFO within a team and a priority: admitted in the order they were launched.
+        assert {pk for pk, status in ended.items() if status == Status.SUCCEEDED} <= set(sim.scheduled)
+        # FIFO within a team and a priority: scheduled in the order they were launched.
         runs = {r.pk: r for r in Run.objects.select_related("experiment")}
         for team, priority in itertools.product([e.team_id for e in three_teams], (0, 1)):
-            same = [pk for pk in sim.admitted if (runs[pk].experiment.team_id, runs[pk].priority) == (team, priority)]
+            same = [pk for pk in sim.scheduled if (runs[pk].experiment.team_id, runs[pk].priority) == (team, priority)]
             assert same == sorted(same)
         transaction.set_rollback(True)  # the next example starts from an empty queue
 
@@ -404,15 +419,15 @@ def test_a_team_s_runs_of_one_priority_start_in_the_order_they_were_launched(
     runs = [make_run(name=f"r{k}") for k in range(3)]
     started = []
     for _ in runs:
-        [admitted] = schedule()
-        started.append(admitted)
+        [scheduled] = schedule()
+        started.append(scheduled)
         with django_capture_on_commit_callbacks(execute=True):
-            actions.do_set_run_status(Run.objects.get(pk=admitted), Status.FAILED, error="done")
+            actions.do_set_run_status(Run.objects.get(pk=scheduled), Status.FAILED, error="done")
     assert started == [r.pk for r in runs]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_schedulers_running_at_once_never_admit_more_than_the_limit(driver, limits, make_run, monkeypatch, enqueued):
+def test_schedulers_running_at_once_never_schedule_more_than_the_limit(driver, limits, make_run, monkeypatch, enqueued):
     from django.db import connection
 
     if connection.vendor != "postgresql":
@@ -427,15 +442,15 @@ def test_schedulers_running_at_once_never_admit_more_than_the_limit(driver, limi
 
     def slow_read(**kwargs):
         found = real(**kwargs)
-        time.sleep(0.3)  # every scheduler has read the queue before any has admitted
+        time.sleep(0.3)  # every scheduler has read the queue before any has scheduled
         return found
 
     monkeypatch.setattr(queue, "queued_in_order", slow_read)
-    admitted: list[int] = []
+    scheduled: list[int] = []
 
     def scheduler():
         try:
-            admitted.extend(queue.do_schedule_queue())
+            scheduled.extend(queue.do_schedule_queue())
         finally:
             close_old_connections()
 
@@ -444,12 +459,12 @@ def test_schedulers_running_at_once_never_admit_more_than_the_limit(driver, limi
         t.start()
     for t in threads:
         t.join()
-    assert sorted(admitted) == [runs[0].pk, runs[1].pk]
+    assert sorted(scheduled) == [runs[0].pk, runs[1].pk]
     assert queue.active_runs().count() == 2
     assert sorted(enqueued) == [("launch_run", runs[0].pk), ("launch_run", runs[1].pk)]
 
 
-def test_when_a_run_is_admitted_the_runs_behind_it_hear_their_new_place(schedule, limits, make_run, monkeypatch):
+def test_when_a_run_is_scheduled_the_runs_behind_it_hear_their_new_place(schedule, limits, make_run, monkeypatch):
     from runs import events
 
     limits.ROLLWAY_MAX_RUNNING = 1
@@ -463,7 +478,9 @@ def test_when_a_run_is_admitted_the_runs_behind_it_hear_their_new_place(schedule
     assert {s["id"]: s["queue_position"] for s in sent} == {first.pk: None, second.pk: 1}
 
 
-def test_reconcile_does_not_resend_the_launch_of_a_run_admitted_after_a_long_wait(schedule, limits, make_run, enqueued):
+def test_reconcile_does_not_resend_the_launch_of_a_run_scheduled_after_a_long_wait(
+    schedule, limits, make_run, enqueued
+):
     from datetime import timedelta
 
     from django.utils import timezone

@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from runs import engine, queue, reconcile
+from runs import in_ray, queue, reconcile
 from runs.events import run_group
 from runs.models import MetricPoint, Run
 from workers.failures import DETAIL_MAX
@@ -129,13 +129,13 @@ def test_a_run_that_did_not_fail_shows_no_failure_box(client_for, owner, make_ru
 
 def test_a_launch_that_cannot_reach_ray_names_the_address_and_keeps_the_traceback(driver, make_run, settings):
     settings.RAY_ADDRESS = "10.0.0.9:6380"
-    run = make_run(phase=queue.ADMITTED)
+    run = make_run(phase=queue.SCHEDULED)
     try:  # as ray.init raises it
         raise RuntimeError("Failed to connect to GCS. Last connection error: RpcError: Timed out")
     except RuntimeError as gcs:
         driver.fail_with = ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6380")
         driver.fail_with.__cause__ = gcs
-    engine.do_start_in_ray(run.pk)
+    in_ray.do_start_in_ray(run.pk)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."

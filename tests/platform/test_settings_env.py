@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from rollway.env import env_bool, env_int, env_list, env_str
+from foundation.env import env_bool, env_int, env_list, env_str
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 
 
@@ -18,7 +19,9 @@ class ContentSecurityPolicyMiddleware(CSPMiddleware):
     the live pages' WebSockets: CSP Level 3 lets 'self' cover them, but browsers that
     predate it (older Safari) do not."""
 
-    def get_policy_parts(self, request: HttpRequest, response: HttpResponse, report_only: bool = False) -> PolicyParts:
+    def get_policy_parts(
+        self, request: HttpRequest, response: HttpResponseBase, report_only: bool = False
+    ) -> PolicyParts:
         parts = super().get_policy_parts(request, response, report_only)
         try:
             host = request.get_host()  # one of ALLOWED_HOSTS, so safe to put in the header

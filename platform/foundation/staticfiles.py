@@ -21,7 +21,8 @@ class PlotlyFinder(BaseFinder):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.storage = FileSystemStorage(location=PLOTLY_DATA_DIR)
-        self.storage.prefix = PREFIX
+        # Where collectstatic puts the files, as Django's own finders say it.
+        self.storage.prefix = PREFIX  # type: ignore[attr-defined]
 
     def check(self, **kwargs):
         if not os.path.exists(os.path.join(PLOTLY_DATA_DIR, PLOTLY_FILE)):

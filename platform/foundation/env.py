@@ -7,6 +7,7 @@ fix, never a silent default: `DJANGO_DEBUG=flase` must not quietly mean False.
 from __future__ import annotations
 
 import os
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -14,6 +15,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     """The variable's value, or `default` when it is unset or empty."""
     value = os.environ.get(name, "")

@@ -1,4 +1,5 @@
-"""A run's life in Ray: start a queued run's driver actor, stop a cancelling run's actors.
+"""A run's life in Ray, the site's one seam to it: start a queued run's driver actor, stop
+a cancelling run's actors, and what the cluster has.
 
 The run lives in Ray as the detached actor "run-<id>", not in the Celery task that
 starts it: a task as long as its run would be redelivered after the broker's visibility
@@ -17,12 +18,13 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
-from runs import admission
+from configs import policy
+from configs.models import ClusterCapacity
 from runs.actions import do_set_run_status
-from runs.models import ClusterCapacity, Run
+from runs.models import Run
 from runs.reports import do_fail_run
-from workers.config import RunConfig
 from workers.failures import explain
+from workers.paths import remove_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +48,19 @@ def load_run(run_id: int) -> Run | None:
 
 
 def record_capacity(capacity) -> None:
-    """Remember what the cluster has, for the web's admission checks. Best effort: a busy
-    database (SQLite's "database is locked" under load) must not fail the launch it is
-    part of; the next look at the cluster records it."""
+    """Remember what the cluster has, for the web's config checks (configs/policy.py).
+    Best effort: a busy database (SQLite's "database is locked" under load) must not fail
+    the launch it is part of; the next look at the cluster records it."""
     try:
         ClusterCapacity.record(capacity)
     except DatabaseError:
         logger.warning("could not record the cluster's capacity this time", exc_info=True)
+
+
+def remove_run_scratch(run_id: int) -> bool:
+    """Remove run `run_id`'s scratch directory (its driver removes it itself when it can;
+    this covers a driver that was killed or lost). True if there was one."""
+    return remove_scratch(policy.confinement().scratch_dir(run_id))
 
 
 def do_start_in_ray(run_id: int) -> None:
@@ -61,11 +69,11 @@ def do_start_in_ray(run_id: int) -> None:
     run = load_run(run_id)
     if run is None:
         return
-    if run.status == Status.QUEUED and run.phase != Run.QUEUE_ADMITTED:
+    if run.status == Status.QUEUED and run.phase != Run.QUEUE_SCHEDULED:
         # Only the queue's scheduler lets a run start (a message from before the queue,
-        # or a stray resend, must not get past its limits); admission is never undone
+        # or a stray resend, must not get past its limits); scheduling is never undone
         # while a run is queued, so this check cannot race with it.
-        logger.info("run %s is not admitted by the queue yet: not launching it", run_id)
+        logger.info("run %s is not scheduled by the queue yet: not launching it", run_id)
         return
     # The claim: starting may be entered from queued only, and the UPDATE is conditional,
     # so of two deliveries of this task exactly one goes on.
@@ -73,7 +81,7 @@ def do_start_in_ray(run_id: int) -> None:
         logger.info("run %s is %s: not launching it again", run_id, run.status)
         return
     # The queue's mark has done its job; the driver reports the phases of a starting run.
-    Run.objects.filter(pk=run.pk, phase=Run.QUEUE_ADMITTED).update(phase="", phase_detail="")
+    Run.objects.filter(pk=run.pk, phase=Run.QUEUE_SCHEDULED).update(phase="", phase_detail="")
     lifecycle = ray_lifecycle()
     started = time.monotonic()
     try:
@@ -81,22 +89,22 @@ def do_start_in_ray(run_id: int) -> None:
         # capacity recorded, or none): nothing that can never fit reaches Ray.
         capacity = lifecycle.cluster_capacity(ray_address=settings.RAY_ADDRESS)
         record_capacity(capacity)
-        refused = admission.config_errors(RunConfig.model_validate(run.config), capacity)
+        refused = policy.config_errors(run.run_config, capacity)
         if refused:
             reason = "; ".join(f"{name}: {message}" for name, message in refused.items())
             logger.warning("run %s refused before start: %s", run_id, reason)
             do_set_run_status(run, Status.FAILED, error=f"refused: {reason}")
             return
         # A resumed run (runs/lineage.py) starts from its parent's checkpoint.
-        resume = {"resume_from": run.resume_from.location} if run.resume_from_id else {}
+        resume = {"resume_from": run.resume_from.location} if run.resume_from is not None else {}
         actor = lifecycle.launch(
             run.pk,
-            run.config,
+            run.run_config,
             ingest_url=settings.ROLLWAY_PUBLIC_URL,
             token=run.ingest_token,
             cache_dir=settings.ROLLWAY_CACHE_DIR,
             ray_address=settings.RAY_ADDRESS,
-            confinement=admission.confinement(),
+            confinement=policy.confinement(),
             **resume,
         )
     except Exception as exc:
@@ -135,5 +143,5 @@ def do_stop_in_ray(run_id: int) -> None:
         return
     logger.info("run %s: driver %s", run_id, "stopped" if found else "was not running")
     # A driver stopped gracefully removed its scratch; one that had to be killed did not.
-    admission.remove_run_scratch(run.pk)
+    remove_run_scratch(run.pk)
     do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING])

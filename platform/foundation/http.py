@@ -1,24 +1,18 @@
-"""Small helpers shared by the JSON views: error bodies, body parsing, what the OpenAPI
-document says of them."""
+"""The JSON side of a view, for every app that answers JSON: the one error shape, a
+login check that answers 401 instead of redirecting, the body as a JSON object and
+numeric query parameters read strictly, each refusal naming its field."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
 
 from django.http import HttpRequest, JsonResponse
-from ninja import Schema
 from pydantic import ValidationError
 
-from rollway import jsonin
-from runs.errors import ActionError, field_errors
-
-
-class Errors(Schema):
-    """Every refusal: the field (or "body", "auth", a parameter) and what to change."""
-
-    errors: dict[str, str]
+from foundation import jsonin
+from foundation.errors import ActionError, field_errors
 
 
 def errors_response(errors: dict[str, str], status: int = 400) -> JsonResponse:
@@ -86,19 +80,15 @@ def int_param(
     return value
 
 
-def query_doc(*params: tuple[str, str, str]) -> dict:
-    """OpenAPI parameters for query strings a view reads itself (as the page's forms do,
-    through the actions layer's checks, whose messages name the parameter): ninja would
-    otherwise validate them first with messages of its own. (name, type, description)."""
-    return {
-        "parameters": [
-            {"in": "query", "name": name, "required": False, "schema": {"type": kind}, "description": text}
-            for name, kind, text in params
-        ]
-    }
-
-
-def responses(ok: Any, status: int = 200, *refusals: int) -> dict[int, Any]:
-    """The documented answers of an operation: `ok` at `status`, 401 (every operation
-    needs a login), and the given refusal statuses, all in the error shape."""
-    return {status: ok, 401: Errors, **dict.fromkeys(refusals, Errors)}
+def float_param(request: HttpRequest, name: str, default: float) -> float:
+    """A finite number as a query parameter; BadParam names the parameter and the fix."""
+    raw = request.GET.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadParam(name, f"{name} must be a number (got {raw!r})") from None
+    if not math.isfinite(value):
+        raise BadParam(name, f"{name} must be a finite number (got {raw!r})")
+    return value

@@ -11,24 +11,19 @@ an oversized body is a 413 in the API's error shape, {"errors": {"body": ...}}.
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse, UnreadablePostError
-from django.urls import Resolver404, resolve
 
-# The engine's token-authenticated ingest (api/urls.py): metric batches and status.
-INGEST_VIEWS = {"api:run-metrics", "api:run-status"}
 # Methods whose body a view may read.
 BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 def body_limit(request: HttpRequest) -> tuple[int, str]:
     """The largest body this request may carry, and the setting that says so."""
-    try:
-        view_name = resolve(request.path_info).view_name
-    except Resolver404:
-        view_name = None
-    if request.method == "POST" and view_name in INGEST_VIEWS:
+    if request.method == "POST" and re.match(settings.ROLLWAY_INGEST_PATHS, request.path_info.lstrip("/")):
         return settings.ROLLWAY_MAX_INGEST_BODY_BYTES, "ROLLWAY_MAX_INGEST_BODY_BYTES"
     return settings.ROLLWAY_MAX_BODY_BYTES, "ROLLWAY_MAX_BODY_BYTES"
 

@@ -22,7 +22,8 @@ from kombu.utils.json import dumps
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue, payload, **kwargs):
+    # kombu's filesystem channel names the argument `payload`, its base `message`.
+    def _put(self, queue, payload, **kwargs):  # type: ignore[override]
         """Put `payload` onto `queue`: written beside it, then renamed into the queue."""
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)

@@ -7,7 +7,9 @@ API answers `http_status` with `{"errors": errors}`, the pages show the messages
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,7 +50,17 @@ class NotFound(ActionError):
     http_status = 404
 
 
-def nul_errors(values: dict[str, object]) -> dict[str, str]:
+@contextmanager
+def collected(errors: dict[str, str]) -> Iterator[None]:
+    """Run a check inside, adding its refusal's messages to `errors` instead of raising
+    it: for a check that answers with every field error at once."""
+    try:
+        yield
+    except ActionError as exc:
+        errors.update(exc.errors)
+
+
+def nul_errors(values: Mapping[str, object]) -> dict[str, str]:
     """{field: message} for each text value holding a NUL character: PostgreSQL stores
     none in a text column, so such a value would fail the write, not a check."""
     return {
@@ -67,7 +79,7 @@ def field_errors(exc: ValidationError, *, model: type[BaseModel] | None = None, 
 
 
 def errors_by_field(
-    found: Iterable[dict], *, model: type[BaseModel] | None = None, root: str = "body"
+    found: Iterable[Mapping[str, Any]], *, model: type[BaseModel] | None = None, root: str = "body"
 ) -> dict[str, str]:
     """field_errors over pydantic's error dicts themselves (django-ninja hands those on,
     with the location relative to the model they were found in)."""

@@ -4,8 +4,7 @@ Why pub/sub: a message to a group is one PUBLISH, received once per web process 
 handed to each of its consumers in memory. channels_redis's default layer
 (`core.RedisChannelLayer`) writes one copy per consumer into Redis and pops each back
 with its own round trip: at 200 viewers of a live run, a thousand Redis round trips a
-second (bench/ws_fanout.py, 200 viewers: p95 emit→browser 0.30 s with it at load 6.5,
-0.14-0.16 s with this layer at load 3.4-5.6, each frame encoded once in both).
+second, and frames reach the browsers later (docs/performance.md).
 
 What pub/sub gives up is delivery while Redis is away: a message published then is
 gone, and channels_redis's pub/sub layer only logs the broken connection while its
@@ -14,7 +13,7 @@ socket reconnects, so here a lost connection is told to every consumer of the pr
 (`LOST_EVENT`), which closes its socket: the page polls, reconnects when Redis is back
 and fills in what it missed. The subscriber's connection never retries on its own for
 that reason (a silent reconnect would hide the gap); publishing does retry
-(`publish_retry`), so the first call after a Redis restart no longer fails on the pool's
+(`publish_retry`), so the first call after a Redis restart does not fail on the pool's
 dead connection.
 
 This subclasses channels_redis's pub/sub classes (4.x) at two points: the receive loop

@@ -76,6 +76,7 @@ def unreachable(exception: BaseException) -> bool:
 
 
 def _response(request: HttpRequest) -> HttpResponse:
+    response: HttpResponse
     if request.path_info.startswith(JSON_PREFIXES):
         response = JsonResponse({"errors": {"database": MESSAGE}}, status=503)
     else:

@@ -1,0 +1,66 @@
+"""What a run config may ask for on this site: the check every config passes where it
+comes in (a launch, a saved configuration, a retry, a resume), so each refusal names the
+field to change and the limit it ran into.
+
+The engine validates the config itself (`workers.presets.build`, its own model). Here it
+is then held to the operator's settings — the paths it may read and write (the engine's
+`Confinement`) and how much one run may ask for (`Limits`) — and to the cluster as last
+seen (`ClusterCapacity`: the web process never asks Ray). Before its driver starts, the
+Celery worker holds it once more to the cluster as Ray reports it then (runs/in_ray.py).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from pydantic import ValidationError
+
+from configs.models import ClusterCapacity
+from foundation.errors import field_errors
+from workers.admission import Capacity, Limits, admission_errors
+from workers.config import RunConfig
+from workers.paths import Confinement
+from workers.presets import UnknownPreset, build
+
+
+def confinement() -> Confinement:
+    return Confinement.from_lists(
+        settings.ROLLWAY_MODEL_ROOTS,
+        settings.ROLLWAY_SYNC_ROOTS,
+        settings.ROLLWAY_SCRATCH_DIR,
+        settings.ROLLWAY_EXPORT_DIR,
+        settings.ROLLWAY_DATA_ROOTS,
+        checkpoint_root=settings.ROLLWAY_CHECKPOINT_ROOT,
+    )
+
+
+def limits() -> Limits:
+    return Limits(
+        max_steps=settings.ROLLWAY_MAX_STEPS,
+        max_minutes=settings.ROLLWAY_MAX_MINUTES,
+        max_workers=settings.ROLLWAY_MAX_WORKERS,
+        max_model_params=settings.ROLLWAY_MAX_MODEL_PARAMS,
+    )
+
+
+def config_errors(cfg: RunConfig, capacity: Capacity | None = None) -> dict[str, str]:
+    """{dotted field: message} for every reason `cfg` may never run here: a path outside
+    its allowed roots, an operator limit, more than the cluster has (`capacity`, or the
+    last capacity seen when None). Empty: it may be queued."""
+    errors = confinement().errors(cfg)
+    if errors:
+        return errors  # sizing a model that cannot be read would only add noise
+    return admission_errors(cfg, limits(), capacity if capacity is not None else ClusterCapacity.latest())
+
+
+def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:
+    """The config `preset` + `overrides` stand for, and every field error that keeps it
+    from running here: the engine's own validation (`presets.build`), then this site's
+    (`config_errors`). A launch and a saved configuration both check through here, so
+    both refuse with the same messages."""
+    try:
+        config = build(preset, overrides)
+    except UnknownPreset as exc:
+        return None, {"preset": str(exc)}
+    except ValidationError as exc:
+        return None, field_errors(exc, model=RunConfig, root="config")
+    return config, config_errors(config)

@@ -1,0 +1,129 @@
+"""What the run list and a run's page show, for the views to render: the list's sortable
+columns and filter choices, the run page's charts and what the reader may do there."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest
+from django.utils.text import slugify
+
+from foundation.errors import ActionError
+from runs import listing
+from runs.models import Experiment, Run
+from teams import roles
+from teams.models import Team
+from workers.metric_names import DASHBOARD_CHARTS, METRICS
+from workers.presets import PRESETS
+
+# Tags the flash that says a new run is queued (launch, retry, resume): once the run has
+# ended that is no longer true, so a finished run's page leaves it out, and run.js drops
+# it when the run ends under the reader's eyes.
+UNTIL_RUN_ENDS = "until-run-ends"
+UNITS = {m.name: m.unit for m in METRICS}
+# (sort key, column title) of the run list's sortable columns, left to right.
+SORTABLE = [
+    ("name", "Name"),
+    ("status", "Status"),
+    ("steps", "Steps"),
+    ("reward", "Reward"),
+    ("samples_per_s", "Samples/s"),
+    ("duration", "Duration"),
+    ("created", "Created"),
+]
+
+
+def run_list(request: HttpRequest) -> tuple[dict, int]:
+    """The run list's context: filters, search, sort and page from the URL
+    (runs/listing.py); and its status, 400 for a query it could not read (the list is
+    then shown unfiltered, with the errors)."""
+    errors: dict[str, str] = {}
+    try:
+        query = listing.check_list_query(request.GET)
+    except ActionError as exc:
+        errors = exc.errors
+        query = listing.ListQuery()
+    page = listing.list_runs(request.user, query)
+    for run in page.runs:
+        run.row = listing.row(run)
+        run.spark = listing.sparkline_path(run.sparkline)
+    teams = Team.objects.for_user(request.user)
+    context = {
+        "page": page,
+        "runs": page.runs,
+        "query": query,
+        "errors": errors,
+        "columns": _columns(query),
+        "statuses": Run.Status.values,
+        "presets": sorted(PRESETS),
+        "experiments": Experiment.objects.visible_to(request.user).select_related("team"),
+        "launchers": sorted(
+            get_user_model().objects.filter(memberships__team__in=teams).values_list("username", flat=True).distinct()
+        ),
+        "next_url": "?" + urlencode(query.params(page=query.page + 1)) if page.has_next else "",
+        "prev_url": "?" + urlencode(query.params(page=query.page - 1)) if page.has_prev else "",
+        "here": request.get_full_path(),
+        "has_team": teams.exists(),
+    }
+    return context, 400 if errors else 200
+
+
+def _columns(query: listing.ListQuery) -> list[dict]:
+    key = query.sort.lstrip("-")
+    return [
+        {
+            "key": name,
+            "title": title,
+            # A click sorts by the column, the second click reverses; numbers and dates
+            # start with the highest, names A→Z.
+            "url": "?" + urlencode(query.params(sort=_next_sort(name, query.sort), page=1)),
+            "sorted": "" if key != name else ("desc" if query.sort.startswith("-") else "asc"),
+        }
+        for name, title in SORTABLE
+    ]
+
+
+def _next_sort(key: str, current: str) -> str:
+    if current.lstrip("-") == key:
+        return key if current.startswith("-") else f"-{key}"
+    return key if key == "name" else f"-{key}"
+
+
+def run_page(request: HttpRequest, run: Run) -> dict:
+    """A run's page (a run the reader may see): what it may do there, the run's
+    checkpoints, lineage and config, its charts and the flashes still true of it."""
+    user = request.user
+    role = roles.role_of(user, run.experiment.team)
+    return {
+        "run": run,
+        "may_cancel": roles.may_cancel(user, run),
+        "may_export": roles.allows(role, "export models"),
+        "may_launch": roles.allows(role, "launch runs"),
+        "may_annotate": roles.allows(role, roles.annotate_action(user, run)),
+        "checkpoints": run.checkpoints.order_by("-step"),
+        "children": run.children.order_by("pk"),
+        "tags_text": " ".join(run.tag_names()),
+        "config_json": json.dumps(run.config, indent=2),
+        "overrides_json": json.dumps(run.overrides, indent=2),
+        "charts": _charts(run),
+        "messages": [m for m in messages.get_messages(request) if not run.is_terminal or UNTIL_RUN_ENDS not in m.tags],
+    }
+
+
+def _charts(run: Run) -> list[dict]:
+    """The run page's chart cards; `empty` says why a chart will stay empty for this run
+    (its pass is off in the run's config), shown in place of "waiting for data"."""
+    eval_off = not (run.config.get("eval") or {}).get("every_steps")
+    return [
+        {
+            "id": f"chart-{slugify(title)}",
+            "title": title,
+            "series": ",".join(series),
+            "unit": UNITS.get(series[0], ""),
+            "empty": "eval is off for this run" if eval_off and all(s.startswith("eval/") for s in series) else "",
+        }
+        for title, series in DASHBOARD_CHARTS
+    ]
