@@ -390,6 +390,7 @@ class RunDriver:
         ):
             return False
         self.placement = self._where()
+        self.reporter.post_placement(self.placement)
         if self.resume_from is not None:
             self._restore()
         if not self._connect_sync():

@@ -179,6 +179,10 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Trainer starved (s)", ("buffer/starved_s",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
     ("Eval (held-out prompts)", ("eval/pass@1", "eval/pass@k", "eval/reward_mean")),
+    # Per-rank metrics: one line per trainer rank (runs with a trainer pool only).
+    ("Trainer ranks: busy fraction", ("trainer/rank_busy_frac",)),
+    ("Trainer ranks: compute and communication (s)", ("trainer/rank_compute_s", "trainer/rank_comm_s")),
+    ("Trainer ranks: bytes moved", ("trainer/rank_comm_bytes",)),
 )
 
 # How many of the latest reward/mean points a reward target is judged on (their mean):

@@ -54,7 +54,7 @@ PHASES = ("warm_start", "starting_engines", "first_step", "stepping")
 PHASE_DETAIL_MAX = 200
 # What the reporter posts to, as POST {ingest_url}/api/runs/<id>/<endpoint>: the site
 # gives exactly these its ingest body limit and keeps them out of its HTTPS redirect.
-INGEST_ENDPOINTS = ("metrics", "status", "checkpoints")
+INGEST_ENDPOINTS = ("metrics", "status", "checkpoints", "placement")
 
 
 def spool_path(cache_dir: str, run_id: int) -> Path:
@@ -96,7 +96,9 @@ class MetricsReporter:
         self.points: list[dict] = []  # in-memory mode only: everything ever added
         self.phases: list[tuple[str, str]] = []  # in-memory mode only: (phase, detail) posted
         self.checkpoints: list[dict] = []  # in-memory mode only: checkpoint bodies posted
+        self.placement: dict | None = None  # in-memory mode only: the placement posted
         self._pending_checkpoints: list[dict] = []  # bodies not yet delivered, oldest first
+        self._pending_placement: dict | None = None  # where the run's actors are, not yet delivered
         self.sent = 0  # points the site accepted
         self.dropped = 0  # points the site rejected (400/401/404) or not finite
         self.last_error = ""
@@ -186,6 +188,20 @@ class MetricsReporter:
             self._send_checkpoints()
             return not self._pending_checkpoints
 
+    def post_placement(self, actors: list[dict]) -> bool:
+        """Tell the site where the run's actors run: one row per actor (its role, node id,
+        address, labels, GPU ids, CUDA_VISIBLE_DEVICES, pid: workers.actors.where_am_i).
+        True once delivered; undelivered, it is retried on each flush until the reporter
+        closes (only the latest is kept)."""
+        body = {"actors": actors}
+        if self._client is None:
+            self.placement = body
+            return True
+        with self._lock:
+            self._pending_placement = body
+            self._send_placement()
+            return self._pending_placement is None
+
     # -- sending -------------------------------------------------------------------
 
     def flush(self, force: bool = False) -> int:
@@ -207,6 +223,11 @@ class MetricsReporter:
             if self._pending_checkpoints:
                 self._send_checkpoints()
                 if self._pending_checkpoints:
+                    self._spool_pending()
+                    return 0
+            if self._pending_placement is not None:
+                self._send_placement()
+                if self._pending_placement is not None:
                     self._spool_pending()
                     return 0
             spooled = self._read_spool()
@@ -240,6 +261,7 @@ class MetricsReporter:
                     not self._pending
                     and self._pending_status is None
                     and not self._pending_checkpoints
+                    and self._pending_placement is None
                     and not self._spool_size()
                 )
             if done or time.monotonic() >= deadline:
@@ -320,6 +342,17 @@ class MetricsReporter:
                 )
                 log.error("run %s: %s", self.run_id, self.last_error)
             self._pending_checkpoints.pop(0)
+
+    def _send_placement(self) -> None:
+        try:
+            resp = self._post("placement", self._pending_placement)
+        except _SiteDown as exc:
+            self._site_down(exc)
+            return
+        if not 200 <= resp.status_code < 300:
+            self.last_error = f"placement rejected: HTTP {resp.status_code} {resp.text[:300]}"
+            log.error("run %s: %s", self.run_id, self.last_error)
+        self._pending_placement = None
 
     def _spool_status(self) -> None:
         """Mirror the pending status on disk (or remove the file once delivered)."""

@@ -29,10 +29,12 @@ from foundation.http import errors_response, refusal_response
 from runs.models import Run
 from runs.reports import (
     CHECKPOINT_IN,
+    PLACEMENT_IN,
     STATUS_IN,
     PointIn,
     do_record_checkpoint,
     do_record_phase,
+    do_record_placement,
     do_record_points,
     do_record_reported_status,
 )
@@ -115,6 +117,10 @@ def _store_checkpoint(run: Run, payload: Any) -> tuple[dict, int]:
     return do_record_checkpoint(run, payload).as_dict(), 201
 
 
+def _store_placement(run: Run, payload: Any) -> tuple[dict, int]:
+    return {"actors": len(payload["actors"]), "changed": do_record_placement(run, payload)}, 200
+
+
 # POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}. Only what
 # storing points needs of the row: the whole row (its config JSON decoded) and two
 # joined rows would cost a noticeable share of each request's CPU.
@@ -132,6 +138,12 @@ STATUS = Ingest(STATUS_IN, _store_status)
 CHECKPOINT = Ingest(CHECKPOINT_IN, _store_checkpoint, columns=("pk", "ingest_token"))
 
 
+# POST /api/runs/<id>/placement {"actors": [{actor, node_id, node_ip, labels, gpu_ids,
+# cuda_visible_devices, pid}, ...]} (runs.reports.PlacementIn): where the run's actors
+# run, once they are up.
+PLACEMENT = Ingest(PLACEMENT_IN, _store_placement, columns=("pk", "ingest_token"))
+
+
 def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     return receive(METRICS, request, run_id)
 
@@ -144,3 +156,9 @@ def ingest_checkpoint(request: HttpRequest, run_id: int) -> JsonResponse:
 @require_POST
 def status_view(request: HttpRequest, run_id: int) -> JsonResponse:
     return receive(STATUS, request, run_id)
+
+
+@csrf_exempt  # token-authenticated, never a browser form
+@require_POST
+def placement_view(request: HttpRequest, run_id: int) -> JsonResponse:
+    return receive(PLACEMENT, request, run_id)

@@ -10,6 +10,7 @@ app_name = "api"
 # metrics POST is routed by the API (api/views.py): its URL is the metrics read's too.
 ingest_urlpatterns = [
     path("runs/<int:run_id>/status", ingest.status_view, name="run-status"),
+    path("runs/<int:run_id>/placement", ingest.placement_view, name="run-placement"),
 ]
 
 # Ninja's URLs (the operations, /api/openapi.json, /api/docs), less its root view: /api/

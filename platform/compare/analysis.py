@@ -25,7 +25,7 @@ from foundation.errors import ActionError, NotFound
 from runs import rollups
 from runs.metrics import bucket_band, read_many
 from runs.models import Run
-from workers.metric_names import METRICS
+from workers.metric_names import METRICS, rank_series
 
 MAX_RUNS = 100
 REWARD = "reward/mean"
@@ -54,6 +54,16 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("aborted_frac", "aborted", "fraction", "lower", "rollout/partial_aborted / samples seen"),
     Column("sync_latency_ms", "sync latency", "ms", "lower", "mean of sync/latency_ms"),
     Column("sync_bytes", "sync bytes", "bytes", "lower", "mean of sync/bytes"),
+    # A trainer pool's ranks (runs with trainer.backend ddp or fsdp2).
+    Column("rank_busy_min", "least busy rank", "fraction", "higher", "min over ranks of mean trainer/rank_busy_frac"),
+    Column(
+        "rank_comm_share",
+        "rank comm share",
+        "fraction",
+        "lower",
+        "mean over ranks of trainer/rank_comm_s ÷ (trainer/rank_comm_s + trainer/rank_compute_s)",
+    ),
+    Column("rank_comm_bytes", "rank bytes/step", "bytes", "lower", "mean over ranks of trainer/rank_comm_bytes"),
 )
 
 
@@ -210,8 +220,28 @@ def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int,
             "aborted_frac": frac("rollout/partial_aborted", 1),
             "sync_latency_ms": avg("sync/latency_ms"),
             "sync_bytes": avg("sync/bytes"),
+            **_rank_figures(avg, s),
         }
     return out
+
+
+def _rank_figures(avg, stats: dict) -> dict:
+    """The trainer pool's figures of one run (all None without a pool): its least busy
+    rank, and over its ranks the mean communication share and bytes per step."""
+    ranks = sorted(int(name.rpartition("/")[2]) for name in stats if name.startswith("trainer/rank_busy_frac/"))
+    busy = [b for r in ranks if (b := avg(rank_series("trainer/rank_busy_frac", r))) is not None]
+    shares, moved = [], []
+    for r in ranks:
+        comm, compute = avg(rank_series("trainer/rank_comm_s", r)), avg(rank_series("trainer/rank_compute_s", r))
+        if comm is not None and compute is not None and comm + compute > 0:
+            shares.append(comm / (comm + compute))
+        if (b := avg(rank_series("trainer/rank_comm_bytes", r))) is not None:
+            moved.append(b)
+    return {
+        "rank_busy_min": min(busy) if busy else None,
+        "rank_comm_share": fmean(shares) if shares else None,
+        "rank_comm_bytes": fmean(moved) if moved else None,
+    }
 
 
 def summarize(configurations: list[dict], figures: dict[int, dict]) -> dict:
@@ -256,8 +286,10 @@ HEADLINE = ("reward/mean", "samples/per_s", "trainer/idle_frac", "inference/idle
 
 def chart_metrics() -> list[dict]:
     """The vocabulary in the order the page draws its charts: {"name", "unit", "help"}."""
-    first = [m for name in HEADLINE for m in METRICS if m.name == name]
-    ordered = first + [m for m in METRICS if m.name not in HEADLINE]
+    # A per-rank metric is a series per rank: the pool's figures are in the table instead.
+    charted = [m for m in METRICS if not m.per_rank]
+    first = [m for name in HEADLINE for m in charted if m.name == name]
+    ordered = first + [m for m in charted if m.name not in HEADLINE]
     return [{"name": m.name, "unit": m.unit, "help": m.help} for m in ordered]
 
 
@@ -361,7 +393,7 @@ def compare(
     `series` (all when None: the page asks per chart, for the charts in view)."""
     configurations = group_runs(runs)
     figures = run_figures(runs, target=target, budget_s=budget_s)
-    names = [m.name for m in METRICS] if series is None else series
+    names = [m.name for m in METRICS if not m.per_rank] if series is None else series
     t0 = {r: f["t0"] for r, f in figures.items()}
     per_run, bands = chart_series(runs, configurations, t0, names=names, after_step=after_step, max_points=max_points)
     config_of = {r: c["id"] for c in configurations for r in c["runs"]}
@@ -393,6 +425,6 @@ def charts(runs: list[Run], series: list[str] | None, *, after_step=None, max_po
     configurations = group_runs(runs)
     ids = [r.pk for r in runs]
     t0 = start_times(ids, totals_by_run(ids))
-    names = [m.name for m in METRICS] if series is None else series
+    names = [m.name for m in METRICS if not m.per_rank] if series is None else series
     per_run, bands = chart_series(runs, configurations, t0, names=names, after_step=after_step, max_points=max_points)
     return {"series": {str(k): v for k, v in per_run.items()}, "bands": bands}

@@ -16,14 +16,13 @@ from runs import listing
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
-from workers.metric_names import DASHBOARD_CHARTS, METRICS
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, metric_of, rank_series
 from workers.presets import PRESETS
 
 # Tags the flash that says a new run is queued (launch, retry, resume): once the run has
 # ended that is no longer true, so a finished run's page leaves it out, and run.js drops
 # it when the run ends under the reader's eyes.
 UNTIL_RUN_ENDS = "until-run-ends"
-UNITS = {m.name: m.unit for m in METRICS}
 # (sort key, column title) of the run list's sortable columns, left to right.
 SORTABLE = [
     ("name", "Name"),
@@ -109,21 +108,53 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "config_json": json.dumps(run.config, indent=2),
         "overrides_json": json.dumps(run.overrides, indent=2),
         "charts": _charts(run),
+        "placement": _placement(run),
         "messages": [m for m in messages.get_messages(request) if not run.is_terminal or UNTIL_RUN_ENDS not in m.tags],
     }
 
 
 def _charts(run: Run) -> list[dict]:
     """The run page's chart cards; `empty` says why a chart will stay empty for this run
-    (its pass is off in the run's config), shown in place of "waiting for data"."""
+    (its pass is off in the run's config), shown in place of "waiting for data". A
+    per-rank metric is drawn as one line per trainer rank, on runs with a trainer pool."""
     eval_off = not (run.config.get("eval") or {}).get("every_steps")
-    return [
-        {
-            "id": f"chart-{slugify(title)}",
-            "title": title,
-            "series": ",".join(series),
-            "unit": UNITS.get(series[0], ""),
-            "empty": "eval is off for this run" if eval_off and all(s.startswith("eval/") for s in series) else "",
-        }
-        for title, series in DASHBOARD_CHARTS
-    ]
+    trainer = run.config.get("trainer") or {}
+    ranks = int(trainer.get("num_ranks") or 1) if trainer.get("backend", "single") != "single" else 0
+    cards = []
+    for title, series in DASHBOARD_CHARTS:
+        if any(name in PER_RANK for name in series):
+            if not ranks:
+                continue  # one trainer process: no per-rank figures
+            series = tuple(rank_series(name, r) for name in series for r in range(ranks))
+        cards.append(
+            {
+                "id": f"chart-{slugify(title)}",
+                "title": title,
+                "series": ",".join(series),
+                "unit": _unit(series[0]),
+                "empty": "eval is off for this run" if eval_off and all(s.startswith("eval/") for s in series) else "",
+            }
+        )
+    return cards
+
+
+def _unit(series: str) -> str:
+    metric = metric_of(series)
+    return metric.unit if metric else ""
+
+
+def _placement(run: Run) -> list[dict]:
+    """Where the run's actors run, as the table on its page shows them."""
+    rows = []
+    for place in run.placement or []:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted((place.get("labels") or {}).items()))
+        rows.append(
+            {
+                "actor": place.get("actor", ""),
+                "node": place.get("node_ip", ""),
+                "node_id": (place.get("node_id") or "")[:12],
+                "labels": labels,
+                "gpus": place.get("cuda_visible_devices") or ", ".join(place.get("gpu_ids") or []) or "none",
+            }
+        )
+    return rows

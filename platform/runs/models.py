@@ -164,6 +164,9 @@ class Run(models.Model):
     # start, starting inference engines, first step, stepping), and a detail for people.
     phase = models.CharField(max_length=32, blank=True)
     phase_detail = models.CharField(max_length=PHASE_DETAIL_MAX, blank=True)
+    # Where the run's actors run, as its driver reported once they were up: one entry per
+    # actor (role, Ray node id and address, node labels, GPU ids, CUDA_VISIBLE_DEVICES, pid).
+    placement = models.JSONField(default=list, blank=True)
     # The saved configuration version this run was launched from (None: a built-in
     # preset). RESTRICT, not SET_NULL: a version a run ran cannot be deleted on its own,
     # so the run never loses the record of what it ran; unlike PROTECT it still lets a
@@ -315,6 +318,7 @@ class Run(models.Model):
             "resume_from": self.resume_from.as_dict() if self.resume_from_id else None,
             "children": [{"id": c.pk, "origin": c.origin, "status": c.status} for c in self.children.order_by("pk")],
             "checkpoints": [c.as_dict() for c in self.checkpoints.order_by("-step")],
+            "placement": self.placement,
         }
 
     def series_names(self) -> list[str]:

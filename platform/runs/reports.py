@@ -173,3 +173,39 @@ def do_record_checkpoint(run: Run, checkpoint: dict) -> Checkpoint:
         if pruned:
             Checkpoint.objects.filter(run=run, location__in=pruned).exclude(pk=row.pk).delete()
     return row
+
+
+class ActorPlace(TypedDict):
+    """Where one actor of the run runs (workers.actors.where_am_i)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    actor: Annotated[str, Field(min_length=1, max_length=100), NO_NUL]
+    node_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,64}$")]
+    node_ip: Annotated[str, Field(max_length=100), NO_NUL]
+    labels: Annotated[
+        dict[Annotated[str, Field(max_length=100), NO_NUL], Annotated[str, Field(max_length=100), NO_NUL]],
+        Field(max_length=50),
+    ]
+    gpu_ids: Annotated[list[Annotated[str, Field(max_length=50), NO_NUL]], Field(max_length=64)]
+    cuda_visible_devices: Annotated[str, Field(max_length=500), NO_NUL]
+    pid: Annotated[int, Field(ge=0, le=2**31)]
+
+
+class PlacementIn(TypedDict):
+    """Where the run's actors run, as the driver reports once they are up
+    (workers.reporter.post_placement)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    actors: Annotated[list[ActorPlace], Field(max_length=2000)]
+
+
+PLACEMENT_IN = TypeAdapter(PlacementIn)
+
+
+def do_record_placement(run: Run, placement: dict) -> bool:
+    """Keep where the run's actors run (the latest report replaces an earlier one).
+    Returns whether the row changed."""
+    actors = placement["actors"]
+    return Run.objects.filter(pk=run.pk).exclude(placement=actors).update(placement=actors) == 1

@@ -2,8 +2,9 @@
 
 A real HTTP server in a thread that speaks the Metrics ingest contract: Bearer token,
 `POST /api/runs/<id>/metrics` (idempotent per (run, series, step)) and
-`POST /api/runs/<id>/status` (terminal states stick) and `POST /api/runs/<id>/checkpoints`
-(each announcement recorded in `checkpoints`, in order). It records every request so
+`POST /api/runs/<id>/status` (terminal states stick), `POST /api/runs/<id>/checkpoints`
+(each announcement recorded in `checkpoints`, in order) and `POST /api/runs/<id>/placement`
+(the latest in `placement`). It records every request so
 tests can check batching, auth and duplicates.
 """
 
@@ -14,7 +15,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status|checkpoints)$")
+PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status|checkpoints|placement)$")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -31,6 +32,7 @@ class IngestStub:
         self.errors: dict[int, str] = {}
         self.phases: dict[int, list[tuple[str, str]]] = {}  # every (phase, detail) posted, in order
         self.checkpoints: dict[int, list[dict]] = {}  # every checkpoint body posted, in order
+        self.placement: dict[int, list[dict]] = {}  # the latest placement posted: its actors
         self.fail_with: int | None = None  # answer every request with this status code
         stub = self
 
@@ -62,6 +64,9 @@ class IngestStub:
                     if kind == "checkpoints":
                         stub.checkpoints.setdefault(run_id, []).append(body)
                         return self._answer(201, {"step": body["step"]})
+                    if kind == "placement":
+                        stub.placement[run_id] = body["actors"]
+                        return self._answer(200, {"actors": len(body["actors"])})
                     # A phase change repeats the status the run is in: it is recorded in
                     # `phases` only, so `statuses` lists the changes of status.
                     if not (body.get("phase") and stub.status.get(run_id) == body["status"]):

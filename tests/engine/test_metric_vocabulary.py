@@ -23,10 +23,10 @@ from workers.config import BufferConfig
 from workers.evaluation import SERIES as EVAL_SERIES
 from workers.evaluation import eval_metrics, is_due
 from workers.loss import METHODS
-from workers.metric_names import METRICS, NAMES
+from workers.metric_names import METRICS, NAMES, PER_RANK, metric_of, rank_series
 from workers.reporter import MetricsReporter
 from workers.timeline import GENERATE, Segment, StepWindows
-from workers.trainer import Trainer
+from workers.trainer import RankResult, Trainer
 
 BY_NAME = {m.name: m for m in METRICS}
 
@@ -43,9 +43,16 @@ def test_the_reporter_refuses_a_series_outside_the_vocabulary():
     with pytest.raises(ValueError, match="'reward/meen'"):
         rep.add_many({"reward/meen": 0.5}, step=2)
     assert rep.points == []  # nothing refused was queued
-    for name in sorted(NAMES):
-        rep.add(name, 3, 1.0)
-    assert {p["series"] for p in rep.points} == NAMES
+    with pytest.raises(ValueError, match="'trainer/rank_busy_frac'"):
+        rep.add("trainer/rank_busy_frac", 3, 1.0)  # a per-rank metric goes out per rank
+    with pytest.raises(ValueError, match="'trainer/rank_busy_frac/x'"):
+        rep.add("trainer/rank_busy_frac/x", 3, 1.0)
+    with pytest.raises(ValueError, match="'reward/mean/0'"):
+        rep.add("reward/mean/0", 3, 1.0)
+    sent = {rank_series(name, 1) if name in PER_RANK else name for name in NAMES}
+    for series in sorted(sent):
+        rep.add(series, 3, 1.0)
+    assert {p["series"] for p in rep.points} == sent
 
 
 @pytest.mark.parametrize("minibatches, entropy_coef", [(1, 0.0), (2, 0.01)])
@@ -88,11 +95,31 @@ def test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on():
     assert all(BY_NAME[name].only == "eval.every_steps > 0" for name in EVAL_SERIES)
 
 
+def test_per_rank_series_come_from_a_trainer_pool_only(tiny_model_dir):
+    """A single trainer's step names no rank; a pool's names each of its ranks (its
+    parts' figures: the real pool in tests/engine/test_trainer_pool.py)."""
+    cfg = small_config()
+    trainer = Trainer(cfg, tiny_model_dir)
+    groups = fixed_groups(tiny_model_dir, cfg)
+    assert not set(trainer.train_step(groups)) & set(sent_by_ranks(2))
+    parts = [RankResult([0.1], [{}], [1.0], step_s=0.3, comm_s=0.1, comm_bytes=10) for _ in range(2)]
+    trainer.pool = object()  # what step_metrics asks of a pool: that there is one
+    metrics = trainer.step_metrics(groups, parts, start=0.0)
+    assert set(sent_by_ranks(2)) - {rank_series("trainer/rank_busy_frac", r) for r in range(2)} <= set(metrics)
+    assert all(metric_of(name) is not None for name in metrics)
+    assert all(BY_NAME[name].only == "trainer.backend ddp or fsdp2" for name in PER_RANK)
+
+
+def sent_by_ranks(ranks: int) -> list[str]:
+    return [rank_series(name, r) for name in sorted(PER_RANK) for r in range(ranks)]
+
+
 # Each series marked `only`, and the test above that checks its condition both ways.
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
     "ppo/clipped_frac": test_train_step_returns_only_known_names,
     **dict.fromkeys(EVAL_SERIES, test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on),
+    **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
 }
 
 

@@ -123,6 +123,8 @@ def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing
     with IngestStub(token=TOKEN) as stub:
         launch(9421, config.model_dump(mode="json"), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
         wait_for(lambda: len(stub.series(9421).get("reward/mean", {})) >= 2, 240, "two trained steps")
+        pools = {row["actor"]: row["labels"].get("pool") for row in stub.placement[9421]}  # told to the site
+        assert pools["trainer rank 0"] == pools["trainer rank 1"] == "train" and pools["driver"] == "rollout"
         killed_at = nodes.kill(1)
         wait_for(lambda: stub.status.get(9421) == "failed", 90, "the run to fail")
         failed_in = time.time() - killed_at

@@ -107,6 +107,34 @@ def test_the_summary_equals_figures_computed_from_the_stored_points(client_for, 
         assert body["summary"]["best"][key] == [cid for cid, m in means.items() if m == pick(means.values())]
 
 
+def test_a_trainer_pools_figures_come_from_its_ranks_series(client_for, owner, make_run):
+    pool, single = make_run(status=Run.Status.SUCCEEDED), make_run(status=Run.Status.SUCCEEDED)
+    rng = random.Random(3)
+    ranks = {}
+    for r in range(2):
+        ranks[r] = {
+            "busy": [rng.uniform(0.5, 1) for _ in range(10)],
+            "comm": [rng.uniform(0, 0.1) for _ in range(10)],
+            "compute": [rng.uniform(0.1, 0.3) for _ in range(10)],
+            "bytes": [rng.uniform(1e6, 2e6) for _ in range(10)],
+        }
+        store(pool, f"trainer/rank_busy_frac/{r}", ranks[r]["busy"])
+        store(pool, f"trainer/rank_comm_s/{r}", ranks[r]["comm"])
+        store(pool, f"trainer/rank_compute_s/{r}", ranks[r]["compute"])
+        store(pool, f"trainer/rank_comm_bytes/{r}", ranks[r]["bytes"])
+    store(single, "reward/mean", [0.1] * 10)
+    body = client_for(owner).get(f"/api/compare?runs={pool.pk},{single.pk}").json()
+    got = {r["id"]: r["figures"] for r in body["runs"]}
+    want_share = fmean(fmean(ranks[r]["comm"]) / (fmean(ranks[r]["comm"]) + fmean(ranks[r]["compute"])) for r in ranks)
+    assert got[pool.pk]["rank_busy_min"] == pytest.approx(min(fmean(ranks[r]["busy"]) for r in ranks))
+    assert got[pool.pk]["rank_comm_share"] == pytest.approx(want_share)
+    assert got[pool.pk]["rank_comm_bytes"] == pytest.approx(fmean(fmean(ranks[r]["bytes"]) for r in ranks))
+    assert {got[single.pk][k] for k in ("rank_busy_min", "rank_comm_share", "rank_comm_bytes")} == {None}
+    assert "trainer/rank_busy_frac" not in [
+        m["name"] for m in body["metrics"]
+    ]  # a series per rank: no chart of its own
+
+
 def test_time_to_target_needs_five_points_whose_mean_reaches_it(client_for, owner, make_run):
     run = make_run(status=Run.Status.SUCCEEDED)
     store(run, "reward/mean", [0.9, 0.9, 0.9, 0.9, 0.0, 0.9, 0.9, 0.9, 0.9, 0.9], dt=1.0)

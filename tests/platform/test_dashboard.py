@@ -6,7 +6,8 @@ import pytest
 from django.contrib.staticfiles import finders
 
 from runs.models import Run
-from workers.metric_names import DASHBOARD_CHARTS
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK
+from workers.presets import build
 
 
 @pytest.mark.parametrize("url", ["/", "/runs/new/", "/runs/1/"])
@@ -36,10 +37,12 @@ def test_the_runs_list_hides_other_teams_runs(client_for, outsider, make_run):
 
 def test_the_run_page_has_a_chart_per_dashboard_chart(client_for, owner, run):
     html = client_for(owner).get(f"/runs/{run.pk}/").content.decode()
-    for title, series in DASHBOARD_CHARTS:
+    one_process = [(title, series) for title, series in DASHBOARD_CHARTS if not set(series) & PER_RANK]
+    for title, series in one_process:
         assert f'data-chart="{title}"' in html
         assert f'data-series="{",".join(series)}"' in html
-    assert html.count('data-points="0"') == len(DASHBOARD_CHARTS)
+    assert html.count('data-points="0"') == len(one_process)
+    assert "Trainer ranks" not in html  # one trainer process: no per-rank charts
     assert f'data-live-path="/ws/runs/{run.pk}/"' in html
     assert "/static/plotly/plotly.min.js" in html
     assert 'id="cancel-button"' in html
@@ -96,3 +99,48 @@ def test_plotly_comes_from_the_python_package_not_a_cdn(client, db):
 
 def test_healthz_answers(client, db):
     assert client.get("/healthz").json() == {"ok": True}
+
+
+def test_a_trainer_pools_run_page_draws_a_line_per_rank(client_for, owner, make_run):
+    config = build("async", {"trainer": {"backend": "fsdp2", "num_ranks": 3}}).model_dump(mode="json")
+    html = client_for(owner).get(f"/runs/{make_run(config=config).pk}/").content.decode()
+    assert 'data-chart="Trainer ranks: busy fraction"' in html
+    busy = ",".join(f"trainer/rank_busy_frac/{r}" for r in range(3))
+    both = ",".join(
+        [*(f"trainer/rank_compute_s/{r}" for r in range(3)), *(f"trainer/rank_comm_s/{r}" for r in range(3))]
+    )
+    assert f'data-series="{busy}"' in html and f'data-series="{both}"' in html
+    assert 'data-unit="fraction"' in html and 'data-unit="bytes"' in html
+
+
+def test_the_run_page_says_where_each_actor_runs(client_for, owner, make_run):
+    placement = [
+        {
+            "actor": "trainer rank 1",
+            "node_id": "ab" * 28,
+            "node_ip": "10.0.0.5",
+            "labels": {"pool": "train"},
+            "gpu_ids": ["2"],
+            "cuda_visible_devices": "2",
+            "pid": 41,
+        },
+        {
+            "actor": "inference worker 0",
+            "node_id": "cd" * 28,
+            "node_ip": "10.0.0.4",
+            "labels": {},
+            "gpu_ids": [],
+            "cuda_visible_devices": "",
+            "pid": 42,
+        },
+    ]
+    run = make_run(status=Run.Status.RUNNING, placement=placement)
+    html = client_for(owner).get(f"/runs/{run.pk}/").content.decode()
+    table = html[html.index('<table id="placement">') : html.index("</table>", html.index('<table id="placement">'))]
+    assert "<td>trainer rank 1</td><td>10.0.0.5</td><td>pool=train</td><td>2</td>" in table
+    assert "<td>inference worker 0</td><td>10.0.0.4</td><td>—</td><td>none</td>" in table
+    assert f"<code>{'ab' * 6}</code>" in table
+
+
+def test_a_run_not_yet_placed_shows_no_placement_table(client_for, owner, run):
+    assert 'id="placement"' not in client_for(owner).get(f"/runs/{run.pk}/").content.decode()

@@ -218,3 +218,50 @@ def test_an_unknown_status_is_a_400(client, run):
     r = post(client, run, "status", {"status": "cancelled"})
     assert r.status_code == 400
     assert "status" in r.json()["errors"]
+
+
+# --- placement ------------------------------------------------------------------------
+
+
+def place(actor="trainer rank 0", **fields):
+    row = {
+        "actor": actor,
+        "node_id": "1f11c59d4fb8" + "0" * 44,
+        "node_ip": "10.0.0.5",
+        "labels": {"pool": "train"},
+        "gpu_ids": ["0"],
+        "cuda_visible_devices": "0",
+        "pid": 4242,
+    }
+    return {**row, **fields}
+
+
+def test_the_drivers_placement_is_kept_and_shown_in_the_api(client, client_for, owner, run):
+    r = post(client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[])]})
+    assert r.status_code == 200 and r.json() == {"actors": 2, "changed": True}
+    assert (
+        post(client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[])]}).json()["changed"]
+        is False
+    )  # a resend changes nothing
+    detail = client_for(owner).get(f"/api/runs/{run.pk}").json()
+    assert [row["actor"] for row in detail["placement"]] == ["trainer rank 0", "inference worker 0"]
+    assert detail["placement"][0]["labels"] == {"pool": "train"}
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        (place(node_id="not hex"), "node_id"),
+        (place(actor=""), "actor"),
+        (place(pid=-1), "pid"),
+        (place(extra=1), "extra"),
+        (place(labels={"k": "v" * 101}), "labels"),
+    ],
+)
+def test_a_bad_placement_is_a_400_naming_the_field_and_keeps_the_last_good_one(client, run, row, field):
+    post(client, run, "placement", {"actors": [place()]})
+    r = post(client, run, "placement", {"actors": [row]})
+    assert r.status_code == 400
+    assert any(field in key for key in r.json()["errors"]), r.json()
+    run.refresh_from_db()
+    assert run.placement == [place()]
