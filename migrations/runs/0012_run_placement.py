@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0011_queue_phase_scheduled'),
+        ("runs", "0011_queue_phase_scheduled"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='placement',
+            model_name="run",
+            name="placement",
             field=models.JSONField(blank=True, default=list),
         ),
     ]
