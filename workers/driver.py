@@ -219,7 +219,7 @@ class RunDriver:
             failure = explain(exc, self.cfg, phase=self.phase, nodes=self._node_names())
             self.error, self.error_detail = failure.message, failure.detail
             log.error("run %s failed: %s\n%s", self.run_id, self.error, self.error_detail)
-            self.reporter.post_status("failed", self.error, error_detail=self.error_detail)
+            self.reporter.post_status("failed", self.error, error_detail=self.error_detail, error_kind=failure.kind)
         finally:
             self._kill_children()
             remove_scratch(self.scratch_dir)

@@ -105,7 +105,7 @@ class MetricsReporter:
         self._pending: list[dict] = []
         # (status, error, phase, phase detail, error detail): only the latest is worth
         # delivering.
-        self._pending_status: tuple[str, str, str, str, str] | None = None
+        self._pending_status: tuple[str, str, str, str, str, str] | None = None
         self._lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff = BACKOFF_START_S
@@ -151,11 +151,19 @@ class MetricsReporter:
             self.add(series, step, value, t)
 
     def post_status(
-        self, status: str, error: str = "", *, phase: str = "", detail: str = "", error_detail: str = ""
+        self,
+        status: str,
+        error: str = "",
+        *,
+        phase: str = "",
+        detail: str = "",
+        error_detail: str = "",
+        error_kind: str = "",
     ) -> bool:
         """Tell the site the run's state, and optionally its phase (one of PHASES) with a
         detail for people; a failure's `error` (a sentence, workers.failures) goes with
-        its `error_detail` (the traceback, cut to DETAIL_MAX). True once delivered.
+        its `error_detail` (the traceback, cut to DETAIL_MAX) and its `error_kind` (one of
+        workers.failures.KINDS: the site resumes a run that lost a node). True once delivered.
         Undelivered, the latest status is retried on every flush (terminal states stick
         on the site, so a late retry of "running" cannot undo "cancelled"); a newer phase
         replaces an undelivered older one."""
@@ -170,7 +178,7 @@ class MetricsReporter:
             self.phases.append((phase, detail))
             return True
         with self._lock:
-            self._pending_status = (status, error, phase, detail, error_detail)
+            self._pending_status = (status, error, phase, detail, error_detail, error_kind)
             self._send_status()
             return self._pending_status is None
 
@@ -310,10 +318,12 @@ class MetricsReporter:
         return 0
 
     def _send_status(self) -> None:
-        status, error, phase, detail, error_detail = self._pending_status
+        status, error, phase, detail, error_detail, error_kind = self._pending_status
         body = {"status": status, "error": error}
         if error_detail:
             body["error_detail"] = error_detail
+        if error_kind:
+            body["error_kind"] = error_kind
         if phase:
             body.update(phase=phase, phase_detail=detail)
         try:
@@ -361,12 +371,14 @@ class MetricsReporter:
         if self._pending_status is None:
             self._status_spool.unlink(missing_ok=True)
             return
-        status, error, phase, detail, error_detail = self._pending_status
+        status, error, phase, detail, error_detail, error_kind = self._pending_status
         self._status_spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._status_spool.with_suffix(f".tmp{os.getpid()}")
         spooled = {"status": status, "error": error, "phase": phase, "phase_detail": detail}
         if error_detail:
             spooled["error_detail"] = error_detail
+        if error_kind:
+            spooled["error_kind"] = error_kind
         tmp.write_text(json.dumps(spooled))
         os.replace(tmp, self._status_spool)
 
@@ -418,7 +430,7 @@ def read_spool(run_id: int, cache_dir: str) -> tuple[list[dict], tuple[str, str]
 
 def read_spooled_status(run_id: int, cache_dir: str) -> dict | None:
     """The last status a run's reporter could not deliver, as it would have posted it
-    ({"status", "error", "error_detail", "phase", "phase_detail"}, unvalidated: the
+    ({"status", "error", "error_detail", "error_kind", "phase", "phase_detail"}, unvalidated: the
     platform checks it as it checks a post), or None."""
     return _load_status(status_spool_path(cache_dir, run_id), run_id)
 
@@ -454,13 +466,14 @@ def _load_status(path: Path, run_id: int) -> dict | None:
 
 
 def _read_status(path: Path, run_id: int, *, with_phase: bool = False) -> tuple | None:
-    """(status, error), plus (phase, detail, error detail) `with_phase`: a gone driver's
-    phase is of no use to the platform, but a new reporter of the run re-sends it."""
+    """(status, error), plus (phase, detail, error detail, error kind) `with_phase`: a
+    gone driver's phase is of no use to the platform, but a new reporter of the run
+    re-sends it."""
     spooled = _load_status(path, run_id)
     if spooled is None or "status" not in spooled:
         return None
     status = str(spooled["status"]), str(spooled.get("error", ""))
     if with_phase:
         phase = str(spooled.get("phase", "")), str(spooled.get("phase_detail", ""))
-        return (*status, *phase, str(spooled.get("error_detail", "")))
+        return (*status, *phase, str(spooled.get("error_detail", "")), str(spooled.get("error_kind", "")))
     return status

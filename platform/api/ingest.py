@@ -106,7 +106,11 @@ def _store_points(run: Run, payload: MetricsIn) -> tuple[dict, int]:
 def _store_status(run: Run, payload: Any) -> tuple[dict, int]:
     with transaction.atomic():
         changed = do_record_reported_status(
-            run, payload["status"], payload.get("error", ""), payload.get("error_detail", "")
+            run,
+            payload["status"],
+            payload.get("error", ""),
+            payload.get("error_detail", ""),
+            error_kind=payload.get("error_kind", ""),
         )
         if "phase" in payload:
             changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed

@@ -195,7 +195,12 @@ def do_take_in_spool(run: Run) -> bool:
     ended = False
     if status is not None and status["status"] in SPOOLED_ENDS:
         ended = do_record_reported_status(
-            run, status["status"], status.get("error", ""), status.get("error_detail", ""), only_from=[run.status]
+            run,
+            status["status"],
+            status.get("error", ""),
+            status.get("error_detail", ""),
+            error_kind=status.get("error_kind", ""),
+            only_from=[run.status],
         )
     clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)
     logger.info(

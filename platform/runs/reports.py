@@ -16,10 +16,10 @@ from django.db import transaction
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from runs import events
+from runs import events, lineage
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
-from workers.failures import DETAIL_MAX
+from workers.failures import DETAIL_MAX, KINDS
 from workers.reporter import PHASE_DETAIL_MAX, PHASES, STATUSES
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,10 @@ REPORTED = {word: Run.Status(word) for word in STATUSES}
 # The engine's words for its statuses and for what a running run is doing.
 ReportedStatus = Literal[STATUSES]  # type: ignore[valid-type]
 ReportedPhase = Literal[PHASES]  # type: ignore[valid-type]
+FailureKind = Literal[KINDS]  # type: ignore[valid-type]
+# Failures the run did not cause: with `checkpoint.max_restarts` left and a checkpoint,
+# the site resumes the run from its latest checkpoint (as reconcile does a lost driver).
+RESUMABLE = frozenset({"node_lost"})
 # MetricPoint.step is a bigint: a larger step would fail the write, not the check.
 MAX_STEP = 2**63 - 1
 
@@ -72,6 +76,8 @@ class StatusIn(TypedDict):
     # which the run's page shows folded; the engine cuts it to this bound.
     error: NotRequired[Annotated[str, Field(max_length=20_000), NO_NUL]]
     error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX), NO_NUL]]
+    # Which of workers.failures.KINDS the failure is: a run that lost a node is resumed.
+    error_kind: NotRequired[FailureKind]
     # What the run is doing now (workers.reporter.PHASES), sent with "running".
     phase: NotRequired[ReportedPhase]
     phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX), NO_NUL]]
@@ -101,16 +107,45 @@ def do_record_points(run: Run, points: Sequence[PointIn]) -> int:
 
 
 def do_record_reported_status(
-    run: Run, reported: str, error: str = "", error_detail: str = "", *, only_from: Iterable[str] | None = None
+    run: Run,
+    reported: str,
+    error: str = "",
+    error_detail: str = "",
+    *,
+    error_kind: str = "",
+    only_from: Iterable[str] | None = None,
 ) -> bool:
     """Take in the status the run's driver reported (a key of REPORTED). Only a failure
-    keeps an error (`NO_REASON` when the driver gave none) and its detail. A status the
-    run may not enter (a late "running" on a finished run) changes nothing. Returns
-    whether the row changed."""
+    keeps an error (`NO_REASON` when the driver gave none) and its detail; a failure of
+    a RESUMABLE kind is resumed from the run's latest checkpoint while
+    `checkpoint.max_restarts` allows (`do_resume_failed`). A status the run may not
+    enter (a late "running" on a finished run) changes nothing. Returns whether the row
+    changed."""
     status = REPORTED[reported]
-    if status == Run.Status.FAILED:
-        return do_fail_run(run, error or NO_REASON, error_detail, only_from=only_from)
-    return do_set_run_status(run, status, only_from=only_from)
+    if status != Run.Status.FAILED:
+        return do_set_run_status(run, status, only_from=only_from)
+    with transaction.atomic():
+        changed = do_fail_run(run, error or NO_REASON, error_detail, only_from=only_from)
+        if changed and error_kind in RESUMABLE:
+            do_resume_failed(run)
+    return changed
+
+
+def do_resume_failed(run: Run) -> Run | None:
+    """A child run that resumes the just failed `run` from its latest checkpoint, counted
+    against the chain's `checkpoint.max_restarts` (runs/lineage.py); the run's error says
+    so. None when no restart is left or there is no checkpoint."""
+    checkpoint = lineage.auto_resume_checkpoint(run)
+    if checkpoint is None:
+        return None
+    child = lineage.do_auto_resume(run, checkpoint)
+    run.error = (
+        f"{run.error} It was resumed as run {child.pk} from its checkpoint at step {checkpoint.step} "
+        f"(restart {child.restarts} of checkpoint.max_restarts={lineage.max_restarts(run)})."
+    )
+    Run.objects.filter(pk=run.pk).update(error=run.error)
+    logger.warning("run %s failed (%s); resumed as run %s from step %s", run.pk, "resumable", child.pk, checkpoint.step)
+    return child
 
 
 def do_fail_run(run: Run, error: str, detail: str = "", *, only_from: Iterable[str] | None = None) -> bool:

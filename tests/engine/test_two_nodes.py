@@ -129,6 +129,8 @@ def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing
         wait_for(lambda: stub.status.get(9421) == "failed", 90, "the run to fail")
         failed_in = time.time() - killed_at
         error = stub.errors[9421]
+        kinds = [body.get("error_kind") for kind, run, body in stub.requests if kind == "status" and run == 9421]
+    assert kinds[-1] == "node_lost"  # what the site resumes from a checkpoint while restarts are left
     print(f"\nfailed {failed_in:.1f} s after the node was killed: {error}")
     assert failed_in < 60
     assert error.startswith("The run lost a node: ") and "pool=train" in error and "left the cluster" in error, error

@@ -190,6 +190,69 @@ def test_reconcile_resumes_a_dead_run_with_restarts_left_and_fails_one_without(m
     assert not Run.objects.filter(parent=child).exists()
 
 
+def report_failure(client, run, kind):
+    return post_json_token(
+        client,
+        run,
+        "status",
+        {"status": "failed", "error": "The run lost a node: 10.0.0.5 left the cluster.", "error_kind": kind},
+    )
+
+
+def post_json_token(client, run, path, body):
+    return client.post(
+        f"/api/runs/{run.pk}/{path}",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}",
+    )
+
+
+def test_a_run_that_lost_a_node_is_resumed_while_restarts_are_left(client, make_run, enqueued):
+    config = build("async", {"checkpoint": {"every_steps": 2, "max_restarts": 1}}).model_dump(mode="json")
+    run = make_run(Status.RUNNING, config=config)
+    Checkpoint.objects.create(run=run, step=4, location="/ck/4", bytes=1, sha256=SHA)
+    assert report_failure(client, run, "node_lost").status_code == 200
+    run.refresh_from_db()
+    child = Run.objects.get(parent=run)
+    assert run.status == Status.FAILED
+    assert run.error == (
+        f"The run lost a node: 10.0.0.5 left the cluster. It was resumed as run {child.pk} from its checkpoint "
+        "at step 4 (restart 1 of checkpoint.max_restarts=1)."
+    )
+    assert (child.origin, child.restarts, child.resume_from.step, child.status) == ("resume", 1, 4, Status.QUEUED)
+    # its one restart used: the child losing a node too stays failed
+    Run.objects.filter(pk=child.pk).update(status=Status.RUNNING)
+    Checkpoint.objects.create(run=child, step=6, location="/ck/6", bytes=1, sha256=SHA)
+    report_failure(client, child, "node_lost")
+    child.refresh_from_db()
+    assert child.status == Status.FAILED and "resumed" not in child.error
+    assert not Run.objects.filter(parent=child).exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "restarts", "checkpoint"),
+    [("actor_error", 1, True), ("node_lost", 0, True), ("node_lost", 1, False)],
+    ids=["a failure of its own", "no restart allowed", "no checkpoint"],
+)
+def test_a_failure_is_not_resumed_unless_it_lost_a_node_with_a_restart_and_a_checkpoint(
+    client, make_run, enqueued, kind, restarts, checkpoint
+):
+    config = build("async", {"checkpoint": {"every_steps": 2, "max_restarts": restarts}}).model_dump(mode="json")
+    run = make_run(Status.RUNNING, config=config)
+    if checkpoint:
+        Checkpoint.objects.create(run=run, step=4, location="/ck/4", bytes=1, sha256=SHA)
+    report_failure(client, run, kind)
+    run.refresh_from_db()
+    assert run.status == Status.FAILED and "resumed" not in run.error
+    assert not Run.objects.filter(parent=run).exists()
+
+
+def test_an_unknown_failure_kind_is_a_400_naming_the_field(client, make_run):
+    r = report_failure(client, make_run(Status.RUNNING), "meteor")
+    assert r.status_code == 400 and "error_kind" in r.json()["errors"]
+
+
 def test_the_api_retries_resumes_clones_and_annotates(client, client_for, owner, make_run, enqueued):
     api = client_for(owner)
     parent = make_run(
