@@ -8,9 +8,10 @@ names the field and the limit. Two checks, both pure functions of the config:
   workers, model parameters;
 - **what the engine can run** (`engine_errors`): pool sizes it does not implement yet;
 - **cluster capacity** (`Capacity`, what Ray reports the cluster has in total): the CPUs
-  and GPUs the run's actors ask for (workers/placement.py, from the config), and an
-  estimate of the memory they need (model, optimizer state, activations, KV cache,
-  per-process overhead; `demand`).
+  and GPUs the run's actors ask for (workers/placement.py, from the config), an estimate
+  of the memory they need (model, optimizer state, activations, KV cache, per-process
+  overhead; `demand`) and, on GPUs of known memory, of what one GPU of each pool holds
+  (`gpu_demand`).
 
 The estimate is deliberately rough — the point is to refuse what can never run, not
 to pack the cluster tightly. A run that fits but not now waits in the platform's queue.
@@ -60,6 +61,9 @@ class Capacity:
     cpus: float
     memory_bytes: int
     gpus: float = 0.0
+    # Memory of one GPU (the smallest the cluster has), or 0 when not known: then no run
+    # is held to it.
+    gpu_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def model_shape(cfg: RunConfig) -> dict[str, int]:
         h, n, i, v = shape["hidden"], shape["layers"], shape["intermediate"], shape["vocab"]
         # Untied embedding and head, per layer q/k/v/o + gate/up/down + two norms.
         shape["params"] = 2 * v * h + n * (4 * h * h + 3 * h * i + 2 * h) + h
+        shape["kv_width"] = h  # as many key/value heads as query heads
         return shape
     if cfg.model.source == "hub":
         from workers.model import hub_metadata_dir  # the Hub model's config, fetched by the launch check
@@ -106,6 +111,11 @@ def _checkpoint_shape(model_dir: str) -> dict[str, int]:
         "intermediate": int(hf.get("intermediate_size", 0)),
         "vocab": int(hf.get("vocab_size", 0)),
     }
+    heads = int(hf.get("num_attention_heads", 0) or 1)
+    kv_heads = int(hf.get("num_key_value_heads", 0) or heads)
+    # Width of one token's keys (or values) in one layer: grouped-query attention keeps
+    # fewer key/value heads than query heads.
+    shape["kv_width"] = shape["hidden"] * kv_heads // heads
     shape["params"] = _checkpoint_params(model_dir) or (
         2 * shape["vocab"] * shape["hidden"]
         + shape["layers"] * (4 * shape["hidden"] ** 2 + 3 * shape["hidden"] * shape["intermediate"])
@@ -158,6 +168,125 @@ def demand(cfg: RunConfig) -> Demand:
         memory_bytes=trainer + workers * worker + driver,
         per_role={"trainer": trainer, "inference worker": worker, "driver and buffer": driver},
     )
+
+
+# -- GPU memory, per GPU of each pool --------------------------------------------------
+
+# Memory of the GPUs Ray names by type (its `accelerator_type:<type>` resource), GiB. An
+# A100 reports "A100" whether it has 40 or 80 GB: the smaller is assumed, and the
+# operator's ROLLWAY_GPU_MEMORY_GB says otherwise.
+ACCELERATOR_MEMORY_GIB = {
+    "H100": 80,
+    "H200": 141,
+    "H20": 96,
+    "B200": 180,
+    "A100": 40,
+    "A100-40G": 40,
+    "A100-80G": 80,
+    "L40S": 48,
+    "L4": 24,
+    "A10G": 24,
+    "T4": 16,
+    "V100": 16,
+}
+# A CUDA process before its tensors: the context, cuBLAS workspaces, allocator slack.
+CUDA_PROCESS_BYTES = 1 << 30
+# Activations a transformer block keeps per token for its backward, × hidden, in 16-bit
+# (Korthikanti et al. 2022, with fused attention: no sequence² term); 32-bit doubles it.
+ACTIVATION_BYTES_PER_HIDDEN = 34
+# workers.logprobs: the float32 chunk of the log-softmax (its bound, per pass).
+LOGPROB_CHUNK_BYTES = 256 << 20
+
+
+def gpu_memory_of(resources: dict[str, float]) -> int:
+    """The memory of one GPU of a cluster whose resources are `resources` (Ray's
+    `cluster_resources()`): the smallest known type's, or 0 when no type is known."""
+    known = [
+        ACCELERATOR_MEMORY_GIB[key.removeprefix("accelerator_type:")]
+        for key in resources
+        if key.startswith("accelerator_type:") and key.removeprefix("accelerator_type:") in ACCELERATOR_MEMORY_GIB
+    ]
+    return min(known) * 2**30 if known else 0
+
+
+@dataclass(frozen=True)
+class GpuDemand:
+    """Bytes one GPU of each pool holds at its peak, and what they are made of."""
+
+    trainer: int
+    inference: int
+    trainer_parts: dict[str, int]
+    inference_parts: dict[str, int]
+
+
+def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand:
+    """A rough peak of one trainer rank's GPU and one inference worker's (per GPU of its
+    tensor-parallel group). Trainer: float32 master weights, float32 gradients and AdamW
+    moments of the trained parameters (fsdp2: 1/N of each, plus the layers it gathers),
+    the activations of one micro-batch (checkpointed: a layer's worth) and its logits;
+    inference: the weights in inference.dtype and the KV cache of its share of a batch
+    (vLLM takes inference.gpu_memory_utilization of the GPU whatever it holds)."""
+    shape = shape or model_shape(cfg)
+    tc, inf = cfg.trainer, cfg.inference
+    params, h, n, v = shape["params"], shape["hidden"], shape["layers"], shape["vocab"]
+    sharded = tc.num_ranks if tc.backend == "fsdp2" else 1
+    trained = n * cfg.lora.rank * (11 * h + 3 * shape["intermediate"]) if cfg.lora.enabled else params
+    seq = cfg.task.max_len + 2 + inf.max_new_tokens  # BOS + prompt + "=" + completion
+    rows = math.ceil(tc.batch_groups * tc.group_size / tc.minibatches / tc.num_ranks)
+    rows = min(rows, tc.micro_batch_rows or rows)
+    width = 2 if tc.dtype == "bfloat16" else 4
+    per_layer = rows * seq * ACTIVATION_BYTES_PER_HIDDEN * h * width // 2
+    trainer_parts = {
+        "weights": params * FLOAT_BYTES // sharded + (2 * params * FLOAT_BYTES // max(n, 1) if sharded > 1 else 0),
+        "gradients and AdamW state": trained * OPTIMIZER_COPIES * FLOAT_BYTES // sharded,
+        "activations": per_layer * (1 if tc.gradient_checkpointing else n),
+        "logits": 2 * rows * seq * v * width + LOGPROB_CHUNK_BYTES,
+        "CUDA": CUDA_PROCESS_BYTES,
+    }
+    dtype = 2 if inf.dtype in ("bfloat16", "auto") else 4
+    share = math.ceil(tc.batch_groups / inf.num_workers) * tc.group_size
+    inference_parts = {
+        "weights": params * dtype // inf.tensor_parallel_size,
+        "KV cache": share * seq * n * 2 * shape.get("kv_width", h) * dtype // inf.tensor_parallel_size,
+        "CUDA": CUDA_PROCESS_BYTES,
+    }
+    return GpuDemand(sum(trainer_parts.values()), sum(inference_parts.values()), trainer_parts, inference_parts)
+
+
+def _parts(parts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {_gib(b)}" for name, b in parts.items() if b)
+
+
+def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, int] | None = None) -> dict[str, str]:
+    """{dotted field: message} for a pool whose GPU would not hold what it needs
+    (`gpu_demand`) on GPUs of `gpu_memory_bytes` each."""
+    if cfg.placement.devices != "gpu" or not gpu_memory_bytes:
+        return {}
+    need, have = gpu_demand(cfg, shape), _gib(gpu_memory_bytes)
+    errors: dict[str, str] = {}
+    vllm = cfg.inference.backend == "vllm"
+    # vLLM takes its share of the GPU whatever the model: the weights must fit in it.
+    inference_room = cfg.inference.gpu_memory_utilization * gpu_memory_bytes if vllm else gpu_memory_bytes
+    trainer_room = gpu_memory_bytes
+    if cfg.placement.mode == "colocated":
+        trainer_room = gpu_memory_bytes - (inference_room if vllm else need.inference)
+    if need.trainer > trainer_room:
+        shared = " beside its colocated inference worker" if cfg.placement.mode == "colocated" else ""
+        errors["trainer.num_ranks" if cfg.trainer.backend == "fsdp2" else "trainer.backend"] = (
+            f"each trainer rank needs about {_gib(need.trainer)} of GPU memory ({_parts(need.trainer_parts)}); "
+            f"a GPU here has {have}{shared}: shard the trainer (trainer.backend 'fsdp2' over more "
+            "trainer.num_ranks), train a LoRA adapter (lora.enabled), or cut activations "
+            "(trainer.micro_batch_rows, trainer.gradient_checkpointing)"
+        )
+    needed = need.inference_parts["weights"] + need.inference_parts["CUDA"] if vllm else need.inference
+    if needed > inference_room:
+        where = f"inference.gpu_memory_utilization {cfg.inference.gpu_memory_utilization:g} of {have}" if vllm else have
+        errors["inference.tensor_parallel_size"] = (
+            f"each inference GPU needs about {_gib(needed)} ({_parts(need.inference_parts)}); it has {where}: "
+            "split the model over more GPUs (inference.tensor_parallel_size), serve it in bfloat16 "
+            "(inference.dtype), or give vLLM more of the GPU (inference.gpu_memory_utilization)"
+        )
+    return errors
 
 
 def _gib(n: float) -> str:
@@ -233,6 +362,8 @@ def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
         )
     if need.gpus > capacity.gpus + 1e-9:
         field_name, message = _gpu_error(cfg, need, capacity)
+        errors.setdefault(field_name, message)
+    for field_name, message in gpu_memory_errors(cfg, capacity.gpu_memory_bytes).items():
         errors.setdefault(field_name, message)
     if need.memory_bytes > capacity.memory_bytes:
         roles = ", ".join(f"{role} {_gib(b)}" for role, b in need.per_role.items())

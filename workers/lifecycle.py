@@ -14,7 +14,7 @@ import time
 
 import ray
 
-from workers.admission import Capacity
+from workers.admission import Capacity, gpu_memory_of
 from workers.checkpoints import check_resume
 from workers.config import RunConfig
 from workers.driver import RunDriver
@@ -176,7 +176,10 @@ def cluster_capacity(*, ray_address: str | None = None) -> Capacity:
     connect(ray_address)
     total = ray.cluster_resources()
     return Capacity(
-        cpus=float(total.get("CPU", 0.0)), memory_bytes=int(total.get("memory", 0)), gpus=float(total.get("GPU", 0.0))
+        cpus=float(total.get("CPU", 0.0)),
+        memory_bytes=int(total.get("memory", 0)),
+        gpus=float(total.get("GPU", 0.0)),
+        gpu_memory_bytes=gpu_memory_of(total),
     )
 
 

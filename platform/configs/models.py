@@ -103,6 +103,8 @@ class ClusterCapacity(models.Model):
     cpus = models.FloatField()
     memory_bytes = models.BigIntegerField()
     gpus = models.FloatField(default=0.0)
+    # One GPU's memory from the type Ray names its GPUs by (0: not known).
+    gpu_memory_bytes = models.BigIntegerField(default=0)
     seen_at = models.DateTimeField()
 
     SINGLETON = 1
@@ -120,6 +122,7 @@ class ClusterCapacity(models.Model):
                 "cpus": capacity.cpus,
                 "memory_bytes": capacity.memory_bytes,
                 "gpus": capacity.gpus,
+                "gpu_memory_bytes": capacity.gpu_memory_bytes,
                 "seen_at": timezone.now(),
             },
         )
@@ -130,4 +133,6 @@ class ClusterCapacity(models.Model):
         row = cls.objects.filter(pk=cls.SINGLETON).first()
         if row is None:
             return None
-        return Capacity(cpus=row.cpus, memory_bytes=row.memory_bytes, gpus=row.gpus)
+        return Capacity(
+            cpus=row.cpus, memory_bytes=row.memory_bytes, gpus=row.gpus, gpu_memory_bytes=row.gpu_memory_bytes
+        )

@@ -11,6 +11,8 @@ Celery worker holds it once more to the cluster as Ray reports it then (runs/in_
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 from pydantic import ValidationError
 
@@ -49,7 +51,11 @@ def config_errors(cfg: RunConfig, capacity: Capacity | None = None) -> dict[str,
     errors = confinement().errors(cfg)
     if errors:
         return errors  # sizing a model that cannot be read would only add noise
-    return admission_errors(cfg, limits(), capacity if capacity is not None else ClusterCapacity.latest())
+    capacity = capacity if capacity is not None else ClusterCapacity.latest()
+    if capacity is not None and settings.ROLLWAY_GPU_MEMORY_GB:
+        # The operator knows the GPUs better than their type's name (an A100 has 40 or 80 GB).
+        capacity = dataclasses.replace(capacity, gpu_memory_bytes=int(settings.ROLLWAY_GPU_MEMORY_GB * 2**30))
+    return admission_errors(cfg, limits(), capacity)
 
 
 def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[str, str]]:

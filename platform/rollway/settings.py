@@ -326,6 +326,9 @@ ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", Limits.max_steps)
 ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", Limits.max_minutes)
 ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", Limits.max_workers)
 ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", Limits.max_model_params)
+# Memory of one GPU of the cluster, GiB, for the launch check of what each pool's GPU holds
+# (workers.admission.gpu_demand). 0: from the GPU type Ray names (an "A100" counts 40).
+ROLLWAY_GPU_MEMORY_GB = env_float("ROLLWAY_GPU_MEMORY_GB", 0.0)
 
 # --- web security (README.md, "Deploying" → "Security") -----------------------------
 # Safe over plain HTTP too, so always on.

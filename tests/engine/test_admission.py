@@ -10,6 +10,9 @@ from workers.admission import (
     admission_errors,
     capacity_errors,
     demand,
+    gpu_demand,
+    gpu_memory_errors,
+    gpu_memory_of,
     model_shape,
 )
 from workers.config import RunConfig
@@ -118,3 +121,92 @@ def test_a_checkpoint_is_sized_from_its_headers(tmp_path):
     shape = model_shape(cfg(model={"source": "path", "path": str(tmp_path)}))
     assert shape["params"] == sum(p.numel() for p in model.parameters())
     assert shape["hidden"] == c.model.hidden_size
+
+
+# --- GPU memory per pool ----------------------------------------------------------------
+
+# Qwen2.5-7B's shape (its published config): 7.62 G parameters, 28 layers, 4 KV heads of 128.
+QWEN_7B = {
+    "params": 7_615_616_512,
+    "hidden": 3584,
+    "layers": 28,
+    "intermediate": 18944,
+    "vocab": 152064,
+    "kv_width": 512,
+}
+H100 = 80 * 2**30
+
+
+def on_h100s(**sections) -> RunConfig:
+    base = {"placement": {"devices": "gpu"}, "model": {"max_position_embeddings": 1024}}
+    base["inference"] = {"dtype": "bfloat16", "max_new_tokens": 512, **sections.pop("inference", {})}
+    return RunConfig.model_validate({**base, **sections})
+
+
+def test_a_gpus_memory_comes_from_the_type_ray_names_the_smallest_known():
+    assert gpu_memory_of({"GPU": 8, "accelerator_type:H100": 8}) == 80 * 2**30
+    assert gpu_memory_of({"GPU": 12, "accelerator_type:H100": 8, "accelerator_type:L4": 4}) == 24 * 2**30
+    assert gpu_memory_of({"GPU": 2, "accelerator_type:A100": 2}) == 40 * 2**30  # 40 or 80: the smaller
+    assert gpu_memory_of({"GPU": 1, "accelerator_type:MADE-UP": 1}) == 0 and gpu_memory_of({"CPU": 2}) == 0
+
+
+def test_the_estimate_is_near_what_a_7b_lora_step_held_on_an_h100():
+    """bench/gpu_scale.py on an H100 80GB: Qwen2.5-7B shape, LoRA r=32, bf16 mixed, 8×8
+    rollouts of 128+512 tokens in micro-batches of 8 rows, checkpointed: peak 36.9 GiB."""
+    c = on_h100s(
+        trainer={
+            "batch_groups": 8,
+            "group_size": 8,
+            "micro_batch_rows": 8,
+            "gradient_checkpointing": True,
+            "dtype": "bfloat16",
+        },
+        lora={"enabled": True, "rank": 32},
+        task={"min_len": 3, "max_len": 126},
+    )
+    estimate = gpu_demand(c, QWEN_7B).trainer / 2**30
+    assert 0.85 * 36.9 < estimate < 1.15 * 36.9, estimate
+
+
+def test_a_7b_full_fine_tune_needs_a_sharded_trainer_pool_on_80_gib_gpus():
+    whole = on_h100s(trainer={"micro_batch_rows": 8, "gradient_checkpointing": True, "dtype": "bfloat16"})
+    errors = gpu_memory_errors(whole, H100, QWEN_7B)
+    assert list(errors) == ["trainer.backend"]
+    assert "gradients and AdamW state 85.1 GiB" in errors["trainer.backend"]
+    assert "trainer.backend 'fsdp2'" in errors["trainer.backend"]
+    sharded = whole.model_copy(
+        update={"trainer": whole.trainer.model_copy(update={"backend": "fsdp2", "num_ranks": 8})}
+    )
+    assert gpu_memory_errors(sharded, H100, QWEN_7B) == {}
+    assert gpu_demand(sharded, QWEN_7B).trainer < gpu_demand(whole, QWEN_7B).trainer / 4
+
+
+def test_vllm_must_hold_the_weights_in_its_share_of_the_gpu():
+    fp32 = on_h100s(inference={"backend": "vllm", "dtype": "float32", "gpu_memory_utilization": 0.3})
+    errors = gpu_memory_errors(fp32, H100, QWEN_7B)
+    assert "inference.tensor_parallel_size" in errors
+    assert "inference.gpu_memory_utilization 0.3 of 80.0 GiB" in errors["inference.tensor_parallel_size"]
+    roomier = fp32.model_copy(update={"inference": fp32.inference.model_copy(update={"gpu_memory_utilization": 0.6})})
+    assert "inference.tensor_parallel_size" not in gpu_memory_errors(roomier, H100, QWEN_7B)
+
+
+def test_colocated_the_trainer_gets_what_vllm_leaves_of_the_gpu():
+    settings = {
+        "trainer": {"micro_batch_rows": 8, "gradient_checkpointing": True, "dtype": "bfloat16"},
+        "lora": {"enabled": True, "rank": 32},
+    }
+    apart = on_h100s(inference={"backend": "vllm", "gpu_memory_utilization": 0.6}, **settings)
+    assert gpu_memory_errors(apart, H100, QWEN_7B) == {}
+    together = apart.model_copy(update={"placement": apart.placement.model_copy(update={"mode": "colocated"})})
+    assert "beside its colocated inference worker" in gpu_memory_errors(together, H100, QWEN_7B)["trainer.backend"]
+
+
+def test_gpu_memory_is_checked_only_on_gpus_of_known_memory():
+    big = on_h100s()
+    assert gpu_memory_errors(big, 0, QWEN_7B) == {}
+    assert (
+        gpu_memory_errors(
+            big.model_copy(update={"placement": big.placement.model_copy(update={"devices": "cpu"})}), H100, QWEN_7B
+        )
+        == {}
+    )

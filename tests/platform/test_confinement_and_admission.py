@@ -158,6 +158,25 @@ def test_it_refuses_what_the_cluster_last_seen_can_never_give(client_for, owner,
     assert Run.objects.count() == 0
 
 
+def test_a_pool_whose_gpu_cannot_hold_it_is_refused_on_gpus_of_known_memory(client_for, owner, experiment, settings):
+    big = {
+        "model": {"hidden_size": 4096, "num_layers": 16, "num_heads": 32, "intermediate_size": 11008},
+        "placement": {"devices": "gpu"},
+        "trainer": {"micro_batch_rows": 4, "gradient_checkpointing": True},
+    }
+    # GPUs of a type Ray does not name: their memory is not known, nothing is held to it
+    ClusterCapacity.record(Capacity(cpus=64.0, memory_bytes=2**40, gpus=16))
+    assert launch(client_for(owner), experiment, big).status_code == 201
+    # the operator says they are 16 GB GPUs: 3.4 G parameters × 16 B do not fit one
+    settings.ROLLWAY_GPU_MEMORY_GB = 16
+    r = launch(client_for(owner), experiment, big)
+    assert r.status_code == 400
+    message = r.json()["errors"]["trainer.backend"]
+    assert "each trainer rank needs about" in message and "a GPU here has 16.0 GiB" in message
+    sharded = {**big, "trainer": {**big["trainer"], "backend": "fsdp2", "num_ranks": 8}}
+    assert launch(client_for(owner), experiment, sharded).status_code == 201
+
+
 def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before_ray(
     client_for, owner, experiment, driver
 ):
