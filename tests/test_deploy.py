@@ -161,6 +161,20 @@ def test_k8s_ray_cluster_is_a_kuberay_cluster_with_token_auth():
     assert len(images) == 1
 
 
+def test_k8s_gpu_pools_carry_the_labels_a_runs_placement_names_and_their_gpus():
+    from workers.config import PlacementConfig, node_labels
+
+    groups = {g["groupName"]: g for g in k8s("RayCluster", "rollway-ray")["spec"]["workerGroupSpecs"]}
+    placement = PlacementConfig(devices="gpu", inference_node="pool=rollout", trainer_node="pool=train")
+    for name, selector in (("rollout", placement.inference_node), ("train", placement.trainer_node)):
+        group = groups[name]
+        params = group["rayStartParams"]
+        assert dict(pair.split("=") for pair in params["labels"].split(",")) == node_labels(selector)
+        gpus = group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        assert params["num-gpus"] == gpus  # Ray counts the GPUs the pod is given
+        assert group["template"]["spec"]["containers"][0]["image"].endswith(":gpu")
+
+
 def test_dockerfile_builds_cpu_by_default_and_gpu_by_build_arg():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}", text, re.M)
