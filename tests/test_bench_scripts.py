@@ -613,3 +613,33 @@ def test_long_run_read_on_postgresql_in_a_database_of_its_own(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     f = json.loads(out.read_text())["postgresql"]
     assert f["vendor"] == "postgresql" and all(len(t) == 3 for t in f["times"].values())
+
+
+# ---- scale_out ---------------------------------------------------------------------
+
+
+def test_scale_out_refuses_bad_flags_naming_them():
+    done = bench("scale_out.py", "--configs", "1r-1n,8r-9n", timeout=60)
+    assert done.returncode == 2 and "--configs: unknown ['8r-9n']" in done.stderr
+    done = bench("scale_out.py", "--steps", "2", timeout=60)
+    assert done.returncode == 2 and "--steps must be ≥ 3" in done.stderr
+
+
+def test_scale_out_figures_leave_step_one_out_and_split_each_ranks_time():
+    scale_out = load("scale_out.py")
+    series = {
+        "trainer/step_s": [(1, 9.0), (2, 0.2), (3, 0.4)],
+        "samples/per_s": [(1, 1.0), (2, 100.0), (3, 50.0)],
+        "trainer/idle_frac": [(2, 0.1), (3, 0.3)],
+        "sync/latency_ms": [(2, 10.0), (3, 30.0)],
+        "reward/mean": [(1, 0.1), (3, 0.5)],
+        **{f"trainer/rank_comm_s/{r}": [(2, 0.1), (3, 0.1)] for r in (0, 1)},
+        **{f"trainer/rank_compute_s/{r}": [(2, 0.3), (3, 0.1 + 0.2 * r)] for r in (0, 1)},
+        **{f"trainer/rank_comm_bytes/{r}": [(2, 2**20), (3, 3 * 2**20)] for r in (0, 1)},
+        **{f"trainer/rank_busy_frac/{r}": [(2, 0.9), (3, 0.7)] for r in (0, 1)},
+    }
+    row = scale_out.figures({"series": series}, ranks=2)
+    assert row["step_s"] == pytest.approx(0.3) and row["samples_per_s"] == pytest.approx(75)
+    assert row["trainer_busy"] == pytest.approx(0.8) and row["sync_ms"] == pytest.approx(20)
+    assert row["comm_share"] == pytest.approx([0.1 / 0.3, 0.1 / 0.4])
+    assert row["comm_mb"] == pytest.approx([2.0, 2.0]) and row["reward_last"] == 0.5
