@@ -27,7 +27,7 @@ from runs.lineage import ENDED
 from runs.models import Checkpoint, Experiment, MetricPoint, Run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
-from workers.metric_names import DASHBOARD_CHARTS
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, rank_series
 from workers.presets import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -66,11 +66,46 @@ def points(run: Run, *, with_eval: bool) -> None:
     """STEPS steps of every charted series (eval's only when `with_eval`) and of
     policy/version, whose times the run page measures progress with; each run's lines
     apart from another's on the compare page."""
-    names = [name for _, series in DASHBOARD_CHARTS for name in series if with_eval or name not in EVAL_SERIES]
+    trainer = run.config["trainer"]
+    ranks = trainer["num_ranks"] if trainer["backend"] != "single" else 0
+    names = [
+        rank_series(name, r) if name in PER_RANK else name
+        for _, series in DASHBOARD_CHARTS
+        for name in series
+        if with_eval or name not in EVAL_SERIES
+        for r in (range(ranks) if name in PER_RANK else [0])
+    ]
     lift = 0.05 * run.config["seed"]
     rows = [(name, s, lift + 0.01 * s + 0.1 * i, T0 + 2.0 * s) for i, name in enumerate(names) for s in range(STEPS)]
     rows += [("policy/version", s, float(s), T0 + 2.0 * s) for s in range(STEPS)]
     MetricPoint.objects.upsert(run.pk, rows)
+
+
+POOL = {
+    "trainer": {"backend": "fsdp2", "num_ranks": 3},
+    "placement": {"devices": "gpu", "inference_node": "pool=rollout", "trainer_node": "pool=train"},
+}
+PLACEMENT = [
+    {
+        "actor": actor,
+        "node_id": node * 28,
+        "node_ip": ip,
+        "labels": {"pool": pool, "ray.zone": "us-east1-b"},
+        "gpu_ids": gpus,
+        "cuda_visible_devices": ",".join(gpus),
+        "pid": 1000 + k,
+    }
+    for k, (actor, node, ip, pool, gpus) in enumerate(
+        [
+            ("driver", "aa", "10.0.0.4", "rollout", []),
+            ("trainer rank 0", "bb", "10.0.0.5", "train", ["0"]),
+            ("trainer rank 1", "bb", "10.0.0.5", "train", ["1"]),
+            ("trainer rank 2", "bb", "10.0.0.5", "train", ["2"]),
+            ("inference worker 0", "aa", "10.0.0.4", "rollout", ["0"]),
+            ("buffer", "aa", "10.0.0.4", "rollout", []),
+        ]
+    )
+]
 
 
 def seed(user) -> dict:
@@ -79,11 +114,9 @@ def seed(user) -> dict:
     Membership.objects.create(team=team, user=user, role=Membership.Role.ADMIN)
     experiment = Experiment.objects.create(team=team, name="page walk", created_by=user)
 
-    def make(status: str, name: str, *, eval_every: int = 0, seed_: int = 1, **fields) -> Run:
-        config = build("async").model_dump(mode="json")
-        config["eval"]["every_steps"] = eval_every
-        config["seed"] = seed_
-        overrides = {"seed": seed_, **({"eval": {"every_steps": eval_every}} if eval_every else {})}
+    def make(status: str, name: str, *, eval_every: int = 0, seed_: int = 1, pool: dict | None = None, **fields) -> Run:
+        overrides = {"seed": seed_, **({"eval": {"every_steps": eval_every}} if eval_every else {}), **(pool or {})}
+        config = build("async", overrides).model_dump(mode="json")
         return Run.objects.create(
             experiment=experiment,
             name=name,
@@ -98,7 +131,16 @@ def seed(user) -> dict:
     S = Run.Status
     runs = {
         "queued": make(S.QUEUED, "waiting its turn", phase=Run.QUEUE_WAITING, phase_detail="2 runs are active"),
-        "running": make(S.RUNNING, "stepping now", eval_every=10, phase="stepping", phase_detail="step 59"),
+        # A trainer pool on GPUs of two nodes: a line per rank, and where each actor runs.
+        "running": make(
+            S.RUNNING,
+            "stepping now",
+            eval_every=10,
+            phase="stepping",
+            phase_detail="step 59",
+            pool=POOL,
+            placement=PLACEMENT,
+        ),
         # A run that ended keeps the phase its driver last reported.
         "succeeded": make(S.SUCCEEDED, "reached max steps", seed_=2, phase="stepping"),
         "failed": make(
@@ -297,6 +339,11 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
 
             walk.run_page("run-queued", runs["queued"].pk, status="queued")
             walk.run_page("run-running", runs["running"].pk, status="running", phase=True)
+            expect(page.locator("#placement tbody tr")).to_have_count(len(PLACEMENT))
+            expect(page.locator("#placement")).to_be_visible()
+            lines = page.locator("#chart-trainer-ranks-busy-fraction .scatterlayer .trace").count()
+            if lines != 3:
+                walk.problems.setdefault("run-running", []).append(f"{lines} lines on the per-rank busy chart, not 3")
             walk.run_page("run-succeeded", runs["succeeded"].pk, status="succeeded", checkpoints=True)
             eval_note = page.locator("#chart-eval-held-out-prompts .annotation-text").all_text_contents()
             if not any("eval is off" in text for text in eval_note):
