@@ -478,3 +478,31 @@ def test_a_run_page_left_open_holds_a_bounded_trace_that_still_starts_at_step_0(
             assert steps == sorted(steps)
         finally:
             browser.close()
+
+
+def test_zooming_in_reads_the_steps_in_view_in_detail_and_zooming_out_the_whole_run(small_reads, daphne_url):
+    skip_without_chromium()
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import sync_playwright
+
+    user = get_user_model().objects.create_user("zoe", password=PASSWORD)
+    run = seed(user)["runs"]["running"]
+    reward = "() => { const t = document.getElementById('chart-reward').data; return t && t[0].x; }"
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = log_in(browser, daphne_url, "zoe")
+            page.goto(f"{daphne_url}/runs/{run.pk}/")
+            whole = wait_for_value(page, reward, lambda x: bool(x))
+            assert len(whole) <= small_reads and whole[0] == 0  # the run downsampled
+            # A drag over steps 20–27 (as Plotly reports it): every step in view, in detail.
+            page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.range[0]': 19.6, 'xaxis.range[1]': 27.2})")
+            detail = wait_for_value(page, reward, lambda x: x and x[0] >= 19 and x[-1] <= 28)
+            assert detail == list(range(19, 29)), detail
+            assert page.evaluate("() => document.getElementById('chart-reward').dataset.zoom") == "19-28"
+            # A double click resets the axes: the whole run again, downsampled.
+            page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.autorange': true})")
+            again = wait_for_value(page, reward, lambda x: x and x[0] == 0 and x[-1] == STEPS - 1)
+            assert len(again) <= small_reads
+        finally:
+            browser.close()

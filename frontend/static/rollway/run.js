@@ -9,6 +9,10 @@
 // series (its max_points): once one reaches that, its chart is read again, the whole run
 // downsampled, so a tab left open on a long run keeps its memory bounded and still
 // shows the run from its first step.
+//
+// Zooming in (a drag on the chart) reads the steps in view again at the API's full
+// resolution for that range (from_step/to_step); zooming out (a double click) reads the
+// whole run again, downsampled.
 "use strict";
 
 (function () {
@@ -89,6 +93,7 @@
       var empty = traces.every(function (t) { return t.x.length === 0; });
       Plotly.newPlot(chart.div, traces, chartLayout(empty ? emptyNote(chart) : ""), plotConfig);
       chart.empty = empty;
+      chart.div.on("plotly_relayout", function (event) { onZoom(chart, event); });
       countPoints(chart);
     });
     drawn = true;
@@ -111,10 +116,31 @@
         return trace;
       });
       Plotly.react(chart.div, traces, chartLayout(""), plotConfig);
+      delete chart.div.dataset.zoom;
       countPoints(chart);
     }).catch(function () { /* the cap still holds: the next append tries again */ }).finally(function () {
       chart.rereading = false;
     });
+  }
+
+  // The steps in view after a zoom, read again in detail; the whole run again after the
+  // chart is reset. What was drawn after the answer's last step stays on each trace.
+  function onZoom(chart, event) {
+    if (event["xaxis.autorange"]) { chart.zoom = null; reread(chart); return; }
+    var range = event["xaxis.range"] || [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+    var lo = range[0], hi = range[1];
+    if (lo === undefined || hi === undefined) return;  // not the x axis: nothing to read
+    chart.zoom = [Math.max(0, Math.floor(lo)), Math.ceil(hi)];
+    var asked = chart.zoom;
+    fetchSeries(undefined, chart.series, asked).then(function (data) {
+      if (chart.zoom !== asked) return;  // zoomed again meanwhile: that answer draws
+      var traces = chart.series.map(function (name, i) {
+        return traceOfSeries(name, i, data.series[name] || { steps: [], values: [] });
+      });
+      Plotly.react(chart.div, traces, chartLayout(""), plotConfig);
+      chart.div.dataset.zoom = asked.join("-");
+      countPoints(chart);
+    }).catch(function () { /* the downsampled points stay: the next zoom tries again */ });
   }
 
   function append(points) {
@@ -161,10 +187,11 @@
     }, 50);
   }
 
-  function fetchSeries(afterStep, names) {
+  function fetchSeries(afterStep, names, range) {
     var params = new URLSearchParams();
     if (afterStep !== undefined) params.set("after_step", afterStep);
     if (names) params.set("series", names.join(","));
+    if (range) { params.set("from_step", range[0]); params.set("to_step", range[1]); }
     var query = params.toString();
     return fetch(metricsUrl + (query ? "?" + query : ""),
                  { credentials: "same-origin", headers: { Accept: "application/json" } })
