@@ -44,7 +44,9 @@ def nodes():
     if ray.is_initialized():  # the other engine tests' one-node cluster
         ray.shutdown()
     home = Path(tempfile.mkdtemp(prefix="rw2n-"))  # short: Ray's socket paths must stay under 108 bytes
-    two = LocalCluster(home, [Node(labels={"pool": "rollout"}), Node(labels={"pool": "train"})])
+    # Each node declares 2 GPUs this host does not have: runs on "gpu" get Ray's GPU ids
+    # and CUDA_VISIBLE_DEVICES, and compute on the CPU.
+    two = LocalCluster(home, [Node(gpus=2, labels={"pool": "rollout"}), Node(gpus=2, labels={"pool": "train"})])
     saved = {key: os.environ.get(key) for key in two.env()}
     try:
         two.start()
@@ -74,21 +76,32 @@ def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
     return out
 
 
-def test_the_pools_run_on_the_nodes_they_ask_for_and_the_run_learns(nodes, cache_dir):
+def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nodes, cache_dir):
     out = run(
         9401,
         cache_dir,
         "async",
-        {"sync": {"protocol": "collective"}, "stop": {"max_steps": 60, "max_minutes": 8, "target_reward": 0.7}},
+        {
+            "sync": {"protocol": "collective"},
+            "placement": {"devices": "gpu"},
+            "stop": {"max_steps": 60, "max_minutes": 8, "target_reward": 0.7},
+        },
     )
-    table = [(row["actor"], row["node_ip"], row["labels"].get("pool"), row["node_id"][:8]) for row in out["placement"]]
     print("\nactor → node → devices:")
     for row in out["placement"]:
-        print(f"  {row['actor']:<20} {row['node_ip']} pool={row['labels'].get('pool')} node {row['node_id'][:12]}")
-    pools = {actor: pool for actor, _, pool, _ in table}
+        print(
+            f"  {row['actor']:<20} {row['node_ip']} pool={row['labels'].get('pool')} node {row['node_id'][:12]} "
+            f"GPUs {row['gpu_ids']} CUDA_VISIBLE_DEVICES={row['cuda_visible_devices']!r}"
+        )
+    rows = {row["actor"]: row for row in out["placement"]}
+    pools = {actor: row["labels"].get("pool") for actor, row in rows.items()}
     assert pools["inference worker 0"] == "rollout"
     assert pools["trainer rank 0"] == pools["trainer rank 1"] == "train"
     assert pools["driver"] == pools["buffer"] == "rollout"  # the head: they outlive a lost worker node
+    ranks = [rows[f"trainer rank {r}"] for r in (0, 1)]
+    assert sorted(r["cuda_visible_devices"] for r in ranks) == ["0", "1"]  # a GPU each on the second node
+    assert [len(r["gpu_ids"]) for r in ranks] == [1, 1] and len(rows["inference worker 0"]["gpu_ids"]) == 1
+    assert rows["driver"]["gpu_ids"] == rows["buffer"]["gpu_ids"] == []
     reward = out["series"]["reward/mean"]
     steps = sorted(reward)
     first, last = sum(reward[s] for s in steps[:3]) / 3, sum(reward[s] for s in steps[-5:]) / 5
