@@ -10,29 +10,33 @@ this machine).
   trainer's weights (`mismatch/kl` at rounding level).
 - The second node killed mid-run: the run fails within a minute with a sentence naming
   the node, and nothing of it is left behind (last: the node stays dead).
+
+What happens in Ray happens in a process of its own (tests/engine/multinode_runner.py),
+joined to this cluster as the platform's worker would be: this pytest process has run
+in-process clusters before and keeps per-process Ray state that another cluster refuses.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from ops.local_cluster import LocalCluster, Node
 from tests.engine.helpers import TOKEN, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.driver import RunDriver
-from workers.lifecycle import launch, on_the_head
-from workers.presets import build, deep_merge
-from workers.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.presets import deep_merge
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 SPLIT = {
     "placement": {"inference_node": "pool=rollout", "trainer_node": "pool=train"},
     "trainer": {"num_ranks": 2, "backend": "ddp"},
@@ -41,36 +45,36 @@ SPLIT = {
 
 @pytest.fixture(scope="module")
 def nodes():
-    if ray.is_initialized():  # the other engine tests' one-node cluster
-        ray.shutdown()
     home = Path(tempfile.mkdtemp(prefix="rw2n-"))  # short: Ray's socket paths must stay under 108 bytes
     # Each node declares 2 GPUs this host does not have: runs on "gpu" get Ray's GPU ids
     # and CUDA_VISIBLE_DEVICES, and compute on the CPU.
     two = LocalCluster(home, [Node(gpus=2, labels={"pool": "rollout"}), Node(gpus=2, labels={"pool": "train"})])
-    saved = {key: os.environ.get(key) for key in two.env()}
     try:
-        two.start()
-        os.environ.update(two.env())
-        ray.init(address=two.address, namespace=NAMESPACE, log_to_driver=False)
-        yield two
+        yield two.start()
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         two.stop()
-        for key, value in saved.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
         shutil.rmtree(home, ignore_errors=True)
 
 
-def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
-    cfg = build(preset, deep_merge(SPLIT, overrides)).model_dump(mode="json")
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **on_the_head()).remote(
-        run_id, cfg, None, "", cache_dir, exit_when_done=False
+def in_cluster(nodes: LocalCluster, verb: str, spec: dict, timeout_s: float = 660) -> dict:
+    """`verb` (tests/engine/multinode_runner.py) run in a process joined to `nodes`."""
+    env = {**os.environ, **nodes.env(), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.engine.multinode_runner", verb, json.dumps(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
-    try:
-        out = ray.get(driver.run.remote(), timeout=600)
-    finally:
-        ray.kill(driver)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"{verb} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def run(nodes: LocalCluster, run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
+    spec = {"run_id": run_id, "preset": preset, "config": deep_merge(SPLIT, overrides), "cache_dir": cache_dir}
+    out = in_cluster(nodes, "run", spec)
     assert out["state"] == "succeeded", out["error_detail"] or out["error"]
     out["series"] = {name: dict(points) for name, points in out["series"].items()}
     return out
@@ -78,6 +82,7 @@ def run(run_id: int, cache_dir: str, preset: str, overrides: dict) -> dict:
 
 def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nodes, cache_dir):
     out = run(
+        nodes,
         9401,
         cache_dir,
         "async",
@@ -104,7 +109,8 @@ def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nod
     assert rows["driver"]["gpu_ids"] == rows["buffer"]["gpu_ids"] == []
     reward = out["series"]["reward/mean"]
     steps = sorted(reward)
-    first, last = sum(reward[s] for s in steps[:3]) / 3, sum(reward[s] for s in steps[-5:]) / 5
+    first = sum(reward[s] for s in steps[:3]) / 3
+    last = sum(reward[s] for s in steps[-5:]) / 5
     print(f"reward: first 3 steps {first:.3f}, last 5 {last:.3f}, {len(steps)} steps, stopped on {out['reason']}")
     assert last >= 0.7 and first < 0.5, (first, last)
 
@@ -125,16 +131,17 @@ def test_weights_cross_the_nodes_exactly_by_every_protocol_that_can(nodes, cache
         "sync": sync,
         "stop": {"max_steps": 3, "max_minutes": 3},
     }
-    s = run(run_id, cache_dir, "sync", overrides)["series"]
+    s = run(nodes, run_id, cache_dir, "sync", overrides)["series"]
     assert sorted(s["loss"]) == [1, 2, 3]
     assert max(s["mismatch/kl"].values()) < 1e-6, s["mismatch/kl"]
     assert all(v > 0 for v in s["sync/latency_ms"].values())
 
 
 def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing(nodes, cache_dir):
-    config = build("async", deep_merge(SPLIT, {"stop": {"max_steps": 100_000, "max_minutes": 10}}))
+    config = deep_merge(SPLIT, {"stop": {"max_steps": 100_000, "max_minutes": 10}})
     with IngestStub(token=TOKEN) as stub:
-        launch(9421, config.model_dump(mode="json"), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+        spec = {"run_id": 9421, "preset": "async", "config": config, "cache_dir": cache_dir}
+        in_cluster(nodes, "launch", {**spec, "ingest_url": stub.url, "token": TOKEN})
         wait_for(lambda: len(stub.series(9421).get("reward/mean", {})) >= 2, 240, "two trained steps")
         pools = {row["actor"]: row["labels"].get("pool") for row in stub.placement[9421]}  # told to the site
         assert pools["trainer rank 0"] == pools["trainer rank 1"] == "train" and pools["driver"] == "rollout"
@@ -148,6 +155,5 @@ def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing
     assert failed_in < 60
     assert error.startswith("The run lost a node: ") and "pool=train" in error and "left the cluster" in error, error
     assert "trainer rank 0, trainer rank 1" in error and "inference worker" not in error, error
-    wait_for(lambda: not run_actor_names(9421), 30, "the run's actors to be gone")
-    states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"] == placement_group_name(9421)]
-    assert states == ["REMOVED"], states
+    wait_for(lambda: not in_cluster(nodes, "left", {"run_id": 9421})["actors"], 30, "the run's actors to be gone")
+    assert in_cluster(nodes, "left", {"run_id": 9421})["groups"] == ["REMOVED"]

@@ -173,6 +173,26 @@ ASKS: dict[str, list[Ask]] = {
     "api:run-status": [
         Ask("POST", lambda w: f"/api/runs/{w.run.pk}/status", "token", lambda w: {"status": "failed", "error": "x"})
     ],
+    "api:run-placement": [
+        Ask(
+            "POST",
+            lambda w: f"/api/runs/{w.run.pk}/placement",
+            "token",
+            lambda w: {
+                "actors": [
+                    {
+                        "actor": "trainer",
+                        "node_id": "ab" * 28,
+                        "node_ip": "10.0.0.5",
+                        "labels": {},
+                        "gpu_ids": [],
+                        "cuda_visible_devices": "",
+                        "pid": 1,
+                    }
+                ]
+            },
+        )
+    ],
     "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
     "api:run-retry": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/retry", "member")],
     "api:run-resume": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/resume", "member", lambda w: {"step": 1})],
