@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import placement
+from workers.inference.base import VLLM_MAX_NUM_SEQS
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
@@ -37,8 +38,6 @@ FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 PROCESS_BYTES = 400 * 2**20
 # vLLM's engine in a worker process: its own code, compiled graphs and buffers.
 VLLM_ENGINE_BYTES = 1536 * 2**20
-# vLLM batches up to this many sequences (workers/inference/vllm_backend.MAX_NUM_SEQS).
-VLLM_MAX_NUM_SEQS = 256
 # Adam keeps two moments per trainable parameter, the gradient a third copy.
 OPTIMIZER_COPIES = 3
 

@@ -32,14 +32,13 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, get_args
 
+from workers.config import OnStale
 from workers.rollout import Group
 
 if TYPE_CHECKING:
     from workers.config import BufferConfig
-
-OnStale = Literal["drop", "requeue"]
 
 
 @dataclass(frozen=True)
@@ -116,8 +115,9 @@ class RolloutBuffer:
             raise ValueError(f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})")
         if max_staleness < 0:
             raise ValueError(f"RolloutBuffer max_staleness must be ≥ 0 (got {max_staleness})")
-        if on_stale not in ("drop", "requeue"):
-            raise ValueError(f"RolloutBuffer on_stale must be 'drop' or 'requeue' (got {on_stale!r})")
+        if on_stale not in get_args(OnStale):
+            choices = " or ".join(repr(c) for c in get_args(OnStale))
+            raise ValueError(f"RolloutBuffer on_stale must be {choices} (got {on_stale!r})")
         self._capacity = capacity_groups
         self.max_staleness = max_staleness
         self.on_stale = on_stale

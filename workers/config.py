@@ -15,6 +15,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, f
 
 from workers.tokenizer import DEFAULT_CHARS
 
+# The choices of a few fields, named once: the engine modules that implement each choice
+# read their lists from these (typing.get_args).
+# correction.method: workers/loss.py has a loss function for each.
+CorrectionMethod = Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"]
+# sync.update_mode: workers/updates.py.
+UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
+# buffer.on_stale: workers/buffer.py.
+OnStale = Literal["drop", "requeue"]
+# trainer.backend: "single", or a pool backend of workers/trainer_pool.py.
+TrainerBackend = Literal["single", "ddp", "fsdp2"]
+
 
 class _Section(BaseModel):
     # No setting means anything at infinity or NaN, and the stored JSON could not hold it.
@@ -215,7 +226,7 @@ class BufferConfig(_Section):
     max_staleness: int = Field(
         1, ge=0, description="Reject a group whose oldest token is more than this many versions old."
     )
-    on_stale: Literal["drop", "requeue"] = Field(
+    on_stale: OnStale = Field(
         "drop",
         description="A stale group is dropped, or its prompt is generated again "
         "with newer weights (requeue; counted in buffer/requeued).",
@@ -241,7 +252,7 @@ class BufferConfig(_Section):
 
 class TrainerConfig(_Section):
     lr: float = Field(1e-3, gt=0)
-    backend: Literal["single", "ddp", "fsdp2"] = Field(
+    backend: TrainerBackend = Field(
         "single",
         description="single: one trainer process; ddp: trainer.num_ranks processes, each a whole replica, "
         "gradients all-reduced (PyTorch DistributedDataParallel); fsdp2: trainer.num_ranks processes sharing "
@@ -327,7 +338,7 @@ class CorrectionConfig(_Section):
     policy at the start of the step (recomputed; AReaL's pi_prox), pi_theta = the policy
     being optimised. The cap for the truncated methods is `trainer.tis_cap`."""
 
-    method: Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"] = Field(
+    method: CorrectionMethod = Field(
         "token_tis",
         description="token_tis: PPO-clip × min(pi_old/mu, trainer.tis_cap) per token (verl token "
         "TIS, slime --use-tis, SkyRL TIS); sequence_tis: one weight min(Π pi_old/mu, tis_cap) per "
@@ -380,7 +391,7 @@ class SyncConfig(_Section):
     timeout_s: float = Field(
         120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
     )
-    update_mode: Literal["drain", "abort_retry", "abort_resume", "in_flight"] = Field(
+    update_mode: UpdateMode = Field(
         "drain",
         description="What generation in flight does when new weights arrive (partial rollouts, "
         "workers/updates.py). drain: finish the call on the old weights, then load (NeMo-RL "

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
 from workers.tokenizer import Tokenizer
 from workers.updates import (
@@ -33,7 +34,6 @@ from workers.updates import (
     Generation,
     PartialCounts,
     PartialSequence,
-    UpdateMode,
     WeightUpdates,
     generate_across_updates,
 )

@@ -21,9 +21,14 @@ checked by hand (tests/engine/test_loss.py, tests/engine/test_is_variants.py).
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 
-METHODS = ("token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none")
+from workers.config import CorrectionMethod
+
+# correction.method's choices, in the config's order.
+METHODS: tuple[str, ...] = get_args(CorrectionMethod)
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -29,13 +29,16 @@ import datetime
 import threading
 import time
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.distributed as dist
 
+from workers.config import TrainerBackend
 from workers.rendezvous import default_host, join_store, open_store
 
-BACKENDS = ("ddp", "fsdp2")
+# trainer.backend's choices but "single" (one process, no pool).
+BACKENDS = tuple(b for b in get_args(TrainerBackend) if b != "single")
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol, get_args
 
+from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
 
-UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
-STEPPED_MODES = ("abort_retry", "abort_resume", "in_flight")
+# The modes that take new weights between two decode steps: all but drain.
+STEPPED_MODES = tuple(m for m in get_args(UpdateMode) if m != "drain")
 
 
 class WeightUpdates(Protocol):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.inference.base import Completion, StepToken
+from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken
 
 if TYPE_CHECKING:
     from workers.config import InferenceConfig
@@ -49,10 +49,6 @@ _ENGINE_ENV = {
     # Engine core in the caller's process (see the module docstring).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-
-# Sequences decoded together. 16 prompts x 8 samples = 128 is the default run's batch;
-# more only costs KV-cache memory (sized exactly below on CPU).
-MAX_NUM_SEQS = 256
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
 _MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -220,7 +216,7 @@ class VLLMBackend:
         model_dir: str,
         inference_cfg: InferenceConfig,
         *,
-        max_num_seqs: int = MAX_NUM_SEQS,
+        max_num_seqs: int = VLLM_MAX_NUM_SEQS,
         dtype: str = "float32",
         lora_rank: int | None = None,
         exact_steps: bool = False,
