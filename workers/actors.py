@@ -44,12 +44,13 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer
+from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer, with_prefetched
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
 from workers.metric_names import rank_series
 from workers.rollout import Group
+from workers.task_data import DatasetPrompts
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
 if TYPE_CHECKING:
@@ -126,18 +127,17 @@ class BufferActor:
     def stats(self) -> dict[str, float]:
         return self.buffer.stats()
 
-    def checkpoint_state(self) -> dict:
-        """The buffer's contents and counters (workers.checkpoints)."""
-        from workers.checkpoints import buffer_state
+    def state_dict(self) -> dict:
+        """The buffer's contents and counters (RolloutBuffer.state_dict)."""
+        return self.buffer.state_dict()
 
-        return buffer_state(self.buffer)
-
-    def restore(self, state: dict) -> None:
-        """Fill the buffer from a checkpoint, before any worker is admitted."""
-        from workers.checkpoints import restore_buffer
-
+    def load_state_dict(self, state: dict) -> None:
+        """Fill the buffer from a checkpoint, before any worker is admitted. The groups
+        admitted are those it accounts for: the ones a worker was still generating when
+        the checkpoint was taken are in no checkpoint, and their places are free again."""
         with self._lock:
-            self.admitted = restore_buffer(self.buffer, state)
+            self.buffer.load_state_dict(state)
+            self.admitted = self.buffer.received
 
 
 class _StagedWeights:
@@ -223,23 +223,39 @@ class InferenceWorker:
         """Join the trainer's sender (blocks until every rank joins, for a collective)."""
         self.receiver.connect(endpoint, rank)
 
-    def checkpoint_state(self) -> dict:
-        """What decides this worker's next prompts and seeds (workers.checkpoints); safe
-        while the loop runs: in sync mode the trainer asks while every worker waits for
-        new weights."""
-        from workers.checkpoints import worker_state
+    def state_dict(self) -> dict:
+        """What decides this worker's next prompts and seeds, as JSON data (a checkpoint's
+        inference.json holds one per worker); safe while the loop runs: in sync mode the
+        trainer asks while every worker waits for new weights."""
+        state = {
+            "index": self.index,
+            "rng": list(self.rng.getstate()),
+            "calls": self.calls,
+            "version": self.version,
+            "evaluated": self.evaluated,
+            "partial": self.partial.state_dict(),
+        }
+        if isinstance(self.prompts, DatasetPrompts):  # a task's generator has no state of its own
+            state["dataset"] = self.prompts.state_dict()
+        return state
 
-        return worker_state(self)
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]  # JSON made the state's tuples lists
+        self.rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        self.calls = int(state["calls"])
+        self.version = int(state["version"])
+        self.evaluated = int(state["evaluated"])
+        self.partial.load_state_dict(state["partial"])
+        if isinstance(self.prompts, DatasetPrompts) and "dataset" in state:
+            self.prompts.load_state_dict(state["dataset"])
 
     def restore(self, state: dict | None, policy_version: int) -> None:
         """Take a checkpoint's state (None: the checkpoint has none for this worker)
         before the loop starts. The backend still holds the run's initial weights: the
         loop generates nothing until the trainer has sent `policy_version`, the
         checkpoint's policy."""
-        from workers.checkpoints import restore_worker
-
         if state is not None:
-            restore_worker(self, state)
+            self.load_state_dict(state)
         self._resume_at = policy_version
 
     def start(self) -> None:
@@ -608,8 +624,8 @@ class TrainerActor:
 
         with self._checkpoint_lock:
             prefetched = self._settle_prefetch()
-            workers = ray.get([w.checkpoint_state.remote() for w in self.workers])
-            buffer = checkpoints.with_prefetched(ray.get(self.buffer.checkpoint_state.remote()), prefetched)
+            workers = ray.get([w.state_dict.remote() for w in self.workers])
+            buffer = with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
             others = self._together("checkpoint_state") if self.trainer.sharded else []
             trainer = checkpoints.trainer_parts(self.trainer, self._starved_s)
             ray.get(others)

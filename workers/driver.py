@@ -281,7 +281,7 @@ class RunDriver:
         # A worker without a state of its own still waits for the checkpoint's weights.
         states = workers[: len(self.workers)] + [None] * (len(self.workers) - len(workers))
         ray.get(
-            [self.buffer.restore.remote(ckpt.load_json(BUFFER))]
+            [self.buffer.load_state_dict.remote(ckpt.load_json(BUFFER))]
             + [w.restore.remote(state, self.version) for w, state in zip(self.workers, states, strict=True)]
         )
 

@@ -156,6 +156,14 @@ class DatasetPrompts:
             self.next += 1
         return out
 
+    def state_dict(self) -> dict:
+        """The rows' order and the position of the next draw (JSON data)."""
+        return {"rows": [list(r) for r in self.rows], "next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows = [tuple(r) for r in state["rows"]]
+        self.next = int(state["next"])
+
 
 def train_prompts(cfg: RunConfig, task):
     """What the warm start draws from: the dataset's train rows, or the task itself."""

@@ -16,7 +16,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -99,6 +99,37 @@ class RankResult:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class TrainerProgress:
+    """Where a trainer is in its run, besides its weights and optimizer: `version`, the
+    steps completed (the policy version), and `plan_rng`, the seeded RNG that shuffles
+    each step's minibatches (workers/step_plan.py). Its `state_dict` also holds this
+    process's torch RNG states, which the trainer seeded: a resumed run draws on as the
+    uninterrupted one would."""
+
+    def __init__(self, seed: int) -> None:
+        self.version = 0
+        self.plan_rng = random.Random(seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Version and RNG states (a checkpoint's trainer.pt, which torch.save writes)."""
+        state: dict[str, Any] = {
+            "version": self.version,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": self.plan_rng.getstate(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a `state_dict`'s version and RNG states (other keys are not read)."""
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.plan_rng.setstate(state["python_rng"])
+
+
 class Trainer:
     """Holds the policy and its optimizer; `version` counts completed steps.
 
@@ -150,8 +181,16 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
-        self._rng = random.Random(cfg.seed)
-        self.version = 0
+        self.progress = TrainerProgress(cfg.seed)
+
+    @property
+    def version(self) -> int:
+        """Steps completed: the version of the policy the trainer holds."""
+        return self.progress.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.progress.version = version
 
     @property
     def world_size(self) -> int:
@@ -214,7 +253,7 @@ class Trainer:
         """Each rank's part of a step on `groups` (workers/step_plan.py); advances the
         shuffle RNG, so only the process that runs the step plans it."""
         tc = self.cfg.trainer
-        return plan_step(groups, self._rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
+        return plan_step(groups, self.progress.plan_rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
 
     def train_step(self, groups: list[Group], peers: Peers | None = None) -> dict[str, float]:
         """One policy update on `groups`; returns metrics (workers/metric_names.py names).

@@ -21,6 +21,7 @@ middle of a generation (in-flight or abort).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, get_args
@@ -56,6 +57,13 @@ class PartialCounts:
         self.resumed += other.resumed
         self.retried += other.retried
         self.mid_generation_updates += other.mid_generation_updates
+
+    def state_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for name, value in state.items():
+            setattr(self, name, int(value))
 
 
 @dataclass
