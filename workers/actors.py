@@ -140,21 +140,6 @@ class BufferActor:
             self.admitted = self.buffer.received
 
 
-class _StagedWeights:
-    """A worker's staged weights as workers.updates.WeightUpdates: what the stepped
-    update modes poll between two decode steps (a plain object, not actor methods)."""
-
-    def __init__(self, worker: InferenceWorker) -> None:
-        self.worker = worker
-
-    def pending(self) -> bool:
-        return self.worker._pending is not None
-
-    def apply(self) -> int:
-        self.worker._apply_pending()
-        return self.worker.version
-
-
 @ray.remote(max_concurrency=4)
 class InferenceWorker:
     """Generates groups with the weights it holds and puts them into the buffer.
@@ -162,29 +147,30 @@ class InferenceWorker:
     New weights are fetched as soon as they are published (overlapping generation) and
     loaded as `sync.update_mode` says: between two generate calls (drain: a call in
     flight finishes on the old weights), or between two decode steps of a call (abort and
-    in-flight modes, workers/updates.py). Only the newest pending version is loaded."""
+    in-flight modes, workers/partial_rollouts.py). Only the newest staged version is loaded."""
 
     def __init__(
         self, cfg: RunConfig, model_dir: str, index: int, num_workers: int, buffer, scratch_dir: str | None = None
     ) -> None:
         """`scratch_dir`: the run's scratch directory; this worker's files go under
         `inference-<index>/` in it."""
-        from workers.generation import generate_groups, generate_groups_across_updates
+        from workers.generation import generate_groups_in_mode
         from workers.inference import make_backend
+        from workers.partial_rollouts import PartialCounts, StagedWeights, exact_steps
         from workers.rl_tasks import make_task
         from workers.sync import make_receiver
         from workers.task_data import worker_prompts
         from workers.tokenizer import load_tokenizer
-        from workers.updates import PartialCounts
 
-        self._generate_groups = generate_groups
-        self._generate_groups_across_updates = generate_groups_across_updates
+        self._generate_groups = generate_groups_in_mode
         self.partial = PartialCounts()  # cumulative, for rollout/partial_*
         self.cfg = cfg
         self.index = index
         self.buffer = buffer
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
-        self.backend = make_backend(self.cfg, model_dir, own_scratch)
+        self.backend = make_backend(
+            self.cfg, model_dir, own_scratch, exact_steps=exact_steps(self.cfg.sync.update_mode)
+        )
         self.task = make_task(self.cfg.task)
         # A dataset's share, or the task's generator less the held-out eval prompts.
         self.prompts = training_prompts(cfg, self.task, worker_prompts(cfg, self.task, index, num_workers))
@@ -206,9 +192,8 @@ class InferenceWorker:
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
-        self._pending = None  # staged weights (the receiver's), newest version only
+        self.staged = StagedWeights(self._load, lambda: self.version)
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
-        self._pending_lock = threading.Lock()
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -285,10 +270,7 @@ class InferenceWorker:
     def update_weights(self, notice: Notice) -> None:
         """Receive new weights now (overlapping generation); the loop applies them
         before its next generate call."""
-        staged = self.receiver.receive(notice)
-        with self._pending_lock:
-            if self._pending is None or self._pending.notice.version < notice.version:
-                self._pending = staged
+        self.staged.stage(self.receiver.receive(notice), notice.version)
         self._weights_arrived.set()
 
     def drain_metrics(self) -> InferenceReport:
@@ -312,22 +294,20 @@ class InferenceWorker:
 
     # -- the loop ------------------------------------------------------------------
 
-    def _apply_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            report = self.receiver.apply(self.backend, pending)
-            if report is None:  # a collective receiver had already applied a newer one
-                return
-            self.version = report.version
-            with self._syncs_lock:
-                self.syncs.append(report)
+    def _load(self, staged) -> None:
+        """Put staged weights into the backend (`self.staged` calls it)."""
+        report = self.receiver.apply(self.backend, staged)
+        if report is None:  # a collective receiver had already applied a newer one
+            return
+        self.version = report.version
+        with self._syncs_lock:
+            self.syncs.append(report)
 
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
-                self._apply_pending()
+                self.staged.apply()
                 if self.version < self._resume_at:
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
@@ -364,11 +344,11 @@ class InferenceWorker:
         may still be on their way), then evaluate them if no pass has yet."""
         self._weights_arrived.clear()
         deadline = time.monotonic() + FINAL_WEIGHTS_WAIT_S
-        self._apply_pending()
+        self.staged.apply()
         while self.version < version and time.monotonic() < deadline:
             self._weights_arrived.wait(WAIT_S)
             self._weights_arrived.clear()
-            self._apply_pending()
+            self.staged.apply()
         if self.version > self.evaluated:
             self._evaluate()
 
@@ -379,22 +359,10 @@ class InferenceWorker:
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)
-        if self.cfg.sync.update_mode == "drain":
-            groups = self._generate_groups(
-                self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed
-            )
-        else:  # weights staged meanwhile are taken between decode steps (workers/updates.py)
-            groups, _, counts = self._generate_groups_across_updates(
-                self.backend,
-                self.task,
-                self.tokenizer,
-                prompts,
-                self.cfg,
-                self.version,
-                seed,
-                _StagedWeights(self),
-            )
-            self.partial.add(counts)
+        groups, counts = self._generate_groups(
+            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self.staged
+        )
+        self.partial.add(counts)
         self.timeline.end(tokens=sum(g.num_tokens for g in groups))
         while groups and not self._stop.is_set():
             self.timeline.begin(BLOCKED)

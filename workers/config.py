@@ -19,7 +19,7 @@ from workers.tokenizer import DEFAULT_CHARS
 # read their lists from these (typing.get_args).
 # correction.method: workers/loss.py has a loss function for each.
 CorrectionMethod = Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"]
-# sync.update_mode: workers/updates.py.
+# sync.update_mode: workers/partial_rollouts.py.
 UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
 # buffer.on_stale: workers/buffer.py.
 OnStale = Literal["drop", "requeue"]
@@ -394,7 +394,7 @@ class SyncConfig(_Section):
     update_mode: UpdateMode = Field(
         "drain",
         description="What generation in flight does when new weights arrive (partial rollouts, "
-        "workers/updates.py). drain: finish the call on the old weights, then load (NeMo-RL "
+        "workers/partial_rollouts.py). drain: finish the call on the old weights, then load (NeMo-RL "
         "in_flight_weight_updates=false, soft pause); abort_retry: abort unfinished sequences, "
         "load, generate them again from the prompt (slime's recycled partial rollouts); "
         "abort_resume: abort, load, continue from the kept tokens re-prefilled under the new "

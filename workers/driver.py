@@ -52,6 +52,7 @@ from workers.config import RunConfig, StopConfig
 from workers.failures import ChildFailed, NodeLost, SyncTimeout, explain
 from workers.messages import InferenceReport, TrainerReport
 from workers.metric_names import REWARD_WINDOW
+from workers.partial_rollouts import partial_metrics
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names
@@ -570,10 +571,9 @@ class RunDriver:
         if tr.steps and self.phase != "stepping":
             self._set_phase("stepping")
         if tr.steps:
-            # Cumulative over the run and all workers, one point per collected step.
-            self._emit("rollout/partial_aborted", self.version, sum(r.partial.aborted for r in reports))
-            self._emit("rollout/partial_resumed", self.version, sum(r.partial.resumed for r in reports))
-            self._emit("rollout/partial_retried", self.version, sum(r.partial.retried for r in reports))
+            # One point per collected step.
+            for series, value in partial_metrics([r.partial for r in reports]).items():
+                self._emit(series, self.version, value)
         for k, rep in enumerate(reports):
             for ev in rep.evals:
                 for series, value in ev.metrics.items():

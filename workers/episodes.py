@@ -14,7 +14,7 @@ placeholder 0.0 and whose version is that of the call they answer.
 
 Versions: every model token carries the version of the weights that produced it. With
 `sync.update_mode` drain the whole batch of episodes runs on the weights it started
-with. With the stepped modes (workers/updates.py), weights staged meanwhile are loaded
+with. With the stepped modes (workers/partial_rollouts.py), weights staged meanwhile are loaded
 between two turns (nothing is generating then, so nothing is aborted), and within a
 turn as the mode says; abort_retry regenerates only the aborted turn, keeping the
 finished turns before it, whose tool results depend on them. Later turns thus carry
@@ -28,15 +28,16 @@ from typing import Protocol
 
 from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
-from workers.tokenizer import Tokenizer
-from workers.updates import (
+from workers.partial_rollouts import (
     STEPPED_MODES,
     Generation,
+    NoUpdates,
     PartialCounts,
     PartialSequence,
     WeightUpdates,
     generate_across_updates,
 )
+from workers.tokenizer import Tokenizer
 
 # The behaviour logprob a tool token carries: the policy never sampled it. Never read.
 TOOL_LOGPROB = 0.0
@@ -87,16 +88,6 @@ class Episode(PartialSequence):
         self.tool_calls += 1
 
 
-class _NoUpdates:
-    """No weights ever arrive (drain: a call runs on the weights it started with)."""
-
-    def pending(self) -> bool:
-        return False
-
-    def apply(self) -> int:
-        raise AssertionError("_NoUpdates.apply: nothing was pending")
-
-
 def run_episodes(
     backend: InferenceBackend,
     task: MultiTurnTask,
@@ -111,7 +102,7 @@ def run_episodes(
     updates: WeightUpdates | None = None,
 ) -> Generation:
     """`n` episodes per prompt (prompt-major, grouped per prompt as in
-    workers.updates.Generation), the version loaded at the end, and the partial counts.
+    workers.partial_rollouts.Generation), the version loaded at the end, and the partial counts.
 
     `mode` drain (or no `updates`): one version throughout. A stepped mode with
     `updates`: new weights are taken between turns and within turns as `mode` says.
@@ -119,7 +110,7 @@ def run_episodes(
     if task.max_turns < 1:
         raise ValueError(f"max_turns must be ≥ 1 (got {task.max_turns})")
     stepped = updates is not None and mode in STEPPED_MODES
-    weights: WeightUpdates = updates if stepped else _NoUpdates()
+    weights: WeightUpdates = updates if stepped else NoUpdates()
     # Turns are generated through the stepped session whatever the mode, since a turn
     # must stop at its call, which only a per-step check sees; without updates nothing is
     # ever loaded in between, so in_flight here means drain.

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from workers.partial_rollouts import PartialCounts
     from workers.sync import SyncReport
     from workers.timeline import Segment
-    from workers.updates import PartialCounts
 
 
 @dataclass

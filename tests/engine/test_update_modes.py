@@ -1,4 +1,4 @@
-"""Weight-update modes (workers/updates.py) on both backends: TorchBackend and real vLLM.
+"""Weight-update modes (workers/partial_rollouts.py) on both backends: TorchBackend and real vLLM.
 
 New weights are loaded after decode step K of a batch. Two weight sets make the
 effect visible token by token:
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from workers.config import ModelConfig
-from workers.updates import PartialCounts, generate_across_updates
+from workers.partial_rollouts import PartialCounts, generate_across_updates
 
 K = 3  # decode steps before the update
 MAX_NEW = 8

@@ -33,7 +33,7 @@ class StepToken:
 
 class DecodeSession(Protocol):
     """Generation one decode step at a time, so weights can change between two steps
-    (workers/updates.py: the abort and in-flight update modes).
+    (workers/partial_rollouts.py: the abort and in-flight update modes).
 
     Rows are the prompts given to `start`, one sequence each. Each `step` runs the model
     once with the weights loaded *now* and samples the next token of every unfinished
