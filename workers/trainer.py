@@ -84,6 +84,25 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
 
 
 @dataclass
+class RankRows:
+    """A rank's rows of one step on its device: the packed batch and, in its (N, T-1)
+    layout, the behaviour logprobs, the trained-token mask and the advantages (all None
+    for a rank without rows); and each minibatch's row indices."""
+
+    count: int
+    batch: PackedBatch | None = None
+    behaviour: torch.Tensor | None = None
+    trained: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    minibatches: list[torch.Tensor] = field(default_factory=list)
+
+    def select(self, rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
+        """The batch's `rows`, with `mask` (the completion or the trained slots) on them."""
+        b = self.batch
+        return PackedBatch(b.input_ids[rows], b.attention_mask[rows], b.targets[rows], mask[rows])
+
+
+@dataclass
 class RankResult:
     """One rank's part of a step, as the step's metrics need it: per minibatch, its loss
     and loss statistics already weighted by its share of the minibatch's trained tokens
@@ -272,97 +291,131 @@ class Trainer:
     def train_rank(self, step: RankStep) -> RankResult:
         """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
         t_start = time.perf_counter()
-        tc, dev, world = self.cfg.trainer, self.device, self.world_size
-        rollouts = [r for g in step.groups for r in g.rollouts]
-        # Advantages per group (groups may differ in size, e.g. after filtering).
-        advantages: list[float] = []
-        for g in step.groups:
-            rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
-            advantages += group_advantages(rewards)[0].tolist()
-        if rollouts:
-            batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
-            behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
-            # The slots the loss counts: completion tokens the model produced (a multi-turn
-            # episode's tool tokens are out: workers/rollout.py).
-            trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
-            adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
-            fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
-            batch = PackedBatch(*(t.to(dev) for t in fields))
-        row_of_group, row = [], 0
-        for g in step.groups:
-            row_of_group.append(list(range(row, row + len(g.rollouts))))
-            row += len(g.rollouts)
-        minibatch_rows = [
-            torch.tensor([r for gi in mb for r in row_of_group[gi]], dtype=torch.long, device=dev)
-            for mb in step.minibatches
-        ]
-
-        def rows_of(rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
-            return PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], mask[rows])
-
-        # pi_old, the policy at step start: the first minibatch's forward runs before any
-        # update, so its logprobs, detached, are pi_old on its rows; only the other
-        # minibatches' rows need a forward of their own (none with one minibatch).
-        old_logp = torch.zeros(batch.mask.shape, device=dev) if rollouts else None
-        if step.old_micro_batches:
-            later = torch.cat(minibatch_rows[1:])
-            with torch.no_grad():
-                for micro in self._pieces(later, step.old_micro_batches):
-                    if len(micro):
-                        old_logp[micro] = self._logprobs(rows_of(micro, batch.mask))
-                    else:
-                        self._empty_pass(backward=False)
+        rows = self._rank_rows(step)
+        old_logp = self._old_logprobs(rows, step.old_micro_batches)
         loss_sums, stats_list, grad_norms = [], [], []
-        for k, rows in enumerate(minibatch_rows):
-            self.optimizer.zero_grad(set_to_none=True)
-            # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
-            # token mean, weighted by its share of the tokens, sums to it (and so do the
-            # grads). A pool averages gradients over its ranks: × world undoes that.
-            total = max(step.trained_tokens[k], 1)
-            loss_sum, stats_mb = 0.0, {}
-            pieces = self._pieces(rows, step.micro_batches[k])
-            for i, micro in enumerate(pieces):
-                with self._gradient_sync(last=i == len(pieces) - 1):
-                    if not len(micro):
-                        self._empty_pass(backward=True)
-                        continue
-                    sub = rows_of(micro, trained)
-                    share = float(sub.mask.sum() / total)
-                    logp, entropy = self._logprobs(sub, with_entropy=True)
-                    loss, stats = correction_loss(
-                        self.cfg.correction,
-                        logp,
-                        logp.detach() if k == 0 else old_logp[micro],
-                        behaviour[micro],
-                        adv[micro],
-                        sub.mask,
-                        tc.clip_eps,
-                        tc.tis_cap,
-                    )
-                    mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
-                    stats["policy/entropy"] = mean_entropy.item()
-                    if tc.entropy_coef:
-                        # A small bonus keeps positions the policy has not solved from collapsing
-                        # onto one wrong token, where a group's samples agree and GRPO has no signal.
-                        loss = loss - tc.entropy_coef * mean_entropy
-                    (loss * (share * world)).backward()
-                loss_sum += loss.item() * share
-                for key, val in stats.items():
-                    stats_mb[key] = stats_mb.get(key, 0.0) + val * share
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
-            grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-            self.optimizer.step()
+        for k, minibatch in enumerate(rows.minibatches):
+            loss_sum, stats, grad_norm = self._update(
+                rows, minibatch, old_logp, k == 0, step.trained_tokens[k], step.micro_batches[k]
+            )
             loss_sums.append(loss_sum)
-            stats_list.append(stats_mb)
+            stats_list.append(stats)
+            grad_norms.append(grad_norm)
         self.version += 1
         end = time.perf_counter()
-        result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=len(rollouts))
+        result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=rows.count)
         if self.pool is not None:
             from workers.trainer_pool import busy_seconds
 
             result.comm_bytes, intervals = self.pool.meter.drain()
             result.comm_s = busy_seconds(intervals, t_start, end)
         return result
+
+    def _rank_rows(self, step: RankStep) -> RankRows:
+        """This rank's groups as rows on its device, with their advantages (per group:
+        groups may differ in size, e.g. after filtering) and each minibatch's rows."""
+        dev = self.device
+        rollouts = [r for g in step.groups for r in g.rollouts]
+        advantages: list[float] = []
+        for g in step.groups:
+            rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
+            advantages += group_advantages(rewards)[0].tolist()
+        rows = RankRows(count=len(rollouts))
+        if rollouts:
+            batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
+            rows.behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
+            # The slots the loss counts: completion tokens the model produced (a multi-turn
+            # episode's tool tokens are out: workers/rollout.py).
+            rows.trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
+            rows.advantages = torch.tensor(advantages, device=dev)[:, None].expand_as(rows.behaviour)
+            fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
+            rows.batch = PackedBatch(*(t.to(dev) for t in fields))
+        row_of_group, row = [], 0
+        for g in step.groups:
+            row_of_group.append(list(range(row, row + len(g.rollouts))))
+            row += len(g.rollouts)
+        rows.minibatches = [
+            torch.tensor([r for gi in mb for r in row_of_group[gi]], dtype=torch.long, device=dev)
+            for mb in step.minibatches
+        ]
+        return rows
+
+    def _old_logprobs(self, rows: RankRows, passes: int) -> torch.Tensor | None:
+        """pi_old, the policy at step start, on the rows of minibatches after the first
+        (zeros elsewhere; None for a rank without rows). The first minibatch's forward
+        runs before any update, so its logprobs, detached, are pi_old on its rows: only
+        the other minibatches' rows need a forward of their own (none with one)."""
+        old_logp = torch.zeros(rows.batch.mask.shape, device=self.device) if rows.batch is not None else None
+        if passes:
+            later = torch.cat(rows.minibatches[1:])
+            with torch.no_grad():
+                for micro in self._pieces(later, passes):
+                    if len(micro):
+                        old_logp[micro] = self._logprobs(rows.select(micro, rows.batch.mask))
+                    else:
+                        self._empty_pass(backward=False)
+        return old_logp
+
+    def _update(
+        self,
+        rows: RankRows,
+        minibatch: torch.Tensor,
+        old_logp: torch.Tensor | None,
+        first: bool,
+        trained_tokens: int,
+        passes: int,
+    ) -> tuple[float, dict[str, float], float]:
+        """One AdamW update on `minibatch` (row indices), in `passes` micro-batches;
+        returns this rank's share of its loss and statistics, and the gradient norm.
+        `first`: the step's first minibatch, whose own logprobs are pi_old."""
+        self.optimizer.zero_grad(set_to_none=True)
+        # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
+        # token mean, weighted by its share of the tokens, sums to it (and so do the
+        # grads). A pool averages gradients over its ranks: × world undoes that.
+        total = max(trained_tokens, 1)
+        loss_sum, stats_mb = 0.0, {}
+        pieces = self._pieces(minibatch, passes)
+        for i, micro in enumerate(pieces):
+            with self._gradient_sync(last=i == len(pieces) - 1):
+                if not len(micro):
+                    self._empty_pass(backward=True)
+                    continue
+                sub = rows.select(micro, rows.trained)
+                share = float(sub.mask.sum() / total)
+                loss, stats = self._loss(sub, rows, micro, None if first else old_logp)
+                (loss * (share * self.world_size)).backward()
+            loss_sum += loss.item() * share
+            for key, val in stats.items():
+                stats_mb[key] = stats_mb.get(key, 0.0) + val * share
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.optimizer.step()
+        return loss_sum, stats_mb, grad_norm
+
+    def _loss(
+        self, sub: PackedBatch, rows: RankRows, micro: torch.Tensor, old_logp: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The policy loss of micro-batch `sub` (rows `micro`) and its statistics; pi_old
+        is `old_logp` on those rows, or (None) the micro-batch's own logprobs, detached."""
+        tc = self.cfg.trainer
+        logp, entropy = self._logprobs(sub, with_entropy=True)
+        loss, stats = correction_loss(
+            self.cfg.correction,
+            logp,
+            logp.detach() if old_logp is None else old_logp[micro],
+            rows.behaviour[micro],
+            rows.advantages[micro],
+            sub.mask,
+            tc.clip_eps,
+            tc.tis_cap,
+        )
+        mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
+        stats["policy/entropy"] = mean_entropy.item()
+        if tc.entropy_coef:
+            # A small bonus keeps positions the policy has not solved from collapsing
+            # onto one wrong token, where a group's samples agree and GRPO has no signal.
+            loss = loss - tc.entropy_coef * mean_entropy
+        return loss, stats
 
     def step_metrics(self, groups: list[Group], results: list[RankResult], start: float) -> dict[str, float]:
         """The step's metrics from every rank's part (`results`, rank 0 first)."""
