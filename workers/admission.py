@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 # Resident memory of an actor process before its model: Python, torch, Ray's worker.
 PROCESS_BYTES = 400 * 2**20
-# vLLM's engine in a worker process: its own code, compiled graphs and buffers.
+# vLLM's engine in an inference worker's process: its own code, compiled graphs and buffers.
 VLLM_ENGINE_BYTES = 1536 * 2**20
 # Adam keeps two moments per trainable parameter, the gradient a third copy.
 OPTIMIZER_COPIES = 3
@@ -324,7 +324,7 @@ def engine_errors(cfg: RunConfig) -> dict[str, str]:
     errors: dict[str, str] = {}
     if cfg.inference.tensor_parallel_size > 1:
         errors["inference.tensor_parallel_size"] = (
-            "inference.tensor_parallel_size > 1 needs an inference backend that shards a worker's model "
+            "inference.tensor_parallel_size > 1 needs an inference backend that shards an inference worker's model "
             f"across its devices, not available yet; got {cfg.inference.tensor_parallel_size}: set it to 1 "
             "and raise inference.num_workers instead"
         )

@@ -29,13 +29,14 @@ an object store has no rename, and there meta.json last is what marks it complet
 digests mean identical checkpoints, and a resume checks every file it reads against it.
 
 Consistency. In sync mode the trainer writes after step k and before it publishes
-version k's weights: every worker has then generated all it was admitted and waits for
-version k (its RNG and call counter still), the buffer is empty, and the trainer's
-prefetched `get` is settled first, so a resumed run repeats the uninterrupted one step
-for step. In async mode the same snapshot is best effort: groups a worker is generating
-(or putting) at that moment are in no checkpoint; the resumed buffer's admission count
-is set from what the checkpoint holds, so their places are given back and the workers
-generate others instead (with a sampler that has moved past them).
+version k's weights: every inference worker has then generated all it was admitted and
+waits for version k (its RNG and call counter still), the buffer is empty, and the
+trainer's prefetched `get` is settled first, so a resumed run repeats the uninterrupted
+one step for step. In async mode the same snapshot is best effort: groups an inference
+worker is generating (or putting) at that moment are in no checkpoint; the resumed
+buffer's admission count is set from what the checkpoint holds, so their places are
+given back and the inference workers generate others instead (with a sampler that has
+moved past them).
 """
 
 from __future__ import annotations

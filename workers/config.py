@@ -188,8 +188,8 @@ class InferenceConfig(_Section):
         1,
         ge=1,
         description="Devices per inference worker (vLLM's tensor parallel size): the GPUs each worker asks "
-        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards a worker's model, "
-        "not available yet.",
+        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards an inference "
+        "worker's model, not available yet.",
     )
     # Ray counts resources in steps of 0.0001: a smaller request is no request at all.
     cpus_per_worker: float = Field(
@@ -386,7 +386,7 @@ class SyncConfig(_Section):
         "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
     )
     directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
-    # 1 → a worker reading late finds its file gone; more → disk use.
+    # 1 → an inference worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
     timeout_s: float = Field(
         120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
@@ -573,7 +573,7 @@ class RunConfig(_Section):
             )
         if self.sync.protocol == "collective" and self.lora.enabled:
             # The broadcast moves the trainer's parameters in place, under peft's names
-            # and unmerged: the workers could not load them.
+            # and unmerged: the inference workers could not load them.
             raise ValueError(
                 "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true); "
                 "choose sync.protocol 'lora' (adapter only), 'object_store' or 'filesystem'"
@@ -588,7 +588,7 @@ class RunConfig(_Section):
         if self.trainer.backend == "fsdp2":
             # Each fsdp2 rank holds a shard: no one process has the weights to hand over.
             raise ValueError(
-                "sync.protocol 'cuda_ipc' hands one process's whole weights to a worker on its GPU, but "
+                "sync.protocol 'cuda_ipc' hands one process's whole weights to an inference worker on its GPU, but "
                 "trainer.backend 'fsdp2' shards them across the ranks: choose sync.protocol 'collective', "
                 "'object_store' or 'filesystem' (they gather one bucket at a time), or trainer.backend 'ddp'"
             )
@@ -620,7 +620,7 @@ class RunConfig(_Section):
         if pl.mode != "colocated":
             return self
         if self.inference.tensor_parallel_size > 1:
-            # Ray gives a fraction of one GPU, or whole GPUs: a worker cannot hold half of two.
+            # Ray gives a fraction of one GPU, or whole GPUs: an inference worker cannot hold half of two.
             raise ValueError(
                 "placement.mode 'colocated' shares one GPU between an inference worker and a trainer rank: "
                 f"set inference.tensor_parallel_size to 1 (it is {self.inference.tensor_parallel_size}), "

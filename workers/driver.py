@@ -349,9 +349,9 @@ class RunMetrics:
     the reporter, and the latest SERIES_TAIL of each series stay for the run's summary.
 
     A trainer step's metrics are points at its step (= policy version); the inference
-    workers' busy/idle figures over a step's window once every worker has reported past
-    its end (workers.timeline); a version's sync figures once every worker has loaded it;
-    the partial-rollout counts once per collection that brought steps."""
+    workers' busy/idle figures over a step's window once every one has reported past its
+    end (workers.timeline); a version's sync figures once every inference worker has
+    loaded it; the partial-rollout counts once per collection that brought steps."""
 
     def __init__(self, reporter: MetricsReporter, num_workers: int) -> None:
         self.reporter = reporter
@@ -359,7 +359,8 @@ class RunMetrics:
         self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
         self._windows = StepWindows(num_workers)
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
-        self._syncs: dict[int, list] = defaultdict(list)  # version → SyncReport per worker
+        # version → SyncReport per inference worker that has loaded it
+        self._syncs: dict[int, list] = defaultdict(list)
 
     def emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
         """The run's one way out for a point: to the site (the reporter refuses a series

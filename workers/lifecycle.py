@@ -118,7 +118,7 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 def on_the_head() -> dict:
     """`.options` that put a run's driver on the head node. A driver on the head outlives
-    the worker nodes, so a lost node fails its run with a sentence naming the node, or
+    Ray's worker nodes, so a lost node fails its run with a sentence naming the node, or
     resumes it, instead of losing the run with its driver. Asked as a sliver of the
     head's own resource (hard: Ray 2.60 placed actors soft-pinned to a node elsewhere
     half of the time); {} where the cluster names no head."""

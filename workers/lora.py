@@ -7,8 +7,8 @@ rest of the engine needs of that lives here, in one place:
 - `adapter_state_dict` / `adapter_parameters`: the adapter's tensors under peft's saved
   names (what adapter-only sync moves, workers/sync/lora.py);
 - `base_state_dict` + `merge_adapter` + `lora_scaling`: base + scaling · B·A, the exact
-  float operations of peft's `merge_and_unload`, so a worker merging locally holds
-  weights bit-identical to the trainer's merged policy;
+  float operations of peft's `merge_and_unload`, so an inference worker merging locally
+  holds weights bit-identical to the trainer's merged policy;
 - `effective_state_dict`: the policy a model computes, as full weights under Hugging
   Face checkpoint names, peft-wrapped or not (what every full-weight sync moves);
 - `adapter_config` / `write_adapter_dir`: a peft adapter directory, loadable by peft
@@ -122,8 +122,8 @@ def merge_adapter(
 
     The same float operations, in the same order, as peft's merge (get_delta_weight then
     +=), so the result is bit-identical to `merge_and_unload()` on the same tensors.
-    `out`: buffers from an earlier call to merge into again (a worker merging every
-    version would otherwise fault in a fresh model-sized allocation each time)."""
+    `out`: buffers from an earlier call to merge into again (an inference worker merging
+    every version would otherwise fault in a fresh model-sized allocation each time)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in adapter.items():
         weight, part = _target_weight(key)

@@ -69,7 +69,7 @@ class NoUpdates:
 
 class StagedWeights:
     """Weights an inference worker has received and not loaded yet: the newest version
-    only. `stage` keeps what arrives (any thread); the worker loads it between two
+    only. `stage` keeps what arrives (any thread); the inference worker loads it between two
     generate calls, and the stepped modes between two decode steps too (`pending` and
     `apply`: the WeightUpdates that generate_across_updates polls).
 
@@ -125,7 +125,7 @@ class PartialCounts:
 
 def partial_metrics(counts: list[PartialCounts]) -> dict[str, float]:
     """The rollout/partial_* series (workers/metric_names.py) from each inference
-    worker's counts: cumulative over the run and all workers."""
+    worker's counts: cumulative over the run and all of them."""
     return {
         "rollout/partial_aborted": float(sum(c.aborted for c in counts)),
         "rollout/partial_resumed": float(sum(c.resumed for c in counts)),

@@ -266,7 +266,7 @@ class RunActors:
             return
         try:
             final = ray.get(self.trainer.stop.remote(keep_sender=True), timeout=STOP_TIMEOUT_S)
-        except Exception:  # a dead or stuck trainer: a final pass runs on the newest weights worker 0 holds
+        except Exception:  # a dead or stuck trainer: the final pass runs on inference worker 0's newest weights
             log.warning("run %s: no final version from the trainer", self.run_id, exc_info=True)
             final = version
         calls = [

@@ -5,8 +5,8 @@ The format comes from the file's extension (`FORMATS`); the rows' prompt and ans
 columns are named by `task.dataset.prompt_column` / `answer_column`. The rows are
 shuffled by the run's seed, then split: the first `eval_fraction` of them are held out
 for evaluation, the rest train (or `eval_path` is a file of its own). Inference worker
-`i` of `n` draws the train rows `i, i+n, …` in turn, reshuffled each pass, so workers
-never draw the same prompt in the same pass.
+`i` of `n` draws the train rows `i, i+n, …` in turn, reshuffled each pass, so inference
+workers never draw the same prompt in the same pass.
 
 The file's path is confined under the operator's data roots (workers/paths.py) before
 this module ever opens it. A task without a dataset samples its own synthetic prompts:
@@ -175,7 +175,7 @@ def train_prompts(cfg: RunConfig, task):
 def worker_prompts(cfg: RunConfig, task, index: int, num_workers: int):
     """What inference worker `index` draws from: its share of the train rows (every
     `num_workers`-th, from `index`; all of them when there are fewer rows than
-    workers), or the task itself."""
+    inference workers), or the task itself."""
     if cfg.task.dataset is None:
         return task
     train = load_splits(cfg).train

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-# Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples =
-# 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a vLLM
-# worker's KV cache by it, so it lives here, where the web process reads it without torch.
+# Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples
+# = 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a
+# vLLM inference worker's KV cache by it, so it lives here, where the web process reads
+# it without torch.
 VLLM_MAX_NUM_SEQS = 256
 
 

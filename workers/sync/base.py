@@ -10,16 +10,19 @@ worker) and one small message between them, the `Notice`:
   exactly once with a Notice for the receivers. *When* it notifies is the protocol's
   business: after the payload is in place for the object store and the filesystem,
   before the broadcast for a collective (a broadcast only completes once the receivers
-  join it). The orchestrator's `notify` delivers the Notice to every worker (a Ray actor
-  call; a queue in tests) and must not wait for them.
+  join it). The orchestrator's `notify` delivers the Notice to every inference worker (a
+  Ray actor call; a queue in tests) and must not wait for them.
 - `WeightReceiver.receive` fetches the payload into staging memory. It may run while the
-  backend generates (a worker's control thread), so the transfer overlaps generation.
-- `WeightReceiver.apply` puts staged weights into the backend; the worker calls it
-  between two generate calls (drain semantics: a call in flight finishes on old weights).
+  backend generates (an inference worker's control thread), so the transfer overlaps
+  generation.
+- `WeightReceiver.apply` puts staged weights into the backend; the inference worker
+  calls it between two generate calls (drain semantics: a call in flight finishes on old
+  weights; workers/partial_rollouts.py for the other modes).
 
 Latencies (ms): trainer side = how long `send` blocked the trainer; inference side =
-receive + apply on one worker; end to end = wall clock from the start of `send` to the
-weights being live in that worker (so it includes the drain wait in a running pipeline).
+receive + apply on one inference worker; end to end = wall clock from the start of
+`send` to the weights being live in that inference worker (so it includes the drain
+wait in a running pipeline).
 `bytes` is the payload one receiver gets.
 """
 
