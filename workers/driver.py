@@ -52,8 +52,7 @@ POLL_S = 0.5
 # target_reward is judged on the mean reward/mean of this many latest steps.
 TARGET_WINDOW = REWARD_WINDOW
 # The driver keeps this many latest points of each series for its summary (the site
-# stores them all). Keeping every point grew a fast run's driver without bound: a tiny
-# run's 22 steps/s × 28 series is 1.1M points, ~105 MB, in 30 minutes.
+# stores them all): more → a longer summary, a driver that grows with a fast run.
 SERIES_TAIL = 2_000
 # At the end the driver retries the site this long for the last points and the final
 # status before it exits (what is left stays in the spool): longer keeps a finished run

@@ -3,9 +3,10 @@
 It reads the same Hugging Face directory vLLM does and reimplements the Llama forward
 (RMSNorm, rotary embeddings, grouped attention, SwiGLU) on raw tensors. At this model
 size Python overhead dominates, and a hand-written loop with a preallocated KV cache and
-fused QKV / gate-up projections is 2–3× faster than `transformers.generate`. Logprobs are
-of the sampled token under the sampling distribution, log_softmax(logits / temperature),
-which is what the trainer's importance weights need as the behaviour policy mu.
+fused QKV / gate-up projections is faster than `transformers.generate`
+(docs/performance.md). Logprobs are of the sampled token under the sampling
+distribution, log_softmax(logits / temperature), which is what the trainer's importance
+weights need as the behaviour policy mu.
 
 Other architectures (Qwen2's biased projections, anything else AutoModelForCausalLM
 loads) run on transformers' own forward instead (`workers.inference.transformers_backend`);

@@ -1,6 +1,6 @@
 """Protocol "lora": adapter-only sync. The trainer trains a peft LoRA adapter on a frozen
-base (workers/lora.py); only the adapter's tensors move (a rank-8 adapter of a 36M model
-is 2.9 MB against 160 MB), through the object store like protocol "object_store".
+base (workers/lora.py); only the adapter's tensors move (a small fraction of the
+model's), through the object store like protocol "object_store".
 
 Workers already hold the base (the same model directory the trainer started from; the
 sender publishes the base's checksum and `connect` refuses a different one). A worker
