@@ -50,12 +50,16 @@ from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
 from workers.metric_names import rank_series
 from workers.rollout import Group
+from workers.run_actors import actor_class
 from workers.task_data import DatasetPrompts
 from workers.timeline import BLOCKED, GENERATE, Timeline
 
 if TYPE_CHECKING:
     from workers.checkpoints import CheckpointRecord, CheckpointTarget
+    from workers.step_plan import RankStep
     from workers.sync import Notice, SyncReport
+    from workers.sync.base import Gathers
+    from workers.trainer import RankResult, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def _log_error(actor: str) -> str:
     return text
 
 
-@ray.remote(num_cpus=0, max_concurrency=64)
+@actor_class(num_cpus=0, max_concurrency=64)
 class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
@@ -141,7 +145,7 @@ class BufferActor:
             self.admitted = self.buffer.received
 
 
-@ray.remote(max_concurrency=4)
+@actor_class(max_concurrency=4)
 class InferenceWorker:
     """Generates groups with the weights it holds and puts them into the buffer.
 
@@ -261,7 +265,7 @@ class InferenceWorker:
                 return  # still inside generate: closing now would pull the engine from under it
         try:
             if final_eval_version is not None and self.eval_prompts is not None:
-                self._final_eval(final_eval_version)
+                self._final_eval(final_eval_version, self.eval_prompts)
         except Exception:
             self.error = _log_error(f"inference worker {self.index} (final eval)")
         finally:
@@ -313,7 +317,7 @@ class InferenceWorker:
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
                 if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
-                    self._evaluate()
+                    self._evaluate(self.eval_prompts)
                 n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
                     self._weights_arrived.wait(ADMIT_POLL_S)
@@ -322,16 +326,17 @@ class InferenceWorker:
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
 
-    def _evaluate(self) -> None:
-        """One eval pass on the weights loaded now. Its time is outside the timeline's
-        generate segments: it produced no rollouts, so it counts as inference idle."""
+    def _evaluate(self, prompts: list[tuple[str, str]]) -> None:
+        """One eval pass on `prompts` with the weights loaded now. Its time is outside the
+        timeline's generate segments: it produced no rollouts, so it counts as inference
+        idle."""
         from workers.evaluation import evaluate
 
         metrics = evaluate(
             self.backend,
             self.task,
             self.tokenizer,
-            self.eval_prompts,
+            prompts,
             self.cfg.eval,
             self.cfg.inference.max_new_tokens,
             self.cfg.seed,
@@ -340,7 +345,7 @@ class InferenceWorker:
         with self._evals_lock:
             self.evals.append(EvalRecord(step=self.version, t=time.time(), metrics=metrics))
 
-    def _final_eval(self, version: int) -> None:
+    def _final_eval(self, version: int, prompts: list[tuple[str, str]]) -> None:
         """The end-of-run pass, the loop stopped: load the trainer's last weights (they
         may still be on their way), then evaluate them if no pass has yet."""
         self._weights_arrived.clear()
@@ -351,7 +356,7 @@ class InferenceWorker:
             self._weights_arrived.clear()
             self.staged.apply()
         if self.version > self.evaluated:
-            self._evaluate()
+            self._evaluate(prompts)
 
     def _generate_and_put(self, n: int) -> None:
         # on_stale="requeue": prompts of rejected groups are generated again first.
@@ -398,7 +403,7 @@ def where_am_i() -> dict:
 POOL_TIMEOUT_S = 900.0
 
 
-@ray.remote(max_concurrency=4)
+@actor_class(max_concurrency=4)
 class TrainerRank:
     """Rank r ≥ 1 of a trainer pool (workers/trainer_pool.py): holds its replica (ddp)
     or shard (fsdp2) of the policy and runs what rank 0, the `TrainerActor`, hands it:
@@ -407,7 +412,7 @@ class TrainerRank:
 
     def __init__(self, cfg: RunConfig, model_dir: str, rank: int, num_threads: int | None = None) -> None:
         self.cfg, self.model_dir, self.rank, self.num_threads = cfg, model_dir, rank, num_threads
-        self.trainer = None
+        self.trainer: Trainer | None = None
 
     def ready(self) -> bool:
         return True
@@ -424,31 +429,37 @@ class TrainerRank:
         pool = join_pool(endpoint, self.cfg.trainer.backend, self.rank, assigned_device())
         self.trainer = Trainer(self.cfg, self.model_dir, num_threads=self.num_threads, pool=pool)
 
-    def train_rank(self, step):
-        return self.trainer.train_rank(step)
+    def _joined(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"trainer rank {self.rank} has not joined the pool (join first)")
+        return self.trainer
 
-    def follow_sync(self, gathers: str) -> None:
+    def train_rank(self, step: RankStep) -> RankResult:
+        return self._joined().train_rank(step)
+
+    def follow_sync(self, gathers: Gathers) -> None:
         """Join the gathers of rank 0's weight sender (a sharded pool only)."""
         from workers.sync.weights import follow
 
-        follow(self.trainer.model, gathers)
+        follow(self._joined().model, gathers)
 
     def gather_state(self) -> None:
         """Join rank 0's gather of the whole policy (its checksum, its export)."""
-        self.trainer.gathered_state()
+        self._joined().gathered_state()
 
     def checkpoint_state(self) -> None:
         """Join rank 0's gather of the training state for a checkpoint."""
         from workers.checkpoints import training_state
 
-        training_state(self.trainer)
+        training_state(self._joined())
 
     def restore(self, version: int) -> None:
         """Take the training state rank 0 broadcasts from a checkpoint."""
         from workers.checkpoints import restore_training_state
 
-        restore_training_state(self.trainer, None)
-        self.trainer.version = version
+        trainer = self._joined()
+        restore_training_state(trainer, None)
+        trainer.version = version
 
     def close(self) -> None:
         if self.trainer is not None and self.trainer.pool is not None:
@@ -462,15 +473,15 @@ class _RayPeers:
         self.ranks = ranks
         self._refs: list = []
 
-    def start(self, steps) -> None:
+    def start(self, steps: list[RankStep]) -> None:
         self._refs = [r.train_rank.remote(s) for r, s in zip(self.ranks, steps, strict=True)]
 
-    def results(self):
+    def results(self) -> list[RankResult]:
         refs, self._refs = self._refs, []
         return ray.get(refs)
 
 
-@ray.remote(max_concurrency=4)
+@actor_class(max_concurrency=4)
 class TrainerActor:
     """Takes B groups per step from the buffer, trains, publishes the new weights.
 
@@ -492,6 +503,7 @@ class TrainerActor:
         sync.directory names a place). `checkpoints`: where and how often to write them
         (None: never). `ranks`: the pool's other ranks (trainer.num_ranks − 1 of them)."""
         from workers.sync import make_sender
+        from workers.sync.lora import LoRASender
         from workers.trainer import Trainer
 
         self.cfg = cfg
@@ -508,7 +520,7 @@ class TrainerActor:
         # ("auto" is the checkpoint's, known only to them: the parameters' own then).
         wire = cfg.inference.dtype if cfg.inference.dtype != "auto" else None
         self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir, wire_dtype=wire)
-        if self.trainer.base_checksum is not None:
+        if isinstance(self.sender, LoRASender) and self.trainer.base_checksum is not None:
             self.sender.base_checksum = self.trainer.base_checksum
         self.sender.attach(self.trainer.model)
         self.steps: list[StepRecord] = []
@@ -585,9 +597,9 @@ class TrainerActor:
         checkpoint root or this version has one already."""
         if self.checkpoints is None:
             return None
-        return self._checkpoint()
+        return self._checkpoint(self.checkpoints)
 
-    def _checkpoint(self) -> CheckpointRecord | None:
+    def _checkpoint(self, target: CheckpointTarget) -> CheckpointRecord | None:
         """Gather the run's state (the inference workers' and the buffer's too) and write it."""
         from workers import checkpoints
 
@@ -603,7 +615,7 @@ class TrainerActor:
                 checkpoints.INFERENCE: workers,
                 checkpoints.BUFFER: buffer,
             }
-            return checkpoints.write_checkpoint(self.checkpoints, self.trainer.version, parts)
+            return checkpoints.write_checkpoint(target, self.trainer.version, parts)
 
     def _settle_prefetch(self) -> list[Group]:
         """The groups the get issued ahead for the next step brought, once it has answered
@@ -700,10 +712,10 @@ class TrainerActor:
                 if self.checkpoints is not None and self.checkpoints.due(version):
                     # Before publishing `version`: in sync mode every inference worker
                     # waits for it, its sampling state still (workers.checkpoints).
-                    record = self._checkpoint()
-                    if record is not None:
+                    written = self._checkpoint(self.checkpoints)
+                    if written is not None:
                         with self._steps_lock:
-                            self._written.append(record)
+                            self._written.append(written)
                 sent = self._send(version)
                 t_end = time.time()
                 window = max(t_end - t_prev, 1e-9)

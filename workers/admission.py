@@ -266,7 +266,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
     vllm = cfg.inference.backend == "vllm"
     # vLLM takes its share of the GPU whatever the model: the weights must fit in it.
     inference_room = cfg.inference.gpu_memory_utilization * gpu_memory_bytes if vllm else gpu_memory_bytes
-    trainer_room = gpu_memory_bytes
+    trainer_room: float = gpu_memory_bytes
     if cfg.placement.mode == "colocated":
         trainer_room = gpu_memory_bytes - (inference_room if vllm else need.inference)
     if need.trainer > trainer_room:

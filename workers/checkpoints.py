@@ -51,7 +51,7 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -206,11 +206,12 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
         with fs.open(posixpath.join(path, name), "wb") as f:
             out = _HashingWriter(f)
             if name.endswith(".pt"):
-                torch.save(obj, out)
+                # torch.save writes to anything with write(), whatever its signature says.
+                torch.save(obj, cast(IO[bytes], out))
             else:
                 out.write(json.dumps(obj).encode())
         files.append({"name": name, "bytes": out.bytes, "sha256": out.sha.hexdigest()})
-    meta = {
+    meta: dict[str, Any] = {
         "run_id": int(target.run_id),
         "step": int(step),
         "created": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -371,6 +372,8 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
     sender's view of the parameters stays valid). For a pool, every rank calls it and
     rank 0, which alone passes `state`, broadcasts it to the others."""
     if trainer.pool is None:
+        if state is None:
+            raise ValueError("a trainer that is not in a pool restores from a state of its own")
         model, optimizer = state
         trainer.model.load_state_dict(model, strict=True)
         trainer.optimizer.load_state_dict(optimizer)

@@ -41,7 +41,7 @@ from workers.metric_names import REWARD_WINDOW
 from workers.partial_rollouts import partial_metrics
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
-from workers.run_actors import actor_name
+from workers.run_actors import actor_class, actor_name
 from workers.spawn import RunActors
 from workers.timeline import StepWindows
 
@@ -63,7 +63,7 @@ CANCEL_FLUSH_S = 2.0
 PHASE_PROGRESS_S = 1.0
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
+@actor_class(num_cpus=0, max_concurrency=8)
 class RunDriver:
     """One run: spawns the actors, supervises them, reports metrics and status."""
 

@@ -24,7 +24,7 @@ newer versions than earlier ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
@@ -37,13 +37,14 @@ from workers.partial_rollouts import (
     WeightUpdates,
     generate_across_updates,
 )
+from workers.rl_tasks import Task
 from workers.tokenizer import Tokenizer
 
 # The behaviour logprob a tool token carries: the policy never sampled it. Never read.
 TOOL_LOGPROB = 0.0
 
 
-class MultiTurnTask(Protocol):
+class MultiTurnTask(Task, Protocol):
     """A task whose rollouts are episodes with a tool (workers/tool_task.py)."""
 
     multi_turn: bool  # True
@@ -58,7 +59,7 @@ class MultiTurnTask(Protocol):
         ...
 
 
-def is_multi_turn(task: object) -> bool:
+def is_multi_turn(task: object) -> TypeGuard[MultiTurnTask]:
     """Whether `task` asks for episodes (a `multi_turn = True` attribute) rather than
     single completions."""
     return bool(getattr(task, "multi_turn", False))
@@ -110,7 +111,7 @@ def run_episodes(
     if task.max_turns < 1:
         raise ValueError(f"max_turns must be ≥ 1 (got {task.max_turns})")
     stepped = updates is not None and mode in STEPPED_MODES
-    weights: WeightUpdates = updates if stepped else NoUpdates()
+    weights: WeightUpdates = updates if updates is not None and stepped else NoUpdates()
     # Turns are generated through the stepped session whatever the mode, since a turn
     # must stop at its call, which only a per-step check sees; without updates nothing is
     # ever loaded in between, so in_flight here means drain.
@@ -154,6 +155,8 @@ def run_episodes(
                 episode.finish_reason = "length"
                 continue
             call = task.find_call(tokenizer.decode(model_turn.token_ids))
+            if call is None:  # `ends_turn` found it in these very tokens
+                raise RuntimeError("a turn that ended at a tool call has no call")
             ids = tokenizer.encode(task.run_tool(call))
             room = max_new_tokens - len(episode.token_ids)
             episode.add_tool_turn(ids[:room], model_turn.versions[-1])

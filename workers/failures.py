@@ -226,7 +226,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     """`exc` and every exception behind it, outermost first, each once."""
     out: list[BaseException] = []
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:

@@ -6,6 +6,8 @@ of single completions (workers/episodes.py); the rest is the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from workers.config import RunConfig
 from workers.episodes import Episode, is_multi_turn, run_episodes
 from workers.inference.base import InferenceBackend
@@ -130,7 +132,7 @@ def _score(
     task: Task,
     tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
-    sequences: list[list[PartialSequence]],
+    sequences: Sequence[Sequence[PartialSequence]],
     seed: int,
 ) -> list[Group]:
     groups = []

@@ -19,7 +19,7 @@ from workers.checkpoints import check_resume
 from workers.config import RunConfig
 from workers.driver import RunDriver
 from workers.paths import Confinement
-from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names
+from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names, with_options
 
 # The driver's constructor and start() only set up a thread: seconds, even on a busy host.
 LAUNCH_TIMEOUT_S = 60.0
@@ -93,7 +93,8 @@ def launch(
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
     connect(ray_address)
-    driver = RunDriver.options(
+    driver = with_options(
+        RunDriver,
         name=actor_name(run_id),
         namespace=NAMESPACE,
         lifetime="detached",

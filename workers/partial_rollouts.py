@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
@@ -152,7 +152,7 @@ class Generation:
     """What `generate_across_updates` returns: `n` sequences per prompt (prompt-major),
     the version loaded at the end, and the counts."""
 
-    sequences: list[list[PartialSequence]]
+    sequences: Sequence[Sequence[PartialSequence]]
     version: int
     counts: PartialCounts
 

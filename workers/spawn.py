@@ -29,7 +29,7 @@ from workers.buffer import plan as buffer_plan
 from workers.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.config import RunConfig
 from workers.failures import ChildFailed, NodeLost, SyncTimeout
-from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names
+from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names, with_options
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +104,12 @@ class RunActors:
         # The buffer beside the driver (no GPU, no CPU of its own): it lives as long as
         # the run's control does, whichever node is lost.
         beside_driver = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.buffer = BufferActor.options(  # type: ignore[attr-defined]  # @ray.remote adds .options
-            name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
+        self.buffer = with_options(
+            BufferActor, name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
         ).remote(buffer_plan(cfg.buffer, cfg.mode, b), b)
         self.workers = [
-            InferenceWorker.options(  # type: ignore[attr-defined]  # @ray.remote adds .options
+            with_options(
+                InferenceWorker,
                 name=f"{self.name}-inference-{k}",
                 namespace=NAMESPACE,
                 **placement.actor_options(self.placement_group, plan.inference[k]),
@@ -118,14 +119,16 @@ class RunActors:
         # A trainer pool: ranks 1.. first, so that rank 0 (the trainer actor) can form the
         # pool with them while it starts (workers/trainer_pool.py).
         self.ranks = [
-            TrainerRank.options(  # type: ignore[attr-defined]  # @ray.remote adds .options
+            with_options(
+                TrainerRank,
                 name=f"{self.name}-trainer-{k}",
                 namespace=NAMESPACE,
                 **placement.actor_options(self.placement_group, plan.trainer[k]),
             ).remote(cfg, model_dir, k, self.trainer_threads)
             for k in range(1, cfg.trainer.num_ranks)
         ]
-        self.trainer = TrainerActor.options(  # type: ignore[attr-defined]  # @ray.remote adds .options
+        self.trainer = with_options(
+            TrainerActor,
             name=f"{self.name}-trainer",
             namespace=NAMESPACE,
             **placement.actor_options(self.placement_group, plan.trainer[0]),

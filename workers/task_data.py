@@ -50,6 +50,8 @@ class Splits:
 def read_rows(path: str, field: str, cfg: RunConfig) -> list[tuple[str, str]]:
     """(prompt, answer) of every row of the file at `path`, named `field` in errors."""
     ds_cfg = cfg.task.dataset
+    if ds_cfg is None:
+        raise ValueError("task.dataset is not set")
     builder = FORMATS.get(os.path.splitext(path)[1].lower())
     if builder is None:
         raise DatasetError(field, f"{path!r} has no known extension; use one of {', '.join(FORMATS)}")

@@ -46,6 +46,8 @@ class Timeline:
         """Close the open segment. `seconds` keeps only its last `seconds` (e.g. the
         part of a put call actually spent blocked); empty segments are not recorded."""
         with self._lock:
+            if self._open is None:
+                raise RuntimeError("Timeline.end without a segment begun")
             kind, t0 = self._open
             self._open = None
             t1 = time.time()

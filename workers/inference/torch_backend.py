@@ -278,6 +278,13 @@ class SteppedSampler:
         self.t += 1
         return out
 
+    def previous_tokens(self) -> torch.Tensor:
+        """The tokens the previous step sampled, one per row (pad for a finished row):
+        what the next step runs through the model."""
+        if self.last is None:
+            raise RuntimeError("no step has sampled yet")
+        return self.last
+
 
 class TorchSession(SteppedSampler):
     """One batch decoded step by step on a TorchBackend's static KV cache.
@@ -321,7 +328,7 @@ class TorchSession(SteppedSampler):
         else:
             self.valid[:, P + t - 1] = True
             hidden = b._forward(
-                self.last[:, None],
+                self.previous_tokens()[:, None],
                 (self.lengths + t - 1)[:, None],
                 P + t - 1,
                 self.valid[:, None, None, : P + t],

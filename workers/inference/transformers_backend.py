@@ -28,7 +28,8 @@ class TransformersBackend:
         from workers.model import load_model
 
         self.device = torch.device(device)
-        self.model = load_model(model_dir, dtype).to(self.device)
+        # transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads unbound.
+        self.model = load_model(model_dir, dtype).to(self.device)  # type: ignore[arg-type]
         config = self.model.config
         eos = config.eos_token_id
         eos = [] if eos is None else [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
@@ -122,7 +123,7 @@ class TransformersSession(SteppedSampler):
             ids, positions = self.ids, (self.attention.cumsum(-1) - 1).clamp(min=0)
         else:
             self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], dim=1)
-            ids, positions = self.last[:, None], (self.lengths + t - 1)[:, None]
+            ids, positions = self.previous_tokens()[:, None], (self.lengths + t - 1)[:, None]
         dev = b.device
         out = b.model(
             input_ids=ids.to(dev),

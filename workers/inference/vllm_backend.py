@@ -40,6 +40,8 @@ import torch
 from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
     from workers.config import InferenceConfig
 
 log = logging.getLogger(__name__)
@@ -322,7 +324,7 @@ class VLLMBackend:
         self._weight_shapes = _checkpoint_shapes(model_dir)
         self._hf_config = hf_config
         self.lora_rank = lora_rank
-        self._lora_request = None  # the adapter every generate call uses (None: the base)
+        self._lora_request: LoRARequest | None = None  # the adapter every generate call uses (None: the base)
 
         engine_args = _engine_args(
             model_dir, hf_config, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
@@ -486,6 +488,7 @@ class VLLMBackend:
         state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
         _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
+            parent: str | None
             if self.scratch_dir is not None:
                 os.makedirs(self.scratch_dir, exist_ok=True)
                 parent = self.scratch_dir

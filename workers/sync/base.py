@@ -34,7 +34,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -104,6 +104,9 @@ class Notice:
 
 Notify = Callable[[Notice], None]
 
+# What a sender gathers from a sharded trainer: every parameter, or the LoRA adapter's.
+Gathers = Literal["all", "adapter"]
+
 
 class WeightSender(ABC):
     """Trainer side of a protocol. Lifecycle: attach(model) → endpoint() → connect()
@@ -112,7 +115,7 @@ class WeightSender(ABC):
     protocol: ClassVar[str]
     # What `send` gathers from a sharded trainer, so that the pool's other ranks join the
     # same gathers (workers/sync/weights.py): every parameter, or the LoRA adapter's.
-    gathers: ClassVar[str] = "all"
+    gathers: ClassVar[Gathers] = "all"
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
@@ -169,8 +172,10 @@ class WeightReceiver(ABC):
         Safe to call while the backend generates."""
 
     @abstractmethod
-    def apply(self, backend: Any, staged: Any) -> SyncReport:
-        """Load staged weights into `backend`; returns this worker's report."""
+    def apply(self, backend: Any, staged: Any) -> SyncReport | None:
+        """Load staged weights into `backend`; returns this inference worker's report,
+        or None if there was nothing new to load (a collective receiver loads the newest
+        version staged, which an earlier call may have loaded already)."""
 
     def close(self) -> None:
         """Release what the receiver holds."""
@@ -205,5 +210,5 @@ def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()

@@ -152,6 +152,8 @@ class LoRAReceiver(WeightReceiver):
         return StagedAdapter(notice, adapter, clock.ms())
 
     def apply(self, backend: Any, staged: StagedAdapter) -> SyncReport:
+        if self.base is None or self.adapter_root is None:
+            raise RuntimeError("LoRAReceiver.apply before connect(endpoint)")
         clock = Stopwatch()
         version = staged.notice.version
         # A VLLMBackend built without lora_rank has the method but cannot serve adapters.
