@@ -172,11 +172,7 @@ class TorchBackend:
         n: int = 1,
     ) -> TorchSession:
         """A stepped generation, `n` rows per prompt (see `DecodeSession`)."""
-        if len(max_new_tokens) != len(prompts):
-            raise ValueError("max_new_tokens needs one budget per prompt")
-        rows = [p for p in prompts for _ in range(n)]
-        budgets = [b for b in max_new_tokens for _ in range(n)]
-        return TorchSession(self, rows, budgets, temperature, seed)
+        return TorchSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed)
 
     @torch.inference_mode()
     def generate(
@@ -209,6 +205,14 @@ def generate_by_steps(
             out.append([])
         out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
     return out
+
+
+def rows_per_sample(prompts: list[list[int]], max_new_tokens: list[int], n: int) -> tuple[list[list[int]], list[int]]:
+    """Each prompt and its budget `n` times, prompt-major: row i·n + j is sample j of
+    prompt i (a stepped session's rows)."""
+    if len(max_new_tokens) != len(prompts):
+        raise ValueError("max_new_tokens needs one budget per prompt")
+    return [p for p in prompts for _ in range(n)], [b for b in max_new_tokens for _ in range(n)]
 
 
 class SteppedSampler:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from workers.inference.base import StepToken
-from workers.inference.torch_backend import SteppedSampler, generate_by_steps
+from workers.inference.torch_backend import SteppedSampler, generate_by_steps, rows_per_sample
 
 
 class TransformersBackend:
@@ -80,11 +80,7 @@ class TransformersBackend:
         seed: int,
         n: int = 1,
     ) -> TransformersSession:
-        if len(max_new_tokens) != len(prompts):
-            raise ValueError("max_new_tokens needs one budget per prompt")
-        rows = [p for p in prompts for _ in range(n)]
-        budgets = [b for b in max_new_tokens for _ in range(n)]
-        return TransformersSession(self, rows, budgets, temperature, seed)
+        return TransformersSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int):
