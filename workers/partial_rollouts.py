@@ -69,9 +69,9 @@ class NoUpdates:
 
 class StagedWeights:
     """Weights an inference worker has received and not loaded yet: the newest version
-    only. `stage` keeps what arrives (any thread); the inference worker loads it between two
-    generate calls, and the stepped modes between two decode steps too (`pending` and
-    `apply`: the WeightUpdates that generate_across_updates polls).
+    only. `stage` keeps what arrives (any thread); the inference worker loads it between
+    two generate calls, and the stepped modes between two decode steps too (`pending`
+    and `apply`: the WeightUpdates that generate_across_updates polls).
 
     `load(staged)` puts staged weights into the backend; `version()` is the version the
     backend holds."""
