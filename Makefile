@@ -1,7 +1,7 @@
 # Rollway: the two commands.
 #   make run   set everything up (idempotent), then start web + worker + beat + Ray head
 #   make test  set everything up (incl. Chromium, PostgreSQL, Redis), then run the test suite
-#   make lint  ruff: lint and format check (what CI runs before the tests)
+#   make lint  ruff (lint and format check), then mypy (what CI runs before the tests)
 #
 # Set-up steps leave stamp files in .venv/ so a second call costs a few seconds.
 # GPU hosts: `make run FLAVOR=gpu` installs the `gpu` extra (CUDA vLLM) instead of `cpu`.
@@ -42,10 +42,11 @@ test: setup services chromium
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 # Lint and format are checked, never applied here: `$(BIN)/ruff format .` and
-# `$(BIN)/ruff check --fix .` apply them.
+# `$(BIN)/ruff check --fix .` apply them. mypy checks the files [tool.mypy] lists.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=platform:. $(BIN)/python -m mypy
 
 setup: $(DEPS_STAMP)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import placement
+from workers.inference.base import VLLM_MAX_NUM_SEQS
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
@@ -35,10 +36,8 @@ if TYPE_CHECKING:
 FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 # Resident memory of an actor process before its model: Python, torch, Ray's worker.
 PROCESS_BYTES = 400 * 2**20
-# vLLM's engine in a worker process: its own code, compiled graphs and buffers.
+# vLLM's engine in an inference worker's process: its own code, compiled graphs and buffers.
 VLLM_ENGINE_BYTES = 1536 * 2**20
-# vLLM batches up to this many sequences (workers/inference/vllm_backend.MAX_NUM_SEQS).
-VLLM_MAX_NUM_SEQS = 256
 # Adam keeps two moments per trainable parameter, the gradient a third copy.
 OPTIMIZER_COPIES = 3
 
@@ -267,7 +266,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
     vllm = cfg.inference.backend == "vllm"
     # vLLM takes its share of the GPU whatever the model: the weights must fit in it.
     inference_room = cfg.inference.gpu_memory_utilization * gpu_memory_bytes if vllm else gpu_memory_bytes
-    trainer_room = gpu_memory_bytes
+    trainer_room: float = gpu_memory_bytes
     if cfg.placement.mode == "colocated":
         trainer_room = gpu_memory_bytes - (inference_room if vllm else need.inference)
     if need.trainer > trainer_room:
@@ -325,7 +324,7 @@ def engine_errors(cfg: RunConfig) -> dict[str, str]:
     errors: dict[str, str] = {}
     if cfg.inference.tensor_parallel_size > 1:
         errors["inference.tensor_parallel_size"] = (
-            "inference.tensor_parallel_size > 1 needs an inference backend that shards a worker's model "
+            "inference.tensor_parallel_size > 1 needs an inference backend that shards an inference worker's model "
             f"across its devices, not available yet; got {cfg.inference.tensor_parallel_size}: set it to 1 "
             "and raise inference.num_workers instead"
         )

@@ -32,14 +32,13 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, get_args
 
+from workers.config import OnStale
 from workers.rollout import Group
 
 if TYPE_CHECKING:
     from workers.config import BufferConfig
-
-OnStale = Literal["drop", "requeue"]
 
 
 @dataclass(frozen=True)
@@ -116,8 +115,9 @@ class RolloutBuffer:
             raise ValueError(f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})")
         if max_staleness < 0:
             raise ValueError(f"RolloutBuffer max_staleness must be ≥ 0 (got {max_staleness})")
-        if on_stale not in ("drop", "requeue"):
-            raise ValueError(f"RolloutBuffer on_stale must be 'drop' or 'requeue' (got {on_stale!r})")
+        if on_stale not in get_args(OnStale):
+            choices = " or ".join(repr(c) for c in get_args(OnStale))
+            raise ValueError(f"RolloutBuffer on_stale must be {choices} (got {on_stale!r})")
         self._capacity = capacity_groups
         self.max_staleness = max_staleness
         self.on_stale = on_stale
@@ -184,6 +184,45 @@ class RolloutBuffer:
         if self.capacity is not None:  # an unbounded stream has none to chart
             stats["buffer/capacity"] = float(self.capacity)
         return stats
+
+    @property
+    def received(self) -> int:
+        """Groups put into the buffer and accounted for: handed out by `get`, waiting, or
+        rejected. A buffer restored from a checkpoint counts the checkpoint's."""
+        with self._cond:
+            return self.total_got + len(self._groups) + self._dropped_stale + self._requeued
+
+    def state_dict(self) -> dict:
+        """The groups waiting, the stale groups awaiting regeneration and the counters
+        behind the buffer's metrics, as JSON data (a checkpoint's buffer.json)."""
+        with self._cond:
+            return {
+                "groups": [g.to_json() for g in self._groups],
+                "requeue": [g.to_json() for g in self._requeue],
+                "regenerating": [[p, a, n] for (p, a), n in self._regenerating.items()],
+                "dropped_stale": self._dropped_stale,
+                "requeued": self._requeued,
+                "regenerated": self._regenerated,
+                "total_put": self.total_put,
+                "total_got": self.total_got,
+                "backpressure_s": self.backpressure_s,
+                "starved_s": self.starved_s,
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take a `state_dict`'s groups and counters in place of this buffer's."""
+        with self._cond:
+            self._groups = deque(Group.from_json(g) for g in state["groups"])
+            self._requeue = deque(Group.from_json(g) for g in state["requeue"])
+            self._regenerating = Counter({(p, a): int(n) for p, a, n in state["regenerating"]})
+            self._dropped_stale = int(state["dropped_stale"])
+            self._requeued = int(state["requeued"])
+            self._regenerated = int(state["regenerated"])
+            self.total_put = int(state["total_put"])
+            self.total_got = int(state["total_got"])
+            self.backpressure_s = float(state["backpressure_s"])
+            self.starved_s = float(state["starved_s"])
+            self._cond.notify_all()
 
     def group_ids(self) -> list[str]:
         """Ids of the groups waiting, oldest first (a snapshot, for checks and tests)."""
@@ -279,3 +318,13 @@ class RolloutBuffer:
                 self._dropped_stale += rejected
             self._groups = kept
             self._cond.notify_all()
+
+
+def with_prefetched(state: dict, prefetched: list[Group]) -> dict:
+    """`state` (a RolloutBuffer's `state_dict`) with `prefetched`, groups the trainer took
+    for its next step and has not trained, back at the buffer's head."""
+    return {
+        **state,
+        "groups": [g.to_json() for g in prefetched] + state["groups"],
+        "total_got": state["total_got"] - len(prefetched),
+    }

@@ -5,15 +5,21 @@ A checkpoint of run `id` at step k lives in `<checkpoint_root>/run-<id>/step-<k:
     model.pt        the trainer's model.state_dict() (with LoRA: the peft model's, base
                     and adapter as the model holds them, so load_state_dict restores it)
     optimizer.pt    the AdamW state
-    trainer.pt      policy version k, torch RNG state(s), Trainer._rng state, the
-                    trainer's cumulative starved seconds
-    inference.json  each inference worker's prompt-sampler RNG, call counter (it seeds
-                    sampling), policy version, last eval pass, partial-rollout counts
-                    and, for a dataset, its row order and position
-    buffer.json     the groups waiting (the trainer's prefetched batch first), stale
-                    groups awaiting regeneration, the counters behind the buffer metrics
+    trainer.pt      the trainer's progress (TrainerProgress.state_dict: policy version
+                    k, its step-plan RNG, the torch RNG states) and its cumulative
+                    starved seconds
+    inference.json  each inference worker's state_dict: its prompt-sampler RNG, call
+                    counter (it seeds sampling), policy version, last eval pass,
+                    partial-rollout counts and, for a dataset, its row order and position
+    buffer.json     the RolloutBuffer's state_dict: the groups waiting (the trainer's
+                    prefetched batch first), stale groups awaiting regeneration, the
+                    counters behind the buffer metrics
     meta.json       {run_id, step, created, bytes, sha256, files}: written last, so a
                     directory without it is incomplete and never listed or resumed
+
+Each stateful part says what its state is (`state_dict` / `load_state_dict`); this module
+composes them into files, and holds the trainer's weights and optimizer state, which a
+trainer pool gathers to rank 0 and broadcasts back (`training_state`).
 
 `checkpoint_root` is a local directory or an fsspec URL (`s3://bucket/prefix`,
 `memory://…` in tests): everything goes through fsspec. Locally the step is written
@@ -23,18 +29,18 @@ an object store has no rename, and there meta.json last is what marks it complet
 digests mean identical checkpoints, and a resume checks every file it reads against it.
 
 Consistency. In sync mode the trainer writes after step k and before it publishes
-version k's weights: every worker has then generated all it was admitted and waits for
-version k (its RNG and call counter still), the buffer is empty, and the trainer's
-prefetched `get` is settled first, so a resumed run repeats the uninterrupted one step
-for step. In async mode the same snapshot is best effort: groups a worker is generating
-(or putting) at that moment are in no checkpoint; the resumed buffer's admission count
-is set from what the checkpoint holds, so their places are given back and the workers
-generate others instead (with a sampler that has moved past them).
+version k's weights: every inference worker has then generated all it was admitted and
+waits for version k (its RNG and call counter still), the buffer is empty, and the
+trainer's prefetched `get` is settled first, so a resumed run repeats the uninterrupted
+one step for step. In async mode the same snapshot is best effort: groups an inference
+worker is generating (or putting) at that moment are in no checkpoint; the resumed
+buffer's admission count is set from what the checkpoint holds, so their places are
+given back and the inference workers generate others instead (with a sampler that has
+moved past them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import hashlib
 import io
@@ -45,13 +51,12 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from workers.paths import PathNotAllowed, is_under, real
-from workers.rollout import Group, Rollout
 
 if TYPE_CHECKING:
     from workers.trainer import Trainer
@@ -201,11 +206,12 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
         with fs.open(posixpath.join(path, name), "wb") as f:
             out = _HashingWriter(f)
             if name.endswith(".pt"):
-                torch.save(obj, out)
+                # torch.save writes to anything with write(), whatever its signature says.
+                torch.save(obj, cast(IO[bytes], out))
             else:
                 out.write(json.dumps(obj).encode())
         files.append({"name": name, "bytes": out.bytes, "sha256": out.sha.hexdigest()})
-    meta = {
+    meta: dict[str, Any] = {
         "run_id": int(target.run_id),
         "step": int(step),
         "created": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -366,6 +372,8 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
     sender's view of the parameters stays valid). For a pool, every rank calls it and
     rank 0, which alone passes `state`, broadcasts it to the others."""
     if trainer.pool is None:
+        if state is None:
+            raise ValueError("a trainer that is not in a pool restores from a state of its own")
         model, optimizer = state
         trainer.model.load_state_dict(model, strict=True)
         trainer.optimizer.load_state_dict(optimizer)
@@ -389,18 +397,12 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
 def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
     """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
     0's (the others join `training_state`)."""
-    import torch
-
-    state = {
-        "version": trainer.version,
-        "torch_rng": torch.get_rng_state(),
-        "python_rng": trainer._rng.getstate(),
-        "starved_s": float(starved_s),
-    }
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
     model, optimizer = training_state(trainer)
-    return {MODEL: model, OPTIMIZER: optimizer, TRAINER: state}
+    return {
+        MODEL: model,
+        OPTIMIZER: optimizer,
+        TRAINER: {**trainer.progress.state_dict(), "starved_s": float(starved_s)},
+    }
 
 
 def read_version(ckpt: Checkpoint) -> int:
@@ -413,124 +415,7 @@ def restore_trainer(trainer: Trainer, ckpt: Checkpoint) -> float:
     (in place: a weight sender's view of the parameters stays valid); returns the
     trainer's starved seconds so far. In a pool this is rank 0's part: the others call
     `restore_training_state(trainer, None)` meanwhile."""
-    import torch
-
     restore_training_state(trainer, (ckpt.load_torch(MODEL), ckpt.load_torch(OPTIMIZER)))
     state = ckpt.load_torch(TRAINER)
-    trainer.version = int(state["version"])
-    torch.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    trainer._rng.setstate(_rng_state(state["python_rng"]))
+    trainer.progress.load_state_dict(state)
     return float(state["starved_s"])
-
-
-def _rng_state(state) -> tuple:
-    """random.Random's state from its JSON (lists) or torch.load (tuples) form."""
-    version, internal, gauss = state
-    return int(version), tuple(int(x) for x in internal), gauss
-
-
-# -- the inference workers -------------------------------------------------------------
-
-
-def worker_state(worker) -> dict:
-    """An InferenceWorker's sampling state (JSON): what decides the prompts and seeds of
-    its next calls."""
-    state = {
-        "index": worker.index,
-        "rng": list(worker.rng.getstate()),
-        "calls": worker.calls,
-        "version": worker.version,
-        "evaluated": worker.evaluated,
-        "partial": dataclasses.asdict(worker.partial),
-    }
-    rows = _dataset_prompts(worker.prompts)
-    if rows is not None:
-        state["dataset"] = {"rows": [list(r) for r in rows.rows], "next": rows.next}
-    return state
-
-
-def restore_worker(worker, state: dict) -> None:
-    worker.rng.setstate(_rng_state(state["rng"]))
-    worker.calls = int(state["calls"])
-    worker.version = int(state["version"])
-    worker.evaluated = int(state["evaluated"])
-    for name, value in state["partial"].items():
-        setattr(worker.partial, name, int(value))
-    rows = _dataset_prompts(worker.prompts)
-    if rows is not None and "dataset" in state:
-        rows.rows = [tuple(r) for r in state["dataset"]["rows"]]
-        rows.next = int(state["dataset"]["next"])
-
-
-def _dataset_prompts(source):
-    """The DatasetPrompts a worker draws from (its order and position are state), or None."""
-    from workers.task_data import DatasetPrompts
-
-    source = getattr(source, "source", source)  # workers.evaluation.WithoutHeldOut wraps it
-    return source if isinstance(source, DatasetPrompts) else None
-
-
-# -- the buffer ------------------------------------------------------------------------
-
-
-def group_json(group: Group) -> dict:
-    return dataclasses.asdict(group)
-
-
-def group_from_json(data: dict) -> Group:
-    return Group(
-        group_id=data["group_id"],
-        prompt=data["prompt"],
-        answer=data["answer"],
-        rollouts=[Rollout(**r) for r in data["rollouts"]],
-    )
-
-
-def buffer_state(buffer) -> dict:
-    """A RolloutBuffer's contents and counters (JSON)."""
-    with buffer._cond:
-        return {
-            "groups": [group_json(g) for g in buffer._groups],
-            "requeue": [group_json(g) for g in buffer._requeue],
-            "regenerating": [[p, a, n] for (p, a), n in buffer._regenerating.items()],
-            "dropped_stale": buffer._dropped_stale,
-            "requeued": buffer._requeued,
-            "regenerated": buffer._regenerated,
-            "total_put": buffer.total_put,
-            "total_got": buffer.total_got,
-            "backpressure_s": buffer.backpressure_s,
-            "starved_s": buffer.starved_s,
-        }
-
-
-def with_prefetched(state: dict, prefetched: list[Group]) -> dict:
-    """`state` (buffer_state's) with `prefetched`, groups the trainer took for its next
-    step and has not trained, back at the buffer's head."""
-    return {
-        **state,
-        "groups": [group_json(g) for g in prefetched] + state["groups"],
-        "total_got": state["total_got"] - len(prefetched),
-    }
-
-
-def restore_buffer(buffer, state: dict) -> int:
-    """Fill a fresh RolloutBuffer from `state`; returns the admission count that goes
-    with it: groups trained + waiting + rejected, so that groups a worker was still
-    generating when the checkpoint was taken (in no checkpoint) free their places."""
-    from collections import Counter, deque
-
-    with buffer._cond:
-        buffer._groups = deque(group_from_json(g) for g in state["groups"])
-        buffer._requeue = deque(group_from_json(g) for g in state["requeue"])
-        buffer._regenerating = Counter({(p, a): int(n) for p, a, n in state["regenerating"]})
-        buffer._dropped_stale = int(state["dropped_stale"])
-        buffer._requeued = int(state["requeued"])
-        buffer._regenerated = int(state["regenerated"])
-        buffer.total_put = int(state["total_put"])
-        buffer.total_got = int(state["total_got"])
-        buffer.backpressure_s = float(state["backpressure_s"])
-        buffer.starved_s = float(state["starved_s"])
-        buffer._cond.notify_all()
-        return buffer.total_got + len(buffer._groups) + buffer._dropped_stale + buffer._requeued

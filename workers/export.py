@@ -38,7 +38,7 @@ from workers.lora import (
     split_live_state,
 )
 from workers.sync.base import state_checksum
-from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from workers.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,9 @@ def hf_tokenizer(tokenizer: Tokenizer):
     """The Rollway tokenizer as a `transformers` tokenizer, as written into an export."""
     if isinstance(tokenizer, CharTokenizer):
         return tokenizer.to_hf()
-    return tokenizer.hf
+    if isinstance(tokenizer, HFTokenizer):
+        return tokenizer.hf
+    raise TypeError(f"no transformers tokenizer for a {type(tokenizer).__name__}")
 
 
 def write_model_dir(weights: dict[str, torch.Tensor], model_dir: str, tokenizer: Tokenizer, out_dir: str) -> None:

@@ -83,7 +83,7 @@ _ACTOR_CLASSES = {
 _CLASS_NAME = re.compile(r"\bclass_name: (\w+)|ray::(?:[\w-]+:)?(\w+)\.__init__")
 # How CUDA words it (torch's OutOfMemoryError, or a RuntimeError from a kernel).
 _GPU_OOM = re.compile(r"\b(?:CUDA|GPU)\b.*\bout of memory\b", re.IGNORECASE)
-# How Ray says its memory monitor killed a worker (the actor's death cause).
+# How Ray says its memory monitor killed a Ray worker process (the actor's death cause).
 _RAY_OOM = re.compile(r"NODE_OUT_OF_MEMORY|running low on memory|memory pressure", re.IGNORECASE)
 
 
@@ -226,7 +226,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     """`exc` and every exception behind it, outermost first, each once."""
     out: list[BaseException] = []
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
@@ -419,7 +419,7 @@ def _bad_model(f: _Facts) -> tuple[str, str] | None:
         lower = text.lower()
         if "permission denied" in lower or r.short == "PermissionError":
             return "bad_model", (
-                f"The model directory {path} cannot be read (permission denied): let the Ray workers' user "
+                f"The model directory {path} cannot be read (permission denied): let the Ray worker processes' user "
                 "read it, or point model.path at another directory."
             )
         if "config.json" in text and ("json" in r.short.lower() or "valid json" in lower or "decode" in lower):

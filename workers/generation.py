@@ -6,13 +6,21 @@ of single completions (workers/episodes.py); the rest is the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from workers.config import RunConfig
 from workers.episodes import Episode, is_multi_turn, run_episodes
 from workers.inference.base import InferenceBackend
+from workers.partial_rollouts import (
+    STEPPED_MODES,
+    PartialCounts,
+    PartialSequence,
+    WeightUpdates,
+    generate_across_updates,
+)
 from workers.rl_tasks import Task
 from workers.rollout import Group, Rollout
 from workers.tokenizer import Tokenizer
-from workers.updates import PartialCounts, PartialSequence, WeightUpdates, generate_across_updates
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
@@ -69,7 +77,7 @@ def generate_groups_across_updates(
     updates: WeightUpdates,
 ) -> tuple[list[Group], int, PartialCounts]:
     """`generate_groups` for the stepped update modes (abort_retry, abort_resume,
-    in_flight: workers/updates.py): weights staged while the call runs are taken as
+    in_flight: workers/partial_rollouts.py): weights staged while the call runs are taken as
     `sync.update_mode` says, and each token is tagged with the version that produced it.
     Returns the groups, the version loaded at the end, and the partial-rollout counts."""
     prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
@@ -90,6 +98,26 @@ def generate_groups_across_updates(
     return _score(task, tokenizer, prompts, gen.sequences, seed), gen.version, gen.counts
 
 
+def generate_groups_in_mode(
+    backend: InferenceBackend,
+    task: Task,
+    tokenizer: Tokenizer,
+    prompts: list[tuple[str, str]],
+    cfg: RunConfig,
+    version: int,
+    seed: int,
+    staged: WeightUpdates,
+) -> tuple[list[Group], PartialCounts]:
+    """An inference worker's generate call under `sync.update_mode`: in drain,
+    `generate_groups` (weights staged meanwhile wait for the next call); in a stepped
+    mode, `generate_groups_across_updates` taking them from `staged`. Returns the groups
+    and the call's partial-rollout counts."""
+    if cfg.sync.update_mode not in STEPPED_MODES:
+        return generate_groups(backend, task, tokenizer, prompts, cfg, version, seed), PartialCounts()
+    groups, _, counts = generate_groups_across_updates(backend, task, tokenizer, prompts, cfg, version, seed, staged)
+    return groups, counts
+
+
 def _episodes(backend, task, tokenizer, prompt_ids, cfg: RunConfig, seed: int, version: int, updates=None):
     """A multi-turn task's episodes with the run's batch shape: on one version without
     `updates`, else taking staged weights as `sync.update_mode` says."""
@@ -104,7 +132,7 @@ def _score(
     task: Task,
     tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
-    sequences: list[list[PartialSequence]],
+    sequences: Sequence[Sequence[PartialSequence]],
     seed: int,
 ) -> list[Group]:
     groups = []

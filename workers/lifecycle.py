@@ -19,7 +19,7 @@ from workers.checkpoints import check_resume
 from workers.config import RunConfig
 from workers.driver import RunDriver
 from workers.paths import Confinement
-from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names
+from workers.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names, with_options
 
 # The driver's constructor and start() only set up a thread: seconds, even on a busy host.
 LAUNCH_TIMEOUT_S = 60.0
@@ -93,7 +93,8 @@ def launch(
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
     connect(ray_address)
-    driver = RunDriver.options(
+    driver = with_options(
+        RunDriver,
         name=actor_name(run_id),
         namespace=NAMESPACE,
         lifetime="detached",
@@ -118,7 +119,7 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 def on_the_head() -> dict:
     """`.options` that put a run's driver on the head node. A driver on the head outlives
-    the worker nodes, so a lost node fails its run with a sentence naming the node, or
+    Ray's worker nodes, so a lost node fails its run with a sentence naming the node, or
     resumes it, instead of losing the run with its driver. Asked as a sliver of the
     head's own resource (hard: Ray 2.60 placed actors soft-pinned to a node elsewhere
     half of the time); {} where the cluster names no head."""

@@ -55,8 +55,8 @@ class _ChosenLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
         logits, targets = ctx.saved_tensors
-        use_ent = grad_entropy is not None and grad_entropy.numel() > 0
-        if grad_logp is None and not use_ent:
+        grad_ent = grad_entropy if grad_entropy is not None and grad_entropy.numel() > 0 else None
+        if grad_logp is None and grad_ent is None:
             return None, None, None, None
         vocab, t = logits.shape[-1], ctx.temperature
         flat, idx = logits.reshape(-1, vocab), targets.reshape(-1)
@@ -72,9 +72,9 @@ class _ChosenLogprob(torch.autograd.Function):
                 if grad_logp is not None:
                     outs.append(lp.gather(-1, idx[s : s + step, None]).squeeze(-1))
                     grads.append(grad_logp.reshape(-1)[s : s + step])
-                if use_ent:
+                if grad_ent is not None:
                     outs.append(-(lp.exp() * lp).sum(-1))
-                    grads.append(grad_entropy.reshape(-1)[s : s + step])
+                    grads.append(grad_ent.reshape(-1)[s : s + step])
                 (grad[s : s + step],) = torch.autograd.grad(outs, x, grads)
         return grad.view_as(logits), None, None, None
 

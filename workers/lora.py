@@ -7,8 +7,8 @@ rest of the engine needs of that lives here, in one place:
 - `adapter_state_dict` / `adapter_parameters`: the adapter's tensors under peft's saved
   names (what adapter-only sync moves, workers/sync/lora.py);
 - `base_state_dict` + `merge_adapter` + `lora_scaling`: base + scaling · B·A, the exact
-  float operations of peft's `merge_and_unload`, so a worker merging locally holds
-  weights bit-identical to the trainer's merged policy;
+  float operations of peft's `merge_and_unload`, so an inference worker merging locally
+  holds weights bit-identical to the trainer's merged policy;
 - `effective_state_dict`: the policy a model computes, as full weights under Hugging
   Face checkpoint names, peft-wrapped or not (what every full-weight sync moves);
 - `adapter_config` / `write_adapter_dir`: a peft adapter directory, loadable by peft
@@ -26,12 +26,14 @@ import os
 import re
 import shutil
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from safetensors.torch import save_file
 
 if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
+
     from workers.config import LoRAConfig
 
 # peft's saved adapter names start with this; checkpoint names do not.
@@ -40,7 +42,7 @@ _PEFT_PREFIX = "base_model.model."
 _LIVE_ADAPTER = re.compile(r"^(.*)\.(lora_[AB])\.[^.]+\.weight$")
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bool | str = True):
+def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bool = True):
     """Wrap the trainer's model with a peft LoRA adapter as `cfg` (the run's `lora`
     section) says. `init_lora_weights=False` starts B non-zero (tests and benchmarks
     that need the adapter to change the policy from step 0)."""
@@ -48,7 +50,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bo
 
     config = LoraConfig(
         r=cfg.rank,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates an int and computes with any number
         target_modules=list(cfg.target_modules),
         lora_dropout=cfg.dropout,
         init_lora_weights=init_lora_weights,
@@ -61,6 +63,16 @@ def is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def _peft(model: torch.nn.Module) -> PeftModel:
+    """`model` as the peft wrapper it is (`is_peft`): torch types a module's attributes
+    as tensors or modules."""
+    return cast("PeftModel", model)
+
+
+def _lora_config(model: torch.nn.Module) -> LoraConfig:
+    return cast("LoraConfig", _peft(model).peft_config["default"])
+
+
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's tensors under peft's saved names (…q_proj.lora_A.weight), detached
     views of the live parameters."""
@@ -71,7 +83,7 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """peft's saved name → the live Parameter, resolved once: asking peft for its adapter
-    state dict walks the whole model each time (~50 ms for 12 layers)."""
+    state dict walks the whole model each time."""
     active = model.active_adapter if isinstance(model.active_adapter, str) else "default"
     params = dict(model.named_parameters())
     out = {}
@@ -86,7 +98,7 @@ def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base under Hugging Face checkpoint names (views, no copy)."""
     out = {}
-    for key, t in model.get_base_model().state_dict().items():
+    for key, t in _peft(model).get_base_model().state_dict().items():
         if ".lora_" in key:
             continue
         out[key.replace(".base_layer.", ".")] = t.detach()
@@ -95,7 +107,7 @@ def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def lora_scaling(model: torch.nn.Module) -> float:
     """alpha / r (alpha / √r with rsLoRA): what B·A is multiplied by."""
-    cfg = model.peft_config["default"]
+    cfg = _lora_config(model)
     if cfg.rank_pattern or cfg.alpha_pattern:
         raise NotImplementedError("per-module LoRA ranks/alphas are not supported")
     return cfg.lora_alpha / (cfg.r**0.5 if cfg.use_rslora else cfg.r)
@@ -122,8 +134,8 @@ def merge_adapter(
 
     The same float operations, in the same order, as peft's merge (get_delta_weight then
     +=), so the result is bit-identical to `merge_and_unload()` on the same tensors.
-    `out`: buffers from an earlier call to merge into again (a worker merging every
-    version would otherwise fault in a fresh model-sized allocation each time)."""
+    `out`: buffers from an earlier call to merge into again (an inference worker merging
+    every version would otherwise fault in a fresh model-sized allocation each time)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in adapter.items():
         weight, part = _target_weight(key)
@@ -174,7 +186,7 @@ def effective_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def adapter_config(model: torch.nn.Module) -> dict:
     """The adapter's `adapter_config.json` contents (JSON-safe, peft format)."""
-    config = model.peft_config["default"].to_dict()
+    config = _lora_config(model).to_dict()
     config["target_modules"] = sorted(config["target_modules"] or [])
     config["peft_type"] = "LORA"
     config.pop("runtime_config", None)

@@ -21,9 +21,16 @@ checked by hand (tests/engine/test_loss.py, tests/engine/test_is_variants.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import get_args
+
 import torch
 
-METHODS = ("token_tis", "sequence_tis", "masked_is", "pipelinerl_reinforce", "decoupled_ppo", "none")
+from workers.config import CorrectionConfig, CorrectionMethod
+
+# correction.method's choices, in the config's order (each has its loss in LOSSES).
+METHODS: tuple[str, ...] = get_args(CorrectionMethod)
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -150,8 +157,74 @@ def pipelinerl_reinforce_loss(
     return loss, stats
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What every correction method's loss reads: the three policies' logprobs (module
+    docstring), the advantages broadcast to tokens, the trained-token mask, and the
+    settings (`trainer.clip_eps`, `trainer.tis_cap`, the `correction` section)."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    behaviour_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    clip_eps: float
+    tis_cap: float
+    correction: CorrectionConfig
+
+    def ppo(self, weight: torch.Tensor, corrected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO-clip on pi_theta/pi_old times `weight` (weighted_ppo_loss)."""
+        return weighted_ppo_loss(
+            self.logp, self.old_logp, self.behaviour_logp, self.advantages, self.mask, self.clip_eps, weight, corrected
+        )
+
+
+def _token_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip × min(pi_old/mu, tis_cap) per token (the default)."""
+    return policy_loss(x.logp, x.old_logp, x.behaviour_logp, x.advantages, x.mask, x.clip_eps, x.tis_cap)
+
+
+def _sequence_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip × min(Π_t pi_old/mu, tis_cap), one weight per sequence."""
+    return x.ppo(*sequence_is_weight(x.old_logp, x.behaviour_logp, x.mask, x.tis_cap))
+
+
+def _masked_is(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip × pi_old/mu, tokens with pi_old/mu outside [mask_low, mask_high] dropped."""
+    return x.ppo(*masked_is_weight(x.old_logp, x.behaviour_logp, x.correction.mask_low, x.correction.mask_high))
+
+
+def _decoupled_ppo(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """AReaL: PPO-clip on pi_theta/pi_prox × pi_prox/mu, tokens with weight > tis_cap
+    dropped (AReaL's behav_imp_weight_cap); pi_prox = pi_old here."""
+    return x.ppo(*masked_is_weight(x.old_logp, x.behaviour_logp, 0.0, x.tis_cap))
+
+
+def _pipelinerl_reinforce(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """-log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+reinforce_eps_hi))."""
+    return pipelinerl_reinforce_loss(
+        x.logp, x.behaviour_logp, x.old_logp, x.advantages, x.mask, x.correction.reinforce_eps_hi
+    )
+
+
+def _no_correction(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip on pi_theta/pi_old, no correction for pi_old ≠ mu."""
+    return x.ppo(torch.ones_like(x.logp), torch.zeros_like(x.mask, dtype=torch.bool))
+
+
+# correction.method → its loss.
+LOSSES: dict[str, Callable[[LossInputs], tuple[torch.Tensor, dict[str, float]]]] = {
+    "token_tis": _token_tis,
+    "sequence_tis": _sequence_tis,
+    "masked_is": _masked_is,
+    "pipelinerl_reinforce": _pipelinerl_reinforce,
+    "decoupled_ppo": _decoupled_ppo,
+    "none": _no_correction,
+}
+
+
 def correction_loss(
-    correction,
+    correction: CorrectionConfig,
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
@@ -160,36 +233,16 @@ def correction_loss(
     clip_eps: float,
     tis_cap: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss for `correction.method` (a workers.config.CorrectionConfig).
-
-    token_tis      PPO-clip × min(pi_old/mu, tis_cap) per token (the default)
-    sequence_tis   PPO-clip × min(Π_t pi_old/mu, tis_cap), one weight per sequence
-    masked_is      PPO-clip × pi_old/mu, tokens with pi_old/mu outside [mask_low, mask_high] dropped
-    decoupled_ppo  AReaL: PPO-clip on pi_theta/pi_prox × pi_prox/mu, tokens with weight
-                   > tis_cap dropped (AReaL's behav_imp_weight_cap); pi_prox = pi_old here
-    pipelinerl_reinforce  -log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+reinforce_eps_hi))
-    none           PPO-clip on pi_theta/pi_old, no correction for pi_old ≠ mu
-    """
-    method = correction.method
+    """The policy loss for `correction.method` (LOSSES: each method's function says what
+    it computes) and its statistics."""
+    loss = LOSSES.get(correction.method)
+    if loss is None:
+        raise ValueError(f"correction.method {correction.method!r} is not one of {', '.join(METHODS)}")
     # Outside the mask mu is a placeholder (a tool token was never sampled; padding has
     # none): pi_old stands in, so no value there can reach a weight, the KL or, through
     # 0 * inf, the loss and its gradient.
     behaviour_logp = torch.where(mask.bool(), behaviour_logp, old_logp.detach())
-    if method == "token_tis":
-        return policy_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap)
-    if method == "pipelinerl_reinforce":
-        return pipelinerl_reinforce_loss(logp, behaviour_logp, old_logp, advantages, mask, correction.reinforce_eps_hi)
-    if method == "sequence_tis":
-        weight, corrected = sequence_is_weight(old_logp, behaviour_logp, mask, tis_cap)
-    elif method == "masked_is":
-        weight, corrected = masked_is_weight(old_logp, behaviour_logp, correction.mask_low, correction.mask_high)
-    elif method == "decoupled_ppo":
-        weight, corrected = masked_is_weight(old_logp, behaviour_logp, 0.0, tis_cap)
-    elif method == "none":
-        weight, corrected = torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
-    else:
-        raise ValueError(f"correction.method {method!r} is not one of {', '.join(METHODS)}")
-    return weighted_ppo_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, weight, corrected)
+    return loss(LossInputs(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap, correction))
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

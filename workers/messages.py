@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from workers.partial_rollouts import PartialCounts
     from workers.sync import SyncReport
     from workers.timeline import Segment
-    from workers.updates import PartialCounts
 
 
 @dataclass
@@ -60,7 +60,7 @@ class InferenceReport:
 
     segments: list[Segment]  # closed time segments (generate / blocked)
     open_segment: tuple[str, float] | None  # (kind, start) of the segment in progress
-    now: float  # the worker's `time.time()` at the drain
+    now: float  # the inference worker's `time.time()` at the drain
     syncs: list[SyncReport]  # weight versions loaded, one report each
     version: int  # the policy version of the weights it holds
     error: str | None  # the traceback that ended its loop, if one did

@@ -57,7 +57,7 @@ def build_tiny(model_cfg: ModelConfig, tokenizer: CharTokenizer, seed: int) -> L
         pad_token_id=tokenizer.pad_id,
         bos_token_id=tokenizer.bos_id,
         eos_token_id=tokenizer.eos_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -245,6 +245,8 @@ def source_dir(model_cfg: ModelConfig) -> str:
     if model_cfg.source == "hub":
         from huggingface_hub import snapshot_download
 
+        if not model_cfg.hub_id:
+            raise ValueError("model.hub_id is required when model.source is 'hub'")
         if _hub_offline():
             raise OSError(f"model.hub_id {model_cfg.hub_id!r}: this site is offline (HF_HUB_OFFLINE is set)")
         return snapshot_download(model_cfg.hub_id)

@@ -5,10 +5,10 @@ The config's `placement` section, `inference.num_workers` × `inference.tensor_p
 
 - **disaggregated**: one bundle per inference worker ({CPU, GPU: tensor_parallel_size})
   and one per trainer rank ({CPU, GPU: 1}); no two actors share a GPU;
-- **colocated**: one bundle per GPU, max(workers, ranks) of them; inference worker k
-  and trainer rank k share bundle k's GPU, half of it each in Ray's accounting (a GPU
-  with one actor gives it all). How the GPU's memory is split is the engines' business
-  (`inference.gpu_memory_utilization`), not Ray's.
+- **colocated**: one bundle per GPU, max(inference workers, trainer ranks) of them;
+  inference worker k and trainer rank k share bundle k's GPU, half of it each in Ray's
+  accounting (a GPU with one actor gives it all). How the GPU's memory is split is the
+  engines' business (`inference.gpu_memory_utilization`), not Ray's.
 
 With `placement.devices` "cpu" the bundles hold CPUs only and no actor asks for a GPU.
 Each pool's bundles carry its node label selector (`placement.inference_node`,

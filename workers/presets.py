@@ -7,17 +7,23 @@ result, so the launch form, the API and tests all go through one path.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from workers.config import RunConfig
 from workers.merge import deep_merge
+
 
 # Each peer preset reproduces one library's *pipeline choices* (buffer, staleness,
 # correction, weight sync, update mode) on Rollway's default model, task and trainer
 # sizes, so presets compare on the same task; the inference backend stays the default
 # (the user picks it). Each description names the peer's own knobs and the defaults
 # read from its public code (mid-2026), and says what is approximated.
-PRESETS: dict[str, dict[str, str | RunConfig]] = {
+class Preset(TypedDict):
+    description: str
+    config: RunConfig
+
+
+PRESETS: dict[str, Preset] = {
     "async": {
         "description": (
             "One-step-off async GRPO: inference and trainer run side by side through a "

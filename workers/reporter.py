@@ -297,6 +297,8 @@ class MetricsReporter:
     def _post(self, endpoint: str, body: dict) -> httpx.Response:
         assert endpoint in INGEST_ENDPOINTS, endpoint
         url = f"{self.ingest_url}/api/runs/{self.run_id}/{endpoint}"
+        if self._client is None:
+            raise RuntimeError("this reporter has no site to post to (no ingest_url)")
         try:
             resp = self._client.post(url, json=body)
         except httpx.HTTPError as exc:  # connection refused, timeout, reset
@@ -318,6 +320,8 @@ class MetricsReporter:
         return 0
 
     def _send_status(self) -> None:
+        if self._pending_status is None:
+            return
         status, error, phase, detail, error_detail, error_kind = self._pending_status
         body = {"status": status, "error": error}
         if error_detail:
@@ -354,6 +358,8 @@ class MetricsReporter:
             self._pending_checkpoints.pop(0)
 
     def _send_placement(self) -> None:
+        if self._pending_placement is None:
+            return
         try:
             resp = self._post("placement", self._pending_placement)
         except _SiteDown as exc:
@@ -401,21 +407,29 @@ class MetricsReporter:
     def _read_spool(self) -> list[dict]:
         return _read_points(self._spool, self.run_id) if self._spool is not None else []
 
+    def _spool_file(self) -> Path:
+        """The spool of a reporter with a site (its constructor asks for a cache_dir)."""
+        if self._spool is None:
+            raise RuntimeError("this reporter keeps no spool (no cache_dir)")
+        return self._spool
+
     def _append_spool(self, points: Iterable[dict]) -> None:
-        self._spool.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._spool, "a") as f:
+        spool = self._spool_file()
+        spool.parent.mkdir(parents=True, exist_ok=True)
+        with open(spool, "a") as f:
             f.writelines(json.dumps(p) + "\n" for p in points)
 
     def _write_spool(self, points: list[dict]) -> None:
         """Replace the spool atomically (a crash leaves the old or the new one, never half)."""
+        spool = self._spool_file()
         if not points:
-            self._spool.unlink(missing_ok=True)
+            spool.unlink(missing_ok=True)
             return
-        self._spool.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._spool.with_suffix(f".tmp{os.getpid()}")
+        spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = spool.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "w") as f:
             f.writelines(json.dumps(p) + "\n" for p in points)
-        os.replace(tmp, self._spool)
+        os.replace(tmp, spool)
 
     def _spool_size(self) -> int:
         return self._spool.stat().st_size if self._spool and self._spool.exists() else 0

@@ -21,6 +21,7 @@ A single-turn rollout leaves `loss_mask` None: every completion token is the mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,3 +84,16 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return sum(len(r.completion_ids) for r in self.rollouts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The group as plain JSON data (a checkpoint's buffer.json)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Group:
+        return cls(
+            group_id=data["group_id"],
+            prompt=data["prompt"],
+            answer=data["answer"],
+            rollouts=[Rollout(**r) for r in data["rollouts"]],
+        )

@@ -8,10 +8,14 @@ reconcile beat, a new driver replacing a dead one), so they are built in one pla
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import ray
 
 NAMESPACE = "rollway"
+
+A = TypeVar("A")
 
 
 def actor_name(run_id: int) -> str:
@@ -47,3 +51,15 @@ def kill_named(names: list[str]) -> None:
         if handle is not None:
             with contextlib.suppress(Exception):  # died meanwhile
                 ray.kill(handle, no_restart=True)
+
+
+def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
+    """`@ray.remote(**options)` for an actor class. Ray's typed signature lists a remote
+    function's options only (not an actor's `max_concurrency`), and the class it returns
+    has `.options` / `.remote`, which a type checker cannot see: `with_options` calls them."""
+    return cast(Any, ray.remote)(**options)
+
+
+def with_options(actor: type, **options: Any) -> Any:
+    """`actor.options(**options)` of an `actor_class` class: what `.remote(...)` then creates."""
+    return cast(Any, actor).options(**options)

@@ -18,6 +18,7 @@ import random
 
 from workers.config import TaskConfig
 from workers.rl_tasks import make_task
+from workers.rl_tasks.countdown import CountdownTask
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 # Task configs of the shipped files: each fits the tiny model's default 64 positions
@@ -40,7 +41,7 @@ def write(directory: str, rows: int = 300, seed: int = 0) -> list[str]:
         with open(path, "w") as f:
             for prompt, answer in pairs:
                 row = {"prompt": prompt, "answer": answer}
-                if name == "countdown":
+                if isinstance(task, CountdownTask):
                     row["solution"] = task.demonstration(prompt, answer)
                 f.write(json.dumps(row) + "\n")
         paths.append(path)

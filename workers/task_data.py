@@ -5,8 +5,8 @@ The format comes from the file's extension (`FORMATS`); the rows' prompt and ans
 columns are named by `task.dataset.prompt_column` / `answer_column`. The rows are
 shuffled by the run's seed, then split: the first `eval_fraction` of them are held out
 for evaluation, the rest train (or `eval_path` is a file of its own). Inference worker
-`i` of `n` draws the train rows `i, i+n, …` in turn, reshuffled each pass, so workers
-never draw the same prompt in the same pass.
+`i` of `n` draws the train rows `i, i+n, …` in turn, reshuffled each pass, so inference
+workers never draw the same prompt in the same pass.
 
 The file's path is confined under the operator's data roots (workers/paths.py) before
 this module ever opens it. A task without a dataset samples its own synthetic prompts:
@@ -50,6 +50,8 @@ class Splits:
 def read_rows(path: str, field: str, cfg: RunConfig) -> list[tuple[str, str]]:
     """(prompt, answer) of every row of the file at `path`, named `field` in errors."""
     ds_cfg = cfg.task.dataset
+    if ds_cfg is None:
+        raise ValueError("task.dataset is not set")
     builder = FORMATS.get(os.path.splitext(path)[1].lower())
     if builder is None:
         raise DatasetError(field, f"{path!r} has no known extension; use one of {', '.join(FORMATS)}")
@@ -156,6 +158,14 @@ class DatasetPrompts:
             self.next += 1
         return out
 
+    def state_dict(self) -> dict:
+        """The rows' order and the position of the next draw (JSON data)."""
+        return {"rows": [list(r) for r in self.rows], "next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows = [tuple(r) for r in state["rows"]]
+        self.next = int(state["next"])
+
 
 def train_prompts(cfg: RunConfig, task):
     """What the warm start draws from: the dataset's train rows, or the task itself."""
@@ -167,7 +177,7 @@ def train_prompts(cfg: RunConfig, task):
 def worker_prompts(cfg: RunConfig, task, index: int, num_workers: int):
     """What inference worker `index` draws from: its share of the train rows (every
     `num_workers`-th, from `index`; all of them when there are fewer rows than
-    workers), or the task itself."""
+    inference workers), or the task itself."""
     if cfg.task.dataset is None:
         return task
     train = load_splits(cfg).train

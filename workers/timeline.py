@@ -3,9 +3,9 @@
 Every inference worker records time segments (`generate` with the tokens it produced,
 `blocked` on a full buffer) in a `Timeline`. The driver drains them and, for each
 trainer step's window [previous step end, this step end], computes the fraction of
-worker time spent not generating, the token rate and the backpressure time in that
-window (`StepWindows`). So every series is per trainer step, on the same x-axis as the
-reward, whatever the poll interval.
+inference worker time spent not generating, the token rate and the backpressure time
+in that window (`StepWindows`). So every series is per trainer step, on the same x-axis
+as the reward, whatever the poll interval.
 
 Times are `time.time()`: comparable across the processes of one host (and across hosts
 as far as their clocks agree).
@@ -30,7 +30,8 @@ class Segment:
 
 
 class Timeline:
-    """Worker side: closed segments since the last drain, plus the one in progress."""
+    """The inference worker's side: closed segments since the last drain, plus the one
+    in progress."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,6 +46,8 @@ class Timeline:
         """Close the open segment. `seconds` keeps only its last `seconds` (e.g. the
         part of a put call actually spent blocked); empty segments are not recorded."""
         with self._lock:
+            if self._open is None:
+                raise RuntimeError("Timeline.end without a segment begun")
             kind, t0 = self._open
             self._open = None
             t1 = time.time()
@@ -67,14 +70,14 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 
 class StepWindows:
-    """Driver side: segments of all workers → per-window idle fraction, tokens/s and
-    backpressure."""
+    """The driver's side: segments of all inference workers → per-window idle fraction,
+    tokens/s and backpressure."""
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self._segments: list[tuple[int, Segment]] = []
         self._open: dict[int, tuple[str, float] | None] = {}
-        self._seen_at: dict[int, float] = {}  # when each worker last reported
+        self._seen_at: dict[int, float] = {}  # when each inference worker last reported
 
     def report(self, worker: int, closed: list[Segment], open_seg: tuple[str, float] | None, now: float) -> None:
         for seg in closed:
@@ -83,7 +86,7 @@ class StepWindows:
         self._seen_at[worker] = now
 
     def complete(self, t_end: float) -> bool:
-        """Whether every worker's activity up to `t_end` is known: each has reported
+        """Whether every inference worker's activity up to `t_end` is known: each has reported
         after `t_end` and none is still inside a segment that began before it."""
         for w in range(self.num_workers):
             if self._seen_at.get(w, 0.0) < t_end:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -61,7 +62,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     return PackedBatch(ids, attn, ids[:, 1:], mask)
 
 
-def spread(values: list[list[float]], batch: PackedBatch, dtype=torch.float32) -> torch.Tensor:
+def spread(values: Sequence[Sequence[float]], batch: PackedBatch, dtype=torch.float32) -> torch.Tensor:
     """Lay per-completion-token values into the (N, T-1) target layout (0 elsewhere)."""
     out = torch.zeros(batch.mask.shape, dtype=dtype)
     out[batch.mask] = torch.tensor([v for row in values for v in row], dtype=dtype)
@@ -78,9 +79,41 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
     # (slicing them to T-1 positions first would copy the whole tensor).
     targets = torch.nn.functional.pad(batch.targets.to(device), (0, 1))
     out = chosen_logprobs(logits, targets, temperature, with_entropy)
-    if not with_entropy:
-        return out[:, :-1]
-    return out[0][:, :-1], out[1][:, :-1]
+    if isinstance(out, tuple):  # with_entropy
+        return out[0][:, :-1], out[1][:, :-1]
+    return out[:, :-1]
+
+
+@dataclass
+class RowTensors:
+    """A rank's rows of one step on its device: the packed batch and, in its (N, T-1)
+    layout, the behaviour logprobs, the trained-token mask and the advantages."""
+
+    batch: PackedBatch
+    behaviour: torch.Tensor
+    trained: torch.Tensor
+    advantages: torch.Tensor
+
+    def select(self, rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
+        """The batch's `rows`, with `mask` (the completion or the trained slots) on them."""
+        b = self.batch
+        return PackedBatch(b.input_ids[rows], b.attention_mask[rows], b.targets[rows], mask[rows])
+
+
+@dataclass
+class RankRows:
+    """A rank's part of one step: how many rows, each minibatch's row indices, and the
+    rows' tensors (None for a rank without rows, which joins the collectives with empty
+    passes)."""
+
+    count: int
+    minibatches: list[torch.Tensor]
+    tensors: RowTensors | None
+
+    def need(self) -> RowTensors:
+        if self.tensors is None:
+            raise RuntimeError("this rank has no rows in this step")
+        return self.tensors
 
 
 @dataclass
@@ -97,6 +130,37 @@ class RankResult:
     comm_bytes: int = 0  # payload of the collectives it issued since its previous part
     rows: int = 0  # completions it trained on
     extra: dict[str, float] = field(default_factory=dict)
+
+
+class TrainerProgress:
+    """Where a trainer is in its run, besides its weights and optimizer: `version`, the
+    steps completed (the policy version), and `plan_rng`, the seeded RNG that shuffles
+    each step's minibatches (workers/step_plan.py). Its `state_dict` also holds this
+    process's torch RNG states, which the trainer seeded: a resumed run draws on as the
+    uninterrupted one would."""
+
+    def __init__(self, seed: int) -> None:
+        self.version = 0
+        self.plan_rng = random.Random(seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Version and RNG states (a checkpoint's trainer.pt, which torch.save writes)."""
+        state: dict[str, Any] = {
+            "version": self.version,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": self.plan_rng.getstate(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a `state_dict`'s version and RNG states (other keys are not read)."""
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.plan_rng.setstate(state["python_rng"])
 
 
 class Trainer:
@@ -150,8 +214,16 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
-        self._rng = random.Random(cfg.seed)
-        self.version = 0
+        self.progress = TrainerProgress(cfg.seed)
+
+    @property
+    def version(self) -> int:
+        """Steps completed: the version of the policy the trainer holds."""
+        return self.progress.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.progress.version = version
 
     @property
     def world_size(self) -> int:
@@ -182,7 +254,8 @@ class Trainer:
         memory (a collective every rank calls; ranks 1.. get an empty dict)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast(dict[str, torch.Tensor], state)
 
     def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
         with autocast(self.device, self.cfg.trainer.dtype):
@@ -214,7 +287,7 @@ class Trainer:
         """Each rank's part of a step on `groups` (workers/step_plan.py); advances the
         shuffle RNG, so only the process that runs the step plans it."""
         tc = self.cfg.trainer
-        return plan_step(groups, self._rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
+        return plan_step(groups, self.progress.plan_rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
 
     def train_step(self, groups: list[Group], peers: Peers | None = None) -> dict[str, float]:
         """One policy update on `groups`; returns metrics (workers/metric_names.py names).
@@ -233,13 +306,36 @@ class Trainer:
     def train_rank(self, step: RankStep) -> RankResult:
         """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
         t_start = time.perf_counter()
-        tc, dev, world = self.cfg.trainer, self.device, self.world_size
+        rows = self._rank_rows(step)
+        old_logp = self._old_logprobs(rows, step.old_micro_batches)
+        loss_sums, stats_list, grad_norms = [], [], []
+        for k, minibatch in enumerate(rows.minibatches):
+            loss_sum, stats, grad_norm = self._update(
+                rows, minibatch, old_logp, k == 0, step.trained_tokens[k], step.micro_batches[k]
+            )
+            loss_sums.append(loss_sum)
+            stats_list.append(stats)
+            grad_norms.append(grad_norm)
+        self.version += 1
+        end = time.perf_counter()
+        result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=rows.count)
+        if self.pool is not None:
+            from workers.trainer_pool import busy_seconds
+
+            result.comm_bytes, intervals = self.pool.meter.drain()
+            result.comm_s = busy_seconds(intervals, t_start, end)
+        return result
+
+    def _rank_rows(self, step: RankStep) -> RankRows:
+        """This rank's groups as rows on its device, with their advantages (per group:
+        groups may differ in size, e.g. after filtering) and each minibatch's rows."""
+        dev = self.device
         rollouts = [r for g in step.groups for r in g.rollouts]
-        # Advantages per group (groups may differ in size, e.g. after filtering).
         advantages: list[float] = []
         for g in step.groups:
             rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
             advantages += group_advantages(rewards)[0].tolist()
+        tensors = None
         if rollouts:
             batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
             behaviour = spread([r.behaviour_logprobs for r in rollouts], batch).to(dev)
@@ -248,82 +344,97 @@ class Trainer:
             trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
             adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
             fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
-            batch = PackedBatch(*(t.to(dev) for t in fields))
-        row_of_group, row = [], 0
+            tensors = RowTensors(PackedBatch(*(t.to(dev) for t in fields)), behaviour, trained, adv)
+        row_of_group: list[list[int]] = []
+        row = 0
         for g in step.groups:
             row_of_group.append(list(range(row, row + len(g.rollouts))))
             row += len(g.rollouts)
-        minibatch_rows = [
+        minibatches = [
             torch.tensor([r for gi in mb for r in row_of_group[gi]], dtype=torch.long, device=dev)
             for mb in step.minibatches
         ]
+        return RankRows(len(rollouts), minibatches, tensors)
 
-        def rows_of(rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
-            return PackedBatch(batch.input_ids[rows], batch.attention_mask[rows], batch.targets[rows], mask[rows])
-
-        # pi_old, the policy at step start: the first minibatch's forward runs before any
-        # update, so its logprobs, detached, are pi_old on its rows; only the other
-        # minibatches' rows need a forward of their own (none with one minibatch).
-        old_logp = torch.zeros(batch.mask.shape, device=dev) if rollouts else None
-        if step.old_micro_batches:
-            later = torch.cat(minibatch_rows[1:])
+    def _old_logprobs(self, rows: RankRows, passes: int) -> torch.Tensor:
+        """pi_old, the policy at step start, on the rows of minibatches after the first
+        (zeros elsewhere; empty for a rank without rows). The first minibatch's forward
+        runs before any update, so its logprobs, detached, are pi_old on its rows: only
+        the other minibatches' rows need a forward of their own (none with one)."""
+        shape = rows.tensors.batch.mask.shape if rows.tensors is not None else (0,)
+        old_logp = torch.zeros(shape, device=self.device)
+        if passes:
+            later = torch.cat(rows.minibatches[1:])
             with torch.no_grad():
-                for micro in self._pieces(later, step.old_micro_batches):
+                for micro in self._pieces(later, passes):
                     if len(micro):
-                        old_logp[micro] = self._logprobs(rows_of(micro, batch.mask))
+                        t = rows.need()
+                        old_logp[micro] = self._logprobs(t.select(micro, t.batch.mask))
                     else:
                         self._empty_pass(backward=False)
-        loss_sums, stats_list, grad_norms = [], [], []
-        for k, rows in enumerate(minibatch_rows):
-            self.optimizer.zero_grad(set_to_none=True)
-            # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
-            # token mean, weighted by its share of the tokens, sums to it (and so do the
-            # grads). A pool averages gradients over its ranks: × world undoes that.
-            total = max(step.trained_tokens[k], 1)
-            loss_sum, stats_mb = 0.0, {}
-            pieces = self._pieces(rows, step.micro_batches[k])
-            for i, micro in enumerate(pieces):
-                with self._gradient_sync(last=i == len(pieces) - 1):
-                    if not len(micro):
-                        self._empty_pass(backward=True)
-                        continue
-                    sub = rows_of(micro, trained)
-                    share = float(sub.mask.sum() / total)
-                    logp, entropy = self._logprobs(sub, with_entropy=True)
-                    loss, stats = correction_loss(
-                        self.cfg.correction,
-                        logp,
-                        logp.detach() if k == 0 else old_logp[micro],
-                        behaviour[micro],
-                        adv[micro],
-                        sub.mask,
-                        tc.clip_eps,
-                        tc.tis_cap,
-                    )
-                    mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
-                    stats["policy/entropy"] = mean_entropy.item()
-                    if tc.entropy_coef:
-                        # A small bonus keeps positions the policy has not solved from collapsing
-                        # onto one wrong token, where a group's samples agree and GRPO has no signal.
-                        loss = loss - tc.entropy_coef * mean_entropy
-                    (loss * (share * world)).backward()
-                loss_sum += loss.item() * share
-                for key, val in stats.items():
-                    stats_mb[key] = stats_mb.get(key, 0.0) + val * share
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
-            grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-            self.optimizer.step()
-            loss_sums.append(loss_sum)
-            stats_list.append(stats_mb)
-        self.version += 1
-        end = time.perf_counter()
-        result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=len(rollouts))
-        if self.pool is not None:
-            from workers.trainer_pool import busy_seconds
+        return old_logp
 
-            result.comm_bytes, intervals = self.pool.meter.drain()
-            result.comm_s = busy_seconds(intervals, t_start, end)
-        return result
+    def _update(
+        self,
+        rows: RankRows,
+        minibatch: torch.Tensor,
+        old_logp: torch.Tensor,
+        first: bool,
+        trained_tokens: int,
+        passes: int,
+    ) -> tuple[float, dict[str, float], float]:
+        """One AdamW update on `minibatch` (row indices), in `passes` micro-batches;
+        returns this rank's share of its loss and statistics, and the gradient norm.
+        `first`: the step's first minibatch, whose own logprobs are pi_old."""
+        self.optimizer.zero_grad(set_to_none=True)
+        # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
+        # token mean, weighted by its share of the tokens, sums to it (and so do the
+        # grads). A pool averages gradients over its ranks: × world undoes that.
+        total = max(trained_tokens, 1)
+        loss_sum, stats_mb = 0.0, dict[str, float]()
+        pieces = self._pieces(minibatch, passes)
+        for i, micro in enumerate(pieces):
+            with self._gradient_sync(last=i == len(pieces) - 1):
+                if not len(micro):
+                    self._empty_pass(backward=True)
+                    continue
+                t = rows.need()
+                sub = t.select(micro, t.trained)
+                share = float(sub.mask.sum() / total)
+                loss, stats = self._loss(sub, t, micro, None if first else old_logp)
+                (loss * (share * self.world_size)).backward()
+            loss_sum += loss.item() * share
+            for key, val in stats.items():
+                stats_mb[key] = stats_mb.get(key, 0.0) + val * share
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.optimizer.step()
+        return loss_sum, stats_mb, grad_norm
+
+    def _loss(
+        self, sub: PackedBatch, rows: RowTensors, micro: torch.Tensor, old_logp: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The policy loss of micro-batch `sub` (rows `micro`) and its statistics; pi_old
+        is `old_logp` on those rows, or (None) the micro-batch's own logprobs, detached."""
+        tc = self.cfg.trainer
+        logp, entropy = self._logprobs(sub, with_entropy=True)
+        loss, stats = correction_loss(
+            self.cfg.correction,
+            logp,
+            logp.detach() if old_logp is None else old_logp[micro],
+            rows.behaviour[micro],
+            rows.advantages[micro],
+            sub.mask,
+            tc.clip_eps,
+            tc.tis_cap,
+        )
+        mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
+        stats["policy/entropy"] = mean_entropy.item()
+        if tc.entropy_coef:
+            # A small bonus keeps positions the policy has not solved from collapsing
+            # onto one wrong token, where a group's samples agree and GRPO has no signal.
+            loss = loss - tc.entropy_coef * mean_entropy
+        return loss, stats
 
     def step_metrics(self, groups: list[Group], results: list[RankResult], start: float) -> dict[str, float]:
         """The step's metrics from every rank's part (`results`, rank 0 first)."""
@@ -362,12 +473,10 @@ class Trainer:
         return metrics
 
 
-class Peers:
+class Peers(Protocol):
     """The other ranks of a pool, as rank 0's step sees them: `start` hands each its
     part (they run concurrently with rank 0's), `results` waits for their results."""
 
-    def start(self, steps: list[RankStep]) -> None:
-        raise NotImplementedError
+    def start(self, steps: list[RankStep]) -> None: ...
 
-    def results(self) -> list[RankResult]:
-        raise NotImplementedError
+    def results(self) -> list[RankResult]: ...

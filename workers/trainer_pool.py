@@ -29,13 +29,21 @@ import datetime
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast, get_args
 
 import torch
 import torch.distributed as dist
 
+from workers.config import TrainerBackend
 from workers.rendezvous import default_host, join_store, open_store
 
-BACKENDS = ("ddp", "fsdp2")
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+# trainer.backend's choices but "single" (one process, no pool).
+BACKENDS = tuple(b for b in get_args(TrainerBackend) if b != "single")
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,8 @@ def _fsdp_comms(meter: CommMeter):
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated blocks, by transformers' own `_no_split_modules` (the classes
     it never splits across devices): the natural FSDP units."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)  # a peft model's
+    base = get_base_model() if get_base_model is not None else model
     names = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in base.modules() if type(m).__name__ in names]
     if not layers:
@@ -148,7 +157,7 @@ class Pool:
             raise ValueError(f"trainer.backend {backend!r} is not a pool backend ({', '.join(BACKENDS)})")
         self.backend, self.rank, self.world_size, self.device = backend, rank, world_size, device
         self.meter = CommMeter()
-        self.mesh = None
+        self.mesh: DeviceMesh | None = None
 
     @property
     def sharded(self) -> bool:
@@ -184,8 +193,8 @@ class Pool:
         """Context for one backward: with `on` False the gradients only accumulate
         locally (a minibatch's earlier micro-batches); the last one syncs them all."""
         if self.backend == "ddp":
-            return contextlib.nullcontext() if on else forward_model.no_sync()
-        forward_model.set_requires_gradient_sync(on)
+            return contextlib.nullcontext() if on else cast("DistributedDataParallel", forward_model).no_sync()
+        cast("FSDPModule", forward_model).set_requires_gradient_sync(on)
         return contextlib.nullcontext()
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:

@@ -31,11 +31,9 @@ from workers.checkpoints import (
     Checkpoint,
     CheckpointRefused,
     CheckpointTarget,
-    buffer_state,
     check_resume,
     latest_checkpoint,
     list_checkpoints,
-    restore_buffer,
     restore_trainer,
     step_dir,
     trainer_parts,
@@ -89,7 +87,7 @@ def test_a_trainer_restored_from_a_checkpoint_trains_on_exactly_as_the_original(
     torch.manual_seed(1234)  # moved elsewhere: the checkpoint's RNG state must win
     assert restore_trainer(restored, Checkpoint(record.location)) == 1.5
     assert restored.version == 1
-    assert restored._rng.getstate() == original._rng.getstate()
+    assert restored.progress.plan_rng.getstate() == original.progress.plan_rng.getstate()
     assert torch.equal(torch.get_rng_state(), torch_rng)
     for name, t in original.model.state_dict().items():
         assert torch.equal(restored.model.state_dict()[name], t), name
@@ -123,7 +121,7 @@ def test_the_optimizer_state_matters_to_the_next_step(tiny_model_dir, one_torch_
     original = trained(tiny_model_dir, first)
     fresh_moments = Trainer(cfg, tiny_model_dir)
     fresh_moments.model.load_state_dict(original.model.state_dict())
-    fresh_moments._rng.setstate(original._rng.getstate())
+    fresh_moments.progress.plan_rng.setstate(original.progress.plan_rng.getstate())
     original.train_step(second)
     fresh_moments.train_step(second)
     differ = [
@@ -142,10 +140,11 @@ def test_the_buffer_comes_back_with_its_groups_counters_and_admission_count(tiny
     for r in groups[3].rollouts:
         r.token_versions = [-1] * len(r.token_versions)  # stale at the next get: requeued
     buf.get(1, current_version=0)
-    state = buffer_state(buf)
+    state = buf.state_dict()
 
     again = RolloutBuffer(capacity_groups=8, max_staleness=0, on_stale="requeue")
-    admitted = restore_buffer(again, state)
+    again.load_state_dict(state)
+    admitted = again.received
     assert again.group_ids() == buf.group_ids() == [groups[2].group_id]
     assert again.stats() == buf.stats()
     assert admitted == 2 + 1 + 1  # trained, waiting, requeued

@@ -80,3 +80,12 @@ def test_mismatch_kl_is_zero_when_policies_agree_and_positive_otherwise():
     lp = torch.log(torch.tensor([0.2, 0.7]))
     assert mismatch_kl(lp, lp, torch.ones(2)).item() == pytest.approx(0.0, abs=1e-7)
     assert mismatch_kl(lp, lp + 0.3, torch.ones(2)).item() > 0
+
+
+def test_every_correction_method_the_config_offers_has_a_loss():
+    from typing import get_args
+
+    from workers.config import CorrectionMethod
+    from workers.loss import LOSSES, METHODS
+
+    assert list(LOSSES) == list(METHODS) == list(get_args(CorrectionMethod))

@@ -214,9 +214,7 @@ def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_gro
 
 def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(cluster, tmp_path, monkeypatch):
     driver_class = RunDriver.__ray_actor_class__  # outside Ray: the driver runs in this process
-    # The globals _spawn reads: once this process has created a driver actor, Ray's copy of
-    # the class's functions has its own, not workers.driver's.
-    monkeypatch.setitem(driver_class._spawn.__globals__, "SPAWN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("workers.spawn.SPAWN_TIMEOUT_S", 1.0)
     config = {"placement": {"devices": "gpu", "inference_node": "pool=nowhere"}}
     driver = driver_class(9143, config, None, "", str(tmp_path))
     try:

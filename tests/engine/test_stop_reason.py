@@ -36,8 +36,8 @@ def test_the_driver_keeps_only_the_latest_points_of_each_series(tmp_path):
     # driver's own class (outside Ray), with no site: its reporter keeps every point.
     driver = RunDriver.__ray_actor_class__(1, {}, None, "", str(tmp_path))
     for step in range(SERIES_TAIL + 500):
-        driver._emit("reward/mean", step, step / 1000)
-        driver._emit("loss", step, 1.0)
+        driver.metrics.emit("reward/mean", step, step / 1000)
+        driver.metrics.emit("loss", step, 1.0)
     kept = driver.summary()["series"]
     assert [s for s, _ in kept["reward/mean"]] == list(range(500, SERIES_TAIL + 500))
     assert len(kept["loss"]) == SERIES_TAIL

@@ -129,6 +129,25 @@ def test_workers_draw_disjoint_shares_in_turn(tmp_path):
     assert sorted(source.sample(4, random.Random(0))) == [("a=", "a"), ("a=", "a"), ("b=", "b"), ("b=", "b")]
 
 
+def test_a_dataset_source_restored_from_its_state_draws_on_as_the_original():
+    rows = [(f"{c}=", c) for c in "abcdefgh"]
+    original, rng = DatasetPrompts(rows), random.Random(3)
+    original.sample(11, rng)  # past one pass: the rows are reshuffled
+    state = json.loads(json.dumps(original.state_dict()))  # as a checkpoint stores it
+    saved_rng = rng.getstate()
+    want = original.sample(9, rng)
+
+    def draws(source: DatasetPrompts) -> list:
+        again = random.Random()
+        again.setstate(saved_rng)
+        return source.sample(9, again)
+
+    restored = DatasetPrompts(rows)
+    restored.load_state_dict(state)
+    assert draws(restored) == want
+    assert draws(DatasetPrompts(rows)) != want  # the control: without the state, other draws
+
+
 def test_the_warm_start_draws_demonstrations_from_the_train_split(tmp_path):
     cfg = config(write_rows(tmp_path / "rows.jsonl"), eval_fraction=0.5)
     source, demo, _ = demonstrations(cfg)

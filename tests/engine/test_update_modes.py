@@ -1,4 +1,4 @@
-"""Weight-update modes (workers/updates.py) on both backends: TorchBackend and real vLLM.
+"""Weight-update modes (workers/partial_rollouts.py) on both backends: TorchBackend and real vLLM.
 
 New weights are loaded after decode step K of a batch. Two weight sets make the
 effect visible token by token:
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from workers.config import ModelConfig
-from workers.updates import PartialCounts, generate_across_updates
+from workers.partial_rollouts import PartialCounts, StagedWeights, generate_across_updates, partial_metrics
 
 K = 3  # decode steps before the update
 MAX_NEW = 8
@@ -228,3 +228,30 @@ def test_a_session_refuses_bad_budgets(model_dir):
         backend.start([[1, 3]], [0], 1.0, 0)
     with pytest.raises(ValueError, match="drain"):
         generate_across_updates(backend, [[1, 3]], 2, 4, 1.0, 0, 0, "drain", SwitchAfter(backend, None))
+
+
+def test_staged_weights_keep_the_newest_version_and_load_it_once():
+    loaded: list[str] = []
+    held = {"version": 0}
+
+    def load(weights: str) -> None:
+        loaded.append(weights)
+        held["version"] = int(weights[1:])
+
+    staged = StagedWeights(load, lambda: held["version"])
+    assert not staged.pending() and staged.apply() == 0 and loaded == []
+    staged.stage("v2", 2)
+    staged.stage("v1", 1)  # arrived late: older than what is staged
+    staged.stage("v3", 3)
+    assert staged.pending()
+    assert staged.apply() == 3 and loaded == ["v3"]
+    assert not staged.pending() and staged.apply() == 3 and loaded == ["v3"]
+
+
+def test_the_partial_series_sum_every_inference_workers_counts():
+    counts = [PartialCounts(aborted=2, resumed=1), PartialCounts(aborted=3, retried=4, mid_generation_updates=9)]
+    assert partial_metrics(counts) == {
+        "rollout/partial_aborted": 5.0,
+        "rollout/partial_resumed": 1.0,
+        "rollout/partial_retried": 4.0,
+    }

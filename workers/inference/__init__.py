@@ -11,9 +11,13 @@ if TYPE_CHECKING:
     from workers.inference.base import InferenceBackend
 
 
-def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None) -> InferenceBackend:
+def make_backend(
+    cfg: RunConfig, model_dir: str, scratch_dir: str | None = None, *, exact_steps: bool = False
+) -> InferenceBackend:
     """The backend named by `inference.backend`, loaded from `model_dir`; files it stages
-    go under `scratch_dir` (the worker's part of the run's scratch).
+    go under `scratch_dir` (the inference worker's part of the run's scratch).
+    `exact_steps`: weights may change between two decode steps of a call (the stepped
+    update modes, workers/partial_rollouts.py), so one engine step must be one decode step.
 
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
@@ -29,7 +33,7 @@ def make_backend(cfg: RunConfig, model_dir: str, scratch_dir: str | None = None)
             cfg.inference,
             lora_rank=lora_rank,
             dtype=cfg.inference.dtype,
-            exact_steps=cfg.sync.update_mode != "drain",
+            exact_steps=exact_steps,
             scratch_dir=scratch_dir,
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")

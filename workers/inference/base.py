@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples
+# = 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a
+# vLLM inference worker's KV cache by it, so it lives here, where the web process reads
+# it without torch.
+VLLM_MAX_NUM_SEQS = 256
 
 
 @dataclass
@@ -27,7 +34,7 @@ class StepToken:
 
 class DecodeSession(Protocol):
     """Generation one decode step at a time, so weights can change between two steps
-    (workers/updates.py: the abort and in-flight update modes).
+    (workers/partial_rollouts.py: the abort and in-flight update modes).
 
     Rows are the prompts given to `start`, one sequence each. Each `step` runs the model
     once with the weights loaded *now* and samples the next token of every unfinished

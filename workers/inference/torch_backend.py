@@ -3,9 +3,10 @@
 It reads the same Hugging Face directory vLLM does and reimplements the Llama forward
 (RMSNorm, rotary embeddings, grouped attention, SwiGLU) on raw tensors. At this model
 size Python overhead dominates, and a hand-written loop with a preallocated KV cache and
-fused QKV / gate-up projections is 2–3× faster than `transformers.generate`. Logprobs are
-of the sampled token under the sampling distribution, log_softmax(logits / temperature),
-which is what the trainer's importance weights need as the behaviour policy mu.
+fused QKV / gate-up projections is faster than `transformers.generate`
+(docs/performance.md). Logprobs are of the sampled token under the sampling
+distribution, log_softmax(logits / temperature), which is what the trainer's importance
+weights need as the behaviour policy mu.
 
 Other architectures (Qwen2's biased projections, anything else AutoModelForCausalLM
 loads) run on transformers' own forward instead (`workers.inference.transformers_backend`);
@@ -171,11 +172,7 @@ class TorchBackend:
         n: int = 1,
     ) -> TorchSession:
         """A stepped generation, `n` rows per prompt (see `DecodeSession`)."""
-        if len(max_new_tokens) != len(prompts):
-            raise ValueError("max_new_tokens needs one budget per prompt")
-        rows = [p for p in prompts for _ in range(n)]
-        budgets = [b for b in max_new_tokens for _ in range(n)]
-        return TorchSession(self, rows, budgets, temperature, seed)
+        return TorchSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed)
 
     @torch.inference_mode()
     def generate(
@@ -208,6 +205,14 @@ def generate_by_steps(
             out.append([])
         out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
     return out
+
+
+def rows_per_sample(prompts: list[list[int]], max_new_tokens: list[int], n: int) -> tuple[list[list[int]], list[int]]:
+    """Each prompt and its budget `n` times, prompt-major: row i·n + j is sample j of
+    prompt i (a stepped session's rows)."""
+    if len(max_new_tokens) != len(prompts):
+        raise ValueError("max_new_tokens needs one budget per prompt")
+    return [p for p in prompts for _ in range(n)], [b for b in max_new_tokens for _ in range(n)]
 
 
 class SteppedSampler:
@@ -277,6 +282,13 @@ class SteppedSampler:
         self.t += 1
         return out
 
+    def previous_tokens(self) -> torch.Tensor:
+        """The tokens the previous step sampled, one per row (pad for a finished row):
+        what the next step runs through the model."""
+        if self.last is None:
+            raise RuntimeError("no step has sampled yet")
+        return self.last
+
 
 class TorchSession(SteppedSampler):
     """One batch decoded step by step on a TorchBackend's static KV cache.
@@ -320,7 +332,7 @@ class TorchSession(SteppedSampler):
         else:
             self.valid[:, P + t - 1] = True
             hidden = b._forward(
-                self.last[:, None],
+                self.previous_tokens()[:, None],
                 (self.lengths + t - 1)[:, None],
                 P + t - 1,
                 self.valid[:, None, None, : P + t],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from workers.inference.base import StepToken
-from workers.inference.torch_backend import SteppedSampler, generate_by_steps
+from workers.inference.torch_backend import SteppedSampler, generate_by_steps, rows_per_sample
 
 
 class TransformersBackend:
@@ -28,7 +28,8 @@ class TransformersBackend:
         from workers.model import load_model
 
         self.device = torch.device(device)
-        self.model = load_model(model_dir, dtype).to(self.device)
+        # transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads unbound.
+        self.model = load_model(model_dir, dtype).to(self.device)  # type: ignore[arg-type]
         config = self.model.config
         eos = config.eos_token_id
         eos = [] if eos is None else [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
@@ -79,11 +80,7 @@ class TransformersBackend:
         seed: int,
         n: int = 1,
     ) -> TransformersSession:
-        if len(max_new_tokens) != len(prompts):
-            raise ValueError("max_new_tokens needs one budget per prompt")
-        rows = [p for p in prompts for _ in range(n)]
-        budgets = [b for b in max_new_tokens for _ in range(n)]
-        return TransformersSession(self, rows, budgets, temperature, seed)
+        return TransformersSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int):
@@ -122,7 +119,7 @@ class TransformersSession(SteppedSampler):
             ids, positions = self.ids, (self.attention.cumsum(-1) - 1).clamp(min=0)
         else:
             self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], dim=1)
-            ids, positions = self.last[:, None], (self.lengths + t - 1)[:, None]
+            ids, positions = self.previous_tokens()[:, None], (self.lengths + t - 1)[:, None]
         dev = b.device
         out = b.model(
             input_ids=ids.to(dev),

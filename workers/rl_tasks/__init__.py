@@ -31,7 +31,7 @@ import random
 import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -57,12 +57,18 @@ class TaskSettings(Protocol):
     engine's modules import no loop). `reverse` reads its own top-level fields; every
     other task reads `options`."""
 
-    name: str
-    options: dict
-    min_len: int
-    max_len: int
-    alphabet: str
-    reward: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def options(self) -> dict: ...
+    @property
+    def min_len(self) -> int: ...
+    @property
+    def max_len(self) -> int: ...
+    @property
+    def alphabet(self) -> str: ...
+    @property
+    def reward(self) -> str: ...
 
 
 class Task(Protocol):
@@ -101,7 +107,7 @@ def _load(path: str, name: str) -> type:
         raise UnknownTask(f"task.name {name!r} is not a valid 'package.module:ClassName' path ({_hint()})")
     module_name, _, attr = path.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         if name in BUILTINS:
             raise UnknownTask(

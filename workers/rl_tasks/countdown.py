@@ -165,7 +165,7 @@ class CountdownTask:
         step a positive integer (so `solve` finds it), kept when the target lies in
         1..max_target."""
         o = self.options
-        out = []
+        out: list[tuple[str, str]] = []
         while len(out) < n:
             numbers = [rng.randint(1, o.max_number) for _ in range(o.count)]
             order = rng.sample(numbers, len(numbers))

@@ -13,13 +13,13 @@
                                              buffer (trainer and worker on the
                                              same GPU)
 
-Usage (trainer and workers in different processes; see each class for the lifecycle):
+Usage (trainer and inference workers in different processes; see each class for the lifecycle):
 
     sender = make_sender(SyncConfig(protocol="collective", bucket_mb=32), num_receivers=2)
     sender.attach(trainer.model); endpoint = sender.endpoint()
     # concurrently: sender.connect() and receiver_i.connect(endpoint, rank=i + 1)
     report = sender.send(version, notify=lambda n: [w.update_weights.remote(n) for w in workers])
-    # on a worker: staged = receiver.receive(notice); later receiver.apply(backend, staged)
+    # on an inference worker: staged = receiver.receive(notice); later receiver.apply(backend, staged)
 """
 
 from __future__ import annotations
@@ -81,9 +81,10 @@ def make_sender(
 def make_receiver(
     sync: SyncConfig, *, model_dir: str | None = None, store: Any | None = None, scratch_dir: str | None = None
 ) -> WeightReceiver:
-    """A worker's half of `sync.protocol`. `model_dir` (the directory the worker's backend
-    was built from) is needed by "lora", whose workers keep the base themselves;
-    `scratch_dir` (this worker's own) is where "lora" writes adapter directories."""
+    """An inference worker's half of `sync.protocol`. `model_dir` (the directory its
+    backend was built from) is needed by "lora", whose inference workers keep the base
+    themselves; `scratch_dir` (the inference worker's own) is where "lora" writes adapter
+    directories."""
     if sync.protocol == "object_store":
         from workers.sync.object_store import ObjectStoreReceiver
 

@@ -10,16 +10,19 @@ worker) and one small message between them, the `Notice`:
   exactly once with a Notice for the receivers. *When* it notifies is the protocol's
   business: after the payload is in place for the object store and the filesystem,
   before the broadcast for a collective (a broadcast only completes once the receivers
-  join it). The orchestrator's `notify` delivers the Notice to every worker (a Ray actor
-  call; a queue in tests) and must not wait for them.
+  join it). The orchestrator's `notify` delivers the Notice to every inference worker (a
+  Ray actor call; a queue in tests) and must not wait for them.
 - `WeightReceiver.receive` fetches the payload into staging memory. It may run while the
-  backend generates (a worker's control thread), so the transfer overlaps generation.
-- `WeightReceiver.apply` puts staged weights into the backend; the worker calls it
-  between two generate calls (drain semantics: a call in flight finishes on old weights).
+  backend generates (an inference worker's control thread), so the transfer overlaps
+  generation.
+- `WeightReceiver.apply` puts staged weights into the backend; the inference worker
+  calls it between two generate calls (drain semantics: a call in flight finishes on old
+  weights; workers/partial_rollouts.py for the other modes).
 
 Latencies (ms): trainer side = how long `send` blocked the trainer; inference side =
-receive + apply on one worker; end to end = wall clock from the start of `send` to the
-weights being live in that worker (so it includes the drain wait in a running pipeline).
+receive + apply on one inference worker; end to end = wall clock from the start of
+`send` to the weights being live in that inference worker (so it includes the drain
+wait in a running pipeline).
 `bytes` is the payload one receiver gets.
 """
 
@@ -31,7 +34,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -101,6 +104,9 @@ class Notice:
 
 Notify = Callable[[Notice], None]
 
+# What a sender gathers from a sharded trainer: every parameter, or the LoRA adapter's.
+Gathers = Literal["all", "adapter"]
+
 
 class WeightSender(ABC):
     """Trainer side of a protocol. Lifecycle: attach(model) → endpoint() → connect()
@@ -109,7 +115,7 @@ class WeightSender(ABC):
     protocol: ClassVar[str]
     # What `send` gathers from a sharded trainer, so that the pool's other ranks join the
     # same gathers (workers/sync/weights.py): every parameter, or the LoRA adapter's.
-    gathers: ClassVar[str] = "all"
+    gathers: ClassVar[Gathers] = "all"
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
@@ -166,8 +172,10 @@ class WeightReceiver(ABC):
         Safe to call while the backend generates."""
 
     @abstractmethod
-    def apply(self, backend: Any, staged: Any) -> SyncReport:
-        """Load staged weights into `backend`; returns this worker's report."""
+    def apply(self, backend: Any, staged: Any) -> SyncReport | None:
+        """Load staged weights into `backend`; returns this inference worker's report,
+        or None if there was nothing new to load (a collective receiver loads the newest
+        version staged, which an earlier call may have loaded already)."""
 
     def close(self) -> None:
         """Release what the receiver holds."""
@@ -202,5 +210,5 @@ def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()

@@ -9,8 +9,7 @@ Two modes move the same bytes in a different number of messages:
   parameters are re-laid as views of that buffer at `attach` (same Parameter objects,
   same values), so a bucket is a slice: no copy in, no copy out. On CPU the copies are
   what decide it: packing by copying into a bucket and back costs more than it saves
-  (measured with gloo on a 2-core host, 110M params: per-tensor 141 ms, copy-packed
-  273 ms, flat views 112 ms). `sync.flat_params=false` keeps the copying variant, for
+  (docs/performance.md). `sync.flat_params=false` keeps the copying variant, for
   measurement.
 
 The group is a standalone one (a TCPStore + ProcessGroupGloo/NCCL), not the default
@@ -143,7 +142,8 @@ def _new_group(store: dist.Store, rank: int, world_size: int, backend: str, time
     prefixed = dist.PrefixStore("rollway-sync", store)
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        # torch's stub makes `options` required; its binding defaults it.
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size)  # type: ignore[call-arg]
     return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
@@ -173,9 +173,9 @@ class CollectiveSender(WeightSender):
         self.layout: Layout | None = None
         self.flats: dict[str, torch.Tensor] | None = None
         self.sharded = False
-        self._store = None
+        self._store: dist.Store | None = None
         self._port: int | None = None
-        self._group = None
+        self._group: dist.ProcessGroup | None = None
 
     def attach(self, model: torch.nn.Module) -> None:
         super().attach(model)
@@ -198,9 +198,7 @@ class CollectiveSender(WeightSender):
         """Opens the rendezvous (binds a port of workers.rendezvous.PORT_RANGE) and describes it."""
         if self.layout is None:
             raise RuntimeError("CollectiveSender.endpoint before attach(model)")
-        if self._store is None:
-            self.host = self.host or default_host()
-            self._store, self._port = open_store(self.host, self.num_receivers + 1, self.timeout_s, "weight sync")
+        self._open_store()
         return {
             "protocol": self.protocol,
             "host": self.host,
@@ -213,23 +211,35 @@ class CollectiveSender(WeightSender):
             "timeout_s": self.timeout_s,
         }
 
+    def _open_store(self) -> dist.Store:
+        """The rendezvous' store, opened on a port of workers.rendezvous.PORT_RANGE at the first call."""
+        if self._store is None:
+            self.host = self.host or default_host()
+            self._store, self._port = open_store(self.host, self.num_receivers + 1, self.timeout_s, "weight sync")
+        return self._store
+
+    def _require_layout(self) -> Layout:
+        if self.layout is None:
+            raise RuntimeError("CollectiveSender used before attach(model): attach the trainer's model first")
+        return self.layout
+
     def connect(self) -> None:
         """Blocks until every receiver has called `connect` too (call them concurrently)."""
-        if self._store is None:
-            self.endpoint()
-        self._group = _new_group(self._store, 0, self.num_receivers + 1, self.backend, self.timeout_s)
+        self.endpoint()  # opens the rendezvous, if `endpoint` has not
+        self._group = _new_group(self._open_store(), 0, self.num_receivers + 1, self.backend, self.timeout_s)
 
     def _payload(self) -> tuple[list[torch.Tensor], int]:
         """What to broadcast, and how many tensors it carries."""
-        model, layout = self._require_model(), self.layout
+        model, layout = self._require_model(), self._require_layout()
         if self.mode == "per_tensor":
             return [p.data.contiguous() for _, p in model.named_parameters()], len(layout.entries)
         ranges = layout.bucket_ranges(self.bucket_mb)
         if self.flat_params:
-            if not is_flat(model, layout, self.flats):
+            flats = self.flats
+            if flats is None or not is_flat(model, layout, flats):
                 log.warning("trainer parameters were moved out of the flat sync buffer; re-flattening")
-                self.flats = flatten_parameters(model, layout)
-            return [self.flats[d][s:e] for d, s, e in ranges], len(layout.entries)
+                flats = self.flats = flatten_parameters(model, layout)
+            return [flats[d][s:e] for d, s, e in ranges], len(layout.entries)
         # Copying variant: gather each bucket's pieces of the logical flat layout.
         params = dict(model.named_parameters())
         buckets = []
@@ -248,14 +258,15 @@ class CollectiveSender(WeightSender):
             raise RuntimeError("CollectiveSender.send before connect(): connect the trainer and workers first")
         sent_at, clock = time.time(), Stopwatch()
         seq = self._next_seq()
-        nbytes = self.layout.nbytes
-        notify(Notice(self.protocol, version, seq, nbytes, sent_at, {"layout": self.layout.digest()}))
+        layout = self._require_layout()
+        nbytes = layout.nbytes
+        notify(Notice(self.protocol, version, seq, nbytes, sent_at, {"layout": layout.digest()}))
         with torch.no_grad():
             if self.sharded:
                 header = torch.tensor([seq, version], dtype=torch.int64, device=self._device())
                 _broadcast_all(self._group, [header])
-                messages = self._send_gathered()
-                tensors = len(self.layout.entries)
+                messages = self._send_gathered(self._group, layout)
+                tensors = len(layout.entries)
             else:
                 payload, tensors = self._payload()
                 header = torch.tensor([seq, version], dtype=torch.int64, device=payload[0].device)
@@ -266,7 +277,7 @@ class CollectiveSender(WeightSender):
     def _device(self) -> torch.device:
         return next(self._require_model().parameters()).device
 
-    def _send_gathered(self) -> int:
+    def _send_gathered(self, group: dist.ProcessGroup, layout: Layout) -> int:
         """A sharded trainer's broadcast: the same messages the receivers expect from a
         whole one (a tensor per parameter, or the layout's buckets), each filled from
         parameters gathered as they are needed (workers/sync/weights.py; the pool's other
@@ -275,12 +286,12 @@ class CollectiveSender(WeightSender):
         if self.mode == "per_tensor":
             count = 0
             for _, full in stream:
-                _broadcast_all(self._group, [full.contiguous()])
+                _broadcast_all(group, [full.contiguous()])
                 count += 1
             return count
-        ((dtype, _),) = self.layout.sizes
-        buckets = self.layout.bucket_ranges(self.bucket_mb)
-        entries = iter(self.layout.entries)
+        ((dtype, _),) = layout.sizes
+        buckets = layout.bucket_ranges(self.bucket_mb)
+        entries = iter(layout.entries)
         held, held_at = None, 0  # the gathered parameter being copied, and its offset
         for _, s, e in buckets:
             bucket = torch.empty(e - s, dtype=getattr(torch, dtype), device=self._device())
@@ -292,7 +303,7 @@ class CollectiveSender(WeightSender):
                 lo, hi = at, min(e, held_at + held.numel())
                 bucket[lo - s : hi - s] = held[lo - held_at : hi - held_at]
                 at = hi
-            _broadcast_all(self._group, [bucket])
+            _broadcast_all(group, [bucket])
         for _ in stream:  # nothing is left, but every rank must finish the same gathers
             pass
         return len(buckets)
@@ -312,8 +323,8 @@ class CollectiveReceiver(WeightReceiver):
     protocol = "collective"
 
     def __init__(self) -> None:
-        self._group = None
-        self._store = None
+        self._group: dist.ProcessGroup | None = None
+        self._store: dist.Store | None = None
         self.layout: Layout | None = None
         # One staging buffer: receive and apply take the lock, so a broadcast never lands
         # in the middle of a load. A second buffer would let the trainer's broadcast
@@ -339,12 +350,12 @@ class CollectiveReceiver(WeightReceiver):
             self._targets = list(self.views.values())
         else:
             self._targets = [self.flats[d][s:e] for d, s, e in self.layout.bucket_ranges(endpoint["bucket_mb"])]
-        self._store = join_store(endpoint["host"], endpoint["port"], world, endpoint["timeout_s"])
-        self._group = _new_group(self._store, rank, world, endpoint["backend"], endpoint["timeout_s"])
+        self._store = store = join_store(endpoint["host"], endpoint["port"], world, endpoint["timeout_s"])
+        self._group = _new_group(store, rank, world, endpoint["backend"], endpoint["timeout_s"])
 
     def receive(self, notice: Notice) -> StagedBroadcast:
         """Join the broadcast of `notice` (blocks until the trainer sends it)."""
-        if self._group is None:
+        if self._group is None or self.layout is None:
             raise RuntimeError("CollectiveReceiver.receive before connect(endpoint)")
         if notice.payload.get("layout") != self.layout.digest():
             raise RuntimeError("the trainer's parameter layout changed since connect; reconnect the sync group")
@@ -374,8 +385,8 @@ class CollectiveReceiver(WeightReceiver):
         """Load the newest version in staging (may be newer than `staged`, if another
         arrived since); None if it is already loaded."""
         with self._lock:
-            current = self._staged
-            if current is None or current.notice.seq <= self._applied_seq:
+            current, layout = self._staged, self.layout
+            if current is None or layout is None or current.notice.seq <= self._applied_seq:
                 return None
             clock = Stopwatch()
             backend.load_weights(self.views)
@@ -389,7 +400,7 @@ class CollectiveReceiver(WeightReceiver):
             inference_ms=current.receive_ms + load_ms,
             end_to_end_ms=end_to_end_ms(notice),
             receive_ms=current.receive_ms,
-            tensors=len(self.layout.entries),
+            tensors=len(layout.entries),
             messages=len(self._targets),
         )
 

@@ -1,6 +1,6 @@
 """Protocol "lora": adapter-only sync. The trainer trains a peft LoRA adapter on a frozen
-base (workers/lora.py); only the adapter's tensors move (a rank-8 adapter of a 36M model
-is 2.9 MB against 160 MB), through the object store like protocol "object_store".
+base (workers/lora.py); only the adapter's tensors move (a small fraction of the
+model's), through the object store like protocol "object_store".
 
 Workers already hold the base (the same model directory the trainer started from; the
 sender publishes the base's checksum and `connect` refuses a different one). A worker
@@ -152,6 +152,8 @@ class LoRAReceiver(WeightReceiver):
         return StagedAdapter(notice, adapter, clock.ms())
 
     def apply(self, backend: Any, staged: StagedAdapter) -> SyncReport:
+        if self.base is None or self.adapter_root is None:
+            raise RuntimeError("LoRAReceiver.apply before connect(endpoint)")
         clock = Stopwatch()
         version = staged.notice.version
         # A VLLMBackend built without lora_rank has the method but cannot serve adapters.

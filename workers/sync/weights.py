@@ -14,14 +14,11 @@ inference workers, which hold the whole model anyway, receive it bucket by bucke
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
 
 import torch
 
 from workers.lora import effective_state_dict, is_peft, lora_scaling, merge_adapter, split_live_state
-
-# What a sender gathers from a sharded trainer: every parameter, or the LoRA adapter's.
-Gathers = Literal["all", "adapter"]
+from workers.sync.base import Gathers
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -1,10 +1,10 @@
-"""Weight-update modes: what generation in flight does when new weights arrive.
+"""Partial rollouts: what generation in flight does when new weights arrive.
 
 `sync.update_mode` chooses (the peers' names for each are in workers/config.py):
 
 - ``drain``: a generate call finishes on the weights it started with; new weights are
-  loaded between two calls. Every token of a call has one version. (The worker calls
-  `backend.generate` directly; nothing here runs.)
+  loaded between two calls. Every token of a call has one version. (The inference
+  worker calls `backend.generate`; nothing here runs but the staging.)
 - ``abort_retry``: at the first decode step after new weights are staged, the rows
   still generating are aborted, the weights loaded, and those rows generated again from
   their prompt. Their partial tokens are thrown away: every kept token has the new version.
@@ -15,24 +15,38 @@
   on; the KV already computed stays (stale KV), each token carries the version whose
   weights computed its logits, so one sequence may mix versions.
 
-Counted: sequences aborted, resumed, retried, and weight loads that happened in the
-middle of a generation (in-flight or abort).
+This module holds all of it: the inference worker stages the weights it receives here
+(`StagedWeights`, the newest version only), the stepped modes poll them between two
+decode steps (`WeightUpdates`) through a backend's `DecodeSession`
+(workers/inference/base.py; `exact_steps` when a backend must be built for them), and
+the counts (`PartialCounts`: sequences aborted, resumed, retried, and weight loads in
+the middle of a generation) become the run's rollout/partial_* series (`partial_metrics`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Protocol, get_args
 
+from workers.config import UpdateMode
 from workers.inference.base import InferenceBackend
 
-UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
-STEPPED_MODES = ("abort_retry", "abort_resume", "in_flight")
+# The modes that take new weights between two decode steps: all but drain.
+STEPPED_MODES = tuple(m for m in get_args(UpdateMode) if m != "drain")
+
+
+def exact_steps(mode: UpdateMode) -> bool:
+    """Whether an inference backend must be built so that one engine step is one decode
+    step of every running sequence: weights loaded between two steps then produce the
+    very next token (vLLM's async scheduling would run a step ahead)."""
+    return mode in STEPPED_MODES
 
 
 class WeightUpdates(Protocol):
-    """The worker's view of weights that arrived while it generates."""
+    """The inference worker's view of weights that arrived while it generates."""
 
     def pending(self) -> bool:
         """New weights are staged and not loaded yet (cheap: called every decode step)."""
@@ -43,8 +57,53 @@ class WeightUpdates(Protocol):
         ...
 
 
+class NoUpdates:
+    """No weights ever arrive (drain: a call runs on the weights it started with)."""
+
+    def pending(self) -> bool:
+        return False
+
+    def apply(self) -> int:
+        raise AssertionError("NoUpdates.apply: nothing was pending")
+
+
+class StagedWeights:
+    """Weights an inference worker has received and not loaded yet: the newest version
+    only. `stage` keeps what arrives (any thread); the inference worker loads it between
+    two generate calls, and the stepped modes between two decode steps too (`pending`
+    and `apply`: the WeightUpdates that generate_across_updates polls).
+
+    `load(staged)` puts staged weights into the backend; `version()` is the version the
+    backend holds."""
+
+    def __init__(self, load: Callable[[Any], None], version: Callable[[], int]) -> None:
+        self._load, self._version = load, version
+        self._staged: tuple[int, Any] | None = None  # (version, staged weights)
+        self._lock = threading.Lock()
+
+    def stage(self, staged: Any, version: int) -> None:
+        """Keep `staged` (weights of `version`) unless a newer version is staged already."""
+        with self._lock:
+            if self._staged is None or self._staged[0] < version:
+                self._staged = (version, staged)
+
+    def pending(self) -> bool:
+        return self._staged is not None
+
+    def apply(self) -> int:
+        """Load what is staged, if anything; returns the version the backend holds now."""
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            self._load(staged[1])
+        return self._version()
+
+
 @dataclass
 class PartialCounts:
+    """Sequences aborted, resumed and retried, and weight loads in the middle of a
+    generation (cumulative, per inference worker)."""
+
     aborted: int = 0
     resumed: int = 0
     retried: int = 0
@@ -55,6 +114,23 @@ class PartialCounts:
         self.resumed += other.resumed
         self.retried += other.retried
         self.mid_generation_updates += other.mid_generation_updates
+
+    def state_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for name, value in state.items():
+            setattr(self, name, int(value))
+
+
+def partial_metrics(counts: list[PartialCounts]) -> dict[str, float]:
+    """The rollout/partial_* series (workers/metric_names.py) from each inference
+    worker's counts: cumulative over the run and all of them."""
+    return {
+        "rollout/partial_aborted": float(sum(c.aborted for c in counts)),
+        "rollout/partial_resumed": float(sum(c.resumed for c in counts)),
+        "rollout/partial_retried": float(sum(c.retried for c in counts)),
+    }
 
 
 @dataclass
@@ -76,7 +152,7 @@ class Generation:
     """What `generate_across_updates` returns: `n` sequences per prompt (prompt-major),
     the version loaded at the end, and the counts."""
 
-    sequences: list[list[PartialSequence]]
+    sequences: Sequence[Sequence[PartialSequence]]
     version: int
     counts: PartialCounts
 
