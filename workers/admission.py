@@ -322,11 +322,11 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
 def engine_errors(cfg: RunConfig) -> dict[str, str]:
     """{dotted field: message} for each pool size the engine cannot run yet."""
     errors: dict[str, str] = {}
-    if cfg.inference.tensor_parallel_size > 1:
+    if cfg.inference.tensor_parallel_size > 1 and cfg.inference.backend != "vllm":
         errors["inference.tensor_parallel_size"] = (
-            "inference.tensor_parallel_size > 1 needs an inference backend that shards an inference worker's model "
-            f"across its devices, not available yet; got {cfg.inference.tensor_parallel_size}: set it to 1 "
-            "and raise inference.num_workers instead"
+            f"inference.tensor_parallel_size {cfg.inference.tensor_parallel_size} splits an inference worker's model "
+            f"over several devices, which only inference.backend 'vllm' does (it is {cfg.inference.backend!r}): "
+            "set inference.backend to 'vllm', or tensor_parallel_size to 1 and raise inference.num_workers instead"
         )
     return errors
 

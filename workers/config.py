@@ -187,8 +187,8 @@ class InferenceConfig(_Section):
         1,
         ge=1,
         description="Devices per inference worker (vLLM's tensor parallel size): the GPUs each worker asks "
-        "Ray for when placement.devices is 'gpu'. More than 1 needs a backend that shards an inference "
-        "worker's model, not available yet.",
+        "Ray for when placement.devices is 'gpu'; more than 1 splits each worker's model over that many "
+        "devices (inference.backend 'vllm' only).",
     )
     # Ray counts resources in steps of 0.0001: a smaller request is no request at all.
     cpus_per_worker: float = Field(

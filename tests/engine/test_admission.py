@@ -81,10 +81,12 @@ def test_colocated_pools_share_their_gpus():
     assert "inference.num_workers" in capacity_errors(on_gpus(5, 1, "colocated"), FOUR_GPUS)
 
 
-def test_pool_sizes_the_engine_cannot_run_yet_are_refused_naming_the_field():
+def test_tensor_parallel_inference_needs_vllm_and_is_refused_naming_the_field_otherwise():
     assert admission_errors(on_gpus(2, 2), Limits(), FOUR_GPUS) == {}  # a trainer pool runs
     errors = admission_errors(cfg(inference={"tensor_parallel_size": 2}), Limits(), ROOMY)
     assert list(errors) == ["inference.tensor_parallel_size"]
+    assert "only inference.backend 'vllm'" in errors["inference.tensor_parallel_size"]
+    assert admission_errors(cfg(inference={"tensor_parallel_size": 2, "backend": "vllm"}), Limits(), ROOMY) == {}
 
 
 def test_memory_grows_with_the_model_the_batch_and_vllm():

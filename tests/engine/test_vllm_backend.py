@@ -312,3 +312,26 @@ def test_it_runs_inside_a_fractional_cpu_ray_actor(cluster, model_dir, hf):
         ray.get(actor.close.remote())
     finally:
         ray.kill(actor)
+
+
+def test_a_tensor_parallel_engine_samples_from_the_weights_it_is_given(model_dir, hf):
+    """tensor_parallel_size 2: the model split over two vLLM worker processes (each holds
+    one of the two attention heads), logprobs those of the whole model, and a weight load
+    reaches both shards."""
+    import psutil
+
+    tp = VLLMBackend(model_dir, InferenceConfig(backend="vllm", tensor_parallel_size=2))
+    try:
+        assert len(psutil.Process().children(recursive=True)) >= 2  # a worker process per shard
+        prompts = _prompts(3)
+        groups = tp.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=3)
+        assert _max_abs_diff(hf, prompts, groups, 1.0) < 1e-3
+        new_weights = _perturbed(hf, scale=0.5, seed=2)
+        perturbed = _hf_model(model_dir)
+        perturbed.load_state_dict(new_weights)
+        tp.load_weights(new_weights)
+        after = tp.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=3)
+        assert _max_abs_diff(perturbed, prompts, after, 1.0) < 1e-3
+        assert _max_abs_diff(hf, prompts, after, 1.0) > 1e-2
+    finally:
+        tp.close()

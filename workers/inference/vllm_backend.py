@@ -236,13 +236,22 @@ def _engine_args(
         "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,
         "enforce_eager": True,  # torch.compile costs more at start than it saves at this size
-        "distributed_executor_backend": "uni",
+        # One worker process per device when the model is split over several (vLLM's
+        # multiprocess executor, the engine core still in this process); else vLLM's
+        # worker runs in this process too.
+        "tensor_parallel_size": inference_cfg.tensor_parallel_size,
+        "distributed_executor_backend": "uni" if inference_cfg.tensor_parallel_size == 1 else "mp",
         "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
         "seed": 0,
         "disable_log_stats": True,
     }
     if on_cpu:
         _check_cpu_head_dim(hf_config)
+        if inference_cfg.tensor_parallel_size > 1:
+            # vLLM-CPU pins each tensor-parallel rank's OpenMP threads to cores of its
+            # own by default; beside Ray's other actors on a shared host that pinning
+            # fights them for the same cores, so the ranks leave placement to the OS.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, max_model_len, max_num_seqs)
         # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
         # one engine step's budget leaves a prompt half prefilled; vLLM then discards
@@ -469,6 +478,10 @@ class VLLMBackend:
         serialisation). Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
+        if self.inference_cfg.tensor_parallel_size > 1:
+            # vLLM's workers are other processes, each loading its shard of every weight.
+            self.load_weights_from_file(state_dict)
+            return
         self._check_open()
         state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
         _check_state_dict(state_dict, self._weight_shapes)
