@@ -148,6 +148,11 @@ def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, 
     assert sorted(got_weights) == sorted(want_weights)
     for k in want_weights:
         torch.testing.assert_close(got_weights[k], want_weights[k], rtol=1e-4, atol=1e-6, msg=k)
+    worst = max((got_weights[k] - want_weights[k]).abs().max().item() for k in want_weights)
+    print(
+        f"\n{backend} lora={lora} groups={n_groups}: loss {got['loss']:.6g} vs {want['loss']:.6g}, grad norm "
+        f"{got['trainer/grad_norm']:.6g} vs {want['trainer/grad_norm']:.6g}, max |weight diff| {worst:.2e}"
+    )
     # each rank's part is reported: both computed, both communicated
     for r in range(2):
         assert got[f"trainer/rank_compute_s/{r}"] > 0
