@@ -298,6 +298,10 @@ ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
 # Points returned per series by the metrics API before downsampling kicks in.
 ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
 # The run queue (runs/queue.py): runs active at once on the site, and per team.
+# Every run's config and series go to this MLflow tracking server (or store URI, e.g.
+# file:///srv/mlruns) as they arrive (runs/tracking.py; needs the `mlflow` extra).
+# Unset: nothing is exported.
+ROLLWAY_MLFLOW_TRACKING_URI = env_str("ROLLWAY_MLFLOW_TRACKING_URI", "")
 ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
 ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 

@@ -25,7 +25,7 @@ from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound, collected
 from foundation.fields import max_length
 from foundation.ids import ID_TEXT
-from runs import dispatch, events
+from runs import dispatch, events, tracking
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
@@ -276,6 +276,7 @@ def do_set_run_status(run: Run, status: str, *, error: str = "", only_from: Iter
         transaction.on_commit(lambda: events.send_status(run))
         if status in Run.TERMINAL:
             transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
+            transaction.on_commit(lambda: tracking.ask_export(run.pk, final=True))
     return changed
 
 
