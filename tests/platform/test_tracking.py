@@ -75,7 +75,7 @@ def test_it_exports_the_config_as_params_and_the_series_as_metrics(
     run.transition(Status.STARTING)
     run.transition(Status.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
-        ingest(client, run, points("reward/mean", range(0, 5)) + points("loss/policy", range(0, 5), base=1.0))
+        ingest(client, run, points("reward/mean", range(0, 5)) + points("loss", range(0, 5), base=1.0))
     assert ("export_run_metrics", run.pk) in enqueued
     assert export_run_metrics(run.pk) == 10
 
@@ -86,7 +86,7 @@ def test_it_exports_the_config_as_params_and_the_series_as_metrics(
     params = found.data.params
     assert params["trainer.group_size"] == str(run.config["trainer"]["group_size"])
     assert set(params) == set(tracking.flatten(run.config))
-    for series in ("reward/mean", "loss/policy"):
+    for series in ("reward/mean", "loss"):
         assert history(store, found.info.run_id, series) == stored(run, series)
 
 
