@@ -19,6 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
 from workers.admission import Limits
+from workers.logs import PLAIN as PLAIN_LOG
+from workers.logs import log_format
 from workers.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -406,11 +408,17 @@ if ROLLWAY_PROXY_COUNT < 0:
     raise ImproperlyConfigured(f"ROLLWAY_PROXY_COUNT must be 0 or more (got {ROLLWAY_PROXY_COUNT})")
 
 # --- logging ------------------------------------------------------------------------
+# ROLLWAY_LOG_FORMAT=json: one JSON object a line, with the run's id on lines about a run
+# (workers/logs.py; each run's driver reads the same variable).
+try:
+    ROLLWAY_LOG_FORMAT = log_format()
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": PLAIN_LOG}, "json": {"()": "workers.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": ROLLWAY_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("ROLLWAY_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

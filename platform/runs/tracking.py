@@ -178,5 +178,5 @@ def do_export_run(run_id: int, *, final: bool = False) -> int:
         if final and run.status in MLFLOW_STATUS:
             client.set_terminated(mlflow_id, status=MLFLOW_STATUS[Run.Status(run.status)])
     if sent:
-        logger.info("run %s: %d points exported to MLflow run %s", run_id, sent, mlflow_id)
+        logger.info("run %s: %d points exported to MLflow run %s", run_id, sent, mlflow_id, extra={"run_id": run_id})
     return sent
