@@ -304,6 +304,11 @@ ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
 # file:///srv/mlruns) as they arrive (runs/tracking.py; needs the `mlflow` extra).
 # Unset: nothing is exported.
 ROLLWAY_MLFLOW_TRACKING_URI = env_str("ROLLWAY_MLFLOW_TRACKING_URI", "")
+if ROLLWAY_MLFLOW_TRACKING_URI and importlib.util.find_spec("mlflow") is None:
+    raise ImproperlyConfigured(
+        "ROLLWAY_MLFLOW_TRACKING_URI is set but mlflow is not installed: pip install 'rollway[mlflow]' "
+        "(or '.[mlflow]' in a checkout), or unset it"
+    )
 ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
 ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 
