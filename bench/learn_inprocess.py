@@ -20,7 +20,8 @@ import torch
 
 from workers.generation import generate_groups
 from workers.inference.torch_backend import TorchBackend
-from workers.presets import build, dotted_overrides
+from workers.merge import parse_sets
+from workers.presets import build
 from workers.rl_tasks import make_task
 from workers.tokenizer import CharTokenizer
 from workers.trainer import Trainer
@@ -44,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    cfg = build(args.preset, dotted_overrides(args.set))
+    cfg = build(args.preset, parse_sets(args.set))
     t = time.perf_counter()
     model_dir = policy_dir(cfg, args.cache_dir)
     print(f"warm start: {time.perf_counter() - t:.1f}s → {model_dir}")

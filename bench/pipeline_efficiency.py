@@ -35,7 +35,8 @@ import time
 import ray
 from sync_vs_async import run_mode, steady
 
-from workers.presets import build, deep_merge, dotted_overrides
+from workers.merge import parse_sets
+from workers.presets import build, deep_merge
 from workers.run_actors import NAMESPACE
 
 # name → (preset, overrides on top of the common ones)
@@ -88,7 +89,7 @@ def main() -> int:
     if args.steps < 3:
         raise SystemExit(f"--steps must be ≥ 3 (got {args.steps}): figures skip step 1 and need two more")
     common = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
-    common = deep_merge(common, dotted_overrides(args.set))
+    common = deep_merge(common, parse_sets(args.set))
     configs = {}
     for m in modes:  # validate everything before the first run starts
         preset, extra = MODES[m]
@@ -125,7 +126,7 @@ def main() -> int:
         for r in results.values():
             r["ratio_to_sync"] = r["samples_per_s"] / sync["samples_per_s"]
 
-    print(f"\nbackend={args.backend}  steps={args.steps}  overrides={json.dumps(dotted_overrides(args.set))}")
+    print(f"\nbackend={args.backend}  steps={args.steps}  overrides={json.dumps(parse_sets(args.set))}")
     head = (
         f"{'mode':13} {'samples/s':>9} {'trainer':>8} {'infer':>6} {'bottleneck':>11} {'busy':>6} "
         f"{'≥95%':>4} {'vs sync':>7}  {'aborted':>7} {'resumed':>7} {'retried':>7}"

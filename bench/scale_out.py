@@ -87,7 +87,8 @@ def run_one(name: str, args: argparse.Namespace, cache_dir: str, run_id: int) ->
 
     from workers.driver import RunDriver
     from workers.lifecycle import on_the_head
-    from workers.presets import build, deep_merge, dotted_overrides
+    from workers.merge import parse_sets
+    from workers.presets import build, deep_merge
     from workers.run_actors import NAMESPACE
 
     trainer, nodes = CONFIGS[name]
@@ -95,7 +96,7 @@ def run_one(name: str, args: argparse.Namespace, cache_dir: str, run_id: int) ->
         {"trainer": trainer, "stop": {"max_steps": args.steps, "max_minutes": 20}},
         TWO_NODES if nodes == 2 else {},
     )
-    cfg = build(args.preset, deep_merge(overrides, dotted_overrides(args.set)))
+    cfg = build(args.preset, deep_merge(overrides, parse_sets(args.set)))
     driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE, **on_the_head()).remote(
         run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
     )

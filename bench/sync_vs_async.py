@@ -27,8 +27,9 @@ import time
 import ray
 
 from workers.driver import RunDriver
+from workers.merge import parse_sets
 from workers.paths import Confinement
-from workers.presets import build, deep_merge, dotted_overrides
+from workers.presets import build, deep_merge
 from workers.run_actors import NAMESPACE
 
 
@@ -109,7 +110,7 @@ def main() -> int:
     args = ap.parse_args()
 
     overrides = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
-    overrides = deep_merge(overrides, dotted_overrides(args.set))
+    overrides = deep_merge(overrides, parse_sets(args.set))
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}

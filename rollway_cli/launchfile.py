@@ -4,8 +4,10 @@ The file's top level mixes the launch's own fields (preset, team, experiment, na
 priority, saved_config, overrides) with config overrides written where they sit in the
 config (`buffer: {capacity: 8}`, or dotted: `buffer.capacity: 8`); both kinds of
 override are merged, file first, then each `--set a.b=value` in order. The site takes
-nested overrides only, so dotted keys are nested here. A `--set` value is a YAML scalar
-(or flow collection): 8 is a number, true a boolean, null null, "8" a string.
+nested overrides only, so dotted keys are nested here. A `--set` value follows the
+grammar the bench scripts share (workers/merge.py): JSON when it is JSON (8 a number,
+true a boolean, null null, "8" a string), else the text itself (`no` is the string "no",
+which a boolean field reads as false).
 """
 
 from __future__ import annotations
@@ -16,41 +18,25 @@ from typing import Any
 import yaml
 
 from rollway_cli.errors import BAD_REQUEST, CliError
+from workers import merge
 from workers.merge import deep_merge
 
 LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "saved_config", "overrides")
 
 
 def nest(flat: dict[str, Any], where: str = "overrides") -> dict:
-    """Overrides with dotted keys (at any depth) as nested dicts: {"a.b": 1} → {"a": {"b": 1}}."""
-    out: dict = {}
-    for key, value in flat.items():
-        if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-            raise CliError(f"{where}: {key!r} is not a config field name such as buffer.capacity", BAD_REQUEST)
-        if isinstance(value, dict):
-            value = nest(value, where)
-        *parents, leaf = key.split(".")
-        node: dict = {}
-        tip = node
-        for part in parents:
-            tip[part] = {}
-            tip = tip[part]
-        tip[leaf] = value
-        out = deep_merge(out, node)
-    return out
+    try:
+        return merge.nest(flat, where)
+    except merge.OverrideError as exc:
+        raise CliError(str(exc), BAD_REQUEST) from None
 
 
 def parse_set(item: str) -> dict:
-    """`a.b=value` → {"a": {"b": value}}, the value read as YAML."""
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise CliError(f"--set {item!r}: write it as field.path=value, e.g. --set buffer.capacity=8", BAD_REQUEST)
+    """`a.b=value` → {"a": {"b": value}} in workers.merge's `--set` grammar."""
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise CliError(f"--set {key}: {raw!r} is not a YAML value ({exc.problem or exc})", BAD_REQUEST) from None
-    return nest({key: value}, where="--set")
+        return merge.parse_set(item)
+    except merge.OverrideError as exc:
+        raise CliError(str(exc), BAD_REQUEST) from None
 
 
 def read_file(path: Path) -> dict:

@@ -191,6 +191,34 @@ def test_dockerfile_builds_cpu_by_default_and_gpu_by_build_arg():
             assert (REPO / path).exists(), f"Dockerfile copies {path}, which does not exist"
 
 
+def test_the_image_carries_every_installed_package_and_the_shipped_data():
+    """pip installs what [tool.setuptools.packages.find] lists only if it is in the build
+    context by then; the site reads the shipped datasets from the repository's data/."""
+    import tomllib
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    pip_at = text.index('pip install -c "deploy/constraints-$FLAVOR.txt"')
+    copies = {m.group(1): m.start() for m in re.finditer(r"^COPY (\S+)/ \1/$", text, re.M)}
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in patterns}
+    assert packages >= {"workers", "rollway_cli"}
+    for package in packages:
+        assert package in copies and copies[package] < pip_at, f"the image's pip install lacks {package}/"
+    assert "data" in copies, "the image lacks data/, the shipped task datasets"
+    from django.conf import settings
+
+    assert str(REPO / "data") in settings.ROLLWAY_DATA_ROOTS
+
+
+def test_no_deploy_file_makes_the_public_demo_login():
+    """The demo login's password is public: deploy/ runs migrate and the servers, never
+    `manage.py up` (which makes it on loopback) nor a user of that name."""
+    for path in [DEPLOY / "docker-compose.yml", DEPLOY / "Dockerfile", *sorted((DEPLOY / "k8s").glob("*.yaml"))]:
+        text = path.read_text()
+        assert not re.search(r"manage\.py\W+up\b", text), f"{path.name} runs `manage.py up`"
+        assert "demo" not in text.lower(), f"{path.name} mentions the demo login"
+
+
 def test_torch_pin_is_the_same_in_makefile_constraints_and_pyproject():
     pins = {
         "Makefile": re.findall(r"torch==([\d.]+)", (REPO / "Makefile").read_text()),

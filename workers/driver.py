@@ -36,6 +36,7 @@ from workers.admission import engine_errors
 from workers.checkpoints import CheckpointRecord, CheckpointTarget, check_resume
 from workers.config import RunConfig, StopConfig
 from workers.failures import ChildFailed, explain
+from workers.logs import configure_driver_logging
 from workers.messages import InferenceReport, StepRecord, TrainerReport
 from workers.metric_names import REWARD_WINDOW
 from workers.partial_rollouts import partial_metrics
@@ -84,6 +85,7 @@ class RunDriver:
         no config path is allowed and the scratch goes under `cache_dir`. `resume_from`:
         a checkpoint (a step directory under `confinement.checkpoint_root`, of this run
         or another) to continue from (workers/checkpoints.py)."""
+        configure_driver_logging(run_id)
         self.run_id = run_id
         self.name = actor_name(run_id)
         self.cfg = RunConfig.model_validate(config)

@@ -78,6 +78,23 @@ METRICS: tuple[Metric, ...] = (
         "Fraction of trained sequences whose tokens come from more than one policy version.",
     ),
     Metric("reward/mean", "reward", "Mean reward of the trained batch."),
+    # The trained batch's spread and lengths (workers/batch_stats.py).
+    Metric("reward/std", "reward", "Standard deviation of the trained batch's rewards (over its completions)."),
+    Metric(
+        "reward/zero_std_frac",
+        "fraction",
+        "Fraction of the trained batch's groups whose completions all got the same reward (zero advantage: "
+        "no learning signal).",
+    ),
+    Metric("completion/length_mean", "tokens", "Mean completion length of the trained batch."),
+    Metric("completion/length_min", "tokens", "Shortest completion of the trained batch."),
+    Metric("completion/length_max", "tokens", "Longest completion of the trained batch."),
+    Metric(
+        "completion/clipped_frac",
+        "fraction",
+        "Fraction of the trained completions cut by the token budget or turn limit (no EOS).",
+    ),
+    Metric("trainer/lr", "", "The optimizer's learning rate at the step."),
     Metric("loss", "", "Policy loss."),
     Metric("is/ratio_mean", "", "Mean truncated-IS weight pi_old/mu."),
     Metric("is/clipped_frac", "fraction", "Fraction of tokens whose IS weight was truncated."),

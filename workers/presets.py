@@ -6,7 +6,6 @@ result, so the launch form, the API and tests all go through one path.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypedDict
 
 from workers.config import RunConfig
@@ -390,24 +389,6 @@ PEERS: dict[str, str] = {
 
 class UnknownPreset(ValueError):
     pass
-
-
-def dotted_overrides(items: list[str]) -> dict[str, Any]:
-    """`["a.b=value", ...]` (command-line `--set`; value parsed as JSON when it can be)
-    → nested overrides for `build`."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def build(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
+from workers.batch_stats import batch_metrics
 from workers.config import RunConfig
 from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
@@ -462,6 +463,8 @@ class Trainer:
             "rollout/mixed_version_frac": sum(len(set(r.model_versions)) > 1 for r in rollouts) / len(rollouts),
             "trainer/grad_norm": sum(grad_norms) / len(grad_norms),
             "policy/version": float(self.version),
+            "trainer/lr": self.optimizer.param_groups[0]["lr"],
+            **batch_metrics(groups),
             **stats_acc,
         }
         if self.pool is not None:

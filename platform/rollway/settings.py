@@ -19,6 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
 from workers.admission import Limits
+from workers.logs import PLAIN as PLAIN_LOG
+from workers.logs import log_format
 from workers.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -298,6 +300,15 @@ ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
 # Points returned per series by the metrics API before downsampling kicks in.
 ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
 # The run queue (runs/queue.py): runs active at once on the site, and per team.
+# Every run's config and series go to this MLflow tracking server (or store URI, e.g.
+# file:///srv/mlruns) as they arrive (runs/tracking.py; needs the `mlflow` extra).
+# Unset: nothing is exported.
+ROLLWAY_MLFLOW_TRACKING_URI = env_str("ROLLWAY_MLFLOW_TRACKING_URI", "")
+if ROLLWAY_MLFLOW_TRACKING_URI and importlib.util.find_spec("mlflow") is None:
+    raise ImproperlyConfigured(
+        "ROLLWAY_MLFLOW_TRACKING_URI is set but mlflow is not installed: pip install 'rollway[mlflow]' "
+        "(or '.[mlflow]' in a checkout), or unset it"
+    )
 ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
 ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 
@@ -402,11 +413,17 @@ if ROLLWAY_PROXY_COUNT < 0:
     raise ImproperlyConfigured(f"ROLLWAY_PROXY_COUNT must be 0 or more (got {ROLLWAY_PROXY_COUNT})")
 
 # --- logging ------------------------------------------------------------------------
+# ROLLWAY_LOG_FORMAT=json: one JSON object a line, with the run's id on lines about a run
+# (workers/logs.py; each run's driver reads the same variable).
+try:
+    ROLLWAY_LOG_FORMAT = log_format()
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": PLAIN_LOG}, "json": {"()": "workers.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": ROLLWAY_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("ROLLWAY_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

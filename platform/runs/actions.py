@@ -25,7 +25,7 @@ from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound, collected
 from foundation.fields import max_length
 from foundation.ids import ID_TEXT
-from runs import dispatch, events
+from runs import dispatch, events, tracking
 from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
@@ -254,7 +254,14 @@ def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
         transaction.on_commit(lambda: events.send_status(run))
         if schedule:
             ask_scheduler()
-    logger.info("run %s queued by %s (preset %s, priority %s)", run.pk, user, run.preset, run.priority)
+    logger.info(
+        "run %s queued by %s (preset %s, priority %s)",
+        run.pk,
+        user,
+        run.preset,
+        run.priority,
+        extra={"run_id": run.pk},
+    )
     return run
 
 
@@ -272,10 +279,11 @@ def do_set_run_status(run: Run, status: str, *, error: str = "", only_from: Iter
     queue's scheduler is asked to look. Returns whether the row changed."""
     changed = run.transition(status, error=error, only_from=only_from)
     if changed:
-        logger.info("run %s → %s%s", run.pk, status, f" ({error})" if error else "")
+        logger.info("run %s → %s%s", run.pk, status, f" ({error})" if error else "", extra={"run_id": run.pk})
         transaction.on_commit(lambda: events.send_status(run))
         if status in Run.TERMINAL:
             transaction.on_commit(lambda: dispatch.send_or_log(dispatch.SCHEDULE_QUEUE))
+            transaction.on_commit(lambda: tracking.ask_export(run.pk, final=True))
     return changed
 
 

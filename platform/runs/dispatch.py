@@ -22,6 +22,9 @@ CANCEL_RUN = "runs.tasks.cancel_run"
 RECONCILE_RUNS = "runs.tasks.reconcile_runs"
 # The run queue's scheduler (runs/queue.py); takes no run id: it looks at every queued run.
 SCHEDULE_QUEUE = "runs.tasks.schedule_queue"
+# A run's new points to its MLflow run; the finishing one also closes it (runs/tracking.py).
+EXPORT_RUN_METRICS = "runs.tasks.export_run_metrics"
+FINISH_RUN_METRICS = "runs.tasks.finish_run_metrics"
 
 
 def send(task: str, run_id: int | None = None) -> str:

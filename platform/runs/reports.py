@@ -16,7 +16,7 @@ from django.db import transaction
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from runs import events, lineage
+from runs import events, lineage, tracking
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
 from workers.failures import DETAIL_MAX, KINDS
@@ -103,6 +103,7 @@ def do_record_points(run: Run, points: Sequence[PointIn]) -> int:
     run's page. `points` are {"series", "step", "value", "time"} dicts, already valid."""
     written = MetricPoint.objects.upsert(run.pk, ((p["series"], p["step"], p["value"], p["time"]) for p in points))
     transaction.on_commit(lambda: events.send_points(run.pk, points))
+    transaction.on_commit(lambda: tracking.ask_export(run.pk))
     return written
 
 

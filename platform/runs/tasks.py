@@ -14,6 +14,7 @@ from runs import dispatch
 from runs.in_ray import do_start_in_ray, do_stop_in_ray
 from runs.queue import do_schedule_queue
 from runs.reconcile import do_reconcile_runs
+from runs.tracking import do_export_run
 
 
 @shared_task(name=dispatch.LAUNCH_RUN, ignore_result=True)
@@ -38,3 +39,15 @@ def reconcile_runs() -> dict[str, int]:
 def schedule_queue() -> list[int]:
     """Schedule the queued runs that may start now and send `launch_run` for each."""
     return do_schedule_queue()
+
+
+@shared_task(name=dispatch.EXPORT_RUN_METRICS, ignore_result=True)
+def export_run_metrics(run_id: int) -> int:
+    """Send a run's points stored since the last export to its MLflow run."""
+    return do_export_run(run_id)
+
+
+@shared_task(name=dispatch.FINISH_RUN_METRICS, ignore_result=True)
+def finish_run_metrics(run_id: int) -> int:
+    """Send an ended run's last points to its MLflow run and close it with its outcome."""
+    return do_export_run(run_id, final=True)

@@ -13,7 +13,9 @@ tests/engine/test_driver.py (`test_a_launched_run_reports_the_vocabulary_and_suc
 
 from __future__ import annotations
 
+import re
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +68,28 @@ def test_train_step_returns_only_known_names(tiny_model_dir, method, minibatches
     # Mode-specific: pipelinerl_reinforce weighs pi_theta/mu directly, with no PPO clip.
     assert ("ppo/clipped_frac" in metrics) == (method != "pipelinerl_reinforce")
     assert "pipelinerl_reinforce" in BY_NAME["ppo/clipped_frac"].only
+
+
+def test_train_step_reports_the_batch_spread_lengths_and_learning_rate(tiny_model_dir):
+    """The figures a GRPO user looks for first (TRL's reward_std, frac_reward_zero_std,
+    completions/* and learning_rate), from every step."""
+    cfg = small_config()
+    groups = fixed_groups(tiny_model_dir, cfg)
+    metrics = Trainer(cfg, tiny_model_dir).train_step(groups)
+    assert metrics["trainer/lr"] == cfg.trainer.lr
+    lengths = [len(r.completion_ids) for g in groups for r in g.rollouts]
+    assert metrics["completion/length_max"] == max(lengths)
+    assert {"reward/std", "reward/zero_std_frac", "completion/length_mean", "completion/clipped_frac"} <= set(metrics)
+
+
+def test_the_glossary_names_only_series_of_the_vocabulary():
+    """docs/metrics.md maps our names to TRL's and verl's: a renamed or misspelled series
+    there would send a reader looking for a chart that does not exist."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
+    ours = {name for cell in rows for name in re.findall(r"`([^`]+)`", cell)}
+    assert len(ours) >= 15, "the glossary table lost its rows"
+    assert ours <= NAMES, f"docs/metrics.md names series outside METRICS: {sorted(ours - NAMES)}"
 
 
 BUFFER_MODES = typing.get_args(BufferConfig.model_fields["mode"].annotation)

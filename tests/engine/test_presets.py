@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from workers.config import RunConfig
 from workers.driver import RunDriver
-from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge, dotted_overrides
+from workers.merge import parse_sets
+from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
 from workers.run_actors import NAMESPACE, actor_name
 
 # Every peer library whose buffer layout at least is known: each has a preset.
@@ -54,17 +55,9 @@ def test_deep_merge_leaves_its_inputs_alone():
     assert base == {"a": {"b": 1, "c": 2}}
 
 
-def test_dotted_overrides_nest_keys_and_parse_json_values():
-    assert dotted_overrides(["trainer.lr=0.002", "correction.method=masked_is", "seed=3"]) == {
-        "trainer": {"lr": 0.002},
-        "correction": {"method": "masked_is"},
-        "seed": 3,
-    }
-
-
 def test_a_bad_override_names_the_field():
     with pytest.raises(ValidationError) as err:
-        build("sync", dotted_overrides(["buffer.capacity=-1"]))
+        build("sync", parse_sets(["buffer.capacity=-1"]))
     assert "buffer.capacity" in str(err.value)
 
 

@@ -2,14 +2,17 @@
 
 Starts, as children in their own process groups: a local Ray head (unless RAY_ADDRESS
 names an existing cluster), then with RAY_ADDRESS set for them a Celery worker, Celery
-beat and daphne serving the ASGI app. Before that it migrates and makes sure the demo
-login exists. Ctrl-C or SIGTERM stops web, beat and worker, then the Ray head (by
-signalling its `ray start --block`, never `ray stop`), and waits until no process of
-theirs is left. If any child dies, the rest are stopped and `up` exits non-zero.
+beat and daphne serving the ASGI app. Before that it migrates and, when the site is bound to
+loopback only (or `--demo` asks), makes sure the demo login exists; a start that makes no
+demo login leaves an existing demo user unable to log in. Ctrl-C or SIGTERM stops web,
+beat and worker, then the Ray head (by signalling its `ray start --block`, never
+`ray stop`), and waits until no process of theirs is left. If any child dies, the rest
+are stopped and `up` exits non-zero.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import sys
@@ -67,6 +70,24 @@ def celery_beat_args(schedule: str) -> list[str]:
     return ["-A", "rollway", "beat", "--loglevel", "INFO", "--schedule", schedule]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve to anything
+        return False
+
+
+def wants_demo(host: str, demo: bool, no_demo: bool) -> bool:
+    """Whether this start makes the demo login. Its password is public (README), so by
+    default only a site nobody else can reach gets one; `--demo` asks for it anyway."""
+    if no_demo:
+        return False
+    return demo or is_loopback(host)
+
+
 def ensure_demo_login() -> None:
     """The demo user (password reset to `demo` on every start), its team and experiment."""
     from runs.actions import do_ensure_demo
@@ -76,6 +97,35 @@ def ensure_demo_login() -> None:
         user.set_password(DEMO_PASSWORD)
         user.save(update_fields=["password"])
     do_ensure_demo(user)
+
+
+def lock_demo_login() -> bool:
+    """Leave the demo user, if an earlier start made one, unable to log in (its runs and
+    team stay). Returns whether a usable password was removed."""
+    user = get_user_model().objects.filter(username=DEMO_USERNAME).first()
+    if user is None or not user.has_usable_password():
+        return False
+    user.set_unusable_password()
+    user.save(update_fields=["password"])
+    return True
+
+
+def settle_demo_login(host: str, demo: bool, no_demo: bool) -> tuple[bool, list[str]]:
+    """Make or lock the demo login for a start bound to `host`. Returns whether the demo
+    login works, and the lines `up` prints about it."""
+    notes = []
+    if wants_demo(host, demo, no_demo):
+        ensure_demo_login()
+        if not is_loopback(host):
+            notes.append(f"the demo login {DEMO_USERNAME}/{DEMO_PASSWORD} is open to anyone who reaches {host}")
+        return True, notes
+    if lock_demo_login():
+        notes.append(
+            f"the demo user can no longer log in (its password is removed; --demo resets it to {DEMO_PASSWORD})"
+        )
+    if not is_loopback(host) and not no_demo:
+        notes.append(f"no demo login on {host}, which is not loopback: `manage.py createsuperuser` makes a login")
+    return False, notes
 
 
 def child_env(public_url: str, ray_env: dict[str, str]) -> dict[str, str]:
@@ -120,7 +170,17 @@ class Command(BaseCommand):
             help="Celery worker threads (tasks are short: launch, cancel, reconcile)",
         )
         parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs the local Ray head offers")
-        parser.add_argument("--no-demo", action="store_true", help="do not create the demo login")
+        demo = parser.add_mutually_exclusive_group()
+        demo.add_argument(
+            "--demo",
+            action="store_true",
+            help="make the demo login (demo/demo) even when --host is not loopback",
+        )
+        demo.add_argument(
+            "--no-demo",
+            action="store_true",
+            help="make no demo login and lock an existing one (the default off loopback)",
+        )
 
     def handle(self, *args, **opts):
         stop = threading.Event()
@@ -128,16 +188,16 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop.set())
 
         call_command("migrate", interactive=False, verbosity=0)
-        if not opts["no_demo"]:
-            ensure_demo_login()
-
         host, port = opts["host"], opts["port"]
+        demo, notes = settle_demo_login(host, opts["demo"], opts["no_demo"])
         browse_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         url = f"http://{browse_host}:{port}/"
         home = Path(settings.ROLLWAY_HOME)
         python = sys.executable
         bindir = Path(python).parent
         sup = Supervisor(sys.stdout)
+        for note in notes:
+            sup.write("up", note)
         exit_code = 0
         try:
             if os.environ.get("RAY_ADDRESS"):
@@ -176,7 +236,7 @@ class Command(BaseCommand):
             web = sup.start("web", [str(bindir / "daphne"), *daphne_args(host, port)], env=web_env(env), cwd=cwd)
             if not wait_http_ok(f"{url}healthz", WEB_READY_TIMEOUT_S, web.alive):
                 raise CommandError(f"the web server did not answer at {url}healthz")
-            login = "" if opts["no_demo"] else f"  log in as {DEMO_USERNAME} / {DEMO_PASSWORD}"
+            login = "" if not demo else f"  log in as {DEMO_USERNAME} / {DEMO_PASSWORD}"
             sup.write("up", f"Rollway is up at {url}{login}  (Ctrl-C stops everything)")
 
             while not stop.wait(0.5):
