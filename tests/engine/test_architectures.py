@@ -277,3 +277,30 @@ def test_a_checkpoint_starts_without_the_tiny_models_warm_start_unless_asked(che
     assert (asked.warm_start.steps, asked.warm_start.noisy_steps) == (5, 0)
     # Stored and read back, the config says the same.
     assert RunConfig.model_validate(cfg.model_dump(mode="json")).warm_start == cfg.warm_start
+
+
+# --- GPT-NeoX on vLLM: a whole run, the trainer and the engine in actors of their own ------
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_gpt_neox_run_on_vllm_trains_syncs_and_exports(cluster, cache_dir, checkpoints, tmp_path, mode):
+    """The cells the matrix cannot run in one process (vLLM patches transformers'
+    GPT-NeoX class where it loads one), as a run: through the driver and Ray actors."""
+    try:
+        importlib.import_module("vllm")
+    except Exception as exc:  # ImportError, or a broken install
+        pytest.skip(f"vllm is not importable ({exc})")
+    from tests.engine.test_hf_models import box_for, run_driver
+
+    source = checkpoints("gpt_neox")
+    cfg = cell_config(source, "vllm", mode).model_copy(
+        update={"stop": RunConfig().stop.model_copy(update={"max_steps": 2})}
+    )
+    box = box_for(os.path.dirname(source), tmp_path)
+    out = run_driver(830 + (mode == "lora"), cfg, cache_dir, box)
+    assert out["state"] == "succeeded", out["error"]
+    assert sorted(dict(out["series"]["reward/mean"])) == [1, 2]
+    exported = AutoModelForCausalLM.from_pretrained(out["export_dir"])
+    assert state_checksum(checkpoint_state_dict(exported)) == out["policy_sha256"]
