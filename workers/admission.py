@@ -7,6 +7,8 @@ names the field and the limit. Two checks, both pure functions of the config:
 - **operator limits** (`Limits`, set by the site's settings): steps, minutes, inference
   workers, model parameters;
 - **what the engine can run** (`engine_errors`): pool sizes it does not implement yet;
+- **what the model takes** (`model_errors`): LoRA target modules that match none of its
+  modules, prompts and completions longer than its positions;
 - **cluster capacity** (`Capacity`, what Ray reports the cluster has in total): the CPUs
   and GPUs the run's actors ask for (workers/placement.py, from the config), an estimate
   of the memory they need (model, optimizer state, activations, KV cache, per-process
@@ -16,22 +18,24 @@ names the field and the limit. Two checks, both pure functions of the config:
 The estimate is deliberately rough — the point is to refuse what can never run, not
 to pack the cluster tightly. A run that fits but not now waits in the platform's queue.
 
-This module imports neither Ray nor torch: the web process calls it on every launch.
+This module imports neither Ray nor torch at import time: the web process calls it on
+every launch. Reading a checkpoint's config (transformers) and building a model on the
+meta device to list its modules (no weights) happen inside the functions that need them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import placement
-from workers.inference.base import VLLM_MAX_NUM_SEQS
+from workers.inference.base import vllm_cpu_kv_cache_bytes
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
+    from workers.model import ModelDims
 
 FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 # Resident memory of an actor process before its model: Python, torch, Ray's worker.
@@ -94,27 +98,50 @@ def model_shape(cfg: RunConfig) -> dict[str, int]:
         shape["params"] = 2 * v * h + n * (4 * h * h + 3 * h * i + 2 * h) + h
         shape["kv_width"] = h  # as many key/value heads as query heads
         return shape
-    if cfg.model.source == "hub":
-        from workers.model import hub_metadata_dir  # the Hub model's config, fetched by the launch check
+    return _checkpoint_shape(_model_dir(cfg))
 
-        return _checkpoint_shape(hub_metadata_dir(cfg.model.hub_id or ""))
-    return _checkpoint_shape(cfg.model.path or "")
+
+def _model_dir(cfg: RunConfig) -> str:
+    """Where the run's checkpoint's config and tokenizer are: model.path, or the Hub
+    model's (fetched by the launch check, no weights)."""
+    if cfg.model.source == "hub":
+        from workers.model import hub_metadata_dir
+
+        return hub_metadata_dir(cfg.model.hub_id or "")
+    return cfg.model.path or ""
+
+
+def _dims(cfg: RunConfig) -> ModelDims:
+    """The run's model's sizes: from the config for the tiny model, else as transformers
+    reads the checkpoint's config for its architecture."""
+    from workers.model import ModelDims, model_config, model_dims
+
+    if cfg.model.source != "tiny":
+        return model_dims(model_config(_model_dir(cfg)))
+    from workers.tokenizer import CharTokenizer
+
+    m = cfg.model
+    return ModelDims(
+        hidden=m.hidden_size,
+        layers=m.num_layers,
+        heads=m.num_heads,
+        kv_heads=m.num_heads,
+        head_dim=m.hidden_size // m.num_heads,
+        intermediate=m.intermediate_size,
+        vocab=CharTokenizer().vocab_size,
+        positions=m.max_position_embeddings,
+        tied=False,
+    )
 
 
 def _checkpoint_shape(model_dir: str) -> dict[str, int]:
-    with open(os.path.join(model_dir, "config.json")) as f:
-        hf = json.load(f)
-    shape = {
-        "hidden": int(hf.get("hidden_size", 0)),
-        "layers": int(hf.get("num_hidden_layers", 0)),
-        "intermediate": int(hf.get("intermediate_size", 0)),
-        "vocab": int(hf.get("vocab_size", 0)),
-    }
-    heads = int(hf.get("num_attention_heads", 0) or 1)
-    kv_heads = int(hf.get("num_key_value_heads", 0) or heads)
+    from workers.model import model_config, model_dims
+
+    dims = model_dims(model_config(model_dir))
+    shape = {"hidden": dims.hidden, "layers": dims.layers, "intermediate": dims.intermediate, "vocab": dims.vocab}
     # Width of one token's keys (or values) in one layer: grouped-query attention keeps
     # fewer key/value heads than query heads.
-    shape["kv_width"] = shape["hidden"] * kv_heads // heads
+    shape["kv_width"] = dims.kv_heads * dims.head_dim
     shape["params"] = _checkpoint_params(model_dir) or (
         2 * shape["vocab"] * shape["hidden"]
         + shape["layers"] * (4 * shape["hidden"] ** 2 + 3 * shape["hidden"] * shape["intermediate"])
@@ -133,6 +160,22 @@ def _checkpoint_params(model_dir: str) -> int:
                 for key in f.keys():
                     total += math.prod(f.get_slice(key).get_shape())
     return total
+
+
+def _tokenizer(cfg: RunConfig):
+    from workers.tokenizer import CharTokenizer, load_tokenizer
+
+    return CharTokenizer() if cfg.model.source == "tiny" else load_tokenizer(_model_dir(cfg))
+
+
+def run_context(cfg: RunConfig, dims: ModelDims | None = None) -> int:
+    """Tokens one sequence of the run holds (workers/context.py): what a vLLM engine's
+    max_model_len and KV cache are sized for. ValueError when it exceeds the model's
+    positions (`model_errors` names the field)."""
+    from workers.context import context_tokens
+
+    dims = dims or _dims(cfg)
+    return context_tokens(cfg, _tokenizer(cfg), dims.positions)
 
 
 def demand(cfg: RunConfig) -> Demand:
@@ -154,7 +197,13 @@ def demand(cfg: RunConfig) -> Demand:
     kv_per_token = n * 2 * h * FLOAT_BYTES
     workers = cfg.inference.num_workers
     if cfg.inference.backend == "vllm":
-        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + kv_per_token * seq * VLLM_MAX_NUM_SEQS
+        # What the engine reserves: VLLM_MAX_NUM_SEQS sequences of the run's context.
+        dims = _dims(cfg)
+        try:
+            context = run_context(cfg, dims)
+        except ValueError:  # longer than the model's positions: model_errors says so
+            context = dims.positions or seq
+        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + vllm_cpu_kv_cache_bytes(dims, context)
     else:
         rows = math.ceil(cfg.trainer.batch_groups / workers) * cfg.trainer.group_size
         worker = PROCESS_BYTES + weights + kv_per_token * seq * rows
@@ -331,6 +380,45 @@ def engine_errors(cfg: RunConfig) -> dict[str, str]:
     return errors
 
 
+def model_errors(cfg: RunConfig) -> dict[str, str]:
+    """{dotted field: message} for settings the run's model cannot take: LoRA target
+    modules that match none of its modules (the model is built on the meta device from
+    its config: module names, no weights), and a longest prompt + inference.max_new_tokens
+    past its positions (a checkpoint's; the tiny model's is checked by RunConfig)."""
+    from workers.task_data import DatasetError
+
+    errors: dict[str, str] = {}
+    if cfg.lora.enabled:
+        from workers.lora import target_problem
+
+        problem = target_problem(_meta_model(cfg), cfg.lora)
+        if problem:
+            errors["lora.target_modules"] = problem
+    if cfg.model.source != "tiny":
+        try:
+            run_context(cfg)
+        except DatasetError:
+            pass  # the dataset's own check names its field
+        except ValueError as exc:
+            errors["inference.max_new_tokens"] = str(exc)
+    return errors
+
+
+def _meta_model(cfg: RunConfig):
+    """The run's model on the meta device: its modules, no weights allocated."""
+    import torch
+
+    if cfg.model.source == "tiny":
+        from workers.model import build_tiny
+        from workers.tokenizer import CharTokenizer
+
+        with torch.device("meta"):
+            return build_tiny(cfg.model, CharTokenizer(), cfg.seed)
+    from workers.model import meta_model
+
+    return meta_model(_model_dir(cfg))
+
+
 def _gpu_error(cfg: RunConfig, need: Demand, capacity: Capacity) -> tuple[str, str]:
     """(field, message) for a run that asks for more GPUs than the cluster has: the field
     of the pool that asks for more."""
@@ -384,6 +472,8 @@ def admission_errors(cfg: RunConfig, limits: Limits, capacity: Capacity | None) 
     """Operator limits and what the engine can run, then (when the cluster's capacity is
     known) what it can ever give. Empty: the run may be queued."""
     errors = {**engine_errors(cfg), **limit_errors(cfg, limits)}
+    for field_name, message in model_errors(cfg).items():
+        errors.setdefault(field_name, message)
     if capacity is not None and not errors:
         # Past a limit the estimate can be astronomically large: the limit's message says enough.
         errors.update(capacity_errors(cfg, capacity))

@@ -156,7 +156,9 @@ class TaskConfig(_Section):
 
 class WarmStartConfig(_Section):
     """Supervised warm-start (RL starts from a pretrained policy). Cached on disk, keyed
-    by model+task+this section+seed, so it runs once per machine.
+    by model+task+this section+seed, so it runs once per machine. On by default for the
+    tiny model only: a checkpoint from a path or the Hub starts RL as it is unless
+    `steps` or `noisy_steps` is set (RunConfig fills both with 0 otherwise).
 
     Two phases: `steps` on clean demonstrations teach the skill (greedy decoding ≈ 0.9–1.0
     reward), then `noisy_steps` on demonstrations whose characters are replaced at random
@@ -311,9 +313,10 @@ class TrainerConfig(_Section):
         return self
 
 
-# Every linear layer of a Llama/Qwen2 block: the usual choice for RL fine-tuning with LoRA.
-# The one list of default target modules (workers/lora.py reads the config, not this).
-LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# peft's name for every linear layer of the model but its output layer, whatever the
+# architecture calls them (q_proj… in Llama, c_attn… in GPT-2, query_key_value… in
+# GPT-NeoX): the usual choice for RL fine-tuning with LoRA, and the default.
+ALL_LINEAR = "all-linear"
 
 
 class LoRAConfig(_Section):
@@ -324,11 +327,19 @@ class LoRAConfig(_Section):
     rank: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0)
     target_modules: list[str] = Field(
-        default_factory=lambda: list(LORA_TARGET_MODULES),
+        default_factory=lambda: [ALL_LINEAR],
         min_length=1,
-        description="Module names (suffixes) that get an adapter.",
+        description=f"Module names (suffixes, e.g. q_proj, v_proj) that get an adapter, or {ALL_LINEAR!r}: "
+        "every linear layer but the output layer, whatever the architecture names them.",
     )
     dropout: float = Field(0.0, ge=0, lt=1)
+
+    @field_validator("target_modules")
+    @classmethod
+    def _all_linear_alone(cls, targets: list[str]) -> list[str]:
+        if ALL_LINEAR in targets and len(targets) > 1:
+            raise ValueError(f"lora.target_modules: {ALL_LINEAR!r} names every linear layer; give it alone")
+        return targets
 
 
 class CorrectionConfig(_Section):
@@ -525,6 +536,20 @@ class RunConfig(_Section):
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoints_start_as_they_are(cls, data: object) -> object:
+        # A real checkpoint already has its skills; the tiny model's default warm start
+        # (hundreds of supervised steps on toy demonstrations) would overwrite them.
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model")
+        source = model.get("source") if isinstance(model, dict) else getattr(model, "source", None)
+        warm_start = data.get("warm_start") or {}
+        if source in ("path", "hub") and isinstance(warm_start, dict):
+            return {**data, "warm_start": {"steps": 0, "noisy_steps": 0, **warm_start}}
+        return data
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:

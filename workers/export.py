@@ -33,10 +33,12 @@ from workers.lora import (
     base_state_dict,
     effective_state_dict,
     is_peft,
+    lora_fan_in_fan_out,
     lora_scaling,
     merge_adapter,
     split_live_state,
 )
+from workers.model import untied
 from workers.sync.base import state_checksum
 from workers.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
@@ -130,9 +132,11 @@ def _tensors(model: torch.nn.Module, live_state: dict | None) -> dict[str, dict]
             "adapter": adapter_state_dict(model),
         }
     if not is_peft(model):
-        return {"effective": live_state}
+        return {"effective": untied(live_state, model)}
     base, adapter = split_live_state(live_state)
-    return {"effective": merge_adapter(base, adapter, lora_scaling(model)), "base": base, "adapter": adapter}
+    base = untied(base, model)
+    merged = merge_adapter(base, adapter, lora_scaling(model), fan_in_fan_out=lora_fan_in_fan_out(model))
+    return {"effective": merged, "base": base, "adapter": adapter}
 
 
 def _export_adapter(model, tensors: dict, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:

@@ -14,9 +14,10 @@ rest of the engine needs of that lives here, in one place:
 - `adapter_config` / `write_adapter_dir`: a peft adapter directory, loadable by peft
   and by vLLM.
 
-The list of target modules is `workers.config.LORA_TARGET_MODULES` (the config's
-default); the vLLM side of adapters (engine arguments, registering an adapter) belongs
-to the vLLM backend.
+The default target is peft's "all-linear" (`workers.config.ALL_LINEAR`): every linear
+layer whatever the architecture names them; `target_problem` says, before any weight is
+loaded, when a list of names matches no module of the model. The vLLM side of adapters
+(engine arguments, registering an adapter) belongs to the vLLM backend.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from safetensors.torch import save_file
+
+from workers.model import untied
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
@@ -51,12 +54,62 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, *, init_lora_weights: bo
     config = LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates an int and computes with any number
-        target_modules=list(cfg.target_modules),
+        target_modules=peft_targets(cfg, model),
         lora_dropout=cfg.dropout,
         init_lora_weights=init_lora_weights,
         bias="none",
     )
     return get_peft_model(model, config)
+
+
+def peft_targets(cfg: LoRAConfig, model: torch.nn.Module) -> list[str]:
+    """`lora.target_modules` as peft takes it. "all-linear" is spelt out here as the
+    names of every linear layer (nn.Linear, GPT-2's Conv1D) but the output layer, the
+    layers peft's own "all-linear" picks: given the string, peft 0.21 also adapts the
+    fused expert tensors of a transformers-5 mixture of experts (Mixtral) as parameters
+    of their own ranks, which neither the adapter merge here nor vLLM's adapters take."""
+    from transformers.pytorch_utils import Conv1D
+
+    from workers.config import ALL_LINEAR
+
+    if cfg.target_modules != [ALL_LINEAR]:
+        return list(cfg.target_modules)
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, (torch.nn.Linear, Conv1D)) and module is not output
+        }
+    )
+
+
+def target_problem(model: torch.nn.Module, cfg: LoRAConfig) -> str | None:
+    """Why `lora.target_modules` cannot adapt `model`, or None: a list of names that
+    matches none of its modules (peft would refuse it when the trainer starts). `model`
+    may be on the meta device: only its module names are read, with peft's own matching."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    from workers.config import ALL_LINEAR
+
+    targets = list(cfg.target_modules)
+    if targets == [ALL_LINEAR]:
+        return None
+    config = LoraConfig(target_modules=targets)
+    names = [name for name, _ in model.named_modules() if name]
+    if any(check_target_module_exists(config, name) for name in names):
+        return None
+    # A module's own name, for the linear layers a user would pick from.
+    linear = sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ in ("Linear", "Conv1D")}
+        - {"lm_head"}
+    )
+    return (
+        f"{targets} match no module of this {type(model).__name__}; its linear layers are named "
+        f"{', '.join(linear)}: name some of those, or use ['all-linear']"
+    )
 
 
 def is_peft(model: torch.nn.Module) -> bool:
@@ -96,13 +149,20 @@ def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The frozen base under Hugging Face checkpoint names (views, no copy)."""
+    """The frozen base under Hugging Face checkpoint names (views, no copy), a tied
+    weight once: what the base's model.safetensors holds."""
     out = {}
     for key, t in _peft(model).get_base_model().state_dict().items():
         if ".lora_" in key:
             continue
         out[key.replace(".base_layer.", ".")] = t.detach()
-    return out
+    return untied(out, model)
+
+
+def lora_fan_in_fan_out(model: torch.nn.Module) -> bool:
+    """Whether the adapted weights are stored (in, out), as GPT-2's Conv1D layers are:
+    B·A is then transposed before it is added (peft's `fan_in_fan_out`)."""
+    return bool(_lora_config(model).fan_in_fan_out)
 
 
 def lora_scaling(model: torch.nn.Module) -> float:
@@ -129,8 +189,10 @@ def merge_adapter(
     adapter: dict[str, torch.Tensor],
     scaling: float,
     out: dict[str, torch.Tensor] | None = None,
+    fan_in_fan_out: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """base + (B @ A) · scaling for every adapted weight, untouched tensors shared.
+    """base + (B @ A) · scaling for every adapted weight, untouched tensors shared;
+    (B @ A)ᵀ · scaling with `fan_in_fan_out` (`lora_fan_in_fan_out`).
 
     The same float operations, in the same order, as peft's merge (get_delta_weight then
     +=), so the result is bit-identical to `merge_and_unload()` on the same tensors.
@@ -147,12 +209,16 @@ def merge_adapter(
                 f"adapter for {weight!r} does not match the base (has {sorted(ab)}; base has it: {weight in base})"
             )
         if out is None:
-            merged[weight] = base[weight] + (ab["B"] @ ab["A"]) * scaling
+            delta = ab["B"] @ ab["A"]
+            merged[weight] = base[weight] + (delta.T if fan_in_fan_out else delta) * scaling
         else:
             dest = out.get(weight)
             if dest is None:
                 dest = out[weight] = torch.empty_like(base[weight])
-            torch.matmul(ab["B"], ab["A"], out=dest)
+            if fan_in_fan_out:
+                dest.copy_((ab["B"] @ ab["A"]).T)
+            else:
+                torch.matmul(ab["B"], ab["A"], out=dest)
             dest.mul_(scaling)
             torch.add(base[weight], dest, out=dest)
             merged[weight] = dest
@@ -180,14 +246,21 @@ def effective_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     merged (a copy) for a peft model, which is what a full-weight sync of a LoRA run
     must move."""
     if is_peft(model):
-        return merge_adapter(base_state_dict(model), adapter_state_dict(model), lora_scaling(model))
-    return {name: t.detach() for name, t in model.state_dict().items()}
+        return merge_adapter(
+            base_state_dict(model),
+            adapter_state_dict(model),
+            lora_scaling(model),
+            fan_in_fan_out=lora_fan_in_fan_out(model),
+        )
+    return untied({name: t.detach() for name, t in model.state_dict().items()}, model)
 
 
 def adapter_config(model: torch.nn.Module) -> dict:
     """The adapter's `adapter_config.json` contents (JSON-safe, peft format)."""
     config = _lora_config(model).to_dict()
     config["target_modules"] = sorted(config["target_modules"] or [])
+    # peft keeps some name lists as sets (target_parameters for a mixture of experts).
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     config["peft_type"] = "LORA"
     config.pop("runtime_config", None)
     return config

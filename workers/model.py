@@ -17,18 +17,21 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from workers.tokenizer import TOKENIZER_FILE, CharTokenizer, HFTokenizer, Tokenizer
 
 if TYPE_CHECKING:
     import torch
-    from transformers import LlamaForCausalLM, PreTrainedModel
+    from transformers import LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 
     from workers.config import ModelConfig
 
 # What a model directory's weights may be called (single file, or sharded with an index).
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
 # The files of a Hub model a launch check fetches: everything but the weights.
 HUB_METADATA_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
 
@@ -99,14 +102,143 @@ def save_model(model: PreTrainedModel, tokenizer: Tokenizer, model_dir: str) -> 
 
 
 def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Weights under HF checkpoint names, as contiguous detached CPU tensors (a copy)."""
-    return {name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()}
+    """Weights under HF checkpoint names, as contiguous detached CPU tensors (a copy),
+    each tied weight once (`untied`)."""
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in untied(model.state_dict(), model).items()}
+
+
+def tied_weight_names(model: torch.nn.Module) -> set[str]:
+    """Names in `model`'s state dict that are another weight under a second name (an
+    output layer tied to the embedding): transformers' own map of them
+    (`all_tied_weights_keys`, target → source), which `save_pretrained` leaves out of
+    the file. Empty for an untied model; a peft model answers for its base."""
+    get_base_model = getattr(model, "get_base_model", None)
+    base = get_base_model() if callable(get_base_model) else model
+    return set(getattr(base, "all_tied_weights_keys", None) or ())
+
+
+def untied(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`state` (checkpoint names) as the checkpoint stores it: a tied weight once, under
+    its source's name. Every checksum, sync, export and adapter base compares and moves
+    this form, so a model's state and its own model.safetensors agree."""
+    tied = tied_weight_names(model)
+    return {k: v for k, v in state.items() if k not in tied} if tied else state
+
+
+def checkpoint_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """The weights of a model directory under checkpoint names, read from its files: one
+    model.safetensors, or the shards its model.safetensors.index.json names (how every
+    checkpoint past a few GB ships); any other format through transformers.
+
+    safetensors reads one file, and transformers' loaders fill a model rather than
+    return a dict: building a model to read its weights would hold them twice."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(model_dir, SAFETENSORS_FILE)
+    if os.path.isfile(single):
+        return load_file(single)
+    index = os.path.join(model_dir, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        weights: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            weights.update(load_file(os.path.join(model_dir, shard)))
+        return weights
+    model = load_model(model_dir)
+    return saved_form({k: t.detach() for k, t in model.state_dict().items()}, model)
+
+
+def live_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """The directory's weights as a model loaded from it holds them (`load_model`):
+    under the names of its modules, which transformers may rename or fuse from the
+    checkpoint's on load, each tied weight once. Sharded or not, any format."""
+    model = load_model(model_dir)
+    return {k: t.detach() for k, t in untied(model.state_dict(), model).items()}
+
+
+def saved_form(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`state` (a model's own names, as `untied` leaves them) under the names and
+    layout its checkpoint files use, what a loader of checkpoint files (vLLM) takes:
+    transformers' own reversal of its load-time conversions, as save_pretrained does
+    it. `model` may be on the meta device: only its conversions are read."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    get_base_model = getattr(model, "get_base_model", None)  # a peft model's conversions are its base's
+    base = get_base_model() if callable(get_base_model) else model
+    return revert_weight_conversion(cast("PreTrainedModel", base), untied(state, model))
+
+
+def meta_model(model_dir: str) -> PreTrainedModel:
+    """A model of the directory's architecture on the meta device: its modules and
+    names, no weights allocated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(model_config(model_dir))
+
+
+# -- the model's sizes, as transformers reads them ------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """A causal LM's sizes, read through its transformers config class: each class maps
+    the common names onto its own (GPT-2's n_embd, n_positions, …; a multimodal
+    checkpoint's language model is its `get_text_config()`)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    # The most positions it takes; None for a model without a limit of its own.
+    positions: int | None
+    tied: bool
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """float32 keys and values of one token in every layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * 4
+
+
+def model_config(model_dir: str) -> PretrainedConfig:
+    """The directory's config as its transformers config class reads it."""
+    from transformers import AutoConfig
+
+    _quiet()
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def model_dims(config: PretrainedConfig) -> ModelDims:
+    """The sizes of a model of `config` (`model_config`), the way transformers reads them
+    for its architecture."""
+    text = config.get_text_config()
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    positions = getattr(text, "max_position_embeddings", None)
+    return ModelDims(
+        hidden=hidden,
+        layers=int(text.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+        # GPT-2 leaves its MLP width unset (n_inner): four times the hidden size.
+        intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        vocab=int(text.vocab_size),
+        positions=int(positions) if positions else None,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+    )
 
 
 # -- is this directory a model a run can use? ------------------------------------------
 
 
-def _has_weights(model_dir: str) -> bool:
+def has_weights(model_dir: str) -> bool:
+    """Whether the directory holds weights in any form a loader reads (one file or shards)."""
     return any(glob.glob(os.path.join(model_dir, pattern)) for pattern in WEIGHT_PATTERNS)
 
 
@@ -179,7 +311,7 @@ def model_dir_problem(model_dir: str, *, check_weights: bool = True) -> str | No
         return f"is not a Hugging Face model directory: its model config cannot be read as JSON ({exc})"
     if not isinstance(config, dict):
         return "is not a Hugging Face model directory: its model config is not a JSON object"
-    if check_weights and not _has_weights(model_dir):
+    if check_weights and not has_weights(model_dir):
         return (
             "has no weights (model.safetensors, sharded *.safetensors or pytorch_model.bin): "
             "point model.path at a complete Hugging Face model directory"

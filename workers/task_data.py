@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # Extension → the `datasets` builder that reads it.
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+_PROGRESS_BAR_LOCK = threading.Lock()
 
 
 class DatasetError(ValueError):
@@ -39,6 +41,41 @@ class DatasetError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class DatasetLoadError(RuntimeError):
+    """The loader failed for a reason that is not the file's: the message says so, and
+    that the same file may load on another try."""
+
+
+def _keep_progress_bar_lock() -> None:
+    """Give tqdm's progress bars a lock that stays for the life of the process.
+
+    `datasets` reads files through tqdm.contrib.concurrent.thread_map (even with progress
+    bars disabled), whose `ensure_lock` creates the class's lock when it finds none and
+    deletes it on the way out. Two loads starting together in threads of one process
+    (two runs' data checks, or a worker's) can both find none; the second to leave
+    deletes a lock that is already gone: AttributeError "type object 'tqdm' has no
+    attribute '_lock'" out of load_dataset, with nothing wrong in the file. With a lock
+    in place before any load, `ensure_lock` only ever puts the same lock back."""
+    from tqdm import tqdm
+
+    if getattr(tqdm, "_lock", None) is None:
+        with _PROGRESS_BAR_LOCK:
+            tqdm.get_lock()  # on the base class, so every subclass (datasets', the Hub's) finds it
+
+
+def _file_fault(exc: BaseException) -> BaseException | None:
+    """The error about the file's contents inside a loader error (a parse or schema
+    error: datasets wraps those in DatasetGenerationError), or None when the loader
+    failed for a reason of its own."""
+    import pyarrow
+    from datasets.exceptions import DatasetGenerationError
+
+    while isinstance(exc, DatasetGenerationError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    # pyarrow's, json's, csv's (pandas) and decoding errors are ValueErrors or ArrowExceptions.
+    return exc if isinstance(exc, (pyarrow.ArrowException, ValueError, OSError)) else None
 
 
 @dataclass(frozen=True)
@@ -61,12 +98,19 @@ def read_rows(path: str, field: str, cfg: RunConfig) -> list[tuple[str, str]]:
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    _keep_progress_bar_lock()
     try:
         # A throwaway cache: the rows are kept in memory, nothing is left on disk.
         with tempfile.TemporaryDirectory(prefix="rollway-data-") as cache:
             table = datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache, keep_in_memory=True)
     except Exception as exc:  # pyarrow, json and csv errors share no base class
-        raise DatasetError(field, f"{path!r} cannot be read as {builder}: {type(exc).__name__}: {exc}") from None
+        fault = _file_fault(exc)
+        if fault is None:
+            raise DatasetLoadError(
+                f"{field}: loading {path!r} failed inside the datasets library ({type(exc).__name__}: {exc}); "
+                "nothing was found wrong with the file, and the same launch may succeed on another try"
+            ) from exc
+        raise DatasetError(field, f"{path!r} cannot be read as {builder}: {type(fault).__name__}: {fault}") from None
     columns = table.column_names
     for name, column in (("prompt_column", ds_cfg.prompt_column), ("answer_column", ds_cfg.answer_column)):
         if column not in columns:

@@ -27,7 +27,7 @@ from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
 from workers.loss import correction_loss, group_advantages
 from workers.metric_names import rank_series
-from workers.model import checkpoint_state_dict, load_model
+from workers.model import checkpoint_state_dict, load_model, untied
 from workers.rollout import Group
 from workers.step_plan import RankStep, plan_step
 
@@ -207,10 +207,9 @@ class Trainer:
         # sync publishes: take it now.
         self.base_checksum: str | None = None
         if pool is not None and pool.sharded and cfg.lora.enabled:
-            from workers.lora import base_state_dict
-            from workers.sync.base import state_checksum
+            from workers.sync.lora import base_checksum
 
-            self.base_checksum = state_checksum(base_state_dict(self.model))
+            self.base_checksum = base_checksum(self.model)
         self.forward_model = pool.wrap(self.model) if pool is not None else self.model
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
@@ -239,13 +238,21 @@ class Trainer:
         base and adapter merged (the policy the model computes). Sharded (fsdp2): a
         collective every rank calls, gathering the whole policy into each rank's host
         memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
-        from workers.lora import effective_state_dict, is_peft, lora_scaling, merge_adapter, split_live_state
+        from workers.lora import (
+            effective_state_dict,
+            is_peft,
+            lora_fan_in_fan_out,
+            lora_scaling,
+            merge_adapter,
+            split_live_state,
+        )
 
         if self.sharded:
             full = self.gathered_state()
             if is_peft(self.model):
-                full = merge_adapter(*split_live_state(full), lora_scaling(self.model))
-            return {k: t.contiguous().clone() for k, t in full.items()}
+                fan_in_fan_out = lora_fan_in_fan_out(self.model)
+                full = merge_adapter(*split_live_state(full), lora_scaling(self.model), fan_in_fan_out=fan_in_fan_out)
+            return {k: t.contiguous().clone() for k, t in untied(full, self.model).items()}
         if self.cfg.lora.enabled:
             return {k: t.to("cpu").contiguous().clone() for k, t in effective_state_dict(self.model).items()}
         return checkpoint_state_dict(self.model)

@@ -30,7 +30,7 @@ import torch
 
 from workers.config import RunConfig
 from workers.generation import encode_prompt
-from workers.model import build_tiny, load_model, save_model, source_dir
+from workers.model import build_tiny, has_weights, load_model, save_model, source_dir
 from workers.rl_tasks import make_task, task_class
 from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tiny_chars
 from workers.trainer import pack, token_logprobs
@@ -87,12 +87,13 @@ def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None)
     `progress(done, total)` is called after each supervised step of a build."""
     os.makedirs(cache_dir, exist_ok=True)
     target = os.path.join(cache_dir, f"policy-{cache_key(cfg)}")
-    if os.path.exists(os.path.join(target, "model.safetensors")):
+    # A big policy is saved in shards (model.safetensors.index.json), a small one whole.
+    if has_weights(target):
         return target
     with open(target + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
         try:
-            if os.path.exists(os.path.join(target, "model.safetensors")):
+            if has_weights(target):
                 return target
             tmp = tempfile.mkdtemp(prefix=".building-", dir=cache_dir)
             try:

@@ -212,3 +212,57 @@ def test_gpu_memory_is_checked_only_on_gpus_of_known_memory():
         )
         == {}
     )
+
+
+# --- vLLM's context: the run's sequences, not the model's whole window -------------------
+
+
+def qwen25_half_b_dir(tmp_path) -> str:
+    """Qwen2.5-0.5B's config (32,768 positions, tied) beside a small tokenizer, no weights:
+    what admission reads of a checkpoint."""
+    from transformers import Qwen2Config
+
+    from workers.config import TaskConfig
+    from workers.tiny_hf import train_tokenizer
+
+    path = tmp_path / "qwen2.5-0.5b"
+    Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=3,
+    ).save_pretrained(path)
+    train_tokenizer(TaskConfig()).save_pretrained(path)
+    return str(path)
+
+
+def test_a_vllm_worker_is_sized_for_the_runs_prompts_not_the_models_whole_context(tmp_path):
+    from workers.admission import run_context
+    from workers.inference.base import vllm_cpu_kv_cache_bytes
+    from workers.model import model_config, model_dims
+
+    path = qwen25_half_b_dir(tmp_path)
+    run = cfg(model={"source": "path", "path": path}, inference={"backend": "vllm"})
+    dims = model_dims(model_config(path))
+    context = run_context(run)
+    # BOS + the chat template + a reversal prompt of ≤ 5 letters, + 8 new tokens.
+    assert 8 < context <= 40
+    assert vllm_cpu_kv_cache_bytes(dims, context) < 2 * 2**30
+    assert vllm_cpu_kv_cache_bytes(dims, dims.positions) > 200 * 2**30  # what the whole window reserved
+    assert demand(run).per_role["inference worker"] < 8 * 2**30
+
+
+def test_prompts_and_completions_past_the_models_positions_are_refused_at_launch(tmp_path):
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(str(tmp_path / "tiny"), "llama", max_position_embeddings=32)
+    errors = admission_errors(
+        cfg(model={"source": "path", "path": path}, inference={"max_new_tokens": 40}), Limits(), None
+    )
+    assert "inference.max_new_tokens" in errors
+    assert "the model takes 32 positions" in errors["inference.max_new_tokens"]

@@ -16,6 +16,7 @@ from tests.engine.helpers import HF_WARM_START, run_inline, small_config
 from workers import warmstart
 from workers.export import MANIFEST, export_policy
 from workers.lora import adapter_state_dict
+from workers.model import checkpoint_state_dict
 from workers.sync.base import state_checksum
 from workers.tiny_hf import make_tiny_checkpoint
 from workers.tokenizer import CharTokenizer
@@ -63,7 +64,7 @@ def test_the_char_model_exports_as_a_llama_with_a_tokenizer_hf_loads(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(target)
     tok = AutoTokenizer.from_pretrained(target)
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert state_checksum(model.state_dict()) == state_checksum(trainer.state_dict()) == manifest["sha256"]
+    assert state_checksum(checkpoint_state_dict(model)) == state_checksum(trainer.state_dict()) == manifest["sha256"]
     # The char vocabulary as a Hugging Face tokenizer: the same ids, BOS first, no spaces.
     chars = CharTokenizer.load(policy(cfg, cache))  # the run's own vocabulary
     assert tok("ab c=")["input_ids"] == chars.prompt_ids("ab c=")
@@ -85,7 +86,7 @@ def test_a_bpe_model_exports_with_its_tokenizer_and_chat_template(tmp_path, qwen
     model = AutoModelForCausalLM.from_pretrained(target)
     tok = AutoTokenizer.from_pretrained(target)
     source = AutoTokenizer.from_pretrained(qwen_dir)
-    assert state_checksum(model.state_dict()) == state_checksum(trainer.state_dict())
+    assert state_checksum(checkpoint_state_dict(model)) == state_checksum(trainer.state_dict())
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
     chat = [{"role": "user", "content": "abc="}]
     prompt = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
@@ -105,7 +106,7 @@ def test_a_lora_policy_exports_merged_and_the_adapter_alone(tmp_path, qwen_dir):
     # The warm start changed the checkpoint, so the adapter's base ships with it.
     assert (manifest["lora"], manifest["adapter"], manifest["base"]) == (True, "adapter", "base")
     merged = AutoModelForCausalLM.from_pretrained(target)
-    assert state_checksum(merged.state_dict()) == state_checksum(trainer.state_dict())
+    assert state_checksum(checkpoint_state_dict(merged)) == state_checksum(trainer.state_dict())
     adapter_dir = os.path.join(target, "adapter")
     assert json.load(open(os.path.join(adapter_dir, "adapter_config.json")))["base_model_name_or_path"] == "base"
     peft_model = PeftModel.from_pretrained(
@@ -157,14 +158,14 @@ def test_a_finished_run_exports_the_trainers_final_weights(cluster, cache_dir):
     assert out["state"] == "succeeded", out["error"]
     assert out["export_dir"] and os.path.isdir(out["export_dir"])
     model = AutoModelForCausalLM.from_pretrained(out["export_dir"])
-    assert state_checksum(model.state_dict()) == out["policy_sha256"]
+    assert state_checksum(checkpoint_state_dict(model)) == out["policy_sha256"]
 
 
 def test_a_finished_lora_run_exports_merged_weights_and_adapter(cluster, cache_dir):
     out = run_inline(812, cache_dir, lora={"enabled": True}, sync={"protocol": "lora"}, stop={"max_steps": 2}, **SMALL)
     assert out["state"] == "succeeded", out["error"]
     merged = AutoModelForCausalLM.from_pretrained(out["export_dir"])
-    assert state_checksum(merged.state_dict()) == out["policy_sha256"]
+    assert state_checksum(checkpoint_state_dict(merged)) == out["policy_sha256"]
     base = AutoModelForCausalLM.from_pretrained(os.path.join(out["export_dir"], "base"))
     peft_model = PeftModel.from_pretrained(base, os.path.join(out["export_dir"], "adapter"))
     ids = torch.tensor([CharTokenizer().prompt_ids("abcd=")])

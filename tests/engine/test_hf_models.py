@@ -24,7 +24,7 @@ from workers.generation import generate_groups
 from workers.inference import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.inference.transformers_backend import TransformersBackend
-from workers.model import model_dir_problem
+from workers.model import checkpoint_state_dict, model_dir_problem
 from workers.paths import Confinement, PathNotAllowed
 from workers.rl_tasks import make_task
 from workers.run_actors import NAMESPACE, actor_name
@@ -236,7 +236,7 @@ def test_a_run_post_trains_a_local_qwen2_checkpoint_and_exports_it(cluster, cach
     exported = out["export_dir"]
     assert exported == box.export_dir(801)
     model = AutoModelForCausalLM.from_pretrained(exported)
-    assert state_checksum(model.state_dict()) == out["policy_sha256"]
+    assert state_checksum(checkpoint_state_dict(model)) == out["policy_sha256"]
     assert (
         AutoTokenizer.from_pretrained(exported).chat_template == AutoTokenizer.from_pretrained(qwen_dir).chat_template
     )
@@ -267,4 +267,4 @@ def test_a_run_post_trains_a_local_qwen2_checkpoint_on_vllm(cluster, cache_dir, 
     # Weights reached the engine (tied lm_head left to vLLM) and its logprobs match the trainer's.
     assert s["sync/latency_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
     model = AutoModelForCausalLM.from_pretrained(out["export_dir"])
-    assert state_checksum(model.state_dict()) == out["policy_sha256"]
+    assert state_checksum(checkpoint_state_dict(model)) == out["policy_sha256"]

@@ -166,3 +166,78 @@ def test_the_shipped_datasets_are_what_the_generator_writes(tmp_path):
     cfg = config(os.path.join(DATA_DIR, "countdown.jsonl"), prompt_column="prompt", answer_column="answer")
     splits = load_splits(cfg)
     assert (len(splits.train), len(splits.eval)) == (270, 30)
+
+
+# --- loads that start together --------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_progress_bar_lock(monkeypatch):
+    """tqdm as a new process has it (no class lock yet), with the thread switch that
+    loses the race made likely: creating a missing lock yields first, as a thread may
+    be preempted right there (tqdm.contrib.concurrent.ensure_lock checks for a lock,
+    then creates one, then deletes it on the way out if it had found none)."""
+    import importlib
+    import time
+
+    import tqdm.std
+
+    for cls in (tqdm.std.tqdm, importlib.import_module("datasets.utils.tqdm").tqdm):
+        if "_lock" in vars(cls):
+            monkeypatch.delattr(cls, "_lock")
+    get_lock = tqdm.std.tqdm.get_lock.__func__
+
+    def get_lock_after_a_switch(cls):
+        if not hasattr(cls, "_lock"):
+            time.sleep(0.02)
+        return get_lock(cls)
+
+    monkeypatch.setattr(tqdm.std.tqdm, "get_lock", classmethod(get_lock_after_a_switch))
+
+
+def test_many_loads_starting_at_once_all_succeed(tmp_path, fresh_progress_bar_lock):
+    import threading
+
+    paths = [write_rows(tmp_path / f"rows{k}.parquet") for k in range(12)]
+    start = threading.Barrier(len(paths))
+    failures: list[str] = []
+
+    def load(path: str) -> None:
+        start.wait()
+        try:
+            assert len(load_splits(config(path, eval_fraction=0.25)).train) == 15
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=load, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_a_loader_fault_says_the_loader_failed_not_the_file(tmp_path, monkeypatch):
+    import datasets
+
+    from workers.task_data import DatasetLoadError
+
+    path = write_rows(tmp_path / "rows.parquet")
+
+    def broken(*args, **kwargs):
+        raise AttributeError("type object 'tqdm' has no attribute '_lock'")
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(DatasetLoadError) as caught:
+        load_splits(config(path))
+    message = str(caught.value)
+    assert message.startswith("task.dataset.path: loading") and "inside the datasets library" in message
+    assert "AttributeError" in message and "cannot be read as" not in message
+    assert not isinstance(caught.value, DatasetError)
+
+
+def test_a_corrupt_file_is_still_blamed_on_the_file(tmp_path):
+    path = tmp_path / "rows.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DatasetError, match="cannot be read as parquet: ArrowInvalid"):
+        load_splits(config(str(path)))

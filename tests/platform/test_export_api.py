@@ -20,7 +20,7 @@ from runs import exports, in_ray, queue
 from runs.models import Run
 from workers.config import RunConfig
 from workers.export import export_policy
-from workers.model import build_tiny, save_model
+from workers.model import build_tiny, checkpoint_state_dict, save_model
 from workers.sync.base import state_checksum
 from workers.tiny_hf import make_tiny_checkpoint
 from workers.tokenizer import CharTokenizer
@@ -75,7 +75,7 @@ def test_a_member_downloads_a_zip_that_loads(client_for, teammate, make_run, exp
     assert {f"{root}/config.json", f"{root}/model.safetensors", f"{root}/tokenizer.json"} <= names
     archive.extractall(tmp_path / "download")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "download" / root)
-    assert state_checksum(model.state_dict()) == checksum
+    assert state_checksum(checkpoint_state_dict(model)) == checksum
     tok = AutoTokenizer.from_pretrained(tmp_path / "download" / root)
     assert tok("ab=")["input_ids"] == CharTokenizer().prompt_ids("ab=")
 

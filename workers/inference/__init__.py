@@ -24,10 +24,15 @@ def make_backend(
     if cfg.inference.backend == "torch":
         return make_torch_backend(model_dir, cfg.inference.dtype)
     if cfg.inference.backend == "vllm":
-        from workers.inference.vllm_backend import VLLMBackend
+        from workers.context import context_tokens
+        from workers.inference.vllm_backend import VLLMBackend, serves_lora
+        from workers.model import model_config, model_dims
+        from workers.tokenizer import load_tokenizer
 
-        # Adapter-only sync serves the adapters natively; other protocols load full weights.
-        lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" else None
+        # Adapter-only sync serves the adapters natively where vLLM has LoRA layers for
+        # the architecture; elsewhere the receiver merges them and loads full weights.
+        lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" and serves_lora(model_dir) else None
+        positions = model_dims(model_config(model_dir)).positions
         return VLLMBackend(
             model_dir,
             cfg.inference,
@@ -35,6 +40,7 @@ def make_backend(
             dtype=cfg.inference.dtype,
             exact_steps=exact_steps,
             scratch_dir=scratch_dir,
+            max_model_len=context_tokens(cfg, load_tokenizer(model_dir), positions),
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
 

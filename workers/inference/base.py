@@ -8,11 +8,27 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from workers.model import ModelDims
+
 # Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples
 # = 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a
 # vLLM inference worker's KV cache by it, so it lives here, where the web process reads
 # it without torch.
 VLLM_MAX_NUM_SEQS = 256
+# vLLM-CPU's KV blocks are 128 tokens; a sequence always holds whole blocks.
+VLLM_CPU_BLOCK_SIZE = 128
+
+
+def vllm_cpu_kv_cache_bytes(dims: ModelDims, max_model_len: int, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> int:
+    """The KV cache a vLLM-CPU engine reserves: `max_num_seqs` sequences of
+    `max_model_len` tokens (float32), no more (and at least 16 MiB).
+
+    On CPU `gpu_memory_utilization` would reserve a fraction of the NUMA node's RAM
+    (GiBs); a tiny model needs kilobytes per token, and several engines share a box.
+    Admission counts the same bytes."""
+    blocks_per_seq = -(-max_model_len // VLLM_CPU_BLOCK_SIZE)
+    needed = dims.kv_bytes_per_token * blocks_per_seq * VLLM_CPU_BLOCK_SIZE * max_num_seqs
+    return max(needed + needed // 4, 16 * 2**20)
 
 
 @dataclass

@@ -20,7 +20,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from workers.inference.base import Completion, StepToken
 
@@ -51,18 +50,21 @@ class TorchBackend:
     """Batched temperature sampling with per-token logprobs, seeded, stops at EOS."""
 
     def __init__(self, model_dir: str) -> None:
+        from workers.model import checkpoint_weights, model_config, model_dims
+
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         problem = fast_path_problem(cfg)
         if problem:
             raise ValueError(f"{problem} ({model_dir})")
-        self.num_layers = cfg["num_hidden_layers"]
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
-        self.hidden_size = cfg["hidden_size"]
-        self.head_dim = cfg.get("head_dim") or self.hidden_size // self.num_heads
+        dims = model_dims(model_config(model_dir))
+        self.num_layers = dims.layers
+        self.num_heads = dims.heads
+        self.num_kv_heads = dims.kv_heads
+        self.hidden_size = dims.hidden
+        self.head_dim = dims.head_dim
         self.eps = cfg.get("rms_norm_eps", 1e-6)
-        self.max_positions = cfg["max_position_embeddings"]
+        self.max_positions = dims.positions
         # A completion ends at any of them (a chat model's end of turn and its EOS).
         self.stop_ids = torch.tensor(eos_ids(cfg), dtype=torch.long)
         self.eos_id = int(self.stop_ids[0])
@@ -70,8 +72,8 @@ class TorchBackend:
         rope = cfg.get("rope_parameters") or {}
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-        self.tie = cfg.get("tie_word_embeddings", False)
-        self.load_weights(load_file(os.path.join(model_dir, "model.safetensors")))
+        self.tie = dims.tied
+        self.load_weights(checkpoint_weights(model_dir))
 
     # ---- weights ---------------------------------------------------------------
 

@@ -25,7 +25,7 @@ class TransformersBackend:
     are those of every CPU host; a GPU's generator draws other (equally seeded) tokens."""
 
     def __init__(self, model_dir: str, dtype: str = "float32", device: torch.device | str = "cpu") -> None:
-        from workers.model import load_model
+        from workers.model import load_model, model_dims, tied_weight_names
 
         self.device = torch.device(device)
         # transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads unbound.
@@ -38,19 +38,11 @@ class TransformersBackend:
         self.stop_ids = torch.tensor(eos, dtype=torch.long)
         self.eos_id = eos[0]
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else eos[0]
-        self.max_positions = getattr(config, "max_position_embeddings", None)
-        state = self.model.state_dict()
-        self._names = set(state)
-        # Names that share storage with another (tied embeddings): a state dict may leave
-        # them out, as save_pretrained does.
-        seen: dict[int, str] = {}
-        self._aliases = set()
-        for name, t in state.items():
-            ptr = t.data_ptr()
-            if ptr in seen:
-                self._aliases.add(name)
-            else:
-                seen[ptr] = name
+        self.max_positions = model_dims(config).positions
+        self._names = set(self.model.state_dict())
+        # Tied weights (an output layer that is the embedding): the trainer sends each
+        # once, under its checkpoint name, as save_pretrained writes it.
+        self._aliases = tied_weight_names(self.model)
 
     # ---- weights ---------------------------------------------------------------
 

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken
+from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken, vllm_cpu_kv_cache_bytes
+from workers.model import ModelDims, meta_model, model_config, model_dims, saved_form
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -69,8 +70,6 @@ def lora_engine_args(rank: int, max_loras: int = 2) -> dict:
     return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": max(2, max_loras)}
 
 
-# vLLM-CPU's KV blocks are 128 tokens; a sequence always holds whole blocks.
-_CPU_BLOCK_SIZE = 128
 # Tokens one engine step takes on CPU (vLLM-CPU's default for the LLM class); raised to
 # the context length when a model's is longer, as unchunked prefill needs.
 _CPU_STEP_TOKENS = 4096
@@ -120,38 +119,19 @@ def _eos_ids(hf_config: dict) -> list[int]:
     return list(eos) if isinstance(eos, list) else [int(eos)]
 
 
-def _head_dim(hf_config: dict) -> int:
-    return hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
-
-
-def _check_cpu_head_dim(hf_config: dict) -> None:
+def _check_cpu_head_dim(dims: ModelDims) -> None:
     """vLLM-CPU's attention kernels exist for a fixed set of head sizes only; without this
     check a bad size fails deep inside the first forward pass."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     supported = CPUAttentionBackend.get_supported_head_sizes()
-    head_dim = _head_dim(hf_config)
-    if head_dim not in supported:
+    if dims.head_dim not in supported:
         raise ValueError(
             f"vLLM-CPU attention supports head_dim in {supported}; this model has head_dim "
-            f"{head_dim} (hidden_size {hf_config['hidden_size']} / num_attention_heads "
-            f"{hf_config['num_attention_heads']}). Choose model.num_heads so that "
-            f"hidden_size / num_heads is one of those (e.g. hidden_size 64 with num_heads 2), "
-            f"or use inference.backend='torch'."
+            f"{dims.head_dim} (hidden size {dims.hidden} / {dims.heads} attention heads). Choose "
+            f"model.num_heads so that hidden_size / num_heads is one of those (e.g. hidden_size 64 "
+            f"with num_heads 2), or use inference.backend='torch'."
         )
-
-
-def _cpu_kv_cache_bytes(hf_config: dict, max_model_len: int, max_num_seqs: int) -> int:
-    """KV-cache bytes for `max_num_seqs` full-length sequences, no more.
-
-    On CPU `gpu_memory_utilization` reserves a fraction of the NUMA node's RAM (GiBs);
-    a tiny model needs kilobytes per token, and several engines share this box.
-    """
-    num_kv_heads = hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
-    per_token = hf_config["num_hidden_layers"] * 2 * num_kv_heads * _head_dim(hf_config) * 4
-    blocks_per_seq = -(-max_model_len // _CPU_BLOCK_SIZE)
-    needed = per_token * blocks_per_seq * _CPU_BLOCK_SIZE * max_num_seqs
-    return max(needed + needed // 4, 16 * 2**20)
 
 
 def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -187,15 +167,15 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], expected: dict[str, t
         raise ValueError(f"load_weights: {k} has shape {got}, the model's is {want} ({len(wrong)} mismatched)")
 
 
-def _checkpoint_names(
-    state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], hf_config: dict
-) -> dict[str, torch.Tensor]:
-    """The state dict as the checkpoint names it: a model with tied embeddings (Qwen2's
-    small sizes) has `lm_head.weight` in its state dict but not in its files, and vLLM
-    ties it to the embedding itself."""
-    if hf_config.get("tie_word_embeddings") and "lm_head.weight" in state_dict and "lm_head.weight" not in expected:
-        return {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
-    return state_dict
+def serves_lora(model_dir: str) -> bool:
+    """Whether vLLM has LoRA layers for the directory's architecture (GPT-2 has none)."""
+    _configure_environment()
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    archs = _read_model_config(model_dir).get("architectures") or []
+    entries = [ModelRegistry.models[a] for a in archs if a in ModelRegistry.models]
+    return bool(entries) and all(supports_lora(e.load_model_cls()) for e in entries)
 
 
 def _import_vllm():
@@ -212,7 +192,8 @@ def _import_vllm():
 
 def _engine_args(
     model_dir: str,
-    hf_config: dict,
+    dims: ModelDims,
+    max_model_len: int,
     inference_cfg: InferenceConfig,
     on_cpu: bool,
     max_num_seqs: int,
@@ -222,7 +203,6 @@ def _engine_args(
 ) -> dict:
     """The arguments of the in-process engine (VLLMBackend's docstring says what each
     parameter asks for)."""
-    max_model_len = int(hf_config["max_position_embeddings"])
     engine_args: dict = {
         "model": model_dir,
         # Prompts go in as token ids and come back as token ids, also for a model with
@@ -246,13 +226,13 @@ def _engine_args(
         "disable_log_stats": True,
     }
     if on_cpu:
-        _check_cpu_head_dim(hf_config)
+        _check_cpu_head_dim(dims)
         if inference_cfg.tensor_parallel_size > 1:
             # vLLM-CPU pins each tensor-parallel rank's OpenMP threads to cores of its
             # own by default; beside Ray's other actors on a shared host that pinning
             # fights them for the same cores, so the ranks leave placement to the OS.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-        engine_args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, max_model_len, max_num_seqs)
+        engine_args["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_bytes(dims, max_model_len, max_num_seqs)
         # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
         # one engine step's budget leaves a prompt half prefilled; vLLM then discards
         # that request's sampled token and rewinds its seeded generator with
@@ -286,6 +266,21 @@ def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None
     # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
     # plain `model.load_weights` would skip.
     worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    _repack_tied_head(worker)
+
+
+def _repack_tied_head(worker) -> None:
+    # Runs inside vLLM's worker. vLLM-CPU computes the output layer with a packed copy
+    # of its weight, made after loading. A tied output layer is the embedding, which a
+    # reload fills under the embedding's name, but the head's packed copy is not made
+    # again (vLLM 0.32): it would keep the old weights' logits (measured: Qwen2 and
+    # GPT-2 sampled from the old head after a full sync). Pack it again from the
+    # weight it shares.
+    model = worker.get_model()
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and method is not None:
+        method.process_weights_after_loading(head)
 
 
 class VLLMBackend:
@@ -307,8 +302,9 @@ class VLLMBackend:
         lora_rank: int | None = None,
         exact_steps: bool = False,
         scratch_dir: str | None = None,
+        max_model_len: int | None = None,
     ) -> None:
-        """Start the engine on `model_dir` (config.json + model.safetensors).
+        """Start the engine on `model_dir` (config.json + safetensors weights).
 
         `dtype` is float32 by default because the trainer is: a bf16 sampler adds
         sampler/trainer mismatch that IS correction then has to absorb. Pass "bfloat16"
@@ -319,6 +315,9 @@ class VLLMBackend:
         very next token (the stepped update modes need it; `start`).
         `scratch_dir`: where staged weights are written (the run's scratch, removed with
         the run however it ends); None → a temporary directory in /dev/shm.
+        `max_model_len`: the tokens one sequence may hold, prompt and completion
+        (workers/context.py: the run's longest prompt + max_new_tokens); the KV cache is
+        sized for that. None: the model's own position limit.
         """
         LLM, current_platform = _import_vllm()
         self.model_dir = model_dir
@@ -327,16 +326,23 @@ class VLLMBackend:
         hf_config = _read_model_config(model_dir)
         self.eos_ids = _eos_ids(hf_config)
         self.eos_id = self.eos_ids[0]
-        self.vocab_size = int(hf_config["vocab_size"])
-        self.max_model_len = int(hf_config["max_position_embeddings"])
+        dims = model_dims(model_config(model_dir))
+        self.vocab_size = dims.vocab
+        if max_model_len is None:
+            if dims.positions is None:
+                raise ValueError(f"{model_dir}: the model has no position limit of its own; pass max_model_len")
+            max_model_len = dims.positions
+        self.max_model_len = max_model_len
         self.on_cpu = current_platform.is_cpu()
         self._weight_shapes = _checkpoint_shapes(model_dir)
-        self._hf_config = hf_config
+        # The architecture's modules (no weights): what turns the trainer's state dict
+        # into the checkpoint's names and layout, which vLLM loads.
+        self._meta_model = meta_model(model_dir)
         self.lora_rank = lora_rank
         self._lora_request: LoRARequest | None = None  # the adapter every generate call uses (None: the base)
 
         engine_args = _engine_args(
-            model_dir, hf_config, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
+            model_dir, dims, max_model_len, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
         )
         started = time.perf_counter()
         self._llm = _start_engine(LLM, engine_args)
@@ -448,8 +454,8 @@ class VLLMBackend:
                 raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token (BOS)")
             if len(p) >= self.max_model_len:
                 raise ValueError(
-                    f"prompts[{i}] has {len(p)} tokens; the model's max_position_embeddings is "
-                    f"{self.max_model_len}, leaving no room to generate"
+                    f"prompts[{i}] has {len(p)} tokens; this engine holds {self.max_model_len} tokens a "
+                    f"sequence (max_model_len), leaving no room to generate"
                 )
             bad = [t for t in p if not 0 <= t < self.vocab_size]
             if bad:
@@ -472,7 +478,8 @@ class VLLMBackend:
     # ---- weights -----------------------------------------------------------------
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Full reload: every weight from `state_dict` (HF checkpoint names) into the engine.
+        """Full reload: every weight from `state_dict` (the trainer's names, each tied
+        weight once) into the engine, in the checkpoint's names and layout (`saved_form`).
 
         The engine is in process, so vLLM's worker reads the tensors directly (no file, no
         serialisation). Prompt KV cached under the old weights is never reused afterwards
@@ -483,7 +490,7 @@ class VLLMBackend:
             self.load_weights_from_file(state_dict)
             return
         self._check_open()
-        state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
+        state_dict = saved_form(state_dict, self._meta_model)
         _check_state_dict(state_dict, self._weight_shapes)
         weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
         with self._lock:
@@ -498,7 +505,7 @@ class VLLMBackend:
         from safetensors.torch import save_file
 
         self._check_open()
-        state_dict = _checkpoint_names(state_dict, self._weight_shapes, self._hf_config)
+        state_dict = saved_form(state_dict, self._meta_model)
         _check_state_dict(state_dict, self._weight_shapes)
         if self._weights_dir is None:
             parent: str | None
@@ -517,6 +524,8 @@ class VLLMBackend:
             self._llm.collective_rpc(
                 "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
             )
+            if self.on_cpu:
+                self._llm.collective_rpc(_repack_tied_head)
             self._weights_changed()
 
     def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:

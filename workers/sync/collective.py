@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from workers.model import tied_weight_names
 from workers.rendezvous import default_host, join_store, open_store
 from workers.sync.base import (
     Notice,
@@ -72,7 +73,8 @@ class Layout:
     @classmethod
     def of(cls, model: torch.nn.Module) -> Layout:
         named = list(model.named_parameters())
-        extra = sorted(set(model.state_dict()) - {n for n, _ in named})
+        # A tied weight is one parameter under two state-dict names: it moves once.
+        extra = sorted(set(model.state_dict()) - {n for n, _ in named} - tied_weight_names(model))
         if extra:
             raise NotImplementedError(
                 f"collective sync moves parameters only; this model's state dict also has "

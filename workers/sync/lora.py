@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from workers.lora import (
     adapter_config,
@@ -36,6 +35,7 @@ from workers.lora import (
     merge_adapter,
     write_adapter_dir,
 )
+from workers.model import checkpoint_weights, live_weights, saved_form
 from workers.sync.base import (
     Notice,
     Notify,
@@ -51,6 +51,14 @@ from workers.sync.weights import adapter_tensors, is_sharded
 
 # Adapter directories kept on a worker: vLLM may re-read an evicted adapter from disk.
 KEEP_ADAPTERS = 2
+
+
+def base_checksum(model: torch.nn.Module) -> str:
+    """sha256 of a peft model's frozen base as its checkpoint files hold it (names and
+    layout, `saved_form`): what a worker checks its own copy of the base against
+    without building the model (an inference worker running vLLM may not: vLLM runs
+    GPT-NeoX through transformers' class, patched in that process)."""
+    return state_checksum(saved_form(base_state_dict(model), model))
 
 
 def adapter_name(version: int) -> str:
@@ -88,7 +96,7 @@ class LoRASender(WeightSender):
             "protocol": self.protocol,
             "scaling": lora_scaling(model),
             "adapter_config": adapter_config(model),
-            "base_checksum": self.base_checksum or state_checksum(base_state_dict(model)),
+            "base_checksum": self.base_checksum or base_checksum(model),
         }
 
     def send(self, version: int, notify: Notify) -> SyncReport:
@@ -125,7 +133,8 @@ class LoRAReceiver(WeightReceiver):
         self._owns_root = adapter_root is None
         self.adapter_root = adapter_root
         self.verify_base = verify_base
-        self.base: dict[str, torch.Tensor] | None = None
+        self.base: dict[str, torch.Tensor] | None = None  # the merge's base, read on first use
+        self._connected = False
         self._merged: dict[str, torch.Tensor] = {}  # merge buffers, reused per version
         self._written: list[str] = []
 
@@ -133,26 +142,26 @@ class LoRAReceiver(WeightReceiver):
         super().connect(endpoint, rank)
         self.scaling = float(endpoint["scaling"])
         self.adapter_config = endpoint["adapter_config"]
-        self.base = load_file(os.path.join(self.base_dir, "model.safetensors"))
-        if self.verify_base and state_checksum(self.base) != endpoint["base_checksum"]:
+        if self.verify_base and state_checksum(checkpoint_weights(self.base_dir)) != endpoint["base_checksum"]:
             raise ValueError(
                 f"the base weights in {self.base_dir} differ from the trainer's LoRA base: adapter-only "
                 f"sync needs workers built from the same model directory as the trainer"
             )
+        self._connected = True
         if self.adapter_root is None:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self.adapter_root = tempfile.mkdtemp(prefix="rollway-adapters-", dir=shm)
         os.makedirs(self.adapter_root, exist_ok=True)
 
     def receive(self, notice: Notice) -> StagedAdapter:
-        if self.base is None:
+        if not self._connected:
             raise RuntimeError("LoRAReceiver.receive before connect(endpoint)")
         clock = Stopwatch()
         adapter = from_wire(self.store.get(notice.payload["ref"]))
         return StagedAdapter(notice, adapter, clock.ms())
 
     def apply(self, backend: Any, staged: StagedAdapter) -> SyncReport:
-        if self.base is None or self.adapter_root is None:
+        if not self._connected or self.adapter_root is None:
             raise RuntimeError("LoRAReceiver.apply before connect(endpoint)")
         clock = Stopwatch()
         version = staged.notice.version
@@ -165,8 +174,21 @@ class LoRAReceiver(WeightReceiver):
             while len(self._written) > KEEP_ADAPTERS:
                 shutil.rmtree(self._written.pop(0), ignore_errors=True)
         else:
+            if self.base is None:
+                # The base as the trainer holds it, which the adapter's names follow: loaded
+                # by transformers (it renames or fuses some checkpoints' weights on load:
+                # GPT-NeoX's head, the experts of a mixture of experts), each tied weight once.
+                self.base = live_weights(self.base_dir)
             # load_weights copies (both backends do), so the buffers are free again after.
-            backend.load_weights(merge_adapter(self.base, staged.adapter, self.scaling, out=self._merged))
+            backend.load_weights(
+                merge_adapter(
+                    self.base,
+                    staged.adapter,
+                    self.scaling,
+                    out=self._merged,
+                    fan_in_fan_out=bool(self.adapter_config.get("fan_in_fan_out")),
+                )
+            )
         return SyncReport(
             self.protocol,
             version,
