@@ -210,3 +210,13 @@ def test_gpu_memory_is_checked_only_on_gpus_of_known_memory():
         )
         == {}
     )
+
+
+def test_a_kl_penalty_costs_a_float32_copy_of_the_weights_unless_lora_gives_the_base():
+    shape = model_shape(RunConfig())
+    plain = gpu_demand(cfg(), shape)
+    with_kl = gpu_demand(cfg(trainer={"kl_coef": 0.05}), shape)
+    assert with_kl.trainer_parts["KL reference"] == 4 * shape["params"]
+    assert with_kl.trainer - plain.trainer == 4 * shape["params"]
+    lora = gpu_demand(cfg(trainer={"kl_coef": 0.05}, lora={"enabled": True}), shape)
+    assert lora.trainer_parts["KL reference"] == 0
