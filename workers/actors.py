@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import AdmissionGate, BufferPlan, NoSignal, RolloutBuffer, with_prefetched
+from workers.buffer import AdmissionGate, BufferPlan, NoSignalError, RolloutBuffer, with_prefetched
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
@@ -692,9 +692,9 @@ class TrainerActor:
                 ref = self.buffer.get.remote(b, self.trainer.version, WAIT_S)
             try:
                 groups, stats = ray.get(ref)
-            except NoSignal as exc:
+            except NoSignalError as exc:
                 # Ray wraps it in the buffer's traceback: the run's error is its own sentence.
-                raise NoSignal(str(getattr(exc, "cause", exc))) from None
+                raise NoSignalError(str(getattr(exc, "cause", exc))) from None
             if groups is not None:
                 if self.trainer.version + 1 < self.cfg.stop.max_steps:
                     self._prefetch = self.buffer.get.remote(b, self.trainer.version + 1, WAIT_S)

@@ -27,7 +27,7 @@ equal has zero advantage everywhere and teaches nothing, so `put` drops it
 (`dropped_uniform`) before it takes a place; it counts as rejected, so the admission
 gate lets a producer start a fresh group in its place, and the trainer still gets its B
 groups per step. When `max_uniform_run` groups in a row were dropped with no batch taken
-between, `get` raises `NoSignal`: the task gives the policy nothing to learn from, and
+between, `get` raises `NoSignalError`: the task gives the policy nothing to learn from, and
 the run fails saying so instead of generating forever (verl's max_num_gen_batches).
 
 `AdmissionGate` is AReaL's capacity rule as pure arithmetic, so it can be tested alone.
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from workers.config import BufferConfig, TrainerConfig
 
 
-class NoSignal(RuntimeError):
+class NoSignalError(RuntimeError):
     """Dynamic sampling dropped too many uniform groups in a row (module docstring)."""
 
 
@@ -89,7 +89,7 @@ class BufferPlan:
     max_staleness: int
     on_stale: OnStale
     drop_uniform: bool = False
-    max_uniform_run: int | None = None  # with drop_uniform: groups dropped in a row before NoSignal
+    max_uniform_run: int | None = None  # with drop_uniform: groups dropped in a row before NoSignalError
 
 
 def plan(cfg: BufferConfig, run_mode: str, batch_groups: int, trainer: TrainerConfig | None = None) -> BufferPlan:
@@ -322,7 +322,7 @@ class RolloutBuffer:
             if len(self._groups) >= n_groups:
                 return True
             if self.max_uniform_run is not None and self._uniform_run >= self.max_uniform_run:
-                raise NoSignal(
+                raise NoSignalError(
                     f"dynamic sampling dropped {self._uniform_run} groups in a row whose rewards were all equal, "
                     "with no batch trained between (trainer.dynamic_sampling_max_batches × trainer.batch_groups): "
                     "this task gives the policy no signal. Make it easier (or its reward give partial credit), "

@@ -9,7 +9,7 @@ import queue
 
 import pytest
 
-from workers.buffer import AdmissionGate, NoSignal, RolloutBuffer, plan
+from workers.buffer import AdmissionGate, NoSignalError, RolloutBuffer, plan
 from workers.config import BufferConfig, TrainerConfig
 from workers.rollout import Group, Rollout
 
@@ -69,7 +69,7 @@ def test_get_fails_with_the_fix_after_too_many_uniform_groups_in_a_row():
     with pytest.raises(queue.Empty):  # 2 in a row: still waiting, not failing
         buf.get(2, current_version=0, timeout=0.05)
     buf.put(group("u2", UNIFORM))
-    with pytest.raises(NoSignal, match="dropped 3 groups in a row .* trainer.dynamic_sampling_max_batches"):
+    with pytest.raises(NoSignalError, match="dropped 3 groups in a row .* trainer.dynamic_sampling_max_batches"):
         buf.get(2, current_version=0, timeout=0.05)
 
 

@@ -34,24 +34,10 @@ def test_double_buffer_runs_one_batch_ahead(cluster, cache_dir):
     assert max(s["staleness/max"].values()) <= 1.0
 
 
-def test_dynamic_sampling_reaches_the_buffer_and_the_run_trains_full_batches(cluster, cache_dir):
-    # Partial credit per position: few groups are uniform, so the run stays short.
-    out = run_inline(
-        133,
-        cache_dir,
-        task={"reward": "position"},
-        trainer={"batch_groups": 4, "group_size": 4, "dynamic_sampling": True},
-        stop={"max_steps": 3},
-    )
-    assert out["state"] == "succeeded", out["error"]
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert "buffer/dropped_uniform" in s  # only a buffer that drops uniform groups reports it
-    assert len(s["reward/mean"]) == 3  # every step trained
-
-
 def test_a_run_whose_groups_never_differ_fails_saying_so(cluster, cache_dir):
-    """An untrained policy never gets an exact answer: every group's rewards are all 0,
-    every group is dropped, and the run fails instead of generating forever."""
+    """With trainer.dynamic_sampling the run's buffer drops uniform groups: an untrained
+    policy never gets an exact answer, so every group's rewards are all 0, every group is
+    dropped, and the run fails saying why instead of generating forever."""
     out = run_inline(
         134,
         cache_dir,
