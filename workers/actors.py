@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer, with_prefetched
+from workers.buffer import AdmissionGate, BufferPlan, NoSignalError, RolloutBuffer, with_prefetched
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
@@ -84,7 +84,9 @@ class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
     def __init__(self, plan: BufferPlan, batch_groups: int) -> None:
-        self.buffer = RolloutBuffer(plan.capacity_groups, plan.max_staleness, plan.on_stale)
+        self.buffer = RolloutBuffer(
+            plan.capacity_groups, plan.max_staleness, plan.on_stale, plan.drop_uniform, plan.max_uniform_run
+        )
         self.gate = AdmissionGate(batch_groups, plan.ahead_batches)
         self.admitted = 0
         self._lock = threading.Lock()
@@ -688,7 +690,11 @@ class TrainerActor:
             ref, self._prefetch = self._prefetch, None
             if ref is None:
                 ref = self.buffer.get.remote(b, self.trainer.version, WAIT_S)
-            groups, stats = ray.get(ref)
+            try:
+                groups, stats = ray.get(ref)
+            except NoSignalError as exc:
+                # Ray wraps it in the buffer's traceback: the run's error is its own sentence.
+                raise NoSignalError(str(getattr(exc, "cause", exc))) from None
             if groups is not None:
                 if self.trainer.version + 1 < self.cfg.stop.max_steps:
                     self._prefetch = self.buffer.get.remote(b, self.trainer.version + 1, WAIT_S)

@@ -271,6 +271,8 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     """A rough peak of one trainer rank's GPU and one inference worker's (per GPU of its
     tensor-parallel group). Trainer: float32 master weights, float32 gradients and AdamW
     moments of the trained parameters (fsdp2: 1/N of each, plus the layers it gathers),
+    the frozen KL reference when trainer.kl_coef > 0 without LoRA (a whole float32 copy
+    on every rank; with LoRA the base is the reference, no copy),
     the activations of one micro-batch (checkpointed: a layer's worth) and its logits;
     inference: the weights in inference.dtype and the KV cache of its share of a batch
     (vLLM takes inference.gpu_memory_utilization of the GPU whatever it holds)."""
@@ -287,6 +289,7 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     trainer_parts = {
         "weights": params * FLOAT_BYTES // sharded + (2 * params * FLOAT_BYTES // max(n, 1) if sharded > 1 else 0),
         "gradients and AdamW state": trained * OPTIMIZER_COPIES * FLOAT_BYTES // sharded,
+        "KL reference": params * FLOAT_BYTES if tc.kl_coef and not cfg.lora.enabled else 0,
         "activations": per_layer * (1 if tc.gradient_checkpointing else n),
         "logits": 2 * rows * seq * v * width + LOGPROB_CHUNK_BYTES,
         "CUDA": CUDA_PROCESS_BYTES,

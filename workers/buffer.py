@@ -22,6 +22,14 @@ dropping alone biases training against slow, hard prompts. `regenerated` counts 
 groups `get` hands to the trainer whose prompt had been handed out by `take_requeued`:
 the proof that requeued prompts are not only sent back but trained.
 
+Dynamic sampling (`trainer.dynamic_sampling`, DAPO's): a group whose rewards are all
+equal has zero advantage everywhere and teaches nothing, so `put` drops it
+(`dropped_uniform`) before it takes a place; it counts as rejected, so the admission
+gate lets a producer start a fresh group in its place, and the trainer still gets its B
+groups per step. When `max_uniform_run` groups in a row were dropped with no batch taken
+between, `get` raises `NoSignalError`: the task gives the policy nothing to learn from, and
+the run fails saying so instead of generating forever (verl's max_num_gen_batches).
+
 `AdmissionGate` is AReaL's capacity rule as pure arithmetic, so it can be tested alone.
 """
 
@@ -38,7 +46,11 @@ from workers.config import OnStale
 from workers.rollout import Group
 
 if TYPE_CHECKING:
-    from workers.config import BufferConfig
+    from workers.config import BufferConfig, TrainerConfig
+
+
+class NoSignalError(RuntimeError):
+    """Dynamic sampling dropped too many uniform groups in a row (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +88,14 @@ class BufferPlan:
     ahead_batches: int
     max_staleness: int
     on_stale: OnStale
+    drop_uniform: bool = False
+    max_uniform_run: int | None = None  # with drop_uniform: groups dropped in a row before NoSignalError
 
 
-def plan(cfg: BufferConfig, run_mode: str, batch_groups: int) -> BufferPlan:
+def plan(cfg: BufferConfig, run_mode: str, batch_groups: int, trainer: TrainerConfig | None = None) -> BufferPlan:
     """The buffer a run gets from `cfg` (its `buffer` section), its `mode` ("sync" forces
-    ahead 0) and `trainer.batch_groups`."""
+    ahead 0) and `trainer.batch_groups`; `trainer` (the section) says whether it drops
+    uniform groups (`dynamic_sampling`)."""
     if cfg.mode == "none":
         capacity, ahead = 1, 0
     elif cfg.mode == "double":
@@ -96,12 +111,20 @@ def plan(cfg: BufferConfig, run_mode: str, batch_groups: int) -> BufferPlan:
         ahead = cfg.max_head_offpolicyness
     if run_mode == "sync":
         ahead = 0
+    dynamic = trainer is not None and trainer.dynamic_sampling
     return BufferPlan(
         capacity_groups=None if capacity is None else capacity * batch_groups,
         ahead_batches=ahead,
         max_staleness=cfg.max_staleness,
         on_stale=cfg.on_stale,
+        drop_uniform=dynamic,
+        max_uniform_run=trainer.dynamic_sampling_max_batches * batch_groups if trainer and dynamic else None,
     )
+
+
+def is_uniform(group: Group) -> bool:
+    """Every reward of `group` equal: GRPO's advantages are all zero."""
+    return len({r.reward for r in group.rollouts}) <= 1
 
 
 class RolloutBuffer:
@@ -110,7 +133,14 @@ class RolloutBuffer:
     `capacity_groups=None` makes it unbounded (a stream): `put` never blocks.
     """
 
-    def __init__(self, capacity_groups: int | None, max_staleness: int, on_stale: OnStale = "drop") -> None:
+    def __init__(
+        self,
+        capacity_groups: int | None,
+        max_staleness: int,
+        on_stale: OnStale = "drop",
+        drop_uniform: bool = False,
+        max_uniform_run: int | None = None,
+    ) -> None:
         if capacity_groups is not None and capacity_groups < 1:
             raise ValueError(f"RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded (got {capacity_groups})")
         if max_staleness < 0:
@@ -118,9 +148,15 @@ class RolloutBuffer:
         if on_stale not in get_args(OnStale):
             choices = " or ".join(repr(c) for c in get_args(OnStale))
             raise ValueError(f"RolloutBuffer on_stale must be {choices} (got {on_stale!r})")
+        if max_uniform_run is not None and max_uniform_run < 1:
+            raise ValueError(f"RolloutBuffer max_uniform_run must be ≥ 1 or None (got {max_uniform_run})")
         self._capacity = capacity_groups
         self.max_staleness = max_staleness
         self.on_stale = on_stale
+        self.drop_uniform = drop_uniform
+        self.max_uniform_run = max_uniform_run
+        self._dropped_uniform = 0
+        self._uniform_run = 0  # uniform groups dropped since a batch was last taken
         self._groups: deque[Group] = deque()
         self._requeue: deque[Group] = deque()
         self._cond = threading.Condition()
@@ -166,11 +202,17 @@ class RolloutBuffer:
             return self._regenerated
 
     @property
-    def rejected(self) -> int:
-        """Groups that left without being trained (dropped + requeued): the admission
-        gate gives their places back."""
+    def dropped_uniform(self) -> int:
+        """Groups dropped because their rewards were all equal (dynamic sampling, cumulative)."""
         with self._cond:
-            return self._dropped_stale + self._requeued
+            return self._dropped_uniform
+
+    @property
+    def rejected(self) -> int:
+        """Groups that left without being trained (dropped stale or uniform, requeued):
+        the admission gate gives their places back."""
+        with self._cond:
+            return self._dropped_stale + self._requeued + self._dropped_uniform
 
     def stats(self) -> dict[str, float]:
         """The buffer's figures as metric values (workers/metric_names.py names)."""
@@ -183,6 +225,8 @@ class RolloutBuffer:
         }
         if self.capacity is not None:  # an unbounded stream has none to chart
             stats["buffer/capacity"] = float(self.capacity)
+        if self.drop_uniform:
+            stats["buffer/dropped_uniform"] = float(self.dropped_uniform)
         return stats
 
     @property
@@ -190,7 +234,7 @@ class RolloutBuffer:
         """Groups put into the buffer and accounted for: handed out by `get`, waiting, or
         rejected. A buffer restored from a checkpoint counts the checkpoint's."""
         with self._cond:
-            return self.total_got + len(self._groups) + self._dropped_stale + self._requeued
+            return self.total_got + len(self._groups) + self._dropped_stale + self._requeued + self._dropped_uniform
 
     def state_dict(self) -> dict:
         """The groups waiting, the stale groups awaiting regeneration and the counters
@@ -203,6 +247,8 @@ class RolloutBuffer:
                 "dropped_stale": self._dropped_stale,
                 "requeued": self._requeued,
                 "regenerated": self._regenerated,
+                "dropped_uniform": self._dropped_uniform,
+                "uniform_run": self._uniform_run,
                 "total_put": self.total_put,
                 "total_got": self.total_got,
                 "backpressure_s": self.backpressure_s,
@@ -218,6 +264,9 @@ class RolloutBuffer:
             self._dropped_stale = int(state["dropped_stale"])
             self._requeued = int(state["requeued"])
             self._regenerated = int(state["regenerated"])
+            # Checkpoints written before dynamic sampling existed hold neither.
+            self._dropped_uniform = int(state.get("dropped_uniform", 0))
+            self._uniform_run = int(state.get("uniform_run", 0))
             self.total_put = int(state["total_put"])
             self.total_got = int(state["total_got"])
             self.backpressure_s = float(state["backpressure_s"])
@@ -234,11 +283,19 @@ class RolloutBuffer:
 
     def put(self, group: Group, timeout: float | None = None) -> float:
         """Append `group`, blocking while the buffer is full; returns seconds blocked.
+        With `drop_uniform`, a group whose rewards are all equal is dropped instead
+        (never blocks).
 
         Raises queue.Full if still full after `timeout` seconds.
         """
         start = time.monotonic()
         with self._cond:
+            if self.drop_uniform and is_uniform(group):
+                self._dropped_uniform += 1
+                self._uniform_run += 1
+                self.total_put += 1
+                self._cond.notify_all()
+                return 0.0
             if not self._cond.wait_for(self._has_room, timeout):
                 self.backpressure_s += time.monotonic() - start
                 raise queue.Full(f"rollout buffer full ({self._capacity} groups) for {timeout}s")
@@ -262,7 +319,17 @@ class RolloutBuffer:
 
         def ready() -> bool:
             self._reject_stale(oldest_ok)
-            return len(self._groups) >= n_groups
+            if len(self._groups) >= n_groups:
+                return True
+            if self.max_uniform_run is not None and self._uniform_run >= self.max_uniform_run:
+                raise NoSignalError(
+                    f"dynamic sampling dropped {self._uniform_run} groups in a row whose rewards were all equal, "
+                    "with no batch trained between (trainer.dynamic_sampling_max_batches × trainer.batch_groups): "
+                    "this task gives the policy no signal. Make it easier (or its reward give partial credit), "
+                    "raise trainer.group_size, raise trainer.dynamic_sampling_max_batches, or turn "
+                    "trainer.dynamic_sampling off"
+                )
+            return False
 
         start = time.monotonic()
         with self._cond:
@@ -272,6 +339,7 @@ class RolloutBuffer:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
             out = [self._groups.popleft() for _ in range(n_groups)]
             self.total_got += n_groups
+            self._uniform_run = 0
             if self._regenerating:
                 for g in out:
                     self._regenerated += self._settle_regeneration(g)

@@ -25,6 +25,10 @@ UpdateMode = Literal["drain", "abort_retry", "abort_resume", "in_flight"]
 OnStale = Literal["drop", "requeue"]
 # trainer.backend: "single", or a pool backend of workers/trainer_pool.py.
 TrainerBackend = Literal["single", "ddp", "fsdp2"]
+# trainer.kl_estimator, trainer.loss_aggregation, trainer.advantage_scaling: workers/loss.py.
+KLEstimator = Literal["k1", "k2", "k3"]
+LossAggregation = Literal["token_mean", "sequence_mean", "constant"]
+AdvantageScaling = Literal["group_std", "batch_std", "none"]
 
 
 class _Section(BaseModel):
@@ -201,6 +205,27 @@ class InferenceConfig(_Section):
     )
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
+    # Applied after the temperature, in vLLM's order: min_p, then top_k, then top_p.
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Sample among the k most likely tokens only (unset: the whole vocabulary). The behaviour "
+        "logprobs are those of the truncated, renormalised distribution the token was drawn from.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling: the smallest set of most likely tokens whose probability reaches this "
+        "(1 = off); behaviour logprobs of the renormalised nucleus.",
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Drop tokens less likely than this fraction of the most likely one (0 = off); behaviour "
+        "logprobs of the renormalised rest.",
+    )
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
@@ -273,7 +298,64 @@ class TrainerConfig(_Section):
     )
     batch_groups: int = Field(16, ge=1, description="Groups (prompts) per training step (B).")
     group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
-    clip_eps: float = Field(0.2, gt=0, description="PPO clip range.")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range: ratio clipped to [1 − clip_eps, 1 + clip_eps].")
+    clip_eps_high: float | None = Field(
+        None,
+        gt=0,
+        description="Upper PPO clip range, ratio clipped to [1 − clip_eps, 1 + clip_eps_high] (DAPO's clip-higher; "
+        "TRL epsilon_high, verl clip_ratio_high). Unset: clip_eps (symmetric).",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the KL penalty to the frozen reference policy, added per token to the loss (TRL "
+        "beta, verl kl_loss_coef; 0 = off). The reference is the initial policy: a frozen copy of it for full "
+        "fine-tuning (one more copy of the weights per trainer rank), the base model with LoRA (no copy).",
+    )
+    kl_estimator: KLEstimator = Field(
+        "k3",
+        description="Per-token KL estimate, with d = log pi_ref − log pi_theta: k1 = −d; k2 = d²/2; "
+        "k3 = exp(d) − d − 1 (TRL's, verl low_var_kl; never negative).",
+    )
+    loss_aggregation: LossAggregation = Field(
+        "token_mean",
+        description="How per-token losses make the minibatch's loss. token_mean: over all its trained tokens "
+        "(TRL loss_type 'bnpo'/'dapo', verl 'token-mean'); sequence_mean: each sequence's token mean, then the "
+        "mean over sequences (GRPO's, TRL 'grpo', verl 'seq-mean-token-mean'); constant: each sequence's token "
+        "sum over trainer.loss_constant, then the mean over sequences (Dr. GRPO; TRL 'dr_grpo', verl "
+        "'seq-mean-token-sum-norm').",
+    )
+    loss_constant: int | None = Field(
+        None,
+        ge=1,
+        description="loss_aggregation 'constant': the tokens each sequence's sum is divided by. Unset: "
+        "inference.max_new_tokens (Dr. GRPO's, TRL's max_completion_length).",
+    )
+    advantage_scaling: AdvantageScaling = Field(
+        "group_std",
+        description="Advantages are reward − its group's mean, divided by: group_std, the group's reward std "
+        "(GRPO; TRL scale_rewards 'group'); batch_std, the std of all the step's rewards (TRL 'batch'); none "
+        "(Dr. GRPO; TRL 'none', verl norm_adv_by_std_in_grpo=false).",
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="Completions cut off at the token budget (finish_reason 'length') get no loss and count in "
+        "no denominator; they still count in their group's advantages (TRL mask_truncated_completions, DAPO's "
+        "overlong filtering).",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="Drop groups whose rewards are all equal (no advantage signal) before they reach the buffer, "
+        "and generate fresh ones in their place, so each step still trains on batch_groups groups (DAPO's "
+        "dynamic sampling; verl algorithm.filter_groups). Counted in buffer/dropped_uniform.",
+    )
+    dynamic_sampling_max_batches: int = Field(
+        10,
+        ge=1,
+        description="dynamic_sampling: the run fails once this many batches' worth of groups in a row were "
+        "dropped as uniform with no batch trained between (verl max_num_gen_batches): the task gives the "
+        "policy no signal.",
+    )
     tis_cap: float = Field(2.0, ge=1, description="Truncated IS cap on pi_theta_old/mu.")
     max_grad_norm: float = Field(1.0, gt=0)
     minibatches: int = Field(
@@ -301,6 +383,20 @@ class TrainerConfig(_Section):
         description="Recompute each block's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing): less memory, about a third more compute.",
     )
+
+    @model_validator(mode="after")
+    def _clip_high_widens(self) -> TrainerConfig:
+        if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
+            raise ValueError(
+                f"trainer.clip_eps_high ({self.clip_eps_high}) must be ≥ trainer.clip_eps ({self.clip_eps}): "
+                "clip-higher widens the upper range only; unset it for a symmetric clip"
+            )
+        if self.loss_constant is not None and self.loss_aggregation != "constant":
+            raise ValueError(
+                f"trainer.loss_constant ({self.loss_constant}) is read only with trainer.loss_aggregation "
+                f"'constant' (it is {self.loss_aggregation!r}): unset it, or set loss_aggregation to 'constant'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pool_has_a_backend(self) -> TrainerConfig:
@@ -622,6 +718,16 @@ class RunConfig(_Section):
                 "must share the trainer's GPU: set placement.devices 'gpu', placement.mode 'colocated', "
                 "inference.num_workers 1 and inference.tensor_parallel_size 1; across GPUs or nodes choose "
                 "'collective' (NCCL) or 'filesystem'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _clip_high_has_a_clip(self) -> RunConfig:
+        if self.trainer.clip_eps_high is not None and self.correction.method == "pipelinerl_reinforce":
+            raise ValueError(
+                "trainer.clip_eps_high widens the PPO clip, but correction.method 'pipelinerl_reinforce' has none: "
+                "unset trainer.clip_eps_high (its own upper bound is correction.reinforce_eps_hi), or choose a "
+                "PPO-clip correction.method"
             )
         return self
 

@@ -122,6 +122,14 @@ def _peft(model: torch.nn.Module) -> PeftModel:
     return cast("PeftModel", model)
 
 
+def base_model_of(model: torch.nn.Module):
+    """Context in which `model` (a peft model) computes its frozen base alone: peft's
+    `disable_adapter`, the LoRA run's KL reference without a second copy of the weights."""
+    if not is_peft(model):
+        raise ValueError("base_model_of needs a peft (LoRA) model")
+    return _peft(model).disable_adapter()
+
+
 def _lora_config(model: torch.nn.Module) -> LoraConfig:
     return cast("LoraConfig", _peft(model).peft_config["default"])
 

@@ -17,20 +17,31 @@ environment's tokens of a multi-turn episode (workers/rollout.py), which get exa
 zero gradient and count in no denominator; a dropped token counts in the denominator
 with weight 0 (as in AReaL). Pure functions on tensors, so each term can be
 checked by hand (tests/engine/test_loss.py, tests/engine/test_is_variants.py).
+
+The algorithm's other knobs live here too, so one module holds the whole objective: how
+advantages are scaled (`scaled_advantages`), how per-token losses are aggregated
+(`Aggregation`: a token mean by default; GRPO's sequence mean; Dr. GRPO's constant
+normaliser), the asymmetric clip (`clip_eps_high`) and the KL penalty to a frozen
+reference policy (`reference_kl`, added per token before aggregation, as TRL and verl
+do). The statistics stay token means whatever the aggregation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
 import torch
 
-from workers.config import CorrectionConfig, CorrectionMethod
+from workers.config import AdvantageScaling, CorrectionConfig, CorrectionMethod, KLEstimator, LossAggregation
 
 # correction.method's choices, in the config's order (each has its loss in LOSSES).
 METHODS: tuple[str, ...] = get_args(CorrectionMethod)
+# The other knobs' choices, named once in the config.
+AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
+ADVANTAGE_SCALINGS: tuple[str, ...] = get_args(AdvantageScaling)
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -44,6 +55,79 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
     return (rewards - mean) / (std + eps)
+
+
+def scaled_advantages(
+    rewards: Sequence[Sequence[float]], scaling: str = "group_std", eps: float = 1e-6
+) -> list[list[float]]:
+    """Each group's advantages: reward − the group's mean, divided by (`scaling`) the
+    group's std + eps (group_std, GRPO: `group_advantages`), the std of every reward of
+    the batch + eps (batch_std, TRL scale_rewards="batch"), or nothing (none, Dr. GRPO).
+    Groups may differ in size; stds are sample stds (unbiased)."""
+    if scaling not in ADVANTAGE_SCALINGS:
+        raise ValueError(f"trainer.advantage_scaling {scaling!r} is not one of {', '.join(ADVANTAGE_SCALINGS)}")
+    if any(len(g) < 2 for g in rewards):
+        raise ValueError("every group needs ≥ 2 rewards for its advantages")
+    if scaling == "group_std":
+        return [group_advantages(torch.tensor([list(g)], dtype=torch.float32))[0].tolist() for g in rewards]
+    tensors = [torch.tensor(list(g), dtype=torch.float32) for g in rewards]
+    centred = [t - t.mean() for t in tensors]
+    if scaling == "none":
+        return [c.tolist() for c in centred]
+    std = torch.cat(tensors).std()
+    return [(c / (std + eps)).tolist() for c in centred]
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How a (micro-)batch's per-token losses make one loss (`trainer.loss_aggregation`):
+    token_mean, the mean over every trained token; sequence_mean, each sequence's token
+    mean, then their mean; constant, each sequence's token sum over `constant`, then
+    their mean (Dr. GRPO). A sequence with no trained token counts in no mean.
+
+    `units` is what a pool's micro-batches are weighted by to sum to the minibatch's
+    loss (workers/trainer.py): trained tokens for token_mean, trained sequences else."""
+
+    mode: str = "token_mean"
+    constant: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in AGGREGATIONS:
+            raise ValueError(f"trainer.loss_aggregation {self.mode!r} is not one of {', '.join(AGGREGATIONS)}")
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`x` aggregated over `mask` (both rows × tokens)."""
+        if self.mode == "token_mean":
+            return _masked_mean(x, mask)
+        mask = mask.to(x.dtype)
+        per_row = (x * mask).sum(dim=-1)
+        tokens = mask.sum(dim=-1)
+        per_row = per_row / (tokens.clamp(min=1) if self.mode == "sequence_mean" else self.constant)
+        return per_row.sum() / (tokens > 0).sum().clamp(min=1)
+
+    def units(self, mask: torch.Tensor) -> int:
+        """Trained tokens (token_mean) or trained sequences (the others) under `mask`."""
+        if self.mode == "token_mean":
+            return int(mask.sum())
+        return int((mask.sum(dim=-1) > 0).sum())
+
+
+TOKEN_MEAN = Aggregation()
+
+
+def reference_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) on tokens sampled from the policy,
+    d = log pi_ref − log pi_theta (Schulman's estimators, as TRL and verl name them):
+    k1 = −d (unbiased, can be negative); k2 = d²/2; k3 = exp(d) − d − 1 (unbiased, never
+    negative: TRL's per_token_kl, verl's low_var_kl). Differentiable in `logp`."""
+    d = ref_logp.detach() - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1
+    raise ValueError(f"trainer.kl_estimator {estimator!r} is not one of {', '.join(KL_ESTIMATORS)}")
 
 
 def truncated_is_weight(
@@ -93,19 +177,23 @@ def weighted_ppo_loss(
     clip_eps: float,
     weight: torch.Tensor,
     corrected: torch.Tensor,
+    clip_eps_high: float | None = None,
+    aggregation: Aggregation = TOKEN_MEAN,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean of -weight · min(ratio·A, clip(ratio, 1±eps)·A), ratio = pi_theta/pi_old.
+    """Aggregate of -weight · min(ratio·A, clip(ratio, 1 − eps, 1 + eps_high)·A), ratio =
+    pi_theta/pi_old, eps_high = `clip_eps_high` (None: `clip_eps`).
 
     `weight` is the detached IS weight per token and `corrected` marks the tokens whose
     weight was truncated or dropped (reported as is/clipped_frac). All tensors share one
     shape; `advantages` is already broadcast to tokens.
     """
     mask = mask.to(logp.dtype)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(logp - old_logp.detach())
     unclipped = ratio * advantages
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages
+    clipped = ratio.clamp(1 - clip_eps, 1 + high) * advantages
     surrogate = torch.minimum(unclipped, clipped)
-    loss = _masked_mean(-weight.detach() * surrogate, mask)
+    loss = aggregation(-weight.detach() * surrogate, mask)
     stats = {
         "is/ratio_mean": _masked_mean(weight, mask).item(),
         "is/clipped_frac": _masked_mean(corrected.to(mask.dtype), mask).item(),
@@ -123,12 +211,16 @@ def policy_loss(
     mask: torch.Tensor,
     clip_eps: float,
     tis_cap: float,
+    clip_eps_high: float | None = None,
+    aggregation: Aggregation = TOKEN_MEAN,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The default ("token_tis"): PPO-clip on pi_theta/pi_old times the token-level
     truncated IS weight min(pi_old/mu, tis_cap) (verl's token TIS in decoupled mode;
     AReaL's decoupled PPO with the weight clamped instead of masked)."""
     weight, truncated = truncated_is_weight(old_logp, behaviour_logp, tis_cap)
-    return weighted_ppo_loss(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, weight, truncated)
+    return weighted_ppo_loss(
+        logp, old_logp, behaviour_logp, advantages, mask, clip_eps, weight, truncated, clip_eps_high, aggregation
+    )
 
 
 def pipelinerl_reinforce_loss(
@@ -138,8 +230,10 @@ def pipelinerl_reinforce_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps_hi: float,
+    aggregation: Aggregation = TOKEN_MEAN,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PipelineRL's `reinforce`: token-mean of -log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+eps_hi)).
+    """PipelineRL's `reinforce`: the aggregate (a token mean by default) of
+    -log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+eps_hi)).
 
     The weight compares the *current* policy with the behaviour policy (no pi_old, no PPO
     clip); it is detached, so the gradient is -A·w·∇log pi_theta. `old_logp` is used only
@@ -148,7 +242,7 @@ def pipelinerl_reinforce_loss(
     mask = mask.to(logp.dtype)
     raw = torch.exp(logp.detach() - behaviour_logp.detach())
     weight = raw.clamp(0.0, 1.0 + eps_hi)
-    loss = _masked_mean(-logp * advantages * weight, mask)
+    loss = aggregation(-logp * advantages * weight, mask)
     stats = {
         "is/ratio_mean": _masked_mean(weight, mask).item(),
         "is/clipped_frac": _masked_mean((raw > 1.0 + eps_hi).to(mask.dtype), mask).item(),
@@ -171,17 +265,38 @@ class LossInputs:
     clip_eps: float
     tis_cap: float
     correction: CorrectionConfig
+    clip_eps_high: float | None = None
+    aggregation: Aggregation = TOKEN_MEAN
 
     def ppo(self, weight: torch.Tensor, corrected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO-clip on pi_theta/pi_old times `weight` (weighted_ppo_loss)."""
         return weighted_ppo_loss(
-            self.logp, self.old_logp, self.behaviour_logp, self.advantages, self.mask, self.clip_eps, weight, corrected
+            self.logp,
+            self.old_logp,
+            self.behaviour_logp,
+            self.advantages,
+            self.mask,
+            self.clip_eps,
+            weight,
+            corrected,
+            self.clip_eps_high,
+            self.aggregation,
         )
 
 
 def _token_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip × min(pi_old/mu, tis_cap) per token (the default)."""
-    return policy_loss(x.logp, x.old_logp, x.behaviour_logp, x.advantages, x.mask, x.clip_eps, x.tis_cap)
+    return policy_loss(
+        x.logp,
+        x.old_logp,
+        x.behaviour_logp,
+        x.advantages,
+        x.mask,
+        x.clip_eps,
+        x.tis_cap,
+        x.clip_eps_high,
+        x.aggregation,
+    )
 
 
 def _sequence_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
@@ -203,7 +318,7 @@ def _decoupled_ppo(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 def _pipelinerl_reinforce(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """-log pi_theta · A · sg(clamp(pi_theta/mu, 0, 1+reinforce_eps_hi))."""
     return pipelinerl_reinforce_loss(
-        x.logp, x.behaviour_logp, x.old_logp, x.advantages, x.mask, x.correction.reinforce_eps_hi
+        x.logp, x.behaviour_logp, x.old_logp, x.advantages, x.mask, x.correction.reinforce_eps_hi, x.aggregation
     )
 
 
@@ -232,9 +347,17 @@ def correction_loss(
     mask: torch.Tensor,
     clip_eps: float,
     tis_cap: float,
+    *,
+    clip_eps_high: float | None = None,
+    aggregation: Aggregation = TOKEN_MEAN,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss for `correction.method` (LOSSES: each method's function says what
-    it computes) and its statistics."""
+    it computes) and its statistics, aggregated as `aggregation` says. With `ref_logp`
+    (the frozen reference policy's logprobs) and `kl_coef` > 0, plus kl_coef times the
+    aggregated per-token `reference_kl`, reported as loss/kl_ref (its token mean)."""
     loss = LOSSES.get(correction.method)
     if loss is None:
         raise ValueError(f"correction.method {correction.method!r} is not one of {', '.join(METHODS)}")
@@ -242,7 +365,17 @@ def correction_loss(
     # none): pi_old stands in, so no value there can reach a weight, the KL or, through
     # 0 * inf, the loss and its gradient.
     behaviour_logp = torch.where(mask.bool(), behaviour_logp, old_logp.detach())
-    return loss(LossInputs(logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap, correction))
+    inputs = LossInputs(
+        logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap, correction, clip_eps_high, aggregation
+    )
+    total, stats = loss(inputs)
+    if ref_logp is not None and kl_coef:
+        kl = reference_kl(logp, ref_logp, kl_estimator)
+        # Outside the mask the reference's logprob may be anything (padding): 0 there.
+        kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
+        total = total + kl_coef * aggregation(kl, mask)
+        stats["loss/kl_ref"] = _masked_mean(kl.detach(), mask.to(kl.dtype)).item()
+    return total, stats
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

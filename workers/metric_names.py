@@ -38,6 +38,12 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "buffer/regenerated", "groups", "Requeued prompts generated again and trained (on_stale='requeue', cumulative)."
     ),
+    Metric(
+        "buffer/dropped_uniform",
+        "groups",
+        "Groups dropped because their rewards were all equal, replaced by fresh ones (dynamic sampling, cumulative).",
+        only="trainer.dynamic_sampling",
+    ),
     Metric("buffer/starved_s", "s", "Time the trainer waited on the buffer for fresh groups (cumulative)."),
     Metric(
         "staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."
@@ -105,6 +111,13 @@ METRICS: tuple[Metric, ...] = (
         only="correction.method other than pipelinerl_reinforce (it has no PPO clip)",
     ),
     Metric("mismatch/kl", "nats", "KL(behaviour || trainer) estimate on the trained tokens."),
+    Metric(
+        "loss/kl_ref",
+        "nats",
+        "KL(policy || frozen reference) on the trained tokens, by trainer.kl_estimator (token mean): the "
+        "penalty's size before trainer.kl_coef.",
+        only="trainer.kl_coef > 0",
+    ),
     Metric("policy/version", "", "Trainer policy version after the step."),
     Metric(
         "policy/entropy",
@@ -192,7 +205,10 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Weight-sync latency (ms)", ("sync/latency_ms",)),
     ("Inference tokens/s", ("inference/tokens_per_s",)),
     ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
-    ("Buffer rejections (groups)", ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated")),
+    (
+        "Buffer rejections (groups)",
+        ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated", "buffer/dropped_uniform"),
+    ),
     ("Trainer starved (s)", ("buffer/starved_s",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
     ("Eval (held-out prompts)", ("eval/pass@1", "eval/pass@k", "eval/reward_mean")),

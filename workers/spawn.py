@@ -106,7 +106,7 @@ class RunActors:
         beside_driver = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.buffer = with_options(
             BufferActor, name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
-        ).remote(buffer_plan(cfg.buffer, cfg.mode, b), b)
+        ).remote(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b)
         self.workers = [
             with_options(
                 InferenceWorker,

@@ -10,9 +10,14 @@ fewest so far. A rank runs its rows in micro-batches of at most
 and a backward are collectives for a sharded model (and the last backward of a
 minibatch is one for every pool backend), so a rank with fewer rows runs empty ones.
 
-The loss of a minibatch is a token mean over all its trained tokens, on every rank:
-`trained_tokens` counts them, and each micro-batch's own token mean is weighted by its
-share of them (workers/trainer.py). With one rank this is the single trainer's step.
+The loss of a minibatch aggregates over all its trained tokens, on every rank: a token
+mean by default, `trained_tokens` counting them, each micro-batch's own token mean
+weighted by its share of them (workers/trainer.py); a sequence mean (or Dr. GRPO's
+constant normaliser) the same way over `trained_rows`, the sequences with a trained
+token. With one rank this is the single trainer's step.
+
+Advantages are computed once, over the whole batch, before the plan (a batch-wide std
+needs every group): each rank gets its groups' with them.
 """
 
 from __future__ import annotations
@@ -29,14 +34,20 @@ class RankStep:
     """One rank's part of a step."""
 
     groups: list[Group]  # this rank's groups, in the batch's order
+    advantages: list[list[float]]  # per group of `groups`: each rollout's advantage
     minibatches: list[list[int]]  # per minibatch: indices into `groups`, in the shuffled order
     trained_tokens: list[int]  # per minibatch: trained tokens on all ranks
+    trained_rows: list[int]  # per minibatch: sequences with a trained token, on all ranks
     micro_batches: list[int]  # per minibatch: forward+backward passes each rank runs
     old_micro_batches: int  # pi_old forwards each rank runs (for minibatches after the first)
 
 
 def trained_tokens(group: Group) -> int:
     return sum(sum(r.trained) for r in group.rollouts)
+
+
+def trained_rows(group: Group) -> int:
+    return sum(any(r.trained) for r in group.rollouts)
 
 
 def _passes(rows: list[int], micro_batch_rows: int | None) -> int:
@@ -47,12 +58,20 @@ def _passes(rows: list[int], micro_batch_rows: int | None) -> int:
 
 
 def plan_step(
-    groups: list[Group], rng: random.Random, minibatches: int, num_ranks: int, micro_batch_rows: int | None
+    groups: list[Group],
+    advantages: list[list[float]],
+    rng: random.Random,
+    minibatches: int,
+    num_ranks: int,
+    micro_batch_rows: int | None,
 ) -> list[RankStep]:
-    """Each rank's part of a step on `groups` (module docstring); `rng` shuffles the
-    minibatches' membership (one shuffle per step, as the single trainer always has)."""
+    """Each rank's part of a step on `groups` (module docstring), `advantages` one list
+    per group; `rng` shuffles the minibatches' membership (one shuffle per step, as the
+    single trainer always has)."""
     if not groups:
         raise ValueError("a step needs at least one group")
+    if [len(a) for a in advantages] != [len(g.rollouts) for g in groups]:
+        raise ValueError("advantages need one list per group, one value per rollout")
     order = list(range(len(groups)))
     rng.shuffle(order)
     n_mb = min(minibatches, len(groups))
@@ -73,6 +92,7 @@ def plan_step(
     old = _passes([sum(rows[k][r] for k in range(1, n_mb)) for r in range(num_ranks)], micro_batch_rows)
     old = old if n_mb > 1 else 0
     totals = [sum(tokens[gi] for gi in order[k::n_mb]) for k in range(n_mb)]
+    seqs = [sum(trained_rows(groups[gi]) for gi in order[k::n_mb]) for k in range(n_mb)]
     steps = []
     for r in range(num_ranks):
         mine = sorted(gi for k in range(n_mb) for gi in dealt[k][r])
@@ -80,8 +100,10 @@ def plan_step(
         steps.append(
             RankStep(
                 groups=[groups[gi] for gi in mine],
+                advantages=[list(advantages[gi]) for gi in mine],
                 minibatches=[[local[gi] for gi in dealt[k][r]] for k in range(n_mb)],
                 trained_tokens=totals,
+                trained_rows=seqs,
                 micro_batches=micro,
                 old_micro_batches=old,
             )

@@ -1,8 +1,11 @@
 """The trainer: one GRPO step per batch of groups, on a Hugging Face causal LM in torch.
 
-A step computes pi_old (the policy's logprobs before any update, detached), then runs
-`trainer.minibatches` AdamW updates on whole-group minibatches with the PPO-clip +
-truncated-IS loss of workers.loss, and advances the policy version by one.
+A step computes the batch's advantages (`trainer.advantage_scaling`), masks truncated
+completions out of the loss if asked (`trainer.mask_truncated`), computes pi_old (the
+policy's logprobs before any update, detached), then runs `trainer.minibatches` AdamW
+updates on whole-group minibatches with the PPO-clip + truncated-IS loss of
+workers.loss (aggregated as `trainer.loss_aggregation` says, plus the KL penalty to the
+frozen reference policy when `trainer.kl_coef` > 0), and advances the policy version by one.
 
 One process (`trainer.backend` "single") or a pool of ranks (workers/trainer_pool.py):
 the step is planned once (workers/step_plan.py: minibatches, and each rank's share of
@@ -13,6 +16,7 @@ step's metrics (`step_metrics`). With one rank the plan is the whole batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -25,7 +29,7 @@ from workers.batch_stats import batch_metrics
 from workers.config import RunConfig
 from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
-from workers.loss import correction_loss, group_advantages
+from workers.loss import Aggregation, correction_loss, scaled_advantages
 from workers.metric_names import rank_series
 from workers.model import checkpoint_state_dict, load_model, untied
 from workers.rollout import Group
@@ -211,6 +215,15 @@ class Trainer:
 
             self.base_checksum = base_checksum(self.model)
         self.forward_model = pool.wrap(self.model) if pool is not None else self.model
+        # The KL penalty's reference: the initial policy, frozen. With LoRA it is the base,
+        # the policy with its adapter switched off (peft's disable_adapter): no copy.
+        # Otherwise a copy of the initial weights, whole on every rank (never sharded:
+        # its forward is then no collective, and an empty pass need not join one).
+        self.ref_model: torch.nn.Module | None = None
+        if tc.kl_coef and not cfg.lora.enabled:
+            ref: torch.nn.Module = load_model(model_dir)
+            self.ref_model = ref.to(self.device).requires_grad_(False)
+        self.aggregation = Aggregation(tc.loss_aggregation, float(tc.loss_constant or cfg.inference.max_new_tokens))
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
@@ -269,6 +282,18 @@ class Trainer:
         with autocast(self.device, self.cfg.trainer.dtype):
             return token_logprobs(self.forward_model, batch, self.cfg.inference.temperature, with_entropy)
 
+    def _ref_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """log pi_ref(target) of the frozen reference policy (no gradient)."""
+        with torch.no_grad(), autocast(self.device, self.cfg.trainer.dtype):
+            if self.ref_model is not None:
+                return token_logprobs(self.ref_model, batch, self.cfg.inference.temperature)
+            from workers.lora import base_model_of
+
+            # Through the model, not a DDP wrapper: a replica's forward is then no
+            # collective; a sharded (fsdp2) one's is, and an empty pass joins it.
+            with base_model_of(self.model):
+                return token_logprobs(self.model, batch, self.cfg.inference.temperature)
+
     def _pieces(self, rows: torch.Tensor, passes: int) -> list[torch.Tensor]:
         """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset), then
         empty ones up to `passes`: every rank of a pool runs the same number."""
@@ -283,6 +308,11 @@ class Trainer:
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
         with autocast(self.device, self.cfg.trainer.dtype):
             logits = self.forward_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        if backward and self.cfg.trainer.kl_coef:
+            # The reference's forward, after the policy's as in a full pass (`_loss`): a
+            # collective for a sharded LoRA base.
+            attn = torch.ones_like(ids)
+            self._ref_logprobs(PackedBatch(ids, attn, ids[:, 1:], torch.zeros_like(ids[:, 1:], dtype=torch.bool)))
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -292,10 +322,17 @@ class Trainer:
         return self.pool.gradient_sync(self.forward_model, last) if self.pool is not None else contextlib.nullcontext()
 
     def plan(self, groups: list[Group]) -> list[RankStep]:
-        """Each rank's part of a step on `groups` (workers/step_plan.py); advances the
-        shuffle RNG, so only the process that runs the step plans it."""
+        """Each rank's part of a step on `groups` (workers/step_plan.py), with their
+        advantages (over the whole batch) and truncated completions masked out when
+        `trainer.mask_truncated`; advances the shuffle RNG, so only the process that runs
+        the step plans it."""
         tc = self.cfg.trainer
-        return plan_step(groups, self.progress.plan_rng, tc.minibatches, self.world_size, tc.micro_batch_rows)
+        advantages = scaled_advantages([[r.reward for r in g.rollouts] for g in groups], tc.advantage_scaling)
+        if tc.mask_truncated:
+            groups = [without_truncated(g) for g in groups]
+        return plan_step(
+            groups, advantages, self.progress.plan_rng, tc.minibatches, self.world_size, tc.micro_batch_rows
+        )
 
     def train_step(self, groups: list[Group], peers: Peers | None = None) -> dict[str, float]:
         """One policy update on `groups`; returns metrics (workers/metric_names.py names).
@@ -318,8 +355,9 @@ class Trainer:
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
         loss_sums, stats_list, grad_norms = [], [], []
         for k, minibatch in enumerate(rows.minibatches):
+            units = step.trained_tokens[k] if self.aggregation.mode == "token_mean" else step.trained_rows[k]
             loss_sum, stats, grad_norm = self._update(
-                rows, minibatch, old_logp, k == 0, step.trained_tokens[k], step.micro_batches[k]
+                rows, minibatch, old_logp, k == 0, step.trained_tokens[k], units, step.micro_batches[k]
             )
             loss_sums.append(loss_sum)
             stats_list.append(stats)
@@ -335,14 +373,11 @@ class Trainer:
         return result
 
     def _rank_rows(self, step: RankStep) -> RankRows:
-        """This rank's groups as rows on its device, with their advantages (per group:
-        groups may differ in size, e.g. after filtering) and each minibatch's rows."""
+        """This rank's groups as rows on its device, with their advantages (computed with
+        the plan, over the whole batch) and each minibatch's rows."""
         dev = self.device
         rollouts = [r for g in step.groups for r in g.rollouts]
-        advantages: list[float] = []
-        for g in step.groups:
-            rewards = torch.tensor([[r.reward for r in g.rollouts]], dtype=torch.float32)
-            advantages += group_advantages(rewards)[0].tolist()
+        advantages = [a for group in step.advantages for a in group]
         tensors = None
         if rollouts:
             batch = pack([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], self.pad_id)
@@ -389,16 +424,21 @@ class Trainer:
         old_logp: torch.Tensor,
         first: bool,
         trained_tokens: int,
+        units: int,
         passes: int,
     ) -> tuple[float, dict[str, float], float]:
         """One AdamW update on `minibatch` (row indices), in `passes` micro-batches;
         returns this rank's share of its loss and statistics, and the gradient norm.
-        `first`: the step's first minibatch, whose own logprobs are pi_old."""
+        `first`: the step's first minibatch, whose own logprobs are pi_old. `units`: the
+        minibatch's trained tokens, or its trained sequences for a per-sequence
+        aggregation (`Aggregation.units`), on all ranks."""
         self.optimizer.zero_grad(set_to_none=True)
-        # The loss is a token mean over the minibatch, all ranks: each micro-batch's own
-        # token mean, weighted by its share of the tokens, sums to it (and so do the
-        # grads). A pool averages gradients over its ranks: × world undoes that.
-        total = max(trained_tokens, 1)
+        # The loss aggregates over the minibatch, all ranks: each micro-batch's own
+        # aggregate, weighted by its share of the units (tokens for a token mean,
+        # sequences else), sums to it (and so do the grads); the statistics are token
+        # means, weighted by the share of the tokens. A pool averages gradients over its
+        # ranks: × world undoes that.
+        total, total_units = max(trained_tokens, 1), max(units, 1)
         loss_sum, stats_mb = 0.0, dict[str, float]()
         pieces = self._pieces(minibatch, passes)
         for i, micro in enumerate(pieces):
@@ -409,9 +449,12 @@ class Trainer:
                 t = rows.need()
                 sub = t.select(micro, t.trained)
                 share = float(sub.mask.sum() / total)
+                loss_share = (
+                    share if self.aggregation.mode == "token_mean" else self.aggregation.units(sub.mask) / total_units
+                )
                 loss, stats = self._loss(sub, t, micro, None if first else old_logp)
-                (loss * (share * self.world_size)).backward()
-            loss_sum += loss.item() * share
+                (loss * (loss_share * self.world_size)).backward()
+            loss_sum += loss.item() * loss_share
             for key, val in stats.items():
                 stats_mb[key] = stats_mb.get(key, 0.0) + val * share
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.max_grad_norm)
@@ -435,6 +478,11 @@ class Trainer:
             sub.mask,
             tc.clip_eps,
             tc.tis_cap,
+            clip_eps_high=tc.clip_eps_high,
+            aggregation=self.aggregation,
+            ref_logp=self._ref_logprobs(sub) if tc.kl_coef else None,
+            kl_coef=tc.kl_coef,
+            kl_estimator=tc.kl_estimator,
         )
         mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
         stats["policy/entropy"] = mean_entropy.item()
@@ -481,6 +529,17 @@ class Trainer:
                 metrics[rank_series("trainer/rank_comm_bytes", r)] = float(res.comm_bytes)
         metrics["trainer/step_s"] = time.perf_counter() - start
         return metrics
+
+
+def without_truncated(group: Group) -> Group:
+    """`group` with its truncated completions (finish_reason "length") given no trained
+    token (`trainer.mask_truncated`): no loss, no place in any denominator. Their rewards
+    still count in the group's advantages, computed before."""
+    rollouts = [
+        dataclasses.replace(r, loss_mask=[0] * len(r.completion_ids)) if r.finish_reason == "length" else r
+        for r in group.rollouts
+    ]
+    return dataclasses.replace(group, rollouts=rollouts)
 
 
 class Peers(Protocol):

@@ -6,6 +6,7 @@ conftest.py, where pytest finds them without imports.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -113,3 +114,30 @@ TRAINED = (
     "ppo/clipped_frac",
     "mismatch/kl",
 )
+
+
+def reference_kept(logits: list[float], top_k: int | None, top_p: float, min_p: float) -> dict[int, float]:
+    """{token: log of its renormalised probability} for the tokens that top-k / top-p /
+    min-p sampling keeps of `logits` (already tempered): the definitions vLLM uses, in its
+    order (min_p, then top_k, then top_p on what is left), in plain Python float64."""
+    z = max(logits)
+    weights = {i: math.exp(x - z) for i, x in enumerate(logits)}
+    total = sum(weights.values())
+    probs = {i: w / total for i, w in weights.items()}
+    if min_p > 0:
+        top = max(probs.values())
+        probs = {i: p for i, p in probs.items() if p >= min_p * top}
+    if top_k is not None:
+        kth = sorted((logits[i] for i in probs), reverse=True)[min(top_k, len(probs)) - 1]
+        probs = {i: p for i, p in probs.items() if logits[i] >= kth}
+    if top_p < 1:
+        total = sum(probs.values())
+        kept, mass = {}, 0.0
+        for i, p in sorted(probs.items(), key=lambda kv: -kv[1]):
+            kept[i] = p
+            mass += p / total
+            if mass >= top_p:
+                break
+        probs = kept
+    total = sum(probs.values())
+    return {i: math.log(p / total) for i, p in probs.items()}

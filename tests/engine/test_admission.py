@@ -266,3 +266,13 @@ def test_prompts_and_completions_past_the_models_positions_are_refused_at_launch
     )
     assert "inference.max_new_tokens" in errors
     assert "the model takes 32 positions" in errors["inference.max_new_tokens"]
+
+
+def test_a_kl_penalty_costs_a_float32_copy_of_the_weights_unless_lora_gives_the_base():
+    shape = model_shape(RunConfig())
+    plain = gpu_demand(cfg(), shape)
+    with_kl = gpu_demand(cfg(trainer={"kl_coef": 0.05}), shape)
+    assert with_kl.trainer_parts["KL reference"] == 4 * shape["params"]
+    assert with_kl.trainer - plain.trainer == 4 * shape["params"]
+    lora = gpu_demand(cfg(trainer={"kl_coef": 0.05}, lora={"enabled": True}), shape)
+    assert lora.trainer_parts["KL reference"] == 0

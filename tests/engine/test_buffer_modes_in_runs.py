@@ -32,3 +32,18 @@ def test_double_buffer_runs_one_batch_ahead(cluster, cache_dir):
     s = {k: dict(v) for k, v in out["series"].items()}
     assert set(s["buffer/capacity"].values()) == {4.0}  # one batch of B=4 groups
     assert max(s["staleness/max"].values()) <= 1.0
+
+
+def test_a_run_whose_groups_never_differ_fails_saying_so(cluster, cache_dir):
+    """With trainer.dynamic_sampling the run's buffer drops uniform groups: an untrained
+    policy never gets an exact answer, so every group's rewards are all 0, every group is
+    dropped, and the run fails saying why instead of generating forever."""
+    out = run_inline(
+        134,
+        cache_dir,
+        warm_start={"steps": 0, "noisy_steps": 0},
+        task={"reward": "exact"},
+        trainer={"batch_groups": 4, "group_size": 4, "dynamic_sampling": True, "dynamic_sampling_max_batches": 2},
+    )
+    assert out["state"] == "failed"
+    assert "trainer.dynamic_sampling" in out["error"] and "no signal" in out["error"]

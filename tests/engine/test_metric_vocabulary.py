@@ -104,6 +104,26 @@ def test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream(m
     assert "unbounded" in BY_NAME["buffer/capacity"].only
 
 
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_dropped_uniform_groups_are_counted_only_with_dynamic_sampling(dynamic_sampling):
+    from workers.config import TrainerConfig
+
+    bp = plan(BufferConfig(), "async", 4, TrainerConfig(dynamic_sampling=dynamic_sampling))
+    stats = RolloutBuffer(bp.capacity_groups, bp.max_staleness, bp.on_stale, bp.drop_uniform).stats()
+    assert set(stats) <= NAMES
+    assert ("buffer/dropped_uniform" in stats) == dynamic_sampling
+    assert BY_NAME["buffer/dropped_uniform"].only == "trainer.dynamic_sampling"
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_the_reference_kl_is_reported_only_with_a_kl_penalty(tiny_model_dir, kl_coef):
+    cfg = small_config(trainer={"kl_coef": kl_coef})
+    metrics = Trainer(cfg, tiny_model_dir).train_step(fixed_groups(tiny_model_dir, cfg))
+    assert set(metrics) <= NAMES
+    assert ("loss/kl_ref" in metrics) == (kl_coef > 0)
+    assert BY_NAME["loss/kl_ref"].only == "trainer.kl_coef > 0"
+
+
 def test_the_step_windows_are_known_names():
     windows = StepWindows(num_workers=1)
     windows.report(0, [Segment(GENERATE, 0.0, 1.0, tokens=10)], None, now=2.0)
@@ -142,6 +162,8 @@ def sent_by_ranks(ranks: int) -> list[str]:
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
     "ppo/clipped_frac": test_train_step_returns_only_known_names,
+    "buffer/dropped_uniform": test_dropped_uniform_groups_are_counted_only_with_dynamic_sampling,
+    "loss/kl_ref": test_the_reference_kl_is_reported_only_with_a_kl_penalty,
     **dict.fromkeys(EVAL_SERIES, test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on),
     **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
 }

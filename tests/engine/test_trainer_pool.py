@@ -27,9 +27,15 @@ def _group(i: int, rows: int, tokens: int) -> Group:
     return Group(f"g{i}", f"p{i}", "a", [copy.deepcopy(rollout) for _ in range(rows)])
 
 
+def no_advantages(groups: list[Group]) -> list[list[float]]:
+    return [[0.0] * len(g.rollouts) for g in groups]
+
+
 def test_one_rank_gets_the_whole_batch_in_the_single_trainers_order():
     groups = [_group(i, 2, 3 + i) for i in range(6)]
-    (step,) = plan_step(groups, random.Random(7), minibatches=2, num_ranks=1, micro_batch_rows=None)
+    (step,) = plan_step(
+        groups, no_advantages(groups), random.Random(7), minibatches=2, num_ranks=1, micro_batch_rows=None
+    )
     order = list(range(6))
     random.Random(7).shuffle(order)
     assert step.groups == groups
@@ -41,7 +47,7 @@ def test_one_rank_gets_the_whole_batch_in_the_single_trainers_order():
 def test_ranks_get_whole_groups_balanced_by_tokens_and_run_as_many_passes_as_each_other():
     sizes = [9, 1, 1, 1, 8, 2]  # tokens per completion
     groups = [_group(i, 2, n) for i, n in enumerate(sizes)]
-    steps = plan_step(groups, random.Random(0), minibatches=1, num_ranks=2, micro_batch_rows=1)
+    steps = plan_step(groups, no_advantages(groups), random.Random(0), minibatches=1, num_ranks=2, micro_batch_rows=1)
     owned = [[g.group_id for g in s.groups] for s in steps]
     assert sorted(owned[0] + owned[1]) == sorted(g.group_id for g in groups)  # each group once, whole
     loads = [sum(trained_tokens(g) for g in s.groups) for s in steps]
@@ -53,7 +59,9 @@ def test_ranks_get_whole_groups_balanced_by_tokens_and_run_as_many_passes_as_eac
 
 def test_a_rank_with_no_group_in_a_minibatch_still_runs_its_passes():
     groups = [_group(i, 2, 4) for i in range(3)]
-    steps = plan_step(groups, random.Random(1), minibatches=2, num_ranks=2, micro_batch_rows=None)
+    steps = plan_step(
+        groups, no_advantages(groups), random.Random(1), minibatches=2, num_ranks=2, micro_batch_rows=None
+    )
     # minibatch 1 has a single group: one rank holds none of it and runs an empty pass
     assert sorted(len(s.minibatches[1]) for s in steps) == [0, 1]
     assert all(s.micro_batches == [1, 1] and s.old_micro_batches == 1 for s in steps)
@@ -127,6 +135,36 @@ def _pool(ranks, cfg, model_dir: str) -> None:
 @pytest.mark.parametrize("n_groups", [4, 3])  # 3: one rank holds no group of the second minibatch
 def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, backend, lora, n_groups):
     trainer = {"minibatches": 2, "micro_batch_rows": 3, "entropy_coef": 0.01}
+    _check_pool_equals_single(ranks, tiny_model_dir, backend, lora, n_groups, trainer)
+
+
+# The algorithm knobs away from their defaults: a pool rank must aggregate with the
+# minibatch's sequence count over all ranks, scale advantages by the whole batch's std,
+# and (fsdp2 + LoRA) run the reference's forward as a collective in its empty passes.
+KNOBS = {
+    "loss_aggregation": "sequence_mean",
+    "advantage_scaling": "batch_std",
+    "kl_coef": 0.1,
+    "clip_eps": 0.001,  # small, so the second minibatch's ratios reach the clip
+    "clip_eps_high": 0.002,
+    "mask_truncated": True,
+    "lr": 0.01,
+}
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_two_rank_step_equals_the_single_trainers_step_with_the_algorithm_knobs(ranks, tiny_model_dir, backend, lora):
+    trainer = {"minibatches": 2, "micro_batch_rows": 3, **KNOBS}
+    got = _check_pool_equals_single(
+        ranks, tiny_model_dir, backend, lora, 3, trainer, extra=("loss/kl_ref", "ppo/clipped_frac")
+    )
+    assert got["loss/kl_ref"] > 0 and got["ppo/clipped_frac"] > 0, "the knobs must be at work in this step"
+
+
+def _check_pool_equals_single(ranks, tiny_model_dir, backend, lora, n_groups, trainer, extra=()) -> dict:
+    """One step of a 2-rank pool against one step of a single trainer on the same batch:
+    the same figures and the same weights after. Returns the pool's metrics."""
     single_cfg = small_config(trainer=trainer, lora={"enabled": lora, "rank": 2})
     pool_cfg = small_config(trainer={**trainer, "backend": backend, "num_ranks": 2}, lora=single_cfg.lora.model_dump())
     groups = fixed_groups(tiny_model_dir, single_cfg)[:n_groups]
@@ -140,7 +178,15 @@ def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, 
     got = ray.get(ranks[0].step.remote(copy.deepcopy(groups), ranks[1:]))
     got_weights, _ = ray.get([r.weights.remote() for r in ranks])  # a gather every rank joins
 
-    for key in ("loss", "trainer/grad_norm", "is/ratio_mean", "is/clipped_frac", "mismatch/kl", "policy/entropy"):
+    for key in (
+        "loss",
+        "trainer/grad_norm",
+        "is/ratio_mean",
+        "is/clipped_frac",
+        "mismatch/kl",
+        "policy/entropy",
+        *extra,
+    ):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     assert got["policy/version"] == want["policy/version"] == 1.0
     changed = [k for k in want_weights if not torch.equal(want_weights[k], start[k])]
@@ -157,6 +203,7 @@ def test_a_two_rank_step_equals_the_single_trainers_step(ranks, tiny_model_dir, 
     for r in range(2):
         assert got[f"trainer/rank_compute_s/{r}"] > 0
         assert got[f"trainer/rank_comm_s/{r}"] > 0 and got[f"trainer/rank_comm_bytes/{r}"] > 0
+    return got
 
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])

@@ -12,6 +12,7 @@ import importlib
 import pytest
 import torch
 
+from tests.engine.helpers import reference_kept
 from workers.config import InferenceConfig, ModelConfig
 from workers.inference.base import Completion
 from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim
@@ -126,6 +127,31 @@ def test_logprobs_are_of_the_sampled_token_under_the_tempered_distribution(backe
     if temperature != 1.0:
         # Raw (untempered) logprobs would be far off: temperature really is applied.
         assert _max_abs_diff(hf, prompts, groups, 1.0) > 1e-2
+
+
+@pytest.mark.parametrize("cut", [{"top_k": 1}, {"top_p": 0.7}, {"min_p": 0.2}, {"top_k": 4, "top_p": 0.9}])
+def test_truncated_sampling_returns_the_logprobs_of_the_truncated_distribution(backend, hf, monkeypatch, cut):
+    """vLLM's processed logprobs are those of the distribution left after its min-p, top-k
+    and top-p cuts, renormalised: the same contract as the torch backends."""
+    truncated = InferenceConfig(backend="vllm", **cut)
+    monkeypatch.setattr(backend, "inference_cfg", truncated)  # read by each call's SamplingParams
+    temperature, prompts = 0.8, _prompts(4)
+    groups = backend.generate(prompts, n=4, max_new_tokens=6, temperature=temperature, seed=5)
+    worst, cut_off = 0.0, 0.0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logits = hf(ids).logits[0].double() / temperature
+            for k, (token, lp) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
+                row = logits[len(prompt) - 1 + k].tolist()
+                kept = reference_kept(row, truncated.top_k, truncated.top_p, truncated.min_p)
+                assert token in kept, "vLLM sampled a token its cut removes"
+                worst = max(worst, abs(lp - kept[token]))
+                cut_off = max(cut_off, lp - reference_kept(row, None, 1.0, 0.0)[token])
+    print(f"{cut}: max |logprob_vllm - truncated reference| = {worst:.2e}")
+    assert worst < 1e-3
+    assert cut_off > 1e-2  # the untruncated logprobs would be off
 
 
 def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(backend):

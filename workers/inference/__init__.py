@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workers.config import RunConfig
     from workers.inference.base import InferenceBackend
+    from workers.inference.sampling import Truncation
 
 
 def make_backend(
@@ -22,7 +23,9 @@ def make_backend(
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
     if cfg.inference.backend == "torch":
-        return make_torch_backend(model_dir, cfg.inference.dtype)
+        from workers.inference.sampling import Truncation
+
+        return make_torch_backend(model_dir, cfg.inference.dtype, Truncation.of(cfg.inference))
     if cfg.inference.backend == "vllm":
         from workers.context import context_tokens
         from workers.inference.vllm_backend import VLLMBackend, serves_lora
@@ -45,10 +48,13 @@ def make_backend(
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
 
 
-def make_torch_backend(model_dir: str, dtype: str = "float32") -> InferenceBackend:
+def make_torch_backend(
+    model_dir: str, dtype: str = "float32", truncation: Truncation | None = None
+) -> InferenceBackend:
     """The torch backend for `model_dir`: the hand-written Llama loop where it can run the
     model (float32 on the CPU, fastest at the tiny sizes), else the model's own
-    transformers forward, on the device this process was given and in `dtype`."""
+    transformers forward, on the device this process was given and in `dtype`, sampling
+    with `truncation` (top-k / top-p / min-p; none by default)."""
     from workers.devices import assigned_device
     from workers.inference.torch_backend import TorchBackend, fast_path_problem
 
@@ -56,7 +62,7 @@ def make_torch_backend(model_dir: str, dtype: str = "float32") -> InferenceBacke
         config = json.load(f)
     device = assigned_device()
     if fast_path_problem(config) is None and dtype == "float32" and device.type == "cpu":
-        return TorchBackend(model_dir)
+        return TorchBackend(model_dir, truncation)
     from workers.inference.transformers_backend import TransformersBackend
 
-    return TransformersBackend(model_dir, dtype=dtype, device=device)
+    return TransformersBackend(model_dir, dtype=dtype, device=device, truncation=truncation)

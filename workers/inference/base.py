@@ -72,7 +72,8 @@ class InferenceBackend(Protocol):
     """Generates completions with per-token logprobs and takes new weights.
 
     `generate` returns, for each prompt, `n` completions (prompt-major order). Sampling is
-    plain temperature sampling (no top-k/top-p), stopping at `eos_id` or `max_new_tokens`.
+    temperature sampling, cut by the top-k / top-p / min-p the backend was built with
+    (`inference.top_k` …; none by default), stopping at `eos_id` or `max_new_tokens`.
     """
 
     def generate(

@@ -5,8 +5,9 @@ It reads the same Hugging Face directory vLLM does and reimplements the Llama fo
 size Python overhead dominates, and a hand-written loop with a preallocated KV cache and
 fused QKV / gate-up projections is faster than `transformers.generate`
 (docs/performance.md). Logprobs are of the sampled token under the sampling
-distribution, log_softmax(logits / temperature), which is what the trainer's importance
-weights need as the behaviour policy mu.
+distribution, log_softmax(logits / temperature) after the top-k / top-p / min-p cut
+(workers/inference/sampling.py), which is what the trainer's importance weights need as
+the behaviour policy mu.
 
 Other architectures (Qwen2's biased projections, anything else AutoModelForCausalLM
 loads) run on transformers' own forward instead (`workers.inference.transformers_backend`);
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.inference.base import Completion, StepToken
+from workers.inference.sampling import Truncation
 
 
 def fast_path_problem(cfg: dict) -> str | None:
@@ -47,11 +49,13 @@ def eos_ids(cfg: dict) -> list[int]:
 
 
 class TorchBackend:
-    """Batched temperature sampling with per-token logprobs, seeded, stops at EOS."""
+    """Batched temperature sampling (then `truncation`: top-k, top-p, min-p) with
+    per-token logprobs, seeded, stops at EOS."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, truncation: Truncation | None = None) -> None:
         from workers.model import checkpoint_weights, model_config, model_dims
 
+        self.truncation = truncation or Truncation()
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         problem = fast_path_problem(cfg)
@@ -220,7 +224,8 @@ def rows_per_sample(prompts: list[list[int]], max_new_tokens: list[int], n: int)
 class SteppedSampler:
     """What the stepped torch sessions share: the prompts left-padded to one length
     (`ids`, `prompt_mask`), each row's token budget, and `sample`, which draws every
-    unfinished row's next token from its logits (seeded, temperature), records its
+    unfinished row's next token from its logits (seeded, temperature, then the backend's
+    `truncation`), records its
     logprob and ends a row at a stop id or at its budget. A session's `step` runs the
     model and hands its last-position logits to `sample`."""
 
@@ -237,6 +242,7 @@ class SteppedSampler:
             raise ValueError("max_new_tokens needs one budget ≥ 1 per prompt")
         self.b = backend
         self.temperature = temperature
+        self.truncation: Truncation = getattr(backend, "truncation", None) or Truncation()
         B = len(prompts)
         self.P = P = max((len(p) for p in prompts), default=1)
         self.S = P + max(max_new_tokens, default=1)
@@ -266,7 +272,7 @@ class SteppedSampler:
         bookkeeping: a finished row samples too (one generator stream whatever ends when)
         but gets pad and reports nothing."""
         b, t = self.b, self.t
-        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        logp = torch.log_softmax(self.truncation(logits / self.temperature), dim=-1)
         tok = torch.multinomial(logp.exp(), 1, generator=self.gen)
         lp = logp.gather(1, tok).squeeze(1).cpu()
         tok = torch.where(self.done, torch.full_like(self.done, b.pad_id, dtype=torch.long), tok.squeeze(1).cpu())

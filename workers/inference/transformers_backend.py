@@ -3,7 +3,7 @@
 The hand-written loop of `torch_backend` covers the Llama family only (no bias terms,
 default RoPE); every other architecture AutoModelForCausalLM knows (Qwen2's biased q/k/v,
 tied embeddings, …) runs here on the model's own forward with a `DynamicCache`, under the
-same contract: batched temperature sampling, seeded, per-token logprobs of the sampled
+same contract: batched temperature sampling (then top-k / top-p / min-p), seeded, per-token logprobs of the sampled
 token under log_softmax(logits / temperature), stop at any EOS id, stepped sessions for
 the update modes, full weight reloads under checkpoint names. Slower per token than the
 hand-written loop, and exactly the forward the trainer computes its logprobs with.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from workers.inference.base import StepToken
+from workers.inference.sampling import Truncation
 from workers.inference.torch_backend import SteppedSampler, generate_by_steps, rows_per_sample
 
 
@@ -24,9 +25,16 @@ class TransformersBackend:
     Sampling runs on the same device, from a generator seeded there: on the CPU the draws
     are those of every CPU host; a GPU's generator draws other (equally seeded) tokens."""
 
-    def __init__(self, model_dir: str, dtype: str = "float32", device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        dtype: str = "float32",
+        device: torch.device | str = "cpu",
+        truncation: Truncation | None = None,
+    ) -> None:
         from workers.model import load_model, model_dims, tied_weight_names
 
+        self.truncation = truncation or Truncation()
         self.device = torch.device(device)
         # transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads unbound.
         self.model = load_model(model_dir, dtype).to(self.device)  # type: ignore[arg-type]

@@ -15,11 +15,13 @@ behave inside Ray on a 2-core box:
 - `collective_rpc` calls vLLM's worker directly, so a weight reload hands it the trainer's
   tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
 
-Sampling contract (the same as TorchBackend): plain temperature sampling, stop at the
-model's EOS id. A completion that stops at EOS *includes* the EOS token and its logprob
-(the trainer must learn to stop); `finish_reason` is "stop" then, else "length".
-Logprobs are vLLM's "processed_logprobs": log_softmax(logits / temperature) at the sampled
-token, i.e. log mu(token) under the distribution that actually sampled it.
+Sampling contract (the same as TorchBackend): temperature sampling, cut by
+`inference.top_k` / `top_p` / `min_p` when set, stop at the model's EOS id. A completion
+that stops at EOS *includes* the EOS token and its logprob (the trainer must learn to
+stop); `finish_reason` is "stop" then, else "length".
+Logprobs are vLLM's "processed_logprobs": log_softmax(logits / temperature) after the
+min-p, top-k and top-p cuts, at the sampled token, i.e. log mu(token) under the
+truncated distribution that actually sampled it.
 """
 
 from __future__ import annotations
@@ -417,15 +419,18 @@ class VLLMBackend:
         return VLLMSession(self, prompts, max_new_tokens, temperature, seed, n)
 
     def _sampling_params(self, prompt_index: int, n: int, temperature: float, max_tokens: int, seed: int, **extra):
-        """Plain temperature sampling of `n` samples of prompt `prompt_index` of a call
-        seeded `seed` (see `generate`), stopping at EOS, with the sampled tokens' logprobs."""
+        """Temperature sampling (cut by inference.top_k / top_p / min_p) of `n` samples of
+        prompt `prompt_index` of a call seeded `seed` (see `generate`), stopping at EOS,
+        with the sampled tokens' logprobs."""
         from vllm import SamplingParams
 
+        inf = self.inference_cfg
         return SamplingParams(
             n=n,
             temperature=temperature,
-            top_p=1.0,
-            top_k=0,
+            top_p=inf.top_p,
+            top_k=inf.top_k or 0,  # 0: off
+            min_p=inf.min_p,
             max_tokens=max_tokens,
             seed=(seed * 2**20 + prompt_index * n) % 2**63,
             logprobs=0,  # only the sampled token's logprob

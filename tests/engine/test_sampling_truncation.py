@@ -1,0 +1,98 @@
+"""Top-k / top-p / min-p sampling on the torch backends (workers/inference/sampling.py):
+the right tokens are cut, top_k=1 is greedy, and the behaviour logprob of each sampled
+token is the log of its probability in the truncated, renormalised distribution. The
+reference (`reference_kept`, tests/engine/helpers.py) is plain Python in float64, from
+the definitions vLLM uses (min_p, then top_k, then top_p on what is left). vLLM's own
+sampling is checked the same way in test_vllm_backend.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.engine.helpers import reference_kept
+from workers.inference.sampling import Truncation
+from workers.inference.torch_backend import TorchBackend
+from workers.inference.transformers_backend import TransformersBackend
+from workers.model import load_model
+
+LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0]  # probabilities ≈ 0.563, 0.207, 0.126, 0.076, 0.028
+
+
+@pytest.mark.parametrize(
+    "cut, kept",
+    [
+        (Truncation(top_k=2), {0, 1}),
+        (Truncation(top_p=0.8), {0, 1, 2}),  # 0.563 + 0.207 < 0.8 ≤ + 0.126
+        (Truncation(min_p=0.3), {0, 1}),  # 0.3 × 0.563 = 0.169: 0.126 is out
+        (Truncation(min_p=0.1, top_k=3, top_p=0.7), {0, 1}),  # min_p keeps 4, top_k 3, nucleus of those 2
+        (Truncation(), {0, 1, 2, 3, 4}),
+    ],
+)
+def test_the_cuts_keep_the_right_tokens_and_renormalise(cut, kept):
+    ref = reference_kept(LOGITS, cut.top_k, cut.top_p, cut.min_p)
+    assert set(ref) == kept  # the hand-worked sets, and the reference agrees
+    logp = torch.log_softmax(cut(torch.tensor([LOGITS], dtype=torch.float64)), dim=-1)[0]
+    assert {i for i in range(5) if logp[i] > -math.inf} == kept
+    for i, want in ref.items():
+        assert logp[i].item() == pytest.approx(want, abs=1e-9)
+
+
+def test_no_cut_leaves_the_logits_untouched():
+    logits = torch.tensor([LOGITS])
+    assert Truncation()(logits) is logits
+
+
+BACKENDS = {
+    "torch": lambda model_dir, cut: TorchBackend(model_dir, cut),
+    "transformers": lambda model_dir, cut: TransformersBackend(model_dir, truncation=cut),
+}
+PROMPTS = [[1, 5, 6, 7], [1, 9, 4], [1, 3, 3, 8, 6]]
+
+
+def _logits_along(hf, prompt: list[int], tokens: list[int]) -> list[list[float]]:
+    """The model's logits (float64) before each of `tokens`, teacher-forced."""
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt + tokens])).logits[0].double()
+    return [out[len(prompt) - 1 + k].tolist() for k in range(len(tokens))]
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_top_k_1_is_greedy_with_logprob_zero(tiny_model_dir, hf, backend):
+    b = BACKENDS[backend](tiny_model_dir, Truncation(top_k=1))
+    runs = [b.generate(PROMPTS, n=3, max_new_tokens=6, temperature=1.0, seed=s) for s in (0, 1)]
+    assert runs[0] == runs[1]  # no randomness left
+    for prompt, group in zip(PROMPTS, runs[0], strict=True):
+        for c in group:
+            assert c.token_ids == group[0].token_ids
+            assert c.logprobs == [0.0] * len(c.token_ids)
+            for logits, token in zip(_logits_along(hf, prompt, c.token_ids), c.token_ids, strict=True):
+                assert token == max(range(len(logits)), key=logits.__getitem__)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("cut", [Truncation(top_p=0.7), Truncation(min_p=0.2), Truncation(top_k=4, top_p=0.9)])
+def test_behaviour_logprobs_are_of_the_truncated_distribution(tiny_model_dir, hf, backend, cut):
+    temperature = 0.8
+    b = BACKENDS[backend](tiny_model_dir, cut)
+    groups = b.generate(PROMPTS, n=8, max_new_tokens=6, temperature=temperature, seed=3)
+    worst, cut_off = 0.0, 0.0
+    for prompt, group in zip(PROMPTS, groups, strict=True):
+        for c in group:
+            for logits, token, lp in zip(_logits_along(hf, prompt, c.token_ids), c.token_ids, c.logprobs, strict=True):
+                tempered = [x / temperature for x in logits]
+                kept = reference_kept(tempered, cut.top_k, cut.top_p, cut.min_p)
+                assert token in kept, "a token the cut removes was sampled"
+                worst = max(worst, abs(lp - kept[token]))
+                full = reference_kept(tempered, None, 1.0, 0.0)[token]
+                cut_off = max(cut_off, lp - full)
+    assert worst < 1e-4
+    # The cut matters on these samples: the untruncated logprobs would be off.
+    assert cut_off > 1e-2
