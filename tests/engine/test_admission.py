@@ -4,6 +4,8 @@ grows with what drives memory."""
 
 from __future__ import annotations
 
+import pytest
+
 from workers.admission import (
     Capacity,
     Limits,
@@ -276,3 +278,22 @@ def test_a_kl_penalty_costs_a_float32_copy_of_the_weights_unless_lora_gives_the_
     assert with_kl.trainer - plain.trainer == 4 * shape["params"]
     lora = gpu_demand(cfg(trainer={"kl_coef": 0.05}, lora={"enabled": True}), shape)
     assert lora.trainer_parts["KL reference"] == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+def test_a_mixture_of_experts_on_vllm_cpu_is_refused_at_launch_naming_the_backend(tmp_path, arch):
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    moe = make_tiny_checkpoint(str(tmp_path / arch), arch, hidden_size=64)
+    dense = make_tiny_checkpoint(str(tmp_path / "llama"), "llama", hidden_size=64)
+
+    def errors(path, **inference):
+        return admission_errors(cfg(model={"source": "path", "path": path}, inference=inference), Limits(), None)
+
+    refused = errors(moe, backend="vllm")
+    assert list(refused) == ["inference.backend"]
+    assert "mixture of experts" in refused["inference.backend"] and "'torch'" in refused["inference.backend"]
+    assert errors(moe, backend="torch") == {}
+    assert errors(dense, backend="vllm") == {}
+    on_gpus = cfg(model={"source": "path", "path": moe}, inference={"backend": "vllm"}, placement={"devices": "gpu"})
+    assert "inference.backend" not in admission_errors(on_gpus, Limits(), None)
