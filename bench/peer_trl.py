@@ -13,6 +13,9 @@ judges on) first reaches `--target`, the reward of the first and last 5 steps, a
 busy fractions; then the async/TRL ratios against the target (≥ 3× TRL's samples/s and
 less wall time to the target), and where each side's step time goes.
 
+This compares speed. Whether each side *learns* (held-out pass@1 before and after, per
+seed, on countdown and gsm8k) is bench/learning.py, which runs the same TRL runner.
+
 The workload is generation-heavy: the `copy` task on strings of `--length` (64)
 characters, a tokenizer without merges (one token per character), so a correct
 completion is 64 tokens + EOS, and `--max-new-tokens` 72.
@@ -434,6 +437,13 @@ def ensure_venv(venv: str) -> str:
     return python
 
 
+def trl_environment() -> dict[str, str]:
+    """The TRL runner's environment: this one less the project's Python paths, offline."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
 def run_trl(args: argparse.Namespace, python: str, policy: str, work_dir: str) -> dict:
     spec = {
         "model_dir": policy,
@@ -455,10 +465,10 @@ def run_trl(args: argparse.Namespace, python: str, policy: str, work_dir: str) -
     spec_path, out_path = os.path.join(work_dir, "trl-spec.json"), os.path.join(work_dir, "trl-out.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     t = time.perf_counter()
-    done = subprocess.run([python, RUNNER, spec_path, out_path], env=env, cwd=work_dir, capture_output=True, text=True)
+    done = subprocess.run(
+        [python, RUNNER, spec_path, out_path], env=trl_environment(), cwd=work_dir, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"TRL runner failed ({done.returncode}):\n{done.stderr[-4000:]}")
     with open(out_path) as f:

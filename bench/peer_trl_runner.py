@@ -1,17 +1,23 @@
 """TRL's GRPOTrainer on one JSON spec, timed per step: the TRL side of bench/peer_trl.py.
 
 Runs in a virtual environment of its own (TRL and the transformers it is pinned with),
-never in the project's, so it imports nothing from the project: the task's reward is
-written out again below (`reward`), and tests/test_bench_scripts.py checks it against
-`workers.rl_tasks` on random strings. trl is imported inside `main` only, so the project's
-venv can import this module for that test.
+never in the project's. The `copy` task's reward is written out again below (`reward`),
+and tests/test_bench_scripts.py checks it against `workers.rl_tasks` on random strings;
+the learning benchmark's tasks (`task` in the spec: countdown, gsm8k) are scored by the
+project's own verifiers (workers/rl_tasks, pure Python on pydantic, which TRL's venv has
+as a dependency of its own), so both sides reward a completion with the same code. trl
+is imported inside `main` only, so the project's venv can import this module for that
+test.
 
     python bench/peer_trl_runner.py SPEC.json OUT.json
 
 SPEC: model_dir, prompts ([{"prompt": text, "answer": text}] in training order), reward
 ("exact" | "prefix" | "position"), batch_groups, group_size, max_new_tokens, temperature,
 lr, clip_eps, max_grad_norm, seed, steps, max_minutes, work_dir; optional threads (torch's
-intra-op threads; absent: torch's default, one per core).
+intra-op threads; absent: torch's default, one per core); optional task ({"name",
+"options"}: a built-in task of workers/rl_tasks whose reward replaces `reward`); optional
+save_every and save_dir (the policy, with its tokenizer, written to save_dir/step-K every
+save_every steps and after the last, for the held-out eval the caller runs on them).
 
 OUT: per step (1-based) its end time from the start of training, the batch's mean reward,
 its completion tokens (EOS included, as Rollway counts them), and the seconds spent in
@@ -27,6 +33,9 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def reward(completion: str, answer: str, kind: str) -> float:
@@ -48,6 +57,15 @@ def reward(completion: str, answer: str, kind: str) -> float:
     else:
         raise ValueError(f"unknown reward {kind!r}")
     return hits / denom
+
+
+def project_reward(task: dict):
+    """The reward of the project's built-in task `task["name"]` with `task["options"]`:
+    workers/rl_tasks imported from the checkout this script lies in."""
+    sys.path.insert(0, ROOT)
+    from workers.rl_tasks import task_class
+
+    return task_class(task["name"])(SimpleNamespace(options=task.get("options", {}))).reward
 
 
 def _timed(fn, seconds: list[float], after=None):
@@ -82,11 +100,12 @@ def main(spec_path: str, out_path: str) -> int:
         [{"prompt": [{"role": "user", "content": p["prompt"]}], "answer": p["answer"]} for p in spec["prompts"]]
     )
     batch_rewards: list[list[float]] = []
+    score = project_reward(spec["task"]) if spec.get("task") else (lambda c, a: reward(c, a, spec["reward"]))
 
     def task_reward(prompts, completions, answer, **kwargs) -> list[float]:
         # Conversational prompts: each completion is [{"role": "assistant", "content": text}],
         # the text decoded up to the first EOS without special tokens (as Rollway decodes).
-        scores = [reward(c[0]["content"], a, spec["reward"]) for c, a in zip(completions, answer, strict=True)]
+        scores = [score(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
         batch_rewards.append(scores)
         return scores
 
@@ -140,6 +159,14 @@ def main(spec_path: str, out_path: str) -> int:
     steps: list[dict] = []
     clock: dict[str, float] = {}
     limit_s = spec["max_minutes"] * 60
+    saved: list[int] = []
+
+    def save(step: int) -> None:
+        # Outside the timed training: a step's end time is taken before it.
+        path = os.path.join(spec["save_dir"], f"step-{step}")
+        trainer.model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        saved.append(step)
 
     class StepTimes(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -164,12 +191,20 @@ def main(spec_path: str, out_path: str) -> int:
             )
             if now - clock["start"] >= limit_s:
                 control.should_training_stop = True
+            every = spec.get("save_every")
+            if every and (state.global_step % every == 0 or state.global_step >= spec["steps"]):
+                t = time.perf_counter()
+                save(state.global_step)
+                clock["start"] += time.perf_counter() - t  # saving is not training time
 
     trainer.add_callback(StepTimes())
     first_prompt_ids, _, _ = trainer._tokenize_prompts([dataset[0]["prompt"]])
     t = time.perf_counter()
     trainer.train()
+    if spec.get("save_every") and (not saved or saved[-1] != len(steps)):
+        save(len(steps))  # stopped by max_minutes between two saves
     out = {
+        "saved": saved,
         "steps": steps,
         "train_s": time.perf_counter() - t,
         "first_prompt_ids": [int(i) for i in first_prompt_ids[0]],

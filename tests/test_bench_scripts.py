@@ -643,3 +643,60 @@ def test_scale_out_figures_leave_step_one_out_and_split_each_ranks_time():
     assert row["trainer_busy"] == pytest.approx(0.8) and row["sync_ms"] == pytest.approx(20)
     assert row["comm_share"] == pytest.approx([0.1 / 0.3, 0.1 / 0.4])
     assert row["comm_mb"] == pytest.approx([2.0, 2.0]) and row["reward_last"] == 0.5
+
+
+def test_peer_trl_runner_scores_the_learning_tasks_with_their_own_verifiers():
+    import random
+
+    from workers.config import TaskConfig
+    from workers.rl_tasks import make_task
+
+    runner = load("peer_trl_runner.py")
+    rng = random.Random(0)
+    for section in ({"name": "countdown", "options": {"count": 2}}, {"name": "gsm8k", "options": {"max_number": 9}}):
+        task = make_task(TaskConfig(**section))
+        score = runner.project_reward(section)
+        for prompt, answer in task.sample(50, rng):
+            for completion in (task.demonstration(prompt, answer), answer, "3+4", "1+2=3 #### 3", ""):
+                assert score(completion, answer) == task.reward(completion, answer)
+
+
+# ---- learning (pure parts: the runs take minutes) ---------------------------------------
+
+
+def test_learning_refuses_bad_flags_naming_them():
+    for args, flag in (
+        (["--seeds", "a,b"], "--seeds"),
+        (["--sides", "sync,verl"], "--sides"),
+        (["--steps", "0"], "--steps"),
+    ):
+        done = bench("learning.py", *args)
+        assert done.returncode != 0 and flag in done.stderr, done.stderr
+
+
+def test_learning_trains_trl_on_the_prompts_rollways_worker_draws_held_out_excluded():
+    import random
+
+    from workers.evaluation import is_held_out, problem_key, training_prompts
+    from workers.rl_tasks import make_task
+
+    lb = load("learning.py")
+    cfg = lb.recipe_config(lb.RECIPES["countdown"], ROOT, 3, 5, "sync", {})
+    prompts = lb.training_prompts_in_order(cfg, 4)
+    # workers/actors.py: one rng per worker, one batch of batch_groups per generate call
+    task = make_task(cfg.task)
+    source, rng = training_prompts(cfg, task, task), random.Random("3-prompts-0")
+    expected = [pair for _ in range(4) for pair in source.sample(cfg.trainer.batch_groups, rng)]
+    assert [(p["prompt"], p["answer"]) for p in prompts] == expected
+    assert not any(is_held_out(problem_key(task, *pair)) for pair in expected)
+
+
+def test_learning_table_gives_mean_spread_and_each_seed():
+    lb = load("learning.py")
+    runs = [
+        {"seed": 0, "before": 0.2, "after": 0.4, "samples": 7680, "wall_s": 100.0, "curve": {0: 0.2, 60: 0.4}},
+        {"seed": 1, "before": 0.2, "after": 0.3, "samples": 7680, "wall_s": 110.0, "curve": {0: 0.2, 60: 0.3}},
+    ]
+    text = lb.table({"sync": runs})
+    assert "| sync | 0, 1 | 0.200 ± 0.000 → 0.350 ± 0.071 | 0.200→0.400, 0.200→0.300 | +0.150, +0.100 | 7680 |" in text
+    assert "60: 0.350" in lb.curves({"sync": runs})

@@ -2,11 +2,17 @@
 
 Held-out prompts (`eval_prompts`): the dataset's eval split (its first
 `eval.num_prompts` rows, already shuffled by the run's seed) when the task reads a
-dataset; otherwise a fixed set of `eval.num_prompts` distinct prompts drawn from the
-task's generator with an rng seeded by the run's seed alone, so every inference worker
-(and the warm start) computes the same set. Training never draws them: a generator
-task's training prompts go through `WithoutHeldOut`, which draws again in place of any
-held-out prompt.
+dataset. For a generator task, a share of everything it can emit is reserved for
+evaluation: the problems whose *key* hashes into one of `HELD_OUT_BUCKETS` buckets
+(`is_held_out`). The key is the task's `problem_key(prompt, answer)` where it has one
+(countdown: the numbers as a multiset and the target, so "3 5:8" and "5 3:8" are one
+problem; gsm8k: the arithmetic, whatever the names and items around it), else the
+prompt. The eval set is `eval.num_prompts` distinct problems drawn from the reserved
+share with an rng seeded by the run's seed alone, so every inference worker computes the
+same set; training and the warm start draw through `WithoutHeldOut`, which never yields
+a reserved problem. The reserved share does not depend on the seed or on
+`eval.num_prompts`, so no run with eval on, of any seed, ever trains on a problem that
+any run evaluates on.
 
 Each pass samples `eval.k` completions per prompt at `eval.temperature` through the same
 backend, tokenizer and prompt encoding as training (workers.generation.encode_prompt;
@@ -26,6 +32,7 @@ of the run on the final weights. The pass is labelled with the version it ran on
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from typing import TYPE_CHECKING
@@ -40,8 +47,12 @@ if TYPE_CHECKING:
 CORRECT = 1.0 - 1e-9
 REWARD_MEAN, PASS_AT_1, PASS_AT_K = "eval/reward_mean", "eval/pass@1", "eval/pass@k"
 SERIES = (REWARD_MEAN, PASS_AT_1, PASS_AT_K)
+# One bucket in this many of a generator task's problems is reserved for evaluation:
+# more → more distinct problems to evaluate on; fewer → more left to train on.
+HELD_OUT_BUCKETS = 8
 # Draws per wanted prompt before a generator is judged unable to give enough distinct
-# (or non-held-out) prompts: far above what any task with room for them needs.
+# (or non-held-out) prompts: far above what any task with room for them needs, the
+# reserved share's 1 in HELD_OUT_BUCKETS included.
 DRAWS_PER_PROMPT = 100
 
 
@@ -75,19 +86,35 @@ def is_due(version: int, last: int, every_steps: int) -> bool:
     return every_steps > 0 and version // every_steps > last // every_steps
 
 
+def problem_key(task: Task, prompt: str, answer: str) -> str:
+    """What makes two of the task's problems the same one: its `problem_key` where it
+    has one, else the prompt."""
+    key = getattr(task, "problem_key", None)
+    return key(prompt, answer) if key is not None else prompt
+
+
+def is_held_out(key: str) -> bool:
+    """Whether the problem with this key lies in the share reserved for evaluation.
+    sha256, not `hash()`: the same answer in every process, whatever PYTHONHASHSEED."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % HELD_OUT_BUCKETS == 0
+
+
 def held_out_prompts(task: Task, n: int, seed: int) -> list[tuple[str, str]]:
-    """`n` distinct (prompt, answer) pairs from the task's generator, the same for every
-    caller with this seed."""
+    """`n` (prompt, answer) pairs of distinct problems from the task's reserved share,
+    the same for every caller with this seed."""
     rng = random.Random(f"{seed}-eval-prompts")
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
     for _ in range(n * DRAWS_PER_PROMPT):
         ((prompt, answer),) = task.sample(1, rng)
-        found.setdefault(prompt, answer)
-        if len(found) == n:
-            return list(found.items())
+        key = problem_key(task, prompt, answer)
+        if is_held_out(key):
+            found.setdefault(key, (prompt, answer))
+            if len(found) == n:
+                return list(found.values())
     raise ValueError(
-        f"eval.num_prompts ({n}): the task's generator gave only {len(found)} distinct prompts in "
-        f"{n * DRAWS_PER_PROMPT} draws; lower eval.num_prompts or widen the task"
+        f"eval.num_prompts ({n}): the task's generator gave only {len(found)} distinct held-out problems in "
+        f"{n * DRAWS_PER_PROMPT} draws (1 in {HELD_OUT_BUCKETS} of its problems is held out); lower "
+        "eval.num_prompts or widen the task"
     )
 
 
@@ -107,19 +134,22 @@ def eval_prompts(cfg: RunConfig, task: Task) -> list[tuple[str, str]]:
 
 
 class WithoutHeldOut:
-    """A prompt source (`sample(n, rng)`) that never yields a held-out prompt: each one
-    drawn is replaced by a fresh draw."""
+    """A prompt source (`sample(n, rng)`) that never yields a problem of `task`'s
+    reserved share (`is_held_out`): each one drawn is replaced by a fresh draw."""
 
-    def __init__(self, source, held_out: list[tuple[str, str]]) -> None:
+    def __init__(self, source, task: Task) -> None:
         self.source = source
-        self.held_out = frozenset(p for p, _ in held_out)
+        self.task = task
+
+    def _trainable(self, pair: tuple[str, str]) -> bool:
+        return not is_held_out(problem_key(self.task, *pair))
 
     def sample(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         for _ in range(max(n, 1) * DRAWS_PER_PROMPT):
             if len(out) == n:
                 break
-            out.extend(pair for pair in self.source.sample(n - len(out), rng) if pair[0] not in self.held_out)
+            out.extend(pair for pair in self.source.sample(n - len(out), rng) if self._trainable(pair))
         if len(out) < n:
             raise ValueError(
                 "the task's generator yields almost only held-out prompts; lower eval.num_prompts or widen the task"
@@ -128,11 +158,11 @@ class WithoutHeldOut:
 
 
 def training_prompts(cfg: RunConfig, task: Task, source):
-    """`source` (what training draws from) kept clear of the held-out prompts: a
+    """`source` (what training draws from) kept clear of the reserved share: a
     generator task's with eval on; a dataset's train split is already disjoint."""
     if cfg.eval.every_steps == 0 or cfg.task.dataset is not None:
         return source
-    return WithoutHeldOut(source, held_out_prompts(task, cfg.eval.num_prompts, cfg.seed))
+    return WithoutHeldOut(source, task)
 
 
 def evaluate(

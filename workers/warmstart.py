@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from workers.config import RunConfig
+from workers.evaluation import HELD_OUT_BUCKETS
 from workers.generation import encode_prompt
 from workers.model import build_tiny, has_weights, load_model, save_model, source_dir
 from workers.rl_tasks import make_task, task_class
@@ -36,7 +37,9 @@ from workers.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tiny_cha
 from workers.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
-RECIPE_VERSION = 4  # 4: the char vocabulary grows only for a task that uses "()#"; 3: demonstrations per task
+# 5: a task's problem_key decides what the held-out share excludes; 4: the char
+# vocabulary grows only for a task that uses "()#"; 3: demonstrations per task.
+RECIPE_VERSION = 5
 # progress(done, total): supervised steps done out of the build's total.
 Progress = Callable[[int, int], None]
 
@@ -54,8 +57,8 @@ def cache_key(cfg: RunConfig) -> str:
         parts["source_files"] = _fingerprint(source_dir(cfg.model))
     if cfg.task.dataset is not None:  # an edited data file teaches other demonstrations
         parts["dataset_file"] = _file_fingerprint(cfg.task.dataset.path)
-    elif cfg.eval.every_steps:  # the generator's held-out eval prompts are never taught
-        parts["held_out_prompts"] = cfg.eval.num_prompts
+    elif cfg.eval.every_steps:  # the generator's reserved eval share is never taught
+        parts["held_out_buckets"] = HELD_OUT_BUCKETS
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -11,8 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from tests.engine.helpers import small_config
-from workers.config import RunConfig
+from workers.config import RunConfig, TaskConfig
 from workers.evaluation import (
+    HELD_OUT_BUCKETS,
     PASS_AT_1,
     PASS_AT_K,
     REWARD_MEAN,
@@ -23,13 +24,16 @@ from workers.evaluation import (
     evaluate,
     held_out_prompts,
     is_due,
+    is_held_out,
     pass_at_k,
+    problem_key,
     training_prompts,
 )
 from workers.inference.torch_backend import TorchBackend
 from workers.metric_names import NAMES
 from workers.rl_tasks import make_task
 from workers.shipped_data import DATA_DIR
+from workers.task_data import DatasetPrompts
 from workers.tokenizer import CharTokenizer
 
 # -- the estimator ------------------------------------------------------------------
@@ -101,7 +105,7 @@ def test_the_held_out_prompts_are_distinct_fixed_by_the_seed_and_never_trained_o
     cfg = small_config(task={"name": "countdown"}, inference={"max_new_tokens": 13}, eval={"every_steps": 2})
     task = make_task(cfg.task)
     held = eval_prompts(cfg, task)
-    assert len(held) == cfg.eval.num_prompts == len({p for p, _ in held})
+    assert len(held) == cfg.eval.num_prompts == len({problem_key(task, *pair) for pair in held})
     assert held == held_out_prompts(make_task(cfg.task), cfg.eval.num_prompts, cfg.seed)  # every worker's
     assert held != held_out_prompts(task, cfg.eval.num_prompts, cfg.seed + 1)
 
@@ -112,6 +116,65 @@ def test_the_held_out_prompts_are_distinct_fixed_by_the_seed_and_never_trained_o
     # The generator on its own draws held-out prompts at this rate; the source never does.
     assert {p for p, _ in task.sample(20_000, random.Random(0))} & {p for p, _ in held}
     assert not {p for p, _ in drawn} & {p for p, _ in held}
+
+
+TASKS_WITH_KEYS = [  # the task's config sections
+    {"task": {"name": "countdown", "options": {"count": 2}}, "inference": {"max_new_tokens": 13}},
+    {"task": {"name": "countdown"}, "inference": {"max_new_tokens": 13}},
+    {
+        "task": {"name": "gsm8k", "options": {"max_number": 9}},
+        "inference": {"max_new_tokens": 16},
+        "model": {"max_position_embeddings": 80},
+    },
+]
+
+
+@pytest.mark.parametrize("sections", TASKS_WITH_KEYS)
+def test_no_wording_of_a_held_out_problem_reaches_training_whatever_the_seed(sections):
+    """The reserved share is a property of the problem (its key), not of one run's eval
+    set: training of any seed, and the warm start, never draw a problem that any seed's
+    eval set holds, in any wording (countdown's numbers in another order, gsm8k's sum
+    with other names)."""
+    from workers.warmstart import demonstrations
+
+    cfg = small_config(**sections, eval={"every_steps": 1, "num_prompts": 16})
+    task = make_task(cfg.task)
+    held_keys = {
+        problem_key(task, *pair) for seed in range(3) for pair in held_out_prompts(task, cfg.eval.num_prompts, seed)
+    }
+    assert all(is_held_out(k) for k in held_keys)
+    raw = task.sample(20_000, random.Random(1))
+    # The generator emits other wordings of held-out problems (a prompt never evaluated
+    # whose problem is): excluding the eval prompts' text alone would let them train.
+    held_texts = {p for seed in range(3) for p, _ in held_out_prompts(task, cfg.eval.num_prompts, seed)}
+    assert any(problem_key(task, p, a) in held_keys and p not in held_texts for p, a in raw)
+    for seed in range(3):
+        seeded = cfg.model_copy(update={"seed": seed})
+        for source in (training_prompts(seeded, task, task), demonstrations(seeded)[0]):
+            drawn = source.sample(5_000, random.Random(seed))
+            assert not any(is_held_out(problem_key(task, *pair)) for pair in drawn)
+
+
+def test_the_held_out_share_is_about_one_in_its_buckets_and_the_same_in_every_process():
+    keys = [f"{a} {b}:{a + b}" for a in range(1, 60) for b in range(a, 60)]
+    share = sum(map(is_held_out, keys)) / len(keys)
+    assert abs(share - 1 / HELD_OUT_BUCKETS) < 0.03
+    # sha256, not hash(): a fixed answer for a fixed key.
+    assert [is_held_out(k) for k in ("1 2:3", "2 9:18", "3 5:8")] == [
+        int.from_bytes(__import__("hashlib").sha256(k.encode()).digest()[:8], "big") % HELD_OUT_BUCKETS == 0
+        for k in ("1 2:3", "2 9:18", "3 5:8")
+    ]
+
+
+def test_countdown_and_gsm8k_key_a_problem_by_its_content_not_its_wording():
+    countdown = make_task(TaskConfig(name="countdown"))
+    assert problem_key(countdown, "3 5 7:22=", "3 5 7:22") == problem_key(countdown, "7 3 5:22=", "7 3 5:22")
+    assert problem_key(countdown, "3 5 7:22=", "3 5 7:22") != problem_key(countdown, "3 5 7:23=", "3 5 7:23")
+    gsm8k = make_task(TaskConfig(name="gsm8k"))
+    one = problem_key(gsm8k, "ann has 3 pens and gets 4 more. how many pens now?", "3+4=7 #### 7")
+    assert one == problem_key(gsm8k, "bo has 3 eggs and gets 4 more. how many eggs now?", "3+4=7 #### 7")
+    reverse = make_task(TaskConfig(name="reverse"))
+    assert problem_key(reverse, "abc=", "cba") == "abc="  # no key of its own: the prompt
 
 
 def test_without_eval_or_with_a_dataset_training_draws_from_its_source_unchanged():
@@ -138,15 +201,16 @@ def test_a_dataset_task_evaluates_on_its_eval_split():
 
 def test_a_generator_too_small_for_the_held_out_set_is_refused_naming_the_field():
     cfg = small_config(task={"min_len": 1, "max_len": 1, "alphabet": "ab"}, eval={"every_steps": 1, "num_prompts": 3})
-    with pytest.raises(ValueError, match=r"eval\.num_prompts \(3\).*only 2 distinct"):
+    with pytest.raises(ValueError, match=r"eval\.num_prompts \(3\).*only [0-2] distinct held-out problems"):
         eval_prompts(cfg, make_task(cfg.task))
 
 
 def test_a_source_that_yields_only_held_out_prompts_is_refused():
-    task = make_task(small_config(task={"min_len": 1, "max_len": 1, "alphabet": "ab"}).task)
-    source = WithoutHeldOut(task, held_out_prompts(task, 2, seed=0))
+    task = make_task(small_config(task={"min_len": 3, "max_len": 3}).task)
+    held = held_out_prompts(task, 2, seed=0)
+    only_held = WithoutHeldOut(DatasetPrompts(held), task)  # a source of nothing but reserved problems
     with pytest.raises(ValueError, match="almost only held-out prompts"):
-        source.sample(1, random.Random(0))
+        only_held.sample(1, random.Random(0))
 
 
 # -- the config -----------------------------------------------------------------------

@@ -20,7 +20,10 @@ A task class is built with the run's `TaskConfig` and offers:
   pair (optional: without it the warm start must be off);
 - `Options` (optional): a pydantic model for the task's own settings, `task.options`;
 - `lengths(task_cfg)` (optional classmethod): the longest prompt and answer it samples,
-  so a config whose model cannot hold them is refused before it runs.
+  so a config whose model cannot hold them is refused before it runs;
+- `problem_key(prompt, answer)` (optional): what makes two pairs the same problem (the
+  prompt where absent), so the share of problems held out for evaluation holds every
+  wording of a problem or none (workers/evaluation.py).
 """
 
 from __future__ import annotations

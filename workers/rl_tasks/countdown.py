@@ -177,6 +177,12 @@ class CountdownTask:
                 out.append((spec + "=", spec))
         return out
 
+    def problem_key(self, prompt: str, answer: str) -> str:
+        """The numbers as a multiset and the target: "3 5:8" and "5 3:8" are one problem,
+        so the held-out share (workers/evaluation.py) holds both or neither."""
+        numbers, target = parse_problem(answer)
+        return f"{' '.join(map(str, sorted(numbers)))}:{target}"
+
     def reward(self, completion_text: str, answer: str) -> float:
         numbers, target = parse_problem(answer)
         value = evaluate(completion_text, numbers)
