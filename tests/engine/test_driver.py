@@ -22,7 +22,9 @@ def start(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> str:
 
 
 def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):
-    assert start(101, stub, cache_dir, eval={"every_steps": 2, "num_prompts": 8}) == "run-101"
+    # KL to the initial policy and dynamic sampling on: their series are emitted only then.
+    trainer = {"batch_groups": 4, "group_size": 4, "kl_coef": 0.01, "dynamic_sampling": True}
+    assert start(101, stub, cache_dir, eval={"every_steps": 2, "num_prompts": 8}, trainer=trainer) == "run-101"
     wait_for(lambda: stub.status.get(101) in ("succeeded", "failed"), 180, "a terminal status")
     assert stub.statuses[101] == ["running", "succeeded"], stub.errors.get(101)
 
