@@ -306,11 +306,11 @@ def run_trl(cfg, recipe: dict, policy: str, work_dir: str, python: str, args, st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, BENCH)
-    from workers.presets import dotted_overrides
+    from workers.merge import parse_sets
 
     recipe = RECIPES[args.task]
     steps = args.steps or recipe["steps"]
-    overrides = dotted_overrides(args.set)
+    overrides = parse_sets(args.set)
     work_dir = os.path.join(args.work_dir, args.task)
     os.makedirs(work_dir, exist_ok=True)
     policy = args.policy or make_policy(recipe, work_dir)
