@@ -46,6 +46,7 @@ not yet scheduled), so a run is never scheduled twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import defaultdict
@@ -129,11 +130,29 @@ def cluster_shortfall(need: Demand, free: Free) -> str:
     return ""
 
 
+# What each run asks of the cluster, by run and stored config (see run_demand).
+_DEMANDS: dict[tuple[int, str], Demand] = {}
+_DEMANDS_KEPT = 1024
+
+
+def run_demand(run: Run) -> Demand:
+    """What `run` asks of the cluster. Every scheduler pass reckons each active run's, and
+    sizing one may read its checkpoint, tokenizer and dataset (a vLLM run on a dataset
+    file: about 130 ms), while a stored config never changes: so once per run and config."""
+    key = (run.pk, json.dumps(run.config, sort_keys=True))
+    found = _DEMANDS.get(key)
+    if found is None:
+        if len(_DEMANDS) >= _DEMANDS_KEPT:
+            _DEMANDS.clear()  # the active and queued runs' come back at the next pass
+        found = _DEMANDS[key] = demand(run.run_config)
+    return found
+
+
 def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) -> Free:
     """The smaller of Ray's available resources and the total less every active run's demand."""
     free = Free(total.cpus, total.memory_bytes, total.gpus)
     for run in active:
-        free = free.less(demand(run.run_config))
+        free = free.less(run_demand(run))
     return Free(
         cpus=min(free.cpus, available.cpus),
         memory_bytes=min(free.memory_bytes, available.memory_bytes),
@@ -161,14 +180,6 @@ class Room:
         self.blocked_by: Run | None = None  # the first run waiting for the cluster
         self.max_running = settings.ROLLWAY_MAX_RUNNING
         self.max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
-        self._needs: dict[int, Demand] = {}
-
-    def need(self, run: Run) -> Demand:
-        """What `run` asks of the cluster, worked out once per pass, and only for a run
-        that gets as far as the cluster (sizing a model may read its checkpoint)."""
-        if run.pk not in self._needs:
-            self._needs[run.pk] = demand(run.run_config)
-        return self._needs[run.pk]
 
     def why_wait(self, run: Run) -> str:
         """Why `run` may not start in this pass ("" if it may)."""
@@ -185,7 +196,7 @@ class Room:
             # It can never fit (launched before any capacity was seen): it goes, so that
             # launch_run refuses it with the reason instead of it holding the line.
             return ""
-        reason = cluster_shortfall(self.need(run), self.free)
+        reason = cluster_shortfall(run_demand(run), self.free)
         if reason:
             self.blocked_by = run
         return reason
@@ -195,7 +206,7 @@ class Room:
         self.active.append(run)
         self.per_team[run.experiment.team_id] += 1
         if self.free is not None:
-            self.free = self.free.less(self.need(run))
+            self.free = self.free.less(run_demand(run))
 
 
 @contextmanager

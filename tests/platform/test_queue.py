@@ -23,6 +23,13 @@ ACTIVE = (Status.STARTING, Status.RUNNING, Status.CANCELLING)
 GiB = 2**30
 
 
+@pytest.fixture(autouse=True)
+def no_sized_runs():
+    """The scheduler keeps each run's demand across passes; a test's runs start unsized
+    (SQLite may give a new run an earlier test's id)."""
+    queue._DEMANDS.clear()
+
+
 @pytest.fixture
 def limits(settings):
     settings.ROLLWAY_MAX_RUNNING = 2
@@ -149,6 +156,19 @@ def test_nothing_is_scheduled_while_ray_does_not_answer(schedule, driver, limits
     assert schedule() == []
     [run] = refreshed(run)
     assert run.waiting_for().startswith("Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS")
+
+
+def test_a_runs_demand_is_sized_once_across_passes(schedule, driver, limits, make_run, monkeypatch):
+    """Sizing a run may read its checkpoint, tokenizer and dataset: the scheduler keeps
+    each run's demand rather than sizing every active run again at every pass."""
+    sized = []
+    monkeypatch.setattr(queue, "demand", lambda cfg: sized.append(cfg) or demand(cfg))
+    running = make_run(status=Status.RUNNING, config=workers(1))
+    driver.available = Capacity(cpus=0.0, memory_bytes=16 * GiB)  # nothing free: the queued run waits
+    waiting = make_run(config=workers(2))
+    for _ in range(3):
+        assert schedule() == []
+    assert len(sized) == 2, [running.pk, waiting.pk]
 
 
 def test_the_scheduler_does_not_ask_ray_when_nothing_waits(monkeypatch, limits, make_run):
