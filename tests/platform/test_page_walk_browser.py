@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -445,64 +446,61 @@ def small_reads(settings):
     return 10
 
 
-def test_a_run_page_left_open_holds_a_bounded_trace_that_still_starts_at_step_0(small_reads, daphne_url):
+# The reward chart's x values as drawn (null before its first trace).
+REWARD_STEPS = "() => { const t = document.getElementById('chart-reward').data; return t && t[0].x; }"
+
+
+@contextmanager
+def running_run_page(daphne_url: str, username: str):
+    """(page, run): a seeded running run's page, open in Chromium for a user of its own."""
     skip_without_chromium()
     from django.contrib.auth import get_user_model
     from playwright.sync_api import sync_playwright
 
-    user = get_user_model().objects.create_user("lena", password=PASSWORD)
+    user = get_user_model().objects.create_user(username, password=PASSWORD)
     run = seed(user)["runs"]["running"]
-    reward = "() => { const t = document.getElementById('chart-reward').data; return t && t[0].x; }"
     with sync_playwright() as pw:
         browser = launch(pw)
         try:
-            page = log_in(browser, daphne_url, "lena")
+            page = log_in(browser, daphne_url, username)
             page.goto(f"{daphne_url}/runs/{run.pk}/")
-            first = wait_for_value(page, reward, lambda x: bool(x))
-            assert len(first) <= small_reads and first[0] == 0
-            wait_for_value(page, "() => document.getElementById('live-state').dataset.state", "live".__eq__)
-            # Five reads' worth of steps, live: more than the trace may hold (twice a read).
-            live = [
-                {"series": "reward/mean", "step": s, "value": 0.01 * s, "time": T0 + 2.0 * s}
-                for s in range(STEPS, STEPS + 5 * small_reads)
-            ]
-            answer = page.request.post(
-                f"{daphne_url}/api/runs/{run.pk}/metrics",
-                data=json.dumps({"points": live}),
-                headers={"Authorization": f"Bearer {run.ingest_token}", "Content-Type": "application/json"},
-            )
-            assert answer.ok, answer.text()
-            last = STEPS + 5 * small_reads - 1
-            # Drawn, capped, then read again whole: the run from its first step to its last.
-            steps = wait_for_value(page, reward, lambda x: x[-1] == last and x[0] == 0 and len(x) <= small_reads)
-            assert steps == sorted(steps)
+            yield page, run
         finally:
             browser.close()
+
+
+def test_a_run_page_left_open_holds_a_bounded_trace_that_still_starts_at_step_0(small_reads, daphne_url):
+    with running_run_page(daphne_url, "lena") as (page, run):
+        first = wait_for_value(page, REWARD_STEPS, lambda x: bool(x))
+        assert len(first) <= small_reads and first[0] == 0
+        wait_for_value(page, "() => document.getElementById('live-state').dataset.state", "live".__eq__)
+        # Five reads' worth of steps, live: more than the trace may hold (twice a read).
+        live = [
+            {"series": "reward/mean", "step": s, "value": 0.01 * s, "time": T0 + 2.0 * s}
+            for s in range(STEPS, STEPS + 5 * small_reads)
+        ]
+        answer = page.request.post(
+            f"{daphne_url}/api/runs/{run.pk}/metrics",
+            data=json.dumps({"points": live}),
+            headers={"Authorization": f"Bearer {run.ingest_token}", "Content-Type": "application/json"},
+        )
+        assert answer.ok, answer.text()
+        last = STEPS + 5 * small_reads - 1
+        # Drawn, capped, then read again whole: the run from its first step to its last.
+        steps = wait_for_value(page, REWARD_STEPS, lambda x: x[-1] == last and x[0] == 0 and len(x) <= small_reads)
+        assert steps == sorted(steps)
 
 
 def test_zooming_in_reads_the_steps_in_view_in_detail_and_zooming_out_the_whole_run(small_reads, daphne_url):
-    skip_without_chromium()
-    from django.contrib.auth import get_user_model
-    from playwright.sync_api import sync_playwright
-
-    user = get_user_model().objects.create_user("zoe", password=PASSWORD)
-    run = seed(user)["runs"]["running"]
-    reward = "() => { const t = document.getElementById('chart-reward').data; return t && t[0].x; }"
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        try:
-            page = log_in(browser, daphne_url, "zoe")
-            page.goto(f"{daphne_url}/runs/{run.pk}/")
-            whole = wait_for_value(page, reward, lambda x: bool(x))
-            assert len(whole) <= small_reads and whole[0] == 0  # the run downsampled
-            # A drag over steps 20–27 (as Plotly reports it): every step in view, in detail.
-            page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.range[0]': 19.6, 'xaxis.range[1]': 27.2})")
-            detail = wait_for_value(page, reward, lambda x: x and x[0] >= 19 and x[-1] <= 28)
-            assert detail == list(range(19, 29)), detail
-            assert page.evaluate("() => document.getElementById('chart-reward').dataset.zoom") == "19-28"
-            # A double click resets the axes: the whole run again, downsampled.
-            page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.autorange': true})")
-            again = wait_for_value(page, reward, lambda x: x and x[0] == 0 and x[-1] == STEPS - 1)
-            assert len(again) <= small_reads
-        finally:
-            browser.close()
+    with running_run_page(daphne_url, "zoe") as (page, _run):
+        whole = wait_for_value(page, REWARD_STEPS, lambda x: bool(x))
+        assert len(whole) <= small_reads and whole[0] == 0  # the run downsampled
+        # A drag over steps 20–27 (as Plotly reports it): every step in view, in detail.
+        page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.range[0]': 19.6, 'xaxis.range[1]': 27.2})")
+        detail = wait_for_value(page, REWARD_STEPS, lambda x: x and x[0] >= 19 and x[-1] <= 28)
+        assert detail == list(range(19, 29)), detail
+        assert page.evaluate("() => document.getElementById('chart-reward').dataset.zoom") == "19-28"
+        # A double click resets the axes: the whole run again, downsampled.
+        page.evaluate("() => Plotly.relayout('chart-reward', {'xaxis.autorange': true})")
+        again = wait_for_value(page, REWARD_STEPS, lambda x: x and x[0] == 0 and x[-1] == STEPS - 1)
+        assert len(again) <= small_reads
