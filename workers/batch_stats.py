@@ -8,20 +8,10 @@ they are tested without a model.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from statistics import stdev
 
 from workers.rollout import Group
-
-# Rewards closer than this count as equal: a group whose rewards all are has no spread,
-# so GRPO gives it zero advantage and it teaches nothing (math.isclose's default rel_tol
-# with an absolute floor for rewards at 0, as torch.isclose's atol).
-ZERO_SPREAD_ATOL = 1e-8
-
-
-def _no_spread(rewards: Sequence[float]) -> bool:
-    return all(math.isclose(r, rewards[0], abs_tol=ZERO_SPREAD_ATOL) for r in rewards[1:])
 
 
 def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
@@ -36,8 +26,7 @@ def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
     lengths = [len(r.completion_ids) for r in rollouts]
     return {
         "reward/std": stdev(rewards) if len(rewards) > 1 else 0.0,
-        "reward/zero_std_frac": sum(_no_spread([r.reward for r in g.rollouts]) for g in groups if g.rollouts)
-        / sum(1 for g in groups if g.rollouts),
+        "reward/zero_std_frac": sum(g.uniform for g in groups if g.rollouts) / sum(1 for g in groups if g.rollouts),
         "completion/length_mean": sum(lengths) / len(lengths),
         "completion/length_min": float(min(lengths)),
         "completion/length_max": float(max(lengths)),

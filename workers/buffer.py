@@ -122,11 +122,6 @@ def plan(cfg: BufferConfig, run_mode: str, batch_groups: int, trainer: TrainerCo
     )
 
 
-def is_uniform(group: Group) -> bool:
-    """Every reward of `group` equal: GRPO's advantages are all zero."""
-    return len({r.reward for r in group.rollouts}) <= 1
-
-
 class RolloutBuffer:
     """FIFO of whole groups with backpressure and staleness-based rejection.
 
@@ -290,7 +285,7 @@ class RolloutBuffer:
         """
         start = time.monotonic()
         with self._cond:
-            if self.drop_uniform and is_uniform(group):
+            if self.drop_uniform and group.uniform:
                 self._dropped_uniform += 1
                 self._uniform_run += 1
                 self.total_put += 1

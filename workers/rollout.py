@@ -22,8 +22,13 @@ A single-turn rollout leaves `loss_mask` None: every completion token is the mod
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+# Rewards closer than this count as equal (math.isclose's relative tolerance, with an
+# absolute floor for rewards at 0, as torch.isclose's atol).
+REWARD_ATOL = 1e-8
 
 
 @dataclass
@@ -84,6 +89,13 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return sum(len(r.completion_ids) for r in self.rollouts)
+
+    @property
+    def uniform(self) -> bool:
+        """Every reward equal (within REWARD_ATOL): GRPO's advantages are all zero, so the
+        group teaches nothing (what dynamic sampling drops and reward/zero_std_frac counts)."""
+        rewards = [r.reward for r in self.rollouts]
+        return all(math.isclose(r, rewards[0], abs_tol=REWARD_ATOL) for r in rewards[1:])
 
     def to_json(self) -> dict[str, Any]:
         """The group as plain JSON data (a checkpoint's buffer.json)."""

@@ -103,3 +103,18 @@ def test_the_plan_turns_it_on_from_the_trainer_section():
     assert on.drop_uniform and on.max_uniform_run == 5 * 4
     off = plan(BufferConfig(), "async", 4, TrainerConfig())
     assert not off.drop_uniform and off.max_uniform_run is None
+
+
+def test_what_the_buffer_drops_is_what_the_zero_spread_metric_counts():
+    """One rule for a group without spread: rewards a float rounding apart (a verifier
+    summing partial credits) count as equal for dynamic sampling and for
+    reward/zero_std_frac alike; a real difference does not."""
+    from workers.batch_stats import batch_metrics
+
+    rounded = [0.1 + 0.2, 0.3, 0.3]  # 0.30000000000000004, 0.3, 0.3
+    groups = [group("0", rounded), group("1", MIXED)]
+    buf = RolloutBuffer(capacity_groups=4, max_staleness=1, drop_uniform=True)
+    for g in groups:
+        buf.put(g)
+    assert buf.group_ids() == ["1"] and buf.dropped_uniform == 1
+    assert batch_metrics(groups)["reward/zero_std_frac"] == 0.5
