@@ -31,11 +31,9 @@ from workers.lora import (
     adapter_config,
     adapter_state_dict,
     base_state_dict,
+    effective_live_state,
     effective_state_dict,
     is_peft,
-    lora_fan_in_fan_out,
-    lora_scaling,
-    merge_adapter,
     split_live_state,
 )
 from workers.model import untied
@@ -131,12 +129,11 @@ def _tensors(model: torch.nn.Module, live_state: dict | None) -> dict[str, dict]
             "base": base_state_dict(model),
             "adapter": adapter_state_dict(model),
         }
+    effective = effective_live_state(live_state, model)
     if not is_peft(model):
-        return {"effective": untied(live_state, model)}
+        return {"effective": effective}
     base, adapter = split_live_state(live_state)
-    base = untied(base, model)
-    merged = merge_adapter(base, adapter, lora_scaling(model), fan_in_fan_out=lora_fan_in_fan_out(model))
-    return {"effective": merged, "base": base, "adapter": adapter}
+    return {"effective": effective, "base": untied(base, model), "adapter": adapter}
 
 
 def _export_adapter(model, tensors: dict, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:

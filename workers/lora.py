@@ -248,6 +248,16 @@ def split_live_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Te
     return base, adapter
 
 
+def effective_live_state(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`effective_state_dict` of tensors gathered from the ranks that each held a shard of
+    `model` (its whole state dict, or a piece of it, under its live names): a tied weight
+    once, and for a peft model base and adapter merged."""
+    if not is_peft(model):
+        return untied(state, model)
+    base, adapter = split_live_state(state)
+    return merge_adapter(untied(base, model), adapter, lora_scaling(model), fan_in_fan_out=lora_fan_in_fan_out(model))
+
+
 def effective_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The policy `model` computes, as full weights under Hugging Face checkpoint names:
     detached views of the live parameters (no copy) for a plain model; base and adapter

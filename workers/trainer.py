@@ -31,7 +31,7 @@ from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
 from workers.loss import Aggregation, correction_loss, scaled_advantages
 from workers.metric_names import rank_series
-from workers.model import checkpoint_state_dict, load_model, untied
+from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group
 from workers.step_plan import RankStep, plan_step
 
@@ -251,21 +251,11 @@ class Trainer:
         base and adapter merged (the policy the model computes). Sharded (fsdp2): a
         collective every rank calls, gathering the whole policy into each rank's host
         memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
-        from workers.lora import (
-            effective_state_dict,
-            is_peft,
-            lora_fan_in_fan_out,
-            lora_scaling,
-            merge_adapter,
-            split_live_state,
-        )
+        from workers.lora import effective_live_state, effective_state_dict
 
         if self.sharded:
-            full = self.gathered_state()
-            if is_peft(self.model):
-                fan_in_fan_out = lora_fan_in_fan_out(self.model)
-                full = merge_adapter(*split_live_state(full), lora_scaling(self.model), fan_in_fan_out=fan_in_fan_out)
-            return {k: t.contiguous().clone() for k, t in untied(full, self.model).items()}
+            full = effective_live_state(self.gathered_state(), self.model)
+            return {k: t.contiguous().clone() for k, t in full.items()}
         if self.cfg.lora.enabled:
             return {k: t.to("cpu").contiguous().clone() for k, t in effective_state_dict(self.model).items()}
         return checkpoint_state_dict(self.model)

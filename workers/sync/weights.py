@@ -17,14 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workers.lora import (
-    effective_state_dict,
-    is_peft,
-    lora_fan_in_fan_out,
-    lora_scaling,
-    merge_adapter,
-    split_live_state,
-)
+from workers.lora import effective_live_state, effective_state_dict, split_live_state
 from workers.sync.base import Gathers
 
 
@@ -72,30 +65,19 @@ def state_buckets(model: torch.nn.Module, bucket_mb: float) -> Iterator[dict[str
     if not is_sharded(model):
         yield effective_state_dict(model)
         return
-    peft = is_peft(model)
-    scaling = lora_scaling(model) if peft else 0.0
-    transposed = lora_fan_in_fan_out(model) if peft else False
     limit = bucket_mb * 2**20
     bucket: dict[str, torch.Tensor] = {}
     size, module = 0, ""
     for name, full in gathered_parameters(model, "all"):
         here = _module_of(name)
         if bucket and size >= limit and here != module:
-            yield _checkpoint_names(bucket, peft, scaling, transposed)
+            yield effective_live_state(bucket, model)
             bucket, size = {}, 0
         bucket[name] = full
         size += full.numel() * full.element_size()
         module = here
     if bucket:
-        yield _checkpoint_names(bucket, peft, scaling, transposed)
-
-
-def _checkpoint_names(
-    bucket: dict[str, torch.Tensor], peft: bool, scaling: float, fan_in_fan_out: bool
-) -> dict[str, torch.Tensor]:
-    if not peft:
-        return bucket
-    return merge_adapter(*split_live_state(bucket), scaling, fan_in_fan_out=fan_in_fan_out)
+        yield effective_live_state(bucket, model)
 
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
