@@ -343,6 +343,12 @@ class TrainerConfig(_Section):
         "no denominator; they still count in their group's advantages (TRL mask_truncated_completions, DAPO's "
         "overlong filtering).",
     )
+    disable_dropout: bool = Field(
+        True,
+        description="Train with every dropout of the checkpoint at 0 (GPT-2, Phi-3 and GPT-NeoX ship it on): "
+        "with dropout the trainer's logprobs of a sampled token are noise around the policy's, so the "
+        "importance ratio is not 1 even at staleness 0 (TRL disable_dropout).",
+    )
     dynamic_sampling: bool = Field(
         False,
         description="Drop groups whose rewards are all equal (no advantage signal) before they reach the buffer, "

@@ -68,19 +68,40 @@ def build_tiny(model_cfg: ModelConfig, tokenizer: CharTokenizer, seed: int) -> L
     return model.float()
 
 
-def load_model(model_dir: str, dtype: str = "float32") -> PreTrainedModel:
+def load_model(model_dir: str, dtype: str = "float32", dropout: bool = True) -> PreTrainedModel:
     """Load a Hugging Face causal LM directory in eval mode, on the CPU, in `dtype`
-    ("float32", "bfloat16", or "auto": the checkpoint's own)."""
+    ("float32", "bfloat16", or "auto": the checkpoint's own); `dropout=False`: every
+    dropout probability its config names set to 0 (`without_dropout`)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     _quiet()
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         raise FileNotFoundError(
             f"{model_dir} is not a Hugging Face model directory (no config.json); model.path must point at one"
         )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+    kwargs = {} if dropout else {"config": without_dropout(AutoConfig.from_pretrained(model_dir))}
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype), **kwargs
+    )
+    if not dropout:
+        # A module built with a literal rate its config does not name still drops.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     return model.eval()
+
+
+def without_dropout(config: PretrainedConfig) -> PretrainedConfig:
+    """`config` with every dropout probability at 0: the float attributes whose name says
+    dropout (attention_dropout, hidden_dropout, …) or GPT-2's `*_pdrop`, of the config and
+    of its text config. Read from the config itself, as each family names its own: a
+    model copies them into its modules when it is built, so they must be 0 before."""
+    for part in {id(c): c for c in (config, config.get_text_config())}.values():
+        for name, value in list(vars(part).items()):
+            if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
+                setattr(part, name, 0.0)
+    return config
 
 
 def save_model(model: PreTrainedModel, tokenizer: Tokenizer, model_dir: str) -> None:

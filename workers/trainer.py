@@ -193,8 +193,8 @@ class Trainer:
         self.cfg = cfg
         self.device = device if device is not None else assigned_device()
         torch.manual_seed(cfg.seed)
-        model = load_model(model_dir).train()
         tc = cfg.trainer
+        model = load_model(model_dir, dropout=not tc.disable_dropout).train()
         if tc.gradient_checkpointing:
             # Non-reentrant: works with frozen inputs (a LoRA base) and under autocast.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -36,6 +36,7 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
             "trainer.clip_eps",
             "trainer.clip_eps_high",
             "trainer.mask_truncated",
+            "trainer.disable_dropout",
             "trainer.dynamic_sampling",
             "trainer.dynamic_sampling_max_batches",
             "inference.top_k",

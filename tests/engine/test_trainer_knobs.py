@@ -9,6 +9,8 @@ the aggregate of -A, computable from the rollouts alone.
 from __future__ import annotations
 
 import copy
+import json
+import os
 
 import pytest
 import torch
@@ -171,3 +173,36 @@ def test_a_batch_of_truncated_completions_trains_nothing_when_masked(tiny_model_
     assert unchanged == mask_truncated
     assert (metrics["loss"] == 0.0) == mask_truncated
     assert metrics["staleness/mean"] == 0.0  # the step's own figures still see every rollout
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "phi3", "gpt_neox"])
+def test_the_trainer_scores_a_dropout_checkpoint_without_dropout_unless_asked(tmp_path, arch):
+    """GPT-2, Phi-3 and GPT-NeoX name their dropout rates differently (`resid_pdrop`,
+    `attention_dropout`, `hidden_dropout`); with disable_dropout the trainer's model, in
+    training mode, gives the same logprobs twice and those of the checkpoint in eval
+    mode; without it, two forwards differ."""
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    source = make_tiny_checkpoint(str(tmp_path / arch), arch)
+    with open(os.path.join(source, "config.json")) as f:
+        shipped = json.load(f)
+    rates = {k: v for k, v in shipped.items() if isinstance(v, float) and ("dropout" in k or k.endswith("pdrop"))}
+    for name in rates:  # a rate high enough that no forward escapes it
+        shipped[name] = 0.3
+    with open(os.path.join(source, "config.json"), "w") as f:
+        json.dump(shipped, f)
+    assert rates, f"{arch}'s config names no dropout rate"
+
+    batch = pack([[5, 6, 7, 8]], [[9, 10, 11, 12, 13]], 0)
+    eval_model = load_model(source)
+    with torch.no_grad():
+        reference = token_logprobs(eval_model, batch, 1.0)
+        for disable in (True, False):
+            trainer = Trainer(small_config(trainer={"disable_dropout": disable}), source)
+            assert trainer.model.training
+            first, second = (token_logprobs(trainer.model, batch, 1.0) for _ in range(2))
+            if disable:
+                assert torch.equal(first, second)
+                assert torch.allclose(first, reference, atol=1e-6)
+            else:
+                assert not torch.equal(first, second)
