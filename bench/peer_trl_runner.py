@@ -138,6 +138,7 @@ def main(spec_path: str, out_path: str) -> int:
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
+        disable_dropout=True,  # as Rollway's trainer.disable_dropout default
         use_vllm=False,
         logging_steps=1,
         save_strategy="no",
