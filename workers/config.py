@@ -531,7 +531,11 @@ class SyncConfig(_Section):
         description="collective, packed: re-lay the trainer's parameters as views of one flat buffer "
         "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
     )
-    directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
+    directory: str | None = Field(
+        None,
+        description="filesystem: where versions are written, a directory every worker sees under a root in "
+        "ROLLWAY_SYNC_ROOTS (unset: the run's scratch directory).",
+    )
     # 1 → an inference worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
     timeout_s: float = Field(
