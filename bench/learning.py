@@ -47,7 +47,7 @@ SIDES = ("sync", "async", "trl")
 # warm start is clean supervised steps only, in stages (each stage a warm start of its
 # own on the previous stage's policy, so a stage can be added without rebuilding the
 # ones before it). These are the best measured so far; neither raises held-out pass@1
-# yet (README, "Learning on held-out problems").
+# yet (docs/learning.md).
 RECIPES: dict[str, dict] = {
     "countdown": {
         # Two numbers (≤ 20; 73 held-out problems): a 2-layer model learns to copy them
