@@ -59,7 +59,7 @@ What cannot be the same, and why:
 
     .venv/bin/python bench/peer_trl.py                       # B=16 × G=8, 30 steps a side (~20 min)
     .venv/bin/python bench/peer_trl.py --quick               # smoke test: 4 steps, B=4 × G=4
-    # the README's table (~6 min after the warm start): B=8 × G=8, 40 steps, lr 3e-4, at
+    # docs/benchmarks.md's table (~6 min after the warm start): B=8 × G=8, 40 steps, lr 3e-4, at
     # which TRL's 5-step mean first reaches 0.375 at its step 19; at lr 1e-3 it peaks at
     # 0.372 and falls back, at 3e-3 it falls to 0.11–0.23
     .venv/bin/python bench/peer_trl.py --trl-threads 1 --batch-groups 8 --group-size 8 --steps 40 \
@@ -304,7 +304,7 @@ def format_table(results: dict[str, dict], rows=ROWS) -> str:
 
 
 def markdown_table(results: dict[str, dict], target: float) -> str:
-    """One row per side (a Markdown table for the README): throughput, its ratio to
+    """One row per side (a Markdown table for docs/benchmarks.md): throughput, its ratio to
     TRL's, time to `target`, rewards, busy fractions and the load the figure was
     taken under; '-' where a figure is missing."""
 

@@ -1,4 +1,4 @@
-"""platform/ is a source root, never a package (README.md, "Layout").
+"""platform/ is a source root, never a package (docs/architecture.md, "Layout").
 
 A package named `platform` would shadow Python's stdlib module, which torch, Ray, Celery
 and pytest all import. These tests check the stdlib module wins in every process kind

@@ -22,7 +22,7 @@ from django.test import Client
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 
-# What a deployment behind TLS turns on (README: Deploying → Security).
+# What a deployment behind TLS turns on (docs/deployment.md, "Security").
 TLS_SWITCHES = {
     "DJANGO_SECURE_SSL_REDIRECT": "true",
     "DJANGO_SECURE_PROXY_SSL_HEADER": "true",

@@ -1,6 +1,6 @@
 """What a trained batch looked like: its rewards and completions, in the figures a GRPO
 user reads first (TRL logs the same as `reward_std`, `frac_reward_zero_std` and
-`completions/*`; the README's metric glossary maps the names).
+`completions/*`; docs/metrics.md maps the names).
 
 A pure function of the batch's groups, so the trainer's step adds them in one line and
 they are tested without a model.

@@ -43,7 +43,11 @@ class ModelConfig(_Section):
     `source="hub"` downloads one from the Hugging Face Hub by id (online sites only).
     The size fields below apply to the tiny model only."""
 
-    source: Literal["tiny", "path", "hub"] = "tiny"
+    source: Literal["tiny", "path", "hub"] = Field(
+        "tiny",
+        description="tiny: the small Llama-style model built from the size fields below; path: a Hugging Face "
+        "causal LM in a local directory (model.path); hub: one from the Hugging Face Hub by id (model.hub_id).",
+    )
     path: str | None = Field(
         None, description="Local Hugging Face model directory (config.json, weights, tokenizer) when source='path'."
     )
@@ -56,10 +60,12 @@ class ModelConfig(_Section):
     )
     # 128/4 → head_dim 32, the smallest head size vLLM-CPU has kernels for. Keep 4 heads:
     # with 2 the tiny model learns the default task on fewer seeds (docs/performance.md).
-    hidden_size: int = Field(128, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(256, ge=8)
+    hidden_size: int = Field(128, ge=8, description="Tiny model: width of the hidden states (a multiple of num_heads).")
+    num_layers: int = Field(2, ge=1, description="Tiny model: decoder layers.")
+    num_heads: int = Field(
+        4, ge=1, description="Tiny model: attention heads; hidden_size / num_heads is the head size."
+    )
+    intermediate_size: int = Field(256, ge=8, description="Tiny model: width of each MLP's hidden layer.")
     max_position_embeddings: int = Field(64, ge=8, description="Longest prompt+completion the model handles (tokens).")
 
     @model_validator(mode="after")
@@ -114,8 +120,8 @@ class TaskConfig(_Section):
         description="reverse · copy · countdown · gsm8k · calculator, or 'package.module:ClassName', "
         "or a 'rollway.tasks' entry point name.",
     )
-    min_len: int = Field(3, ge=1)
-    max_len: int = Field(5, ge=1)
+    min_len: int = Field(3, ge=1, description="reverse and copy: shortest prompt string (characters).")
+    max_len: int = Field(5, ge=1, description="reverse and copy: longest prompt string (characters).")
     alphabet: str = Field("abcdefgh", min_length=2, description="Characters prompts are drawn from.")
     reward: Literal["exact", "prefix", "position"] = Field(
         "prefix",
@@ -174,8 +180,8 @@ class WarmStartConfig(_Section):
     """
 
     steps: int = Field(200, ge=0, description="Steps on clean demonstrations.")
-    lr: float = Field(3e-3, gt=0)
-    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the warm start's supervised steps.")
+    batch_size: int = Field(64, ge=1, description="Demonstrations per warm-start step.")
     noisy_steps: int = Field(200, ge=0, description="Further steps on noisy demonstrations (see label_noise).")
     label_noise: float = Field(
         0.6,
@@ -187,7 +193,14 @@ class WarmStartConfig(_Section):
 
 
 class InferenceConfig(_Section):
-    backend: Literal["torch", "vllm"] = "torch"
+    """The inference pool: the workers that generate the rollouts (workers/inference),
+    how they sample, and what each asks Ray for."""
+
+    backend: Literal["torch", "vllm"] = Field(
+        "torch",
+        description="torch: the reference backends (a hand-written loop for plain Llama configs, transformers' "
+        "forward for every other architecture); vllm: a vLLM engine in each inference worker.",
+    )
     num_workers: int = Field(1, ge=1, description="Inference workers: Ray actors generating side by side.")
     tensor_parallel_size: int = Field(
         1,
@@ -203,8 +216,13 @@ class InferenceConfig(_Section):
         description="CPUs each inference worker reserves in Ray: a scheduling reservation, not a limit; "
         "fractions let a whole run share a few cores.",
     )
-    max_new_tokens: int = Field(8, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(
+        8,
+        ge=1,
+        description="Most tokens generated per completion (a multi-turn episode's tool tokens included); a "
+        "completion that reaches it ends with finish_reason 'length'.",
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the training rollouts.")
     # Applied after the temperature, in vLLM's order: min_p, then top_k, then top_p.
     top_k: int | None = Field(
         None,
@@ -226,7 +244,13 @@ class InferenceConfig(_Section):
         description="Drop tokens less likely than this fraction of the most likely one (0 = off); behaviour "
         "logprobs of the renormalised rest.",
     )
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="vLLM on a GPU: the share of the GPU's memory its engine takes (weights and KV cache). On "
+        "the CPU the KV cache is sized from the run's longest sequence instead.",
+    )
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
         description="Weights and compute of the inference backends: float32, bfloat16, or auto (the "
@@ -277,7 +301,10 @@ class BufferConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    lr: float = Field(1e-3, gt=0)
+    """The trainer pool (workers/trainer.py, workers/trainer_pool.py): batch sizes, the
+    GRPO objective's knobs, the optimizer, and the processes that train."""
+
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the policy, constant over the run.")
     backend: TrainerBackend = Field(
         "single",
         description="single: one trainer process; ddp: trainer.num_ranks processes, each a whole replica, "
@@ -363,14 +390,16 @@ class TrainerConfig(_Section):
         "policy no signal.",
     )
     tis_cap: float = Field(2.0, ge=1, description="Truncated IS cap on pi_theta_old/mu.")
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(
+        1.0, gt=0, description="The gradient is clipped to this total norm before each optimizer update."
+    )
     minibatches: int = Field(
         1,
         ge=1,
         description="Optimizer updates per step; the batch is split into this many "
         "minibatches (whole groups), all against the logprobs of the policy at step start.",
     )
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the mean-token-entropy bonus in the loss (0 = off).")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
@@ -425,16 +454,16 @@ class LoRAConfig(_Section):
     """LoRA training with peft: the base stays frozen, only the adapter trains. Off =
     full fine-tuning."""
 
-    enabled: bool = False
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
+    enabled: bool = Field(False, description="Train a peft LoRA adapter on the frozen base instead of the whole model.")
+    rank: int = Field(8, ge=1, description="Rank r of each adapter's A and B matrices.")
+    alpha: float = Field(16.0, gt=0, description="The adapter's update B·A is scaled by alpha / rank.")
     target_modules: list[str] = Field(
         default_factory=lambda: [ALL_LINEAR],
         min_length=1,
         description=f"Module names (suffixes, e.g. q_proj, v_proj) that get an adapter, or {ALL_LINEAR!r}: "
         "every linear layer but the output layer, whatever the architecture names them.",
     )
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on each adapter's input while training.")
 
     @field_validator("target_modules")
     @classmethod
@@ -487,7 +516,12 @@ class SyncConfig(_Section):
 
     protocol: Annotated[
         Literal["object_store", "collective", "filesystem", "lora", "cuda_ipc"], BeforeValidator(_canonical_protocol)
-    ] = "object_store"
+    ] = Field(
+        "object_store",
+        description="object_store: the whole state dict through Ray's object store; collective: a torch.distributed "
+        "broadcast (gloo on the CPU, NCCL on GPUs); filesystem: a safetensors file per version; lora: the adapter "
+        "only (lora.enabled); cuda_ipc: device to device on one shared GPU (placement colocated).",
+    )
     packed: bool = Field(True, description="collective: broadcast in buckets (else one tensor at a time).")
     # Bigger → fewer messages; smaller → the first bytes arrive sooner and a receiver's
     # staging never needs a second, bucket-sized buffer. verl uses 2048 MB on GPU.
@@ -497,7 +531,11 @@ class SyncConfig(_Section):
         description="collective, packed: re-lay the trainer's parameters as views of one flat buffer "
         "so a bucket is a slice (no copy); false copies into and out of each bucket (for measurement).",
     )
-    directory: str | None = Field(None, description="filesystem: where versions are written (default: a temp dir).")
+    directory: str | None = Field(
+        None,
+        description="filesystem: where versions are written, a directory every worker sees under a root in "
+        "ROLLWAY_SYNC_ROOTS (unset: the run's scratch directory).",
+    )
     # 1 → an inference worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
     timeout_s: float = Field(
@@ -576,10 +614,18 @@ class PlacementConfig(_Section):
 
 
 class StopConfig(_Section):
-    max_steps: int = Field(300, ge=1)
-    max_minutes: float = Field(10.0, gt=0)
+    """When a run stops (workers/driver.py, `stop_reason`): whichever condition comes
+    first; a run that stops for one of them succeeds."""
+
+    max_steps: int = Field(300, ge=1, description="Stop after this many trained steps.")
+    max_minutes: float = Field(
+        10.0,
+        gt=0,
+        description="Stop after this many minutes, counted from the start of the loops (after the warm start "
+        "and the actors' start-up).",
+    )
     target_reward: float | None = Field(
-        None, description="Stop early once the mean reward of recent steps reaches this."
+        None, description="Stop once the mean reward/mean of the last 5 steps reaches this (unset: never)."
     )
 
 
@@ -623,7 +669,11 @@ class RunConfig(_Section):
     repeats; `mode="async"` runs inference and training side by side through the
     buffer, on the same code."""
 
-    mode: Literal["sync", "async"] = "async"
+    mode: Literal["sync", "async"] = Field(
+        "async",
+        description="async: inference and the trainer run side by side through the buffer; sync: generate a "
+        "batch, train on it, sync the weights, repeat (buffer.max_head_offpolicyness forced to 0).",
+    )
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds prompts, sampling and initialisation.")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

@@ -7,7 +7,7 @@ figures that account for every stored point (not for the downsampled chart serie
 a number never depends on the chart's resolution), read from the runs' rollups
 (runs/rollups.py) so that 50 runs of 100k points cost a few hundred rows.
 
-Definitions (the README's "Comparing runs" repeats them):
+Definitions (docs/comparing.md repeats them):
 - t0 of a run: the time of its first stored point, any series; wall time = time − t0.
 - samples seen at step s: s × trainer.batch_groups × trainer.group_size.
 - time to target: the wall time of the first reward/mean point (by step) at which the

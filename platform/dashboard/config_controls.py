@@ -24,7 +24,7 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Buffer", ["buffer.mode", "buffer.capacity"]),
     ("Staleness", ["buffer.max_staleness", "buffer.on_stale", "buffer.max_head_offpolicyness", "buffer.*"]),
     ("IS correction", ["correction.method", "trainer.tis_cap", "correction.*"]),
-    # The objective's knobs users bring from TRL and verl (README, "The algorithm's knobs").
+    # The objective's knobs users bring from TRL and verl (docs/concepts.md, "The algorithm's knobs").
     (
         "Algorithm",
         [

@@ -1,4 +1,4 @@
-"""Rollway's Django settings, read from the environment (README.md, "Settings").
+"""Rollway's Django settings, read from the environment (docs/configuration.md, "Settings").
 
 Defaults make a bare checkout run on one machine with nothing installed: SQLite and the
 Celery `filesystem://` broker under ROLLWAY_HOME, an in-memory channel layer, local Ray.
@@ -341,7 +341,7 @@ ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", Limits.max_model_
 # (workers.admission.gpu_demand). 0: from the GPU type Ray names (an "A100" counts 40).
 ROLLWAY_GPU_MEMORY_GB = env_float("ROLLWAY_GPU_MEMORY_GB", 0.0)
 
-# --- web security (README.md, "Deploying" → "Security") -----------------------------
+# --- web security (docs/deployment.md, "Security") ------------------------------------
 # Safe over plain HTTP too, so always on.
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"  # no page is meant to be framed (CSP frame-ancestors says the same)

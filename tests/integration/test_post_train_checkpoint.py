@@ -38,7 +38,7 @@ CONTROLS = {
 # reward pays: solving countdown takes this 0.33M-parameter model far longer.
 WARM_START = {"steps": 300, "noisy_steps": 100, "batch_size": 32, "label_noise": 0.6}
 # Measured on this machine with the seed fixed (mean of the last 5 steps − mean of the
-# first 5): see the README's "Post-training your own model".
+# first 5): see docs/models-and-data.md, "Post-training your own model".
 MIN_RISE = 0.015
 
 

@@ -43,7 +43,7 @@ def test_a_bad_integer_names_the_variable(monkeypatch):
 
 
 def test_settings_default_to_one_machine_with_nothing_installed(settings):
-    # The embedded defaults of README.md's Settings table (only checked where the
+    # The embedded defaults of docs/configuration.md's Settings table (only checked where the
     # environment does not override them).
     import os
 
