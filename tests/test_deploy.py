@@ -282,3 +282,41 @@ def test_the_cpu_lock_pins_every_package_the_project_declares_and_both_installs_
     makefile = (REPO / "Makefile").read_text()
     assert "LOCK := deploy/lock-$(FLAVOR).txt" in makefile and "$(LOCK_ARGS)" in makefile
     assert "-c deploy/lock-cpu.txt" in (DEPLOY / "Dockerfile").read_text()
+
+
+def test_every_package_the_code_imports_is_declared():
+    """What workers/, platform/ and rollway_cli/ import from outside the standard library
+    is a dependency of pyproject.toml (or an extra's), not something another package
+    happens to pull in today."""
+    import ast
+    import importlib.metadata
+    import sys
+    import tomllib
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    local = {"workers", "rollway_cli"} | {p.name for p in (REPO / "platform").iterdir() if p.is_dir()}
+    imported: dict[str, str] = {}
+    for root in ("workers", "platform", "rollway_cli"):
+        for path in (REPO / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in local:
+                        imported.setdefault(top, str(path.relative_to(REPO)))
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + sum(project["optional-dependencies"].values(), [])
+    declared = {norm(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in requirements}
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {
+        module: where
+        for module, where in imported.items()
+        if not {norm(d) for d in distributions.get(module, [module])} & declared
+    }
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
