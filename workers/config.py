@@ -843,3 +843,23 @@ def node_labels(selector: str | None) -> dict[str, str]:
 
 def json_schema() -> dict:
     return RunConfig.model_json_schema()
+
+
+# A numeric field's bounds in the JSON schema, as the launch form and docs/config.md say them.
+SCHEMA_BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
+
+
+def schema_node(root: dict, node: dict) -> tuple[dict, bool]:
+    """A field or section of `json_schema()` as one schema, and whether it may be null:
+    a section's `$ref` resolved in `root`; a nullable field's `anyOf` [X, null] folded into
+    X (the bounds live on X, the description and default on the field). A field of several
+    non-null types comes back as it is, `anyOf` and all."""
+    options = node.get("anyOf", [node])
+    nullable = any(o.get("type") == "null" for o in options)
+    real = [o for o in options if o.get("type") != "null"]
+    target = real[0] if len(real) == 1 else node
+    if "$ref" in target:
+        target = root["$defs"][target["$ref"].rsplit("/", 1)[-1]]
+    elif target is not node:
+        target = {**{k: v for k, v in node.items() if k != "anyOf"}, **target}
+    return target, nullable

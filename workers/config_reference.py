@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.config import RunConfig, json_schema
+from workers.config import SCHEMA_BOUNDS, RunConfig, json_schema, schema_node
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 COMMAND = ".venv/bin/python -m workers.config_reference --write"
@@ -109,20 +109,6 @@ class Section:
     fields: list[ConfigField]
 
 
-def _resolve(root: dict, node: dict) -> tuple[dict, bool]:
-    """`node` with a $ref (or an [X, null] anyOf) resolved, and whether null is allowed."""
-    options = node.get("anyOf", [node])
-    nullable = any(o.get("type") == "null" for o in options)
-    real = [o for o in options if o.get("type") != "null"]
-    target = real[0] if len(real) == 1 else node
-    if "$ref" in target:
-        target = root["$defs"][target["$ref"].rsplit("/", 1)[-1]]
-    elif len(real) == 1 and target is not node:
-        # The bounds live on the non-null choice, the description and default on the field.
-        target = {**{k: v for k, v in node.items() if k != "anyOf"}, **target}
-    return target, nullable
-
-
 def _is_section(node: dict) -> bool:
     return node.get("type") == "object" and "properties" in node
 
@@ -138,7 +124,7 @@ def sections(schema: dict | None = None) -> list[Section]:
         nested: list[tuple[str, dict, str]] = []
         for name, prop in node["properties"].items():
             dotted = f"{path}.{name}" if path else name
-            target, nullable = _resolve(root, prop)
+            target, nullable = schema_node(root, prop)
             if _is_section(target):
                 nested.append((dotted, target, target.get("description") or prop.get("description", "")))
             else:
@@ -205,11 +191,7 @@ def _default(f: ConfigField, defaults: dict) -> str:
 
 def _bounds(f: ConfigField) -> str:
     s = f.schema
-    parts = [
-        f"{word} {_number(s[key])}"
-        for key, word in [("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<")]
-        if key in s
-    ]
+    parts = [f"{word} {_number(s[key])}" for key, word in SCHEMA_BOUNDS if key in s]
     parts += [f"length {word} {s[key]}" for key, word in [("minLength", "≥"), ("maxLength", "≤")] if key in s]
     parts += [f"items {word} {s[key]}" for key, word in [("minItems", "≥"), ("maxItems", "≤")] if key in s]
     if "pattern" in s:

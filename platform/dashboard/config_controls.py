@@ -13,7 +13,7 @@ from functools import cache
 
 from django.utils.text import slugify
 
-from workers.config import json_schema
+from workers.config import SCHEMA_BOUNDS, json_schema, schema_node
 from workers.rl_tasks import BUILTINS
 
 # The control groups, one per axis, in the order shown: (title, config paths). "section.*"
@@ -70,11 +70,10 @@ SUGGESTIONS: dict[str, list[str]] = {"task.name": list(BUILTINS)}
 def _section(schema: dict, node: dict) -> tuple[dict, bool]:
     """`node` with a section's $ref resolved, also that of a section that may be null
     (`anyOf` [its $ref, null]: unset, as task.dataset is by default), and whether it
-    may be null. Any other field comes back as it is."""
-    refs = [o["$ref"] for o in [node, *node.get("anyOf", [])] if "$ref" in o]
-    if not refs:
+    may be null. Any other field comes back as it is (`field_control` reads it)."""
+    if not any("$ref" in o for o in [node, *node.get("anyOf", [])]):
         return node, False
-    return schema["$defs"][refs[0].rsplit("/", 1)[-1]], "anyOf" in node
+    return schema_node(schema, node)
 
 
 def schema_field(schema: dict, path: str) -> tuple[dict, bool]:
@@ -100,16 +99,15 @@ def field_control(path: str, field: dict, in_optional: bool = False) -> dict:
     empty value for it. A field of a section that may be null (`in_optional`) is empty
     while the section is unset, its default shown as the placeholder; launch.js drops
     an emptied one from the overrides."""
-    choices = [option for option in field.get("anyOf", [field]) if option.get("type") != "null"]
-    if len(choices) != 1:
+    spec, nullable = schema_node({}, field)
+    if "anyOf" in spec:
         raise ValueError(f"{path}: no form control for a field of several types ({field})")
-    spec = {**field, **choices[0]}
     control = {
         "path": path,
         "id": "cfg-" + path.replace(".", "-"),
         "label": path.rsplit(".", 1)[-1],
         "help": field.get("description", ""),
-        "nullable": len(choices) < len(field.get("anyOf", [field])),
+        "nullable": nullable,
         "optional": in_optional,
         "bounds": "",
     }
@@ -125,11 +123,7 @@ def field_control(path: str, field: dict, in_optional: bool = False) -> dict:
         control["kind"] = "checkbox"
     elif kind in ("integer", "number"):
         # HTML's min/max are inclusive: an exclusive bound is said in words only.
-        limits = [
-            (word, spec[key])
-            for key, word in [("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<")]
-            if key in spec
-        ]
+        limits = [(word, spec[key]) for key, word in SCHEMA_BOUNDS if key in spec]
         control.update(
             kind=kind,
             min=spec.get("minimum"),
