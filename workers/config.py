@@ -372,7 +372,7 @@ class TrainerConfig(_Section):
     )
     disable_dropout: bool = Field(
         True,
-        description="Train with every dropout of the checkpoint at 0 (GPT-2, Phi-3 and GPT-NeoX ship it on): "
+        description="Train with every dropout rate the checkpoint's config names at 0 (GPT-2 ships 0.1): "
         "with dropout the trainer's logprobs of a sampled token are noise around the policy's, so the "
         "importance ratio is not 1 even at staleness 0 (TRL disable_dropout).",
     )

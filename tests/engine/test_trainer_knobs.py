@@ -177,7 +177,7 @@ def test_a_batch_of_truncated_completions_trains_nothing_when_masked(tiny_model_
 
 @pytest.mark.parametrize("arch", ["gpt2", "phi3", "gpt_neox"])
 def test_the_trainer_scores_a_dropout_checkpoint_without_dropout_unless_asked(tmp_path, arch):
-    """GPT-2, Phi-3 and GPT-NeoX name their dropout rates differently (`resid_pdrop`,
+    """GPT-2 ships dropout on (0.1), and Phi-3 and GPT-NeoX name their rates differently (`resid_pdrop`,
     `attention_dropout`, `hidden_dropout`); with disable_dropout the trainer's model, in
     training mode, gives the same logprobs twice and those of the checkpoint in eval
     mode; without it, two forwards differ."""
