@@ -397,6 +397,25 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
         problem = target_problem(_meta_model(cfg), cfg.lora)
         if problem:
             errors["lora.target_modules"] = problem
+    if cfg.correction.keep_sampling_mask and cfg.inference.backend != "torch":
+        errors["correction.keep_sampling_mask"] = (
+            "the sampling mask is recorded by the torch inference backend only (vLLM 0.32 returns it from its "
+            "V2 model runner, which its CPU build cannot run): set inference.backend to 'torch', or "
+            "correction.keep_sampling_mask to false"
+        )
+    if cfg.correction.keep_routing:
+        from workers.routing import routers
+
+        if cfg.inference.backend != "torch":
+            errors["correction.keep_routing"] = (
+                "routing is recorded by the torch inference backend only: set inference.backend to 'torch', "
+                "or correction.keep_routing to false"
+            )
+        elif not routers(_meta_model(cfg)):
+            errors["correction.keep_routing"] = (
+                "this model has no mixture-of-experts router to replay: set correction.keep_routing to false, "
+                "or use an MoE checkpoint (Qwen2-MoE, Mixtral, …) through model.path"
+            )
     if cfg.model.source != "tiny" and cfg.inference.backend == "vllm" and cfg.placement.devices == "cpu":
         from workers.model import model_config
 

@@ -494,6 +494,19 @@ class CorrectionConfig(_Section):
     reinforce_eps_hi: float = Field(
         0.02, ge=0, description="pipelinerl_reinforce: clamp pi/mu to [0, 1 + this] (PipelineRL epsilon_high)."
     )
+    keep_routing: bool = Field(
+        False,
+        description="A mixture-of-experts model only: record the experts each token was routed to at "
+        "generation and force the same choice in the trainer's forward (gate weights recomputed from the "
+        "router's own softmax, so the router still learns), so pi_old and pi_theta score the sub-network "
+        "that sampled (verl R3 routing replay, slime / MILES routing replay). torch inference backend.",
+    )
+    keep_sampling_mask: bool = Field(
+        False,
+        description="With inference.top_k / top_p / min_p: record the set of tokens each token was drawn from "
+        "and score pi_old and pi_theta over that set only (renormalised), as mu was, so pi/mu carries no bias "
+        "from the truncation (PRIME-RL's sampling mask). torch inference backend.",
+    )
 
     @model_validator(mode="after")
     def _mask_range(self) -> CorrectionConfig:

@@ -33,6 +33,7 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     "task.dataset.eval_path": {"verl": "data.val_files"},
     "task.dataset.prompt_column": {"verl": "data.prompt_key"},
     "inference.backend": {"TRL": "use_vllm", "verl": "actor_rollout_ref.rollout.name"},
+    "correction.keep_routing": {"verl": "actor_rollout_ref.actor.router_replay.mode=R3"},
     "inference.tensor_parallel_size": {
         "TRL": "vllm_tensor_parallel_size",
         "verl": "actor_rollout_ref.rollout.tensor_model_parallel_size",

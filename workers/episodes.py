@@ -78,13 +78,19 @@ class Episode(PartialSequence):
         self.token_ids += turn.token_ids
         self.logprobs += turn.logprobs
         self.versions += turn.versions
+        self.kept += turn.kept
         self.loss_mask += [1] * len(turn.token_ids)
         self.turns += 1
+        # The turn's session ran the whole episode so far as its prompt: its record covers
+        # every earlier token as well (tokens it ran past the turn's end are cut at training).
+        if turn.routing is not None:
+            self.routing = turn.routing
 
     def add_tool_turn(self, ids: list[int], version: int) -> None:
         self.token_ids += ids
         self.logprobs += [TOOL_LOGPROB] * len(ids)
         self.versions += [version] * len(ids)
+        self.kept += [None] * len(ids)  # the environment's: never sampled
         self.loss_mask += [0] * len(ids)
         self.tool_calls += 1
 

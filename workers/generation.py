@@ -20,6 +20,7 @@ from workers.partial_rollouts import (
 )
 from workers.rl_tasks import Task
 from workers.rollout import Group, Rollout
+from workers.sampling_mask import SamplingMask
 from workers.tokenizer import Tokenizer
 
 
@@ -58,7 +59,15 @@ def generate_groups(
     )
     sequences = [
         [
-            PartialSequence(ids, list(c.token_ids), list(c.logprobs), [version] * len(c.token_ids), c.finish_reason)
+            PartialSequence(
+                ids,
+                list(c.token_ids),
+                list(c.logprobs),
+                [version] * len(c.token_ids),
+                c.finish_reason,
+                c.routing,
+                list(c.kept),
+            )
             for c in comps
         ]
         for ids, comps in zip(prompt_ids, completions, strict=True)
@@ -148,6 +157,8 @@ def _score(
                 reward=task.reward(tokenizer.decode(s.token_ids), answer),
                 group_id=group_id,
                 loss_mask=list(s.loss_mask) if isinstance(s, Episode) else None,
+                expert_routing=s.routing,
+                sampling_mask=SamplingMask.of(s.kept),
             )
             for s in seqs
         ]

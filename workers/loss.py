@@ -198,6 +198,10 @@ def weighted_ppo_loss(
         "is/ratio_mean": _masked_mean(weight, mask).item(),
         "is/clipped_frac": _masked_mean(corrected.to(mask.dtype), mask).item(),
         "ppo/clipped_frac": _masked_mean((clipped < unclipped).to(mask.dtype), mask).item(),
+        # The two sides of it (they add up to it): a ratio below 1 − eps on a negative
+        # advantage, above 1 + eps_high on a positive one (TRL's clip_ratio/low_mean, high_mean).
+        "ppo/clipped_low_frac": _masked_mean(((ratio < 1 - clip_eps) & (advantages < 0)).to(mask.dtype), mask).item(),
+        "ppo/clipped_high_frac": _masked_mean(((ratio > 1 + high) & (advantages > 0)).to(mask.dtype), mask).item(),
         "mismatch/kl": mismatch_kl(old_logp, behaviour_logp, mask).item(),
     }
     return loss, stats

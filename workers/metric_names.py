@@ -110,7 +110,27 @@ METRICS: tuple[Metric, ...] = (
         "Fraction of tokens where the PPO clip (trainer.clip_eps) bound the objective.",
         only="correction.method other than pipelinerl_reinforce (it has no PPO clip)",
     ),
+    Metric(
+        "ppo/clipped_low_frac",
+        "fraction",
+        "Fraction of tokens clipped on the low side: ratio below 1 − trainer.clip_eps with a negative advantage.",
+        only="correction.method other than pipelinerl_reinforce (it has no PPO clip)",
+    ),
+    Metric(
+        "ppo/clipped_high_frac",
+        "fraction",
+        "Fraction of tokens clipped on the high side: ratio above 1 + trainer.clip_eps_high (else clip_eps) with a "
+        "positive advantage.",
+        only="correction.method other than pipelinerl_reinforce (it has no PPO clip)",
+    ),
     Metric("mismatch/kl", "nats", "KL(behaviour || trainer) estimate on the trained tokens."),
+    Metric(
+        "routing/agreement",
+        "fraction",
+        "Share of token × MoE-layer selections where the trainer's own router picks the experts generation "
+        "picked (the rest are replayed).",
+        only="correction.keep_routing",
+    ),
     Metric(
         "loss/kl_ref",
         "nats",
@@ -212,6 +232,8 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Trainer starved (s)", ("buffer/starved_s",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
     ("Eval (held-out prompts)", ("eval/pass@1", "eval/pass@k", "eval/reward_mean")),
+    ("Behaviour-trainer mismatch (nats)", ("mismatch/kl",)),
+    ("MoE routing agreement", ("routing/agreement",)),
     # Per-rank metrics: one line per trainer rank (runs with a trainer pool only).
     ("Trainer ranks: busy fraction", ("trainer/rank_busy_frac",)),
     ("Trainer ranks: compute and communication (s)", ("trainer/rank_compute_s", "trainer/rank_comm_s")),

@@ -142,9 +142,16 @@ class PartialSequence:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "turn" (ended by `ends_turn`)
+    # The experts an MoE model chose for the prompt and these tokens (workers.routing),
+    # as the last session that ran them recorded them; None when none was recorded.
+    routing: Any | None = None
+    # Per token, the set it was drawn from (workers.sampling_mask.Kept) or None; empty
+    # from a backend that records none.
+    kept: list[Any] = field(default_factory=list)
 
     def reset(self) -> None:
-        self.token_ids, self.logprobs, self.versions = [], [], []
+        self.token_ids, self.logprobs, self.versions, self.kept = [], [], [], []
+        self.routing = None
 
 
 @dataclass
@@ -194,6 +201,7 @@ def generate_across_updates(
                 s.token_ids.append(st.token)
                 s.logprobs.append(st.logprob)
                 s.versions.append(version)
+                s.kept.append(st.kept)
                 s.finish_reason = st.finish_reason
                 if ends_turn is not None and ends_turn(s):
                     s.finish_reason = "turn"
@@ -209,7 +217,9 @@ def generate_across_updates(
                 counts.mid_generation_updates += 1
                 continue
             # Abort before loading: a backend may free what the running rows still use
-            # (vLLM drops the previous LoRA adapter).
+            # (vLLM drops the previous LoRA adapter). A resumed row's routing is then
+            # recorded afresh over its prompt and tokens so far by the next session.
+            _keep_routing(session, seqs, rows)
             session.close()
             rows = [rows[r] for r in live]
             counts.aborted += len(rows)
@@ -229,7 +239,16 @@ def generate_across_updates(
                 # A new stream per attempt: a retried row must not replay the same tokens.
                 seed * 1000 + attempt,
             )
+        _keep_routing(session, seqs, rows)
     finally:
         session.close()
     grouped = [seqs[k * n : (k + 1) * n] for k in range(len(prompts))]
     return Generation(grouped, version, counts)
+
+
+def _keep_routing(session, seqs: list[PartialSequence], rows: list[int]) -> None:
+    """Each session row's recorded routing onto its sequence (nothing when not recorded)."""
+    for r, i in enumerate(rows):
+        routing = session.routing(r)
+        if routing is not None:
+            seqs[i].routing = routing

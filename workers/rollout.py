@@ -98,14 +98,31 @@ class Group:
         return all(math.isclose(r, rewards[0], abs_tol=REWARD_ATOL) for r in rewards[1:])
 
     def to_json(self) -> dict[str, Any]:
-        """The group as plain JSON data (a checkpoint's buffer.json)."""
-        return dataclasses.asdict(self)
+        """The group as plain JSON data (a checkpoint's buffer.json); a routing record as
+        its fields with the packed bytes in base64."""
+        data = dataclasses.asdict(self)
+        for rollout, out in zip(self.rollouts, data["rollouts"], strict=True):
+            if rollout.expert_routing is not None:
+                out["expert_routing"] = rollout.expert_routing.to_json()
+            if rollout.sampling_mask is not None:
+                out["sampling_mask"] = rollout.sampling_mask.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Group:
-        return cls(
-            group_id=data["group_id"],
-            prompt=data["prompt"],
-            answer=data["answer"],
-            rollouts=[Rollout(**r) for r in data["rollouts"]],
-        )
+        from workers.routing import RoutingRecord
+        from workers.sampling_mask import SamplingMask
+
+        rollouts = []
+        for r in data["rollouts"]:
+            routing, mask = r.get("expert_routing"), r.get("sampling_mask")
+            rollouts.append(
+                Rollout(
+                    **{
+                        **r,
+                        "expert_routing": RoutingRecord.from_json(routing) if routing else None,
+                        "sampling_mask": SamplingMask.from_json(mask) if mask else None,
+                    }
+                )
+            )
+        return cls(group_id=data["group_id"], prompt=data["prompt"], answer=data["answer"], rollouts=rollouts)

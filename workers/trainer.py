@@ -32,10 +32,12 @@ from workers.logprobs import chosen_logprobs
 from workers.loss import Aggregation, correction_loss, scaled_advantages
 from workers.metric_names import rank_series
 from workers.model import checkpoint_state_dict, load_model
-from workers.rollout import Group
+from workers.rollout import Group, Rollout
 from workers.step_plan import RankStep, plan_step
 
 if TYPE_CHECKING:
+    from workers.routing import Replay
+    from workers.sampling_mask import KeptLayout
     from workers.trainer_pool import Pool
 
 
@@ -51,6 +53,10 @@ class PackedBatch:
     attention_mask: torch.Tensor  # (N, T)
     targets: torch.Tensor  # (N, T-1) = input_ids[:, 1:]
     mask: torch.Tensor  # (N, T-1) bool: completion tokens (train_step: the trained ones)
+    # correction.keep_routing: the experts generation chose, (N, T, layers, top_k).
+    routing: torch.Tensor | None = None
+    # correction.keep_sampling_mask: each completion token's kept set, by position.
+    kept: KeptLayout | None = None
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
@@ -74,16 +80,25 @@ def spread(values: Sequence[Sequence[float]], batch: PackedBatch, dtype=torch.fl
     return out
 
 
-def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float, with_entropy: bool = False):
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    temperature: float,
+    with_entropy: bool = False,
+    replay: Replay | None = None,
+):
     """log pi(target) under log_softmax(logits / temperature), (N, T-1), float32, on the
     model's device; with `with_entropy`, also the entropy of that distribution at each
-    slot. Never holds a float32 copy of the full-vocabulary logits (workers.logprobs)."""
+    slot. Never holds a float32 copy of the full-vocabulary logits (workers.logprobs).
+    With `replay` (hooked on `model`'s routers) the forward takes the batch's recorded
+    routing; with the batch's `kept` sets the softmax is over each token's kept set."""
     device = next(model.parameters()).device
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
+    with replay.use(batch.routing) if replay is not None else contextlib.nullcontext():
+        logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
     # The last position predicts nothing: its dummy target keeps the logits contiguous
     # (slicing them to T-1 positions first would copy the whole tensor).
     targets = torch.nn.functional.pad(batch.targets.to(device), (0, 1))
-    out = chosen_logprobs(logits, targets, temperature, with_entropy)
+    out = chosen_logprobs(logits, targets, temperature, with_entropy, batch.kept)
     if isinstance(out, tuple):  # with_entropy
         return out[0][:, :-1], out[1][:, :-1]
     return out[:, :-1]
@@ -102,7 +117,14 @@ class RowTensors:
     def select(self, rows: torch.Tensor, mask: torch.Tensor) -> PackedBatch:
         """The batch's `rows`, with `mask` (the completion or the trained slots) on them."""
         b = self.batch
-        return PackedBatch(b.input_ids[rows], b.attention_mask[rows], b.targets[rows], mask[rows])
+        return PackedBatch(
+            b.input_ids[rows],
+            b.attention_mask[rows],
+            b.targets[rows],
+            mask[rows],
+            b.routing[rows.cpu()] if b.routing is not None else None,
+            b.kept.select(rows.cpu()) if b.kept is not None else None,
+        )
 
 
 @dataclass
@@ -135,6 +157,10 @@ class RankResult:
     comm_bytes: int = 0  # payload of the collectives it issued since its previous part
     rows: int = 0  # completions it trained on
     extra: dict[str, float] = field(default_factory=dict)
+    # Keep Routing: token × layer selections replayed, and how many of them the
+    # trainer's own router would have made too (routing/agreement).
+    routing_counted: int = 0
+    routing_agreed: int = 0
 
 
 class TrainerProgress:
@@ -228,6 +254,13 @@ class Trainer:
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
         self.progress = TrainerProgress(cfg.seed)
+        # Keep Routing: hooks on the policy's routers for the trainer's life, forcing a
+        # forward's routing only while a batch's record is set (token_logprobs).
+        self.replay: Replay | None = None
+        if cfg.correction.keep_routing:
+            from workers.routing import Replay
+
+            self.replay = Replay(self.model).__enter__()
 
     @property
     def version(self) -> int:
@@ -270,19 +303,20 @@ class Trainer:
 
     def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
         with autocast(self.device, self.cfg.trainer.dtype):
-            return token_logprobs(self.forward_model, batch, self.cfg.inference.temperature, with_entropy)
+            return token_logprobs(self.forward_model, batch, self.cfg.inference.temperature, with_entropy, self.replay)
 
     def _ref_logprobs(self, batch: PackedBatch) -> torch.Tensor:
         """log pi_ref(target) of the frozen reference policy (no gradient)."""
         with torch.no_grad(), autocast(self.device, self.cfg.trainer.dtype):
             if self.ref_model is not None:
+                # A model of its own (not hooked): the reference routes as it would.
                 return token_logprobs(self.ref_model, batch, self.cfg.inference.temperature)
             from workers.lora import base_model_of
 
             # Through the model, not a DDP wrapper: a replica's forward is then no
             # collective; a sharded (fsdp2) one's is, and an empty pass joins it.
             with base_model_of(self.model):
-                return token_logprobs(self.model, batch, self.cfg.inference.temperature)
+                return token_logprobs(self.model, batch, self.cfg.inference.temperature, replay=self.replay)
 
     def _pieces(self, rows: torch.Tensor, passes: int) -> list[torch.Tensor]:
         """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset), then
@@ -341,6 +375,10 @@ class Trainer:
     def train_rank(self, step: RankStep) -> RankResult:
         """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
         t_start = time.perf_counter()
+        if self.replay is not None:
+            from workers.routing import Agreement
+
+            self.replay.agreement = Agreement()
         rows = self._rank_rows(step)
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
         loss_sums, stats_list, grad_norms = [], [], []
@@ -355,6 +393,9 @@ class Trainer:
         self.version += 1
         end = time.perf_counter()
         result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=rows.count)
+        if self.replay is not None:
+            result.routing_counted = self.replay.agreement.counted
+            result.routing_agreed = self.replay.agreement.agreed
         if self.pool is not None:
             from workers.trainer_pool import busy_seconds
 
@@ -376,8 +417,15 @@ class Trainer:
             # episode's tool tokens are out: workers/rollout.py).
             trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
             adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
-            fields = (batch.input_ids, batch.attention_mask, batch.targets, batch.mask)
-            tensors = RowTensors(PackedBatch(*(t.to(dev) for t in fields)), behaviour, trained, adv)
+            on_device = PackedBatch(
+                batch.input_ids.to(dev),
+                batch.attention_mask.to(dev),
+                batch.targets.to(dev),
+                batch.mask.to(dev),
+                self._routing(rollouts, batch),
+                self._kept(rollouts, batch),
+            )
+            tensors = RowTensors(on_device, behaviour, trained, adv)
         row_of_group: list[list[int]] = []
         row = 0
         for g in step.groups:
@@ -388,6 +436,28 @@ class Trainer:
             for mb in step.minibatches
         ]
         return RankRows(len(rollouts), minibatches, tensors)
+
+    def _routing(self, rollouts: list[Rollout], batch: PackedBatch) -> torch.Tensor | None:
+        """The rows' recorded routing in the batch's layout (correction.keep_routing), on
+        the CPU: the replay hook moves each router's slice where its logits are."""
+        if self.replay is None:
+            return None
+        from workers.routing import batch_routing
+
+        layers, top_k = self.replay.layers, self.replay.top_k
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+        records = [r.expert_routing for r in rollouts]
+        return batch_routing(records, lengths, batch.input_ids.shape[1], layers, top_k)
+
+    def _kept(self, rollouts: list[Rollout], batch: PackedBatch) -> KeptLayout | None:
+        """Each row's sampling mask placed at its completion's positions
+        (correction.keep_sampling_mask); None when off or nothing was recorded."""
+        if not self.cfg.correction.keep_sampling_mask or all(r.sampling_mask is None for r in rollouts):
+            return None
+        from workers.sampling_mask import KeptLayout
+
+        starts = [len(r.prompt_ids) - 1 for r in rollouts]
+        return KeptLayout([r.sampling_mask for r in rollouts], starts, batch.input_ids.shape[1])
 
     def _old_logprobs(self, rows: RankRows, passes: int) -> torch.Tensor:
         """pi_old, the policy at step start, on the rows of minibatches after the first
@@ -512,6 +582,9 @@ class Trainer:
             **batch_metrics(groups),
             **stats_acc,
         }
+        counted = sum(res.routing_counted for res in results)
+        if counted:  # keep_routing, and some rollout carried a record
+            metrics["routing/agreement"] = sum(res.routing_agreed for res in results) / counted
         if self.pool is not None:
             for r, res in enumerate(results):
                 metrics[rank_series("trainer/rank_compute_s", r)] = res.step_s - res.comm_s

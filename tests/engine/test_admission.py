@@ -297,3 +297,28 @@ def test_a_mixture_of_experts_on_vllm_cpu_is_refused_at_launch_naming_the_backen
     assert errors(dense, backend="vllm") == {}
     on_gpus = cfg(model={"source": "path", "path": moe}, inference={"backend": "vllm"}, placement={"devices": "gpu"})
     assert "inference.backend" not in admission_errors(on_gpus, Limits(), None)
+
+
+def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_no_recorder(tmp_path):
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    moe = make_tiny_checkpoint(str(tmp_path / "moe"), "qwen2_moe", hidden_size=64)
+    dense = make_tiny_checkpoint(str(tmp_path / "dense"), "qwen2", hidden_size=64)
+
+    def errors(model, **inference):
+        run = cfg(model=model, inference=inference, correction={"keep_routing": True})
+        return admission_errors(run, Limits(), None)
+
+    assert errors({"source": "path", "path": moe}, backend="torch") == {}
+    for model in ({"source": "path", "path": dense}, {"source": "tiny"}):
+        refused = errors(model, backend="torch")
+        assert list(refused) == ["correction.keep_routing"]
+        assert "no mixture-of-experts router" in refused["correction.keep_routing"]
+    on_vllm = cfg(
+        model={"source": "path", "path": moe},
+        inference={"backend": "vllm"},
+        placement={"devices": "gpu"},
+        correction={"keep_routing": True},
+    )
+    refused = admission_errors(on_vllm, Limits(), None)
+    assert "torch inference backend only" in refused["correction.keep_routing"]

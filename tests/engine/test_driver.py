@@ -33,9 +33,11 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert always <= set(series), f"missing: {sorted(always - set(series))}"
     # The default config (bounded buffer, token_tis correction) with the eval pass on
     # meets the condition of every series marked `only` but the per-rank ones (a trainer
-    # pool's: tests/engine/test_trainer_pool_runs.py), so this run emits the rest of the
-    # vocabulary.
-    assert set(series) == NAMES - PER_RANK, f"mode-specific missing: {sorted(NAMES - PER_RANK - set(series))}"
+    # pool's: tests/engine/test_trainer_pool_runs.py) and routing/agreement (a mixture of
+    # experts with keep_routing: tests/engine/test_metric_vocabulary.py), so this run emits
+    # the rest of the vocabulary.
+    expected = NAMES - PER_RANK - {"routing/agreement"}
+    assert set(series) == expected, f"mode-specific missing: {sorted(expected - set(series))}"
     assert max(series["eval/pass@k"]) == 4  # the end of the run's pass, on the final weights
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
     assert series["policy/version"] == {s: float(s) for s in range(1, 5)}

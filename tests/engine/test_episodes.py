@@ -101,6 +101,9 @@ class ScriptedSession:
     def unfinished(self) -> list[int]:
         return [] if self.closed else [r for r, d in enumerate(self.done) if not d]
 
+    def routing(self, row: int) -> None:
+        return None  # a dense model's
+
     def close(self) -> None:
         self.closed = True
 

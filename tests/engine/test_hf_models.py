@@ -242,6 +242,25 @@ def test_a_run_post_trains_a_local_qwen2_checkpoint_and_exports_it(cluster, cach
     )
 
 
+def test_an_async_moe_run_keeps_routing_and_sampling_masks_end_to_end(cluster, cache_dir, models_root, tmp_path):
+    """The records travel through the run's actors (inference worker, buffer, trainer):
+    routing agreement is reported every step and the mask keeps the top-k bias out."""
+    moe = make_tiny_checkpoint(os.path.join(models_root, "tiny-qwen2-moe"), "qwen2_moe", hidden_size=64)
+    cfg = path_config(
+        moe,
+        mode="async",
+        inference={"top_k": 8},
+        correction={"keep_routing": True, "keep_sampling_mask": True},
+    )
+    out = run_driver(804, cfg, cache_dir, box_for(models_root, tmp_path))
+    assert out["state"] == "succeeded", out["error"]
+    s = {k: dict(v) for k, v in out["series"].items()}
+    assert sorted(s["routing/agreement"]) == [1, 2, 3]
+    assert all(0.0 <= v <= 1.0 for v in s["routing/agreement"].values())
+    # Without the mask this cut gives a mismatch KL above 1 (bench/keep_records.py).
+    assert all(v < 0.1 for v in s["mismatch/kl"].values()), s["mismatch/kl"]
+
+
 def test_a_run_on_a_directory_that_is_not_a_model_fails_naming_model_path(cluster, cache_dir, tmp_path):
     models = tmp_path / "models"
     (models / "half").mkdir(parents=True)

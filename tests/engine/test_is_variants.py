@@ -64,6 +64,8 @@ def test_token_tis_truncates_each_token_at_the_cap():
     assert stats["is/ratio_mean"] == pytest.approx(6.5 / 6, abs=1e-6)
     assert stats["is/clipped_frac"] == pytest.approx(1 / 6)
     assert stats["ppo/clipped_frac"] == pytest.approx(2 / 6)
+    # Row 1 (A > 0) is clipped above 1.2 twice; row 2 (A < 0) never falls below 0.8.
+    assert (stats["ppo/clipped_high_frac"], stats["ppo/clipped_low_frac"]) == (pytest.approx(2 / 6), 0.0)
     assert stats["mismatch/kl"] == pytest.approx(K3, abs=1e-6)
     # gradient -w·A·r/6 where PPO does not clip: row 1 tokens 1-2 are clipped (flat);
     # A > 0 pushes log pi up (negative gradient), A < 0 pushes it down.
@@ -249,3 +251,17 @@ def test_every_method_still_learns_the_default_task_one_step_off(method):
     assert sum(rewards[-5:]) / 5 >= 0.7, f"{method}: rewards {[round(r, 2) for r in rewards]}"
     assert max(m["staleness/mean"] for m in metrics) == 1.0  # the correction had work to do
     assert all(math.isfinite(m[k]) for m in metrics for k in ("is/ratio_mean", "is/clipped_frac", "mismatch/kl"))
+
+
+def test_the_ppo_clip_fraction_splits_into_its_low_and_high_sides():
+    """Each token's side by hand: ratio pi_theta/pi_old against [1 − 0.2, 1 + 0.28]."""
+    ratio = torch.tensor([[0.5, 0.9, 1.5, 1.25], [0.5, 0.7, 1.5, 1.0]])
+    adv = torch.tensor([[-1.0], [1.0]]).expand(2, 4)
+    old = torch.zeros(2, 4)
+    mask = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    _, stats = policy_loss(ratio.log(), old, old, adv, mask, clip_eps=0.2, tis_cap=2.0, clip_eps_high=0.28)
+    # Row 1, A < 0: 0.5 is clipped low; 1.5 is above but a negative advantage is not bound there.
+    # Row 2, A > 0: 1.5 is clipped high (above 1.28); 0.5 and 0.7 are below but not bound.
+    assert stats["ppo/clipped_low_frac"] == pytest.approx(1 / 7)
+    assert stats["ppo/clipped_high_frac"] == pytest.approx(1 / 7)
+    assert stats["ppo/clipped_frac"] == pytest.approx(stats["ppo/clipped_low_frac"] + stats["ppo/clipped_high_frac"])

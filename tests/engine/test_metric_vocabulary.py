@@ -66,8 +66,9 @@ def test_train_step_returns_only_known_names(tiny_model_dir, method, minibatches
     metrics = Trainer(cfg, tiny_model_dir).train_step(fixed_groups(tiny_model_dir, cfg))
     assert set(metrics) <= NAMES, f"not in METRICS: {sorted(set(metrics) - NAMES)}"
     # Mode-specific: pipelinerl_reinforce weighs pi_theta/mu directly, with no PPO clip.
-    assert ("ppo/clipped_frac" in metrics) == (method != "pipelinerl_reinforce")
-    assert "pipelinerl_reinforce" in BY_NAME["ppo/clipped_frac"].only
+    for name in ("ppo/clipped_frac", "ppo/clipped_low_frac", "ppo/clipped_high_frac"):
+        assert (name in metrics) == (method != "pipelinerl_reinforce")
+        assert "pipelinerl_reinforce" in BY_NAME[name].only
 
 
 def test_train_step_reports_the_batch_spread_lengths_and_learning_rate(tiny_model_dir):
@@ -158,12 +159,25 @@ def sent_by_ranks(ranks: int) -> list[str]:
     return [rank_series(name, r) for name in sorted(PER_RANK) for r in range(ranks)]
 
 
+def test_routing_agreement_is_reported_only_with_keep_routing(tmp_path):
+    from tests.engine.test_keep_records import _first_step
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    moe = make_tiny_checkpoint(str(tmp_path / "moe"), "qwen2_moe", hidden_size=64)
+    with_replay = _first_step(moe, {"keep_routing": True}, {})[2]
+    assert set(with_replay) <= NAMES and 0.0 <= with_replay["routing/agreement"] <= 1.0
+    assert "routing/agreement" not in _first_step(moe, {}, {})[2]
+
+
 # Each series marked `only`, and the test above that checks its condition both ways.
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
     "ppo/clipped_frac": test_train_step_returns_only_known_names,
+    "ppo/clipped_low_frac": test_train_step_returns_only_known_names,
+    "ppo/clipped_high_frac": test_train_step_returns_only_known_names,
     "buffer/dropped_uniform": test_dropped_uniform_groups_are_counted_only_with_dynamic_sampling,
     "loss/kl_ref": test_the_reference_kl_is_reported_only_with_a_kl_penalty,
+    "routing/agreement": test_routing_agreement_is_reported_only_with_keep_routing,
     **dict.fromkeys(EVAL_SERIES, test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on),
     **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
 }

@@ -96,3 +96,60 @@ def test_behaviour_logprobs_are_of_the_truncated_distribution(tiny_model_dir, hf
     assert worst < 1e-4
     # The cut matters on these samples: the untruncated logprobs would be off.
     assert cut_off > 1e-2
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("cut", [Truncation(top_p=0.7), Truncation(top_k=3), Truncation(min_p=0.2, top_p=0.95)])
+def test_each_tokens_kept_set_is_recorded_when_asked(tiny_model_dir, hf, backend, cut):
+    """Keep Sampling Mask's record: the set each token was drawn from, as the reference
+    computes it from the teacher-forced logits; renormalising over it gives mu back."""
+    from workers.rollout import Group, Rollout
+    from workers.sampling_mask import SamplingMask
+
+    temperature = 0.8
+    b = BACKENDS[backend](tiny_model_dir, cut)
+    b.keep_sampling_mask = True
+    groups = b.generate(PROMPTS, n=4, max_new_tokens=6, temperature=temperature, seed=5)
+    for prompt, group in zip(PROMPTS, groups, strict=True):
+        for c in group:
+            mask = SamplingMask.of(c.kept)
+            assert mask is not None and mask.tokens == len(c.token_ids)
+            dense = mask.dense()
+            for k, (logits, lp) in enumerate(zip(_logits_along(hf, prompt, c.token_ids), c.logprobs, strict=True)):
+                tempered = torch.tensor(logits) / temperature
+                ref = reference_kept(tempered.tolist(), cut.top_k, cut.top_p, cut.min_p)
+                assert set(mask.kept(k).tolist()) == set(ref)
+                assert set(dense[k].nonzero().flatten().tolist()) == set(ref)
+                renormalised = tempered[dense[k]].logsumexp(0)
+                assert tempered[c.token_ids[k]] - renormalised == pytest.approx(lp, abs=1e-4)
+            # Through a checkpoint's JSON and back.
+            g = Group(
+                "g",
+                "p",
+                "a",
+                [Rollout(prompt, c.token_ids, c.logprobs, [0] * len(c.token_ids), "stop", sampling_mask=mask)],
+            )
+            assert Group.from_json(g.to_json()).rollouts[0].sampling_mask == mask
+    # Not asked: nothing recorded.
+    b.keep_sampling_mask = False
+    unasked = [c for g in b.generate(PROMPTS, n=2, max_new_tokens=4, temperature=1.0, seed=1) for c in g]
+    assert all(k is None for c in unasked for k in c.kept) and all(SamplingMask.of(c.kept) is None for c in unasked)
+
+
+def test_a_mask_keeping_most_of_the_vocabulary_is_stored_as_what_it_dropped():
+    import numpy as np
+
+    from workers.sampling_mask import Kept, SamplingMask
+
+    vocab = 1000
+    kept = [Kept(np.arange(990), vocab), None, Kept(np.array([3, 7]), vocab), Kept(np.arange(vocab), vocab)]
+    mask = SamplingMask.of(kept)
+    assert mask is not None and mask.tokens == 4
+    # 10 dropped ids + 2 kept ids (int32), 5 offsets (int32), 4 flags.
+    assert len(mask.ids) == 4 * 12 and mask.bytes_per_token == (48 + 20 + 4) / 4
+    dense = mask.dense()
+    assert dense[0].sum() == 990 and not dense[0, 995]
+    assert dense[1].all() and dense[3].all()  # no set; every token kept
+    assert dense[2].nonzero().flatten().tolist() == [3, 7]
+    assert mask.kept(1) is None and mask.kept(2).tolist() == [3, 7] and len(mask.kept(0)) == 990
+    assert SamplingMask.of([None, None]) is None

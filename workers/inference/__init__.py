@@ -25,7 +25,13 @@ def make_backend(
     if cfg.inference.backend == "torch":
         from workers.inference.sampling import Truncation
 
-        return make_torch_backend(model_dir, cfg.inference.dtype, Truncation.of(cfg.inference))
+        return make_torch_backend(
+            model_dir,
+            cfg.inference.dtype,
+            Truncation.of(cfg.inference),
+            record_routing=cfg.correction.keep_routing,
+            keep_sampling_mask=cfg.correction.keep_sampling_mask,
+        )
     if cfg.inference.backend == "vllm":
         from workers.context import context_tokens
         from workers.inference.vllm_backend import VLLMBackend, serves_lora
@@ -49,12 +55,19 @@ def make_backend(
 
 
 def make_torch_backend(
-    model_dir: str, dtype: str = "float32", truncation: Truncation | None = None
+    model_dir: str,
+    dtype: str = "float32",
+    truncation: Truncation | None = None,
+    *,
+    record_routing: bool = False,
+    keep_sampling_mask: bool = False,
 ) -> InferenceBackend:
     """The torch backend for `model_dir`: the hand-written Llama loop where it can run the
     model (float32 on the CPU, fastest at the tiny sizes), else the model's own
     transformers forward, on the device this process was given and in `dtype`, sampling
-    with `truncation` (top-k / top-p / min-p; none by default)."""
+    with `truncation` (top-k / top-p / min-p; none by default). `record_routing`: an MoE
+    model's sessions record the experts each token was routed to (the hand-written loop
+    runs dense Llama models only); `keep_sampling_mask`: each sampled token's kept set."""
     from workers.devices import assigned_device
     from workers.inference.torch_backend import TorchBackend, fast_path_problem
 
@@ -62,7 +75,14 @@ def make_torch_backend(
         config = json.load(f)
     device = assigned_device()
     if fast_path_problem(config) is None and dtype == "float32" and device.type == "cpu":
-        return TorchBackend(model_dir, truncation)
+        return TorchBackend(model_dir, truncation, keep_sampling_mask)
     from workers.inference.transformers_backend import TransformersBackend
 
-    return TransformersBackend(model_dir, dtype=dtype, device=device, truncation=truncation)
+    return TransformersBackend(
+        model_dir,
+        dtype=dtype,
+        device=device,
+        truncation=truncation,
+        record_routing=record_routing,
+        keep_sampling_mask=keep_sampling_mask,
+    )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from workers.model import ModelDims
+    from workers.routing import RoutingRecord
+    from workers.sampling_mask import Kept
 
 # Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples
 # = 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a
@@ -36,6 +38,12 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # log-prob of each sampled token under the sampling policy
     finish_reason: str  # "stop" | "length"
+    # The experts an MoE model chose for the prompt's and the completion's tokens
+    # (workers.routing.RoutingRecord), when the backend records them.
+    routing: RoutingRecord | None = None
+    # Per token, its kept set under top-k / top-p / min-p (workers.sampling_mask.Kept)
+    # or None where none was recorded; empty from a backend that records none.
+    kept: list[Kept | None] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +54,7 @@ class StepToken:
     token: int
     logprob: float
     finish_reason: str | None  # "stop" | "length" when this token ends the row, else None
+    kept: Kept | None = None  # the set it was drawn from, when the backend records it
 
 
 class DecodeSession(Protocol):
@@ -61,6 +70,11 @@ class DecodeSession(Protocol):
 
     def unfinished(self) -> list[int]:
         """Rows still generating."""
+        ...
+
+    def routing(self, row: int) -> RoutingRecord | None:
+        """The experts chosen for `row`'s prompt and completion tokens run so far (an MoE
+        model on a backend that records them), else None."""
         ...
 
     def close(self) -> None:

@@ -52,10 +52,11 @@ class TorchBackend:
     """Batched temperature sampling (then `truncation`: top-k, top-p, min-p) with
     per-token logprobs, seeded, stops at EOS."""
 
-    def __init__(self, model_dir: str, truncation: Truncation | None = None) -> None:
+    def __init__(self, model_dir: str, truncation: Truncation | None = None, keep_sampling_mask: bool = False) -> None:
         from workers.model import checkpoint_weights, model_config, model_dims
 
         self.truncation = truncation or Truncation()
+        self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         problem = fast_path_problem(cfg)
@@ -198,18 +199,21 @@ def generate_by_steps(
     session = backend.start(prompts, [max_new_tokens] * len(prompts), temperature, seed, n=n)
     tokens: list[list[int]] = [[] for _ in rows]
     logprobs: list[list[float]] = [[] for _ in rows]
+    kept: list[list] = [[] for _ in rows]
     finish: list[str] = ["length"] * len(rows)
     while session.unfinished():
         for st in session.step():
             tokens[st.row].append(st.token)
             logprobs[st.row].append(st.logprob)
+            kept[st.row].append(st.kept)
             if st.finish_reason is not None:
                 finish[st.row] = st.finish_reason
     out: list[list[Completion]] = []
     for i in range(len(rows)):
         if i % n == 0:
             out.append([])
-        out[-1].append(Completion(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]))
+        out[-1].append(Completion(tokens[i], logprobs[i], finish[i], session.routing(i), kept[i]))
+    session.close()
     return out
 
 
@@ -243,6 +247,9 @@ class SteppedSampler:
         self.b = backend
         self.temperature = temperature
         self.truncation: Truncation = getattr(backend, "truncation", None) or Truncation()
+        # Keep Sampling Mask: each token's kept set, when the backend is asked to and the
+        # filters cut anything.
+        self.keep_mask = bool(getattr(backend, "keep_sampling_mask", False)) and self.truncation.active
         B = len(prompts)
         self.P = P = max((len(p) for p in prompts), default=1)
         self.S = P + max(max_new_tokens, default=1)
@@ -263,32 +270,55 @@ class SteppedSampler:
         self.done = torch.zeros(B, dtype=torch.bool)
         self.t = 0  # tokens sampled per row so far
         self.last: torch.Tensor | None = None
+        # Rows whose `last` token is a real one (the row was generating when it was drawn).
+        self.last_real = torch.zeros(B, dtype=torch.bool)
 
     def unfinished(self) -> list[int]:
         return (~self.done).nonzero().flatten().tolist()
+
+    def routing(self, row: int):
+        """None: this session records no expert routing (a dense model, or recording off)."""
+        return None
 
     def sample(self, logits: torch.Tensor) -> list[StepToken]:
         """Each unfinished row's next token from `logits` (rows × vocab), and the step's
         bookkeeping: a finished row samples too (one generator stream whatever ends when)
         but gets pad and reports nothing."""
         b, t = self.b, self.t
-        logp = torch.log_softmax(self.truncation(logits / self.temperature), dim=-1)
+        cut = self.truncation(logits / self.temperature)
+        logp = torch.log_softmax(cut, dim=-1)
         tok = torch.multinomial(logp.exp(), 1, generator=self.gen)
         lp = logp.gather(1, tok).squeeze(1).cpu()
         tok = torch.where(self.done, torch.full_like(self.done, b.pad_id, dtype=torch.long), tok.squeeze(1).cpu())
         hit_eos = torch.isin(tok, b.stop_ids) & ~self.done
         spent = (self.budget <= t + 1) & ~self.done & ~hit_eos
+        kept = self._kept(cut)
         out = [
-            StepToken(row, token, logprob, "stop" if eos else "length" if length else None)
+            StepToken(row, token, logprob, "stop" if eos else "length" if length else None, kept[row])
             for row, (token, logprob, eos, length, was_done) in enumerate(
                 zip(tok.tolist(), lp.tolist(), hit_eos.tolist(), spent.tolist(), self.done.tolist(), strict=True)
             )
             if not was_done
         ]
+        self.last_real = ~self.done
         self.done |= hit_eos | spent
         self.last = tok
         self.t += 1
         return out
+
+    def _kept(self, cut: torch.Tensor) -> list:
+        """Each row's kept set (the ids the filters left finite), or None per row when
+        not recording."""
+        if not self.keep_mask:
+            return [None] * cut.shape[0]
+        from workers.sampling_mask import Kept
+
+        finite = torch.isfinite(cut).cpu()
+        vocab = cut.shape[-1]
+        return [
+            None if bool(d) else Kept(row.nonzero().flatten().numpy(), vocab)
+            for row, d in zip(finite, self.done, strict=True)
+        ]
 
     def previous_tokens(self) -> torch.Tensor:
         """The tokens the previous step sampled, one per row (pad for a finished row):

@@ -31,10 +31,14 @@ class TransformersBackend:
         dtype: str = "float32",
         device: torch.device | str = "cpu",
         truncation: Truncation | None = None,
+        record_routing: bool = False,
+        keep_sampling_mask: bool = False,
     ) -> None:
         from workers.model import load_model, model_dims, tied_weight_names
+        from workers.routing import Recorder
 
         self.truncation = truncation or Truncation()
+        self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
         self.device = torch.device(device)
         # transformers wraps PreTrainedModel.to with functools.wraps, which mypy reads unbound.
         self.model = load_model(model_dir, dtype).to(self.device)  # type: ignore[arg-type]
@@ -51,6 +55,10 @@ class TransformersBackend:
         # Tied weights (an output layer that is the embedding): the trainer sends each
         # once, under its checkpoint name, as save_pretrained writes it.
         self._aliases = tied_weight_names(self.model)
+        # Keep Routing (correction.keep_routing): the routers' choices of every forward,
+        # taken by the session after each step. Hooks stay for the backend's life.
+        recorder = Recorder(self.model) if record_routing else None
+        self.recorder = recorder.__enter__() if recorder is not None and recorder.routers else None
 
     # ---- weights ---------------------------------------------------------------
 
@@ -109,6 +117,8 @@ class TransformersSession(SteppedSampler):
         super().__init__(backend, prompts, max_new_tokens, temperature, seed, backend.max_positions)
         self.attention = self.prompt_mask.long()
         self.cache = None
+        # Per row, the routers' choices for each token run so far: [tokens, layers, top_k].
+        self.routes: list[list[torch.Tensor]] = [[] for _ in prompts]
 
     @torch.inference_mode()
     def step(self) -> list[StepToken]:
@@ -129,7 +139,27 @@ class TransformersSession(SteppedSampler):
             use_cache=True,
         )
         self.cache = out.past_key_values
+        if b.recorder is not None:
+            self._keep_routes(b.recorder.take(), ids.shape)
         return self.sample(out.logits[:, -1].float())
+
+    def _keep_routes(self, kept: torch.Tensor, shape: torch.Size) -> None:
+        """File one forward's choices ([layers, rows × positions, top_k]) under each row:
+        the prompt's real tokens at the first step (left padding dropped), then the token
+        each row was fed, while it is a real one."""
+        per_row = kept.reshape(kept.shape[0], shape[0], shape[1], kept.shape[-1]).permute(1, 2, 0, 3)
+        for row in range(shape[0]):
+            if self.t == 0:
+                self.routes[row].append(per_row[row][self.prompt_mask[row]])
+            elif bool(self.last_real[row]):
+                self.routes[row].append(per_row[row])
+
+    def routing(self, row: int):
+        if self.b.recorder is None:
+            return None
+        from workers.routing import RoutingRecord
+
+        return RoutingRecord.of(torch.cat(self.routes[row]).numpy(), self.b.recorder.num_experts)
 
     def close(self) -> None:
         self.done[:] = True

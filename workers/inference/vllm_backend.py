@@ -605,6 +605,10 @@ class VLLMSession:
     def unfinished(self) -> list[int]:
         return sorted(self.open)
 
+    def routing(self, row: int) -> None:
+        """None: expert routing is recorded on the torch backend only."""
+        return None
+
     def step(self) -> list[StepToken]:
         if not self.open:
             return []
