@@ -75,7 +75,7 @@ def connect(url: str | None, token: str | None) -> Api:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rollway", prog_name="rollway")
 def cli() -> None:
-    """Rollway from the command line: launch, follow, compare and export RL runs.
+    """Rollway from the command line: launch, follow, compare and export RL runs, read their logs.
 
     \b
     Exit codes:
@@ -380,6 +380,38 @@ def export(run, directory, overwrite, as_json, url, token) -> int:
         for path in written:
             click.echo(f"{path.stat().st_size:>12,}  {path}")
         click.echo(f"run {run}: {len(written)} files ({size:,} bytes downloaded) in {directory}")
+    return errors.OK
+
+
+# --- logs -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("run", type=RUN)
+@click.option("--all", "whole", is_flag=True, help="The whole log, not only its end (the last 256 KB).")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (size, offset, truncated, text).")
+@site_options
+def logs(run, whole, as_json, url, token) -> int:
+    """Print a run's driver log: its end (the last 256 KB, whole lines), or all of it."""
+    with connect(url, token) as api:
+        if whole:
+            with api.stream(f"/api/runs/{run}/log/download") as response:
+                try:
+                    for chunk in response.iter_bytes(archive.CHUNK_BYTES):
+                        sys.stdout.buffer.write(chunk)
+                except httpx.HTTPError as exc:
+                    raise CliError(f"the log of run {run} broke off: {exc}", errors.UNREACHABLE) from None
+            sys.stdout.buffer.flush()
+            return errors.OK
+        data = api.get(f"/api/runs/{run}/log")
+    if as_json:
+        print_json(data)
+        return errors.OK
+    if data["truncated"]:
+        click.echo(
+            f"(the last {data['size'] - data['offset']:,} of {data['size']:,} bytes; --all for the whole log)", err=True
+        )
+    click.echo(data["text"], nl=False)
     return errors.OK
 
 

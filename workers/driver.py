@@ -85,14 +85,14 @@ class RunDriver:
         no config path is allowed and the scratch goes under `cache_dir`. `resume_from`:
         a checkpoint (a step directory under `confinement.checkpoint_root`, of this run
         or another) to continue from (workers/checkpoints.py)."""
-        configure_driver_logging(run_id)
+        self.confinement = confinement or Confinement(
+            scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
+        )
+        configure_driver_logging(run_id, log_file=self.confinement.log_file(run_id))
         self.run_id = run_id
         self.name = actor_name(run_id)
         self.cfg = RunConfig.model_validate(config)
         self.cache_dir = cache_dir
-        self.confinement = confinement or Confinement(
-            scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
-        )
         self.scratch_dir = self.confinement.scratch_dir(run_id)
         self.resume_from = resume_from
         self.checkpoints = self._checkpoint_target()
@@ -146,6 +146,7 @@ class RunDriver:
     def run(self) -> dict:
         """Run to completion (blocking) and return the summary; see `summary()`."""
         self.state = "starting"
+        log.info("run %s: driver started (pid %s)", self.run_id, os.getpid())
         self._set_phase("warm_start", "loading the warm-started policy")
         try:
             # Again here, not only at launch: a symlink may have changed since.
@@ -192,6 +193,9 @@ class RunDriver:
             remove_scratch(self.scratch_dir)
             # A cancel waits on this: the points it cannot send now stay in the spool.
             self.reporter.close(timeout_s=CANCEL_FLUSH_S if self.reason == "cancelled" else FINAL_FLUSH_S)
+            log.info(
+                "run %s: driver done: %s (%s) at policy version %s", self.run_id, self.state, self.reason, self.version
+            )
         return self.summary()
 
     def _export(self) -> None:
@@ -233,6 +237,8 @@ class RunDriver:
 
     def _set_phase(self, phase: str, detail: str = "") -> None:
         """Tell the site what the run is doing now (with the status, which stays running)."""
+        if phase != self.phase:
+            log.info("run %s: phase %s %s", self.run_id, phase, detail)
         self.phase = phase
         self._phase_posted_at = time.monotonic()
         self.reporter.post_status("running", phase=phase, detail=detail)
@@ -336,6 +342,16 @@ class RunDriver:
         for record in tr.checkpoints:
             self._report_checkpoint(record)
         self.metrics.add_steps(tr.steps)
+        for record in tr.steps:  # a line per step in the run's log (workers/logs.py)
+            m = record.metrics
+            log.info(
+                "run %s: step %d: reward/mean %.4g, loss %.4g, %.2f s",
+                self.run_id,
+                record.step,
+                m.get("reward/mean", float("nan")),
+                m.get("loss", float("nan")),
+                record.t1 - record.t0,
+            )
         if tr.steps:
             self.version = tr.steps[-1].step
             if self.phase != "stepping":

@@ -67,20 +67,35 @@ class RunIdFilter(logging.Filter):
         return True
 
 
-def configure_driver_logging(run_id: int, env: Mapping[str, str] = os.environ, stream: TextIO | None = None) -> None:
+def configure_driver_logging(
+    run_id: int, env: Mapping[str, str] = os.environ, stream: TextIO | None = None, log_file: str | None = None
+) -> None:
     """In a run's driver process: the engine's log lines (the `workers` loggers) go to
     stderr, which Ray keeps in the actor's log file, as JSON with the run's id when
-    ROLLWAY_LOG_FORMAT=json; unset, they stay in Ray's own format."""
-    if log_format(env) != "json":
-        return
+    ROLLWAY_LOG_FORMAT=json; unset, they stay in Ray's own format.
+
+    `log_file`: the run's own log (Confinement.log_file), which the site serves on the
+    run's page: every engine line at INFO and above is appended to it as well, plain or
+    JSON as the switch says. Ray's actor logs hold every process's lines under a worker
+    id, on whichever node ran it; this file holds the run's, under its id."""
+    fmt = log_format(env)
     engine = logging.getLogger("workers")
     for handler in list(engine.handlers):
-        if getattr(handler, "rollway_json", False):
+        if getattr(handler, "rollway_driver", False):
             engine.removeHandler(handler)  # a second driver in the same process
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(RunIdFilter(run_id))
-    handler.rollway_json = True  # type: ignore[attr-defined]
-    engine.addHandler(handler)
-    engine.setLevel(logging.INFO)
-    engine.propagate = False  # not again in Ray's format
+            handler.close()
+    handlers: list[logging.Handler] = []
+    if fmt == "json":
+        handlers.append(logging.StreamHandler(stream or sys.stderr))
+    if log_file:
+        os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(PLAIN))
+        handler.addFilter(RunIdFilter(run_id))
+        handler.rollway_driver = True  # type: ignore[attr-defined]
+        engine.addHandler(handler)
+    if handlers:
+        engine.setLevel(logging.INFO)
+    if fmt == "json":
+        engine.propagate = False  # not again in Ray's format

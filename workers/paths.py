@@ -84,7 +84,8 @@ class Confinement:
     directories under which `task.dataset.path` and `eval_path` may point.
     `checkpoint_root`: where runs write their checkpoints and the only place a run may
     be resumed from, a directory or an fsspec URL such as `s3://bucket/prefix` for a
-    cluster (empty: runs write none; workers/checkpoints.py)."""
+    cluster (empty: runs write none; workers/checkpoints.py). `log_root`: where each
+    run's driver appends its log, run-<id>.log (empty: only Ray's logs hold it)."""
 
     model_roots: tuple[str, ...] = ()
     sync_roots: tuple[str, ...] = ()
@@ -92,6 +93,7 @@ class Confinement:
     export_root: str = field(default="")
     data_roots: tuple[str, ...] = ()
     checkpoint_root: str = field(default="")
+    log_root: str = field(default="")
 
     @classmethod
     def from_lists(
@@ -102,8 +104,17 @@ class Confinement:
         export_root: str = "",
         data_roots: Sequence[str] = (),
         checkpoint_root: str = "",
+        log_root: str = "",
     ) -> Confinement:
-        return cls(tuple(model_roots), tuple(sync_roots), scratch_root, export_root, tuple(data_roots), checkpoint_root)
+        return cls(
+            tuple(model_roots),
+            tuple(sync_roots),
+            scratch_root,
+            export_root,
+            tuple(data_roots),
+            checkpoint_root,
+            log_root,
+        )
 
     def errors(self, cfg: RunConfig) -> dict[str, str]:
         """{dotted field: message} for each path in `cfg` that escapes its roots, a
@@ -168,6 +179,12 @@ class Confinement:
         if not self.export_root:
             return None
         return os.path.join(self.export_root, f"run-{int(run_id)}")
+
+    def log_file(self, run_id: int) -> str | None:
+        """The file the run's driver appends its log to; None when this site keeps none."""
+        if not self.log_root:
+            return None
+        return os.path.join(self.log_root, f"run-{int(run_id)}.log")
 
 
 def make_scratch(path: str) -> str:

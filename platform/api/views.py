@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from api.ingest import ingest_metrics
 from api.openapi import Errors, query_doc, responses
 from foundation.http import BadParam, int_param
-from runs import actions, exports, listing
+from runs import actions, exports, listing, logs
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
@@ -331,3 +331,44 @@ def download_export(request: HttpRequest, run_id: int):
     run, directory = exports.check_export(request.user, run_id)
     exports.do_record_export(request.user, run)
     return exports.zip_response(request, run, directory)
+
+
+class RunLog(Schema):
+    run: int
+    status: str
+    size: int
+    offset: int
+    truncated: bool
+    text: str
+
+
+LOG_DOC = query_doc(("tail_bytes", "integer", f"at most this many bytes of the log's end (1 to {logs.TAIL_BYTES})"))
+
+
+@router.get(
+    "/runs/{int:run_id}/log",
+    url_name="run-log",
+    tags=["runs"],
+    response=responses(RunLog, 200, 400, 404),
+    openapi_extra=LOG_DOC,
+)
+def read_log(request: HttpRequest, run_id: int) -> JsonResponse:
+    """The end of the run's driver log (runs/logs.py), cut to whole lines: `size` is the
+    whole file's bytes, `offset` where `text` starts in it. 404 with the reason when the
+    log is not on this host (yet, or any more)."""
+    max_bytes = int_param(request, "tail_bytes", logs.TAIL_BYTES, lo=1, hi=logs.TAIL_BYTES)
+    run, path = logs.check_log(request.user, run_id)
+    return JsonResponse({"run": run.pk, "status": run.status, **logs.tail(path, max_bytes)})
+
+
+@router.get(
+    "/runs/{int:run_id}/log/download",
+    url_name="run-log-download",
+    tags=["runs"],
+    response={200: None, 401: Errors, 404: Errors},
+    openapi_extra={"responses": {200: {"description": "the whole driver log", "content": {"text/plain": {}}}}},
+)
+def download_log(request: HttpRequest, run_id: int):
+    """The run's whole driver log as a text file; 404 with the reason when it is not here."""
+    run, path = logs.check_log(request.user, run_id)
+    return logs.download_response(request, run, path)

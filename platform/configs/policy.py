@@ -32,6 +32,7 @@ def confinement() -> Confinement:
         settings.ROLLWAY_EXPORT_DIR,
         settings.ROLLWAY_DATA_ROOTS,
         checkpoint_root=settings.ROLLWAY_CHECKPOINT_ROOT,
+        log_root=settings.ROLLWAY_RUN_LOG_DIR,
     )
 
 

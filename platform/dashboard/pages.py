@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.http import HttpRequest
 from django.utils.text import slugify
 
-from foundation.errors import ActionError
-from runs import listing
+from foundation.errors import ActionError, NotFound
+from runs import listing, logs
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
@@ -113,11 +113,46 @@ def run_page(request: HttpRequest, run: Run) -> dict:
     }
 
 
+def run_log_page(run: Run) -> tuple[dict, int]:
+    """A run's driver log page (a run the reader may see): the log's end, or why there
+    is no log here (with status 404)."""
+    try:
+        path = logs.log_file(run)
+    except NotFound as exc:
+        return {"run": run, "missing": exc.errors["run"]}, 404
+    shown = logs.tail(path)
+    return {
+        "run": run,
+        "log": shown,
+        "shown_bytes": shown["size"] - shown["offset"],
+        "tail_bytes": logs.TAIL_BYTES,
+    }, 200
+
+
+# Series a run's config can turn off: (name prefix, whether this config turns them off,
+# what the chart says instead of "waiting for data").
+_OFF_BY_CONFIG = (
+    ("eval/", lambda config: not (config.get("eval") or {}).get("every_steps"), "eval is off for this run"),
+    (
+        "routing/",
+        lambda config: not (config.get("correction") or {}).get("keep_routing"),
+        "routing replay (correction.keep_routing) is off for this run",
+    ),
+)
+
+
+def _empty_because(series: tuple[str, ...], config: dict) -> str:
+    """Why a chart stays empty for a run whose config turns all its series off ("" if not)."""
+    for prefix, off, why in _OFF_BY_CONFIG:
+        if off(config) and all(s.startswith(prefix) for s in series):
+            return why
+    return ""
+
+
 def _charts(run: Run) -> list[dict]:
     """The run page's chart cards; `empty` says why a chart will stay empty for this run
     (its pass is off in the run's config), shown in place of "waiting for data". A
     per-rank metric is drawn as one line per trainer rank, on runs with a trainer pool."""
-    eval_off = not (run.config.get("eval") or {}).get("every_steps")
     trainer = run.config.get("trainer") or {}
     ranks = int(trainer.get("num_ranks") or 1) if trainer.get("backend", "single") != "single" else 0
     cards = []
@@ -132,7 +167,7 @@ def _charts(run: Run) -> list[dict]:
                 "title": title,
                 "series": ",".join(series),
                 "unit": _unit(series[0]),
-                "empty": "eval is off for this run" if eval_off and all(s.startswith("eval/") for s in series) else "",
+                "empty": _empty_because(series, run.config),
             }
         )
     return cards

@@ -9,6 +9,7 @@ urlpatterns = [
     path("runs/new/", views.launch, name="launch"),
     path("runs/cancel/", views.cancel_many, name="cancel-many"),
     path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
     path("runs/<int:run_id>/retry/", views.retry, name="retry"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),

@@ -75,13 +75,24 @@ def launch(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/launch.html", form.context(), status=form.status)
 
 
-@login_required
-def run(request: HttpRequest, run_id: int) -> HttpResponse:
+def _visible_run(request: HttpRequest, run_id: int) -> Run:
+    """The run if the user may see it; a 404 page otherwise (never saying which)."""
     try:
-        found = actions.check_run_access(request.user, run_id)
+        return actions.check_run_access(request.user, run_id)
     except NotFound:
         raise Http404(NO_SUCH_RUN) from None
-    return render(request, "dashboard/run.html", pages.run_page(request, found))
+
+
+@login_required
+def run(request: HttpRequest, run_id: int) -> HttpResponse:
+    return render(request, "dashboard/run.html", pages.run_page(request, _visible_run(request, run_id)))
+
+
+@login_required
+def run_log(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The end of the run's driver log, with a download of the whole file."""
+    context, status = pages.run_log_page(_visible_run(request, run_id))
+    return render(request, "dashboard/run_log.html", context, status=status)
 
 
 @login_required

@@ -99,3 +99,36 @@ def test_the_platforms_processes_log_json_with_the_switch(tmp_path):
     err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stderr
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert {"message": "run 9 → running", "run_id": 9}.items() <= lines[-1].items()
+
+
+def test_the_drivers_engine_lines_go_to_the_runs_own_log_file_too(engine_logger, tmp_path):
+    log_file = tmp_path / "logs" / "run-5.log"
+    configure_driver_logging(5, {}, log_file=str(log_file))
+    configure_driver_logging(5, {}, log_file=str(log_file))  # once, not twice
+    logging.getLogger("workers.driver").info("run %s: warm start done", 5)
+    logging.getLogger("workers.reporter").debug("not at INFO: left out")
+    [line] = log_file.read_text().splitlines()
+    assert line.endswith(" INFO workers.driver: run 5: warm start done")
+    assert engine_logger.propagate  # Ray's log keeps its lines as before
+
+    configure_driver_logging(5, {"ROLLWAY_LOG_FORMAT": "json"}, stream=io.StringIO(), log_file=str(log_file))
+    logging.getLogger("workers.driver").warning("as JSON now")
+    assert json.loads(log_file.read_text().splitlines()[-1])["message"] == "as JSON now"
+
+
+def test_a_failing_runs_driver_writes_why_to_its_log_file(engine_logger, tmp_path):
+    """The driver's own class outside Ray, on a config whose model it may not read: the
+    failure reaches the run's log file under Confinement.log_root."""
+    from workers.driver import RunDriver
+    from workers.paths import Confinement
+
+    box = Confinement(scratch_root=str(tmp_path / "scratch"), log_root=str(tmp_path / "logs"))
+    assert box.log_file(12) == str(tmp_path / "logs" / "run-12.log")
+    assert Confinement(scratch_root=str(tmp_path)).log_file(12) is None
+    config = {"model": {"source": "path", "path": str(tmp_path / "elsewhere")}}
+    driver = RunDriver.__ray_actor_class__(12, config, None, "", str(tmp_path), confinement=box)
+    assert driver.run()["state"] == "failed"
+    text = (tmp_path / "logs" / "run-12.log").read_text()
+    assert "INFO workers.driver: run 12: driver started" in text
+    assert f"ERROR workers.driver: run 12 failed: {driver.error}" in text
+    assert "INFO workers.driver: run 12: driver done: failed (error)" in text

@@ -129,3 +129,15 @@ def test_rollway_launch_then_follow_to_the_end(stack, cli_env, tmp_path, show_lo
     assert "\x1b[" not in piped.stdout  # piped: plain lines, no cursor moves
     assert "━" in screen and f"run {run_id} succeeded after {STEPS} steps" in screen
     assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
+
+    # The driver's own log, as the site serves it: its start, its phases and its end.
+    logged = rollway(env, "logs", str(run_id))
+    assert logged.returncode == 0, logged.stderr
+    assert f"run {run_id}: driver started" in logged.stdout
+    for line in (
+        f"run {run_id}: phase warm_start",
+        f"run {run_id}: phase stepping",
+        f"run {run_id}: step {STEPS}: reward/mean",
+    ):
+        assert line in logged.stdout, logged.stdout
+    assert f"run {run_id}: driver done: succeeded" in logged.stdout.splitlines()[-1]

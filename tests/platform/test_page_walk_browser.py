@@ -294,6 +294,8 @@ class Walk:
             found.append(f"{status} run: progress bar {'hidden' if phase else 'shown'}")
         if status in ENDED and page.locator(".messages li", has_text="queued").is_visible():
             found.append(f"{status} run: the flash still says it is queued")
+        if not page.is_visible("#driver-log"):
+            found.append(f"{status} run: no visible link to its driver log")
         return found
 
     def wait_for_charts(self) -> None:
@@ -305,7 +307,15 @@ class Walk:
         )
 
 
-def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(daphne_url):
+@pytest.fixture
+def run_logs(settings, tmp_path):
+    """Where the runs' driver logs are (set before daphne forks)."""
+    settings.ROLLWAY_RUN_LOG_DIR = str(tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    return tmp_path / "logs"
+
+
+def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(run_logs, daphne_url):
     skip_without_chromium()
     from django.contrib.auth import get_user_model
     from playwright.sync_api import expect, sync_playwright
@@ -313,6 +323,10 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
     user = get_user_model().objects.create_user("walt", password=PASSWORD)
     seeded = seed(user)
     runs, experiment = seeded["runs"], seeded["experiment"]
+    log_lines = [
+        f"2026-01-02 03:04:05,{i:03d} INFO workers.driver: run {runs['running'].pk}: line {i}" for i in range(400)
+    ]
+    (run_logs / f"run-{runs['running'].pk}.log").write_text("\n".join(log_lines) + "\n")
     for old in SHOTS.glob("*.png"):
         old.unlink()
     with sync_playwright() as pw:
@@ -345,6 +359,18 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
             lines = page.locator("#chart-trainer-ranks-busy-fraction .scatterlayer .trace").count()
             if lines != 3:
                 walk.problems.setdefault("run-running", []).append(f"{lines} lines on the per-rank busy chart, not 3")
+            # Its driver log, from the link on its page: the end of the file, and the download.
+            page.click("#driver-log")
+            page.wait_for_url(f"{base}/runs/{runs['running'].pk}/log/")
+            expect(page.locator("#run-log")).to_contain_text(log_lines[-1])
+            expect(page.locator("#download-log")).to_be_visible()
+            walk.look("run-log")
+            answer = page.goto(f"{base}/runs/{runs['queued'].pk}/log/")
+            assert answer is not None and answer.status == 404
+            expect(page.locator("#log-missing")).to_contain_text("its driver has not started, so there is no log yet")
+            # Chromium reports the page's own 404 on the console: the one line expected here.
+            walk.console.remove("Failed to load resource: the server responded with a status of 404 (Not Found)")
+            walk.look("run-log-missing")
             walk.run_page("run-succeeded", runs["succeeded"].pk, status="succeeded", checkpoints=True)
             eval_note = page.locator("#chart-eval-held-out-prompts .annotation-text").all_text_contents()
             if not any("eval is off" in text for text in eval_note):

@@ -161,6 +161,8 @@ ASKS: dict[str, list[Ask]] = {
     "api:runs-cancel": [Ask("POST", lambda w: "/api/runs/cancel", "own", lambda w: {"runs": [w.run.pk]}, form=True)],
     "api:run": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}", "viewer")],
     "api:run-cancel": [Ask("POST", lambda w: f"/api/runs/{w.run.pk}/cancel", "own")],
+    "api:run-log": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}/log", "viewer")],
+    "api:run-log-download": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}/log/download", "viewer")],
     "api:run-metrics": [
         Ask("GET", lambda w: f"/api/runs/{w.run.pk}/metrics", "viewer"),
         Ask(
@@ -259,6 +261,7 @@ ASKS: dict[str, list[Ask]] = {
         Ask("POST", lambda w: "/runs/cancel/", "own", lambda w: {"runs": [str(w.run.pk)]}, json=False, form=True)
     ],
     "dashboard:run": [Ask("GET", lambda w: f"/runs/{w.run.pk}/", "viewer", json=False)],
+    "dashboard:run-log": [Ask("GET", lambda w: f"/runs/{w.run.pk}/log/", "viewer", json=False)],
     "dashboard:cancel": [Ask("POST", lambda w: f"/runs/{w.run.pk}/cancel/", "own", json=False, form=True)],
     "dashboard:retry": [Ask("POST", lambda w: f"/runs/{w.done.pk}/retry/", "member", json=False, form=True)],
     "dashboard:resume": [Ask("POST", lambda w: f"/runs/{w.done.pk}/resume/", "member", json=False, form=True)],
@@ -353,6 +356,7 @@ def _tokens(users: dict, team: Team) -> dict[str, str]:
 @pytest.fixture
 def world(db, settings, tmp_path) -> World:
     settings.ROLLWAY_EXPORT_DIR = str(tmp_path / "exports")
+    settings.ROLLWAY_RUN_LOG_DIR = str(tmp_path / "logs")
     make = get_user_model().objects.create_user
     users = {
         "admin": make("olga", password="x"),
@@ -379,6 +383,8 @@ def world(db, settings, tmp_path) -> World:
     export = Path(exports.export_dir(done.pk))
     export.mkdir(parents=True)
     (export / exports.MARKER).write_text("{}")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / f"run-{running.pk}.log").write_text("driver started\n")
     Checkpoint.objects.create(run=done, step=1, location="/ck/step-1", bytes=10, sha256="0" * 64)
     comparison = Comparison.objects.create(
         team=team, experiment=experiment, name="c", created_by=users["admin"], configurations=["sync"], seeds=[0]
