@@ -309,6 +309,25 @@ if ROLLWAY_MLFLOW_TRACKING_URI and importlib.util.find_spec("mlflow") is None:
         "ROLLWAY_MLFLOW_TRACKING_URI is set but mlflow is not installed: pip install 'rollway[mlflow]' "
         "(or '.[mlflow]' in a checkout), or unset it"
     )
+# Every run's series as TensorBoard scalars (and its config as text and hparams) under
+# <this>/run-<id>/ (runs/sinks/tensorboard_sink.py; needs the `tensorboard` extra).
+# Unset: nothing is written.
+ROLLWAY_TENSORBOARD_DIR = env_str("ROLLWAY_TENSORBOARD_DIR", "")
+if ROLLWAY_TENSORBOARD_DIR and importlib.util.find_spec("tensorboard") is None:
+    raise ImproperlyConfigured(
+        "ROLLWAY_TENSORBOARD_DIR is set but tensorboard is not installed: pip install 'rollway[tensorboard]' "
+        "(or '.[tensorboard]' in a checkout), or unset it"
+    )
+# Every run to this Weights & Biases project (and entity: unset, the API key's default)
+# (runs/sinks/wandb_sink.py; needs the `wandb` extra, and WANDB_API_KEY in the web and
+# worker processes). Unset: nothing is sent.
+ROLLWAY_WANDB_PROJECT = env_str("ROLLWAY_WANDB_PROJECT", "")
+ROLLWAY_WANDB_ENTITY = env_str("ROLLWAY_WANDB_ENTITY", "")
+if ROLLWAY_WANDB_PROJECT and importlib.util.find_spec("wandb") is None:
+    raise ImproperlyConfigured(
+        "ROLLWAY_WANDB_PROJECT is set but wandb is not installed: pip install 'rollway[wandb]' "
+        "(or '.[wandb]' in a checkout), or unset it"
+    )
 ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
 ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 
@@ -327,6 +346,10 @@ ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
 ROLLWAY_SCRATCH_DIR = env_str("ROLLWAY_SCRATCH_DIR", str(ROLLWAY_HOME / "scratch"))
 # Each successful run's exported model, run-<id>/, served by GET /api/runs/<id>/export.
 ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports"))
+# Each run's driver appends its log to run-<id>.log here, which the run's page and
+# GET /api/runs/<id>/log serve (runs/logs.py): a directory the Ray nodes and the web
+# process share, like the exports. Empty: runs keep no log of their own (Ray's only).
+ROLLWAY_RUN_LOG_DIR = env_str("ROLLWAY_RUN_LOG_DIR", str(ROLLWAY_HOME / "logs"))
 # Each run's checkpoints, run-<id>/step-<k>/ (workers/checkpoints.py): a directory every
 # Ray node sees, or an fsspec URL (s3://bucket/prefix) on a cluster. A resumed run may
 # start only from a checkpoint under it.

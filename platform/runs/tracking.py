@@ -1,4 +1,5 @@
-"""A run's config and series, exported to an MLflow tracking server while it runs.
+"""A run's config and series, exported to experiment trackers while it runs: MLflow,
+TensorBoard and W&B, each a sink behind one interface, fed by one loop.
 
 Why the platform and not the engine: every series already reaches the platform (the
 driver's reporter posts it to the ingest), so exporting from here needs nothing of the
@@ -6,48 +7,40 @@ engine, no tracker credentials on the Ray cluster, and no tracker client in its 
 a tracker that is down slows no training step; and the export can be checked against
 what the platform stored. The cost is a lag of about one reporter batch.
 
-With settings.ROLLWAY_MLFLOW_TRACKING_URI set, every run gets one MLflow run, in the
-MLflow experiment "<team>/<experiment>", named after the run, tagged `rollway.run_id`,
-`rollway.preset`, `rollway.team`, `rollway.experiment` and `rollway.url`, with the run's
-flattened config as params ("trainer.lr": "1e-06"). Its points go over as metrics
-(series name, step, value, measurement time): the ingest asks for an export at most
-every EXPORT_EVERY_S per run (the Celery task `export_run_metrics`), and the run's end
-asks for a last one that also closes the MLflow run with the run's outcome.
+Each sink the operator turned on (settings: ROLLWAY_MLFLOW_TRACKING_URI,
+ROLLWAY_TENSORBOARD_DIR, ROLLWAY_WANDB_PROJECT) gets every run: its config once, then its
+points (series name, step, value, measurement time). The ingest asks for an export at
+most every EXPORT_EVERY_S per run (the Celery task `export_run_metrics`), and the run's
+end asks for a last one that also closes the run in each tracker with its outcome.
 
-Each export sends the points stored since the last one, in order of their row id, and
-records the last id it sent as the MLflow run's tag `rollway.exported_point_id`, in the
-same batch as the points: an export that fails half way resumes where it stopped. A
-point the reporter sends again (an upsert of the same row) keeps its id and is not sent
-twice; a point that replaces another at the same step is not sent again either.
+Each export sends a sink the points stored since its cursor, in order of their row id,
+and the sink records the last id it took with them (MLflow: the run's tag
+`rollway.exported_point_id`; TensorBoard: a file beside the event files; W&B: a summary
+key), so an export that fails half way resumes where it stopped, and a sink that was down
+catches up without holding the others back. A point the reporter sends again (an upsert
+of the same row) keeps its id and is not sent twice; a point that replaces another at the
+same step is not sent again either.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
-from django.conf import settings
 from django.db import connection, transaction
 
-from runs import dispatch
+from runs import dispatch, sinks
 from runs.models import MetricPoint, Run
+from runs.sinks.base import BATCH, Point, flatten
+
+__all__ = ["EXPORT_EVERY_S", "ask_export", "do_export_run", "enabled", "flatten"]
 
 logger = logging.getLogger(__name__)
 
 # How often the ingest asks for an export of one run: more often → more Celery tasks and
-# tracker requests per run; less often → MLflow's charts lag further behind.
+# tracker requests per run; less often → the trackers' charts lag further behind.
 EXPORT_EVERY_S = 5.0
-# MLflow's log_batch takes at most 1000 entities; one of them is the cursor tag.
-BATCH = 999
-# MLflow's limit on a param's value (MAX_PARAM_VAL_LENGTH).
-MAX_PARAM_CHARS = 6000
-CURSOR_TAG = "rollway.exported_point_id"
-RUN_TAG = "rollway.run_id"
-# A run's outcome as MLflow's RunStatus names it.
-MLFLOW_STATUS = {Run.Status.SUCCEEDED: "FINISHED", Run.Status.FAILED: "FAILED", Run.Status.CANCELLED: "KILLED"}
 # pg_try_advisory_xact_lock's first key: this module's exports, one lock per run.
 _LOCK_CLASS = 0x524C_4D46  # "RLMF"
 
@@ -55,26 +48,14 @@ _last_asked: dict[int, float] = {}
 
 
 def enabled() -> bool:
-    return bool(settings.ROLLWAY_MLFLOW_TRACKING_URI)
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """{"trainer.lr": "1e-06", …}: MLflow params are flat strings. Lists are JSON."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, f"{name}."))
-        else:
-            text = value if isinstance(value, str) else json.dumps(value)
-            out[name] = text[:MAX_PARAM_CHARS]
-    return out
+    """Whether this site exports runs to any tracker."""
+    return bool(sinks.configured())
 
 
 def ask_export(run_id: int, *, final: bool = False) -> None:
-    """Have the Celery worker export the run's new points (and close its MLflow run when
-    `final`), at most every EXPORT_EVERY_S per run unless final. Call once the points
-    or the run's end are committed."""
+    """Have the Celery worker export the run's new points (and close its tracker runs
+    when `final`), at most every EXPORT_EVERY_S per run unless final. Call once the
+    points or the run's end are committed."""
     if not enabled():
         return
     now = time.monotonic()
@@ -86,52 +67,7 @@ def ask_export(run_id: int, *, final: bool = False) -> None:
     dispatch.send_or_log(dispatch.FINISH_RUN_METRICS if final else dispatch.EXPORT_RUN_METRICS, run_id)
 
 
-def _client():
-    from mlflow.tracking import MlflowClient  # optional: the `mlflow` extra
-
-    return MlflowClient(tracking_uri=settings.ROLLWAY_MLFLOW_TRACKING_URI)
-
-
-def _experiment_id(client, run: Run) -> str:
-    name = f"{run.experiment.team.name}/{run.experiment.name}"
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception:
-        # Another export created it meanwhile (MLflow's RESOURCE_ALREADY_EXISTS).
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
-
-
-def mlflow_run_id(client, run: Run) -> str:
-    """The run's MLflow run id, creating the MLflow run (tags and params) the first time."""
-    from mlflow.entities import Param
-
-    experiment_id = _experiment_id(client, run)
-    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.pk}'", max_results=1)
-    if found:
-        return found[0].info.run_id
-    tags = {
-        RUN_TAG: str(run.pk),
-        "rollway.preset": run.preset,
-        "rollway.team": run.experiment.team.name,
-        "rollway.experiment": run.experiment.name,
-        "rollway.url": f"{settings.ROLLWAY_PUBLIC_URL}{run.get_absolute_url()}",
-        CURSOR_TAG: "0",
-    }
-    created = client.create_run(experiment_id, run_name=run.name, tags=tags)
-    mlflow_id = created.info.run_id
-    params = [Param(key, value) for key, value in flatten(run.config).items()]
-    for start in range(0, len(params), 100):  # log_batch's limit on params
-        client.log_batch(mlflow_id, params=params[start : start + 100])
-    return mlflow_id
-
-
-def _new_points(run_id: int, after_id: int) -> Iterator[list[tuple[int, str, int, float, float]]]:
+def _new_points(run_id: int, after_id: int) -> Iterator[list[Point]]:
     """The run's points stored after row `after_id`, BATCH at a time, in row order."""
     while True:
         rows = list(
@@ -155,28 +91,45 @@ def _locked(run_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def do_export_run(run_id: int, *, final: bool = False) -> int:
-    """Send the run's points not yet in its MLflow run; when `final`, also close the
-    MLflow run with the run's outcome. Returns how many points were sent (0 when
-    exporting is off, or another export of the run is under way)."""
-    from mlflow.entities import Metric, RunTag
+def _export_to(sink, run: Run, final: bool) -> int:
+    """Send one sink the run's points after its cursor (and the run's outcome when
+    `final`); the number of points sent."""
+    export = sink.open_export(run)
+    sent = 0
+    try:
+        for rows in _new_points(run.pk, export.cursor()):
+            export.send(rows)
+            sent += len(rows)
+        if final and run.status in Run.TERMINAL:
+            export.finish(run.status)
+    finally:
+        export.close()
+    if sent:
+        logger.info("run %s: %d points exported to %s", run.pk, sent, sink.NAME, extra={"run_id": run.pk})
+    return sent
 
-    if not enabled():
+
+def do_export_run(run_id: int, *, final: bool = False) -> int:
+    """Send each configured tracker the run's points it does not have yet; when `final`,
+    also close the run there with its outcome. Returns the most points any one tracker
+    took (0 when exporting is off, or another export of the run is under way). A tracker
+    that fails holds back no other: the rest are sent, then its error is raised (the
+    Celery task fails and the next export resumes it from its cursor)."""
+    configured = sinks.configured()
+    if not configured:
         return 0
     run = Run.objects.select_related("experiment__team").get(pk=run_id)
-    sent = 0
+    sent, failure = 0, None
     with transaction.atomic():
         if not _locked(run_id):
             return 0
-        client = _client()
-        mlflow_id = mlflow_run_id(client, run)
-        cursor = int(client.get_run(mlflow_id).data.tags.get(CURSOR_TAG, "0"))
-        for rows in _new_points(run_id, cursor):
-            metrics = [Metric(series, value, int(t * 1000), step) for _, series, step, value, t in rows]
-            client.log_batch(mlflow_id, metrics=metrics, tags=[RunTag(CURSOR_TAG, str(rows[-1][0]))])
-            sent += len(rows)
-        if final and run.status in MLFLOW_STATUS:
-            client.set_terminated(mlflow_id, status=MLFLOW_STATUS[Run.Status(run.status)])
-    if sent:
-        logger.info("run %s: %d points exported to MLflow run %s", run_id, sent, mlflow_id, extra={"run_id": run_id})
+        for sink in configured:
+            try:
+                sent = max(sent, _export_to(sink, run, final))
+            except Exception as exc:
+                # Any error of the tracker's client (down, refused, misconfigured).
+                logger.exception("run %s: the export to %s failed", run_id, sink.NAME, extra={"run_id": run_id})
+                failure = failure or exc
+    if failure is not None:
+        raise failure
     return sent
