@@ -8,21 +8,12 @@ import json
 from typing import Any
 
 from rollway_cli.client import Api
+from workers.merge import dotted
 
 REWARD, STEPS = "reward/mean", "policy/version"
 # Enough points that the min-max downsampling the API applies keeps the series' maximum
 # (it keeps each group's highest point) and its last point.
 MAX_POINTS = 10
-
-
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """{"buffer.capacity": 8, ...}: every leaf of a nested config under its dotted name."""
-    if not isinstance(config, dict) or not config:
-        return {prefix: config} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def _text(value: Any) -> str:
@@ -33,7 +24,7 @@ def _text(value: Any) -> str:
 def differing(configs: list[dict]) -> dict[str, list[Any]]:
     """{dotted field: [value in each run]} for the fields not equal in every run (a field
     one config lacks counts as differing, shown as None)."""
-    flat = [flatten(c or {}) for c in configs]
+    flat = [dotted(c or {}) for c in configs]
     names = sorted({name for f in flat for name in f})
     return {
         name: [f.get(name) for f in flat]

@@ -262,7 +262,7 @@ def test_every_ray_head_caps_the_gcs_history_alike(tmp_path):
 
 def test_the_cpu_lock_pins_every_package_the_project_declares_and_both_installs_use_it():
     """deploy/lock-cpu.txt (`make lock`) gives one exact version to every package
-    pyproject.toml asks for in the cpu and dev extras, so a fresh `make setup` and the
+    pyproject.toml asks for in its base and the platform, cpu and dev extras, so a fresh `make setup` and the
     image resolve what the tests ran with; both apply it."""
     import tomllib
 
@@ -273,7 +273,8 @@ def test_the_cpu_lock_pins_every_package_the_project_declares_and_both_installs_
             assert sep and version, f"lock-cpu.txt: {line!r} is not name==version"
             lock[re.sub(r"[-_.]+", "-", name).lower()] = version
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["dev"]
+    extras = project["optional-dependencies"]
+    wanted = project["dependencies"] + extras["platform"] + extras["cpu"] + extras["dev"]
     names = {re.sub(r"[-_.]+", "-", re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]).lower() for req in wanted}
     names -= {"torch", "rollway"}  # torch: the constraints file and the CPU index
     missing = sorted(names - set(lock))

@@ -51,6 +51,18 @@ def nest(flat: dict[str, Any], where: str = "overrides") -> dict[str, Any]:
     return out
 
 
+def dotted(config: Any, prefix: str = "") -> dict[str, Any]:
+    """`nest`'s inverse: {"trainer.lr": 1e-06, …}, every leaf of a nested config under its
+    dotted name, as it is (lists stay values; an empty dict has no leaf). The one
+    flattening the trackers' params, the compare page and `rollway compare` use."""
+    if not isinstance(config, dict):
+        return {prefix: config} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(dotted(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
 def set_value(raw: str) -> Any:
     """A `--set` value: JSON when it is JSON, else the text (see the module's note)."""
     try:

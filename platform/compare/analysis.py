@@ -25,6 +25,7 @@ from foundation.errors import ActionError, NotFound
 from runs import rollups
 from runs.metrics import bucket_band, read_many
 from runs.models import Run
+from workers.merge import dotted
 from workers.metric_names import METRICS, rank_series
 
 MAX_RUNS = 100
@@ -105,18 +106,8 @@ def check_compare_access(user, raw: str) -> list[Run]:
 # --- configurations --------------------------------------------------------------------
 
 
-def flatten(value, prefix: str = "") -> dict[str, object]:
-    """{"trainer.lr": 1e-5, ...}: a nested dict as dotted keys (lists stay values)."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    out: dict[str, object] = {}
-    for key, inner in value.items():
-        out.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def config_key(run: Run) -> str:
-    overrides = {k: v for k, v in flatten(run.overrides or {}).items() if k != "seed"}
+    overrides = {k: v for k, v in dotted(run.overrides or {}).items() if k != "seed"}
     return json.dumps({"preset": run.preset, "overrides": overrides}, sort_keys=True, default=str)
 
 
@@ -132,7 +123,7 @@ def group_runs(runs: list[Run]) -> list[dict]:
     for run in runs:
         key = config_key(run)
         if key not in groups:
-            overrides = {k: v for k, v in flatten(run.overrides or {}).items() if k != "seed"}
+            overrides = {k: v for k, v in dotted(run.overrides or {}).items() if k != "seed"}
             changed = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(overrides.items()))
             groups[key] = {
                 "id": f"c{len(groups) + 1}",
@@ -141,7 +132,7 @@ def group_runs(runs: list[Run]) -> list[dict]:
                 "overrides": overrides,
                 "runs": [],
                 "seeds": [],
-                "config": {"preset": run.preset, **{k: v for k, v in flatten(run.config).items() if k != "seed"}},
+                "config": {"preset": run.preset, **{k: v for k, v in dotted(run.config).items() if k != "seed"}},
             }
         groups[key]["runs"].append(run.pk)
         groups[key]["seeds"].append((run.config or {}).get("seed"))
