@@ -6,6 +6,8 @@ policy's logprobs before any update, detached), then runs `trainer.minibatches` 
 updates on whole-group minibatches with the PPO-clip + truncated-IS loss of
 workers.loss (aggregated as `trainer.loss_aggregation` says, plus the KL penalty to the
 frozen reference policy when `trainer.kl_coef` > 0), and advances the policy version by one.
+Each forward runs every distinct prompt once and scores completion slots only
+(workers/shared_prefix.py) where that computes what a padded forward would.
 
 One process (`trainer.backend` "single") or a pool of ranks (workers/trainer_pool.py):
 the step is planned once (workers/step_plan.py: minibatches, and each rank's share of
@@ -33,6 +35,7 @@ from workers.loss import Aggregation, correction_loss, scaled_advantages
 from workers.metric_names import rank_series
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group, Rollout
+from workers.shared_prefix import completion_view
 from workers.step_plan import RankStep, plan_step
 
 if TYPE_CHECKING:
@@ -57,6 +60,9 @@ class PackedBatch:
     routing: torch.Tensor | None = None
     # correction.keep_sampling_mask: each completion token's kept set, by position.
     kept: KeptLayout | None = None
+    # (N,) each row's prompt length: what workers.shared_prefix needs to run each
+    # distinct prompt once (None: only the padded forward).
+    prompt_lengths: torch.Tensor | None = None
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
@@ -70,7 +76,8 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
         ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
         attn[i, : len(p) + len(c)] = 1
         mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
-    return PackedBatch(ids, attn, ids[:, 1:], mask)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return PackedBatch(ids, attn, ids[:, 1:], mask, prompt_lengths=lengths)
 
 
 def spread(values: Sequence[Sequence[float]], batch: PackedBatch, dtype=torch.float32) -> torch.Tensor:
@@ -86,13 +93,27 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     replay: Replay | None = None,
+    share_prompts: bool = False,
 ):
     """log pi(target) under log_softmax(logits / temperature), (N, T-1), float32, on the
     model's device; with `with_entropy`, also the entropy of that distribution at each
     slot. Never holds a float32 copy of the full-vocabulary logits (workers.logprobs).
     With `replay` (hooked on `model`'s routers) the forward takes the batch's recorded
-    routing; with the batch's `kept` sets the softmax is over each token's kept set."""
+    routing; with the batch's `kept` sets the softmax is over each token's kept set.
+
+    `share_prompts` (valid only as `Trainer.share_prompts` says): each distinct prompt
+    runs once and only completion slots get logits (workers.shared_prefix); every other
+    slot is then 0, where the padded forward gives the prompt's own logprobs."""
     device = next(model.parameters()).device
+    if share_prompts and batch.prompt_lengths is not None and replay is None:
+        view = completion_view(model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_lengths)
+        if view is not None:
+            width = batch.targets.shape[1]
+            kept = batch.kept.in_completions(view.logits.shape[1]) if batch.kept is not None else None
+            out = chosen_logprobs(view.logits, view.targets, temperature, with_entropy, kept)
+            if isinstance(out, tuple):
+                return view.spread(out[0], width), view.spread(out[1], width)
+            return view.spread(out, width)
     with replay.use(batch.routing) if replay is not None else contextlib.nullcontext():
         logits = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits
     # The last position predicts nothing: its dummy target keeps the logits contiguous
@@ -124,6 +145,7 @@ class RowTensors:
             mask[rows],
             b.routing[rows.cpu()] if b.routing is not None else None,
             b.kept.select(rows.cpu()) if b.kept is not None else None,
+            b.prompt_lengths[rows.cpu()] if b.prompt_lengths is not None else None,
         )
 
 
@@ -217,6 +239,7 @@ class Trainer:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
+        self.model_dir = model_dir  # the policy's config and tokenizer, which checkpoints carry
         self.device = device if device is not None else assigned_device()
         torch.manual_seed(cfg.seed)
         tc = cfg.trainer
@@ -261,6 +284,13 @@ class Trainer:
             from workers.routing import Replay
 
             self.replay = Replay(self.model).__enter__()
+        # Each distinct prompt once per forward (workers.shared_prefix), where a row's
+        # forward depends on its own tokens alone: no dropout, no routing replayed,
+        # gradient checkpointing off (it turns off the KV cache), and one process (a DDP
+        # or sharded wrapper expects one forward per backward).
+        self.share_prompts = (
+            tc.disable_dropout and self.replay is None and not tc.gradient_checkpointing and pool is None
+        )
 
     @property
     def version(self) -> int:
@@ -303,20 +333,35 @@ class Trainer:
 
     def _logprobs(self, batch: PackedBatch, with_entropy: bool = False):
         with autocast(self.device, self.cfg.trainer.dtype):
-            return token_logprobs(self.forward_model, batch, self.cfg.inference.temperature, with_entropy, self.replay)
+            return token_logprobs(
+                self.forward_model,
+                batch,
+                self.cfg.inference.temperature,
+                with_entropy,
+                self.replay,
+                share_prompts=self.share_prompts,
+            )
 
     def _ref_logprobs(self, batch: PackedBatch) -> torch.Tensor:
         """log pi_ref(target) of the frozen reference policy (no gradient)."""
         with torch.no_grad(), autocast(self.device, self.cfg.trainer.dtype):
             if self.ref_model is not None:
                 # A model of its own (not hooked): the reference routes as it would.
-                return token_logprobs(self.ref_model, batch, self.cfg.inference.temperature)
+                return token_logprobs(
+                    self.ref_model, batch, self.cfg.inference.temperature, share_prompts=self.share_prompts
+                )
             from workers.lora import base_model_of
 
             # Through the model, not a DDP wrapper: a replica's forward is then no
             # collective; a sharded (fsdp2) one's is, and an empty pass joins it.
             with base_model_of(self.model):
-                return token_logprobs(self.model, batch, self.cfg.inference.temperature, replay=self.replay)
+                return token_logprobs(
+                    self.model,
+                    batch,
+                    self.cfg.inference.temperature,
+                    replay=self.replay,
+                    share_prompts=self.share_prompts,
+                )
 
     def _pieces(self, rows: torch.Tensor, passes: int) -> list[torch.Tensor]:
         """`rows` cut into `trainer.micro_batch_rows`-row pieces (whole when unset), then
@@ -424,6 +469,7 @@ class Trainer:
                 batch.mask.to(dev),
                 self._routing(rollouts, batch),
                 self._kept(rollouts, batch),
+                batch.prompt_lengths,
             )
             tensors = RowTensors(on_device, behaviour, trained, adv)
         row_of_group: list[list[int]] = []

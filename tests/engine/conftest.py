@@ -85,6 +85,23 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """`checkpoints(arch)`: one tiny checkpoint per architecture of workers.tiny_hf, made
+    on first use and shared by every test that only reads it."""
+    from workers.tiny_hf import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("archs")
+    made: dict[str, str] = {}
+
+    def get(arch: str) -> str:
+        if arch not in made:
+            made[arch] = make_tiny_checkpoint(str(root / arch), arch)
+        return made[arch]
+
+    return get
+
+
 @pytest.fixture
 def one_torch_thread():
     """In-process training and sampling on one torch thread: on the shared 2-core host two

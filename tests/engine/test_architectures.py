@@ -76,20 +76,6 @@ CELLS = [pytest.param(arch, "torch", mode, id=f"{arch}-torch-{mode}") for arch i
 CELLS += [vllm_cell(arch, mode) for arch in ARCHS for mode in ("full", "lora")]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """One tiny checkpoint per architecture, made on first use."""
-    root = tmp_path_factory.mktemp("archs")
-    made: dict[str, str] = {}
-
-    def get(arch: str) -> str:
-        if arch not in made:
-            made[arch] = make_tiny_checkpoint(str(root / arch), arch)
-        return made[arch]
-
-    return get
-
-
 def cell_config(model_dir: str, backend: str, mode: str) -> RunConfig:
     lora = mode == "lora"
     return RunConfig.model_validate(

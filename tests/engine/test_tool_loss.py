@@ -49,7 +49,8 @@ def trainer(model_dir: str, method: str = "token_tis") -> Trainer:
 
 def step_with_logit_grads(t: Trainer, gs: list[Group]) -> tuple[dict[str, float], torch.Tensor]:
     """Train one step; returns the metrics and the gradient of the loss w.r.t. the logits
-    of the (only) minibatch's forward."""
+    that score the completions (the only minibatch's forward; with prompts shared, its
+    second pass, whose column j scores completion token j)."""
     captured: list[torch.Tensor] = []
 
     def keep(module, inputs, output):
@@ -57,21 +58,27 @@ def step_with_logit_grads(t: Trainer, gs: list[Group]) -> tuple[dict[str, float]
             output.retain_grad()
             captured.append(output)
 
-    handle = t.model.lm_head.register_forward_hook(keep)
+    handle = t.model.get_output_embeddings().register_forward_hook(keep)
     try:
         metrics = t.train_step(gs)
     finally:
         handle.remove()
-    assert len(captured) == 1
-    return metrics, captured[0].grad
+    # Padded: one forward. Shared prompts: the prompts' pass, then the completions'.
+    assert len(captured) == (2 if t.share_prompts else 1)
+    return metrics, captured[-1].grad
 
 
-def test_tool_tokens_get_exactly_zero_gradient_at_their_logits(tiny_model_dir, one_torch_thread):
+@pytest.mark.parametrize("share_prompts", [False, True], ids=["padded", "shared-prompts"])
+def test_tool_tokens_get_exactly_zero_gradient_at_their_logits(tiny_model_dir, one_torch_thread, share_prompts):
     gs = groups()
-    _, grad = step_with_logit_grads(trainer(tiny_model_dir), gs)
+    t = trainer(tiny_model_dir)
+    assert t.share_prompts  # the default path where it is valid
+    t.share_prompts = share_prompts
+    _, grad = step_with_logit_grads(t, gs)
     tool_slots = model_slots = 0
     for row, r in enumerate(gs[0].rollouts):
-        start = len(r.prompt_ids) - 1  # the logits at this slot predict completion token 0
+        # The logits at this slot predict completion token 0.
+        start = 0 if share_prompts else len(r.prompt_ids) - 1
         for j, m in enumerate(r.loss_mask):
             g = grad[row, start + j]
             if m:

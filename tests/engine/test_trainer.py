@@ -205,6 +205,16 @@ def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_
         return real_loss(correction, logp, old_logp, behaviour, advantages, mask, *rest, **knobs)
 
     monkeypatch.setattr(trainer_module, "correction_loss", spy)
+    # A pass over rows: one forward of the model, or two with shared prompts (the
+    # distinct prompts, then the completions: workers/shared_prefix.py).
+    passes = []
+    real_logprobs = trainer_module.token_logprobs
+
+    def count(*args, **kwargs):
+        passes.append(1)
+        return real_logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", count)
     forwards = []
     trainer.model.register_forward_hook(lambda *a: forwards.append(1))
     trainer.train_step(groups)
@@ -216,4 +226,5 @@ def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_
     for k, (old_logp, mask) in enumerate(seen):
         rows = [gi * size + j for gi in order[k::minibatches] for j in range(size)]
         assert torch.allclose(old_logp * mask, reference[rows] * mask, atol=1e-5)
-    assert len(forwards) == minibatches + (minibatches > 1)
+    assert len(passes) == minibatches + (minibatches > 1)
+    assert len(forwards) == len(passes) * (2 if trainer.share_prompts else 1)
