@@ -1,0 +1,233 @@
+"""Simulated runs: a launch's config run through workers/simulate on a cluster and a
+workload that the user describes, instead of on this machine's GPUs.
+
+`check_simulation` validates the cluster and the workload (pydantic, errors named by
+their dotted field); `do_simulate_run` runs the simulator in the request (seconds for
+hundreds of steps) and stores the result as a finished run marked `simulated`, its
+series as metric points under the engine's names, so the run and compare pages chart it
+as they chart any run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+from django.db import transaction
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from foundation.errors import ActionError, errors_by_field
+from runs import events
+from runs.actions import LaunchRequest, check_launch, create_run
+from runs.models import MetricPoint, Run
+from teams import audit
+from workers.simulate import MODELS, Cluster, Workload, simulate
+from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
+
+logger = logging.getLogger(__name__)
+
+# The simulator's GPU kinds (workers/simulate/costs.py): one today.
+DEVICES = {H100.name: H100}
+# The links between nodes a cluster may have (workers/simulate/costs.py LINKS).
+LINK_CHOICES = ("InfiniBand", "Ethernet", "NVLink")
+# Steps one request may simulate, and GPUs × steps: the simulator's time grows with
+# both (1,024 GPUs × 200 steps ≈ 1 s, 16,384 GPUs × 50 steps ≈ 3.5 s on a shared core),
+# and it runs inside the request.
+MAX_STEPS = 2000
+MAX_GPU_STEPS = 1024 * 1024
+
+
+class ClusterIn(BaseModel):
+    """The simulated cluster: `model` is a built-in shape (7B, 32B) or a Hugging Face
+    model (a local directory or hub id) whose shape is read from its config."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpus: int = Field(ge=1, le=65_536)
+    gpu: Literal["H100"] = "H100"
+    model: str = "7B"
+    inference_share: float = Field(0.5, gt=0, lt=1)
+    tp: int = Field(1, ge=1, le=64)
+    link: Literal["InfiniBand", "Ethernet", "NVLink"] = "InfiniBand"
+
+
+class WorkloadIn(BaseModel):
+    """Completion lengths (lognormal, median and p90, cut at max_tokens) and prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+    median_tokens: int = Field(2048, ge=1)
+    p90_tokens: int | None = Field(None, ge=1)  # None: the median (every completion as long)
+    max_tokens: int = Field(32768, ge=1)
+    prompt_tokens: int = Field(512, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkloadIn:
+        p90 = self.p90_tokens or self.median_tokens
+        if p90 < self.median_tokens:
+            raise ValueError(f"p90_tokens ({p90}) must be ≥ median_tokens ({self.median_tokens})")
+        if self.max_tokens < p90:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be ≥ p90_tokens ({p90})")
+        return self
+
+
+@dataclass(frozen=True)
+class SimulationRequest:
+    cluster: Cluster
+    workload: Workload
+    steps: int
+    described: dict  # what the user asked for, as stored on the run
+
+
+def check_simulation(cluster: Any, workload: Any, steps: Any = None, *, max_steps: int) -> SimulationRequest:
+    """Validate the cluster and workload of a simulation; raise ActionError naming every
+    bad field ("cluster.gpus", "workload.p90_tokens"). `steps` defaults to the config's
+    stop.max_steps (`max_steps`), at most MAX_STEPS."""
+    errors: dict[str, str] = {}
+    cl = _parse(ClusterIn, "cluster", cluster, errors)
+    wl = _parse(WorkloadIn, "workload", workload, errors)
+    n = max_steps if steps in (None, "") else steps
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_STEPS:
+        errors["steps"] = f"a whole number from 1 to {MAX_STEPS} (got {n!r}); lower stop.max_steps or give steps"
+    if cl is not None and "steps" not in errors and cl.gpus * n > MAX_GPU_STEPS:
+        errors["steps"] = (
+            f"cluster.gpus × steps must be ≤ {MAX_GPU_STEPS:,} for one request (got {cl.gpus} × {n}): "
+            f"simulate at most {MAX_GPU_STEPS // cl.gpus} steps on {cl.gpus} GPUs"
+        )
+    shape = None
+    if cl is not None:
+        try:
+            shape = model_shape(cl.model)
+        except ValueError as exc:
+            errors["cluster.model"] = str(exc)
+    if errors:
+        raise ActionError(errors)
+    assert cl is not None and wl is not None and shape is not None
+    try:
+        built_cluster = Cluster(
+            gpus=cl.gpus,
+            inference_share=cl.inference_share,
+            tp=cl.tp,
+            device=DEVICES[cl.gpu],
+            inter_node=LINKS[cl.link],
+        )
+        built_workload = Workload(
+            shape,
+            prompt_tokens=wl.prompt_tokens,
+            median_tokens=wl.median_tokens,
+            p90_tokens=wl.p90_tokens or wl.median_tokens,
+            max_tokens=wl.max_tokens,
+        )
+    except ValueError as exc:
+        raise ActionError({"cluster": str(exc)}) from exc
+    described = {
+        "cluster": cl.model_dump(),
+        "workload": wl.model_dump() | {"p90_tokens": wl.p90_tokens or wl.median_tokens},
+        "model": {"name": shape.name, "params": shape.params, "layers": shape.layers},
+        "steps": n,
+    }
+    return SimulationRequest(built_cluster, built_workload, n, described)
+
+
+def check_simulated_launch(
+    user, *, cluster: Any = None, workload: Any = None, steps: Any = None, **launch: Any
+) -> tuple[LaunchRequest, SimulationRequest]:
+    """A launch's fields (`check_launch`, whose role check refuses at once) and the
+    simulation's, every field error of both in one ActionError."""
+    errors: dict[str, str] = {}
+    request = None
+    try:
+        request = check_launch(user, **launch)
+    except ActionError as exc:
+        if exc.http_status != ActionError.http_status:
+            raise
+        errors.update(exc.errors)
+    max_steps = request.config.stop.max_steps if request is not None else MAX_STEPS
+    try:
+        sim = check_simulation(cluster, workload, steps, max_steps=max_steps)
+    except ActionError as exc:
+        errors.update(exc.errors)
+    if errors:
+        raise ActionError(errors)
+    assert request is not None
+    return request, sim
+
+
+def _parse(model: type[BaseModel], field: str, value: Any, errors: dict[str, str]) -> Any:
+    try:
+        return model.model_validate(value if value is not None else {})
+    except pydantic.ValidationError as exc:
+        errors.update(errors_by_field([{**e, "loc": (field, *e["loc"])} for e in exc.errors()]))
+        return None
+
+
+def model_shape(model: str) -> ModelShape:
+    """A built-in shape by name, else a Hugging Face model's: its config read by
+    transformers and its parameters built on the meta device (no weights loaded)."""
+    if model in MODELS:
+        return MODELS[model]
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{model!r} is neither a built-in shape ({', '.join(MODELS)}) nor a model whose config "
+            f"transformers can read: {str(exc).splitlines()[0]}"
+        ) from exc
+    try:
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{model!r} is not a causal language model transformers can build: {exc}") from exc
+    return shape_of(built)
+
+
+def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest) -> Run:
+    """Simulate the launch's config and store it as a succeeded, simulated run with the
+    simulator's series; the simulator runs before the transaction opens (seconds), so
+    no row lock is held meanwhile. A ValueError of the simulator (a layout the cluster
+    cannot hold) is a 400 on `cluster`."""
+    t0 = time.time()
+    try:
+        result = simulate(launch.config, sim.cluster, sim.workload, steps=sim.steps)
+    except ValueError as exc:
+        raise ActionError({"cluster": str(exc)}) from exc
+    # A simulated run's points carry the time they were stored: a simulated step has no
+    # wall clock of this world. A value the simulator could not measure (NaN: no sync
+    # happened) is left out, as the ingest leaves out a driver's.
+    points = [
+        (name, step, float(value), t0)
+        for name, pts in result.series.items()
+        for step, value in pts
+        if math.isfinite(value)
+    ]
+    summary = {key: (value if math.isfinite(value) else None) for key, value in result.summary.items()}
+    with transaction.atomic():
+        run = create_run(user, launch, simulated=True, simulation={**sim.described, "summary": summary})
+        MetricPoint.objects.upsert(run.pk, points)
+        # Straight to succeeded: a simulation never queues or runs on a worker.
+        Run.objects.filter(pk=run.pk).update(
+            status=Run.Status.SUCCEEDED,
+            launched_at=run.created_at,
+            started_at=run.created_at,
+            finished_at=run.created_at,
+        )
+        run = Run.objects.select_related("experiment__team").get(pk=run.pk)
+        audit.record(
+            user, launch.team, audit.Action.LAUNCH, f"run {run.pk}", name=run.name, preset=run.preset, simulated=True
+        )
+        transaction.on_commit(lambda: events.send_status(run))
+    logger.info(
+        "run %s simulated by %s (%s steps, %s points, %.1f s)",
+        run.pk,
+        user,
+        sim.steps,
+        len(points),
+        time.time() - t0,
+        extra={"run_id": run.pk},
+    )
+    return run

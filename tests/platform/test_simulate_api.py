@@ -1,0 +1,185 @@
+"""Simulating a run from the API: the launch's config on a described cluster and
+workload, stored as a succeeded run marked simulated whose series the run page reads;
+errors name the field; who may launch may simulate."""
+
+from __future__ import annotations
+
+import json
+
+from runs.models import Run
+from teams.models import Membership
+
+URL = "/api/simulations"
+CLUSTER = {"gpus": 16, "inference_share": 0.5}
+WORKLOAD = {"median_tokens": 1024, "p90_tokens": 4096}
+
+
+def post_json(client, body):
+    return client.post(URL, data=json.dumps(body), content_type="application/json")
+
+
+def body(experiment, **fields):
+    return {
+        "experiment": experiment.pk,
+        "preset": "async",
+        "cluster": CLUSTER,
+        "workload": WORKLOAD,
+        "steps": 12,
+    } | fields
+
+
+def test_it_stores_a_simulated_run_that_succeeded_with_the_engines_series(client_for, teammate, experiment, enqueued):
+    client = client_for(teammate)
+    r = post_json(client, body(experiment, name="async on 16"))
+    assert r.status_code == 201, r.content
+    run = Run.objects.get()
+    assert (run.status, run.simulated, run.name, run.launched_by) == ("succeeded", True, "async on 16", teammate)
+    assert r.json()["simulated"] is True
+    assert run.simulation["cluster"]["gpus"] == 16 and run.simulation["workload"]["p90_tokens"] == 4096
+    assert run.simulation["summary"]["samples_per_s"] > 0
+    # Nothing queued: a simulation never reaches a worker.
+    assert enqueued == []
+    assert {"samples/per_s", "staleness/max", "trainer/idle_frac"} <= set(r.json()["series"])
+    metrics = client.get(f"/api/runs/{run.pk}/metrics", {"series": "samples/per_s"})
+    assert metrics.status_code == 200, metrics.content
+    assert metrics.json()["series"]["samples/per_s"]["steps"] == list(range(1, 13))
+
+
+def test_a_simulated_run_cannot_be_retried_or_resumed_but_can_be_cloned(client_for, owner, experiment, enqueued):
+    client = client_for(owner)
+    sim = post_json(client, body(experiment)).json()["id"]
+    for action in ("retry", "resume"):
+        r = client.post(f"/api/runs/{sim}/{action}", content_type="application/json")
+        assert r.status_code == 409
+        assert "was simulated" in r.json()["errors"]["simulated"]
+    r = client.post(f"/api/runs/{sim}/clone", data="{}", content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert Run.objects.get(pk=r.json()["id"]).simulated is False
+
+
+def test_it_names_the_cluster_and_workload_fields_it_rejects(client_for, owner, experiment):
+    r = post_json(
+        client_for(owner),
+        body(
+            experiment,
+            cluster={"gpus": 0, "link": "carrier pigeon"},
+            workload={"median_tokens": 900, "p90_tokens": 100},
+        ),
+    )
+    assert r.status_code == 400
+    errors = r.json()["errors"]
+    assert "greater than or equal to 1" in errors["cluster.gpus"]
+    assert "InfiniBand" in errors["cluster.link"]
+    assert "p90_tokens (100) must be ≥ median_tokens (900)" in errors["workload"]
+    assert not Run.objects.exists()
+
+
+def test_it_refuses_a_cluster_split_that_leaves_a_pool_empty(client_for, owner, experiment):
+    r = post_json(client_for(owner), body(experiment, cluster={"gpus": 2, "tp": 2}))
+    assert r.status_code == 400
+    assert "each pool needs at least one" in r.json()["errors"]["cluster"]
+    assert not Run.objects.exists()
+
+
+def test_it_refuses_more_gpu_steps_than_one_request_may_simulate(client_for, owner, experiment):
+    r = post_json(client_for(owner), body(experiment, cluster={"gpus": 4096}, steps=500))
+    assert r.status_code == 400
+    assert "simulate at most 256 steps on 4096 GPUs" in r.json()["errors"]["steps"]
+
+
+def test_it_refuses_a_model_it_cannot_read(client_for, owner, experiment, tmp_path):
+    r = post_json(client_for(owner), body(experiment, cluster={"gpus": 8, "model": str(tmp_path / "nothing")}))
+    assert r.status_code == 400
+    assert "neither a built-in shape" in r.json()["errors"]["cluster.model"]
+
+
+def test_it_reads_a_models_shape_from_its_transformers_config(client_for, owner, experiment, tmp_path):
+    from transformers import Qwen2Config
+
+    Qwen2Config(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
+    ).save_pretrained(tmp_path)
+    r = post_json(client_for(owner), body(experiment, cluster={"gpus": 8, "model": str(tmp_path)}))
+    assert r.status_code == 201, r.content
+    model = Run.objects.get().simulation["model"]
+    assert model["layers"] == 3 and 1e6 < model["params"] < 1e8
+
+
+def test_an_outsider_cannot_simulate_in_the_team(client_for, outsider, experiment):
+    r = post_json(client_for(outsider), body(experiment))
+    assert r.status_code == 400
+    assert "no experiment" in r.json()["errors"]["experiment"]
+    assert not Run.objects.exists()
+
+
+def test_a_viewer_may_not_simulate(client_for, teammate, experiment):
+    Membership.objects.filter(user=teammate).update(role=Membership.Role.VIEWER)
+    r = post_json(client_for(teammate), body(experiment))
+    assert r.status_code == 403
+    assert not Run.objects.exists()
+
+
+# --- the launch form's Simulate button ---------------------------------------------------
+
+FORM = "/runs/new/"
+
+
+def form_post(experiment, **fields):
+    return {
+        "experiment": str(experiment.pk),
+        "name": "form sim",
+        "preset": "async",
+        "overrides": "{}",
+        "priority": "0",
+        "action": "simulate",
+        "cluster.gpus": "16",
+        "cluster.gpu": "H100",
+        "cluster.model": "7B",
+        "cluster.inference_share": "0.5",
+        "cluster.tp": "1",
+        "cluster.link": "InfiniBand",
+        "workload.median_tokens": "1024",
+        "workload.p90_tokens": "4096",
+        "workload.max_tokens": "32768",
+        "workload.prompt_tokens": "512",
+        "steps": "8",
+    } | fields
+
+
+def test_the_forms_simulate_button_stores_a_simulated_run_and_opens_its_page(
+    client_for, teammate, experiment, enqueued
+):
+    client = client_for(teammate)
+    r = client.post(FORM, form_post(experiment), follow=True)
+    run = Run.objects.get()
+    assert r.redirect_chain == [(run.get_absolute_url(), 302)]
+    assert (run.simulated, run.status, run.name) == (True, "succeeded", "form sim")
+    assert enqueued == []
+    page = r.content.decode()
+    assert 'id="simulated-mark"' in page and "16 × H100" in page
+    listing = client.get("/").content.decode()
+    assert listing.count('class="simulated-mark"') == 1
+
+
+def test_the_form_shows_each_simulation_error_beside_its_field(client_for, owner, experiment):
+    r = client_for(owner).post(FORM, form_post(experiment, **{"cluster.gpus": "0", "workload.p90_tokens": "10"}))
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert 'data-field="cluster.gpus"' in page and 'data-field="workload"' in page
+    assert 'value="0"' in page  # the form comes back as it was sent
+    assert not Run.objects.exists()
+
+
+def test_a_launch_from_the_form_is_not_simulated(client_for, owner, experiment):
+    client_for(owner).post(FORM, form_post(experiment, action="launch"))
+    assert Run.objects.get().simulated is False
+
+
+def test_a_comparison_keeps_a_simulated_run_apart_from_real_runs_of_its_config(client_for, owner, experiment, make_run):
+    from compare.analysis import group_runs
+
+    real = make_run(status=Run.Status.SUCCEEDED, preset="async")
+    sim = Run.objects.get(pk=post_json(client_for(owner), body(experiment)).json()["id"])
+    groups = group_runs([real, sim])
+    assert [g["runs"] for g in groups] == [[real.pk], [sim.pk]]
+    assert [g["simulated"] for g in groups] == [False, True] and groups[1]["label"].endswith("[simulated]")

@@ -1,0 +1,149 @@
+"""Simulate in Debian's Chromium (driven by Playwright) against Django's live server: the
+launch form's Simulate button beside Launch, the run it makes, and its "simulated" mark
+as drawn — visible, inside its row, heading or run list, clear of the text beside it — on
+the run list, the run page and a compare page that mixes it with a real run."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import Experiment, MetricPoint, Run
+from teams.models import Membership, Team
+from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
+from workers.presets import build
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def inside(inner: dict, outer: dict) -> bool:
+    return (
+        inner["x"] >= outer["x"] - 0.5
+        and inner["y"] >= outer["y"] - 0.5
+        and inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 0.5
+        and inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 0.5
+    )
+
+
+def apart(a: dict, b: dict) -> bool:
+    """The boxes do not overlap (side by side, or one wrapped under the other)."""
+    return (
+        a["x"] + a["width"] <= b["x"] + 0.5
+        or b["x"] + b["width"] <= a["x"] + 0.5
+        or a["y"] + a["height"] <= b["y"] + 0.5
+        or b["y"] + b["height"] <= a["y"] + 0.5
+    )
+
+
+def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_server):
+    skip_without_chromium()
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import expect, sync_playwright
+
+    user = get_user_model().objects.create_user("sima", password=PASSWORD)
+    team = Team.objects.create(name="Sims")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.MEMBER)
+    experiment = Experiment.objects.create(team=team, name="what if")
+    real = Run.objects.create(
+        experiment=experiment,
+        name="real async",
+        preset="async",
+        config=build("async", {}).model_dump(mode="json"),
+        status=Run.Status.SUCCEEDED,
+        launched_by=user,
+    )
+    MetricPoint.objects.upsert(real.pk, [("samples/per_s", s, 1.0 + s, 1.7e9 + s) for s in range(1, 11)])
+    # Playwright's sync API runs an event loop in this thread: no ORM calls inside.
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = log_in(browser, live_server.url, "sima")
+            page.set_viewport_size({"width": 1280, "height": 1000})
+            page.goto(f"{live_server.url}/runs/new/")
+            page.select_option("#id_experiment", str(experiment.pk))
+            page.select_option("#id_preset", "async")
+            # Simulate sits beside Launch: same row, to its right.
+            launch_box = page.locator("#launch-button").bounding_box()
+            sim_box = page.locator("#simulate-button").bounding_box()
+            assert launch_box and sim_box
+            assert abs(sim_box["y"] - launch_box["y"]) < 2 and sim_box["x"] > launch_box["x"] + launch_box["width"]
+            expect(page.locator("#simulate-fields")).to_be_visible()
+
+            # A refused field comes back beside itself, and nothing is made.
+            page.fill("#id_cluster_gpus", "0")
+            page.click("#simulate-button")
+            expect(page.locator('.field-error[data-field="cluster.gpus"]')).to_be_visible()
+            page.fill("#id_name", "async on 32")
+            page.fill("#id_cluster_gpus", "32")
+            page.fill("#id_workload_median_tokens", "1024")
+            page.fill("#id_workload_p90_tokens", "4096")
+            page.fill("#id_steps", "10")
+            page.click("#simulate-button")
+            page.wait_for_url(f"{live_server.url}/runs/*/")
+            sim_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+            # The run page: the mark in the heading, after the name; the note; a chart drawn.
+            mark = page.locator("#simulated-mark")
+            expect(mark).to_be_visible()
+            expect(mark).to_have_text("simulated")
+            box, heading = mark.bounding_box(), page.locator("h1").bounding_box()
+            assert box and heading and box["width"] > 20 and box["height"] > 8 and inside(box, heading)
+            expect(page.locator("#simulation-note")).to_contain_text("32 × H100")
+            expect(page.locator(".status")).to_have_text("succeeded")
+
+            # The run list: one mark, in the simulated run's row only, clear of its name.
+            page.goto(f"{live_server.url}/")
+            row = page.locator(f'tr[data-run-id="{sim_id}"]')
+            expect(row.locator(".simulated-mark")).to_be_visible()
+            expect(page.locator(f'tr[data-run-id="{real.pk}"] .simulated-mark')).to_have_count(0)
+            mark_box = row.locator(".simulated-mark").bounding_box()
+            name_box = row.locator("td a").first.bounding_box()
+            cell_box = row.locator("td").nth(2).bounding_box()
+            assert mark_box and name_box and cell_box
+            assert inside(mark_box, cell_box) and apart(mark_box, name_box)
+
+            # The compare page mixes both: the simulated one marked, the chart drawn from both.
+            page.goto(f"{live_server.url}/compare/?runs={real.pk},{sim_id}")
+            expect(page.locator(f'.simulated-mark[data-run="{sim_id}"]')).to_be_visible()
+            expect(page.locator(f'.simulated-mark[data-run="{real.pk}"]')).to_have_count(0)
+            chart = page.locator('[data-metric="samples/per_s"]')
+            chart.scroll_into_view_if_needed()
+            expect(chart).to_have_attribute("data-state", "drawn")
+            # Same preset, yet two configurations: a simulated run is never a seed of a real one.
+            assert chart.locator(".scatterlayer .trace").count() == 2
+            expect(page.locator("#summary-table th", has_text="[simulated]")).to_have_count(1)
+            expect(chart.locator(".legend", has_text="[simulated]")).to_be_visible()
+        finally:
+            browser.close()
+    simulated = Run.objects.get(pk=sim_id)
+    assert (simulated.simulated, simulated.status, simulated.launched_by) == (True, "succeeded", user)
+    assert Run.objects.count() == 2
+
+
+def test_a_run_simulated_elsewhere_appears_live_in_the_run_list_marked(daphne_url):
+    skip_without_chromium()
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import expect, sync_playwright
+
+    user = get_user_model().objects.create_user("livia", password=PASSWORD)
+    team = Team.objects.create(name="Live sims")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.MEMBER)
+    experiment = Experiment.objects.create(team=team, name="live")
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            watcher = log_in(browser, daphne_url, "livia")
+            watcher.goto(f"{daphne_url}/")
+            expect(watcher.locator("tr.empty")).to_be_visible()
+            form = log_in(browser, daphne_url, "livia")
+            form.goto(f"{daphne_url}/runs/new/")
+            form.select_option("#id_experiment", str(experiment.pk))
+            form.fill("#id_cluster_gpus", "8")
+            form.fill("#id_steps", "5")
+            form.click("#simulate-button")
+            form.wait_for_url(f"{daphne_url}/runs/*/")
+            # The watcher's list got the run over its WebSocket: a new row, marked.
+            mark = watcher.locator("tbody tr .simulated-mark")
+            expect(mark).to_be_visible()
+            expect(mark).to_have_text("simulated")
+        finally:
+            browser.close()

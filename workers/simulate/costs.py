@@ -1,0 +1,357 @@
+"""Cost models of the simulator: how long generation, a training step and a weight sync
+take on a device, from the model's shape and the hardware's published figures.
+
+- Generation (`DecodeCost`): a roofline per decode step. Each step reads the weights
+  once for the whole batch (batch amortisation) plus every running sequence's KV cache
+  up to its position, at the device's memory bandwidth; or it is compute bound (2·N
+  FLOPs per token) when the batch is big enough. Sequences share a worker's slots as in
+  continuous batching: at most `max_seqs` run at once, fewer when the KV cache would not
+  hold them, and a call ends when its longest completion ends (the long tail).
+- Training (`TrainCost`): 6·N FLOPs per trained token (forward and backward) plus 2·N
+  for the π_old forward the loss recomputes, at an MFU per device, over the ranks; plus
+  the gradient all-reduce.
+- Weight sync (`sync_cost`): the bytes each protocol of workers/sync moves, over the
+  link between the pools (bandwidth + latency per message).
+
+Every constant says where it comes from. The figures are per GPU; a tensor-parallel
+inference worker splits weights, KV cache and FLOPs over its GPUs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float  # dense, no sparsity
+    host_bytes_per_s: float  # host ↔ device copies (offload, object store, files)
+
+
+# NVIDIA H100 SXM5 datasheet: 80 GB HBM3 at 3.35 TB/s, 989 TFLOP/s dense BF16; PCIe Gen5
+# x16 is 64 GB/s per direction, about 50 GB/s achieved by pinned copies.
+H100 = Device("H100", 80e9, 3.35e12, 989e12, 50e9)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the costs need of a decoder-only transformer (a Hugging Face config's
+    num_hidden_layers, hidden_size, num_key_value_heads × head_dim, intermediate_size)."""
+
+    name: str
+    params: float
+    layers: int
+    hidden: int
+    kv_width: int  # num_key_value_heads × head_dim
+    intermediate: int
+    tensors: int  # parameter tensors in the state dict (messages of a per-tensor sync)
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> float:
+        return 2 * self.layers * self.kv_width * dtype_bytes  # K and V, every layer
+
+    def lora_params(self, rank: int) -> float:
+        """A LoRA adapter on every linear layer (peft 'all-linear'): r·(in + out) each of
+        q, k, v, o, gate, up, down."""
+        h, kv, i = self.hidden, self.kv_width, self.intermediate
+        return self.layers * rank * ((h + h) + 2 * (h + kv) + (h + h) + 2 * (h + i) + (i + h))
+
+
+def shape_of(model) -> ModelShape:
+    """The shape of a loaded Hugging Face causal LM (a torch module with a `config`):
+    its config's text part for the layers and widths, its state dict for the parameter
+    and tensor counts."""
+    cfg = model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    state = model.state_dict()
+    return ModelShape(
+        getattr(cfg, "name_or_path", "") or cfg.model_type,
+        float(sum(t.numel() for t in state.values())),
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        kv_heads * head_dim,
+        cfg.intermediate_size,
+        len(state),
+    )
+
+
+# Qwen2.5-7B and -32B config.json (Hugging Face): 28 / 64 layers, hidden 3584 / 5120,
+# 4 / 8 KV heads of 128, intermediate 18944 / 27648; 7.62e9 / 32.8e9 parameters (model
+# cards). 12 tensors per layer (q, k, v weight and bias, o, gate, up, down, 2 norms) + 3.
+QWEN25_7B = ModelShape("7B", 7.62e9, 28, 3584, 4 * 128, 18944, 28 * 12 + 3)
+QWEN25_32B = ModelShape("32B", 32.8e9, 64, 5120, 8 * 128, 27648, 64 * 12 + 3)
+MODELS = {m.name: m for m in (QWEN25_7B, QWEN25_32B)}
+
+BF16 = 2  # bytes per weight and per KV element served in bfloat16
+# Bytes per parameter the engine's object_store, collective, filesystem and lora syncs
+# move: each tensor in its own dtype (workers/sync), and the trainer keeps float32
+# master weights even when it computes in bfloat16 (trainer.dtype). Twice the bytes of
+# the peers' bfloat16 transfers; only cuda_ipc packs in the inference dtype.
+WIRE_BYTES = 4
+
+# Share of peak HBM bandwidth a decode step achieves: vLLM's paged attention and GEMV
+# kernels reach 75–85% of the H100's 3.35 TB/s in memory-bound decode (vLLM and
+# FlashInfer published decode benchmarks).
+DECODE_BW_EFFICIENCY = 0.8
+# MFU of decode when compute bound and of prefill (large GEMMs): ~50% of dense BF16 peak.
+INFERENCE_MFU = 0.5
+# Sequences one inference worker decodes at once (vLLM's max_num_seqs). Fitted to the
+# published single-H100 7B times at 2K and 8K (docs/simulation.md, calibration: −25% and
+# +20% at 64); vLLM's own default of 256 would make the 2K batch 2.7× faster than published.
+MAX_SEQS = 64
+# vLLM's gpu_memory_utilization default: the share of GPU memory for weights + KV cache.
+GPU_MEMORY_UTILIZATION = 0.9
+# Tensor parallelism: two all-reduces per layer per decode step, each a small NCCL
+# message inside one NVLink domain (~8 µs latency, NCCL tests on H100 SXM).
+TP_ALLREDUCE_S = 8e-6
+
+
+class CallProfile:
+    """One generate call of a worker: its sequences' lengths (in the order they were
+    served), when each ends (seconds from the call's start), and the wall time. Lookups
+    by time are a bisection over the sorted ends (a profile is reused by many calls)."""
+
+    def __init__(self, lengths: np.ndarray, ends_s: np.ndarray, seconds: float) -> None:
+        self.lengths, self.ends_s, self.seconds = lengths, ends_s, seconds
+        self.tokens = int(lengths.sum())
+        self.order = np.argsort(ends_s, kind="stable")  # sequences by when they end
+        ends = ends_s[self.order]
+        lens = lengths[self.order].astype(np.float64)
+        self._ends = ends.tolist()
+        # After j sequences have ended: their tokens, and the token rate of the rest (each
+        # sequence's tokens spread evenly over its time).
+        self._finished_tokens = np.concatenate(([0.0], np.cumsum(lens))).tolist()
+        rate = lens / np.maximum(ends, 1e-12)
+        self._rate_left = np.concatenate((np.cumsum(rate[::-1])[::-1], [0.0])).tolist()
+
+    def finished_by(self, t: float) -> int:
+        return bisect.bisect_right(self._ends, t)
+
+    def finished_tokens(self, t: float) -> float:
+        return self._finished_tokens[self.finished_by(t)]
+
+    def tokens_by(self, t: float) -> float:
+        """Tokens generated by `t` seconds into the call."""
+        if t <= 0:
+            return 0.0
+        j = self.finished_by(t)
+        return self._finished_tokens[j] + t * self._rate_left[j]
+
+    def unfinished(self, t: float) -> np.ndarray:
+        """Indices of the sequences still generating at `t`."""
+        return self.order[self.finished_by(t) :]
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """Generation on one inference worker of `tp` GPUs."""
+
+    model: ModelShape
+    device: Device = H100
+    tp: int = 1
+    prompt_tokens: int = 512  # a reasoning prompt with its chat template (the Workload default)
+    max_seqs: int = MAX_SEQS
+    bw_efficiency: float = DECODE_BW_EFFICIENCY
+    mfu: float = INFERENCE_MFU
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.model.params * BF16
+
+    def slots(self, mean_completion: float) -> int:
+        """Sequences the worker runs at once: max_seqs, or fewer when the KV cache left
+        beside the weights would not hold them at their mean length (paged KV)."""
+        room = self.device.memory_bytes * GPU_MEMORY_UTILIZATION * self.tp - self.weight_bytes
+        per_seq = self.model.kv_bytes_per_token(BF16) * (self.prompt_tokens + mean_completion)
+        fit = int(room // per_seq) if room > 0 else 0
+        if fit < 1:
+            raise ValueError(
+                f"a {self.model.name} model in bfloat16 and one sequence of {self.prompt_tokens + mean_completion:.0f} "
+                f"tokens do not fit on {self.tp} {self.device.name} GPU(s): raise the tensor parallel size"
+            )
+        return min(self.max_seqs, fit)
+
+    def step_seconds(self, batch: int, context: float) -> float:
+        """One decode step of `batch` sequences at `context` tokens each (the roofline)."""
+        memory = (self.weight_bytes + batch * context * self.model.kv_bytes_per_token(BF16)) / self.tp
+        flops = 2 * self.model.params * batch / self.tp
+        seconds = max(
+            memory / (self.device.hbm_bytes_per_s * self.bw_efficiency), flops / (self.device.bf16_flops * self.mfu)
+        )
+        return seconds + (2 * self.model.layers * TP_ALLREDUCE_S if self.tp > 1 else 0.0)
+
+    def tokens_per_s(self, batch: int, context: float) -> float:
+        """Generated tokens per second of the worker at that batch and context."""
+        return batch / self.step_seconds(batch, context)
+
+    def call(self, lengths: np.ndarray, slots: int) -> CallProfile:
+        """The wall time of decoding `lengths` (one per sequence, served in this order)
+        with `slots` running at once: a roofline per step, summed in closed form over the
+        stretches where the running set does not change."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        m = len(lengths)
+        if m == 0:
+            return CallProfile(lengths, np.zeros(0), 0.0)
+        starts = _slot_starts(lengths, slots)
+        ends = starts + lengths
+        # Stretch boundaries, in decode steps, and the running set on each stretch.
+        bounds = np.unique(np.concatenate((starts, ends)))
+        k0, k1 = bounds[:-1], bounds[1:]
+        n = (k1 - k0).astype(np.float64)
+        s_sorted = np.sort(starts)
+        order_end = np.argsort(ends, kind="stable")
+        e_sorted = ends[order_end]
+        started = np.searchsorted(s_sorted, k0, side="right")
+        ended = np.searchsorted(e_sorted, k0, side="right")
+        b = (started - ended).astype(np.float64)
+        cum_s = np.concatenate(([0], np.cumsum(s_sorted)))
+        cum_s_ended = np.concatenate(([0], np.cumsum(starts[order_end])))
+        sum_starts = (cum_s[started] - cum_s_ended[ended]).astype(np.float64)
+        # Σ over the stretch's steps k of Σ over running sequences of its context P + k − s.
+        ctx = b * self.prompt_tokens * n + b * (k0 + k1 - 1) * n / 2 - sum_starts * n
+        tp = self.tp
+        mem_s = (n * self.weight_bytes / tp + ctx * self.model.kv_bytes_per_token(BF16) / tp) / (
+            self.device.hbm_bytes_per_s * self.bw_efficiency
+        )
+        flop_s = 2 * self.model.params * b * n / tp / (self.device.bf16_flops * self.mfu)
+        step_s = np.maximum(mem_s, flop_s) + (n * 2 * self.model.layers * TP_ALLREDUCE_S if tp > 1 else 0.0)
+        prefill_s = self.prefill_seconds(m * self.prompt_tokens)
+        t_at = np.concatenate(([0.0], np.cumsum(step_s))) + prefill_s
+        ends_s = t_at[np.searchsorted(bounds, ends)]
+        return CallProfile(lengths, ends_s, float(t_at[-1]))
+
+    def prefill_seconds(self, tokens: float) -> float:
+        """Compute-bound prefill (prompts, or kept tokens re-prefilled after an abort)."""
+        return 2 * self.model.params * tokens / self.tp / (self.device.bf16_flops * self.mfu)
+
+    def load_seconds(self) -> float:
+        """Putting staged weights into the engine: a device-to-device copy of its shard
+        (each byte read once and written once)."""
+        return 2 * self.weight_bytes / self.tp / (self.device.hbm_bytes_per_s * self.bw_efficiency)
+
+
+def _slot_starts(lengths: np.ndarray, slots: int) -> np.ndarray:
+    """The decode step at which each sequence gets a slot: all at 0 when they fit, else
+    each waits for the first slot to free (continuous batching, in arrival order)."""
+    m = len(lengths)
+    if m <= slots:
+        return np.zeros(m, dtype=np.int64)
+    free = [0] * slots
+    starts = np.empty(m, dtype=np.int64)
+    for i, n in enumerate(lengths.tolist()):
+        t = heapq.heappop(free)
+        starts[i] = t
+        heapq.heappush(free, t + n)
+    return starts
+
+
+# Model FLOPs utilisation of FSDP/Megatron dense training on H100: 35–45% (Llama 3
+# report: 38–43% on 16K H100s); 0.4 here.
+TRAIN_MFU = 0.4
+
+
+@dataclass(frozen=True)
+class TrainCost:
+    """One training step over `ranks` GPUs (data parallel, weights sharded)."""
+
+    model: ModelShape
+    ranks: int
+    device: Device = H100
+    mfu: float = TRAIN_MFU
+    lora_rank: int | None = None  # LoRA: the adapter's rank; None: full fine-tuning
+    grad_link_bytes_per_s: float = 0.0  # the slowest link of the gradient reduction; 0: one GPU
+
+    def seconds(self, tokens: float) -> float:
+        """`tokens` trained (prompt + completion) in one step: forward + backward (6·N per
+        token; LoRA skips the weight gradients: 4·N) plus the π_old forward (2·N)."""
+        lora = self.lora_rank is not None
+        per_token = (4 if lora else 6) * self.model.params + 2 * self.model.params
+        compute = per_token * tokens / (self.ranks * self.device.bf16_flops * self.mfu)
+        trained = self.model.lora_params(self.lora_rank) if self.lora_rank is not None else self.model.params
+        # Ring reduce-scatter + all-gather of bf16 gradients: 2·(R−1)/R of their bytes per rank.
+        comm = 0.0
+        if self.ranks > 1 and self.grad_link_bytes_per_s:
+            comm = 2 * (self.ranks - 1) / self.ranks * trained * BF16 / self.grad_link_bytes_per_s
+        return compute + comm
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bytes_per_s: float  # per GPU, one direction
+    latency_s: float  # per message
+
+
+# NVLink 4 (H100 SXM): 900 GB/s per GPU both directions → 450 GB/s each way; NCCL adds
+# ~0.3 ms per collective call on top of the wire (launch, sync): 100+ tensors sent one by
+# one then cost 100–500 ms for a 7B model, as the peers report for per-tensor broadcast.
+NVLINK = Link("NVLink", 450e9, 3e-4)
+# InfiniBand NDR, one 400 Gb/s HCA per GPU (DGX H100): 50 GB/s.
+INFINIBAND = Link("InfiniBand", 50e9, 3e-4)
+# 100 GbE per node shared by its 8 GPUs, TCP sockets: ~1.5 GB/s each, ms latency.
+ETHERNET = Link("Ethernet", 12.5e9 / 8, 1e-3)
+# A parallel filesystem seen from one node: ~5 GB/s write or read per client (Lustre,
+# GPFS, FSx class), 5 ms to create, fsync and open a file (metadata round trips).
+FILESYSTEM = Link("filesystem", 5e9, 5e-3)
+LINKS = {link.name: link for link in (NVLINK, INFINIBAND, ETHERNET, FILESYSTEM)}
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    bytes: float  # payload each inference worker gets
+    trainer_s: float  # how long the send blocks the trainer
+    latency_s: float  # trainer publish → weights staged on every inference worker
+
+
+def sync_cost(
+    protocol: str,
+    model: ModelShape,
+    *,
+    link: Link,
+    workers: int,
+    nodes: int,
+    packed: bool = True,
+    bucket_mb: float = 32.0,
+    lora_rank: int = 8,
+    device: Device = H100,
+) -> SyncCost:
+    """What one weight sync of `protocol` (workers/sync) costs between the pools over
+    `link`, to `workers` inference workers on `nodes` nodes."""
+    full = model.params * WIRE_BYTES
+    if protocol == "lora":
+        size = model.lora_params(lora_rank) * WIRE_BYTES
+        put = size / device.host_bytes_per_s
+        # The object store's pull by each node: a broadcast tree of ⌈log2(nodes+1)⌉ hops.
+        hops = math.ceil(math.log2(nodes + 1))
+        return SyncCost(size, put, put + hops * (size / link.bytes_per_s + link.latency_s))
+    if protocol == "collective":
+        # A pipelined NCCL broadcast: the payload once over the link, plus a call per
+        # bucket (packed) or per tensor.
+        messages = math.ceil(full / (bucket_mb * 2**20)) if packed else model.tensors
+        t = full / link.bytes_per_s + messages * link.latency_s
+        return SyncCost(full, t, t)
+    if protocol == "object_store":
+        put = full / device.host_bytes_per_s  # device → the trainer node's shared memory
+        hops = math.ceil(math.log2(nodes + 1))
+        pull = hops * (full / link.bytes_per_s + link.latency_s) + full / device.host_bytes_per_s
+        return SyncCost(full, put, put + pull)
+    if protocol == "filesystem":
+        write = full / FILESYSTEM.bytes_per_s + FILESYSTEM.latency_s
+        # Every node reads the file; the filesystem's aggregate read scales with clients.
+        read = full / FILESYSTEM.bytes_per_s + FILESYSTEM.latency_s
+        return SyncCost(full, write, write + read)
+    if protocol == "cuda_ipc":
+        # One GPU: a handle to the trainer's flat buffer, packed in the engine's bfloat16,
+        # copied into the engine's weights.
+        packed_bytes = model.params * BF16
+        copy = packed_bytes / device.hbm_bytes_per_s
+        return SyncCost(packed_bytes, copy, copy)
+    raise ValueError(f"sync.protocol {protocol!r} has no cost model")
