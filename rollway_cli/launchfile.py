@@ -8,10 +8,15 @@ nested overrides only, so dotted keys are nested here. A `--set` value follows t
 grammar the bench scripts share (workers/merge.py): JSON when it is JSON (8 a number,
 true a boolean, null null, "8" a string), else the text itself (`no` is the string "no",
 which a boolean field reads as false).
+
+A dataset path in the file that starts with "./" or "../" (`task.dataset.path`,
+`eval_path`) is read relative to the file, so a launch file can sit beside its data; it
+is sent as an absolute path, which the site must be able to read.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,8 @@ from workers import merge
 from workers.merge import deep_merge
 
 LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "saved_config", "overrides")
+# What a simulation adds to a launch (POST /api/simulations): not config overrides.
+SIMULATE_FIELDS = ("cluster", "workload", "steps")
 
 
 def nest(flat: dict[str, Any], where: str = "overrides") -> dict:
@@ -55,15 +62,35 @@ def read_file(path: Path) -> dict:
     return data
 
 
-def launch_body(path: Path | None, sets: list[str], **given: Any) -> dict:
+# Config fields holding a dataset path a launch file may give relative to itself.
+DATASET_PATHS = ("path", "eval_path")
+
+
+def beside_file(overrides: dict, path: Path) -> None:
+    """Make the file's "./" and "../" dataset paths absolute, from the file's folder."""
+    dataset = overrides.get("task", {}).get("dataset") if isinstance(overrides.get("task"), dict) else None
+    if not isinstance(dataset, dict):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    for key in DATASET_PATHS:
+        value = dataset.get(key)
+        if isinstance(value, str) and value.startswith(("./", "../")):
+            dataset[key] = os.path.normpath(os.path.join(folder, value))
+
+
+def launch_body(path: Path | None, sets: list[str], *, simulation: bool = False, **given: Any) -> dict:
     """The POST /api/runs body: the file's fields, then the command's options (`given`:
-    team, experiment, name, preset, priority; None when not given), then `sets`."""
+    team, experiment, name, preset, priority; None when not given), then `sets`. With
+    `simulation`, the file's cluster, workload and steps are fields of the body too
+    (POST /api/simulations)."""
     data = read_file(path) if path is not None else {}
-    fields = {k: data.pop(k) for k in LAUNCH_FIELDS if k in data}
+    fields = {k: data.pop(k) for k in LAUNCH_FIELDS + (SIMULATE_FIELDS if simulation else ()) if k in data}
     overrides = fields.pop("overrides", None) or {}
     if not isinstance(overrides, dict):
         raise CliError(f"{path}: overrides must be a mapping of config fields", BAD_REQUEST)
     overrides = deep_merge(nest(data, where=str(path)), nest(overrides, where=str(path)))
+    if path is not None:
+        beside_file(overrides, path)
     for item in sets:
         overrides = deep_merge(overrides, parse_set(item))
     fields.update({k: v for k, v in given.items() if v is not None})

@@ -138,3 +138,15 @@ def test_ray_worker_imports_stdlib_platform():
     assert pid != os.getpid()  # it really ran in a Ray worker process
     assert_stdlib_platform(platform_file)
     assert version == sys.version.split()[0]
+
+
+def test_test_files_have_unique_basenames():
+    """The test folders are not packages, so pytest imports each test file as a top-level
+    module named by its basename: two files of one name stop collection of the whole suite."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files share a basename (rename one): " + "; ".join(clashes)

@@ -1,14 +1,18 @@
-"""A task's prompts from a local data file (`task.dataset`), read with Hugging Face
-`datasets`.
+"""A task's prompts from data (`task.dataset`), read with Hugging Face `datasets`: a data
+file (its format from its extension, `FORMATS`), a local dataset directory
+(`save_to_disk`'s, or a directory of data files), or a Hub dataset id (`owner/name`).
 
-The format comes from the file's extension (`FORMATS`); the rows' prompt and answer
-columns are named by `task.dataset.prompt_column` / `answer_column`. The rows are
+The rows' prompt and answer columns are named by `task.dataset.prompt_column` /
+`answer_column`; a prompt is text, or a list of role/content messages (TRL's
+conversational format), carried as workers/chat.py writes it. With `task.reward_funcs`
+a row's answer carries all its columns (workers/reward_funcs.py). The rows are
 shuffled by the run's seed, then split: the first `eval_fraction` of them are held out
-for evaluation, the rest train (or `eval_path` is a file of its own). Inference worker
-`i` of `n` draws the train rows `i, i+n, …` in turn, reshuffled each pass, so inference
-workers never draw the same prompt in the same pass.
+for evaluation, the rest train (or `eval_path` is a file of its own, or `eval_split` a
+split of the same dataset). Inference worker `i` of `n` draws the train rows `i, i+n, …`
+in turn, reshuffled each pass, so inference workers never draw the same prompt in the
+same pass.
 
-The file's path is confined under the operator's data roots (workers/paths.py) before
+A local path is confined under the operator's data roots (workers/paths.py) before
 this module ever opens it. A task without a dataset samples its own synthetic prompts:
 `train_prompts` and `worker_prompts` then return the task itself, which has the same
 `sample(n, rng)`.
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from workers import chat
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
@@ -84,61 +91,219 @@ class Splits:
     eval: list[tuple[str, str]]
 
 
-def read_rows(path: str, field: str, cfg: RunConfig) -> list[tuple[str, str]]:
-    """(prompt, answer) of every row of the file at `path`, named `field` in errors."""
-    ds_cfg = cfg.task.dataset
-    if ds_cfg is None:
-        raise ValueError("task.dataset is not set")
-    builder = FORMATS.get(os.path.splitext(path)[1].lower())
-    if builder is None:
-        raise DatasetError(field, f"{path!r} has no known extension; use one of {', '.join(FORMATS)}")
-    if not os.path.isfile(path):
-        raise DatasetError(field, f"{path!r} is not a file")
+# A Hugging Face Hub dataset id, `owner/name` (the Hub's own characters). A local path is
+# absolute, starts with "." or "~", or names a data file (FORMATS).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The column TRL's conversational language-modelling datasets keep their turns in.
+MESSAGES_COLUMN = "messages"
+
+
+def is_hub_id(path: str) -> bool:
+    """Whether `task.dataset.path` names a Hub dataset rather than a local file or directory."""
+    return bool(_HUB_ID.match(path)) and os.path.splitext(path)[1].lower() not in FORMATS
+
+
+def _loader_failed(field: str, path: str, exc: BaseException) -> DatasetLoadError:
+    return DatasetLoadError(
+        f"{field}: loading {path!r} failed inside the datasets library ({type(exc).__name__}: {exc}); "
+        "nothing was found wrong with the data, and the same launch may succeed on another try"
+    )
+
+
+def _split_of(loaded, path: str, split: str, split_field: str):
+    """The split `split` of what `datasets` loaded (a Dataset, or a DatasetDict by name)."""
+    import datasets
+
+    if not isinstance(loaded, datasets.DatasetDict):
+        if split != "train":
+            raise DatasetError(split_field, f"{path!r} holds one split, not a {split!r} split; set it to 'train'")
+        return loaded
+    if split not in loaded:
+        raise DatasetError(split_field, f"{path!r} has no split {split!r}; its splits are {', '.join(loaded)}")
+    return loaded[split]
+
+
+def _load_table(path: str, field: str, split: str, split_field: str):
+    """The rows of `path` (a data file, a local dataset directory, or a Hub dataset id)
+    as a `datasets.Dataset`: DatasetError for data that cannot be read, naming `field`."""
     import datasets  # heavy (pyarrow): only where a dataset is read
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     _keep_progress_bar_lock()
+    if is_hub_id(path):
+        return _load_hub(path, field, split, split_field)
+    builder = FORMATS.get(os.path.splitext(path)[1].lower())
+    if os.path.isdir(path):
+        if any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+            try:
+                loaded = datasets.load_from_disk(path, keep_in_memory=True)
+            except Exception as exc:
+                raise DatasetError(
+                    field, f"{path!r} cannot be read as a saved dataset: {type(exc).__name__}: {exc}"
+                ) from None
+            return _split_of(loaded, path, split, split_field)
+        builder, data_files = path, None  # a directory of data files: `datasets` infers their format and splits
+    elif builder is None:
+        raise DatasetError(
+            field,
+            f"{path!r} has no known extension; use one of {', '.join(FORMATS)}, a dataset directory, "
+            "or a Hub dataset id 'owner/name'",
+        )
+    elif not os.path.isfile(path):
+        raise DatasetError(field, f"{path!r} is not a file or a directory")
+    else:
+        data_files = path
+        if split != "train":
+            raise DatasetError(split_field, f"{path!r} is one file, read as the split 'train'; set it to 'train'")
     try:
         # A throwaway cache: the rows are kept in memory, nothing is left on disk.
         with tempfile.TemporaryDirectory(prefix="rollway-data-") as cache:
-            table = datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache, keep_in_memory=True)
+            return datasets.load_dataset(
+                builder, data_files=data_files, split=split, cache_dir=cache, keep_in_memory=True
+            )
     except Exception as exc:  # pyarrow, json and csv errors share no base class
+        if isinstance(exc, ValueError) and str(exc).startswith("Unknown split"):
+            raise DatasetError(split_field, f"{path!r}: {exc}") from None
         fault = _file_fault(exc)
         if fault is None:
-            raise DatasetLoadError(
-                f"{field}: loading {path!r} failed inside the datasets library ({type(exc).__name__}: {exc}); "
-                "nothing was found wrong with the file, and the same launch may succeed on another try"
-            ) from exc
+            raise _loader_failed(field, path, exc) from exc
         raise DatasetError(field, f"{path!r} cannot be read as {builder}: {type(fault).__name__}: {fault}") from None
+
+
+def _load_hub(hub_id: str, field: str, split: str, split_field: str):
+    """A Hub dataset through `datasets.load_dataset`: downloaded into (or, offline, read
+    from) the Hugging Face datasets cache."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return datasets.load_dataset(hub_id, split=split, keep_in_memory=True)
+    except ValueError as exc:
+        if str(exc).startswith("Unknown split"):
+            raise DatasetError(split_field, f"{hub_id!r}: {exc}") from None
+        raise DatasetError(field, f"{hub_id!r} cannot be read: {exc}") from None
+    except (DatasetNotFoundError, FileNotFoundError, ConnectionError) as exc:
+        offline = datasets.config.HF_HUB_OFFLINE
+        where = (
+            "is not in this site's datasets cache and the site is offline (HF_HUB_OFFLINE)"
+            if offline
+            else f"cannot be loaded from the Hugging Face Hub ({exc})"
+        )
+        raise DatasetError(
+            field,
+            f"dataset {hub_id!r} {where}: check the id (owner/name), or save the dataset under a data root "
+            "(dataset.save_to_disk) and give that directory (a local path is absolute or starts with './')",
+        ) from None
+    except Exception as exc:
+        raise _loader_failed(field, hub_id, exc) from exc
+
+
+def _prompt_column(columns: list[str], cfg_column: str) -> str:
+    if cfg_column in columns:
+        return cfg_column
+    if cfg_column == "prompt" and MESSAGES_COLUMN in columns:
+        return MESSAGES_COLUMN
+    raise DatasetError(
+        "task.dataset.prompt_column", f"has no column {cfg_column!r}; its columns are {', '.join(columns)}"
+    )
+
+
+def _prompt_text(value, column: str) -> tuple[str, bool] | None:
+    """A row's prompt as the engine carries it, and whether it is conversational; None
+    for a value that is neither text nor messages. A `messages` row's last assistant
+    turn is its reference, not its prompt."""
+    if column == MESSAGES_COLUMN and chat.is_messages(value) and value[-1]["role"] == "assistant":
+        value = value[:-1]
+    if chat.is_messages(value):
+        return chat.encode(value), True
+    if isinstance(value, str) and value:
+        return value, False
+    return None
+
+
+def read_rows(
+    path: str, field: str, cfg: RunConfig, split: str = "train", split_field: str = "task.dataset.split"
+) -> list[tuple[str, str]]:
+    """(prompt, answer) of every row of `path` (its split `split`), named `field` in
+    errors. With `task.reward_funcs` the answer is the row's columns (reward_funcs.row_answer)."""
+    from workers.reward_funcs import PASSED, resolve, row_answer
+
+    ds_cfg = cfg.task.dataset
+    if ds_cfg is None:
+        raise ValueError("task.dataset is not set")
+    table = _load_table(path, field, split, split_field)
     columns = table.column_names
-    for name, column in (("prompt_column", ds_cfg.prompt_column), ("answer_column", ds_cfg.answer_column)):
-        if column not in columns:
+    try:
+        prompt_column = _prompt_column(columns, ds_cfg.prompt_column)
+    except DatasetError as exc:
+        raise DatasetError(exc.field, f"{path!r} {exc.message}") from None
+    funcs = resolve(cfg.task.reward_funcs, cfg.task.reward_weights) if cfg.task.reward_funcs else []
+    # Reward functions read whatever columns they name; the task's own reward and the
+    # warm start's demonstrations read the answer column.
+    warm_start = bool(cfg.warm_start.steps or cfg.warm_start.noisy_steps)
+    if (not funcs or warm_start) and ds_cfg.answer_column not in columns:
+        why = " (the warm start's demonstrations need it)" if funcs else ""
+        raise DatasetError(
+            "task.dataset.answer_column",
+            f"{path!r} has no column {ds_cfg.answer_column!r}{why}; its columns are {', '.join(columns)}",
+        )
+    passed = [c for c in columns if c != prompt_column]
+    clash = sorted(set(passed) & set(PASSED)) if funcs else []
+    if clash:
+        raise DatasetError(field, f"{path!r} has columns named as reward-function arguments: {clash}; rename them")
+    for f in funcs:
+        missing = sorted(f.needs() - set(passed))
+        if missing:
             raise DatasetError(
-                f"task.dataset.{name}", f"{path!r} has no column {column!r}; its columns are {', '.join(columns)}"
+                "task.reward_funcs",
+                f"{f.path!r} takes {', '.join(map(repr, missing))} but {path!r} passes no such column (its columns "
+                f"besides the prompt: {', '.join(passed) or 'none'}); give the argument a default, or add the column",
             )
-    rows = []
-    for k, (prompt, answer) in enumerate(zip(table[ds_cfg.prompt_column], table[ds_cfg.answer_column], strict=True)):
-        if prompt is None or answer is None or str(prompt) == "":
-            raise DatasetError(field, f"{path!r} row {k}: the prompt or the answer is empty")
-        rows.append((str(prompt), str(answer)))
+    rows, conversational, answers = [], None, []
+    for k, record in enumerate(table):
+        prompt = _prompt_text(record[prompt_column], prompt_column)
+        if prompt is None:
+            raise DatasetError(
+                field, f"{path!r} row {k}: the prompt is empty, or neither text nor a list of role/content messages"
+            )
+        if conversational is None:
+            conversational = prompt[1]
+        elif conversational != prompt[1]:
+            raise DatasetError(field, f"{path!r} row {k}: some prompts are messages and some are text; use one form")
+        answer = record.get(ds_cfg.answer_column)
+        if funcs:
+            rows.append((prompt[0], row_answer({c: record[c] for c in passed})))
+        elif answer is None:
+            raise DatasetError(field, f"{path!r} row {k}: the answer is empty")
+        else:
+            rows.append((prompt[0], str(answer)))
+        answers.append(None if answer is None else str(answer))
     if not rows:
         raise DatasetError(field, f"{path!r} has no rows")
-    _check_fit(rows, path, field, cfg)
+    _check_fit(rows, answers, bool(conversational), path, field, cfg)
     return rows
 
 
-def _check_fit(rows: list[tuple[str, str]], path: str, field: str, cfg: RunConfig) -> None:
-    """Rows the tiny char model can take: characters it has, prompts that leave room for
-    the completion (the static check in RunConfig cannot see a file's rows)."""
+def _check_fit(
+    rows: list[tuple[str, str]], answers: list[str | None], conversational: bool, path: str, field: str, cfg: RunConfig
+) -> None:
+    """Rows the tiny char model can take: text prompts, characters it has, prompts that
+    leave room for the completion (the static check in RunConfig cannot see a file's rows)."""
     if cfg.model.source != "tiny":
         return
+    if conversational:
+        raise DatasetError(
+            field,
+            f"{path!r} holds conversational prompts (role/content messages), but the tiny model has no chat "
+            "template to render them: use a checkpoint with a chat template (model.source 'path' or 'hub')",
+        )
     from workers.tokenizer import DEFAULT_CHARS
 
     room = cfg.model.max_position_embeddings - 1 - cfg.inference.max_new_tokens
     known = set(DEFAULT_CHARS)
-    for k, (prompt, answer) in enumerate(rows):
-        bad = sorted((set(prompt) | set(answer)) - known)
+    for k, ((prompt, _), answer) in enumerate(zip(rows, answers, strict=True)):
+        bad = sorted((set(prompt) | set(answer or "")) - known)
         if bad:
             raise DatasetError(
                 field,
@@ -153,15 +318,22 @@ def _check_fit(rows: list[tuple[str, str]], path: str, field: str, cfg: RunConfi
             )
 
 
+def is_conversational(rows: list[tuple[str, str]]) -> bool:
+    """Whether the rows' prompts are messages (read_rows keeps a dataset to one form)."""
+    return bool(rows) and chat.messages_of(rows[0][0]) is not None
+
+
 def load_splits(cfg: RunConfig) -> Splits:
     """The train and eval rows of `cfg.task.dataset`, shuffled by `cfg.seed`."""
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
-    rows = read_rows(ds_cfg.path, "task.dataset.path", cfg)
+    rows = read_rows(ds_cfg.path, "task.dataset.path", cfg, ds_cfg.split)
     random.Random(f"dataset-{cfg.seed}").shuffle(rows)
-    if ds_cfg.eval_path is not None:
-        held = read_rows(ds_cfg.eval_path, "task.dataset.eval_path", cfg)
+    if ds_cfg.eval_path is not None or ds_cfg.eval_split is not None:
+        where = ds_cfg.eval_path if ds_cfg.eval_path is not None else ds_cfg.path
+        field = "task.dataset.eval_path" if ds_cfg.eval_path is not None else "task.dataset.path"
+        held = read_rows(where, field, cfg, ds_cfg.eval_split or "train", "task.dataset.eval_split")
         return Splits(train=rows, eval=held)
     n_eval = round(len(rows) * ds_cfg.eval_fraction)
     if n_eval >= len(rows):
@@ -176,9 +348,18 @@ def dataset_errors(cfg: RunConfig) -> dict[str, str]:
     if cfg.task.dataset is None:
         return {}
     try:
-        load_splits(cfg)
+        splits = load_splits(cfg)
     except DatasetError as exc:
         return {exc.field: exc.message}
+    if is_conversational(splits.train) and cfg.model.source == "path" and cfg.model.path:
+        from workers.tokenizer import load_tokenizer
+
+        if not getattr(load_tokenizer(cfg.model.path), "has_chat_template", False):
+            return {
+                "task.dataset.path": f"{cfg.task.dataset.path!r} holds conversational prompts (role/content "
+                f"messages), but the checkpoint at {cfg.model.path!r} has no chat template to render them: "
+                "use a chat model, or give the prompts as text"
+            }
     return {}
 
 

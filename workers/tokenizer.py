@@ -18,6 +18,8 @@ import json
 import os
 from typing import Any, Protocol
 
+from workers import chat
+
 TOKENIZER_FILE = "rollway_tokenizer.json"
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
@@ -61,8 +63,19 @@ class Tokenizer(Protocol):
         """Text of a completion: up to its first stop id, special tokens left out."""
         ...
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """Model input for a task prompt (what inference and the warm start both feed)."""
+    def prompt_ids(self, prompt: str, tools: list[dict] | None = None) -> list[int]:
+        """Model input for a task prompt (what inference and the warm start both feed);
+        `tools`' JSON schemas shown to the model where its chat template renders tools."""
+        ...
+
+    def renders_tools(self, tools: list[dict]) -> bool:
+        """Whether the chat template shows `tools` and takes their results as `tool`
+        messages (else a tool task keeps its own text format)."""
+        ...
+
+    def tool_result_ids(self, output: str, tools: list[dict]) -> list[int]:
+        """The environment's turn for a tool's `output` in the chat template: the model's
+        turn closed, the `tool` message, the assistant's generation prompt."""
         ...
 
     def save(self, directory: str) -> None: ...
@@ -108,9 +121,15 @@ class CharTokenizer:
             out.append(self._itos[i])
         return "".join(out)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """BOS then the prompt's characters."""
+    def prompt_ids(self, prompt: str, tools: list[dict] | None = None) -> list[int]:
+        """BOS then the prompt's characters (no chat template: `tools` are not shown)."""
         return [self.bos_id, *self.encode(prompt)]
+
+    def renders_tools(self, tools: list[dict]) -> bool:
+        return False
+
+    def tool_result_ids(self, output: str, tools: list[dict]) -> list[int]:
+        raise ValueError("the char tokenizer has no chat template to render a tool message")
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -187,6 +206,17 @@ def model_eos_ids(model_dir: str) -> list[int]:
     return ids
 
 
+# A conversation rendered to see how a template writes tool results: an assistant turn
+# whose content is a marker no template writes itself, then a tool's answer.
+_PROBE_REPLY = "\u2063rollway-reply\u2063"
+_PROBE_OUTPUT = "\u2063rollway-tool-output\u2063"
+_PROBE_TURNS = [
+    {"role": "user", "content": "?"},
+    {"role": "assistant", "content": _PROBE_REPLY},
+    {"role": "tool", "content": _PROBE_OUTPUT},
+]
+
+
 class HFTokenizer:
     """A Hugging Face tokenizer (`AutoTokenizer`) as the engine uses it.
 
@@ -210,6 +240,7 @@ class HFTokenizer:
         self.pad_id = int(pad) if pad is not None else self.eos_id
         self.bos_id = hf_tokenizer.bos_token_id
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
+        self._renders_tools: dict[str, bool] = {}
 
     @classmethod
     def load(cls, model_dir: str) -> HFTokenizer:
@@ -233,17 +264,68 @@ class HFTokenizer:
         cut = next((k for k, i in enumerate(ids) if i in stops), len(ids))
         return self.hf.decode(list(ids[:cut]), skip_special_tokens=True)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        if self.has_chat_template:
-            ids = self.hf.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+    def prompt_ids(self, prompt: str, tools: list[dict] | None = None) -> list[int]:
+        """A conversational prompt (workers/chat.py) rendered by the chat template; a text
+        prompt as a user turn where the model has one, else the text itself. `tools` are
+        rendered where the template shows them (`renders_tools`)."""
+        messages = chat.messages_of(prompt)
+        if messages is not None and not self.has_chat_template:
+            raise ValueError(
+                "a conversational prompt (role/content messages) needs the model's chat template, and this "
+                "tokenizer has none: use a chat model, or give the prompts as text"
             )
-            return [int(i) for i in ids]
+        if self.has_chat_template:
+            shown = tools if tools and self.renders_tools(tools) else None
+            return self.chat_ids(messages if messages is not None else [{"role": "user", "content": prompt}], shown)
         ids = list(self.hf.encode(prompt, add_special_tokens=True))
         # A model's first position must hold something: BOS where the tokenizer did not add it.
         if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
+
+    def chat_ids(
+        self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = True
+    ) -> list[int]:
+        """`messages` (and the JSON schemas of `tools`) as the chat template renders them,
+        ending with the assistant's generation prompt unless `generation_prompt` is off."""
+        ids = self.hf.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
+        return [int(i) for i in ids]
+
+    def _render(self, messages: list[dict], tools: list[dict], generation_prompt: bool) -> str:
+        return self.hf.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def renders_tools(self, tools: list[dict]) -> bool:
+        """Whether the template shows every tool's name and renders a `tool` message's
+        content after the assistant's turn (templates that ignore tools, or refuse the
+        `tool` role, do not): probed once per set of tools."""
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._renders_tools:
+            self._renders_tools[key] = self._probe_tools(tools)
+        return self._renders_tools[key]
+
+    def _probe_tools(self, tools: list[dict]) -> bool:
+        if not self.has_chat_template:
+            return False
+        try:
+            shown = self._render([{"role": "user", "content": "?"}], tools, True)
+            turns = self._render(_PROBE_TURNS, tools, True)
+        except Exception:  # a template that refuses a role raises its own exception type
+            return False
+        names = [t.get("function", t).get("name", "") for t in tools]
+        after = turns.partition(_PROBE_REPLY)[2]
+        return all(n and n in shown for n in names) and _PROBE_OUTPUT in after
+
+    def tool_result_ids(self, output: str, tools: list[dict]) -> list[int]:
+        """What the template writes after an assistant turn's content when a `tool`
+        message with `output` follows, up to the next assistant generation prompt; as
+        ids of this tokenizer (special tokens in it included)."""
+        turns = [*_PROBE_TURNS[:2], {"role": "tool", "content": output}]
+        text = self._render(turns, tools, True)
+        return self.encode(text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY) :])
 
     def save(self, directory: str) -> None:
         self.hf.save_pretrained(directory)

@@ -14,12 +14,23 @@ verifier's: 1 if the final answer (the text after the last tool result) equals t
 answer as a number, else 0; an episode that never answers (the turn limit or the token
 budget reached right after a call) scores 0.
 
+A checkpoint whose chat template renders tools sees the format it was trained on
+instead: the calculator's JSON schema (`TOOLS`) goes into the prompt through
+`apply_chat_template(tools=...)`, a call is a JSON object
+``{"name": "calculator", "arguments": {"expression": "12*7+3"}}`` (as Hermes-, Qwen- and
+Llama-style templates ask; "parameters" is taken for "arguments"), read from the model's
+turn once the model ends it with its end-of-turn token, and its result (`tool_output`,
+"87") comes back as a `tool` message rendered by the same template. The
+final answer is then the last line of text after the last call's result.
+
 The episode loop that runs it is workers/episodes.py; a task tells it that it is
-multi-turn with `multi_turn = True`, and provides `find_call`, `run_tool` and `max_turns`.
+multi-turn with `multi_turn = True`, and provides `find_call`, `run_tool` and `max_turns`
+(and, for the chat template, `tools` and `tool_output`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -33,6 +44,37 @@ CALL_END = "?"
 RESULT_PREFIX = "="
 RESULT_END = " "
 _CALL = re.compile(re.escape(CALL_PREFIX) + r"([^" + re.escape(CALL_END) + r"]*)" + re.escape(CALL_END))
+TOOL_NAME = "calculator"
+# The calculator as a chat template's tools take it: an OpenAI-style function schema.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Evaluate an arithmetic expression exactly (+ - * / and parentheses).",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "The expression, e.g. 12*7+3"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+_JSON_CALL = re.compile(
+    r'\{\s*"name"\s*:\s*"' + TOOL_NAME + r'"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+    r'\{\s*"expression"\s*:\s*("(?:[^"\\]|\\.)*")\s*\}\s*\}'
+)
+
+
+def _json_calls(text: str) -> list[tuple[str, int]]:
+    """(expression, end) of each JSON call in `text`."""
+    out = []
+    for match in _JSON_CALL.finditer(text):
+        try:
+            out.append((str(json.loads(match.group(1))), match.end()))
+        except ValueError:
+            continue
+    return out
 
 
 def tool_result(call: str) -> str:
@@ -44,7 +86,13 @@ def final_answer(text: str) -> str:
     """The text after the last tool result of an episode's text (stripped): the model's
     answer. Each call's result is computed again here (the calculator is deterministic),
     so the result's own text, which may hold spaces, is skipped exactly; a call not
-    followed by its result (the episode ended there) leaves no answer."""
+    followed by its result (the episode ended there) leaves no answer. After a JSON call
+    (the chat template's format) the answer is the last line of the text after it: the
+    template's rendering of the result comes first."""
+    calls = _json_calls(text)
+    if calls:
+        lines = [line.strip() for line in text[calls[-1][1] :].splitlines() if line.strip()]
+        return lines[-1] if len(lines) > 1 else ""
     start = 0
     for match in _CALL.finditer(text):
         start = match.end()
@@ -85,6 +133,7 @@ class CalculatorTask:
 
     multi_turn = True
     Options = CalculatorOptions
+    tools = TOOLS
 
     def __init__(
         self,
@@ -156,14 +205,21 @@ class CalculatorTask:
     # -- the environment (workers/episodes.py) -----------------------------------------
 
     def find_call(self, turn_text: str) -> str | None:
-        """The expression of the call that ends `turn_text` (a model turn so far), or None
-        while the turn holds no complete call."""
+        """The expression of the call that ends `turn_text` (a model turn so far), in
+        either format, or None while the turn holds no complete call."""
         match = _CALL.search(turn_text)
-        return match.group(1) if match else None
+        if match:
+            return match.group(1)
+        calls = _json_calls(turn_text)
+        return calls[0][0] if calls else None
 
     def run_tool(self, call: str) -> str:
-        """The environment's answer to a call: its text, never an exception."""
+        """The environment's answer to a call in the text format: "=<value> ", never an exception."""
         return tool_result(call)
+
+    def tool_output(self, call: str) -> str:
+        """The calculator's answer alone ("87", or "error: ..."): a `tool` message's content."""
+        return calculate(call)
 
     def demonstration(self, prompt: str, answer: str) -> str:
         """A correct episode after `prompt` (for a supervised warm start): one call on the

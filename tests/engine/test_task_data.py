@@ -165,7 +165,7 @@ def test_the_shipped_datasets_are_what_the_generator_writes(tmp_path):
             assert a.read() == b.read(), f"{shipped} is stale: run python -m workers.shipped_data"
     cfg = config(os.path.join(DATA_DIR, "countdown.jsonl"), prompt_column="prompt", answer_column="answer")
     splits = load_splits(cfg)
-    assert (len(splits.train), len(splits.eval)) == (270, 30)
+    assert (len(splits.train), len(splits.eval)) == (3600, 400)
 
 
 # --- loads that start together --------------------------------------------------------

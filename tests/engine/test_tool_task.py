@@ -152,3 +152,26 @@ def test_one_turn_demonstration_has_no_call():
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         CalculatorTask(**kwargs)
+
+
+# --- the chat template's format ---------------------------------------------------------
+
+
+def test_a_json_call_is_found_in_either_key_and_its_output_is_the_value_alone():
+    task = CalculatorTask()
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7+3"}}'
+    assert task.find_call(call) == "12*7+3"
+    assert task.find_call('{"name":"calculator","parameters":{"expression":"1/3"}}') == "1/3"
+    assert task.find_call('{"name": "calculator", "arguments": {"expression": "12*7') is None  # not closed yet
+    assert task.find_call('{"name": "search", "arguments": {"expression": "1"}}') is None
+    assert task.tool_output("12*7+3") == "87" and task.tool_output("1/0") == "error: division by zero"
+    assert [t["function"]["name"] for t in task.tools] == ["calculator"]
+
+
+def test_after_a_json_call_the_answer_is_the_last_line_after_the_rendered_result():
+    call = '{"name": "calculator", "arguments": {"expression": "12*7+3"}}'
+    rendered = "\ntool\n87\nassistant\n"
+    assert final_answer(call + rendered + "87") == "87"
+    assert CalculatorTask().reward(call + rendered + "87", "87") == 1.0
+    assert CalculatorTask().reward(call + rendered, "87") == 0.0  # no answer after the result
+    assert CalculatorTask().reward(call + rendered + "86", "87") == 0.0

@@ -81,3 +81,32 @@ def test_an_unknown_task_name_is_refused_naming_it(client_for, owner, experiment
     assert r.status_code == 400, r.content
     errors = r.json()["errors"]
     assert "cannot import module 'no_such_pkg.tasks'" in errors["task.name"], errors
+
+
+def test_an_unknown_hub_dataset_is_refused_naming_the_path(client_for, owner, experiment, data_root, monkeypatch):
+    import datasets
+
+    # An offline site with an empty datasets cache: the id can be found nowhere.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(data_root / "empty-cache"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    r = launch(client_for(owner), experiment, {"name": "countdown", "dataset": {"path": "acme/no-such-set"}})
+    assert r.status_code == 400, r.content
+    message = r.json()["errors"]["task.dataset.path"]
+    assert "'acme/no-such-set'" in message and "offline" in message
+    assert Run.objects.count() == 0
+
+
+def test_a_reward_function_outside_the_allowed_packages_is_refused_naming_the_field(
+    client_for, owner, experiment, data_root
+):
+    task = {"name": "countdown", "reward_funcs": ["no_such_pkg.rewards:accuracy"]}
+    r = launch(client_for(owner), experiment, task)
+    assert r.status_code == 400, r.content
+    assert "not among the packages this site allows" in r.json()["errors"]["task.reward_funcs"]
+
+
+def test_reward_weights_of_another_length_are_refused_naming_the_field(client_for, owner, experiment, data_root):
+    task = {"name": "countdown", "reward_weights": [1.0]}
+    r = launch(client_for(owner), experiment, task)
+    assert r.status_code == 400, r.content
+    assert "1 weights for 0 task.reward_funcs" in r.json()["errors"]["task.reward_weights"]

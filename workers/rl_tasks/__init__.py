@@ -29,7 +29,6 @@ A task class is built with the run's `TaskConfig` and offers:
 from __future__ import annotations
 
 import importlib
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -38,8 +37,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from workers.task_modules import MODULES_SETTING, allowed_modules
+
 ENTRY_POINT_GROUP = "rollway.tasks"
-MODULES_SETTING = "ROLLWAY_TASK_MODULES"
 
 # Dotted paths, imported lazily: a run pays only for the task it names. `calculator`
 # lives in its own module, written beside this registry.
@@ -134,12 +134,6 @@ def _load(path: str, name: str) -> type:
     return obj
 
 
-def allowed_modules() -> list[str]:
-    """The top-level packages a dotted `task.name` may import from (ROLLWAY_TASK_MODULES,
-    read on each call so every process of the run, web and Ray alike, asks its own)."""
-    return [m.strip() for m in os.environ.get(MODULES_SETTING, "").split(",") if m.strip()]
-
-
 def _check_allowed(name: str) -> None:
     package = name.partition(":")[0].split(".")[0]
     allowed = allowed_modules()
@@ -193,5 +187,14 @@ def task_lengths(task_cfg: TaskSettings) -> TaskLengths | None:
 
 
 def make_task(task_cfg: TaskSettings) -> Task:
-    """The task named by `task.name`, built with its config."""
-    return task_class(task_cfg.name)(task_cfg)
+    """The task named by `task.name`, built with its config; with `task.reward_funcs`
+    set, scored by those functions instead of its own reward (workers/reward_funcs.py)."""
+    task = task_class(task_cfg.name)(task_cfg)
+    paths = getattr(task_cfg, "reward_funcs", None)
+    if not paths:
+        return task
+    from workers.reward_funcs import RewardFuncTask, resolve
+
+    dataset = getattr(task_cfg, "dataset", None)
+    funcs = resolve(paths, getattr(task_cfg, "reward_weights", None))
+    return RewardFuncTask(task, funcs, dataset is not None, dataset.answer_column if dataset is not None else None)

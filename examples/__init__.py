@@ -1,0 +1,1 @@
+"""Worked examples of bringing your own task, dataset and reward to Rollway."""
