@@ -1,9 +1,15 @@
 """Checkpoints: a run's whole training state in one directory per step, and resume.
 
-A checkpoint of run `id` at step k lives in `<checkpoint_root>/run-<id>/step-<k:08d>/`:
+A checkpoint of run `id` at step k lives in `<checkpoint_root>/run-<id>/step-<k:08d>/`,
+which is also a Hugging Face model directory (`AutoModelForCausalLM.from_pretrained`
+loads it; the resume reads the weights back the same way):
 
-    model.pt        the trainer's model.state_dict() (with LoRA: the peft model's, base
-                    and adapter as the model holds them, so load_state_dict restores it)
+    config.json, generation_config.json, model.safetensors (or shards and
+    model.safetensors.index.json), tokenizer.json, tokenizer_config.json
+                    the trainer's weights as `save_pretrained` writes them (a tied weight
+                    once); with LoRA the frozen base
+    adapter/        with LoRA only: the adapter in peft's format
+                    (`PeftModel.from_pretrained(base, "<step>/adapter")`)
     optimizer.pt    the AdamW state
     trainer.pt      the trainer's progress (TrainerProgress.state_dict: policy version
                     k, its step-plan RNG, the torch RNG states) and its cumulative
@@ -14,8 +20,12 @@ A checkpoint of run `id` at step k lives in `<checkpoint_root>/run-<id>/step-<k:
     buffer.json     the RolloutBuffer's state_dict: the groups waiting (the trainer's
                     prefetched batch first), stale groups awaiting regeneration, the
                     counters behind the buffer metrics
-    meta.json       {run_id, step, created, bytes, sha256, files}: written last, so a
-                    directory without it is incomplete and never listed or resumed
+    meta.json       {run_id, step, created, bytes, sha256, files, model_files}: written
+                    last, so a directory without it is incomplete and never listed or
+                    resumed; `model_files` names the model directory's files
+
+A checkpoint written before the weights were a model directory holds them in model.pt
+(the model's state_dict through torch.save); it still resumes.
 
 Each stateful part says what its state is (`state_dict` / `load_state_dict`); this module
 composes them into files, and holds the trainer's weights and optimizer state, which a
@@ -49,7 +59,11 @@ import logging
 import os
 import posixpath
 import re
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -59,15 +73,54 @@ from fsspec.implementations.local import LocalFileSystem
 from workers.paths import PathNotAllowed, is_under, real
 
 if TYPE_CHECKING:
+    import torch
+
     from workers.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 META = "meta.json"
-MODEL, OPTIMIZER, TRAINER, INFERENCE, BUFFER = "model.pt", "optimizer.pt", "trainer.pt", "inference.json", "buffer.json"
+OPTIMIZER, TRAINER, INFERENCE, BUFFER = "optimizer.pt", "trainer.pt", "inference.json", "buffer.json"
+# The part that is the step directory's Hugging Face model files (a `PolicyFiles`).
+POLICY = "policy"
+ADAPTER = "adapter"
+# Where the weights were before the step directory was a model directory.
+LEGACY_MODEL = "model.pt"
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 # Read and hash in pieces of this size: a multi-GB weights file never sits twice in memory.
 CHUNK = 16 << 20
+
+
+# The object stores a checkpoint root may name: fsspec's protocol → (the package that is
+# its filesystem, the extra of pyproject.toml that installs it).
+STORES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+
+
+class StoreNotInstalled(RuntimeError):
+    """A checkpoint location in an object store whose fsspec filesystem this process lacks."""
+
+
+def store_problem(location: str) -> str | None:
+    """Why this process cannot read or write checkpoints at `location`, or None: an
+    object store whose filesystem package is not installed (the message names the extra
+    that installs it), or a protocol fsspec does not know."""
+    if not is_url(location):
+        return None
+    protocol = location.partition("://")[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        package, extra = STORES.get(protocol, (f"fsspec's {protocol} filesystem", ""))
+        fix = (
+            f"pip install 'rollway[{extra}]' ('.[cpu,{extra}]' in a checkout; the image: "
+            f"docker build --build-arg EXTRAS={extra})"
+            if extra
+            else "install it"
+        )
+        return f"checkpoint location {location!r} needs {package}, which is not installed: {fix}"
+    except ValueError:
+        return f"checkpoint location {location!r}: fsspec knows no protocol {protocol!r} (s3://, gs://, a local path)"
+    return None
 
 
 class CheckpointRefused(PathNotAllowed):
@@ -117,6 +170,9 @@ def _join(base: str, *parts: str) -> str:
 
 
 def _fs(location: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    problem = store_problem(location)
+    if problem:
+        raise StoreNotInstalled(problem)
     return fsspec.core.url_to_fs(location)
 
 
@@ -179,6 +235,68 @@ class _HashingWriter:
         self.f.flush()
 
 
+@dataclass
+class PolicyFiles:
+    """The trainer's weights as the step directory's Hugging Face model files: `state` is
+    the model's whole state dict under its live names (gathered, for a pool), `model` the
+    trainer's model (its peft wrapping and tied weights name the files' tensors),
+    `model_dir` the policy directory the run started from (config, tokenizer)."""
+
+    state: dict[str, torch.Tensor]
+    model: torch.nn.Module
+    model_dir: str
+
+    def write(self, out_dir: str, location: str) -> None:
+        """Write the files into the existing directory `out_dir`; `location` is where the
+        checkpoint will be (the adapter's base is the step directory itself)."""
+        from workers.export import write_model_dir
+        from workers.lora import adapter_config, is_peft, split_live_state, write_adapter_dir
+        from workers.model import untied
+        from workers.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(self.model_dir)
+        if not is_peft(self.model):
+            write_model_dir(untied(self.state, self.model), self.model_dir, tokenizer, out_dir)
+            return
+        base, adapter = split_live_state(self.state)
+        write_model_dir(untied(base, self.model), self.model_dir, tokenizer, out_dir)
+        config = adapter_config(self.model)
+        config["base_model_name_or_path"] = location
+        write_adapter_dir(os.path.join(out_dir, ADAPTER), adapter, config)
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return size, sha.hexdigest()
+
+
+def _write_policy(fs: fsspec.AbstractFileSystem, path: str, policy: PolicyFiles, location: str) -> list[dict]:
+    """Write `policy`'s files into the step directory at `path` on `fs` (locally in place,
+    before any other part; elsewhere from a local temporary directory, file by file);
+    their manifest entries."""
+    local = isinstance(fs, LocalFileSystem)
+    staging = path if local else tempfile.mkdtemp(prefix=".rollway-checkpoint-")
+    try:
+        policy.write(staging, location)
+        files = []
+        for here, _, names in os.walk(staging):
+            for name in names:
+                full = os.path.join(here, name)
+                rel = os.path.relpath(full, staging).replace(os.sep, "/")
+                size, sha = _file_digest(full)
+                if not local:
+                    fs.put_file(full, posixpath.join(path, rel))
+                files.append({"name": rel, "bytes": size, "sha256": sha})
+        return files
+    finally:
+        if not local:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def _manifest_digest(files: list[dict]) -> str:
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f["name"]):
@@ -187,7 +305,8 @@ def _manifest_digest(files: list[dict]) -> str:
 
 
 def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any]) -> CheckpointRecord | None:
-    """Write `parts` ({file name: object}; `.pt` through torch.save, `.json` as JSON) as
+    """Write `parts` ({file name: object}; `.pt` through torch.save, `.json` as JSON, a
+    `PolicyFiles` as the directory's model files) as
     the checkpoint of `target.run_id` at `step`, then prune the run's older ones. None
     if a complete checkpoint of that step is there already (the run's last periodic one
     is also its end)."""
@@ -202,7 +321,11 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
     path = f"{final_path}.tmp-{uuid.uuid4().hex[:8]}" if local else final_path
     fs.makedirs(path, exist_ok=True)
     files = []
-    for name, obj in parts.items():
+    # The policy first: locally its files are whatever the directory then holds.
+    for name, obj in sorted(parts.items(), key=lambda part: not isinstance(part[1], PolicyFiles)):
+        if isinstance(obj, PolicyFiles):
+            files.extend(_write_policy(fs, path, obj, final))
+            continue
         with fs.open(posixpath.join(path, name), "wb") as f:
             out = _HashingWriter(f)
             if name.endswith(".pt"):
@@ -218,6 +341,8 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
         "bytes": sum(f["bytes"] for f in files),
         "sha256": _manifest_digest(files),
         "files": files,
+        # The files that are the model directory (`Checkpoint.load_policy` reads them).
+        "model_files": sorted(f["name"] for f in files if f["name"] not in parts),
     }
     with fs.open(posixpath.join(path, META), "w") as f:
         f.write(json.dumps(meta, indent=1))
@@ -310,6 +435,62 @@ class Checkpoint:
             raise CheckpointRefused(f"{self.location!r}: {name} does not match its sha256 in {META} (damaged)")
         return data
 
+    def _check(self, name: str, local_path: str) -> None:
+        size, sha = _file_digest(local_path)
+        expected = self._files[name]
+        if size != expected["bytes"] or sha != expected["sha256"]:
+            raise CheckpointRefused(f"{self.location!r}: {name} does not match its sha256 in {META} (damaged)")
+
+    @contextmanager
+    def _local(self, names: list[str]) -> Iterator[str]:
+        """A local directory holding `names`, each checked against the manifest: the step
+        directory itself, or a temporary copy of them from an object store."""
+        if isinstance(self.fs, LocalFileSystem):
+            for name in names:
+                self._check(name, posixpath.join(self.path, name))
+            yield self.path
+            return
+        tmp = tempfile.mkdtemp(prefix=".rollway-resume-")
+        try:
+            for name in names:
+                dest = os.path.join(tmp, *name.split("/"))
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                self.fs.get_file(posixpath.join(self.path, name), dest)
+                self._check(name, dest)
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def load_policy(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The checkpoint's weights as `model`'s whole state dict (its live names, a tied
+        weight under each of its names): the model directory read by transformers, as a
+        user's `from_pretrained` reads it, and with LoRA the adapter beside it."""
+        if LEGACY_MODEL in self._files:
+            return self.load_torch(LEGACY_MODEL)
+        from safetensors.torch import load_file
+
+        from workers.lora import is_peft, split_live_state
+        from workers.model import load_model
+
+        names = self.meta.get("model_files") or []
+        has_adapter = any(name.startswith(ADAPTER + "/") for name in names)
+        if not names:
+            raise CheckpointRefused(f"{self.location!r} holds no model weights")
+        if has_adapter != is_peft(model):
+            held, wanted = ("a LoRA adapter", "on") if has_adapter else ("full weights, no LoRA adapter", "off")
+            raise CheckpointRefused(f"{self.location!r} holds {held}: resume it with lora.enabled {wanted}")
+        with self._local(names) as local:
+            weights = load_model(local).state_dict()
+            adapter = load_file(os.path.join(local, ADAPTER, "adapter_model.safetensors")) if has_adapter else {}
+        live = {name: name for name in model.state_dict()}
+        base_names, adapter_names = split_live_state(live) if has_adapter else (live, {})
+        missing = [n for n in base_names if n not in weights] + [n for n in adapter_names if n not in adapter]
+        if missing:
+            raise CheckpointRefused(f"{self.location!r} has no weight for {missing[:5]}: not this run's model")
+        return {live_name: weights[name] for name, live_name in base_names.items()} | {
+            live_name: adapter[name] for name, live_name in adapter_names.items()
+        }
+
     def load_torch(self, name: str) -> Any:
         import torch
 
@@ -399,7 +580,7 @@ def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
     0's (the others join `training_state`)."""
     model, optimizer = training_state(trainer)
     return {
-        MODEL: model,
+        POLICY: PolicyFiles(model, trainer.model, trainer.model_dir),
         OPTIMIZER: optimizer,
         TRAINER: {**trainer.progress.state_dict(), "starved_s": float(starved_s)},
     }
@@ -415,7 +596,7 @@ def restore_trainer(trainer: Trainer, ckpt: Checkpoint) -> float:
     (in place: a weight sender's view of the parameters stays valid); returns the
     trainer's starved seconds so far. In a pool this is rank 0's part: the others call
     `restore_training_state(trainer, None)` meanwhile."""
-    restore_training_state(trainer, (ckpt.load_torch(MODEL), ckpt.load_torch(OPTIMIZER)))
+    restore_training_state(trainer, (ckpt.load_policy(trainer.model), ckpt.load_torch(OPTIMIZER)))
     state = ckpt.load_torch(TRAINER)
     trainer.progress.load_state_dict(state)
     return float(state["starved_s"])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
+import sys
 
 import fsspec
 import pytest
@@ -28,23 +30,29 @@ from workers.buffer import RolloutBuffer
 from workers.checkpoints import (
     BUFFER,
     INFERENCE,
+    LEGACY_MODEL,
+    POLICY,
     Checkpoint,
     CheckpointRefused,
     CheckpointTarget,
+    StoreNotInstalled,
     check_resume,
     latest_checkpoint,
     list_checkpoints,
     restore_trainer,
     step_dir,
+    store_problem,
     trainer_parts,
     write_checkpoint,
 )
 from workers.driver import RunDriver
 from workers.lifecycle import launch
+from workers.model import tied_weight_names
 from workers.paths import Confinement
 from workers.presets import build, deep_merge
 from workers.reporter import MetricsReporter
 from workers.run_actors import NAMESPACE, actor_name
+from workers.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
 from workers.trainer import Trainer
 
 # -- the files -------------------------------------------------------------------------
@@ -99,7 +107,12 @@ def test_a_trainer_restored_from_a_checkpoint_trains_on_exactly_as_the_original(
     meta = latest_checkpoint(root, 5)
     assert meta["location"] == record.location and meta["sha256"] == record.sha256
     assert meta["bytes"] == record.bytes == sum(f["bytes"] for f in meta["files"])
-    assert {f["name"] for f in meta["files"]} == {"model.pt", "optimizer.pt", "trainer.pt", INFERENCE, BUFFER}
+    model_files = {"config.json", "generation_config.json", "model.safetensors"} | {
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+    assert set(meta["model_files"]) == model_files
+    assert {f["name"] for f in meta["files"]} == model_files | {"optimizer.pt", "trainer.pt", INFERENCE, BUFFER}
 
 
 def test_a_lora_trainer_comes_back_with_its_adapter_and_base(tiny_model_dir, tmp_path, one_torch_thread):
@@ -112,6 +125,103 @@ def test_a_lora_trainer_comes_back_with_its_adapter_and_base(tiny_model_dir, tmp
     restore_trainer(restored, Checkpoint(record.location))
     assert original.train_step(second)["loss"] == restored.train_step(second)["loss"]
     assert all(torch.equal(restored.state_dict()[n], t) for n, t in original.state_dict().items())
+
+
+def logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits
+
+
+def test_a_step_directory_loads_with_from_pretrained_and_computes_the_trainers_logits(
+    tiny_model_dir, tmp_path, one_torch_thread
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = small_config()
+    trainer = trained(tiny_model_dir, fixed_groups(tiny_model_dir, cfg, seed=1))
+    record = write_checkpoint(CheckpointTarget(str(tmp_path), 7), 1, trainer_parts(trainer, 0.0))
+    loaded = AutoModelForCausalLM.from_pretrained(record.location)
+    ids = AutoTokenizer.from_pretrained(record.location)("abc=")["input_ids"]
+    trainer.model.eval()
+    assert torch.equal(logits(loaded, ids), logits(trainer.model, ids))
+    # Not the weights the run started from: one step moved them.
+    assert not torch.equal(logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids), logits(loaded, ids))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_family_resumes_exactly_and_loads_with_from_pretrained(arch, tmp_path, one_torch_thread):
+    """Where transformers renames or fuses weights on load (GPT-NeoX's head, the experts of
+    Qwen2-MoE and Mixtral), the files hold the checkpoint's names and the resume gets the
+    live ones back; a tied output layer is in the file once and tied again on resume."""
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    source = make_tiny_checkpoint(str(tmp_path / arch), arch, hidden_size=64)
+    ids = [5, 6, 7, 8, 9]
+    for lora in (False, True):
+        cfg = small_config(lora={"enabled": True, "rank": 2}) if lora else small_config()
+        trainer = Trainer(cfg, source)
+        with torch.no_grad():  # a policy of its own, so the files cannot be the source's
+            for p in trainer.model.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+        record = write_checkpoint(CheckpointTarget(str(tmp_path / f"ckpt-{lora}"), 8), 3, trainer_parts(trainer, 0.0))
+        restored = Trainer(cfg, source)
+        restore_trainer(restored, Checkpoint(record.location))
+        state = restored.model.state_dict()
+        assert all(torch.equal(state[n], t) for n, t in trainer.model.state_dict().items()), (arch, lora)
+
+        loaded = AutoModelForCausalLM.from_pretrained(record.location)
+        if lora:
+            loaded = PeftModel.from_pretrained(loaded, os.path.join(record.location, "adapter"))
+        trainer.model.eval()
+        assert torch.equal(logits(loaded, ids), logits(trainer.model, ids)), (arch, lora)
+    tied = sorted(tied_weight_names(loaded))
+    assert bool(tied) == ARCH_SPECS[arch].tied
+    with safe_open(os.path.join(record.location, "model.safetensors"), "pt") as f:
+        assert not set(tied) & set(f.keys()), f"{tied} saved twice"
+    state = restored.model.get_base_model().state_dict()
+    for name in tied:  # still one tensor under two names
+        assert state[name].data_ptr() == state[loaded.get_base_model().all_tied_weights_keys[name]].data_ptr()
+
+
+def test_a_lora_step_directory_is_its_base_and_a_peft_adapter(tiny_model_dir, tmp_path, one_torch_thread):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = small_config(lora={"enabled": True, "rank": 2})
+    trainer = Trainer(cfg, tiny_model_dir)
+    trainer.train_step(fixed_groups(tiny_model_dir, cfg, seed=1))
+    record = write_checkpoint(CheckpointTarget(str(tmp_path), 9), 1, trainer_parts(trainer, 0.0))
+    assert sorted(os.listdir(os.path.join(record.location, "adapter"))) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    base = AutoModelForCausalLM.from_pretrained(record.location)
+    ids = [3, 4, 5, 6]
+    trainer.model.eval()
+    with trainer.model.disable_adapter():
+        assert torch.equal(logits(base, ids), logits(trainer.model, ids))
+    policy = PeftModel.from_pretrained(base, os.path.join(record.location, "adapter"))
+    assert torch.equal(logits(policy, ids), logits(trainer.model, ids))
+
+    # A checkpoint's adapter is refused by a run without LoRA (it would train the base alone).
+    with pytest.raises(CheckpointRefused, match="holds a LoRA adapter: resume it with lora.enabled on"):
+        restore_trainer(Trainer(small_config(), tiny_model_dir), Checkpoint(record.location))
+
+
+def test_a_checkpoint_with_its_weights_in_model_pt_still_resumes(tiny_model_dir, tmp_path, one_torch_thread):
+    """Written before step directories were model directories: model.pt holds the model's
+    state_dict as torch.save wrote it."""
+    original = trained(tiny_model_dir, fixed_groups(tiny_model_dir, small_config(), seed=1))
+    parts = trainer_parts(original, 2.5)
+    parts.pop(POLICY)
+    parts[LEGACY_MODEL] = {k: t.detach().clone() for k, t in original.model.state_dict().items()}
+    record = write_checkpoint(CheckpointTarget(str(tmp_path), 11), 1, parts)
+    assert not os.path.exists(os.path.join(record.location, "config.json"))
+    restored = Trainer(small_config(), tiny_model_dir)
+    assert restore_trainer(restored, Checkpoint(record.location)) == 2.5
+    assert all(torch.equal(restored.model.state_dict()[n], t) for n, t in original.model.state_dict().items())
 
 
 def test_the_optimizer_state_matters_to_the_next_step(tiny_model_dir, one_torch_thread):
@@ -191,6 +301,24 @@ def test_check_resume_refuses_a_place_outside_the_root(tmp_path, memory_root):
         check_resume(memory_root + "/run-1/../../other/run-1/step-00000002", memory_root)
     with pytest.raises(CheckpointRefused, match="outside"):
         check_resume(memory_root + "-sibling/run-1/step-00000002", memory_root)
+
+
+@pytest.mark.parametrize(
+    ("root", "package", "extra"), [("s3://bucket/ckpt", "s3fs", "s3"), ("gs://b/c", "gcsfs", "gcs")]
+)
+def test_an_object_store_root_without_its_filesystem_names_the_extra(monkeypatch, root, package, extra):
+    monkeypatch.setitem(sys.modules, package, None)  # not installed, whether it is here or not
+    problem = store_problem(root)
+    assert problem == (
+        f"checkpoint location {root!r} needs {package}, which is not installed: pip install 'rollway[{extra}]' "
+        f"('.[cpu,{extra}]' in a checkout; the image: docker build --build-arg EXTRAS={extra})"
+    )
+    with pytest.raises(StoreNotInstalled, match=re.escape(problem.partition(" needs ")[2])):
+        write_checkpoint(CheckpointTarget(root, 1), 2, {INFERENCE: []})
+    with pytest.raises(StoreNotInstalled):
+        list_checkpoints(root, 1)
+    assert store_problem("/var/ckpt") is None and store_problem("memory://ckpt") is None
+    assert "fsspec knows no protocol 'nope'" in store_problem("nope://x")
 
 
 def test_a_damaged_file_is_refused_when_read(tmp_path):
