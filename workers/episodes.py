@@ -3,10 +3,12 @@
 A turn of the model is generated until it makes a tool call (the task recognises one in
 the turn's text: `find_call`), or until EOS or the token budget. A call is run by the
 task (`run_tool`); its text, encoded with the run's tokenizer, is appended as the
-environment's turn, and the model continues from the extended context. An episode ends
-at EOS, when its `max_new_tokens` budget (model and tool tokens together) is spent, or
-when a turn makes a call with no turn left (`max_turns` model turns; finish_reason
-"length" for both limits).
+environment's turn (or, for a task with `tools` whose JSON schemas the model's chat
+template renders, its `tool_output` as a `tool` message of that template: `task_tools`),
+and the model continues from the extended context. An episode ends at EOS, when its
+`max_new_tokens` budget (model and tool tokens together) is spent, or when a turn
+makes a call with no turn left (`max_turns` model turns; finish_reason "length" for
+both limits).
 
 Each episode becomes one Rollout (workers/rollout.py): model and tool tokens interleaved
 in `completion_ids`, `loss_mask` 0 on tool tokens, whose behaviour logprob is a
@@ -57,6 +59,54 @@ class MultiTurnTask(Task, Protocol):
     def run_tool(self, call: str) -> str:
         """The environment's turn answering `call` (text; never raises)."""
         ...
+
+    def tool_output(self, call: str) -> str:
+        """The tool's answer alone, a `tool` message's content (a task with `tools`)."""
+        ...
+
+
+def task_tools(task: object, tokenizer: Tokenizer) -> list[dict] | None:
+    """The JSON schemas of a multi-turn task's tools where the tokenizer's chat template
+    renders them (the model then sees the format it was trained on), else None: the
+    task's own text format."""
+    tools = getattr(task, "tools", None) if is_multi_turn(task) else None
+    return tools if tools and tokenizer.renders_tools(tools) else None
+
+
+def tool_turn_ids(task: MultiTurnTask, tokenizer: Tokenizer, call: str) -> list[int]:
+    """The environment's turn answering `call`: the tool's output as a `tool` message of
+    the chat template (`task_tools`), after the end-of-turn token the model wrote itself
+    (not repeated), or the task's own text."""
+    tools = task_tools(task, tokenizer)
+    if tools is None:
+        return tokenizer.encode(task.run_tool(call))
+    ids = tokenizer.tool_result_ids(task.tool_output(call), tools)
+    return ids[1:] if ids and ids[0] in tokenizer.stop_ids else ids
+
+
+def episode_text(tokenizer: Tokenizer, token_ids: list[int], loss_mask: list[int]) -> str:
+    """An episode as the reward reads it: each model turn decoded as a completion (up to
+    its stop id), each tool turn whole. A chat template's tool turn holds the model's
+    end-of-turn token, which is a stop id: decoding the episode at once would end there."""
+    stops = set(tokenizer.stop_ids)
+    text, k = [], 0
+    while k < len(token_ids):
+        end = k
+        while end < len(token_ids) and loss_mask[end] == loss_mask[k]:
+            end += 1
+        run = token_ids[k:end]
+        if loss_mask[k]:
+            text.append(tokenizer.decode(run))
+        else:  # decoded between its stop ids, which are special tokens a decode leaves out
+            piece: list[int] = []
+            for i in [*run, None]:
+                if i is None or i in stops:
+                    text.append(tokenizer.decode(piece))
+                    piece = []
+                else:
+                    piece.append(i)
+        k = end
+    return "".join(text)
 
 
 def is_multi_turn(task: object) -> TypeGuard[MultiTurnTask]:
@@ -123,8 +173,22 @@ def run_episodes(
     # ever loaded in between, so in_flight here means drain.
     turn_mode: UpdateMode = mode if stepped else "in_flight"
 
+    # In the chat template's format a model closes its turn itself after a call (its
+    # end-of-turn token, a stop id), as it was trained to: the call is read from the
+    # finished turn. In the text format the turn is cut where the call ends.
+    tools = task_tools(task, tokenizer)
+
     def ends_turn(turn: PartialSequence) -> bool:
-        return task.find_call(tokenizer.decode(turn.token_ids)) is not None
+        return tools is None and task.find_call(tokenizer.decode(turn.token_ids)) is not None
+
+    def called(turn: PartialSequence) -> bool:
+        if turn.finish_reason == "turn":
+            return True
+        return (
+            tools is not None
+            and turn.finish_reason == "stop"
+            and task.find_call(tokenizer.decode(turn.token_ids)) is not None
+        )
 
     episodes = [Episode(list(p)) for p in prompts for _ in range(n)]
     counts = PartialCounts()
@@ -154,16 +218,16 @@ def run_episodes(
         for i, (model_turn,) in zip(live, gen.sequences, strict=True):
             episode = episodes[i]
             episode.add_model_turn(model_turn)
-            if model_turn.finish_reason != "turn":  # EOS, or the budget spent
+            if not called(model_turn):  # EOS without a call, or the budget spent
                 episode.finish_reason = model_turn.finish_reason or "length"
                 continue
             if episode.turns >= task.max_turns:  # a call with no turn left to answer
                 episode.finish_reason = "length"
                 continue
             call = task.find_call(tokenizer.decode(model_turn.token_ids))
-            if call is None:  # `ends_turn` found it in these very tokens
+            if call is None:  # `called` found it in these very tokens
                 raise RuntimeError("a turn that ended at a tool call has no call")
-            ids = tokenizer.encode(task.run_tool(call))
+            ids = tool_turn_ids(task, tokenizer, call)
             room = max_new_tokens - len(episode.token_ids)
             episode.add_tool_turn(ids[:room], model_turn.versions[-1])
             if len(ids) >= room:

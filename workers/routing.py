@@ -20,8 +20,8 @@ output on the first forward and refuses a router whose weights are made otherwis
 A record is an integer array [tokens, layers, top_k] over the prompt and completion
 tokens, `NO_EXPERT` (−1) where a token has none (padding, a token never run through the
 model at generation: the last sampled one); replay leaves such tokens to the router's
-own choice. `pack` stores it in fewer bits than a byte per slot where the expert count
-allows (`packed_bits_per_slot`).
+own choice. `pack` stores each (token, layer)'s top-k as one code of its set
+(`packed_bits_per_slot`: 2.5 bits a slot for top-2 of 8 experts, 5.1 for top-8 of 128).
 """
 
 from __future__ import annotations
@@ -184,50 +184,89 @@ class Replay(_RouterHooks):
 
 
 # ---- the record, compact ------------------------------------------------------------
+#
+# A (token, layer)'s top-k is stored as a set: its rank among the C(E, k) sets of k of E
+# experts (the combinatorial number system), 0 for NO_EXPERT, in ceil(log2(C(E, k) + 1))
+# bits. The slots' order is dropped: replay gathers each forced id's weight from the
+# router's softmax, slot by slot, and the experts' outputs are summed expert by expert,
+# so a permuted top-k gives the same forward. A set comes back in ascending order.
+
+
+def _binomials(num_experts: int, top_k: int) -> np.ndarray:
+    """[num_experts + 1, top_k + 1] uint64: C(n, i)."""
+    return np.array([[math.comb(n, i) for i in range(top_k + 1)] for n in range(num_experts + 1)], dtype=np.uint64)
+
+
+def packed_bits(num_experts: int, top_k: int) -> int:
+    """Bits one (token, layer) takes in `pack`: room for every top-k set and NO_EXPERT."""
+    return max(1, math.ceil(math.log2(math.comb(num_experts, top_k) + 1)))
 
 
 def packed_bits_per_slot(num_experts: int, top_k: int) -> float:
-    """Bits one (token, layer, slot) takes in `pack`: the smaller of a bit per expert per
-    (token, layer) (the chosen set, order dropped: the weights are recomputed anyway) and
-    ceil(log2(experts + 1)) bits per id (room for NO_EXPERT)."""
-    return min(num_experts / top_k, math.ceil(math.log2(num_experts + 1)))
+    """Bits one (token, layer, slot) takes in `pack` (`packed_bits` over top_k)."""
+    return packed_bits(num_experts, top_k) / top_k
+
+
+def _check_packable(num_experts: int, top_k: int) -> None:
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"a routing record needs 1 ≤ top_k ≤ num_experts (got top_k {top_k}, {num_experts} experts)")
+    if packed_bits(num_experts, top_k) > 63:
+        raise ValueError(
+            f"top-{top_k} of {num_experts} experts has more sets than a 63-bit code holds; "
+            "turn correction.keep_routing off for this model"
+        )
 
 
 def pack(record: np.ndarray, num_experts: int) -> bytes:
-    """A [tokens, layers, top_k] record in `packed_bits_per_slot` bits a slot."""
+    """A [tokens, layers, top_k] record (ids in any slot order, NO_EXPERT for a whole
+    (token, layer) without one) in `packed_bits` bits a (token, layer)."""
     record = np.asarray(record)
     tokens, layers, top_k = record.shape
-    if num_experts / top_k <= math.ceil(math.log2(num_experts + 1)):
-        # A set of experts per (token, layer); an empty set is NO_EXPERT (a real
-        # selection always holds top_k of them).
-        sets = np.zeros((tokens, layers, num_experts), dtype=bool)
-        t, la, s = np.nonzero(record != NO_EXPERT)
-        sets[t, la, record[t, la, s]] = True
-        return np.packbits(sets.reshape(-1)).tobytes()
-    bits = math.ceil(math.log2(num_experts + 1))
-    shifted = (record.reshape(-1).astype(np.int64) + 1).astype(np.uint64)  # NO_EXPERT → 0
+    _check_packable(num_experts, top_k)
+    flat = record.reshape(-1, top_k).astype(np.int64)
+    none = flat == NO_EXPERT
+    empty = none.all(-1)
+    if (none.any(-1) & ~empty).any():
+        raise ValueError("a routing record's (token, layer) holds all top_k experts or none (NO_EXPERT in every slot)")
+    chosen = np.sort(flat[~empty], -1)
+    if chosen.size and ((chosen[:, 0] < 0) | (chosen[:, -1] >= num_experts)).any():
+        raise ValueError(f"a routing record's expert ids lie in [0, {num_experts}) or are NO_EXPERT ({NO_EXPERT})")
+    if (np.diff(chosen, axis=-1) == 0).any():
+        raise ValueError("a routing record's (token, layer) names each of its top_k experts once")
+    binomials = _binomials(num_experts, top_k)
+    codes = np.zeros(len(flat), dtype=np.uint64)
+    # colex rank of c_1 < … < c_k: Σ C(c_i, i); + 1 keeps 0 for NO_EXPERT
+    ranks = binomials[chosen, np.arange(1, top_k + 1)[None, :]].sum(-1, dtype=np.uint64)
+    codes[~empty] = ranks + np.uint64(1)
+    bits = packed_bits(num_experts, top_k)
     places = np.arange(bits, dtype=np.uint64)
-    as_bits = ((shifted[:, None] >> places[None, :]) & 1).astype(bool)
+    as_bits = ((codes[:, None] >> places[None, :]) & np.uint64(1)).astype(bool)
     return np.packbits(as_bits.reshape(-1)).tobytes()
 
 
 def unpack(data: bytes, tokens: int, layers: int, top_k: int, num_experts: int) -> np.ndarray:
-    """`pack`'s inverse: [tokens, layers, top_k] int16, NO_EXPERT where none. A set comes
-    back in ascending expert order (the order of a top-k never mattered)."""
+    """`pack`'s inverse: [tokens, layers, top_k] int16, NO_EXPERT where none; a set in
+    ascending expert order."""
+    _check_packable(num_experts, top_k)
+    bits = packed_bits(num_experts, top_k)
+    count = tokens * layers
     raw = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
-    if num_experts / top_k <= math.ceil(math.log2(num_experts + 1)):
-        sets = raw[: tokens * layers * num_experts].reshape(tokens, layers, num_experts).astype(bool)
-        out = np.full((tokens, layers, top_k), NO_EXPERT, dtype=np.int16)
-        has = sets.any(-1)
-        # Each non-empty set has exactly top_k members: their ids in ascending order.
-        ids = np.nonzero(sets[has])[1].reshape(-1, top_k)
-        out[has] = ids
-        return out
-    bits = math.ceil(math.log2(num_experts + 1))
-    slots = tokens * layers * top_k
-    as_bits = raw[: slots * bits].reshape(slots, bits).astype(np.int64)
-    values = (as_bits << np.arange(bits, dtype=np.int64)[None, :]).sum(-1) - 1
-    return values.reshape(tokens, layers, top_k).astype(np.int16)
+    if len(raw) < count * bits:
+        raise ValueError(f"a routing record of {tokens} tokens × {layers} layers needs {count * bits} bits")
+    as_bits = raw[: count * bits].reshape(count, bits).astype(np.uint64)
+    codes = (as_bits << np.arange(bits, dtype=np.uint64)[None, :]).sum(-1, dtype=np.uint64)
+    if (codes > np.uint64(math.comb(num_experts, top_k))).any():
+        raise ValueError("a routing record holds a code no top-k set has: it was packed for another shape")
+    out = np.full((count, top_k), NO_EXPERT, dtype=np.int16)
+    has = codes > 0
+    rest = codes[has] - np.uint64(1)
+    binomials = _binomials(num_experts, top_k)
+    for i in range(top_k, 0, -1):
+        # the largest c with C(c, i) ≤ rest: C(·, i) is nondecreasing in c
+        c = np.searchsorted(binomials[:, i], rest, side="right") - 1
+        out[has, i - 1] = c
+        rest = rest - binomials[c, i]
+    return out.reshape(tokens, layers, top_k)
 
 
 @dataclass(frozen=True)

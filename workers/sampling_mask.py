@@ -136,6 +136,11 @@ class KeptLayout:
         picked = rows.tolist()
         return KeptLayout([self.masks[r] for r in picked], [self.starts[r] for r in picked], self.width)
 
+    def in_completions(self, width: int) -> KeptLayout:
+        """The same sets in a layout of completion positions only, `width` a row
+        (workers.shared_prefix): completion token j at position j."""
+        return KeptLayout(self.masks, [0] * len(self.masks), width)
+
     def chunk(self, start: int, stop: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[stop − start, vocab] bool for flat positions start … stop − 1: True where the
         token may be scored (every id at a position with no recorded set)."""

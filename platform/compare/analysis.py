@@ -37,8 +37,12 @@ class Column:
     key: str
     label: str
     unit: str
-    better: str  # "higher" or "lower": which configuration's mean is marked best
+    better: str  # "higher", "lower" or "closer to 1": which configuration's mean is marked best
     help: str
+
+    def distance(self, mean: float) -> float:
+        """How far `mean` is from the best: the configuration with the least is marked."""
+        return {"higher": -mean, "lower": mean, "closer to 1": abs(mean - 1.0)}[self.better]
 
 
 SUMMARY_COLUMNS: tuple[Column, ...] = (
@@ -65,6 +69,11 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
         "mean over ranks of trainer/rank_comm_s ÷ (trainer/rank_comm_s + trainer/rank_compute_s)",
     ),
     Column("rank_comm_bytes", "rank bytes/step", "bytes", "lower", "mean over ranks of trainer/rank_comm_bytes"),
+    # The behaviour-trainer mismatch: what correction.keep_routing / keep_sampling_mask change.
+    Column("mismatch_kl", "mismatch KL", "nats", "lower", "mean of mismatch/kl"),
+    Column("is_ratio_mean", "IS ratio mean", "", "closer to 1", "mean of is/ratio_mean"),
+    Column("is_clipped_frac", "IS clipped", "fraction", "lower", "mean of is/clipped_frac"),
+    Column("routing_agreement", "routing agreement", "fraction", "higher", "mean of routing/agreement"),
 )
 
 
@@ -107,8 +116,13 @@ def check_compare_access(user, raw: str) -> list[Run]:
 
 
 def config_key(run: Run) -> str:
+    """Runs of one key are seeds of one configuration. A simulated run is never a seed of
+    a real one: its numbers come from cost models, not from the GPUs."""
     overrides = {k: v for k, v in dotted(run.overrides or {}).items() if k != "seed"}
-    return json.dumps({"preset": run.preset, "overrides": overrides}, sort_keys=True, default=str)
+    key: dict = {"preset": run.preset, "overrides": overrides}
+    if run.simulated:
+        key["simulated"] = run.simulation.get("cluster", True)
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def samples_per_step(run: Run) -> int:
@@ -127,7 +141,8 @@ def group_runs(runs: list[Run]) -> list[dict]:
             changed = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(overrides.items()))
             groups[key] = {
                 "id": f"c{len(groups) + 1}",
-                "label": run.preset + (f" ({changed})" if changed else ""),
+                "label": run.preset + (f" ({changed})" if changed else "") + (" [simulated]" if run.simulated else ""),
+                "simulated": run.simulated,
                 "preset": run.preset,
                 "overrides": overrides,
                 "runs": [],
@@ -211,6 +226,10 @@ def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int,
             "aborted_frac": frac("rollout/partial_aborted", 1),
             "sync_latency_ms": avg("sync/latency_ms"),
             "sync_bytes": avg("sync/bytes"),
+            "mismatch_kl": avg("mismatch/kl"),
+            "is_ratio_mean": avg("is/ratio_mean"),
+            "is_clipped_frac": avg("is/clipped_frac"),
+            "routing_agreement": avg("routing/agreement"),
             **_rank_figures(avg, s),
         }
     return out
@@ -258,9 +277,8 @@ def summarize(configurations: list[dict], figures: dict[int, dict]) -> dict:
         if len(means) < 2:
             best[col.key] = []
             continue
-        pick = max if col.better == "higher" else min
-        top = pick(m for m, _ in means)
-        best[col.key] = [cid for m, cid in means if m == top]
+        top = min(col.distance(m) for m, _ in means)
+        best[col.key] = [cid for m, cid in means if col.distance(m) == top]
     return {
         "columns": [col.__dict__ for col in SUMMARY_COLUMNS],
         "rows": rows,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import small_config
-from workers.episodes import TOOL_LOGPROB, Episode, run_episodes
+from workers.episodes import TOOL_LOGPROB, Episode, episode_text, run_episodes
 from workers.generation import generate_groups, generate_groups_across_updates
 from workers.inference.base import StepToken
 from workers.inference.torch_backend import generate_by_steps
@@ -39,10 +39,10 @@ class ScriptedBackend:
     `tokenizer`'s ids: each piece encoded on its own, as the episode loop encodes a
     tool's result."""
 
-    def __init__(self, script=correct, tokenizer=TOK, prompts=("12*7+3=", "2-9=")) -> None:
+    def __init__(self, script=correct, tokenizer=TOK, prompts=("12*7+3=", "2-9="), tools=None) -> None:
         self.script = script
         self.tok = tokenizer
-        self.prompts = {tuple(tokenizer.prompt_ids(p)): p[:-1] for p in prompts}
+        self.prompts = {tuple(tokenizer.prompt_ids(p, tools)): p[:-1] for p in prompts}
         self.junk = tokenizer.encode("z")[0]
         self.call_end = tokenizer.encode("?")[-1]
         self.version = 0
@@ -274,19 +274,16 @@ def test_tool_tokens_do_not_count_in_staleness():
         Rollout([1], [5, 6], [-1.0, -1.0], [0, 0], "stop", loss_mask=[1])
 
 
-def test_episodes_with_a_hugging_face_tokenizer():
-    """The same episodes through a byte-level BPE tokenizer with a chat template: calls
-    are found in multi-character tokens, the tool's result is encoded by that tokenizer,
-    and the reward reads the decoded text."""
+def bpe_tokenizer(chat_template: str):
+    """A byte-level BPE tokenizer with `chat_template`, its merges learnt from the task's
+    own episodes, so calls and results span merged tokens."""
     import random
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from workers.tiny_hf import CHAT_TEMPLATE
     from workers.tokenizer import HFTokenizer
 
-    # Merges learnt from the task's own episodes, so calls and results span merged tokens.
     task = CalculatorTask()
     lines = [p + task.demonstration(p, a) for p, a in task.sample(500, random.Random(0))]
     raw = Tokenizer(models.BPE())
@@ -306,8 +303,19 @@ def test_episodes_with_a_hugging_face_tokenizer():
         eos_token="<|im_end|>",
         additional_special_tokens=["<|im_start|>"],
     )
-    fast.chat_template = CHAT_TEMPLATE
-    hf = HFTokenizer(fast)
+    fast.chat_template = chat_template
+    return HFTokenizer(fast)
+
+
+def test_episodes_with_a_hugging_face_tokenizer():
+    """The same episodes through a byte-level BPE tokenizer with a chat template that
+    shows no tools: calls are found in multi-character tokens, the tool's result is
+    encoded by that tokenizer in the task's text format, and the reward reads the
+    decoded text."""
+    from workers.tiny_hf import CHAT_TEMPLATE
+
+    hf = bpe_tokenizer(CHAT_TEMPLATE)
+    assert not hf.renders_tools(CalculatorTask.tools)  # so the text format, as before
     prompts = [("12*7+3=", "87"), ("2-9=", "-7")]
     backend = ScriptedBackend(tokenizer=hf, prompts=[p for p, _ in prompts])
     assert any(len(hf.decode([t])) > 1 for p in correct("12*7+3") for t in hf.encode(p))  # merges exist
@@ -321,3 +329,89 @@ def test_episodes_with_a_hugging_face_tokenizer():
             assert r.loss_mask == [1] * len(call) + [0] * len(result) + [1] * (len(answer) + 1)
             assert hf.decode(r.completion_ids) == f"calc:{expression}?={value} {value}"
             assert r.reward == 1.0
+
+
+# ChatML with tools, as tool-using chat models' templates write them: the schemas in a
+# system turn, every role's turn the same way (the tool's result in a `tool` turn).
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\nTools: "
+    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}\n"
+    "{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def json_call(expression: str) -> list[str]:
+    """The correct episode in the chat format: a JSON call in the model's turn, which it
+    closes itself (<|im_end|>, its EOS), the template's tool turn, then the value."""
+    value = calculate(expression)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + expression + '"}}\n</tool_call>'
+    return [call + "<|im_end|>", f"\n<|im_start|>tool\n{value}<|im_end|>\n<|im_start|>assistant\n", value]
+
+
+def test_a_template_that_renders_tools_gets_the_schema_and_tool_messages():
+    """With a chat template that shows tools, the prompt carries the calculator's JSON
+    schema, the model's turn holding a JSON call ends at its own end-of-turn token, and
+    the result comes back as a `tool` turn of that template (masked, the end-of-turn not
+    repeated), after which the model's answer is scored."""
+    from workers.tool_task import TOOLS, final_answer
+
+    hf = bpe_tokenizer(TOOLS_TEMPLATE)
+    assert hf.renders_tools(TOOLS)
+    prompt_text = hf.hf.decode(hf.prompt_ids("12*7+3=", TOOLS))
+    assert "Tools: calculator" in prompt_text and '"expression"' in prompt_text
+    assert hf.prompt_ids("12*7+3=") != hf.prompt_ids("12*7+3=", TOOLS)
+    prompts = [("12*7+3=", "87"), ("2-9=", "-7")]
+    backend = ScriptedBackend(json_call, tokenizer=hf, prompts=[p for p, _ in prompts], tools=TOOLS)
+    cfg = small_config(
+        model={"max_position_embeddings": 256}, inference={"max_new_tokens": 120}, trainer={"group_size": 2}
+    )
+    groups = generate_groups(backend, CalculatorTask(), hf, prompts, cfg, 0, seed=3)
+    for g in groups:
+        expression, value = g.prompt[:-1], g.answer
+        for r in g.rollouts:
+            assert r.prompt_ids == hf.prompt_ids(g.prompt, TOOLS)
+            call, result, answer = (hf.encode(piece) for piece in json_call(expression))
+            assert r.completion_ids == [*call, *result, *answer, hf.eos_id]
+            assert r.loss_mask == [1] * len(call) + [0] * len(result) + [1] * (len(answer) + 1)
+            assert final_answer(episode_text(hf, r.completion_ids, r.loss_mask)) == value
+            assert r.reward == 1.0
+
+
+# Qwen2.5's way with tools, shortened: the schemas in the system turn, a tool's result in a
+# user turn inside <tool_response> tags (consecutive results share one turn).
+QWEN_STYLE_TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# A template that knows no tool role: it refuses one, as some templates do.
+NO_TOOL_ROLE_TEMPLATE = (
+    "{% for message in messages %}{% if message.role == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_tool_turn_is_what_the_template_writes_between_the_reply_and_the_next_prompt():
+    from workers.episodes import tool_turn_ids
+    from workers.tool_task import TOOLS
+
+    qwen_style = bpe_tokenizer(QWEN_STYLE_TOOLS_TEMPLATE)
+    assert qwen_style.renders_tools(TOOLS)
+    turn = tool_turn_ids(CalculatorTask(), qwen_style, "12*7+3")
+    # The model's own <|im_end|> closed its turn: the tool turn starts after it.
+    assert turn == qwen_style.encode(
+        "\n<|im_start|>user\n<tool_response>\n87\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    # A template that refuses the tool role, or shows no tools, keeps the text format.
+    refusing = bpe_tokenizer(NO_TOOL_ROLE_TEMPLATE)
+    assert not refusing.renders_tools(TOOLS)
+    assert tool_turn_ids(CalculatorTask(), refusing, "12*7+3") == refusing.encode("=87 ")

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workers import tiny_hf
 from workers.routing import (
@@ -86,6 +88,37 @@ def test_replaying_the_models_own_choice_changes_nothing(arch, tokenizer):
 
 
 @pytest.mark.parametrize("arch", MOE)
+def test_the_slots_order_changes_nothing_so_a_packed_set_replays_the_same_forward(arch, tokenizer):
+    """`pack` keeps each top-k as a set (ascending on the way back): replay must give
+    the same logits and gradients whatever order the slots come in."""
+    model = _model(arch, tokenizer)
+    ids = _ids()
+    with torch.no_grad(), Recorder(model) as rec:
+        model(input_ids=ids)
+        own = rec.take()
+    forced = own.permute(1, 0, 2).reshape(ids.shape[0], ids.shape[1], 2, 2)
+    # a different forward than the model's own: every other token through other experts
+    forced[:, ::2] = (forced[:, ::2] + 1) % 4
+    forced[:, ::2, :, 1] = torch.where(
+        forced[:, ::2, :, 1] == forced[:, ::2, :, 0], (forced[:, ::2, :, 1] + 1) % 4, forced[:, ::2, :, 1]
+    )
+    record = forced.reshape(-1, 2, 2).numpy()
+    packed = RoutingRecord.of(record, 4).array()
+    assert not np.array_equal(packed, record)  # some sets came back in another order
+    runs = []
+    for slots in (forced, forced.flip(-1), torch.from_numpy(packed).reshape(forced.shape)):
+        model.zero_grad()
+        with Replay(model) as replay, replay.use(slots):
+            logits = model(input_ids=ids).logits
+        logits.float().logsumexp(-1).sum().backward()
+        runs.append((logits.detach(), [r.weight.grad.clone() for r in routers(model)]))
+    for logits, grads in runs[1:]:
+        torch.testing.assert_close(logits, runs[0][0], atol=1e-6, rtol=0)
+        for g, g0 in zip(grads, runs[0][1], strict=True):
+            torch.testing.assert_close(g, g0, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", MOE)
 def test_a_forced_choice_is_used_and_its_weights_come_from_the_routers_softmax(arch, tokenizer):
     model = _model(arch, tokenizer)
     ids = _ids(n=1, t=5)
@@ -144,22 +177,24 @@ def test_a_record_of_the_wrong_length_is_refused(tokenizer):
         model(input_ids=_ids(n=1, t=3))
 
 
-@pytest.mark.parametrize(("experts", "top_k", "bits"), [(4, 2, 2), (8, 2, 4), (64, 8, 7), (128, 8, 8), (60, 4, 6)])
-def test_pack_round_trips_in_fewer_bits_than_a_byte_where_it_can(experts, top_k, bits):
+@pytest.mark.parametrize(
+    ("experts", "top_k", "bits"), [(4, 2, 1.5), (8, 2, 2.5), (64, 8, 4.125), (128, 8, 5.125), (60, 4, 4.75)]
+)
+def test_pack_round_trips_a_set_per_token_and_layer_in_a_few_bits_a_slot(experts, top_k, bits):
     rng = np.random.default_rng(experts)
     tokens, layers = 37, 3
     record = np.stack(
-        [np.stack([np.sort(rng.choice(experts, top_k, replace=False)) for _ in range(layers)]) for _ in range(tokens)]
+        [np.stack([rng.choice(experts, top_k, replace=False) for _ in range(layers)]) for _ in range(tokens)]
     ).astype(np.int16)
     record[5] = NO_EXPERT
     record[-1] = NO_EXPERT
     assert packed_bits_per_slot(experts, top_k) == bits
     data = pack(record, experts)
-    assert len(data) == -(-tokens * layers * top_k * bits // 8)
+    assert len(data) == -(-tokens * layers * int(top_k * bits) // 8)
     back = unpack(data, tokens, layers, top_k, experts)
-    assert np.array_equal(np.sort(back, -1), record)
+    assert np.array_equal(back, np.sort(record, -1))  # the set, in ascending order
     rec = RoutingRecord.of(record, experts)
-    assert np.array_equal(np.sort(rec.array(), -1), record)
+    assert np.array_equal(rec.array(), np.sort(record, -1))
     # A checkpoint's buffer.json holds it as JSON, through the group's own to_json.
     from workers.rollout import Group, Rollout
 
@@ -172,6 +207,43 @@ def test_pack_round_trips_in_fewer_bits_than_a_byte_where_it_can(experts, top_k,
     back_group = Group.from_json(json.loads(json.dumps(group.to_json())))
     assert back_group.rollouts[0].expert_routing == rec and back_group.rollouts[1].expert_routing is None
     assert rec.bytes_per_token == pytest.approx(len(data) / tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_record_comes_back_as_its_sets_and_padding_never_as_an_expert(data):
+    experts = data.draw(st.integers(1, 160), label="experts")
+    top_k = data.draw(st.integers(1, min(experts, 8)), label="top_k")
+    tokens = data.draw(st.integers(0, 12), label="tokens")
+    layers = data.draw(st.integers(1, 3), label="layers")
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    rng = np.random.default_rng(seed)
+    record = np.full((tokens, layers, top_k), NO_EXPERT, dtype=np.int16)
+    padded = rng.random((tokens, layers)) < 0.3
+    for t in range(tokens):
+        for la in range(layers):
+            if not padded[t, la]:
+                # any slot order, the extremes included (expert 0, the last expert)
+                record[t, la] = rng.choice(experts, top_k, replace=False)
+    back = unpack(pack(record, experts), tokens, layers, top_k, experts)
+    assert back.dtype == np.int16 and back.shape == record.shape
+    assert np.array_equal(back[padded], record[padded])  # NO_EXPERT in every slot
+    assert np.array_equal(back[~padded], np.sort(record[~padded], -1))
+    assert ((back[~padded] >= 0) & (back[~padded] < experts)).all()
+
+
+def test_a_record_of_nothing_but_padding_decodes_to_no_expert_and_bad_ones_are_refused():
+    for experts, top_k in ((8, 2), (128, 8), (1, 1)):
+        none = np.full((5, 2, top_k), NO_EXPERT, dtype=np.int16)
+        assert (unpack(pack(none, experts), 5, 2, top_k, experts) == NO_EXPERT).all()
+    with pytest.raises(ValueError, match="all top_k experts or none"):
+        pack(np.array([[[3, NO_EXPERT]]]), 8)
+    with pytest.raises(ValueError, match="each of its top_k experts once"):
+        pack(np.array([[[3, 3]]]), 8)
+    with pytest.raises(ValueError, match=r"in \[0, 8\)"):
+        pack(np.array([[[3, 8]]]), 8)
+    with pytest.raises(ValueError, match="no top-k set has"):
+        unpack(bytes([0xFF]), 1, 1, 2, 8)  # code 31 > C(8, 2) = 28
 
 
 def test_batch_routing_pads_rows_with_no_expert():

@@ -8,12 +8,13 @@ log_softmax(logits / T) at the sampled tokens.
 from __future__ import annotations
 
 import importlib
+import random
 
 import pytest
 import torch
 
 from tests.engine.helpers import reference_kept
-from workers.config import InferenceConfig, ModelConfig
+from workers.config import InferenceConfig, ModelConfig, RunConfig
 from workers.inference.base import Completion
 from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim
 
@@ -268,6 +269,42 @@ def test_a_head_size_vllm_cpu_lacks_is_refused_with_the_fix():
     )
     with pytest.raises(ValueError, match="num_heads"):
         _check_cpu_head_dim(dims)
+
+
+def test_tokens_carry_the_version_the_engine_was_labelled_with_at_each_sync(backend):
+    """Unlabelled (vLLM's "default"), a completion has no versions and generation tags
+    its tokens with the caller's version; once a sync labels the weights, vLLM's
+    stamps tag them, whatever the caller believes it loaded."""
+    from workers.generation import generate_groups
+    from workers.rl_tasks import make_task
+    from workers.tokenizer import CharTokenizer
+
+    groups = backend.generate(_prompts(2), n=2, max_new_tokens=6, temperature=1.0, seed=3)
+    assert all(c.versions == [] for g in groups for c in g)
+    cfg = RunConfig.model_validate({"model": {"num_heads": 2}, "trainer": {"batch_groups": 2, "group_size": 2}})
+    task, tokenizer = make_task(cfg.task), CharTokenizer.load(backend.model_dir)
+    prompts = task.sample(2, random.Random(0))
+    tagged = generate_groups(backend, task, tokenizer, prompts, cfg, version=5, seed=1)
+    assert {v for g in tagged for r in g.rollouts for v in r.token_versions} == {5}
+    for version in (3, 4):
+        backend.label_weights(version)
+        groups = backend.generate(_prompts(2), n=2, max_new_tokens=6, temperature=1.0, seed=3)
+        assert all(c.versions == [version] * len(c.token_ids) for g in groups for c in g)
+    # the engine's label wins over the caller's belief (here: version 9)
+    stamped = generate_groups(backend, task, tokenizer, prompts, cfg, version=9, seed=1)
+    assert all(r.token_versions == [4] * len(r.completion_ids) for g in stamped for r in g.rollouts)
+
+
+def test_token_versions_spread_vllms_spans_and_give_none_for_a_label_that_is_no_version():
+    from vllm.outputs import WeightVersionSpan
+
+    from workers.inference.vllm_backend import token_versions
+
+    spans = [WeightVersionSpan("3", 0, 2), WeightVersionSpan("4", 2, 5)]
+    assert token_versions(spans, 5) == [3, 3, 4, 4, 4]
+    assert token_versions([WeightVersionSpan("default", 0, 5)], 5) == []
+    assert token_versions(None, 5) == []
+    assert token_versions(spans, 6) == []  # spans that do not cover every token: none
 
 
 def test_it_leaves_torch_thread_control_to_the_caller(backend):

@@ -135,6 +135,55 @@ def test_a_trainer_pools_figures_come_from_its_ranks_series(client_for, owner, m
     ]  # a series per rank: no chart of its own
 
 
+def test_replay_on_and_off_show_their_mismatch_side_by_side(client_for, owner, make_run):
+    """2 seeds with correction.keep_routing and keep_sampling_mask on, 2 with them off:
+    the summary's mismatch columns are the means of the stored series, and the best is
+    the lower KL and clipped share, the IS ratio nearer 1 and the higher agreement."""
+    series = {}
+    runs = []
+    for on in (True, False):
+        for seed in (1, 2):
+            overrides = {"correction": {"keep_routing": on, "keep_sampling_mask": on}, "seed": seed}
+            run = make_run(status=Run.Status.SUCCEEDED, overrides=overrides)
+            rng = random.Random(f"{on}{seed}")
+            series[run.pk] = {
+                "mismatch/kl": [rng.uniform(0, 1e-6) if on else rng.uniform(1e-3, 5e-3) for _ in range(10)],
+                # below 1 but nearer it than the other's above 1: the nearer one is best, not the higher
+                "is/ratio_mean": [rng.uniform(0.995, 0.999) if on else rng.uniform(1.05, 1.1) for _ in range(10)],
+                "is/clipped_frac": [0.0 if on else rng.uniform(0.01, 0.1) for _ in range(10)],
+            }
+            if on:  # the series exists only where keep_routing is on
+                series[run.pk]["routing/agreement"] = [rng.uniform(0.8, 0.95) for _ in range(10)]
+            for name, values in series[run.pk].items():
+                store(run, name, values)
+            runs.append(run)
+    body = client_for(owner).get(f"/api/compare?runs={ids(runs)}").json()
+    columns = {
+        "mismatch_kl": "mismatch/kl",
+        "is_ratio_mean": "is/ratio_mean",
+        "is_clipped_frac": "is/clipped_frac",
+        "routing_agreement": "routing/agreement",
+    }
+    got = {r["id"]: r["figures"] for r in body["runs"]}
+    for run in runs:
+        for key, name in columns.items():
+            want = series[run.pk].get(name)
+            assert got[run.pk][key] == (pytest.approx(fmean(want)) if want else None), key
+    on, off = body["configurations"]
+    assert on["label"].count("true") == 2 and off["label"].count("false") == 2
+    rows = {row["configuration"]: row["cells"] for row in body["summary"]["rows"]}
+    for key, name in columns.items():
+        means = [
+            fmean(fmean(series[r][name]) for r in c["runs"]) if name in series[c["runs"][0]] else None
+            for c in (on, off)
+        ]
+        want = [None if m is None else pytest.approx(m) for m in means]
+        assert [rows[c["id"]][key]["mean"] for c in (on, off)] == want
+        assert body["summary"]["best"][key] == ([on["id"]] if key != "routing_agreement" else [])
+    header = {c["key"]: c for c in body["summary"]["columns"]}
+    assert header["is_ratio_mean"]["better"] == "closer to 1"
+
+
 def test_time_to_target_needs_five_points_whose_mean_reaches_it(client_for, owner, make_run):
     run = make_run(status=Run.Status.SUCCEEDED)
     store(run, "reward/mean", [0.9, 0.9, 0.9, 0.9, 0.0, 0.9, 0.9, 0.9, 0.9, 0.9], dt=1.0)
@@ -240,6 +289,18 @@ def test_one_foreign_run_among_visible_ones_is_a_404_naming_it(client_for, owner
     )
     r = client_for(owner).get(f"/api/compare?runs={grid['base', 1].pk},{theirs.pk}")
     assert r.status_code == 404 and f"run {theirs.pk} not found" in r.json()["errors"]["runs"]
+
+
+def test_a_reward_functions_series_can_be_asked_for_by_name(client_for, owner, grid):
+    run = grid["base", 1]
+    MetricPoint.objects.upsert(
+        run.pk, [("rewards/accuracy/mean", 1, 0.5, 1.0), ("rewards/accuracy/mean", 2, 0.75, 2.0)]
+    )
+    url = f"/api/compare?runs={ids(grid.values())}&what=charts&series=rewards/accuracy/mean"
+    body = client_for(owner).get(url).json()
+    assert body["series"][str(run.pk)]["rewards/accuracy/mean"]
+    r = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}&what=charts&series=rewards/accuracy/median")
+    assert r.status_code == 400 and "unknown metric 'rewards/accuracy/median'" in r.json()["errors"]["series"]
 
 
 def test_a_chart_asks_only_for_its_own_series(client_for, owner, grid):

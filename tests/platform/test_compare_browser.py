@@ -47,6 +47,9 @@ def seed_runs(user) -> tuple[list[Run], dict[str, float]]:
             slope = lr * 1e4 / 10
             points = [("reward/mean", s, slope * s + 0.01 * seed, T0 + 2.0 * s) for s in range(50)]
             points += [("staleness/mean", s, 0.5 * seed + (s % 3), T0 + 2.0 * s) for s in range(50)]
+            # the behaviour-trainer mismatch grows with the step size: c1's is the lower
+            points += [("mismatch/kl", s, 100 * lr + 1e-4 * seed, T0 + 2.0 * s) for s in range(50)]
+            points += [("is/ratio_mean", s, 1 - 1000 * lr, T0 + 2.0 * s) for s in range(50)]
             MetricPoint.objects.upsert(run.pk, points)
             within = [v for name, _step, v, t in points if name == "reward/mean" and t - T0 <= BUDGET]
             rewards.append(within[-1])
@@ -96,6 +99,19 @@ def test_the_compare_page_draws_toggles_pins_and_exports(live_server):
             lr_cells = page.locator('#config-table tr[data-key="trainer.lr"] td')
             expect(lr_cells.nth(1)).to_contain_text("-2")  # 1e-5 shown as its difference from 3e-5
             assert "baseline=c2" in page.url
+
+            # the summary table draws the mismatch per configuration, ★ on the lower KL and the
+            # IS ratio nearer 1 (1e-5: KL 1e-3 + 1.5e-4 over seeds, ratio 0.99; 3e-5: 3.15e-3, 0.97)
+            kl = page.locator('#summary-table tr[data-configuration="c1"] td[data-column="mismatch_kl"]')
+            expect(kl).to_have_text("0.001150 ± 5.000e-5 ★")
+            assert float(kl.get_attribute("data-mean")) == pytest.approx(1.15e-3)
+            other = page.locator('#summary-table tr[data-configuration="c2"] td[data-column="mismatch_kl"]')
+            expect(other).to_have_text("0.003150 ± 5.000e-5")
+            ratio = page.locator('#summary-table tr[data-configuration="c1"] td[data-column="is_ratio_mean"]')
+            expect(ratio).to_have_text("0.9900 ± 0 ★")
+            expect(page.locator('#summary-table th[data-column="is_ratio_mean"]')).to_have_text("IS ratio mean → 1")
+            no_routing = page.locator('#summary-table tr[data-configuration="c1"] td[data-column="routing_agreement"]')
+            expect(no_routing).to_have_text("—")
 
             href = page.get_attribute("#export-summary-csv", "href")
             exported = page.request.get(live_server.url + href).text()

@@ -22,6 +22,14 @@ stop); `finish_reason` is "stop" then, else "length".
 Logprobs are vLLM's "processed_logprobs": log_softmax(logits / temperature) after the
 min-p, top-k and top-p cuts, at the sampled token, i.e. log mu(token) under the
 truncated distribution that actually sampled it.
+
+Versions: every sync labels the engine's weights with the policy version
+(`label_weights`, vLLM's `set_weight_version`), and vLLM stamps each finished output with
+the labels in force while its tokens were sampled (`weight_versions`); `generate` returns
+them per token (`Completion.versions`), so a token's version is what the engine says
+produced it, not what the caller believes it loaded. A stepped session (`start`) hands
+its tokens on as they come, before vLLM stamps them; it loads weights between its own
+steps, so the caller's version is exact there.
 """
 
 from __future__ import annotations
@@ -285,6 +293,21 @@ def _repack_tied_head(worker) -> None:
         method.process_weights_after_loading(head)
 
 
+def token_versions(spans, tokens: int) -> list[int]:
+    """Per output token, the policy version vLLM stamped it with (`spans`: a finished
+    output's `weight_versions`, each "version" over tokens [start, end)); [] where vLLM
+    stamped none, or a label is not a version `label_weights` set (an engine never
+    labelled says "default"), so the caller's own version stands."""
+    out: list[int] = []
+    for span in spans or ():
+        try:
+            version = int(span.version)
+        except ValueError:
+            return []
+        out.extend([version] * (span.end - span.start))
+    return out if len(out) == tokens else []
+
+
 class VLLMBackend:
     """vLLM engine in the caller's process: seeded temperature sampling with per-token
     logprobs, full weight reload from the trainer's state dict.
@@ -477,7 +500,14 @@ class VLLMBackend:
             logprobs = [float(c.logprobs[k][t].logprob) for k, t in enumerate(token_ids)]
             # "stop" only ever means EOS here (no stop strings); the token stays in the
             # output, exactly as TorchBackend returns it. Hitting max_model_len is "length".
-            completions.append(Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=c.finish_reason))
+            completions.append(
+                Completion(
+                    token_ids=token_ids,
+                    logprobs=logprobs,
+                    finish_reason=c.finish_reason,
+                    versions=token_versions(c.weight_versions, len(token_ids)),
+                )
+            )
         return completions
 
     # ---- weights -----------------------------------------------------------------
@@ -501,6 +531,14 @@ class VLLMBackend:
         with self._lock:
             self._llm.collective_rpc(_reload_from_memory, args=(weights,))
             self._weights_changed()
+
+    def label_weights(self, version: int) -> None:
+        """Label the weights loaded now as policy `version`: vLLM stamps each finished
+        output with the labels in force while its tokens were sampled
+        (`CompletionOutput.weight_versions`), which `generate` returns per token."""
+        self._check_open()
+        with self._lock:
+            self._llm.llm_engine.set_weight_version(str(version))
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The same reload through a safetensors file, for engines whose vLLM workers

@@ -297,7 +297,7 @@
     var head = document.createElement("tr");
     head.appendChild(cell("th", "configuration"));
     s.columns.forEach(function (col) {
-      var th = cell("th", col.label + (col.better === "higher" ? " ↑" : " ↓"));
+      var th = cell("th", col.label + ({ higher: " ↑", lower: " ↓" }[col.better] || " → 1"));
       th.title = col.help + " (" + col.unit + "; " + col.better + " is better)";
       th.dataset.column = col.key;
       head.appendChild(th);
