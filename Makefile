@@ -58,6 +58,8 @@ setup: $(DEPS_STAMP)
 # Linux wheel is the CUDA build (GBs): the cpu flavor takes torch from a local wheel cache
 # when pip's find-links holds it (`pip download --no-index` looks nowhere else), and from
 # TORCH_CPU_INDEX otherwise (PyTorch's CPU index, as the image does; name a mirror here).
+# Only torch itself comes from that index (--no-deps): its dependencies (filelock, sympy,
+# ...) come with the rest from the package index, so a mirror need hold the one wheel.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,7 +68,7 @@ $(TORCH_STAMP):
 	    $(PIP) install -q torch==2.13.0; \
 	else \
 	    echo "torch: no local wheel; the CPU build from $(TORCH_CPU_INDEX)"; \
-	    $(PIP) install -q --index-url $(TORCH_CPU_INDEX) torch==2.13.0; \
+	    $(PIP) install -q --no-deps --index-url $(TORCH_CPU_INDEX) torch==2.13.0; \
 	fi; rc=$$?; rm -rf $(VENV)/.torch-probe; exit $$rc
 	touch $@
 

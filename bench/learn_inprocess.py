@@ -6,6 +6,12 @@ step/second at which the moving-average reward first reaches the target.
 
     .venv/bin/python bench/learn_inprocess.py                     # the `async` preset's defaults
     .venv/bin/python bench/learn_inprocess.py --set trainer.lr=3e-3 --set warm_start.steps=20
+    ROLLWAY_TASK_MODULES=examples .venv/bin/python bench/learn_inprocess.py \
+        --launch-file examples/arithmetic/run.yaml --preset sync      # a launch file's run, synchronously
+
+Prompts come from the task's generator, or from `task.dataset`'s train split where the
+config names one; with `task.reward_funcs`, each function's rewards/<name>/mean over the
+first and last `--window` steps is printed at the end.
 """
 
 from __future__ import annotations
@@ -15,14 +21,18 @@ import os
 import random
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from rollway_cli.launchfile import launch_body
 from workers.generation import generate_groups
 from workers.inference.torch_backend import TorchBackend
-from workers.merge import parse_sets
+from workers.merge import deep_merge, parse_sets
+from workers.metric_names import REWARD_FUNC_PREFIX
 from workers.presets import build
 from workers.rl_tasks import make_task
+from workers.task_data import train_prompts
 from workers.tokenizer import CharTokenizer
 from workers.trainer import Trainer
 from workers.warmstart import policy_dir
@@ -30,7 +40,8 @@ from workers.warmstart import policy_dir
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="async")
+    ap.add_argument("--preset", default=None, help="the preset (default: the launch file's, else async)")
+    ap.add_argument("--launch-file", type=Path, help="a `rollway launch` YAML file: its preset and overrides")
     ap.add_argument("--set", action="append", default=[], help="override, e.g. trainer.lr=3e-3")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--target", type=float, default=0.8)
@@ -45,7 +56,9 @@ def main() -> int:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    cfg = build(args.preset, parse_sets(args.set))
+    body = launch_body(args.launch_file, []) if args.launch_file else {}
+    preset = args.preset or body.get("preset") or "async"
+    cfg = build(preset, deep_merge(body.get("overrides") or {}, parse_sets(args.set)))
     t = time.perf_counter()
     model_dir = policy_dir(cfg, args.cache_dir)
     print(f"warm start: {time.perf_counter() - t:.1f}s → {model_dir}")
@@ -53,7 +66,9 @@ def main() -> int:
     task = make_task(cfg.task)
     backend = TorchBackend(model_dir)
     trainer = Trainer(cfg, model_dir)
+    source = train_prompts(cfg, task)  # the dataset's train split, or the task's generator
     rng = random.Random(cfg.seed)
+    per_func: dict[str, list[float]] = {}
 
     rewards: list[float] = []
     reached = None
@@ -64,7 +79,7 @@ def main() -> int:
     while step < args.max_steps and time.perf_counter() - start < args.max_seconds:
         t_gen = time.perf_counter()
         while len(pending) <= args.lag:
-            prompts = task.sample(cfg.trainer.batch_groups, rng)
+            prompts = source.sample(cfg.trainer.batch_groups, rng)
             pending.append(
                 generate_groups(
                     backend, task, tokenizer, prompts, cfg, trainer.version, seed=cfg.seed * 100_003 + gen_seed
@@ -75,6 +90,9 @@ def main() -> int:
         m = trainer.train_step(pending.pop(0))
         backend.load_weights(trainer.state_dict())
         rewards.append(m["reward/mean"])
+        for name, value in m.items():
+            if name.startswith(REWARD_FUNC_PREFIX) and name.endswith("/mean"):
+                per_func.setdefault(name, []).append(value)
         avg = sum(rewards[-args.window :]) / len(rewards[-args.window :])
         wall = time.perf_counter() - start
         if not args.quiet or step % 10 == 0:
@@ -90,6 +108,12 @@ def main() -> int:
             reached = (step, wall)
             break
     print(f"start reward (step 0): {rewards[0]:.3f}")
+    for name, values in per_func.items():
+        first, last = values[: args.window], values[-args.window :]
+        print(
+            f"{name}: first {len(first)} steps {sum(first) / len(first):.3f}, "
+            f"last {len(last)} {sum(last) / len(last):.3f}"
+        )
     if reached:
         print(f"REACHED avg{args.window} ≥ {args.target} at step {reached[0]} in {reached[1]:.1f}s")
         return 0

@@ -34,8 +34,8 @@ What cannot be the same, and why:
   so the completions differ from the first step on; the prompts do not.
 - The loss: TRL (beta 0, one iteration per generation, loss_type "bnpo": token mean over
   the batch) optimises PPO-clip on πθ/π_old with π_old = πθ detached, so the ratio is 1
-  and the clip never binds. Rollway recomputes π_old in an extra forward pass and
-  weights each token by min(π_old/μ, 2) (token TIS, the `async` preset's default): in
+  and the clip never binds. Rollway's π_old is its own forward, detached (one
+  minibatch: no extra pass), and it weights each token by min(π_old/μ, 2) (token TIS, the `async` preset's default): in
   `sync` π_old/μ is 1 up to kernel differences, so the gradient is TRL's; in `async` the
   batch is up to one version stale and the weight corrects for it (TRL's sync trainer
   has no stale data to correct).

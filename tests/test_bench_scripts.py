@@ -443,34 +443,59 @@ def test_soak_compares_viewers_over_the_steps_all_of_them_were_there_for():
     assert list(steps) == [5, 6, 7, 8, 9] and short == {1: [5, 6, 7, 8, 9]}
 
 
-@pytest.fixture
-def bench_database(tmp_path):
-    """A throwaway PostgreSQL database beside $DATABASE_URL's, migrated, with run and team
-    ids far above any test database's: the benches share $REDIS_URL's channel layer with
-    other tests' sites, whose run groups ("run-<id>") and run-list watchers (filtered by
-    team id) must not meet theirs."""
-    import uuid
+def _database_urls(name: str) -> tuple[str, str]:
+    """(the server's maintenance database, database `name`) beside $DATABASE_URL's."""
     from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit(parts._replace(path="/postgres")), urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture(scope="session")
+def migrated_bench_template(tmp_path_factory):
+    """A database migrated once per session, which each bench test's database copies
+    (CREATE DATABASE … TEMPLATE takes a fraction of a second; a migrate takes seconds)."""
+    import uuid
 
     url, redis = os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")
     if not url.startswith(("postgres://", "postgresql://")) or not redis.startswith("redis://"):
         pytest.skip("needs DATABASE_URL (PostgreSQL) and REDIS_URL: `make test` sets them")
     import psycopg
 
-    parts = urlsplit(url)
-    name = f"bench_{uuid.uuid4().hex[:12]}"
-    admin, database = urlunsplit(parts._replace(path="/postgres")), urlunsplit(parts._replace(path=f"/{name}"))
+    name = f"bench_tpl_{uuid.uuid4().hex[:12]}"
+    admin, database = _database_urls(name)
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     try:
-        env = {**os.environ, "DATABASE_URL": database, "ROLLWAY_HOME": str(tmp_path)}
+        env = {**os.environ, "DATABASE_URL": database, "ROLLWAY_HOME": str(tmp_path_factory.mktemp("bench-tpl"))}
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True, timeout=600
         )
+        yield name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def bench_database(migrated_bench_template):
+    """A throwaway PostgreSQL database beside $DATABASE_URL's, migrated, with run and team
+    ids far above any test database's: the benches share $REDIS_URL's channel layer with
+    other tests' sites, whose run groups ("run-<id>") and run-list watchers (filtered by
+    team id) must not meet theirs."""
+    import uuid
+
+    import psycopg
+
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin, database = _database_urls(name)
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{migrated_bench_template}"')
+    try:
         with psycopg.connect(database, autocommit=True) as c:
             for table in ("runs_run", "teams_team"):
                 c.execute(f"ALTER TABLE {table} ALTER COLUMN id RESTART WITH {10**9 + uuid.uuid4().int % 10**8}")
-        yield database, redis
+        yield database, os.environ["REDIS_URL"]
     finally:
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -530,7 +555,10 @@ def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path
     out = tmp_path / "soak.json"
     done = bench(
         "soak.py",
-        *("--minutes", "0.5", "--interval", "10", "--viewers", "2", "--extra-points-per-s", "60", "--read-every", "3"),
+        # Three samples 5 s apart: enough for drift (first → last) and for every column to
+        # have moved; the sampling window is not what this test checks.
+        *("--minutes", "0.25", "--interval", "5", "--read-every", "1.5"),
+        *("--viewers", "2", "--extra-points-per-s", "60"),
         # The embedded broker: a worker on the suite's broker would take other tests' tasks.
         *("--database-url", database, "--redis-url", redis, "--broker-url", "filesystem://", "--json", str(out)),
         timeout=900,
@@ -700,3 +728,25 @@ def test_learning_table_gives_mean_spread_and_each_seed():
     text = lb.table({"sync": runs})
     assert "| sync | 0, 1 | 0.200 ± 0.000 → 0.350 ± 0.071 | 0.200→0.400, 0.200→0.300 | +0.150, +0.100 | 7680 |" in text
     assert "60: 0.350" in lb.curves({"sync": runs})
+
+
+# ---- simulate_presets --------------------------------------------------------------
+
+
+def test_simulate_presets_prints_a_row_each_and_the_calibration(tmp_path):
+    out = tmp_path / "sim.json"
+    args = ["--presets", "sync@colocated,async", "--models", "7B", "--lengths", "2048", "--gpus", "8"]
+    done = bench("simulate_presets.py", *args, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert [r["preset"] for r in figures["rows"]] == ["sync@colocated", "async"]
+    assert all(r["samples_per_s"] > 0 for r in figures["rows"])
+    assert len(figures["calibration"]) == 6 and len(figures["headlines"]) == 5
+    assert "published" in done.stdout and "KV floor" in done.stdout
+
+
+def test_simulate_presets_refuses_bad_flags_naming_them():
+    done = bench("simulate_presets.py", "--presets", "async,ring")
+    assert done.returncode != 0 and "--presets" in done.stderr and "ring" in done.stderr
+    done = bench("simulate_presets.py", "--splits", "1.5")
+    assert done.returncode != 0 and "--splits" in done.stderr

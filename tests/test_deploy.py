@@ -180,7 +180,7 @@ def test_dockerfile_builds_cpu_by_default_and_gpu_by_build_arg():
     assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}", text, re.M)
     assert "ARG PYTHON_VERSION=3.11" in text
     assert "ARG FLAVOR=cpu" in text
-    assert "deploy/constraints-$FLAVOR.txt" in text and '".[$FLAVOR]"' in text
+    assert "deploy/constraints-$FLAVOR.txt" in text and '".[$FLAVOR${EXTRAS:+,$EXTRAS}]"' in text
     for flavor in ("cpu", "gpu"):
         assert (DEPLOY / f"constraints-{flavor}.txt").exists()
     # The image must keep platform/ a source root on the path, never a package.
@@ -321,3 +321,48 @@ def test_every_package_the_code_imports_is_declared():
         if not {norm(d) for d in distributions.get(module, [module])} & declared
     }
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def _pod_specs() -> dict[str, dict]:
+    """Every pod template of deploy/k8s/ that runs Rollway: the Deployments' and the Ray
+    cluster's head and worker groups', by a name."""
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in k8s_docs() if d["kind"] == "Deployment"}
+    ray = k8s("RayCluster", "rollway-ray")["spec"]
+    pods["ray-head"] = ray["headGroupSpec"]["template"]["spec"]
+    for group in ray["workerGroupSpecs"]:
+        pods[f"ray-{group['groupName']}"] = group["template"]["spec"]
+    return pods
+
+
+def test_every_process_shares_one_home_where_drivers_spool_and_the_worker_reads():
+    """A run's driver (on a Ray pod) spools its points and status, and writes its log,
+    checkpoints and export, under ROLLWAY_HOME; the Celery worker takes the spool in and
+    the web process serves the log and export: one volume at ROLLWAY_HOME for all."""
+    home = k8s("ConfigMap", "rollway-config")["data"]["ROLLWAY_HOME"]
+    claim = k8s("PersistentVolumeClaim", "rollway-home")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"], "pods on several nodes mount it"
+    pods = _pod_specs()
+    assert {"rollway-web", "rollway-worker", "rollway-beat", "ray-head"} <= set(pods) and len(pods) >= 7
+    for name, pod in pods.items():
+        volumes = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in container({"spec": {"template": {"spec": pod}}})["volumeMounts"]}
+        assert volumes.get(mounts.get(home)) == "rollway-home", f"{name} does not mount rollway-home at {home}"
+    services = compose()["services"]
+    for service in ("web", "worker", "beat", "ray-head"):
+        env = services[service]["environment"]
+        assert f"rollway-home:{env['ROLLWAY_HOME']}" in services[service]["volumes"], service
+
+
+def test_the_image_takes_extras_by_build_arg_and_they_are_extras_of_the_project():
+    """`--build-arg EXTRAS=s3,gcs` adds extras (an object store's filesystem, a tracker) to
+    the flavour's install; each is one pyproject.toml declares."""
+    import tomllib
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert 'ARG EXTRAS=""' in text
+    assert '".[$FLAVOR${EXTRAS:+,$EXTRAS}]"' in text
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"s3", "gcs", "mlflow", "tensorboard", "wandb"} <= set(extras)
+    from workers.checkpoints import STORES
+
+    assert {extra for _, extra in STORES.values()} <= set(extras)
