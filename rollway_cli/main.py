@@ -171,6 +171,92 @@ def launch(file, preset, sets, team, experiment, name, priority, follow, as_json
     return errors.OK
 
 
+def simulate_body(file, sets, cluster: dict, workload: dict, **given) -> dict:
+    """The POST /api/simulations body: a launch's, with the file's `cluster:` and
+    `workload:` mappings under the command's options (None: not given)."""
+    body = launch_body(file, list(sets), simulation=True, **given)
+    for key, options in (("cluster", cluster), ("workload", workload)):
+        from_file = body.get(key) or {}
+        if not isinstance(from_file, dict):
+            raise CliError(f"{file}: {key} must be a mapping (gpus: 64, …)", errors.BAD_REQUEST)
+        merged = from_file | {k: v for k, v in options.items() if v is not None}
+        if merged:
+            body[key] = merged
+    return body
+
+
+@cli.command()
+@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--gpus", type=int, help="GPUs of the simulated cluster (or cluster.gpus in FILE).")
+@click.option("--gpu", help="GPU kind: H100 (the default).")
+@click.option("--model", help="7B, 32B, or a Hugging Face model path whose config gives the shape.")
+@click.option("--inference-share", type=float, help="Share of the GPUs that generate, 0..1 (default 0.5).")
+@click.option("--tp", type=int, help="GPUs per inference worker (tensor parallel; default 1).")
+@click.option("--link", help="Link between nodes: InfiniBand (default), Ethernet or NVLink.")
+@click.option("--median-tokens", type=int, help="Median completion length (default 2048).")
+@click.option("--p90-tokens", type=int, help="90th-percentile completion length (default: the median).")
+@click.option("--max-tokens", type=int, help="Completion cut (default 32768).")
+@click.option("--prompt-tokens", type=int, help="Tokens per prompt (default 512).")
+@click.option("--steps", type=int, help="Trainer steps to simulate (default: the config's stop.max_steps).")
+@click.option("--preset", help="A built-in preset (GET /api/presets), e.g. async.")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="A config override, e.g. buffer.capacity=8.")
+@click.option("--team", help="Team id or slug (its default experiment unless --experiment).")
+@click.option("--experiment", help="Experiment id or name.")
+@click.option("--name", help="The run's name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the simulated run as JSON.")
+@site_options
+def simulate(
+    file,
+    gpus,
+    gpu,
+    model,
+    inference_share,
+    tp,
+    link,
+    median_tokens,
+    p90_tokens,
+    max_tokens,
+    prompt_tokens,
+    steps,
+    preset,
+    sets,
+    team,
+    experiment,
+    name,
+    as_json,
+    url,
+    token,
+) -> int:
+    """Simulate a run (a launch's FILE and options) on a described cluster and workload:
+    stored as a finished run marked simulated, charted as any run."""
+    cluster = {"gpus": gpus, "gpu": gpu, "model": model, "inference_share": inference_share, "tp": tp, "link": link}
+    workload = {
+        "median_tokens": median_tokens,
+        "p90_tokens": p90_tokens,
+        "max_tokens": max_tokens,
+        "prompt_tokens": prompt_tokens,
+    }
+    with connect(url, token) as api:
+        if experiment is not None:
+            experiment = resolve_experiment(api, experiment, team)
+        body = simulate_body(
+            file, sets, cluster, workload, preset=preset, team=team, experiment=experiment, name=name, steps=steps
+        )
+        run = api.post("/api/simulations", body)
+        if as_json:
+            print_json(run)
+            return errors.OK
+        summary = run["simulation"]["summary"]
+        click.echo(f"run {run['id']} simulated: {run['name']}")
+        click.echo(
+            f"{summary['steps']:.0f} steps in {summary['seconds']:.0f} simulated s: "
+            f"{summary['samples_per_s']:.2f} samples/s, trainer busy {summary['trainer_busy']:.0%}, "
+            f"inference busy {summary['inference_busy']:.0%}, staleness max {summary['staleness_max']:.0f}"
+        )
+        click.echo(api.page_url(run["url"]))
+    return errors.OK
+
+
 # --- runs -----------------------------------------------------------------------------
 
 
@@ -223,7 +309,7 @@ def runs(status, team, experiment, search, sort, page, page_size, as_json, url, 
     for r in rows:
         table.add_row(
             str(r["id"]),
-            r["name"],
+            r["name"] + (" (simulated)" if r.get("simulated") else ""),
             r["status"],
             r["team"]["name"],
             r["preset"],

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import queue
 import random
@@ -44,15 +43,15 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from workers.buffer import AdmissionGate, BufferPlan, NoSignalError, RolloutBuffer, with_prefetched
+from workers.buffer import AdmissionGate, BufferPlan, NoSignalError, RolloutBuffer, groups_per_call, with_prefetched
 from workers.config import RunConfig
 from workers.evaluation import eval_prompts, is_due, training_prompts
 from workers.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
 from workers.metric_names import rank_series
 from workers.rollout import Group
-from workers.run_actors import actor_class
+from workers.run_actors import actor_class, where_am_i
 from workers.task_data import DatasetPrompts
-from workers.timeline import BLOCKED, GENERATE, Timeline
+from workers.timeline import BLOCKED, GENERATE, SCORE_WAIT, Timeline
 
 if TYPE_CHECKING:
     from workers.checkpoints import CheckpointRecord, CheckpointTarget
@@ -157,10 +156,18 @@ class InferenceWorker:
     in-flight modes, workers/partial_rollouts.py). Only the newest staged version is loaded."""
 
     def __init__(
-        self, cfg: RunConfig, model_dir: str, index: int, num_workers: int, buffer, scratch_dir: str | None = None
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        index: int,
+        num_workers: int,
+        buffer,
+        scratch_dir: str | None = None,
+        reward_workers: list | None = None,
     ) -> None:
         """`scratch_dir`: the run's scratch directory; this worker's files go under
-        `inference-<index>/` in it."""
+        `inference-<index>/` in it. `reward_workers`: the run's reward pool
+        (workers/reward_stage.py); none: this worker scores its own groups."""
         from workers.generation import generate_groups_in_mode
         from workers.inference import make_backend
         from workers.partial_rollouts import PartialCounts, StagedWeights, exact_steps
@@ -187,12 +194,17 @@ class InferenceWorker:
         self.evals: list[EvalRecord] = []
         self._evals_lock = threading.Lock()
         self.tokenizer = load_tokenizer(model_dir)
-        # Workers split a batch between them so sync mode keeps them all busy.
-        self.chunk_groups = math.ceil(self.cfg.trainer.batch_groups / num_workers)
+        self.chunk_groups = groups_per_call(self.cfg.trainer.batch_groups, num_workers)
         self.rng = random.Random(f"{self.cfg.seed}-prompts-{index}")
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
+        self.rewards = None
+        if reward_workers:
+            from workers.reward_stage import RewardPool
+
+            self.rewards = RewardPool(reward_workers, cfg.rewards, offset=index)
+            self.rewards.on_wait = self._wait_for_scores
         self.receiver = make_receiver(
             cfg.sync, model_dir=model_dir, scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None
         )
@@ -307,6 +319,7 @@ class InferenceWorker:
         if report is None:  # a collective receiver had already applied a newer one
             return
         self.version = report.version
+        self.backend.label_weights(report.version)
         with self._syncs_lock:
             self.syncs.append(report)
 
@@ -327,6 +340,11 @@ class InferenceWorker:
                 self._generate_and_put(n)
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
+
+    def _wait_for_scores(self, tokens: int) -> None:
+        """Generation is done, the reward pool's scores not yet: close the generate segment."""
+        self.timeline.end(tokens=tokens)
+        self.timeline.begin(SCORE_WAIT)
 
     def _evaluate(self, prompts: list[tuple[str, str]]) -> None:
         """One eval pass on `prompts` with the weights loaded now. Its time is outside the
@@ -368,35 +386,16 @@ class InferenceWorker:
         self.calls += 1
         self.timeline.begin(GENERATE)
         groups, counts = self._generate_groups(
-            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self.staged
+            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self.staged, self.rewards
         )
         self.partial.add(counts)
-        self.timeline.end(tokens=sum(g.num_tokens for g in groups))
+        # With a reward pool the generate segment closed (with its tokens) when the wait began.
+        self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
         while groups and not self._stop.is_set():
             self.timeline.begin(BLOCKED)
             accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
             self.timeline.end(seconds=blocked_s)
             groups = groups[accepted:]
-
-
-def where_am_i() -> dict:
-    """This actor's node and devices, as the run page shows them: Ray's node id, its
-    address and labels, and the GPU ids Ray gave it (with CUDA_VISIBLE_DEVICES)."""
-    ctx = ray.get_runtime_context()
-    node_id = ctx.get_node_id()
-    labels: dict = {}
-    for node in ray.nodes():
-        if node.get("NodeID") == node_id:
-            labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
-            break
-    return {
-        "node_id": node_id,
-        "node_ip": ray.util.get_node_ip_address(),
-        "labels": labels,
-        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        "pid": os.getpid(),
-    }
 
 
 # A trainer rank waits this long for the others inside one collective. Longer than any

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import stdev
 
-from workers.rollout import Group
+from workers.metric_names import reward_func_series
+from workers.rollout import Group, Rollout
 
 
 def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
@@ -25,6 +26,7 @@ def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
     rewards = [r.reward for r in rollouts]
     lengths = [len(r.completion_ids) for r in rollouts]
     return {
+        **reward_func_metrics(rollouts),
         "reward/std": stdev(rewards) if len(rewards) > 1 else 0.0,
         "reward/zero_std_frac": sum(g.uniform for g in groups if g.rollouts) / sum(1 for g in groups if g.rollouts),
         "completion/length_mean": sum(lengths) / len(lengths),
@@ -32,3 +34,21 @@ def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
         "completion/length_max": float(max(lengths)),
         "completion/clipped_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
     }
+
+
+def reward_func_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """rewards/<func>/mean and /std (TRL's names) for each task.reward_funcs function,
+    over the completions it applied to (its None values left out, as TRL's nanmean and
+    nanstd); nothing for a function that applied to none."""
+    values: dict[str, list[float]] = {}
+    for r in rollouts:
+        for name, v in r.reward_parts.items():
+            values.setdefault(name, [])
+            if v is not None:
+                values[name].append(v)
+    out = {}
+    for name, vs in values.items():
+        if vs:
+            out[reward_func_series(name, "mean")] = sum(vs) / len(vs)
+            out[reward_func_series(name, "std")] = stdev(vs) if len(vs) > 1 else 0.0
+    return out

@@ -35,6 +35,7 @@ the run fails saying so instead of generating forever (verl's max_num_gen_batche
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -77,6 +78,13 @@ class AdmissionGate:
     def may_admit(self, version: int, admitted: int, rejected: int, want: int) -> int:
         """How many of `want` new groups (0..want) a producer holding `version` may start."""
         return max(0, min(want, self.limit(version) - (admitted - rejected)))
+
+
+def groups_per_call(batch_groups: int, num_workers: int) -> int:
+    """The groups an inference worker asks the gate for in one generate call: the batch
+    split evenly between the workers, so a synchronous step keeps every one of them busy
+    (and a worker waits for its call's longest completion before it asks again)."""
+    return math.ceil(batch_groups / num_workers)
 
 
 @dataclass(frozen=True)
@@ -300,6 +308,26 @@ class RolloutBuffer:
             self.total_put += 1
             self._cond.notify_all()
             return blocked
+
+    def offer(self, groups: list[Group]) -> int:
+        """Put `groups` in order while there is room, without blocking; returns how many
+        were taken (uniform ones dropped under `drop_uniform` count as taken). One lock
+        for the lot: a producer with many groups, or the simulator, pays it once."""
+        with self._cond:
+            taken = 0
+            for group in groups:
+                if self.drop_uniform and group.uniform:
+                    self._dropped_uniform += 1
+                    self._uniform_run += 1
+                elif self._has_room():
+                    self._groups.append(group)
+                else:
+                    break
+                taken += 1
+            self.total_put += taken
+            if taken:
+                self._cond.notify_all()
+            return taken
 
     def get(self, n_groups: int, current_version: int, timeout: float | None = None) -> list[Group]:
         """Take the `n_groups` oldest fresh groups, waiting until that many are present.

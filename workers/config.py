@@ -29,6 +29,9 @@ TrainerBackend = Literal["single", "ddp", "fsdp2"]
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAggregation = Literal["token_mean", "sequence_mean", "constant"]
 AdvantageScaling = Literal["group_std", "batch_std", "none"]
+# rewards.mode and rewards.scorer: workers/reward_stage.py.
+RewardMode = Literal["after", "pipelined"]
+RewardScorer = Literal["verifier", "model"]
 
 
 class _Section(BaseModel):
@@ -82,28 +85,63 @@ class ModelConfig(_Section):
 
 
 class DatasetConfig(_Section):
-    """A task's prompts from a local file instead of its synthetic generator. The format
-    comes from the extension (.json, .jsonl, .parquet, .csv); each row gives a prompt and
-    the answer the task's reward checks against."""
+    """A task's prompts from data instead of its synthetic generator: a data file (.json,
+    .jsonl, .parquet, .csv, by its extension), a local dataset directory (written by
+    `datasets`' save_to_disk, or a directory of data files), or a Hugging Face Hub dataset
+    id, all read with `datasets`. Each row gives a prompt, as text or as a list of
+    {"role", "content"} messages (TRL's conversational format, rendered by the model's
+    chat template), and the answer the task's reward checks against."""
 
     path: str = Field(
-        ..., min_length=1, description="The file (.json, .jsonl, .parquet, .csv), under an allowed data root."
+        ...,
+        min_length=1,
+        description="A data file (.json, .jsonl, .parquet, .csv) or a dataset directory under an allowed data "
+        "root (absolute, or starting with '.'), or a Hugging Face Hub dataset id 'owner/name'.",
     )
-    prompt_column: str = Field("prompt", min_length=1, description="Column holding the prompt text.")
-    answer_column: str = Field("answer", min_length=1, description="Column holding the answer the reward checks.")
+    split: str = Field(
+        "train",
+        min_length=1,
+        max_length=100,
+        description="The split of a dataset directory or Hub dataset the training rows come from (a single file "
+        "is the split 'train').",
+    )
+    prompt_column: str = Field(
+        "prompt",
+        min_length=1,
+        description="Column holding the prompt: text, or a list of role/content messages. Left at 'prompt' with no "
+        "such column, a 'messages' column is read (its last assistant turn left out).",
+    )
+    answer_column: str = Field(
+        "answer",
+        min_length=1,
+        description="Column holding the answer the reward checks (optional with task.reward_funcs, which receive "
+        "every column).",
+    )
     eval_fraction: float = Field(
         0.1, ge=0, lt=1, description="Rows held out for evaluation (after a shuffle by the run's seed)."
     )
     eval_path: str | None = Field(
         None, min_length=1, description="A separate file for the eval split (then eval_fraction must be 0)."
     )
+    eval_split: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="A split of the same dataset directory or Hub dataset held out for evaluation, e.g. 'test' "
+        "(then eval_fraction must be 0).",
+    )
 
     @model_validator(mode="after")
     def _one_split(self) -> DatasetConfig:
-        if self.eval_path is not None and self.eval_fraction:
+        if self.eval_path is not None and self.eval_split is not None:
             raise ValueError(
-                "task.dataset: give either eval_fraction (held out of path) or eval_path (a file of its own), "
-                "not both; set eval_fraction to 0 when eval_path is set"
+                "task.dataset: give either eval_path (a file of its own) or eval_split (a split of path), not both"
+            )
+        if (self.eval_path is not None or self.eval_split is not None) and self.eval_fraction:
+            given = "eval_path" if self.eval_path is not None else "eval_split"
+            raise ValueError(
+                f"task.dataset: give either eval_fraction (held out of path) or {given}, "
+                f"not both; set eval_fraction to 0 when {given} is set"
             )
         return self
 
@@ -131,7 +169,21 @@ class TaskConfig(_Section):
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="Settings of the named task, checked by the task itself."
     )
-    dataset: DatasetConfig | None = Field(None, description="Prompts from a file instead of the task's generator.")
+    dataset: DatasetConfig | None = Field(
+        None, description="Prompts from a local dataset or a Hugging Face Hub dataset instead of the task's generator."
+    )
+    reward_funcs: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Reward functions as TRL's GRPOTrainer takes them, 'package.module:function' paths (their "
+        "packages allowed in ROLLWAY_TASK_MODULES): each called as f(prompts, completions, **columns) -> "
+        "list[float | None]; the reward is their weighted sum (None: not applicable, left out) and replaces "
+        "the task's own. Empty: the task's reward.",
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="One weight per task.reward_funcs entry, in order (TRL reward_weights); unset: 1 each.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -155,6 +207,25 @@ class TaskConfig(_Section):
         if len(set(self.alphabet)) != len(self.alphabet):
             raise ValueError("task.alphabet must not repeat a character")
         return self
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _reward_funcs_load(cls, paths: list[str]) -> list[str]:
+        from workers.reward_funcs import resolve
+
+        resolve(paths, None)  # RewardFuncError (a ValueError) names the function and the fix
+        return paths
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _reward_weights_match(cls, weights: list[float] | None, info) -> list[float] | None:
+        funcs = info.data.get("reward_funcs")
+        if weights is not None and funcs is not None and len(weights) != len(funcs):
+            raise ValueError(
+                f"task.reward_weights has {len(weights)} weights for {len(funcs)} task.reward_funcs; give one "
+                "per function, in the same order, or leave it unset (1 each)"
+            )
+        return weights
 
     @model_validator(mode="after")
     def _options(self) -> TaskConfig:
@@ -309,7 +380,9 @@ class TrainerConfig(_Section):
         "single",
         description="single: one trainer process; ddp: trainer.num_ranks processes, each a whole replica, "
         "gradients all-reduced (PyTorch DistributedDataParallel); fsdp2: trainer.num_ranks processes sharing "
-        "the parameters, gradients and optimizer state (PyTorch fully_shard). gloo on the CPU, NCCL on GPUs.",
+        "the parameters, gradients and optimizer state (PyTorch fully_shard). gloo on the CPU, NCCL on GPUs. "
+        "single runs each distinct prompt of a pass once (its group's rows read it from a KV cache); a pool's "
+        "ranks run every row's prompt (a wrapped model takes one forward per backward).",
     )
     num_ranks: int = Field(
         1,
@@ -374,7 +447,8 @@ class TrainerConfig(_Section):
         True,
         description="Train with every dropout rate the checkpoint's config names at 0 (GPT-2 ships 0.1): "
         "with dropout the trainer's logprobs of a sampled token are noise around the policy's, so the "
-        "importance ratio is not 1 even at staleness 0 (TRL disable_dropout).",
+        "importance ratio is not 1 even at staleness 0 (TRL disable_dropout). With dropout on, every row runs "
+        "its own prompt (the group's rows would otherwise share one dropout mask on it).",
     )
     dynamic_sampling: bool = Field(
         False,
@@ -416,7 +490,8 @@ class TrainerConfig(_Section):
     gradient_checkpointing: bool = Field(
         False,
         description="Recompute each block's activations in the backward pass instead of keeping them "
-        "(transformers' gradient checkpointing): less memory, about a third more compute.",
+        "(transformers' gradient checkpointing): less memory, about a third more compute, and every row runs "
+        "its own prompt (checkpointing turns off the KV cache a group's rows share it through).",
     )
 
     @model_validator(mode="after")
@@ -677,6 +752,76 @@ class CheckpointConfig(_Section):
     )
 
 
+class RewardsConfig(_Section):
+    """The reward stage (workers/reward_stage.py). With `workers` 0 (the default) each
+    inference worker scores its own groups with the task's verifier right after
+    generating them. With `workers` ≥ 1 a pool of reward-worker actors scores them,
+    either after each generate call (`after`) or while it runs (`pipelined`: the
+    inference workers stream each completion in chunks and the pool scores every chunk
+    as it arrives, so scoring overlaps generation)."""
+
+    workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Reward workers (Ray actors) scoring rollouts between inference and the buffer; 0 = the "
+        "inference workers score their own groups with the task's verifier.",
+    )
+    mode: RewardMode = Field(
+        "after",
+        description="after: score each completion once it is generated; pipelined: stream completions to the "
+        "reward workers in chunks while generation continues and score each chunk as it arrives (needs "
+        "workers ≥ 1).",
+    )
+    chunk_tokens: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="pipelined: send a chunk every this many new tokens of a completion; 0 = at each reasoning "
+        "step (a line: the text up to each newline).",
+    )
+    scorer: RewardScorer = Field(
+        "verifier",
+        description="verifier: the task's own reward (or task.reward_funcs), on the text so far for a chunk; "
+        "model: a Hugging Face reward model at model_path, its score at the last token of the text so far.",
+    )
+    model_path: str | None = Field(
+        None,
+        description="scorer 'model': a local Hugging Face directory holding a sequence- or token-classification "
+        "reward model (AutoModelForSequenceClassification / AutoModelForTokenClassification) and its tokenizer.",
+    )
+    verifier_cost_ms_per_token: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="scorer 'verifier': extra time each scored token costs the reward worker (ms), standing in for "
+        "a costly verifier or reward model in benchmarks; 0 = none.",
+    )
+
+    @model_validator(mode="after")
+    def _pool_fits_mode(self) -> RewardsConfig:
+        if self.mode == "pipelined" and self.workers == 0:
+            raise ValueError(
+                "rewards.mode 'pipelined' streams chunks to reward workers, but rewards.workers is 0: set "
+                "rewards.workers ≥ 1, or rewards.mode to 'after'"
+            )
+        if self.scorer == "model" and self.workers == 0:
+            raise ValueError(
+                "rewards.scorer 'model' runs on the reward workers, but rewards.workers is 0: set rewards.workers ≥ 1"
+            )
+        if self.scorer == "model" and not self.model_path:
+            raise ValueError(
+                "rewards.scorer 'model' needs rewards.model_path: a local Hugging Face directory of a "
+                "sequence- or token-classification reward model"
+            )
+        if self.scorer != "model" and self.model_path:
+            raise ValueError(
+                f"rewards.model_path is set but rewards.scorer is {self.scorer!r}: set rewards.scorer to 'model', "
+                "or unset rewards.model_path"
+            )
+        return self
+
+
 class RunConfig(_Section):
     """Everything a run chooses. `mode="sync"` generates a batch, trains on it, syncs,
     repeats; `mode="async"` runs inference and training side by side through the
@@ -701,6 +846,7 @@ class RunConfig(_Section):
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    rewards: RewardsConfig = RewardsConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -835,13 +981,30 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _pipelined_rewards_fit_task(self) -> RunConfig:
+        from workers.rl_tasks import task_class
+
+        if self.rewards.mode == "pipelined" and getattr(task_class(self.task.name), "multi_turn", False):
+            raise ValueError(
+                f"rewards.mode 'pipelined' streams single completions, but task {self.task.name!r} runs multi-turn "
+                "episodes: set rewards.mode to 'after'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _eval_has_held_out_rows(self) -> RunConfig:
         ds = self.task.dataset
-        if self.eval.every_steps and ds is not None and ds.eval_path is None and ds.eval_fraction == 0:
+        if (
+            self.eval.every_steps
+            and ds is not None
+            and ds.eval_path is None
+            and ds.eval_split is None
+            and ds.eval_fraction == 0
+        ):
             raise ValueError(
                 "eval.every_steps > 0 needs held-out rows, but task.dataset.eval_fraction is 0 and "
-                "task.dataset.eval_path is unset: raise task.dataset.eval_fraction, give an eval_path, "
-                "or set eval.every_steps to 0"
+                "task.dataset.eval_path and eval_split are unset: raise task.dataset.eval_fraction, give an "
+                "eval_path or eval_split, or set eval.every_steps to 0"
             )
         return self
 

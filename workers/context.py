@@ -34,15 +34,18 @@ def longest_prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> int | None:
 
         splits = load_splits(cfg)
         return max(len(tokenizer.prompt_ids(p)) for p, _ in splits.train + splits.eval)
+    from workers.episodes import task_tools
     from workers.rl_tasks import make_task, task_lengths
 
     lengths = task_lengths(cfg.task)
     if lengths is None:
         return None
-    prompts = [p for p, _ in make_task(cfg.task).sample(_SAMPLED_PROMPTS, random.Random("context"))]
+    task = make_task(cfg.task)
+    tools = task_tools(task, tokenizer)  # a tool's schema in the prompt counts too
+    prompts = [p for p, _ in task.sample(_SAMPLED_PROMPTS, random.Random("context"))]
     bytes_per_char = max((len(p.encode()) / len(p) for p in prompts if p), default=1.0)
-    frame = len(tokenizer.prompt_ids(""))  # BOS, chat template, the task's own suffix
-    sampled = max((len(tokenizer.prompt_ids(p)) for p in prompts), default=0)
+    frame = len(tokenizer.prompt_ids("", tools))  # BOS, chat template, the task's own suffix
+    sampled = max((len(tokenizer.prompt_ids(p, tools)) for p in prompts), default=0)
     return max(sampled, frame + int(lengths.prompt * bytes_per_char + 0.999))
 
 

@@ -42,6 +42,7 @@ from workers.metric_names import REWARD_WINDOW
 from workers.partial_rollouts import partial_metrics
 from workers.paths import Confinement, make_scratch, remove_scratch
 from workers.reporter import MetricsReporter
+from workers.reward_stage import RewardReport, pool_metrics
 from workers.run_actors import actor_class, actor_name
 from workers.spawn import RunActors
 from workers.timeline import StepWindows
@@ -324,6 +325,7 @@ class RunDriver:
         try:
             tr: TrainerReport = ray.get(actors.trainer.drain_metrics.remote())
             reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in actors.workers])
+            scoring: list[RewardReport] = ray.get([w.drain_metrics.remote() for w in actors.reward_workers])
             # Ranks 1.. report through rank 0; asking them is how a dead one is noticed
             # (rank 0 would wait for it inside a collective).
             ray.get([r.ready.remote() for r in actors.ranks])
@@ -357,6 +359,7 @@ class RunDriver:
             if self.phase != "stepping":
                 self._set_phase("stepping")
         self.metrics.add_inference(reports, self.version, new_steps=bool(tr.steps))
+        self.metrics.add_rewards(scoring, self.version, new_steps=bool(tr.steps))
         self.reporter.flush()
         return tr.done
 
@@ -378,6 +381,7 @@ class RunMetrics:
         self._pending_windows: list[tuple[int, float, float]] = []  # (step, t0, t1)
         # version → SyncReport per inference worker that has loaded it
         self._syncs: dict[int, list] = defaultdict(list)
+        self._scoring: list[RewardReport] = []  # the reward pool's reports since its last point
 
     def emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
         """The run's one way out for a point: to the site (the reporter refuses a series
@@ -410,6 +414,15 @@ class RunMetrics:
                 self._syncs[s.version].append(s)
         self._emit_windows()
         self._emit_syncs()
+
+    def add_rewards(self, reports: list[RewardReport], version: int, new_steps: bool) -> None:
+        """The reward workers' reports of one collection: one point of the pool's busy
+        fraction and scoring lag per collection that brought trainer steps."""
+        self._scoring += reports
+        if new_steps and self._scoring:
+            for series, value in pool_metrics(self._scoring).items():
+                self.emit(series, version, value)
+            self._scoring = []
 
     def _emit_windows(self) -> None:
         while self._pending_windows and self._windows.complete(self._pending_windows[0][2]):

@@ -176,19 +176,26 @@ def evaluate(
 ) -> dict[str, float]:
     """One pass with the weights the backend holds: `eval_cfg.k` completions per prompt,
     scored by the task's reward; returns `eval_metrics`."""
-    from workers.episodes import is_multi_turn, run_episodes
+    from workers.episodes import Episode, episode_text, is_multi_turn, run_episodes
     from workers.generation import encode_prompt
 
-    prompt_ids = [encode_prompt(tokenizer, p) for p, _ in prompts]
+    prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
     k, temperature = eval_cfg.k, eval_cfg.temperature
     if is_multi_turn(task):
         episodes = run_episodes(backend, task, tokenizer, prompt_ids, k, max_new_tokens, temperature, seed, 0)
-        token_ids = [[s.token_ids for s in seqs] for seqs in episodes.sequences]
+        token_ids = [[list(s.token_ids) for s in seqs] for seqs in episodes.sequences]
+        texts = [
+            [episode_text(tokenizer, s.token_ids, s.loss_mask) for s in seqs if isinstance(s, Episode)]
+            for seqs in episodes.sequences
+        ]
     else:
         completions = backend.generate(prompt_ids, k, max_new_tokens, temperature, seed)
-        token_ids = [[c.token_ids for c in comps] for comps in completions]
+        token_ids = [[list(c.token_ids) for c in comps] for comps in completions]
+        texts = [[tokenizer.decode(ids) for ids in per_prompt] for per_prompt in token_ids]
+    from workers.reward_funcs import score_group
+
     rewards = [
-        [task.reward(tokenizer.decode(ids), answer) for ids in per_prompt]
-        for (_, answer), per_prompt in zip(prompts, token_ids, strict=True)
+        score_group(task, prompt, answer, group_texts, per_prompt).totals
+        for (prompt, answer), group_texts, per_prompt in zip(prompts, texts, token_ids, strict=True)
     ]
     return eval_metrics(rewards, k)

@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from safetensors.torch import save_file
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
 
     from workers.config import LoRAConfig
+
+T = TypeVar("T")
 
 # peft's saved adapter names start with this; checkpoint names do not.
 _PEFT_PREFIX = "base_model.model."
@@ -233,11 +235,13 @@ def merge_adapter(
     return merged
 
 
-def split_live_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def split_live_state(state: dict[str, T]) -> tuple[dict[str, T], dict[str, T]]:
     """A peft model's own state dict (or a piece of it, under its live names) as (base
     under checkpoint names, adapter under peft's saved names): what `merge_adapter`
-    takes. Used where the live tensors were gathered from ranks that each held a shard."""
-    base, adapter = {}, {}
+    takes. Used where the live tensors were gathered from ranks that each held a shard,
+    and (given {live name: live name}) to map a checkpoint's files back to live names."""
+    base: dict[str, T] = {}
+    adapter: dict[str, T] = {}
     for key, t in state.items():
         name = key.removeprefix(_PEFT_PREFIX)
         m = _LIVE_ADAPTER.match(name)

@@ -6,6 +6,8 @@ step (== policy version) at the moment of emission, so every series shares one x
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 
@@ -56,6 +58,19 @@ METRICS: tuple[Metric, ...] = (
     Metric("inference/tokens_per_s", "tok/s", "Generated tokens per second, all inference workers."),
     Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
     Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),
+    Metric(
+        "reward/pool_busy_frac",
+        "fraction",
+        "Fraction of wall time the reward workers spent scoring, since the previous point.",
+        only="rewards.workers ≥ 1",
+    ),
+    Metric(
+        "reward/scoring_lag_ms",
+        "ms",
+        "Mean lag from a scored chunk's last generated token to its score (after: from the end of the generate "
+        "call), since the previous point.",
+        only="rewards.workers ≥ 1",
+    ),
     Metric("trainer/step_s", "s", "Wall time of one training step."),
     Metric(
         "trainer/grad_norm",
@@ -85,7 +100,11 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("reward/mean", "reward", "Mean reward of the trained batch."),
     # The trained batch's spread and lengths (workers/batch_stats.py).
-    Metric("reward/std", "reward", "Standard deviation of the trained batch's rewards (over its completions)."),
+    Metric(
+        "reward/std",
+        "reward",
+        "Standard deviation of the trained batch's rewards over its completions (Bessel-corrected, as TRL's).",
+    ),
     Metric(
         "reward/zero_std_frac",
         "fraction",
@@ -209,12 +228,36 @@ def rank_series(name: str, rank: int) -> str:
     return f"{name}/{int(rank)}"
 
 
+# One pair of series per task.reward_funcs function, `rewards/<function>/mean|std` (TRL's
+# names; workers/reward_funcs.py computes them).
+REWARD_FUNC_PREFIX = "rewards/"
+# Series names are at most 64 characters of [a-z0-9_./@-] (the site's SERIES_PATTERN):
+# "rewards/" + name + "/mean" leaves 51 for the function's name.
+REWARD_FUNC_NAME_MAX = 64 - len(REWARD_FUNC_PREFIX) - len("/mean")
+_HASH_CHARS = 8
+_SERIES_UNSAFE = re.compile(r"[^a-z0-9_.@-]")
+REWARD_FUNC_STATS = {
+    "mean": "Mean of one task.reward_funcs function's rewards over the trained batch (not-applicable ones left out).",
+    "std": "Standard deviation of one task.reward_funcs function's rewards over the trained batch.",
+}
+
+
 def metric_of(series: str) -> Metric | None:
-    """The vocabulary's entry for a series name (a per-rank series by its metric), or None."""
+    """The vocabulary's entry for a series name (a per-rank series by its metric, a
+    reward function's by its statistic), or None."""
     name, _, rank = series.rpartition("/")
     if name in PER_RANK and rank.isdigit():
         return next(m for m in METRICS if m.name == name)
+    if is_reward_func_series(series):
+        return Metric(series, "reward", REWARD_FUNC_STATS[rank], only="task.reward_funcs")
     return next((m for m in METRICS if m.name == series and not m.per_rank), None)
+
+
+def is_reward_func_series(series: str) -> bool:
+    """Whether `series` is one of a reward function's, `rewards/<function>/mean|std`."""
+    name, _, stat = series.rpartition("/")
+    func = name.removeprefix(REWARD_FUNC_PREFIX)
+    return name.startswith(REWARD_FUNC_PREFIX) and bool(func) and "/" not in func and stat in REWARD_FUNC_STATS
 
 
 # The charts on a run page: (title, series shown together).
@@ -230,6 +273,8 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated", "buffer/dropped_uniform"),
     ),
     ("Trainer starved (s)", ("buffer/starved_s",)),
+    ("Reward pool busy fraction", ("reward/pool_busy_frac",)),
+    ("Scoring lag (ms)", ("reward/scoring_lag_ms",)),
     ("Partial rollouts (sequences)", ("rollout/partial_aborted", "rollout/partial_resumed", "rollout/partial_retried")),
     ("Eval (held-out prompts)", ("eval/pass@1", "eval/pass@k", "eval/reward_mean")),
     ("Behaviour-trainer mismatch (nats)", ("mismatch/kl",)),
@@ -244,3 +289,20 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # one step is too noisy. The driver's stop.target_reward and the compare page's "time to
 # target" use the same window, so a run that stopped on its target shows that time.
 REWARD_WINDOW = 5
+
+
+def reward_func_series_name(func_name: str) -> str:
+    """The part of a reward function's series that names it: its own name where that is
+    valid in a series name and at most REWARD_FUNC_NAME_MAX characters, else the name
+    lowercased, cut, and suffixed with 8 hex characters of its SHA-1, so two long names
+    never share a series."""
+    if len(func_name) <= REWARD_FUNC_NAME_MAX and not _SERIES_UNSAFE.search(func_name):
+        return func_name
+    digest = hashlib.sha1(func_name.encode()).hexdigest()[:_HASH_CHARS]
+    cut = REWARD_FUNC_NAME_MAX - _HASH_CHARS - 1
+    return f"{_SERIES_UNSAFE.sub('_', func_name.lower())[:cut]}-{digest}"
+
+
+def reward_func_series(func_name: str, stat: str) -> str:
+    """`rewards/<function>/<stat>` (stat: mean or std): TRL's series for one reward function."""
+    return f"{REWARD_FUNC_PREFIX}{reward_func_series_name(func_name)}/{stat}"

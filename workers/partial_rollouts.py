@@ -175,6 +175,7 @@ def generate_across_updates(
     mode: UpdateMode,
     updates: WeightUpdates,
     ends_turn: Callable[[PartialSequence], bool] | None = None,
+    on_step: Callable[[list[PartialSequence]], None] | None = None,
 ) -> Generation:
     """Generate `n` completions per prompt, one decode step at a time, taking new weights
     as `mode` says whenever `updates.pending()` between two steps.
@@ -183,7 +184,9 @@ def generate_across_updates(
     (multi-turn episodes, workers/episodes.py): called after each token a sequence gets;
     True ends that sequence there with finish_reason "turn" (a tool call), and the tokens
     its session row still samples are dropped. An abort_retry then regenerates only the
-    sequences still generating: what a sequence holds here is one turn."""
+    sequences still generating: what a sequence holds here is one turn. `on_step` (the
+    pipelined reward stage, workers/reward_stage.py) is called with every sequence,
+    prompt-major, after each decode step."""
     if mode not in STEPPED_MODES:
         raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
     budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -205,6 +208,8 @@ def generate_across_updates(
                 s.finish_reason = st.finish_reason
                 if ends_turn is not None and ends_turn(s):
                     s.finish_reason = "turn"
+            if on_step is not None:
+                on_step(seqs)
             # A backend row whose sequence ended its turn still decodes (the session
             # interface has no per-row stop); it no longer counts as generating.
             live = [r for r in session.unfinished() if seqs[rows[r]].finish_reason != "turn"]

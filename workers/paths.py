@@ -148,17 +148,19 @@ class Confinement:
         ds = cfg.task.dataset
         if ds is None:
             return {}
+        from workers.task_data import is_hub_id
+
         errors: dict[str, str] = {}
         for name, path in (("task.dataset.path", ds.path), ("task.dataset.eval_path", ds.eval_path)):
-            if path is None:
-                continue
+            if path is None or (name == "task.dataset.path" and is_hub_id(path)):
+                continue  # a Hub dataset is read from the Hub or the datasets cache, no local path
             try:
                 confine(path, self.data_roots, name, "ROLLWAY_DATA_ROOTS")
             except PathNotAllowed as exc:
                 errors[exc.field] = exc.message
         if errors:
             return errors  # never open a file outside the roots
-        from workers.task_data import dataset_errors  # `datasets` (pyarrow): only for a run with a dataset
+        from workers.task_data import dataset_errors
 
         return dataset_errors(cfg)
 

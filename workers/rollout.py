@@ -47,6 +47,8 @@ class Rollout:
     sampling_mask: Any | None = None
     # 1 for a token the model produced, 0 for an environment (tool) token; None: all 1.
     loss_mask: list[int] | None = None
+    # Each task.reward_funcs function's value ({} without them; None: not applicable).
+    reward_parts: dict[str, float | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):

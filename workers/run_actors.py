@@ -8,6 +8,7 @@ reconcile beat, a new driver replacing a dead one), so they are built in one pla
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -63,3 +64,23 @@ def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
 def with_options(actor: type, **options: Any) -> Any:
     """`actor.options(**options)` of an `actor_class` class: what `.remote(...)` then creates."""
     return cast(Any, actor).options(**options)
+
+
+def where_am_i() -> dict:
+    """This actor's node and devices, as the run page shows them: Ray's node id, its
+    address and labels, and the GPU ids Ray gave it (with CUDA_VISIBLE_DEVICES)."""
+    ctx = ray.get_runtime_context()
+    node_id = ctx.get_node_id()
+    labels: dict = {}
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
+            break
+    return {
+        "node_id": node_id,
+        "node_ip": ray.util.get_node_ip_address(),
+        "labels": labels,
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "pid": os.getpid(),
+    }

@@ -24,12 +24,21 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from workers import placement
-from workers.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank, where_am_i
+from workers.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank
 from workers.buffer import plan as buffer_plan
 from workers.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.config import RunConfig
 from workers.failures import ChildFailed, NodeLost, SyncTimeout
-from workers.run_actors import NAMESPACE, actor_name, kill_named, placement_group_name, run_actor_names, with_options
+from workers.reward_stage import RewardWorker
+from workers.run_actors import (
+    NAMESPACE,
+    actor_name,
+    kill_named,
+    placement_group_name,
+    run_actor_names,
+    where_am_i,
+    with_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +81,7 @@ class RunActors:
         self.buffer: Any = None
         self.trainer: Any = None
         self.workers: list = []  # the inference workers
+        self.reward_workers: list = []  # the reward stage's pool (rewards.workers; none by default)
         self.ranks: list = []  # a trainer pool's ranks 1.. (the trainer is rank 0)
         self.placement_group: Any = None  # the Ray placement group of the inference workers and the trainer
         # Where each actor runs: [{actor, node_id, node_ip, labels, gpu_ids, …}], once up.
@@ -107,13 +117,25 @@ class RunActors:
         self.buffer = with_options(
             BufferActor, name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
         ).remote(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b)
+        # The reward pool beside the driver too, without reserved resources: its scorers
+        # run in the CPU time the node has besides the pools' reservations.
+        self.reward_workers = [
+            with_options(
+                RewardWorker,
+                name=f"{self.name}-reward-{k}",
+                namespace=NAMESPACE,
+                num_cpus=0,
+                scheduling_strategy=beside_driver,
+            ).remote(cfg, k)
+            for k in range(cfg.rewards.workers)
+        ]
         self.workers = [
             with_options(
                 InferenceWorker,
                 name=f"{self.name}-inference-{k}",
                 namespace=NAMESPACE,
                 **placement.actor_options(self.placement_group, plan.inference[k]),
-            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir)
+            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir, self.reward_workers)
             for k in range(w)
         ]
         # A trainer pool: ranks 1.. first, so that rank 0 (the trainer actor) can form the
@@ -143,7 +165,7 @@ class RunActors:
             ranks=self.ranks,
         )
         if not self._wait(
-            [a.ready.remote() for a in (self.buffer, self.trainer, *self.ranks, *self.workers)],
+            [a.ready.remote() for a in (self.buffer, self.trainer, *self.ranks, *self.workers, *self.reward_workers)],
             deadline,
             f"run actors not ready after {SPAWN_TIMEOUT_S:.0f}s, their resources reserved ({plan.summary}): "
             "they are slow to start on this cluster",
@@ -216,6 +238,7 @@ class RunActors:
         roles = [("trainer rank 0" if self.ranks else "trainer", self.trainer)]
         roles += [(f"trainer rank {k + 1}", r) for k, r in enumerate(self.ranks)]
         roles += [(f"inference worker {k}", w) for k, w in enumerate(self.workers)]
+        roles += [(f"reward worker {k}", w) for k, w in enumerate(self.reward_workers)]
         return [*roles, ("buffer", self.buffer)]
 
     def _where(self) -> list[dict]:
@@ -298,7 +321,7 @@ class RunActors:
 
     def kill(self) -> None:
         """Kill the run's actors and give their placement group's resources back."""
-        for a in (self.trainer, *self.ranks, *self.workers, self.buffer):
+        for a in (self.trainer, *self.ranks, *self.workers, *self.reward_workers, self.buffer):
             if a is not None:
                 with contextlib.suppress(Exception):  # already gone
                     ray.kill(a, no_restart=True)

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 
 GENERATE = "generate"
 BLOCKED = "blocked"
+# Waiting for the reward pool's scores (workers/reward_stage.py): neither generating nor
+# held back by the buffer.
+SCORE_WAIT = "score_wait"
 
 
 @dataclass
 class Segment:
-    kind: str  # GENERATE | BLOCKED
+    kind: str  # GENERATE | BLOCKED | SCORE_WAIT
     t0: float
     t1: float
     tokens: int = 0
@@ -108,7 +111,7 @@ class StepWindows:
             if seg.kind == GENERATE:
                 busy += ov
                 tokens += seg.tokens * ov / max(seg.t1 - seg.t0, 1e-9)
-            else:
+            elif seg.kind == BLOCKED:
                 blocked += ov
         return {
             "inference/idle_frac": max(0.0, 1.0 - busy / (self.num_workers * span)),

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from api.ingest import ingest_metrics
 from api.openapi import Errors, query_doc, responses
 from foundation.http import BadParam, int_param
-from runs import actions, exports, listing, logs
+from runs import actions, exports, listing, logs, simulation
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
@@ -211,6 +211,28 @@ def launch_run(request: HttpRequest, data: LaunchIn | None = None) -> JsonRespon
     saved configuration's version, and `overrides` on top."""
     launch = actions.check_launch(request.user, **(data or LaunchIn()).model_dump())
     run = actions.do_launch_run(request.user, launch)
+    return JsonResponse(run.detail(), status=201)
+
+
+class SimulateIn(LaunchIn):
+    """POST /api/simulations: a launch's fields plus the simulated `cluster` and
+    `workload` (runs/simulation.py) and how many trainer `steps` (the config's
+    stop.max_steps unless given)."""
+
+    cluster: Any = None
+    workload: Any = None
+    steps: Any = None
+
+
+@router.post(
+    "/simulations", url_name="simulations", tags=["runs"], response=responses(dict[str, Any], 201, 400, 403, 404)
+)
+def simulate_run(request: HttpRequest, data: SimulateIn | None = None) -> JsonResponse:
+    """Simulate a run (workers/simulate) instead of queueing it: the same config as a
+    launch on a described cluster and workload. Answers the finished run, marked
+    `simulated`, its series stored as a run's are."""
+    launch, sim = simulation.check_simulated_launch(request.user, **(data or SimulateIn()).model_dump())
+    run = simulation.do_simulate_run(request.user, launch, sim)
     return JsonResponse(run.detail(), status=201)
 
 

@@ -49,10 +49,23 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Inference backend", ["inference.backend", "inference.*"]),
     # Where the policy comes from first; the size fields after them apply to `tiny` only.
     ("Model", ["model.source", "model.path", "model.hub_id", "model.*"]),
-    # task.options is an object, each task's own: edited in the overrides JSON only. The
-    # dataset's fields are controls although the section is unset in every preset: a
-    # value typed there creates it.
-    ("Task", ["task.name", "task.dataset.*", "task.min_len", "task.max_len", "task.alphabet", "task.reward"]),
+    # task.options is an object, each task's own, and task.reward_weights a list of
+    # numbers: edited in the overrides JSON only. The dataset's fields are controls
+    # although the section is unset in every preset: a value typed there creates it.
+    (
+        "Task",
+        [
+            "task.name",
+            "task.dataset.*",
+            "task.reward_funcs",
+            "task.min_len",
+            "task.max_len",
+            "task.alphabet",
+            "task.reward",
+        ],
+    ),
+    # The reward stage: who scores the rollouts, and when (docs/rewards.md).
+    ("Rewards", ["rewards.workers", "rewards.mode", "rewards.*"]),
     ("Trainer", ["trainer.*"]),
     # Devices per pool are in the inference and trainer groups; where the pools go, here.
     ("Placement", ["placement.*"]),

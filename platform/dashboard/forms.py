@@ -20,7 +20,7 @@ from configs.models import SavedConfig
 from dashboard.config_controls import controls_with_errors
 from foundation import jsonin
 from foundation.errors import ActionError, NotFound, nul_errors
-from runs import actions, lineage
+from runs import actions, lineage, simulation
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
@@ -31,6 +31,32 @@ TEAM_PREFIX = "team:"
 # Errors shown beside a field of the form; any other is a config field's, shown beside
 # its control (or, when no control shows that path, beside the overrides box).
 FORM_FIELDS = {"experiment", "name", "preset", "overrides", "priority", "config_name", "config_description", "config"}
+# The Simulate button's fields (runs/simulation.py): posted as "cluster.gpus" etc., each
+# refusal shown under its own name.
+CLUSTER_FIELDS = ("gpus", "gpu", "model", "inference_share", "tp", "link")
+WORKLOAD_FIELDS = ("median_tokens", "p90_tokens", "max_tokens", "prompt_tokens")
+SIMULATION_FIELDS = (
+    [f"cluster.{f}" for f in CLUSTER_FIELDS]
+    + [f"workload.{f}" for f in WORKLOAD_FIELDS]
+    + ["cluster", "workload", "steps"]
+)
+# The Simulate fields as the form shows them: (name, label, kind, default, extra), the
+# defaults a 64-GPU H100 cluster, 7B, half generating, and long-tailed reasoning
+# completions (median 2K, p90 8K tokens).
+SIMULATION_INPUTS: tuple[tuple[str, str, str, str, dict], ...] = (
+    ("cluster.gpus", "GPUs", "number", "64", {"min": 1, "step": 1}),
+    ("cluster.gpu", "GPU kind", "select", "H100", {"options": tuple(simulation.DEVICES)}),
+    ("cluster.model", "Model (7B, 32B or a Hugging Face model path)", "text", "7B", {}),
+    ("cluster.inference_share", "Share of the GPUs that generate", "number", "0.5", {"min": 0, "max": 1, "step": 0.05}),
+    ("cluster.tp", "GPUs per inference worker (TP)", "number", "1", {"min": 1, "step": 1}),
+    ("cluster.link", "Link between nodes", "select", "InfiniBand", {"options": simulation.LINK_CHOICES}),
+    ("workload.median_tokens", "Completion length, median (tokens)", "number", "2048", {"min": 1, "step": 1}),
+    ("workload.p90_tokens", "Completion length, p90 (tokens)", "number", "8192", {"min": 1, "step": 1}),
+    ("workload.max_tokens", "Completion cut (tokens)", "number", "32768", {"min": 1, "step": 1}),
+    ("workload.prompt_tokens", "Prompt length (tokens)", "number", "512", {"min": 1, "step": 1}),
+    ("steps", "Steps", "number", "", {"min": 1, "step": 1, "placeholder": "the config's stop.max_steps"}),
+)
+SIMULATION_DEFAULTS = {name: default for name, _, _, default, _ in SIMULATION_INPUTS}
 
 
 class LaunchForm:
@@ -43,6 +69,7 @@ class LaunchForm:
         self.user = request.user
         self.posted = request.method == "POST"
         self.saving = request.POST.get("action") == "save"
+        self.simulating = request.POST.get("action") == "simulate"
         self.data = {
             "experiment": request.POST.get("experiment", ""),
             "name": request.POST.get("name", ""),
@@ -54,6 +81,7 @@ class LaunchForm:
             # The launched run records that it is a clone of this one (runs/lineage.py).
             "clone_of": request.POST.get("clone_of", request.GET.get("clone", "")),
         }
+        self.simulation = {key: request.POST.get(key, default) for key, default in SIMULATION_DEFAULTS.items()}
         self.clone_of = self._clone_of()
         if self.clone_of is not None and not self.posted:
             self.data.update(
@@ -77,7 +105,7 @@ class LaunchForm:
     def submit(self) -> Run | SavedConfig | None:
         """The queued run, or the saved configuration version ("Save as configuration");
         None, with `errors`, when it was refused: nothing is created then."""
-        self.errors = nul_errors(self.data)
+        self.errors = nul_errors(self.data | self.simulation)
         if not self.errors:
             try:
                 overrides = jsonin.loads(self.data["overrides"] or "{}")
@@ -85,7 +113,9 @@ class LaunchForm:
                 self.errors = {"overrides": str(exc)}
             else:
                 try:
-                    return self._save(overrides) if self.saving else self._launch(overrides)
+                    if self.saving:
+                        return self._save(overrides)
+                    return self._simulate(overrides) if self.simulating else self._launch(overrides)
                 except ActionError as exc:
                     self.errors = exc.errors
                     self.status = exc.http_status
@@ -93,22 +123,37 @@ class LaunchForm:
         self.status = 400
         return None
 
-    def _launch(self, overrides: dict) -> Run:
+    def _launch_fields(self, overrides: dict) -> dict[str, Any]:
         experiment, _, team = self.data["experiment"].partition(TEAM_PREFIX)
         preset, _, saved_config = self.data["preset"].partition(SAVED_PREFIX)
-        launch = actions.check_launch(
-            self.user,
-            experiment=experiment,
-            team=team,
-            name=self.data["name"],
-            preset=preset,
-            overrides=overrides,
-            saved_config=saved_config,
-            priority=self.data["priority"],
-        )
+        return {
+            "experiment": experiment,
+            "team": team,
+            "name": self.data["name"],
+            "preset": preset,
+            "overrides": overrides,
+            "saved_config": saved_config,
+            "priority": self.data["priority"],
+        }
+
+    def _launch(self, overrides: dict) -> Run:
+        launch = actions.check_launch(self.user, **self._launch_fields(overrides))
         if self.clone_of is not None:
             return lineage.do_clone(self.user, self.clone_of, launch)
         return actions.do_launch_run(self.user, launch)
+
+    def _simulate(self, overrides: dict) -> Run:
+        """ "Simulate": the launch's config on the form's cluster and workload (an empty
+        box: the simulator's default), stored as a finished, simulated run."""
+        given = {key: value.strip() for key, value in self.simulation.items() if value.strip()}
+        launch, sim = simulation.check_simulated_launch(
+            self.user,
+            cluster={f: given[f"cluster.{f}"] for f in CLUSTER_FIELDS if f"cluster.{f}" in given},
+            workload={f: given[f"workload.{f}"] for f in WORKLOAD_FIELDS if f"workload.{f}" in given},
+            steps=int(given["steps"]) if given.get("steps", "").isdigit() else given.get("steps"),
+            **self._launch_fields(overrides),
+        )
+        return simulation.do_simulate_run(self.user, launch, sim)
 
     def _save(self, overrides: dict) -> SavedConfig:
         """ "Save as configuration": in the team of the chosen experiment (or "team:<id>"),
@@ -153,9 +198,23 @@ class LaunchForm:
         teams = Team.objects.for_user(self.user)
         experiments = Experiment.objects.visible_to(self.user).select_related("team")
         presets = preset_choices(self.user)
-        control_groups, unplaced = controls_with_errors({k: v for k, v in errors.items() if k not in FORM_FIELDS})
+        control_groups, unplaced = controls_with_errors(
+            {k: v for k, v in errors.items() if k not in FORM_FIELDS and k not in SIMULATION_FIELDS}
+        )
         return {
             "form": self.data,
+            "simulation_fields": [
+                {
+                    "name": name,
+                    "id": "id_" + name.replace(".", "_"),
+                    "label": label,
+                    "kind": kind,
+                    "value": self.simulation[name],
+                    "error": errors.get(name, ""),
+                    **extra,
+                }
+                for name, label, kind, _, extra in SIMULATION_INPUTS
+            ],
             "experiment_choices": [(str(e.pk), f"{e.team.name} / {e.name}") for e in experiments]
             + [
                 (f"{TEAM_PREFIX}{team.pk}", f"{team.name} / default (new)")
@@ -167,7 +226,7 @@ class LaunchForm:
             "control_groups": control_groups,
             "priority_range": (actions.PRIORITY_MIN, actions.PRIORITY_MAX),
             "errors": errors,
-            "field_errors": {k: v for k, v in errors.items() if k in FORM_FIELDS},
+            "field_errors": {k: v for k, v in errors.items() if k in FORM_FIELDS or k in SIMULATION_FIELDS},
             # Everything else came from the engine config: beside its control, or when no
             # control shows that path (a section, an unknown field), beside the overrides box.
             "config_errors": sorted(unplaced.items()),

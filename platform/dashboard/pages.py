@@ -16,7 +16,7 @@ from runs import listing, logs
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, metric_of, rank_series
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, metric_of, rank_series, reward_func_series
 from workers.presets import PRESETS
 
 # Tags the flash that says a new run is queued (launch, retry, resume): once the run has
@@ -161,16 +161,26 @@ def _charts(run: Run) -> list[dict]:
             if not ranks:
                 continue  # one trainer process: no per-rank figures
             series = tuple(rank_series(name, r) for name in series for r in range(ranks))
-        cards.append(
-            {
-                "id": f"chart-{slugify(title)}",
-                "title": title,
-                "series": ",".join(series),
-                "unit": _unit(series[0]),
-                "empty": _empty_because(series, run.config),
-            }
-        )
+        cards.append(_card(title, series, run.config))
+        if title == "Reward" and _reward_funcs(run.config):
+            # One line per task.reward_funcs function, beside the sum they make.
+            names = [path.rpartition(":")[2] for path in _reward_funcs(run.config)]
+            cards.append(_card("Reward functions", tuple(reward_func_series(n, "mean") for n in names), run.config))
     return cards
+
+
+def _reward_funcs(config: dict) -> list[str]:
+    return list((config.get("task") or {}).get("reward_funcs") or [])
+
+
+def _card(title: str, series: tuple[str, ...], config: dict) -> dict:
+    return {
+        "id": f"chart-{slugify(title)}",
+        "title": title,
+        "series": ",".join(series),
+        "unit": _unit(series[0]),
+        "empty": _empty_because(series, config),
+    }
 
 
 def _unit(series: str) -> str:

@@ -69,6 +69,9 @@ def launch(request: HttpRequest) -> HttpResponse:
     if isinstance(done, SavedConfig):
         messages.success(request, f"Saved configuration {done.label} in team {done.team.name}.")
         return redirect(f"{reverse('dashboard:launch')}?preset={SAVED_PREFIX}{done.pk}")
+    if isinstance(done, Run) and done.simulated:
+        messages.success(request, f"Run #{done.pk} simulated.")
+        return redirect(done)
     if isinstance(done, Run):
         messages.success(request, f"Run #{done.pk} queued.", extra_tags=UNTIL_RUN_ENDS)
         return redirect(done)

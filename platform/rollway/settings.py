@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
 from workers.admission import Limits
+from workers.checkpoints import store_problem
 from workers.logs import PLAIN as PLAIN_LOG
 from workers.logs import log_format
 from workers.reporter import INGEST_ENDPOINTS
@@ -335,8 +336,10 @@ ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
 # model.path must resolve (symlinks and .. followed) under one of these.
 ROLLWAY_MODEL_ROOTS = env_list("ROLLWAY_MODEL_ROOTS", [str(ROLLWAY_HOME / "models")])
 # task.dataset.path (and eval_path) likewise: by default the datasets shipped in the
-# repository's data/ and a data/ folder in ROLLWAY_HOME.
-ROLLWAY_DATA_ROOTS = env_list("ROLLWAY_DATA_ROOTS", [str(REPO_ROOT / "data"), str(ROLLWAY_HOME / "data")])
+# repository's data/ and examples/ and a data/ folder in ROLLWAY_HOME.
+ROLLWAY_DATA_ROOTS = env_list(
+    "ROLLWAY_DATA_ROOTS", [str(REPO_ROOT / "data"), str(REPO_ROOT / "examples"), str(ROLLWAY_HOME / "data")]
+)
 # sync.directory likewise; empty (the default) means the field must stay unset and
 # filesystem sync writes into the run's scratch directory.
 ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
@@ -354,6 +357,8 @@ ROLLWAY_RUN_LOG_DIR = env_str("ROLLWAY_RUN_LOG_DIR", str(ROLLWAY_HOME / "logs"))
 # Ray node sees, or an fsspec URL (s3://bucket/prefix) on a cluster. A resumed run may
 # start only from a checkpoint under it.
 ROLLWAY_CHECKPOINT_ROOT = env_str("ROLLWAY_CHECKPOINT_ROOT", str(ROLLWAY_HOME / "checkpoints"))
+if _store_problem := store_problem(ROLLWAY_CHECKPOINT_ROOT):
+    raise ImproperlyConfigured(f"ROLLWAY_CHECKPOINT_ROOT: {_store_problem}")
 
 # --- what one run may ask for (configs/policy.py): the engine's Limits, its defaults ---
 ROLLWAY_MAX_STEPS = env_int("ROLLWAY_MAX_STEPS", Limits.max_steps)

@@ -228,26 +228,34 @@ def _check_run_config(
     return preset, overrides, config
 
 
+def create_run(user, launch: LaunchRequest, **fields: Any) -> Run:
+    """The Run row of a checked launch, in the launch's experiment (the team's "default"
+    one when none was named); `fields` set the rest (a simulation's). Call inside a
+    transaction."""
+    experiment = launch.experiment
+    if experiment is None:
+        experiment, _ = Experiment.objects.get_or_create(
+            team=launch.team, name="default", defaults={"created_by": user}
+        )
+    return Run.objects.create(
+        experiment=experiment,
+        name=launch.name,
+        preset=launch.preset,
+        overrides=launch.overrides,
+        config=launch.config.model_dump(mode="json"),
+        launched_by=user,
+        saved_config=launch.saved_config,
+        priority=launch.priority,
+        **fields,
+    )
+
+
 def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
     """Create the queued Run and, once it is committed, ask the queue's scheduler
     (runs/queue.py) to look: it sends `launch_run` when the run's turn comes. A caller
     queuing many runs at once passes schedule=False and asks once (`ask_scheduler`)."""
     with transaction.atomic():
-        experiment = launch.experiment
-        if experiment is None:
-            experiment, _ = Experiment.objects.get_or_create(
-                team=launch.team, name="default", defaults={"created_by": user}
-            )
-        run = Run.objects.create(
-            experiment=experiment,
-            name=launch.name,
-            preset=launch.preset,
-            overrides=launch.overrides,
-            config=launch.config.model_dump(mode="json"),
-            launched_by=user,
-            saved_config=launch.saved_config,
-            priority=launch.priority,
-        )
+        run = create_run(user, launch)
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
         audit.record(user, launch.team, audit.Action.LAUNCH, f"run {run.pk}", name=run.name, preset=run.preset)
 

@@ -86,10 +86,20 @@ def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run
 def check_retry(user, run_id: int) -> Run:
     """The run, if `user` may retry it: it has ended, and its config still passes."""
     parent = actions.check_run_access(user, run_id)
+    _check_not_simulated(parent, "retry")
     if parent.status not in ENDED:
         raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
     _check_launchable(user, parent, parent.run_config)
     return parent
+
+
+def _check_not_simulated(run: Run, action: str) -> None:
+    """A simulated run (runs/simulation.py) never ran here: there is nothing to retry or
+    resume, and a retry would queue a real run the user did not ask for."""
+    if run.simulated:
+        raise Conflict(
+            {"simulated": f"run {run.pk} was simulated, so there is nothing to {action}: clone it to launch its config"}
+        )
 
 
 def do_retry(user, parent: Run) -> Run:
@@ -113,6 +123,7 @@ def do_retry(user, parent: Run) -> Run:
 def check_resume(user, run_id: int, step: Any = None) -> tuple[Run, Checkpoint]:
     """The run and the checkpoint to resume it from: the one at `step`, or its latest."""
     parent = actions.check_run_access(user, run_id)
+    _check_not_simulated(parent, "resume")
     if parent.status not in ENDED:
         raise Conflict({"status": f"run {parent.pk} is {parent.status}; cancel it first or wait for it to end"})
     checkpoints = parent.checkpoints.all()

@@ -186,6 +186,12 @@ class Run(models.Model):
     # ending in this one has used.
     restarts = models.SmallIntegerField(default=0)
     notes = models.TextField(blank=True)
+    # A simulated run (runs/simulation.py) ran on workers/simulate's cost models, not on
+    # GPUs: its series are the simulator's, under the engine's names, so the run and
+    # compare pages chart it as any run. `simulation` keeps the cluster, the workload and
+    # the simulator's summary.
+    simulated = models.BooleanField(default=False, db_index=True)
+    simulation = models.JSONField(default=dict, blank=True)
 
     objects = RunQuerySet.as_manager()
     # A run's place in the queue, where the code that loaded it knew it (`queue_position`).
@@ -294,6 +300,7 @@ class Run(models.Model):
             "parent": self.parent_id,
             "origin": self.origin,
             "tags": self.tag_names(),
+            "simulated": self.simulated,
         }
 
     def tag_names(self) -> list[str]:
@@ -319,6 +326,7 @@ class Run(models.Model):
             "children": [{"id": c.pk, "origin": c.origin, "status": c.status} for c in self.children.order_by("pk")],
             "checkpoints": [c.as_dict() for c in self.checkpoints.order_by("-step")],
             "placement": self.placement,
+            "simulation": self.simulation,
         }
 
     def series_names(self) -> list[str]:

@@ -40,6 +40,18 @@ def test_it_hands_out_whole_groups_in_order():
     assert buf.depth == 1
 
 
+def test_offer_takes_what_fits_in_order_without_blocking():
+    buf = RolloutBuffer(capacity_groups=3, max_staleness=1)
+    buf.put(group("a"))
+    assert buf.offer([group("b"), group("c"), group("d")]) == 2
+    assert buf.group_ids() == ["a", "b", "c"] and buf.total_put == 3
+    assert buf.offer([group("e")]) == 0
+    buf.get(2, current_version=0)
+    assert buf.offer([group("d"), group("e"), group("f")]) == 2
+    assert buf.group_ids() == ["c", "d", "e"]
+    assert RolloutBuffer(capacity_groups=None, max_staleness=1).offer([group(str(i)) for i in range(50)]) == 50
+
+
 def test_put_blocks_while_full_and_reports_seconds_blocked():
     buf = RolloutBuffer(capacity_groups=2, max_staleness=1)
     buf.put(group("a"))

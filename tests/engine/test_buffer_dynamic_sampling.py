@@ -33,6 +33,14 @@ def test_uniform_groups_are_dropped_counted_and_free_their_place():
     assert [g.group_id for g in buf.get(2, current_version=0)] == ["1", "3"]
 
 
+def test_offer_drops_uniform_groups_as_put_does_even_when_full():
+    buf = RolloutBuffer(capacity_groups=2, max_staleness=1, drop_uniform=True)
+    groups = [group("0", MIXED), group("1", UNIFORM), group("2", MIXED), group("3", UNIFORM), group("4", MIXED)]
+    # "3" is dropped, not stored, so it passes the full buffer; "4" waits for room.
+    assert buf.offer(groups) == 4
+    assert buf.group_ids() == ["0", "2"] and buf.dropped_uniform == 2 and buf.received == 4
+
+
 def test_without_dynamic_sampling_uniform_groups_are_kept():
     buf = RolloutBuffer(capacity_groups=4, max_staleness=1)
     buf.put(group("u", UNIFORM))

@@ -13,9 +13,7 @@ tests/engine/test_driver.py (`test_a_launched_run_reports_the_vocabulary_and_suc
 
 from __future__ import annotations
 
-import re
 import typing
-from pathlib import Path
 
 import pytest
 
@@ -81,16 +79,6 @@ def test_train_step_reports_the_batch_spread_lengths_and_learning_rate(tiny_mode
     lengths = [len(r.completion_ids) for g in groups for r in g.rollouts]
     assert metrics["completion/length_max"] == max(lengths)
     assert {"reward/std", "reward/zero_std_frac", "completion/length_mean", "completion/clipped_frac"} <= set(metrics)
-
-
-def test_the_glossary_names_only_series_of_the_vocabulary():
-    """docs/metrics.md maps our names to TRL's and verl's: a renamed or misspelled series
-    there would send a reader looking for a chart that does not exist."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
-    rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
-    ours = {name for cell in rows for name in re.findall(r"`([^`]+)`", cell)}
-    assert len(ours) >= 15, "the glossary table lost its rows"
-    assert ours <= NAMES, f"docs/metrics.md names series outside METRICS: {sorted(ours - NAMES)}"
 
 
 BUFFER_MODES = typing.get_args(BufferConfig.model_fields["mode"].annotation)
@@ -169,6 +157,18 @@ def test_routing_agreement_is_reported_only_with_keep_routing(tmp_path):
     assert "routing/agreement" not in _first_step(moe, {}, {})[2]
 
 
+def test_the_reward_pool_series_come_from_a_reward_pool_only(tmp_path):
+    from workers.driver import RunMetrics
+    from workers.reward_stage import POOL_SERIES, RewardReport
+
+    metrics = RunMetrics(MetricsReporter(1, None, "", str(tmp_path)), num_workers=1)
+    metrics.add_rewards([], version=1, new_steps=True)  # rewards.workers 0: no reward worker reports
+    assert not POOL_SERIES & set(metrics.series)
+    metrics.add_rewards([RewardReport(0.5, 0.0, 1.0, [0.01])], version=2, new_steps=True)
+    assert set(metrics.series) == POOL_SERIES <= NAMES
+    assert all(BY_NAME[name].only == "rewards.workers ≥ 1" for name in POOL_SERIES)
+
+
 # Each series marked `only`, and the test above that checks its condition both ways.
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
@@ -180,6 +180,8 @@ CONDITION_TESTS = {
     "routing/agreement": test_routing_agreement_is_reported_only_with_keep_routing,
     **dict.fromkeys(EVAL_SERIES, test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on),
     **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
+    "reward/pool_busy_frac": test_the_reward_pool_series_come_from_a_reward_pool_only,
+    "reward/scoring_lag_ms": test_the_reward_pool_series_come_from_a_reward_pool_only,
 }
 
 

@@ -94,3 +94,27 @@ def test_the_cli_grammar_loads_without_torch():
     code = "import sys; import rollway_cli.launchfile; print('torch' in sys.modules, 'pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_launch_files_relative_dataset_paths_are_read_beside_it(tmp_path):
+    from rollway_cli.launchfile import launch_body
+
+    folder = tmp_path / "project" / "runs"
+    folder.mkdir(parents=True)
+    spec = folder / "run.yaml"
+    spec.write_text(
+        "task:\n  dataset:\n    path: ../data/rows.jsonl\n    eval_path: ./held.jsonl\n"
+        "overrides:\n  stop: {max_steps: 3}\n"
+    )
+    dataset = launch_body(spec, [])["overrides"]["task"]["dataset"]
+    assert dataset == {
+        "path": str(tmp_path / "project" / "data" / "rows.jsonl"),
+        "eval_path": str(folder / "held.jsonl"),
+    }
+    # A Hub id, an absolute path and a --set value are sent as written.
+    spec.write_text("task.dataset.path: acme/sums\n")
+    assert launch_body(spec, [])["overrides"]["task"]["dataset"]["path"] == "acme/sums"
+    spec.write_text("task.dataset.path: /srv/data/rows.jsonl\n")
+    assert launch_body(spec, [])["overrides"]["task"]["dataset"]["path"] == "/srv/data/rows.jsonl"
+    body = launch_body(spec, ["task.dataset.path=./other.jsonl"])
+    assert body["overrides"]["task"]["dataset"]["path"] == "./other.jsonl"

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from tests.integration.stack import Stack, child_env, db_url, free_web_port, short_home
+from tests.integration.stack import REPO, Stack, child_env, db_url, free_web_port, short_home
 
 REQUIRED = {"DATABASE_URL": "postgres", "CELERY_BROKER_URL": "redis", "REDIS_URL": "redis"}
 
@@ -70,3 +70,26 @@ def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.fixture
+def cli_env(stack, tmp_path):
+    """What a person's shell holds after `rollway login`: the site and a member token."""
+    from django.contrib.auth import get_user_model
+
+    from runs.actions import do_ensure_demo
+    from teams import tokens
+
+    user = get_user_model().objects.create_user("cleo", password="pw-cleo")
+    team, _ = do_ensure_demo(user, team_name="Command line")
+    _, secret = tokens.do_create(user, team, "member", "live test")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
+    env.update(
+        ROLLWAY_URL=stack.url,
+        ROLLWAY_TOKEN=secret,
+        ROLLWAY_CONFIG_DIR=str(tmp_path / "config"),
+        PYTHONPATH=str(REPO),  # the CLI needs nothing of the site's source root
+        COLUMNS="100",
+        TERM="xterm-256color",
+    )
+    return env, team

@@ -3,6 +3,11 @@ integration test modules call (test modules never import each other)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+from tests.integration.stack import REPO
+
 # Tiny torch-backend runs: a 20-step warm start (cached per session), 4 prompts × 4
 # completions per step.
 TINY = {
@@ -27,3 +32,15 @@ def launch(member, preset: str, overrides: dict):
 def status(run) -> str:
     run.refresh_from_db(fields=["status", "error"])
     return run.status
+
+
+def rollway(env, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """`rollway ARGS` as a person runs it, from the repository, with `env` (cli_env's)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rollway_cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )

@@ -73,6 +73,9 @@ def db_url(settings_dict: dict) -> str:
 
 def child_env(**settings: str) -> dict[str, str]:
     env = dict(os.environ)
+    # The shipped examples' task modules and reward functions (examples/), allowed in
+    # the web, the worker and the Ray head alike, as a site that runs them is set up.
+    env.setdefault("ROLLWAY_TASK_MODULES", "examples")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "platform"), str(REPO)])
     env["PYTHONUNBUFFERED"] = "1"
     env["DJANGO_SETTINGS_MODULE"] = "rollway.settings"

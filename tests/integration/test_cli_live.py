@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import TINY
+from tests.integration.helpers import TINY, rollway
 from tests.integration.stack import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -33,40 +33,6 @@ trainer:
 stop: {{max_minutes: 4}}
 """
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-@pytest.fixture
-def cli_env(stack, tmp_path):
-    """What a person's shell holds after `rollway login`: the site and a member token."""
-    from django.contrib.auth import get_user_model
-
-    from runs.actions import do_ensure_demo
-    from teams import tokens
-
-    user = get_user_model().objects.create_user("cleo", password="pw-cleo")
-    team, _ = do_ensure_demo(user, team_name="Command line")
-    _, secret = tokens.do_create(user, team, "member", "live test")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLWAY_")}
-    env.update(
-        ROLLWAY_URL=stack.url,
-        ROLLWAY_TOKEN=secret,
-        ROLLWAY_CONFIG_DIR=str(tmp_path / "config"),
-        PYTHONPATH=str(REPO),  # the CLI needs nothing of the site's source root
-        COLUMNS="100",
-        TERM="xterm-256color",
-    )
-    return env, team
-
-
-def rollway(env, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollway_cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 def follow_on_a_terminal(env, run_id: int) -> tuple[subprocess.Popen, list[bytes]]:

@@ -191,6 +191,48 @@ def test_a_viewer_token_is_refused_with_exit_4(live_server, owner, team, experim
     assert code == errors.NOT_ALLOWED and "viewer" in err
 
 
+# --- simulate -------------------------------------------------------------------------
+
+
+def test_simulate_from_a_yaml_file_and_options_stores_a_simulated_run(site, experiment, owner, tmp_path, capsys):
+    spec = tmp_path / "sim.yaml"
+    spec.write_text(
+        f"preset: async\n"
+        f"name: async on 32\n"
+        f"experiment: {experiment.pk}\n"
+        f"cluster: {{gpus: 8, tp: 2}}\n"  # --gpus wins, tp stays
+        f"workload: {{median_tokens: 1024}}\n"
+        f"buffer.capacity: 64\n"
+    )
+    code, out, err = rollway(
+        capsys, "simulate", str(spec), "--gpus", "32", "--p90-tokens", "4096", "--steps", "10",
+        "--set", "trainer.batch_groups=16",
+    )  # fmt: skip
+    assert code == 0, err
+    run = Run.objects.get()
+    lines = out.splitlines()
+    assert lines[0] == f"run {run.pk} simulated: async on 32"
+    assert lines[1].startswith("10 steps in ") and " samples/s, trainer busy " in lines[1]
+    assert lines[2] == f"{site}/runs/{run.pk}/"
+    assert (run.simulated, run.status, run.launched_by) == (True, "succeeded", owner)
+    assert (run.simulation["cluster"]["gpus"], run.simulation["cluster"]["tp"]) == (32, 2)
+    assert run.simulation["workload"]["median_tokens"] == 1024 and run.simulation["workload"]["p90_tokens"] == 4096
+    assert run.config["buffer"]["capacity"] == 64 and run.config["trainer"]["batch_groups"] == 16
+    assert run.points.filter(series="policy/version").count() == 10
+    code, out, _ = rollway(capsys, "runs")
+    assert code == 0 and "async on 32 (simulated)" in out
+
+
+def test_a_refused_simulation_names_the_field_and_exits_2(site, experiment, capsys):
+    code, _, err = rollway(
+        capsys, "simulate", "--preset", "async", "--experiment", str(experiment.pk), "--gpus", "0",
+        "--median-tokens", "900", "--p90-tokens", "100",
+    )  # fmt: skip
+    assert code == errors.BAD_REQUEST and "Traceback" not in err
+    assert "cluster.gpus: " in err and "workload: p90_tokens (100) must be ≥ median_tokens (900)" in err
+    assert not Run.objects.exists()
+
+
 # --- follow, cancel -------------------------------------------------------------------
 
 

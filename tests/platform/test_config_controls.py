@@ -120,10 +120,11 @@ def test_a_path_the_config_lacks_is_a_key_error_naming_it():
 # --- the groups ----------------------------------------------------------------------
 
 
-def test_every_field_but_the_warm_start_and_task_options_has_exactly_one_control(fresh_controls):
+def test_every_field_but_the_warm_start_task_options_and_reward_weights_has_exactly_one_control(fresh_controls):
     paths = [c["path"] for group in config_controls.config_controls() for c in group["controls"]]
     assert len(paths) == len(set(paths))
-    assert set(paths) == {p for p in leaves(RunConfig) if not p.startswith(("warm_start.", "task.options"))}
+    json_only = ("warm_start.", "task.options", "task.reward_weights")
+    assert set(paths) == {p for p in leaves(RunConfig) if not p.startswith(json_only)}
 
 
 def test_the_groups_come_in_order_and_a_section_wildcard_takes_only_what_is_left(fresh_controls):

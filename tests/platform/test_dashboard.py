@@ -6,7 +6,7 @@ import pytest
 from django.contrib.staticfiles import finders
 
 from runs.models import Run
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, reward_func_series
 from workers.presets import build
 
 
@@ -46,6 +46,17 @@ def test_the_run_page_has_a_chart_per_dashboard_chart(client_for, owner, run):
     assert f'data-live-path="/ws/runs/{run.pk}/"' in html
     assert "/static/plotly/plotly.min.js" in html
     assert 'id="cancel-button"' in html
+
+
+def test_a_run_with_reward_functions_charts_each_functions_mean(client_for, owner, make_run):
+    config = build("async").model_dump(mode="json")
+    config["task"]["reward_funcs"] = ["my_rewards.gsm8k:accuracy", "my_rewards.gsm8k:formatReward"]
+    run = make_run(config=config)
+    html = client_for(owner).get(f"/runs/{run.pk}/").content.decode()
+    assert 'data-chart="Reward functions"' in html
+    long_name = reward_func_series("formatReward", "mean")  # not a valid series part as it is
+    assert f'data-series="rewards/accuracy/mean,{long_name}"' in html and long_name.startswith("rewards/formatreward-")
+    assert 'data-chart="Reward functions"' not in client_for(owner).get(f"/runs/{make_run().pk}/").content.decode()
 
 
 def test_an_outsider_gets_404_for_a_run_page(client_for, outsider, run):

@@ -100,8 +100,9 @@ def fresh_controls():
 
 
 def test_every_setting_but_the_warm_start_has_exactly_one_control(form_page):
-    # task.options is an object, each task's own: edited in the overrides JSON.
-    json_only = ("warm_start.", "task.options")
+    # task.options is an object, each task's own, and task.reward_weights a list of
+    # numbers: edited in the overrides JSON.
+    json_only = ("warm_start.", "task.options", "task.reward_weights")
     paths = [dict(c.attributes)["data-path"] for c in find_all(form_page(), "div", class_="control")]
     assert len(paths) == len(set(paths))
     assert set(paths) == {p for p in leaves(RunConfig) if not p.startswith(json_only)}
@@ -188,7 +189,7 @@ def test_the_task_name_is_a_select_of_the_built_ins_or_any_other_name_typed(form
 def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_shown(form_page):
     (task,) = find_all(form_page(), "fieldset", id="axis-task")
     paths = [dict(c.attributes)["data-path"] for c in find_all(task, "div", class_="control")]
-    dataset = ["path", "prompt_column", "answer_column", "eval_fraction", "eval_path"]
+    dataset = ["path", "split", "prompt_column", "answer_column", "eval_fraction", "eval_path", "eval_split"]
     assert paths[: 1 + len(dataset)] == ["task.name"] + [f"task.dataset.{f}" for f in dataset]
     placeholders = {}
     for field in dataset:
@@ -198,10 +199,12 @@ def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_
         placeholders[field] = dict(the_input(ctrl).attributes).get("placeholder")
     assert placeholders == {
         "path": "not set",
+        "split": "default: train",
         "prompt_column": "default: prompt",
         "answer_column": "default: answer",
         "eval_fraction": "default: 0.1",
         "eval_path": "not set",
+        "eval_split": "not set",
     }
     assert {"type": "number", "min": "0", "step": "any"}.items() <= dict(
         the_input(control(task, "task.dataset.eval_fraction")).attributes

@@ -24,8 +24,10 @@ import pytest
 
 from compare.models import Comparison, ComparisonRun
 from configs.models import SavedConfig
+from runs.actions import check_launch
 from runs.lineage import ENDED
 from runs.models import Checkpoint, Experiment, MetricPoint, Run
+from runs.simulation import check_simulation, do_simulate_run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
 from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, rank_series
@@ -155,6 +157,11 @@ def seed(user) -> dict:
         ),
         "cancelled": make(S.CANCELLED, "stopped by hand", phase="stepping"),
     }
+    # A simulated run, through the simulator as the Simulate button runs it: its page has
+    # the engine's series and no driver, so of the actions only Clone….
+    launch = check_launch(user, experiment=experiment.pk, preset="async", name="simulated at 64 GPUs")
+    sim = check_simulation({"gpus": 64}, {"median_tokens": 1024, "p90_tokens": 4096}, STEPS, max_steps=STEPS)
+    runs["simulated"] = do_simulate_run(user, launch, sim)
     points(runs["running"], with_eval=True)
     points(runs["succeeded"], with_eval=False)
     points(runs["failed"], with_eval=True)
@@ -379,6 +386,16 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
             if not page.is_visible("#run-error"):
                 walk.problems.setdefault("run-failed", []).append("the failure's reason is not shown")
             walk.run_page("run-cancelled", runs["cancelled"].pk, status="cancelled")
+            page.goto(f"{base}/runs/{runs['simulated'].pk}/")
+            walk.wait_for_charts()
+            sim_found = [
+                f"simulated run shows {sel}"
+                for sel in ACTIONS.values()
+                if sel != "#clone-button" and page.is_visible(sel)
+            ]
+            sim_found += [] if page.is_visible("#simulated-mark") else ["the simulated mark is not shown"]
+            sim_found += [] if page.is_visible("#clone-button") else ["no Clone… on a simulated run"]
+            walk.look("run-simulated", sim_found)
 
             page.goto(f"{base}/configs/")
             expect(page.get_by_text("small buffer").first).to_be_visible()

@@ -158,6 +158,15 @@ ASKS: dict[str, list[Ask]] = {
         Ask("GET", lambda w: "/api/runs", "login"),
         Ask("POST", lambda w: "/api/runs", "member", _launch_body),
     ],
+    # Who may launch may simulate: a launch's body plus a small cluster and few steps.
+    "api:simulations": [
+        Ask(
+            "POST",
+            lambda w: "/api/simulations",
+            "member",
+            lambda w: _launch_body(w) | {"cluster": {"gpus": 8}, "workload": {"median_tokens": 256}, "steps": 3},
+        )
+    ],
     "api:runs-cancel": [Ask("POST", lambda w: "/api/runs/cancel", "own", lambda w: {"runs": [w.run.pk]}, form=True)],
     "api:run": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}", "viewer")],
     "api:run-cancel": [Ask("POST", lambda w: f"/api/runs/{w.run.pk}/cancel", "own")],

@@ -60,3 +60,29 @@ def test_settings_default_to_one_machine_with_nothing_installed(settings):
         "compare": "migrations.compare",
     }
     assert str(settings.ROLLWAY_HOME / "cache") == settings.ROLLWAY_CACHE_DIR
+
+
+def test_a_checkpoint_root_in_a_store_whose_filesystem_is_missing_stops_the_site_naming_the_extra(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "ROLLWAY_HOME": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "rollway.settings",
+        "PYTHONPATH": os.pathsep.join([str(repo / "platform"), str(repo)]),
+        "ROLLWAY_CHECKPOINT_ROOT": "s3://bucket/checkpoints",
+    }
+    # s3fs as not installed, whether it is here or not.
+    code = "import sys; sys.modules['s3fs'] = None; import django; django.setup()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert (
+        "ROLLWAY_CHECKPOINT_ROOT: checkpoint location 's3://bucket/checkpoints' needs s3fs, which is not installed: "
+        "pip install 'rollway[s3]'"
+    ) in done.stderr
+    env["ROLLWAY_CHECKPOINT_ROOT"] = str(tmp_path / "checkpoints")
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0

@@ -44,6 +44,10 @@ class Completion:
     # Per token, its kept set under top-k / top-p / min-p (workers.sampling_mask.Kept)
     # or None where none was recorded; empty from a backend that records none.
     kept: list[Kept | None] = field(default_factory=list)
+    # Per token, the policy version of the weights that sampled it as the engine itself
+    # labelled them (`InferenceBackend.label_weights`); empty from a backend that keeps no
+    # labels, where the caller's own version stands.
+    versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -108,6 +112,11 @@ class InferenceBackend(Protocol):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: replace every weight with the trainer's (checkpoint-format names)."""
+        ...
+
+    def label_weights(self, version: int) -> None:
+        """Say that the weights loaded now are policy `version` (after every sync), for a
+        backend that stamps its outputs with it (`Completion.versions`)."""
         ...
 
     def close(self) -> None: ...

@@ -82,6 +82,10 @@ class TorchBackend:
 
     # ---- weights ---------------------------------------------------------------
 
+    def label_weights(self, version: int) -> None:
+        """Nothing to label: weights change only between the calls the caller makes, so
+        its own version tags every token exactly."""
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload from checkpoint-format names (model.layers.N.self_attn.q_proj.weight…)."""
         sd = {k: v.detach().to(torch.float32) for k, v in state_dict.items()}

@@ -63,6 +63,10 @@ class TransformersBackend:
     # ---- weights ---------------------------------------------------------------
 
     @torch.no_grad()
+    def label_weights(self, version: int) -> None:
+        """Nothing to label: weights change only between the calls the caller makes, so
+        its own version tags every token exactly."""
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload from checkpoint-format names (what `model.state_dict()` calls them)."""
         missing = sorted(self._names - set(state_dict) - self._aliases)

@@ -78,7 +78,16 @@
     status.appendChild(phase);
     tr.appendChild(cell(null, box));
     tr.appendChild(cell(String(run.id)));
-    tr.appendChild(cell(null, link));
+    var name = cell(null, link);
+    if (run.simulated) {
+      var mark = document.createElement("span");
+      mark.className = "simulated-mark";
+      mark.title = "Ran on the simulator's cost models, not on GPUs";
+      mark.textContent = "simulated";
+      name.appendChild(document.createTextNode(" "));
+      name.appendChild(mark);
+    }
+    tr.appendChild(name);
     tr.appendChild(cell(run.team.name + " / " + run.experiment.name));
     tr.appendChild(cell(run.preset));
     tr.appendChild(status);
