@@ -51,7 +51,7 @@ from workers.metric_names import rank_series
 from workers.rollout import Group
 from workers.run_actors import actor_class, where_am_i
 from workers.task_data import DatasetPrompts
-from workers.timeline import BLOCKED, GENERATE, SCORE_WAIT, Timeline
+from workers.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
 
 if TYPE_CHECKING:
     from workers.checkpoints import CheckpointRecord, CheckpointTarget
@@ -333,10 +333,14 @@ class InferenceWorker:
                     continue
                 if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
                     self._evaluate(self.eval_prompts)
+                self.timeline.begin(HANDOFF)
                 n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
+                    # A refused admission is waiting, not handing off: only the one that starts a call counts.
+                    self.timeline.cancel()
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
+                self.timeline.end()
                 self._generate_and_put(n)
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
@@ -380,7 +384,11 @@ class InferenceWorker:
 
     def _generate_and_put(self, n: int) -> None:
         # on_stale="requeue": prompts of rejected groups are generated again first.
-        requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
+        requeued = []
+        if self.cfg.buffer.on_stale == "requeue":
+            self.timeline.begin(HANDOFF)
+            requeued = ray.get(self.buffer.take_requeued.remote(n))
+            self.timeline.end()
         prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
@@ -392,9 +400,9 @@ class InferenceWorker:
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
         self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
         while groups and not self._stop.is_set():
-            self.timeline.begin(BLOCKED)
+            self.timeline.begin(HANDOFF)
             accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
-            self.timeline.end(seconds=blocked_s)
+            self.timeline.end_blocked(blocked_s)
             groups = groups[accepted:]
 
 

@@ -79,6 +79,12 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("rollout/backpressure_s", "s", "Time producers were blocked on a full buffer since the last step."),
     Metric(
+        "rollout/handoff_s",
+        "s",
+        "Time inference workers spent in their calls to the buffer (asking for admission, handing it rollouts; "
+        "not blocked on a full buffer) since the last step.",
+    ),
+    Metric(
         "rollout/partial_aborted",
         "sequences",
         "Sequences aborted by a weight update (sync.update_mode abort_retry / abort_resume, cumulative).",

@@ -1,7 +1,7 @@
 """Busy/idle accounting: what each inference worker did, turned into per-step figures.
 
 Every inference worker records time segments (`generate` with the tokens it produced,
-`blocked` on a full buffer) in a `Timeline`. The driver drains them and, for each
+`blocked` on a full buffer, `handoff` in its calls to the buffer) in a `Timeline`. The driver drains them and, for each
 trainer step's window [previous step end, this step end], computes the fraction of
 inference worker time spent not generating, the token rate and the backpressure time
 in that window (`StepWindows`). So every series is per trainer step, on the same x-axis
@@ -22,11 +22,15 @@ BLOCKED = "blocked"
 # Waiting for the reward pool's scores (workers/reward_stage.py): neither generating nor
 # held back by the buffer.
 SCORE_WAIT = "score_wait"
+# Asking the buffer for admission and handing it the rollouts (the Ray calls: sending
+# the groups, less any time blocked on a full buffer): per call, neither generating nor
+# held back, and the part of a pipeline's step the cost of generation leaves out.
+HANDOFF = "handoff"
 
 
 @dataclass
 class Segment:
-    kind: str  # GENERATE | BLOCKED | SCORE_WAIT
+    kind: str  # GENERATE | BLOCKED | SCORE_WAIT | HANDOFF
     t0: float
     t1: float
     tokens: int = 0
@@ -60,6 +64,26 @@ class Timeline:
             if t1 > t0:
                 self._closed.append(seg)
             return seg
+
+    def cancel(self) -> None:
+        """Drop the open segment: what it timed is not to be counted as its kind."""
+        with self._lock:
+            self._open = None
+
+    def end_blocked(self, blocked_s: float) -> None:
+        """Close the open segment, a call that spent `blocked_s` of it blocked on a full
+        buffer: that share (its end) is recorded as `blocked`, the rest as the segment's
+        own kind."""
+        with self._lock:
+            if self._open is None:
+                raise RuntimeError("Timeline.end_blocked without a segment begun")
+            kind, t0 = self._open
+            self._open = None
+            t1 = time.time()
+            split = t1 - min(max(blocked_s, 0.0), t1 - t0)
+            for part in (Segment(kind, t0, split), Segment(BLOCKED, split, t1)):
+                if part.t1 > part.t0:
+                    self._closed.append(part)
 
     def drain(self) -> tuple[list[Segment], tuple[str, float] | None, float]:
         """(closed segments since the last drain, open segment or None, now)."""
@@ -100,10 +124,10 @@ class StepWindows:
         return True
 
     def window(self, t0: float, t1: float) -> dict[str, float]:
-        """inference/idle_frac, inference/tokens_per_s and rollout/backpressure_s over
-        [t0, t1]. Call once `complete(t1)` holds."""
+        """inference/idle_frac, inference/tokens_per_s, rollout/backpressure_s and
+        rollout/handoff_s over [t0, t1]. Call once `complete(t1)` holds."""
         span = max(t1 - t0, 1e-9)
-        busy = tokens = blocked = 0.0
+        busy = tokens = blocked = handoff = 0.0
         for _, seg in self._segments:
             ov = _overlap(seg.t0, seg.t1, t0, t1)
             if not ov:
@@ -113,10 +137,13 @@ class StepWindows:
                 tokens += seg.tokens * ov / max(seg.t1 - seg.t0, 1e-9)
             elif seg.kind == BLOCKED:
                 blocked += ov
+            elif seg.kind == HANDOFF:
+                handoff += ov
         return {
             "inference/idle_frac": max(0.0, 1.0 - busy / (self.num_workers * span)),
             "inference/tokens_per_s": tokens / span,
             "rollout/backpressure_s": blocked,
+            "rollout/handoff_s": handoff,
         }
 
     def prune(self, before: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.timeline import BLOCKED, GENERATE, Segment, StepWindows, Timeline
+from workers.timeline import BLOCKED, GENERATE, HANDOFF, Segment, StepWindows, Timeline
 
 
 def test_idle_fraction_and_tokens_are_split_across_step_windows():
@@ -56,3 +56,28 @@ def test_timeline_records_only_the_blocked_part_of_a_put():
     closed, open_seg, _ = t.drain()
     assert [s.kind for s in closed] == [GENERATE] and closed[0].tokens == 5
     assert open_seg is None
+
+
+def test_a_put_that_blocked_splits_into_handoff_and_blocked(monkeypatch):
+    clock = iter([10.0, 13.0, 14.0])
+    monkeypatch.setattr("workers.timeline.time.time", lambda: next(clock))
+    t = Timeline()
+    t.begin(HANDOFF)
+    t.end_blocked(2.0)  # a 3 s put call, 2 s of it blocked on a full buffer
+    closed, open_seg, _ = t.drain()
+    assert [(s.kind, s.t0, s.t1) for s in closed] == [(HANDOFF, 10.0, 11.0), (BLOCKED, 11.0, 13.0)]
+    w = StepWindows(num_workers=1)
+    w.report(0, closed, open_seg, 14.0)
+    window = w.window(10.0, 14.0)
+    assert window["rollout/handoff_s"] == pytest.approx(1.0)
+    assert window["rollout/backpressure_s"] == pytest.approx(2.0)
+    assert window["inference/idle_frac"] == pytest.approx(1.0)  # neither counts as generating
+
+
+def test_a_cancelled_segment_is_not_recorded():
+    t = Timeline()
+    t.begin(HANDOFF)
+    t.cancel()  # an admission refused: waiting, not handing off
+    t.begin(GENERATE)
+    t.end(tokens=5)
+    assert [s.kind for s in t.drain()[0]] == [GENERATE]
