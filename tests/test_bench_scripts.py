@@ -750,3 +750,22 @@ def test_simulate_presets_refuses_bad_flags_naming_them():
     assert done.returncode != 0 and "--presets" in done.stderr and "ring" in done.stderr
     done = bench("simulate_presets.py", "--splits", "1.5")
     assert done.returncode != 0 and "--splits" in done.stderr
+
+
+# ---- simulate_calibration ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_simulate_calibration_prints_measured_and_predicted_per_preset(tmp_path):
+    out = tmp_path / "cal.json"
+    args = ["--presets", "sync,async", "--steps", "4", *TINY, "--cache-dir", str(tmp_path / "cache")]
+    done = bench("simulate_calibration.py", *args, "--markdown", "--json", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"sync", "async"}
+    for preset in figures.values():
+        assert set(preset["measured"]) == set(preset["predicted"]) == {
+            "samples/per_s", "trainer/idle_frac", "inference/idle_frac", "staleness/mean"
+        }  # fmt: skip
+        assert preset["measured"]["samples/per_s"] > 0 and preset["predicted"]["samples/per_s"] > 0
+    assert "| sync | samples/per_s |" in done.stdout and "costs fed to the simulator" in done.stdout

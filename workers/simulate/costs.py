@@ -23,6 +23,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -237,6 +238,11 @@ class DecodeCost:
         (each byte read once and written once)."""
         return 2 * self.weight_bytes / self.tp / (self.device.hbm_bytes_per_s * self.bw_efficiency)
 
+    def handoff_seconds(self) -> float:
+        """A call's Ray calls to the buffer (admission, handing over the groups): a few
+        milliseconds against calls of minutes at these sizes, so left out."""
+        return 0.0
+
 
 def _slot_starts(lengths: np.ndarray, slots: int) -> np.ndarray:
     """The decode step at which each sequence gets a slot: all at 0 when they fit, else
@@ -282,6 +288,11 @@ class TrainCost:
             comm = 2 * (self.ranks - 1) / self.ranks * trained * BF16 / self.grad_link_bytes_per_s
         return compute + comm
 
+    def overhead_seconds(self) -> float:
+        """A step's time outside the step and the send (taking the batch, the metrics):
+        milliseconds against steps of seconds to minutes at these sizes, so left out."""
+        return 0.0
+
 
 @dataclass(frozen=True)
 class Link:
@@ -309,6 +320,9 @@ class SyncCost:
     bytes: float  # payload each inference worker gets
     trainer_s: float  # how long the send blocks the trainer
     latency_s: float  # trainer publish → weights staged on every inference worker
+    # Measured latencies to draw each sync's from instead (workers/simulate/measured.py):
+    # a loaded host delivers most syncs in milliseconds and a few a step late.
+    latency_draws: tuple[float, ...] = ()
 
 
 def sync_cost(
@@ -355,3 +369,30 @@ def sync_cost(
         copy = packed_bytes / device.hbm_bytes_per_s
         return SyncCost(packed_bytes, copy, copy)
     raise ValueError(f"sync.protocol {protocol!r} has no cost model")
+
+
+class Decode(Protocol):
+    """What the simulation asks of a generation cost model (`DecodeCost`, or one read
+    off a measured run)."""
+
+    def slots(self, mean_completion: float) -> int: ...
+    def call(self, lengths: np.ndarray, slots: int) -> CallProfile: ...
+    def prefill_seconds(self, tokens: float) -> float: ...
+    def load_seconds(self) -> float: ...
+    def handoff_seconds(self) -> float: ...
+
+
+class Train(Protocol):
+    def seconds(self, tokens: float) -> float: ...
+    def overhead_seconds(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Everything the simulation pays for: generation, a training step (the tokens it
+    trains), a weight sync, and (colocated) switching the GPUs between the pools."""
+
+    decode: Decode
+    train: Train
+    sync: SyncCost
+    switch_s: float = 0.0

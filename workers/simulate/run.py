@@ -35,7 +35,7 @@ import numpy as np
 from workers.buffer import AdmissionGate, RolloutBuffer, groups_per_call, plan
 from workers.partial_rollouts import STEPPED_MODES, PartialCounts, partial_metrics
 from workers.simulate.cluster import Cluster, Layout, layout
-from workers.simulate.costs import QWEN25_7B, CallProfile, DecodeCost, ModelShape, TrainCost, sync_cost
+from workers.simulate.costs import QWEN25_7B, CallProfile, Costs, DecodeCost, ModelShape, TrainCost, sync_cost
 from workers.simulate.events import EventLoop
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ class _Worker:
     blocked: list[SimGroup] = field(default_factory=list)
     blocked_since: float = 0.0
     parked: bool = False  # waiting for admission, weights or (colocated) the GPUs
+    handing_off: bool = False  # in its calls to the buffer after a generate call
 
 
 @dataclass
@@ -139,21 +140,61 @@ class SimResult:
         return None
 
 
+def roofline_costs(cfg: RunConfig, cluster: Cluster, lay: Layout, workload: Workload) -> Costs:
+    """The cost models of `cluster`'s hardware for `workload`'s model, laid out as `lay`."""
+    model = workload.model
+    decode = DecodeCost(model, cluster.device, lay.tp, workload.prompt_tokens)
+    train = TrainCost(
+        model,
+        lay.trainer_ranks,
+        cluster.device,
+        lora_rank=cfg.lora.rank if cfg.lora.enabled else None,
+        grad_link_bytes_per_s=lay.grad_link.bytes_per_s,
+    )
+    sync = sync_cost(
+        cfg.sync.protocol,
+        model,
+        link=lay.sync_link,
+        workers=lay.workers,
+        nodes=lay.inference_nodes,
+        packed=cfg.sync.packed,
+        bucket_mb=cfg.sync.bucket_mb,
+        lora_rank=cfg.lora.rank,
+        device=cluster.device,
+    )
+    # Colocated: the GPUs switch between the engine and the trainer (vLLM sleep /
+    # wake_up): the weights go to host memory and back, once each way per step.
+    switch_s = 2 * decode.weight_bytes / lay.tp / cluster.device.host_bytes_per_s
+    return Costs(decode, train, sync, switch_s)
+
+
 def simulate(
-    config: RunConfig, cluster: Cluster, workload: Workload, steps: int | None = None, seed: int | None = None
+    config: RunConfig,
+    cluster: Cluster,
+    workload: Workload,
+    steps: int | None = None,
+    seed: int | None = None,
+    *,
+    costs: Costs | None = None,
 ) -> SimResult:
     """Run `config` on `cluster` for `steps` trainer steps (config.stop.max_steps by
-    default) generating `workload`; `seed` (config.seed by default) draws the lengths."""
-    return _Simulation(config, cluster, workload, steps or config.stop.max_steps, seed).run()
+    default) generating `workload`; `seed` (config.seed by default) draws the lengths.
+    `costs`: what generation, training and weight sync cost (the cluster's roofline
+    models by default; workers/simulate/measured.py reads them off a real run)."""
+    return _Simulation(config, cluster, workload, steps or config.stop.max_steps, seed, costs).run()
 
 
 class _Simulation:
-    def __init__(self, cfg: RunConfig, cluster: Cluster, workload: Workload, steps: int, seed: int | None) -> None:
+    def __init__(
+        self, cfg: RunConfig, cluster: Cluster, workload: Workload, steps: int, seed: int | None, costs: Costs | None
+    ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be ≥ 1 (got {steps})")
         self.cfg, self.workload, self.steps = cfg, workload, steps
         self.lay: Layout = layout(cluster, cfg.placement.mode)
         self.rng = np.random.default_rng(cfg.seed if seed is None else seed)
+        # Its own stream, so drawing sync latencies leaves the completion lengths as they were.
+        self.latency_rng = np.random.default_rng((cfg.seed if seed is None else seed) + 1)
         tc = cfg.trainer
         self.B, self.G = tc.batch_groups, tc.group_size
         bp = plan(cfg.buffer, cfg.mode, self.B, tc)
@@ -165,31 +206,11 @@ class _Simulation:
         self.admitted = 0
         self.mode = cfg.sync.update_mode
         self.stepped = self.mode in STEPPED_MODES
-        model = workload.model
-        self.decode = DecodeCost(model, cluster.device, self.lay.tp, workload.prompt_tokens)
+        self.costs = costs or roofline_costs(cfg, cluster, self.lay, workload)
+        self.decode, self.train, self.sync = self.costs.decode, self.costs.train, self.costs.sync
         self.slots = self.decode.slots(workload.mean_tokens())
         self.load_s = self.decode.load_seconds()
-        self.train = TrainCost(
-            model,
-            self.lay.trainer_ranks,
-            cluster.device,
-            lora_rank=cfg.lora.rank if cfg.lora.enabled else None,
-            grad_link_bytes_per_s=self.lay.grad_link.bytes_per_s,
-        )
-        self.sync = sync_cost(
-            cfg.sync.protocol,
-            model,
-            link=self.lay.sync_link,
-            workers=self.lay.workers,
-            nodes=self.lay.inference_nodes,
-            packed=cfg.sync.packed,
-            bucket_mb=cfg.sync.bucket_mb,
-            lora_rank=cfg.lora.rank,
-            device=cluster.device,
-        )
-        # Colocated: the GPUs switch between the engine and the trainer (vLLM sleep /
-        # wake_up): the weights go to host memory and back, once each way per step.
-        self.switch_s = 2 * self.decode.weight_bytes / self.lay.tp / cluster.device.host_bytes_per_s
+        self.switch_s = self.costs.switch_s
         self.chunk = groups_per_call(self.B, self.lay.workers)
         self.loop = EventLoop()
         self.workers = [_Worker(i) for i in range(self.lay.workers)]
@@ -217,6 +238,8 @@ class _Simulation:
         self.tokens_at_prev = 0.0
         self.backpressure_s = 0.0
         self.backpressure_at_prev = 0.0
+        self.handoff_s = 0.0
+        self.handoff_at_prev = 0.0
         self.published: dict[int, float] = {}
         self.loaded: dict[int, list[float]] = defaultdict(list)
         self.series: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -278,7 +301,7 @@ class _Simulation:
     def _next(self, w: _Worker) -> None:
         """The worker's loop, once: load staged weights, ask the gate, generate."""
         w.parked = False
-        if w.call is not None or w.blocked or self.version >= self.steps:
+        if w.call is not None or w.blocked or w.handing_off or self.version >= self.steps:
             return
         if self._gpus_taken():
             w.parked = True
@@ -405,10 +428,21 @@ class _Simulation:
             )
             for i in range(call.groups)
         ]
-        w.blocked_since = self.loop.now
-        self._put(w)
+        handoff = self.decode.handoff_seconds()
+        if handoff > 0:
+            w.handing_off = True
+            self.handoff_s += handoff
+            self.loop.after(handoff, partial(self._handed_off, w))
+        else:
+            w.blocked_since = self.loop.now
+            self._put(w)
         if self.lay.colocated and self.batch is not None and self.generating == 0 and not self.training:
             self._train()
+
+    def _handed_off(self, w: _Worker) -> None:
+        w.handing_off = False
+        w.blocked_since = self.loop.now
+        self._put(w)
 
     def _put(self, w: _Worker) -> None:
         """Put the worker's groups in order while there is room (the engine's put blocks)."""
@@ -454,7 +488,7 @@ class _Simulation:
 
     def _unblock(self) -> None:
         for w in self.workers:
-            if w.blocked:
+            if w.blocked and not w.handing_off:
                 self._put(w)
 
     def _wake_parked(self) -> None:
@@ -470,16 +504,17 @@ class _Simulation:
         self.training = True
         wait = now - self.wait_started
         tokens = sum(g.tokens for g in batch)
-        seconds = self.train.seconds(tokens + len(batch) * self.G * self.workload.prompt_tokens)
-        seconds += self.sync.trainer_s + (self.switch_s if self.lay.colocated else 0.0)
+        step_s = self.train.seconds(tokens + len(batch) * self.G * self.workload.prompt_tokens)
+        seconds = step_s + self.sync.trainer_s + self.train.overhead_seconds()
+        seconds += self.switch_s if self.lay.colocated else 0.0
         self.train_busy_s += seconds
         v = self.version
         staleness = sum((v * g.tokens - g.version_tokens) for g in batch) / max(tokens, 1.0)
         stale_max = v - min(g.min_version for g in batch)
-        self.loop.after(seconds, partial(self._trained, batch, wait, staleness, stale_max))
+        self.loop.after(seconds, partial(self._trained, batch, wait, step_s, staleness, stale_max))
         self._try_take(force=True)  # the prefetch of the next batch
 
-    def _trained(self, batch: list[SimGroup], wait: float, staleness: float, stale_max: int) -> None:
+    def _trained(self, batch: list[SimGroup], wait: float, step_s: float, staleness: float, stale_max: int) -> None:
         now = self.loop.now
         self._busy_to(now)
         self.training = False
@@ -495,15 +530,19 @@ class _Simulation:
         buf = self.buffer
         point = {
             "samples/per_s": samples / window,
-            "trainer/step_s": window,
+            # As the engine measures it: the step's own compute, not the wait or the send.
+            "trainer/step_s": step_s,
             "trainer/idle_frac": min(1.0, wait / window),
             "inference/idle_frac": max(0.0, 1.0 - busy),
             "inference/tokens_per_s": (self.tokens_made - self.tokens_at_prev) / window,
             "staleness/mean": staleness,
             "staleness/max": float(stale_max),
             "rollout/backpressure_s": self.backpressure_s - self.backpressure_at_prev,
+            "rollout/handoff_s": self.handoff_s - self.handoff_at_prev,
             "sync/bytes": self.sync.bytes,
             "sync/trainer_ms": self.sync.trainer_s * 1e3,
+            "sync/inference_ms": self.load_s * 1e3,
+            "completion/length_mean": sum(g.tokens for g in batch) / samples,
             "policy/version": float(v),
             **buf.stats(),
             # The trainer's own wait, as the engine reports it (not the buffer's clock).
@@ -515,17 +554,22 @@ class _Simulation:
         self.samples_at.append((now, self.trained_samples))
         self.t_prev, self.busy_at_prev, self.tokens_at_prev = now, self.busy_integral, self.tokens_made
         self.backpressure_at_prev = self.backpressure_s
+        self.handoff_at_prev = self.handoff_s
         self.wait_started = now
         self.published[v] = now
         if v >= self.steps:
             return
         # Every worker at once: one event, in worker order.
-        self.loop.after(self.sync.latency_s, partial(self._weights_arrive_all, v))
+        self.loop.after(self._sync_latency(), partial(self._weights_arrive_all, v))
         if self.lay.colocated:
             self._wake_parked()
         self._try_take(force=self.batch is None)
         if self.batch is not None and not self.training and not (self.lay.colocated and self.generating):
             self._train()
+
+    def _sync_latency(self) -> float:
+        draws = self.sync.latency_draws
+        return draws[int(self.latency_rng.integers(len(draws)))] if draws else self.sync.latency_s
 
     def _loaded(self, version: int, t: float) -> None:
         """A worker has `version` live at `t`: one sync/latency_ms point per version, the
