@@ -75,11 +75,17 @@ def wait_for(predicate, timeout: float, what: str):
 
 def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
     """Run tiny_config(**overrides) in a driver actor with no ingest; returns its summary."""
+    return run_config(run_id, cache_dir, tiny_config(**overrides))
+
+
+def run_config(run_id: int, cache_dir: str, config: dict, timeout_s: float = 300) -> dict:
+    """Run `config` (as the platform sends it) in a driver actor with no ingest, to its
+    end; returns the driver's summary."""
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
-        run_id, tiny_config(**overrides), None, "", cache_dir, exit_when_done=False
+        run_id, config, None, "", cache_dir, exit_when_done=False
     )
     try:
-        return ray.get(driver.run.remote(), timeout=300)
+        return ray.get(driver.run.remote(), timeout=timeout_s)
     finally:
         ray.kill(driver)
 

@@ -7,14 +7,12 @@ session for all.
 """
 
 import pytest
-import ray
 from pydantic import ValidationError
 
+from tests.engine.helpers import run_config
 from workers.config import RunConfig
-from workers.driver import RunDriver
 from workers.merge import parse_sets
 from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
-from workers.run_actors import NAMESPACE, actor_name
 
 # Every peer library whose buffer layout at least is known: each has a preset.
 PEER_PRESETS = {
@@ -167,13 +165,7 @@ def test_the_presets_run_below_use_every_switch_value_of_every_preset():
 def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     config = build(name, SMALL)
     run_id = 400 + list(PRESETS).index(name)
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
-        run_id, config.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
-    )
-    try:
-        out = ray.get(driver.run.remote(), timeout=240)
-    finally:
-        ray.kill(driver)
+    out = run_config(run_id, cache_dir, config.model_dump(mode="json"), timeout_s=240)
     assert out["state"] == "succeeded", f"{name}: {out['error']}"
     assert out["steps"] == 2
     s = {k: dict(v) for k, v in out["series"].items()}

@@ -14,12 +14,10 @@ Such a preset is checked for its rate and idle shares only."""
 from __future__ import annotations
 
 import pytest
-import ray
 
-from workers.driver import RunDriver
+from tests.engine.helpers import run_config
 from workers.partial_rollouts import STEPPED_MODES
 from workers.presets import build
-from workers.run_actors import NAMESPACE, actor_name
 from workers.simulate.measured import calibrate
 
 pytestmark = pytest.mark.slow
@@ -40,13 +38,7 @@ RUN = {
 )
 def test_the_simulator_given_a_runs_costs_predicts_its_figures(cluster, cache_dir, run_id, preset):
     cfg = build(preset, RUN)
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
-        run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False
-    )
-    try:
-        out = ray.get(driver.run.remote(), timeout=600)
-    finally:
-        ray.kill(driver)
+    out = run_config(run_id, cache_dir, cfg.model_dump(mode="json"), timeout_s=600)
     assert out["state"] == "succeeded", out["error"]
     result = calibrate({k: list(v) for k, v in out["series"].items()}, cfg)
     measured, predicted = result["measured"], result["predicted"]
