@@ -27,6 +27,7 @@ from workers.tokenizer import CharTokenizer
         ({"workers": 1, "scorer": "model"}, "rewards.model_path"),
         ({"scorer": "model", "model_path": "/x"}, "rewards.workers"),
         ({"workers": 1, "model_path": "/x"}, "rewards.scorer"),
+        ({"workers": 1, "credit": "process"}, "rewards.credit"),
     ],
 )
 def test_it_refuses_a_reward_stage_it_cannot_run_naming_the_field(rewards, field):
@@ -65,10 +66,16 @@ class SlowDecode:
         return session
 
 
-def _generate(model_dir: str, mode: str, cost_ms: float, chunk_tokens: int = 2):
+def _generate(model_dir: str, mode: str, cost_ms: float, chunk_tokens: int = 2, credit: str = "outcome"):
     """One generate call of an inference worker with a pool of 2 reward workers;
     returns (groups, seconds it took, when generation ended, the pool's reports)."""
-    rewards = {"workers": 2, "mode": mode, "chunk_tokens": chunk_tokens, "verifier_cost_ms_per_token": cost_ms}
+    rewards = {
+        "workers": 2,
+        "mode": mode,
+        "chunk_tokens": chunk_tokens,
+        "verifier_cost_ms_per_token": cost_ms,
+        "credit": credit,
+    }
     cfg = small_config(rewards=rewards, inference={"max_new_tokens": 16}, task={"reward": "prefix"})
     workers = [RewardWorker.remote(cfg, k) for k in range(2)]
     ray.get([w.ready.remote() for w in workers])
@@ -103,6 +110,24 @@ def test_pipelined_scores_chunks_while_the_completions_are_generated(cluster, ti
     lags = [lag for r in reports for lag in r.lags_s]
     assert sum(lags) / len(lags) < took / 2
     assert 0 < pool_metrics(reports)["reward/pool_busy_frac"] <= 1
+
+
+def test_pipelined_process_credit_keeps_each_chunks_end_and_score_on_its_rollout(cluster, tiny_model_dir):
+    task, tok, groups, *_ = _generate(tiny_model_dir, "pipelined", cost_ms=0.0, chunk_tokens=3, credit="process")
+    for g in groups:
+        for r in g.rollouts:
+            n = len(r.completion_ids)
+            # A chunk every 3 tokens, the final one at the completion's end (which may
+            # fall on a multiple of 3: one step then, not two).
+            assert r.step_ends == [*range(3, n, 3), n]
+            # Each step's score is the verifier's on the text up to its end; the last
+            # step's is the reward.
+            prefixes = [tok.decode(r.completion_ids[:end]) for end in r.step_ends]
+            assert r.step_scores == [score_group(task, g.prompt, g.answer, [t], []).totals[0] for t in prefixes]
+            assert r.step_scores[-1] == r.reward
+    # An outcome run's rollouts carry no steps.
+    _, _, outcome, *_ = _generate(tiny_model_dir, "pipelined", cost_ms=0.0, chunk_tokens=3)
+    assert all(not r.step_ends and not r.step_scores for g in outcome for r in g.rollouts)
 
 
 def test_after_scores_each_group_once_generation_is_done(cluster, tiny_model_dir):
