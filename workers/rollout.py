@@ -114,8 +114,10 @@ class Group:
     @property
     def uniform(self) -> bool:
         """Every reward equal (within REWARD_ATOL): GRPO's advantages are all zero, so the
-        group teaches nothing (what dynamic sampling drops and reward/zero_std_frac counts)."""
-        rewards = [r.reward for r in self.rollouts]
+        group teaches nothing (what dynamic sampling drops and reward/zero_std_frac counts).
+        Under process credit the step scores are what is normalised: equal rewards with
+        steps scored apart still teach, so every step score must be equal too."""
+        rewards = [s for r in self.rollouts for s in (r.step_scores or [r.reward])]
         return all(math.isclose(r, rewards[0], abs_tol=REWARD_ATOL) for r in rewards[1:])
 
     def to_json(self) -> dict[str, Any]:

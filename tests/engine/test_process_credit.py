@@ -132,3 +132,13 @@ def test_process_credits_a_rollout_without_steps_with_its_reward_as_one_step(tin
     for g, rows, adv in zip(groups, step.token_advantages, outcome, strict=True):
         for r, row, a in zip(g.rollouts, rows, adv, strict=True):
             assert torch.allclose(torch.tensor(row), torch.full((len(r.completion_ids),), a), atol=1e-5)
+
+
+def test_a_group_with_equal_rewards_but_steps_scored_apart_is_not_uniform():
+    steps_apart = Group("0-0", "p", "a", [_rollout(2, [1, 2], [0.0, 1.0]), _rollout(2, [1, 2], [1.0, 1.0])])
+    assert [r.reward for r in steps_apart.rollouts] == [1.0, 1.0]
+    assert not steps_apart.uniform  # process credit has something to teach here
+    same = Group("0-1", "p", "a", [_rollout(2, [1, 2], [1.0, 1.0]), _rollout(3, [3], [1.0])])
+    assert same.uniform
+    outcome = Group("0-2", "p", "a", [_rollout(2, [], []), _rollout(3, [], [])])
+    assert outcome.uniform  # rewards 0 and 0, no steps: as before
