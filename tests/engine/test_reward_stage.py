@@ -154,3 +154,15 @@ def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cac
     assert all(0 < v <= 1 for _, v in series["reward/pool_busy_frac"])
     assert all(v > 0 for _, v in series["reward/scoring_lag_ms"])
     assert any(row["actor"] == "reward worker 0" for row in summary["placement"])
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_with_process_credit_trains(cluster, cache_dir):
+    summary = run_inline(
+        2403,
+        cache_dir,
+        rewards={"workers": 1, "mode": "pipelined", "chunk_tokens": 2, "credit": "process"},
+        stop={"max_steps": 3},
+    )
+    assert summary["state"] == "succeeded", summary["error"]
+    assert len(summary["series"]["loss"]) == 3
