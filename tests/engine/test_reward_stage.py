@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -166,3 +167,22 @@ def test_a_pipelined_run_with_process_credit_trains(cluster, cache_dir):
     )
     assert summary["state"] == "succeeded", summary["error"]
     assert len(summary["series"]["loss"]) == 3
+
+
+def test_a_final_chunk_repeating_the_last_steps_text_is_one_step_and_a_restart_forgets_the_steps(cluster):
+    cfg = small_config(rewards={"workers": 1, "mode": "pipelined", "chunk_tokens": 2}, task={"reward": "prefix"})
+    worker = RewardWorker.remote(cfg, 0)
+    pool = RewardPool([worker], cfg.rewards)
+    stream = pool.stream([("ab", "ab")], 1, lambda ids: "".join(chr(ord("a") + i) for i in ids))
+    seq = SimpleNamespace(token_ids=[0, 1], finish_reason=None)
+    stream.on_step([seq])  # a chunk at 2 tokens
+    seq.token_ids = [0]  # abort_retry restarted it: its chunks so far are forgotten
+    stream.on_step([seq])
+    seq.token_ids = [0, 2, 1]
+    stream.on_step([seq])  # a chunk at 3 tokens, all new since the restart
+    seq.token_ids = [0, 2, 1, 1, 0]
+    # Left unfinished (a stepped mode): a chunk due at 5, then its final chunk at 5 too.
+    stream.scores([seq])
+    ray.kill(worker)
+    assert stream.step_ends == [[3, 5]]
+    assert len(stream.step_scores[0]) == 2
