@@ -1,6 +1,7 @@
 """The trainer: one GRPO step per batch of groups, on a Hugging Face causal LM in torch.
 
-A step computes the batch's advantages (`trainer.advantage_scaling`), masks truncated
+A step computes the batch's advantages (`trainer.advantage_scaling`; with
+`rewards.credit` "process", one per token from the rollouts' step scores), masks truncated
 completions out of the loss if asked (`trainer.mask_truncated`), computes pi_old (the
 policy's logprobs before any update, detached), then runs `trainer.minibatches` AdamW
 updates on whole-group minibatches with the PPO-clip + truncated-IS loss of
