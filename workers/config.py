@@ -32,6 +32,7 @@ AdvantageScaling = Literal["group_std", "batch_std", "none"]
 # rewards.mode and rewards.scorer: workers/reward_stage.py.
 RewardMode = Literal["after", "pipelined"]
 RewardScorer = Literal["verifier", "model"]
+RewardCredit = Literal["outcome", "process"]
 
 
 class _Section(BaseModel):
@@ -798,8 +799,22 @@ class RewardsConfig(_Section):
         "a costly verifier or reward model in benchmarks; 0 = none.",
     )
 
+    credit: RewardCredit = Field(
+        "outcome",
+        description="outcome: every token of a completion gets its completion's advantage (GRPO); process: "
+        "process supervision (DeepSeekMath's PRM-GRPO), each step's score normalised by the mean and std of "
+        "every step score of its group, and a token's advantage the sum of those of its step and the steps "
+        "after it (needs mode 'pipelined': the steps are its chunks).",
+    )
+
     @model_validator(mode="after")
     def _pool_fits_mode(self) -> RewardsConfig:
+        if self.credit == "process" and self.mode != "pipelined":
+            raise ValueError(
+                f"rewards.credit 'process' needs step scores, which only rewards.mode 'pipelined' makes (one per "
+                f"chunk), but rewards.mode is {self.mode!r}: set rewards.mode to 'pipelined' (with rewards.workers "
+                "≥ 1), or rewards.credit to 'outcome'"
+            )
         if self.mode == "pipelined" and self.workers == 0:
             raise ValueError(
                 "rewards.mode 'pipelined' streams chunks to reward workers, but rewards.workers is 0: set "

@@ -6,6 +6,7 @@ of single completions (workers/episodes.py); the rest is the same.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -181,7 +182,16 @@ def _generate_pipelined(
     )
     flat = [s for group in gen.sequences for s in group]
     scores = stream.scores(flat)
-    return _score(task, tokenizer, prompts, gen.sequences, seed, lambda *_: scores), gen.counts
+    groups = _score(task, tokenizer, prompts, gen.sequences, seed, lambda *_: scores)
+    if cfg.rewards.credit == "process":
+        # The steps go with the rollouts only where the trainer reads them: an outcome
+        # run's buffer and checkpoints stay as they were.
+        steps = iter(zip(stream.step_ends, stream.step_scores, strict=True))  # prompt-major, as the groups
+        for g in groups:
+            g.rollouts = [
+                dataclasses.replace(r, step_ends=e, step_scores=v) for r, (e, v) in zip(g.rollouts, steps, strict=False)
+            ]
+    return groups, gen.counts
 
 
 def _episodes(backend, task, tokenizer, prompt_ids, cfg: RunConfig, seed: int, version: int, updates=None):

@@ -78,6 +78,54 @@ def scaled_advantages(
     return [(c / (std + eps)).tolist() for c in centred]
 
 
+def process_advantages(
+    steps: Sequence[Sequence[tuple[Sequence[int], Sequence[float]]]], scaling: str = "group_std", eps: float = 1e-6
+) -> list[list[list[float]]]:
+    """Process supervision's per-token advantages (DeepSeekMath §4.1.3, PRM-GRPO).
+
+    `steps`: per group, per completion, its (step ends, step scores): the completion-token
+    count at the end of each step and the step's score. Every step score is normalised
+    over the group's step scores, r̃ = (r − mean) / (std + eps), and a token of step j
+    gets Σ_{k ≥ j} r̃_k: a step is credited with its own score and every later one's, as
+    an outcome reward credits every token with the end's. Returns, per group, per
+    completion, one advantage per completion token (the last step's end).
+
+    `scaling` as `scaled_advantages` says, over step scores: group_std (the paper's),
+    batch_std (the std of every step score of the batch), none (centred only). The mean
+    is always the group's; stds are sample stds (unbiased), as for outcome advantages."""
+    if scaling not in ADVANTAGE_SCALINGS:
+        raise ValueError(f"trainer.advantage_scaling {scaling!r} is not one of {', '.join(ADVANTAGE_SCALINGS)}")
+    for group in steps:
+        for ends, scores in group:
+            if not ends or len(ends) != len(scores):
+                raise ValueError("every completion needs ≥ 1 step, each with one score")
+        if sum(len(scores) for _, scores in group) < 2:
+            raise ValueError("every group needs ≥ 2 step scores for its advantages")
+    flat = [torch.tensor([s for _, scores in g for s in scores], dtype=torch.float64) for g in steps]
+    batch_std = torch.cat(flat).std() if scaling == "batch_std" else None
+    out = []
+    for group, group_scores in zip(steps, flat, strict=True):
+        centred = group_scores - group_scores.mean()
+        if scaling == "group_std":
+            centred = centred / (group_scores.std() + eps)
+        elif batch_std is not None:
+            centred = centred / (batch_std + eps)
+        normalised = iter(centred.tolist())
+        rows = []
+        for ends, _ in group:
+            r = [next(normalised) for _ in ends]
+            # Suffix sums: what each step's tokens get.
+            to_go = [sum(r[j:]) for j in range(len(r))]
+            row: list[float] = []
+            start = 0
+            for end, value in zip(ends, to_go, strict=True):
+                row += [value] * (end - start)
+                start = end
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
 @dataclass(frozen=True)
 class Aggregation:
     """How a (micro-)batch's per-token losses make one loss (`trainer.loss_aggregation`):

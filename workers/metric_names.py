@@ -115,7 +115,7 @@ METRICS: tuple[Metric, ...] = (
         "reward/zero_std_frac",
         "fraction",
         "Fraction of the trained batch's groups whose completions all got the same reward (zero advantage: "
-        "no learning signal).",
+        "no learning signal); with rewards.credit 'process', the same score at every step.",
     ),
     Metric("completion/length_mean", "tokens", "Mean completion length of the trained batch."),
     Metric("completion/length_min", "tokens", "Shortest completion of the trained batch."),

@@ -12,8 +12,9 @@ with the task's verifier (workers/generation.py). With a pool:
   `rewards.chunk_tokens` new tokens of a completion (or at each reasoning step, a line),
   sends the text so far to a reward worker without waiting (`ChunkStream`). The pool
   scores chunks while generation goes on; when the batch ends only the last chunks are
-  left to score. A completion's reward is the score of its final chunk; the scores of
-  the earlier ones are its step scores.
+  left to score. A completion's reward is the score of its final chunk; each chunk
+  ends a reasoning step, and its score is that step's (what `rewards.credit` "process"
+  trains on: workers/loss.py `process_advantages`).
 
 Scorers (`rewards.scorer`): `verifier`, the task's own reward (or `task.reward_funcs`)
 on the text so far, with an optional cost per scored token standing in for a costly
@@ -234,8 +235,9 @@ class ChunkStream:
     `on_step(seqs)` runs after each decode step (seqs prompt-major, `n` per prompt) and
     sends each completion's text so far when it has grown `chunk_tokens` tokens (0: when
     its new tokens hold a step end) or finished; `scores()` waits for the last chunks and
-    returns each group's scores (a completion's reward: its final chunk's score) and
-    every completion's step scores."""
+    returns each group's scores (a completion's reward: its final chunk's score), and
+    leaves every completion's steps in `step_ends` (the tokens it had at each chunk) and
+    `step_scores` (each chunk's score, the final one last)."""
 
     def __init__(
         self, pool: RewardPool, prompts: Sequence[tuple[str, str]], n: int, decode: Callable[[list[int]], str]
@@ -245,6 +247,8 @@ class ChunkStream:
         # completion → (call, place in it) of its final chunk's score / of its earlier chunks'
         self.finals: dict[int, tuple[Any, int]] = {}
         self.steps: dict[int, list[tuple[Any, int]]] = {}
+        self.ends: dict[int, list[int]] = {}  # completion → tokens it had at each chunk, the final one's too
+        self.step_ends: list[list[int]] = []
         self.step_scores: list[list[float]] = []
 
     def on_step(self, seqs: Sequence) -> None:
@@ -254,7 +258,7 @@ class ChunkStream:
                 continue
             have, sent = len(s.token_ids), self.sent.get(i, 0)
             if have < sent:  # abort_retry restarted it
-                self.sent[i], self.steps[i] = 0, []
+                self.sent[i], self.steps[i], self.ends[i] = 0, [], []
                 sent = 0
             final = s.finish_reason is not None
             if final or (have > sent and self._chunk_due(s.token_ids[sent:])):
@@ -277,6 +281,7 @@ class ChunkStream:
                 ids = list(seqs[i].token_ids)
                 chunks.append((prompt, answer, self.decode(ids), ids, len(ids) - self.sent.get(i, 0)))
                 self.sent[i] = len(ids)
+                self.ends.setdefault(i, []).append(len(ids))
             ref = self.pool.worker(k).score_chunks.remote(chunks, now)
             for j, (i, final) in enumerate(items):
                 if final:
@@ -296,7 +301,16 @@ class ChunkStream:
         calls = {ref: None for ref, _ in [*self.finals.values(), *(c for v in self.steps.values() for c in v)]}
         results = dict(zip(calls, ray.get(list(calls)), strict=True))
         finals = [results[ref][j] for ref, j in (self.finals[i] for i in range(len(seqs)))]
-        self.step_scores = [[results[ref][j][0] for ref, j in self.steps.get(i, [])] for i in range(len(seqs))]
+        self.step_ends, self.step_scores = [], []
+        for i, final in enumerate(finals):
+            ends = self.ends[i]
+            scores = [results[ref][j][0] for ref, j in self.steps.get(i, [])] + [final[0]]
+            if len(ends) > 1 and ends[-1] == ends[-2]:
+                # The final chunk repeats the text of the step before it (a sequence a
+                # stepped mode left unfinished): one step, scored by the final chunk.
+                del ends[-2], scores[-2]
+            self.step_ends.append(ends)
+            self.step_scores.append(scores)
         out = []
         for g in range(len(seqs) // self.n):
             part = finals[g * self.n : (g + 1) * self.n]

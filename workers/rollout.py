@@ -49,12 +49,31 @@ class Rollout:
     loss_mask: list[int] | None = None
     # Each task.reward_funcs function's value ({} without them; None: not applicable).
     reward_parts: dict[str, float | None] = field(default_factory=dict)
+    # Process credit (rewards.credit "process"): the reasoning steps the reward stage
+    # scored, as the completion-token count at the end of each (increasing, the last one
+    # the completion's length) and each step's score (the last one the final chunk's).
+    # Empty for an outcome run: its advantages need only `reward`.
+    step_ends: list[int] = field(default_factory=list)
+    step_scores: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
             raise ValueError(
                 f"Rollout.loss_mask has {len(self.loss_mask)} entries for {len(self.completion_ids)} "
                 f"completion tokens: give one 0/1 per completion token, or None to train them all"
+            )
+        if len(self.step_ends) != len(self.step_scores):
+            raise ValueError(
+                f"Rollout.step_ends has {len(self.step_ends)} entries and step_scores {len(self.step_scores)}: "
+                "give one score per step"
+            )
+        if self.step_ends and (
+            self.step_ends[-1] != len(self.completion_ids)
+            or any(b <= a for a, b in zip(self.step_ends, self.step_ends[1:], strict=False))
+        ):
+            raise ValueError(
+                f"Rollout.step_ends {self.step_ends} must increase and end at the completion's "
+                f"{len(self.completion_ids)} tokens"
             )
 
     @property
@@ -95,8 +114,10 @@ class Group:
     @property
     def uniform(self) -> bool:
         """Every reward equal (within REWARD_ATOL): GRPO's advantages are all zero, so the
-        group teaches nothing (what dynamic sampling drops and reward/zero_std_frac counts)."""
-        rewards = [r.reward for r in self.rollouts]
+        group teaches nothing (what dynamic sampling drops and reward/zero_std_frac counts).
+        Under process credit the step scores are what is normalised: equal rewards with
+        steps scored apart still teach, so every step score must be equal too."""
+        rewards = [s for r in self.rollouts for s in (r.step_scores or [r.reward])]
         return all(math.isclose(r, rewards[0], abs_tol=REWARD_ATOL) for r in rewards[1:])
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +129,10 @@ class Group:
                 out["expert_routing"] = rollout.expert_routing.to_json()
             if rollout.sampling_mask is not None:
                 out["sampling_mask"] = rollout.sampling_mask.to_json()
+            # An outcome run's checkpoint stays as it was (from_json defaults them).
+            for name in ("step_ends", "step_scores"):
+                if not out[name]:
+                    del out[name]
         return data
 
     @classmethod

@@ -17,7 +17,8 @@ constant normaliser) the same way over `trained_rows`, the sequences with a trai
 token. With one rank this is the single trainer's step.
 
 Advantages are computed once, over the whole batch, before the plan (a batch-wide std
-needs every group): each rank gets its groups' with them.
+needs every group): each rank gets its groups' with them, and with process credit
+(rewards.credit "process") each rollout's per-token advantages too.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class RankStep:
     trained_rows: list[int]  # per minibatch: sequences with a trained token, on all ranks
     micro_batches: list[int]  # per minibatch: forward+backward passes each rank runs
     old_micro_batches: int  # pi_old forwards each rank runs (for minibatches after the first)
+    # Process credit: per group of `groups`, per rollout, one advantage per completion
+    # token (these are what the loss takes then); None: `advantages`, one per rollout.
+    token_advantages: list[list[list[float]]] | None = None
 
 
 def trained_tokens(group: Group) -> int:
@@ -64,6 +68,7 @@ def plan_step(
     minibatches: int,
     num_ranks: int,
     micro_batch_rows: int | None,
+    token_advantages: list[list[list[float]]] | None = None,
 ) -> list[RankStep]:
     """Each rank's part of a step on `groups` (module docstring), `advantages` one list
     per group; `rng` shuffles the minibatches' membership (one shuffle per step, as the
@@ -72,6 +77,10 @@ def plan_step(
         raise ValueError("a step needs at least one group")
     if [len(a) for a in advantages] != [len(g.rollouts) for g in groups]:
         raise ValueError("advantages need one list per group, one value per rollout")
+    if token_advantages is not None and [[len(a) for a in g] for g in token_advantages] != [
+        [len(r.completion_ids) for r in g.rollouts] for g in groups
+    ]:
+        raise ValueError("token_advantages need one list per group, per rollout one value per completion token")
     order = list(range(len(groups)))
     rng.shuffle(order)
     n_mb = min(minibatches, len(groups))
@@ -106,6 +115,7 @@ def plan_step(
                 trained_rows=seqs,
                 micro_batches=micro,
                 old_micro_batches=old,
+                token_advantages=[token_advantages[gi] for gi in mine] if token_advantages is not None else None,
             )
         )
     return steps

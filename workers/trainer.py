@@ -1,6 +1,7 @@
 """The trainer: one GRPO step per batch of groups, on a Hugging Face causal LM in torch.
 
-A step computes the batch's advantages (`trainer.advantage_scaling`), masks truncated
+A step computes the batch's advantages (`trainer.advantage_scaling`; with
+`rewards.credit` "process", one per token from the rollouts' step scores), masks truncated
 completions out of the loss if asked (`trainer.mask_truncated`), computes pi_old (the
 policy's logprobs before any update, detached), then runs `trainer.minibatches` AdamW
 updates on whole-group minibatches with the PPO-clip + truncated-IS loss of
@@ -31,7 +32,7 @@ from workers.batch_stats import batch_metrics
 from workers.config import RunConfig
 from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
-from workers.loss import Aggregation, correction_loss, scaled_advantages
+from workers.loss import Aggregation, correction_loss, process_advantages, scaled_advantages
 from workers.metric_names import rank_series
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group, Rollout
@@ -396,11 +397,26 @@ class Trainer:
         `trainer.mask_truncated`; advances the shuffle RNG, so only the process that runs
         the step plans it."""
         tc = self.cfg.trainer
-        advantages = scaled_advantages([[r.reward for r in g.rollouts] for g in groups], tc.advantage_scaling)
+        token_advantages = None
+        if self.cfg.rewards.credit == "process":
+            token_advantages = process_advantages(
+                [[steps_of(r) for r in g.rollouts] for g in groups], tc.advantage_scaling
+            )
+            # A rollout's own figure (what per-rollout consumers see): its first token's,
+            # the sum of all its normalised step scores.
+            advantages = [[a[0] if a else 0.0 for a in g] for g in token_advantages]
+        else:
+            advantages = scaled_advantages([[r.reward for r in g.rollouts] for g in groups], tc.advantage_scaling)
         if tc.mask_truncated:
             groups = [without_truncated(g) for g in groups]
         return plan_step(
-            groups, advantages, self.progress.plan_rng, tc.minibatches, self.world_size, tc.micro_batch_rows
+            groups,
+            advantages,
+            self.progress.plan_rng,
+            tc.minibatches,
+            self.world_size,
+            tc.micro_batch_rows,
+            token_advantages,
         )
 
     def train_step(self, groups: list[Group], peers: Peers | None = None) -> dict[str, float]:
@@ -461,7 +477,10 @@ class Trainer:
             # The slots the loss counts: completion tokens the model produced (a multi-turn
             # episode's tool tokens are out: workers/rollout.py).
             trained = (batch.mask & spread([r.trained for r in rollouts], batch, dtype=torch.bool)).to(dev)
-            adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
+            if step.token_advantages is None:
+                adv = torch.tensor(advantages, device=dev)[:, None].expand_as(behaviour)
+            else:  # process credit: each token its own (the loss takes them per token either way)
+                adv = spread([a for group in step.token_advantages for a in group], batch).to(dev)
             on_device = PackedBatch(
                 batch.input_ids.to(dev),
                 batch.attention_mask.to(dev),
@@ -638,6 +657,15 @@ class Trainer:
                 metrics[rank_series("trainer/rank_comm_bytes", r)] = float(res.comm_bytes)
         metrics["trainer/step_s"] = time.perf_counter() - start
         return metrics
+
+
+def steps_of(rollout: Rollout) -> tuple[list[int], list[float]]:
+    """A rollout's (step ends, step scores) for process credit; one that carries no steps
+    (a group generated before the run took process credit, resumed from a checkpoint) is
+    one step, its whole completion, scored by its reward."""
+    if rollout.step_ends:
+        return rollout.step_ends, rollout.step_scores
+    return [len(rollout.completion_ids)], [rollout.reward]
 
 
 def without_truncated(group: Group) -> Group:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -27,6 +28,7 @@ from workers.tokenizer import CharTokenizer
         ({"workers": 1, "scorer": "model"}, "rewards.model_path"),
         ({"scorer": "model", "model_path": "/x"}, "rewards.workers"),
         ({"workers": 1, "model_path": "/x"}, "rewards.scorer"),
+        ({"workers": 1, "credit": "process"}, "rewards.credit"),
     ],
 )
 def test_it_refuses_a_reward_stage_it_cannot_run_naming_the_field(rewards, field):
@@ -65,10 +67,16 @@ class SlowDecode:
         return session
 
 
-def _generate(model_dir: str, mode: str, cost_ms: float, chunk_tokens: int = 2):
+def _generate(model_dir: str, mode: str, cost_ms: float, chunk_tokens: int = 2, credit: str = "outcome"):
     """One generate call of an inference worker with a pool of 2 reward workers;
     returns (groups, seconds it took, when generation ended, the pool's reports)."""
-    rewards = {"workers": 2, "mode": mode, "chunk_tokens": chunk_tokens, "verifier_cost_ms_per_token": cost_ms}
+    rewards = {
+        "workers": 2,
+        "mode": mode,
+        "chunk_tokens": chunk_tokens,
+        "verifier_cost_ms_per_token": cost_ms,
+        "credit": credit,
+    }
     cfg = small_config(rewards=rewards, inference={"max_new_tokens": 16}, task={"reward": "prefix"})
     workers = [RewardWorker.remote(cfg, k) for k in range(2)]
     ray.get([w.ready.remote() for w in workers])
@@ -105,6 +113,24 @@ def test_pipelined_scores_chunks_while_the_completions_are_generated(cluster, ti
     assert 0 < pool_metrics(reports)["reward/pool_busy_frac"] <= 1
 
 
+def test_pipelined_process_credit_keeps_each_chunks_end_and_score_on_its_rollout(cluster, tiny_model_dir):
+    task, tok, groups, *_ = _generate(tiny_model_dir, "pipelined", cost_ms=0.0, chunk_tokens=3, credit="process")
+    for g in groups:
+        for r in g.rollouts:
+            n = len(r.completion_ids)
+            # A chunk every 3 tokens, the final one at the completion's end (which may
+            # fall on a multiple of 3: one step then, not two).
+            assert r.step_ends == [*range(3, n, 3), n]
+            # Each step's score is the verifier's on the text up to its end; the last
+            # step's is the reward.
+            prefixes = [tok.decode(r.completion_ids[:end]) for end in r.step_ends]
+            assert r.step_scores == [score_group(task, g.prompt, g.answer, [t], []).totals[0] for t in prefixes]
+            assert r.step_scores[-1] == r.reward
+    # An outcome run's rollouts carry no steps.
+    _, _, outcome, *_ = _generate(tiny_model_dir, "pipelined", cost_ms=0.0, chunk_tokens=3)
+    assert all(not r.step_ends and not r.step_scores for g in outcome for r in g.rollouts)
+
+
 def test_after_scores_each_group_once_generation_is_done(cluster, tiny_model_dir):
     task, tok, groups, _, generated_at, reports = _generate(tiny_model_dir, "after", cost_ms=0.0)
     assert all(t >= generated_at for r in reports for t in r.scored_at)
@@ -129,3 +155,34 @@ def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cac
     assert all(0 < v <= 1 for _, v in series["reward/pool_busy_frac"])
     assert all(v > 0 for _, v in series["reward/scoring_lag_ms"])
     assert any(row["actor"] == "reward worker 0" for row in summary["placement"])
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_with_process_credit_trains(cluster, cache_dir):
+    summary = run_inline(
+        2403,
+        cache_dir,
+        rewards={"workers": 1, "mode": "pipelined", "chunk_tokens": 2, "credit": "process"},
+        stop={"max_steps": 3},
+    )
+    assert summary["state"] == "succeeded", summary["error"]
+    assert len(summary["series"]["loss"]) == 3
+
+
+def test_a_final_chunk_repeating_the_last_steps_text_is_one_step_and_a_restart_forgets_the_steps(cluster):
+    cfg = small_config(rewards={"workers": 1, "mode": "pipelined", "chunk_tokens": 2}, task={"reward": "prefix"})
+    worker = RewardWorker.remote(cfg, 0)
+    pool = RewardPool([worker], cfg.rewards)
+    stream = pool.stream([("ab", "ab")], 1, lambda ids: "".join(chr(ord("a") + i) for i in ids))
+    seq = SimpleNamespace(token_ids=[0, 1], finish_reason=None)
+    stream.on_step([seq])  # a chunk at 2 tokens
+    seq.token_ids = [0]  # abort_retry restarted it: its chunks so far are forgotten
+    stream.on_step([seq])
+    seq.token_ids = [0, 2, 1]
+    stream.on_step([seq])  # a chunk at 3 tokens, all new since the restart
+    seq.token_ids = [0, 2, 1, 1, 0]
+    # Left unfinished (a stepped mode): a chunk due at 5, then its final chunk at 5 too.
+    stream.scores([seq])
+    ray.kill(worker)
+    assert stream.step_ends == [[3, 5]]
+    assert len(stream.step_scores[0]) == 2
