@@ -28,7 +28,7 @@ RUN = {
     "stop": {"max_steps": 24, "max_minutes": 10},
     "task": {"min_len": 12, "max_len": 20},
     "inference": {"max_new_tokens": 24},
-    "warm_start": {"steps": 100},
+    "warm_start": {"steps": 20},
 }
 
 
