@@ -8,6 +8,7 @@ fsdp2, full fine-tuning and LoRA, against one Trainer in this process on the sam
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -162,12 +163,44 @@ def test_a_two_rank_step_equals_the_single_trainers_step_with_the_algorithm_knob
     assert got["loss/kl_ref"] > 0 and got["ppo/clipped_frac"] > 0, "the knobs must be at work in this step"
 
 
-def _check_pool_equals_single(ranks, tiny_model_dir, backend, lora, n_groups, trainer, extra=()) -> dict:
+# Process credit: the pipelined reward stage's config (the trainer reads only `credit`).
+PROCESS = {"workers": 1, "mode": "pipelined", "credit": "process"}
+
+
+def with_steps(groups: list[Group], seed: int = 0) -> list[Group]:
+    """`groups` with each completion cut into up to three steps, each with its own score,
+    as the pipelined reward stage leaves them."""
+    rng = random.Random(seed)
+    out = []
+    for g in groups:
+        rollouts = []
+        for r in g.rollouts:
+            n = len(r.completion_ids)
+            ends = sorted({*rng.sample(range(1, n), min(2, n - 1)), n}) if n > 1 else [n]
+            rollouts.append(dataclasses.replace(r, step_ends=ends, step_scores=[rng.random() for _ in ends]))
+        out.append(dataclasses.replace(g, rollouts=rollouts))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+def test_a_two_rank_step_equals_the_single_trainers_step_with_process_credit(ranks, tiny_model_dir, backend):
+    trainer = {"minibatches": 2, "micro_batch_rows": 3}
+    _check_pool_equals_single(ranks, tiny_model_dir, backend, False, 3, trainer, rewards=PROCESS, prepare=with_steps)
+
+
+def _check_pool_equals_single(
+    ranks, tiny_model_dir, backend, lora, n_groups, trainer, extra=(), rewards=None, prepare=None
+) -> dict:
     """One step of a 2-rank pool against one step of a single trainer on the same batch:
     the same figures and the same weights after. Returns the pool's metrics."""
-    single_cfg = small_config(trainer=trainer, lora={"enabled": lora, "rank": 2})
-    pool_cfg = small_config(trainer={**trainer, "backend": backend, "num_ranks": 2}, lora=single_cfg.lora.model_dump())
+    more = {"rewards": rewards} if rewards else {}
+    single_cfg = small_config(trainer=trainer, lora={"enabled": lora, "rank": 2}, **more)
+    pool_cfg = small_config(
+        trainer={**trainer, "backend": backend, "num_ranks": 2}, lora=single_cfg.lora.model_dump(), **more
+    )
     groups = fixed_groups(tiny_model_dir, single_cfg)[:n_groups]
+    if prepare is not None:
+        groups = prepare(groups)
 
     single = Trainer(single_cfg, tiny_model_dir, device=CPU)
     start = single.state_dict()
