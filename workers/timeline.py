@@ -49,21 +49,16 @@ class Timeline:
         with self._lock:
             self._open = (kind, time.time())
 
-    def end(self, tokens: int = 0, seconds: float | None = None) -> Segment:
-        """Close the open segment. `seconds` keeps only its last `seconds` (e.g. the
-        part of a put call actually spent blocked); empty segments are not recorded."""
+    def end(self, tokens: int = 0) -> None:
+        """Close the open segment (an empty one is not recorded)."""
         with self._lock:
             if self._open is None:
                 raise RuntimeError("Timeline.end without a segment begun")
             kind, t0 = self._open
             self._open = None
             t1 = time.time()
-            if seconds is not None:
-                t0 = max(t0, t1 - seconds)
-            seg = Segment(kind, t0, t1, tokens)
             if t1 > t0:
-                self._closed.append(seg)
-            return seg
+                self._closed.append(Segment(kind, t0, t1, tokens))
 
     def cancel(self) -> None:
         """Drop the open segment: what it timed is not to be counted as its kind."""

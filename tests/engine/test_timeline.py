@@ -46,10 +46,11 @@ def test_prune_keeps_segments_that_reach_into_later_windows():
     assert w.window(0, 1)["inference/tokens_per_s"] == 0.0  # forgotten
 
 
-def test_timeline_records_only_the_blocked_part_of_a_put():
+def test_timeline_records_no_blocked_part_of_a_put_that_did_not_block():
     t = Timeline()
-    t.begin(BLOCKED)
-    t.end(seconds=0.0)  # the put did not block: nothing recorded
+    t.begin(HANDOFF)
+    t.end_blocked(0.0)  # the put did not block: its call is handoff only
+    assert [s.kind for s in t.drain()[0]] == [HANDOFF]
     t.begin(GENERATE)
     assert t.drain()[1][0] == GENERATE  # open segment visible to the driver
     t.end(tokens=5)
