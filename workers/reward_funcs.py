@@ -28,7 +28,6 @@ Importing a module runs its code, so the functions' packages must be allowed in
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -40,7 +39,7 @@ from typing import Any
 
 from workers import chat
 from workers.metric_names import reward_func_series, reward_func_series_name
-from workers.task_modules import MODULES_SETTING, allowed_modules
+from workers.task_modules import MODULES_SETTING, allowed_modules, import_user_module
 
 FIELD = "task.reward_funcs"
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -63,17 +62,7 @@ def _load(path: str) -> Callable:
             f"{FIELD}: {path!r}: package {package!r} is not among the packages this site allows "
             f"({MODULES_SETTING}={','.join(allowed) or '(empty)'}); an operator adds it there"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RewardFuncError(
-            f"{FIELD}: {path!r}: cannot import module {module_name!r} ({exc}); install the package that provides "
-            "it on every Ray node and the site"
-        ) from None
-    except Exception as exc:  # the user's module failed while importing
-        raise RewardFuncError(
-            f"{FIELD}: {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
+    module = import_user_module(module_name, f"{FIELD}: {path!r}", RewardFuncError)
     func = getattr(module, attr, None)
     if func is None or not callable(func):
         raise RewardFuncError(f"{FIELD}: {path!r}: module {module_name!r} has no function {attr!r}")

@@ -11,6 +11,7 @@ import pydantic
 import pytest
 
 import workers.rl_tasks as registry
+import workers.task_modules as task_modules
 from workers.config import RunConfig, TaskConfig
 from workers.rl_tasks import BUILTINS, UnknownTask, make_task, task_class
 from workers.rl_tasks.countdown import CountdownTask
@@ -63,7 +64,7 @@ def test_a_dotted_path_outside_the_allowed_packages_is_refused_before_any_import
     module.EchoTask = EchoTask
     monkeypatch.setitem(sys.modules, "my_tasks", module)
     imported = []
-    monkeypatch.setattr(registry.importlib, "import_module", lambda name: imported.append(name))
+    monkeypatch.setattr(task_modules.importlib, "import_module", lambda name: imported.append(name))
     for allowed in ("", "other_pkg"):
         monkeypatch.setenv("ROLLWAY_TASK_MODULES", allowed)
         with pytest.raises(pydantic.ValidationError, match="is not among the task packages this site allows"):

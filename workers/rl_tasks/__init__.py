@@ -28,7 +28,6 @@ A task class is built with the run's `TaskConfig` and offers:
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from workers.task_modules import MODULES_SETTING, allowed_modules
+from workers.task_modules import MODULES_SETTING, allowed_modules, import_user_module
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -109,22 +108,13 @@ def _load(path: str, name: str) -> type:
     if not _DOTTED.match(path):
         raise UnknownTask(f"task.name {name!r} is not a valid 'package.module:ClassName' path ({_hint()})")
     module_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        if name in BUILTINS:
-            raise UnknownTask(
-                f"task.name {name!r} is a built-in task whose module {module_name!r} this Rollway "
-                f"cannot import ({exc}); choose another task ({_hint()})"
-            ) from None
-        raise UnknownTask(
-            f"task.name {name!r}: cannot import module {module_name!r} ({exc}); "
-            "install the package that provides it on every Ray node and the site"
-        ) from None
-    except Exception as exc:  # the user's module failed while importing
-        raise UnknownTask(
-            f"task.name {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
+    builtin = (
+        f"task.name {name!r} is a built-in task whose module {module_name!r} this Rollway cannot import "
+        f"({{exc}}); choose another task ({_hint()})"
+    )
+    obj: Any = import_user_module(
+        module_name, f"task.name {name!r}", UnknownTask, missing=builtin if name in BUILTINS else None
+    )
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
