@@ -20,6 +20,12 @@ from workers.merge import deep_merge
 class Preset(TypedDict):
     description: str
     config: RunConfig
+    # Where the peer scores its rollouts (which process, and when: per sample, per group,
+    # per batch), read from its public code, and the Rollway reward-stage setting
+    # (`rewards.*`, docs/rewards.md) nearest to it. Placement decides whether scoring
+    # overlaps generation or waits on it, which the pipeline switches above do not say;
+    # docs/rewards.md tabulates these sentences word for word (a test keeps them equal).
+    rewards_where: str
 
 
 PRESETS: dict[str, Preset] = {
@@ -30,6 +36,11 @@ PRESETS: dict[str, Preset] = {
             "truncated IS against the behaviour logprobs; weights pushed by full reload."
         ),
         "config": RunConfig(mode="async"),
+        "rewards_where": (
+            "Rollway's default: no reward pool (rewards.workers 0, rewards.mode after), so each inference worker "
+            "scores its own groups with the task's verifier right after the generate call that made them, before they "
+            "enter the buffer."
+        ),
     },
     "sync": {
         "description": (
@@ -37,6 +48,12 @@ PRESETS: dict[str, Preset] = {
             "sync weights, repeat. Same code path as async."
         ),
         "config": RunConfig(mode="sync", buffer={"capacity": 1, "max_staleness": 0}),
+        "rewards_where": (
+            "Rollway's default, as in async: the inference worker scores each group right after generating it "
+            "(rewards.workers 0, after). TRL's GRPOTrainer scores in the trainer process instead (reward_funcs called "
+            "in _generate_and_score_completions on the generated batch, a reward model on the trainer's device); in a "
+            "synchronous loop both score after generation and before the step, so only the process differs."
+        ),
     },
     "trl-async": {
         "description": (
@@ -53,6 +70,13 @@ PRESETS: dict[str, Preset] = {
             buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4, "on_stale": "drop"},
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "bucket_mb": 1024, "update_mode": "in_flight"},
+        ),
+        "rewards_where": (
+            "TRL's AsyncGRPOTrainer scores in its rollout worker, a child process that also drives vLLM: once all "
+            "completions of a group are done, a scoring loop runs the reward_funcs on it (plain functions in threads) "
+            "while other groups keep generating, then puts the scored group on the trainer's queue. Nearest: the "
+            "default (rewards.workers 0, after: the inference worker scores after each generate call), without TRL's "
+            "overlap of scoring with generation."
         ),
     },
     "trl-async-lora": {
@@ -73,6 +97,10 @@ PRESETS: dict[str, Preset] = {
             sync={"protocol": "lora", "update_mode": "drain"},
             lora={"enabled": True},
         ),
+        "rewards_where": (
+            "As trl-async: scored in TRL's rollout worker process per finished group (reward_funcs, or an "
+            "environment's get_reward) while other groups generate. Nearest: the default (rewards.workers 0, after)."
+        ),
     },
     "pipelinerl": {
         "description": (
@@ -92,6 +120,13 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "pipelinerl_reinforce", "reinforce_eps_hi": 0.02},
             sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
         ),
+        "rewards_where": (
+            "PipelineRL scores in its actor process, per sample as soon as that sample's generation ends: the rollout "
+            "coroutine sends the answer to an environment server (a separate process with a pool of verifier "
+            "processes) and turns the verdict into the reward. Nearest: a pool that scores each completion once as it "
+            "finishes, rewards.workers ≥ 1 with rewards.mode pipelined and rewards.chunk_tokens ≥ "
+            "inference.max_new_tokens (by override; the preset keeps the default)."
+        ),
     },
     "prime-rl": {
         "description": (
@@ -108,6 +143,13 @@ PRESETS: dict[str, Preset] = {
             buffer={"mode": "double", "max_staleness": 8, "on_stale": "drop"},
             correction={"method": "masked_is", "mask_low": 0.5, "mask_high": 2.0},
             sync={"protocol": "filesystem", "update_mode": "in_flight"},
+        ),
+        "rewards_where": (
+            "PRIME-RL scores in verifiers environments run as env-server processes beside its orchestrator: each "
+            "rollout is scored by its environment's rubric as soon as it finishes (a group-level rubric once the group "
+            "has), and the orchestrator turns rewards into advantages. Nearest: the default (rewards.workers 0, "
+            "after); the implicit PRM trained online is PRIME's (a different project), not PRIME-RL's, and Rollway "
+            "trains no reward model online."
         ),
     },
     "areal": {
@@ -126,6 +168,12 @@ PRESETS: dict[str, Preset] = {
             buffer={"mode": "unbounded", "max_staleness": 4, "max_head_offpolicyness": 4, "on_stale": "drop"},
             correction={"method": "decoupled_ppo"},
             sync={"protocol": "filesystem", "update_mode": "abort_resume"},
+        ),
+        "rewards_where": (
+            "AReaL scores in its rollout workflow, per sample as soon as that sample's generation returns "
+            "(RLVRWorkflow awaits the reward function in a process pool, AsyncRewardWrapper), so the trainer only sees "
+            "scored samples. Nearest: the default (rewards.workers 0, after); scoring each completion as it ends is "
+            "rewards.workers ≥ 1, mode pipelined, rewards.chunk_tokens ≥ inference.max_new_tokens."
         ),
     },
     "verl-fully-async": {
@@ -152,6 +200,13 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "bucket_mb": 2048, "update_mode": "abort_resume"},
         ),
+        "rewards_where": (
+            "verl fully-async: with the reward loop (reward_model.use_reward_loop, the default since late 2025) each "
+            "sample is scored as soon as its agent loop ends, by a RewardLoopWorker Ray actor beside each agent-loop "
+            "worker; without it the trainer scores each batch it takes from the MessageQueue with the reward manager "
+            "(and a reward-model worker group if enabled). Nearest: a reward pool, rewards.workers ≥ 1 with mode after "
+            "(by override; the preset keeps the default)."
+        ),
     },
     "skyrl": {
         "description": (
@@ -176,6 +231,12 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": False, "update_mode": "in_flight"},
         ),
+        "rewards_where": (
+            "SkyRL scores in its generator, in the trainer's driver process: each trajectory's skyrl-gym environment "
+            "returns the reward from env.step right after the turn that ends it (optionally in a thread pool, "
+            "skyrl_gym.max_env_workers), and the finished group is queued for training. Nearest: the default "
+            "(rewards.workers 0, after)."
+        ),
     },
     "nemo-rl": {
         "description": (
@@ -199,6 +260,12 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "update_mode": "drain"},
         ),
+        "rewards_where": (
+            "NeMo-RL scores in environment Ray actors: the rollout (in async GRPO, the trajectory collector actor) "
+            "sends each finished sample to its task's environment, e.g. MathEnvironment, which verifies it on a pool "
+            "of env.math.num_workers verify-worker actors. Nearest: a reward pool, rewards.workers ≥ 1 with mode after "
+            "(by override; the preset keeps the default)."
+        ),
     },
     "slime": {
         "description": (
@@ -215,6 +282,12 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "bucket_mb": 512, "update_mode": "abort_retry"},
         ),
+        "rewards_where": (
+            "slime scores in its rollout (generate_and_rm in the RolloutManager actor): each sample right after its "
+            "generation, with a rule-based reward (--rm-type) or a remote reward model over HTTP (--rm-url); "
+            "--group-rm scores the whole group once it is done. Nearest: the default (rewards.workers 0, after); a "
+            "reward model is rewards.scorer model on a pool."
+        ),
     },
     "miles": {
         "description": (
@@ -230,6 +303,10 @@ PRESETS: dict[str, Preset] = {
             buffer={"mode": "bounded", "capacity": 2, "max_staleness": 1, "on_stale": "requeue"},
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "update_mode": "abort_resume"},
+        ),
+        "rewards_where": (
+            "As slime (MILES keeps slime's generate_and_rm): each sample scored in the rollout right after its "
+            "generation, or the whole group with --group-rm. Nearest: the default (rewards.workers 0, after)."
         ),
     },
     "open-instruct": {
@@ -255,6 +332,11 @@ PRESETS: dict[str, Preset] = {
             },
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": True, "update_mode": "in_flight"},
+        ),
+        "rewards_where": (
+            "open-instruct scores in the vLLM actor itself: when every completion of a prompt is done, the actor runs "
+            "the verifiers on the group and only then puts it on the results queue the learner reads. This is "
+            "Rollway's default (rewards.workers 0, after: the inference worker scores each group it generated)."
         ),
     },
     "roll": {
@@ -283,6 +365,12 @@ PRESETS: dict[str, Preset] = {
             trainer={"tis_cap": 1.2},
             sync={"protocol": "collective", "packed": True, "bucket_mb": 1024, "update_mode": "abort_resume"},
         ),
+        "rewards_where": (
+            "ROLL scores on reward clusters: for each prompt, once its responses are done, the generate scheduler "
+            "sends them to a worker of that domain's reward cluster (round robin) while other prompts keep generating. "
+            "Nearest: a reward pool, rewards.workers ≥ 1 with mode after, which scores a generate call's groups when "
+            "the call ends (by override; the preset keeps the default)."
+        ),
     },
     "tunix": {
         "description": (
@@ -301,6 +389,11 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "none"},
             sync={"protocol": "object_store", "update_mode": "drain"},
         ),
+        "rewards_where": (
+            "Tunix's agentic learner scores in the learner's own process: the environment returns a reward per "
+            "trajectory (TaskEnvironment.step), and per finished group the rollout producer calls the reward_fns "
+            "before computing advantages and queueing train examples. Nearest: the default (rewards.workers 0, after)."
+        ),
     },
     "oat": {
         "description": (
@@ -316,6 +409,11 @@ PRESETS: dict[str, Preset] = {
             buffer={"mode": "double", "max_staleness": 1, "on_stale": "drop"},
             correction={"method": "token_tis"},
             sync={"protocol": "collective", "packed": False, "update_mode": "drain"},
+        ),
+        "rewards_where": (
+            "OAT scores in its actor process: after generating a batch the actor asks the oracle (a rule-based "
+            "verifier in-process, or a remote oracle server) for every response, then sends scored transitions to the "
+            "learner. This is Rollway's default (rewards.workers 0, after)."
         ),
     },
     "torchforge": {
@@ -334,6 +432,11 @@ PRESETS: dict[str, Preset] = {
             correction={"method": "none"},
             sync={"protocol": "object_store", "update_mode": "drain"},
         ),
+        "rewards_where": (
+            "TorchForge's GRPO app scores on a RewardActor service (its own process; one replica, no GPU, in the "
+            "example configs): the rollout loop generates a prompt's group, then awaits the reward actor once per "
+            "response. Nearest: rewards.workers 1 with mode after (by override; the preset keeps the default)."
+        ),
     },
     # The survey's buffer categories for libraries whose other knobs our notes lack: the
     # buffer layout only, every other switch at Rollway's default.
@@ -345,6 +448,11 @@ PRESETS: dict[str, Preset] = {
             "ART knobs are not modelled."
         ),
         "config": RunConfig(mode="sync", buffer={"mode": "none", "max_staleness": 0}),
+        "rewards_where": (
+            "ART scores in your client code: the rollout function you write sets each Trajectory's reward when it "
+            "finishes (or RULER, an LLM judge, scores a whole group), before the groups go to the server to train. "
+            "Nearest: the default (rewards.workers 0, after); a judge model is rewards.scorer model on a pool."
+        ),
     },
     "verifiers": {
         "description": (
@@ -353,6 +461,11 @@ PRESETS: dict[str, Preset] = {
             "max_staleness=1); other verifiers knobs are not modelled."
         ),
         "config": RunConfig(buffer={"mode": "double", "max_staleness": 1}),
+        "rewards_where": (
+            "verifiers scores in the environment: after each rollout (or group, for group-level rubrics) its rubric's "
+            "reward functions and judges score it, in the process that runs the environment (the trainer's, or an env "
+            "server). Nearest: the default (rewards.workers 0, after)."
+        ),
     },
     "atropos": {
         "description": (
@@ -361,6 +474,11 @@ PRESETS: dict[str, Preset] = {
             "batch ahead); other Atropos knobs are not modelled."
         ),
         "config": RunConfig(buffer={"mode": "unbounded", "max_staleness": 1}),
+        "rewards_where": (
+            "Atropos scores in its environment servers: each environment generates a group through the inference "
+            "server, scores it (its score method) and posts the scored group to the trajectory API, from which the "
+            "trainer pulls batches. Nearest: the default (rewards.workers 0, after)."
+        ),
     },
 }
 

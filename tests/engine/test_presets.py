@@ -120,6 +120,39 @@ def test_peer_presets_set_the_peers_own_figures():
     assert PRESETS["torchforge"]["config"].buffer.mode == "unbounded"
 
 
+# -- where each peer scores rewards ---------------------------------------------------------
+
+
+def test_every_preset_says_where_its_peer_scores_rewards_and_the_nearest_setting():
+    for name, preset in PRESETS.items():
+        where = preset["rewards_where"].strip()
+        assert where, f"{name}: rewards_where is empty"
+        # The peer's placement alone does not tell a user what to set here.
+        assert "rewards.workers" in where, f"{name}: name the rewards.* setting that matches"
+        if name in PEERS:
+            assert PEERS[name] in where, f"{name}: rewards_where does not name {PEERS[name]}"
+        else:
+            assert "Rollway's default" in where, name
+
+
+def test_presets_keep_the_default_reward_stage():
+    # Where a peer scores on a pool, the sentence names the override: presets compare on
+    # one reward stage, as on one task.
+    for name, preset in PRESETS.items():
+        assert preset["config"].rewards == RunConfig().rewards, name
+
+
+def test_the_reward_stage_overrides_the_sentences_name_are_accepted():
+    for name in ("verl-fully-async", "nemo-rl", "roll", "torchforge"):
+        assert "rewards.workers" in PRESETS[name]["rewards_where"]
+        assert build(name, {"rewards": {"workers": 1, "mode": "after"}}).rewards.workers == 1
+    for name in ("pipelinerl", "areal"):
+        assert "rewards.chunk_tokens ≥ inference.max_new_tokens" in PRESETS[name]["rewards_where"]
+        tokens = PRESETS[name]["config"].inference.max_new_tokens
+        cfg = build(name, {"rewards": {"workers": 1, "mode": "pipelined", "chunk_tokens": tokens}})
+        assert (cfg.rewards.mode, cfg.rewards.chunk_tokens) == ("pipelined", tokens)
+
+
 # -- the presets through the real driver (slow) -------------------------------------------
 
 # A model and warm start that take milliseconds (helpers.small_config's sizes), two
