@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.ingest import ingest_metrics
 from api.openapi import Errors, query_doc, responses
@@ -42,6 +42,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
 class Preset(Schema):
     name: str
     description: str
+    rewards_where: str = Field(
+        description="Where the preset's peer scores rewards (which process, per sample, group or batch) and "
+        "the nearest Rollway reward-stage setting (rewards.*)."
+    )
     config: dict[str, Any]
 
 
@@ -51,13 +55,14 @@ class Presets(Schema):
 
 @router.get("/presets", url_name="presets", tags=["presets"], response=responses(Presets))
 def list_presets(request: HttpRequest) -> JsonResponse:
-    """The built-in presets, each with its full run configuration."""
+    """The built-in presets, each with its full run configuration and where its peer scores rewards."""
     return JsonResponse(
         {
             "presets": [
                 {
                     "name": name,
                     "description": preset["description"],
+                    "rewards_where": preset["rewards_where"],
                     "config": preset["config"].model_dump(mode="json"),
                 }
                 for name, preset in PRESETS.items()

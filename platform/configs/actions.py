@@ -49,6 +49,7 @@ def builtin_presets() -> list[dict]:
             "name": name,
             "read_only": True,
             "description": preset["description"],
+            "rewards_where": preset["rewards_where"],
             "config": preset_config(name).model_dump(mode="json"),
         }
         for name, preset in PRESETS.items()

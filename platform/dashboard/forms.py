@@ -240,7 +240,13 @@ def preset_choices(user) -> list[dict]:
         {
             "label": "Built-in presets",
             "options": [
-                {"name": p["name"], "label": p["name"], "description": p["description"], "config": p["config"]}
+                {
+                    "name": p["name"],
+                    "label": p["name"],
+                    "description": p["description"],
+                    "rewards_where": p["rewards_where"],
+                    "config": p["config"],
+                }
                 for p in config_actions.builtin_presets()
             ],
         }

@@ -8,6 +8,7 @@ import pytest
 
 from runs.models import MetricPoint, Run
 from teams.models import AuditEvent
+from workers.presets import PRESETS
 
 Status = Run.Status
 
@@ -17,6 +18,12 @@ def test_it_lists_presets_with_description_and_config(client_for, owner):
     assert {"async", "sync"} <= set(presets)
     assert presets["sync"]["config"]["mode"] == "sync"
     assert "Synchronous" in presets["sync"]["description"]
+
+
+def test_each_listed_preset_says_where_its_peer_scores_rewards(client_for, owner):
+    presets = client_for(owner).get("/api/presets").json()["presets"]
+    assert {p["name"]: p["rewards_where"] for p in presets} == {n: p["rewards_where"] for n, p in PRESETS.items()}
+    assert "Rollway's default" in next(p for p in presets if p["name"] == "async")["rewards_where"]
 
 
 def test_it_serves_the_engine_config_schema(client_for, owner):

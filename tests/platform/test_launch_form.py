@@ -228,6 +228,18 @@ def test_the_script_gets_every_presets_and_configurations_full_config(form_page,
     assert configs[f"saved:{saved.pk}"]["mode"] == PRESETS["sync"]["config"].mode
 
 
+def test_a_built_in_preset_says_where_its_peer_scores_rewards_and_a_saved_one_does_not(form_page, team, owner):
+    saved = SavedConfig.objects.create(team=team, name="oat-like", base_preset="oat", overrides={}, created_by=owner)
+    shown = {
+        dict(p.attributes)["data-preset"]: p for p in find_all(form_page(preset="oat"), "p", class_="preset-rewards")
+    }
+    # Not f"saved:{saved.pk}": a saved configuration's overrides may change rewards.*.
+    assert set(shown) == set(PRESETS) and f"saved:{saved.pk}" not in shown
+    assert PRESETS["oat"]["rewards_where"] in text(shown["oat"])
+    assert "hidden" not in dict(shown["oat"].attributes)
+    assert all("hidden" in dict(p.attributes) for name, p in shown.items() if name != "oat")
+
+
 def test_the_page_has_no_inline_script(client_for, owner):
     page = parse_html(client_for(owner).get(URL).content.decode())
     scripts = find_all(page, "script")

@@ -8,6 +8,7 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils.html import escape
 
 from configs.models import SavedConfig
 from runs.models import Run
@@ -173,6 +174,8 @@ def test_built_in_presets_are_listed_read_only_beside_the_teams_configurations(c
     builtins = [c for c in configs if c["kind"] == "preset"]
     assert [c["name"] for c in builtins] == list(PRESETS)
     assert all(c["read_only"] for c in builtins)
+    assert [c["rewards_where"] for c in builtins] == [p["rewards_where"] for p in PRESETS.values()]
+    assert client_for(owner).get(f"{URL}/oat").json()["rewards_where"] == PRESETS["oat"]["rewards_where"]
     [mine] = [c for c in configs if c["kind"] == "saved"]
     assert (mine["id"], mine["read_only"], mine["latest"]) == (saved.pk, False, True)
 
@@ -321,6 +324,7 @@ def test_the_configurations_page_lists_each_version(client_for, owner, saved):
     page = client.get("/configs/").content.decode()
     assert "Lab configurations" in page and "wide buffer" in page
     assert re.findall(r'data-config-id="(\d+)"', page) == [str(v2), str(saved.pk)]  # newest first
+    assert all(escape(p["rewards_where"]) in page for p in PRESETS.values())  # beside each built-in preset
 
 
 # --- admin -------------------------------------------------------------------------------
@@ -340,6 +344,7 @@ def test_the_admin_lists_saved_configurations_and_the_built_in_presets(client_fo
     assert "wide buffer" in changelist and "Built-in presets (read-only)" in changelist
     presets = client.get("/admin/configs/savedconfig/presets/").content.decode()
     assert all(name in presets for name in PRESETS)
+    assert all(escape(p["rewards_where"]) in presets for p in PRESETS.values())
 
 
 def test_staff_see_only_their_teams_configurations_in_the_admin(client_for, staff, saved, outsider):
