@@ -6,6 +6,8 @@ through the real RunDriver on in-process Ray (torch backend, a small model), one
 session for all.
 """
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -122,6 +124,9 @@ def test_peer_presets_set_the_peers_own_figures():
 
 # -- where each peer scores rewards ---------------------------------------------------------
 
+REWARDS_DOC = Path(__file__).resolve().parents[2] / "docs" / "rewards.md"
+REWARDS_SECTION = "## Where each peer scores rewards"
+
 
 def test_every_preset_says_where_its_peer_scores_rewards_and_the_nearest_setting():
     for name, preset in PRESETS.items():
@@ -151,6 +156,20 @@ def test_the_reward_stage_overrides_the_sentences_name_are_accepted():
         tokens = PRESETS[name]["config"].inference.max_new_tokens
         cfg = build(name, {"rewards": {"workers": 1, "mode": "pipelined", "chunk_tokens": tokens}})
         assert (cfg.rewards.mode, cfg.rewards.chunk_tokens) == ("pipelined", tokens)
+
+
+def test_the_docs_table_holds_every_presets_rewards_sentence_word_for_word():
+    page = REWARDS_DOC.read_text()
+    assert page.count(REWARDS_SECTION) == 1
+    section = page.split(REWARDS_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    expected = [
+        f"| `{name}` | {PEERS.get(name, '— (Rollway)')} | {preset['rewards_where']} |"
+        for name, preset in PRESETS.items()
+    ]
+    for want in expected:
+        assert want in rows, f"docs/rewards.md: the row for {want.split('`')[1]} differs from workers/presets.py"
+    assert rows == expected, "docs/rewards.md: one row per preset, in PRESETS order"
 
 
 # -- the presets through the real driver (slow) -------------------------------------------
