@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import random
@@ -86,7 +87,7 @@ class BufferActor:
         self.buffer = RolloutBuffer(
             plan.capacity_groups, plan.max_staleness, plan.on_stale, plan.drop_uniform, plan.max_uniform_run
         )
-        self.gate = AdmissionGate(batch_groups, plan.ahead_batches)
+        self.gate = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups)
         self.admitted = 0
         self._lock = threading.Lock()
 
@@ -205,6 +206,16 @@ class InferenceWorker:
 
             self.rewards = RewardPool(reward_workers, cfg.rewards, offset=index)
             self.rewards.on_wait = self._wait_for_scores
+        self.num_workers = num_workers
+        # Episodes in flight on their own clocks (workers/episode_scheduler.py): a multi-agent
+        # task's always, a multi-turn task's under buffer.unit 'episode'.
+        self.episodes = None
+        self.timings: list = []  # their EpisodeTimings since the last drain
+        from workers.episode_scheduler import EpisodeScheduler, is_multi_agent
+
+        if is_multi_agent(self.task) or cfg.buffer.unit == "episode":
+            env_rng = random.Random(f"{self.cfg.seed}-environment-{index}")
+            self.episodes = EpisodeScheduler(self.backend, self.task, self.tokenizer, self.cfg, env_rng)
         self.receiver = make_receiver(
             cfg.sync, model_dir=model_dir, scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None
         )
@@ -299,6 +310,7 @@ class InferenceWorker:
             syncs, self.syncs = self.syncs, []
         with self._evals_lock:
             evals, self.evals = self.evals, []
+            timings, self.timings = self.timings, []
         # A copy: the loop thread keeps adding to self.partial while Ray pickles the report.
         return InferenceReport(
             segments=closed,
@@ -309,6 +321,7 @@ class InferenceWorker:
             error=self.error,
             partial=dataclasses.replace(self.partial),
             evals=evals,
+            episodes=timings,
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -324,6 +337,9 @@ class InferenceWorker:
             self.syncs.append(report)
 
     def _loop(self) -> None:
+        if self.episodes is not None:
+            self._episode_loop()
+            return
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
@@ -344,6 +360,78 @@ class InferenceWorker:
                 self._generate_and_put(n)
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
+
+    def _episode_loop(self) -> None:
+        """The loop of episodes on their own clocks (the scheduler)
+        and reach the buffer as `buffer.unit` says: each group as it ends ('episode',
+        keeping this worker's share of the batch plus of `buffer.overcommit` in flight),
+        or a call's groups once all have ended ('group', the batch barrier). Weights load
+        between turns, except under drain: there only with no episode in flight, and no
+        new episode starts while weights wait."""
+        sched = self.episodes
+        assert sched is not None
+        barrier = self.cfg.buffer.unit == "group"
+        drain = self.cfg.sync.update_mode == "drain"
+        target = self.chunk_groups + math.ceil(self.cfg.buffer.overcommit / self.num_workers)
+        held: list[Group] = []
+        try:
+            while not self._stop.is_set():
+                self._weights_arrived.clear()
+                if not (drain and sched.in_flight):
+                    self.staged.apply()
+                if self.version < self._resume_at:
+                    self._weights_arrived.wait(ADMIT_POLL_S)
+                    continue
+                if (
+                    not sched.in_flight
+                    and self.eval_prompts is not None
+                    and is_due(self.version, self.evaluated, self.cfg.eval.every_steps)
+                ):
+                    self._evaluate(self.eval_prompts)
+                room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
+                if room > 0 and not (drain and self.staged.pending()):
+                    self._admit_episodes(room)
+                due = sched.next_ready_in()
+                if due is None:  # nothing in flight: too far ahead of the trainer
+                    self._weights_arrived.wait(ADMIT_POLL_S)
+                    continue
+                if due > 0:  # every episode waits on its environment
+                    self._weights_arrived.wait(min(due, ADMIT_POLL_S))
+                self.timeline.begin(GENERATE)
+                ended = sched.step(self.version)
+                if sched.tokens:
+                    self.timeline.end(tokens=sched.tokens)
+                else:
+                    self.timeline.cancel()
+                with self._evals_lock:
+                    self.timings += sched.drain_timings()
+                held += ended
+                if held and not (barrier and sched.in_flight):
+                    self._put(held)
+                    held = []
+        except Exception:
+            self.error = _log_error(f"inference worker {self.index}")
+
+    def _admit_episodes(self, room: int) -> None:
+        """Ask the gate for up to `room` groups and start their episodes."""
+        self.timeline.begin(HANDOFF)
+        n = ray.get(self.buffer.admit.remote(self.version, room))
+        if n == 0:
+            self.timeline.cancel()
+            return
+        requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
+        self.timeline.end()
+        prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
+        self.episodes.admit(prompts, self.cfg.seed * 10**9 + self.index * 10**6 + self.calls)
+        self.calls += 1
+
+    def _put(self, groups: list[Group]) -> None:
+        """Hand `groups` to the buffer, waiting while it is full (unless stopping)."""
+        while groups and not self._stop.is_set():
+            self.timeline.begin(HANDOFF)
+            accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
+            self.timeline.end_blocked(blocked_s)
+            groups = groups[accepted:]
 
     def _wait_for_scores(self, tokens: int) -> None:
         """Generation is done, the reward pool's scores not yet: close the generate segment."""
@@ -399,11 +487,7 @@ class InferenceWorker:
         self.partial.add(counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
         self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
-        while groups and not self._stop.is_set():
-            self.timeline.begin(HANDOFF)
-            accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
-            self.timeline.end_blocked(blocked_s)
-            groups = groups[accepted:]
+        self._put(groups)
 
 
 # A trainer rank waits this long for the others inside one collective. Longer than any

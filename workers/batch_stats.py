@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import stdev
 
-from workers.metric_names import reward_func_series
+from workers.metric_names import agent_series, reward_func_series
 from workers.rollout import Group, Rollout
 
 
@@ -27,6 +27,7 @@ def batch_metrics(groups: Sequence[Group]) -> dict[str, float]:
     lengths = [len(r.completion_ids) for r in rollouts]
     return {
         **reward_func_metrics(rollouts),
+        **agent_reward_metrics(rollouts),
         "reward/std": stdev(rewards) if len(rewards) > 1 else 0.0,
         "reward/zero_std_frac": sum(g.uniform for g in groups if g.rollouts) / sum(1 for g in groups if g.rollouts),
         "completion/length_mean": sum(lengths) / len(lengths),
@@ -52,3 +53,13 @@ def reward_func_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
             out[reward_func_series(name, "mean")] = sum(vs) / len(vs)
             out[reward_func_series(name, "std")] = stdev(vs) if len(vs) > 1 else 0.0
     return out
+
+
+def agent_reward_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """agent/<agent>/reward_mean for each agent of a multi-agent task's episodes (its
+    turns' rewards); nothing for a single-agent task."""
+    values: dict[str, list[float]] = {}
+    for r in rollouts:
+        if r.agent:
+            values.setdefault(r.agent, []).append(r.reward)
+    return {agent_series(a, "reward_mean"): sum(vs) / len(vs) for a, vs in values.items()}

@@ -64,16 +64,21 @@ class AdmissionGate:
 
     batch_groups: int
     ahead: int
+    # Groups admitted beyond the rule (buffer.overcommit): with episodes of heavy-tailed
+    # length the trainer takes the first to end, and the late ones train a step later.
+    overcommit: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_groups < 1:
             raise ValueError(f"AdmissionGate batch_groups must be ≥ 1 (got {self.batch_groups})")
         if self.ahead < 0:
             raise ValueError(f"AdmissionGate ahead must be ≥ 0 (got {self.ahead})")
+        if self.overcommit < 0:
+            raise ValueError(f"AdmissionGate overcommit must be ≥ 0 (got {self.overcommit})")
 
     def limit(self, version: int) -> int:
         """Most groups admitted and not rejected a producer at `version` may leave live."""
-        return (version + self.ahead + 1) * self.batch_groups
+        return (version + self.ahead + 1) * self.batch_groups + self.overcommit
 
     def may_admit(self, version: int, admitted: int, rejected: int, want: int) -> int:
         """How many of `want` new groups (0..want) a producer holding `version` may start."""
@@ -98,6 +103,7 @@ class BufferPlan:
     on_stale: OnStale
     drop_uniform: bool = False
     max_uniform_run: int | None = None  # with drop_uniform: groups dropped in a row before NoSignalError
+    overcommit_groups: int = 0  # admitted beyond the gate's rule (buffer.overcommit)
 
 
 def plan(cfg: BufferConfig, run_mode: str, batch_groups: int, trainer: TrainerConfig | None = None) -> BufferPlan:
@@ -127,6 +133,7 @@ def plan(cfg: BufferConfig, run_mode: str, batch_groups: int, trainer: TrainerCo
         on_stale=cfg.on_stale,
         drop_uniform=dynamic,
         max_uniform_run=trainer.dynamic_sampling_max_batches * batch_groups if trainer and dynamic else None,
+        overcommit_groups=cfg.overcommit,
     )
 
 
@@ -169,6 +176,7 @@ class RolloutBuffer:
         # multiset, since a prompt can be requeued again before its regeneration trains.
         self._regenerating: Counter[tuple[str, str]] = Counter()
         self._regenerated = 0
+        self._late = 0
         self.total_put = 0
         self.total_got = 0
         self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
@@ -205,6 +213,13 @@ class RolloutBuffer:
             return self._regenerated
 
     @property
+    def late(self) -> int:
+        """Groups handed to the trainer at least one version after the oldest of their
+        tokens (cumulative): trained a step or more after the batch they were made for."""
+        with self._cond:
+            return self._late
+
+    @property
     def dropped_uniform(self) -> int:
         """Groups dropped because their rewards were all equal (dynamic sampling, cumulative)."""
         with self._cond:
@@ -224,6 +239,7 @@ class RolloutBuffer:
             "buffer/dropped_stale": float(self.dropped_stale),
             "buffer/requeued": float(self.requeued),
             "buffer/regenerated": float(self.regenerated),
+            "buffer/late_groups": float(self.late),
             "buffer/starved_s": self.starved_s,
         }
         if self.capacity is not None:  # an unbounded stream has none to chart
@@ -252,6 +268,7 @@ class RolloutBuffer:
                 "regenerated": self._regenerated,
                 "dropped_uniform": self._dropped_uniform,
                 "uniform_run": self._uniform_run,
+                "late": self._late,
                 "total_put": self.total_put,
                 "total_got": self.total_got,
                 "backpressure_s": self.backpressure_s,
@@ -270,6 +287,7 @@ class RolloutBuffer:
             # Checkpoints written before dynamic sampling existed hold neither.
             self._dropped_uniform = int(state.get("dropped_uniform", 0))
             self._uniform_run = int(state.get("uniform_run", 0))
+            self._late = int(state.get("late", 0))  # nor this, written before episodes were
             self.total_put = int(state["total_put"])
             self.total_got = int(state["total_got"])
             self.backpressure_s = float(state["backpressure_s"])
@@ -362,6 +380,7 @@ class RolloutBuffer:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
             out = [self._groups.popleft() for _ in range(n_groups)]
             self.total_got += n_groups
+            self._late += sum(g.min_version < current_version for g in out)
             self._uniform_run = 0
             if self._regenerating:
                 for g in out:

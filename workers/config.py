@@ -156,7 +156,7 @@ class TaskConfig(_Section):
         "reverse",
         min_length=1,
         max_length=200,
-        description="reverse · copy · countdown · gsm8k · calculator, or 'package.module:ClassName', "
+        description="reverse · copy · countdown · gsm8k · calculator · propose_solve, or 'package.module:ClassName', "
         "or a 'rollway.tasks' entry point name.",
     )
     min_len: int = Field(3, ge=1, description="reverse and copy: shortest prompt string (characters).")
@@ -360,6 +360,38 @@ class BufferConfig(_Section):
         "(admission gate). Unset: min(capacity, max_staleness) when bounded, 1 when double, "
         "max_staleness when unbounded.",
     )
+    unit: Literal["group", "episode"] = Field(
+        "group",
+        description="What episodes (a multi-agent or multi-turn task's) reach the buffer as "
+        "(workers/episode_scheduler.py). group: an inference call's groups together, once every episode of the "
+        "call has ended (the batch barrier; a multi-turn task's episodes then take their turns in lockstep); "
+        "episode: each group (its trainer.group_size episodes) the moment it ends, every episode on its own clock, "
+        "while the worker keeps starting new ones.",
+    )
+    overcommit: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="Groups admitted beyond what the admission gate's rule allows (unit 'episode'): the trainer "
+        "trains on the batch_groups that end first and the late ones a step later, their staleness bounded by "
+        "max_staleness and counted in buffer/late_groups.",
+    )
+
+    @model_validator(mode="after")
+    def _overcommit_needs_episodes(self) -> BufferConfig:
+        if self.overcommit and self.unit != "episode":
+            raise ValueError(
+                f"buffer.overcommit ({self.overcommit}) admits groups that end after the batch they were admitted "
+                "for, which only buffer.unit 'episode' hands to the buffer alone: set buffer.unit to 'episode', or "
+                "buffer.overcommit to 0"
+            )
+        if self.overcommit and self.max_staleness < 1:
+            raise ValueError(
+                f"buffer.overcommit ({self.overcommit}) trains the late groups a step after their batch, and "
+                "buffer.max_staleness 0 would drop every one of them as stale: set buffer.max_staleness to 1 or "
+                "more, or buffer.overcommit to 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sync_has_no_head(self) -> BufferConfig:
@@ -1004,6 +1036,39 @@ class RunConfig(_Section):
                 f"rewards.mode 'pipelined' streams single completions, but task {self.task.name!r} runs multi-turn "
                 "episodes: set rewards.mode to 'after'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _episodes_fit_task(self) -> RunConfig:
+        from workers.rl_tasks import task_class
+
+        cls = task_class(self.task.name)
+        multi_agent = bool(getattr(cls, "multi_agent", False))
+        if self.buffer.unit == "episode" and not (multi_agent or getattr(cls, "multi_turn", False)):
+            raise ValueError(
+                f"buffer.unit 'episode' schedules episodes, and task {self.task.name!r} has none (it is neither "
+                "multi-agent nor multi-turn): set buffer.unit to 'group', or task.name to such a task "
+                "(propose_solve, calculator)"
+            )
+        if self.buffer.unit == "episode" and self.rewards.workers:
+            raise ValueError(
+                "buffer.unit 'episode' scores each group as its episodes end, in the inference worker: set "
+                f"rewards.workers to 0 (it is {self.rewards.workers}), or buffer.unit to 'group'"
+            )
+        if multi_agent:
+            refused = {
+                "rewards.mode 'pipelined'": self.rewards.mode == "pipelined",
+                "rewards.credit 'process'": self.rewards.credit == "process",
+                "a reward pool (rewards.workers)": self.rewards.workers > 0,
+                "task.reward_funcs": bool(self.task.reward_funcs),
+            }
+            asked = [name for name, on in refused.items() if on]
+            if asked:
+                raise ValueError(
+                    f"task {self.task.name!r} is multi-agent: each agent's reward is the task's own, scored as its "
+                    f"episode ends; {', '.join(asked)} cannot apply to it. Leave rewards at their defaults and "
+                    "task.reward_funcs empty"
+                )
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ import ray
 from workers.admission import engine_errors
 from workers.checkpoints import CheckpointRecord, CheckpointTarget, check_resume
 from workers.config import RunConfig, StopConfig
+from workers.episode_scheduler import EpisodeTiming, timing_metrics
 from workers.failures import ChildFailed, explain
 from workers.logs import configure_driver_logging
 from workers.messages import InferenceReport, StepRecord, TrainerReport
@@ -254,8 +255,10 @@ class RunDriver:
         weights' checksum: equal for bit-identical policies), export_dir (where the final
         policy was exported, "" if not), checkpoints (each written, oldest first: step,
         location, bytes, sha256, pruned), placement (where each actor ran: its node and
-        devices) and every emitted series as
-        {name: [(step, value), ...]}, its latest SERIES_TAIL points."""
+        devices), every emitted series as
+        {name: [(step, value), ...]}, its latest SERIES_TAIL points, and a multi-agent
+        task's episode figures over its latest SERIES_TAIL episodes together (episodes:
+        the episode/* and agent/*/p50_s|p90_s values; {} for other tasks)."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -270,6 +273,7 @@ class RunDriver:
             "checkpoints": [dataclasses.asdict(c) for c in self.checkpoints_written],
             "placement": list(self.actors.placement),
             "series": {name: list(points) for name, points in self.metrics.series.items()},
+            "episodes": timing_metrics(list(self.metrics.episodes)),
         }
 
     def _spawn(self, model_dir: str) -> bool:
@@ -382,6 +386,8 @@ class RunMetrics:
         # version → SyncReport per inference worker that has loaded it
         self._syncs: dict[int, list] = defaultdict(list)
         self._scoring: list[RewardReport] = []  # the reward pool's reports since its last point
+        self._episodes: list[EpisodeTiming] = []  # episodes ended since the last point
+        self.episodes: deque[EpisodeTiming] = deque(maxlen=SERIES_TAIL)  # the latest, for the summary
 
     def emit(self, series: str, step: int, value: float, t: float | None = None) -> None:
         """The run's one way out for a point: to the site (the reporter refuses a series
@@ -402,9 +408,15 @@ class RunMetrics:
     def add_inference(self, reports: list[InferenceReport], version: int, new_steps: bool) -> None:
         """The inference workers' reports of one collection; `new_steps`: it brought
         trainer steps, the newest at `version`."""
+        ended = [t for r in reports for t in r.episodes]
+        self._episodes += ended
+        self.episodes.extend(ended)
         if new_steps:
             for series, value in partial_metrics([r.partial for r in reports]).items():
                 self.emit(series, version, value)
+            for series, value in timing_metrics(self._episodes).items():
+                self.emit(series, version, value)
+            self._episodes = []
         for k, rep in enumerate(reports):
             for ev in rep.evals:
                 for series, value in ev.metrics.items():

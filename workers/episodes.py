@@ -25,6 +25,7 @@ newer versions than earlier ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard
 
@@ -173,22 +174,7 @@ def run_episodes(
     # ever loaded in between, so in_flight here means drain.
     turn_mode: UpdateMode = mode if stepped else "in_flight"
 
-    # In the chat template's format a model closes its turn itself after a call (its
-    # end-of-turn token, a stop id), as it was trained to: the call is read from the
-    # finished turn. In the text format the turn is cut where the call ends.
-    tools = task_tools(task, tokenizer)
-
-    def ends_turn(turn: PartialSequence) -> bool:
-        return tools is None and task.find_call(tokenizer.decode(turn.token_ids)) is not None
-
-    def called(turn: PartialSequence) -> bool:
-        if turn.finish_reason == "turn":
-            return True
-        return (
-            tools is not None
-            and turn.finish_reason == "stop"
-            and task.find_call(tokenizer.decode(turn.token_ids)) is not None
-        )
+    ends_turn = turn_ender(task, tokenizer)
 
     episodes = [Episode(list(p)) for p in prompts for _ in range(n)]
     counts = PartialCounts()
@@ -216,24 +202,52 @@ def run_episodes(
         counts.add(gen.counts)
         still = []
         for i, (model_turn,) in zip(live, gen.sequences, strict=True):
-            episode = episodes[i]
-            episode.add_model_turn(model_turn)
-            if not called(model_turn):  # EOS without a call, or the budget spent
-                episode.finish_reason = model_turn.finish_reason or "length"
-                continue
-            if episode.turns >= task.max_turns:  # a call with no turn left to answer
-                episode.finish_reason = "length"
-                continue
-            call = task.find_call(tokenizer.decode(model_turn.token_ids))
-            if call is None:  # `called` found it in these very tokens
-                raise RuntimeError("a turn that ended at a tool call has no call")
-            ids = tool_turn_ids(task, tokenizer, call)
-            room = max_new_tokens - len(episode.token_ids)
-            episode.add_tool_turn(ids[:room], model_turn.versions[-1])
-            if len(ids) >= room:
-                episode.finish_reason = "length"
-                continue
-            still.append(i)
+            if take_model_turn(episodes[i], model_turn, task, tokenizer, max_new_tokens):
+                still.append(i)
         live = still
     grouped = [episodes[k * n : (k + 1) * n] for k in range(len(prompts))]
     return Generation(grouped, version, counts)
+
+
+def turn_ender(task: MultiTurnTask, tokenizer: Tokenizer) -> Callable[[PartialSequence], bool]:
+    """`generate_across_updates`' `ends_turn` for `task`: in the text format a turn is cut
+    where its call ends; in the chat template's format (`task_tools`) a model closes its
+    turn itself after a call (its end-of-turn token, a stop id), as it was trained to, so
+    nothing is cut and the call is read from the finished turn."""
+    tools = task_tools(task, tokenizer)
+
+    def ends_turn(turn: PartialSequence) -> bool:
+        return tools is None and task.find_call(tokenizer.decode(turn.token_ids)) is not None
+
+    return ends_turn
+
+
+def take_model_turn(
+    episode: Episode, model_turn: PartialSequence, task: MultiTurnTask, tokenizer: Tokenizer, max_new_tokens: int
+) -> bool:
+    """Add a generated turn to `episode` and, where it made a call, the tool's answer;
+    True while the episode goes on (a call answered with budget and turns left), else
+    the episode has its finish_reason."""
+    episode.add_model_turn(model_turn)
+    tools = task_tools(task, tokenizer)
+    called = model_turn.finish_reason == "turn" or (
+        tools is not None
+        and model_turn.finish_reason == "stop"
+        and task.find_call(tokenizer.decode(model_turn.token_ids)) is not None
+    )
+    if not called:  # EOS without a call, or the budget spent
+        episode.finish_reason = model_turn.finish_reason or "length"
+        return False
+    if episode.turns >= task.max_turns:  # a call with no turn left to answer
+        episode.finish_reason = "length"
+        return False
+    call = task.find_call(tokenizer.decode(model_turn.token_ids))
+    if call is None:  # `called` found it in these very tokens
+        raise RuntimeError("a turn that ended at a tool call has no call")
+    ids = tool_turn_ids(task, tokenizer, call)
+    room = max_new_tokens - len(episode.token_ids)
+    episode.add_tool_turn(ids[:room], model_turn.versions[-1])
+    if len(ids) >= room:
+        episode.finish_reason = "length"
+        return False
+    return True

@@ -64,7 +64,7 @@ def generate_groups(
     prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
     if is_multi_turn(task):
         gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version)
-        return _score(task, tokenizer, prompts, gen.sequences, seed, scorer)
+        return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer)
     completions = backend.generate(
         prompt_ids,
         n=cfg.trainer.group_size,
@@ -87,7 +87,7 @@ def generate_groups(
         ]
         for ids, comps in zip(prompt_ids, completions, strict=True)
     ]
-    return _score(task, tokenizer, prompts, sequences, seed, scorer)
+    return score_sequences(task, tokenizer, prompts, sequences, seed, scorer)
 
 
 def generate_groups_across_updates(
@@ -108,7 +108,7 @@ def generate_groups_across_updates(
     prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
     if is_multi_turn(task):
         gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version, updates)
-        return _score(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
+        return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
     gen = generate_across_updates(
         backend,
         prompt_ids,
@@ -120,7 +120,7 @@ def generate_groups_across_updates(
         cfg.sync.update_mode,
         updates,
     )
-    return _score(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
+    return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
 
 
 def generate_groups_in_mode(
@@ -182,7 +182,7 @@ def _generate_pipelined(
     )
     flat = [s for group in gen.sequences for s in group]
     scores = stream.scores(flat)
-    groups = _score(task, tokenizer, prompts, gen.sequences, seed, lambda *_: scores)
+    groups = score_sequences(task, tokenizer, prompts, gen.sequences, seed, lambda *_: scores)
     if cfg.rewards.credit == "process":
         # The steps go with the rollouts only where the trainer reads them: an outcome
         # run's buffer and checkpoints stay as they were.
@@ -204,7 +204,7 @@ def _episodes(backend, task, tokenizer, prompt_ids, cfg: RunConfig, seed: int, v
     )  # fmt: skip
 
 
-def _score(
+def score_sequences(
     task: Task,
     tokenizer: Tokenizer,
     prompts: list[tuple[str, str]],
@@ -212,6 +212,9 @@ def _score(
     seed: int,
     scorer: BatchScorer | None = None,
 ) -> list[Group]:
+    """One scored group per (prompt, answer) and its sequences (completions or
+    episodes), ids `"<seed>-<index>"`: the task's verifier (or its reward functions), or
+    `scorer` where one is given."""
     texts = [
         [
             episode_text(tokenizer, s.token_ids, s.loss_mask)

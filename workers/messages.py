@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from workers.episode_scheduler import EpisodeTiming
     from workers.partial_rollouts import PartialCounts
     from workers.sync import SyncReport
     from workers.timeline import Segment
@@ -66,3 +67,5 @@ class InferenceReport:
     error: str | None  # the traceback that ended its loop, if one did
     partial: PartialCounts  # sequences aborted / resumed / retried, cumulative over the run
     evals: list[EvalRecord] = field(default_factory=list)  # eval passes since the last drain
+    # A multi-agent task's episodes that ended since the last drain (workers/episode_scheduler.py)
+    episodes: list[EpisodeTiming] = field(default_factory=list)

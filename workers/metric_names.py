@@ -23,6 +23,10 @@ class Metric:
     per_rank: bool = False
 
 
+# The condition of the series only episodes on their own clocks emit
+# (workers/episode_scheduler.py); agent/* need several agents as well.
+MULTI_AGENT = "a multi-agent task (task.name propose_solve), or buffer.unit episode"
+
 METRICS: tuple[Metric, ...] = (
     Metric("buffer/depth", "groups", "Groups waiting in the rollout buffer."),
     Metric(
@@ -103,6 +107,27 @@ METRICS: tuple[Metric, ...] = (
         "rollout/mixed_version_frac",
         "fraction",
         "Fraction of trained sequences whose tokens come from more than one policy version.",
+    ),
+    Metric(
+        "buffer/late_groups",
+        "groups",
+        "Groups trained at least one version after the oldest of their tokens (cumulative): with "
+        "buffer.overcommit, the late episodes that train a step after the batch they were admitted for.",
+    ),
+    # Episodes on their own clocks (workers/episode_scheduler.py), over the episodes that
+    # ended since the previous point.
+    Metric(
+        "episode/p50_s",
+        "s",
+        "Median episode completion time (every agent's turn, first start to last environment answer).",
+        only=MULTI_AGENT,
+    ),
+    Metric("episode/p90_s", "s", "90th-percentile episode completion time.", only=MULTI_AGENT),
+    Metric(
+        "episode/tail_ratio",
+        "",
+        "Episode p90 over p50 (how heavy the tail a step's barrier waits on is).",
+        only=MULTI_AGENT,
     ),
     Metric("reward/mean", "reward", "Mean reward of the trained batch."),
     # The trained batch's spread and lengths (workers/batch_stats.py).
@@ -248,6 +273,29 @@ REWARD_FUNC_STATS = {
 }
 
 
+# Per agent of a multi-agent task, `agent/<agent>/<stat>` (workers/episode_scheduler.py).
+AGENT_PREFIX = "agent/"
+AGENT_STATS = {
+    "reward_mean": "Mean reward of one agent's turns in the trained batch (a multi-agent task's episodes).",
+    "p50_s": "Median completion time of one agent's turns (queue, generation and its environment's answer).",
+    "p90_s": "90th-percentile completion time of one agent's turns.",
+}
+
+
+def agent_series(agent: str, stat: str) -> str:
+    """`agent/<agent>/<stat>`: one agent's series (stat one of AGENT_STATS)."""
+    if stat not in AGENT_STATS:
+        raise ValueError(f"{stat!r} is not an agent statistic ({sorted(AGENT_STATS)})")
+    return f"{AGENT_PREFIX}{_SERIES_UNSAFE.sub('_', agent.lower())[:REWARD_FUNC_NAME_MAX]}/{stat}"
+
+
+def is_agent_series(series: str) -> bool:
+    """Whether `series` is one agent's, `agent/<agent>/<stat>`."""
+    name, _, stat = series.rpartition("/")
+    agent = name.removeprefix(AGENT_PREFIX)
+    return name.startswith(AGENT_PREFIX) and bool(agent) and "/" not in agent and stat in AGENT_STATS
+
+
 def metric_of(series: str) -> Metric | None:
     """The vocabulary's entry for a series name (a per-rank series by its metric, a
     reward function's by its statistic), or None."""
@@ -256,6 +304,8 @@ def metric_of(series: str) -> Metric | None:
         return next(m for m in METRICS if m.name == name)
     if is_reward_func_series(series):
         return Metric(series, "reward", REWARD_FUNC_STATS[rank], only="task.reward_funcs")
+    if is_agent_series(series):
+        return Metric(series, "reward" if rank == "reward_mean" else "s", AGENT_STATS[rank], only=MULTI_AGENT)
     return next((m for m in METRICS if m.name == series and not m.per_rank), None)
 
 

@@ -55,6 +55,9 @@ class Rollout:
     # Empty for an outcome run: its advantages need only `reward`.
     step_ends: list[int] = field(default_factory=list)
     step_scores: list[float] = field(default_factory=list)
+    # The agent whose turn this is in a multi-agent episode (workers/episode_scheduler.py):
+    # advantages are normalised per agent within the group. "" for a single-agent task.
+    agent: str = ""
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
@@ -120,6 +123,15 @@ class Group:
         rewards = [s for r in self.rollouts for s in (r.step_scores or [r.reward])]
         return all(math.isclose(r, rewards[0], abs_tol=REWARD_ATOL) for r in rewards[1:])
 
+    def agent_parts(self) -> list[list[int]]:
+        """The indices of the group's rollouts per agent, in order of first appearance
+        (one part, every rollout, for a single-agent task): what GRPO's advantages are
+        normalised within, since agents' rewards measure different things."""
+        parts: dict[str, list[int]] = {}
+        for i, r in enumerate(self.rollouts):
+            parts.setdefault(r.agent, []).append(i)
+        return list(parts.values())
+
     def to_json(self) -> dict[str, Any]:
         """The group as plain JSON data (a checkpoint's buffer.json); a routing record as
         its fields with the packed bytes in base64."""
@@ -130,7 +142,7 @@ class Group:
             if rollout.sampling_mask is not None:
                 out["sampling_mask"] = rollout.sampling_mask.to_json()
             # An outcome run's checkpoint stays as it was (from_json defaults them).
-            for name in ("step_ends", "step_scores"):
+            for name in ("step_ends", "step_scores", "agent"):
                 if not out[name]:
                     del out[name]
         return data

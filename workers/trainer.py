@@ -406,7 +406,7 @@ class Trainer:
             # the sum of all its normalised step scores.
             advantages = [[a[0] if a else 0.0 for a in g] for g in token_advantages]
         else:
-            advantages = scaled_advantages([[r.reward for r in g.rollouts] for g in groups], tc.advantage_scaling)
+            advantages = agent_advantages(groups, tc.advantage_scaling)
         if tc.mask_truncated:
             groups = [without_truncated(g) for g in groups]
         return plan_step(
@@ -686,3 +686,16 @@ class Peers(Protocol):
     def start(self, steps: list[RankStep]) -> None: ...
 
     def results(self) -> list[RankResult]: ...
+
+
+def agent_advantages(groups: list[Group], scaling: str) -> list[list[float]]:
+    """Each rollout's advantage, normalised within its group and agent (`Group.agent_parts`:
+    the whole group for a single-agent task, so GRPO's own; a multi-agent task's proposer
+    and solver each against their own group mates)."""
+    parts = [(k, idx) for k, g in enumerate(groups) for idx in g.agent_parts()]
+    scaled = scaled_advantages([[groups[k].rollouts[i].reward for i in idx] for k, idx in parts], scaling)
+    out = [[0.0] * len(g.rollouts) for g in groups]
+    for (k, idx), values in zip(parts, scaled, strict=True):
+        for i, a in zip(idx, values, strict=True):
+            out[k][i] = a
+    return out

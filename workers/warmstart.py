@@ -181,6 +181,13 @@ def supervised_steps(
     """`steps` AdamW steps of next-token cross-entropy on answer+EOS given the prompt,
     each answer character replaced by a random one with probability `noise`."""
     source, demo, noise_chars = demonstrations(cfg)
+    # A multi-agent task teaches every role of an episode (each its own prompt); any other
+    # task one demonstration per pair.
+    roles = getattr(make_task(cfg.task), "role_demonstrations", None)
+
+    def teach(prompt: str, answer: str) -> list[tuple[str, str]]:
+        return roles(prompt, answer) if roles is not None else [(prompt, demo(prompt, answer))]
+
     rng = random.Random(f"warm-start-{phase}-{cfg.seed}")
     ws = cfg.warm_start
     optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
@@ -189,11 +196,11 @@ def supervised_steps(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         for k in range(steps):
-            pairs = source.sample(ws.batch_size, rng)
-            shown = [demo(p, a) for p, a in pairs]
+            taught = [pc for p, a in source.sample(ws.batch_size, rng) for pc in teach(p, a)]
+            shown = [d for _, d in taught]
             targets = [corrupt(d, noise, noise_chars or "".join(sorted(set(d))), rng) for d in shown]
             batch = pack(
-                [encode_prompt(tokenizer, p) for p, _ in pairs],
+                [encode_prompt(tokenizer, p) for p, _ in taught],
                 [tokenizer.encode(a) + [tokenizer.eos_id] for a in targets],
                 tokenizer.pad_id,
             )

@@ -173,3 +173,36 @@ def test_a_version_loaded_between_turns_produces_the_later_turn(tool_model_dir, 
 def spread_back(values: torch.Tensor, batch) -> torch.Tensor:
     """The completion's per-token values out of the packed (1, T-1) layout."""
     return values[batch.mask]
+
+
+def test_the_episode_scheduler_runs_calculator_episodes_each_on_its_own_clock(tool_model_dir, one_torch_thread):
+    from workers.episode_scheduler import EpisodeScheduler
+
+    cfg = small_config(
+        task={"name": "calculator"},
+        buffer={"unit": "episode"},
+        inference={"max_new_tokens": MAX_NEW},
+        trainer={"group_size": 4},
+    )
+    sched = EpisodeScheduler(TorchBackend(tool_model_dir), TASK, TOK, cfg, random.Random(0))
+    sched.admit(TASK.sample(3, random.Random(1)), seed=5)
+    groups = []
+    while sched.in_flight:
+        groups += sched.step(version=2)
+    assert sorted(g.group_id for g in groups) == ["5-0", "5-1", "5-2"]
+    calls = 0
+    for g in groups:
+        assert len(g.rollouts) == 4 and all(r.group_id == g.group_id and r.agent == "" for r in g.rollouts)
+        for r in g.rollouts:
+            assert len(r.completion_ids) == len(r.loss_mask) <= MAX_NEW and set(r.token_versions) == {2}
+            runs = turns(r)
+            for (model_ids, _), (tool_ids, tool_mask) in zip(runs[::2], runs[1::2], strict=False):
+                call = TASK.find_call(TOK.decode(model_ids))
+                assert tool_mask == 0 and call is not None
+                assert tool_ids == TOK.encode(TASK.run_tool(call))[: len(tool_ids)]
+                calls += 1
+            assert r.reward == TASK.reward(TOK.decode(r.completion_ids), g.answer)
+    timings = sched.drain_timings()
+    assert len(timings) == 12 and all(t.agents == {} and t.total_s > 0 for t in timings)
+    rollouts = [r for g in groups for r in g.rollouts]
+    assert calls >= len(rollouts) // 2 and sum(r.reward for r in rollouts) >= len(rollouts) // 2

@@ -169,6 +169,32 @@ def test_the_reward_pool_series_come_from_a_reward_pool_only(tmp_path):
     assert all(BY_NAME[name].only == "rewards.workers ≥ 1" for name in POOL_SERIES)
 
 
+def test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only(tmp_path):
+    from workers.driver import RunMetrics
+    from workers.episode_scheduler import EpisodeTiming
+    from workers.messages import InferenceReport
+    from workers.metric_names import MULTI_AGENT, is_agent_series
+    from workers.partial_rollouts import PartialCounts
+
+    def report(episodes):
+        return InferenceReport([], None, 0.0, [], 1, None, PartialCounts(), episodes=episodes)
+
+    metrics = RunMetrics(MetricsReporter(1, None, "", str(tmp_path)), num_workers=1)
+    metrics.add_inference([report([])], version=1, new_steps=True)  # a single-agent task's worker reports none
+    assert not any(s.startswith("episode/") or is_agent_series(s) for s in metrics.series)
+    timings = [
+        EpisodeTiming({"proposer": 1.0, "solver": 2.0}, 3.0),
+        EpisodeTiming({"proposer": 2.0, "solver": 4.0}, 6.0),
+    ]
+    metrics.add_inference([report(timings)], version=2, new_steps=True)
+    episode = {s for s in metrics.series if s.startswith("episode/")}
+    assert episode == {"episode/p50_s", "episode/p90_s", "episode/tail_ratio"} <= NAMES
+    agents = {s for s in metrics.series if is_agent_series(s)}
+    assert agents == {f"agent/{a}/{q}" for a in ("proposer", "solver") for q in ("p50_s", "p90_s")}
+    assert all(BY_NAME[name].only == MULTI_AGENT for name in episode)
+    assert all(metric_of(name) is not None and metric_of(name).only == MULTI_AGENT for name in agents)
+
+
 # Each series marked `only`, and the test above that checks its condition both ways.
 CONDITION_TESTS = {
     "buffer/capacity": test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream,
@@ -182,6 +208,10 @@ CONDITION_TESTS = {
     **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
     "reward/pool_busy_frac": test_the_reward_pool_series_come_from_a_reward_pool_only,
     "reward/scoring_lag_ms": test_the_reward_pool_series_come_from_a_reward_pool_only,
+    **dict.fromkeys(
+        ("episode/p50_s", "episode/p90_s", "episode/tail_ratio"),
+        test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only,
+    ),
 }
 
 

@@ -48,6 +48,7 @@ BUILTINS: dict[str, str] = {
     "countdown": "workers.rl_tasks.countdown:CountdownTask",
     "gsm8k": "workers.rl_tasks.gsm8k:GSM8KTask",
     "calculator": "workers.tool_task:CalculatorTask",
+    "propose_solve": "workers.rl_tasks.propose_solve:ProposeSolveTask",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

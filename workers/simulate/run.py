@@ -202,7 +202,7 @@ class _Simulation:
         # The buffer's own capacity check (get ≤ capacity) would refuse a batch bigger
         # than a 'none' or 'double' buffer's one batch: they are B groups here too.
         self.buffer = RolloutBuffer(bp.capacity_groups, bp.max_staleness, bp.on_stale)
-        self.gate = AdmissionGate(self.B, bp.ahead_batches)
+        self.gate = AdmissionGate(self.B, bp.ahead_batches, bp.overcommit_groups)
         self.admitted = 0
         self.mode = cfg.sync.update_mode
         self.stepped = self.mode in STEPPED_MODES
