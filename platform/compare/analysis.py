@@ -57,6 +57,9 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("dropped_frac", "dropped", "fraction", "lower", "buffer/dropped_stale × group_size / samples seen"),
     Column("requeued_frac", "requeued", "fraction", "lower", "buffer/requeued × group_size / samples seen"),
     Column("aborted_frac", "aborted", "fraction", "lower", "rollout/partial_aborted / samples seen"),
+    # A multi-agent task's episodes: the tail a step waits on, and the late groups trained.
+    Column("episode_p90_s", "episode p90", "s", "lower", "mean of episode/p90_s"),
+    Column("late_per_step", "late groups/step", "groups", "lower", "buffer/late_groups / steps"),
     Column("sync_latency_ms", "sync latency", "ms", "lower", "mean of sync/latency_ms"),
     Column("sync_bytes", "sync bytes", "bytes", "lower", "mean of sync/bytes"),
     # A trainer pool's ranks (runs with trainer.backend ddp or fsdp2).
@@ -224,6 +227,10 @@ def run_figures(runs: list[Run], *, target: float, budget_s: float) -> dict[int,
             "dropped_frac": frac("buffer/dropped_stale", group_size),
             "requeued_frac": frac("buffer/requeued", group_size),
             "aborted_frac": frac("rollout/partial_aborted", 1),
+            "episode_p90_s": avg("episode/p90_s"),
+            "late_per_step": s["buffer/late_groups"].last_value / last_step
+            if "buffer/late_groups" in s and last_step
+            else None,
             "sync_latency_ms": avg("sync/latency_ms"),
             "sync_bytes": avg("sync/bytes"),
             "mismatch_kl": avg("mismatch/kl"),

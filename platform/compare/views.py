@@ -22,7 +22,7 @@ from runs.actions import PRIORITY_MAX, PRIORITY_MIN
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
 from workers.metric_names import NAMES as METRIC_NAMES
-from workers.metric_names import PER_RANK, is_reward_func_series
+from workers.metric_names import PER_RANK, is_agent_series, is_reward_func_series
 from workers.presets import PRESETS
 
 DEFAULT_TARGET = 0.8
@@ -36,7 +36,11 @@ def metric_names_param(request: HttpRequest) -> list[str] | None:
     if raw is None:
         return None
     names = [n for n in raw.split(",") if n]
-    unknown = [n for n in names if (n not in METRIC_NAMES and not is_reward_func_series(n)) or n in PER_RANK]
+    unknown = [
+        n
+        for n in names
+        if (n not in METRIC_NAMES and not is_reward_func_series(n) and not is_agent_series(n)) or n in PER_RANK
+    ]
     if unknown:
         raise BadParam("series", f"unknown metric {unknown[0]!r}: name metrics the answer lists in 'metrics'")
     return names

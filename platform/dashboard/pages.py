@@ -16,8 +16,16 @@ from runs import listing, logs
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, metric_of, rank_series, reward_func_series
+from workers.metric_names import (
+    DASHBOARD_CHARTS,
+    PER_RANK,
+    agent_series,
+    metric_of,
+    rank_series,
+    reward_func_series,
+)
 from workers.presets import PRESETS
+from workers.rl_tasks import task_class
 
 # Tags the flash that says a new run is queued (launch, retry, resume): once the run has
 # ended that is no longer true, so a finished run's page leaves it out, and run.js drops
@@ -166,7 +174,34 @@ def _charts(run: Run) -> list[dict]:
             # One line per task.reward_funcs function, beside the sum they make.
             names = [path.rpartition(":")[2] for path in _reward_funcs(run.config)]
             cards.append(_card("Reward functions", tuple(reward_func_series(n, "mean") for n in names), run.config))
+        agents = _agents(run.config)
+        if title == "Reward" and agents:
+            # A multi-agent task: each agent's reward and completion time.
+            cards += [
+                _card("Agents: reward", tuple(agent_series(a, "reward_mean") for a in agents), run.config),
+                _card(
+                    "Agents: completion time (s)",
+                    tuple(agent_series(a, q) for a in agents for q in ("p50_s", "p90_s")),
+                    run.config,
+                ),
+            ]
+        if title == "Reward" and (agents or (run.config.get("buffer") or {}).get("unit") == "episode"):
+            # Episodes on their own clocks: the tail a step waits on, and the groups
+            # trained late (buffer.overcommit).
+            cards += [
+                _card("Episode completion time (s)", ("episode/p50_s", "episode/p90_s"), run.config),
+                _card("Late groups (cumulative)", ("buffer/late_groups",), run.config),
+            ]
     return cards
+
+
+def _agents(config: dict) -> tuple[str, ...]:
+    """The agents of a run's multi-agent task, in turn order (() for any other task)."""
+    try:
+        task = task_class(str((config.get("task") or {}).get("name") or ""))
+    except ValueError:  # a task this site cannot load: its page still draws
+        return ()
+    return tuple(getattr(task, "agents", ())) if getattr(task, "multi_agent", False) else ()
 
 
 def _reward_funcs(config: dict) -> list[str]:

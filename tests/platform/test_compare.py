@@ -303,6 +303,28 @@ def test_a_reward_functions_series_can_be_asked_for_by_name(client_for, owner, g
     assert r.status_code == 400 and "unknown metric 'rewards/accuracy/median'" in r.json()["errors"]["series"]
 
 
+def test_an_agents_series_can_be_asked_for_and_episodes_have_their_columns(client_for, owner, grid):
+    run = grid["base", 1]
+    MetricPoint.objects.upsert(
+        run.pk,
+        [
+            ("agent/solver/p90_s", 1, 2.5, 1.0),
+            ("episode/p90_s", 1, 4.0, 1.0),
+            ("episode/p90_s", 2, 6.0, 2.0),
+            ("buffer/late_groups", 2, 3.0, 2.0),
+        ],
+    )
+    url = f"/api/compare?runs={ids(grid.values())}&what=charts&series=agent/solver/p90_s"
+    assert client_for(owner).get(url).json()["series"][str(run.pk)]["agent/solver/p90_s"]
+    r = client_for(owner).get(f"/api/compare?runs={ids(grid.values())}&what=charts&series=agent/solver/p99_s")
+    assert r.status_code == 400 and "unknown metric 'agent/solver/p99_s'" in r.json()["errors"]["series"]
+    from compare.analysis import run_figures
+
+    figures = run_figures([run], target=0.8, budget_s=60.0)[run.pk]
+    assert figures["episode_p90_s"] == 5.0
+    assert figures["late_per_step"] == pytest.approx(3.0 / figures["last_step"])
+
+
 def test_a_chart_asks_only_for_its_own_series(client_for, owner, grid):
     c = client_for(owner)
     url = f"/api/compare?runs={ids(grid.values())}"

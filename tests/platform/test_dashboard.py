@@ -59,6 +59,16 @@ def test_a_run_with_reward_functions_charts_each_functions_mean(client_for, owne
     assert 'data-chart="Reward functions"' not in client_for(owner).get(f"/runs/{make_run().pk}/").content.decode()
 
 
+def test_a_multi_agent_run_charts_each_agent_its_episodes_and_its_late_groups(client_for, owner, make_run):
+    config = build("async", {"task": {"name": "propose_solve"}, "buffer": {"unit": "episode"}}).model_dump(mode="json")
+    html = client_for(owner).get(f"/runs/{make_run(config=config).pk}/").content.decode()
+    assert 'data-series="agent/proposer/reward_mean,agent/solver/reward_mean"' in html
+    assert 'data-series="agent/proposer/p50_s,agent/proposer/p90_s,agent/solver/p50_s,agent/solver/p90_s"' in html
+    assert 'data-series="episode/p50_s,episode/p90_s"' in html and 'data-series="buffer/late_groups"' in html
+    single = client_for(owner).get(f"/runs/{make_run().pk}/").content.decode()
+    assert "agent/" not in single and 'data-chart="Episode completion time (s)"' not in single
+
+
 def test_an_outsider_gets_404_for_a_run_page(client_for, outsider, run):
     assert client_for(outsider).get(f"/runs/{run.pk}/").status_code == 404
 
