@@ -30,6 +30,7 @@ from workers.driver import RunDriver
 from workers.merge import parse_sets
 from workers.paths import Confinement
 from workers.presets import build, deep_merge
+from workers.rl_tasks import task_class
 from workers.run_actors import NAMESPACE
 
 
@@ -54,7 +55,9 @@ def steady(out: dict) -> dict:
     """Figures over steps 2..N, each step weighted by its wall-time window."""
     s = {k: dict(v) for k, v in out["series"].items()}
     cfg = out["config"]
-    samples = cfg.trainer.batch_groups * cfg.trainer.group_size
+    # A multi-agent task's episode is a rollout per agent: samples/per_s counts rollouts.
+    agents = len(getattr(task_class(cfg.task.name), "agents", ("",)))
+    samples = cfg.trainer.batch_groups * cfg.trainer.group_size * agents
     steps = sorted(s["samples/per_s"])[1:]
     windows = {k: samples / s["samples/per_s"][k] for k in steps}
     total = sum(windows.values())

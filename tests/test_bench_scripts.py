@@ -177,6 +177,42 @@ def test_pipeline_efficiency_runs_the_engine_and_prints_the_table(tmp_path):
     assert figures["modes"]["sync"]["ratio_to_sync"] == 1.0
 
 
+def test_episode_stragglers_refuses_an_unknown_layout_naming_the_flag():
+    done = bench("episode_stragglers.py", "--layouts", "barrier,fastest")
+    assert done.returncode != 0 and "--layouts" in done.stderr and "fastest" in done.stderr
+
+
+@pytest.mark.slow
+def test_episode_stragglers_runs_each_layout_and_prints_the_straggler_table(tmp_path):
+    out = tmp_path / "stragglers.json"
+    done = bench(
+        "episode_stragglers.py",
+        "--presets",
+        "sync",
+        "--layouts",
+        "barrier,overcommit",
+        "--steps",
+        "3",
+        "--median-s",
+        "0.01",
+        "--overcommit",
+        "2",
+        *TINY,
+        "--set",
+        "warm_start.lr=3e-3",
+        "--json",
+        str(out),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sync barrier" in done.stdout and "sync overcommit" in done.stdout
+    results = json.loads(out.read_text())["results"]
+    assert results["sync barrier"]["late_per_step"] == 0.0  # a synchronous barrier trains nothing late
+    for r in results.values():
+        e = r["episodes"]
+        assert e["episode/p90_s"] >= e["episode/p50_s"] > 0 and r["samples_per_s"] > 0
+
+
 # ---- peer_trl (pure parts: the TRL side needs its own venv and minutes) ----------------
 
 
