@@ -30,7 +30,7 @@ from runs.models import Checkpoint, Experiment, MetricPoint, Run
 from runs.simulation import check_simulation, do_simulate_run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, rank_series
+from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, agent_series, rank_series
 from workers.presets import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -78,6 +78,9 @@ def points(run: Run, *, with_eval: bool) -> None:
         if with_eval or name not in EVAL_SERIES
         for r in (range(ranks) if name in PER_RANK else [0])
     ]
+    if run.config["task"]["name"] == "propose_solve":  # a multi-agent run's own charts
+        names += [agent_series(a, q) for a in ("proposer", "solver") for q in ("reward_mean", "p50_s", "p90_s")]
+        names += ["episode/p50_s", "episode/p90_s", "buffer/late_groups"]
     lift = 0.05 * run.config["seed"]
     rows = [(name, s, lift + 0.01 * s + 0.1 * i, T0 + 2.0 * s) for i, name in enumerate(names) for s in range(STEPS)]
     rows += [("policy/version", s, float(s), T0 + 2.0 * s) for s in range(STEPS)]
@@ -88,6 +91,7 @@ POOL = {
     "trainer": {"backend": "fsdp2", "num_ranks": 3},
     "placement": {"devices": "gpu", "inference_node": "pool=rollout", "trainer_node": "pool=train"},
 }
+MULTI_AGENT = {"task": {"name": "propose_solve"}, "buffer": {"unit": "episode"}}
 PLACEMENT = [
     {
         "actor": actor,
@@ -155,7 +159,8 @@ def seed(user) -> dict:
             error="The trainer ran out of memory at step 59.",
             error_detail="Traceback (most recent call last):\n  ...\nMemoryError",
         ),
-        "cancelled": make(S.CANCELLED, "stopped by hand", phase="stepping"),
+        # A multi-agent task scheduled by episode: a chart per agent's reward and times.
+        "cancelled": make(S.CANCELLED, "stopped by hand", phase="stepping", pool=MULTI_AGENT),
     }
     # A simulated run, through the simulator as the Simulate button runs it: its page has
     # the engine's series and no driver, so of the actions only Clone….
@@ -386,6 +391,16 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
             if not page.is_visible("#run-error"):
                 walk.problems.setdefault("run-failed", []).append("the failure's reason is not shown")
             walk.run_page("run-cancelled", runs["cancelled"].pk, status="cancelled")
+            # The multi-agent run: a line per agent, the episode's tail and its late groups, drawn.
+            for chart, lines in (
+                ("agents-reward", 2),
+                ("agents-completion-time-s", 4),
+                ("episode-completion-time-s", 2),
+                ("late-groups-cumulative", 1),
+            ):
+                drawn = page.locator(f"#chart-{chart} .scatterlayer .trace").count()
+                if not page.is_visible(f"#chart-{chart} .main-svg") or drawn != lines:
+                    walk.problems.setdefault("run-cancelled", []).append(f"chart {chart}: {drawn} lines of {lines}")
             page.goto(f"{base}/runs/{runs['simulated'].pk}/")
             walk.wait_for_charts()
             sim_found = [
