@@ -362,12 +362,12 @@ class InferenceWorker:
             self.error = _log_error(f"inference worker {self.index}")
 
     def _episode_loop(self) -> None:
-        """The loop of episodes on their own clocks (the scheduler)
-        and reach the buffer as `buffer.unit` says: each group as it ends ('episode',
-        keeping this worker's share of the batch plus of `buffer.overcommit` in flight),
-        or a call's groups once all have ended ('group', the batch barrier). Weights load
-        between turns, except under drain: there only with no episode in flight, and no
-        new episode starts while weights wait."""
+        """The loop for episodes on their own clocks (the scheduler). Groups reach the
+        buffer as `buffer.unit` says: each as it ends ('episode', keeping this worker's
+        share of the batch, and of `buffer.overcommit`, in flight), or a call's groups
+        once all have ended ('group', the batch barrier). Weights load between turns,
+        except under drain: there only with no episode in flight, and no new episode
+        starts while weights wait."""
         sched = self.episodes
         assert sched is not None
         barrier = self.cfg.buffer.unit == "group"

@@ -287,7 +287,7 @@ class RolloutBuffer:
             # Checkpoints written before dynamic sampling existed hold neither.
             self._dropped_uniform = int(state.get("dropped_uniform", 0))
             self._uniform_run = int(state.get("uniform_run", 0))
-            self._late = int(state.get("late", 0))  # nor this, written before episodes were
+            self._late = int(state.get("late", 0))  # nor one written before late groups were counted
             self.total_put = int(state["total_put"])
             self.total_got = int(state["total_got"])
             self.backpressure_s = float(state["backpressure_s"])

@@ -205,7 +205,8 @@ class EpisodeScheduler:
     def _agent_turns(self, ready: list[_Episode], version: int) -> None:
         agents = self.task.agents
         prompt_ids = [
-            self.tokenizer.prompt_ids(self.task.agent_prompt(agents[e.agent], e.prompt, e.texts)) for e in ready
+            encode_prompt(self.tokenizer, self.task.agent_prompt(agents[e.agent], e.prompt, e.texts), self.task)
+            for e in ready
         ]
         completions = self.backend.generate(
             prompt_ids,
