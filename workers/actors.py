@@ -422,6 +422,7 @@ class InferenceWorker:
         requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
         self.timeline.end()
         prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
+        assert self.episodes is not None
         self.episodes.admit(prompts, self.cfg.seed * 10**9 + self.index * 10**6 + self.calls)
         self.calls += 1
 

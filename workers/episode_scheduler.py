@@ -112,7 +112,7 @@ class EpisodeScheduler:
     def __init__(
         self,
         backend: InferenceBackend,
-        task: MultiAgentTask | MultiTurnTask,
+        task: Task,
         tokenizer: Tokenizer,
         cfg: RunConfig,
         rng: random.Random,
@@ -124,8 +124,13 @@ class EpisodeScheduler:
         self.cfg = cfg
         self.rng = rng  # the environment's waits
         self.clock = clock
-        self.multi_turn = is_multi_turn(task)
-        self._ends_turn = turn_ender(task, tokenizer) if self.multi_turn else None
+        # The task as one of the two kinds it is (it must be one: ValueError otherwise).
+        self._turn_task: MultiTurnTask | None = task if is_multi_turn(task) else None
+        self._agent_task: MultiAgentTask | None = task if is_multi_agent(task) else None
+        if self._turn_task is None and self._agent_task is None:
+            raise ValueError("EpisodeScheduler runs a multi-agent or a multi-turn task's episodes")
+        self.multi_turn = self._turn_task is not None
+        self._ends_turn = turn_ender(self._turn_task, tokenizer) if self._turn_task is not None else None
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
         self._turns = 0  # turns generated, for their seeds
@@ -180,6 +185,8 @@ class EpisodeScheduler:
     def _model_turns(self, ready: list[_Episode], version: int) -> None:
         """A multi-turn task's next turn of each ready episode, cut at its tool call
         (workers/episodes.py); the tool answers at once."""
+        task = self._turn_task
+        assert task is not None
         budget = self.cfg.inference.max_new_tokens
         seqs = [e.seq for e in ready if e.seq is not None]
         gen = generate_across_updates(
@@ -198,15 +205,16 @@ class EpisodeScheduler:
         done = self.clock()
         for episode, seq, (turn,) in zip(ready, seqs, gen.sequences, strict=True):
             self.tokens += len(turn.token_ids)
-            goes_on = take_model_turn(seq, turn, self.task, self.tokenizer, budget)
+            goes_on = take_model_turn(seq, turn, task, self.tokenizer, budget)
             episode.ready_at = done  # one agent: no per-agent times, the episode's own only
             episode.done = not goes_on
 
     def _agent_turns(self, ready: list[_Episode], version: int) -> None:
-        agents = self.task.agents
+        task = self._agent_task
+        assert task is not None
+        agents = task.agents
         prompt_ids = [
-            encode_prompt(self.tokenizer, self.task.agent_prompt(agents[e.agent], e.prompt, e.texts), self.task)
-            for e in ready
+            encode_prompt(self.tokenizer, task.agent_prompt(agents[e.agent], e.prompt, e.texts), task) for e in ready
         ]
         completions = self.backend.generate(
             prompt_ids,
@@ -222,13 +230,13 @@ class EpisodeScheduler:
             self.tokens += len(c.token_ids)
             episode.texts[agent] = self.tokenizer.decode(c.token_ids)
             episode.rollouts.append(_rollout(ids, c, version, agent))
-            answered = done + self.task.latency(agent).draw(self.rng)
+            answered = done + task.latency(agent).draw(self.rng)
             episode.times[agent] = answered - episode.ready_at
             episode.ready_at = answered
             episode.agent += 1
             episode.done = episode.agent == len(agents)
             if episode.done:
-                rewards = self.task.agent_rewards(episode.prompt, episode.answer, episode.texts)
+                rewards = task.agent_rewards(episode.prompt, episode.answer, episode.texts)
                 for r in episode.rollouts:
                     r.reward = float(rewards[r.agent])
 
@@ -248,7 +256,11 @@ class EpisodeScheduler:
                 self.timings.append(EpisodeTiming(dict(e.times), e.ready_at - e.started))
             if self.multi_turn:  # one rollout per episode, scored as any group of episodes
                 (group,) = score_sequences(
-                    self.task, self.tokenizer, [(g.prompt, g.answer)], [[e.seq for e in g.episodes]], self._seed
+                    self.task,
+                    self.tokenizer,
+                    [(g.prompt, g.answer)],
+                    [[e.seq for e in g.episodes if e.seq is not None]],
+                    self._seed,
                 )
                 rollouts = group.rollouts
             else:

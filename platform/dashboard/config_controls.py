@@ -21,7 +21,8 @@ from workers.rl_tasks import BUILTINS
 # (warm_start) are edited in the overrides JSON only.
 CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Orchestration", ["mode"]),
-    ("Buffer", ["buffer.mode", "buffer.capacity"]),
+    # The buffer's unit and overcommit decide what it holds: with its mode and capacity.
+    ("Buffer", ["buffer.mode", "buffer.capacity", "buffer.unit", "buffer.overcommit"]),
     ("Staleness", ["buffer.max_staleness", "buffer.on_stale", "buffer.max_head_offpolicyness", "buffer.*"]),
     ("IS correction", ["correction.method", "trainer.tis_cap", "correction.*"]),
     # The objective's knobs users bring from TRL and verl (docs/concepts.md, "The algorithm's knobs").
