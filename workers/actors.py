@@ -382,11 +382,9 @@ class InferenceWorker:
                 if self.version < self._resume_at:
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
-                if (
-                    not sched.in_flight
-                    and self.eval_prompts is not None
-                    and is_due(self.version, self.evaluated, self.cfg.eval.every_steps)
-                ):
+                # Episodes in flight wait while the pass runs (their times include it):
+                # under buffer.unit 'episode' some always are.
+                if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
                     self._evaluate(self.eval_prompts)
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
                 if room > 0 and not (drain and self.staged.pending()):

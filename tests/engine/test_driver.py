@@ -11,7 +11,7 @@ import ray
 from tests.engine.helpers import TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.lifecycle import cancel, is_alive, launch
-from workers.metric_names import METRICS, NAMES, PER_RANK
+from workers.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
 from workers.reward_stage import POOL_SERIES
 from workers.run_actors import NAMESPACE, actor_name, run_actor_names
 
@@ -36,9 +36,11 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     # meets the condition of every series marked `only` but the per-rank ones (a trainer
     # pool's: tests/engine/test_trainer_pool_runs.py) and routing/agreement (a mixture of
     # experts with keep_routing: tests/engine/test_metric_vocabulary.py) and the reward
-    # pool's (rewards.workers ≥ 1: tests/engine/test_reward_stage.py), so this run emits
-    # the rest of the vocabulary.
-    expected = NAMES - PER_RANK - {"routing/agreement"} - POOL_SERIES
+    # pool's (rewards.workers ≥ 1: tests/engine/test_reward_stage.py) and the episodes'
+    # (a multi-agent task or buffer.unit episode: tests/engine/test_multi_agent_runs.py),
+    # so this run emits the rest of the vocabulary.
+    episode_series = {m.name for m in METRICS if m.only == MULTI_AGENT}
+    expected = NAMES - PER_RANK - {"routing/agreement"} - POOL_SERIES - episode_series
     assert set(series) == expected, f"mode-specific missing: {sorted(expected - set(series))}"
     assert max(series["eval/pass@k"]) == 4  # the end of the run's pass, on the final weights
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
