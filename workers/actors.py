@@ -344,11 +344,8 @@ class InferenceWorker:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
                 self.staged.apply()
-                if self.version < self._resume_at:
-                    self._weights_arrived.wait(ADMIT_POLL_S)
+                if not self._resumed_and_evaluated():
                     continue
-                if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
-                    self._evaluate(self.eval_prompts)
                 self.timeline.begin(HANDOFF)
                 n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
@@ -360,6 +357,16 @@ class InferenceWorker:
                 self._generate_and_put(n)
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
+
+    def _resumed_and_evaluated(self) -> bool:
+        """Both loops' first check: False (after a short wait) while a resumed run's
+        weights have not arrived; else run the eval pass if one is due, and True."""
+        if self.version < self._resume_at:
+            self._weights_arrived.wait(ADMIT_POLL_S)
+            return False
+        if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
+            self._evaluate(self.eval_prompts)
+        return True
 
     def _episode_loop(self) -> None:
         """The loop for episodes on their own clocks (the scheduler). Groups reach the
@@ -379,13 +386,10 @@ class InferenceWorker:
                 self._weights_arrived.clear()
                 if not (drain and sched.in_flight):
                     self.staged.apply()
-                if self.version < self._resume_at:
-                    self._weights_arrived.wait(ADMIT_POLL_S)
+                # Episodes in flight wait while a due eval pass runs (their times include
+                # it): under buffer.unit 'episode' some always are.
+                if not self._resumed_and_evaluated():
                     continue
-                # Episodes in flight wait while the pass runs (their times include it):
-                # under buffer.unit 'episode' some always are.
-                if self.eval_prompts is not None and is_due(self.version, self.evaluated, self.cfg.eval.every_steps):
-                    self._evaluate(self.eval_prompts)
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
                 if room > 0 and not (drain and self.staged.pending()):
                     self._admit_episodes(room)
