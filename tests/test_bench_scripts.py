@@ -717,7 +717,11 @@ def test_peer_trl_runner_scores_the_learning_tasks_with_their_own_verifiers():
 
     runner = load("peer_trl_runner.py")
     rng = random.Random(0)
-    for section in ({"name": "countdown", "options": {"count": 2}}, {"name": "gsm8k", "options": {"max_number": 9}}):
+    for section in (
+        {"name": "countdown", "options": {"count": 2}},
+        {"name": "gsm8k", "options": {"max_number": 9}},
+        {"name": "gsm8k", "options": {"max_number": 9, "steps": 2}},
+    ):
         task = make_task(TaskConfig(**section))
         score = runner.project_reward(section)
         for prompt, answer in task.sample(50, rng):

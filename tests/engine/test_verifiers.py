@@ -1,8 +1,11 @@
-"""The countdown and math-answer verifiers on hand-written cases, malformed ones included."""
+"""The countdown and math-answer verifiers on hand-written cases, malformed ones included,
+and the problems the gsm8k generator draws."""
 
 from __future__ import annotations
 
+import operator
 import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -10,10 +13,12 @@ import pytest
 from workers.config import TaskConfig
 from workers.rl_tasks import make_task
 from workers.rl_tasks.countdown import MAX_EXPRESSION_CHARS, evaluate, parse_problem, solve
+from workers.rl_tasks.gsm8k import GSM8KTask
 from workers.rl_tasks.math_answer import final_answer, parse_number, same_answer
 
 COUNTDOWN = make_task(TaskConfig(name="countdown"))
 GSM8K = make_task(TaskConfig(name="gsm8k"))
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 
 
 @pytest.mark.parametrize(
@@ -136,3 +141,36 @@ def test_gsm8k_samples_problems_whose_reference_earns_full_reward():
         assert prompt.endswith("?") and " #### " in answer
         assert GSM8K.reward(GSM8K.demonstration(prompt, answer), answer) == 1.0
         assert GSM8K.reward(answer.replace("####", "#### 1"), answer) == 0.0
+
+
+@pytest.mark.parametrize("steps", [2, 3, 4])
+def test_gsm8k_chains_steps_on_the_running_total_and_the_reference_earns_full_reward(steps):
+    task = make_task(TaskConfig(name="gsm8k", options={"max_number": 9, "steps": steps}))
+    longest = GSM8KTask.lengths(TaskConfig(name="gsm8k", options={"max_number": 9, "steps": steps}))
+    for prompt, answer in task.sample(300, random.Random(steps)):
+        work, final = answer.split(" #### ")
+        equations = work.split(" ")
+        assert len(equations) == steps and prompt.endswith("how many now?")
+        total = None
+        for equation in equations:
+            left, result = equation.split("=")
+            a, op, b = re.fullmatch(r"(\d+)([-+*/])(\d+)", left).groups()
+            assert total is None or int(a) == total  # each step starts from the last one's result
+            assert OPERATORS[op](int(a), int(b)) == int(result) and 0 <= int(result) <= 81  # exact, within 9²
+            total = int(result)
+        assert int(final) == total
+        assert task.reward(task.demonstration(prompt, answer), answer) == 1.0
+        assert task.reward(f"{work} #### {total + 1}", answer) == 0.0
+        assert len(prompt) <= longest.prompt and len(answer) <= longest.answer
+
+
+def test_gsm8k_one_step_problems_are_drawn_as_before_the_steps_option():
+    # The shipped data and the documented warm starts were drawn from this stream.
+    assert GSM8K.sample(3, random.Random(0)) == ONE_STEP_DRAWS
+
+
+ONE_STEP_DRAWS = [
+    ("28 keys are shared by 2 kids. how many each?", "28/2=14 #### 14"),
+    ("130 cups are shared by 10 kids. how many each?", "130/10=13 #### 13"),
+    ("cy has 17 eggs and gives away 5. how many are left?", "17-5=12 #### 12"),
+]
