@@ -9,7 +9,11 @@ Where weights are taken mid-call (in_flight) and the gate lets inference run sev
 batches ahead, the staleness is the lead inference builds up over the run: the
 difference of two rates equal within a few percent here, which mean costs cannot pin
 (measured against predicted: −2% to −34% over two runs of each, docs/simulation.md).
-Such a preset is checked for its rate and idle shares only."""
+Such a preset is checked for its rate and idle shares only.
+
+nemo-rl is left out here (bench/simulate_calibration.py prints it): it is async with the
+collective protocol and a head bound of one, both of which the presets run here cover
+(trl-async syncs by collective, tunix bounds the head), and each run takes a minute."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ RUN = {
 
 @pytest.mark.parametrize(
     ("run_id", "preset"),
-    [(1301, "sync"), (1302, "async"), (1303, "nemo-rl"), (1304, "tunix"), (1305, "trl-async")],
+    [(1301, "sync"), (1302, "async"), (1304, "tunix"), (1305, "trl-async")],
 )
 def test_the_simulator_given_a_runs_costs_predicts_its_figures(cluster, cache_dir, run_id, preset):
     cfg = build(preset, RUN)
