@@ -126,13 +126,9 @@ def _next_step(total: int, top: int, rng: random.Random) -> tuple[str, int]:
     0..top² (the first step's own range), drawn evenly among those that can."""
     while True:
         op, b = rng.choice("+-*/"), rng.randint(1, top)
-        if op == "+" and total + b <= top * top:
-            return op, b
-        if op == "-" and b <= total:
-            return op, b
-        if op == "*" and total * b <= top * top:
-            return op, b
-        if op == "/" and b > 1 and total % b == 0:
+        if op == "/" and (b == 1 or total % b):
+            continue  # an exact split into two parts or more
+        if 0 <= _apply(total, op, b) <= top * top:
             return op, b
 
 
