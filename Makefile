@@ -18,8 +18,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 TORCH_STAMP := $(VENV)/.stamp-torch
 DEPS_STAMP := $(VENV)/.stamp-deps-$(FLAVOR)
-# Every package's exact version as tested (`make lock` rewrites it from a set-up venv);
-# the gpu flavor resolves afresh under its constraints (no CUDA host here to lock on).
+# Every package's exact version (`make lock` rewrites it): cpu's as tested, from a set-up
+# venv; gpu's as pip resolves it for a CUDA host (see lock below). On a host the gpu lock
+# was not resolved for (not Linux x86-64), `make run FLAVOR=gpu LOCK_ARGS=` resolves afresh.
 LOCK := deploy/lock-$(FLAVOR).txt
 LOCK_ARGS := $(if $(wildcard $(LOCK)),-c $(LOCK))
 
@@ -65,7 +66,7 @@ $(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(FLAVOR)" != cpu ] || $(PIP) download -q --no-index --no-deps -d $(VENV)/.torch-probe torch==2.13.0 \
 	        >/dev/null 2>&1; then \
-	    $(PIP) install -q torch==2.13.0; \
+	    $(PIP) install -q $(LOCK_ARGS) torch==2.13.0; \
 	else \
 	    echo "torch: no local wheel; the CPU build from $(TORCH_CPU_INDEX)"; \
 	    $(PIP) install -q --no-deps --index-url $(TORCH_CPU_INDEX) torch==2.13.0; \
@@ -80,10 +81,49 @@ $(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS) $(wildcard $(LOCK))
 	touch $@
 
 # torch is left to the constraints file (a local wheel or the CPU index gives +cpu).
+# The gpu flavor is never installed on a CPU host, so its lock is resolved, not installed:
+# pip's resolver (--dry-run --report) for CPython 3.11 on Linux x86-64 with glibc 2.35
+# (LOCK_GLIBC) or newer, reading each wheel's metadata from the index (PEP 658, or HTTP
+# range requests: fast-deps) instead of downloading GBs of CUDA wheels. A pinned pip in a
+# throwaway venv, one index and no pip configuration, so the set depends on neither the
+# host's pip nor its mirrors; pip evaluates environment markers on the host it runs on, so
+# it runs on Linux x86-64 only. Every package both flavors install keeps the cpu lock's
+# version (what the tests ran with) but those the CUDA builds pin otherwise (LOCK_GPU_OWN:
+# CUDA torch 2.13.0 requires triton==3.7.1, CUDA vllm 0.32.0 apache-tvm-ffi==0.1.11).
+# Like freeze for cpu, it leaves out torch, pip, setuptools and wheel.
+LOCK_PIP ?= pip==26.3
+LOCK_INDEX ?= https://pypi.org/simple
+LOCK_GLIBC ?= 35
+LOCK_GPU_OWN ?= triton apache-tvm-ffi
+LOCK_PLATFORMS = $(foreach v,$(shell seq $(LOCK_GLIBC) -1 17),--platform manylinux_2_$(v)_x86_64) \
+	--platform manylinux2014_x86_64
+ifeq ($(FLAVOR),gpu)
+lock:
+	@test "$$(uname -sm)" = "Linux x86_64" || { echo "make lock FLAVOR=gpu resolves for Linux x86-64 and reads environment markers from this host (got $$(uname -sm)): run it on Linux x86-64"; exit 1; }
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && export PIP_CONFIG_FILE=/dev/null && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	grep -v -i $(foreach n,$(LOCK_GPU_OWN),-e '^$(n)==') deploy/lock-cpu.txt > "$$tmp/shared.txt" && \
+	"$$tmp/venv/bin/python" -m pip install -q --isolated --index-url $(LOCK_INDEX) '$(LOCK_PIP)' && \
+	"$$tmp/venv/bin/python" -m pip install -q --isolated --index-url $(LOCK_INDEX) --dry-run \
+	    --ignore-installed --use-feature=fast-deps --report "$$tmp/report.json" \
+	    --only-binary=:all: $(LOCK_PLATFORMS) --python-version 3.11 --implementation cp \
+	    --abi cp311 --abi abi3 --abi none --target "$$tmp/target" \
+	    -c $(CONSTRAINTS) -c "$$tmp/shared.txt" '.[$(FLAVOR),dev]' && \
+	{ echo "# Exact versions of every package \`make setup FLAVOR=gpu\` installs (gpu flavor, Python 3.11,"; \
+	  echo "# Linux x86-64), applied as constraints by the Makefile and the image. Rewrite: make lock FLAVOR=gpu"; \
+	  echo "# Resolved, not installed, on a CPU host: pip's resolver ($(LOCK_PIP)) for CPython 3.11 on"; \
+	  echo "# manylinux_2_$(LOCK_GLIBC) x86-64 from $(LOCK_INDEX), reading wheel metadata, downloading none;"; \
+	  echo "# what both flavors install at deploy/lock-cpu.txt's versions but $(LOCK_GPU_OWN)."; \
+	  "$$tmp/venv/bin/python" -c 'import json, sys; skip = {"torch", "rollway", "pip", "setuptools", "wheel"}; \
+	    meta = [i["metadata"] for i in json.load(open(sys.argv[1]))["install"]]; \
+	    print("\n".join(m["name"] + "==" + m["version"] for m in meta if m["name"].lower() not in skip))' \
+	    "$$tmp/report.json" | LC_ALL=C sort -f; } > "$$tmp/lock" && mv "$$tmp/lock" $(LOCK)
+else
 lock: setup
 	{ echo "# Exact versions of every package \`make setup\` installs ($(FLAVOR) flavor, Python 3.11),"; \
 	  echo "# applied as constraints by the Makefile and the image. Rewrite: make lock"; \
 	  $(PIP) freeze --exclude-editable | grep -v -i -e '^torch==' -e '^-e ' -e '^#' | LC_ALL=C sort -f; } > $(LOCK)
+endif
 
 services:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || { echo "starting PostgreSQL"; $(PG_START); }

@@ -7,7 +7,10 @@ a scratch directory and driven through the engine's own classes:
 - the trainer (`workers.trainer.Trainer`): one GRPO step on B × G synthetic rollouts of
   `--prompt` + `--completion` tokens, bf16 mixed precision (float32 masters), with
   micro-batches and gradient checkpointing; full fine-tuning where AdamW's float32
-  state fits the GPU (16 bytes a parameter), LoRA otherwise;
+  state fits the GPU (16 bytes a parameter), LoRA otherwise; its model FLOPs and MFU
+  counted as the trainer's `trainer/mfu` series counts them (workers/mfu.py: the
+  device's dense bf16 peak from its name, or ROLLWAY_PEAK_TFLOPS; "—" for a device
+  with no known peak);
 - the torch inference backend (`workers.inference.transformers_backend`): batched
   sampling of `--gen-rows` rows × `--gen-tokens` tokens in bf16, tokens/s;
 - the "cuda_ipc" weight sync (`workers.sync.cuda_ipc`): the trainer's process packs its
@@ -34,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from workers.devices import synchronize  # noqa: E402
+from workers.mfu import mfu  # noqa: E402
 
 # Qwen2.5's published shapes (config.json of the Qwen/Qwen2.5-*B checkpoints).
 SHAPES = {
@@ -170,11 +174,15 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dic
         times.append(time.perf_counter() - t0)
     tokens = args.b * args.g * (args.prompt + args.completion)
     step = sum(times[1:]) / len(times[1:])
+    # The trainer's own count and peak, as its trainer/mfu series has them.
+    flops = trainer.flops.of_sequences([args.prompt + args.completion] * (args.b * args.g))
     out = {
         "mode": "lora r32" if lora else "full",
         "load_s": load_s,
         "step_s": step,
         "train_tokens_per_s": tokens / step,
+        "model_tflops": flops / step / 1e12,
+        "mfu": mfu(flops, step, trainer.peak_flops) if trainer.peak_flops else None,
         "samples_per_s": args.b * args.g / step,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))),
@@ -306,13 +314,15 @@ def main() -> int:
         results[size] = row
         print(json.dumps({size: row}), flush=True)
     print()
-    print("| model | params | trainer | step s | train tok/s | samples/s | peak GiB | gen tok/s | "
-          "sync MB | IPC trainer ms | IPC worker ms | end to end ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | params | trainer | step s | train tok/s | model TFLOP/s | MFU | samples/s | peak GiB | "
+          "gen tok/s | sync MB | IPC trainer ms | IPC worker ms | end to end ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, r in results.items():
+        shown_mfu = "—" if r.get("mfu") is None else f"{r['mfu']:.1%}"  # no peak known for this device
         print(
             f"| Qwen2.5-{size} shape | {r['params'] / 1e9:.2f}B | {r.get('mode', '—')} | {r.get('step_s', 0):.2f} | "
-            f"{r.get('train_tokens_per_s', 0):,.0f} | {r.get('samples_per_s', 0):.1f} | {r.get('peak_gib', 0):.1f} | "
+            f"{r.get('train_tokens_per_s', 0):,.0f} | {r.get('model_tflops', 0):.1f} | {shown_mfu} | "
+            f"{r.get('samples_per_s', 0):.1f} | {r.get('peak_gib', 0):.1f} | "
             f"{r.get('gen_tokens_per_s', 0):,.0f} | {r.get('sync_bytes', 0) / 1e6:,.0f} | "
             f"{r.get('sync_trainer_ms', 0):.1f} | {r.get('sync_inference_ms', 0):.1f} | "
             f"{r.get('sync_end_to_end_ms', 0):.1f} |"

@@ -6,7 +6,7 @@ step/second at which the moving-average reward first reaches the target.
 
     .venv/bin/python bench/learn_inprocess.py                     # the `async` preset's defaults
     .venv/bin/python bench/learn_inprocess.py --set trainer.lr=3e-3 --set warm_start.steps=20
-    ROLLWAY_TASK_MODULES=examples .venv/bin/python bench/learn_inprocess.py \
+    ROLLWAY_TASK_MODULES=examples.arithmetic.task .venv/bin/python bench/learn_inprocess.py \
         --launch-file examples/arithmetic/run.yaml --preset sync      # a launch file's run, synchronously
 
 Prompts come from the task's generator, or from `task.dataset`'s train split where the

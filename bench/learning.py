@@ -22,6 +22,9 @@ deviation over seeds, and each seed's), samples trained on, and the training wal
 (Rollway: its loops, eval passes included; TRL: `train()`'s steps, saves excluded);
 then each side's held-out pass@1 at each eval point, mean over seeds.
 
+TRL's process runs on torch's default threads (one per core), as a user's would.
+`--trl-threads N` holds it to N: a sensitivity setting, and TRL's rows say so.
+
     .venv/bin/python bench/learning.py --task countdown              # 3 seeds × sync, async, TRL
     .venv/bin/python bench/learning.py --task gsm8k --sides sync,async
     .venv/bin/python bench/learning.py --task countdown --seeds 0 --set trainer.lr=0  # no learning: no gain
@@ -137,7 +140,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default: the recipe's)")
     ap.add_argument("--set", action="append", default=[], help="override of the Rollway runs, e.g. trainer.lr=1e-4")
     ap.add_argument("--max-minutes", type=float, default=10.0, help="time budget per run (training only)")
-    ap.add_argument("--trl-threads", type=int, default=1, help="torch threads in TRL's process")
+    ap.add_argument(
+        "--trl-threads",
+        type=int,
+        default=None,
+        help="torch threads in TRL's process (default: torch's, one per core; any other count is a sensitivity "
+        "setting, labelled as such)",
+    )
     ap.add_argument("--venv", default=None, help="TRL's virtual environment (made if missing)")
     ap.add_argument("--work-dir", default=os.path.join(ROOT, "var", "bench-learning"))
     ap.add_argument(
@@ -160,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         errors.append(f"--sides must list some of {', '.join(SIDES)} (got {args.sides!r})")
     if args.steps is not None and args.steps < 1:
         errors.append(f"--steps must be ≥ 1 (got {args.steps})")
+    if args.trl_threads is not None and args.trl_threads < 1:
+        errors.append(f"--trl-threads must be ≥ 1 (got {args.trl_threads}); leave it out for torch's default")
     if errors:
         raise SystemExit("\n".join(errors))
     return args
@@ -172,6 +183,14 @@ def spread(values: list[float], digits: int = 3) -> str:
     """`mean ± sd` (sd over seeds; 0 for one seed)."""
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def side_label(side: str, trl_threads: int | None) -> str:
+    """The side's name in the tables: TRL on a thread count of its own choosing says so,
+    so a figure quoted from the row carries the setting with it."""
+    if side != "trl" or trl_threads is None:
+        return side
+    return f"trl, --trl-threads {trl_threads} (a sensitivity setting, not TRL's default)"
 
 
 def table(rows: dict[str, list[dict]]) -> str:
@@ -355,6 +374,7 @@ def run_trl(cfg, recipe: dict, policy: str, work_dir: str, python: str, args, st
         "curve": curve,
         "samples": len(out["steps"]) * cfg.trainer.batch_groups * cfg.trainer.group_size,
         "wall_s": out["steps"][-1]["t"],
+        "threads": out["threads"],
     }
 
 
@@ -416,9 +436,13 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.task}: recipe {json.dumps({**recipe, 'steps': steps})}; overrides {json.dumps(overrides)}; "
         f"host {os.cpu_count()} cores"
     )
-    print(table({side: runs for side, runs in rows.items() if runs}))
+    if rows.get("trl"):
+        held = "torch's default" if args.trl_threads is None else "--trl-threads, a sensitivity setting"
+        print(f"TRL's process: {rows['trl'][0]['threads']} torch threads ({held})")
+    labelled = {side_label(side, args.trl_threads): runs for side, runs in rows.items() if runs}
+    print(table(labelled))
     print("\nheld-out pass@1 by step (mean over seeds):")
-    print(curves({side: runs for side, runs in rows.items() if runs}))
+    print(curves(labelled))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "recipe": recipe, "rows": rows}, f, indent=2)

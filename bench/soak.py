@@ -514,8 +514,10 @@ def main() -> None:
     if args.interval > args.minutes * 60:
         p.error(f"--interval ({args.interval:g} s) must fit in --minutes ({args.minutes:g} min)")
     home, settings, user, experiment = loadsite.prepare(p, args, "bench-soak")
-    # Finished, so neither the queue nor reconcile counts it: only its points matter.
+    # Finished, so neither the queue nor reconcile counts it: only its points matter. Its
+    # ingest token must outlive the soak, past the grace a finished run's token gets.
     synthetic = loadsite.new_run(experiment, f"soak synthetic {time.strftime('%H:%M:%S')}", status="succeeded")
+    settings.setdefault("ROLLWAY_INGEST_TOKEN_GRACE_S", str(math.ceil(args.minutes * 60) + 3600))
     ids = [synthetic.pk]
     site = None
     try:

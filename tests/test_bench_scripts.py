@@ -737,9 +737,22 @@ def test_learning_refuses_bad_flags_naming_them():
         (["--seeds", "a,b"], "--seeds"),
         (["--sides", "sync,verl"], "--sides"),
         (["--steps", "0"], "--steps"),
+        (["--trl-threads", "0"], "--trl-threads"),
     ):
         done = bench("learning.py", *args)
         assert done.returncode != 0 and flag in done.stderr, done.stderr
+
+
+def test_learning_runs_trl_on_its_default_threads_and_labels_any_other_count():
+    lb = load("learning.py")
+    assert lb.parse_args([]).trl_threads is None  # the runner then leaves torch's default alone
+    assert lb.parse_args(["--trl-threads", "1"]).trl_threads == 1
+    assert lb.side_label("trl", None) == "trl"
+    assert lb.side_label("sync", 1) == "sync"
+    held = lb.side_label("trl", 1)
+    assert "--trl-threads 1" in held and "sensitivity" in held
+    run = {"seed": 0, "before": 0.2, "after": 0.3, "samples": 7680, "wall_s": 50.0, "curve": {0: 0.2, 60: 0.3}}
+    assert f"| {held} | 0 |" in lb.table({held: [run]})
 
 
 def test_learning_trains_trl_on_the_prompts_rollways_worker_draws_held_out_excluded():

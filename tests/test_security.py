@@ -130,6 +130,59 @@ def test_a_bad_security_setting_is_an_error_naming_it(tmp_path, name, value, say
     assert says in done.stderr
 
 
+# --- the secret key of a production site ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        ("CHANGE-ME", 'looks like a placeholder (it contains "changeme")'),
+        ("short-but-random-9f3k", "is 21 characters long, fewer than 50"),
+        ("", "is unset"),
+    ],
+)
+def test_a_site_beyond_loopback_refuses_a_guessable_secret_key(tmp_path, key, says):
+    from foundation.production import MAKE_KEY
+
+    env = site_env(tmp_path, DJANGO_ALLOWED_HOSTS="rollway.example.com", DJANGO_SECRET_KEY=key)
+    done = manage(env, "check")
+    assert done.returncode != 0
+    assert f"DJANGO_SECRET_KEY {says}: a site that answers to rollway.example.com" in done.stderr
+    assert MAKE_KEY in done.stderr
+
+
+@pytest.mark.parametrize("key", ["", "rollway-integration-tests"])
+def test_a_loopback_site_starts_with_its_embedded_or_a_short_key(tmp_path, key):
+    done = manage(site_env(tmp_path, DJANGO_SECRET_KEY=key), "check")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "home" / "secret_key").exists() is (key == "")
+
+
+@pytest.mark.parametrize(
+    "key, fit",
+    [
+        (secrets.token_urlsafe(50), True),
+        ("0123456789abcdef" * 4, True),  # `openssl rand -hex 32`'s shape
+        ("ab" * 30, False),  # too few distinct characters
+        ("django-insecure-" + secrets.token_urlsafe(50), False),  # Django's startproject key
+        ("your-Secret-Key-" + secrets.token_urlsafe(50), False),
+        (secrets.token_urlsafe(30), False),  # 40 characters
+    ],
+    ids=["token_urlsafe(50)", "hex", "ab-repeated", "django-insecure", "your-secret-key", "token_urlsafe(30)"],
+)
+def test_a_production_key_is_long_varied_and_no_placeholder(key, fit):
+    from foundation.production import secret_key_problem
+
+    assert (secret_key_problem(key) is None) is fit
+
+
+def test_hosts_beyond_loopback_make_a_site_production():
+    from foundation.production import beyond_loopback
+
+    assert beyond_loopback(["127.0.0.1", "localhost", "[::1]", "127.0.0.2"]) == []
+    assert beyond_loopback(["localhost", "*", ".example.com", "web"]) == ["*", ".example.com", "web"]
+
+
 # --- headers on every page --------------------------------------------------------------------
 
 
@@ -178,8 +231,8 @@ def test_behind_tls_pages_redirect_but_the_ingest_and_healthz_do_not(db, setting
     assert client.get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https").status_code == 200
     # The engine posts over the cluster's plain HTTP; a redirect would lose its points.
     ingest = client.post("/api/runs/1/metrics", "{}", content_type="application/json")
-    assert ingest.status_code == 404 and ingest.json()["errors"]["run"] == "run 1 not found"
-    assert client.post("/api/runs/1/status", "{}", content_type="application/json").status_code == 404
+    assert ingest.status_code == 401 and "ingest token" in ingest.json()["errors"]["auth"]
+    assert client.post("/api/runs/1/status", "{}", content_type="application/json").status_code == 401
     assert client.get("/healthz").status_code == 200
 
 

@@ -40,7 +40,7 @@ import random
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import ray
 
@@ -56,6 +56,7 @@ from workers.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
 
 if TYPE_CHECKING:
     from workers.checkpoints import CheckpointRecord, CheckpointTarget
+    from workers.inference.vllm_backend import VLLMBackend
     from workers.step_plan import RankStep
     from workers.sync import Notice, SyncReport
     from workers.sync.base import Gathers
@@ -326,9 +327,26 @@ class InferenceWorker:
 
     # -- the loop ------------------------------------------------------------------
 
+    def _sleeper(self) -> VLLMBackend | None:
+        """The backend when it takes turns with a colocated trainer rank (inference.sleep_level
+        1 or 2, which admission allows on vLLM only), else None."""
+        return cast("VLLMBackend", self.backend) if self.cfg.inference.sleep_level else None
+
+    def _awake(self) -> None:
+        """vLLM wholly awake before it generates (a no-op when it is, or never sleeps)."""
+        if sleeper := self._sleeper():
+            sleeper.wake_up(("weights", "kv_cache"))
+
     def _load(self, staged) -> None:
         """Put staged weights into the backend (`self.staged` calls it)."""
-        report = self.receiver.apply(self.backend, staged)
+        sleeper = self._sleeper()
+        if sleeper:  # the weights' memory back first: the KV cache waits for the update
+            sleeper.wake_up(("weights",))
+        try:
+            report = self.receiver.apply(self.backend, staged)
+        finally:
+            if sleeper:
+                sleeper.wake_up(("kv_cache",))
         if report is None:  # a collective receiver had already applied a newer one
             return
         self.version = report.version
@@ -351,6 +369,8 @@ class InferenceWorker:
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
                     # A refused admission is waiting, not handing off: only the one that starts a call counts.
                     self.timeline.cancel()
+                    if sleeper := self._sleeper():
+                        sleeper.sleep()  # colocated, taking turns: the trainer rank steps on this GPU now
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
                 self.timeline.end()
@@ -447,6 +467,7 @@ class InferenceWorker:
         idle."""
         from workers.evaluation import evaluate
 
+        self._awake()
         metrics = evaluate(
             self.backend,
             self.task,
@@ -481,6 +502,7 @@ class InferenceWorker:
             requeued = ray.get(self.buffer.take_requeued.remote(n))
             self.timeline.end()
         prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
+        self._awake()
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
         self.timeline.begin(GENERATE)

@@ -6,13 +6,15 @@ names the field and the limit. Two checks, both pure functions of the config:
 
 - **operator limits** (`Limits`, set by the site's settings): steps, minutes, inference
   workers, model parameters;
-- **what the engine can run** (`engine_errors`): pool sizes it does not implement yet;
+- **what the engine can run** (`engine_errors`): pool sizes it does not implement yet,
+  vLLM's engine arguments where the backend or the device cannot take them;
 - **what the model takes** (`model_errors`): LoRA target modules that match none of its
   modules, prompts and completions longer than its positions;
 - **cluster capacity** (`Capacity`, what Ray reports the cluster has in total): the CPUs
-  and GPUs the run's actors ask for (workers/placement.py, from the config), an estimate
-  of the memory they need (model, optimizer state, activations, KV cache, per-process
-  overhead; `demand`) and, on GPUs of known memory, of what one GPU of each pool holds
+  and GPUs the run's actors ask for (workers/placement.py, from the config: the inference
+  workers, the trainer ranks and the reward workers), an estimate of the memory they
+  need (model, optimizer state, activations, KV cache, per-process overhead; `demand`)
+  and, on GPUs of known memory, of what one GPU of the inference and trainer pools holds
   (`gpu_demand`).
 
 The estimate is deliberately rough — the point is to refuse what can never run, not
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import placement
-from workers.inference.base import vllm_cpu_kv_cache_bytes
+from workers.colocation import shared_gpu
+from workers.inference.base import VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
 
 if TYPE_CHECKING:
     from workers.config import RunConfig
@@ -44,6 +47,14 @@ PROCESS_BYTES = 400 * 2**20
 VLLM_ENGINE_BYTES = 1536 * 2**20
 # Adam keeps two moments per trainable parameter, the gradient a third copy.
 OPTIMIZER_COPIES = 3
+# InferenceConfig's fields that are vLLM's engine arguments (null: the default per device).
+VLLM_ENGINE_KNOBS = (
+    "enforce_eager",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+)
 
 
 @dataclass(frozen=True)
@@ -197,24 +208,30 @@ def demand(cfg: RunConfig) -> Demand:
     kv_per_token = n * 2 * h * FLOAT_BYTES
     workers = cfg.inference.num_workers
     if cfg.inference.backend == "vllm":
-        # What the engine reserves: VLLM_MAX_NUM_SEQS sequences of the run's context.
+        # What the engine reserves: inference.max_num_seqs sequences of the run's context.
         dims = _dims(cfg)
         try:
             context = run_context(cfg, dims)
         except ValueError:  # longer than the model's positions: model_errors says so
             context = dims.positions or seq
-        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + vllm_cpu_kv_cache_bytes(dims, context)
+        seqs = cfg.inference.max_num_seqs or VLLM_MAX_NUM_SEQS
+        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + vllm_cpu_kv_cache_bytes(dims, context, seqs)
     else:
         rows = math.ceil(cfg.trainer.batch_groups / workers) * cfg.trainer.group_size
         worker = PROCESS_BYTES + weights + kv_per_token * seq * rows
     driver = PROCESS_BYTES  # the driver and the buffer, together
+    per_role = {"trainer": trainer, "inference worker": worker, "driver and buffer": driver}
+    # A reward worker's process; its reward model (rewards.model_path) is not read here.
+    scorers = cfg.rewards.workers
+    if scorers:
+        per_role["reward worker"] = PROCESS_BYTES
     asked = placement.totals(cfg)
     return Demand(
         params=params,
         cpus=asked.cpus,
         gpus=asked.gpus,
-        memory_bytes=trainer + workers * worker + driver,
-        per_role={"trainer": trainer, "inference worker": worker, "driver and buffer": driver},
+        memory_bytes=trainer + workers * worker + scorers * PROCESS_BYTES + driver,
+        per_role=per_role,
     )
 
 
@@ -319,10 +336,36 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
     # vLLM takes its share of the GPU whatever the model: the weights must fit in it.
     inference_room = cfg.inference.gpu_memory_utilization * gpu_memory_bytes if vllm else gpu_memory_bytes
     trainer_room: float = gpu_memory_bytes
+    level = cfg.inference.sleep_level
+    shared = ""
     if cfg.placement.mode == "colocated":
         trainer_room = gpu_memory_bytes - (inference_room if vllm else need.inference)
+        shared = " beside its colocated inference worker"
+    if cfg.placement.mode == "colocated" and vllm:
+        # The trainer keeps its weights (and KL reference) between steps; the optimizer
+        # state, gradients and activations are what it offloads or frees.
+        resident = sum(need.trainer_parts[k] for k in ("weights", "KL reference", "CUDA"))
+        turns = shared_gpu(1, int(inference_room), CUDA_PROCESS_BYTES, need.trainer, resident)
+        if level:
+            # Time-shared: the trainer's step has the GPU but for a sleeping vLLM's context.
+            trainer_room, shared = gpu_memory_bytes - CUDA_PROCESS_BYTES, " beside its sleeping inference worker"
+            if turns.generating > gpu_memory_bytes:
+                errors["inference.gpu_memory_utilization"] = (
+                    f"while vLLM generates, its share (inference.gpu_memory_utilization "
+                    f"{cfg.inference.gpu_memory_utilization:g} of {have}) and what the trainer keeps between steps "
+                    f"(its weights and CUDA context, {_gib(resident)}) need {_gib(turns.generating)}; "
+                    f"the GPU has {have}: lower inference.gpu_memory_utilization"
+                )
+        elif need.trainer > trainer_room and turns.peak <= gpu_memory_bytes:
+            both = shared_gpu(0, int(inference_room), CUDA_PROCESS_BYTES, need.trainer, resident)
+            errors["inference.sleep_level"] = (
+                f"vLLM's share and the trainer's step need {_gib(both.peak)} of one GPU at once; the GPU has {have}. "
+                f"Taking turns (vLLM asleep while the trainer steps) needs {_gib(turns.peak)}: set "
+                "inference.sleep_level to 1 (or 2) and mode to 'sync', or shard the trainer (trainer.backend "
+                "'fsdp2' over more trainer.num_ranks)"
+            )
+            trainer_room = need.trainer  # said above, once
     if need.trainer > trainer_room:
-        shared = " beside its colocated inference worker" if cfg.placement.mode == "colocated" else ""
         errors["trainer.num_ranks" if cfg.trainer.backend == "fsdp2" else "trainer.backend"] = (
             f"each trainer rank needs about {_gib(need.trainer)} of GPU memory ({_parts(need.trainer_parts)}); "
             f"a GPU here has {have}{shared}: shard the trainer (trainer.backend 'fsdp2' over more "
@@ -372,7 +415,9 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
 
 
 def engine_errors(cfg: RunConfig) -> dict[str, str]:
-    """{dotted field: message} for each pool size the engine cannot run yet."""
+    """{dotted field: message} for each pool size the engine cannot run yet, each of
+    vLLM's engine arguments (`VLLM_ENGINE_KNOBS`) set where it cannot apply (on the torch
+    backend, or chunked prefill on vLLM-CPU), and a sleep level it cannot take."""
     errors: dict[str, str] = {}
     if cfg.inference.tensor_parallel_size > 1 and cfg.inference.backend != "vllm":
         errors["inference.tensor_parallel_size"] = (
@@ -380,7 +425,64 @@ def engine_errors(cfg: RunConfig) -> dict[str, str]:
             f"over several devices, which only inference.backend 'vllm' does (it is {cfg.inference.backend!r}): "
             "set inference.backend to 'vllm', or tensor_parallel_size to 1 and raise inference.num_workers instead"
         )
+    if cfg.inference.backend != "vllm":
+        for name in VLLM_ENGINE_KNOBS:
+            value = getattr(cfg.inference, name)
+            if value is not None:
+                errors[f"inference.{name}"] = (
+                    f"inference.{name} is an argument of vLLM's engine, which inference.backend "
+                    f"{cfg.inference.backend!r} does not run: set inference.backend to 'vllm', or "
+                    f"inference.{name} to null"
+                )
+    elif cfg.inference.enable_chunked_prefill and cfg.placement.devices == "cpu":
+        # workers/inference/vllm_backend.py's engine arguments say how it fails.
+        errors["inference.enable_chunked_prefill"] = (
+            "inference.enable_chunked_prefill true cannot run on vLLM-CPU: a prompt left half prefilled rewinds "
+            "its seeded generator, which a CPU generator cannot do; leave it null (off on the CPU), or set "
+            "placement.devices to 'gpu'"
+        )
+    sleep = sleep_level_error(cfg)
+    if sleep:
+        errors["inference.sleep_level"] = sleep
     return errors
+
+
+def sleep_level_error(cfg: RunConfig) -> str | None:
+    """Why inference.sleep_level cannot apply to this run, or None (workers/colocation.py)."""
+    inf, level = cfg.inference, cfg.inference.sleep_level
+    if not level:
+        return None
+    fix = "or set inference.sleep_level to 0"
+    if cfg.placement.devices == "cpu":
+        # vLLM's CPU platform reports is_sleep_mode_available() False (sleep needs CUDA's
+        # virtual memory allocator, CuMemAllocator) and its CPU worker ignores sleep/wake_up.
+        return (
+            f"inference.sleep_level {level} frees a GPU between generation and training, and vLLM on CPU has no "
+            f"sleep mode (it needs CUDA's memory allocator): set placement.devices to 'gpu' and placement.mode "
+            f"to 'colocated', {fix}"
+        )
+    if cfg.placement.mode != "colocated":
+        return (
+            f"inference.sleep_level {level} frees each GPU for the trainer rank sharing it, and placement.mode "
+            f"'disaggregated' shares none: set placement.mode to 'colocated', {fix}"
+        )
+    if inf.backend != "vllm":
+        return (
+            f"inference.sleep_level {level} is vLLM's sleep mode, which inference.backend {inf.backend!r} does not "
+            f"have: set inference.backend to 'vllm', {fix}"
+        )
+    if cfg.mode != "sync":
+        return (
+            f"inference.sleep_level {level} makes generation and training take turns on each GPU, and mode "
+            f"'async' runs them side by side: set mode to 'sync', {fix}"
+        )
+    if level == 2 and cfg.sync.protocol == "lora":
+        return (
+            "inference.sleep_level 2 drops vLLM's weights each step and sync.protocol 'lora' sends the adapter only, "
+            "so the base weights would never come back: set inference.sleep_level to 1 (weights kept in host "
+            "memory), or a full-weight sync.protocol"
+        )
+    return None
 
 
 def model_errors(cfg: RunConfig) -> dict[str, str]:
@@ -455,7 +557,7 @@ def _meta_model(cfg: RunConfig):
 
 def _gpu_error(cfg: RunConfig, need: Demand, capacity: Capacity) -> tuple[str, str]:
     """(field, message) for a run that asks for more GPUs than the cluster has: the field
-    of the pool that asks for more."""
+    of the pool that asks for the most."""
     w, tp, r = cfg.inference.num_workers, cfg.inference.tensor_parallel_size, cfg.trainer.num_ranks
     if cfg.placement.mode == "colocated":
         inference = w
@@ -463,7 +565,11 @@ def _gpu_error(cfg: RunConfig, need: Demand, capacity: Capacity) -> tuple[str, s
     else:
         inference = w * tp
         asked = f"inference.num_workers {w} × inference.tensor_parallel_size {tp} + trainer.num_ranks {r}"
-    field_name = "inference.num_workers" if inference >= r else "trainer.num_ranks"
+    rewards = placement.totals(cfg).rewards_gpus
+    if rewards:
+        asked += f" + rewards.workers {cfg.rewards.workers} × rewards.gpus_per_worker {cfg.rewards.gpus_per_worker:g}"
+    pools = {"inference.num_workers": inference, "trainer.num_ranks": r, "rewards.workers": rewards}
+    field_name = max(pools, key=lambda name: pools[name])  # the first of equals: inference, then the trainer
     return field_name, (
         f"the run asks for {need.gpus:g} GPUs ({asked}); the cluster has {capacity.gpus:g}: "
         "ask for fewer, or set placement.devices to 'cpu'"
@@ -475,10 +581,20 @@ def capacity_errors(cfg: RunConfig, capacity: Capacity) -> dict[str, str]:
     need = demand(cfg)
     errors: dict[str, str] = {}
     if need.cpus > capacity.cpus + 1e-9:
-        errors["inference.num_workers"] = (
-            f"{cfg.inference.num_workers} inference workers ask for {need.cpus:g} CPUs "
-            f"(inference.cpus_per_worker {cfg.inference.cpus_per_worker:g} each + trainer.cpus_per_rank "
-            f"{cfg.trainer.cpus_per_rank:g} × {cfg.trainer.num_ranks} for the trainer); "
+        inf, rw = cfg.inference, cfg.rewards
+        who, pool = f"{inf.num_workers} inference workers", ""
+        if rw.workers:
+            who += f" and {rw.workers} reward workers"
+            pool = f" + rewards.cpus_per_worker {rw.cpus_per_worker:g} × {rw.workers} for the reward pool"
+        field_name = (
+            "rewards.workers"
+            if rw.workers * rw.cpus_per_worker > inf.num_workers * inf.cpus_per_worker
+            else "inference.num_workers"
+        )
+        errors[field_name] = (
+            f"{who} ask for {need.cpus:g} CPUs "
+            f"(inference.cpus_per_worker {inf.cpus_per_worker:g} each + trainer.cpus_per_rank "
+            f"{cfg.trainer.cpus_per_rank:g} × {cfg.trainer.num_ranks} for the trainer{pool}); "
             f"the cluster has {capacity.cpus:g}"
         )
     if need.gpus > capacity.gpus + 1e-9:

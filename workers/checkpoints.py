@@ -20,6 +20,8 @@ loads it; the resume reads the weights back the same way):
     buffer.json     the RolloutBuffer's state_dict: the groups waiting (the trainer's
                     prefetched batch first), stale groups awaiting regeneration, the
                     counters behind the buffer metrics
+    rollway_split.json  for a dataset: the split the run trained on (workers/task_data.py);
+                    a resume that would hold out other rows of the same data is refused
     meta.json       {run_id, step, created, bytes, sha256, files, model_files}: written
                     last, so a directory without it is incomplete and never listed or
                     resumed; `model_files` names the model directory's files
@@ -75,6 +77,7 @@ from workers.paths import PathNotAllowed, is_under, real
 if TYPE_CHECKING:
     import torch
 
+    from workers.config import RunConfig
     from workers.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -208,7 +211,8 @@ def check_resume(location: str, checkpoint_root: str) -> str:
     else:
         loc, inside = real(location), is_under(location, checkpoint_root)
     if not inside:
-        raise CheckpointRefused(f"{location!r} resolves to {loc!r}, outside the checkpoint root {checkpoint_root!r}")
+        # Where it resolves to is not said: a refusal tells nothing of the host beyond the root.
+        raise CheckpointRefused(f"{location!r} is outside the checkpoint root {checkpoint_root!r}")
     fs, path = _fs(loc)
     if not fs.exists(posixpath.join(path, META)):
         raise CheckpointRefused(f"{location!r} is not a complete checkpoint (it has no {META})")
@@ -578,12 +582,37 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
 def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
     """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
     0's (the others join `training_state`)."""
+    from workers.task_data import SPLIT_FILE, load_splits
+
     model, optimizer = training_state(trainer)
-    return {
+    parts = {
         POLICY: PolicyFiles(model, trainer.model, trainer.model_dir),
         OPTIMIZER: optimizer,
         TRAINER: {**trainer.progress.state_dict(), "starved_s": float(starved_s)},
     }
+    if trainer.cfg.task.dataset is not None:  # the step directory is a model directory too
+        parts[SPLIT_FILE] = load_splits(trainer.cfg).record
+    return parts
+
+
+def recorded_split(location: str) -> dict | None:
+    """The dataset split the checkpoint at `location` trained on (None: none recorded)."""
+    from workers.task_data import SPLIT_FILE
+
+    ckpt = Checkpoint(location)
+    return ckpt.load_json(SPLIT_FILE) if any(f["name"] == SPLIT_FILE for f in ckpt.meta["files"]) else None
+
+
+def check_resume_split(location: str, cfg: RunConfig) -> None:
+    """CheckpointRefused if the checkpoint at `location` trained on another split of
+    `cfg`'s dataset than the one `cfg` holds out (its held-out rows would be trained ones)."""
+    if cfg.task.dataset is None:
+        return
+    from workers.task_data import load_splits, split_refusal
+
+    refused = split_refusal(recorded_split(location), load_splits(cfg).record, f"the checkpoint {location!r}")
+    if refused:
+        raise CheckpointRefused(refused)
 
 
 def read_version(ckpt: Checkpoint) -> int:

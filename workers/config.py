@@ -119,7 +119,7 @@ class DatasetConfig(_Section):
         "every column).",
     )
     eval_fraction: float = Field(
-        0.1, ge=0, lt=1, description="Rows held out for evaluation (after a shuffle by the run's seed)."
+        0.1, ge=0, lt=1, description="Rows held out for evaluation (after a shuffle by split_seed)."
     )
     eval_path: str | None = Field(
         None, min_length=1, description="A separate file for the eval split (then eval_fraction must be 0)."
@@ -130,6 +130,15 @@ class DatasetConfig(_Section):
         max_length=100,
         description="A split of the same dataset directory or Hub dataset held out for evaluation, e.g. 'test' "
         "(then eval_fraction must be 0).",
+    )
+    # 0 keys the shuffle as a seed-0 run keyed it when the run's seed split the rows, so
+    # every held-out figure measured at seed 0 was measured on this split.
+    split_seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the shuffle that picks the eval_fraction rows held out: fixed, not the run's seed, "
+        "so runs under every seed (and a model trained by one of them) share one held-out set. A run from a model "
+        "trained on another split of the same data is refused.",
     )
 
     @model_validator(mode="after")
@@ -320,8 +329,65 @@ class InferenceConfig(_Section):
         0.3,
         gt=0,
         le=1,
-        description="vLLM on a GPU: the share of the GPU's memory its engine takes (weights and KV cache). On "
-        "the CPU the KV cache is sized from the run's longest sequence instead.",
+        description="vLLM on a GPU: the share of the GPU's memory its engine takes (weights and KV cache). "
+        "0.3, not vLLM's 0.9: in RL the GPU is shared (a colocated trainer rank, NCCL buffers for the weight "
+        "sync), and 0.9 leaves them too little; TRL cut its default from 0.9 to 0.3 after colocated runs ran out "
+        "of memory. Raise it for a GPU vLLM has to itself (disaggregated) to fit a larger KV cache. On the CPU "
+        "the KV cache is sized from the run's longest sequence instead.",
+    )
+    sleep_level: Literal[0, 1, 2] = Field(
+        0,
+        description="Colocated vLLM on a GPU: time-share each GPU with its trainer rank instead of both holding "
+        "it at once (workers/colocation.py). 0: both resident, the trainer gets what vLLM leaves; 1: vLLM "
+        "sleeps through each trainer step with its weights offloaded to CPU memory and its KV cache dropped "
+        "(costs host memory for the weights and a copy back on waking); 2: vLLM drops its weights too (no host "
+        "copy; the weights come back by the step's weight sync, so a full-weight sync.protocol). With 1 or 2 "
+        "admission plans a GPU for the larger of the two phases, not their sum. Needs placement.mode "
+        "'colocated', inference.backend 'vllm' and mode 'sync'.",
+    )
+    # vLLM's engine knobs under vLLM's own names. null hands the choice to the
+    # engine-args builder (workers/inference/vllm_backend.py), which picks per device.
+    enforce_eager: bool | None = Field(
+        None,
+        description="vLLM: run the model eagerly, without torch.compile and CUDA graphs. Eager starts faster "
+        "and takes less memory; compiled decodes faster once started. null = Rollway's default per device: "
+        "true on the CPU (compiling costs more at start than it saves at the sizes a CPU serves), vLLM's own "
+        "(compiled) on a GPU (inference.backend 'vllm' only).",
+    )
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="vLLM: the most sequences one engine step decodes together. More raises throughput on big "
+        "batches and costs KV-cache memory (on the CPU the cache is reserved for this many sequences of the "
+        "run's context). null = Rollway's default per device: 256 on the CPU (16 prompts × 8 samples = 128 is "
+        "the default batch, with room), vLLM's own on a GPU (256; 1024 on GPUs of 70 GiB and more) "
+        "(inference.backend 'vllm' only).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="vLLM: the most tokens (prompt and decode) one engine step takes. Larger prefills more "
+        "prompts per step (throughput), smaller keeps each step short (latency of the decoding sequences). "
+        "Without chunked prefill it must hold the run's longest sequence. null = Rollway's default per device: "
+        "max(4096, the run's context) on the CPU (whole prompts only), vLLM's own on a GPU (8192; 16384 on GPUs "
+        "of 70 GiB and more) (inference.backend 'vllm' only).",
+    )
+    enable_prefix_caching: bool | None = Field(
+        None,
+        description="vLLM: reuse the KV cache of prompt prefixes already computed. The samples of one group "
+        "share their prompt, so it saves their prefill; it costs a hash per KV block. Cached KV is keyed by "
+        "the weights that computed it, so a weight sync never serves stale KV. null = vLLM's default (on for "
+        "the decoder models Rollway trains) (inference.backend 'vllm' only).",
+    )
+    enable_chunked_prefill: bool | None = Field(
+        None,
+        description="vLLM: split a long prompt's prefill over several engine steps, beside the decoding "
+        "sequences, so a long prompt does not stall them. null = Rollway's default per device: off on the CPU "
+        "(vLLM-CPU cannot take it with seeded sampling: a half-prefilled prompt rewinds its seeded generator, "
+        "which a CPU generator cannot; true is refused there), vLLM's own (on) on a GPU "
+        "(inference.backend 'vllm' only).",
     )
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
         "float32",
@@ -683,13 +749,14 @@ _NODE_SELECTOR = re.compile(rf"^(?:[a-z0-9.-]{{1,253}}/)?{_LABEL}=!?(?:{_LABEL}|
 
 class PlacementConfig(_Section):
     """Where the run's actors go in Ray (workers/placement.py): one placement group per
-    run, one bundle per inference worker and per trainer rank, each bundle the CPUs and
-    GPUs its actor asks for."""
+    run, one bundle per inference worker, per trainer rank and per reward worker, each
+    bundle the CPUs and GPUs its actor asks for."""
 
     devices: Literal["cpu", "gpu"] = Field(
         "cpu",
         description="cpu: the actors ask Ray for no GPU and compute on the CPU; gpu: each inference worker "
-        "asks for inference.tensor_parallel_size GPUs and each trainer rank for one.",
+        "asks for inference.tensor_parallel_size GPUs, each trainer rank for one and each reward worker for "
+        "rewards.gpus_per_worker.",
     )
     mode: Literal["disaggregated", "colocated"] = Field(
         "disaggregated",
@@ -713,8 +780,14 @@ class PlacementConfig(_Section):
         description="Ray node label the trainer ranks' nodes must carry, as key=value (e.g. 'pool=train'); "
         "unset: any node.",
     )
+    rewards_node: str | None = Field(
+        None,
+        max_length=400,
+        description="Ray node label the reward workers' nodes must carry, as key=value (e.g. 'pool=reward'); "
+        "unset: any node.",
+    )
 
-    @field_validator("inference_node", "trainer_node")
+    @field_validator("inference_node", "trainer_node", "rewards_node")
     @classmethod
     def _selector(cls, value: str | None, info) -> str | None:
         if value is not None and not _NODE_SELECTOR.match(value):
@@ -791,7 +864,9 @@ class RewardsConfig(_Section):
     generating them. With `workers` ≥ 1 a pool of reward-worker actors scores them,
     either after each generate call (`after`) or while it runs (`pipelined`: the
     inference workers stream each completion in chunks and the pool scores every chunk
-    as it arrives, so scoring overlaps generation)."""
+    as it arrives, so scoring overlaps generation). Each reward worker reserves its CPUs
+    and GPUs in a bundle of the run's placement group (workers/placement.py), on nodes
+    placement.rewards_node names."""
 
     workers: int = Field(
         0,
@@ -820,8 +895,9 @@ class RewardsConfig(_Section):
     )
     model_path: str | None = Field(
         None,
-        description="scorer 'model': a local Hugging Face directory holding a sequence- or token-classification "
-        "reward model (AutoModelForSequenceClassification / AutoModelForTokenClassification) and its tokenizer.",
+        description="scorer 'model': a Hugging Face sequence- or token-classification reward model "
+        "(AutoModelForSequenceClassification / AutoModelForTokenClassification) and its tokenizer: an absolute "
+        "directory under ROLLWAY_MODEL_ROOTS, or a Hub id 'owner/name' (of an owner ROLLWAY_HUB_OWNERS allows).",
     )
     verifier_cost_ms_per_token: float = Field(
         0.0,
@@ -829,6 +905,21 @@ class RewardsConfig(_Section):
         le=1000,
         description="scorer 'verifier': extra time each scored token costs the reward worker (ms), standing in for "
         "a costly verifier or reward model in benchmarks; 0 = none.",
+    )
+    # Ray counts resources in steps of 0.0001 (as inference.cpus_per_worker).
+    cpus_per_worker: float = Field(
+        0.25,
+        ge=0.0001,
+        description="CPUs each reward worker reserves in Ray (in its own bundle of the run's placement group): "
+        "a scheduling reservation, not a limit.",
+    )
+    gpus_per_worker: float = Field(
+        0.0,
+        ge=0,
+        le=8,
+        description="GPUs each reward worker reserves in its bundle (placement.devices 'gpu'), where a reward "
+        "model computes: a fraction below 1 lets reward workers share one GPU, a whole number gives each "
+        "that many; 0 = the reward workers compute on the CPU.",
     )
 
     credit: RewardCredit = Field(
@@ -860,6 +951,17 @@ class RewardsConfig(_Section):
             raise ValueError(
                 "rewards.scorer 'model' needs rewards.model_path: a local Hugging Face directory of a "
                 "sequence- or token-classification reward model"
+            )
+        if self.gpus_per_worker > 1 and not self.gpus_per_worker.is_integer():
+            # Ray gives an actor a fraction of one GPU, or whole GPUs.
+            raise ValueError(
+                f"rewards.gpus_per_worker {self.gpus_per_worker:g} is more than one GPU but not a whole number of "
+                "them: set it below 1 (a share of one GPU) or to a whole number"
+            )
+        if self.gpus_per_worker and self.workers == 0:
+            raise ValueError(
+                f"rewards.gpus_per_worker {self.gpus_per_worker:g} is what each reward worker reserves, but "
+                "rewards.workers is 0: set rewards.workers ≥ 1, or rewards.gpus_per_worker to 0"
             )
         if self.scorer != "model" and self.model_path:
             raise ValueError(
@@ -1024,6 +1126,16 @@ class RunConfig(_Section):
                 "placement.mode 'colocated' puts inference workers and trainer ranks on the same nodes: "
                 f"placement.inference_node ({pl.inference_node!r}) and placement.trainer_node "
                 f"({pl.trainer_node!r}) must not ask different values of one label"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reward_gpus_are_gpu_placement(self) -> RunConfig:
+        if self.rewards.gpus_per_worker and self.placement.devices != "gpu":
+            raise ValueError(
+                f"rewards.gpus_per_worker {self.rewards.gpus_per_worker:g} asks Ray for GPUs, but placement.devices "
+                "is 'cpu' (no actor of the run asks for one): set placement.devices to 'gpu', or "
+                "rewards.gpus_per_worker to 0"
             )
         return self
 

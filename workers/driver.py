@@ -33,7 +33,7 @@ from functools import partial
 import ray
 
 from workers.admission import engine_errors
-from workers.checkpoints import CheckpointRecord, CheckpointTarget, check_resume
+from workers.checkpoints import CheckpointRecord, CheckpointTarget, check_resume, check_resume_split
 from workers.config import RunConfig, StopConfig
 from workers.episode_scheduler import EpisodeTiming, timing_metrics
 from workers.failures import ChildFailed, explain
@@ -158,6 +158,7 @@ class RunDriver:
                 raise ValueError("; ".join(refused.values()))
             if self.resume_from is not None:
                 self.resume_from = check_resume(self.resume_from, self.confinement.checkpoint_root)
+                check_resume_split(self.resume_from, self.cfg)
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
             from workers.warmstart import policy_dir  # torch + transformers: only here

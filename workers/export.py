@@ -14,6 +14,12 @@ serves it as a zip. The directory is what `from_pretrained` reads:
                                           the checkpoint the run started from (the tiny
                                           model, or one changed by the warm start)
     rollway_export.json                   what this is: source, LoRA, the weights' sha256
+    rollway_split.json                    with a dataset: the split it trained on
+                                          (workers/task_data.py)
+
+The export is for people to download, so nothing in it names a path of the cluster: a
+run that started from a local directory (`model.path`) names it by the directory's name
+only, in the manifest and as the adapter's base (`export_model_name`).
 
 The directory is built under a temporary name beside the target and renamed into place,
 so the site never serves half an export.
@@ -38,6 +44,7 @@ from workers.lora import (
 )
 from workers.model import untied
 from workers.sync.base import state_checksum
+from workers.task_data import write_split_record
 from workers.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -46,6 +53,15 @@ if TYPE_CHECKING:
     from workers.config import RunConfig
 
 MANIFEST = "rollway_export.json"
+
+
+def export_model_name(cfg: RunConfig) -> str | None:
+    """The run's starting model as its export names it: the Hub id, or a local
+    directory's name without the cluster's path to it (meaningless where the export is
+    downloaded, and not the reader's to know)."""
+    if cfg.model.source == "path" and cfg.model.path:
+        return os.path.basename(os.path.normpath(cfg.model.path))
+    return cfg.model.hub_id
 
 
 def hf_tokenizer(tokenizer: Tokenizer):
@@ -101,7 +117,7 @@ def export_policy(
         manifest = {
             "format": "huggingface",
             "model_source": cfg.model.source,
-            "model": cfg.model.path if cfg.model.source == "path" else cfg.model.hub_id,
+            "model": export_model_name(cfg),
             "lora": is_peft(model),
             "sha256": state_checksum(weights),
         }
@@ -109,6 +125,7 @@ def export_policy(
             manifest.update(_export_adapter(model, tensors, model_dir, tokenizer, tmp, cfg))
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=2)
+        write_split_record(cfg, tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the site's process reads it
         _replace(tmp, target)
     except BaseException:
@@ -142,7 +159,7 @@ def _export_adapter(model, tensors: dict, model_dir: str, tokenizer: Tokenizer, 
 
     warm_started = cfg.warm_start.steps + cfg.warm_start.noisy_steps > 0
     if cfg.model.source != "tiny" and not warm_started:
-        base = cfg.model.path if cfg.model.source == "path" else cfg.model.hub_id
+        base = export_model_name(cfg)
     else:
         # The adapter was trained on a base only this run's cache holds: ship it.
         write_model_dir(tensors["base"], model_dir, tokenizer, os.path.join(out_dir, "base"))

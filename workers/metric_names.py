@@ -76,6 +76,24 @@ METRICS: tuple[Metric, ...] = (
         only="rewards.workers ≥ 1",
     ),
     Metric("trainer/step_s", "s", "Wall time of one training step."),
+    # Model FLOPs (workers/mfu.py): 6·N_active + 12·L·d_attn·T per token of a T-token sequence.
+    Metric(
+        "trainer/tokens_per_s",
+        "tok/s",
+        "Tokens (prompt + completion) of the trained sequences per second of the training step, all ranks.",
+    ),
+    Metric(
+        "trainer/model_tflops",
+        "TFLOP/s",
+        "The model's training FLOPs of the step's sequences per second, per trainer device (6·N_active + "
+        "12·L·d_attn·T per token; recomputation and extra forwards not counted).",
+    ),
+    Metric(
+        "trainer/mfu",
+        "fraction",
+        "Model FLOPs utilisation: trainer/model_tflops over the device's dense peak for trainer.dtype.",
+        only="a trainer on a GPU in the table of peaks (workers/mfu.py), or ROLLWAY_PEAK_TFLOPS set",
+    ),
     Metric(
         "trainer/grad_norm",
         "",
@@ -323,6 +341,8 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Staleness", ("staleness/mean", "staleness/max")),
     ("Weight-sync latency (ms)", ("sync/latency_ms",)),
     ("Inference tokens/s", ("inference/tokens_per_s",)),
+    ("Trainer tokens/s", ("trainer/tokens_per_s",)),
+    ("Model FLOPs utilisation", ("trainer/mfu",)),
     ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
     (
         "Buffer rejections (groups)",

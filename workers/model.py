@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-# The files of a Hub model a launch check fetches: everything but the weights.
-HUB_METADATA_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
 
 
 def _quiet() -> None:
@@ -344,17 +342,17 @@ def model_dir_problem(model_dir: str, *, check_weights: bool = True) -> str | No
 
 
 def _hub_offline() -> bool:
-    from huggingface_hub import constants
+    from workers.hub import offline
 
-    return bool(constants.HF_HUB_OFFLINE)
+    return offline()
 
 
-def hub_problem(hub_id: str) -> str | None:
-    """Why the Hub model `hub_id` cannot be a run's policy, or None. Fetches its file
-    list, config and tokenizer (not its weights) into the Hugging Face cache, and checks
-    them as `model_dir_problem` checks a directory."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+def hub_problem(hub_id: str, field: str = "model.hub_id") -> str | None:
+    """Why the Hub model `hub_id` cannot be a run's policy, or None. Reads its file list
+    and its config and tokenizer files (workers/hub.py: never its weights, never any
+    other file), and checks them as `model_dir_problem` checks a directory. A Hub that
+    does not answer raises workers.hub.HubUnavailable."""
+    from workers.hub import HubRefused, metadata_dir, repo_info
 
     local_hint = (
         "download it where the site can read it (huggingface-cli download "
@@ -363,22 +361,18 @@ def hub_problem(hub_id: str) -> str | None:
     if _hub_offline():
         return f"cannot fetch {hub_id!r}: this site is offline (HF_HUB_OFFLINE is set); {local_hint}"
     try:
-        info = HfApi().model_info(hub_id, timeout=15)
-    except GatedRepoError:
-        return f"{hub_id!r} is gated on the Hub: accept its terms and give the site an HF_TOKEN, or {local_hint}"
-    except RepositoryNotFoundError:
-        return f"there is no model {hub_id!r} on the Hugging Face Hub (or it is private: set HF_TOKEN)"
-    except Exception as exc:  # network errors come from several libraries (httpx, requests, ssl)
-        return f"the Hugging Face Hub cannot be reached from this site ({type(exc).__name__}: {exc}); {local_hint}"
+        info = repo_info(hub_id, field)
+    except HubRefused as exc:
+        return exc.message
     files = [s.rfilename for s in info.siblings or []]
     if "config.json" not in files:
         return f"{hub_id!r} on the Hub is not a Hugging Face model (no config.json in it)"
     if not any(f.endswith(".safetensors") or (f.startswith("pytorch_model") and f.endswith(".bin")) for f in files):
         return f"{hub_id!r} on the Hub has no weights (*.safetensors or pytorch_model.bin)"
     try:
-        local = snapshot_download(hub_id, allow_patterns=HUB_METADATA_PATTERNS)
-    except Exception as exc:  # as above
-        return f"the config and tokenizer of {hub_id!r} could not be fetched ({type(exc).__name__}: {exc})"
+        local = metadata_dir(hub_id, field, info)
+    except HubRefused as exc:
+        return exc.message
     problem = model_dir_problem(local, check_weights=False)
     return f"{hub_id!r} {problem}" if problem else None
 
@@ -386,9 +380,9 @@ def hub_problem(hub_id: str) -> str | None:
 def hub_metadata_dir(hub_id: str) -> str:
     """A local directory with the Hub model's config and tokenizer (no weights), from
     the Hugging Face cache: what sizing a run needs."""
-    from huggingface_hub import snapshot_download
+    from workers.hub import metadata_dir
 
-    return snapshot_download(hub_id, allow_patterns=HUB_METADATA_PATTERNS)
+    return metadata_dir(hub_id, "model.hub_id")
 
 
 def source_dir(model_cfg: ModelConfig) -> str:

@@ -1,18 +1,21 @@
 """Where a run's actors go in Ray: the run's placement group and each actor's seat in it.
 
 The config's `placement` section, `inference.num_workers` × `inference.tensor_parallel_size`,
-`trainer.num_ranks` and the CPUs per actor become one Ray placement group per run:
+`trainer.num_ranks`, `rewards.workers` and the CPUs and GPUs per actor become one Ray
+placement group per run:
 
 - **disaggregated**: one bundle per inference worker ({CPU, GPU: tensor_parallel_size})
   and one per trainer rank ({CPU, GPU: 1}); no two actors share a GPU;
 - **colocated**: one bundle per GPU, max(inference workers, trainer ranks) of them;
   inference worker k and trainer rank k share bundle k's GPU, half of it each in Ray's
   accounting (a GPU with one actor gives it all). How the GPU's memory is split is the
-  engines' business (`inference.gpu_memory_utilization`), not Ray's.
+  engines' business (`inference.gpu_memory_utilization`), not Ray's;
+- in either mode, after those: one bundle per reward worker ({CPU: rewards.cpus_per_worker,
+  GPU: rewards.gpus_per_worker}), shared with no other pool.
 
 With `placement.devices` "cpu" the bundles hold CPUs only and no actor asks for a GPU.
 Each pool's bundles carry its node label selector (`placement.inference_node`,
-`placement.trainer_node`); the group's `strategy` is Ray's.
+`placement.trainer_node`, `placement.rewards_node`); the group's `strategy` is Ray's.
 
 `plan` and `totals` are pure (admission counts the same totals in the web process,
 which never imports Ray); `create`, `actor_options` and `remove` are the Ray calls the
@@ -46,13 +49,14 @@ class Seat:
 @dataclass(frozen=True)
 class Plan:
     """The run's placement group (bundles, their node label selectors, the strategy)
-    and the seat of each inference worker and trainer rank, by index."""
+    and the seat of each inference worker, trainer rank and reward worker, by index."""
 
     strategy: str
     bundles: list[dict[str, float]]
     selectors: list[dict[str, str]]
     inference: list[Seat]
     trainer: list[Seat]
+    rewards: list[Seat]
     summary: str  # the request in words, for a message about a group Ray cannot place
 
 
@@ -65,6 +69,7 @@ class Totals:
     gpus: float
     inference_gpus: float
     trainer_gpus: float
+    rewards_gpus: float = 0.0
 
 
 def _gpus_per_worker(cfg: RunConfig) -> int:
@@ -75,15 +80,19 @@ def _gpus_per_rank(cfg: RunConfig) -> int:
     return 1 if cfg.placement.devices == "gpu" else 0
 
 
+def _gpus_per_reward_worker(cfg: RunConfig) -> float:
+    return cfg.rewards.gpus_per_worker if cfg.placement.devices == "gpu" else 0.0
+
+
 def totals(cfg: RunConfig) -> Totals:
     """The run's request in all, counted without a bundle per actor (a hostile config
     may ask for millions)."""
-    w, r = cfg.inference.num_workers, cfg.trainer.num_ranks
-    cpus = w * cfg.inference.cpus_per_worker + r * cfg.trainer.cpus_per_rank
-    inference_gpus, trainer_gpus = w * _gpus_per_worker(cfg), r * _gpus_per_rank(cfg)
-    if cfg.placement.mode == "colocated":
-        return Totals(cpus, float(max(w, r)), float(inference_gpus), float(trainer_gpus))
-    return Totals(cpus, float(inference_gpus + trainer_gpus), float(inference_gpus), float(trainer_gpus))
+    w, r, k = cfg.inference.num_workers, cfg.trainer.num_ranks, cfg.rewards.workers
+    cpus = w * cfg.inference.cpus_per_worker + r * cfg.trainer.cpus_per_rank + k * cfg.rewards.cpus_per_worker
+    inference_gpus, trainer_gpus = float(w * _gpus_per_worker(cfg)), float(r * _gpus_per_rank(cfg))
+    rewards_gpus = k * _gpus_per_reward_worker(cfg)
+    shared = max(w, r) if cfg.placement.mode == "colocated" else inference_gpus + trainer_gpus
+    return Totals(cpus, shared + rewards_gpus, inference_gpus, trainer_gpus, rewards_gpus)
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -128,10 +137,19 @@ def plan(cfg: RunConfig) -> Plan:
             f"{r} trainer rank(s) × {_words(rank)}" + (f" on nodes {pl.trainer_node}" if on_trainer else ""),
         ]
         where = {}
+    # The reward workers' bundles come last, whatever the mode: no other pool shares them.
+    rw, on_rewards = cfg.rewards.workers, node_labels(pl.rewards_node)
+    scorer = _bundle(cfg.rewards.cpus_per_worker, _gpus_per_reward_worker(cfg))
+    rewards = [Seat(len(bundles) + j, scorer["CPU"], scorer.get("GPU", 0.0)) for j in range(rw)]
+    bundles += [dict(scorer) for _ in range(rw)]
+    selectors += [dict(on_rewards) for _ in range(rw)]
+    if rw:
+        where_rewards = f" on nodes {pl.rewards_node}" if on_rewards else ""
+        parts.append(f"{rw} reward worker(s) × {_words(scorer)}{where_rewards}")
     summary = f"{', '.join(parts)}; strategy {pl.strategy}"
     if where:
         summary += f"; nodes labelled {', '.join(f'{k}={v}' for k, v in where.items())}"
-    return Plan(pl.strategy, bundles, selectors, inference, trainer, summary)
+    return Plan(pl.strategy, bundles, selectors, inference, trainer, rewards, summary)
 
 
 # -- the Ray calls ---------------------------------------------------------------------

@@ -19,7 +19,15 @@ from typing import Any
 
 
 def load_reward_model(path: str) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) of the reward model at `path`."""
+    """(model in eval mode, tokenizer) of the reward model at `path`: a local directory
+    (absolute, confined by workers/paths.py) or a Hub id, downloaded from the Hub into
+    its cache first, so that no directory of that relative name is read instead."""
+    from workers.hub import is_repo_id
+
+    if not path.startswith(("/", "~")) and is_repo_id(path):
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(path)
     from transformers import (
         AutoConfig,
         AutoModelForSequenceClassification,
@@ -45,7 +53,7 @@ def last_token_scores(model: Any, tokenizer: Any, texts: list[str]) -> list[floa
             ids = tokenizer(text, return_tensors="pt")["input_ids"]
             if ids.shape[1] == 0:
                 ids = torch.tensor([[tokenizer.bos_token_id or tokenizer.eos_token_id or 0]])
-            logits = model(input_ids=ids).logits
+            logits = model(input_ids=ids.to(model.device)).logits
             last = logits[0, -1] if logits.dim() == 3 else logits[0]
             prob = torch.sigmoid(last[0]) if last.numel() == 1 else torch.softmax(last.float(), -1)[-1]
             scores.append(float(prob))

@@ -6,10 +6,28 @@ POSTs them to the platform's ingest endpoint (`POST {ingest_url}/api/runs/{run_i
 `Authorization: Bearer {token}`), the way the W&B / MLflow clients do. The ingest is
 idempotent per (run, series, step), so re-sending a point is always safe.
 
-While the site is unreachable (connection error, timeout, 5xx) every unsent point goes
-to a spool file, `<cache_dir>/spool/run-<id>.jsonl`, and is re-sent first on the next
-flush that gets through; nothing is held only in memory. A rejected batch (400/401/404)
-is not retried: the site has said it will never take it, so it is logged and dropped.
+Every answer of the site is read by its status (`answer_kind`), so that a point is
+dropped only when the site has said it will never take it:
+
+- 2xx: taken.
+- no answer (connection error, timeout), 408, 425, 429, 5xx, or any status not named
+  here: the site may take it later. Every unsent point goes to a spool file,
+  `<cache_dir>/spool/run-<id>.jsonl`, and is re-sent first on the next flush that gets
+  through, after a backoff (doubling from BACKOFF_START_S to BACKOFF_MAX_S) or the
+  answer's `Retry-After` if that is longer (at most RETRY_AFTER_MAX_S); nothing is held
+  only in memory.
+- 301, 302, 307, 308: followed (the same POST, with the token) only to the same
+  endpoint on the same host, over the same scheme and port or upgraded from http to
+  https (a TLS proxy in front of the site); 301 and 308 move the reporter there for
+  good. A redirect anywhere else is never sent the token: the points are spooled and a
+  warning names the redirect.
+- 413: a batch too large for the site's body limit is split in halves and each half
+  sent; a single point the site still refuses is dropped, saying so.
+- 401, 403: the run's token is not (or no longer) good, and no retry will make it so:
+  the reporter stops posting and keeps everything in the spool, and the site's
+  reconcile takes the spool in when the driver ends.
+- any other 4xx (400, 404, 409, ...): resending the same body cannot help; it is
+  logged with the status and the URL, and dropped.
 
 Each checkpoint a run writes (workers/checkpoints.py) is announced with
 `post_checkpoint` (`POST .../runs/{run_id}/checkpoints`); undelivered, it is retried on
@@ -28,7 +46,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -45,6 +65,22 @@ BATCH_POINTS = 500
 # every poll of the driver waits on a dead socket; too long → the dashboard lags.
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
+# The longest `Retry-After` obeyed: a proxy asking for an hour would leave the dashboard
+# blank that long, while the points wait safely in the spool either way.
+RETRY_AFTER_MAX_S = 300.0
+# Redirects followed for one post: a loop between two addresses is not followed forever.
+MAX_REDIRECTS = 3
+# What an answer's status means for what was posted (answer_kind).
+TAKEN = "taken"
+RETRY = "retry"
+REDIRECT = "redirect"
+TOO_LARGE = "too_large"
+REFUSED = "refused"
+REJECTED = "rejected"
+RETRY_STATUSES = frozenset({408, 425, 429})  # and every 5xx
+REDIRECT_STATUSES = frozenset({301, 302, 307, 308})
+MOVED_STATUSES = frozenset({301, 308})  # the endpoint moved for good
+REFUSED_STATUSES = frozenset({401, 403})
 STATUSES = ("running", "succeeded", "failed")
 # What a starting run is doing, in order (the site's ingest accepts these words only):
 # building or loading the warm-started policy, spawning the actors and starting their
@@ -68,8 +104,80 @@ def status_spool_path(cache_dir: str, run_id: int) -> Path:
     return Path(cache_dir) / "spool" / f"run-{run_id}.status.json"
 
 
+def answer_kind(status: int) -> str:
+    """What the site's answer `status` means for the body posted: TAKEN, RETRY (keep it
+    and send it again later), REDIRECT, TOO_LARGE (split it), REFUSED (the token is not
+    good: stop posting) or REJECTED (never send it again)."""
+    if 200 <= status < 300:
+        return TAKEN
+    if status in REDIRECT_STATUSES:
+        return REDIRECT
+    if status == 413:
+        return TOO_LARGE
+    if status in REFUSED_STATUSES:
+        return REFUSED
+    if 400 <= status < 500 and status not in RETRY_STATUSES:
+        return REJECTED
+    # 5xx, 408, 425, 429, and anything unforeseen (a 1xx, a 303): the safe side is to keep.
+    return RETRY
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds a `Retry-After` header asks to wait (delta-seconds or an HTTP date), at
+    most RETRY_AFTER_MAX_S; None when absent or unreadable."""
+    if not value or not value.strip():
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
+
+
+def _port(url: httpx.URL) -> int | None:
+    return url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+
+def redirect_base(url: str, location: str, endpoint_path: str) -> str | None:
+    """The ingest base URL that a redirect of `url` (ending in `endpoint_path`) to
+    `location` moves to, if the reporter may follow it with the run's token: the same
+    host, over the same scheme and port or from http up to https, at the same endpoint
+    (a path prefix may change). None for anything else."""
+    if not location.strip():
+        return None
+    src = httpx.URL(url)
+    try:
+        dst = src.join(location)
+    except httpx.InvalidURL:
+        return None
+    if dst.host != src.host or not dst.host:
+        return None
+    upgrade = src.scheme == "http" and dst.scheme == "https"
+    if not upgrade and (dst.scheme != src.scheme or _port(dst) != _port(src)):
+        return None
+    if dst.query or not dst.path.endswith(endpoint_path):
+        return None
+    return str(dst.copy_with(path=dst.path[: -len(endpoint_path)] or "/", query=None, fragment=None)).rstrip("/")
+
+
 class _SiteDown(Exception):
-    """The site did not answer (connection error, timeout or 5xx): keep and retry."""
+    """The site did not take the post but may later (no answer, 408/425/429/5xx, a
+    redirect not followed): keep and retry, not before `retry_after` seconds if set."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Refused(Exception):
+    """The site refused the run's token (401/403): stop posting, keep everything."""
 
 
 class MetricsReporter:
@@ -77,6 +185,7 @@ class MetricsReporter:
 
     Thread-safe. `add*` only buffers in memory; `flush()` sends (call it every poll);
     `close()` makes a last bounded attempt and leaves whatever is left in the spool.
+    `clock` (monotonic seconds) and `sleep` time the backoff: tests pass their own.
     """
 
     def __init__(
@@ -88,6 +197,8 @@ class MetricsReporter:
         *,
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if ingest_url is not None and not cache_dir:
             raise ValueError("MetricsReporter needs cache_dir (for the spool) when ingest_url is set")
@@ -100,8 +211,13 @@ class MetricsReporter:
         self._pending_checkpoints: list[dict] = []  # bodies not yet delivered, oldest first
         self._pending_placement: dict | None = None  # where the run's actors are, not yet delivered
         self.sent = 0  # points the site accepted
-        self.dropped = 0  # points the site rejected (400/401/404) or not finite
+        self.dropped = 0  # points the site rejected for good (answer_kind REJECTED) or not finite
         self.last_error = ""
+        # Why the site refused the run's token (401/403), once it has: nothing is posted
+        # after that, everything stays in the spool.
+        self.refused = ""
+        self._clock, self._sleep = clock, sleep
+        self._warned_redirects: set[str] = set()
         self._pending: list[dict] = []
         # (status, error, phase, phase detail, error detail): only the latest is worth
         # delivering.
@@ -216,11 +332,11 @@ class MetricsReporter:
         """Send the spool (first) and the queued points; returns points accepted now.
 
         While the site is down this only moves queued points to the spool, unless the
-        backoff has expired or `force` is set."""
+        backoff has expired or `force` is set; once the token is refused, always."""
         if self._client is None:
             return 0
         with self._lock:
-            if not force and time.monotonic() < self._retry_at:
+            if self.refused or (not force and self._clock() < self._retry_at):
                 self._spool_pending()
                 return 0
             if self._pending_status is not None:
@@ -242,13 +358,20 @@ class MetricsReporter:
             todo = spooled + self._pending
             self._pending = []
             accepted = 0
-            for i in range(0, len(todo), BATCH_POINTS):
+            batches = [todo[i : i + BATCH_POINTS] for i in range(0, len(todo), BATCH_POINTS)]
+            while batches:
+                batch = batches.pop(0)
                 try:
-                    accepted += self._post_points(todo[i : i + BATCH_POINTS])
-                except _SiteDown as exc:
-                    self._site_down(exc)
-                    self._write_spool(todo[i:])
+                    taken = self._post_points(batch)
+                except (_SiteDown, _Refused) as exc:
+                    self._write_spool([point for b in [batch, *batches] for point in b])
+                    self._not_taken(exc)
                     return accepted
+                if taken is not None:
+                    accepted += taken
+                elif len(batch) > 1:  # too large: its halves go next, in order
+                    half = len(batch) // 2
+                    batches[:0] = [batch[:half], batch[half:]]
             self._site_up()
             if spooled:
                 self._write_spool([])
@@ -261,7 +384,7 @@ class MetricsReporter:
         run sends it first, and the platform's reconcile takes in a gone driver's."""
         if self._client is None:
             return True
-        deadline = time.monotonic() + timeout_s
+        deadline = self._clock() + timeout_s
         while True:
             self.flush(force=True)
             with self._lock:
@@ -272,9 +395,12 @@ class MetricsReporter:
                     and self._pending_placement is None
                     and not self._spool_size()
                 )
-            if done or time.monotonic() >= deadline:
+            now = self._clock()
+            if done or self.refused or now >= deadline:
                 break
-            time.sleep(min(self._backoff, max(0.0, deadline - time.monotonic())))
+            # Until the retry time the last answer set (its Retry-After, or the backoff).
+            wait = self._retry_at - now if self._retry_at > now else self._backoff
+            self._sleep(min(wait, deadline - now))
         with self._lock:
             self._spool_pending()
             self._spool_status()
@@ -295,27 +421,74 @@ class MetricsReporter:
     # -- internals (call with the lock held) ---------------------------------------
 
     def _post(self, endpoint: str, body: dict) -> httpx.Response:
+        """POST `body` to the endpoint, following the redirects `redirect_base` allows.
+        Returns an answer that is TAKEN, TOO_LARGE or REJECTED; raises _SiteDown for
+        one to retry (a redirect not followed included) and _Refused for the token."""
         assert endpoint in INGEST_ENDPOINTS, endpoint
-        url = f"{self.ingest_url}/api/runs/{self.run_id}/{endpoint}"
         if self._client is None:
             raise RuntimeError("this reporter has no site to post to (no ingest_url)")
-        try:
-            resp = self._client.post(url, json=body)
-        except httpx.HTTPError as exc:  # connection refused, timeout, reset
-            raise _SiteDown(f"{type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 500:
-            raise _SiteDown(f"HTTP {resp.status_code} from {url}")
+        endpoint_path = f"/api/runs/{self.run_id}/{endpoint}"
+        url = f"{self.ingest_url}{endpoint_path}"
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                resp = self._client.post(url, json=body)
+            except httpx.HTTPError as exc:  # connection refused, timeout, reset
+                raise _SiteDown(f"{type(exc).__name__}: {exc} ({url})") from exc
+            kind = answer_kind(resp.status_code)
+            if kind != REDIRECT:
+                break
+            url = self._follow(resp, url, endpoint_path)
+        else:
+            raise _SiteDown(f"more than {MAX_REDIRECTS} redirects from {self.ingest_url}{endpoint_path}; last to {url}")
+        if kind == RETRY:
+            raise _SiteDown(f"HTTP {resp.status_code} from {url}", retry_after_s(resp.headers.get("Retry-After")))
+        if kind == REFUSED:
+            raise _Refused(f"HTTP {resp.status_code} from {url}: {resp.text[:300]}")
         return resp
 
-    def _post_points(self, points: list[dict]) -> int:
+    def _follow(self, resp: httpx.Response, url: str, endpoint_path: str) -> str:
+        """Where a redirect answer sends the post next; _SiteDown (and a warning, once per
+        address) for a redirect the run's token must not follow."""
+        location = resp.headers.get("Location", "")
+        base = redirect_base(url, location, endpoint_path)
+        if base is None:
+            reason = (
+                f"HTTP {resp.status_code} from {url} redirects to {location or '(no Location)'}, "
+                "which is not this endpoint on the same host over http(s): not followed with the run's token. "
+                "Points wait in the spool; set the site's ROLLWAY_PUBLIC_URL (the drivers' ingest URL) "
+                "to the address the site answers on"
+            )
+            if location not in self._warned_redirects:
+                self._warned_redirects.add(location)
+                log.warning("run %s: %s", self.run_id, reason)
+            raise _SiteDown(reason)
+        if resp.status_code in MOVED_STATUSES and base != self.ingest_url:
+            log.warning(
+                "run %s: the ingest moved (HTTP %s): posting to %s from now on", self.run_id, resp.status_code, base
+            )
+            self.ingest_url = base
+        return f"{base}{endpoint_path}"
+
+    def _post_points(self, points: list[dict]) -> int | None:
+        """Points taken now, or None when the batch is too large and should be split.
+        A single point too large, or a batch the site rejects, is dropped (logged)."""
         resp = self._post("metrics", {"points": points})
-        if resp.status_code == 200:
-            n = int(resp.json().get("accepted", len(points)))
+        kind = answer_kind(resp.status_code)
+        if kind == TAKEN:
+            try:
+                n = int(resp.json().get("accepted", len(points)))
+            except (ValueError, AttributeError):  # a 2xx with no JSON body: it took them
+                n = len(points)
             self.sent += n
             return n
-        # 400/401/404: resending cannot help; say why once and move on.
+        if kind == TOO_LARGE and len(points) > 1:
+            return None
+        what = "a single point is larger than the site takes" if kind == TOO_LARGE else "resending cannot help"
         self.dropped += len(points)
-        self.last_error = f"ingest rejected {len(points)} points: HTTP {resp.status_code} {resp.text[:300]}"
+        self.last_error = (
+            f"the ingest at {resp.url} rejected {len(points)} points ({what}): "
+            f"HTTP {resp.status_code} {resp.text[:300]}"
+        )
         log.error("run %s: %s", self.run_id, self.last_error)
         return 0
 
@@ -330,43 +503,47 @@ class MetricsReporter:
             body["error_kind"] = error_kind
         if phase:
             body.update(phase=phase, phase_detail=detail)
+        if self.refused:
+            self._spool_status()  # for reconcile, should the driver die before close
+            return
         try:
             resp = self._post("status", body)
-        except _SiteDown as exc:
-            self._site_down(exc)
+        except (_SiteDown, _Refused) as exc:
+            self._not_taken(exc)
             return
-        if resp.status_code != 200:
-            self.last_error = f"status {status!r} rejected: HTTP {resp.status_code} {resp.text[:300]}"
+        if answer_kind(resp.status_code) != TAKEN:
+            self.last_error = f"status {status!r} rejected by {resp.url}: HTTP {resp.status_code} {resp.text[:300]}"
             log.error("run %s: %s", self.run_id, self.last_error)
         self._pending_status = None
         self._spool_status()
 
     def _send_checkpoints(self) -> None:
         """Deliver the pending checkpoint announcements in order; stop at a site down."""
-        while self._pending_checkpoints:
+        while self._pending_checkpoints and not self.refused:
             body = self._pending_checkpoints[0]
             try:
                 resp = self._post("checkpoints", body)
-            except _SiteDown as exc:
-                self._site_down(exc)
+            except (_SiteDown, _Refused) as exc:
+                self._not_taken(exc)
                 return
-            if not 200 <= resp.status_code < 300:
+            if answer_kind(resp.status_code) != TAKEN:
                 self.last_error = (
-                    f"checkpoint of step {body['step']} rejected: HTTP {resp.status_code} {resp.text[:300]}"
+                    f"checkpoint of step {body['step']} rejected by {resp.url}: "
+                    f"HTTP {resp.status_code} {resp.text[:300]}"
                 )
                 log.error("run %s: %s", self.run_id, self.last_error)
             self._pending_checkpoints.pop(0)
 
     def _send_placement(self) -> None:
-        if self._pending_placement is None:
+        if self._pending_placement is None or self.refused:
             return
         try:
             resp = self._post("placement", self._pending_placement)
-        except _SiteDown as exc:
-            self._site_down(exc)
+        except (_SiteDown, _Refused) as exc:
+            self._not_taken(exc)
             return
-        if not 200 <= resp.status_code < 300:
-            self.last_error = f"placement rejected: HTTP {resp.status_code} {resp.text[:300]}"
+        if answer_kind(resp.status_code) != TAKEN:
+            self.last_error = f"placement rejected by {resp.url}: HTTP {resp.status_code} {resp.text[:300]}"
             log.error("run %s: %s", self.run_id, self.last_error)
         self._pending_placement = None
 
@@ -388,12 +565,32 @@ class MetricsReporter:
         tmp.write_text(json.dumps(spooled))
         os.replace(tmp, self._status_spool)
 
-    def _site_down(self, exc: Exception) -> None:
+    def _not_taken(self, exc: _SiteDown | _Refused) -> None:
+        if isinstance(exc, _Refused):
+            self._refuse(exc)
+        else:
+            self._site_down(exc)
+
+    def _site_down(self, exc: _SiteDown) -> None:
         self.last_error = str(exc)
         if self._retry_at == 0:
             log.warning("run %s: ingest unreachable (%s); spooling to %s", self.run_id, exc, self._spool)
-        self._retry_at = time.monotonic() + self._backoff
+        self._retry_at = self._clock() + max(self._backoff, exc.retry_after or 0.0)
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _refuse(self, exc: _Refused) -> None:
+        """The token is refused: posting again would only be refused again (and spin on
+        every poll), so stop; what is undelivered stays in the spool for reconcile."""
+        self.refused = self.last_error = str(exc)
+        log.error(
+            "run %s: the site refused the run's ingest token (%s); reporting stops, and points and the "
+            "final status stay in %s for the site to take in when the driver ends",
+            self.run_id,
+            exc,
+            self._spool,
+        )
+        self._spool_pending()
+        self._spool_status()
 
     def _site_up(self) -> None:
         self._retry_at = 0.0

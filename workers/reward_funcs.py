@@ -22,8 +22,8 @@ With `task.reward_funcs` set, the task named by `task.name` still supplies the p
 environment; its own `reward` is not used. A dataset row's columns travel with it as
 its answer, a JSON object (`row_answer`, `row_columns`).
 
-Importing a module runs its code, so the functions' packages must be allowed in
-`ROLLWAY_TASK_MODULES`, exactly as a dotted `task.name`.
+Importing a module runs its code, so the functions' modules must be listed in
+`ROLLWAY_TASK_MODULES`, exactly as a dotted `task.name`'s.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 
 from workers import chat
 from workers.metric_names import reward_func_series, reward_func_series_name
-from workers.task_modules import MODULES_SETTING, allowed_modules, import_user_module
+from workers.task_modules import import_user_module, refusal
 
 FIELD = "task.reward_funcs"
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -55,13 +55,9 @@ def _load(path: str) -> Callable:
     if not _PATH.match(path):
         raise RewardFuncError(f"{FIELD}: {path!r} is not a 'package.module:function' path")
     module_name, _, attr = path.partition(":")
-    package = module_name.split(".")[0]
-    allowed = allowed_modules()
-    if package not in allowed:
-        raise RewardFuncError(
-            f"{FIELD}: {path!r}: package {package!r} is not among the packages this site allows "
-            f"({MODULES_SETTING}={','.join(allowed) or '(empty)'}); an operator adds it there"
-        )
+    problem = refusal(module_name, "reward-function modules")
+    if problem:
+        raise RewardFuncError(f"{FIELD}: {path!r}: {problem}")
     module = import_user_module(module_name, f"{FIELD}: {path!r}", RewardFuncError)
     func = getattr(module, attr, None)
     if func is None or not callable(func):

@@ -22,6 +22,10 @@ verifier; `model`, a Hugging Face sequence- or token-classification reward model
 process reward model: workers/prm.py makes a small one), its probability of "good" at
 the last token of prompt + text so far.
 
+Each reward worker holds a bundle of the run's placement group (workers/placement.py:
+`rewards.cpus_per_worker`, `rewards.gpus_per_worker`, on nodes `placement.rewards_node`
+names) and scores on the device Ray gave it (workers/devices.py).
+
 Each reward worker reports how long it was busy scoring and, per scored chunk, the lag
 from the generation of the chunk's last token to its score (`RewardReport`); the driver
 turns them into reward/pool_busy_frac and reward/scoring_lag_ms.
@@ -93,12 +97,16 @@ class VerifierScorer:
 
 class ModelScorer:
     """A Hugging Face reward model: per text, the probability of its last label (the
-    "good" one; a sigmoid for a one-logit head) at the last token of prompt + text."""
+    "good" one; a sigmoid for a one-logit head) at the last token of prompt + text. It
+    computes on the device Ray gave its reward worker (rewards.gpus_per_worker), else
+    the CPU."""
 
     def __init__(self, path: str) -> None:
+        from workers.devices import assigned_device
         from workers.prm import load_reward_model
 
-        self.model, self.tokenizer = load_reward_model(path)
+        model, self.tokenizer = load_reward_model(path)
+        self.model = model.to(assigned_device())
 
     def score(self, prompt: str, answer: str, texts: list[str], ids: list[list[int]], new_tokens: int) -> Scores:
         from workers.prm import last_token_scores

@@ -1,11 +1,12 @@
 """A run's actors as its driver holds them: spawned, connected, restored, started,
 stopped and killed.
 
-`RunActors` creates the buffer (`run-<id>-buffer`, beside the driver), the inference
-workers (`run-<id>-inference-<k>`), a trainer pool's ranks 1.. (`run-<id>-trainer-<k>`)
-and the trainer (`run-<id>-trainer`, rank 0), not detached, so they die with the driver,
-in the run's Ray placement group (workers/placement.py: the CPUs and GPUs the config's
-pools ask for; removed when the actors are killed, or with the driver). It connects the
+`RunActors` creates the buffer (`run-<id>-buffer`, beside the driver), the reward workers
+(`run-<id>-reward-<k>`), the inference workers (`run-<id>-inference-<k>`), a trainer
+pool's ranks 1.. (`run-<id>-trainer-<k>`) and the trainer (`run-<id>-trainer`, rank 0),
+not detached, so they die with the driver; all but the buffer in the run's Ray placement
+group (workers/placement.py: the CPUs and GPUs the config's pools ask for; removed when
+the actors are killed, or with the driver). It connects the
 trainer's weight sender to the inference workers' receivers, puts a checkpoint into the
 actors before their loops start, and at the end stops them in the order that lets the
 last weights and the final eval pass through. Every wait gives way to a cancel (the
@@ -83,7 +84,7 @@ class RunActors:
         self.workers: list = []  # the inference workers
         self.reward_workers: list = []  # the reward stage's pool (rewards.workers; none by default)
         self.ranks: list = []  # a trainer pool's ranks 1.. (the trainer is rank 0)
-        self.placement_group: Any = None  # the Ray placement group of the inference workers and the trainer
+        self.placement_group: Any = None  # the Ray placement group of the inference, trainer and reward pools
         # Where each actor runs: [{actor, node_id, node_ip, labels, gpu_ids, …}], once up.
         self.placement: list[dict] = []
 
@@ -105,7 +106,7 @@ class RunActors:
             [self.placement_group.ready()],
             deadline,
             f"the cluster could not place the run's actors within {SPAWN_TIMEOUT_S:.0f}s: they ask for "
-            f"{plan.summary} (inference.*, trainer.*, placement.*)",
+            f"{plan.summary} (inference.*, trainer.*, rewards.*, placement.*)",
         ):
             return False
         # Sync: batch k only from version k. Async: the buffer mode's head (by default at
@@ -117,15 +118,12 @@ class RunActors:
         self.buffer = with_options(
             BufferActor, name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
         ).remote(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b)
-        # The reward pool beside the driver too, without reserved resources: its scorers
-        # run in the CPU time the node has besides the pools' reservations.
         self.reward_workers = [
             with_options(
                 RewardWorker,
                 name=f"{self.name}-reward-{k}",
                 namespace=NAMESPACE,
-                num_cpus=0,
-                scheduling_strategy=beside_driver,
+                **placement.actor_options(self.placement_group, plan.rewards[k]),
             ).remote(cfg, k)
             for k in range(cfg.rewards.workers)
         ]

@@ -6,14 +6,22 @@ The rows' prompt and answer columns are named by `task.dataset.prompt_column` /
 `answer_column`; a prompt is text, or a list of role/content messages (TRL's
 conversational format), carried as workers/chat.py writes it. With `task.reward_funcs`
 a row's answer carries all its columns (workers/reward_funcs.py). The rows are
-shuffled by the run's seed, then split: the first `eval_fraction` of them are held out
-for evaluation, the rest train (or `eval_path` is a file of its own, or `eval_split` a
-split of the same dataset). Inference worker `i` of `n` draws the train rows `i, i+n, …`
-in turn, reshuffled each pass, so inference workers never draw the same prompt in the
-same pass.
+shuffled by `task.dataset.split_seed`, then split: the first `eval_fraction` of them are
+held out for evaluation, the rest train (or `eval_path` is a file of its own, or
+`eval_split` a split of the same dataset). The split is the data's, not the run's: runs
+under every seed hold out the same rows, so a model trained under one seed never meets
+its training rows as another's held-out ones. The train rows come in an order shuffled by
+the run's seed. Inference worker `i` of `n` draws the train rows `i, i+n, …` in turn,
+reshuffled each pass, so inference workers never draw the same prompt in the same pass.
+
+A model directory the engine writes from a dataset run (a warm start, a checkpoint, an
+export) records the split it trained on in `SPLIT_FILE` (`split_record`); a run from it
+that holds out other rows of the same data is refused (`split_refusal`).
 
 A local path is confined under the operator's data roots (workers/paths.py) before
-this module ever opens it. A task without a dataset samples its own synthetic prompts:
+this module ever opens it. A Hub dataset is checked at launch by its metadata only
+(`hub_metadata_errors`); a run's workers download it within the site's bounds
+(workers/hub.py) and read it as a local dataset directory. A task without a dataset samples its own synthetic prompts:
 `train_prompts` and `worker_prompts` then return the task itself, which has the same
 `sample(n, rng)`.
 
@@ -23,6 +31,8 @@ from inside `workers/`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
@@ -85,10 +95,16 @@ def _file_fault(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, (pyarrow.ArrowException, ValueError, OSError)) else None
 
 
+# What a model directory trained on a dataset's split records of it (`split_record`).
+SPLIT_FILE = "rollway_split.json"
+
+
 @dataclass(frozen=True)
 class Splits:
     train: list[tuple[str, str]]
     eval: list[tuple[str, str]]
+    # `split_record`'s: which rows of which data are held out.
+    record: dict | None = None
 
 
 # A Hugging Face Hub dataset id, `owner/name` (the Hub's own characters). A local path is
@@ -172,31 +188,34 @@ def _load_table(path: str, field: str, split: str, split_field: str):
 
 
 def _load_hub(hub_id: str, field: str, split: str, split_field: str):
-    """A Hub dataset through `datasets.load_dataset`: downloaded into (or, offline, read
-    from) the Hugging Face datasets cache."""
+    """A Hub dataset as a worker reads it (workers/hub.py): its card and data files
+    downloaded within the site's bounds of bytes and time, read as a local dataset
+    directory, its first ROLLWAY_HUB_DATASET_MAX_ROWS rows kept. The id is always the
+    Hub's: no local directory of that name is read instead."""
     import datasets
-    from datasets.exceptions import DatasetNotFoundError
 
-    try:
-        return datasets.load_dataset(hub_id, split=split, keep_in_memory=True)
-    except ValueError as exc:
-        if str(exc).startswith("Unknown split"):
-            raise DatasetError(split_field, f"{hub_id!r}: {exc}") from None
-        raise DatasetError(field, f"{hub_id!r} cannot be read: {exc}") from None
-    except (DatasetNotFoundError, FileNotFoundError, ConnectionError) as exc:
-        offline = datasets.config.HF_HUB_OFFLINE
-        where = (
-            "is not in this site's datasets cache and the site is offline (HF_HUB_OFFLINE)"
-            if offline
-            else f"cannot be loaded from the Hugging Face Hub ({exc})"
-        )
-        raise DatasetError(
-            field,
-            f"dataset {hub_id!r} {where}: check the id (owner/name), or save the dataset under a data root "
-            "(dataset.save_to_disk) and give that directory (a local path is absolute or starts with './')",
-        ) from None
-    except Exception as exc:
-        raise _loader_failed(field, hub_id, exc) from exc
+    from workers.hub import HubRefused, HubUnavailable, download_dataset, read_bounds
+
+    max_rows, _, _ = read_bounds()
+    with tempfile.TemporaryDirectory(prefix="rollway-hub-") as scratch:
+        try:
+            local = download_dataset(hub_id, field, os.path.join(scratch, "files"))
+        except (HubRefused, HubUnavailable) as exc:
+            raise DatasetError(exc.field, exc.message) from None
+        try:
+            loaded = datasets.load_dataset(
+                local, split=split, cache_dir=os.path.join(scratch, "cache"), keep_in_memory=True
+            )
+        except ValueError as exc:
+            if str(exc).startswith("Unknown split"):
+                raise DatasetError(split_field, f"{hub_id!r}: {exc}") from None
+            raise DatasetError(field, f"{hub_id!r} cannot be read: {exc}") from None
+        except Exception as exc:
+            fault = _file_fault(exc)
+            if fault is None:
+                raise _loader_failed(field, hub_id, exc) from exc
+            raise DatasetError(field, f"{hub_id!r} cannot be read: {type(fault).__name__}: {fault}") from None
+    return loaded.select(range(max_rows)) if len(loaded) > max_rows else loaded
 
 
 def _prompt_column(columns: list[str], cfg_column: str) -> str:
@@ -222,18 +241,14 @@ def _prompt_text(value, column: str) -> tuple[str, bool] | None:
     return None
 
 
-def read_rows(
-    path: str, field: str, cfg: RunConfig, split: str = "train", split_field: str = "task.dataset.split"
-) -> list[tuple[str, str]]:
-    """(prompt, answer) of every row of `path` (its split `split`), named `field` in
-    errors. With `task.reward_funcs` the answer is the row's columns (reward_funcs.row_answer)."""
-    from workers.reward_funcs import PASSED, resolve, row_answer
+def check_columns(columns: list[str], path: str, field: str, cfg: RunConfig) -> tuple[str, list, list[str]]:
+    """(prompt column, reward functions, columns passed to them) of a dataset with
+    `columns`: DatasetError naming the field when a column the run reads is missing."""
+    from workers.reward_funcs import PASSED, resolve
 
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
-    table = _load_table(path, field, split, split_field)
-    columns = table.column_names
     try:
         prompt_column = _prompt_column(columns, ds_cfg.prompt_column)
     except DatasetError as exc:
@@ -260,6 +275,22 @@ def read_rows(
                 f"{f.path!r} takes {', '.join(map(repr, missing))} but {path!r} passes no such column (its columns "
                 f"besides the prompt: {', '.join(passed) or 'none'}); give the argument a default, or add the column",
             )
+    return prompt_column, funcs, passed
+
+
+def read_rows(
+    path: str, field: str, cfg: RunConfig, split: str = "train", split_field: str = "task.dataset.split"
+) -> list[tuple[str, str]]:
+    """(prompt, answer) of every row of `path` (its split `split`), named `field` in
+    errors. With `task.reward_funcs` the answer is the row's columns (reward_funcs.row_answer)."""
+    from workers.reward_funcs import row_answer
+
+    ds_cfg = cfg.task.dataset
+    if ds_cfg is None:
+        raise ValueError("task.dataset is not set")
+    table = _load_table(path, field, split, split_field)
+    columns = table.column_names
+    prompt_column, funcs, passed = check_columns(columns, path, field, cfg)
     rows, conversational, answers = [], None, []
     for k, record in enumerate(table):
         prompt = _prompt_text(record[prompt_column], prompt_column)
@@ -324,23 +355,110 @@ def is_conversational(rows: list[tuple[str, str]]) -> bool:
 
 
 def load_splits(cfg: RunConfig) -> Splits:
-    """The train and eval rows of `cfg.task.dataset`, shuffled by `cfg.seed`."""
+    """The train rows of `cfg.task.dataset` in the run's order (shuffled by `cfg.seed`)
+    and its held-out rows, split by `task.dataset.split_seed`."""
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
     rows = read_rows(ds_cfg.path, "task.dataset.path", cfg, ds_cfg.split)
-    random.Random(f"dataset-{cfg.seed}").shuffle(rows)
+    # Positions, not rows, are shuffled: the same draws, so with the run's seed equal to
+    # split_seed the training rows come in the very order they did when the run's seed
+    # also split them.
+    order = list(range(len(rows)))
+    random.Random(f"dataset-{cfg.seed}").shuffle(order)
     if ds_cfg.eval_path is not None or ds_cfg.eval_split is not None:
         where = ds_cfg.eval_path if ds_cfg.eval_path is not None else ds_cfg.path
         field = "task.dataset.eval_path" if ds_cfg.eval_path is not None else "task.dataset.path"
         held = read_rows(where, field, cfg, ds_cfg.eval_split or "train", "task.dataset.eval_split")
-        return Splits(train=rows, eval=held)
-    n_eval = round(len(rows) * ds_cfg.eval_fraction)
-    if n_eval >= len(rows):
-        raise DatasetError(
-            "task.dataset.eval_fraction", f"leaves no training rows of {len(rows)}; lower it or add rows"
-        )
-    return Splits(train=rows[n_eval:], eval=rows[:n_eval])
+        return Splits(train=[rows[i] for i in order], eval=held, record=split_record(rows, [], ds_cfg))
+    held_ids = held_out_ids(len(rows), ds_cfg.split_seed, ds_cfg.eval_fraction)
+    held_set = set(held_ids)
+    return Splits(
+        train=[rows[i] for i in order if i not in held_set],
+        eval=[rows[i] for i in held_ids],
+        record=split_record(rows, held_ids, ds_cfg),
+    )
+
+
+def held_out_ids(n_rows: int, split_seed: int, eval_fraction: float) -> list[int]:
+    """The positions (in the data's own order) of the rows held out: the first
+    `eval_fraction` of them shuffled by `split_seed`."""
+    order = list(range(n_rows))
+    # The key a run's seed gave the shuffle when it split the rows too: split_seed 0
+    # holds out exactly what a seed-0 run always held out.
+    random.Random(f"dataset-{split_seed}").shuffle(order)
+    n_eval = round(n_rows * eval_fraction)
+    if n_eval >= n_rows:
+        raise DatasetError("task.dataset.eval_fraction", f"leaves no training rows of {n_rows}; lower it or add rows")
+    return order[:n_eval]
+
+
+def split_record(rows: list[tuple[str, str]], held_ids: list[int], ds_cfg) -> dict:
+    """What a model trained on this split records of it: the data (a hash of its rows),
+    the settings that chose the held-out rows, and the split's fingerprint (a hash of the
+    data and the held-out positions: equal fingerprints, equal splits)."""
+    data = hashlib.sha256()
+    for prompt, answer in rows:
+        data.update(json.dumps([prompt, answer]).encode() + b"\n")
+    dataset = data.hexdigest()[:16]
+    held = sorted(held_ids)
+    fingerprint = hashlib.sha256(json.dumps([dataset, held]).encode()).hexdigest()[:12]
+    return {
+        "dataset": dataset,
+        "rows": len(rows),
+        "split_seed": ds_cfg.split_seed,
+        "eval_fraction": ds_cfg.eval_fraction if held else 0.0,
+        "held_out": len(held),
+        "fingerprint": fingerprint,
+    }
+
+
+def read_split_record(model_dir: str) -> dict | None:
+    """The split recorded in `model_dir` (None: none recorded, e.g. a user's own checkpoint)."""
+    try:
+        with open(os.path.join(model_dir, SPLIT_FILE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "fingerprint" in record and "dataset" in record else None
+
+
+def write_split_record(cfg: RunConfig, out_dir: str) -> None:
+    """Record the split of `cfg`'s dataset in the model directory `out_dir` (nothing for
+    a task without a dataset)."""
+    if cfg.task.dataset is None:
+        return
+    with open(os.path.join(out_dir, SPLIT_FILE), "w") as f:
+        json.dump(load_splits(cfg).record, f, indent=1)
+
+
+def _split_words(record: dict) -> str:
+    if not record.get("held_out"):
+        return f"split {record['fingerprint']} (every row trained on)"
+    return (
+        f"split {record['fingerprint']} (task.dataset.split_seed {record['split_seed']}, eval_fraction "
+        f"{record['eval_fraction']}: {record['held_out']} of {record['rows']} rows held out)"
+    )
+
+
+def split_refusal(recorded: dict | None, own: dict | None, what: str) -> str | None:
+    """Why a run whose split is `own` may not start from `what` (a model directory or a
+    checkpoint) trained on the split `recorded`, or None: nothing recorded, other data,
+    the same split, or no held-out row of this data in the run."""
+    if recorded is None or own is None or recorded.get("dataset") != own["dataset"]:
+        return None
+    if recorded.get("fingerprint") == own["fingerprint"] or not own["held_out"]:
+        return None
+    fix = (
+        f"set task.dataset.split_seed to {recorded['split_seed']} and task.dataset.eval_fraction to "
+        f"{recorded['eval_fraction']} to hold out the rows it never trained on"
+        if recorded.get("held_out")
+        else "hold out rows it never trained on with task.dataset.eval_path or eval_split (and eval_fraction 0)"
+    )
+    return (
+        f"{what} was trained on {_split_words(recorded)} of this dataset, but this run holds out "
+        f"{_split_words(own)}: some of its held-out rows were that model's training rows; {fix}"
+    )
 
 
 def dataset_errors(cfg: RunConfig) -> dict[str, str]:
@@ -351,6 +469,10 @@ def dataset_errors(cfg: RunConfig) -> dict[str, str]:
         splits = load_splits(cfg)
     except DatasetError as exc:
         return {exc.field: exc.message}
+    if cfg.model.source == "path" and cfg.model.path:
+        refused = split_refusal(read_split_record(cfg.model.path), splits.record, f"model.path {cfg.model.path!r}")
+        if refused:
+            return {"task.dataset.split_seed": refused}
     if is_conversational(splits.train) and cfg.model.source == "path" and cfg.model.path:
         from workers.tokenizer import load_tokenizer
 
@@ -360,6 +482,33 @@ def dataset_errors(cfg: RunConfig) -> dict[str, str]:
                 f"messages), but the checkpoint at {cfg.model.path!r} has no chat template to render them: "
                 "use a chat model, or give the prompts as text"
             }
+    return {}
+
+
+def hub_metadata_errors(cfg: RunConfig) -> dict[str, str]:
+    """{dotted field: message} for a Hub dataset this run cannot use, as far as its
+    metadata tells (workers/hub.py: the columns and splits its card or Parquet schema
+    declares; no row is downloaded), and for a local eval_path. What the metadata does
+    not tell, the run's driver checks on the rows it reads."""
+    from workers.hub import HubRefused, dataset_columns
+
+    ds = cfg.task.dataset
+    if ds is None:
+        return {}
+    try:
+        columns, splits = dataset_columns(ds.path, "task.dataset.path", ds.split)
+    except HubRefused as exc:
+        return {exc.field: exc.message}
+    for split, split_field in ((ds.split, "task.dataset.split"), (ds.eval_split, "task.dataset.eval_split")):
+        if split is not None and splits is not None and split not in splits:
+            return {split_field: f"{ds.path!r} has no split {split!r}; its splits are {', '.join(splits)}"}
+    try:
+        if columns is not None:
+            check_columns(columns, ds.path, "task.dataset.path", cfg)
+        if ds.eval_path is not None:
+            read_rows(ds.eval_path, "task.dataset.eval_path", cfg)
+    except DatasetError as exc:
+        return {exc.field: exc.message}
     return {}
 
 

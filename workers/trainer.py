@@ -34,6 +34,7 @@ from workers.devices import assigned_device, autocast
 from workers.logprobs import chosen_logprobs
 from workers.loss import Aggregation, correction_loss, process_advantages, scaled_advantages
 from workers.metric_names import rank_series
+from workers.mfu import ModelFlops, device_peak, mfu
 from workers.model import checkpoint_state_dict, load_model
 from workers.rollout import Group, Rollout
 from workers.shared_prefix import completion_view
@@ -257,6 +258,10 @@ class Trainer:
 
             self.model = apply_lora(self.model, cfg.lora)
         self.pool = pool
+        # Counted before a pool shards the model in place; the peak of this process's
+        # device stands for every rank's (a pool's ranks are alike).
+        self.flops = ModelFlops.of(self.model)
+        self.peak_flops = device_peak(self.device, tc.dtype)
         # Once sharded no rank holds the whole LoRA base, whose checksum adapter-only
         # sync publishes: take it now.
         self.base_checksum: str | None = None
@@ -443,6 +448,11 @@ class Trainer:
         rows = self._rank_rows(step)
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
         loss_sums, stats_list, grad_norms = [], [], []
+        # Colocated, taking turns (workers/colocation.py): the optimizer state lives in
+        # host memory while the GPU's vLLM generates, and comes back for the step only.
+        turns = self.cfg.inference.sleep_level > 0 and self.device.type == "cuda"
+        if turns:
+            move_optimizer_state(self.optimizer, self.device)
         for k, minibatch in enumerate(rows.minibatches):
             units = step.trained_tokens[k] if self.aggregation.mode == "token_mean" else step.trained_rows[k]
             loss_sum, stats, grad_norm = self._update(
@@ -451,6 +461,9 @@ class Trainer:
             loss_sums.append(loss_sum)
             stats_list.append(stats)
             grad_norms.append(grad_norm)
+        if turns:
+            self.optimizer.zero_grad(set_to_none=True)  # the next step starts from none anyway
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
         self.version += 1
         end = time.perf_counter()
         result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=rows.count)
@@ -655,8 +668,24 @@ class Trainer:
                 metrics[rank_series("trainer/rank_compute_s", r)] = res.step_s - res.comm_s
                 metrics[rank_series("trainer/rank_comm_s", r)] = res.comm_s
                 metrics[rank_series("trainer/rank_comm_bytes", r)] = float(res.comm_bytes)
-        metrics["trainer/step_s"] = time.perf_counter() - start
+        step_s = time.perf_counter() - start
+        metrics["trainer/step_s"] = step_s
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+        flops = self.flops.of_sequences(lengths)
+        metrics["trainer/tokens_per_s"] = sum(lengths) / step_s
+        metrics["trainer/model_tflops"] = flops / step_s / len(results) / 1e12  # a device per rank
+        if self.peak_flops is not None:
+            metrics["trainer/mfu"] = mfu(flops, step_s, self.peak_flops, len(results))
         return metrics
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the optimizer's per-parameter state (AdamW's moments) to `device`, in place;
+    AdamW's step counters stay where they are (it keeps them on the CPU)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device)
 
 
 def steps_of(rollout: Rollout) -> tuple[list[int], list[float]]:

@@ -140,7 +140,21 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
             model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy", on_step=noisy_done
         )
     save_model(model, tokenizer, out_dir)
+    _record_split(cfg, out_dir, total)
     return {"final_loss": final_loss}
+
+
+def _record_split(cfg: RunConfig, out_dir: str, steps: int) -> None:
+    """The dataset split the policy in `out_dir` trained on: the run's, after supervised
+    steps on its train rows; without any, the source checkpoint's own record, if it has one."""
+    from workers.task_data import SPLIT_FILE, write_split_record
+
+    if steps:
+        write_split_record(cfg, out_dir)
+    elif cfg.model.source == "path":
+        recorded = os.path.join(source_dir(cfg.model), SPLIT_FILE)
+        if os.path.exists(recorded):
+            shutil.copyfile(recorded, os.path.join(out_dir, SPLIT_FILE))
 
 
 def demonstrations(cfg: RunConfig):

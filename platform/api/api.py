@@ -29,14 +29,13 @@ from ninja.utils import check_csrf
 
 from api import comparisons, configs, lineage, teams, tokens, views
 from foundation.errors import ActionError, errors_by_field
-from foundation.http import errors_response, json_object, refusal_response
+from foundation.http import LOGIN_FIRST, errors_response, json_object, refusal_response
 from teams.tokens import PREFIX as TOKEN_PREFIX
-
-LOGIN_FIRST = "log in first (session cookie) or send an API token"
 
 
 class CsrfRefused(Exception):
-    """A session POST without its CSRF token: Django's own refusal, answered as it is."""
+    """A session POST without its CSRF token: Django's refusal (settings.CSRF_FAILURE_VIEW,
+    JSON on the API), answered as it is."""
 
     def __init__(self, response: HttpResponse):
         super().__init__("CSRF check failed")
@@ -56,8 +55,8 @@ class ApiToken(HttpBearer):
 class SessionUser(SessionAuth):
     """The session's signed-in user, with Django's CSRF check for unsafe methods (it
     honours the exemption api.token_auth gives a token request). Ninja's own check
-    would answer its own 403 body; this keeps Django's, which the site's pages and
-    scripts already know."""
+    would answer its own 403 body; this keeps Django's, whose failure view answers the
+    API's shape (foundation/security.py)."""
 
     def _get_key(self, request: HttpRequest) -> str | None:
         refusal = check_csrf(request)

@@ -1,5 +1,6 @@
 """The comparisons API: M configurations × N seeds launched as one comparison.
 
+GET  /api/compare                 the comparison of any runs (documented here, served by compare/)
 GET  /api/comparisons             the comparisons of the user's teams, newest first
 POST /api/comparisons             create one and queue its runs (optional "priority")
 GET  /api/comparisons/<id>        its configurations, seeds, runs and compare page link
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
-from api.openapi import responses
+from api.openapi import query_doc, responses
 from compare import actions
+from compare import views as compare_views
 from compare.models import Comparison
 
 router = Router(tags=["comparisons"])
@@ -46,6 +48,41 @@ class Comparisons(Schema):
     comparisons: list[dict[str, Any]]
 
 
+COMPARE_DOC = query_doc(
+    ("runs", "string", "the run ids, comma-separated (required; runs of your teams)"),
+    ("target", "number", f"the reward the time-to-target figures aim at (default {compare_views.DEFAULT_TARGET})"),
+    (
+        "budget",
+        "number",
+        f"the wall-clock seconds of the reward-at-budget figures (default {compare_views.DEFAULT_BUDGET_S})",
+    ),
+    ("max_points", "integer", "at most this many points per chart series, min-max downsampled (10 to 100000)"),
+    ("after_step", "integer", "only chart points after this step (polling)"),
+    ("series", "string", "the metrics whose chart series to send, comma-separated (empty: none; absent: all)"),
+    ("format", "string", "json (default) or csv"),
+    ("what", "string", "all (json's default), summary (csv's default), series or charts; csv takes summary or series"),
+)
+COMPARE_DOC["parameters"][0]["required"] = True
+COMPARE_DOC["responses"] = {200: {"content": {"text/csv": {"schema": {"type": "string"}}}}}
+# compare/urls.py routes /api/compare to the Django view, which reads its query itself (as
+# the compare page does) and answers CSV too; this operation only gives it its place in
+# the OpenAPI document, and api/urls.py leaves its URL out so the one route stays.
+COMPARE_URL_NAME = "compare-documented"
+
+
+@router.get(
+    "/compare",
+    url_name=COMPARE_URL_NAME,
+    tags=["comparisons"],
+    response=responses(dict[str, Any], 200, 400, 404),
+    openapi_extra=COMPARE_DOC,
+)
+def compare(request: HttpRequest) -> HttpResponse:
+    """Compare runs: their configurations, time-to-target and reward-at-budget figures,
+    the summary by configuration and the chart series, as JSON or CSV."""
+    return compare_views.api(request)
+
+
 @router.get("/comparisons", url_name="comparisons", response=responses(Comparisons))
 def list_comparisons(request: HttpRequest) -> JsonResponse:
     """The comparisons of your teams, newest first."""
@@ -53,7 +90,7 @@ def list_comparisons(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"comparisons": [c.as_dict() for c in found]})
 
 
-@router.post("/comparisons", url_name="comparisons", response=responses(dict[str, Any], 201, 400, 403, 404))
+@router.post("/comparisons", url_name="comparisons", response=responses(dict[str, Any], 201, 400, 403, 404, 409))
 def launch_comparison(request: HttpRequest, data: ComparisonIn | None = None) -> JsonResponse:
     """Create a comparison (configurations × seeds) and queue its runs."""
     launch = actions.check_comparison(request.user, **(data or ComparisonIn()).model_dump())
@@ -71,7 +108,7 @@ def get_comparison(request: HttpRequest, comparison_id: int) -> JsonResponse:
 @router.post(
     "/comparisons/{int:comparison_id}/rerun",
     url_name="comparison-rerun",
-    response=responses(dict[str, Any], 201, 400, 403, 404),
+    response=responses(dict[str, Any], 201, 400, 403, 404, 409),
 )
 def rerun_comparison(request: HttpRequest, comparison_id: int, data: RerunIn | None = None) -> JsonResponse:
     """Queue another set of a comparison's runs (other seeds, another priority)."""

@@ -12,12 +12,12 @@ upsert, no query per point.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -41,6 +41,7 @@ from runs.reports import (
 
 logger = logging.getLogger(__name__)
 
+SEND_TOKEN = "send the run's ingest token as 'Authorization: Bearer <token>'"
 # Bounds one request's memory (~5 MB of JSON); the reporter sends far smaller batches.
 MAX_POINTS_PER_REQUEST = 50_000
 
@@ -56,8 +57,9 @@ METRICS_IN = TypeAdapter(MetricsIn)
 
 @dataclass(frozen=True)
 class Ingest:
-    """One kind of report: the body it takes, what storing it needs of the Run row
-    (`columns`; None: the whole row with its experiment and team), and `store`, which
+    """One kind of report: the body it takes, what storing it needs of the Run row beyond
+    what the token check reads (`columns`; None: the whole row with its experiment and
+    team), and `store`, which
     records a valid body and returns the answer (its JSON and status)."""
 
     body: TypeAdapter
@@ -66,8 +68,9 @@ class Ingest:
 
 
 def receive(ingest: Ingest, request: HttpRequest, run_id: int) -> JsonResponse:
-    """The one path of every report: 404 for an unknown run, 401 without the run's own
-    token, 400 by field for a body that is not valid, else what `ingest.store` answers."""
+    """The one path of every report: 401 without the run's own valid token (an unknown run
+    answers the same, so run ids cannot be probed), 400 by field for a body that is not
+    valid, else what `ingest.store` answers."""
     run = _authorized_run(request, run_id, ingest.columns)
     if isinstance(run, JsonResponse):
         return run
@@ -79,19 +82,36 @@ def receive(ingest: Ingest, request: HttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(answer, status=status)
 
 
+# What the token check reads of the row, whatever the report needs.
+TOKEN_COLUMNS = ("pk", "ingest_digest", "status", "status_changed_at", "finished_at")
+
+
+def _refused(message: str) -> JsonResponse:
+    response = errors_response({"auth": message}, status=401)
+    response["WWW-Authenticate"] = 'Bearer realm="rollway-ingest"'
+    return response
+
+
 def _authorized_run(request: HttpRequest, run_id: int, columns: tuple[str, ...] | None) -> Run | JsonResponse:
-    """The run, if the request's bearer token is its own; else the 404 or 401 to answer."""
-    rows = Run.objects.only(*columns) if columns else Run.objects.select_related("experiment__team")
-    run = rows.filter(pk=run_id).first()
-    if run is None:
-        return errors_response({"run": f"run {run_id} not found"}, status=404)
+    """The run, if the request's bearer token is its own and still valid; else the 401 to
+    answer. A missing token, a wrong one and a run that does not exist get one answer."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), run.ingest_token.encode()):
-        response = errors_response(
-            {"auth": "send the run's ingest token as 'Authorization: Bearer <token>'"}, status=401
+    if scheme.lower() != "bearer" or not token.strip():
+        return _refused(SEND_TOKEN)
+    rows = (
+        Run.objects.only(*TOKEN_COLUMNS, *columns)
+        if columns is not None
+        else Run.objects.select_related("experiment__team")
+    )
+    run = rows.filter(pk=run_id).first()
+    if run is None or not run.is_ingest_token(token.strip()):
+        return _refused(SEND_TOKEN)
+    # Only the holder of the run's own token learns this: the run exists and has ended.
+    if run.ingest_token_expired():
+        return _refused(
+            f"this run ended more than ROLLWAY_INGEST_TOKEN_GRACE_S={settings.ROLLWAY_INGEST_TOKEN_GRACE_S} s "
+            "ago: its ingest token has expired"
         )
-        response["WWW-Authenticate"] = 'Bearer realm="rollway-ingest"'
-        return response
     return run
 
 
@@ -128,7 +148,7 @@ def _store_placement(run: Run, payload: Any) -> tuple[dict, int]:
 # POST /api/runs/<id>/metrics {"points": [{series, step, value, time}, ...]}. Only what
 # storing points needs of the row: the whole row (its config JSON decoded) and two
 # joined rows would cost a noticeable share of each request's CPU.
-METRICS = Ingest(METRICS_IN, _store_points, columns=("pk", "ingest_token"))
+METRICS = Ingest(METRICS_IN, _store_points, columns=())
 # POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
 # "error_detail": "", "phase": one of workers.reporter.PHASES, "phase_detail": ""}
 # (runs.reports.StatusIn). Answers the run's status after the call and whether this
@@ -139,13 +159,13 @@ METRICS = Ingest(METRICS_IN, _store_points, columns=("pk", "ingest_token"))
 STATUS = Ingest(STATUS_IN, _store_status)
 # POST /api/runs/<id>/checkpoints {"step", "location", "bytes", "sha256", "pruned":
 # [locations]} (runs.reports.CheckpointIn): a checkpoint the run's trainer wrote.
-CHECKPOINT = Ingest(CHECKPOINT_IN, _store_checkpoint, columns=("pk", "ingest_token"))
+CHECKPOINT = Ingest(CHECKPOINT_IN, _store_checkpoint, columns=())
 
 
 # POST /api/runs/<id>/placement {"actors": [{actor, node_id, node_ip, labels, gpu_ids,
 # cuda_visible_devices, pid}, ...]} (runs.reports.PlacementIn): where the run's actors
 # run, once they are up.
-PLACEMENT = Ingest(PLACEMENT_IN, _store_placement, columns=("pk", "ingest_token"))
+PLACEMENT = Ingest(PLACEMENT_IN, _store_placement, columns=())
 
 
 def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:

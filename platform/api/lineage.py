@@ -82,9 +82,12 @@ def resume_run(request: HttpRequest, run_id: int, data: ResumeIn | None = None) 
 
 
 class CloneIn(BaseModel):
-    """`overrides` are merged over the run's own; checked as a launch's are."""
+    """`overrides` are merged over the run's own; checked as a launch's are, in
+    `experiment` (an experiment id of yours; default the run's own), where your role
+    must launch runs."""
 
     model_config = ConfigDict(extra="forbid")
+    experiment: int | None = None
     overrides: Any = None
     name: str = ""
     priority: Any = None
@@ -94,13 +97,19 @@ class CloneIn(BaseModel):
     "/runs/{int:run_id}/clone",
     url_name="run-clone",
     tags=["runs"],
-    response=responses(dict[str, Any], 201, 400, 403, 404),
+    response=responses(dict[str, Any], 201, 400, 403, 404, 409),
 )
 def clone_run(request: HttpRequest, run_id: int, data: CloneIn | None = None) -> JsonResponse:
-    """Launch this run's preset and overrides with your edits on top, in its experiment."""
+    """Launch this run's preset and overrides with your edits on top, in its experiment
+    or the one you name (any run you may read may be cloned where you may launch)."""
     data = data or CloneIn()
     parent, launch = lineage.check_clone(
-        request.user, run_id, overrides=data.overrides, name=data.name, priority=data.priority
+        request.user,
+        run_id,
+        experiment=data.experiment,
+        overrides=data.overrides,
+        name=data.name,
+        priority=data.priority,
     )
     return JsonResponse(lineage.do_clone(request.user, parent, launch).detail(), status=201)
 

@@ -2,6 +2,7 @@ from django.urls import path
 
 from api import ingest
 from api.api import api
+from api.comparisons import COMPARE_URL_NAME
 
 app_name = "api"
 
@@ -14,7 +15,7 @@ ingest_urlpatterns = [
 ]
 
 # Ninja's URLs (the operations, /api/openapi.json, /api/docs), less its root view: /api/
-# itself stays the site's plain 404.
-api_urlpatterns = [p for p in api.urls[0] if p.name != "api-root"]
+# itself stays the site's plain 404; and less /api/compare, which compare/urls.py routes.
+api_urlpatterns = [p for p in api.urls[0] if p.name not in ("api-root", COMPARE_URL_NAME)]
 
 urlpatterns = ingest_urlpatterns + api_urlpatterns

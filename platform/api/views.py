@@ -24,7 +24,7 @@ from runs import actions, exports, listing, logs, simulation
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
-from teams import roles
+from teams import quotas, roles
 from teams.models import Team
 from workers.config import json_schema
 from workers.presets import PRESETS
@@ -84,12 +84,25 @@ class ExperimentOut(Schema):
     team: int
 
 
+class QuotasOut(Schema):
+    """The team's share of the site (null: no cap): runs queued, runs active at once, and
+    GPUs its active runs hold together."""
+
+    queued: int | None
+    running: int | None
+    gpus: int | None
+
+
 class TeamOut(Schema):
     id: int
     slug: str
     name: str
     role: str | None
     experiments: list[ExperimentOut]
+    quotas: QuotasOut
+    # The queue priorities your role may give a run of this team: [lowest, highest]; null
+    # for a role that may not launch.
+    priority_range: tuple[int, int] | None
 
 
 class Teams(Schema):
@@ -98,16 +111,20 @@ class Teams(Schema):
 
 @router.get("/teams", url_name="teams", tags=["teams"], response=responses(Teams))
 def list_teams(request: HttpRequest) -> JsonResponse:
-    """Your teams, your role in each, and their experiments."""
+    """Your teams, your role in each, their experiments, their quotas and the queue
+    priorities your role may give."""
     out = []
     for team in Team.objects.for_user(request.user).prefetch_related("experiments"):
+        role = roles.role_of(request.user, team)
         out.append(
             {
                 "id": team.pk,
                 "slug": team.slug,
                 "name": team.name,
-                "role": roles.role_of(request.user, team),
+                "role": role,
                 "experiments": [_experiment(e) for e in team.experiments.all()],
+                "quotas": quotas.quotas(team),
+                "priority_range": quotas.priority_range(role) if roles.allows(role, "launch runs") else None,
             }
         )
     return JsonResponse({"teams": out})
@@ -210,7 +227,7 @@ def list_runs(request: HttpRequest) -> JsonResponse:
     )
 
 
-@router.post("/runs", url_name="runs", tags=["runs"], response=responses(dict[str, Any], 201, 400, 403, 404))
+@router.post("/runs", url_name="runs", tags=["runs"], response=responses(dict[str, Any], 201, 400, 403, 404, 409))
 def launch_run(request: HttpRequest, data: LaunchIn | None = None) -> JsonResponse:
     """Queue a run: an experiment (or a team, for its default experiment), a preset or a
     saved configuration's version, and `overrides` on top."""

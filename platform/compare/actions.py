@@ -28,6 +28,7 @@ from runs.actions import (
     check_experiment_access,
     check_launch,
     check_priority,
+    check_team_queue,
     do_launch_run,
 )
 from runs.models import Experiment, Run
@@ -192,13 +193,16 @@ def check_comparison(
         seed_list = check_seeds(seeds)
     # Checked once here: per run it would repeat the same message for every run.
     with collected(errors):
-        priority = check_priority(priority)
+        role = roles.role_of(user, team_obj) if team_obj is not None else None
+        priority = check_priority(priority, role=role, team=team_obj)
     n_configs = len(configurations) if isinstance(configurations, list) else 0
     if seed_list and n_configs and n_configs * len(seed_list) > MAX_RUNS:
         errors["seeds"] = (
             f"{n_configs} configurations × {len(seed_list)} seeds is {n_configs * len(seed_list)} runs; "
             f"a comparison holds at most {MAX_RUNS} (what its compare page shows)"
         )
+    if not errors and team_obj is not None and seed_list and n_configs:
+        check_team_queue(team_obj, adding=n_configs * len(seed_list))  # all of them, or none
     if errors:  # the per-run checks below would only repeat these
         _check_launches(
             user, errors=errors, team=team_obj, experiment=exp_obj, name=name,
@@ -260,7 +264,7 @@ def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: An
     roles.require(user, comparison.team, "launch comparisons", field="comparison")
     errors: dict[str, str] = {}
     try:
-        priority = check_priority(priority)
+        priority = check_priority(priority, role=roles.role_of(user, comparison.team), team=comparison.team)
     except ActionError as exc:
         errors.update(exc.errors)
     seed_list: list[int] = []
@@ -276,6 +280,7 @@ def check_rerun(user, comparison: Comparison, *, seeds: Any = None, priority: An
         )
     if errors:
         raise ActionError(errors)
+    check_team_queue(comparison.team, adding=adding)  # all of them, or none
     stored, launches = _check_launches(
         user, errors=errors, team=comparison.team, experiment=comparison.experiment, name=comparison.name,
         configurations=comparison.configurations, seeds=seed_list, overrides=comparison.overrides,

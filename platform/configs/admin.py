@@ -17,6 +17,7 @@ from django.urls import path
 from configs.actions import builtin_presets
 from configs.models import SavedConfig
 from configs.policy import check_config
+from foundation.errors import ActionError
 from teams.admin import administered
 from workers.presets import PRESETS
 
@@ -36,7 +37,10 @@ class SavedConfigForm(forms.ModelForm):
         if base_preset and not isinstance(overrides, dict):
             self.add_error("overrides", 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}')
         elif base_preset:
-            _, errors = check_config(base_preset, overrides)
+            try:
+                _, errors = check_config(base_preset, overrides)
+            except ActionError as exc:  # the Hugging Face Hub did not answer: say so on the form
+                errors = exc.errors
             for field, message in errors.items():
                 self.add_error("overrides", f"{field}: {message}")
         return data

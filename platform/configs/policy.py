@@ -17,9 +17,10 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from configs.models import ClusterCapacity
-from foundation.errors import field_errors
+from foundation.errors import Unavailable, field_errors
 from workers.admission import Capacity, Limits, admission_errors
 from workers.config import RunConfig
+from workers.hub import HubUnavailable
 from workers.paths import Confinement
 from workers.presets import UnknownPreset, build
 
@@ -33,6 +34,7 @@ def confinement() -> Confinement:
         settings.ROLLWAY_DATA_ROOTS,
         checkpoint_root=settings.ROLLWAY_CHECKPOINT_ROOT,
         log_root=settings.ROLLWAY_RUN_LOG_DIR,
+        hub_owners=settings.ROLLWAY_HUB_OWNERS,
     )
 
 
@@ -48,8 +50,12 @@ def limits() -> Limits:
 def config_errors(cfg: RunConfig, capacity: Capacity | None = None) -> dict[str, str]:
     """{dotted field: message} for every reason `cfg` may never run here: a path outside
     its allowed roots, an operator limit, more than the cluster has (`capacity`, or the
-    last capacity seen when None). Empty: it may be queued."""
-    errors = confinement().errors(cfg)
+    last capacity seen when None). Empty: it may be queued. Unavailable (a 503) when
+    the Hugging Face Hub does not answer about a repository the config names."""
+    try:
+        errors = confinement().errors(cfg)
+    except HubUnavailable as exc:
+        raise Unavailable({exc.field: exc.message}) from None
     if errors:
         return errors  # sizing a model that cannot be read would only add noise
     capacity = capacity if capacity is not None else ClusterCapacity.latest()

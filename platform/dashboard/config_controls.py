@@ -68,7 +68,7 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     # The reward stage: who scores the rollouts, and when (docs/rewards.md).
     ("Rewards", ["rewards.workers", "rewards.mode", "rewards.*"]),
     ("Trainer", ["trainer.*"]),
-    # Devices per pool are in the inference and trainer groups; where the pools go, here.
+    # Devices per pool are in the inference, trainer and rewards groups; where the pools go, here.
     ("Placement", ["placement.*"]),
     ("Eval", ["eval.*"]),
     ("Checkpoints", ["checkpoint.*"]),

@@ -137,9 +137,12 @@ class LaunchForm:
         }
 
     def _launch(self, overrides: dict) -> Run:
-        launch = actions.check_launch(self.user, **self._launch_fields(overrides))
+        """A launch into the chosen experiment; a clone's too, which only records its
+        parent (the role it needs is the one in the chosen experiment's team)."""
         if self.clone_of is not None:
+            launch = lineage.check_clone_launch(self.user, self.clone_of, **self._launch_fields(overrides))
             return lineage.do_clone(self.user, self.clone_of, launch)
+        launch = actions.check_launch(self.user, **self._launch_fields(overrides))
         return actions.do_launch_run(self.user, launch)
 
     def _simulate(self, overrides: dict) -> Run:

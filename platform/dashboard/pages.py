@@ -3,6 +3,7 @@ columns and filter choices, the run page's charts and what the reader may do the
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from urllib.parse import urlencode
 
@@ -99,6 +100,20 @@ def _next_sort(key: str, current: str) -> str:
     return key if key == "name" else f"-{key}"
 
 
+# How the line under a finished run's charts says it ended; run.js says the same when the
+# run ends with its page open.
+ENDED_AS = {Run.Status.SUCCEEDED: "succeeded", Run.Status.FAILED: "failed", Run.Status.CANCELLED: "was cancelled"}
+
+
+def final_note(run: Run) -> str:
+    """ "final — the run succeeded at 2026-11-25 09:40 UTC" for a finished run, else ""
+    (its page is live)."""
+    if not run.is_terminal:
+        return ""
+    at = f" at {run.finished_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC" if run.finished_at else ""
+    return f"final — the run {ENDED_AS[run.status]}{at}"
+
+
 def run_page(request: HttpRequest, run: Run) -> dict:
     """A run's page (a run the reader may see): what it may do there, the run's
     checkpoints, lineage and config, its charts and the flashes still true of it."""
@@ -111,12 +126,13 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "may_launch": roles.allows(role, "launch runs"),
         "may_annotate": roles.allows(role, roles.annotate_action(user, run)),
         "checkpoints": run.checkpoints.order_by("-step"),
-        "children": run.children.order_by("pk"),
+        "children": run.team_children(),
         "tags_text": " ".join(run.tag_names()),
         "config_json": json.dumps(run.config, indent=2),
         "overrides_json": json.dumps(run.overrides, indent=2),
         "charts": _charts(run),
         "placement": _placement(run),
+        "final_note": final_note(run),
         "messages": [m for m in messages.get_messages(request) if not run.is_terminal or UNTIL_RUN_ENDS not in m.tags],
     }
 
@@ -145,6 +161,11 @@ _OFF_BY_CONFIG = (
         "routing/",
         lambda config: not (config.get("correction") or {}).get("keep_routing"),
         "routing replay (correction.keep_routing) is off for this run",
+    ),
+    (
+        "trainer/mfu",
+        lambda config: (config.get("placement") or {}).get("devices", "cpu") != "gpu",
+        "the trainer computes on the CPU, which has no peak to measure MFU against",
     ),
 )
 

@@ -6,6 +6,8 @@ app_name = "dashboard"
 
 urlpatterns = [
     path("", views.runs, name="runs"),
+    # The list at the path its runs' pages sit under too: /runs/<id>/ has a /runs/ above it.
+    path("runs/", views.runs, name="runs-list"),
     path("runs/new/", views.launch, name="launch"),
     path("runs/cancel/", views.cancel_many, name="cancel-many"),
     path("runs/<int:run_id>/", views.run, name="run"),

@@ -44,6 +44,13 @@ class Forbidden(ActionError):
     http_status = 403
 
 
+class Unavailable(ActionError):
+    """A service the check needs did not answer (the Hugging Face Hub timed out or
+    answered 429/5xx): nothing is wrong with the input, the same request may pass later."""
+
+    http_status = 503
+
+
 class NotFound(ActionError):
     """No such object, or the user may not see it (outsiders learn nothing)."""
 

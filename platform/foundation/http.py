@@ -14,6 +14,9 @@ from pydantic import ValidationError
 from foundation import jsonin
 from foundation.errors import ActionError, field_errors
 
+# Why an anonymous caller is refused anywhere on the API.
+LOGIN_FIRST = "log in first (session cookie) or send an API token"
+
 
 def errors_response(errors: dict[str, str], status: int = 400) -> JsonResponse:
     """The one error shape of the API: {"errors": {field: message}}."""

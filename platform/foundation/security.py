@@ -1,5 +1,6 @@
-"""The site's web security beyond Django's settings: the Content-Security-Policy header
-and the login lockout's page and client address (settings.py, "web security")."""
+"""The site's web security beyond Django's settings: the Content-Security-Policy header,
+the CSRF refusal's answer, and the login lockout's page and client address (settings.py,
+"web security")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
+from django.views.csrf import csrf_failure as django_csrf_failure
+
+from foundation.dbdown import JSON_PREFIXES
+from foundation.http import LOGIN_FIRST, errors_response
+
+CSRF_MISSING = (
+    "a signed-in session's POST needs its CSRF token (the X-CSRFToken header or a "
+    "csrfmiddlewaretoken field); a script sends an API token instead"
+)
 
 
 class ContentSecurityPolicyMiddleware(CSPMiddleware):
@@ -31,6 +41,19 @@ class ContentSecurityPolicyMiddleware(CSPMiddleware):
         update["connect-src"] = [*update.get("connect-src", []), f"ws://{host}", f"wss://{host}"]
         parts.update = update
         return parts
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """Django's CSRF refusal (settings.CSRF_FAILURE_VIEW), in the API's shape where
+    callers read JSON: 401 for an anonymous caller, who must log in or send an API token
+    first, as everywhere on the API; 403 for a signed-in session that left its token
+    out. Pages keep Django's own page."""
+    if not request.path.startswith(JSON_PREFIXES):
+        return django_csrf_failure(request, reason)
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return errors_response({"auth": LOGIN_FIRST}, status=401)
+    return errors_response({"csrf": CSRF_MISSING}, status=403)
 
 
 def client_ip(request: HttpRequest) -> str | None:

@@ -18,6 +18,7 @@ from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
+from foundation.production import production_key_error
 from workers.admission import Limits
 from workers.checkpoints import store_problem
 from workers.logs import PLAIN as PLAIN_LOG
@@ -52,9 +53,13 @@ def _persistent_secret_key(path: Path) -> str:
     return key
 
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _persistent_secret_key(ROLLWAY_HOME / "secret_key")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+# A site that answers beyond loopback refuses to start without a key no one can guess
+# (foundation/production.py); on loopback an unset key is made once under ROLLWAY_HOME.
+if _key_error := production_key_error(env_str("DJANGO_SECRET_KEY"), ALLOWED_HOSTS):
+    raise ImproperlyConfigured(_key_error)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _persistent_secret_key(ROLLWAY_HOME / "secret_key")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -183,6 +188,16 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:runs"
 LOGOUT_REDIRECT_URL = "login"
 
+# --- mail: only the password reset sends any (rollway/accounts.py) -------------------------
+# Unset EMAIL_HOST: the site sends no mail and its password-reset pages say reset is off.
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 587)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+EMAIL_TIMEOUT = 10  # a mail server that does not answer must not hold a request for long
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", f"rollway@{EMAIL_HOST or 'localhost'}")
+
 # --- i18n / time --------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -298,6 +313,13 @@ CELERY_BEAT_SCHEDULE = {
 # A run claimed by Celery gets this long to appear as a Ray actor before reconcile
 # calls it lost (Ray start + actor creation on a loaded 2-core box take tens of seconds).
 ROLLWAY_STARTING_GRACE_S = env_int("ROLLWAY_STARTING_GRACE_S", 180)
+# A run's ingest token stops working this long after the run ended (api/ingest.py): long
+# enough for its driver's last flush, and no token outlives its run.
+ROLLWAY_INGEST_TOKEN_GRACE_S = env_int("ROLLWAY_INGEST_TOKEN_GRACE_S", 900)
+if ROLLWAY_INGEST_TOKEN_GRACE_S < 0:
+    raise ImproperlyConfigured(
+        f"ROLLWAY_INGEST_TOKEN_GRACE_S must be 0 or more seconds (got {ROLLWAY_INGEST_TOKEN_GRACE_S})"
+    )
 # Points returned per series by the metrics API before downsampling kicks in.
 ROLLWAY_MAX_POINTS_PER_SERIES = env_int("ROLLWAY_MAX_POINTS_PER_SERIES", 2000)
 # The run queue (runs/queue.py): runs active at once on the site, and per team.
@@ -330,7 +352,32 @@ if ROLLWAY_WANDB_PROJECT and importlib.util.find_spec("wandb") is None:
         "(or '.[wandb]' in a checkout), or unset it"
     )
 ROLLWAY_MAX_RUNNING = env_int("ROLLWAY_MAX_RUNNING", 2)
-ROLLWAY_MAX_RUNNING_PER_TEAM = env_int("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
+
+
+# --- each team's share (teams/quotas.py): the site's defaults; a site admin sets a team's own
+def _quota(name: str, default: int | None) -> int | None:
+    """A quota: a whole number ≥ 0, or unset (None: no cap) where `default` is None."""
+    if env_str(name) is None:
+        return default
+    value = env_int(name, 0)
+    if value < 0:
+        raise ImproperlyConfigured(f"{name} must be a whole number ≥ 0 (got {value}); unset it for no cap")
+    return value
+
+
+# Active runs (starting, running, cancelling, scheduled) one team may have at once.
+ROLLWAY_MAX_RUNNING_PER_TEAM = _quota("ROLLWAY_MAX_RUNNING_PER_TEAM", 2)
+# Runs one team may have waiting in the queue: a comparison's 100 runs fit.
+ROLLWAY_TEAM_MAX_QUEUED = _quota("ROLLWAY_TEAM_MAX_QUEUED", 100)
+# GPUs one team's active runs may hold together (unset: no cap but the cluster's).
+ROLLWAY_TEAM_MAX_GPUS = _quota("ROLLWAY_TEAM_MAX_GPUS", None)
+# The highest queue priority a member, and an admin, may give a run (runs/actions.py:
+# from -10 to 10; priority orders a team's own runs, never one team's before another's).
+ROLLWAY_MEMBER_MAX_PRIORITY = env_int("ROLLWAY_MEMBER_MAX_PRIORITY", 5)
+ROLLWAY_ADMIN_MAX_PRIORITY = env_int("ROLLWAY_ADMIN_MAX_PRIORITY", 10)
+for _name in ("ROLLWAY_MEMBER_MAX_PRIORITY", "ROLLWAY_ADMIN_MAX_PRIORITY"):
+    if not -10 <= globals()[_name] <= 10:
+        raise ImproperlyConfigured(f"{_name} must be from -10 to 10 (got {globals()[_name]})")
 
 # --- confinement: the only places a run's config may name (workers/paths.py) ---------
 # model.path must resolve (symlinks and .. followed) under one of these.
@@ -340,6 +387,9 @@ ROLLWAY_MODEL_ROOTS = env_list("ROLLWAY_MODEL_ROOTS", [str(ROLLWAY_HOME / "model
 ROLLWAY_DATA_ROOTS = env_list(
     "ROLLWAY_DATA_ROOTS", [str(REPO_ROOT / "data"), str(REPO_ROOT / "examples"), str(ROLLWAY_HOME / "data")]
 )
+# The Hugging Face Hub owners (users, organisations) whose models, reward models and
+# datasets a run may name (workers/hub.py); empty: any.
+ROLLWAY_HUB_OWNERS = env_list("ROLLWAY_HUB_OWNERS", [])
 # sync.directory likewise; empty (the default) means the field must stay unset and
 # filesystem sync writes into the run's scratch directory.
 ROLLWAY_SYNC_ROOTS = env_list("ROLLWAY_SYNC_ROOTS", [])
@@ -378,6 +428,8 @@ SESSION_COOKIE_HTTPONLY = True
 # No script reads the CSRF cookie: every POST from a page is a form carrying
 # {% csrf_token %}, and the pages' JS only GETs.
 CSRF_COOKIE_HTTPONLY = True
+# A refused CSRF check: JSON under /api/ (401 anonymous, 403 a session), Django's page elsewhere.
+CSRF_FAILURE_VIEW = "foundation.security.csrf_failure"
 
 # The TLS switches: off for `make run` on http://127.0.0.1, on behind a TLS proxy.
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)

@@ -5,7 +5,7 @@ from api.views import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("rollway.accounts")),
     path("", include("compare.urls")),  # /compare/ and /api/compare
     path("api/", include("api.urls")),
     path("healthz", healthz, name="healthz"),

@@ -27,9 +27,10 @@ from foundation.fields import max_length
 from foundation.ids import ID_TEXT
 from runs import dispatch, events, tracking
 from runs.models import Experiment, Run
-from teams import audit, roles
+from teams import audit, quotas, roles
 from teams.models import Team
 from teams.roles import check_team_access
+from workers import placement
 from workers.config import RunConfig
 from workers.presets import PRESETS, deep_merge
 
@@ -37,9 +38,7 @@ logger = logging.getLogger(__name__)
 
 RUN_NAME_MAX = max_length(Run, "name")
 EXPERIMENT_NAME_MAX = max_length(Experiment, "name")
-# A run's place in the queue (runs/queue.py): higher starts first. A small range keeps the
-# levels meaningful to people; the column itself could hold far more.
-PRIORITY_MIN, PRIORITY_MAX = -10, 10
+PRIORITY_MIN, PRIORITY_MAX = quotas.PRIORITY_MIN, quotas.PRIORITY_MAX
 
 
 # --- access: a run or experiment by id, as its team's rule allows (teams/models.py) ---
@@ -107,10 +106,11 @@ class LaunchRequest:
     priority: int = 0
 
 
-def check_priority(value: Any, *, field: str = "priority") -> int:
+def check_priority(value: Any, *, field: str = "priority", role: str | None = None, team: Team | None = None) -> int:
     """A run's queue priority: an integer from PRIORITY_MIN to PRIORITY_MAX, 0 when not
     given. A form sends it as text ("-3"), the API as a JSON number; anything else
-    (1.5, "high", true) is an ActionError on `field`."""
+    (1.5, "high", true) is an ActionError on `field`. Given the user's `role` in `team`,
+    also within what that role may give (`teams.quotas.priority_range`)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return 0
     if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,30}", value.strip()):
@@ -120,7 +120,65 @@ def check_priority(value: Any, *, field: str = "priority") -> int:
         raise ActionError({field: f"must be a whole number {span} (higher starts first), got {value!r}"})
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ActionError({field: f"must be {span} (higher starts first; 0 is the default), got {value}"})
+    if team is not None:
+        low, high = quotas.priority_range(role)
+        if not low <= value <= high:
+            raise ActionError(
+                {
+                    field: f"the {role or 'none'} role in team {team.name} may give a priority from {low} to "
+                    f"{high} ({quotas.priority_setting(role)}={high}), got {value}"
+                }
+            )
     return value
+
+
+def queued_count(team: Team) -> int:
+    """The team's runs waiting in the queue (not yet scheduled)."""
+    return (
+        Run.objects.filter(experiment__team=team, status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_SCHEDULED).count()
+    )
+
+
+def check_team_queue(team: Team, *, adding: int = 1) -> None:
+    """Room in the team's queued quota (teams/quotas.py) for `adding` more runs; Conflict
+    on "team" naming the quota otherwise."""
+    quota = quotas.quota(team, "queued")
+    waiting = queued_count(team)
+    if quota.allows(waiting + adding):
+        return
+    fix = "wait for some to start or cancel some"
+    if adding == 1:
+        raise Conflict({"team": f"team {team.name} already has {waiting} queued runs ({quota.source}): {fix}"})
+    raise Conflict(
+        {
+            "team": f"team {team.name} has {waiting} queued runs and these {adding} would make "
+            f"{waiting + adding} ({quota.source}): {fix}, or launch fewer"
+        }
+    )
+
+
+def team_gpu_errors(team: Team, config: RunConfig) -> dict[str, str]:
+    """{"team": why} if the run asks for more GPUs than its team may ever hold at once
+    (it would wait forever); empty otherwise."""
+    quota = quotas.quota(team, "gpus")
+    gpus = placement.totals(config).gpus
+    if quota.allows(gpus):
+        return {}
+    return {
+        "team": f"the run asks for {gpus:g} GPUs and team {team.name} may hold {quota.limit} at once "
+        f"({quota.source}): ask for fewer, or set placement.devices to 'cpu'"
+    }
+
+
+def check_queue_entry(user, team: Team, *, priority: Any, config: RunConfig) -> int:
+    """What every new queued run of `team` passes however it is made (launch, clone,
+    retry, resume, comparison): a priority the user's role may give, room in the team's
+    queued quota, and no more GPUs than the team may hold. Returns the priority."""
+    priority = check_priority(priority, role=roles.role_of(user, team), team=team)
+    check_team_queue(team)
+    if errors := team_gpu_errors(team, config):
+        raise ActionError(errors)
+    return priority
 
 
 def check_launch(
@@ -133,25 +191,35 @@ def check_launch(
     overrides: Any = None,
     saved_config: Any = None,
     priority: Any = None,
+    queued: bool = True,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
-    shows them all at once (Forbidden at once if the user's role may not launch there).
+    shows them all at once (Forbidden at once if the user's role may not launch there,
+    Conflict at once if the team's queued quota is full: `check_team_queue`; not asked
+    with `queued=False`, for a run that never waits in the queue, a simulation's).
 
     `saved_config` (an id) launches a team's saved configuration version instead of a
     built-in `preset`: its base preset and overrides, with `overrides` merged on top.
     The run lands in the configuration's team (its default experiment unless one of
-    that team's experiments is given). `priority` orders the run in the queue
-    (`check_priority`). The config is validated here, once (`configs.policy`); the
-    LaunchRequest carries it typed from here on."""
+    that team's experiments is given). `priority` orders the run among its team's queued
+    runs, within what the user's role may give (`check_priority`). The config is
+    validated here, once (`configs.policy`); the LaunchRequest carries it typed from
+    here on."""
     errors: dict[str, str] = {}
     saved = _check_saved_config(user, saved_config, preset, errors)
     exp_obj, team_obj = _check_place(user, experiment, team, saved, errors)
+    if team_obj is not None and queued:
+        check_team_queue(team_obj)  # a full queue: nothing else to fix first
     with collected(errors):
-        priority = check_priority(priority)
+        role = roles.role_of(user, team_obj) if team_obj is not None else None
+        priority = check_priority(priority, role=role, team=team_obj)
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
         errors["name"] = f"at most {RUN_NAME_MAX} characters (got {len(name)})"
     preset, overrides, config = _check_run_config(preset, overrides, saved, saved_config not in (None, ""), errors)
+    if queued and team_obj is not None and config is not None:
+        for field, message in team_gpu_errors(team_obj, config).items():
+            errors.setdefault(field, message)
     if errors:
         raise ActionError(errors)
     assert team_obj is not None and config is not None  # else the errors say why
@@ -228,17 +296,20 @@ def _check_run_config(
     return preset, overrides, config
 
 
+def launch_experiment(user, launch: LaunchRequest) -> Experiment:
+    """Where a checked launch lands: its experiment, or its team's "default" one (made
+    now, by `user`, when the team has none). Call inside a transaction."""
+    if launch.experiment is not None:
+        return launch.experiment
+    experiment, _ = Experiment.objects.get_or_create(team=launch.team, name="default", defaults={"created_by": user})
+    return experiment
+
+
 def create_run(user, launch: LaunchRequest, **fields: Any) -> Run:
-    """The Run row of a checked launch, in the launch's experiment (the team's "default"
-    one when none was named); `fields` set the rest (a simulation's). Call inside a
-    transaction."""
-    experiment = launch.experiment
-    if experiment is None:
-        experiment, _ = Experiment.objects.get_or_create(
-            team=launch.team, name="default", defaults={"created_by": user}
-        )
+    """The Run row of a checked launch, in the launch's experiment (`launch_experiment`);
+    `fields` set the rest (a simulation's). Call inside a transaction."""
     return Run.objects.create(
-        experiment=experiment,
+        experiment=launch_experiment(user, launch),
         name=launch.name,
         preset=launch.preset,
         overrides=launch.overrides,
@@ -255,6 +326,11 @@ def do_launch_run(user, launch: LaunchRequest, *, schedule: bool = True) -> Run:
     (runs/queue.py) to look: it sends `launch_run` when the run's turn comes. A caller
     queuing many runs at once passes schedule=False and asks once (`ask_scheduler`)."""
     with transaction.atomic():
+        # Two launches at once must not both take the last place in the team's queued
+        # quota: the team's row is locked while it is read again (SQLite serializes
+        # writers anyway).
+        list(Team.objects.select_for_update().filter(pk=launch.team.pk).values_list("pk"))
+        check_team_queue(launch.team)
         run = create_run(user, launch)
         run = Run.objects.select_related("experiment__team").get(pk=run.pk)
         audit.record(user, launch.team, audit.Action.LAUNCH, f"run {run.pk}", name=run.name, preset=run.preset)

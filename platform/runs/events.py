@@ -1,7 +1,9 @@
 """Fan-out of run events through the channel layer to WebSocket consumers.
 
 Groups: "run-<id>" gets a run's metric points and status changes (the run page);
-"runs" gets every status change (the runs list; consumers filter by team).
+"runs" gets every status change (the runs list; consumers filter by team); "user-<id>"
+gets word that the user lost access to a team (runs/signals.py), so a socket opened while
+they were a member stops there.
 A failed send is logged, never raised: the data is already stored, and a browser that
 missed an event catches up from the API on its next load.
 """
@@ -21,10 +23,15 @@ logger = logging.getLogger(__name__)
 RUNS_GROUP = "runs"
 POINTS_EVENT = "metrics.points"  # handled by RunConsumer.metrics_points
 STATUS_EVENT = "run.status"  # handled by RunConsumer.run_status / RunsConsumer.run_status
+REVOKED_EVENT = "access.revoked"  # handled by RunConsumer.access_revoked / RunsConsumer.access_revoked
 
 
 def run_group(run_id: int) -> str:
     return f"run-{run_id}"
+
+
+def user_group(user_id: int) -> str:
+    return f"user-{user_id}"
 
 
 def _send(group: str, message: dict) -> None:
@@ -59,3 +66,9 @@ def send_status(run) -> None:
     message = {"type": STATUS_EVENT, "team_id": run.experiment.team_id, "run": run.summary()}
     _send(run_group(run.pk), message)
     _send(RUNS_GROUP, message)
+
+
+def send_access_revoked(user_id: int, team_id: int | None) -> None:
+    """Tell the user's open sockets that they no longer see team `team_id`'s runs (None:
+    any team's, e.g. a deactivated account)."""
+    _send(user_group(user_id), {"type": REVOKED_EVENT, "team_id": team_id})

@@ -97,11 +97,15 @@ def do_start_in_ray(run_id: int) -> None:
             return
         # A resumed run (runs/lineage.py) starts from its parent's checkpoint.
         resume = {"resume_from": run.resume_from.location} if run.resume_from is not None else {}
+        # The driver's own token, issued now: the site keeps only its hash, so this is
+        # the one moment the clear token exists, and each launch (a retry's, a resume's)
+        # gets its own.
+        token = run.issue_ingest_token()
         actor = lifecycle.launch(
             run.pk,
             run.run_config,
             ingest_url=settings.ROLLWAY_PUBLIC_URL,
-            token=run.ingest_token,
+            token=token,
             cache_dir=settings.ROLLWAY_CACHE_DIR,
             ray_address=settings.RAY_ADDRESS,
             confinement=policy.confinement(),

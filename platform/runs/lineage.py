@@ -7,11 +7,20 @@ and notes and tags are what people write on a run.
   so a run resumed at step k of N trains N−k more. The parent's points, status and
   checkpoints are never touched: the child reports under its own id.
 - **Clone** launches the parent's preset and overrides with the user's edits on top (the
-  launch form opens prefilled for it; the API takes the edits in the request).
+  launch form opens prefilled for it; the API takes the edits in the request), in the
+  experiment the user chooses (the parent's by default).
 
 Each is checked against the same roles, config policy and queue as a launch
-(runs/actions.py), and written to the team's audit log. The reconcile resumes a run whose
-driver died by the same path (`do_auto_resume`), when its config allows restarts.
+(runs/actions.py), in the team the child lands in, and written to that team's audit log.
+A retry or resume lands in the parent's experiment; a clone is a launch into the chosen
+experiment, so it needs the role that launches runs *there*, and it needs only to see the
+parent: a viewer may read a run's config anyway, so copying it into a team where they
+launch runs gives them nothing they could not type in. The parent's `children` list only
+the children in its own team, so a clone into another team is not shown to the parent's.
+
+The reconcile resumes a run whose driver died by the same path (`do_auto_resume`), when
+its config allows restarts, as the run's launcher: only while they may still launch runs
+in its team.
 """
 
 from __future__ import annotations
@@ -23,9 +32,9 @@ from typing import Any
 from django.db import transaction
 
 from configs import policy
-from foundation.errors import ActionError, Conflict
+from foundation.errors import ActionError, Conflict, Forbidden
 from runs import actions, events
-from runs.models import Checkpoint, Run, RunTag
+from runs.models import Checkpoint, Experiment, Run, RunTag
 from teams import audit, roles
 from workers.config import RunConfig
 from workers.presets import deep_merge
@@ -46,18 +55,21 @@ def _child_name(parent: Run, what: str) -> str:
 
 
 def _check_launchable(user, parent: Run, config: RunConfig) -> None:
-    """The member role in the parent's team, and a config the site would launch now (the
-    operator's limits and roots may have changed since the parent ran)."""
+    """The member role in the parent's team, a config the site would launch now (the
+    operator's limits and roots may have changed since the parent ran), and the team's
+    quotas and the user's priority range (`actions.check_queue_entry`)."""
     roles.require(user, parent.experiment.team, "launch runs", field="run")
     refused = policy.config_errors(config)
     if refused:
         raise ActionError(refused)  # by dotted config field, as a launch's refusal
+    actions.check_queue_entry(user, parent.experiment.team, priority=parent.priority, config=config)
 
 
-def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run:
+def _create_child(user, parent: Run, *, origin: str, name: str, experiment: Experiment | None = None, **fields) -> Run:
+    """The child run, in `experiment` (default the parent's), audited in that team."""
     with transaction.atomic():
         run = Run.objects.create(
-            experiment=parent.experiment,
+            experiment=experiment or parent.experiment,
             name=name,
             launched_by=user if getattr(user, "pk", None) else None,
             parent=parent,
@@ -73,7 +85,7 @@ def _create_child(user, parent: Run, *, origin: str, name: str, **fields) -> Run
         detail = {"child": run.pk}
         if run.resume_from is not None:
             detail["step"] = run.resume_from.step
-        audit.record(user, parent.experiment.team, action[origin], f"run {parent.pk}", **detail)
+        audit.record(user, run.experiment.team, action[origin], f"run {parent.pk}", **detail)
         transaction.on_commit(lambda: events.send_status(run))
         actions.ask_scheduler()
     logger.info("run %s: %s of run %s by %s", run.pk, origin, parent.pk, user)
@@ -180,26 +192,52 @@ def auto_resume_checkpoint(run: Run) -> Checkpoint | None:
     return run.checkpoints.order_by("-step").first()
 
 
+def auto_resume_refusal(run: Run) -> str:
+    """Why the reconcile may not resume `run` ("" when it may): the child is launched as
+    the run's launcher, so they must still be an active user whose role in the run's team
+    launches runs. A person reads it on the run, after the run's own failure."""
+    team = run.experiment.team
+    launcher = run.launched_by
+    if launcher is None:
+        return (
+            f"not resumed: the user who launched it was deleted, and a resume in team {team.slug} runs as its launcher"
+        )
+    if not launcher.is_active:
+        now = "their account is deactivated"
+    elif roles.allows(role := roles.role_of(launcher, team), "launch runs"):
+        return ""
+    else:
+        now = f"their role there is {role}" if role else "they are no longer a member"
+    return f"not resumed: {launcher.get_username()} may no longer launch runs in team {team.slug} ({now})"
+
+
 def do_auto_resume(run: Run, checkpoint: Checkpoint) -> Run:
     """The reconcile's resume of a run whose driver died: a child run, counted against the
-    chain's `max_restarts`, launched as the run's own launcher would."""
+    chain's `max_restarts`, launched as the run's own launcher would. Forbidden (on "run",
+    saying why) when they may no longer launch runs in its team: nothing is created."""
+    refused = auto_resume_refusal(run)
+    if refused:
+        raise Forbidden({"run": refused})
     return do_resume(run.launched_by, run, checkpoint, restarts=run.restarts + 1)
 
 
 # --- clone --------------------------------------------------------------------------
 
 
-def check_clone(user, run_id: int, *, overrides: Any = None, name: str = "", priority: Any = None):
-    """A launch of the run's preset and overrides with `overrides` merged on top, in the
-    run's experiment; the launch's own checks (actions.check_launch) decide."""
+def check_clone(
+    user, run_id: int, *, experiment: Any = None, overrides: Any = None, name: str = "", priority: Any = None
+) -> tuple[Run, actions.LaunchRequest]:
+    """A launch of the run's preset and overrides with `overrides` merged on top, into
+    `experiment` (an experiment id; default the run's own): `check_clone_launch` decides."""
     parent = actions.check_run_access(user, run_id)
     if overrides in (None, ""):
         overrides = {}
     if not isinstance(overrides, dict):
         raise ActionError({"overrides": 'must be a JSON object, e.g. {"buffer": {"capacity": 4}}'})
-    launch = actions.check_launch(
+    launch = check_clone_launch(
         user,
-        experiment=parent.experiment_id,
+        parent,
+        experiment=experiment,
         name=name or _child_name(parent, "clone"),
         preset=parent.preset,
         overrides=deep_merge(parent.overrides, overrides),
@@ -208,17 +246,34 @@ def check_clone(user, run_id: int, *, overrides: Any = None, name: str = "", pri
     return parent, launch
 
 
+def check_clone_launch(user, parent: Run, **launch: Any) -> actions.LaunchRequest:
+    """A launch of a clone of `parent`, which the user must be able to see (NotFound
+    naming nothing of it otherwise), checked as any launch (`actions.check_launch`, whose
+    keyword arguments `launch` are) in the experiment or team it names, the parent's
+    experiment when it names neither: the role it needs is the one in the team the child
+    lands in, whatever the user's role in the parent's."""
+    parent = actions.check_run_access(user, parent.pk)  # however the caller found it
+    if launch.get("experiment") in (None, "") and launch.get("team") in (None, ""):
+        launch["experiment"] = parent.experiment_id
+    return actions.check_launch(user, **launch)
+
+
 def do_clone(user, parent: Run, launch: actions.LaunchRequest) -> Run:
-    return _create_child(
-        user,
-        parent,
-        origin=Origin.CLONE,
-        name=launch.name,
-        preset=launch.preset,
-        overrides=launch.overrides,
-        config=launch.config.model_dump(mode="json"),
-        priority=launch.priority,
-    )
+    """The checked launch (`check_clone_launch`) as a child of `parent`, in the launch's
+    experiment (its team's "default" one when it named a team) and audited there."""
+    with transaction.atomic():
+        return _create_child(
+            user,
+            parent,
+            origin=Origin.CLONE,
+            experiment=actions.launch_experiment(user, launch),
+            name=launch.name,
+            preset=launch.preset,
+            overrides=launch.overrides,
+            config=launch.config.model_dump(mode="json"),
+            saved_config=launch.saved_config,
+            priority=launch.priority,
+        )
 
 
 # --- notes and tags -----------------------------------------------------------------

@@ -10,6 +10,7 @@ says what the run's page and its failure already say, in more lines.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from configs.policy import confinement
 from foundation.errors import NotFound
 from runs.actions import check_run_access
 from runs.models import Run
+
+logger = logging.getLogger(__name__)
 
 # The page and GET /api/runs/<id>/log show at most this much of the file's end: a long
 # run's log grows without bound, a page must not.
@@ -55,9 +58,11 @@ def log_file(run: Run) -> Path:
         if run.status == Run.Status.QUEUED:
             why = f"run {run.pk} is queued: its driver has not started, so there is no log yet"
         else:
+            # The path stays in the site's own log: a reader is told the file's name only.
+            logger.info("run %s: no driver log at %s", run.pk, path)
             why = (
-                f"run {run.pk}'s driver log is not on this host ({path}): its driver ran where this host "
-                "does not see ROLLWAY_RUN_LOG_DIR, or the file was removed"
+                f"run {run.pk}'s driver log ({path.name}) is not on this host: its driver ran where this "
+                "host does not see ROLLWAY_RUN_LOG_DIR, or the file was removed"
             )
         raise NotFound({"run": why})
     return path

@@ -10,9 +10,14 @@ resurrect a finished run: terminal states stick.
 
 from __future__ import annotations
 
+import hashlib
+import heapq
+import hmac
+import re
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 
 from django.conf import settings
@@ -25,9 +30,20 @@ from teams.models import Team, TeamOwnedQuerySet
 from workers.config import RunConfig
 from workers.reporter import PHASE_DETAIL_MAX
 
+# A checkpoint's step directory (workers/checkpoints.py: step-<k, 8 digits or more>).
+STEP_DIR_NAME = re.compile(r"step-\d{8,}")
+
 
 def new_ingest_token() -> str:
+    # The default migrations/runs/0001_initial.py names; tokens are issued by
+    # Run.issue_ingest_token.
     return secrets.token_urlsafe(32)
+
+
+def ingest_digest(token: str) -> str:
+    """What is stored of a run's ingest token. SHA-256, not a slow hash: the token is 256
+    random bits, not a password a person chose."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class Experiment(models.Model):
@@ -55,20 +71,39 @@ class Experiment(models.Model):
         return f"{self.team} / {self.name}"
 
 
-def queue_order(rows: Iterable[tuple[int, int, int]]) -> list[int]:
+def queue_order(
+    rows: Iterable[tuple[int, int, int]],
+    active: Mapping[int, int] | None = None,
+    served: Mapping[int, datetime | None] | None = None,
+) -> list[int]:
     """The run queue's order (runs/queue.py explains why) of (run id, priority, team id)
-    rows given oldest first: higher priority first; within a priority the teams take
-    turns, each team's oldest run first, then each team's second, and so on; first come
-    first served within a team."""
-    by_priority: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    rows given oldest first. The teams take turns whatever their runs' priorities: each
+    next place goes to the team with the fewest runs active (`active`: {team id: count})
+    plus placed so far; of those, the one served longest ago (`served`: {team id: when
+    the queue last scheduled one of its runs}, never first; a team just placed goes
+    last), then the one whose oldest queued run came first. Within a team, higher
+    priority first, then first come first served."""
+    by_team: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for pk, priority, team_id in rows:
-        by_priority[priority][team_id].append(pk)
+        by_team[team_id].append((priority, pk))
+    active, served = active or {}, served or {}
+    # Dicts keep insertion order: enumerate gives each team its place by its oldest run.
+    never = datetime.min.replace(tzinfo=UTC)
+    first = sorted(enumerate(by_team), key=lambda t: (served.get(t[1]) or never, t[0]))
+    turns = [(active.get(team_id, 0), seq, team_id) for seq, (_, team_id) in enumerate(first)]
+    heapq.heapify(turns)
+    for runs in by_team.values():
+        runs.sort(key=lambda run: -run[0])  # stable: first come first served within a priority
+    taken = dict.fromkeys(by_team, 0)
     order: list[int] = []
-    for priority in sorted(by_priority, reverse=True):
-        # Dicts keep insertion order: teams come in the order of their oldest run.
-        teams = list(by_priority[priority].values())
-        for rank in range(max(len(t) for t in teams)):
-            order.extend(t[rank] for t in teams if rank < len(t))
+    seq = len(turns)
+    while turns:
+        count, _, team_id = heapq.heappop(turns)
+        order.append(by_team[team_id][taken[team_id]][1])
+        taken[team_id] += 1
+        if taken[team_id] < len(by_team[team_id]):
+            heapq.heappush(turns, (count + 1, seq, team_id))
+            seq += 1
     return order
 
 
@@ -78,19 +113,41 @@ class RunQuerySet(TeamOwnedQuerySet):
     def in_flight(self) -> RunQuerySet:
         return self.exclude(status__in=Run.TERMINAL)
 
-    def in_queue_order(self) -> list[Run]:
-        """These runs in the order the run queue schedules them (`queue_order`). Loads
-        each run's experiment (for its team)."""
-        runs = {run.pk: run for run in self.select_related("experiment").order_by("created_at", "pk")}
+    def active(self) -> RunQuerySet:
+        """Runs that hold a place on the site (runs/queue.py): starting, running,
+        cancelling, or scheduled by the queue and not yet claimed by a worker."""
+        return self.filter(
+            models.Q(status__in=[Run.Status.STARTING, Run.Status.RUNNING, Run.Status.CANCELLING])
+            | models.Q(status=Run.Status.QUEUED, phase=Run.QUEUE_SCHEDULED)
+        )
+
+    def active_per_team(self) -> dict[int, int]:
+        """{team id: its active runs} over the whole site, in one query."""
+        counted = Run.objects.active().values("experiment__team_id").annotate(n=models.Count("pk"))
+        return {row["experiment__team_id"]: row["n"] for row in counted}
+
+    def in_queue_order(self, active: Mapping[int, int] | None = None) -> list[Run]:
+        """These runs in the order the run queue schedules them (`queue_order`, given
+        each team's `active` runs; None: counted here). Loads each run's experiment and
+        team."""
+        runs = {run.pk: run for run in self.select_related("experiment__team").order_by("created_at", "pk")}
         rows = [(pk, run.priority, run.experiment.team_id) for pk, run in runs.items()]
-        return [runs[pk] for pk in queue_order(rows)]
+        served = {run.experiment.team_id: run.experiment.team.queue_served_at for run in runs.values()}
+        if active is None:
+            active = self.active_per_team()
+        return [runs[pk] for pk in queue_order(rows, active, served)]
 
     def queue_positions(self) -> dict[int, int]:
         """{run id: 1-based place} of the runs waiting in the queue, in queue order.
-        One query of three columns: cheap enough for every row of a list page."""
+        Two queries of a few columns: cheap enough for every row of a list page."""
         waiting = self.filter(status=Run.Status.QUEUED).exclude(phase=Run.QUEUE_SCHEDULED)
-        rows = waiting.order_by("created_at", "pk").values_list("pk", "priority", "experiment__team_id")
-        return {pk: place for place, pk in enumerate(queue_order(rows), start=1)}
+        found = waiting.order_by("created_at", "pk").values_list(
+            "pk", "priority", "experiment__team_id", "experiment__team__queue_served_at"
+        )
+        rows = [(pk, priority, team_id) for pk, priority, team_id, _ in found]
+        served = {team_id: at for _, _, team_id, at in found}
+        order = queue_order(rows, self.active_per_team(), served)
+        return {pk: place for place, pk in enumerate(order, start=1)}
 
 
 class Run(models.Model):
@@ -154,11 +211,14 @@ class Run(models.Model):
     launched_at = models.DateTimeField(null=True, blank=True, help_text="Claimed by Celery.")
     started_at = models.DateTimeField(null=True, blank=True, help_text="Driver reported running.")
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Authenticates the driver's metric and status posts for this run only.
-    ingest_token = models.CharField(max_length=64, default=new_ingest_token, editable=False)
+    # Authenticates the driver's reports for this run only (api/ingest.py): the hash of
+    # its ingest token (`issue_ingest_token`); the clear token lives only in the memory
+    # of what issued it, the run's launch for its driver.
+    ingest_digest = models.CharField(max_length=64, blank=True, editable=False)
     celery_task_id = models.CharField(max_length=64, blank=True)
     ray_actor = models.CharField(max_length=100, blank=True, help_text="Detached driver actor.")
-    # The run queue schedules higher priorities first, first come first served within one.
+    # The run queue schedules a team's higher priorities first, first come first served
+    # within one; the teams take turns whatever the priorities (`queue_order`).
     priority = models.SmallIntegerField(default=0, help_text="Higher starts first; FIFO within a priority.")
     # What a starting or running run is doing, as its driver last reported it (e.g. warm
     # start, starting inference engines, first step, stepping), and a detail for people.
@@ -196,6 +256,8 @@ class Run(models.Model):
     objects = RunQuerySet.as_manager()
     # A run's place in the queue, where the code that loaded it knew it (`queue_position`).
     known_queue_position: int | None = None
+    # The clear ingest token, on the instance that issued it only.
+    _ingest_token: str | None = None
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -203,9 +265,49 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
 
+    def save(self, *args, **kwargs) -> None:
+        # A new run gets a token at once, so that what makes a run (a script, a bench, a
+        # test) can post as its driver would; the launch issues the driver a fresh one.
+        if self._state.adding and not self.ingest_digest:
+            self.issue_ingest_token()
+        super().save(*args, **kwargs)
+
     @property
     def team(self) -> Team:
         return self.experiment.team
+
+    @property
+    def ingest_token(self) -> str | None:
+        """The clear ingest token this instance issued; None on one loaded from the
+        database, which keeps only its hash."""
+        return self._ingest_token
+
+    @ingest_token.setter
+    def ingest_token(self, token: str) -> None:
+        self._ingest_token = token
+        self.ingest_digest = ingest_digest(token)
+
+    def issue_ingest_token(self) -> str:
+        """A new ingest token for this run, in place of any it had (a driver holding the
+        old one can no longer post). Stored at once for a stored run."""
+        token = secrets.token_urlsafe(32)
+        self.ingest_token = token
+        if not self._state.adding:
+            Run.objects.filter(pk=self.pk).update(ingest_digest=self.ingest_digest)
+        return token
+
+    def is_ingest_token(self, token: str) -> bool:
+        """Whether `token` is this run's ingest token (in constant time)."""
+        return bool(self.ingest_digest) and hmac.compare_digest(ingest_digest(token), self.ingest_digest)
+
+    def ingest_token_expired(self, now=None) -> bool:
+        """Whether the run ended more than ROLLWAY_INGEST_TOKEN_GRACE_S ago: its driver's
+        last reports arrive within that, and nothing may post as the run after it."""
+        if self.status not in self.TERMINAL:
+            return False
+        ended = self.finished_at or self.status_changed_at
+        grace = timedelta(seconds=settings.ROLLWAY_INGEST_TOKEN_GRACE_S)
+        return (now or timezone.now()) > ended + grace
 
     @cached_property
     def run_config(self) -> RunConfig:
@@ -323,11 +425,16 @@ class Run(models.Model):
             "notes": self.notes,
             "restarts": self.restarts,
             "resume_from": self.resume_from.as_dict() if self.resume_from_id else None,
-            "children": [{"id": c.pk, "origin": c.origin, "status": c.status} for c in self.children.order_by("pk")],
+            "children": [{"id": c.pk, "origin": c.origin, "status": c.status} for c in self.team_children()],
             "checkpoints": [c.as_dict() for c in self.checkpoints.order_by("-step")],
             "placement": self.placement,
             "simulation": self.simulation,
         }
+
+    def team_children(self) -> models.QuerySet[Run]:
+        """The runs made from this one in its own team, oldest first: a clone into another
+        team is that team's run, and this run's readers may not be its readers."""
+        return self.children.filter(experiment__team_id=self.experiment.team_id).order_by("pk")
 
     def series_names(self) -> list[str]:
         # From the widest rollup level (a row or two per series), not a DISTINCT over
@@ -352,7 +459,8 @@ class RunTag(models.Model):
 class Checkpoint(models.Model):
     """A checkpoint the run's trainer wrote (workers/checkpoints.py): where, how big, its
     digest. The engine prunes old ones (`checkpoint.keep_last`) and says so; the row of a
-    pruned checkpoint is deleted with it."""
+    pruned checkpoint is deleted with it. `location` (a path or URL under the site's
+    checkpoint root) stays on the server: people see `name`, the step directory."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
     step = models.BigIntegerField()
@@ -368,12 +476,19 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step}"
 
+    @property
+    def name(self) -> str:
+        """The checkpoint's directory inside its run's ("step-00000040/"), as the engine
+        names it: what a reader is told in place of the server's path."""
+        leaf = self.location.rstrip("/").rsplit("/", 1)[-1]
+        return f"{leaf}/" if STEP_DIR_NAME.fullmatch(leaf) else f"step-{self.step:08d}/"
+
     def as_dict(self) -> dict:
         return {
             "id": self.pk,
             "run": self.run_id,
             "step": self.step,
-            "location": self.location,
+            "location": self.name,
             "bytes": self.bytes,
             "sha256": self.sha256,
             "created_at": _iso(self.created_at),

@@ -2,11 +2,14 @@
 
 A launched run stays `queued` until the scheduler (`do_schedule_queue`, the Celery task
 `schedule_queue`) schedules it; only then is `launch_run` sent for it. A run is scheduled
-when all three hold:
+when all of these hold:
 
 1. fewer than `ROLLWAY_MAX_RUNNING` runs are active on the site;
-2. its team has fewer than `ROLLWAY_MAX_RUNNING_PER_TEAM` active;
-3. the cluster's free resources cover what its config asks for
+2. its team has fewer active runs than its running quota (teams/quotas.py:
+   `ROLLWAY_MAX_RUNNING_PER_TEAM` unless a site admin set the team's own);
+3. the GPUs its team's active runs hold, with its own, stay within the team's GPU quota
+   (`ROLLWAY_TEAM_MAX_GPUS`, or the team's own; unset: no cap);
+4. the cluster's free resources cover what its config asks for
    (`workers.admission.demand`: CPUs, GPUs and an estimate of memory).
 
 "Active" is starting, running or cancelling, plus runs scheduled but not yet claimed by
@@ -16,16 +19,20 @@ scheduler lets them through. "Free" is the smaller of what Ray says is available
 active run: our actors do not reserve memory in Ray, and a run scheduled a moment ago has
 not placed its actors yet, so Ray's own figure alone would let two runs take one slot.
 
-**Queue order** (`Run.objects.in_queue_order`): higher `Run.priority` first.
-Within a priority, round-robin over teams — each team's first queued run, teams ordered
-by how long that run has waited, then each team's second, and so on — so a team that
-queues twenty runs does not make another team's one run wait behind all of them. Within
-a team and a priority, first come first served. `Run.queue_position()` is the place in this order.
+**Queue order** (`Run.objects.in_queue_order`): the teams take turns, whatever their
+runs' priorities. Each next place goes to the team with the fewest runs active plus
+placed so far in the order; of those, the team the queue served longest ago
+(`Team.queue_served_at`, set when it schedules one of the team's runs); so a team that
+queues fifty runs at the highest priority makes another team's one run wait for at most
+one of them. Within a team, higher `Run.priority` first, then first come
+first served: priority is how a team orders its own work, never a way past another
+team. `Run.queue_position()` is the place in this order.
 
 **Who may go past whom** — the rule that keeps any run from starving:
 
-- a run that waits for its *team's* limit is passed over: its team's own runs are what
-  it waits for, and it is first in line again when one of them ends;
+- a run that waits for its *team's* quota (running runs or GPUs) is passed over: its
+  team's own runs are what it waits for, and it is first in line again when one of
+  them ends;
 - once a run waits for the *cluster*, nothing after it in the order is scheduled. Runs
   behind it that happen to fit would otherwise keep taking the CPUs, GPUs and memory it
   waits for, and a big run could wait forever behind a stream of small ones. The cost is
@@ -50,19 +57,20 @@ import json
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from foundation.fields import max_length
 from runs import dispatch, events, in_ray
 from runs.models import Run
+from teams import quotas
+from teams.models import Team
 from workers.admission import Capacity, Demand, capacity_errors, demand
 from workers.failures import explain
 
@@ -86,16 +94,15 @@ _process_lock = threading.Lock()
 
 def active_runs():
     """Runs that hold a slot: starting, running, cancelling, or scheduled and not yet claimed."""
-    return Run.objects.filter(
-        Q(status__in=[Status.STARTING, Status.RUNNING, Status.CANCELLING]) | Q(status=Status.QUEUED, phase=SCHEDULED)
-    )
+    return Run.objects.active()
 
 
-def queued_in_order(*, configs: bool = True) -> list[Run]:
-    """The queued runs in queue order (`Run.objects.in_queue_order`, the module
-    doc says why); `configs=False`: without their config JSON."""
+def queued_in_order(*, configs: bool = True, active: Mapping[int, int] | None = None) -> list[Run]:
+    """The queued runs in queue order (`Run.objects.in_queue_order`, the module doc says
+    why), given each team's `active` runs (None: counted here); `configs=False`: without
+    their config JSON."""
     runs = Run.objects.filter(status=Status.QUEUED).select_related("experiment__team")
-    return (runs if configs else runs.defer("config", "overrides")).in_queue_order()
+    return (runs if configs else runs.defer("config", "overrides")).in_queue_order(active)
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,10 @@ def _gib(n: float) -> str:
 
 def _runs(n: int) -> str:
     return f"{n} run is" if n == 1 else f"{n} runs are"
+
+
+def _active(n: int) -> str:
+    return f"{n} active run" if n == 1 else f"{n} active runs"
 
 
 def cluster_shortfall(need: Demand, free: Free) -> str:
@@ -162,12 +173,14 @@ def free_resources(total: Capacity, available: Capacity, active: Iterable[Run]) 
 
 class Room:
     """What one scheduler pass can still give (the module doc says how it is reckoned):
-    places on the site and in each team, and the cluster's free resources. Made under
+    places on the site, each team's quotas, and the cluster's free resources. Made under
     the scheduler's lock, from the active runs."""
 
     def __init__(self, cluster: tuple[Capacity, Capacity] | str) -> None:
         self.active = list(active_runs().select_related("experiment__team"))
         self.per_team: dict[int, int] = defaultdict(int)
+        self.gpus_per_team: dict[int, float] = defaultdict(float)  # counted for a team with a GPU quota
+        self.quotas: dict[int, tuple[quotas.Quota, quotas.Quota]] = {}  # team → (running, GPUs)
         for run in self.active:
             self.per_team[run.experiment.team_id] += 1
         self.total: Capacity | None = None  # the cluster's total: None while Ray cannot be asked
@@ -179,7 +192,16 @@ class Room:
             self.total, self.free = cluster[0], free_resources(*cluster, self.active)
         self.blocked_by: Run | None = None  # the first run waiting for the cluster
         self.max_running = settings.ROLLWAY_MAX_RUNNING
-        self.max_per_team = settings.ROLLWAY_MAX_RUNNING_PER_TEAM
+
+    def team_quotas(self, team: Team) -> tuple[quotas.Quota, quotas.Quota]:
+        """The team's (running, GPU) quotas; on first sight of a team with a GPU quota,
+        the GPUs its active runs hold."""
+        if team.pk not in self.quotas:
+            self.quotas[team.pk] = quotas.quota(team, "running"), quotas.quota(team, "gpus")
+            if self.quotas[team.pk][1].limit is not None:
+                held = (run_demand(r).gpus for r in self.active if r.experiment.team_id == team.pk)
+                self.gpus_per_team[team.pk] = sum(held)
+        return self.quotas[team.pk]
 
     def why_wait(self, run: Run) -> str:
         """Why `run` may not start in this pass ("" if it may)."""
@@ -188,8 +210,16 @@ class Room:
             return f"{_runs(len(self.active))} active (ROLLWAY_MAX_RUNNING={self.max_running})"
         if self.blocked_by is not None:
             return f"run #{self.blocked_by.pk} is ahead of it and waits for the cluster"
-        if self.per_team[team.pk] >= self.max_per_team:
-            return f"team {team.name} has {self.per_team[team.pk]} runs active (limit {self.max_per_team})"
+        running, gpus = self.team_quotas(team)
+        if not running.allows(self.per_team[team.pk] + 1):
+            return f"team {team.name} has {_active(self.per_team[team.pk])} ({running.source})"
+        if gpus.limit is not None:
+            held, need = self.gpus_per_team[team.pk], run_demand(run).gpus
+            if not gpus.allows(held + need):
+                return (
+                    f"team {team.name}'s active runs hold {held:g} GPUs and this run needs {need:g} more "
+                    f"({gpus.source})"
+                )
         if self.total is None or self.free is None:
             return self.unreachable
         if capacity_errors(run.run_config, self.total):
@@ -205,6 +235,8 @@ class Room:
         """`run` starts: it holds a place on the site and in its team, and what it needs."""
         self.active.append(run)
         self.per_team[run.experiment.team_id] += 1
+        if self.team_quotas(run.experiment.team)[1].limit is not None:
+            self.gpus_per_team[run.experiment.team_id] += run_demand(run).gpus
         if self.free is not None:
             self.free = self.free.less(run_demand(run))
 
@@ -250,7 +282,7 @@ def do_schedule_queue() -> list[int]:
     with transaction.atomic(), _scheduler_lock():
         room = Room(cluster)
         reasons: dict[int, str] = {}
-        for run in queued_in_order():
+        for run in queued_in_order(active=room.per_team):
             if run.phase == SCHEDULED:
                 continue  # counted among the active
             reason = room.why_wait(run)
@@ -273,14 +305,19 @@ def do_schedule_queue() -> list[int]:
 
 
 def _claim(run: Run) -> bool:
-    """Mark `run` scheduled, unless it was cancelled since it was read."""
-    return bool(
+    """Mark `run` scheduled, unless it was cancelled since it was read; its team was
+    served now (the queue's turns: `Run.objects.in_queue_order`)."""
+    now = timezone.now()
+    claimed = bool(
         Run.objects.filter(pk=run.pk, status=Status.QUEUED)
         .exclude(phase=SCHEDULED)
         # status_changed_at is reconcile's clock for resending a lost launch: it starts
         # now, not when the run was queued.
-        .update(phase=SCHEDULED, phase_detail=SCHEDULED_DETAIL, status_changed_at=timezone.now())
+        .update(phase=SCHEDULED, phase_detail=SCHEDULED_DETAIL, status_changed_at=now)
     )
+    if claimed:
+        Team.objects.filter(pk=run.experiment.team_id).update(queue_served_at=now)
+    return claimed
 
 
 def _record_reasons(reasons: dict[int, str], *, moved: bool) -> list[Run]:

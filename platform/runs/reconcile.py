@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from foundation.errors import Forbidden
 from runs import dispatch, in_ray, lineage, queue
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
@@ -115,7 +116,7 @@ def _settle_gone(run: Run, now: datetime) -> str:
     if run.status == Status.CANCELLING:
         return "cancelled" if do_set_run_status(run, Status.CANCELLED, only_from=[Status.CANCELLING]) else ""
     if run.status == Status.RUNNING and (checkpoint := lineage.auto_resume_checkpoint(run)):
-        return "resumed" if do_resume_lost(run, checkpoint, now) else ""
+        return do_resume_lost(run, checkpoint, now)
     # only_from the state we saw: a run that just finished keeps its real outcome
     if do_fail_run(run, *lost_reason(run, now), only_from=[run.status]):
         logger.warning("run %s lost: %s", run.pk, run.error)
@@ -123,23 +124,33 @@ def _settle_gone(run: Run, now: datetime) -> str:
     return ""
 
 
-def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> bool:
+def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> str:
     """A running run whose driver is gone, with restarts left (`checkpoint.max_restarts`):
     it fails saying so, and a child run resumes it from `checkpoint` (runs/lineage.py),
-    in one transaction. False if the run changed meanwhile (it is left alone)."""
-    _, detail = lost_reason(run, now)  # the facts stay; the sentence says it was resumed
+    in one transaction: "resumed". When its launcher may no longer launch runs in its
+    team it fails as lost, its error saying why it was not resumed: "lost". "" if the
+    run changed meanwhile (it is left alone)."""
+    error, detail = lost_reason(run, now)  # the facts stay either way
     with transaction.atomic():
         if not do_fail_run(run, "", detail, only_from=[run.status]):
-            return False
-        child = lineage.do_auto_resume(run, checkpoint)
-        message = (
-            f"The run's driver died; it was resumed as run {child.pk} from its checkpoint at step "
-            f"{checkpoint.step} (restart {child.restarts} of checkpoint.max_restarts={lineage.max_restarts(run)})."
-        )
+            return ""
+        try:
+            child = lineage.do_auto_resume(run, checkpoint)
+        except Forbidden as exc:
+            message, outcome = f"{error} It was {exc.message}.", "lost"
+        else:
+            message, outcome = (
+                f"The run's driver died; it was resumed as run {child.pk} from its checkpoint at step "
+                f"{checkpoint.step} (restart {child.restarts} of checkpoint.max_restarts={lineage.max_restarts(run)}).",
+                "resumed",
+            )
         Run.objects.filter(pk=run.pk).update(error=message)
         run.error = message
-    logger.warning("run %s lost; resumed as run %s from step %s", run.pk, child.pk, checkpoint.step)
-    return True
+    if outcome == "resumed":
+        logger.warning("run %s lost; resumed as run %s from step %s", run.pk, child.pk, checkpoint.step)
+    else:
+        logger.warning("run %s lost: %s", run.pk, run.error)
+    return outcome
 
 
 def lost_reason(run: Run, now: datetime) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from django.db import transaction
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from foundation.errors import Forbidden
 from runs import events, lineage, tracking
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
@@ -135,11 +136,19 @@ def do_record_reported_status(
 def do_resume_failed(run: Run) -> Run | None:
     """A child run that resumes the just failed `run` from its latest checkpoint, counted
     against the chain's `checkpoint.max_restarts` (runs/lineage.py); the run's error says
-    so. None when no restart is left or there is no checkpoint."""
+    so. None when no restart is left or there is no checkpoint, or when its launcher may
+    no longer launch runs in its team (its error then says that it was not resumed, and
+    why)."""
     checkpoint = lineage.auto_resume_checkpoint(run)
     if checkpoint is None:
         return None
-    child = lineage.do_auto_resume(run, checkpoint)
+    try:
+        child = lineage.do_auto_resume(run, checkpoint)
+    except Forbidden as exc:
+        run.error = f"{run.error} It was {exc.message}."
+        Run.objects.filter(pk=run.pk).update(error=run.error)
+        logger.warning("run %s failed (%s); %s", run.pk, "resumable", exc.message)
+        return None
     run.error = (
         f"{run.error} It was resumed as run {child.pk} from its checkpoint at step {checkpoint.step} "
         f"(restart {child.restarts} of checkpoint.max_restarts={lineage.max_restarts(run)})."

@@ -20,11 +20,14 @@ import pydantic
 from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from foundation.errors import ActionError, errors_by_field
+from configs import policy
+from foundation.errors import ActionError, Unavailable, errors_by_field
 from runs import events
 from runs.actions import LaunchRequest, check_launch, create_run
 from runs.models import MetricPoint, Run
 from teams import audit
+from workers.hub import HubRefused, HubUnavailable
+from workers.paths import PathNotAllowed
 from workers.simulate import MODELS, Cluster, Workload, simulate
 from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
 
@@ -43,7 +46,7 @@ MAX_GPU_STEPS = 1024 * 1024
 
 class ClusterIn(BaseModel):
     """The simulated cluster: `model` is a built-in shape (7B, 32B) or a Hugging Face
-    model (a local directory or hub id) whose shape is read from its config."""
+    model (a directory under ROLLWAY_MODEL_ROOTS or a Hub id) whose shape is read from its config."""
 
     model_config = ConfigDict(extra="forbid")
     gpus: int = Field(ge=1, le=65_536)
@@ -139,7 +142,7 @@ def check_simulated_launch(
     errors: dict[str, str] = {}
     request = None
     try:
-        request = check_launch(user, **launch)
+        request = check_launch(user, queued=False, **launch)  # stored finished: it takes no place in the queue
     except ActionError as exc:
         if exc.http_status != ActionError.http_status:
             raise
@@ -148,6 +151,8 @@ def check_simulated_launch(
     try:
         sim = check_simulation(cluster, workload, steps, max_steps=max_steps)
     except ActionError as exc:
+        if exc.http_status != ActionError.http_status:
+            raise
         errors.update(exc.errors)
     if errors:
         raise ActionError(errors)
@@ -164,15 +169,24 @@ def _parse(model: type[BaseModel], field: str, value: Any, errors: dict[str, str
 
 
 def model_shape(model: str) -> ModelShape:
-    """A built-in shape by name, else a Hugging Face model's: its config read by
-    transformers and its parameters built on the meta device (no weights loaded)."""
+    """A built-in shape by name, else a Hugging Face model's: its config (from a
+    directory under the model roots, or only the config.json of a Hub model of an owner
+    the site allows: the engine's one confinement, workers/paths.py) read by
+    transformers, and its parameters built on the meta device (no weights loaded).
+    Nothing is read for a value the confinement refuses."""
     if model in MODELS:
         return MODELS[model]
+    try:
+        source = policy.confinement().shape_source(model, "cluster.model")
+    except (PathNotAllowed, HubRefused) as exc:
+        raise ValueError(f"{exc.message}; or give a built-in shape ({', '.join(MODELS)})") from None
+    except HubUnavailable as exc:
+        raise Unavailable({exc.field: exc.message}) from None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"{model!r} is neither a built-in shape ({', '.join(MODELS)}) nor a model whose config "

@@ -41,13 +41,27 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Team)
 class TeamAdmin(TeamScopedAdmin):
     team_path = "pk"
-    list_display = ["name", "slug", "created_at"]
+    list_display = ["name", "slug", "max_queued_runs", "max_running_runs", "max_gpus", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
+    fieldsets = [
+        (None, {"fields": ["name", "slug"]}),
+        (
+            "Quotas (teams/quotas.py; empty: the site's default)",
+            {"fields": ["max_queued_runs", "max_running_runs", "max_gpus"]},
+        ),
+    ]
+    QUOTA_FIELDS = ("max_queued_runs", "max_running_runs", "max_gpus")
 
     def has_add_permission(self, request):
         return request.user.is_superuser  # a new team has no admin yet: the site's own call
+
+    def get_readonly_fields(self, request, obj=None):
+        # A team's share of the site is the site's call: a team admin sees it, only a
+        # superuser changes it.
+        found = list(super().get_readonly_fields(request, obj))
+        return found if request.user.is_superuser else [*found, *self.QUOTA_FIELDS]
 
 
 @admin.register(Membership)

@@ -7,6 +7,8 @@ from typing import Self
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils.text import slugify
 
 
@@ -43,6 +45,20 @@ class Team(models.Model):
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The team's own share of the site (teams/quotas.py), set by a site admin; empty: the
+    # site's default from settings.
+    max_queued_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs the team may have waiting in the queue. Empty: ROLLWAY_TEAM_MAX_QUEUED."
+    )
+    max_running_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs the team may have active at once. Empty: ROLLWAY_MAX_RUNNING_PER_TEAM."
+    )
+    max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPUs the team's active runs may hold together. Empty: ROLLWAY_TEAM_MAX_GPUS."
+    )
+    # When the run queue last scheduled one of the team's runs: of two teams with as many
+    # runs active, the one served longer ago takes the next slot (runs/models.py `queue_order`).
+    queue_served_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = TeamQuerySet.as_manager()
 
@@ -162,3 +178,11 @@ class ApiToken(models.Model):
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
         }
+
+
+@receiver(post_delete, sender=Membership)
+def drop_tokens_of_removed_member(sender, instance: Membership, **kwargs) -> None:
+    """A token acts as its maker in one team, so once the maker leaves that team it can
+    never authenticate again; kept, it would still name the team they left in their token
+    list. A signal rather than the actions layer, so a removal from the admin counts too."""
+    ApiToken.objects.filter(user_id=instance.user_id, team_id=instance.team_id).delete()

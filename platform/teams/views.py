@@ -1,4 +1,4 @@
-"""The teams page: each of the user's teams, its members and roles; for the team's
+"""The teams page: each of the user's teams, its members, roles and quotas; for the team's
 admins, forms to add members, change roles and remove members, and the audit log."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from foundation.errors import ActionError, NotFound
-from teams import actions, roles, tokens
+from teams import actions, quotas, roles, tokens
 from teams.models import ApiToken, AuditEvent, Membership, Team
 
 AUDIT_SHOWN = 100  # the newest events; GET /api/teams/<team>/audit pages through all
@@ -33,6 +33,8 @@ def _page(request: HttpRequest, *, new_secret: str = "", token_errors: dict | No
                 "admin": admin,
                 "members": team.memberships.select_related("user").order_by("user__username"),
                 "events": AuditEvent.objects.filter(team=team)[:AUDIT_SHOWN] if admin else [],
+                "quotas": quotas.quotas(team),
+                "priority_range": quotas.priority_range(role) if roles.allows(role, "launch runs") else None,
             }
         )
     context = {

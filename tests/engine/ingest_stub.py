@@ -6,6 +6,12 @@ A real HTTP server in a thread that speaks the Metrics ingest contract: Bearer t
 (each announcement recorded in `checkpoints`, in order) and `POST /api/runs/<id>/placement`
 (the latest in `placement`). It records every request so
 tests can check batching, auth and duplicates.
+
+Tests force the site's other answers: `fail_with` answers every request with one status,
+`script` answers the next requests in order ((status, headers) each, then the contract
+again), `max_points` answers 413 to a metrics batch larger than that (a body limit),
+and `prefix` serves the endpoints under a path prefix (a site moved behind a proxy).
+`attempts` counts every POST, answered or not.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PATH = re.compile(r"^/api/runs/(\d+)/(metrics|status|checkpoints|placement)$")
+PATH = re.compile(r"^(.*)/api/runs/(\d+)/(metrics|status|checkpoints|placement)$")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 class IngestStub:
-    def __init__(self, token: str = "secret", port: int = 0) -> None:
+    def __init__(self, token: str = "secret", port: int = 0, prefix: str = "") -> None:
         self.token = token
+        self.prefix = prefix
         self.lock = threading.Lock()
         self.requests: list[tuple[str, int, dict]] = []  # (kind, run_id, body) accepted
         self.unauthorized = 0
@@ -34,6 +41,9 @@ class IngestStub:
         self.checkpoints: dict[int, list[dict]] = {}  # every checkpoint body posted, in order
         self.placement: dict[int, list[dict]] = {}  # the latest placement posted: its actors
         self.fail_with: int | None = None  # answer every request with this status code
+        self.script: list[tuple[int, dict[str, str]]] = []  # the next answers, in order
+        self.max_points: int | None = None  # a larger metrics batch gets 413
+        self.attempts = 0  # every POST, whatever its answer
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,16 +54,23 @@ class IngestStub:
                 m = PATH.match(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                with stub.lock:
+                    stub.attempts += 1
+                    scripted = stub.script.pop(0) if stub.script else None
+                if scripted is not None:
+                    return self._answer(scripted[0], {"error": "scripted"}, scripted[1])
                 if stub.fail_with:
                     return self._answer(stub.fail_with, {"error": "injected"})
-                if not m:
+                if not m or m.group(1) != stub.prefix:
                     return self._answer(404, {"error": "no such endpoint"})
                 if self.headers.get("Authorization") != f"Bearer {stub.token}":
                     with stub.lock:
                         stub.unauthorized += 1
                     return self._answer(401, {"error": "bad token"})
-                run_id, kind = int(m.group(1)), m.group(2)
+                run_id, kind = int(m.group(2)), m.group(3)
                 body = json.loads(raw)
+                if kind == "metrics" and stub.max_points is not None and len(body["points"]) > stub.max_points:
+                    return self._answer(413, {"errors": {"body": "too large"}})
                 with stub.lock:
                     stub.requests.append((kind, run_id, body))
                     if kind == "metrics":
@@ -78,11 +95,13 @@ class IngestStub:
                         stub.errors[run_id] = body.get("error", "")
                     return self._answer(200, {"status": stub.status[run_id]})
 
-            def _answer(self, code: int, body: dict) -> None:
+            def _answer(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 

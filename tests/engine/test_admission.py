@@ -83,6 +83,44 @@ def test_colocated_pools_share_their_gpus():
     assert "inference.num_workers" in capacity_errors(on_gpus(5, 1, "colocated"), FOUR_GPUS)
 
 
+def with_reward_pool(base: RunConfig, workers: int, **rewards) -> RunConfig:
+    return RunConfig.model_validate({**base.model_dump(), "rewards": {"workers": workers, **rewards}})
+
+
+def test_the_reward_pools_cpus_gpus_and_processes_are_counted():
+    plain = on_gpus(1)
+    pooled = with_reward_pool(plain, 2, gpus_per_worker=1, cpus_per_worker=2)
+    assert (demand(plain).gpus, demand(pooled).gpus) == (2, 4)
+    assert demand(pooled).cpus == demand(plain).cpus + 2 * 2
+    assert demand(pooled).memory_bytes > demand(plain).memory_bytes
+    assert "reward worker" in demand(pooled).per_role and "reward worker" not in demand(plain).per_role
+    # Colocated pools share their GPUs; the reward workers' GPUs come on top.
+    assert demand(with_reward_pool(on_gpus(2, 2, "colocated"), 2, gpus_per_worker=0.5)).gpus == 2 + 1
+
+
+def test_a_reward_pool_asking_more_gpus_than_the_cluster_has_is_refused_naming_it():
+    assert admission_errors(with_reward_pool(on_gpus(1), 2, gpus_per_worker=1), Limits(), FOUR_GPUS) == {}
+    errors = admission_errors(with_reward_pool(on_gpus(1), 3, gpus_per_worker=1), Limits(), FOUR_GPUS)
+    assert list(errors) == ["rewards.workers"]
+    assert errors["rewards.workers"] == (
+        "the run asks for 5 GPUs (inference.num_workers 1 × inference.tensor_parallel_size 1 + trainer.num_ranks 1 "
+        "+ rewards.workers 3 × rewards.gpus_per_worker 1); the cluster has 4: ask for fewer, or set "
+        "placement.devices to 'cpu'"
+    )
+    # The pool that asks for the most is named: here the inference workers.
+    errors = capacity_errors(with_reward_pool(on_gpus(3), 1, gpus_per_worker=0.5), FOUR_GPUS)
+    assert list(errors) == ["inference.num_workers"] and "4.5 GPUs" in errors["inference.num_workers"]
+
+
+def test_a_reward_pool_asking_more_cpus_than_the_cluster_has_is_refused_naming_it():
+    small = Capacity(cpus=2, memory_bytes=2**40)
+    assert admission_errors(cfg(rewards={"workers": 4}), Limits(), small) == {}
+    errors = admission_errors(cfg(rewards={"workers": 4, "cpus_per_worker": 1}), Limits(), small)
+    assert list(errors) == ["rewards.workers"]
+    assert errors["rewards.workers"].startswith("1 inference workers and 4 reward workers ask for 4.5 CPUs")
+    assert "+ rewards.cpus_per_worker 1 × 4 for the reward pool" in errors["rewards.workers"]
+
+
 def test_tensor_parallel_inference_needs_vllm_and_is_refused_naming_the_field_otherwise():
     assert admission_errors(on_gpus(2, 2), Limits(), FOUR_GPUS) == {}  # a trainer pool runs
     errors = admission_errors(cfg(inference={"tensor_parallel_size": 2}), Limits(), ROOMY)
@@ -202,7 +240,82 @@ def test_colocated_the_trainer_gets_what_vllm_leaves_of_the_gpu():
     apart = on_h100s(inference={"backend": "vllm", "gpu_memory_utilization": 0.6}, **settings)
     assert gpu_memory_errors(apart, H100, QWEN_7B) == {}
     together = apart.model_copy(update={"placement": apart.placement.model_copy(update={"mode": "colocated"})})
-    assert "beside its colocated inference worker" in gpu_memory_errors(together, H100, QWEN_7B)["trainer.backend"]
+    errors = gpu_memory_errors(together, H100, QWEN_7B)
+    # Both resident they need 81.4 GiB; taking turns, 77.4: the refusal names the switch.
+    assert list(errors) == ["inference.sleep_level"]
+    assert "need 81.4 GiB of one GPU at once" in errors["inference.sleep_level"]
+    assert "Taking turns (vLLM asleep while the trainer steps) needs 77.4 GiB" in errors["inference.sleep_level"]
+    whole = together.model_copy(update={"lora": together.lora.model_copy(update={"enabled": False})})
+    assert "beside its colocated inference worker" in gpu_memory_errors(whole, H100, QWEN_7B)["trainer.backend"]
+
+
+def colocated_7b_lora(level: int, utilization: float = 0.6) -> RunConfig:
+    return on_h100s(
+        mode="sync",
+        placement={"devices": "gpu", "mode": "colocated"},
+        inference={"backend": "vllm", "gpu_memory_utilization": utilization, "sleep_level": level},
+        trainer={"micro_batch_rows": 8, "gradient_checkpointing": True, "dtype": "bfloat16"},
+        lora={"enabled": True, "rank": 32},
+    )
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_colocated_gpu_that_fits_only_taking_turns_is_admitted_when_vllm_sleeps(level):
+    assert gpu_memory_errors(colocated_7b_lora(0), H100, QWEN_7B).keys() == {"inference.sleep_level"}
+    assert gpu_memory_errors(colocated_7b_lora(level), H100, QWEN_7B) == {}
+
+
+def test_while_vllm_generates_its_share_and_the_trainers_weights_must_fit_together():
+    errors = gpu_memory_errors(colocated_7b_lora(1, utilization=0.7), H100, QWEN_7B)
+    assert list(errors) == ["inference.gpu_memory_utilization"]
+    assert "need 85.4 GiB; the GPU has 80.0 GiB" in errors["inference.gpu_memory_utilization"]
+
+
+def test_a_trainer_step_too_big_for_the_whole_gpu_is_refused_even_when_vllm_sleeps():
+    c = colocated_7b_lora(1)
+    whole = c.model_copy(update={"lora": c.lora.model_copy(update={"enabled": False})})
+    errors = gpu_memory_errors(whole, H100, QWEN_7B)
+    assert "beside its sleeping inference worker" in errors["trainer.backend"]
+
+
+@pytest.mark.parametrize(
+    ("sections", "says"),
+    [
+        ({"inference": {"backend": "vllm", "sleep_level": 1}}, "vLLM on CPU has no sleep mode"),
+        (
+            {"placement": {"devices": "gpu"}, "inference": {"backend": "vllm", "sleep_level": 1}},
+            "placement.mode 'disaggregated' shares none",
+        ),
+        (
+            {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 2}},
+            "inference.backend 'torch' does not have",
+        ),
+        (
+            {"placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"backend": "vllm", "sleep_level": 1}},
+            "mode 'async' runs them side by side: set mode to 'sync'",
+        ),
+        (
+            {
+                "mode": "sync",
+                "placement": {"devices": "gpu", "mode": "colocated"},
+                "inference": {"backend": "vllm", "sleep_level": 2},
+                "lora": {"enabled": True},
+                "sync": {"protocol": "lora"},
+            },
+            "the base weights would never come back",
+        ),
+    ],
+)
+def test_a_sleep_level_where_it_cannot_work_is_refused_at_launch_naming_the_field(sections, says):
+    errors = admission_errors(cfg(**sections), Limits(), None)
+    assert says in errors["inference.sleep_level"]
+
+
+def test_a_sleep_level_colocated_on_vllm_in_sync_mode_is_accepted():
+    ok = {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"backend": "vllm"}}
+    for level in (0, 1, 2):
+        sections = {**ok, "inference": {"backend": "vllm", "sleep_level": level}}
+        assert "inference.sleep_level" not in admission_errors(cfg(**sections), Limits(), None)
 
 
 def test_gpu_memory_is_checked_only_on_gpus_of_known_memory():

@@ -1,19 +1,18 @@
 """task.dataset beyond one file: a save_to_disk directory, a directory of data files, a
-Hub dataset id (read here from the datasets cache, offline), splits by name, and
-conversational prompts rendered by the chat template."""
+Hub dataset id (a stand-in Hub here: checked at launch by its metadata only, read by a
+worker within the operator's bounds), splits by name, and conversational prompts
+rendered by the chat template."""
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
 
 import pytest
 
+from tests.fake_hub import FakeHub
 from workers import chat
 from workers.config import RunConfig, TaskConfig
-from workers.paths import Confinement
+from workers.paths import Confinement, PathNotAllowed
 from workers.task_data import DatasetError, dataset_errors, is_hub_id, load_splits
 from workers.tiny_hf import train_tokenizer
 from workers.tokenizer import HFTokenizer, load_tokenizer
@@ -74,43 +73,111 @@ def test_one_file_is_the_split_train(tmp_path):
     assert info.value.field == "task.dataset.split" and "set it to 'train'" in info.value.message
 
 
+def jsonl(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+SUMS_CARD = {
+    "dataset_info": {
+        "features": [{"name": "prompt", "dtype": "string"}, {"name": "answer", "dtype": "string"}],
+        "splits": [{"name": "train", "num_examples": len(TRAIN)}, {"name": "test", "num_examples": len(TEST)}],
+    }
+}
+
+
 @pytest.fixture
-def offline_hub_cache(tmp_path, monkeypatch):
-    """An offline site whose datasets cache holds `acme/sums` (train and test), as a
-    download by `datasets.load_dataset` leaves it: the Arrow files of each split under
-    <cache>/acme___sums/<config>/<version>/<hash>/, named after the dataset."""
-    import datasets
-
-    files = tmp_path / "source"
-    files.mkdir()
-    data_files = {"train": write_jsonl(files / "train.jsonl", TRAIN), "test": write_jsonl(files / "test.jsonl", TEST)}
-    build = str(tmp_path / "build")
-    datasets.load_dataset("json", data_files=data_files, cache_dir=build)
-    (built,) = [d for d in glob.glob(os.path.join(build, "json", "*", "*", "*")) if os.path.isdir(d)]
-    cache = tmp_path / "datasets-cache"
-    target = cache / "acme___sums" / "default" / "0.0.0" / "0"
-    shutil.copytree(built, target)
-    for arrow in target.glob("json-*.arrow"):
-        arrow.rename(target / arrow.name.replace("json-", "sums-", 1))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return str(cache)
+def hub(monkeypatch, tmp_path):
+    """A Hub holding `acme/sums` (train and test files, a card declaring its columns),
+    and a working directory holding a local `acme/sums` of other rows."""
+    hub = FakeHub(monkeypatch, tmp_path)
+    hub.dataset(
+        "acme/sums",
+        {"README.md": b"", "data/train.jsonl": jsonl(TRAIN), "data/test.jsonl": jsonl(TEST)},
+        card=SUMS_CARD,
+    )
+    decoy = tmp_path / "cwd" / "acme" / "sums"
+    decoy.mkdir(parents=True)
+    write_jsonl(decoy / "train.jsonl", [{"prompt": "local=", "answer": "local"}])
+    monkeypatch.chdir(tmp_path / "cwd")
+    return hub
 
 
-def test_a_hub_dataset_id_loads_through_datasets_from_its_cache(offline_hub_cache):
+def test_a_worker_reads_a_hub_dataset_from_the_hub_never_a_local_directory_of_that_name(hub):
     assert is_hub_id("acme/sums") and not is_hub_id("acme/sums.jsonl") and not is_hub_id("/data/acme/sums")
     cfg = config("acme/sums", eval_fraction=0, eval_split="test")
     splits = load_splits(cfg)
     assert set(splits.train) == pairs(TRAIN) and set(splits.eval) == pairs(TEST)
+    assert ("acme/sums", "data/train.jsonl") in hub.downloads
+
+
+def test_a_launch_check_of_a_hub_dataset_reads_its_metadata_only(hub):
+    cfg = config("acme/sums", eval_fraction=0, eval_split="test")
     # No local path to confine: the data roots do not apply, and the check passes.
     assert Confinement(data_roots=()).errors(cfg) == {}
+    assert hub.downloads == [] and hub.load_dataset_calls == []
+    assert [what for what, _ in hub.calls] == ["dataset_info"]
 
 
-def test_an_unknown_hub_dataset_is_refused_at_launch_naming_the_field(offline_hub_cache):
+def test_a_launch_check_refuses_a_column_or_split_the_hub_dataset_card_lacks(hub):
+    errors = Confinement().errors(config("acme/sums", prompt_column="question"))
+    assert "no column 'question'" in errors["task.dataset.prompt_column"]
+    errors = Confinement().errors(config("acme/sums", eval_fraction=0, eval_split="validation"))
+    assert errors == {"task.dataset.eval_split": "'acme/sums' has no split 'validation'; its splits are train, test"}
+    assert hub.downloads == [] and hub.load_dataset_calls == []
+
+
+def test_without_a_card_the_columns_come_from_the_parquet_conversions_schema(hub, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hub.dataset("acme/plain", {"data/train.parquet": 10**12})  # a file no check may fetch
+    parquet = str(tmp_path / "conv.parquet")
+    pq.write_table(pa.table({"question": ["1+1="], "answer": ["2"]}), parquet)
+    hub.parquet_conversion("acme/plain", "train", parquet)
+    errors = Confinement().errors(config("acme/plain"))
+    assert "no column 'prompt'; its columns are question, answer" in errors["task.dataset.prompt_column"]
+    assert Confinement().errors(config("acme/plain", prompt_column="question")) == {}
+    assert hub.downloads == [] and hub.load_dataset_calls == []
+
+
+def test_an_unknown_hub_dataset_is_refused_at_launch_naming_the_field(hub):
     errors = Confinement(data_roots=()).errors(config("acme/no-such-set"))
-    message = errors["task.dataset.path"]
-    assert "'acme/no-such-set'" in message and "offline" in message and "save_to_disk" in message
-    assert list(errors) == ["task.dataset.path"]
+    assert errors == {
+        "task.dataset.path": "there is no dataset 'acme/no-such-set' on the Hugging Face Hub (or it is private)"
+    }
+
+
+def test_a_hub_dataset_is_refused_on_an_offline_site_with_a_way_out(hub, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    message = Confinement().errors(config("acme/sums"))["task.dataset.path"]
+    assert "offline" in message and hub.calls == []
+
+
+def test_a_worker_keeps_the_first_rows_up_to_the_operators_bound(hub, monkeypatch):
+    monkeypatch.setenv("ROLLWAY_HUB_DATASET_MAX_ROWS", "5")
+    assert len(load_splits(config("acme/sums")).train) == 5
+
+
+def test_a_worker_refuses_a_hub_dataset_larger_than_the_operators_bound_before_fetching_it(hub, monkeypatch):
+    monkeypatch.setenv("ROLLWAY_HUB_DATASET_MAX_BYTES", "100")
+    with pytest.raises(DatasetError) as info:
+        load_splits(config("acme/sums"))
+    assert info.value.field == "task.dataset.path" and "ROLLWAY_HUB_DATASET_MAX_BYTES=100" in info.value.message
+    assert hub.downloads == []
+
+
+def test_a_worker_stops_downloading_a_hub_dataset_past_the_operators_time_bound(hub, monkeypatch):
+    from workers import hub as hub_module
+
+    monkeypatch.setenv("ROLLWAY_HUB_DATASET_TIMEOUT_S", "60")
+    clock = iter([0.0, 0.0, 61.0, 61.0])  # the deadline is set, the card is fetched, then time is up
+    monkeypatch.setattr(hub_module, "clock", lambda: next(clock))
+    with pytest.raises(DatasetError) as info:
+        load_splits(config("acme/sums"))
+    assert "ROLLWAY_HUB_DATASET_TIMEOUT_S=60" in info.value.message
+    assert hub.downloads == [("acme/sums", "README.md")]
 
 
 # --- conversational prompts ------------------------------------------------------------
@@ -239,3 +306,13 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
     assert chat.is_messages(prompts[0]) and prompts[0][0] == {"role": "system", "content": "be brief"}
     assert all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in completions)
     assert {"rewards/completion_length/mean", "rewards/completion_length/std"} <= set(batch_metrics(groups))
+
+
+def test_the_drivers_check_reads_the_rows_a_launch_check_could_not_see(hub):
+    hub.dataset("acme/blank", {"README.md": b"", "train.jsonl": jsonl([{"prompt": "", "answer": "1"}])}, card=SUMS_CARD)
+    cfg = config("acme/blank")
+    assert Confinement().errors(cfg) == {} and hub.downloads == []  # the card declares the columns
+    with pytest.raises(PathNotAllowed) as refused:
+        Confinement().check(cfg)  # the driver's check, within the Hub bounds
+    assert refused.value.field == "task.dataset.path" and "row 0: the prompt is empty" in refused.value.message
+    assert ("acme/blank", "train.jsonl") in hub.downloads

@@ -22,7 +22,7 @@ EXAMPLE = Path(make_data.PATH).parent
 
 @pytest.fixture
 def allowed(monkeypatch):
-    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "examples")
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "examples.arithmetic.task")
 
 
 def test_the_committed_dataset_is_what_the_script_writes(tmp_path):

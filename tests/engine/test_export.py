@@ -130,7 +130,14 @@ def test_a_lora_run_on_the_checkpoint_itself_points_the_adapter_at_it(tmp_path, 
     trainer = trained(cfg, str(tmp_path / "cache"))
     target = str(tmp_path / "exports" / "run-4")
     manifest = export_policy(trainer.model, policy(cfg, str(tmp_path / "cache")), target, cfg)
-    assert manifest["base"] == qwen_dir and "base" not in os.listdir(target)
+    # The base by its directory's name: the cluster's path to it is not the downloader's.
+    assert manifest["base"] == "tiny-qwen2" and "base" not in os.listdir(target)
+    adapter_config = json.load(open(os.path.join(target, "adapter", "adapter_config.json")))
+    assert adapter_config["base_model_name_or_path"] == "tiny-qwen2"
+    for root, _, names in os.walk(target):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                assert os.path.dirname(qwen_dir).encode() not in f.read(), name
     peft_model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(qwen_dir), os.path.join(target, "adapter")
     )

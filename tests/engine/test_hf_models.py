@@ -17,10 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
 from tests.engine.helpers import HF_WARM_START
+from tests.fake_hub import FakeHub
 from workers import warmstart
 from workers.config import RunConfig
 from workers.driver import RunDriver
 from workers.generation import generate_groups
+from workers.hub import HubUnavailable
 from workers.inference import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.inference.transformers_backend import TransformersBackend
@@ -154,9 +156,14 @@ def test_a_hub_model_is_refused_while_the_hub_cannot_be_reached(tmp_path, monkey
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     message = box.errors(cfg)["model.hub_id"]
     assert "offline" in message and "model.source='path'" in message
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    # Online or not, this id is refused under model.hub_id (unreachable, or no such model).
-    assert "rollway-tests/no-such-model" in box.errors(cfg)["model.hub_id"]
+    hub = FakeHub(monkeypatch, tmp_path)  # online: a Hub that has no such model
+    assert box.errors(cfg) == {
+        "model.hub_id": "there is no model 'rollway-tests/no-such-model' on the Hugging Face Hub (or it is private)"
+    }
+    hub.fail = FakeHub.http_error(500)  # a Hub that fails is not the config's fault: no refusal, HubUnavailable
+    with pytest.raises(HubUnavailable) as info:
+        box.errors(cfg)
+    assert info.value.field == "model.hub_id" and "answered 500; try again later" in info.value.message
 
 
 def test_hub_needs_an_id():

@@ -17,6 +17,7 @@ import typing
 
 import pytest
 
+from tests.engine import test_mfu as mfu_tests
 from tests.engine.helpers import fixed_groups, small_config
 from workers.buffer import RolloutBuffer, plan
 from workers.config import BufferConfig
@@ -208,6 +209,7 @@ CONDITION_TESTS = {
     **dict.fromkeys(PER_RANK, test_per_rank_series_come_from_a_trainer_pool_only),
     "reward/pool_busy_frac": test_the_reward_pool_series_come_from_a_reward_pool_only,
     "reward/scoring_lag_ms": test_the_reward_pool_series_come_from_a_reward_pool_only,
+    "trainer/mfu": mfu_tests.test_the_trainer_reports_mfu_only_on_a_device_with_a_peak,
     **dict.fromkeys(
         ("episode/p50_s", "episode/p90_s", "episode/tail_ratio"),
         test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only,

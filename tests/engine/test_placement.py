@@ -1,8 +1,8 @@
 """A run's placement in Ray (workers/placement.py): the bundles and each actor's seat,
 worked out from the config without Ray; then real runs on the shared cluster, whose 4
 GPUs are declared (this host has none, so the actors still compute on the CPU): each
-actor sees the GPUs Ray gave it, disjoint per pool or shared when colocated, and the
-run's placement group is gone once its actors stop."""
+actor sees the GPUs Ray gave it, disjoint per pool or shared when colocated, a reward
+worker holds its own bundle, and the run's placement group is gone once its actors stop."""
 
 from __future__ import annotations
 
@@ -43,8 +43,37 @@ def test_by_default_each_actor_has_a_cpu_bundle_of_its_own_and_asks_no_gpu():
     assert p.bundles == [{"CPU": 0.25}, {"CPU": 0.25}]
     assert p.inference == [Seat(bundle=0, num_cpus=0.25, num_gpus=0.0)]
     assert p.trainer == [Seat(bundle=1, num_cpus=0.25, num_gpus=0.0)]
+    assert p.rewards == []
     assert (p.strategy, p.selectors) == ("PACK", [{}, {}])
     assert placement.totals(RunConfig()).gpus == 0
+
+
+def test_each_reward_worker_has_a_bundle_of_its_own_after_the_pools_with_its_node_label():
+    c = cfg(
+        inference={"num_workers": 2},
+        rewards={"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 1},
+        placement={"devices": "gpu", "rewards_node": "pool=reward"},
+    )
+    p = placement.plan(c)
+    assert p.bundles[3:] == [{"CPU": 1, "GPU": 1}] * 2
+    assert p.rewards == [Seat(3, 1, 1), Seat(4, 1, 1)]
+    assert p.selectors == [{}, {}, {}, {"pool": "reward"}, {"pool": "reward"}]
+    assert "2 reward worker(s) × {CPU: 1, GPU: 1} on nodes pool=reward" in p.summary
+    t = placement.totals(c)
+    assert (t.gpus, t.rewards_gpus, t.cpus) == (5, 2, 2 * 0.25 + 0.25 + 2 * 1)
+    # A share of one GPU each; colocated pools keep sharing their GPUs, the reward
+    # workers' bundles stay their own.
+    shared = cfg(
+        inference={"num_workers": 2},
+        rewards={"workers": 2, "gpus_per_worker": 0.5},
+        placement={"devices": "gpu", "mode": "colocated"},
+    )
+    p = placement.plan(shared)
+    assert p.bundles == [{"CPU": 0.5, "GPU": 1}, {"CPU": 0.25, "GPU": 1}] + [{"CPU": 0.25, "GPU": 0.5}] * 2
+    assert [s.bundle for s in p.rewards] == [2, 3]
+    assert placement.totals(shared).gpus == 2 + 1
+    # On the CPU a reward worker reserves its CPUs only.
+    assert placement.plan(cfg(rewards={"workers": 1})).bundles[-1] == {"CPU": 0.25}
 
 
 def test_disaggregated_pools_ask_for_gpus_of_their_own():
@@ -82,25 +111,28 @@ def test_each_pool_bundles_carry_its_node_label_selector():
 
 
 @pytest.mark.parametrize(
-    ("workers", "tp", "ranks", "devices", "mode"),
+    ("workers", "tp", "ranks", "scorers", "devices", "mode"),
     [
-        (w, tp, r, d, m)
-        for w, tp, r, d, m in itertools.product(
-            [1, 2, 5], [1, 3], [1, 2], ["cpu", "gpu"], ["disaggregated", "colocated"]
+        (w, tp, r, k, d, m)
+        for w, tp, r, k, d, m in itertools.product(
+            [1, 2, 5], [1, 3], [1, 2], [0, 3], ["cpu", "gpu"], ["disaggregated", "colocated"]
         )
         if not (m == "colocated" and (d == "cpu" or tp > 1))
     ],
 )
-def test_the_totals_admission_counts_are_the_plans_own(workers, tp, ranks, devices, mode):
+def test_the_totals_admission_counts_are_the_plans_own(workers, tp, ranks, scorers, devices, mode):
     c = cfg(
         inference={"num_workers": workers, "tensor_parallel_size": tp},
         trainer={"num_ranks": ranks, "backend": "ddp" if ranks > 1 else "single"},
+        rewards={"workers": scorers, "gpus_per_worker": 0.5 if scorers and devices == "gpu" else 0},
         placement={"devices": devices, "mode": mode},
     )
     p, t = placement.plan(c), placement.totals(c)
     assert t.gpus == sum(b.get("GPU", 0) for b in p.bundles)
+    assert t.rewards_gpus == sum(p.bundles[s.bundle].get("GPU", 0) for s in p.rewards)
     assert t.cpus == pytest.approx(sum(b["CPU"] for b in p.bundles))
-    seats = [*p.inference, *p.trainer]
+    assert len(p.rewards) == scorers
+    seats = [*p.inference, *p.trainer, *p.rewards]
     for k, bundle in enumerate(p.bundles):  # a bundle holds what its actors ask for, and they ask
         here = [s for s in seats if s.bundle == k]
         assert bundle["CPU"] == pytest.approx(sum(s.num_cpus for s in here))
@@ -125,6 +157,20 @@ def test_the_totals_admission_counts_are_the_plans_own(workers, tp, ranks, devic
         ),
         ({"placement": {"strategy": "BALANCED"}}, "'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'"),
         ({"inference": {"cpus_per_worker": 0}}, "greater than or equal to 0.0001"),
+        ({"placement": {"rewards_node": "reward"}}, "placement.rewards_node 'reward' is not a Ray node label"),
+        (
+            {"rewards": {"workers": 1, "gpus_per_worker": 1}},
+            "rewards.gpus_per_worker 1 asks Ray for GPUs, but placement.devices is 'cpu'",
+        ),
+        (
+            {"rewards": {"workers": 1, "gpus_per_worker": 1.5}, "placement": {"devices": "gpu"}},
+            "set it below 1 (a share of one GPU) or to a whole number",
+        ),
+        (
+            {"rewards": {"gpus_per_worker": 1}, "placement": {"devices": "gpu"}},
+            "but rewards.workers is 0: set rewards.workers ≥ 1, or rewards.gpus_per_worker to 0",
+        ),
+        ({"rewards": {"workers": 1, "cpus_per_worker": 0}}, "greater than or equal to 0.0001"),
     ],
 )
 def test_a_placement_that_cannot_work_is_refused_naming_the_fields(sections, says):
@@ -210,6 +256,47 @@ def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_gro
         assert group_state(9142) == "REMOVED"
     finally:
         ray.kill(driver)
+
+
+def actor_resources(name: str) -> tuple[dict, str | None]:
+    """What Ray assigned the named actor and the id of the placement group it runs in."""
+
+    def inside(_actor) -> tuple[dict, str | None]:
+        ctx = ray.get_runtime_context()
+        return ctx.get_assigned_resources(), ctx.get_placement_group_id()
+
+    actor = ray.get_actor(name, namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(inside), timeout=120)
+
+
+@pytest.mark.slow
+def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains(cluster, stub, cache_dir):
+    """1 inference worker, 1 trainer and 1 reward worker asking 1 GPU and 0.5 CPU: 3 of
+    the 4 declared GPUs, one each; the reward worker's in its bundle of the run's group."""
+    config = tiny_config(
+        rewards={"workers": 1, "cpus_per_worker": 0.5, "gpus_per_worker": 1},
+        placement={"devices": "gpu"},
+        stop={"max_steps": 10_000},
+    )
+    launch(9144, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    try:
+        names = ["run-9144-inference-0", "run-9144-trainer", "run-9144-reward-0"]
+        wait_for(lambda: set(names) <= set(run_actor_names(9144)), 120, "the run's actors")
+        seen = {name: actor_devices(name) for name in names}
+        ids = [tuple(gpu_ids) for gpu_ids, _ in seen.values()]
+        assert all(len(i) == 1 for i in ids) and len(set(ids)) == 3, seen
+        assigned, group_id = actor_resources("run-9144-reward-0")
+        assert assigned == {"CPU": 0.5, "GPU": 1.0}
+        (group,) = [g for g in ray.util.placement_group_table().values() if g["name"] == placement_group_name(9144)]
+        assert group_id == group["placement_group_id"]
+        assert group["bundles"][2] == {"CPU": 0.5, "GPU": 1.0}  # after the inference worker's and the trainer's
+        # It trains, its rewards scored by the pool (on the CPU: this host has no GPU).
+        scored = ("loss", "reward/pool_busy_frac")
+        wait_for(lambda: all(len(stub.series(9144).get(s, {})) >= 2 for s in scored), 120, "two scored, trained steps")
+    finally:
+        assert cancel(9144, timeout_s=10)
+    wait_for(lambda: group_state(9144) == "REMOVED", 10, "the placement group to be removed")
+    assert ray.available_resources().get("GPU") == 4
 
 
 def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(cluster, tmp_path, monkeypatch):

@@ -102,12 +102,22 @@ def config(**task) -> RunConfig:
     return RunConfig.model_validate({"task": {"name": "copy", **task}})
 
 
+def test_a_reward_function_in_a_submodule_of_a_listed_package_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setitem(sys.modules, "my_rewards.inner", types.ModuleType("my_rewards.inner"))
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "my_rewards")
+    with pytest.raises(pydantic.ValidationError) as info:
+        config(reward_funcs=["my_rewards.inner:f"])
+    message = str(info.value)
+    assert "task.reward_funcs: 'my_rewards.inner:f': module 'my_rewards.inner' is not among" in message
+    assert "ROLLWAY_TASK_MODULES=my_rewards" in message
+
+
 @pytest.mark.parametrize(
     ("task", "says"),
     [
         ({"reward_funcs": ["my_rewards.exact"]}, "is not a 'package.module:function' path"),
         ({"reward_funcs": ["my_rewards:missing"]}, "has no function 'missing'"),
-        ({"reward_funcs": ["no_pkg.mod:f"]}, "is not among the packages this site allows"),
+        ({"reward_funcs": ["no_pkg.mod:f"]}, "is not among the reward-function modules this site allows"),
         ({"reward_funcs": ["my_rewards:no_completions"]}, "takes no 'completions' argument"),
         ({"reward_funcs": ["my_rewards:exact"], "reward_weights": [1.0, 2.0]}, "2 weights for 1 task.reward_funcs"),
         ({"reward_funcs": ["my_rewards:exact", "my_rewards:exact"]}, "would report under one series"),

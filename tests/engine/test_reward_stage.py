@@ -143,18 +143,28 @@ def test_after_scores_each_group_once_generation_is_done(cluster, tiny_model_dir
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["after", "pipelined"])
 def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cache_dir, mode):
+    # `after` on the shared cluster's declared GPUs, the reward worker asking one of its own
+    # (it computes on the CPU: this host has none).
+    on_gpus = mode == "after"
     summary = run_inline(
         2401 if mode == "after" else 2402,
         cache_dir,
-        rewards={"workers": 1, "mode": mode, "chunk_tokens": 2},
+        rewards={"workers": 1, "mode": mode, "chunk_tokens": 2, "gpus_per_worker": 1 if on_gpus else 0},
+        placement={"devices": "gpu" if on_gpus else "cpu"},
         stop={"max_steps": 3},
     )
     assert summary["state"] == "succeeded", summary["error"]
     series = summary["series"]
+    assert len(series["loss"]) == 3
     assert set(series) >= POOL_SERIES
     assert all(0 < v <= 1 for _, v in series["reward/pool_busy_frac"])
     assert all(v > 0 for _, v in series["reward/scoring_lag_ms"])
-    assert any(row["actor"] == "reward worker 0" for row in summary["placement"])
+    gpus = {row["actor"]: row["gpu_ids"] for row in summary["placement"]}
+    if on_gpus:
+        others = {g for actor, ids in gpus.items() if actor != "reward worker 0" for g in ids}
+        assert len(gpus["reward worker 0"]) == 1 and not others & set(gpus["reward worker 0"]), gpus
+    else:
+        assert gpus["reward worker 0"] == []
 
 
 @pytest.mark.slow

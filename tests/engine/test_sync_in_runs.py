@@ -4,7 +4,8 @@ Fast: the config refuses combinations that cannot work, naming the fields; the L
 trainer trains the adapter only and hands out merged weights under checkpoint names.
 Slow: a short run launched through `workers.lifecycle.launch` on in-process Ray (torch
 backend) with a packed collective, and with LoRA adapter-only sync, reports its sync
-figures and succeeds.
+figures and succeeds; on vLLM, each protocol's versions load through vLLM's
+`update_weights` (the backend's default weight-transfer engine).
 """
 
 from __future__ import annotations
@@ -130,6 +131,19 @@ def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir))}
+    assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_filesystem_run_on_vllm_loads_each_version_through_update_weights(cluster, cache_dir):
+    pytest.importorskip("vllm")
+
+    out = run_inline(306, cache_dir, sync={"protocol": "filesystem"}, inference={"backend": "vllm"})
+    assert out["state"] == "succeeded", out["error"]
+    s = {k: dict(v) for k, v in out["series"].items()}
+    full = _model_bytes(cache_dir)
+    assert all(full < v < full + 2**16 for v in s["sync/bytes"].values())
     assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
 
 

@@ -55,7 +55,7 @@ def user_module(monkeypatch):
     module.NoDemoTask = NoDemoTask
     module.not_a_task = 42
     monkeypatch.setitem(sys.modules, "my_tasks", module)
-    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg, my_tasks")  # the operator allows them
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg.tasks, my_tasks")  # the operator allows them
     return module
 
 
@@ -67,11 +67,34 @@ def test_a_dotted_path_outside_the_allowed_packages_is_refused_before_any_import
     monkeypatch.setattr(task_modules.importlib, "import_module", lambda name: imported.append(name))
     for allowed in ("", "other_pkg"):
         monkeypatch.setenv("ROLLWAY_TASK_MODULES", allowed)
-        with pytest.raises(pydantic.ValidationError, match="is not among the task packages this site allows"):
+        with pytest.raises(pydantic.ValidationError, match="is not among the task modules this site allows"):
             RunConfig.model_validate({"task": {"name": "my_tasks:EchoTask"}})
     with pytest.raises(pydantic.ValidationError, match="ROLLWAY_TASK_MODULES=other_pkg"):
         RunConfig.model_validate({"task": {"name": "os:system"}})
     assert imported == []
+
+
+def test_a_listed_package_does_not_open_its_submodules_unless_the_operator_says_package_star(monkeypatch):
+    package, inner = types.ModuleType("my_tasks"), types.ModuleType("my_tasks.inner")
+    inner.EchoTask = EchoTask
+    monkeypatch.setitem(sys.modules, "my_tasks", package)
+    monkeypatch.setitem(sys.modules, "my_tasks.inner", inner)
+    imported = []
+    real_import = task_modules.importlib.import_module
+    monkeypatch.setattr(
+        task_modules.importlib, "import_module", lambda name: imported.append(name) or real_import(name)
+    )
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "my_tasks")
+    with pytest.raises(pydantic.ValidationError) as info:
+        RunConfig.model_validate({"task": {"name": "my_tasks.inner:EchoTask"}})
+    message = str(info.value)
+    assert "task.name 'my_tasks.inner:EchoTask': module 'my_tasks.inner' is not among the task modules" in message
+    assert "ROLLWAY_TASK_MODULES=my_tasks" in message and "'package.*'" in message
+    assert imported == []
+    for allowed in ("my_tasks.inner", "my_tasks.*"):
+        monkeypatch.setenv("ROLLWAY_TASK_MODULES", allowed)
+        assert task_class("my_tasks.inner:EchoTask") is EchoTask
+    assert imported == ["my_tasks.inner", "my_tasks.inner"]
 
 
 def test_builtin_names_resolve_lazily_to_their_classes():

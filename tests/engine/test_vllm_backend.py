@@ -403,3 +403,18 @@ def test_a_tensor_parallel_engine_samples_from_the_weights_it_is_given(model_dir
         assert _max_abs_diff(hf, prompts, after, 1.0) > 1e-2
     finally:
         tp.close()
+
+
+def test_the_engine_lock_gives_its_holder_the_engines_thread_count_and_restores_its_own():
+    from workers.inference.vllm_backend import EngineLock
+
+    own = torch.get_num_threads()
+    lock = EngineLock(own + 1)
+    with lock:
+        assert torch.get_num_threads() == own + 1
+        with lock:  # re-entered: still the engine's
+            assert torch.get_num_threads() == own + 1
+        assert torch.get_num_threads() == own + 1
+    assert torch.get_num_threads() == own
+    with EngineLock(None):  # a GPU engine pins nothing
+        assert torch.get_num_threads() == own

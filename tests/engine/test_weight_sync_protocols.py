@@ -381,6 +381,50 @@ def test_receiver_refuses_an_endpoint_of_another_protocol():
         make_receiver(sync_cfg("filesystem")).connect({"protocol": "object_store"})
 
 
+@pytest.mark.parametrize(
+    "device, placement, protocol, tp, changed_only, engine",
+    [
+        # CPU: the project's engines, whatever the protocol moved (vLLM's need CUDA).
+        ("cpu", "disaggregated", "object_store", 1, False, "rollway_memory"),
+        ("cpu", "disaggregated", "collective", 1, False, "rollway_memory"),
+        ("cpu", "disaggregated", "filesystem", 1, False, "rollway_memory"),
+        ("cpu", "disaggregated", "lora", 1, False, "rollway_memory"),
+        ("cpu", "disaggregated", "object_store", 2, False, "rollway_files"),
+        # GPU: vLLM's own.
+        ("gpu", "disaggregated", "collective", 1, False, "nccl"),
+        ("gpu", "disaggregated", "object_store", 2, False, "nccl"),
+        ("gpu", "disaggregated", "collective", 1, True, "sparse_nccl"),
+        ("gpu", "colocated", "collective", 1, False, "ipc"),
+        ("gpu", "colocated", "cuda_ipc", 1, False, "ipc"),
+        ("gpu", "disaggregated", "cuda_ipc", 1, False, "ipc"),
+    ],
+)
+def test_the_vllm_transfer_engine_follows_device_placement_and_protocol(
+    device, placement, protocol, tp, changed_only, engine
+):
+    from workers.sync import vllm_transfer_engine
+
+    assert (
+        vllm_transfer_engine(device, placement, protocol, tensor_parallel_size=tp, changed_only=changed_only) == engine
+    )
+
+
+def test_a_run_on_vllm_cpu_gets_the_in_memory_engine_by_default():
+    from workers.config import RunConfig
+    from workers.sync import vllm_transfer_engine
+
+    cfg = RunConfig.model_validate({"inference": {"backend": "vllm"}})
+    got = vllm_transfer_engine(cfg.placement.devices, cfg.placement.mode, cfg.sync.protocol)
+    assert got == "rollway_memory"
+
+
+def test_cuda_ipc_on_the_cpu_is_refused_naming_the_field():
+    from workers.sync import vllm_transfer_engine
+
+    with pytest.raises(ValueError, match="placement.devices 'gpu'"):
+        vllm_transfer_engine("cpu", "disaggregated", "cuda_ipc")
+
+
 def test_combined_report_takes_the_slowest_worker():
     sent = SyncReport("collective", 3, 100, trainer_ms=5.0, tensors=4, messages=1)
     a = SyncReport("collective", 3, 100, inference_ms=7.0, end_to_end_ms=9.0)

@@ -75,7 +75,7 @@ def child_env(**settings: str) -> dict[str, str]:
     env = dict(os.environ)
     # The shipped examples' task modules and reward functions (examples/), allowed in
     # the web, the worker and the Ray head alike, as a site that runs them is set up.
-    env.setdefault("ROLLWAY_TASK_MODULES", "examples")
+    env.setdefault("ROLLWAY_TASK_MODULES", "examples.arithmetic.task")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "platform"), str(REPO)])
     env["PYTHONUNBUFFERED"] = "1"
     env["DJANGO_SETTINGS_MODULE"] = "rollway.settings"

@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from runs import queue
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
 from workers.admission import Capacity
@@ -28,6 +29,15 @@ def in_memory_channel_layer(settings):
     # Also resets the layer between tests (channels listens to setting_changed), so no
     # queue outlives the event loop of the test that made it.
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+def no_hugging_face_hub(monkeypatch):
+    # No test reaches the real Hub: a config naming a Hub id gets the offline refusal (a
+    # 400), whatever network the machine has. tests/fake_hub.py stands in for an online Hub.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture(autouse=True)
@@ -221,3 +231,14 @@ def daphne_url(transactional_db):
     finally:
         server.terminate()
         server.join(10)
+
+
+@pytest.fixture
+def schedule(driver, django_capture_on_commit_callbacks):
+    """do_schedule_queue, with what it sends on commit sent (tests never commit)."""
+
+    def run() -> list[int]:
+        with django_capture_on_commit_callbacks(execute=True):
+            return queue.do_schedule_queue()
+
+    return run

@@ -118,3 +118,15 @@ def test_the_teams_page_makes_a_token_shows_it_once_and_revokes_it(client_for, o
     assert client.post("/teams/tokens/", {"name": "", "team": team.slug, "role": "member"}).status_code == 400
     assert client.post(f"/teams/tokens/{ApiToken.objects.get().pk}/revoke/").status_code == 302
     assert Client().get("/api/runs", **bearer(secret)).status_code == 401
+
+
+def test_removing_a_member_deletes_their_tokens_in_that_team_only(client_for, owner, teammate, team, make_token):
+    elsewhere = Team.objects.create(name="Annex", slug="annex")
+    Membership.objects.create(team=elsewhere, user=teammate, role=Role.MEMBER)
+    make_token(teammate, "member", "in-lab")
+    make_token(teammate, "member", "in-annex", team_=elsewhere)
+    r = client_for(owner).delete(f"/api/teams/{team.slug}/members/{teammate.username}")
+    assert r.status_code in (200, 204), r.content
+    listed = client_for(teammate).get("/api/tokens").json()["tokens"]
+    assert [(t["name"], t["team"]) for t in listed] == [("in-annex", "annex")]
+    assert team.slug not in json.dumps(listed)

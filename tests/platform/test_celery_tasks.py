@@ -39,7 +39,10 @@ def test_launch_claims_the_run_and_starts_its_driver_actor(driver, run, settings
     assert (run.phase, run.phase_detail) == ("", "")  # the queue's mark is gone
     assert run.ray_actor == f"run-{run.pk}"
     [(_, run_id, config, url, token, cache_dir, address)] = driver.named("launch")
-    assert (run_id, config, url, token) == (run.pk, run.run_config, "http://127.0.0.1:8123", run.ingest_token)
+    assert (run_id, config, url) == (run.pk, run.run_config, "http://127.0.0.1:8123")
+    # The driver's token is issued at launch, and only its hash is stored.
+    assert run.is_ingest_token(token) and token not in run.ingest_digest
+    assert not run.is_ingest_token(run.ingest_token)  # the one the run was made with
     assert config.model_dump(mode="json") == run.config  # the stored config, typed
     assert cache_dir == settings.ROLLWAY_CACHE_DIR and address is None
 

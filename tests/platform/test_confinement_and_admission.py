@@ -177,6 +177,18 @@ def test_a_pool_whose_gpu_cannot_hold_it_is_refused_on_gpus_of_known_memory(clie
     assert launch(client_for(owner), experiment, sharded).status_code == 201
 
 
+def test_a_reward_pool_past_the_clusters_gpus_is_refused_naming_rewards_workers(client_for, owner, experiment):
+    ClusterCapacity.record(Capacity(cpus=64.0, memory_bytes=2**40, gpus=3))
+    pooled = {"placement": {"devices": "gpu"}, "rewards": {"workers": 2, "gpus_per_worker": 1}}
+    r = launch(client_for(owner), experiment, pooled)
+    assert r.status_code == 400
+    message = r.json()["errors"]["rewards.workers"]
+    assert "the run asks for 4 GPUs" in message and "rewards.workers 2 × rewards.gpus_per_worker 1" in message
+    assert Run.objects.count() == 0
+    shared = {**pooled, "rewards": {"workers": 2, "gpus_per_worker": 0.5}}
+    assert launch(client_for(owner), experiment, shared).status_code == 201
+
+
 def test_without_a_capacity_seen_the_launch_passes_and_the_worker_refuses_before_ray(
     client_for, owner, experiment, driver
 ):

@@ -124,3 +124,89 @@ def test_the_runs_list_gets_status_changes_of_its_teams_only(make_run, owner, ou
     owner_got, owner_more, outsider_got = asyncio.run(scenario())
     assert owner_got["run"]["id"] == mine.pk and owner_more is True
     assert outsider_got["run"]["id"] == theirs.pk
+
+
+# --- access that ends while a socket is open ---------------------------------------------
+
+
+def test_a_member_removed_while_watching_a_run_gets_4403_and_no_more_points(run, teammate):
+    from teams.actions import do_remove_member
+
+    comm = communicator(f"/ws/runs/{run.pk}/", teammate)
+    points = [{"series": "reward/mean", "step": 1, "value": 0.5, "time": 1.0}]
+
+    async def scenario():
+        connected, _ = await comm.connect()
+        assert connected
+        await sync_to_async(do_remove_member)(run.launched_by, run.experiment.team, teammate.username)
+        # Queued behind the removal's word: the consumer must drop it, not send it.
+        await sync_to_async(events.send_points)(run.pk, points)
+        first = await comm.receive_output(timeout=2)
+        await comm.disconnect()  # returns once the consumer has stopped
+        return first, comm.output_queue.empty()
+
+    first, nothing_more = asyncio.run(scenario())
+    assert first == {"type": "websocket.close", "code": 4403}
+    assert nothing_more
+
+
+def test_a_member_deactivated_while_watching_a_run_gets_4403(run, teammate):
+    comm = communicator(f"/ws/runs/{run.pk}/", teammate)
+
+    def deactivate():
+        teammate.is_active = False
+        teammate.save(update_fields=["is_active"])
+
+    async def scenario():
+        await comm.connect()
+        await sync_to_async(deactivate)()
+        await sync_to_async(events.send_status)(run)
+        first = await comm.receive_output(timeout=2)
+        await comm.disconnect()
+        return first, comm.output_queue.empty()
+
+    first, nothing_more = asyncio.run(scenario())
+    assert first == {"type": "websocket.close", "code": 4403}
+    assert nothing_more
+
+
+def test_another_teams_removal_leaves_a_run_page_streaming(run, teammate, outsider):
+    from teams.models import Membership, Team
+
+    Membership.objects.create(team=Team.objects.get(name="Elsewhere"), user=teammate)
+    comm = communicator(f"/ws/runs/{run.pk}/", teammate)
+    points = [{"series": "reward/mean", "step": 1, "value": 0.5, "time": 1.0}]
+
+    async def scenario():
+        await comm.connect()
+        await sync_to_async(Membership.objects.filter(user=teammate, team__name="Elsewhere").delete)()
+        await sync_to_async(events.send_points)(run.pk, points)
+        first = await comm.receive_json_from(timeout=2)
+        await comm.disconnect()
+        return first
+
+    assert asyncio.run(scenario()) == {"type": "points", "points": points}
+
+
+def test_the_runs_list_stops_a_removed_teams_status_and_keeps_the_others(make_run, teammate, outsider):
+    from runs.models import Experiment
+    from teams.models import Membership, Team
+
+    Membership.objects.create(team=Team.objects.get(name="Elsewhere"), user=teammate)
+    lab_run = make_run()
+    elsewhere_run = make_run(experiment=Experiment.objects.get(name="theirs"))
+    comm = communicator("/ws/runs/", teammate)
+
+    async def scenario():
+        await comm.connect()
+        await sync_to_async(Membership.objects.filter(user=teammate, team__name="Lab").delete)()
+        await sync_to_async(events.send_status)(lab_run)
+        await sync_to_async(events.send_status)(elsewhere_run)
+        # Sent in that order: the first message is the Lab run's if the list still got it.
+        first = await comm.receive_json_from(timeout=2)
+        await comm.disconnect()
+        return first, comm.output_queue.empty()
+
+    first, nothing_more = asyncio.run(scenario())
+    assert first["run"]["id"] == elsewhere_run.pk
+    assert nothing_more

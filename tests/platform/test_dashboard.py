@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.contrib.staticfiles import finders
 
@@ -48,6 +50,24 @@ def test_the_run_page_has_a_chart_per_dashboard_chart(client_for, owner, run):
     assert 'id="cancel-button"' in html
 
 
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [("succeeded", "the run succeeded"), ("failed", "the run failed"), ("cancelled", "the run was cancelled")],
+)
+def test_a_finished_run_page_says_it_is_final_not_live(client_for, owner, make_run, status, said):
+    ended = dt.datetime(2026, 11, 25, 9, 40, 12, tzinfo=dt.UTC)
+    html = client_for(owner).get(f"/runs/{make_run(status, finished_at=ended).pk}/").content.decode()
+    assert f'id="live-state" data-state="final">final — {said} at 2026-11-25 09:40 UTC</p>' in html
+    assert 'data-state="connecting"' not in html and ">live<" not in html
+
+
+@pytest.mark.parametrize("status", ["queued", "running", "cancelling"])
+def test_an_unfinished_run_page_goes_live(client_for, owner, make_run, status):
+    html = client_for(owner).get(f"/runs/{make_run(status).pk}/").content.decode()
+    assert 'id="live-state" data-state="connecting">connecting…</p>' in html  # live.js: "live" once open
+    assert "final —" not in html
+
+
 def test_a_run_with_reward_functions_charts_each_functions_mean(client_for, owner, make_run):
     config = build("async").model_dump(mode="json")
     config["task"]["reward_funcs"] = ["my_rewards.gsm8k:accuracy", "my_rewards.gsm8k:formatReward"]
@@ -67,6 +87,16 @@ def test_a_multi_agent_run_charts_each_agent_its_episodes_and_its_late_groups(cl
     assert 'data-series="episode/p50_s,episode/p90_s"' in html and 'data-series="buffer/late_groups"' in html
     single = client_for(owner).get(f"/runs/{make_run().pk}/").content.decode()
     assert "agent/" not in single and 'data-chart="Episode completion time (s)"' not in single
+
+
+def test_the_mfu_chart_of_a_cpu_run_says_why_it_stays_empty(client_for, owner, make_run):
+    note = "the trainer computes on the CPU, which has no peak to measure MFU against"
+    cpu = client_for(owner).get(f"/runs/{make_run().pk}/").content.decode()
+    assert f'data-series="trainer/mfu"\n             data-unit="fraction" data-empty="{note}"' in cpu
+    config = build("async", {"placement": {"devices": "gpu"}}).model_dump(mode="json")
+    gpu = client_for(owner).get(f"/runs/{make_run(config=config).pk}/").content.decode()
+    assert 'data-series="trainer/mfu"\n             data-unit="fraction" data-empty=""' in gpu
+    assert note not in gpu
 
 
 def test_an_outsider_gets_404_for_a_run_page(client_for, outsider, run):

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from runs.models import Run
+from tests.fake_hub import FakeHub
 from workers.shipped_data import DATA_DIR
 
 URL = "/api/runs"
@@ -75,8 +76,8 @@ def test_a_missing_column_is_refused_naming_it(client_for, owner, experiment, da
 def test_an_unknown_task_name_is_refused_naming_it(client_for, owner, experiment, data_root, monkeypatch):
     r = launch(client_for(owner), experiment, {"name": "no_such_pkg.tasks:Task"})
     assert r.status_code == 400, r.content
-    assert "not among the task packages this site allows" in r.json()["errors"]["task.name"]
-    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg")
+    assert "not among the task modules this site allows" in r.json()["errors"]["task.name"]
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "no_such_pkg.tasks")
     r = launch(client_for(owner), experiment, {"name": "no_such_pkg.tasks:Task"})
     assert r.status_code == 400, r.content
     errors = r.json()["errors"]
@@ -84,16 +85,12 @@ def test_an_unknown_task_name_is_refused_naming_it(client_for, owner, experiment
 
 
 def test_an_unknown_hub_dataset_is_refused_naming_the_path(client_for, owner, experiment, data_root, monkeypatch):
-    import datasets
-
-    # An offline site with an empty datasets cache: the id can be found nowhere.
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(data_root / "empty-cache"))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    hub = FakeHub(monkeypatch, data_root)
     r = launch(client_for(owner), experiment, {"name": "countdown", "dataset": {"path": "acme/no-such-set"}})
     assert r.status_code == 400, r.content
     message = r.json()["errors"]["task.dataset.path"]
-    assert "'acme/no-such-set'" in message and "offline" in message
-    assert Run.objects.count() == 0
+    assert "there is no dataset 'acme/no-such-set' on the Hugging Face Hub" in message
+    assert Run.objects.count() == 0 and hub.downloads == []
 
 
 def test_a_reward_function_outside_the_allowed_packages_is_refused_naming_the_field(
@@ -102,7 +99,7 @@ def test_a_reward_function_outside_the_allowed_packages_is_refused_naming_the_fi
     task = {"name": "countdown", "reward_funcs": ["no_such_pkg.rewards:accuracy"]}
     r = launch(client_for(owner), experiment, task)
     assert r.status_code == 400, r.content
-    assert "not among the packages this site allows" in r.json()["errors"]["task.reward_funcs"]
+    assert "not among the reward-function modules this site allows" in r.json()["errors"]["task.reward_funcs"]
 
 
 def test_reward_weights_of_another_length_are_refused_naming_the_field(client_for, owner, experiment, data_root):

@@ -269,7 +269,7 @@ def build_world() -> World:
             "next": "/",
         },
         sessions={"member": _session(owner), "outsider": _session(outsider), "admin": _session(admin)},
-        tokens=dict(Run.objects.values_list("pk", "ingest_token")),
+        tokens={r.pk: r.issue_ingest_token() for r in Run.objects.all()},
         admin_ids={
             "auth/user/": str(owner.pk),
             "teams/team/": str(team.pk),

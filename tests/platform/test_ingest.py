@@ -76,14 +76,68 @@ def test_it_refuses_a_session_instead_of_a_token(client_for, owner, run):
     assert r.status_code == 401
 
 
-def test_an_unknown_run_is_404(client, run):
-    r = client.post(
-        "/api/runs/99999/metrics",
-        data="{}",
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {run.ingest_token}",
+@pytest.mark.parametrize("path", INGEST_ENDPOINTS)
+def test_an_unknown_run_answers_as_a_wrong_token_does(client, run, path):
+    # Checked in that order, a 404 would tell anyone which run ids exist.
+    unknown = client.post(
+        f"/api/runs/99999/{path}", data="{}", content_type="application/json", HTTP_AUTHORIZATION="Bearer guess"
     )
-    assert r.status_code == 404
+    wrong = post(client, run, path, {}, token="guess")
+    assert unknown.status_code == wrong.status_code == 401
+    assert unknown.content == wrong.content
+    assert unknown["WWW-Authenticate"] == wrong["WWW-Authenticate"]
+
+
+def test_only_a_hash_of_the_token_is_stored(run):
+    token = run.ingest_token
+    stored = Run.objects.filter(pk=run.pk).values().get()
+    assert token and token not in json.dumps(stored, default=str)
+    assert Run.objects.get(pk=run.pk).is_ingest_token(token)
+
+
+@pytest.mark.parametrize("path", INGEST_ENDPOINTS)
+def test_the_token_of_a_run_that_ended_past_its_grace_cannot_post(client, make_run, settings, path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.ROLLWAY_INGEST_TOKEN_GRACE_S = 600
+    long_ago = timezone.now() - timedelta(seconds=601)
+    ended = make_run(status=Status.SUCCEEDED, finished_at=long_ago, status_changed_at=long_ago)
+    body = {"points": [point()]} if path == "metrics" else {"status": "running"}
+    r = post(client, ended, path, body)
+    assert r.status_code == 401
+    assert "ROLLWAY_INGEST_TOKEN_GRACE_S=600 s ago: its ingest token has expired" in r.json()["errors"]["auth"]
+    assert not MetricPoint.objects.exists()
+
+
+def test_a_run_that_just_ended_takes_its_drivers_last_points(client, make_run, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.ROLLWAY_INGEST_TOKEN_GRACE_S = 600
+    lately = timezone.now() - timedelta(seconds=599)
+    ended = make_run(status=Status.SUCCEEDED, finished_at=lately, status_changed_at=lately)
+    assert post(client, ended, "metrics", {"points": [point()]}).json() == {"accepted": 1}
+
+
+def test_a_reissued_token_replaces_the_one_before(client, run):
+    before = run.ingest_token
+    after = Run.objects.get(pk=run.pk).issue_ingest_token()
+    assert post(client, run, "metrics", {"points": [point()]}, token=before).status_code == 401
+    assert post(client, run, "metrics", {"points": [point()]}, token=after).status_code == 200
+
+
+def test_the_migration_hashes_the_tokens_stored_in_clear(run):
+    import hashlib
+    from importlib import import_module
+
+    from django.apps import apps
+
+    Run.objects.filter(pk=run.pk).update(ingest_digest="a-token-stored-in-clear")
+    import_module("migrations.runs.0014_run_ingest_digest").hash_tokens(apps, None)
+    assert Run.objects.get(pk=run.pk).ingest_digest == hashlib.sha256(b"a-token-stored-in-clear").hexdigest()
 
 
 # --- idempotency and validation ------------------------------------------------------
@@ -265,3 +319,15 @@ def test_a_bad_placement_is_a_400_naming_the_field_and_keeps_the_last_good_one(c
     assert any(field in key for key in r.json()["errors"]), r.json()
     run.refresh_from_db()
     assert run.placement == [place()]
+
+
+def test_a_retry_posts_with_its_own_launch_token_not_its_parents(client, make_run, owner, driver):
+    from runs import in_ray, lineage, queue
+
+    parent = make_run(Status.FAILED)
+    child = lineage.do_retry(owner, parent)
+    Run.objects.filter(pk=child.pk).update(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(child.pk)
+    [launched] = [call[4] for call in driver.named("launch")]
+    assert post(client, child, "metrics", {"points": [point()]}, token=parent.ingest_token).status_code == 401
+    assert post(client, child, "metrics", {"points": [point()]}, token=launched).json() == {"accepted": 1}

@@ -189,7 +189,9 @@ def test_the_task_name_is_a_select_of_the_built_ins_or_any_other_name_typed(form
 def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_shown(form_page):
     (task,) = find_all(form_page(), "fieldset", id="axis-task")
     paths = [dict(c.attributes)["data-path"] for c in find_all(task, "div", class_="control")]
-    dataset = ["path", "split", "prompt_column", "answer_column", "eval_fraction", "eval_path", "eval_split"]
+    dataset = [
+        "path", "split", "prompt_column", "answer_column", "eval_fraction", "eval_path", "eval_split", "split_seed",
+    ]  # fmt: skip
     assert paths[: 1 + len(dataset)] == ["task.name"] + [f"task.dataset.{f}" for f in dataset]
     placeholders = {}
     for field in dataset:
@@ -205,6 +207,7 @@ def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_
         "eval_fraction": "default: 0.1",
         "eval_path": "not set",
         "eval_split": "not set",
+        "split_seed": "default: 0",
     }
     assert {"type": "number", "min": "0", "step": "any"}.items() <= dict(
         the_input(control(task, "task.dataset.eval_fraction")).attributes

@@ -222,4 +222,5 @@ def test_a_model_directory_a_dataset_file_and_a_task_are_chosen_with_controls(li
         "eval_path": None,
         "split": "train",
         "eval_split": None,
+        "split_seed": 0,
     }

@@ -223,6 +223,7 @@ def test_a_run_that_lost_a_node_is_resumed_while_restarts_are_left(client, make_
     assert (child.origin, child.restarts, child.resume_from.step, child.status) == ("resume", 1, 4, Status.QUEUED)
     # its one restart used: the child losing a node too stays failed
     Run.objects.filter(pk=child.pk).update(status=Status.RUNNING)
+    child.issue_ingest_token()  # its driver's, as its launch issues it
     Checkpoint.objects.create(run=child, step=6, location="/ck/6", bytes=1, sha256=SHA)
     report_failure(client, child, "node_lost")
     child.refresh_from_db()

@@ -26,3 +26,23 @@ def test_it_is_what_a_signed_in_user_fetches_from_the_site(client_for, owner):
 def test_the_command_prints_the_document_without_write(capsys):
     call_command("openapi")
     assert capsys.readouterr().out == document()
+
+
+def test_it_documents_the_compare_api_its_parameters_and_answers():
+    """/api/compare is a plain Django view (it answers CSV too); it is in the document all
+    the same, with the query it reads."""
+    operation = json.loads(document())["paths"]["/api/compare"]["get"]
+    parameters = {p["name"]: p for p in operation["parameters"]}
+    assert {"runs", "target", "budget", "max_points", "after_step", "series", "format", "what"} <= set(parameters)
+    assert parameters["runs"]["required"] is True
+    assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/csv"}
+    assert {"400", "401", "404"} <= set(operation["responses"])
+
+
+def test_the_compare_operation_adds_no_route_of_its_own(client_for, owner):
+    from django.urls import resolve
+
+    from compare import views
+
+    assert resolve("/api/compare").func is views.api
+    assert client_for(owner).get("/api/compare?runs=").status_code == 400

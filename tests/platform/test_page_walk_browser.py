@@ -287,7 +287,7 @@ class Walk:
     def run_page(self, name: str, run_id: int, *, status: str, checkpoints: bool = False, phase: bool = False) -> None:
         """A run's page once its charts are drawn: its visible actions are the ones its
         status allows; the phase and progress show while it runs only; no flash says it
-        is queued once it has ended."""
+        is queued, and the line under its charts says it is final, once it has ended."""
         page = self.page
         page.goto(f"{self.base}/runs/{run_id}/")
         self.wait_for_charts()
@@ -306,6 +306,9 @@ class Walk:
             found.append(f"{status} run: progress bar {'hidden' if phase else 'shown'}")
         if status in ENDED and page.locator(".messages li", has_text="queued").is_visible():
             found.append(f"{status} run: the flash still says it is queued")
+        said = page.get_attribute("#live-state", "data-state")
+        if (said == "final") != (status in ENDED):  # an ended run is final, never "live"
+            found.append(f"{status} run: the line under its charts is {said!r}")
         if not page.is_visible("#driver-log"):
             found.append(f"{status} run: no visible link to its driver log")
         return found
@@ -453,7 +456,7 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
 
             # Its driver reports in, steps and finishes: the page follows over its socket.
             def report(run_id: int, path: str, body: dict) -> None:
-                token = orm(lambda: Run.objects.get(pk=run_id).ingest_token)
+                token = orm(lambda: Run.objects.get(pk=run_id).issue_ingest_token())
                 answer = page.request.post(
                     f"{base}/api/runs/{run_id}/{path}",
                     data=json.dumps(body),

@@ -42,17 +42,6 @@ def other_experiment(owner):
     return Experiment.objects.create(team=Team.objects.create(name="Annex"), name="e", created_by=owner)
 
 
-@pytest.fixture
-def schedule(driver, django_capture_on_commit_callbacks):
-    """do_schedule_queue, with what it sends on commit sent (tests never commit)."""
-
-    def run() -> list[int]:
-        with django_capture_on_commit_callbacks(execute=True):
-            return queue.do_schedule_queue()
-
-    return run
-
-
 def workers(n: int) -> dict:
     return build("async", {"inference": {"num_workers": n}}).model_dump(mode="json")
 
@@ -98,7 +87,7 @@ def test_a_team_at_its_limit_waits_while_another_team_starts(schedule, limits, m
     theirs = make_run(experiment=other_experiment)
     assert schedule() == [theirs.pk]
     [ours] = refreshed(ours)
-    assert ours.waiting_for() == "team Lab has 1 runs active (limit 1)"
+    assert ours.waiting_for() == "team Lab has 1 active run (ROLLWAY_MAX_RUNNING_PER_TEAM=1)"
 
 
 def test_a_run_waits_for_the_cpus_the_cluster_has_free(schedule, driver, limits, make_run):
@@ -220,15 +209,24 @@ def test_a_scheduler_that_read_a_run_before_it_was_cancelled_does_not_schedule_i
 # --- order and position ---------------------------------------------------------------
 
 
-def test_higher_priority_goes_first_then_teams_take_turns_then_first_come_first_served(
+def test_teams_take_turns_whatever_the_priorities_and_priority_orders_a_teams_own_runs(
     make_run, other_experiment, limits
 ):
     a1, a2, a3 = make_run(name="a1"), make_run(name="a2"), make_run(name="a3")
     b1, b2 = make_run(name="b1", experiment=other_experiment), make_run(name="b2", experiment=other_experiment)
     urgent = make_run(name="urgent", priority=5, experiment=other_experiment)
     order = Run.objects.filter(status=Status.QUEUED).in_queue_order()
-    assert [r.name for r in order] == ["urgent", "a1", "b1", "a2", "b2", "a3"]
-    assert [r.queue_position() for r in (urgent, a1, b1, a2, b2, a3)] == [1, 2, 3, 4, 5, 6]
+    assert [r.name for r in order] == ["a1", "urgent", "a2", "b1", "a3", "b2"]
+    assert [r.queue_position() for r in (a1, urgent, a2, b1, a3, b2)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_team_with_fewer_runs_active_takes_the_next_turn(make_run, other_experiment, limits):
+    make_run(name="a running", status=Status.RUNNING)
+    a1, a2 = make_run(name="a1"), make_run(name="a2")
+    b1, b2 = make_run(name="b1", experiment=other_experiment), make_run(name="b2", experiment=other_experiment)
+    order = Run.objects.filter(status=Status.QUEUED).in_queue_order()
+    assert [r.name for r in order] == ["b1", "a1", "b2", "a2"]
+    assert [r.queue_position() for r in (b1, a1, b2, a2)] == [1, 2, 3, 4]
 
 
 def test_only_queued_runs_have_a_position_and_a_reason(make_run):
@@ -243,7 +241,8 @@ def test_a_queued_run_the_scheduler_has_not_seen_says_so(make_run):
 
 def test_a_run_behind_one_that_waits_for_the_cluster_waits_too(schedule, driver, limits, make_run, other_experiment):
     driver.capacity = Capacity(cpus=1.0, memory_bytes=16 * GiB)
-    make_run(status=Status.RUNNING, config=workers(1))  # holds 0.5 of the 1.0 CPU
+    # holds 0.5 of the 1.0 CPU; its team, having a run active, takes its turn second
+    make_run(status=Status.RUNNING, config=workers(1), experiment=other_experiment)
     big = make_run(config=workers(3))  # needs 1.0: waits for the running one to end
     small = make_run(config=workers(1), experiment=other_experiment)  # would fit now
     assert schedule() == []

@@ -188,6 +188,17 @@ def test_the_page_filters_sorts_and_pages_from_the_url(client_for, owner, three)
     assert bad.status_code == 400 and "sort by one of" in bad.content.decode()
 
 
+def test_runs_lists_the_runs_as_the_home_page_does(client_for, owner, three):
+    """/runs/<id>/ has a parent a reader can reach by trimming the URL."""
+    a, b, c = three
+    client = client_for(owner)
+    page = client.get("/runs/?status=running")
+    assert page.status_code == 200
+    assert f'data-run-id="{a.pk}"' in page.content.decode()
+    assert f'data-run-id="{b.pk}"' not in page.content.decode()
+    assert client.get("/").status_code == 200
+
+
 # --- bulk cancel -------------------------------------------------------------------
 
 

@@ -92,7 +92,8 @@ def test_a_missing_log_is_a_404_that_says_why(log_dir, make_run, client_for, own
         }
     response = client.get(f"/api/runs/{gone.pk}/log")
     assert response.status_code == 404
-    assert response.json()["errors"]["run"].startswith(f"run {gone.pk}'s driver log is not on this host (")
+    why = response.json()["errors"]["run"]
+    assert why.startswith(f"run {gone.pk}'s driver log (run-{gone.pk}.log) is not on this host:")
     settings.ROLLWAY_RUN_LOG_DIR = ""
     response = client.get(f"/api/runs/{gone.pk}/log")
     assert response.status_code == 404 and "ROLLWAY_RUN_LOG_DIR is empty" in response.json()["errors"]["run"]
@@ -143,7 +144,7 @@ def test_the_log_page_of_a_run_without_a_log_here_says_so(log_dir, make_run, cli
     run = make_run(status=Run.Status.CANCELLED)
     page = client_for(owner).get(f"/runs/{run.pk}/log/")
     assert page.status_code == 404
-    assert f"run {run.pk}&#x27;s driver log is not on this host" in page.content.decode()
+    assert f"run {run.pk}&#x27;s driver log (run-{run.pk}.log) is not on this host" in page.content.decode()
     assert 'id="download-log"' not in page.content.decode()
 
 

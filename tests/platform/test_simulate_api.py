@@ -87,13 +87,15 @@ def test_it_refuses_more_gpu_steps_than_one_request_may_simulate(client_for, own
     assert "simulate at most 256 steps on 4096 GPUs" in r.json()["errors"]["steps"]
 
 
-def test_it_refuses_a_model_it_cannot_read(client_for, owner, experiment, tmp_path):
+def test_it_refuses_a_model_it_cannot_read(client_for, owner, experiment, tmp_path, settings):
+    settings.ROLLWAY_MODEL_ROOTS = [str(tmp_path)]
     r = post_json(client_for(owner), body(experiment, cluster={"gpus": 8, "model": str(tmp_path / "nothing")}))
     assert r.status_code == 400
     assert "neither a built-in shape" in r.json()["errors"]["cluster.model"]
 
 
-def test_it_reads_a_models_shape_from_its_transformers_config(client_for, owner, experiment, tmp_path):
+def test_it_reads_a_models_shape_from_its_transformers_config(client_for, owner, experiment, tmp_path, settings):
+    settings.ROLLWAY_MODEL_ROOTS = [str(tmp_path)]
     from transformers import Qwen2Config
 
     Qwen2Config(

@@ -81,6 +81,8 @@ def test_tensorboard_gets_the_series_as_scalars_and_the_config_as_text_and_hpara
     assert json.loads("\n".join(line[4:] for line in text(events, "rollway/config").splitlines())) == run.config
     about = text(events, "rollway/run")
     assert f"[{run.name}](" in about and f"/runs/{run.pk}/)" in about and f"preset {run.preset}" in about
+    team = run.experiment.team
+    assert f"experiment {team.pk}-{team.slug}/{run.experiment.name}" in about
     content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["trainer.lr"].number_value == pytest.approx(run.config["trainer"]["lr"])
@@ -168,6 +170,8 @@ def test_wandb_is_sent_each_step_as_a_row_against_its_own_step(settings, run, mo
     [init] = stand_in.inits
     assert init["id"] == f"rollway-{run.pk}" and init["resume"] == "allow" and init["project"] == "rl"
     assert init["entity"] is None and init["name"] == run.name and init["tags"] == [run.preset]
+    team = run.experiment.team
+    assert init["group"] == f"{team.pk}-{team.slug}/{run.experiment.name}"  # an id no other team has
     assert init["config"]["trainer.lr"] == run.config["trainer"]["lr"]
     wb = stand_in.runs[f"rollway-{run.pk}"]
     assert (wandb_sink.STEP_METRIC, {}) in wb.metrics and ("*", {"step_metric": wandb_sink.STEP_METRIC}) in wb.metrics

@@ -9,8 +9,9 @@ import shutil
 import pytest
 
 from runs import tracking
-from runs.models import MetricPoint, Run
+from runs.models import Experiment, MetricPoint, Run
 from runs.tasks import export_run_metrics, finish_run_metrics
+from teams.models import Team
 
 mlflow = pytest.importorskip("mlflow", reason="the MLflow export needs the `mlflow` extra (pip install '.[mlflow]')")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -50,9 +51,14 @@ def points(series, steps, base=0.0):
     return [{"series": series, "step": s, "value": base + s / 10, "time": 1763700000.0 + s} for s in steps]
 
 
+def experiment_name(run) -> str:
+    team = run.experiment.team
+    return f"rollway/{team.pk}-{team.slug}/{run.experiment.name}"
+
+
 def mlflow_run(store, run):
     [found] = store.search_runs(
-        [store.get_experiment_by_name(f"{run.experiment.team.name}/{run.experiment.name}").experiment_id],
+        [store.get_experiment_by_name(experiment_name(run)).experiment_id],
         filter_string=f"tags.`rollway.run_id` = '{run.pk}'",
     )
     return found
@@ -83,11 +89,26 @@ def test_it_exports_the_config_as_params_and_the_series_as_metrics(
     assert found.info.run_name == run.name
     assert found.data.tags["rollway.preset"] == run.preset
     assert found.data.tags["rollway.team"] == run.experiment.team.name
+    assert found.data.tags["rollway.team_id"] == str(run.experiment.team_id)
     params = found.data.params
     assert params["trainer.group_size"] == str(run.config["trainer"]["group_size"])
     assert set(params) == set(tracking.flatten(run.config))
     for series in ("reward/mean", "loss"):
         assert history(store, found.info.run_id, series) == stored(run, series)
+
+
+def test_two_teams_of_one_name_never_share_an_mlflow_experiment(store, run, make_run, team):
+    twin = Team.objects.create(name=team.name, slug=f"{team.slug}-2")  # names need not be unique
+    theirs = make_run(experiment=Experiment.objects.create(team=twin, name=run.experiment.name))
+    MetricPoint.objects.create(run=run, series="loss", step=0, value=1.0, time=1763700000.0)
+    MetricPoint.objects.create(run=theirs, series="loss", step=0, value=2.0, time=1763700000.0)
+    assert export_run_metrics(run.pk) == 1 and export_run_metrics(theirs.pk) == 1
+
+    ours_in, theirs_in = (store.get_experiment_by_name(experiment_name(r)).experiment_id for r in (run, theirs))
+    assert ours_in != theirs_in
+    assert [r.data.tags["rollway.run_id"] for r in store.search_runs([ours_in])] == [str(run.pk)]
+    assert [r.data.tags["rollway.run_id"] for r in store.search_runs([theirs_in])] == [str(theirs.pk)]
+    assert store.get_experiment_by_name(f"{team.name}/{run.experiment.name}") is None
 
 
 def test_later_points_follow_without_sending_earlier_ones_again(store, run, client):

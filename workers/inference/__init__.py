@@ -36,6 +36,7 @@ def make_backend(
         from workers.context import context_tokens
         from workers.inference.vllm_backend import VLLMBackend, serves_lora
         from workers.model import model_config, model_dims
+        from workers.sync import vllm_transfer_engine
         from workers.tokenizer import load_tokenizer
 
         # Adapter-only sync serves the adapters natively where vLLM has LoRA layers for
@@ -50,6 +51,12 @@ def make_backend(
             exact_steps=exact_steps,
             scratch_dir=scratch_dir,
             max_model_len=context_tokens(cfg, load_tokenizer(model_dir), positions),
+            transfer_engine=vllm_transfer_engine(
+                cfg.placement.devices,
+                cfg.placement.mode,
+                cfg.sync.protocol,
+                tensor_parallel_size=cfg.inference.tensor_parallel_size,
+            ),
         )
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
 

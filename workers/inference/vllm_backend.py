@@ -12,7 +12,8 @@ behave inside Ray on a 2-core box:
   `torch.set_num_threads(k)` before building the backend gets k threads and shares the
   machine with a trainer actor instead of pinning every core (Ray's OMP_NUM_THREADS=1
   for fractional-CPU actors does not always reach torch: set it explicitly);
-- `collective_rpc` calls vLLM's worker directly, so a weight reload hands it the trainer's
+- vLLM's RPC to its worker is a call, so a weight update (`update_weights` through the
+  `rollway_memory` transfer engine, workers/sync/vllm_engines.py) hands it the trainer's
   tensors in memory: no serialisation, no file, no VLLM_ALLOW_INSECURE_SERIALIZATION.
 
 Sampling contract (the same as TorchBackend): temperature sampling, cut by
@@ -206,13 +207,20 @@ def _engine_args(
     max_model_len: int,
     inference_cfg: InferenceConfig,
     on_cpu: bool,
-    max_num_seqs: int,
+    max_num_seqs: int | None,
     dtype: str,
     lora_rank: int | None,
     exact_steps: bool,
+    transfer_engine: str,
 ) -> dict:
     """The arguments of the in-process engine (VLLMBackend's docstring says what each
-    parameter asks for)."""
+    parameter asks for). vLLM's knobs come from `inference_cfg` under vLLM's names; one
+    left null takes Rollway's default for the device (`on_cpu`), or is left out so that
+    vLLM picks its own. `max_num_seqs`, when given, wins over the config's."""
+    if max_num_seqs is None:
+        max_num_seqs = inference_cfg.max_num_seqs
+    if max_num_seqs is None and on_cpu:
+        max_num_seqs = VLLM_MAX_NUM_SEQS  # the KV cache below is reserved for this many
     engine_args: dict = {
         "model": model_dir,
         # Prompts go in as token ids and come back as token ids, also for a model with
@@ -224,8 +232,6 @@ def _engine_args(
         "generation_config": "vllm",  # ignore generation_config.json defaults: we pass everything
         "dtype": dtype,
         "max_model_len": max_model_len,
-        "max_num_seqs": max_num_seqs,
-        "enforce_eager": True,  # torch.compile costs more at start than it saves at this size
         # One worker process per device when the model is split over several (vLLM's
         # multiprocess executor, the engine core still in this process); else vLLM's
         # worker runs in this process too.
@@ -234,6 +240,11 @@ def _engine_args(
         "logprobs_mode": "processed_logprobs",  # logprobs after temperature: log mu
         "seed": 0,
         "disable_log_stats": True,
+        # The engine the weights arrive through (workers/sync/vllm_engines.py); vLLM
+        # imports the extension class in each of its worker processes, which registers
+        # the project's engines there before the model loads.
+        "weight_transfer_config": {"backend": transfer_engine},
+        "worker_extension_cls": "workers.sync.vllm_engines.RegisterEngines",
     }
     if on_cpu:
         _check_cpu_head_dim(dims)
@@ -242,16 +253,43 @@ def _engine_args(
             # own by default; beside Ray's other actors on a shared host that pinning
             # fights them for the same cores, so the ranks leave placement to the OS.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        assert max_num_seqs is not None
         engine_args["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_bytes(dims, max_model_len, max_num_seqs)
         # Whole prompts only. With chunked prefill, a batch whose prompt tokens exceed
         # one engine step's budget leaves a prompt half prefilled; vLLM then discards
         # that request's sampled token and rewinds its seeded generator with
         # set_offset, which a CPU generator lacks (RuntimeError). Unchunked, each step
-        # prefills the prompts that fit and the others wait for the next one.
+        # prefills the prompts that fit and the others wait for the next one. Admission
+        # refuses inference.enable_chunked_prefill true on the CPU for this reason.
+        if inference_cfg.enable_chunked_prefill:
+            raise ValueError(
+                "inference.enable_chunked_prefill true cannot run on vLLM-CPU: a half-prefilled prompt rewinds "
+                "its seeded generator, which a CPU generator cannot do; leave it null (off on the CPU)"
+            )
         engine_args["enable_chunked_prefill"] = False
-        engine_args["max_num_batched_tokens"] = max(_CPU_STEP_TOKENS, max_model_len)
+        step_tokens = inference_cfg.max_num_batched_tokens
+        if step_tokens is not None and step_tokens < max_model_len:
+            raise ValueError(
+                f"inference.max_num_batched_tokens ({step_tokens}) must be ≥ the run's context ({max_model_len} "
+                "tokens: the longest prompt + inference.max_new_tokens) on vLLM-CPU, which prefills whole "
+                "prompts only; raise it, or leave it null"
+            )
+        engine_args["max_num_batched_tokens"] = step_tokens or max(_CPU_STEP_TOKENS, max_model_len)
     else:
         engine_args["gpu_memory_utilization"] = inference_cfg.gpu_memory_utilization
+        # vLLM allocates through its CUDA virtual-memory allocator only when asked, and
+        # only memory allocated through it can be freed by sleep.
+        if inference_cfg.sleep_level:
+            engine_args["enable_sleep_mode"] = True
+    knobs = {
+        "max_num_seqs": max_num_seqs,
+        # On the CPU torch.compile costs more at start than it saves at the sizes it serves.
+        "enforce_eager": True if inference_cfg.enforce_eager is None and on_cpu else inference_cfg.enforce_eager,
+        "max_num_batched_tokens": None if on_cpu else inference_cfg.max_num_batched_tokens,
+        "enable_prefix_caching": inference_cfg.enable_prefix_caching,
+        "enable_chunked_prefill": None if on_cpu else inference_cfg.enable_chunked_prefill,
+    }
+    engine_args.update({name: value for name, value in knobs.items() if value is not None})
     if exact_steps:
         engine_args["async_scheduling"] = False
     if lora_rank is not None:
@@ -272,25 +310,20 @@ def _start_engine(llm_class, engine_args: dict):
 
 
 def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    # Runs inside vLLM's worker (self is the Worker). is_checkpoint_format=True makes
-    # vLLM re-run its post-load processing (vLLM-CPU repacks linear weights), which
-    # plain `model.load_weights` would skip.
+    # Runs inside vLLM's worker (self is the Worker), for an engine built with one of
+    # vLLM's own transfer engines, which a state dict in this process cannot go through.
+    # is_checkpoint_format=True re-runs vLLM's post-load processing (vLLM-CPU repacks
+    # linear weights), which plain `model.load_weights` would skip.
+    from workers.sync.vllm_engines import repack_tied_head
+
     worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-    _repack_tied_head(worker)
+    repack_tied_head(worker.get_model())
 
 
-def _repack_tied_head(worker) -> None:
-    # Runs inside vLLM's worker. vLLM-CPU computes the output layer with a packed copy
-    # of its weight, made after loading. A tied output layer is the embedding, which a
-    # reload fills under the embedding's name, but the head's packed copy is not made
-    # again (vLLM 0.32): it would keep the old weights' logits (measured: Qwen2 and
-    # GPT-2 sampled from the old head after a full sync). Pack it again from the
-    # weight it shares.
-    model = worker.get_model()
-    head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and method is not None:
-        method.process_weights_after_loading(head)
+def _repack_tied_head_rpc(worker) -> None:
+    from workers.sync.vllm_engines import repack_tied_head
+
+    repack_tied_head(worker.get_model())
 
 
 def token_versions(spans, tokens: int) -> list[int]:
@@ -308,6 +341,45 @@ def token_versions(spans, tokens: int) -> list[int]:
     return out if len(out) == tokens else []
 
 
+class EngineLock:
+    """The in-process engine's lock, which also gives the thread holding it the torch
+    (OpenMP) thread count the engine was built with, and restores the thread's own on the
+    last release.
+
+    vLLM-CPU's attention checks in its kernel that the OpenMP thread count it planned for
+    is the one it runs with (`cpu_attn_impl`'s `thread_num` check), and OpenMP's count is
+    per thread: a call from a thread with another count (an actor's concurrent call, or a
+    thread set to one torch thread after the engine started) aborts the engine. `threads`
+    None (a GPU engine) pins nothing."""
+
+    def __init__(self, threads: int | None) -> None:
+        self._lock = threading.RLock()
+        self.threads = threads
+        self._depth = 0
+        self._saved = 0
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self.threads is not None:
+            self._saved = torch.get_num_threads()
+            if self._saved != self.threads:
+                torch.set_num_threads(self.threads)
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self.threads is not None and self._saved != self.threads:
+            torch.set_num_threads(self._saved)
+        self._lock.release()
+
+    def __enter__(self) -> EngineLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class VLLMBackend:
     """vLLM engine in the caller's process: seeded temperature sampling with per-token
     logprobs, full weight reload from the trainer's state dict.
@@ -322,12 +394,13 @@ class VLLMBackend:
         model_dir: str,
         inference_cfg: InferenceConfig,
         *,
-        max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+        max_num_seqs: int | None = None,
         dtype: str = "float32",
         lora_rank: int | None = None,
         exact_steps: bool = False,
         scratch_dir: str | None = None,
         max_model_len: int | None = None,
+        transfer_engine: str | None = None,
     ) -> None:
         """Start the engine on `model_dir` (config.json + safetensors weights).
 
@@ -343,8 +416,26 @@ class VLLMBackend:
         `max_model_len`: the tokens one sequence may hold, prompt and completion
         (workers/context.py: the run's longest prompt + max_new_tokens); the KV cache is
         sized for that. None: the model's own position limit.
+        `transfer_engine`: the weight-transfer engine vLLM is built with
+        (workers.sync.vllm_transfer_engine); None: the project's, in memory for one
+        process, through files for a tensor-parallel engine. `load_weights` goes through
+        the project's engines (`update_weights`); an engine of vLLM's own is driven by
+        its trainer-side twin, and a state dict handed here reloads through
+        `reload_weights` instead.
         """
+        from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
+
         LLM, current_platform = _import_vllm()
+        import workers.sync.vllm_engines  # noqa: F401  registers the project's engines in this process
+
+        if transfer_engine is None:
+            transfer_engine = ROLLWAY_MEMORY if inference_cfg.tensor_parallel_size == 1 else ROLLWAY_FILES
+        if transfer_engine == ROLLWAY_MEMORY and inference_cfg.tensor_parallel_size > 1:
+            raise ValueError(
+                f"weight-transfer engine {ROLLWAY_MEMORY!r} hands tensors to a worker in this process; a "
+                f"tensor-parallel engine's workers are processes of their own: use {ROLLWAY_FILES!r}"
+            )
+        self.transfer_engine = transfer_engine
         self.model_dir = model_dir
         self.scratch_dir = scratch_dir
         self.inference_cfg = inference_cfg
@@ -367,11 +458,23 @@ class VLLMBackend:
         self._lora_request: LoRARequest | None = None  # the adapter every generate call uses (None: the base)
 
         engine_args = _engine_args(
-            model_dir, dims, max_model_len, inference_cfg, self.on_cpu, max_num_seqs, dtype, lora_rank, exact_steps
+            model_dir,
+            dims,
+            max_model_len,
+            inference_cfg,
+            self.on_cpu,
+            max_num_seqs,
+            dtype,
+            lora_rank,
+            exact_steps,
+            transfer_engine,
         )
         started = time.perf_counter()
         self._llm = _start_engine(LLM, engine_args)
-        self._lock = threading.RLock()
+        self._lock = EngineLock(torch.get_num_threads() if self.on_cpu else None)
+        self._own_engine = transfer_engine in (ROLLWAY_MEMORY, ROLLWAY_FILES)
+        if self._own_engine:
+            self._llm.init_weight_transfer_engine({"init_info": {}})
         self._weights_dir: str | None = None
         # Bumped at every weight or adapter load. Requests carry it as their prefix-cache
         # salt, so cached prompt KV is keyed by the weights that computed it: a resumed
@@ -514,14 +617,19 @@ class VLLMBackend:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Full reload: every weight from `state_dict` (the trainer's names, each tied
-        weight once) into the engine, in the checkpoint's names and layout (`saved_form`).
+        weight once) into the engine, in the checkpoint's names and layout (`saved_form`),
+        through vLLM's weight-transfer calls (`update_weights`).
 
-        The engine is in process, so vLLM's worker reads the tensors directly (no file, no
-        serialisation). Prompt KV cached under the old weights is never reused afterwards
+        One process: the tensors go to the `rollway_memory` engine in this process (no
+        file, no serialisation). Tensor-parallel: through files (`load_weights_from_file`).
+        Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
-        if self.inference_cfg.tensor_parallel_size > 1:
-            # vLLM's workers are other processes, each loading its shard of every weight.
+        from workers.sync import ROLLWAY_FILES
+
+        if self.transfer_engine == ROLLWAY_FILES or self.inference_cfg.tensor_parallel_size > 1:
+            # vLLM's workers are other processes (tensor-parallel: each loads its shard of
+            # every weight), or the engine takes files.
             self.load_weights_from_file(state_dict)
             return
         self._check_open()
@@ -529,8 +637,51 @@ class VLLMBackend:
         _check_state_dict(state_dict, self._weight_shapes)
         weights = [(name, t.detach().to("cpu", torch.float32).contiguous()) for name, t in state_dict.items()]
         with self._lock:
-            self._llm.collective_rpc(_reload_from_memory, args=(weights,))
+            if self._own_engine:
+                self._transfer({"weights": weights})
+            else:
+                self._llm.collective_rpc(_reload_from_memory, args=(weights,))
             self._weights_changed()
+
+    def _transfer(self, update_info: dict) -> None:
+        """One weight update through vLLM's RL interface: start, update, finish (a
+        failed update ends the worker's update session itself)."""
+        self._llm.start_weight_update()
+        self._llm.update_weights({"update_info": update_info})
+        self._llm.finish_weight_update()
+
+    # The four calls of vLLM's VLLMWeightSyncClient, so a trainer-side engine
+    # (WeightTransferTrainerFactory) can drive this backend directly, from one thread:
+    # the backend's lock is held from start to finish (or to a failed update, which
+    # ends vLLM's update session), so no generate call sees half-loaded weights.
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self._check_open()
+        with self._lock:
+            self._llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._check_open()
+        self._lock.acquire()  # held until finish_weight_update: no generate in between
+        try:
+            self._llm.start_weight_update()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def update_weights(self, update_info: dict) -> None:
+        try:
+            self._llm.update_weights({"update_info": update_info})
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        try:
+            self._llm.finish_weight_update(weight_version)
+            self._weights_changed()
+        finally:
+            self._lock.release()
 
     def label_weights(self, version: int) -> None:
         """Label the weights loaded now as policy `version`: vLLM stamps each finished
@@ -542,7 +693,8 @@ class VLLMBackend:
 
     def load_weights_from_file(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The same reload through a safetensors file, for engines whose vLLM workers
-        live in other processes (multiprocess or tensor-parallel vLLM on GPU hosts).
+        live in other processes (tensor-parallel vLLM): each reads it (the
+        `rollway_files` engine; vLLM's `reload_weights` for an engine of vLLM's own).
         Written under the run's scratch directory (a tmpfs there keeps it off disks),
         else to /dev/shm."""
         from safetensors.torch import save_file
@@ -564,17 +716,25 @@ class VLLMBackend:
         save_file({k: t.detach().to("cpu").contiguous() for k, t in state_dict.items()}, path + ".tmp")
         os.replace(path + ".tmp", path)
         with self._lock:
-            self._llm.collective_rpc(
-                "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
-            )
-            if self.on_cpu:
-                self._llm.collective_rpc(_repack_tied_head)
+            if self._own_engine:
+                self._transfer({"paths": [path]})
+            else:
+                self._llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": self._weights_dir, "is_checkpoint_format": True}
+                )
+                if self.on_cpu:
+                    self._llm.collective_rpc(_repack_tied_head_rpc)
             self._weights_changed()
 
     def load_lora_adapter(self, name: str, lora_int_id: int, path: str) -> None:
         """Serve adapter `name` (a peft directory at `path`) from the next generate call
         on, and drop the previous one (sync.protocol 'lora'). Between generate calls: the
-        lock makes a call in flight finish on the old adapter (drain)."""
+        lock makes a call in flight finish on the old adapter (drain).
+
+        Not a weight-transfer engine: vLLM's engines load checkpoint weights into the
+        base model's parameters, while an adapter served as a LoRARequest leaves the base
+        as it is, loads next to the adapter in use (max_loras ≥ 2) and names the version
+        each request was generated with."""
         from vllm.lora.request import LoRARequest
 
         self._check_open()
@@ -588,6 +748,36 @@ class VLLMBackend:
                 self._llm.llm_engine.remove_lora(previous.lora_int_id)
             self._lora_request = request
             self._weights_changed()
+
+    # ---- colocated GPUs taking turns (inference.sleep_level, workers/colocation.py) ---
+
+    # The tags vLLM's sleep frees and wake_up gives back; a backend built without
+    # __init__ (tests) is awake.
+    _asleep: frozenset[str] = frozenset()
+
+    def sleep(self) -> None:
+        """Free the GPU for the colocated trainer rank's step: vLLM's `sleep` at
+        inference.sleep_level (level 1 keeps the weights in host memory, level 2 drops
+        them). A no-op at level 0, and when already asleep."""
+        level = self.inference_cfg.sleep_level
+        if not level or self._asleep:
+            return
+        self._check_open()
+        with self._lock:
+            self._llm.sleep(level=level)
+            self._asleep = frozenset(("weights", "kv_cache"))
+
+    def wake_up(self, tags: tuple[str, ...]) -> None:
+        """Give back the GPU memory of `tags` ("weights", "kv_cache") that sleep freed:
+        the weights before a weight update, the KV cache after it, so the update's
+        buffers and the KV cache are never on the GPU together. A no-op for tags awake."""
+        waking = [tag for tag in tags if tag in self._asleep]
+        if not waking:
+            return
+        self._check_open()
+        with self._lock:
+            self._llm.wake_up(tags=waking)
+            self._asleep = self._asleep - set(waking)
 
     # ---- lifecycle -----------------------------------------------------------------
 

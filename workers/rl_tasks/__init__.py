@@ -5,8 +5,9 @@
 - a built-in name (`BUILTINS`): Rollway's own tasks, registered by dotted path and
   imported only when a run names them;
 - an importable dotted path, `"package.module:ClassName"`: a task in the user's own
-  package, with nothing registered anywhere, once the operator has allowed its
-  top-level package in `ROLLWAY_TASK_MODULES` (comma-separated). A config is hostile
+  package, with nothing registered anywhere, once the operator has listed its module
+  in `ROLLWAY_TASK_MODULES` (workers/task_modules.py: exact module names, or
+  `package.*`; comma-separated). A config is hostile
   input and importing a module runs its code, so by default no dotted path is taken;
 - the name of a Python entry point in the group `rollway.tasks` (`ENTRY_POINT_GROUP`):
   a package that declares, in its pyproject.toml,
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from workers.task_modules import MODULES_SETTING, allowed_modules, import_user_module
+from workers.task_modules import import_user_module, refusal
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -126,13 +127,10 @@ def _load(path: str, name: str) -> type:
 
 
 def _check_allowed(name: str) -> None:
-    package = name.partition(":")[0].split(".")[0]
-    allowed = allowed_modules()
-    if package not in allowed:
+    problem = refusal(name.partition(":")[0], "task modules")
+    if problem:
         raise UnknownTask(
-            f"task.name {name!r}: package {package!r} is not among the task packages this site allows "
-            f"({MODULES_SETTING}={','.join(allowed) or '(empty)'}); an operator adds it there, "
-            f"or registers the task as a {ENTRY_POINT_GROUP!r} entry point"
+            f"task.name {name!r}: {problem}, or registers the task as a {ENTRY_POINT_GROUP!r} entry point"
         )
 
 

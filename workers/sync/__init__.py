@@ -39,7 +39,37 @@ __all__ = [
     "make_receiver",
     "make_sender",
     "state_checksum",
+    "vllm_transfer_engine",
 ]
+
+# vLLM's own weight-transfer engines (vllm/distributed/weight_transfer/), CUDA only.
+VLLM_NCCL, VLLM_IPC, VLLM_SPARSE_NCCL = "nccl", "ipc", "sparse_nccl"
+# The project's, registered with vLLM's factory (workers/sync/vllm_engines.py).
+ROLLWAY_MEMORY, ROLLWAY_FILES = "rollway_memory", "rollway_files"
+
+
+def vllm_transfer_engine(
+    device: str, placement: str, protocol: str, *, tensor_parallel_size: int = 1, changed_only: bool = False
+) -> str:
+    """The weight-transfer engine a vLLM inference worker is built with
+    (`WeightTransferConfig.backend`), from where it runs (`placement.devices`,
+    `placement.mode`) and the run's `sync.protocol`.
+
+    GPU: vLLM's own. Colocated (or "cuda_ipc"), trainer and worker share the GPU: "ipc"
+    (CUDA IPC handles). Disaggregated: a broadcast from the trainer's rank 0, bucketed,
+    every rank of an fsdp2 pool joining the gathers: "nccl", or "sparse_nccl" for the
+    changed weights only (`changed_only`). CPU: vLLM's engines need CUDA (NCCL
+    communicators, CUDA IPC), so the project's: the weights handed over in memory to
+    the worker in the inference worker's process, or as safetensors files each process
+    of a tensor-parallel engine reads. "lora" moves adapters through vLLM's LoRA
+    requests, not an engine: its merged fallback loads full weights like the others."""
+    if device == "gpu":
+        if placement == "colocated" or protocol == "cuda_ipc":
+            return VLLM_IPC
+        return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
+    if protocol == "cuda_ipc":
+        raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
+    return ROLLWAY_MEMORY if tensor_parallel_size == 1 else ROLLWAY_FILES
 
 
 def make_sender(

@@ -18,7 +18,8 @@ Rollway.openSocket = function (path, handlers) {
   var everOpened = false;
 
   function setState(state, text) {
-    if (!stateEl) return;
+    // A finished run's page says it is final, whatever its socket does after.
+    if (!stateEl || stateEl.dataset.state === "final") return;
     stateEl.dataset.state = state;
     stateEl.textContent = text;
   }

@@ -303,10 +303,20 @@
     }
   }
 
+  // As dashboard/pages.py's final_note says it: the page stops claiming "live".
+  var ENDED_AS = { succeeded: "succeeded", failed: "failed", cancelled: "was cancelled" };
+  function showFinal(run) {
+    var el = document.getElementById("live-state");
+    var at = run.finished_at ? " at " + new Date(run.finished_at).toISOString().slice(0, 16).replace("T", " ") + " UTC" : "";
+    el.dataset.state = "final";
+    el.textContent = "final — the run " + (ENDED_AS[run.status] || run.status) + at;
+  }
+
   function showStatus(run) {
     finished = Boolean(run.is_terminal);
     var ended = finished && root.dataset.terminal !== "true";
     root.dataset.terminal = String(finished);
+    if (ended) showFinal(run);
     Rollway.setStatus(root, run);
     showPhase(run);
     showActions(run);

@@ -64,3 +64,12 @@ def scalar_leaves(config: Mapping[str, Any]) -> dict[str, bool | int | float | s
 
 def run_url(run: Run) -> str:
     return f"{settings.ROLLWAY_PUBLIC_URL}{run.get_absolute_url()}"
+
+
+def experiment_path(run: Run) -> str:
+    """ "<team id>-<team slug>/<experiment>": how the trackers name the run's experiment.
+    By the team's id, which no other team has (two teams may share a name; a shared
+    name would pour one team's runs into the other's tracker experiment), and its slug
+    for people to read."""
+    team = run.experiment.team
+    return f"{team.pk}-{team.slug}/{run.experiment.name}"

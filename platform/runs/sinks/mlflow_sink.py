@@ -1,7 +1,9 @@
 """The MLflow sink (settings.ROLLWAY_MLFLOW_TRACKING_URI; the `mlflow` extra).
 
-Every Rollway run is one MLflow run, in the MLflow experiment "<team>/<experiment>",
-named after the run, tagged `rollway.run_id`, `rollway.preset`, `rollway.team`,
+Every Rollway run is one MLflow run, in the MLflow experiment
+"rollway/<team id>-<team slug>/<experiment>" (base.experiment_path: a team's id is its
+own, where its name may be another team's too), named after the run, tagged
+`rollway.run_id`, `rollway.preset`, `rollway.team`, `rollway.team_id`,
 `rollway.experiment` and `rollway.url`, with the run's flattened config as params
 ("trainer.lr": "1e-06"), its points as metrics and its cursor as the tag
 `rollway.exported_point_id`, written in the same log_batch as the points.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from runs.models import Run
-from runs.sinks.base import Point, flatten, run_url
+from runs.sinks.base import Point, experiment_path, flatten, run_url
 
 NAME = "MLflow"
 CURSOR_TAG = "rollway.exported_point_id"
@@ -25,8 +27,13 @@ def enabled() -> bool:
     return bool(settings.ROLLWAY_MLFLOW_TRACKING_URI)
 
 
+def experiment_name(run: Run) -> str:
+    """The MLflow experiment of `run`, one per Rollway experiment (whatever the names)."""
+    return f"rollway/{experiment_path(run)}"
+
+
 def _experiment_id(client, run: Run) -> str:
-    name = f"{run.experiment.team.name}/{run.experiment.name}"
+    name = experiment_name(run)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -52,6 +59,7 @@ def mlflow_run_id(client, run: Run) -> str:
         RUN_TAG: str(run.pk),
         "rollway.preset": run.preset,
         "rollway.team": run.experiment.team.name,
+        "rollway.team_id": str(run.experiment.team_id),
         "rollway.experiment": run.experiment.name,
         "rollway.url": run_url(run),
         CURSOR_TAG: "0",

@@ -4,7 +4,8 @@ Every Rollway run is one TensorBoard run, the directory `<ROLLWAY_TENSORBOARD_DI
 (`tensorboard --logdir $ROLLWAY_TENSORBOARD_DIR` lists them all): its points as scalars
 under their series names at their steps and measurement times; its config once, as the
 text `rollway/config` (JSON) and as hyperparameters (the HParams tab, one per config
-field); the run's name, team, experiment, preset and page as the text `rollway/run`; its
+field); the run's name, team, experiment (as the other trackers name it,
+base.experiment_path), preset and page as the text `rollway/run`; its
 outcome as the text `rollway/outcome` (SummaryWriter files a text under `<tag>/text_summary`).
 
 Written with torch's SummaryWriter (torch is the platform's own dependency; tensorboard
@@ -26,7 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from runs.models import Run
-from runs.sinks.base import Point, run_url, scalar_leaves
+from runs.sinks.base import Point, experiment_path, run_url, scalar_leaves
 
 NAME = "TensorBoard"
 CURSOR_FILE = "rollway-cursor.json"
@@ -101,8 +102,8 @@ class TensorBoardExport:
         run = self.run
         self.writer.add_text(
             "rollway/run",
-            f"[{run.name}]({run_url(run)}) · run {run.pk} · {run.experiment.team.name} / "
-            f"{run.experiment.name} · preset {run.preset}",
+            f"[{run.name}]({run_url(run)}) · run {run.pk} · team {run.experiment.team.name} · "
+            f"experiment {experiment_path(run)} · preset {run.preset}",
         )
         # Markdown: four spaces make the JSON a code block.
         config = json.dumps(run.config, indent=2, sort_keys=True)

@@ -3,7 +3,8 @@ run here: wandb is not installed on the project's machine, so only its calls are
 against a stand-in module (tests/platform/test_tracking.py).
 
 Every Rollway run is one W&B run of the project, id `rollway-<id>`, named after the run,
-grouped by "<team>/<experiment>", tagged with its preset, its config as the W&B config
+grouped by "<team id>-<team slug>/<experiment>" (base.experiment_path: two teams may
+share a name, never an id), tagged with its preset, its config as the W&B config
 and its page's URL as its notes. Each export resumes the W&B run (resume="allow") and
 finishes it again; the run's end finishes it with exit code 0 (succeeded) or 1. Points
 are logged against their own step as the metric `rollway/step` (W&B's own step must only
@@ -19,7 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from runs.models import Run
-from runs.sinks.base import Point, run_url, scalar_leaves
+from runs.sinks.base import Point, experiment_path, run_url, scalar_leaves
 
 NAME = "W&B"
 CURSOR_KEY = "rollway.exported_point_id"
@@ -46,7 +47,7 @@ class WandbExport:
             id=wandb_id(run),
             resume="allow",
             name=run.name,
-            group=f"{run.experiment.team.name}/{run.experiment.name}",
+            group=experiment_path(run),
             tags=[run.preset],
             notes=run_url(run),
             config=scalar_leaves(run.config),

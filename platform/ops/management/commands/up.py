@@ -12,7 +12,6 @@ are stopped and `up` exits non-zero.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import sys
@@ -27,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from foundation.production import is_loopback
 from ops.ray_head import make_head
 from ops.supervisor import Supervisor
 
@@ -68,16 +68,6 @@ def celery_worker_args(concurrency: int) -> list[str]:
 
 def celery_beat_args(schedule: str) -> list[str]:
     return ["-A", "rollway", "beat", "--loglevel", "INFO", "--schedule", schedule]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a bind address is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost may resolve to anything
-        return False
 
 
 def wants_demo(host: str, demo: bool, no_demo: bool) -> bool:

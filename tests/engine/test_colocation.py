@@ -1,0 +1,201 @@
+"""Colocated placement that time-shares a GPU (workers/colocation.py): the order of one
+step's calls at each inference.sleep_level, and the memory one shared GPU is planned for."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.colocation import OFFLOADED, Phase, shared_gpu, step_phases
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_vllm_sleeps_through_the_trainers_step_and_wakes_weights_before_its_kv_cache(level):
+    assert step_phases(level) == [
+        Phase("inference", "generate"),
+        Phase("inference", "sleep", (level,)),
+        Phase("trainer", "load", OFFLOADED),
+        Phase("trainer", "train"),
+        Phase("trainer", "offload", OFFLOADED),
+        Phase("inference", "wake_up", (("weights",),)),
+        Phase("inference", "update_weights"),
+        Phase("inference", "wake_up", (("kv_cache",),)),
+    ]
+    assert OFFLOADED == ("optimizer state", "gradients")
+
+
+def test_without_sleep_nothing_sleeps_or_offloads():
+    calls = [p.call for p in step_phases(0)]
+    assert calls == ["generate", "train", "update_weights"]
+
+
+def test_a_sleep_level_vllm_has_not_is_refused():
+    with pytest.raises(ValueError, match="inference.sleep_level must be 0, 1 or 2"):
+        step_phases(3)
+
+
+def test_a_shared_gpu_holds_the_larger_phase_when_vllm_sleeps_and_their_sum_when_it_does_not():
+    vllm, asleep, peak, resident = 48 * GIB, 1 * GIB, 33 * GIB, 29 * GIB
+    both = shared_gpu(0, vllm, asleep, peak, resident)
+    assert both.peak == both.generating == both.training == 81 * GIB
+    for level in (1, 2):
+        turns = shared_gpu(level, vllm, asleep, peak, resident)
+        assert (turns.generating, turns.training) == (77 * GIB, 34 * GIB)
+        assert turns.peak == 77 * GIB
+    # The training phase is the larger when vLLM's share is small.
+    assert shared_gpu(1, 4 * GIB, asleep, peak, resident).peak == 34 * GIB
+
+
+# --- the inference side: vLLM's sleep and wake_up at the plan's points ------------------
+
+
+class RecordingLLM:
+    """Stands in for vLLM's LLM: records the sleep and wake_up calls it receives."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(("wake_up", tuple(tags)))
+
+
+def recording_backend(level: int, calls: list):
+    import threading
+
+    from workers.config import InferenceConfig
+    from workers.inference.vllm_backend import VLLMBackend
+
+    backend = object.__new__(VLLMBackend)  # no engine: the fake LLM is its engine
+    backend.inference_cfg = InferenceConfig(backend="vllm", sleep_level=level)
+    backend._llm = RecordingLLM(calls)
+    backend._lock = threading.RLock()
+    return backend
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_the_backend_sleeps_at_the_runs_level_and_wakes_weights_then_kv_cache_once_each(level):
+    calls: list = []
+    backend = recording_backend(level, calls)
+    backend.sleep()
+    backend.sleep()  # already asleep
+    backend.wake_up(("weights",))
+    backend.wake_up(("weights",))  # already awake
+    backend.wake_up(("weights", "kv_cache"))
+    backend.wake_up(("kv_cache",))
+    assert calls == [("sleep", level), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+
+
+def test_at_sleep_level_0_the_backend_never_sleeps():
+    calls: list = []
+    backend = recording_backend(0, calls)
+    backend.sleep()
+    backend.wake_up(("weights", "kv_cache"))
+    assert calls == []
+
+
+def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after():
+    from workers.actors import InferenceWorker
+    from workers.config import RunConfig
+
+    calls: list = []
+    backend = recording_backend(1, calls)
+    backend.label_weights = lambda version: calls.append(("label", version))
+
+    class Receiver:
+        def apply(self, backend, staged):
+            calls.append(("update_weights", staged))
+
+    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker.cfg = RunConfig.model_validate(
+        {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
+    )
+    worker.backend, worker.receiver = backend, Receiver()
+    backend.sleep()
+    worker._load("v1")
+    worker._awake()  # before the next generate: already awake, nothing to call
+    assert calls == [
+        ("sleep", 1),
+        ("wake_up", ("weights",)),
+        ("update_weights", "v1"),
+        ("wake_up", ("kv_cache",)),
+    ]
+
+
+def test_a_gpu_engine_that_will_sleep_is_built_with_vllms_sleep_mode():
+    from workers.config import InferenceConfig
+    from workers.inference import vllm_backend
+    from workers.model import ModelDims
+
+    dims = ModelDims(
+        hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, intermediate=128, vocab=40, positions=64, tied=False
+    )
+
+    def args(level: int) -> dict:
+        inference = InferenceConfig(backend="vllm", sleep_level=level)
+        return vllm_backend._engine_args("/models/m", dims, 48, inference, False, None, "bfloat16", None, False, "ipc")
+
+    assert args(1)["enable_sleep_mode"] is True and args(2)["enable_sleep_mode"] is True
+    assert "enable_sleep_mode" not in args(0)
+
+
+def test_the_trainers_optimizer_state_moves_off_its_device_but_adams_step_counter_stays():
+    import torch
+
+    from workers.trainer import move_optimizer_state
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight], lr=0.1)
+    weight.grad = torch.full((3,), 0.5)
+    optimizer.step()
+    move_optimizer_state(optimizer, torch.device("meta"))  # stands in for another device
+    moved = optimizer.state[weight]
+    assert moved["exp_avg"].device.type == moved["exp_avg_sq"].device.type == "meta"
+    assert moved["step"].device.type == "cpu"
+
+
+def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(monkeypatch):
+    import threading
+
+    from workers import actors
+    from workers.actors import InferenceWorker
+    from workers.config import RunConfig
+    from workers.timeline import Timeline
+
+    calls: list = []
+    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker.cfg = RunConfig.model_validate(
+        {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 2}}
+    )
+    worker.backend = recording_backend(2, calls)
+    worker.episodes, worker.version, worker._resume_at, worker.eval_prompts = None, 0, 0, None
+    worker.chunk_groups, worker.error, worker.index, worker.timeline = 1, None, 0, Timeline()
+    worker._stop, worker._weights_arrived = threading.Event(), threading.Event()
+
+    class Staged:
+        def apply(self) -> None:
+            pass
+
+    class Gate:  # the buffer's admission: the batch is complete, the trainer steps
+        def remote(self, version, groups):
+            return 0
+
+    class Buffer:
+        admit = Gate()
+
+    worker.staged, worker.buffer = Staged(), Buffer()
+    refusals: list[int] = []
+
+    def admitted(_ref) -> int:
+        refusals.append(0)
+        if len(refusals) == 2:
+            worker._stop.set()  # the loop ends after its second refusal
+        return 0
+
+    monkeypatch.setattr(actors.ray, "get", admitted)
+    worker._loop()
+    assert worker.error is None
+    assert len(refusals) == 2 and calls == [("sleep", 2)]  # once, however many refusals follow

