@@ -1,16 +1,16 @@
 """Rollout-buffer cost: what put + get cost per sample, in process and through Ray.
 
 A sample is one rollout; a group is G rollouts of one prompt (the buffer's unit); a
-batch is B groups (one trainer step). Rollouts are realistic `workers.rollout.Rollout`s
+batch is B groups (one trainer step). Rollouts are realistic `workers.core.records.Rollout`s
 shaped by the default run config (prompt BOS + string + "=", completion of
 `inference.max_new_tokens` tokens with logprobs and token versions).
 
-Two paths, for each buffer mode's capacity (workers.buffer.plan):
+Two paths, for each buffer mode's capacity (workers.run.buffer.plan):
 
 - in process: `RolloutBuffer.put` per group, `get(B)` per batch, the buffer kept one
   batch short of its capacity (unbounded: `--unbounded-depth` batches deep) so every
   get also scans a realistic backlog for stale groups;
-- Ray: the run's `BufferActor` (workers/actors.py) in this process's Ray, called the way
+- Ray: the run's `BufferActor` (workers/run/actors.py) in this process's Ray, called the way
   the actors call it: one `put` per worker chunk of groups (a run with one worker puts
   a whole batch per call) and one `get(B)` per trainer step, each awaited.
 
@@ -30,9 +30,9 @@ import os
 import random
 import time
 
-from workers.buffer import RolloutBuffer, plan
-from workers.config import BufferConfig, RunConfig
-from workers.rollout import Group, Rollout
+from workers.config.run_config import BufferConfig, RunConfig
+from workers.core.records import Group, Rollout
+from workers.run.buffer import RolloutBuffer, plan
 
 TARGET_US_PER_SAMPLE = 50.0
 MODES = ("none", "double", "bounded", "unbounded")
@@ -98,7 +98,7 @@ def through_ray(mode: str, groups: list[Group], b: int, batches: int, unbounded_
     """The same rounds through a BufferActor: one put(B groups) and one get(B) per batch."""
     import ray
 
-    from workers.actors import BufferActor
+    from workers.run.actors import BufferActor
 
     cap = capacity_batches(mode)
     p = plan(BufferConfig(mode=mode), "async", batch_groups=b)

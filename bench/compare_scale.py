@@ -57,7 +57,7 @@ def seed(runs: int, points: int, series: list[str], configurations: int) -> tupl
     from runs import rollups
     from runs.models import Experiment, MetricPoint, Run
     from teams.models import Membership, Team
-    from workers.presets import build
+    from workers.config.presets import build
 
     user = get_user_model().objects.create_user("bench")
     team = Team.objects.create(name="Bench")

@@ -38,8 +38,8 @@ import time
 import ray
 from sync_vs_async import run_mode, steady
 
-from workers.merge import deep_merge, parse_sets
-from workers.run_actors import NAMESPACE
+from workers.core.merge import deep_merge, parse_sets
+from workers.core.run_actors import NAMESPACE
 
 LAYOUTS = ("barrier", "episode", "overcommit")
 

@@ -4,11 +4,11 @@ Random-weight models with the shapes of Qwen2.5-0.5B, 1.5B and 7B (their publish
 config values; no weights are downloaded) are written as Hugging Face directories under
 a scratch directory and driven through the engine's own classes:
 
-- the trainer (`workers.trainer.Trainer`): one GRPO step on B × G synthetic rollouts of
+- the trainer (`workers.train.trainer.Trainer`): one GRPO step on B × G synthetic rollouts of
   `--prompt` + `--completion` tokens, bf16 mixed precision (float32 masters), with
   micro-batches and gradient checkpointing; full fine-tuning where AdamW's float32
   state fits the GPU (16 bytes a parameter), LoRA otherwise; its model FLOPs and MFU
-  counted as the trainer's `trainer/mfu` series counts them (workers/mfu.py: the
+  counted as the trainer's `trainer/mfu` series counts them (workers/train/mfu.py: the
   device's dense bf16 peak from its name, or ROLLWAY_PEAK_TFLOPS; "—" for a device
   with no known peak);
 - the torch inference backend (`workers.inference.transformers_backend`): batched
@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from workers.devices import synchronize  # noqa: E402
-from workers.mfu import mfu  # noqa: E402
+from workers.core.devices import synchronize  # noqa: E402
+from workers.train.mfu import mfu  # noqa: E402
 
 # Qwen2.5's published shapes (config.json of the Qwen/Qwen2.5-*B checkpoints).
 SHAPES = {
@@ -113,7 +113,7 @@ def _release(device: torch.device) -> None:
 
 
 def rollouts(b: int, g: int, prompt: int, completion: int, seed: int = 0):
-    from workers.rollout import Group, Rollout
+    from workers.core.records import Group, Rollout
 
     rng = random.Random(seed)
     groups = []
@@ -138,8 +138,8 @@ def rollouts(b: int, g: int, prompt: int, completion: int, seed: int = 0):
 
 
 def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dict:
-    from workers.config import RunConfig
-    from workers.trainer import Trainer
+    from workers.config.run_config import RunConfig
+    from workers.train.trainer import Trainer
 
     total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else float("inf")
     lora = params * FULL_FT_BYTES_PER_PARAM > 0.7 * total
@@ -232,7 +232,7 @@ def _receiver(model_dir: str, notices, replies) -> None:
 def ipc_sync(model_dir: str, args) -> dict:
     import torch.multiprocessing as mp
 
-    from workers.model import load_model
+    from workers.model.loading import load_model
     from workers.sync.cuda_ipc import CudaIpcSender
 
     ctx = mp.get_context("spawn")

@@ -50,7 +50,7 @@ PHASES = (
 
 
 def series_names(n: int) -> list[str]:
-    from workers.metric_names import NAMES
+    from workers.core.metric_names import NAMES
 
     names = sorted(NAMES)
     # The engine's own names first (their rollups are what a real run builds), then more.

@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 
 from rollway_cli.launchfile import launch_body
-from workers.generation import generate_groups
+from workers.config.presets import build
+from workers.core.merge import deep_merge, parse_sets
+from workers.core.metric_names import REWARD_FUNC_PREFIX
 from workers.inference.torch_backend import TorchBackend
-from workers.merge import deep_merge, parse_sets
-from workers.metric_names import REWARD_FUNC_PREFIX
-from workers.presets import build
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.task_data import train_prompts
-from workers.tokenizer import CharTokenizer
-from workers.trainer import Trainer
-from workers.warmstart import policy_dir
+from workers.rollout.generation import generate_groups
+from workers.rollout.task_data import train_prompts
+from workers.train.trainer import Trainer
+from workers.train.warmstart import policy_dir
 
 
 def main() -> int:

@@ -1,17 +1,17 @@
 """The learning benchmark: does GRPO make the model better on prompts it never trained on?
 
-Per task (`RECIPES`: countdown, countdown-file, gsm8k, ...), one small real checkpoint (workers/tiny_hf.py: a
+Per task (`RECIPES`: countdown, countdown-file, gsm8k, ...), one small real checkpoint (workers/model/tiny_hf.py: a
 tiny Qwen2 with a byte-level tokenizer without merges, one token per character) is
-warm-started once by Rollway's supervised warm start (workers/warmstart.py) to partial
+warm-started once by Rollway's supervised warm start (workers/train/warmstart.py) to partial
 competence on held-out prompts. From those same weights, for each seed, Rollway `sync`,
 Rollway `async` (the real run driver and actors on in-process Ray, as
 bench/sync_vs_async.py runs them) and TRL's GRPOTrainer (bench/peer_trl_runner.py in its
 own venv, as bench/peer_trl.py makes it) run GRPO with the same hyperparameters, on the
 same training prompts in the same order.
 
-Held-out pass@1 is measured the same way for every side: workers.evaluation.evaluate on
+Held-out pass@1 is measured the same way for every side: workers.rollout.evaluation.evaluate on
 the torch backend, the task's held-out problems (a share of the generator's problems
-that training and the warm start never draw: workers/evaluation.py), `eval.k`
+that training and the warm start never draw: workers/rollout/evaluation.py), `eval.k`
 completions each at temperature 1, the run's seed as the sampling seed. Before: the
 warm-started checkpoint. After: Rollway's end-of-run eval pass, and for TRL the same
 evaluation of the weights it saved after its last step (and every `eval.every_steps`,
@@ -153,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--policy",
         default=None,
         help="a warm-started policy directory to start from instead of building the recipe's (it must not have "
-        "trained on the task's held-out problems: one built by workers/warmstart.py with eval on has not)",
+        "trained on the task's held-out problems: one built by workers/train/warmstart.py with eval on has not)",
     )
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
@@ -230,7 +230,7 @@ def curves(rows: dict[str, list[dict]]) -> str:
 
 def recipe_overrides(recipe: dict, policy: str, seed: int, steps: int, extra: dict) -> dict:
     """The overrides of a preset that make one Rollway run of `recipe` from `policy`."""
-    from workers.merge import deep_merge
+    from workers.core.merge import deep_merge
 
     cfg = {
         "seed": seed,
@@ -247,16 +247,16 @@ def recipe_overrides(recipe: dict, policy: str, seed: int, steps: int, extra: di
 
 def recipe_config(recipe: dict, policy: str, seed: int, steps: int, mode: str, extra: dict):
     """The RunConfig of one run of `recipe` (preset `mode`) from `policy`."""
-    from workers.presets import build
+    from workers.config.presets import build
 
     return build(mode, recipe_overrides(recipe, policy, seed, steps, extra))
 
 
 def make_policy(recipe: dict, work_dir: str) -> str:
     """The task's tiny Qwen2 checkpoint, warm-started; reused when already built."""
-    from workers.config import TaskConfig
-    from workers.tiny_hf import make_tiny_checkpoint
-    from workers.warmstart import policy_dir
+    from workers.config.run_config import TaskConfig
+    from workers.model.tiny_hf import make_tiny_checkpoint
+    from workers.train.warmstart import policy_dir
 
     base = os.path.join(work_dir, "base")
     if not os.path.exists(os.path.join(base, "config.json")):
@@ -277,10 +277,10 @@ def make_policy(recipe: dict, work_dir: str) -> str:
 
 def held_out_pass_at_1(cfg, model_dir: str) -> float:
     """Held-out pass@1 of the weights in `model_dir`, as a run's eval pass computes it."""
-    from workers.evaluation import PASS_AT_1, eval_prompts, evaluate
     from workers.inference import make_backend
+    from workers.model.tokenizer import load_tokenizer
     from workers.rl_tasks import make_task
-    from workers.tokenizer import load_tokenizer
+    from workers.rollout.evaluation import PASS_AT_1, eval_prompts, evaluate
 
     task = make_task(cfg.task)
     backend = make_backend(cfg, model_dir)
@@ -296,9 +296,9 @@ def held_out_pass_at_1(cfg, model_dir: str) -> float:
 
 def training_prompts_in_order(cfg, n_steps: int) -> list[dict]:
     """The prompts Rollway's one inference worker draws, batch after batch, held-out
-    problems excluded (workers/actors.py): TRL trains on the same sequence."""
-    from workers.evaluation import training_prompts
+    problems excluded (workers/run/actors.py): TRL trains on the same sequence."""
     from workers.rl_tasks import make_task
+    from workers.rollout.evaluation import training_prompts
 
     task = make_task(cfg.task)
     source = training_prompts(cfg, task, task)
@@ -309,8 +309,8 @@ def training_prompts_in_order(cfg, n_steps: int) -> list[dict]:
 def run_rollway(mode: str, extra: dict, recipe: dict, policy: str, work_dir: str, seed: int, steps: int, run_id: int):
     from sync_vs_async import run_mode
 
-    from workers.evaluation import PASS_AT_1
-    from workers.paths import Confinement
+    from workers.rollout.evaluation import PASS_AT_1
+    from workers.run.paths import Confinement
 
     roots = [work_dir, os.path.dirname(os.path.abspath(policy))]
     confinement = Confinement.from_lists(
@@ -381,7 +381,7 @@ def run_trl(cfg, recipe: dict, policy: str, work_dir: str, python: str, args, st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, BENCH)
-    from workers.merge import parse_sets
+    from workers.core.merge import parse_sets
 
     recipe = RECIPES[args.task]
     steps = args.steps or recipe["steps"]
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     rollway_sides = [s for s in args.side_list if s != "trl"]
     import ray
 
-    from workers.run_actors import NAMESPACE
+    from workers.core.run_actors import NAMESPACE
 
     if rollway_sides:
         ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)

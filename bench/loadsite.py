@@ -262,7 +262,7 @@ def new_run(experiment, name: str, status: str = "running"):
     from django.utils import timezone
 
     from runs.models import Run
-    from workers.presets import build
+    from workers.config.presets import build
 
     return Run.objects.create(
         experiment=experiment,

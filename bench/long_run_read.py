@@ -39,7 +39,7 @@ DATABASES = ("sqlite", "postgresql")
 
 
 def series_names(n: int) -> list[str]:
-    from workers.metric_names import NAMES
+    from workers.core.metric_names import NAMES
 
     # The engine's own names first (reward/mean's rollups keep trailing means), then more.
     names = sorted(NAMES)
@@ -68,7 +68,7 @@ def seed(steps: int, series: int, store: str) -> tuple[object, object]:
     from runs import rollups
     from runs.models import Experiment, MetricPoint, Run
     from teams.models import Membership, Team
-    from workers.presets import build
+    from workers.config.presets import build
 
     user = get_user_model().objects.create_user(f"bench-read-{uuid.uuid4().hex[:8]}")
     team = Team.objects.create(name=f"Bench read {uuid.uuid4().hex[:8]}")

@@ -1,14 +1,14 @@
 """The peer benchmark: TRL's GRPOTrainer against Rollway sync and async, same workload.
 
-One small real Hugging Face checkpoint (workers/tiny_hf.py: a byte-level BPE tokenizer
+One small real Hugging Face checkpoint (workers/model/tiny_hf.py: a byte-level BPE tokenizer
 with a ChatML template and a tiny Qwen2) is made in a work directory and warm-started
-once with Rollway's supervised warm start (workers/warmstart.py); TRL's GRPOTrainer,
+once with Rollway's supervised warm start (workers/train/warmstart.py); TRL's GRPOTrainer,
 Rollway `sync` and Rollway `async` then start RL from those same weights, on the same
 prompts in the same order, with the same batch shape (B prompts × G completions per
 step), max new tokens, temperature, learning rate, PPO clip, gradient clipping and
 reward. Printed per side: samples/s and completion tokens/s (steps 2..N: step 1 holds
 the first generation), wall time until the moving mean of the batch reward over the
-last 5 steps (workers.metric_names.REWARD_WINDOW, what a run's stop.target_reward
+last 5 steps (workers.core.metric_names.REWARD_WINDOW, what a run's stop.target_reward
 judges on) first reaches `--target`, the reward of the first and last 5 steps, and the
 busy fractions; then the async/TRL ratios against the target (≥ 3× TRL's samples/s and
 less wall time to the target), and where each side's step time goes.
@@ -93,7 +93,7 @@ RUNNER = os.path.join(BENCH, "peer_trl_runner.py")
 TORCH_PIN = "torch==2.13.0"
 TRL_PINS = ("trl==1.16.0", "transformers==5.19.0", "accelerate==1.15.0", "datasets==5.2.0")
 TARGET_SAMPLES_RATIO = 3.0
-# workers.metric_names.REWARD_WINDOW, repeated so the pure helpers import nothing heavy;
+# workers.core.metric_names.REWARD_WINDOW, repeated so the pure helpers import nothing heavy;
 # a test checks they agree.
 WINDOW = 5
 SIDES = ("trl", "sync", "async")
@@ -374,10 +374,10 @@ def task_section(args: argparse.Namespace) -> dict:
 def make_policy(args: argparse.Namespace, work_dir: str) -> str:
     """The tiny Qwen2 checkpoint, warm-started by Rollway's supervised warm start; reused
     when `work_dir` already holds it. Returns the policy directory all sides load."""
-    from workers.config import TaskConfig
-    from workers.presets import build
-    from workers.tiny_hf import make_tiny_checkpoint
-    from workers.warmstart import policy_dir
+    from workers.config.presets import build
+    from workers.config.run_config import TaskConfig
+    from workers.model.tiny_hf import make_tiny_checkpoint
+    from workers.train.warmstart import policy_dir
 
     done = os.path.join(work_dir, "policy.json")
     if os.path.exists(done):
@@ -412,8 +412,8 @@ def make_policy(args: argparse.Namespace, work_dir: str) -> str:
 
 def prompts_in_order(args: argparse.Namespace, n: int) -> list[dict]:
     """The prompts Rollway's (one) inference worker draws, in its order: TRL trains on
-    the same sequence (workers/actors.py seeds the worker's generator this way)."""
-    from workers.config import TaskConfig
+    the same sequence (workers/run/actors.py seeds the worker's generator this way)."""
+    from workers.config.run_config import TaskConfig
     from workers.rl_tasks import make_task
 
     rng = random.Random(f"{args.seed}-prompts-0")
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             home = os.environ.get("ROLLWAY_HOME", os.path.join(ROOT, "var"))
             python = ensure_venv(args.venv or os.path.join(home, "cache", "peer-trl-venv"))
         policy = make_policy(args, work_dir)
-        from workers.tokenizer import load_tokenizer
+        from workers.model.tokenizer import load_tokenizer
 
         first_prompt = load_tokenizer(policy).prompt_ids(prompts_in_order(args, 1)[0]["prompt"])
         if python:
@@ -551,8 +551,8 @@ def run_rollway(args: argparse.Namespace, policy: str, work_dir: str, samples: i
     import ray
     from sync_vs_async import run_mode
 
-    from workers.paths import Confinement
-    from workers.run_actors import NAMESPACE
+    from workers.core.run_actors import NAMESPACE
+    from workers.run.paths import Confinement
 
     confinement = Confinement.from_lists([work_dir], [], scratch_root=os.path.join(work_dir, "scratch"))
     results = {}

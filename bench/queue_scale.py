@@ -43,7 +43,7 @@ def setup_django(home: str) -> None:
 
 class RoomyCluster:
     def __init__(self):
-        from workers.admission import Capacity
+        from workers.run.admission import Capacity
 
         self.capacity = Capacity(cpus=64.0, memory_bytes=512 * 2**30)
 
@@ -74,7 +74,7 @@ def run_bench(sizes: list[int]) -> None:
     from runs import in_ray, queue
     from runs.models import Experiment, Run
     from teams.models import Team
-    from workers.presets import build
+    from workers.config.presets import build
 
     class Sent:
         id = "bench"

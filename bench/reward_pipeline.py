@@ -39,9 +39,9 @@ import time
 import ray
 from sync_vs_async import run_mode, steady
 
-from workers.merge import parse_sets
-from workers.presets import deep_merge
-from workers.run_actors import NAMESPACE
+from workers.config.presets import deep_merge
+from workers.core.merge import parse_sets
+from workers.core.run_actors import NAMESPACE
 
 DEFAULT_STEPS = 10
 

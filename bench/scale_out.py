@@ -85,11 +85,11 @@ def figures(out: dict, ranks: int) -> dict:
 def run_one(name: str, args: argparse.Namespace, cache_dir: str, run_id: int) -> dict:
     import ray
 
-    from workers.driver import RunDriver
-    from workers.lifecycle import on_the_head
-    from workers.merge import parse_sets
-    from workers.presets import build, deep_merge
-    from workers.run_actors import NAMESPACE
+    from workers.config.presets import build, deep_merge
+    from workers.core.merge import parse_sets
+    from workers.core.run_actors import NAMESPACE
+    from workers.run.driver import RunDriver
+    from workers.run.lifecycle import on_the_head
 
     trainer, nodes = CONFIGS[name]
     overrides = deep_merge(
@@ -118,7 +118,7 @@ def connect(nodes: int, home: Path):
     import ray
 
     from ops.local_cluster import LocalCluster, Node
-    from workers.run_actors import NAMESPACE
+    from workers.core.run_actors import NAMESPACE
 
     layout = [Node(labels={"pool": "rollout"}), Node(labels={"pool": "train"})][:nodes]
     cluster = LocalCluster(home, layout).start()

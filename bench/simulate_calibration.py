@@ -20,9 +20,9 @@ import time
 import ray
 from sync_vs_async import run_mode
 
-from workers.merge import parse_sets
-from workers.presets import deep_merge
-from workers.run_actors import NAMESPACE
+from workers.config.presets import deep_merge
+from workers.core.merge import parse_sets
+from workers.core.run_actors import NAMESPACE
 from workers.simulate.measured import FIGURES, calibrate
 
 # A preset's run, short and small: the figures are rates, so 24 steps of 16 × 8 samples do.

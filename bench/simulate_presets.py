@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from workers.presets import PRESETS, build
+from workers.config.presets import PRESETS, build
 from workers.simulate import MODELS, Cluster, Workload, simulate
 from workers.simulate.calibration import SEED_GENERATION, SEED_SOURCE, generation_seconds, kv_read_floor_seconds
 

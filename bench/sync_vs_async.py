@@ -26,12 +26,12 @@ import time
 
 import ray
 
-from workers.driver import RunDriver
-from workers.merge import parse_sets
-from workers.paths import Confinement
-from workers.presets import build, deep_merge
+from workers.config.presets import build, deep_merge
+from workers.core.merge import parse_sets
+from workers.core.run_actors import NAMESPACE
 from workers.rl_tasks import task_class
-from workers.run_actors import NAMESPACE
+from workers.run.driver import RunDriver
+from workers.run.paths import Confinement
 
 
 def run_mode(mode: str, overrides: dict, cache_dir: str, run_id: int, confinement: Confinement | None = None) -> dict:

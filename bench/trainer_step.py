@@ -7,7 +7,7 @@ fifth shorter. Random tokens and rewards: the cost of a step does not depend on 
 
 Each side is a `Trainer` of the `async` preset on one torch thread (as a run's trainer
 actor has it), warmed up for 3 steps, then timed over `--steps`; the padded side is the
-same trainer with `share_prompts` off (workers/shared_prefix.py). Times are this
+same trainer with `share_prompts` off (workers/train/shared_prefix.py). Times are this
 process's CPU time, not wall time, so other jobs on a shared host change them less.
 Printed per side: the step and its phases (model forward and backward, the chunked
 logprob + entropy forward and backward, the loss, clipping + AdamW, packing the rows),
@@ -26,12 +26,12 @@ import time
 
 import torch
 
-import workers.logprobs as logprobs_module
-import workers.trainer as trainer_module
-from workers.config import TaskConfig
-from workers.presets import build
-from workers.rollout import Group, Rollout
-from workers.tiny_hf import make_tiny_checkpoint
+import workers.model.logprobs as logprobs_module
+import workers.train.trainer as trainer_module
+from workers.config.presets import build
+from workers.config.run_config import TaskConfig
+from workers.core.records import Group, Rollout
+from workers.model.tiny_hf import make_tiny_checkpoint
 
 TASK = {"name": "copy", "min_len": 64, "max_len": 64, "reward": "position"}
 B, G, PROMPT, COMPLETION, MAX_NEW = 8, 8, 88, 65, 72

@@ -2,7 +2,7 @@
 weight version of each token span (`weight_versions`, after `set_weight_version`), each
 sampled token's kept set (`sampling_mask`, engine argument `return_sampling_mask`) and an
 MoE model's experts (`routed_experts`, `enable_return_routed_experts`), on a tiny Qwen2
-and a tiny Qwen2-MoE checkpoint (workers/tiny_hf.py), with the engine arguments
+and a tiny Qwen2-MoE checkpoint (workers/model/tiny_hf.py), with the engine arguments
 VLLMBackend uses. Prints one line per record: what came back, or vLLM's refusal.
 
     .venv/bin/python bench/vllm_records.py
@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from workers.config import InferenceConfig  # noqa: E402
+from workers.config.run_config import InferenceConfig  # noqa: E402
 from workers.inference.vllm_backend import _engine_args, _import_vllm  # noqa: E402
-from workers.model import model_config, model_dims  # noqa: E402
-from workers.tiny_hf import make_tiny_checkpoint  # noqa: E402
+from workers.model.loading import model_config, model_dims  # noqa: E402
+from workers.model.tiny_hf import make_tiny_checkpoint  # noqa: E402
 
 MAX_MODEL_LEN = 64
 

@@ -35,7 +35,7 @@ import time
 
 import ray
 
-from workers.config import ModelConfig
+from workers.config.run_config import ModelConfig
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {
@@ -74,9 +74,9 @@ class BenchTrainer:
     def setup(self, protocol: str, options: dict, lora: bool, num_receivers: int) -> dict:
         import torch
 
-        from workers.config import LoRAConfig, SyncConfig
-        from workers.lora import apply_lora
-        from workers.model import load_model
+        from workers.config.run_config import LoRAConfig, SyncConfig
+        from workers.model.loading import load_model
+        from workers.model.lora import apply_lora
         from workers.sync import make_sender
 
         self.close()
@@ -104,7 +104,7 @@ class BenchTrainer:
         return self.sender.send(version, lambda notice: [w.update_weights.remote(notice) for w in workers])
 
     def checksum(self) -> str:
-        from workers.lora import effective_state_dict
+        from workers.model.lora import effective_state_dict
         from workers.sync import state_checksum
 
         return state_checksum(effective_state_dict(self.model))
@@ -137,7 +137,7 @@ class _Worker:
         return TorchBackend(model_dir)
 
     def setup(self, protocol: str) -> None:
-        from workers.config import SyncConfig
+        from workers.config.run_config import SyncConfig
         from workers.sync import make_receiver
 
         if self.receiver is not None:
@@ -183,7 +183,7 @@ class _VLLMWorker(_Worker):
     (a versioned LoRARequest)."""
 
     def make_backend(self, model_dir: str):
-        from workers.config import InferenceConfig
+        from workers.config.run_config import InferenceConfig
         from workers.inference.vllm_backend import VLLMBackend
 
         return VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, lora_rank=LORA_RANK)
@@ -201,8 +201,8 @@ VLLM_CASES = [
 
 
 def build_model_dir(cfg: ModelConfig, root: str) -> str:
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     path = os.path.join(root, f"h{cfg.hidden_size}-l{cfg.num_layers}")
     tokenizer = CharTokenizer()

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from rollway_cli.client import Api
-from workers.merge import dotted
+from workers.core.merge import dotted
 
 REWARD, STEPS = "reward/mean", "policy/version"
 # Enough points that the min-max downsampling the API applies keeps the series' maximum

@@ -5,7 +5,7 @@ priority, saved_config, overrides) with config overrides written where they sit 
 config (`buffer: {capacity: 8}`, or dotted: `buffer.capacity: 8`); both kinds of
 override are merged, file first, then each `--set a.b=value` in order. The site takes
 nested overrides only, so dotted keys are nested here. A `--set` value follows the
-grammar the bench scripts share (workers/merge.py): JSON when it is JSON (8 a number,
+grammar the bench scripts share (workers/core/merge.py): JSON when it is JSON (8 a number,
 true a boolean, null null, "8" a string), else the text itself (`no` is the string "no",
 which a boolean field reads as false).
 
@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 
 from rollway_cli.errors import BAD_REQUEST, CliError
-from workers import merge
-from workers.merge import deep_merge
+from workers.core import merge
+from workers.core.merge import deep_merge
 
 LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "saved_config", "overrides")
 # What a simulation adds to a launch (POST /api/simulations): not config overrides.
@@ -39,7 +39,7 @@ def nest(flat: dict[str, Any], where: str = "overrides") -> dict:
 
 
 def parse_set(item: str) -> dict:
-    """`a.b=value` → {"a": {"b": value}} in workers.merge's `--set` grammar."""
+    """`a.b=value` → {"a": {"b": value}} in workers.core.merge's `--set` grammar."""
     try:
         return merge.parse_set(item)
     except merge.OverrideError as exc:

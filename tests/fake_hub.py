@@ -27,7 +27,7 @@ class FakeHub:
         import huggingface_hub
         import transformers
 
-        monkeypatch.setattr("workers.hub._info_cache", {})  # what a test's Hub says is kept for that test only
+        monkeypatch.setattr("workers.core.hub._info_cache", {})  # what a test's Hub says is kept for that test only
 
         self.root = tmp_path / "fake-hub"
         self.repos: dict[tuple[str, str], dict[str, Any]] = {}

@@ -75,7 +75,7 @@ def test_buffer_cost_refuses_an_unknown_mode():
 
 
 def test_buffer_cost_rollouts_look_like_a_runs():
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
 
     cfg = RunConfig()
     groups = load("buffer_cost.py").make_groups(3, cfg)
@@ -109,7 +109,7 @@ def _series(per_step: dict[str, list[float]]) -> dict:
 
 
 def test_efficiency_names_the_busier_pool_and_totals_partial_rollouts():
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
 
     pe = load("pipeline_efficiency.py")
     steps = 4
@@ -142,7 +142,7 @@ def test_efficiency_names_the_busier_pool_and_totals_partial_rollouts():
 
 
 def test_every_mode_builds_a_valid_config():
-    from workers.presets import build
+    from workers.config.presets import build
 
     pe = load("pipeline_efficiency.py")
     built = {m: build(preset, extra) for m, (preset, extra) in pe.MODES.items()}
@@ -237,7 +237,7 @@ def test_peer_trl_quick_is_small():
 
 
 def test_peer_trl_window_is_the_engines_reward_window():
-    from workers.metric_names import REWARD_WINDOW
+    from workers.core.metric_names import REWARD_WINDOW
 
     assert load("peer_trl.py").WINDOW == REWARD_WINDOW
 
@@ -305,7 +305,7 @@ def test_peer_trl_table_prints_a_dash_for_what_is_missing_and_the_verdict_names_
 def test_peer_trl_runner_reward_is_the_tasks():
     import random
 
-    from workers.config import TaskConfig
+    from workers.config.run_config import TaskConfig
     from workers.rl_tasks import make_task
 
     runner = load("peer_trl_runner.py")
@@ -321,13 +321,13 @@ def test_peer_trl_runner_reward_is_the_tasks():
 def test_peer_trl_prompts_are_the_inference_workers():
     import random
 
-    from workers.config import TaskConfig
+    from workers.config.run_config import TaskConfig
     from workers.rl_tasks import make_task
 
     pt = load("peer_trl.py")
     args = pt.parse_args(["--quick", "--seed", "3"])
     prompts = pt.prompts_in_order(args, 6)
-    # workers/actors.py: one generator per worker, drawn batch after batch
+    # workers/run/actors.py: one generator per worker, drawn batch after batch
     rng = random.Random("3-prompts-0")
     task = make_task(TaskConfig(**pt.task_section(args)))
     expected = task.sample(2, rng) + task.sample(4, rng)
@@ -411,7 +411,7 @@ def test_load_summary_percentiles_are_exact_at_small_n():
 
 def test_ingest_load_batches_are_what_the_ingest_takes_and_windows_bin_them():
     from api.ingest import METRICS_IN
-    from workers.metric_names import NAMES
+    from workers.core.metric_names import NAMES
 
     ingest = load("ingest_load.py")
     names = ingest.series_names(30)
@@ -712,7 +712,7 @@ def test_scale_out_figures_leave_step_one_out_and_split_each_ranks_time():
 def test_peer_trl_runner_scores_the_learning_tasks_with_their_own_verifiers():
     import random
 
-    from workers.config import TaskConfig
+    from workers.config.run_config import TaskConfig
     from workers.rl_tasks import make_task
 
     runner = load("peer_trl_runner.py")
@@ -758,13 +758,13 @@ def test_learning_runs_trl_on_its_default_threads_and_labels_any_other_count():
 def test_learning_trains_trl_on_the_prompts_rollways_worker_draws_held_out_excluded():
     import random
 
-    from workers.evaluation import is_held_out, problem_key, training_prompts
     from workers.rl_tasks import make_task
+    from workers.rollout.evaluation import is_held_out, problem_key, training_prompts
 
     lb = load("learning.py")
     cfg = lb.recipe_config(lb.RECIPES["countdown"], ROOT, 3, 5, "sync", {})
     prompts = lb.training_prompts_in_order(cfg, 4)
-    # workers/actors.py: one rng per worker, one batch of batch_groups per generate call
+    # workers/run/actors.py: one rng per worker, one batch of batch_groups per generate call
     task = make_task(cfg.task)
     source, rng = training_prompts(cfg, task, task), random.Random("3-prompts-0")
     expected = [pair for _ in range(4) for pair in source.sample(cfg.trainer.batch_groups, rng)]

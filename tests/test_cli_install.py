@@ -3,7 +3,7 @@ torch, Ray or Django (the platform is the `platform` extra, which `cpu`, `gpu` a
 `dev` include).
 
 The first test reads the code: everything rollway_cli/ imports, following the project's
-own modules it reaches (workers/merge.py), is the standard library or one of the base
+own modules it reaches (workers/core/merge.py), is the standard library or one of the base
 dependencies. The slow one installs the project into a fresh virtual environment (no
 system site-packages; pip fetches the four packages and their own dependencies from the
 index or its cache) and runs the installed `rollway` against a small HTTP server.
@@ -65,7 +65,7 @@ def imports_of(path: Path) -> set[str]:
             if node.level:
                 raise AssertionError(f"{path}: relative import; the walk below reads absolute ones only")
             found.add(node.module)
-            # `from workers import merge` imports the module workers.merge.
+            # `from workers import merge` imports the module workers.core.merge.
             found.update(
                 f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")
             )
@@ -114,8 +114,8 @@ def test_the_command_line_imports_only_the_standard_library_and_its_four_package
     files, third_party = cli_closure()
     loaded = {p.relative_to(REPO).as_posix() for p in files}
     # The one engine module it reads (the `--set` grammar), and its package's __init__.
-    assert {"workers/__init__.py", "workers/merge.py"} <= loaded
-    assert not {p for p in loaded if p.startswith("workers/")} - {"workers/__init__.py", "workers/merge.py"}
+    assert {"workers/__init__.py", "workers/core/merge.py"} <= loaded
+    assert not {p for p in loaded if p.startswith("workers/")} - {"workers/__init__.py", "workers/core/merge.py"}
     distributions = importlib.metadata.packages_distributions()
     for module in third_party:
         owners = {norm(d) for d in distributions.get(module, [module])}

@@ -1,12 +1,12 @@
-"""docs/config.md is what workers.config_reference writes from RunConfig now, and every
+"""docs/config.md is what workers.config.reference writes from RunConfig now, and every
 config field and section says what it is."""
 
 from __future__ import annotations
 
 import copy
 
-from workers.config import json_schema
-from workers.config_reference import COMMAND, PAGE, PEER_NAMES, PEERS, render, sections, undescribed
+from workers.config.reference import COMMAND, PAGE, PEER_NAMES, PEERS, render, sections, undescribed
+from workers.config.run_config import json_schema
 
 
 def test_docs_config_md_is_generated_from_the_config_as_it_is():
@@ -18,7 +18,7 @@ def test_docs_config_md_is_generated_from_the_config_as_it_is():
 def test_every_field_and_section_has_a_description():
     missing = undescribed()
     assert not missing, (
-        f"config fields without a description: {missing}; give each a description= in workers/config.py "
+        f"config fields without a description: {missing}; give each a description= in workers/config/run_config.py "
         f"(a section: a docstring), then run {COMMAND}"
     )
 

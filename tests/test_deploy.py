@@ -176,7 +176,7 @@ def test_k8s_ray_cluster_is_a_kuberay_cluster_with_token_auth():
 
 
 def test_k8s_gpu_pools_carry_the_labels_a_runs_placement_names_and_their_gpus():
-    from workers.config import PlacementConfig, node_labels
+    from workers.config.run_config import PlacementConfig, node_labels
 
     groups = {g["groupName"]: g for g in k8s("RayCluster", "rollway-ray")["spec"]["workerGroupSpecs"]}
     placement = PlacementConfig(devices="gpu", inference_node="pool=rollout", trainer_node="pool=train")
@@ -444,6 +444,6 @@ def test_the_image_takes_extras_by_build_arg_and_they_are_extras_of_the_project(
     assert '".[$FLAVOR${EXTRAS:+,$EXTRAS}]"' in text
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"s3", "gcs", "mlflow", "tensorboard", "wandb"} <= set(extras)
-    from workers.checkpoints import STORES
+    from workers.run.checkpoints import STORES
 
     assert {extra for _, extra in STORES.values()} <= set(extras)

@@ -1,18 +1,18 @@
-"""docs/metrics.md's table is what workers.metric_reference writes from the metric
+"""docs/metrics.md's table is what workers.core.metric_reference writes from the metric
 vocabulary now, and the peers' names it gives are of real series."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.metric_names import METRICS, NAMES
-from workers.metric_reference import COMMAND, MARKERS, PAGE, PEER_NAMES, PEERS, MarkersMissing, render, table
+from workers.core.metric_names import METRICS, NAMES
+from workers.core.metric_reference import COMMAND, MARKERS, PAGE, PEER_NAMES, PEERS, MarkersMissing, render, table
 
 
 def test_docs_metrics_md_has_the_table_the_vocabulary_gives():
     page = PAGE.read_text()
     assert page == render(page), (
-        f"{PAGE.relative_to(PAGE.parents[1])} differs from what workers/metric_names.py gives now; "
+        f"{PAGE.relative_to(PAGE.parents[1])} differs from what workers/core/metric_names.py gives now; "
         f"regenerate it with:\n    {COMMAND}"
     )
 

@@ -21,7 +21,10 @@ class Migration(migrations.Migration):
                 ("name", models.CharField(max_length=100)),
                 ("version", models.PositiveIntegerField(default=1)),
                 ("description", models.TextField(blank=True)),
-                ("base_preset", models.CharField(help_text="A built-in preset (workers/presets.py).", max_length=50)),
+                (
+                    "base_preset",
+                    models.CharField(help_text="A built-in preset (workers/config/presets.py).", max_length=50),
+                ),
                 ("overrides", models.JSONField(blank=True, default=dict, help_text="Merged onto the base preset.")),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
                 (

@@ -52,7 +52,7 @@ class Migration(migrations.Migration):
                 ("name", models.CharField(max_length=200)),
                 ("preset", models.CharField(max_length=50)),
                 ("overrides", models.JSONField(blank=True, default=dict, help_text="What the user changed.")),
-                ("config", models.JSONField(help_text="The full, validated workers.config.RunConfig.")),
+                ("config", models.JSONField(help_text="The full, validated workers.config.run_config.RunConfig.")),
                 (
                     "status",
                     models.CharField(

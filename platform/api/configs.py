@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from api.openapi import responses
 from configs import actions
 from configs.models import SavedConfig
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
 
 router = Router(tags=["configs"])
 

@@ -150,7 +150,7 @@ def _store_placement(run: Run, payload: Any) -> tuple[dict, int]:
 # joined rows would cost a noticeable share of each request's CPU.
 METRICS = Ingest(METRICS_IN, _store_points, columns=())
 # POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
-# "error_detail": "", "phase": one of workers.reporter.PHASES, "phase_detail": ""}
+# "error_detail": "", "phase": one of workers.run.reporter.PHASES, "phase_detail": ""}
 # (runs.reports.StatusIn). Answers the run's status after the call and whether this
 # report changed it, for a script or a person reading it: the reporter reads only the
 # HTTP status (a cancel reaches the driver through Ray, runs/in_ray.py). A status the

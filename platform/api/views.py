@@ -26,8 +26,8 @@ from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
 from teams import quotas, roles
 from teams.models import Team
-from workers.config import json_schema
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
+from workers.config.run_config import json_schema
 
 router = Router()
 

@@ -35,7 +35,7 @@ from runs.models import Experiment, Run
 from teams import audit, roles
 from teams.models import Team
 from teams.roles import check_team_access
-from workers.presets import PRESETS, deep_merge
+from workers.config.presets import PRESETS, deep_merge
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from foundation.errors import ActionError, NotFound
 from runs import rollups
 from runs.metrics import bucket_band, read_many
 from runs.models import Run
-from workers.merge import dotted
-from workers.metric_names import METRICS, rank_series
+from workers.core.merge import dotted
+from workers.core.metric_names import METRICS, rank_series
 
 MAX_RUNS = 100
 REWARD = "reward/mean"

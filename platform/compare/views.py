@@ -21,9 +21,9 @@ from foundation.http import BadParam, api_login_required, float_param, int_param
 from runs.actions import PRIORITY_MAX, PRIORITY_MIN
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Team
-from workers.metric_names import NAMES as METRIC_NAMES
-from workers.metric_names import PER_RANK, is_agent_series, is_reward_func_series
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
+from workers.core.metric_names import NAMES as METRIC_NAMES
+from workers.core.metric_names import PER_RANK, is_agent_series, is_reward_func_series
 
 DEFAULT_TARGET = 0.8
 DEFAULT_BUDGET_S = 60.0

@@ -21,8 +21,8 @@ from foundation.fields import max_length
 from teams import roles
 from teams.models import Team
 from teams.roles import check_team_access
-from workers.config import RunConfig
-from workers.presets import PRESETS, deep_merge
+from workers.config.presets import PRESETS, deep_merge
+from workers.config.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 

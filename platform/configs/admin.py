@@ -19,7 +19,7 @@ from configs.models import SavedConfig
 from configs.policy import check_config
 from foundation.errors import ActionError
 from teams.admin import administered
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
 
 
 class SavedConfigForm(forms.ModelForm):

@@ -2,7 +2,7 @@
 cluster's capacity as last seen, which every config is checked against (configs/policy.py).
 
 A saved configuration is what a launch is made of — a built-in preset
-(workers/presets.py) and JSON overrides on top — under a name the team chose. Rows are
+(workers/config/presets.py) and JSON overrides on top — under a name the team chose. Rows are
 never edited: editing a configuration saves version n+1 beside version n, so a run that
 ran version n (`Run.saved_config`) still points at exactly what it ran.
 """
@@ -15,9 +15,9 @@ from django.db.models import Max
 from django.utils import timezone
 
 from teams.models import Team, TeamOwnedQuerySet
-from workers.admission import Capacity
-from workers.config import RunConfig
-from workers.presets import build
+from workers.config.presets import build
+from workers.config.run_config import RunConfig
+from workers.run.admission import Capacity
 
 
 class SavedConfigQuerySet(TeamOwnedQuerySet):
@@ -33,13 +33,13 @@ class SavedConfigQuerySet(TeamOwnedQuerySet):
 
 class SavedConfig(models.Model):
     """One version of a team's named configuration; the effective run config is
-    `workers.presets.build(base_preset, overrides)`."""
+    `workers.config.presets.build(base_preset, overrides)`."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="saved_configs")
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     description = models.TextField(blank=True)
-    base_preset = models.CharField(max_length=50, help_text="A built-in preset (workers/presets.py).")
+    base_preset = models.CharField(max_length=50, help_text="A built-in preset (workers/config/presets.py).")
     overrides = models.JSONField(default=dict, blank=True, help_text="Merged onto the base preset.")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,

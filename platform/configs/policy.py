@@ -2,7 +2,7 @@
 comes in (a launch, a saved configuration, a retry, a resume), so each refusal names the
 field to change and the limit it ran into.
 
-The engine validates the config itself (`workers.presets.build`, its own model). Here it
+The engine validates the config itself (`workers.config.presets.build`, its own model). Here it
 is then held to the operator's settings — the paths it may read and write (the engine's
 `Confinement`) and how much one run may ask for (`Limits`) — and to the cluster as last
 seen (`ClusterCapacity`: the web process never asks Ray). Before its driver starts, the
@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 from configs.models import ClusterCapacity
 from foundation.errors import Unavailable, field_errors
-from workers.admission import Capacity, Limits, admission_errors
-from workers.config import RunConfig
-from workers.hub import HubUnavailable
-from workers.paths import Confinement
-from workers.presets import UnknownPreset, build
+from workers.config.presets import UnknownPreset, build
+from workers.config.run_config import RunConfig
+from workers.core.hub import HubUnavailable
+from workers.run.admission import Capacity, Limits, admission_errors
+from workers.run.paths import Confinement
 
 
 def confinement() -> Confinement:

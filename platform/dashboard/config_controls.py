@@ -1,7 +1,7 @@
 """The launch form's config controls, compiled from the run config's JSON schema.
 
 One control per config field, in a group per axis (`CONTROL_GROUPS`); a control's kind,
-choices and bounds come from its field's schema, so a field added to workers/config.py
+choices and bounds come from its field's schema, so a field added to workers/config/run_config.py
 gets a control without an edit here, and a field no control can show is refused when the
 controls are built. The controls post nothing themselves: launch.js keeps the overrides
 JSON in step with them.
@@ -13,7 +13,7 @@ from functools import cache
 
 from django.utils.text import slugify
 
-from workers.config import SCHEMA_BOUNDS, json_schema, schema_node
+from workers.config.run_config import SCHEMA_BOUNDS, json_schema, schema_node
 from workers.rl_tasks import BUILTINS
 
 # The control groups, one per axis, in the order shown: (title, config paths). "section.*"

@@ -24,7 +24,7 @@ from runs import actions, lineage, simulation
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
 
 SAVED_PREFIX = "saved:"
 TEAM_PREFIX = "team:"

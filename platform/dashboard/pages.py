@@ -17,7 +17,8 @@ from runs import listing, logs
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
-from workers.metric_names import (
+from workers.config.presets import PRESETS
+from workers.core.metric_names import (
     DASHBOARD_CHARTS,
     PER_RANK,
     agent_series,
@@ -25,7 +26,6 @@ from workers.metric_names import (
     rank_series,
     reward_func_series,
 )
-from workers.presets import PRESETS
 from workers.rl_tasks import task_class
 
 # Tags the flash that says a new run is queued (launch, retry, resume): once the run has

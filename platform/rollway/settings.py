@@ -19,11 +19,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from foundation.env import env_bool, env_float, env_int, env_list, env_str
 from foundation.production import production_key_error
-from workers.admission import Limits
-from workers.checkpoints import store_problem
-from workers.logs import PLAIN as PLAIN_LOG
-from workers.logs import log_format
-from workers.reporter import INGEST_ENDPOINTS
+from workers.core.logs import PLAIN as PLAIN_LOG
+from workers.core.logs import log_format
+from workers.run.admission import Limits
+from workers.run.checkpoints import store_problem
+from workers.run.reporter import INGEST_ENDPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FRONTEND_DIR = REPO_ROOT / "frontend"
@@ -33,7 +33,7 @@ ROLLWAY_HOME.mkdir(parents=True, exist_ok=True)
 ROLLWAY_CACHE_DIR = str(ROLLWAY_HOME / "cache")
 # What the engine posts metrics and status to; must be reachable from the Ray cluster.
 ROLLWAY_PUBLIC_URL = env_str("ROLLWAY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
-# None: workers.lifecycle uses RAY_ADDRESS from the environment, else starts/joins local Ray.
+# None: workers.run.lifecycle uses RAY_ADDRESS from the environment, else starts/joins local Ray.
 RAY_ADDRESS = env_str("RAY_ADDRESS")
 
 
@@ -219,7 +219,7 @@ WHITENOISE_USE_FINDERS = True
 
 
 # --- request body limits (foundation/bodylimits.py) ----------------------------------------
-# The engine's ingest (workers.reporter posts each report to one of these), as a pattern
+# The engine's ingest (workers.run.reporter posts each report to one of these), as a pattern
 # of request paths without their leading slash.
 ROLLWAY_INGEST_PATHS = rf"^api/runs/\d+/({'|'.join(INGEST_ENDPOINTS)})$"
 
@@ -379,7 +379,7 @@ for _name in ("ROLLWAY_MEMBER_MAX_PRIORITY", "ROLLWAY_ADMIN_MAX_PRIORITY"):
     if not -10 <= globals()[_name] <= 10:
         raise ImproperlyConfigured(f"{_name} must be from -10 to 10 (got {globals()[_name]})")
 
-# --- confinement: the only places a run's config may name (workers/paths.py) ---------
+# --- confinement: the only places a run's config may name (workers/run/paths.py) ---------
 # model.path must resolve (symlinks and .. followed) under one of these.
 ROLLWAY_MODEL_ROOTS = env_list("ROLLWAY_MODEL_ROOTS", [str(ROLLWAY_HOME / "models")])
 # task.dataset.path (and eval_path) likewise: by default the datasets shipped in the
@@ -388,7 +388,7 @@ ROLLWAY_DATA_ROOTS = env_list(
     "ROLLWAY_DATA_ROOTS", [str(REPO_ROOT / "data"), str(REPO_ROOT / "examples"), str(ROLLWAY_HOME / "data")]
 )
 # The Hugging Face Hub owners (users, organisations) whose models, reward models and
-# datasets a run may name (workers/hub.py); empty: any.
+# datasets a run may name (workers/core/hub.py); empty: any.
 ROLLWAY_HUB_OWNERS = env_list("ROLLWAY_HUB_OWNERS", [])
 # sync.directory likewise; empty (the default) means the field must stay unset and
 # filesystem sync writes into the run's scratch directory.
@@ -403,7 +403,7 @@ ROLLWAY_EXPORT_DIR = env_str("ROLLWAY_EXPORT_DIR", str(ROLLWAY_HOME / "exports")
 # GET /api/runs/<id>/log serve (runs/logs.py): a directory the Ray nodes and the web
 # process share, like the exports. Empty: runs keep no log of their own (Ray's only).
 ROLLWAY_RUN_LOG_DIR = env_str("ROLLWAY_RUN_LOG_DIR", str(ROLLWAY_HOME / "logs"))
-# Each run's checkpoints, run-<id>/step-<k>/ (workers/checkpoints.py): a directory every
+# Each run's checkpoints, run-<id>/step-<k>/ (workers/run/checkpoints.py): a directory every
 # Ray node sees, or an fsspec URL (s3://bucket/prefix) on a cluster. A resumed run may
 # start only from a checkpoint under it.
 ROLLWAY_CHECKPOINT_ROOT = env_str("ROLLWAY_CHECKPOINT_ROOT", str(ROLLWAY_HOME / "checkpoints"))
@@ -416,7 +416,7 @@ ROLLWAY_MAX_MINUTES = env_float("ROLLWAY_MAX_MINUTES", Limits.max_minutes)
 ROLLWAY_MAX_WORKERS = env_int("ROLLWAY_MAX_WORKERS", Limits.max_workers)
 ROLLWAY_MAX_MODEL_PARAMS = env_int("ROLLWAY_MAX_MODEL_PARAMS", Limits.max_model_params)
 # Memory of one GPU of the cluster, GiB, for the launch check of what each pool's GPU holds
-# (workers.admission.gpu_demand). 0: from the GPU type Ray names (an "A100" counts 40).
+# (workers.run.admission.gpu_demand). 0: from the GPU type Ray names (an "A100" counts 40).
 ROLLWAY_GPU_MEMORY_GB = env_float("ROLLWAY_GPU_MEMORY_GB", 0.0)
 
 # --- web security (docs/deployment.md, "Security") ------------------------------------
@@ -494,7 +494,7 @@ if ROLLWAY_PROXY_COUNT < 0:
 
 # --- logging ------------------------------------------------------------------------
 # ROLLWAY_LOG_FORMAT=json: one JSON object a line, with the run's id on lines about a run
-# (workers/logs.py; each run's driver reads the same variable).
+# (workers/core/logs.py; each run's driver reads the same variable).
 try:
     ROLLWAY_LOG_FORMAT = log_format()
 except ValueError as exc:
@@ -502,7 +502,7 @@ except ValueError as exc:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": PLAIN_LOG}, "json": {"()": "workers.logs.JsonFormatter"}},
+    "formatters": {"plain": {"format": PLAIN_LOG}, "json": {"()": "workers.core.logs.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": ROLLWAY_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("ROLLWAY_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},

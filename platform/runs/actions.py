@@ -30,9 +30,9 @@ from runs.models import Experiment, Run
 from teams import audit, quotas, roles
 from teams.models import Team
 from teams.roles import check_team_access
-from workers import placement
-from workers.config import RunConfig
-from workers.presets import PRESETS, deep_merge
+from workers.config.presets import PRESETS, deep_merge
+from workers.config.run_config import RunConfig
+from workers.run import placement
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A run's exported model: where it is, who may have it, and the zip it is served as.
 
 The run's driver writes the final policy as a Hugging Face directory to
-`ROLLWAY_EXPORT_DIR/run-<id>/` when the run succeeds (workers/export.py). The site
+`ROLLWAY_EXPORT_DIR/run-<id>/` when the run succeeds (workers/train/export.py). The site
 streams it as a zip, built while it is sent: a multi-GB checkpoint is never held in
 memory or copied on disk. Entries are stored, not deflated (safetensors do not
 compress), with zip64 headers, so files past 4 GiB are fine.

@@ -6,7 +6,7 @@ starts it: a task as long as its run would be redelivered after the broker's vis
 timeout and launch it twice. So each call here is short and idempotent, and the Run row
 is reconciled to the actor afterwards (runs/reconcile.py).
 
-Every call into Ray goes through `ray_lifecycle()`: workers.lifecycle (connect, launch,
+Every call into Ray goes through `ray_lifecycle()`: workers.run.lifecycle (connect, launch,
 cancel, is_alive) is all the platform needs of it. Tests put a fake in its place.
 """
 
@@ -23,8 +23,8 @@ from configs.models import ClusterCapacity
 from runs.actions import do_set_run_status
 from runs.models import Run
 from runs.reports import do_fail_run
-from workers.failures import explain
-from workers.paths import remove_scratch
+from workers.run.failures import explain
+from workers.run.paths import remove_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ Status = Run.Status
 
 
 def ray_lifecycle():
-    """The module workers.lifecycle, imported on first use: it pulls in Ray, which the
+    """The module workers.run.lifecycle, imported on first use: it pulls in Ray, which the
     web process never needs."""
-    from workers import lifecycle
+    from workers.run import lifecycle
 
     return lifecycle
 

@@ -2,7 +2,7 @@
 and notes and tags are what people write on a run.
 
 - **Retry** runs the parent's config again, as it was stored, in the same experiment.
-- **Resume** continues a run from one of its checkpoints (workers/checkpoints.py): the
+- **Resume** continues a run from one of its checkpoints (workers/run/checkpoints.py): the
   child's steps carry on from the checkpoint's step and `stop.max_steps` stays the total,
   so a run resumed at step k of N trains N−k more. The parent's points, status and
   checkpoints are never touched: the child reports under its own id.
@@ -36,8 +36,8 @@ from foundation.errors import ActionError, Conflict, Forbidden
 from runs import actions, events
 from runs.models import Checkpoint, Experiment, Run, RunTag
 from teams import audit, roles
-from workers.config import RunConfig
-from workers.presets import deep_merge
+from workers.config.presets import deep_merge
+from workers.config.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 

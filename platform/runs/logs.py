@@ -1,7 +1,7 @@
 """A run's driver log: where it is, who may read it, its tail and the whole file.
 
 The run's driver appends its engine lines to `ROLLWAY_RUN_LOG_DIR/run-<id>.log`
-(workers/logs.py, Confinement.log_file) on the Ray node it runs on. This host serves the
+(workers/core/logs.py, Confinement.log_file) on the Ray node it runs on. This host serves the
 file when it sees that directory (a volume the nodes and the web process share, as the
 exports are); otherwise, or once the file is removed, a read says so (NotFound with the
 reason), never an error of the site. Anyone who may see the run may read its log: it

@@ -27,10 +27,10 @@ from django.utils import timezone
 
 from runs import pgbulk, rollups
 from teams.models import Team, TeamOwnedQuerySet
-from workers.config import RunConfig
-from workers.reporter import PHASE_DETAIL_MAX
+from workers.config.run_config import RunConfig
+from workers.run.reporter import PHASE_DETAIL_MAX
 
-# A checkpoint's step directory (workers/checkpoints.py: step-<k, 8 digits or more>).
+# A checkpoint's step directory (workers/run/checkpoints.py: step-<k, 8 digits or more>).
 STEP_DIR_NAME = re.compile(r"step-\d{8,}")
 
 
@@ -192,7 +192,7 @@ class Run(models.Model):
     name = models.CharField(max_length=200)
     preset = models.CharField(max_length=50)
     overrides = models.JSONField(default=dict, blank=True, help_text="What the user changed.")
-    config = models.JSONField(help_text="The full, validated workers.config.RunConfig.")
+    config = models.JSONField(help_text="The full, validated workers.config.run_config.RunConfig.")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
     # `error` says why a run failed in a sentence or two; `error_detail` keeps what it
     # was worked out from (the traceback), shown folded under it.
@@ -457,7 +457,7 @@ class RunTag(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A checkpoint the run's trainer wrote (workers/checkpoints.py): where, how big, its
+    """A checkpoint the run's trainer wrote (workers/run/checkpoints.py): where, how big, its
     digest. The engine prunes old ones (`checkpoint.keep_last`) and says so; the row of a
     pruned checkpoint is deleted with it. `location` (a path or URL under the site's
     checkpoint root) stays on the server: people see `name`, the step directory."""
@@ -563,7 +563,7 @@ class MetricPointQuerySet(models.QuerySet):
 
 
 class MetricPoint(models.Model):
-    """One value of one series at one trainer step (see workers/metric_names.py)."""
+    """One value of one series at one trainer step (see workers/core/metric_names.py)."""
 
     # The unique constraint's index leads with run, so no separate FK index is needed.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="points", db_index=False)

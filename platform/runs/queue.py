@@ -10,7 +10,7 @@ when all of these hold:
 3. the GPUs its team's active runs hold, with its own, stay within the team's GPU quota
    (`ROLLWAY_TEAM_MAX_GPUS`, or the team's own; unset: no cap);
 4. the cluster's free resources cover what its config asks for
-   (`workers.admission.demand`: CPUs, GPUs and an estimate of memory).
+   (`workers.run.admission.demand`: CPUs, GPUs and an estimate of memory).
 
 "Active" is starting, running or cancelling, plus runs scheduled but not yet claimed by
 `launch_run` (queued with phase `scheduled`): they hold their place from the moment the
@@ -71,8 +71,8 @@ from runs import dispatch, events, in_ray
 from runs.models import Run
 from teams import quotas
 from teams.models import Team
-from workers.admission import Capacity, Demand, capacity_errors, demand
-from workers.failures import explain
+from workers.run.admission import Capacity, Demand, capacity_errors, demand
+from workers.run.failures import explain
 
 logger = logging.getLogger(__name__)
 

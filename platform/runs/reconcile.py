@@ -26,7 +26,7 @@ from runs import dispatch, in_ray, lineage, queue
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
 from runs.reports import STATUS_IN, do_fail_run, do_record_points, do_record_reported_status, valid_points
-from workers.reporter import STATUSES, clear_spool, read_spool, read_spooled_status
+from workers.run.reporter import STATUSES, clear_spool, read_spool, read_spooled_status
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def do_resume_lost(run: Run, checkpoint: Checkpoint, now: datetime) -> str:
 def lost_reason(run: Run, now: datetime) -> tuple[str, str]:
     """(error, detail) for a run whose driver actor Ray does not have: what is known of
     how it went, in a sentence for the run's page and the facts behind it."""
-    # The name its launch recorded (workers.run_actors names it; importing that here
+    # The name its launch recorded (workers.core.run_actors names it; importing that here
     # would load Ray into every process that imports the reconcile).
     actor = f"Ray actor {run.ray_actor}" if run.ray_actor else "its Ray actor"
     where = f"Ray at {settings.RAY_ADDRESS}" if settings.RAY_ADDRESS else "the local Ray cluster"

@@ -20,8 +20,8 @@ from foundation.errors import Forbidden
 from runs import events, lineage, tracking
 from runs.actions import do_set_run_status
 from runs.models import Checkpoint, MetricPoint, Run
-from workers.failures import DETAIL_MAX, KINDS
-from workers.reporter import PHASE_DETAIL_MAX, PHASES, STATUSES
+from workers.run.failures import DETAIL_MAX, KINDS
+from workers.run.reporter import PHASE_DETAIL_MAX, PHASES, STATUSES
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +73,13 @@ class StatusIn(TypedDict):
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
     status: ReportedStatus
-    # Why a run failed, for people (workers.failures), and the traceback behind it,
+    # Why a run failed, for people (workers.run.failures), and the traceback behind it,
     # which the run's page shows folded; the engine cuts it to this bound.
     error: NotRequired[Annotated[str, Field(max_length=20_000), NO_NUL]]
     error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX), NO_NUL]]
-    # Which of workers.failures.KINDS the failure is: a run that lost a node is resumed.
+    # Which of workers.run.failures.KINDS the failure is: a run that lost a node is resumed.
     error_kind: NotRequired[FailureKind]
-    # What the run is doing now (workers.reporter.PHASES), sent with "running".
+    # What the run is doing now (workers.run.reporter.PHASES), sent with "running".
     phase: NotRequired[ReportedPhase]
     phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX), NO_NUL]]
 
@@ -190,7 +190,7 @@ def do_record_phase(run: Run, phase: str, detail: str = "") -> bool:
 
 
 class CheckpointIn(TypedDict):
-    """A checkpoint the run's trainer finished writing (workers.reporter.post_checkpoint),
+    """A checkpoint the run's trainer finished writing (workers.run.reporter.post_checkpoint),
     and the older ones it pruned (`checkpoint.keep_last`), by location."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
@@ -221,7 +221,7 @@ def do_record_checkpoint(run: Run, checkpoint: dict) -> Checkpoint:
 
 
 class ActorPlace(TypedDict):
-    """Where one actor of the run runs (workers.actors.where_am_i)."""
+    """Where one actor of the run runs (workers.run.actors.where_am_i)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
@@ -239,7 +239,7 @@ class ActorPlace(TypedDict):
 
 class PlacementIn(TypedDict):
     """Where the run's actors run, as the driver reports once they are up
-    (workers.reporter.post_placement)."""
+    (workers.run.reporter.post_placement)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 

@@ -40,7 +40,7 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from runs import pgbulk
-from workers.metric_names import REWARD_WINDOW
+from workers.core.metric_names import REWARD_WINDOW
 
 WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
 FAN_OUT = 4

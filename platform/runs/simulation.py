@@ -26,8 +26,8 @@ from runs import events
 from runs.actions import LaunchRequest, check_launch, create_run
 from runs.models import MetricPoint, Run
 from teams import audit
-from workers.hub import HubRefused, HubUnavailable
-from workers.paths import PathNotAllowed
+from workers.core.hub import HubRefused, HubUnavailable
+from workers.run.paths import PathNotAllowed
 from workers.simulate import MODELS, Cluster, Workload, simulate
 from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
 
@@ -171,7 +171,7 @@ def _parse(model: type[BaseModel], field: str, value: Any, errors: dict[str, str
 def model_shape(model: str) -> ModelShape:
     """A built-in shape by name, else a Hugging Face model's: its config (from a
     directory under the model roots, or only the config.json of a Hub model of an owner
-    the site allows: the engine's one confinement, workers/paths.py) read by
+    the site allows: the engine's one confinement, workers/run/paths.py) read by
     transformers, and its parameters built on the meta device (no weights loaded).
     Nothing is read for a value the confinement refuses."""
     if model in MODELS:

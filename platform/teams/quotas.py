@@ -4,7 +4,7 @@
   past it is refused (runs/actions.py `check_team_queue`);
 - **running**: runs active at once (starting, running, cancelling, or scheduled);
 - **gpus**: GPUs the team's active runs hold together (each run's GPUs are what its
-  placement asks Ray for, `workers.placement.totals`).
+  placement asks Ray for, `workers.run.placement.totals`).
 
 A run past the running or GPU quota is not refused: it waits in the queue until the
 team's own runs end (runs/queue.py). Each quota is the site's default from settings

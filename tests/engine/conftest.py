@@ -19,9 +19,9 @@ import torch
 
 from tests.engine.helpers import TOKEN, small_config
 from tests.engine.ingest_stub import IngestStub
-from workers.model import build_tiny, save_model
-from workers.run_actors import NAMESPACE, kill_named
-from workers.tokenizer import CharTokenizer
+from workers.core.run_actors import NAMESPACE, kill_named
+from workers.model.loading import build_tiny, save_model
+from workers.model.tokenizer import CharTokenizer
 
 HERE = Path(__file__).parent
 GPUS = 4
@@ -87,9 +87,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
-    """`checkpoints(arch)`: one tiny checkpoint per architecture of workers.tiny_hf, made
+    """`checkpoints(arch)`: one tiny checkpoint per architecture of workers.model.tiny_hf, made
     on first use and shared by every test that only reads it."""
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("archs")
     made: dict[str, str] = {}

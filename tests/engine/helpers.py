@@ -13,14 +13,14 @@ import time
 import ray
 
 from tests.engine.ingest_stub import IngestStub
-from workers.config import RunConfig
-from workers.driver import RunDriver
-from workers.generation import generate_groups
+from workers.config.run_config import RunConfig
+from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.inference.torch_backend import TorchBackend
-from workers.lifecycle import launch
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.run_actors import NAMESPACE, actor_name, run_actor_names
-from workers.tokenizer import CharTokenizer
+from workers.rollout.generation import generate_groups
+from workers.run.driver import RunDriver
+from workers.run.lifecycle import launch
 
 TOKEN = "run-token"  # the ingest token of runs reporting to the `stub` fixture
 
@@ -100,7 +100,7 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
     return stub.series(run_id)
 
 
-# A warm start long enough that the tiny BPE checkpoint (workers/tiny_hf.py) answers with
+# A warm start long enough that the tiny BPE checkpoint (workers/model/tiny_hf.py) answers with
 # task characters and stops (measured: EOS ends ~all completions, most decode to letters).
 HF_WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
 

@@ -18,10 +18,10 @@ import sys
 
 import ray
 
-from workers.driver import RunDriver
-from workers.lifecycle import launch, on_the_head
-from workers.presets import build
-from workers.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.config.presets import build
+from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.run.driver import RunDriver
+from workers.run.lifecycle import launch, on_the_head
 
 
 def run(spec: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Admission (workers/admission.py): operator limits, what the engine can run and cluster
+"""Admission (workers/run/admission.py): operator limits, what the engine can run and cluster
 capacity (CPUs, GPUs, memory), each refusal naming the field and the limit; the estimate
 grows with what drives memory."""
 
@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from workers.admission import (
+from workers.config.run_config import RunConfig
+from workers.model.loading import build_tiny
+from workers.model.tokenizer import CharTokenizer
+from workers.run.admission import (
     Capacity,
     Limits,
     admission_errors,
@@ -17,9 +20,6 @@ from workers.admission import (
     gpu_memory_of,
     model_shape,
 )
-from workers.config import RunConfig
-from workers.model import build_tiny
-from workers.tokenizer import CharTokenizer
 
 ROOMY = Capacity(cpus=64, memory_bytes=512 * 2**30)
 
@@ -155,7 +155,7 @@ def test_each_limit_names_its_field_and_setting():
 
 
 def test_a_checkpoint_is_sized_from_its_headers(tmp_path):
-    from workers.model import save_model
+    from workers.model.loading import save_model
 
     c = RunConfig()
     model = build_tiny(c.model, CharTokenizer(), seed=0)
@@ -337,8 +337,8 @@ def qwen25_half_b_dir(tmp_path) -> str:
     what admission reads of a checkpoint."""
     from transformers import Qwen2Config
 
-    from workers.config import TaskConfig
-    from workers.tiny_hf import train_tokenizer
+    from workers.config.run_config import TaskConfig
+    from workers.model.tiny_hf import train_tokenizer
 
     path = tmp_path / "qwen2.5-0.5b"
     Qwen2Config(
@@ -357,9 +357,9 @@ def qwen25_half_b_dir(tmp_path) -> str:
 
 
 def test_a_vllm_worker_is_sized_for_the_runs_prompts_not_the_models_whole_context(tmp_path):
-    from workers.admission import run_context
     from workers.inference.base import vllm_cpu_kv_cache_bytes
-    from workers.model import model_config, model_dims
+    from workers.model.loading import model_config, model_dims
+    from workers.run.admission import run_context
 
     path = qwen25_half_b_dir(tmp_path)
     run = cfg(model={"source": "path", "path": path}, inference={"backend": "vllm"})
@@ -373,7 +373,7 @@ def test_a_vllm_worker_is_sized_for_the_runs_prompts_not_the_models_whole_contex
 
 
 def test_prompts_and_completions_past_the_models_positions_are_refused_at_launch(tmp_path):
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(str(tmp_path / "tiny"), "llama", max_position_embeddings=32)
     errors = admission_errors(
@@ -395,7 +395,7 @@ def test_a_kl_penalty_costs_a_float32_copy_of_the_weights_unless_lora_gives_the_
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
 def test_a_mixture_of_experts_on_vllm_cpu_is_refused_at_launch_naming_the_backend(tmp_path, arch):
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     moe = make_tiny_checkpoint(str(tmp_path / arch), arch, hidden_size=64)
     dense = make_tiny_checkpoint(str(tmp_path / "llama"), "llama", hidden_size=64)
@@ -413,7 +413,7 @@ def test_a_mixture_of_experts_on_vllm_cpu_is_refused_at_launch_naming_the_backen
 
 
 def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_no_recorder(tmp_path):
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     moe = make_tiny_checkpoint(str(tmp_path / "moe"), "qwen2_moe", hidden_size=64)
     dense = make_tiny_checkpoint(str(tmp_path / "dense"), "qwen2", hidden_size=64)

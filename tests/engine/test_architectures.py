@@ -1,4 +1,4 @@
-"""Any architecture: a matrix of small project-made checkpoints (workers/tiny_hf.py) ×
+"""Any architecture: a matrix of small project-made checkpoints (workers/model/tiny_hf.py) ×
 inference backend × (full, LoRA). Each cell goes the way a run does, in this process:
 the launch checks, the policy directory, the backend loads it and generates, the
 trainer trains two steps, the weights sync to the backend (full weights, or the adapter
@@ -21,20 +21,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.admission import Limits, admission_errors
-from workers.config import RunConfig
-from workers.export import export_policy
-from workers.generation import generate_groups
+from workers.config.run_config import RunConfig
 from workers.inference import make_backend
-from workers.lora import target_problem
-from workers.model import checkpoint_state_dict, model_dir_problem
+from workers.model.loading import checkpoint_state_dict, model_dir_problem
+from workers.model.lora import target_problem
+from workers.model.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
+from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks import make_task
+from workers.rollout.generation import generate_groups
+from workers.run.admission import Limits, admission_errors
 from workers.sync import make_receiver, make_sender, state_checksum
 from workers.sync.object_store import InProcessStore
-from workers.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
-from workers.tokenizer import load_tokenizer
-from workers.trainer import Trainer, pack, spread, token_logprobs
-from workers.warmstart import policy_dir
+from workers.train.export import export_policy
+from workers.train.trainer import Trainer, pack, spread, token_logprobs
+from workers.train.warmstart import policy_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -180,9 +180,9 @@ def test_the_matrix_has_tied_and_untied_checkpoints_and_plain_text_ones():
 def test_the_default_lora_targets_adapt_every_architecture(checkpoints, arch):
     """peft's all-linear finds the linear layers whatever they are called (GPT-2's Conv1D
     c_attn, GPT-NeoX's query_key_value, Phi-3's fused qkv_proj)."""
-    from workers.config import LoRAConfig
-    from workers.lora import apply_lora
-    from workers.model import load_model
+    from workers.config.run_config import LoRAConfig
+    from workers.model.loading import load_model
+    from workers.model.lora import apply_lora
 
     model = apply_lora(load_model(checkpoints(arch)), LoRAConfig(enabled=True))
     adapted = {n.rsplit(".lora_A", 1)[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
@@ -205,7 +205,7 @@ def test_lora_targets_that_match_nothing_are_refused_at_launch_naming_the_layers
 
 
 def test_lora_targets_that_match_some_module_pass(checkpoints):
-    from workers.admission import _meta_model
+    from workers.run.admission import _meta_model
 
     cfg = RunConfig.model_validate(
         {
@@ -220,10 +220,10 @@ def test_lora_targets_that_match_some_module_pass(checkpoints):
 
 
 def test_a_sharded_checkpoint_loads_in_the_torch_backend_and_as_a_lora_base(tmp_path):
-    from workers.config import LoRAConfig
+    from workers.config.run_config import LoRAConfig
     from workers.inference.torch_backend import TorchBackend
-    from workers.lora import apply_lora
-    from workers.model import load_model
+    from workers.model.loading import load_model
+    from workers.model.lora import apply_lora
     from workers.sync.lora import LoRAReceiver, base_checksum
     from workers.sync.verify import backend_checksum
 
@@ -243,7 +243,7 @@ def test_a_sharded_checkpoint_loads_in_the_torch_backend_and_as_a_lora_base(tmp_
 
 
 def test_tied_weights_are_one_tensor_in_checksums_and_state_dicts(checkpoints):
-    from workers.model import load_model, tied_weight_names
+    from workers.model.loading import load_model, tied_weight_names
 
     model = load_model(checkpoints("qwen2"))
     assert tied_weight_names(model) == {"lm_head.weight"}

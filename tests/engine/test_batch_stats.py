@@ -1,4 +1,4 @@
-"""The trained batch's reward spread and completion lengths (workers/batch_stats.py),
+"""The trained batch's reward spread and completion lengths (workers/train/batch_stats.py),
 against hand-made groups and against torch's own std (TRL's reward_std is a Bessel-
 corrected std of the batch's rewards)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.batch_stats import batch_metrics
-from workers.metric_names import NAMES
-from workers.rollout import Group, Rollout
+from workers.core.metric_names import NAMES
+from workers.core.records import Group, Rollout
+from workers.train.batch_stats import batch_metrics
 
 
 def rollout(reward: float, length: int, finish: str = "stop") -> Rollout:

@@ -9,9 +9,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from workers.buffer import AdmissionGate, BufferPlan, RolloutBuffer, plan
-from workers.config import BufferConfig, RunConfig
-from workers.rollout import Group, Rollout
+from workers.config.run_config import BufferConfig, RunConfig
+from workers.core.records import Group, Rollout
+from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer, plan
 
 
 def group(gid: str, version: int = 0, size: int = 4) -> Group:

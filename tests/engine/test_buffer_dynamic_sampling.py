@@ -1,4 +1,4 @@
-"""Dynamic sampling in the buffer (trainer.dynamic_sampling, workers/buffer.py): groups
+"""Dynamic sampling in the buffer (trainer.dynamic_sampling, workers/run/buffer.py): groups
 whose rewards are all equal are dropped before they take a place, counted, given back to
 the admission gate so fresh groups replace them, and a run that only ever produces such
 groups fails saying so instead of generating forever."""
@@ -9,9 +9,9 @@ import queue
 
 import pytest
 
-from workers.buffer import AdmissionGate, NoSignalError, RolloutBuffer, plan
-from workers.config import BufferConfig, TrainerConfig
-from workers.rollout import Group, Rollout
+from workers.config.run_config import BufferConfig, TrainerConfig
+from workers.core.records import Group, Rollout
+from workers.run.buffer import AdmissionGate, NoSignalError, RolloutBuffer, plan
 
 
 def group(gid: str, rewards: list[float]) -> Group:
@@ -117,7 +117,7 @@ def test_what_the_buffer_drops_is_what_the_zero_spread_metric_counts():
     """One rule for a group without spread: rewards a float rounding apart (a verifier
     summing partial credits) count as equal for dynamic sampling and for
     reward/zero_std_frac alike; a real difference does not."""
-    from workers.batch_stats import batch_metrics
+    from workers.train.batch_stats import batch_metrics
 
     rounded = [0.1 + 0.2, 0.3, 0.3]  # 0.30000000000000004, 0.3, 0.3
     groups = [group("0", rounded), group("1", MIXED)]

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.buffer import AdmissionGate, RolloutBuffer, plan
-from workers.config import BufferConfig
-from workers.rollout import Group, Rollout
+from workers.config.run_config import BufferConfig
+from workers.core.records import Group, Rollout
+from workers.run.buffer import AdmissionGate, RolloutBuffer, plan
 
 GROUP_SIZE = 3
 MODES = ("none", "double", "bounded", "unbounded")

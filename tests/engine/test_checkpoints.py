@@ -1,4 +1,4 @@
-"""Checkpoints and resume (workers/checkpoints.py).
+"""Checkpoints and resume (workers/run/checkpoints.py).
 
 Unit tests first (no Ray): the files round trip through a local root and an fsspec
 `memory://` one, with the trainer's, the buffer's and a worker's state restored exactly;
@@ -26,8 +26,12 @@ import torch
 from tests.engine.helpers import TOKEN, fixed_groups, small_config
 from tests.engine.helpers import TRAINED as EQUIVALENT
 from tests.engine.ingest_stub import IngestStub
-from workers.buffer import RolloutBuffer
-from workers.checkpoints import (
+from workers.config.presets import build, deep_merge
+from workers.core.run_actors import NAMESPACE, actor_name
+from workers.model.loading import tied_weight_names
+from workers.model.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
+from workers.run.buffer import RolloutBuffer
+from workers.run.checkpoints import (
     BUFFER,
     INFERENCE,
     LEGACY_MODEL,
@@ -45,15 +49,11 @@ from workers.checkpoints import (
     trainer_parts,
     write_checkpoint,
 )
-from workers.driver import RunDriver
-from workers.lifecycle import launch
-from workers.model import tied_weight_names
-from workers.paths import Confinement
-from workers.presets import build, deep_merge
-from workers.reporter import MetricsReporter
-from workers.run_actors import NAMESPACE, actor_name
-from workers.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
-from workers.trainer import Trainer
+from workers.run.driver import RunDriver
+from workers.run.lifecycle import launch
+from workers.run.paths import Confinement
+from workers.run.reporter import MetricsReporter
+from workers.train.trainer import Trainer
 
 # -- the files -------------------------------------------------------------------------
 

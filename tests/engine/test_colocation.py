@@ -1,11 +1,11 @@
-"""Colocated placement that time-shares a GPU (workers/colocation.py): the order of one
+"""Colocated placement that time-shares a GPU (workers/run/colocation.py): the order of one
 step's calls at each inference.sleep_level, and the memory one shared GPU is planned for."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.colocation import OFFLOADED, Phase, shared_gpu, step_phases
+from workers.run.colocation import OFFLOADED, Phase, shared_gpu, step_phases
 
 GIB = 2**30
 
@@ -66,7 +66,7 @@ class RecordingLLM:
 def recording_backend(level: int, calls: list):
     import threading
 
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
 
     backend = object.__new__(VLLMBackend)  # no engine: the fake LLM is its engine
@@ -98,8 +98,8 @@ def test_at_sleep_level_0_the_backend_never_sleeps():
 
 
 def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after():
-    from workers.actors import InferenceWorker
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
+    from workers.run.actors import InferenceWorker
 
     calls: list = []
     backend = recording_backend(1, calls)
@@ -126,9 +126,9 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
 
 
 def test_a_gpu_engine_that_will_sleep_is_built_with_vllms_sleep_mode():
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
     from workers.inference import vllm_backend
-    from workers.model import ModelDims
+    from workers.model.loading import ModelDims
 
     dims = ModelDims(
         hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, intermediate=128, vocab=40, positions=64, tied=False
@@ -145,7 +145,7 @@ def test_a_gpu_engine_that_will_sleep_is_built_with_vllms_sleep_mode():
 def test_the_trainers_optimizer_state_moves_off_its_device_but_adams_step_counter_stays():
     import torch
 
-    from workers.trainer import move_optimizer_state
+    from workers.train.trainer import move_optimizer_state
 
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.AdamW([weight], lr=0.1)
@@ -160,10 +160,10 @@ def test_the_trainers_optimizer_state_moves_off_its_device_but_adams_step_counte
 def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(monkeypatch):
     import threading
 
-    from workers import actors
-    from workers.actors import InferenceWorker
-    from workers.config import RunConfig
-    from workers.timeline import Timeline
+    from workers.config.run_config import RunConfig
+    from workers.core.timeline import Timeline
+    from workers.run import actors
+    from workers.run.actors import InferenceWorker
 
     calls: list = []
     worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine

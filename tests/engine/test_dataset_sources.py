@@ -10,12 +10,12 @@ import json
 import pytest
 
 from tests.fake_hub import FakeHub
-from workers import chat
-from workers.config import RunConfig, TaskConfig
-from workers.paths import Confinement, PathNotAllowed
-from workers.task_data import DatasetError, dataset_errors, is_hub_id, load_splits
-from workers.tiny_hf import train_tokenizer
-from workers.tokenizer import HFTokenizer, load_tokenizer
+from workers.config.run_config import RunConfig, TaskConfig
+from workers.core import chat
+from workers.model.tiny_hf import train_tokenizer
+from workers.model.tokenizer import HFTokenizer, load_tokenizer
+from workers.rollout.task_data import DatasetError, dataset_errors, is_hub_id, load_splits
+from workers.run.paths import Confinement, PathNotAllowed
 
 TRAIN = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 4)]
 TEST = [{"prompt": f"{a}*{b}=", "answer": str(a * b)} for a in range(1, 3) for b in range(1, 3)]
@@ -169,7 +169,7 @@ def test_a_worker_refuses_a_hub_dataset_larger_than_the_operators_bound_before_f
 
 
 def test_a_worker_stops_downloading_a_hub_dataset_past_the_operators_time_bound(hub, monkeypatch):
-    from workers import hub as hub_module
+    from workers.core import hub as hub_module
 
     monkeypatch.setenv("ROLLWAY_HUB_DATASET_TIMEOUT_S", "60")
     clock = iter([0.0, 0.0, 61.0, 61.0])  # the deadline is set, the card is fetched, then time is up
@@ -268,11 +268,11 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
     import sys
     import types
 
-    from workers.batch_stats import batch_metrics
-    from workers.generation import generate_groups
     from workers.inference import make_backend
+    from workers.model.tiny_hf import make_tiny_checkpoint
     from workers.rl_tasks import make_task
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.rollout.generation import generate_groups
+    from workers.train.batch_stats import batch_metrics
 
     module = types.ModuleType("my_chat_rewards")
     module.completion_length = completion_length

@@ -13,16 +13,22 @@ from collections import Counter
 import pytest
 
 from tests.engine.helpers import small_config
-from workers.checkpoints import CheckpointRefused, CheckpointTarget, check_resume_split, trainer_parts, write_checkpoint
-from workers.config import RunConfig
-from workers.export import export_policy
-from workers.model import load_model
-from workers.paths import Confinement
-from workers.presets import deep_merge
-from workers.shipped_data import DATA_DIR
-from workers.task_data import SPLIT_FILE, load_splits, read_rows, read_split_record
-from workers.trainer import Trainer
-from workers.warmstart import demonstrations, policy_dir
+from workers.config.presets import deep_merge
+from workers.config.run_config import RunConfig
+from workers.model.loading import load_model
+from workers.rollout.shipped_data import DATA_DIR
+from workers.rollout.task_data import SPLIT_FILE, load_splits, read_rows, read_split_record
+from workers.run.checkpoints import (
+    CheckpointRefused,
+    CheckpointTarget,
+    check_resume_split,
+    trainer_parts,
+    write_checkpoint,
+)
+from workers.run.paths import Confinement
+from workers.train.export import export_policy
+from workers.train.trainer import Trainer
+from workers.train.warmstart import demonstrations, policy_dir
 
 COUNTDOWN = os.path.join(DATA_DIR, "countdown.jsonl")
 

@@ -10,10 +10,10 @@ import ray
 
 from tests.engine.helpers import TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.lifecycle import cancel, is_alive, launch
-from workers.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
-from workers.reward_stage import POOL_SERIES
-from workers.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
+from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.rollout.reward_stage import POOL_SERIES
+from workers.run.lifecycle import cancel, is_alive, launch
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import time
 import pytest
 import ray
 
-from workers.driver import RunDriver
-from workers.run_actors import NAMESPACE, run_actor_names
+from workers.core.run_actors import NAMESPACE, run_actor_names
+from workers.run.driver import RunDriver
 
 vllm = pytest.importorskip("vllm")
 

@@ -11,18 +11,18 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from workers.batch_stats import batch_metrics
-from workers.buffer import AdmissionGate, RolloutBuffer, plan
-from workers.config import RunConfig
-from workers.episode_scheduler import EpisodeScheduler, EpisodeTiming, is_multi_agent, timing_metrics
+from workers.config.run_config import RunConfig
+from workers.core.latency import Latency
+from workers.core.records import Group, Rollout
 from workers.inference.base import Completion
-from workers.latency import Latency
-from workers.loss import scaled_advantages
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
 from workers.rl_tasks.propose_solve import ProposeSolveTask, problem_value
-from workers.rollout import Group, Rollout
-from workers.tokenizer import CharTokenizer
-from workers.trainer import agent_advantages
+from workers.rollout.episode_scheduler import EpisodeScheduler, EpisodeTiming, is_multi_agent, timing_metrics
+from workers.run.buffer import AdmissionGate, RolloutBuffer, plan
+from workers.train.batch_stats import batch_metrics
+from workers.train.loss import scaled_advantages
+from workers.train.trainer import agent_advantages
 
 # -- the environment's latency --------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (workers/episodes.py) with a scripted fake policy: tool calls are
+"""Multi-turn episodes (workers/rollout/episodes.py) with a scripted fake policy: tool calls are
 executed and their results appended as masked tokens, limits end episodes, and each
 turn carries the version of the weights that generated it.
 
@@ -16,14 +16,14 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import small_config
-from workers.episodes import TOOL_LOGPROB, Episode, episode_text, run_episodes
-from workers.generation import generate_groups, generate_groups_across_updates
 from workers.inference.base import StepToken
 from workers.inference.torch_backend import generate_by_steps
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks.reverse import ReverseTask
-from workers.tokenizer import CharTokenizer
-from workers.tool_task import CalculatorTask
-from workers.tools import calculate
+from workers.rl_tasks.tool_task import CalculatorTask
+from workers.rl_tasks.tools import calculate
+from workers.rollout.episodes import TOOL_LOGPROB, Episode, episode_text, run_episodes
+from workers.rollout.generation import generate_groups, generate_groups_across_updates
 
 TOK = CharTokenizer()
 
@@ -266,7 +266,7 @@ def test_generation_builds_multi_turn_rollouts_and_leaves_single_turn_ones_unmas
 def test_tool_tokens_do_not_count_in_staleness():
     """A tool token's version never lowers a rollout's min_version (what the buffer
     judges staleness on), whatever it holds."""
-    from workers.rollout import Rollout
+    from workers.core.records import Rollout
 
     r = Rollout([1], [5, 6, 7, 8], [-1.0, 0.0, 0.0, -1.0], [4, 0, 0, 4], "stop", loss_mask=[1, 0, 0, 1])
     assert r.min_version == 4 and r.model_versions == [4, 4]
@@ -282,7 +282,7 @@ def bpe_tokenizer(chat_template: str):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from workers.tokenizer import HFTokenizer
+    from workers.model.tokenizer import HFTokenizer
 
     task = CalculatorTask()
     lines = [p + task.demonstration(p, a) for p, a in task.sample(500, random.Random(0))]
@@ -312,7 +312,7 @@ def test_episodes_with_a_hugging_face_tokenizer():
     shows no tools: calls are found in multi-character tokens, the tool's result is
     encoded by that tokenizer in the task's text format, and the reward reads the
     decoded text."""
-    from workers.tiny_hf import CHAT_TEMPLATE
+    from workers.model.tiny_hf import CHAT_TEMPLATE
 
     hf = bpe_tokenizer(CHAT_TEMPLATE)
     assert not hf.renders_tools(CalculatorTask.tools)  # so the text format, as before
@@ -355,7 +355,7 @@ def test_a_template_that_renders_tools_gets_the_schema_and_tool_messages():
     schema, the model's turn holding a JSON call ends at its own end-of-turn token, and
     the result comes back as a `tool` turn of that template (masked, the end-of-turn not
     repeated), after which the model's answer is scored."""
-    from workers.tool_task import TOOLS, final_answer
+    from workers.rl_tasks.tool_task import TOOLS, final_answer
 
     hf = bpe_tokenizer(TOOLS_TEMPLATE)
     assert hf.renders_tools(TOOLS)
@@ -401,8 +401,8 @@ NO_TOOL_ROLE_TEMPLATE = (
 
 
 def test_the_tool_turn_is_what_the_template_writes_between_the_reply_and_the_next_prompt():
-    from workers.episodes import tool_turn_ids
-    from workers.tool_task import TOOLS
+    from workers.rl_tasks.tool_task import TOOLS
+    from workers.rollout.episodes import tool_turn_ids
 
     qwen_style = bpe_tokenizer(QWEN_STYLE_TOOLS_TEMPLATE)
     assert qwen_style.renders_tools(TOOLS)

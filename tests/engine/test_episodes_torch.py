@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from tests.engine.helpers import small_config
-from workers.config import ModelConfig
-from workers.generation import generate_groups, generate_groups_across_updates
+from workers.config.run_config import ModelConfig
 from workers.inference.torch_backend import TorchBackend
-from workers.model import build_tiny, load_model, save_model
-from workers.tokenizer import CharTokenizer
-from workers.tool_task import CalculatorTask
-from workers.trainer import pack, spread, token_logprobs
+from workers.model.loading import build_tiny, load_model, save_model
+from workers.model.tokenizer import CharTokenizer
+from workers.rl_tasks.tool_task import CalculatorTask
+from workers.rollout.generation import generate_groups, generate_groups_across_updates
+from workers.train.trainer import pack, spread, token_logprobs
 
 TOK = CharTokenizer()
 TASK = CalculatorTask(max_operand=9, max_terms=2)
@@ -176,7 +176,7 @@ def spread_back(values: torch.Tensor, batch) -> torch.Tensor:
 
 
 def test_the_episode_scheduler_runs_calculator_episodes_each_on_its_own_clock(tool_model_dir, one_torch_thread):
-    from workers.episode_scheduler import EpisodeScheduler
+    from workers.rollout.episode_scheduler import EpisodeScheduler
 
     cfg = small_config(
         task={"name": "calculator"},

@@ -9,11 +9,11 @@ import pytest
 import ray
 
 from tests.engine.helpers import tiny_config
-from workers.driver import RunDriver
-from workers.evaluation import PASS_AT_1, PASS_AT_K, REWARD_MEAN, SERIES
-from workers.paths import Confinement
-from workers.run_actors import NAMESPACE, actor_name
-from workers.shipped_data import DATA_DIR
+from workers.core.run_actors import NAMESPACE, actor_name
+from workers.rollout.evaluation import PASS_AT_1, PASS_AT_K, REWARD_MEAN, SERIES
+from workers.rollout.shipped_data import DATA_DIR
+from workers.run.driver import RunDriver
+from workers.run.paths import Confinement
 
 pytestmark = pytest.mark.slow
 

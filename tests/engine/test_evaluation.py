@@ -11,8 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from tests.engine.helpers import small_config
-from workers.config import RunConfig, TaskConfig
-from workers.evaluation import (
+from workers.config.run_config import RunConfig, TaskConfig
+from workers.core.metric_names import NAMES
+from workers.inference.torch_backend import TorchBackend
+from workers.model.tokenizer import CharTokenizer
+from workers.rl_tasks import make_task
+from workers.rollout.evaluation import (
     HELD_OUT_BUCKETS,
     PASS_AT_1,
     PASS_AT_K,
@@ -29,12 +33,8 @@ from workers.evaluation import (
     problem_key,
     training_prompts,
 )
-from workers.inference.torch_backend import TorchBackend
-from workers.metric_names import NAMES
-from workers.rl_tasks import make_task
-from workers.shipped_data import DATA_DIR
-from workers.task_data import DatasetPrompts
-from workers.tokenizer import CharTokenizer
+from workers.rollout.shipped_data import DATA_DIR
+from workers.rollout.task_data import DatasetPrompts
 
 # -- the estimator ------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ def test_no_wording_of_a_held_out_problem_reaches_training_whatever_the_seed(sec
     set: training of any seed, and the warm start, never draw a problem that any seed's
     eval set holds, in any wording (countdown's numbers in another order, gsm8k's sum
     with other names)."""
-    from workers.warmstart import demonstrations
+    from workers.train.warmstart import demonstrations
 
     cfg = small_config(**sections, eval={"every_steps": 1, "num_prompts": 16})
     task = make_task(cfg.task)
@@ -186,7 +186,7 @@ def test_without_eval_or_with_a_dataset_training_draws_from_its_source_unchanged
 
 
 def test_a_dataset_task_evaluates_on_its_eval_split():
-    from workers.task_data import load_splits
+    from workers.rollout.task_data import load_splits
 
     cfg = small_config(
         task={"name": "countdown", "dataset": {"path": os.path.join(DATA_DIR, "countdown.jsonl")}},
@@ -269,7 +269,7 @@ def test_a_multi_turn_task_is_evaluated_on_whole_episodes():
     """The calculator through its episode path: a policy that calls the tool and then
     answers passes every prompt; one that answers without the call's result, none."""
     from tests.engine.test_episodes import TOK, ScriptedBackend
-    from workers.tool_task import CalculatorTask
+    from workers.rl_tasks.tool_task import CalculatorTask
 
     cfg = small_config(eval={"every_steps": 1, "k": 2})
     prompts = [("12*7+3=", "87"), ("2-9=", "-7")]

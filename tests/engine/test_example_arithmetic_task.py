@@ -13,9 +13,9 @@ import pytest
 from examples.arithmetic import make_data
 from examples.arithmetic.task import ArithmeticTask, correct_answer, sign_first
 from rollway_cli.launchfile import launch_body
-from workers.config import RunConfig
+from workers.config.run_config import RunConfig
 from workers.rl_tasks import make_task
-from workers.task_data import load_splits
+from workers.rollout.task_data import load_splits
 
 EXAMPLE = Path(make_data.PATH).parent
 

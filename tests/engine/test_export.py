@@ -1,4 +1,4 @@
-"""Getting the model back (workers/export.py): a run's final policy as a Hugging Face
+"""Getting the model back (workers/train/export.py): a run's final policy as a Hugging Face
 directory that `from_pretrained` loads and that generates, holding exactly the trainer's
 weights; with LoRA also the adapter alone, which peft puts back on its base."""
 
@@ -13,14 +13,14 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.engine.helpers import HF_WARM_START, run_inline, small_config
-from workers import warmstart
-from workers.export import MANIFEST, export_policy
-from workers.lora import adapter_state_dict
-from workers.model import checkpoint_state_dict
+from workers.model.loading import checkpoint_state_dict
+from workers.model.lora import adapter_state_dict
+from workers.model.tiny_hf import make_tiny_checkpoint
+from workers.model.tokenizer import CharTokenizer
 from workers.sync.base import state_checksum
-from workers.tiny_hf import make_tiny_checkpoint
-from workers.tokenizer import CharTokenizer
-from workers.trainer import Trainer
+from workers.train import warmstart
+from workers.train.export import MANIFEST, export_policy
+from workers.train.trainer import Trainer
 
 # A small char model and a short warm start: these runs are about the export.
 SMALL = {

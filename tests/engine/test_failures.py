@@ -1,4 +1,4 @@
-"""Why a run failed, in a sentence (workers/failures.py): the classifier on the real
+"""Why a run failed, in a sentence (workers/run/failures.py): the classifier on the real
 exception objects the libraries raise, the reporter carrying sentence and traceback, and
 on the shared Ray cluster a run with a bad model directory and runs whose actors are
 killed while they train."""
@@ -26,13 +26,13 @@ from ray.exceptions import (
 
 from tests.engine.helpers import TOKEN, small_config, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.failures import DETAIL_MAX, ChildFailed, SyncTimeout, clip, explain
-from workers.lifecycle import launch
-from workers.model import build_tiny, load_model, save_model
-from workers.paths import Confinement
-from workers.reporter import MetricsReporter, read_spooled_status
-from workers.run_actors import NAMESPACE, run_actor_names
-from workers.tokenizer import CharTokenizer
+from workers.core.run_actors import NAMESPACE, run_actor_names
+from workers.model.loading import build_tiny, load_model, save_model
+from workers.model.tokenizer import CharTokenizer
+from workers.run.failures import DETAIL_MAX, ChildFailed, SyncTimeout, clip, explain
+from workers.run.lifecycle import launch
+from workers.run.paths import Confinement
+from workers.run.reporter import MetricsReporter, read_spooled_status
 
 
 def raised(fn, *args):
@@ -250,7 +250,7 @@ def test_an_unreachable_ray_names_the_address():
 
 
 def test_a_head_the_probe_found_down_is_unreachable():
-    from workers.lifecycle import RayUnreachable
+    from workers.run.lifecycle import RayUnreachable
 
     try:
         raise RayUnreachable("the Ray head at 10.0.0.9:6380 does not answer (RAY_ADDRESS; is it running?)")
@@ -322,7 +322,7 @@ def test_an_actor_whose_node_died_names_the_node_the_driver_knew():
 
 
 def test_a_lost_node_names_the_node_and_every_actor_it_took():
-    from workers.failures import NodeLost
+    from workers.run.failures import NodeLost
 
     try:
         raise NodeLost(["10.0.0.5, pool=train (Ray node 1f11c59d4fb8)"], ["trainer rank 0", "trainer rank 1"]) from (

@@ -1,5 +1,5 @@
 """Any Hugging Face causal LM from a local directory: the tiny BPE checkpoints that
-workers.tiny_hf writes go through AutoModelForCausalLM / AutoTokenizer, their chat
+workers.model.tiny_hf writes go through AutoModelForCausalLM / AutoTokenizer, their chat
 template and EOS, on the torch backend (transformers' forward for Qwen2, the hand-written
 loop for Llama) and on vLLM; directories a run cannot use are refused naming model.path."""
 
@@ -18,22 +18,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertFo
 
 from tests.engine.helpers import HF_WARM_START
 from tests.fake_hub import FakeHub
-from workers import warmstart
-from workers.config import RunConfig
-from workers.driver import RunDriver
-from workers.generation import generate_groups
-from workers.hub import HubUnavailable
+from workers.config.run_config import RunConfig
+from workers.core.hub import HubUnavailable
+from workers.core.run_actors import NAMESPACE, actor_name
 from workers.inference import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.inference.transformers_backend import TransformersBackend
-from workers.model import checkpoint_state_dict, model_dir_problem
-from workers.paths import Confinement, PathNotAllowed
+from workers.model.loading import checkpoint_state_dict, model_dir_problem
+from workers.model.tiny_hf import IM_END, make_tiny_checkpoint
+from workers.model.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from workers.rl_tasks import make_task
-from workers.run_actors import NAMESPACE, actor_name
+from workers.rollout.generation import generate_groups
+from workers.run.driver import RunDriver
+from workers.run.paths import Confinement, PathNotAllowed
 from workers.sync.base import state_checksum
-from workers.tiny_hf import IM_END, make_tiny_checkpoint
-from workers.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
-from workers.trainer import Trainer, pack, spread, token_logprobs
+from workers.train import warmstart
+from workers.train.trainer import Trainer, pack, spread, token_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -24,8 +24,8 @@ import torch
 from pydantic import ValidationError
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.config import CorrectionConfig, RunConfig
-from workers.loss import correction_loss, policy_loss
+from workers.config.run_config import CorrectionConfig, RunConfig
+from workers.train.loss import correction_loss, policy_loss
 
 SURROGATE = [[1.2, 1.2, 0.9], [-1.0, -0.9, -1.0]]
 PI_OLD_OVER_MU = [1.0, 4.0, 0.8, 1.5, 1.0, 0.2]
@@ -179,7 +179,7 @@ def test_config_errors_name_the_field():
 def test_the_trainer_applies_the_configured_method(tiny_model_dir):
     """Behaviour logprobs shifted by +0.5 on every token: pi_old/mu = e^-0.5 ≈ 0.607 on the
     first step, so each method leaves its own fingerprint in the trainer's metrics."""
-    from workers.trainer import Trainer
+    from workers.train.trainer import Trainer
 
     def first_step(**correction):
         cfg = small_config(correction=correction)
@@ -213,13 +213,13 @@ def test_every_method_still_learns_the_default_task_one_step_off(method):
     import random
     import tempfile
 
-    from workers.generation import generate_groups
+    from workers.config.presets import build
     from workers.inference.torch_backend import TorchBackend
-    from workers.presets import build
+    from workers.model.tokenizer import CharTokenizer
     from workers.rl_tasks import make_task
-    from workers.tokenizer import CharTokenizer
-    from workers.trainer import Trainer
-    from workers.warmstart import policy_dir
+    from workers.rollout.generation import generate_groups
+    from workers.train.trainer import Trainer
+    from workers.train.warmstart import policy_dir
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

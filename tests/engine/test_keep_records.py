@@ -9,13 +9,13 @@ import random
 import pytest
 import torch
 
-from workers.config import RunConfig
-from workers.generation import generate_groups
+from workers.config.run_config import RunConfig
 from workers.inference import make_torch_backend
 from workers.inference.sampling import Truncation
+from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks import make_task
-from workers.tokenizer import load_tokenizer
-from workers.trainer import Trainer
+from workers.rollout.generation import generate_groups
+from workers.train.trainer import Trainer
 
 
 def _first_step(model_dir: str, correction: dict, inference: dict, seed: int = 0):
@@ -65,7 +65,7 @@ def test_with_the_mask_pi_old_over_mu_is_one_at_every_token_without_it_biased(ti
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("moe") / "qwen2_moe"), "qwen2_moe", hidden_size=64)
 

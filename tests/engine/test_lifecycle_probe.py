@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 
-from workers import lifecycle
+from workers.run import lifecycle
 
 
 def closed_port() -> int:
@@ -23,7 +23,7 @@ def closed_port() -> int:
 CHILD = """
 import os, sys, time
 import ray
-from workers import lifecycle
+from workers.run import lifecycle
 address = sys.argv[1]
 t = time.monotonic()
 try:

@@ -1,4 +1,4 @@
-"""JSON log lines (workers/logs.py): one object a line, with the run's id, for the
+"""JSON log lines (workers/core/logs.py): one object a line, with the run's id, for the
 platform (settings.LOGGING) and each run's driver, behind ROLLWAY_LOG_FORMAT=json."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.logs import JsonFormatter, configure_driver_logging, log_format
+from workers.core.logs import JsonFormatter, configure_driver_logging, log_format
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,12 +66,12 @@ def test_the_drivers_engine_lines_are_json_with_its_run_id(engine_logger):
     out = io.StringIO()
     configure_driver_logging(5, {"ROLLWAY_LOG_FORMAT": "json"}, stream=out)
     configure_driver_logging(5, {"ROLLWAY_LOG_FORMAT": "json"}, stream=out)  # once, not twice
-    logging.getLogger("workers.driver").warning("no checkpoints are written")
+    logging.getLogger("workers.run.driver").warning("no checkpoints are written")
     [line] = out.getvalue().splitlines()
     assert json.loads(line) | {"time": ""} == {
         "time": "",
         "level": "WARNING",
-        "logger": "workers.driver",
+        "logger": "workers.run.driver",
         "message": "no checkpoints are written",
         "run_id": 5,
     }
@@ -105,22 +105,22 @@ def test_the_drivers_engine_lines_go_to_the_runs_own_log_file_too(engine_logger,
     log_file = tmp_path / "logs" / "run-5.log"
     configure_driver_logging(5, {}, log_file=str(log_file))
     configure_driver_logging(5, {}, log_file=str(log_file))  # once, not twice
-    logging.getLogger("workers.driver").info("run %s: warm start done", 5)
-    logging.getLogger("workers.reporter").debug("not at INFO: left out")
+    logging.getLogger("workers.run.driver").info("run %s: warm start done", 5)
+    logging.getLogger("workers.run.reporter").debug("not at INFO: left out")
     [line] = log_file.read_text().splitlines()
-    assert line.endswith(" INFO workers.driver: run 5: warm start done")
+    assert line.endswith(" INFO workers.run.driver: run 5: warm start done")
     assert engine_logger.propagate  # Ray's log keeps its lines as before
 
     configure_driver_logging(5, {"ROLLWAY_LOG_FORMAT": "json"}, stream=io.StringIO(), log_file=str(log_file))
-    logging.getLogger("workers.driver").warning("as JSON now")
+    logging.getLogger("workers.run.driver").warning("as JSON now")
     assert json.loads(log_file.read_text().splitlines()[-1])["message"] == "as JSON now"
 
 
 def test_a_failing_runs_driver_writes_why_to_its_log_file(engine_logger, tmp_path):
     """The driver's own class outside Ray, on a config whose model it may not read: the
     failure reaches the run's log file under Confinement.log_root."""
-    from workers.driver import RunDriver
-    from workers.paths import Confinement
+    from workers.run.driver import RunDriver
+    from workers.run.paths import Confinement
 
     box = Confinement(scratch_root=str(tmp_path / "scratch"), log_root=str(tmp_path / "logs"))
     assert box.log_file(12) == str(tmp_path / "logs" / "run-12.log")
@@ -129,6 +129,6 @@ def test_a_failing_runs_driver_writes_why_to_its_log_file(engine_logger, tmp_pat
     driver = RunDriver.__ray_actor_class__(12, config, None, "", str(tmp_path), confinement=box)
     assert driver.run()["state"] == "failed"
     text = (tmp_path / "logs" / "run-12.log").read_text()
-    assert "INFO workers.driver: run 12: driver started" in text
-    assert f"ERROR workers.driver: run 12 failed: {driver.error}" in text
-    assert "INFO workers.driver: run 12: driver done: failed (error)" in text
+    assert "INFO workers.run.driver: run 12: driver started" in text
+    assert f"ERROR workers.run.driver: run 12 failed: {driver.error}" in text
+    assert "INFO workers.run.driver: run 12: driver done: failed (error)" in text

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from workers.loss import group_advantages, mismatch_kl, policy_loss, truncated_is_weight
+from workers.train.loss import group_advantages, mismatch_kl, policy_loss, truncated_is_weight
 
 
 def test_advantages_are_normalised_within_each_group():
@@ -85,7 +85,7 @@ def test_mismatch_kl_is_zero_when_policies_agree_and_positive_otherwise():
 def test_every_correction_method_the_config_offers_has_a_loss():
     from typing import get_args
 
-    from workers.config import CorrectionMethod
-    from workers.loss import LOSSES, METHODS
+    from workers.config.run_config import CorrectionMethod
+    from workers.train.loss import LOSSES, METHODS
 
     assert list(LOSSES) == list(METHODS) == list(get_args(CorrectionMethod))

@@ -1,5 +1,5 @@
 """The algorithm knobs users bring from TRL and verl, as pure functions on small tensors,
-each against values worked out by hand in the test (workers/loss.py): loss aggregation,
+each against values worked out by hand in the test (workers/train/loss.py): loss aggregation,
 asymmetric clipping, the KL penalty to a reference policy and advantage scaling. Each
 test also checks the default gives another value, so a knob that were ignored fails.
 """
@@ -12,8 +12,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from workers.config import CorrectionConfig, RunConfig, TrainerConfig
-from workers.loss import METHODS, Aggregation, correction_loss, reference_kl, scaled_advantages
+from workers.config.run_config import CorrectionConfig, RunConfig, TrainerConfig
+from workers.train.loss import METHODS, Aggregation, correction_loss, reference_kl, scaled_advantages
 
 NONE = CorrectionConfig(method="none")
 

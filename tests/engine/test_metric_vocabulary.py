@@ -1,4 +1,4 @@
-"""The metric vocabulary (workers/metric_names.py) against what the engine emits, both ways.
+"""The metric vocabulary (workers/core/metric_names.py) against what the engine emits, both ways.
 
 Known: the reporter, the run's one way out for a point, refuses a series outside the
 vocabulary, so a run that emits an unknown name fails; here the pieces that compute the
@@ -19,15 +19,15 @@ import pytest
 
 from tests.engine import test_mfu as mfu_tests
 from tests.engine.helpers import fixed_groups, small_config
-from workers.buffer import RolloutBuffer, plan
-from workers.config import BufferConfig
-from workers.evaluation import SERIES as EVAL_SERIES
-from workers.evaluation import eval_metrics, is_due
-from workers.loss import METHODS
-from workers.metric_names import METRICS, NAMES, PER_RANK, metric_of, rank_series
-from workers.reporter import MetricsReporter
-from workers.timeline import GENERATE, Segment, StepWindows
-from workers.trainer import RankResult, Trainer
+from workers.config.run_config import BufferConfig
+from workers.core.metric_names import METRICS, NAMES, PER_RANK, metric_of, rank_series
+from workers.core.timeline import GENERATE, Segment, StepWindows
+from workers.rollout.evaluation import SERIES as EVAL_SERIES
+from workers.rollout.evaluation import eval_metrics, is_due
+from workers.run.buffer import RolloutBuffer, plan
+from workers.run.reporter import MetricsReporter
+from workers.train.loss import METHODS
+from workers.train.trainer import RankResult, Trainer
 
 BY_NAME = {m.name: m for m in METRICS}
 
@@ -40,7 +40,7 @@ def test_the_reporter_refuses_a_series_outside_the_vocabulary():
     rep = MetricsReporter(1, None)
     with pytest.raises(ValueError) as err:
         rep.add("x/y", 1, 0.5)
-    assert str(err.value) == "unknown metric series 'x/y': add it to workers.metric_names.METRICS"
+    assert str(err.value) == "unknown metric series 'x/y': add it to workers.core.metric_names.METRICS"
     with pytest.raises(ValueError, match="'reward/meen'"):
         rep.add_many({"reward/meen": 0.5}, step=2)
     assert rep.points == []  # nothing refused was queued
@@ -96,7 +96,7 @@ def test_the_buffer_stats_are_known_and_capacity_is_missing_only_from_a_stream(m
 
 @pytest.mark.parametrize("dynamic_sampling", [False, True])
 def test_dropped_uniform_groups_are_counted_only_with_dynamic_sampling(dynamic_sampling):
-    from workers.config import TrainerConfig
+    from workers.config.run_config import TrainerConfig
 
     bp = plan(BufferConfig(), "async", 4, TrainerConfig(dynamic_sampling=dynamic_sampling))
     stats = RolloutBuffer(bp.capacity_groups, bp.max_staleness, bp.on_stale, bp.drop_uniform).stats()
@@ -150,7 +150,7 @@ def sent_by_ranks(ranks: int) -> list[str]:
 
 def test_routing_agreement_is_reported_only_with_keep_routing(tmp_path):
     from tests.engine.test_keep_records import _first_step
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     moe = make_tiny_checkpoint(str(tmp_path / "moe"), "qwen2_moe", hidden_size=64)
     with_replay = _first_step(moe, {"keep_routing": True}, {})[2]
@@ -159,8 +159,8 @@ def test_routing_agreement_is_reported_only_with_keep_routing(tmp_path):
 
 
 def test_the_reward_pool_series_come_from_a_reward_pool_only(tmp_path):
-    from workers.driver import RunMetrics
-    from workers.reward_stage import POOL_SERIES, RewardReport
+    from workers.rollout.reward_stage import POOL_SERIES, RewardReport
+    from workers.run.driver import RunMetrics
 
     metrics = RunMetrics(MetricsReporter(1, None, "", str(tmp_path)), num_workers=1)
     metrics.add_rewards([], version=1, new_steps=True)  # rewards.workers 0: no reward worker reports
@@ -171,11 +171,11 @@ def test_the_reward_pool_series_come_from_a_reward_pool_only(tmp_path):
 
 
 def test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only(tmp_path):
-    from workers.driver import RunMetrics
-    from workers.episode_scheduler import EpisodeTiming
-    from workers.messages import InferenceReport
-    from workers.metric_names import MULTI_AGENT, is_agent_series
-    from workers.partial_rollouts import PartialCounts
+    from workers.core.metric_names import MULTI_AGENT, is_agent_series
+    from workers.rollout.episode_scheduler import EpisodeTiming
+    from workers.rollout.partial_rollouts import PartialCounts
+    from workers.run.driver import RunMetrics
+    from workers.run.messages import InferenceReport
 
     def report(episodes):
         return InferenceReport([], None, 0.0, [], 1, None, PartialCounts(), episodes=episodes)

@@ -1,4 +1,4 @@
-"""Model FLOPs utilisation (workers/mfu.py): FLOPs per token against hand counts of four
+"""Model FLOPs utilisation (workers/train/mfu.py): FLOPs per token against hand counts of four
 families, the table of peaks by device name, and the trainer's series."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 
-import workers.mfu
+import workers.train.mfu
 from tests.engine.helpers import fixed_groups, small_config
-from workers.mfu import PEAK_SETTING, ModelFlops, device_peak, lookup_peak, peak_flops
-from workers.trainer import Trainer
+from workers.train.mfu import PEAK_SETTING, ModelFlops, device_peak, lookup_peak, peak_flops
+from workers.train.trainer import Trainer
 
 D, FF, L, H, KV, V, T = 64, 128, 2, 4, 2, 100, 50  # hidden, MLP, layers, heads, KV heads, vocab, tokens
 HD = D // H
@@ -182,7 +182,7 @@ def test_the_trainer_reports_mfu_only_on_a_device_with_a_peak(tiny_model_dir, mo
     assert "trainer/mfu" not in on_cpu
     assert on_cpu["trainer/tokens_per_s"] == pytest.approx(sum(lengths) / on_cpu["trainer/step_s"])
 
-    monkeypatch.setattr(workers.mfu, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(workers.train.mfu, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     trainer = Trainer(cfg, tiny_model_dir)
     assert trainer.peak_flops == 67e12
     metrics = trainer.train_step(groups)

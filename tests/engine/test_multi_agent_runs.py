@@ -1,5 +1,5 @@
 """Multi-agent runs through the real driver and actors: propose_solve's episodes on Ray,
-with the batch barrier and scheduled by episode with overcommit (workers/episode_scheduler.py)."""
+with the batch barrier and scheduled by episode with overcommit (workers/rollout/episode_scheduler.py)."""
 
 from __future__ import annotations
 

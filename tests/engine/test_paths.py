@@ -1,4 +1,4 @@
-"""Confinement of config paths (workers/paths.py): resolved as the OS follows them, then
+"""Confinement of config paths (workers/run/paths.py): resolved as the OS follows them, then
 required under an allowed root; each refusal names the field and the setting."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from workers.config import RunConfig
-from workers.paths import Confinement, PathNotAllowed, confine, make_scratch, remove_scratch
-from workers.tiny_hf import make_tiny_checkpoint
+from workers.config.run_config import RunConfig
+from workers.model.tiny_hf import make_tiny_checkpoint
+from workers.run.paths import Confinement, PathNotAllowed, confine, make_scratch, remove_scratch
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_a_reward_model_and_a_sync_directory_go_through_the_same_confinement(tre
 
 
 def test_the_hub_owners_allowlist_names_the_field_and_the_setting():
-    from workers.hub import owner_problem
+    from workers.core.hub import owner_problem
 
     assert owner_problem("acme/x", (), "model.hub_id") is None  # empty: any owner
     assert owner_problem("ACME/x", ("acme",), "model.hub_id") is None
@@ -118,8 +118,8 @@ def test_the_hub_owners_allowlist_names_the_field_and_the_setting():
 
 def test_a_hub_model_whose_metadata_file_is_too_large_is_refused_without_fetching_it(monkeypatch, tmp_path):
     from tests.fake_hub import FakeHub
-    from workers.hub import METADATA_MAX_BYTES
-    from workers.model import hub_problem
+    from workers.core.hub import METADATA_MAX_BYTES
+    from workers.model.loading import hub_problem
 
     hub = FakeHub(monkeypatch, tmp_path)
     hub.model("acme/huge", {"config.json": b"{}", "tokenizer.json": METADATA_MAX_BYTES + 1, "model.safetensors": 9})
@@ -130,7 +130,7 @@ def test_a_hub_model_whose_metadata_file_is_too_large_is_refused_without_fetchin
 
 def test_a_hub_reward_model_is_loaded_from_the_hub_never_a_local_directory_of_that_name(tmp_path, monkeypatch):
     from tests.fake_hub import FakeHub
-    from workers.prm import load_reward_model
+    from workers.rollout.prm import load_reward_model
 
     make_tiny_checkpoint(str(tmp_path / "rm"), "llama")
     hub = FakeHub(monkeypatch, tmp_path)
@@ -148,7 +148,7 @@ def test_a_hub_reward_model_is_loaded_from_the_hub_never_a_local_directory_of_th
 def test_a_refused_model_is_never_read_to_check_the_dataset_against_it(tree, monkeypatch):
     """The dataset's rows are checked with the model's tokenizer and against the split it
     was trained on: with the model outside its roots, neither is read."""
-    import workers.task_data as task_data
+    import workers.rollout.task_data as task_data
 
     read: list[str] = []
     monkeypatch.setattr(task_data, "dataset_errors", lambda cfg: read.append(cfg.model.path) or {})

@@ -1,4 +1,4 @@
-"""A run's placement in Ray (workers/placement.py): the bundles and each actor's seat,
+"""A run's placement in Ray (workers/run/placement.py): the bundles and each actor's seat,
 worked out from the config without Ray; then real runs on the shared cluster, whose 4
 GPUs are declared (this host has none, so the actors still compute on the CPU): each
 actor sees the GPUs Ray gave it, disjoint per pool or shared when colocated, a reward
@@ -14,13 +14,13 @@ import pytest
 import ray
 
 from tests.engine.helpers import TOKEN, tiny_config, wait_for
-from workers import placement
-from workers.config import RunConfig
-from workers.driver import RunDriver
-from workers.failures import ChildFailed
-from workers.lifecycle import cancel, launch
-from workers.placement import Seat
-from workers.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.config.run_config import RunConfig
+from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.run import placement
+from workers.run.driver import RunDriver
+from workers.run.failures import ChildFailed
+from workers.run.lifecycle import cancel, launch
+from workers.run.placement import Seat
 
 
 def cfg(**sections) -> RunConfig:
@@ -301,7 +301,7 @@ def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains(clu
 
 def test_a_group_the_cluster_cannot_place_fails_the_spawn_naming_the_request(cluster, tmp_path, monkeypatch):
     driver_class = RunDriver.__ray_actor_class__  # outside Ray: the driver runs in this process
-    monkeypatch.setattr("workers.spawn.SPAWN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("workers.run.spawn.SPAWN_TIMEOUT_S", 1.0)
     config = {"placement": {"devices": "gpu", "inference_node": "pool=nowhere"}}
     driver = driver_class(9143, config, None, "", str(tmp_path))
     try:

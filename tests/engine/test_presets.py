@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from tests.engine.helpers import run_config
-from workers.config import RunConfig
-from workers.merge import parse_sets
-from workers.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
+from workers.config.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
+from workers.config.run_config import RunConfig
+from workers.core.merge import parse_sets
 
 # Every peer library whose buffer layout at least is known: each has a preset.
 PEER_PRESETS = {
@@ -168,7 +168,7 @@ def test_the_docs_table_holds_every_presets_rewards_sentence_word_for_word():
         for name, preset in PRESETS.items()
     ]
     for want in expected:
-        assert want in rows, f"docs/rewards.md: the row for {want.split('`')[1]} differs from workers/presets.py"
+        assert want in rows, f"docs/rewards.md: the row for {want.split('`')[1]} differs from workers/config/presets.py"
     assert rows == expected, "docs/rewards.md: one row per preset, in PRESETS order"
 
 

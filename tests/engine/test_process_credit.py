@@ -1,7 +1,7 @@
 """Process credit (rewards.credit "process"): each reasoning step's score, normalised
 within its group, credits the tokens of that step and of the steps before it
-(workers/loss.py `process_advantages`), carried on the rollouts (workers/rollout.py) and
-taken per token by the trainer's loss (workers/trainer.py)."""
+(workers/train/loss.py `process_advantages`), carried on the rollouts (workers/core/records.py) and
+taken per token by the trainer's loss (workers/train/trainer.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from pydantic import ValidationError
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.loss import process_advantages, scaled_advantages
-from workers.rollout import Group, Rollout
-from workers.trainer import Trainer
+from workers.core.records import Group, Rollout
+from workers.train.loss import process_advantages, scaled_advantages
+from workers.train.trainer import Trainer
 
 PROCESS = {"workers": 1, "mode": "pipelined", "credit": "process"}
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.engine.ingest_stub import IngestStub
-from workers import reporter as reporter_mod
-from workers.reporter import MetricsReporter, spool_path
+from workers.run import reporter as reporter_mod
+from workers.run.reporter import MetricsReporter, spool_path
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_close_leaves_undeliverable_points_in_the_spool_for_the_next_reporter(tm
 
 
 def test_an_undelivered_final_status_is_spooled_and_resent_once(tmp_path):
-    from workers.reporter import read_spool, status_spool_path
+    from workers.run.reporter import read_spool, status_spool_path
 
     probe = IngestStub(token="t")
     port = probe.port
@@ -251,7 +251,7 @@ def test_a_single_point_too_large_is_dropped_saying_so(stub, tmp_path, clock, ca
     rep = reporter(stub.url, tmp_path, clock)
     rep.add("loss", 1, 1.0)
     rep.add("loss", 2, 2.0)
-    with caplog.at_level("ERROR", logger="workers.reporter"):
+    with caplog.at_level("ERROR", logger="workers.run.reporter"):
         assert rep.flush() == 0
     assert rep.dropped == 2
     assert "a single point is larger than the site takes" in caplog.text and "HTTP 413" in caplog.text
@@ -307,7 +307,7 @@ def test_a_redirect_to_another_host_is_not_followed_and_the_points_wait(stub, tm
     stub.script = [(301, {"Location": elsewhere})]
     rep = reporter(stub.url, tmp_path, clock)
     rep.add("loss", 1, 1.0)
-    with caplog.at_level("WARNING", logger="workers.reporter"):
+    with caplog.at_level("WARNING", logger="workers.run.reporter"):
         assert rep.flush() == 0
     assert stub.attempts == 1  # the redirect was not followed
     assert f"redirects to {elsewhere}" in caplog.text and "not followed" in caplog.text
@@ -358,7 +358,7 @@ def test_a_rejected_batch_is_dropped_naming_the_status_and_the_url(stub, tmp_pat
     stub.script = [(status, {})]
     rep = reporter(stub.url, tmp_path, clock)
     rep.add("loss", 1, 1.0)
-    with caplog.at_level("ERROR", logger="workers.reporter"):
+    with caplog.at_level("ERROR", logger="workers.run.reporter"):
         assert rep.flush() == 0
     assert rep.dropped == 1 and not rep.site_down
     assert f"HTTP {status}" in caplog.text and f"{stub.url}/api/runs/7/metrics" in caplog.text
@@ -369,7 +369,7 @@ def test_a_rejected_batch_is_dropped_naming_the_status_and_the_url(stub, tmp_pat
 
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_refused_token_stops_reporting_and_keeps_every_point_for_reconcile(stub, tmp_path, clock, status):
-    from workers.reporter import read_spool
+    from workers.run.reporter import read_spool
 
     stub.script = [(status, {})]
     rep = reporter(stub.url, tmp_path, clock)

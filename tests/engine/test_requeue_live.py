@@ -15,10 +15,10 @@ import time
 import pytest
 import ray
 
-from workers.buffer import RolloutBuffer
-from workers.driver import RunDriver
-from workers.rollout import Group, Rollout
-from workers.run_actors import NAMESPACE, actor_name
+from workers.core.records import Group, Rollout
+from workers.core.run_actors import NAMESPACE, actor_name
+from workers.run.buffer import RolloutBuffer
+from workers.run.driver import RunDriver
 
 
 def group(gid: str, prompt: str, version: int) -> Group:

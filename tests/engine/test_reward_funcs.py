@@ -14,16 +14,16 @@ import pydantic
 import pytest
 
 from tests.engine.helpers import small_config
-from workers.batch_stats import batch_metrics
-from workers.config import RunConfig
-from workers.generation import generate_groups
+from workers.config.run_config import RunConfig
+from workers.core.metric_names import REWARD_FUNC_NAME_MAX, metric_of, reward_func_series, reward_func_series_name
+from workers.core.records import Group, Rollout
 from workers.inference.torch_backend import TorchBackend
-from workers.metric_names import REWARD_FUNC_NAME_MAX, metric_of, reward_func_series, reward_func_series_name
-from workers.reward_funcs import RewardFuncError, RewardFuncTask
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.rollout import Group, Rollout
-from workers.task_data import DatasetError, load_splits
-from workers.tokenizer import CharTokenizer
+from workers.rl_tasks.reward_funcs import RewardFuncError, RewardFuncTask
+from workers.rollout.generation import generate_groups
+from workers.rollout.task_data import DatasetError, load_splits
+from workers.train.batch_stats import batch_metrics
 
 # The site's rule for series names (platform/runs/reports.py SERIES_PATTERN).
 SERIES = re.compile(r"^[a-z0-9_./@-]{1,64}$")

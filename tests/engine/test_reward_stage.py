@@ -1,4 +1,4 @@
-"""The reward stage (workers/reward_stage.py): a pool of reward workers scoring after
+"""The reward stage (workers/rollout/reward_stage.py): a pool of reward workers scoring after
 generation or, pipelined, chunk by chunk while it runs."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import ray
 from pydantic import ValidationError
 
 from tests.engine.helpers import run_inline, small_config
-from workers.generation import generate_groups_in_mode
 from workers.inference.torch_backend import TorchBackend
-from workers.partial_rollouts import NoUpdates
-from workers.reward_funcs import score_group
-from workers.reward_stage import POOL_SERIES, RewardPool, RewardReport, RewardWorker, pool_metrics
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.tokenizer import CharTokenizer
+from workers.rl_tasks.reward_funcs import score_group
+from workers.rollout.generation import generate_groups_in_mode
+from workers.rollout.partial_rollouts import NoUpdates
+from workers.rollout.reward_stage import POOL_SERIES, RewardPool, RewardReport, RewardWorker, pool_metrics
 
 
 @pytest.mark.parametrize(

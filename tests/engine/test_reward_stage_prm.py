@@ -1,4 +1,4 @@
-"""The small process reward model (workers/prm.py): trained briefly on countdown
+"""The small process reward model (workers/rollout/prm.py): trained briefly on countdown
 solutions labelled step by step by the step verifier, its scores follow those labels on
 traces it never saw, and a reward worker scores chunks with it."""
 
@@ -11,8 +11,15 @@ import pytest
 import ray
 
 from tests.engine.helpers import small_config
-from workers.prm import countdown_trace, last_token_scores, load_reward_model, make_prm, step_labels, step_prefixes
-from workers.reward_stage import RewardWorker
+from workers.rollout.prm import (
+    countdown_trace,
+    last_token_scores,
+    load_reward_model,
+    make_prm,
+    step_labels,
+    step_prefixes,
+)
+from workers.rollout.reward_stage import RewardWorker
 
 
 @pytest.fixture(scope="module")

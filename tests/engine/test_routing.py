@@ -12,8 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers import tiny_hf
-from workers.routing import (
+from workers.core.routing import (
     NO_EXPERT,
     Recorder,
     Replay,
@@ -25,6 +24,7 @@ from workers.routing import (
     routers,
     unpack,
 )
+from workers.model import tiny_hf
 
 MOE = ["qwen2_moe", "mixtral"]
 
@@ -196,7 +196,7 @@ def test_pack_round_trips_a_set_per_token_and_layer_in_a_few_bits_a_slot(experts
     rec = RoutingRecord.of(record, experts)
     assert np.array_equal(rec.array(), np.sort(record, -1))
     # A checkpoint's buffer.json holds it as JSON, through the group's own to_json.
-    from workers.rollout import Group, Rollout
+    from workers.core.records import Group, Rollout
 
     group = Group(
         "g",
@@ -260,9 +260,9 @@ def test_generation_records_the_routing_the_trainers_replay_scores_the_samples_w
     """The record made while sampling, replayed over prompt + completion in one forward,
     gives back the behaviour logprobs: the trainer scores the sub-network that sampled."""
     from workers.inference.transformers_backend import TransformersBackend
-    from workers.model import load_model
-    from workers.partial_rollouts import NoUpdates, generate_across_updates
-    from workers.trainer import pack, token_logprobs
+    from workers.model.loading import load_model
+    from workers.rollout.partial_rollouts import NoUpdates, generate_across_updates
+    from workers.train.trainer import pack, token_logprobs
 
     model_dir = tiny_hf.make_tiny_checkpoint(str(tmp_path / arch), arch, hidden_size=64)
     backend = TransformersBackend(model_dir, record_routing=True)

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from tests.engine.helpers import TOKEN, tiny_config, wait_for
-from workers.lifecycle import cancel, launch
-from workers.paths import Confinement
-from workers.run_actors import run_actor_names
+from workers.core.run_actors import run_actor_names
+from workers.run.lifecycle import cancel, launch
+from workers.run.paths import Confinement
 
 pytestmark = pytest.mark.slow
 

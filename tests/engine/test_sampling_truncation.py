@@ -16,7 +16,7 @@ from tests.engine.helpers import reference_kept
 from workers.inference.sampling import Truncation
 from workers.inference.torch_backend import TorchBackend
 from workers.inference.transformers_backend import TransformersBackend
-from workers.model import load_model
+from workers.model.loading import load_model
 
 LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0]  # probabilities ≈ 0.563, 0.207, 0.126, 0.076, 0.028
 
@@ -103,8 +103,8 @@ def test_behaviour_logprobs_are_of_the_truncated_distribution(tiny_model_dir, hf
 def test_each_tokens_kept_set_is_recorded_when_asked(tiny_model_dir, hf, backend, cut):
     """Keep Sampling Mask's record: the set each token was drawn from, as the reference
     computes it from the teacher-forced logits; renormalising over it gives mu back."""
-    from workers.rollout import Group, Rollout
-    from workers.sampling_mask import SamplingMask
+    from workers.core.records import Group, Rollout
+    from workers.core.sampling_mask import SamplingMask
 
     temperature = 0.8
     b = BACKENDS[backend](tiny_model_dir, cut)
@@ -139,7 +139,7 @@ def test_each_tokens_kept_set_is_recorded_when_asked(tiny_model_dir, hf, backend
 def test_a_mask_keeping_most_of_the_vocabulary_is_stored_as_what_it_dropped():
     import numpy as np
 
-    from workers.sampling_mask import Kept, SamplingMask
+    from workers.core.sampling_mask import Kept, SamplingMask
 
     vocab = 1000
     kept = [Kept(np.arange(990), vocab), None, Kept(np.array([3, 7]), vocab), Kept(np.arange(vocab), vocab)]

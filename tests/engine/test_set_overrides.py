@@ -1,4 +1,4 @@
-"""The one `--set a.b=value` grammar (workers/merge.py) that the `rollway` CLI and the
+"""The one `--set a.b=value` grammar (workers/core/merge.py) that the `rollway` CLI and the
 bench scripts share, read back through the config models where the types decide."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.merge import OverrideError, parse_set, parse_sets, set_value
-from workers.presets import build
+from workers.config.presets import build
+from workers.core.merge import OverrideError, parse_set, parse_sets, set_value
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,10 +74,10 @@ def test_the_configs_types_decide_what_a_bare_word_means():
 
 
 def test_the_cli_and_the_bench_scripts_use_this_grammar_and_no_other():
-    """Every script with a `--set` option reads it through workers.merge.parse_sets, and
-    the CLI through workers.merge.parse_set: no second parser to drift."""
+    """Every script with a `--set` option reads it through workers.core.merge.parse_sets, and
+    the CLI through workers.core.merge.parse_set: no second parser to drift."""
     from rollway_cli import launchfile
-    from workers import merge
+    from workers.core import merge
 
     assert launchfile.parse_set("lora.enabled=no") == merge.parse_set("lora.enabled=no") == {"lora": {"enabled": "no"}}
     scripts = [p for p in sorted((REPO / "bench").glob("*.py")) if '"--set"' in p.read_text()]
@@ -85,7 +85,7 @@ def test_the_cli_and_the_bench_scripts_use_this_grammar_and_no_other():
     for script in scripts:
         tree = ast.parse(script.read_text())
         called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        assert "parse_sets" in called, f"{script.name} reads --set without workers.merge.parse_sets"
+        assert "parse_sets" in called, f"{script.name} reads --set without workers.core.merge.parse_sets"
         assert "yaml" not in script.read_text() or "safe_load" not in script.read_text()
 
 

@@ -1,4 +1,4 @@
-"""Each distinct prompt run once (workers/shared_prefix.py) computes what the padded
+"""Each distinct prompt run once (workers/train/shared_prefix.py) computes what the padded
 forward computes: the same logprobs, entropies, loss and gradients on every
 architecture of the matrix, through a LoRA adapter, and in a whole trainer step; and the
 trainer uses it only where a row's forward depends on its own tokens alone."""
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.lora import apply_lora
-from workers.model import load_model
-from workers.shared_prefix import completion_view
-from workers.tiny_hf import ARCHS
-from workers.trainer import Trainer, pack, token_logprobs
+from workers.model.loading import load_model
+from workers.model.lora import apply_lora
+from workers.model.tiny_hf import ARCHS
+from workers.train.shared_prefix import completion_view
+from workers.train.trainer import Trainer, pack, token_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.presets import PRESETS, build
+from workers.config.presets import PRESETS, build
 from workers.simulate import QWEN25_7B, QWEN25_32B, Cluster, Workload, simulate
 from workers.simulate.calibration import SEED_GENERATION, generation_seconds, kv_read_floor_seconds
 from workers.simulate.costs import DecodeCost
@@ -103,7 +103,7 @@ def test_a_seed_gives_the_same_run_and_another_seed_another():
 def test_every_preset_runs_and_reports_the_engines_series(split):
     """Also where the buffer holds one batch and a worker's call fills it (it once stalled
     there: a full buffer of exactly one batch was never taken)."""
-    from workers.metric_names import NAMES
+    from workers.core.metric_names import NAMES
 
     for name in PRESETS:
         run = simulate(config(name), Cluster(gpus=8, inference_share=split), TAILED, steps=5)
@@ -149,13 +149,13 @@ def test_sync_bytes_are_what_the_engines_senders_move(tmp_path):
     model: float32 master weights for a full sync, the adapter alone for LoRA."""
     import torch
 
-    from workers.config import LoRAConfig, ModelConfig, SyncConfig
-    from workers.lora import apply_lora
-    from workers.model import build_tiny
+    from workers.config.run_config import LoRAConfig, ModelConfig, SyncConfig
+    from workers.model.loading import build_tiny
+    from workers.model.lora import apply_lora
+    from workers.model.tokenizer import CharTokenizer
     from workers.simulate.costs import INFINIBAND, shape_of, sync_cost
     from workers.sync import make_sender
     from workers.sync.object_store import InProcessStore
-    from workers.tokenizer import CharTokenizer
 
     model = build_tiny(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), CharTokenizer(), 0)
     shape = shape_of(model)

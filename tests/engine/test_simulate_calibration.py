@@ -20,8 +20,8 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.helpers import run_config
-from workers.partial_rollouts import STEPPED_MODES
-from workers.presets import build
+from workers.config.presets import build
+from workers.rollout.partial_rollouts import STEPPED_MODES
 from workers.simulate.measured import calibrate
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.presets import build
+from workers.config.presets import build
 from workers.simulate import Cluster, Workload, simulate
 from workers.simulate.costs import Costs, SyncCost
 from workers.simulate.measured import FIGURES, MeasuredDecode, MeasuredTrain, calibrate, costs_from_run

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from workers.config import StopConfig
-from workers.driver import SERIES_TAIL, TARGET_WINDOW, RunDriver, stop_reason
+from workers.config.run_config import StopConfig
+from workers.run.driver import SERIES_TAIL, TARGET_WINDOW, RunDriver, stop_reason
 
 
 def reason(stop: StopConfig, done=False, elapsed=0.0, rewards=()):

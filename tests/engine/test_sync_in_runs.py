@@ -2,7 +2,7 @@
 
 Fast: the config refuses combinations that cannot work, naming the fields; the LoRA
 trainer trains the adapter only and hands out merged weights under checkpoint names.
-Slow: a short run launched through `workers.lifecycle.launch` on in-process Ray (torch
+Slow: a short run launched through `workers.run.lifecycle.launch` on in-process Ray (torch
 backend) with a packed collective, and with LoRA adapter-only sync, reports its sync
 figures and succeeds; on vLLM, each protocol's versions load through vLLM's
 `update_weights` (the backend's default weight-transfer engine).
@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from tests.engine.helpers import run_inline, run_to_the_end, small_config, tiny_config
-from workers.config import RunConfig
+from workers.config.run_config import RunConfig
 
 # -- config (fast) --------------------------------------------------------------------
 
@@ -44,8 +44,8 @@ def test_full_reload_stays_valid_and_lora_with_full_weight_protocols_is_allowed(
 
 
 def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(tiny_model_dir):
-    from workers.model import load_model
-    from workers.trainer import Trainer
+    from workers.model.loading import load_model
+    from workers.train.trainer import Trainer
 
     full = Trainer(small_config(), tiny_model_dir)
     lora = Trainer(small_config(lora={"enabled": True, "rank": 2}), tiny_model_dir)
@@ -64,10 +64,10 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 
 def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
     """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
-    from workers.config import LoRAConfig
-    from workers.lora import adapter_state_dict, apply_lora
-    from workers.model import load_model
-    from workers.warmstart import policy_dir
+    from workers.config.run_config import LoRAConfig
+    from workers.model.loading import load_model
+    from workers.model.lora import adapter_state_dict, apply_lora
+    from workers.train.warmstart import policy_dir
 
     model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
     if lora is not None:

@@ -11,12 +11,12 @@ import random
 import pydantic
 import pytest
 
-from workers.config import RunConfig
-from workers.paths import Confinement
+from workers.config.run_config import RunConfig
 from workers.rl_tasks import make_task
-from workers.shipped_data import DATA_DIR, write
-from workers.task_data import DatasetError, DatasetPrompts, load_splits, worker_prompts
-from workers.warmstart import demonstrations
+from workers.rollout.shipped_data import DATA_DIR, write
+from workers.rollout.task_data import DatasetError, DatasetPrompts, load_splits, worker_prompts
+from workers.run.paths import Confinement
+from workers.train.warmstart import demonstrations
 
 ROWS = [{"q": f"{a} {b} 1:{a + b + 1}=", "a": f"{a} {b} 1:{a + b + 1}"} for a in range(1, 6) for b in range(1, 5)]
 
@@ -162,7 +162,7 @@ def test_the_shipped_datasets_are_what_the_generator_writes(tmp_path):
     for path in written:
         shipped = os.path.join(DATA_DIR, os.path.basename(path))
         with open(path) as a, open(shipped) as b:
-            assert a.read() == b.read(), f"{shipped} is stale: run python -m workers.shipped_data"
+            assert a.read() == b.read(), f"{shipped} is stale: run python -m workers.rollout.shipped_data"
     cfg = config(os.path.join(DATA_DIR, "countdown.jsonl"), prompt_column="prompt", answer_column="answer")
     splits = load_splits(cfg)
     assert (len(splits.train), len(splits.eval)) == (3600, 400)
@@ -220,7 +220,7 @@ def test_many_loads_starting_at_once_all_succeed(tmp_path, fresh_progress_bar_lo
 def test_a_loader_fault_says_the_loader_failed_not_the_file(tmp_path, monkeypatch):
     import datasets
 
-    from workers.task_data import DatasetLoadError
+    from workers.rollout.task_data import DatasetLoadError
 
     path = write_rows(tmp_path / "rows.parquet")
 

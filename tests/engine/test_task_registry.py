@@ -10,9 +10,9 @@ from importlib.metadata import EntryPoint, EntryPoints
 import pydantic
 import pytest
 
+import workers.core.task_modules as task_modules
 import workers.rl_tasks as registry
-import workers.task_modules as task_modules
-from workers.config import RunConfig, TaskConfig
+from workers.config.run_config import RunConfig, TaskConfig
 from workers.rl_tasks import BUILTINS, UnknownTask, make_task, task_class
 from workers.rl_tasks.countdown import CountdownTask
 from workers.rl_tasks.reverse import ReverseTask
@@ -147,7 +147,7 @@ def test_a_dotted_path_that_cannot_serve_is_refused_at_validation(user_module, n
 
 
 def test_calculator_is_reserved_and_says_so_when_its_module_is_absent(monkeypatch):
-    # Whether or not workers.tool_task exists in this tree, a missing module is a
+    # Whether or not workers.rl_tasks.tool_task exists in this tree, a missing module is a
     # clear error naming the built-in task (never an ImportError from deep inside).
     monkeypatch.setitem(BUILTINS, "calculator", "workers.no_such_tool_task:CalculatorTask")
     with pytest.raises(UnknownTask, match="'calculator' is a built-in task whose module"):

@@ -9,10 +9,10 @@ import os
 import ray
 
 from tests.engine.helpers import tiny_config
-from workers.driver import RunDriver
-from workers.paths import Confinement
-from workers.run_actors import NAMESPACE, actor_name
-from workers.shipped_data import DATA_DIR
+from workers.core.run_actors import NAMESPACE, actor_name
+from workers.rollout.shipped_data import DATA_DIR
+from workers.run.driver import RunDriver
+from workers.run.paths import Confinement
 
 
 def test_a_countdown_run_from_a_dataset_completes_and_reports_rewards(cluster, cache_dir, tmp_path):

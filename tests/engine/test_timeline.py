@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.timeline import BLOCKED, GENERATE, HANDOFF, Segment, StepWindows, Timeline
+from workers.core.timeline import BLOCKED, GENERATE, HANDOFF, Segment, StepWindows, Timeline
 
 
 def test_idle_fraction_and_tokens_are_split_across_step_windows():
@@ -61,7 +61,7 @@ def test_timeline_records_no_blocked_part_of_a_put_that_did_not_block():
 
 def test_a_put_that_blocked_splits_into_handoff_and_blocked(monkeypatch):
     clock = iter([10.0, 13.0, 14.0])
-    monkeypatch.setattr("workers.timeline.time.time", lambda: next(clock))
+    monkeypatch.setattr("workers.core.timeline.time.time", lambda: next(clock))
     t = Timeline()
     t.begin(HANDOFF)
     t.end_blocked(2.0)  # a 3 s put call, 2 s of it blocked on a full buffer

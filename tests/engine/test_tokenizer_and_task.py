@@ -7,9 +7,9 @@ import random
 import pydantic
 import pytest
 
-from workers.config import RunConfig, TaskConfig
+from workers.config.run_config import RunConfig, TaskConfig
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.tokenizer import CharTokenizer
 
 
 def test_it_round_trips_text_and_keeps_special_ids_fixed():

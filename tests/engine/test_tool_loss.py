@@ -1,5 +1,5 @@
-"""Tool tokens of multi-turn rollouts are out of the loss (workers/loss.py,
-workers/trainer.py): exactly zero gradient at their logits, no weight in any token-mean
+"""Tool tokens of multi-turn rollouts are out of the loss (workers/train/loss.py,
+workers/train/trainer.py): exactly zero gradient at their logits, no weight in any token-mean
 denominator, and their placeholder behaviour logprobs and versions change nothing.
 A real trainer step on the tiny Llama; the loss functions on hand-made tensors."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from tests.engine.helpers import small_config
-from workers.config import CorrectionConfig
-from workers.loss import METHODS, correction_loss
-from workers.rollout import Group, Rollout
-from workers.tokenizer import CharTokenizer
-from workers.trainer import Trainer
+from workers.config.run_config import CorrectionConfig
+from workers.core.records import Group, Rollout
+from workers.model.tokenizer import CharTokenizer
+from workers.train.loss import METHODS, correction_loss
+from workers.train.trainer import Trainer
 
 TOK = CharTokenizer()
 

@@ -1,5 +1,5 @@
-"""The calculator tool (workers/tools.py) and the calculator task's protocol and reward
-(workers/tool_task.py), against hand-written cases, malformed calls included."""
+"""The calculator tool (workers/rl_tasks/tools.py) and the calculator task's protocol and reward
+(workers/rl_tasks/tool_task.py), against hand-written cases, malformed calls included."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from workers.tokenizer import DEFAULT_CHARS, CharTokenizer
-from workers.tool_task import CalculatorTask, final_answer, tool_result
-from workers.tools import MAX_INPUT_CHARS, calculate
+from workers.model.tokenizer import DEFAULT_CHARS, CharTokenizer
+from workers.rl_tasks.tool_task import CalculatorTask, final_answer, tool_result
+from workers.rl_tasks.tools import MAX_INPUT_CHARS, calculate
 
 
 @pytest.mark.parametrize(

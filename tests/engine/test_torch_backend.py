@@ -8,8 +8,8 @@ import torch
 from tests.engine.helpers import small_config
 from workers.inference import make_backend
 from workers.inference.torch_backend import TorchBackend
-from workers.model import build_tiny, load_model
-from workers.tokenizer import CharTokenizer
+from workers.model.loading import build_tiny, load_model
+from workers.model.tokenizer import CharTokenizer
 
 PROMPTS = [[1, 3, 4, 5, 16], [1, 9, 16], [1, 3, 3, 3, 3, 4, 16]]  # different lengths
 

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers import warmstart
-from workers.generation import generate_groups
+from workers.core.metric_names import NAMES
 from workers.inference.base import Completion
 from workers.inference.torch_backend import TorchBackend
-from workers.metric_names import NAMES
-from workers.model import load_model
+from workers.model.loading import load_model
+from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
-from workers.tokenizer import CharTokenizer
-from workers.trainer import Trainer, pack, token_logprobs
+from workers.rollout.generation import generate_groups
+from workers.train import warmstart
+from workers.train.trainer import Trainer, pack, token_logprobs
 
 REQUIRED = {
     "loss",
@@ -34,7 +34,7 @@ REQUIRED = {
 
 def weighted_loglik(model, groups, temperature) -> float:
     """sum over tokens of advantage · log pi: what a policy-gradient step should raise."""
-    from workers.loss import group_advantages
+    from workers.train.loss import group_advantages
 
     rollouts = [r for g in groups for r in g.rollouts]
     adv = torch.cat([group_advantages(torch.tensor([[r.reward for r in g.rollouts]]))[0] for g in groups])
@@ -187,7 +187,7 @@ def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_
     no-grad forward of their rows; with one minibatch a step runs one forward only."""
     import copy
 
-    import workers.trainer as trainer_module
+    import workers.train.trainer as trainer_module
 
     cfg = small_config(trainer={"minibatches": minibatches})
     groups = fixed_groups(tiny_model_dir, cfg)
@@ -206,7 +206,7 @@ def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_
 
     monkeypatch.setattr(trainer_module, "correction_loss", spy)
     # A pass over rows: one forward of the model, or two with shared prompts (the
-    # distinct prompts, then the completions: workers/shared_prefix.py).
+    # distinct prompts, then the completions: workers/train/shared_prefix.py).
     passes = []
     real_logprobs = trainer_module.token_logprobs
 

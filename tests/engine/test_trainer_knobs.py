@@ -1,4 +1,4 @@
-"""The algorithm knobs reach the trainer's step (workers/trainer.py): each step's figures
+"""The algorithm knobs reach the trainer's step (workers/train/trainer.py): each step's figures
 against an independent float64 computation from the same rollouts and models.
 
 With correction.method "none" and one minibatch, the first minibatch is on-policy
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.loss import reference_kl, scaled_advantages
-from workers.model import load_model
-from workers.trainer import Trainer, pack, token_logprobs
+from workers.model.loading import load_model
+from workers.train.loss import reference_kl, scaled_advantages
+from workers.train.trainer import Trainer, pack, token_logprobs
 
 
 def _expected_loss(groups, aggregation: str, constant: float, scaling: str = "group_std") -> float:
@@ -116,7 +116,7 @@ def test_without_kl_coef_there_is_no_reference_and_no_penalty(tiny_model_dir):
 
 
 def test_clip_eps_high_reaches_the_loss(tiny_model_dir, monkeypatch):
-    import workers.trainer as trainer_module
+    import workers.train.trainer as trainer_module
 
     seen = []
     real = trainer_module.correction_loss
@@ -181,7 +181,7 @@ def test_the_trainer_scores_a_dropout_checkpoint_without_dropout_unless_asked(tm
     `attention_dropout`, `hidden_dropout`); with disable_dropout the trainer's model, in
     training mode, gives the same logprobs twice and those of the checkpoint in eval
     mode; without it, two forwards differ."""
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     source = make_tiny_checkpoint(str(tmp_path / arch), arch)
     with open(os.path.join(source, "config.json")) as f:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers import logprobs as logprobs_module
-from workers.devices import assigned_device
-from workers.logprobs import chosen_logprobs
-from workers.trainer import Trainer
+from workers.core.devices import assigned_device
+from workers.model import logprobs as logprobs_module
+from workers.model.logprobs import chosen_logprobs
+from workers.train.trainer import Trainer
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
@@ -124,7 +124,7 @@ def test_bf16_mixed_precision_keeps_float32_masters_and_tracks_the_float32_step(
 
 
 def test_a_process_ray_gave_no_gpu_computes_on_the_cpu(monkeypatch):
-    import workers.devices as devices
+    import workers.core.devices as devices
 
     monkeypatch.setattr(devices, "_ray_gpu_ids", lambda: [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -1,6 +1,6 @@
 """The trainer pool: a step split across ranks equals the single trainer's step.
 
-The plan (workers/step_plan.py) is checked on its own; the equivalence runs the real
+The plan (workers/train/step_plan.py) is checked on its own; the equivalence runs the real
 Trainer in two Ray processes joined by the real pool (gloo on this CPU host), for ddp and
 fsdp2, full fine-tuning and LoRA, against one Trainer in this process on the same batch.
 """
@@ -16,9 +16,9 @@ import ray
 import torch
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.rollout import Group, Rollout
-from workers.step_plan import plan_step, trained_tokens
-from workers.trainer import Trainer
+from workers.core.records import Group, Rollout
+from workers.train.step_plan import plan_step, trained_tokens
+from workers.train.trainer import Trainer
 
 CPU = torch.device("cpu")
 
@@ -78,13 +78,13 @@ class Rank:
         self.rendezvous = None
 
     def open(self, world_size: int):
-        from workers.trainer_pool import Rendezvous
+        from workers.train.trainer_pool import Rendezvous
 
         self.rendezvous = Rendezvous(world_size, 120.0, host="127.0.0.1")
         return self.rendezvous.endpoint()
 
     def build(self, cfg, model_dir: str, endpoint=None) -> None:
-        from workers.trainer_pool import join_pool
+        from workers.train.trainer_pool import join_pool
 
         backend = cfg.trainer.backend
         first = self.rank == 0
@@ -108,12 +108,12 @@ class Rank:
         return self.trainer.state_dict()
 
     def training_state(self):
-        from workers.checkpoints import training_state
+        from workers.run.checkpoints import training_state
 
         return training_state(self.trainer)
 
     def restore(self, state) -> None:
-        from workers.checkpoints import restore_training_state
+        from workers.run.checkpoints import restore_training_state
 
         restore_training_state(self.trainer, state)
 
@@ -254,7 +254,7 @@ def test_a_pools_training_state_is_the_single_trainers_format_both_ways(ranks, t
     assert empty == ({}, {}) and state[1]["state"], "rank 0 alone holds the state, with AdamW's moments"
 
     single = Trainer(single_cfg, tiny_model_dir, device=CPU)
-    from workers.checkpoints import restore_training_state
+    from workers.run.checkpoints import restore_training_state
 
     # A copy: torch's optimizer keeps the loaded step counters and increments them in place.
     restore_training_state(single, copy.deepcopy(state))

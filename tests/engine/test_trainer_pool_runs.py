@@ -19,11 +19,11 @@ import pytest
 import ray
 
 from tests.engine.helpers import TRAINED
-from workers.checkpoints import step_dir
-from workers.driver import RunDriver
-from workers.paths import Confinement
-from workers.presets import build, deep_merge
-from workers.run_actors import NAMESPACE, actor_name
+from workers.config.presets import build, deep_merge
+from workers.core.run_actors import NAMESPACE, actor_name
+from workers.run.checkpoints import step_dir
+from workers.run.driver import RunDriver
+from workers.run.paths import Confinement
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,7 @@ import pytest
 from ops.local_cluster import LocalCluster, Node
 from tests.engine.helpers import TOKEN, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.presets import deep_merge
+from workers.config.presets import deep_merge
 
 pytestmark = pytest.mark.slow
 

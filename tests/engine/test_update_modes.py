@@ -1,4 +1,4 @@
-"""Weight-update modes (workers/partial_rollouts.py) on both backends: TorchBackend and real vLLM.
+"""Weight-update modes (workers/rollout/partial_rollouts.py) on both backends: TorchBackend and real vLLM.
 
 New weights are loaded after decode step K of a batch. Two weight sets make the
 effect visible token by token:
@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.config import ModelConfig
-from workers.partial_rollouts import PartialCounts, StagedWeights, generate_across_updates, partial_metrics
+from workers.config.run_config import ModelConfig
+from workers.rollout.partial_rollouts import PartialCounts, StagedWeights, generate_across_updates, partial_metrics
 
 K = 3  # decode steps before the update
 MAX_NEW = 8
@@ -40,8 +40,8 @@ def _prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     model = build_tiny(MODEL, tokenizer, seed=1)
@@ -56,7 +56,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def weights(model_dir) -> dict[str, dict[str, torch.Tensor]]:
-    from workers.tokenizer import CharTokenizer
+    from workers.model.tokenizer import CharTokenizer
 
     base = load_file(f"{model_dir}/model.safetensors")
     z = CharTokenizer().encode("z")[0]
@@ -88,7 +88,7 @@ def vllm_backend(model_dir):
         importlib.import_module("vllm")
     except Exception as exc:
         pytest.skip(f"vllm is not importable ({exc})")
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
 
     backend = VLLMBackend(model_dir, InferenceConfig(), exact_steps=True)
@@ -203,7 +203,7 @@ def test_prefix_resume_reprefills_kept_tokens_while_in_flight_keeps_stale_kv(bac
 def test_vllm_refuses_in_flight_lora_naming_the_fields_and_the_way_out():
     from pydantic import ValidationError
 
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
 
     bad = {
         "inference": {"backend": "vllm"},

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 
-from workers.config import TaskConfig
+from workers.config.run_config import TaskConfig
 from workers.rl_tasks import make_task
 from workers.rl_tasks.countdown import MAX_EXPRESSION_CHARS, evaluate, parse_problem, solve
 from workers.rl_tasks.gsm8k import GSM8KTask

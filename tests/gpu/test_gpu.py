@@ -13,7 +13,7 @@ import torch
 
 from tests.gpu.conftest import small_config
 from workers.sync.base import state_checksum
-from workers.trainer import Trainer
+from workers.train.trainer import Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -35,7 +35,7 @@ def test_the_trainer_trains_on_the_gpu_and_hands_out_cpu_weights(tiny_model_dir,
 
 @needs_gpu
 def test_a_checkpoint_written_on_the_gpu_resumes_on_the_cpu_and_back(tiny_model_dir, groups, tmp_path):
-    from workers.checkpoints import Checkpoint, CheckpointTarget, restore_trainer, trainer_parts, write_checkpoint
+    from workers.run.checkpoints import Checkpoint, CheckpointTarget, restore_trainer, trainer_parts, write_checkpoint
 
     cfg = small_config()
     on_gpu = Trainer(cfg, tiny_model_dir, device=CUDA)
@@ -100,7 +100,7 @@ def test_cuda_ipc_refuses_a_trainer_on_the_cpu(tiny_model_dir):
 def test_a_cuda_ipc_run_is_refused_unless_its_worker_shares_the_trainers_gpu():
     from pydantic import ValidationError
 
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
 
     colocated = {"devices": "gpu", "mode": "colocated"}
     for placement, workers in (({}, 1), ({"devices": "gpu"}, 1), (colocated, 2)):

@@ -30,7 +30,7 @@ import psycopg
 from ops.ray_head import free_port, make_head
 from ops.supervisor import Child, _own_session_and_die_with_parent
 from tests.integration.stack import REPO, Stack, child_env, free_web_port, wait_for
-from workers.reporter import MetricsReporter
+from workers.run.reporter import MetricsReporter
 
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
 REDIS_SERVER = shutil.which("redis-server")
@@ -187,7 +187,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from runs.actions import do_ensure_demo
 from runs.models import Run
-from workers.presets import build
+from workers.config.presets import build
 
 call_command("migrate", verbosity=0)
 username, password, names = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -335,7 +335,8 @@ django.setup()
 import ray
 from runs.in_ray import do_start_in_ray
 from runs.reconcile import do_reconcile_runs
-from workers import lifecycle, run_actors
+from workers.run import lifecycle
+from workers.core import run_actors
 lifecycle.connect(sys.argv[1])
 print(json.dumps({"out": "ready"}), flush=True)
 for line in sys.stdin:

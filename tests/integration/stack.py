@@ -95,7 +95,8 @@ def http_ok(url: str) -> bool:
 # test process (which may have used a local Ray already) cannot join a token-auth head.
 _PROBE = """
 import json, sys
-from workers import lifecycle, run_actors
+from workers.run import lifecycle
+from workers.core import run_actors
 lifecycle.connect(sys.argv[1])
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:

@@ -42,7 +42,7 @@ from tests.integration.fault_helpers import (
 )
 from tests.integration.helpers import launch, overrides, status
 from tests.integration.stack import Stack, short_home, wait_for
-from workers.reporter import MetricsReporter, spool_path
+from workers.run.reporter import MetricsReporter, spool_path
 
 pytestmark = [pytest.mark.slow]
 
@@ -239,7 +239,7 @@ def scheduled_run(member):
     not launched: no message reaches the session's worker, which would start it on the
     session's Ray head)."""
     from runs.models import Run
-    from workers.presets import build
+    from workers.config.presets import build
 
     user, experiment = member
     settings = overrides(max_steps=10_000, max_minutes=3)

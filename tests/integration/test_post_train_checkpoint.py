@@ -59,7 +59,7 @@ def checkpoint(stack):
     ROLLWAY_HOME/models, ROLLWAY_MODEL_ROOTS' default)."""
     from transformers import AutoTokenizer
 
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     directory = make_tiny_checkpoint(str(stack.home / "models" / "tiny-qwen2"), "qwen2")
     # Its BPE is trained on the reverse task's text, but byte-level: every countdown

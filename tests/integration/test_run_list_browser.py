@@ -21,7 +21,7 @@ def two_runs(db):
 
     from runs.actions import do_ensure_demo
     from runs.models import MetricPoint, Run
-    from workers.presets import build
+    from workers.config.presets import build
 
     user = get_user_model().objects.create_user("lea", password=PASSWORD)
     _, experiment = do_ensure_demo(user, team_name="List")

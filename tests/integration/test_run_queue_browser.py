@@ -20,7 +20,7 @@ class RoomyCluster:
     """What the scheduler asks of Ray, answered with a cluster that has room for any run."""
 
     def __init__(self):
-        from workers.admission import Capacity
+        from workers.run.admission import Capacity
 
         self.capacity = Capacity(cpus=8.0, memory_bytes=64 * 2**30)
 
@@ -61,7 +61,7 @@ def line(db):
 
     from runs.actions import do_ensure_demo
     from runs.models import Run
-    from workers.presets import build
+    from workers.config.presets import build
 
     user = get_user_model().objects.create_user("queenie", password=PASSWORD)
     _, experiment = do_ensure_demo(user, team_name="Line")

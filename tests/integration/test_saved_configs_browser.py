@@ -67,7 +67,7 @@ def test_a_user_saves_a_configuration_from_the_launch_form_and_launches_from_it(
 
     from configs.models import SavedConfig
     from runs.models import Run
-    from workers.presets import build
+    from workers.config.presets import build
 
     saved = SavedConfig.objects.get(pk=saved_id)
     assert (saved.team, saved.base_preset, saved.overrides, saved.version) == (experiment.team, "sync", OVERRIDES, 1)

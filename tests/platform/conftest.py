@@ -14,8 +14,8 @@ from django.test import Client
 from runs import queue
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
-from workers.admission import Capacity
-from workers.presets import build
+from workers.config.presets import build
+from workers.run.admission import Capacity
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def client_for(db):
 
 
 class FakeLifecycle:
-    """workers.lifecycle as the platform calls it. Records calls; `alive` holds the run
+    """workers.run.lifecycle as the platform calls it. Records calls; `alive` holds the run
     ids whose actor exists."""
 
     def __init__(self):
@@ -188,7 +188,7 @@ class FakeLifecycle:
 
 @pytest.fixture
 def driver(monkeypatch, settings, tmp_path):
-    """A FakeLifecycle in place of workers.lifecycle (runs.in_ray's seam to Ray)."""
+    """A FakeLifecycle in place of workers.run.lifecycle (runs.in_ray's seam to Ray)."""
     from runs import in_ray
 
     settings.ROLLWAY_PUBLIC_URL = "http://127.0.0.1:8123"

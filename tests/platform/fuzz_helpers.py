@@ -438,7 +438,7 @@ def from_schema(schema: dict, defs: dict, hints: dict[str, st.SearchStrategy], n
 
 @cache
 def run_config_schema() -> dict:
-    from workers.config import json_schema
+    from workers.config.run_config import json_schema
 
     return json_schema()
 

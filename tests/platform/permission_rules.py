@@ -19,7 +19,7 @@ from configs.models import SavedConfig
 from runs import exports
 from runs.models import Checkpoint, Experiment, Run
 from teams.models import ApiToken, AuditEvent, Membership, Team
-from workers.presets import build
+from workers.config.presets import build
 
 Role = Membership.Role
 # Personal API tokens (the JSON API only: on a page a token is no one): the admin's token

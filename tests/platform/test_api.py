@@ -8,7 +8,7 @@ import pytest
 
 from runs.models import MetricPoint, Run
 from teams.models import AuditEvent
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
 
 Status = Run.Status
 

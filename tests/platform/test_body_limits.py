@@ -15,7 +15,7 @@ from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
 
 from runs.consumers import CLOSE_TOO_LARGE
-from workers.reporter import INGEST_ENDPOINTS
+from workers.run.reporter import INGEST_ENDPOINTS
 
 API_LIMIT = 1024 * 1024  # the defaults docs/configuration.md documents
 INGEST_LIMIT = 16 * 1024 * 1024

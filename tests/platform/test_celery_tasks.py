@@ -1,5 +1,5 @@
 """Launching, cancelling and reconciling runs (runs/in_ray.py, runs/reconcile.py, the
-Celery tasks that wrap them) against a fake workers.lifecycle in place of Ray."""
+Celery tasks that wrap them) against a fake workers.run.lifecycle in place of Ray."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def test_reconcile_fails_a_running_run_whose_actor_is_gone(driver, make_run):
 
 def _spool_as_a_driver_would(run, settings, status: str, error: str = "") -> list[dict]:
     """A real MetricsReporter whose site is down: it ends by spooling points and status."""
-    from workers.reporter import MetricsReporter, read_spool
+    from workers.run.reporter import MetricsReporter, read_spool
 
     rep = MetricsReporter(run.pk, "http://127.0.0.1:9", run.ingest_token, settings.ROLLWAY_CACHE_DIR, timeout_s=0.2)
     for step in range(1, 4):
@@ -171,7 +171,7 @@ def _spool_as_a_driver_would(run, settings, status: str, error: str = "") -> lis
 @pytest.mark.parametrize("status", ["succeeded", "failed"])
 def test_reconcile_takes_in_what_a_driver_spooled_when_the_site_was_down(driver, make_run, settings, status):
     from runs.models import MetricPoint
-    from workers.reporter import read_spool, spool_path
+    from workers.run.reporter import read_spool, spool_path
 
     run = make_run(status=Status.RUNNING)
     _spool_as_a_driver_would(run, settings, status, "boom" if status == "failed" else "")

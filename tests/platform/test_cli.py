@@ -22,7 +22,7 @@ from rollway_cli import credentials, errors
 from rollway_cli.main import cli, main
 from runs.models import Experiment, MetricPoint, Run
 from teams import tokens
-from workers.presets import build
+from workers.config.presets import build
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -282,7 +282,7 @@ def test_an_outsider_gets_a_404_naming_the_run(client_for, outsider, grid):
 
 def test_one_foreign_run_among_visible_ones_is_a_404_naming_it(client_for, owner, outsider, grid):
     from runs.models import Experiment
-    from workers.presets import build
+    from workers.config.presets import build
 
     theirs = Run.objects.create(
         experiment=Experiment.objects.get(name="theirs"), name="x", preset="async", config=build("async").model_dump()

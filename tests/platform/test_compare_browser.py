@@ -15,7 +15,7 @@ import pytest
 from runs.models import Experiment, MetricPoint, Run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
-from workers.presets import build
+from workers.config.presets import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

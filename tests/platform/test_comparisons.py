@@ -44,7 +44,7 @@ def test_a_3_configurations_by_2_seeds_comparison_queues_6_runs_with_their_confi
     assert len(runs) == 6
     assert all(r.status == Run.Status.QUEUED and r.experiment_id == experiment.pk for r in runs)
     got = {(r.preset, r.config["seed"], r.config["buffer"]["capacity"], r.config["trainer"]["lr"]) for r in runs}
-    from workers.presets import build
+    from workers.config.presets import build
 
     want = set()
     for preset, capacity in (("async", None), ("sync", None), ("async", 4)):

@@ -9,7 +9,7 @@ import pytest
 
 from dashboard import config_controls
 from dashboard.config_controls import CONTROL_GROUPS, controls_with_errors, field_control, schema_field
-from workers.config import RunConfig, json_schema
+from workers.config.run_config import RunConfig, json_schema
 from workers.rl_tasks import BUILTINS
 
 

@@ -14,8 +14,8 @@ from configs import policy
 from configs.models import ClusterCapacity
 from runs import in_ray, queue, reconcile
 from runs.models import Run
-from workers.admission import Capacity
-from workers.tiny_hf import make_tiny_checkpoint
+from workers.model.tiny_hf import make_tiny_checkpoint
+from workers.run.admission import Capacity
 
 URL = "/api/runs"
 Status = Run.Status

@@ -8,8 +8,8 @@ import pytest
 from django.contrib.staticfiles import finders
 
 from runs.models import Run
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, reward_func_series
-from workers.presets import build
+from workers.config.presets import build
+from workers.core.metric_names import DASHBOARD_CHARTS, PER_RANK, reward_func_series
 
 
 @pytest.mark.parametrize("url", ["/", "/runs/new/", "/runs/1/"])

@@ -12,7 +12,7 @@ import pytest
 
 from runs.models import Run
 from tests.fake_hub import FakeHub
-from workers.shipped_data import DATA_DIR
+from workers.rollout.shipped_data import DATA_DIR
 
 URL = "/api/runs"
 

@@ -18,12 +18,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from configs import policy
 from runs import exports, in_ray, queue
 from runs.models import Run
-from workers.config import RunConfig
-from workers.export import export_policy
-from workers.model import build_tiny, checkpoint_state_dict, save_model
+from workers.config.run_config import RunConfig
+from workers.model.loading import build_tiny, checkpoint_state_dict, save_model
+from workers.model.tiny_hf import make_tiny_checkpoint
+from workers.model.tokenizer import CharTokenizer
 from workers.sync.base import state_checksum
-from workers.tiny_hf import make_tiny_checkpoint
-from workers.tokenizer import CharTokenizer
+from workers.train.export import export_policy
 
 Status = Run.Status
 SMALL_MODEL = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}

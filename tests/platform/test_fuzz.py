@@ -71,8 +71,8 @@ from tests.platform.fuzz_helpers import (
     view_reads,
     ws_routes,
 )
-from workers.metric_names import NAMES as METRIC_NAMES
-from workers.presets import PRESETS, build
+from workers.config.presets import PRESETS, build
+from workers.core.metric_names import NAMES as METRIC_NAMES
 
 # Fixed and derandomized: CI draws the same requests on every run.
 hypothesis_settings.register_profile(

@@ -1,5 +1,5 @@
 """Every path and Hub id a config, a simulation or a comparison names goes through the
-engine's one confinement (workers/paths.py), and the web process downloads nothing a
+engine's one confinement (workers/run/paths.py), and the web process downloads nothing a
 member names: a Hub model is checked by its config and tokenizer files, a Hub dataset by
 its metadata. A refusal names the field (and the setting), says the same of a path that
 exists and one that does not, and reads nothing; a Hub that does not answer is a 503
@@ -14,7 +14,7 @@ import pytest
 from configs.models import SavedConfig
 from runs.models import Run
 from tests.fake_hub import FakeHub, tiny_model_files
-from workers.tiny_hf import make_tiny_checkpoint
+from workers.model.tiny_hf import make_tiny_checkpoint
 
 CARD = {"dataset_info": {"features": [{"name": "prompt"}, {"name": "answer"}], "splits": [{"name": "train"}]}}
 HUB_DATASET = {"task": {"name": "countdown", "dataset": {"path": "acme/sums"}}}

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.events import RUNS_GROUP, run_group
 from runs.models import MetricPoint, Run
-from workers.reporter import INGEST_ENDPOINTS
+from workers.run.reporter import INGEST_ENDPOINTS
 
 Status = Run.Status
 

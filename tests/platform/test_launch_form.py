@@ -19,10 +19,10 @@ from configs.models import SavedConfig
 from dashboard import config_controls
 from runs import queue
 from runs.models import Run
-from workers.config import RunConfig, json_schema
-from workers.presets import PRESETS
+from workers.config.presets import PRESETS
+from workers.config.run_config import RunConfig, json_schema
 from workers.rl_tasks import BUILTINS
-from workers.shipped_data import DATA_DIR
+from workers.rollout.shipped_data import DATA_DIR
 
 URL = "/runs/new/"
 

@@ -17,8 +17,8 @@ import pytest
 from runs.models import Experiment, Run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
-from workers.presets import PRESETS, build
-from workers.shipped_data import DATA_DIR
+from workers.config.presets import PRESETS, build
+from workers.rollout.shipped_data import DATA_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -127,7 +127,7 @@ def test_a_model_directory_a_dataset_file_and_a_task_are_chosen_with_controls(li
     from django.contrib.auth import get_user_model
     from playwright.sync_api import expect, sync_playwright
 
-    from workers.tiny_hf import make_tiny_checkpoint
+    from workers.model.tiny_hf import make_tiny_checkpoint
 
     models, data, outside = tmp_path / "models", tmp_path / "data", tmp_path / "outside"
     for d in (data, outside):

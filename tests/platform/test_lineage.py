@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from runs import reconcile
 from runs.models import Checkpoint, MetricPoint, Run
 from teams.models import AuditEvent, Membership
-from workers.presets import build
+from workers.config.presets import build
 
 Status = Run.Status
 SHA = "ab" * 32

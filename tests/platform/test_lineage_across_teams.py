@@ -19,7 +19,7 @@ from compare.models import Comparison
 from runs import reconcile
 from runs.models import Checkpoint, Experiment, Run
 from teams.models import AuditEvent, Membership, Team
-from workers.presets import build
+from workers.config.presets import build
 
 Status = Run.Status
 Role = Membership.Role

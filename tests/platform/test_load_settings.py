@@ -27,7 +27,7 @@ print(json.dumps({"layer": s.CHANNEL_LAYERS["default"]["BACKEND"],
 LIMITS = """
 import dataclasses, json
 from rollway import settings as s
-from workers.admission import Limits
+from workers.run.admission import Limits
 limits = dataclasses.fields(Limits)
 print(json.dumps({f.name: [getattr(s, "ROLLWAY_" + f.name.upper(), None), f.default] for f in limits}))
 """

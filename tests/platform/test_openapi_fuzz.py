@@ -40,7 +40,7 @@ from runs import exports
 from runs.models import Experiment, Run
 from teams import tokens
 from teams.models import Membership, Team
-from workers.presets import build
+from workers.config.presets import build
 
 Role = Membership.Role
 # Per operation and generation mode: ~25 operations × 2 modes × this ≈ 650 requests,

@@ -30,8 +30,8 @@ from runs.models import Checkpoint, Experiment, MetricPoint, Run
 from runs.simulation import check_simulation, do_simulate_run
 from teams.models import Membership, Team
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
-from workers.metric_names import DASHBOARD_CHARTS, PER_RANK, agent_series, rank_series
-from workers.presets import build
+from workers.config.presets import build
+from workers.core.metric_names import DASHBOARD_CHARTS, PER_RANK, agent_series, rank_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -339,7 +339,7 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
     seeded = seed(user)
     runs, experiment = seeded["runs"], seeded["experiment"]
     log_lines = [
-        f"2026-01-02 03:04:05,{i:03d} INFO workers.driver: run {runs['running'].pk}: line {i}" for i in range(400)
+        f"2026-01-02 03:04:05,{i:03d} INFO workers.run.driver: run {runs['running'].pk}: line {i}" for i in range(400)
     ]
     (run_logs / f"run-{runs['running'].pk}.log").write_text("\n".join(log_lines) + "\n")
     for old in SHOTS.glob("*.png"):

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from runs import actions, in_ray, queue
 from runs.models import Experiment, Run
 from teams.models import Team
-from workers.admission import Capacity, demand
-from workers.config import RunConfig
-from workers.presets import build
+from workers.config.presets import build
+from workers.config.run_config import RunConfig
+from workers.run.admission import Capacity, demand
 
 Status = Run.Status
 ACTIVE = (Status.STARTING, Status.RUNNING, Status.CANCELLING)

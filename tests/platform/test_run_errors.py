@@ -16,14 +16,14 @@ from channels.layers import get_channel_layer
 from runs import in_ray, queue, reconcile
 from runs.events import run_group
 from runs.models import MetricPoint, Run
-from workers.failures import DETAIL_MAX
+from workers.run.failures import DETAIL_MAX
 
 Status = Run.Status
 
 SENTENCE = "The trainer ran out of memory: lower trainer.batch_groups or trainer.group_size, or use a smaller model."
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/srv/rollway/workers/actors.py", line 371, in _loop\n'
+    '  File "/srv/rollway/workers/run/actors.py", line 371, in _loop\n'
     "    metrics = self.trainer.train_step(groups)\n"
     "MemoryError: <unable to allocate 2.0 GiB>"
 )
@@ -145,7 +145,7 @@ def test_a_launch_that_cannot_reach_ray_names_the_address_and_keeps_the_tracebac
 
 def spool_a_failure(run, settings, detail: str) -> None:
     """A real MetricsReporter whose site is down ends by spooling its failure."""
-    from workers.reporter import MetricsReporter
+    from workers.run.reporter import MetricsReporter
 
     rep = MetricsReporter(run.pk, "http://127.0.0.1:9", run.ingest_token, settings.ROLLWAY_CACHE_DIR, timeout_s=0.2)
     rep.post_status("failed", SENTENCE, error_detail=detail)
@@ -161,7 +161,7 @@ def test_reconcile_takes_in_a_spooled_failure_with_its_detail(driver, make_run, 
 
 
 def test_a_spooled_detail_that_fails_validation_is_not_taken_in(driver, make_run, settings):
-    from workers.reporter import status_spool_path
+    from workers.run.reporter import status_spool_path
 
     run = make_run(Status.RUNNING)
     spool_a_failure(run, settings, TRACEBACK)
@@ -218,7 +218,7 @@ def test_the_run_page_shows_a_failure_as_it_happens(live_server):
 
     from runs.models import Experiment
     from teams.models import Membership, Team
-    from workers.presets import build
+    from workers.config.presets import build
 
     user = get_user_model().objects.create_user("fern", password=PASSWORD)
     team = Team.objects.create(name="Failures")

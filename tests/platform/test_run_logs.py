@@ -29,7 +29,7 @@ def write_log(log_dir, run: Run, text: str | bytes) -> None:
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
 
 
-LINES = "".join(f"2026-01-02 03:04:{i % 60:02d} INFO workers.driver: run 1: line {i}\n" for i in range(20_000))
+LINES = "".join(f"2026-01-02 03:04:{i % 60:02d} INFO workers.run.driver: run 1: line {i}\n" for i in range(20_000))
 
 
 def test_the_api_gives_a_short_log_whole(log_dir, make_run, client_for, owner):

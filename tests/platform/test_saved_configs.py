@@ -12,7 +12,7 @@ from django.utils.html import escape
 
 from configs.models import SavedConfig
 from runs.models import Run
-from workers.presets import PRESETS, build, deep_merge
+from workers.config.presets import PRESETS, build, deep_merge
 
 URL = "/api/configs"
 OVERRIDES = {"buffer": {"capacity": 4}, "stop": {"max_steps": 50}}

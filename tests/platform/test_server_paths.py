@@ -16,11 +16,11 @@ import pytest
 from runs import exports
 from runs.models import Run
 from tests.platform.server_paths import assert_no_server_path, server_roots
-from workers.config import RunConfig
-from workers.export import MANIFEST, export_policy
-from workers.model import build_tiny, save_model
-from workers.presets import build
-from workers.tokenizer import CharTokenizer
+from workers.config.presets import build
+from workers.config.run_config import RunConfig
+from workers.model.loading import build_tiny, save_model
+from workers.model.tokenizer import CharTokenizer
+from workers.train.export import MANIFEST, export_policy
 
 Status = Run.Status
 

@@ -13,8 +13,8 @@ from django.db import transaction
 from runs import actions, queue
 from runs.models import Checkpoint, Experiment, Run
 from teams.models import Membership, Team
-from workers.admission import Capacity
-from workers.presets import build
+from workers.config.presets import build
+from workers.run.admission import Capacity
 
 Status = Run.Status
 GiB = 2**30

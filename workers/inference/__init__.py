@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
     from workers.inference.base import InferenceBackend
     from workers.inference.sampling import Truncation
 
@@ -18,7 +18,7 @@ def make_backend(
     """The backend named by `inference.backend`, loaded from `model_dir`; files it stages
     go under `scratch_dir` (the inference worker's part of the run's scratch).
     `exact_steps`: weights may change between two decode steps of a call (the stepped
-    update modes, workers/partial_rollouts.py), so one engine step must be one decode step.
+    update modes, workers/rollout/partial_rollouts.py), so one engine step must be one decode step.
 
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
@@ -33,11 +33,11 @@ def make_backend(
             keep_sampling_mask=cfg.correction.keep_sampling_mask,
         )
     if cfg.inference.backend == "vllm":
-        from workers.context import context_tokens
         from workers.inference.vllm_backend import VLLMBackend, serves_lora
-        from workers.model import model_config, model_dims
+        from workers.model.loading import model_config, model_dims
+        from workers.model.tokenizer import load_tokenizer
+        from workers.rollout.context import context_tokens
         from workers.sync import vllm_transfer_engine
-        from workers.tokenizer import load_tokenizer
 
         # Adapter-only sync serves the adapters natively where vLLM has LoRA layers for
         # the architecture; elsewhere the receiver merges them and loads full weights.
@@ -75,7 +75,7 @@ def make_torch_backend(
     with `truncation` (top-k / top-p / min-p; none by default). `record_routing`: an MoE
     model's sessions record the experts each token was routed to (the hand-written loop
     runs dense Llama models only); `keep_sampling_mask`: each sampled token's kept set."""
-    from workers.devices import assigned_device
+    from workers.core.devices import assigned_device
     from workers.inference.torch_backend import TorchBackend, fast_path_problem
 
     with open(os.path.join(model_dir, "config.json")) as f:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from workers.model import ModelDims
-    from workers.routing import RoutingRecord
-    from workers.sampling_mask import Kept
+    from workers.core.routing import RoutingRecord
+    from workers.core.sampling_mask import Kept
+    from workers.model.loading import ModelDims
 
 # Sequences one vLLM engine decodes together (its max_num_seqs): 16 prompts x 8 samples
 # = 128 is the default run's batch; more only costs KV-cache memory. Admission sizes a
@@ -39,9 +39,9 @@ class Completion:
     logprobs: list[float]  # log-prob of each sampled token under the sampling policy
     finish_reason: str  # "stop" | "length"
     # The experts an MoE model chose for the prompt's and the completion's tokens
-    # (workers.routing.RoutingRecord), when the backend records them.
+    # (workers.core.routing.RoutingRecord), when the backend records them.
     routing: RoutingRecord | None = None
-    # Per token, its kept set under top-k / top-p / min-p (workers.sampling_mask.Kept)
+    # Per token, its kept set under top-k / top-p / min-p (workers.core.sampling_mask.Kept)
     # or None where none was recorded; empty from a backend that records none.
     kept: list[Kept | None] = field(default_factory=list)
     # Per token, the policy version of the weights that sampled it as the engine itself
@@ -63,7 +63,7 @@ class StepToken:
 
 class DecodeSession(Protocol):
     """Generation one decode step at a time, so weights can change between two steps
-    (workers/partial_rollouts.py: the abort and in-flight update modes).
+    (workers/rollout/partial_rollouts.py: the abort and in-flight update modes).
 
     Rows are the prompts given to `start`, one sequence each. Each `step` runs the model
     once with the weights loaded *now* and samples the next token of every unfinished

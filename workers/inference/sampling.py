@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 if TYPE_CHECKING:
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class TorchBackend:
     per-token logprobs, seeded, stops at EOS."""
 
     def __init__(self, model_dir: str, truncation: Truncation | None = None, keep_sampling_mask: bool = False) -> None:
-        from workers.model import checkpoint_weights, model_config, model_dims
+        from workers.model.loading import checkpoint_weights, model_config, model_dims
 
         self.truncation = truncation or Truncation()
         self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
@@ -315,7 +315,7 @@ class SteppedSampler:
         not recording."""
         if not self.keep_mask:
             return [None] * cut.shape[0]
-        from workers.sampling_mask import Kept
+        from workers.core.sampling_mask import Kept
 
         finite = torch.isfinite(cut).cpu()
         vocab = cut.shape[-1]

@@ -34,8 +34,8 @@ class TransformersBackend:
         record_routing: bool = False,
         keep_sampling_mask: bool = False,
     ) -> None:
-        from workers.model import load_model, model_dims, tied_weight_names
-        from workers.routing import Recorder
+        from workers.core.routing import Recorder
+        from workers.model.loading import load_model, model_dims, tied_weight_names
 
         self.truncation = truncation or Truncation()
         self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
@@ -161,7 +161,7 @@ class TransformersSession(SteppedSampler):
     def routing(self, row: int):
         if self.b.recorder is None:
             return None
-        from workers.routing import RoutingRecord
+        from workers.core.routing import RoutingRecord
 
         return RoutingRecord.of(torch.cat(self.routes[row]).numpy(), self.b.recorder.num_experts)
 

@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken, vllm_cpu_kv_cache_bytes
-from workers.model import ModelDims, meta_model, model_config, model_dims, saved_form
+from workers.model.loading import ModelDims, meta_model, model_config, model_dims, saved_form
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
 
-    from workers.config import InferenceConfig
+    from workers.config.run_config import InferenceConfig
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def _engine_args(
         "model": model_dir,
         # Prompts go in as token ids and come back as token ids, also for a model with
         # its own Hugging Face tokenizer: the inference worker encodes and decodes with
-        # that tokenizer (workers.tokenizer), so the ids the trainer trains on are exactly
+        # that tokenizer (workers.model.tokenizer), so the ids the trainer trains on are exactly
         # the ids vLLM saw and sampled, never a re-tokenisation of text, and the char
         # model (which has no Hugging Face tokenizer) takes the same path.
         "skip_tokenizer_init": True,
@@ -414,7 +414,7 @@ class VLLMBackend:
         `scratch_dir`: where staged weights are written (the run's scratch, removed with
         the run however it ends); None → a temporary directory in /dev/shm.
         `max_model_len`: the tokens one sequence may hold, prompt and completion
-        (workers/context.py: the run's longest prompt + max_new_tokens); the KV cache is
+        (workers/rollout/context.py: the run's longest prompt + max_new_tokens); the KV cache is
         sized for that. None: the model's own position limit.
         `transfer_engine`: the weight-transfer engine vLLM is built with
         (workers.sync.vllm_transfer_engine); None: the project's, in memory for one
@@ -749,7 +749,7 @@ class VLLMBackend:
             self._lora_request = request
             self._weights_changed()
 
-    # ---- colocated GPUs taking turns (inference.sleep_level, workers/colocation.py) ---
+    # ---- colocated GPUs taking turns (inference.sleep_level, workers/run/colocation.py) ---
 
     # The tags vLLM's sleep frees and wake_up gives back; a backend built without
     # __init__ (tests) is awake.

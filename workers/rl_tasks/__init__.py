@@ -6,7 +6,7 @@
   imported only when a run names them;
 - an importable dotted path, `"package.module:ClassName"`: a task in the user's own
   package, with nothing registered anywhere, once the operator has listed its module
-  in `ROLLWAY_TASK_MODULES` (workers/task_modules.py: exact module names, or
+  in `ROLLWAY_TASK_MODULES` (workers/core/task_modules.py: exact module names, or
   `package.*`; comma-separated). A config is hostile
   input and importing a module runs its code, so by default no dotted path is taken;
 - the name of a Python entry point in the group `rollway.tasks` (`ENTRY_POINT_GROUP`):
@@ -24,7 +24,7 @@ A task class is built with the run's `TaskConfig` and offers:
   so a config whose model cannot hold them is refused before it runs;
 - `problem_key(prompt, answer)` (optional): what makes two pairs the same problem (the
   prompt where absent), so the share of problems held out for evaluation holds every
-  wording of a problem or none (workers/evaluation.py).
+  wording of a problem or none (workers/rollout/evaluation.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from workers.task_modules import import_user_module, refusal
+from workers.core.task_modules import import_user_module, refusal
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -48,7 +48,7 @@ BUILTINS: dict[str, str] = {
     "copy": "workers.rl_tasks.reverse:CopyTask",
     "countdown": "workers.rl_tasks.countdown:CountdownTask",
     "gsm8k": "workers.rl_tasks.gsm8k:GSM8KTask",
-    "calculator": "workers.tool_task:CalculatorTask",
+    "calculator": "workers.rl_tasks.tool_task:CalculatorTask",
     "propose_solve": "workers.rl_tasks.propose_solve:ProposeSolveTask",
 }
 
@@ -56,7 +56,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w
 
 
 class TaskSettings(Protocol):
-    """What a task is built with: the run's `task` section, workers.config.TaskConfig
+    """What a task is built with: the run's `task` section, workers.config.run_config.TaskConfig
     (not imported here: the config checks `task.name` through this registry, and the
     engine's modules import no loop). `reverse` reads its own top-level fields; every
     other task reads `options`."""
@@ -177,12 +177,12 @@ def task_lengths(task_cfg: TaskSettings) -> TaskLengths | None:
 
 def make_task(task_cfg: TaskSettings) -> Task:
     """The task named by `task.name`, built with its config; with `task.reward_funcs`
-    set, scored by those functions instead of its own reward (workers/reward_funcs.py)."""
+    set, scored by those functions instead of its own reward (workers/rl_tasks/reward_funcs.py)."""
     task = task_class(task_cfg.name)(task_cfg)
     paths = getattr(task_cfg, "reward_funcs", None)
     if not paths:
         return task
-    from workers.reward_funcs import RewardFuncTask, resolve
+    from workers.rl_tasks.reward_funcs import RewardFuncTask, resolve
 
     dataset = getattr(task_cfg, "dataset", None)
     funcs = resolve(paths, getattr(task_cfg, "reward_weights", None))

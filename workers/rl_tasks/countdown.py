@@ -144,7 +144,7 @@ class CountdownTask:
 
     Options = CountdownOptions
     noise_chars = "0123456789+-*/()"
-    extra_chars = "()"  # beyond the tiny tokenizer's base characters (workers.tokenizer)
+    extra_chars = "()"  # beyond the tiny tokenizer's base characters (workers.model.tokenizer)
 
     def __init__(self, cfg: TaskSettings) -> None:
         self.options = CountdownOptions.model_validate(cfg.options)
@@ -179,7 +179,7 @@ class CountdownTask:
 
     def problem_key(self, prompt: str, answer: str) -> str:
         """The numbers as a multiset and the target: "3 5:8" and "5 3:8" are one problem,
-        so the held-out share (workers/evaluation.py) holds both or neither."""
+        so the held-out share (workers/rollout/evaluation.py) holds both or neither."""
         numbers, target = parse_problem(answer)
         return f"{' '.join(map(str, sorted(numbers)))}:{target}"
 

@@ -61,7 +61,7 @@ class GSM8KTask:
 
     Options = GSM8KOptions
     noise_chars = "0123456789+-*/= #"
-    extra_chars = "#"  # beyond the tiny tokenizer's base characters (workers.tokenizer)
+    extra_chars = "#"  # beyond the tiny tokenizer's base characters (workers.model.tokenizer)
 
     def __init__(self, cfg: TaskSettings) -> None:
         self.options = GSM8KOptions.model_validate(cfg.options)
@@ -110,7 +110,7 @@ class GSM8KTask:
     def problem_key(self, prompt: str, answer: str) -> str:
         """The arithmetic (the reference solution, `"3+4=7 #### 7"`): the same sums with
         other names, items or wording are the same problem for the held-out share
-        (workers/evaluation.py)."""
+        (workers/rollout/evaluation.py)."""
         return answer
 
     def reward(self, completion_text: str, answer: str) -> float:

@@ -11,11 +11,11 @@ is told which by its prompt); each role has its reward:
   not well formed: there is nothing to solve).
 
 Each role's environment answers after the role's turn with a wait drawn from a
-heavy-tailed distribution the options set (workers/latency.py): the proposer's problem is
+heavy-tailed distribution the options set (workers/core/latency.py): the proposer's problem is
 checked, the solver's answer graded, each by a service whose time has a long tail. That
 is the workload where an episode's stragglers decide a step's time (`buffer.unit`).
 
-The episode loop is workers/episode_scheduler.py; a task says it has several agents with
+The episode loop is workers/rollout/episode_scheduler.py; a task says it has several agents with
 `multi_agent = True` and offers `agents`, `agent_prompt`, `agent_rewards` and `latency`.
 Evaluation (and `reward`) scores the first role's turn alone: the proposer's validity on
 held-out number sets.
@@ -28,7 +28,7 @@ from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.latency import Latency
+from workers.core.latency import Latency
 from workers.rl_tasks import TaskLengths, TaskSettings
 from workers.rl_tasks.countdown import evaluate
 
@@ -128,7 +128,7 @@ class ProposeSolveTask:
         problem = self.demonstration(prompt, answer)
         return [(prompt, problem), (problem + PROBLEM_END, str(problem_value(problem, numbers_of(answer))))]
 
-    # -- the agents (workers/episode_scheduler.py) --------------------------------------
+    # -- the agents (workers/rollout/episode_scheduler.py) --------------------------------------
 
     def agent_prompt(self, agent: str, prompt: str, texts: dict[str, str]) -> str:
         """What `agent` is given, after the earlier roles wrote `texts`."""

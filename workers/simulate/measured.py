@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workers.buffer import groups_per_call
-from workers.partial_rollouts import STEPPED_MODES
+from workers.rollout.partial_rollouts import STEPPED_MODES
+from workers.run.buffer import groups_per_call
 from workers.simulate.cluster import Cluster
 from workers.simulate.costs import CallProfile, Costs, SyncCost
 from workers.simulate.run import Workload, simulate
 
 if TYPE_CHECKING:
-    from workers.config import RunConfig
+    from workers.config.run_config import RunConfig
 
 Series = dict[str, list[tuple[int, float]]]
 

@@ -2,11 +2,11 @@
 engine's own buffer, admission gate and staleness rejection, against cost models.
 
 What runs as in the engine, imported from it: the buffer the config plans
-(`workers.buffer.plan`: capacity, how far ahead, max_staleness, drop or requeue), the
+(`workers.run.buffer.plan`: capacity, how far ahead, max_staleness, drop or requeue), the
 `RolloutBuffer` itself (every group is put in and taken out of one, and its rejection
 decides what is dropped or requeued), the `AdmissionGate` (AReaL's capacity rule, which
-also makes a sync run alternate), and the update modes of workers/partial_rollouts.py.
-The loops mirror the actors (workers/actors.py): each inference worker asks the gate for
+also makes a sync run alternate), and the update modes of workers/rollout/partial_rollouts.py.
+The loops mirror the actors (workers/run/actors.py): each inference worker asks the gate for
 up to ⌈B / workers⌉ groups, generates them in one call, puts them (blocking while the
 buffer is full), loads new weights between calls (drain) or between decode steps (the
 stepped modes); the trainer takes B fresh groups, trains, sends the weights, and asks
@@ -16,7 +16,7 @@ What is modelled instead of run: generation (workers/simulate/costs.py `DecodeCo
 with completion lengths from `Workload`), training (`TrainCost`), weight sync
 (`sync_cost`). Rewards are not modelled (dynamic sampling never drops a group).
 
-The result has the engine's series (workers/metric_names.py) per trainer step, as a
+The result has the engine's series (workers/core/metric_names.py) per trainer step, as a
 driver's summary has them, and a summary of the run.
 """
 
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from workers.buffer import AdmissionGate, RolloutBuffer, groups_per_call, plan
-from workers.partial_rollouts import STEPPED_MODES, PartialCounts, partial_metrics
+from workers.rollout.partial_rollouts import STEPPED_MODES, PartialCounts, partial_metrics
+from workers.run.buffer import AdmissionGate, RolloutBuffer, groups_per_call, plan
 from workers.simulate.cluster import Cluster, Layout, layout
 from workers.simulate.costs import QWEN25_7B, CallProfile, Costs, DecodeCost, ModelShape, TrainCost, sync_cost
 from workers.simulate.events import EventLoop
 
 if TYPE_CHECKING:
-    from workers.config import RunConfig
-    from workers.rollout import Group
+    from workers.config.run_config import RunConfig
+    from workers.core.records import Group
 
 # 1.2816 = the standard normal's 90th percentile: a lognormal's p90 is median·e^(1.2816σ).
 Z90 = 1.2816
@@ -85,7 +85,7 @@ class Workload:
 
 @dataclass(eq=False, slots=True)
 class SimGroup:
-    """A group as the buffer sees it (workers.rollout.Group's fields the buffer reads)
+    """A group as the buffer sees it (workers.core.records.Group's fields the buffer reads)
     and what the trainer's staleness metrics need."""
 
     group_id: str
@@ -374,7 +374,7 @@ class _Simulation:
             self._next(w)
 
     def _update_mid_call(self, w: _Worker, call: _Call) -> None:
-        """New weights between two decode steps (workers/partial_rollouts.py)."""
+        """New weights between two decode steps (workers/rollout/partial_rollouts.py)."""
         now = self.loop.now
         assert w.staged is not None
         new = w.staged

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from workers.sync.base import Notice, SyncReport, WeightReceiver, WeightSender, state_checksum
 
 if TYPE_CHECKING:
-    from workers.config import SyncConfig
+    from workers.config.run_config import SyncConfig
 
 __all__ = [
     "Notice",

@@ -17,7 +17,7 @@ worker) and one small message between them, the `Notice`:
   generation.
 - `WeightReceiver.apply` puts staged weights into the backend; the inference worker
   calls it between two generate calls (drain semantics: a call in flight finishes on old
-  weights; workers/partial_rollouts.py for the other modes).
+  weights; workers/rollout/partial_rollouts.py for the other modes).
 
 Latencies (ms): trainer side = how long `send` blocked the trainer; inference side =
 receive + apply on one inference worker; end to end = wall clock from the start of
@@ -78,7 +78,7 @@ class SyncReport:
         )
 
     def metrics(self) -> dict[str, float]:
-        """The report as metric points (workers/metric_names.py spelling)."""
+        """The report as metric points (workers/core/metric_names.py spelling)."""
         return {
             "sync/bytes": float(self.bytes),
             "sync/trainer_ms": self.trainer_ms,

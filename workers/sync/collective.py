@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from workers.model import tied_weight_names
-from workers.rendezvous import default_host, join_store, open_store
+from workers.core.rendezvous import default_host, join_store, open_store
+from workers.model.loading import tied_weight_names
 from workers.sync.base import (
     Notice,
     Notify,
@@ -49,7 +49,7 @@ from workers.sync.base import (
 from workers.sync.weights import gathered_parameters, is_sharded
 
 if TYPE_CHECKING:
-    from workers.config import SyncConfig
+    from workers.config.run_config import SyncConfig
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class CollectiveSender(WeightSender):
         return "nccl" if self._device().type == "cuda" else "gloo"
 
     def endpoint(self) -> dict[str, Any]:
-        """Opens the rendezvous (binds a port of workers.rendezvous.PORT_RANGE) and describes it."""
+        """Opens the rendezvous (binds a port of workers.core.rendezvous.PORT_RANGE) and describes it."""
         if self.layout is None:
             raise RuntimeError("CollectiveSender.endpoint before attach(model)")
         self._open_store()
@@ -214,7 +214,7 @@ class CollectiveSender(WeightSender):
         }
 
     def _open_store(self) -> dist.Store:
-        """The rendezvous' store, opened on a port of workers.rendezvous.PORT_RANGE at the first call."""
+        """The rendezvous' store, opened on a port of workers.core.rendezvous.PORT_RANGE at the first call."""
         if self._store is None:
             self.host = self.host or default_host()
             self._store, self._port = open_store(self.host, self.num_receivers + 1, self.timeout_s, "weight sync")

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.lora import effective_state_dict
+from workers.model.lora import effective_state_dict
 from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender
 from workers.sync.object_store import StagedWeights, apply_full
 

@@ -35,7 +35,7 @@ from workers.sync.object_store import StagedWeights, apply_full
 from workers.sync.weights import state_buckets
 
 if TYPE_CHECKING:
-    from workers.config import SyncConfig
+    from workers.config.run_config import SyncConfig
 
 WEIGHTS_FILE = "model.safetensors"
 

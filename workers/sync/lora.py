@@ -1,5 +1,5 @@
 """Protocol "lora": adapter-only sync. The trainer trains a peft LoRA adapter on a frozen
-base (workers/lora.py); only the adapter's tensors move (a small fraction of the
+base (workers/model/lora.py); only the adapter's tensors move (a small fraction of the
 model's), through the object store like protocol "object_store".
 
 Workers already hold the base (the same model directory the trainer started from; the
@@ -11,7 +11,7 @@ then does one of two things with each version:
   versioned name `policy-v<version>` (id version + 1): requests name the adapter they
   were generated with, and the base weights never change;
 - any other backend (TorchBackend) gets base + scaling · B·A merged into a full state dict
-  locally (`workers.lora.merge_adapter`, bit-identical to peft's merge). Bytes on the
+  locally (`workers.model.lora.merge_adapter`, bit-identical to peft's merge). Bytes on the
   wire stay adapter-only; the merge costs one full load inside the worker.
 """
 
@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from workers.lora import (
+from workers.model.loading import checkpoint_weights, live_weights, saved_form
+from workers.model.lora import (
     adapter_config,
     adapter_parameters,
     base_state_dict,
@@ -35,7 +36,6 @@ from workers.lora import (
     merge_adapter,
     write_adapter_dir,
 )
-from workers.model import checkpoint_weights, live_weights, saved_form
 from workers.sync.base import (
     Notice,
     Notify,
@@ -83,7 +83,7 @@ class LoRASender(WeightSender):
         if not is_peft(model):
             raise TypeError(
                 "sync.protocol 'lora' needs the trainer's model wrapped with a peft LoRA adapter "
-                "(workers.lora.apply_lora); enable LoRA or choose a full-weight protocol"
+                "(workers.model.lora.apply_lora); enable LoRA or choose a full-weight protocol"
             )
         super().attach(model)
         self._adapter = None if is_sharded(model) else adapter_parameters(model)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.devices import synchronize
+from workers.core.devices import synchronize
 from workers.sync.base import (
     Notice,
     Notify,

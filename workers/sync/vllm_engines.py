@@ -38,7 +38,7 @@ and the tied output layer packed again there (`repack_tied_head`).
 `WeightTransferTrainerFactory`) drives any object with the four methods of vLLM's
 `VLLMWeightSyncClient` (a VLLMBackend has them): start, one update with the source's
 tensors, finish. The source yields what vLLM's loader takes: checkpoint names and layout
-(`workers.model.saved_form`; a plain Llama's parameters are already). In a run the
+(`workers.model.loading.saved_form`; a plain Llama's parameters are already). In a run the
 trainer does not call the engines: it sends a Notice (workers/sync/base.py) and each
 inference worker applies it between its own steps.
 """

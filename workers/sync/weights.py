@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workers.lora import effective_live_state, effective_state_dict, split_live_state
+from workers.model.lora import effective_live_state, effective_state_dict, split_live_state
 from workers.sync.base import Gathers
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from runs.models import Run
-from workers.merge import dotted
+from workers.core.merge import dotted
 
 # (row id, series, step, value, measurement time in seconds since the epoch)
 Point = tuple[int, str, int, float, float]

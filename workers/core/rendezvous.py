@@ -1,0 +1,56 @@
+"""Where processes of one run meet to form a torch.distributed group: a TCPStore that one
+process opens on its node and the others join by address.
+
+Two groups use it: the weight sync's (trainer + inference workers, workers/sync/
+collective.py) and the trainer pool's (its ranks, workers/train/trainer_pool.py). Each opens
+a store of its own on a port in PORT_RANGE, so a run's groups never share one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+
+import torch.distributed as dist
+
+# Ports a rendezvous may bind (deploy/ opens this range between Ray pods); a random start
+# spreads concurrent runs.
+PORT_RANGE = range(29600, 29700)
+
+
+def default_host() -> str:
+    """This node's address as other Ray nodes see it; 127.0.0.1 outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def open_store(host: str, world_size: int, timeout_s: float, what: str) -> tuple[dist.TCPStore, int]:
+    """A master TCPStore for `world_size` processes on the first free port of PORT_RANGE
+    (from a random start); returns it and its port. `what` names the group in the error."""
+    ports = list(PORT_RANGE)
+    start = random.randrange(len(ports))
+    for port in ports[start:] + ports[:start]:
+        try:
+            store = dist.TCPStore(
+                host,
+                port,
+                world_size,
+                is_master=True,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
+            return store, port
+        except RuntimeError:  # port taken (DistNetworkError): try the next
+            continue
+    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} for the {what} rendezvous")
+
+
+def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the store another process opened at host:port."""
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))

@@ -1,0 +1,86 @@
+"""A run's actors in Ray, by name: `run-<id>` (the driver, detached) and
+`run-<id>-<role>` (buffer, trainer, inference-<k>), all in namespace "rollway".
+
+Names are how a run is found again from any process (a redelivered Celery task, the
+reconcile beat, a new driver replacing a dead one), so they are built in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import ray
+
+NAMESPACE = "rollway"
+
+A = TypeVar("A")
+
+
+def actor_name(run_id: int) -> str:
+    """The driver actor's name; the run's other actors extend it with `-<role>`."""
+    return f"run-{run_id}"
+
+
+def placement_group_name(run_id: int) -> str:
+    """The name of the run's Ray placement group (workers/run/placement.py), owned by its driver."""
+    return f"{actor_name(run_id)}-placement"
+
+
+def run_actor_names(run_id: int, include_driver: bool = True) -> list[str]:
+    """Names of the live actors of run `run_id` in the rollway namespace."""
+    base = actor_name(run_id)
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and ((include_driver and a["name"] == base) or a["name"].startswith(base + "-"))
+    )
+
+
+def get_actor(name: str):
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def kill_named(names: list[str]) -> None:
+    for name in names:
+        handle = get_actor(name)
+        if handle is not None:
+            with contextlib.suppress(Exception):  # died meanwhile
+                ray.kill(handle, no_restart=True)
+
+
+def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
+    """`@ray.remote(**options)` for an actor class. Ray's typed signature lists a remote
+    function's options only (not an actor's `max_concurrency`), and the class it returns
+    has `.options` / `.remote`, which a type checker cannot see: `with_options` calls them."""
+    return cast(Any, ray.remote)(**options)
+
+
+def with_options(actor: type, **options: Any) -> Any:
+    """`actor.options(**options)` of an `actor_class` class: what `.remote(...)` then creates."""
+    return cast(Any, actor).options(**options)
+
+
+def where_am_i() -> dict:
+    """This actor's node and devices, as the run page shows them: Ray's node id, its
+    address and labels, and the GPU ids Ray gave it (with CUDA_VISIBLE_DEVICES)."""
+    ctx = ray.get_runtime_context()
+    node_id = ctx.get_node_id()
+    labels: dict = {}
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
+            break
+    return {
+        "node_id": node_id,
+        "node_ip": ray.util.get_node_ip_address(),
+        "labels": labels,
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "pid": os.getpid(),
+    }

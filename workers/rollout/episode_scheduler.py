@@ -1,0 +1,310 @@
+"""Episodes of a multi-agent task, each on its own clock.
+
+An episode is every turn of every agent of one interaction (workers/rl_tasks/propose_solve.py:
+a proposer's turn, then a solver's). After each turn the agent's environment answers
+with a wait of its own (`task.latency(agent)`, heavy-tailed on purpose), so episodes
+end at very different times. `EpisodeScheduler` keeps many in flight at once: every
+`step` runs one batched generate call for all the turns that are ready (whichever
+agent, whichever episode) and hands back the groups whose every episode has ended. A
+group (the `trainer.group_size` episodes of one prompt, GRPO's unit) holds one Rollout
+per agent turn, each labelled with its agent; the trainer normalises advantages per
+agent within the group (workers/train/trainer.py).
+
+What the inference worker does with finished groups is `buffer.unit` (workers/run/actors.py):
+``group``, the batch barrier every surveyed library has (a call's groups go to the
+buffer together once all of them have ended); ``episode``, each group as soon as it
+ends, with `buffer.overcommit` more groups admitted than the batch needs, so the trainer
+trains on those that end first and the late ones train a step later (their staleness
+bounded by `buffer.max_staleness`, counted in buffer/late_groups).
+
+Each ended episode leaves an `EpisodeTiming`: every agent's completion time (from the
+moment its turn could start to its environment's answer: the queue for the batched call,
+the generation and the wait) and the whole episode's, for the episode/* and agent/*
+series.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeGuard
+
+import numpy as np
+
+from workers.config.run_config import RunConfig
+from workers.core.latency import Latency
+from workers.core.metric_names import agent_series
+from workers.core.records import Group, Rollout
+from workers.core.sampling_mask import SamplingMask
+from workers.inference.base import Completion, InferenceBackend
+from workers.model.tokenizer import Tokenizer
+from workers.rl_tasks import Task
+from workers.rollout.episodes import Episode, MultiTurnTask, is_multi_turn, take_model_turn, turn_ender
+from workers.rollout.generation import encode_prompt, score_sequences
+from workers.rollout.partial_rollouts import NoUpdates, generate_across_updates
+
+
+class MultiAgentTask(Task, Protocol):
+    """A task whose episodes take turns between several agents (one policy plays them all)."""
+
+    multi_agent: bool  # True
+    agents: tuple[str, ...]  # in turn order; each takes one turn per episode
+
+    def agent_prompt(self, agent: str, prompt: str, texts: dict[str, str]) -> str:
+        """What `agent` is given, after the earlier agents wrote `texts`."""
+        ...
+
+    def agent_rewards(self, prompt: str, answer: str, texts: dict[str, str]) -> dict[str, float]:
+        """Each agent's reward for one ended episode."""
+        ...
+
+    def latency(self, agent: str) -> Latency:
+        """How long `agent`'s environment takes to answer its turn."""
+        ...
+
+
+def is_multi_agent(task: object) -> TypeGuard[MultiAgentTask]:
+    """Whether `task` runs episodes of several agents (a `multi_agent = True` attribute)."""
+    return bool(getattr(task, "multi_agent", False))
+
+
+@dataclass(frozen=True)
+class EpisodeTiming:
+    agents: dict[str, float]  # agent → seconds from its turn's start to its environment's answer
+    total_s: float  # the episode's, first turn's start to the last answer
+
+
+@dataclass
+class _Episode:
+    group: int  # key of its group in the scheduler
+    prompt: str
+    answer: str
+    agent: int = 0  # multi-agent: index of the agent whose turn is next
+    done: bool = False  # no turn left (its last environment may still be answering)
+    ready_at: float = 0.0  # when the next turn may start (the environment answered)
+    started: float = 0.0
+    texts: dict[str, str] = field(default_factory=dict)
+    rollouts: list[Rollout] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+    seq: Episode | None = None  # multi-turn: the one sequence its turns build
+
+
+@dataclass
+class _Group:
+    prompt: str
+    answer: str
+    group_id: str
+    episodes: list[_Episode]
+
+
+class EpisodeScheduler:
+    """Episodes in flight, of a multi-agent task or of a multi-turn one (whose model
+    turns and tool turns make one rollout per episode, workers/rollout/episodes.py, with no
+    environment wait); `admit` starts groups, `step` advances them.
+
+    `clock` is the wall clock; a test passes its own. Each generate call samples with a
+    seed of its own (the latest admission's seed × 1000 + the calls made); which turns
+    share a call depends on the environments' waits, so with waits a run is not repeated
+    sample for sample."""
+
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        task: Task,
+        tokenizer: Tokenizer,
+        cfg: RunConfig,
+        rng: random.Random,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.task = task
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.rng = rng  # the environment's waits
+        self.clock = clock
+        # The task as one of the two kinds it is (it must be one: ValueError otherwise).
+        self._turn_task: MultiTurnTask | None = task if is_multi_turn(task) else None
+        self._agent_task: MultiAgentTask | None = task if is_multi_agent(task) else None
+        if self._turn_task is None and self._agent_task is None:
+            raise ValueError("EpisodeScheduler runs a multi-agent or a multi-turn task's episodes")
+        self.multi_turn = self._turn_task is not None
+        self._ends_turn = turn_ender(self._turn_task, tokenizer) if self._turn_task is not None else None
+        self._groups: dict[int, _Group] = {}
+        self._next_group = 0
+        self._turns = 0  # turns generated, for their seeds
+        self._seed = 0
+        self.timings: list[EpisodeTiming] = []  # ended episodes' timings, drained by the worker
+        self.tokens = 0  # tokens generated by the last `step`'s call
+
+    @property
+    def in_flight(self) -> int:
+        """Groups admitted and not yet handed back."""
+        return len(self._groups)
+
+    def admit(self, prompts: list[tuple[str, str]], seed: int) -> None:
+        """Start `trainer.group_size` episodes of each (prompt, answer); group ids are
+        `"<seed>-<index>"` as for single-turn groups."""
+        now = self.clock()
+        self._seed = seed
+        for i, (prompt, answer) in enumerate(prompts):
+            key = self._next_group
+            self._next_group += 1
+            ids = encode_prompt(self.tokenizer, prompt, self.task) if self.multi_turn else []
+            episodes = [
+                _Episode(key, prompt, answer, ready_at=now, started=now, seq=Episode(list(ids)) if ids else None)
+                for _ in range(self.cfg.trainer.group_size)
+            ]
+            self._groups[key] = _Group(prompt, answer, f"{seed}-{i}", episodes)
+
+    def next_ready_in(self) -> float | None:
+        """Seconds until something is due (0: now): the next turn may start, or an
+        episode's last environment answers. None: nothing in flight."""
+        if not self._groups:
+            return None
+        now = self.clock()
+        if any(self._ended(g, now) for g in self._groups.values()):
+            return 0.0
+        due = [e.ready_at for g in self._groups.values() for e in g.episodes if not e.done or e.ready_at > now]
+        return max(0.0, min(due) - now) if due else 0.0
+
+    def step(self, version: int) -> list[Group]:
+        """One batched generate call for every turn ready now (none: no call), then the
+        groups whose every episode has ended, in the order they ended. The caller waits
+        `next_ready_in` between steps (the environments' answers)."""
+        self.tokens = 0
+        now = self.clock()
+        ready = [e for g in self._groups.values() for e in g.episodes if not e.done and e.ready_at <= now]
+        if ready and self.multi_turn:
+            self._model_turns(ready, version)
+        elif ready:
+            self._agent_turns(ready, version)
+        return self._take_ended()
+
+    def _model_turns(self, ready: list[_Episode], version: int) -> None:
+        """A multi-turn task's next turn of each ready episode, cut at its tool call
+        (workers/rollout/episodes.py); the tool answers at once."""
+        task = self._turn_task
+        assert task is not None
+        budget = self.cfg.inference.max_new_tokens
+        seqs = [e.seq for e in ready if e.seq is not None]
+        gen = generate_across_updates(
+            self.backend,
+            [s.prompt_ids + s.token_ids for s in seqs],
+            1,
+            [budget - len(s.token_ids) for s in seqs],
+            self.cfg.inference.temperature,
+            self._seed * 1000 + self._turns,
+            version,
+            "in_flight",  # with no updates offered: one version for the call
+            NoUpdates(),
+            ends_turn=self._ends_turn,
+        )
+        self._turns += 1
+        done = self.clock()
+        for episode, seq, (turn,) in zip(ready, seqs, gen.sequences, strict=True):
+            self.tokens += len(turn.token_ids)
+            goes_on = take_model_turn(seq, turn, task, self.tokenizer, budget)
+            episode.ready_at = done  # one agent: no per-agent times, the episode's own only
+            episode.done = not goes_on
+
+    def _agent_turns(self, ready: list[_Episode], version: int) -> None:
+        task = self._agent_task
+        assert task is not None
+        agents = task.agents
+        prompt_ids = [
+            encode_prompt(self.tokenizer, task.agent_prompt(agents[e.agent], e.prompt, e.texts), task) for e in ready
+        ]
+        completions = self.backend.generate(
+            prompt_ids,
+            n=1,
+            max_new_tokens=self.cfg.inference.max_new_tokens,
+            temperature=self.cfg.inference.temperature,
+            seed=self._seed * 1000 + self._turns,
+        )
+        self._turns += 1
+        done = self.clock()
+        for episode, ids, (c,) in zip(ready, prompt_ids, completions, strict=True):
+            agent = agents[episode.agent]
+            self.tokens += len(c.token_ids)
+            episode.texts[agent] = self.tokenizer.decode(c.token_ids)
+            episode.rollouts.append(_rollout(ids, c, version, agent))
+            answered = done + task.latency(agent).draw(self.rng)
+            episode.times[agent] = answered - episode.ready_at
+            episode.ready_at = answered
+            episode.agent += 1
+            episode.done = episode.agent == len(agents)
+            if episode.done:
+                rewards = task.agent_rewards(episode.prompt, episode.answer, episode.texts)
+                for r in episode.rollouts:
+                    r.reward = float(rewards[r.agent])
+
+    def _ended(self, group: _Group, now: float) -> bool:
+        return all(e.done and e.ready_at <= now for e in group.episodes)
+
+    def _take_ended(self) -> list[Group]:
+        now = self.clock()
+        ended = sorted(
+            (k for k, g in self._groups.items() if self._ended(g, now)),
+            key=lambda k: max(e.ready_at for e in self._groups[k].episodes),
+        )
+        out = []
+        for k in ended:
+            g = self._groups.pop(k)
+            for e in g.episodes:
+                self.timings.append(EpisodeTiming(dict(e.times), e.ready_at - e.started))
+            if self.multi_turn:  # one rollout per episode, scored as any group of episodes
+                (group,) = score_sequences(
+                    self.task,
+                    self.tokenizer,
+                    [(g.prompt, g.answer)],
+                    [[e.seq for e in g.episodes if e.seq is not None]],
+                    self._seed,
+                )
+                rollouts = group.rollouts
+            else:
+                rollouts = [r for e in g.episodes for r in e.rollouts]
+            for r in rollouts:
+                r.group_id = g.group_id
+            out.append(Group(group_id=g.group_id, prompt=g.prompt, answer=g.answer, rollouts=rollouts))
+        return out
+
+    def drain_timings(self) -> list[EpisodeTiming]:
+        out, self.timings = self.timings, []
+        return out
+
+
+def _rollout(prompt_ids: list[int], c: Completion, version: int, agent: str) -> Rollout:
+    return Rollout(
+        prompt_ids=list(prompt_ids),
+        completion_ids=list(c.token_ids),
+        behaviour_logprobs=list(c.logprobs),
+        token_versions=list(c.versions) or [version] * len(c.token_ids),
+        finish_reason=c.finish_reason or "length",
+        expert_routing=c.routing,
+        sampling_mask=SamplingMask.of(list(c.kept)),
+        agent=agent,
+    )
+
+
+def timing_metrics(timings: list[EpisodeTiming]) -> dict[str, float]:
+    """episode/p50_s, p90_s and tail_ratio, and agent/<agent>/p50_s and p90_s, over
+    `timings` (nothing when there are none). Percentiles by linear interpolation
+    between order statistics (numpy's default, as the benches read them)."""
+    if not timings:
+        return {}
+    totals = np.array([t.total_s for t in timings])
+    p50, p90 = np.percentile(totals, [50, 90])
+    out = {"episode/p50_s": float(p50), "episode/p90_s": float(p90)}
+    if p50 > 0:
+        out["episode/tail_ratio"] = float(p90 / p50)
+    per_agent: dict[str, list[float]] = {}
+    for t in timings:
+        for agent, seconds in t.agents.items():
+            per_agent.setdefault(agent, []).append(seconds)
+    for agent, values in per_agent.items():
+        a50, a90 = np.percentile(values, [50, 90])
+        out[agent_series(agent, "p50_s")] = float(a50)
+        out[agent_series(agent, "p90_s")] = float(a90)
+    return out

@@ -1,0 +1,259 @@
+"""Partial rollouts: what generation in flight does when new weights arrive.
+
+`sync.update_mode` chooses (the peers' names for each are in workers/config/run_config.py):
+
+- ``drain``: a generate call finishes on the weights it started with; new weights are
+  loaded between two calls. Every token of a call has one version. (The inference
+  worker calls `backend.generate`; nothing here runs but the staging.)
+- ``abort_retry``: at the first decode step after new weights are staged, the rows
+  still generating are aborted, the weights loaded, and those rows generated again from
+  their prompt. Their partial tokens are thrown away: every kept token has the new version.
+- ``abort_resume``: the same abort, then each row continues from the tokens it kept:
+  prompt + kept tokens are prefilled again under the new weights and generation goes on
+  with the remaining budget. Kept tokens keep their old logprobs and versions.
+- ``in_flight``: the weights are loaded between two decode steps and generation goes
+  on; the KV already computed stays (stale KV), each token carries the version whose
+  weights computed its logits, so one sequence may mix versions.
+
+This module holds all of it: the inference worker stages the weights it receives here
+(`StagedWeights`, the newest version only), the stepped modes poll them between two
+decode steps (`WeightUpdates`) through a backend's `DecodeSession`
+(workers/inference/base.py; `exact_steps` when a backend must be built for them), and
+the counts (`PartialCounts`: sequences aborted, resumed, retried, and weight loads in
+the middle of a generation) become the run's rollout/partial_* series (`partial_metrics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_args
+
+from workers.config.run_config import UpdateMode
+from workers.inference.base import InferenceBackend
+
+# The modes that take new weights between two decode steps: all but drain.
+STEPPED_MODES = tuple(m for m in get_args(UpdateMode) if m != "drain")
+
+
+def exact_steps(mode: UpdateMode) -> bool:
+    """Whether an inference backend must be built so that one engine step is one decode
+    step of every running sequence: weights loaded between two steps then produce the
+    very next token (vLLM's async scheduling would run a step ahead)."""
+    return mode in STEPPED_MODES
+
+
+class WeightUpdates(Protocol):
+    """The inference worker's view of weights that arrived while it generates."""
+
+    def pending(self) -> bool:
+        """New weights are staged and not loaded yet (cheap: called every decode step)."""
+        ...
+
+    def apply(self) -> int:
+        """Load the staged weights into the backend; returns the version now loaded."""
+        ...
+
+
+class NoUpdates:
+    """No weights ever arrive (drain: a call runs on the weights it started with)."""
+
+    def pending(self) -> bool:
+        return False
+
+    def apply(self) -> int:
+        raise AssertionError("NoUpdates.apply: nothing was pending")
+
+
+class StagedWeights:
+    """Weights an inference worker has received and not loaded yet: the newest version
+    only. `stage` keeps what arrives (any thread); the inference worker loads it between
+    two generate calls, and the stepped modes between two decode steps too (`pending`
+    and `apply`: the WeightUpdates that generate_across_updates polls).
+
+    `load(staged)` puts staged weights into the backend; `version()` is the version the
+    backend holds."""
+
+    def __init__(self, load: Callable[[Any], None], version: Callable[[], int]) -> None:
+        self._load, self._version = load, version
+        self._staged: tuple[int, Any] | None = None  # (version, staged weights)
+        self._lock = threading.Lock()
+
+    def stage(self, staged: Any, version: int) -> None:
+        """Keep `staged` (weights of `version`) unless a newer version is staged already."""
+        with self._lock:
+            if self._staged is None or self._staged[0] < version:
+                self._staged = (version, staged)
+
+    def pending(self) -> bool:
+        return self._staged is not None
+
+    def apply(self) -> int:
+        """Load what is staged, if anything; returns the version the backend holds now."""
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            self._load(staged[1])
+        return self._version()
+
+
+@dataclass
+class PartialCounts:
+    """Sequences aborted, resumed and retried, and weight loads in the middle of a
+    generation (cumulative, per inference worker)."""
+
+    aborted: int = 0
+    resumed: int = 0
+    retried: int = 0
+    mid_generation_updates: int = 0
+
+    def add(self, other: PartialCounts) -> None:
+        self.aborted += other.aborted
+        self.resumed += other.resumed
+        self.retried += other.retried
+        self.mid_generation_updates += other.mid_generation_updates
+
+    def state_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for name, value in state.items():
+            setattr(self, name, int(value))
+
+
+def partial_metrics(counts: list[PartialCounts]) -> dict[str, float]:
+    """The rollout/partial_* series (workers/core/metric_names.py) from each inference
+    worker's counts: cumulative over the run and all of them."""
+    return {
+        "rollout/partial_aborted": float(sum(c.aborted for c in counts)),
+        "rollout/partial_resumed": float(sum(c.resumed for c in counts)),
+        "rollout/partial_retried": float(sum(c.retried for c in counts)),
+    }
+
+
+@dataclass
+class PartialSequence:
+    """One completion being built, with what each token came from."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "turn" (ended by `ends_turn`)
+    # The experts an MoE model chose for the prompt and these tokens (workers.core.routing),
+    # as the last session that ran them recorded them; None when none was recorded.
+    routing: Any | None = None
+    # Per token, the set it was drawn from (workers.core.sampling_mask.Kept) or None; empty
+    # from a backend that records none.
+    kept: list[Any] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.token_ids, self.logprobs, self.versions, self.kept = [], [], [], []
+        self.routing = None
+
+
+@dataclass
+class Generation:
+    """What `generate_across_updates` returns: `n` sequences per prompt (prompt-major),
+    the version loaded at the end, and the counts."""
+
+    sequences: Sequence[Sequence[PartialSequence]]
+    version: int
+    counts: PartialCounts
+
+
+def generate_across_updates(
+    backend: InferenceBackend,
+    prompts: list[list[int]],
+    n: int,
+    max_new_tokens: int | list[int],
+    temperature: float,
+    seed: int,
+    version: int,
+    mode: UpdateMode,
+    updates: WeightUpdates,
+    ends_turn: Callable[[PartialSequence], bool] | None = None,
+    on_step: Callable[[list[PartialSequence]], None] | None = None,
+) -> Generation:
+    """Generate `n` completions per prompt, one decode step at a time, taking new weights
+    as `mode` says whenever `updates.pending()` between two steps.
+
+    `max_new_tokens`: one budget for every prompt, or one per prompt. `ends_turn`
+    (multi-turn episodes, workers/rollout/episodes.py): called after each token a sequence gets;
+    True ends that sequence there with finish_reason "turn" (a tool call), and the tokens
+    its session row still samples are dropped. An abort_retry then regenerates only the
+    sequences still generating: what a sequence holds here is one turn. `on_step` (the
+    pipelined reward stage, workers/rollout/reward_stage.py) is called with every sequence,
+    prompt-major, after each decode step."""
+    if mode not in STEPPED_MODES:
+        raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    seqs = [PartialSequence(list(p)) for p in prompts for _ in range(n)]
+    counts = PartialCounts()
+    rows = list(range(len(seqs)))  # session row → index in seqs
+    attempt = 0
+    session = backend.start(prompts, budgets, temperature, seed, n=n)
+    try:
+        while True:
+            for st in session.step():
+                s = seqs[rows[st.row]]
+                if s.finish_reason == "turn":
+                    continue
+                s.token_ids.append(st.token)
+                s.logprobs.append(st.logprob)
+                s.versions.append(version)
+                s.kept.append(st.kept)
+                s.finish_reason = st.finish_reason
+                if ends_turn is not None and ends_turn(s):
+                    s.finish_reason = "turn"
+            if on_step is not None:
+                on_step(seqs)
+            # A backend row whose sequence ended its turn still decodes (the session
+            # interface has no per-row stop); it no longer counts as generating.
+            live = [r for r in session.unfinished() if seqs[rows[r]].finish_reason != "turn"]
+            if not live:
+                break
+            if not updates.pending():
+                continue
+            if mode == "in_flight":
+                version = updates.apply()
+                counts.mid_generation_updates += 1
+                continue
+            # Abort before loading: a backend may free what the running rows still use
+            # (vLLM drops the previous LoRA adapter). A resumed row's routing is then
+            # recorded afresh over its prompt and tokens so far by the next session.
+            _keep_routing(session, seqs, rows)
+            session.close()
+            rows = [rows[r] for r in live]
+            counts.aborted += len(rows)
+            version = updates.apply()
+            counts.mid_generation_updates += 1
+            if mode == "abort_retry":
+                for i in rows:
+                    seqs[i].reset()
+                counts.retried += len(rows)
+            else:
+                counts.resumed += len(rows)
+            attempt += 1
+            session = backend.start(
+                [seqs[i].prompt_ids + seqs[i].token_ids for i in rows],
+                [budgets[i // n] - len(seqs[i].token_ids) for i in rows],
+                temperature,
+                # A new stream per attempt: a retried row must not replay the same tokens.
+                seed * 1000 + attempt,
+            )
+        _keep_routing(session, seqs, rows)
+    finally:
+        session.close()
+    grouped = [seqs[k * n : (k + 1) * n] for k in range(len(prompts))]
+    return Generation(grouped, version, counts)
+
+
+def _keep_routing(session, seqs: list[PartialSequence], rows: list[int]) -> None:
+    """Each session row's recorded routing onto its sequence (nothing when not recorded)."""
+    for r, i in enumerate(rows):
+        routing = session.routing(r)
+        if routing is not None:
+            seqs[i].routing = routing
