@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils.text import slugify
 
-from teams import actions, audit
+from teams import actions
 from teams.models import Membership, Team
 
 PASSWORD_ENV = "ROLLWAY_ADMIN_PASSWORD"
@@ -62,18 +62,8 @@ class Command(BaseCommand):
             found = Team.objects.filter(slug=slug).first()
             if found is None:
                 found = actions.do_create_team(admin, team, slug, admin)
-            else:
-                member, made = Membership.objects.get_or_create(
-                    team=found, user=admin, defaults={"role": Membership.Role.ADMIN}
-                )
-                if made:
-                    audit.record(admin, found, audit.Action.MEMBER_ADD, f"user {admin.username}", role=member.role)
-                elif member.role != Membership.Role.ADMIN:
-                    was, member.role = member.role, Membership.Role.ADMIN
-                    member.save(update_fields=["role"])
-                    audit.record(
-                        admin, found, audit.Action.MEMBER_ROLE, f"user {admin.username}", role="admin", was=was
-                    )
+            else:  # the team exists already (made by hand): they become its admin
+                actions.do_set_member(admin, found, admin.username, Membership.Role.ADMIN)
         state = "was already" if existing else "is now"
         self.stdout.write(
             f"{admin.username} {state} a site admin and the admin of team {found.name} ({found.slug}); "
