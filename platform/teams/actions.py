@@ -76,7 +76,7 @@ def check_new_team(user, name: Any, slug: Any = None, admin: Any = None) -> tupl
         raise ActionError({"name": 'give the team\'s name, e.g. "Lab"'})
     name = name.strip()
     max_name = Team._meta.get_field("name").max_length
-    if len(name) > max_name:
+    if max_name is not None and len(name) > max_name:
         raise ActionError({"name": f"at most {max_name} characters (got {len(name)})"})
     if slug in (None, ""):
         slug = slugify(name)
@@ -85,7 +85,7 @@ def check_new_team(user, name: Any, slug: Any = None, admin: Any = None) -> tupl
     elif not isinstance(slug, str) or slugify(slug) != slug:
         raise ActionError({"slug": f"use lowercase letters, digits, - and _ only (got {slug!r})"})
     max_slug = Team._meta.get_field("slug").max_length
-    if len(slug) > max_slug:
+    if max_slug is not None and len(slug) > max_slug:
         raise ActionError({"slug": f"at most {max_slug} characters (got {len(slug)})"})
     if Team.objects.filter(slug=slug).exists():
         raise Conflict({"slug": f"a team {slug!r} exists already: choose another slug or name"})
