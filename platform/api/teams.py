@@ -3,12 +3,11 @@
 GET    /api/teams/<team>/members             the members and their roles (any member)
 POST   /api/teams/<team>/members             {"username", "role"}: add, or change a role (admins)
 DELETE /api/teams/<team>/members/<username>  remove a member (admins)
-
-`username` may be the account's email address. Listing teams and creating one
-(`GET`/`POST /api/teams`) are in api/views.py, which routes that path.
 GET    /api/teams/<team>/audit               the audit log, newest first (admins); ?before=<id>
 
-<team> is the team's id or slug. A team the caller is not in is a 404.
+<team> is the team's id or slug. A team the caller is not in is a 404. `username` may be
+the account's email address. Listing teams and creating one (`GET`/`POST /api/teams`)
+are in api/views.py, whose router holds that path (ninja routes one path per router).
 """
 
 from __future__ import annotations
