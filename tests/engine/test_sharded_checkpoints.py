@@ -333,3 +333,43 @@ def test_no_rank_holds_the_whole_model_to_checkpoint_checksum_or_export(ranks, w
         f"— checkpoint {ckpt_peak} B, checksum {sum_peak} B, export {export_peak} B; rank 1's export "
         f"{follower_peaks[0]} B; full-state gather (control) {control} B"
     )
+
+
+def test_a_sharded_lora_pool_checkpoints_and_exports_its_base_and_adapter(ranks, tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from workers.model.loading import checkpoint_state_dict
+
+    lora = {"enabled": True, "rank": 2}
+    single_cfg, pool_cfg = _configs()
+    single_cfg = single_cfg.model_copy(update={"lora": single_cfg.lora.model_copy(update=lora)})
+    pool_cfg = pool_cfg.model_copy(update={"lora": pool_cfg.lora.model_copy(update=lora)})
+    first = fixed_groups(tiny_model_dir, single_cfg, seed=1)
+    second = fixed_groups(tiny_model_dir, single_cfg, seed=2)
+
+    _pool(ranks, pool_cfg, tiny_model_dir)
+    _step(ranks, first)
+    at_checkpoint = _weights(ranks)  # merged
+    location, _ = ray.get(ranks[0].checkpoint.remote(str(tmp_path / "ckpt"), ranks[1:]))
+    manifest, _, _ = ray.get(ranks[0].export.remote(str(tmp_path / "export"), ranks[1:]))
+    whole = _step(ranks, second)
+
+    # The step directory is the base and a peft adapter on it; so is the export (the tiny
+    # model's base ships in base/), beside the merged weights.
+    export = str(tmp_path / "export")
+    assert manifest["lora"] and manifest["base"] == "base"
+    assert manifest["sha256"] == state_checksum(at_checkpoint)
+    merged = AutoModelForCausalLM.from_pretrained(export)
+    assert state_checksum(checkpoint_state_dict(merged)) == state_checksum(at_checkpoint)
+    for base_dir, adapter_dir in ((location, location), (os.path.join(export, "base"), export)):
+        adapter_dir = os.path.join(adapter_dir, "adapter")
+        policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir)
+        got = checkpoint_state_dict(policy.merge_and_unload())
+        for k, want in at_checkpoint.items():
+            torch.testing.assert_close(got[k], want, rtol=1e-5, atol=1e-7, msg=k)
+
+    # Resumed onto a fresh pool: the uninterrupted step, bit for bit.
+    _pool(ranks, pool_cfg, tiny_model_dir)
+    ray.get([r.restore.remote(location) for r in ranks])
+    assert _step(ranks, second)["loss"] == whole["loss"]

@@ -10,7 +10,11 @@ loads it; the resume reads the weights back the same way):
                     once); with LoRA the frozen base
     adapter/        with LoRA only: the adapter in peft's format
                     (`PeftModel.from_pretrained(base, "<step>/adapter")`)
-    optimizer.pt    the AdamW state
+    optimizer.pt    the AdamW state (a single trainer's or a ddp pool's)
+    sharded/        an fsdp2 pool's model and AdamW state instead: torch.distributed
+                    .checkpoint's directory (`.metadata`, and `__<rank>_0.distcp` as each
+                    rank wrote its own shards), which any number of ranks, or a single
+                    trainer, reads back (DCP reshards on load)
     trainer.pt      the trainer's progress (TrainerProgress.state_dict: policy version
                     k, its step-plan RNG, the torch RNG states) and its cumulative
                     starved seconds
@@ -30,8 +34,12 @@ A checkpoint written before the weights were a model directory holds them in mod
 (the model's state_dict through torch.save); it still resumes.
 
 Each stateful part says what its state is (`state_dict` / `load_state_dict`); this module
-composes them into files, and holds the trainer's weights and optimizer state, which a
-trainer pool gathers to rank 0 and broadcasts back (`training_state`).
+composes them into files, and holds the trainer's weights and optimizer state: a ddp
+pool's rank 0 holds them whole and writes them (`training_state`); an fsdp2 pool's
+ranks each write their shards, and rank 0 the model files streamed a safetensors shard
+at a time (`write_shards`), so no rank holds the whole model. A local checkpoint root
+is then one filesystem every rank of the pool writes to; to an object store each rank
+uploads its own files.
 
 `checkpoint_root` is a local directory or an fsspec URL (`s3://bucket/prefix`,
 `memory://…` in tests): everything goes through fsspec. Locally the step is written
@@ -661,10 +669,10 @@ def _trainable_names(trainer: Trainer) -> list[str]:
 
 
 def training_state(trainer: Trainer) -> tuple[dict, dict]:
-    """(model state dict, optimizer state dict) of the trainer, whole, on the CPU. For a
-    trainer pool a collective every rank calls: torch gathers them on rank 0, which
-    alone gets them (the others get empty dicts) — rank 0's host memory holds the whole
-    training state while a checkpoint is written."""
+    """(model state dict, optimizer state dict) of the trainer, whole, on the CPU: the
+    files of a single trainer's or a ddp pool's checkpoint (rank 0's replica). For a
+    sharded pool a collective every rank calls, which gathers the whole state on rank 0
+    (the others get empty dicts): its checkpoints write shards instead (`write_shards`)."""
     if trainer.pool is None:
         return {k: t.detach().cpu() for k, t in trainer.model.state_dict().items()}, trainer.optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict

@@ -9,6 +9,10 @@ between modules, so a LoRA module's base and adapter land in one bucket and merg
 there. Meanwhile every other rank runs `follow`: the same gathers in the same order,
 their results dropped. No rank ever holds more than one bucket of gathered weights; the
 inference workers, which hold the whole model anyway, receive it bucket by bucket.
+
+The policy's checksum, its export and a checkpoint's model files read it the same way,
+in checkpoint-name order (`effective_stream`, `base_stream`): a module gathered at a
+time, each tensor dropped once its reader has hashed or written it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ serves it as a zip. The directory is what `from_pretrained` reads:
 
     config.json, generation_config.json   the model's config; every stop id as EOS
     model.safetensors                     the trainer's final weights, float32 (with
-                                          LoRA: base and adapter merged)
+                                          LoRA: base and adapter merged); from an
+                                          fsdp2 pool, shards of about sync.bucket_mb
+                                          and model.safetensors.index.json
     tokenizer.json, tokenizer_config.json the model's tokenizer (for the tiny char model,
                                           its vocabulary as a PreTrainedTokenizerFast)
     adapter/                              with LoRA only: the adapter alone, peft format
