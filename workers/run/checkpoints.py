@@ -778,7 +778,7 @@ def load_shards(trainer: Trainer, ckpt: Checkpoint) -> None:
     names = [f["name"] for f in ckpt.meta["files"] if f["name"].startswith(SHARDED + "/")]
     with ckpt._local(names) as local:
         model, optimizer = get_state_dict(trainer.model, trainer.optimizer)
-        state = {"model": model, "optimizer": optimizer}
+        state: dict[str, Any] = {"model": model, "optimizer": optimizer}
         reader = dcp.FileSystemReader(os.path.join(local, SHARDED))
         dcp.load(state, storage_reader=reader, no_dist=not trainer.sharded)
     set_state_dict(
