@@ -5,7 +5,8 @@ The real Trainer on the real pool (two Ray processes, gloo on this CPU host):
 - a checkpoint is torch.distributed.checkpoint's shards (each rank writes its own) plus
   the Hugging Face model files, streamed a safetensors shard at a time; resumed onto the
   same pool it repeats the uninterrupted step bit for bit, and DCP reshards it onto one
-  rank (a single trainer, or an fsdp2 pool of one) and from one rank back onto two;
+  rank (a single trainer, or an fsdp2 pool of one), whole onto each rank of a ddp pool,
+  and from one rank back onto two;
 - `GatherMeter` counts the bytes of whole (all-gathered) tensors alive at once on a rank:
   the checkpoint, checksum and export peak at one bucket, where the full-state gather
   they replace peaks at the whole model.
@@ -260,6 +261,14 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
     assert alone["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
     for k, want in whole_weights.items():
         torch.testing.assert_close(single.state_dict()[k], want, rtol=1e-4, atol=1e-6, msg=k)
+
+    # A ddp pool: each rank reads the shards whole into its replica.
+    ddp_cfg = pool_cfg.model_copy(update={"trainer": pool_cfg.trainer.model_copy(update={"backend": "ddp"})})
+    _pool(ranks, ddp_cfg, tiny_model_dir)
+    ray.get([r.restore.remote(location) for r in ranks])
+    replicas = ray.get([r.weights.remote() for r in ranks])
+    assert [state_checksum(w) for w in replicas] == [state_checksum(at_checkpoint)] * 2
+    assert _step(ranks, second)["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
 
     # 2 → 1 → 2: an fsdp2 pool of one rank resumes it, checkpoints, and two ranks resume that.
     _, one_cfg = _configs(ranks=1)
