@@ -561,22 +561,35 @@ class TrainerRank:
 
         follow(self._joined().model, gathers)
 
-    def gather_state(self) -> None:
-        """Join rank 0's gather of the whole policy (its checksum, its export)."""
-        self._joined().gathered_state()
+    def follow_checksum(self) -> None:
+        """Join rank 0's streamed gathers of the policy for its checksum (sharded only)."""
+        from workers.sync.weights import drain, effective_stream
 
-    def checkpoint_state(self) -> None:
-        """Join rank 0's gather of the training state for a checkpoint."""
-        from workers.run.checkpoints import training_state
+        drain(effective_stream(self._joined().model))
 
-        training_state(self._joined())
+    def follow_export(self) -> None:
+        """Join rank 0's streamed gathers of the policy for its export (sharded only)."""
+        from workers.train.export import follow_export
 
-    def restore(self, version: int) -> None:
-        """Take the training state rank 0 broadcasts from a checkpoint."""
-        from workers.run.checkpoints import restore_training_state
+        follow_export(self._joined().model, self.cfg)
+
+    def checkpoint_shards(self, location: str, path: str) -> list[dict]:
+        """Write this rank's part of the checkpoint rank 0 is writing at `path` (sharded
+        only); the manifest entries of the files it wrote."""
+        from workers.run.checkpoints import write_shards
+
+        return write_shards(self._joined(), location, path)
+
+    def restore(self, version: int, location: str | None = None) -> None:
+        """Take the training state of the checkpoint rank 0 restores: read from its
+        shards at `location` (a sharded checkpoint), or as rank 0 broadcasts it (None)."""
+        from workers.run.checkpoints import Checkpoint, load_shards, restore_training_state
 
         trainer = self._joined()
-        restore_training_state(trainer, None)
+        if location is not None:
+            load_shards(trainer, Checkpoint(location))
+        else:
+            restore_training_state(trainer, None)
         trainer.version = version
 
     def close(self) -> None:
@@ -683,28 +696,33 @@ class TrainerActor:
         """sha256 of the policy's weights under checkpoint names (workers.sync.base
         .state_checksum): equal checksums mean bit-identical policies."""
         from workers.sync.base import state_checksum
+        from workers.sync.weights import streamed_checksum
 
-        others = self._together("gather_state") if self.trainer.sharded else []
-        state = self.trainer.state_dict()
+        if not self.trainer.sharded:
+            return state_checksum(self.trainer.state_dict())
+        # Sharded: taken a module at a time as the ranks gather it, never whole.
+        others = self._together("follow_checksum")
+        checksum = streamed_checksum(self.trainer.model)
         ray.get(others)
-        return state_checksum(state)
+        return checksum
 
     def export(self, target: str) -> dict:
         """Write the policy as a Hugging Face directory at `target` (workers.train.export)."""
         from workers.train.export import export_policy
 
-        others = self._together("gather_state") if self.trainer.sharded else []
-        live = self.trainer.gathered_state() if self.trainer.sharded else None
+        others = self._together("follow_export") if self.trainer.sharded else []
+        manifest = export_policy(self.trainer.model, self.model_dir, target, self.cfg)
         ray.get(others)
-        return export_policy(self.trainer.model, self.model_dir, target, self.cfg, live_state=live)
+        return manifest
 
     def restore(self, location: str) -> int:
         """Take weights, optimizer, RNG states and version from the checkpoint at
         `location` (before the loop starts), ranks 1.. too; returns the restored version."""
-        from workers.run.checkpoints import Checkpoint, read_version, restore_trainer
+        from workers.run.checkpoints import Checkpoint, has_shards, read_version, restore_trainer
 
         ckpt = Checkpoint(location)
-        others = self._together("restore", read_version(ckpt))
+        # A sharded checkpoint each rank reads its part of; a whole one rank 0 broadcasts.
+        others = self._together("restore", read_version(ckpt), location if has_shards(ckpt) else None)
         self._starved_s = restore_trainer(self.trainer, ckpt)
         ray.get(others)
         self._publish_first = True
@@ -725,15 +743,20 @@ class TrainerActor:
             prefetched = self._settle_prefetch()
             workers = ray.get([w.state_dict.remote() for w in self.workers])
             buffer = with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
-            others = self._together("checkpoint_state") if self.trainer.sharded else []
-            trainer = checkpoints.trainer_parts(self.trainer, self._starved_s)
-            ray.get(others)
+            # A sharded pool's ranks each write their shards once the step directory is
+            # there (`_shards`); a ddp rank 0 holds the whole state already.
+            trainer = checkpoints.trainer_parts(self.trainer, self._starved_s, others=self._shards)
             parts = {
                 **trainer,
                 checkpoints.INFERENCE: workers,
                 checkpoints.BUFFER: buffer,
             }
             return checkpoints.write_checkpoint(target, self.trainer.version, parts)
+
+    def _shards(self, location: str, path: str):
+        """Start ranks 1..'s part of a sharded checkpoint; what waits for their files."""
+        refs = self._together("checkpoint_shards", location, path)
+        return lambda: [f for files in ray.get(refs) for f in files]
 
     def _settle_prefetch(self) -> list[Group]:
         """The groups the get issued ahead for the next step brought, once it has answered

@@ -319,7 +319,8 @@ class Trainer:
         """Current weights under HF checkpoint names (contiguous CPU copies); with LoRA,
         base and adapter merged (the policy the model computes). Sharded (fsdp2): a
         collective every rank calls, gathering the whole policy into each rank's host
-        memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
+        memory (tests compare it; a run's checksum, export, checkpoints and weight sync
+        gather a module or a bucket at a time: workers/sync/weights.py)."""
         from workers.model.lora import effective_live_state, effective_state_dict
 
         if self.sharded:
