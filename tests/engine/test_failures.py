@@ -24,7 +24,7 @@ from ray.exceptions import (
     RayTaskError,
 )
 
-from tests.engine.helpers import TOKEN, small_config, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, small_config, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.model.loading import build_tiny, load_model, save_model
@@ -438,7 +438,7 @@ def test_a_run_whose_model_directory_has_no_config_json_fails_saying_so(cluster,
     [body] = [b for kind, run, b in stub.requests if kind == "status" and run == 901 and b["status"] == "failed"]
     assert "Traceback (most recent call last)" in body["error_detail"]
     assert "PathNotAllowed: model.path:" in body["error_detail"]
-    wait_for(lambda: not run_actor_names(901), 15, "the failed driver to exit")
+    wait_for(lambda: not run_actor_names(901), GONE_WAIT_S, "the failed driver to exit")
 
 
 @pytest.mark.slow
@@ -457,4 +457,4 @@ def test_killing_an_actor_of_a_running_run_fails_it_naming_that_actor(cluster, s
     assert stub.errors[run_id] == f"{said} died: it was killed (ray.kill). Launch the run again."
     [body] = [b for kind, run, b in stub.requests if kind == "status" and run == run_id and b["status"] == "failed"]
     assert "ActorDiedError" in body["error_detail"]
-    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")

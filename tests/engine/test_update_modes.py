@@ -255,3 +255,44 @@ def test_the_partial_series_sum_every_inference_workers_counts():
         "rollout/partial_resumed": 1.0,
         "rollout/partial_retried": 4.0,
     }
+
+
+class _Arriving:
+    """Staged weights that arrive on the `arrives_at`-th look (None: never)."""
+
+    def __init__(self, arrives_at: int | None) -> None:
+        self.arrives_at, self.looks, self.applied = arrives_at, 0, 0
+
+    def pending(self) -> bool:
+        self.looks += 1
+        return self.arrives_at is not None and self.looks >= self.arrives_at
+
+    def apply(self) -> int:
+        self.applied += 1
+        return 1
+
+
+def test_a_forced_call_waits_at_its_first_look_until_weights_are_staged():
+    import threading
+
+    from workers.rollout.partial_rollouts import WeightsMidGeneration
+
+    staged = _Arriving(arrives_at=5)
+    updates = WeightsMidGeneration(staged, due=True, stopping=threading.Event(), poll_s=0)
+    assert updates.pending() is True and staged.looks >= 5  # it kept looking until they came
+    looks = staged.looks
+    assert updates.pending() is True and staged.looks == looks + 1  # later looks do not wait
+    assert updates.apply() == 1 and staged.applied == 1
+
+
+def test_a_forced_call_does_not_wait_when_no_version_is_due_or_the_worker_stops():
+    import threading
+
+    from workers.rollout.partial_rollouts import WeightsMidGeneration
+
+    staged = _Arriving(arrives_at=None)
+    assert WeightsMidGeneration(staged, due=False, stopping=threading.Event(), poll_s=0).pending() is False
+    assert staged.looks == 1
+    stopping = threading.Event()
+    stopping.set()
+    assert WeightsMidGeneration(staged, due=True, stopping=stopping, poll_s=0).pending() is False

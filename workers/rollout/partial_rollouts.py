@@ -26,7 +26,9 @@ the middle of a generation) become the run's rollout/partial_* series (`partial_
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
@@ -97,6 +99,55 @@ class StagedWeights:
         if staged is not None:
             self._load(staged[1])
         return self._version()
+
+
+# Test-only switch (the inference worker reads it, `weights_mid_generation_forced`): with
+# it set to "1", a stepped mode's generate call waits after its first decode step until
+# newer weights are staged (`WeightsMidGeneration`), and the worker loads weights only
+# there, never between two calls. Whether weights land inside a generation otherwise
+# depends on how fast the trainer is next to the generation; a test of the stepped modes
+# sets it (through Ray's runtime_env) so that every call after the first takes a new
+# version mid-generation, whatever the host's load.
+WEIGHTS_MID_GENERATION_ENV = "ROLLWAY_TEST_WEIGHTS_MID_GENERATION"
+
+# How long the forced wait lasts before it calls the run broken: far past a trainer step
+# on a loaded host; only a run where the trainer can never publish (a misuse of the
+# switch) reaches it, and fails with this module's message instead of hanging.
+MID_GENERATION_WAIT_LIMIT_S = 600.0
+
+
+def weights_mid_generation_forced() -> bool:
+    """Whether this process runs under WEIGHTS_MID_GENERATION_ENV."""
+    return os.environ.get(WEIGHTS_MID_GENERATION_ENV) == "1"
+
+
+class WeightsMidGeneration:
+    """The WeightUpdates of one generate call that forces new weights to arrive in its
+    middle: its first `pending()` (which generate_across_updates asks after the first
+    decode step, while sequences still generate) waits until `staged` holds newer weights,
+    or `stopping` is set. `due`: the trainer can publish a newer version without this
+    call's groups (the caller knows; the first call of a run cannot wait for one). Later
+    `pending()` calls, and `apply`, are `staged`'s own."""
+
+    def __init__(self, staged: WeightUpdates, due: bool, stopping: threading.Event, poll_s: float = 0.05) -> None:
+        self.staged, self.stopping, self.poll_s = staged, stopping, poll_s
+        self._waited = not due
+
+    def pending(self) -> bool:
+        if not self._waited:
+            self._waited = True
+            deadline = time.monotonic() + MID_GENERATION_WAIT_LIMIT_S
+            while not self.staged.pending() and not self.stopping.wait(self.poll_s):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{WEIGHTS_MID_GENERATION_ENV}: no new weights within {MID_GENERATION_WAIT_LIMIT_S:.0f} s "
+                        "of a generation that waited for them; the switch needs a run whose trainer steps "
+                        "without this call's groups (async)"
+                    )
+        return self.staged.pending()
+
+    def apply(self) -> int:
+        return self.staged.apply()
 
 
 @dataclass

@@ -56,6 +56,7 @@ from workers.run.messages import EvalRecord, InferenceReport, StepRecord, Traine
 
 if TYPE_CHECKING:
     from workers.inference.vllm_backend import VLLMBackend
+    from workers.rollout.partial_rollouts import WeightUpdates
     from workers.run.checkpoints import CheckpointRecord, CheckpointTarget
     from workers.sync import Notice, SyncReport
     from workers.sync.base import Gathers
@@ -174,7 +175,12 @@ class InferenceWorker:
         from workers.model.tokenizer import load_tokenizer
         from workers.rl_tasks import make_task
         from workers.rollout.generation import generate_groups_in_mode
-        from workers.rollout.partial_rollouts import PartialCounts, StagedWeights, exact_steps
+        from workers.rollout.partial_rollouts import (
+            PartialCounts,
+            StagedWeights,
+            exact_steps,
+            weights_mid_generation_forced,
+        )
         from workers.rollout.task_data import worker_prompts
         from workers.sync import make_receiver
 
@@ -224,6 +230,10 @@ class InferenceWorker:
         self._syncs_lock = threading.Lock()
         self.error: str | None = None
         self.staged = StagedWeights(self._load, lambda: self.version)
+        # Tests of the stepped update modes force weights to arrive mid-generation
+        # (workers/rollout/partial_rollouts.py, WEIGHTS_MID_GENERATION_ENV).
+        self._force_mid_generation = weights_mid_generation_forced() and exact_steps(cfg.sync.update_mode)
+        self._groups_put = 0  # groups this worker handed to the buffer (the forced wait's rule)
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
@@ -358,10 +368,15 @@ class InferenceWorker:
         if self.episodes is not None:
             self._episode_loop()
             return
+        # Weights load between two calls; forced mid-generation, not right after a call:
+        # the next call waits for them after its first decode step.
+        take_weights = True
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
-                self.staged.apply()
+                if take_weights:
+                    self.staged.apply()
+                take_weights = True
                 if not self._resumed_and_evaluated():
                     continue
                 self.timeline.begin(HANDOFF)
@@ -375,6 +390,7 @@ class InferenceWorker:
                     continue
                 self.timeline.end()
                 self._generate_and_put(n)
+                take_weights = not self._force_mid_generation
         except Exception:
             self.error = _log_error(f"inference worker {self.index}")
 
@@ -505,14 +521,31 @@ class InferenceWorker:
         self._awake()
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
+        updates = self._updates()
         self.timeline.begin(GENERATE)
         groups, counts = self._generate_groups(
-            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self.staged, self.rewards
+            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, updates, self.rewards
         )
         self.partial.add(counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
         self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
         self._put(groups)
+        self._groups_put += len(groups)
+
+    def _updates(self) -> WeightUpdates:
+        """Where a generate call takes staged weights from: `self.staged`, or, forced
+        mid-generation, a wait for newer weights after its first decode step where the
+        groups already put let the trainer publish them (it steps on a batch_groups batch;
+        the run's last version has none after it)."""
+        if not self._force_mid_generation:
+            return self.staged
+        from workers.rollout.partial_rollouts import WeightsMidGeneration
+
+        due = (
+            self._groups_put >= self.cfg.trainer.batch_groups * (self.version + 1)
+            and self.version < self.cfg.stop.max_steps
+        )
+        return WeightsMidGeneration(self.staged, due, self._stop)
 
 
 # A trainer rank waits this long for the others inside one collective. Longer than any
