@@ -40,6 +40,7 @@ from workers.run.actors import BufferActor, InferenceWorker, TrainerActor, Train
 from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.run.failures import ChildFailed, NodeLost, SyncTimeout
+from workers.run.ray_deaths import death
 
 log = logging.getLogger(__name__)
 
@@ -260,8 +261,7 @@ class RunActors:
         could not reach, or one that died with its node, may be the first sign of a node
         going: its verdict is awaited up to NODE_VERDICT_S; an actor that died alone is
         not."""
-        text = str(exc)
-        if not (isinstance(exc, ray.exceptions.ActorUnavailableError) or "node" in text.lower()):
+        if not isinstance(exc, ray.exceptions.RayActorError) or death(exc).cause not in ("unavailable", "node_died"):
             return None
         ours = {row["node_id"] for row in self.placement}
         deadline = time.monotonic() + NODE_VERDICT_S
