@@ -648,8 +648,16 @@ def _ray_unreachable(f: _Facts) -> Failure | None:
             or "failed to connect to gcs" in lower
             or "could not find any running ray instance" in lower
         ):
-            return f.found("ray_unreachable", ray_unreachable(f.ray_address))
+            return f.found("ray_unreachable", ray_unreachable(f.ray_address or _address_in(str(e))))
     return None
+
+
+def _address_in(text: str) -> str | None:
+    """The "host:port" Ray's connection error names ("... at 10.0.0.9:6380"): ray.init
+    keeps the address it tried in no attribute."""
+    words = [w.strip("()[],;'\"") for w in text.split()]
+    found = [w for w, before in zip(words[1:], words, strict=False) if before == "at" and ":" in w]
+    return found[0].rstrip(".") if found and found[0].rpartition(":")[2].rstrip(".").isdigit() else None
 
 
 def _ray_timeout(f: _Facts) -> Failure | None:
