@@ -204,8 +204,9 @@ def do_fail_run(
         if changed and detail:
             fields["error_detail"] = detail
         if changed and failure:
-            fields["failure"] = {k: failure[k] for k in FAILURE_SHOWN if failure.get(k)}
-            fields["error_traceback"] = failure.get("traceback", "")
+            record = dict(failure)
+            fields["failure"] = {k: record[k] for k in FAILURE_SHOWN if record.get(k)}
+            fields["error_traceback"] = record.get("traceback", "")
         if fields:
             Run.objects.filter(pk=run.pk).update(**fields)
             for name, value in fields.items():

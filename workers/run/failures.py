@@ -339,7 +339,7 @@ def _death(chain: list[BaseException]) -> ActorDeath | None:
         return None
     from workers.run.ray_deaths import death  # imports Ray, loaded already when one of its errors exists
 
-    return death(err)
+    return death(err)  # type: ignore[arg-type]  # a RayActorError, by the isinstance above
 
 
 # -- what the rules know ---------------------------------------------------------------

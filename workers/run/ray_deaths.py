@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 import ray
 from ray._private import state
-from ray.core.generated.common_pb2 import ActorDiedErrorContext, NodeDeathInfo
+from ray.core.generated.common_pb2 import (  # type: ignore[attr-defined]  # generated, without stubs
+    ActorDiedErrorContext,
+    NodeDeathInfo,
+)
 
 from workers.run.failures import role_of
 
