@@ -10,9 +10,10 @@ a remote error in) and from what the catcher knows; nothing is read back from a
 traceback's text.
 
 Each side makes its own: an actor's loop and constructor catch their error and hand
-the record to the driver (`ChildFailed.failure`; a dataclass, so Ray pickles it), the
-driver explains what it catches itself (a timeout, a lost node), and the site a launch
-that failed. A run actor Ray reports dead is described by workers.run.ray_deaths from
+the record to the driver (`ChildFailed.failure`: a dataclass, so Ray pickles it; a
+constructor's through `ready`, as Ray passes an error raised in `__init__` on only as
+text: workers.run.actors), the driver explains what it catches itself (a timeout, a
+lost node), and the site a launch that failed. A run actor Ray reports dead is described by workers.run.ray_deaths from
 Ray's own record of the death (the actor table), read only where an actor error is
 behind the failure.
 
@@ -23,13 +24,11 @@ classes are looked up in `sys.modules`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
 import traceback as tb
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -160,19 +159,6 @@ class RayUnreachable(ConnectionError):
     def __init__(self, address: str) -> None:
         super().__init__(f"the Ray head at {address} does not answer (RAY_ADDRESS; is it running?)")
         self.address = address
-
-
-@contextlib.contextmanager
-def recorded(cfg: RunConfig | None, *, actor: str, actor_name: str = "", operation: str) -> Iterator[None]:
-    """Turn an error raised inside into a ChildFailed carrying its record, made here
-    where the exception objects are whole (Ray would pass on a copy without its
-    `__cause__`): a run actor's constructor runs inside this."""
-    try:
-        yield
-    except Exception as exc:
-        failure = explain(exc, cfg, actor=actor, actor_name=actor_name, operation=operation)
-        log.error("%s failed: %s\n%s", actor, failure.message, failure.traceback)
-        raise ChildFailed(failure.message, failure) from exc
 
 
 def explain(
