@@ -39,7 +39,7 @@ import queue
 import random
 import threading
 import time
-import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import ray
@@ -52,6 +52,7 @@ from workers.core.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
 from workers.rollout.evaluation import eval_prompts, is_due, training_prompts
 from workers.rollout.task_data import DatasetPrompts
 from workers.run.buffer import AdmissionGate, BufferPlan, NoSignalError, RolloutBuffer, groups_per_call, with_prefetched
+from workers.run.failures import LOOP, STARTING, ChildFailed, Failure, explain, node_label
 from workers.run.messages import EvalRecord, InferenceReport, StepRecord, TrainerReport
 
 if TYPE_CHECKING:
@@ -75,10 +76,34 @@ ADMIT_POLL_S = 0.05
 FINAL_WEIGHTS_WAIT_S = 30.0
 
 
-def _log_error(actor: str) -> str:
-    text = traceback.format_exc()
-    log.error("%s failed:\n%s", actor, text)
-    return text
+def _record(exc: Exception, cfg: RunConfig | None, actor: str, operation: str) -> Failure:
+    """The failure record of `exc`, caught in this actor while doing `operation`: made
+    here, where the exception objects are whole, and handed to the driver as data."""
+    name = ray.get_runtime_context().get_actor_name() or ""
+    try:
+        node = node_label(where_am_i())
+    except Exception:  # Ray cannot say where this process runs: the record goes without it
+        node = ""
+    failure = explain(exc, cfg, actor=actor, actor_name=name, node=node, operation=operation)
+    log.error("%s failed: %s\n%s", actor, failure.message, failure.traceback)
+    return failure
+
+
+def _started(start: Callable[[], None], cfg: RunConfig | None, actor: str) -> Failure | None:
+    """Run an actor's constructor (`start`); the record of its error, or None. Ray would
+    pass on an error raised from a constructor only as text, so the actor keeps it and
+    `ready` raises it as a ChildFailed (a method's error reaches the caller as the object)."""
+    try:
+        start()
+    except Exception as exc:
+        return _record(exc, cfg, actor, STARTING)
+    return None
+
+
+def _raise_start_failure(failure: Failure | None) -> bool:
+    if failure is not None:
+        raise ChildFailed(failure.message, failure)
+    return True
 
 
 @actor_class(num_cpus=0, max_concurrency=64)
@@ -86,6 +111,9 @@ class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
     def __init__(self, plan: BufferPlan, batch_groups: int) -> None:
+        self.start_failure = _started(lambda: self._start(plan, batch_groups), None, "buffer")
+
+    def _start(self, plan: BufferPlan, batch_groups: int) -> None:
         self.buffer = RolloutBuffer(
             plan.capacity_groups, plan.max_staleness, plan.on_stale, plan.drop_uniform, plan.max_uniform_run
         )
@@ -94,7 +122,7 @@ class BufferActor:
         self._lock = threading.Lock()
 
     def ready(self) -> bool:
-        return True
+        return _raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()
@@ -171,6 +199,23 @@ class InferenceWorker:
         """`scratch_dir`: the run's scratch directory; this worker's files go under
         `inference-<index>/` in it. `reward_workers`: the run's reward pool
         (workers/rollout/reward_stage.py); none: this worker scores its own groups."""
+        self.error: Failure | None = None
+        self.start_failure = _started(
+            lambda: self._start(cfg, model_dir, index, num_workers, buffer, scratch_dir, reward_workers),
+            cfg,
+            f"inference worker {index}",
+        )
+
+    def _start(
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        index: int,
+        num_workers: int,
+        buffer,
+        scratch_dir: str | None,
+        reward_workers: list | None,
+    ) -> None:
         from workers.inference import make_backend
         from workers.model.tokenizer import load_tokenizer
         from workers.rl_tasks import make_task
@@ -228,7 +273,6 @@ class InferenceWorker:
         )
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
-        self.error: str | None = None
         self.staged = StagedWeights(self._load, lambda: self.version)
         # Tests of the stepped update modes force weights to arrive mid-generation
         # (workers/rollout/partial_rollouts.py, WEIGHTS_MID_GENERATION_ENV).
@@ -240,7 +284,7 @@ class InferenceWorker:
         self._thread: threading.Thread | None = None
 
     def ready(self) -> bool:
-        return True
+        return _raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()
@@ -302,8 +346,8 @@ class InferenceWorker:
         try:
             if final_eval_version is not None and self.eval_prompts is not None:
                 self._final_eval(final_eval_version, self.eval_prompts)
-        except Exception:
-            self.error = _log_error(f"inference worker {self.index} (final eval)")
+        except Exception as exc:
+            self.error = _record(exc, self.cfg, f"inference worker {self.index}", "final eval")
         finally:
             self.backend.close()
             self.receiver.close()
@@ -391,8 +435,8 @@ class InferenceWorker:
                 self.timeline.end()
                 self._generate_and_put(n)
                 take_weights = not self._force_mid_generation
-        except Exception:
-            self.error = _log_error(f"inference worker {self.index}")
+        except Exception as exc:
+            self.error = _record(exc, self.cfg, f"inference worker {self.index}", LOOP)
 
     def _resumed_and_evaluated(self) -> bool:
         """Both loops' first check: False (after a short wait) while a resumed run's
@@ -447,8 +491,8 @@ class InferenceWorker:
                 if held and not (barrier and sched.in_flight):
                     self._put(held)
                     held = []
-        except Exception:
-            self.error = _log_error(f"inference worker {self.index}")
+        except Exception as exc:
+            self.error = _record(exc, self.cfg, f"inference worker {self.index}", LOOP)
 
     def _admit_episodes(self, room: int) -> None:
         """Ask the gate for up to `room` groups and start their episodes."""
@@ -566,7 +610,7 @@ class TrainerRank:
         self.trainer: Trainer | None = None
 
     def ready(self) -> bool:
-        return True
+        return True  # nothing to fail: the rank builds its part in `join`
 
     def where(self) -> dict:
         return where_am_i()
@@ -666,6 +710,25 @@ class TrainerActor:
         """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
         sync.directory names a place). `checkpoints`: where and how often to write them
         (None: never). `ranks`: the pool's other ranks (trainer.num_ranks − 1 of them)."""
+        self.error: Failure | None = None
+        self.done = False
+        self.start_failure = _started(
+            lambda: self._start(cfg, model_dir, buffer, workers, num_threads, scratch_dir, checkpoints, ranks),
+            cfg,
+            "trainer",
+        )
+
+    def _start(
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        buffer,
+        workers: list,
+        num_threads: int | None,
+        scratch_dir: str | None,
+        checkpoints: CheckpointTarget | None,
+        ranks: list | None,
+    ) -> None:
         from workers.sync import make_sender
         from workers.sync.lora import LoRASender
         from workers.train.trainer import Trainer
@@ -695,8 +758,6 @@ class TrainerActor:
         self._written: list[CheckpointRecord] = []  # periodic checkpoints since the last drain
         self._checkpoint_lock = threading.Lock()
         self._publish_first = False  # resumed: publish the restored version before training
-        self.error: str | None = None
-        self.done = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -720,7 +781,7 @@ class TrainerActor:
         return [getattr(r, method).remote(*args) for r in self.ranks]
 
     def ready(self) -> bool:
-        return True
+        return _raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()
@@ -923,7 +984,7 @@ class TrainerActor:
                 with self._steps_lock:
                     self.steps.append(record)
                 t_prev = t_end
-        except Exception:
-            self.error = _log_error("trainer")
+        except Exception as exc:
+            self.error = _record(exc, self.cfg, "trainer", LOOP)
         finally:
             self.done = True
