@@ -23,8 +23,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.config.run_config import ModelConfig
-from workers.rollout.partial_rollouts import PartialCounts, StagedWeights, generate_across_updates, partial_metrics
+from workers.config.run_config import ModelConfig, RunConfig
+from workers.rollout.partial_rollouts import (
+    PartialCounts,
+    StagedWeights,
+    UpdatePolicy,
+    generate_across_updates,
+    partial_metrics,
+)
 
 K = 3  # decode steps before the update
 MAX_NEW = 8
@@ -121,7 +127,9 @@ class SwitchAfter:
 
 
 def _run(backend, mode: str, new, seed: int = 11):
-    return generate_across_updates(backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, mode, SwitchAfter(backend, new))
+    return generate_across_updates(
+        backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, UpdatePolicy(mode), SwitchAfter(backend, new)
+    )
 
 
 def _rows(gen):
@@ -226,8 +234,34 @@ def test_a_session_refuses_bad_budgets(model_dir):
     backend = _torch_backend(model_dir)
     with pytest.raises(ValueError, match="max_new_tokens"):
         backend.start([[1, 3]], [0], 1.0, 0)
-    with pytest.raises(ValueError, match="drain"):
-        generate_across_updates(backend, [[1, 3]], 2, 4, 1.0, 0, 0, "drain", SwitchAfter(backend, None))
+
+
+def test_drain_takes_no_weights_mid_call_even_with_some_staged(backend, weights):
+    ref = _reference(backend, "in_flight")
+    switch = SwitchAfter(backend, weights["force"])
+    gen = generate_across_updates(backend, _prompts(), N, MAX_NEW, 1.0, 11, 0, UpdatePolicy("drain"), switch)
+    assert switch.calls == switch.applied == 0  # never even asked
+    assert gen.version == 0 and gen.counts == PartialCounts()
+    assert [(r.token_ids, r.versions) for r in _rows(gen)] == [(r.token_ids, r.versions) for r in ref]
+
+
+def test_the_update_policy_answers_each_decision_from_the_mode_alone():
+    table = {
+        # mode: (stepped, aborts, keeps_tokens, loads with episodes in flight)
+        "drain": (False, False, True, False),
+        "in_flight": (True, False, True, True),
+        "abort_resume": (True, True, True, True),
+        "abort_retry": (True, True, False, True),
+    }
+    for mode, (stepped, aborts, keeps, loads) in table.items():
+        policy = UpdatePolicy.of(RunConfig.model_validate({"sync": {"update_mode": mode}}))
+        assert policy == UpdatePolicy(mode)
+        assert (policy.stepped, policy.exact_steps) == (stepped, stepped)
+        assert (policy.aborts, policy.keeps_tokens) == (aborts, keeps)
+        assert policy.loads_between_calls(in_flight=True) == loads and policy.loads_between_calls(in_flight=False)
+        assert policy.admits_while_pending() == stepped
+        staged = StagedWeights(lambda w: None, lambda: 0)
+        assert (policy.offered(staged) is staged) == stepped
 
 
 def test_staged_weights_keep_the_newest_version_and_load_it_once():

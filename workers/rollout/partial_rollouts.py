@@ -15,10 +15,11 @@
   on; the KV already computed stays (stale KV), each token carries the version whose
   weights computed its logits, so one sequence may mix versions.
 
-This module holds all of it: the inference worker stages the weights it receives here
+This module holds all of it: the mode is read once into an `UpdatePolicy`, which
+generation asks at its decision points; the inference worker stages the weights it receives here
 (`StagedWeights`, the newest version only), the stepped modes poll them between two
 decode steps (`WeightUpdates`) through a backend's `DecodeSession`
-(workers/inference/base.py; `exact_steps` when a backend must be built for them), and
+(workers/inference/base.py; `UpdatePolicy.exact_steps` when a backend must be built for them), and
 the counts (`PartialCounts`: sequences aborted, resumed, retried, and weight loads in
 the middle of a generation) become the run's rollout/partial_* series (`partial_metrics`).
 """
@@ -31,18 +32,69 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
-from workers.config.run_config import UpdateMode
+from workers.config.run_config import RunConfig, UpdateMode
 from workers.inference.base import InferenceBackend
 
-# The modes that take new weights between two decode steps: all but drain.
-STEPPED_MODES = tuple(m for m in get_args(UpdateMode) if m != "drain")
+
+@dataclass(frozen=True)
+class UpdatePolicy:
+    """`sync.update_mode`, decided once per inference worker (`of`): what generation asks
+    at its few decision points. Nothing else reads the mode.
+
+    - `stepped`: weights may arrive between two decode steps of a call (all but drain);
+      the backend is built for it (`exact_steps`), and a call polls what is staged
+      (`offered`); under drain it polls nothing and runs on one version.
+    - `aborts`: the rows still generating are aborted when weights arrive (abort_retry,
+      abort_resume), else they go on with their KV (in_flight);
+    - `keeps_tokens`: an aborted row continues from its tokens (abort_resume), else it
+      starts again from its prompt (abort_retry);
+    - `loads_between_calls` / `admits_while_pending`: the episode loop's two questions.
+    """
+
+    mode: UpdateMode = "drain"
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> UpdatePolicy:
+        return cls(cfg.sync.update_mode)
+
+    @property
+    def stepped(self) -> bool:
+        return self.mode != "drain"
+
+    @property
+    def exact_steps(self) -> bool:
+        """Whether an inference backend must be built so that one engine step is one
+        decode step of every running sequence: weights loaded between two steps then
+        produce the very next token (vLLM's async scheduling would run a step ahead)."""
+        return self.stepped
+
+    @property
+    def aborts(self) -> bool:
+        return self.mode in ("abort_retry", "abort_resume")
+
+    @property
+    def keeps_tokens(self) -> bool:
+        return self.mode != "abort_retry"
+
+    def offered(self, updates: WeightUpdates | None) -> WeightUpdates:
+        """What a call polls between two decode steps: `updates` in a stepped mode;
+        nothing under drain (weights staged meanwhile wait for the next call)."""
+        return updates if self.stepped and updates is not None else NoUpdates()
+
+    def loads_between_calls(self, in_flight: bool) -> bool:
+        """Whether staged weights may load now while `in_flight` says episodes are still
+        mid-generation (the episode loop): drain loads only with none in flight."""
+        return self.stepped or not in_flight
+
+    def admits_while_pending(self) -> bool:
+        """Whether new episodes may start while weights wait to load: not under drain,
+        whose waiting weights load once the episodes in flight have ended."""
+        return self.stepped
 
 
-def exact_steps(mode: UpdateMode) -> bool:
-    """Whether an inference backend must be built so that one engine step is one decode
-    step of every running sequence: weights loaded between two steps then produce the
-    very next token (vLLM's async scheduling would run a step ahead)."""
-    return mode in STEPPED_MODES
+DRAIN = UpdatePolicy("drain")
+# The modes that take new weights between two decode steps (the simulator's cost model).
+STEPPED_MODES = tuple(m for m in get_args(UpdateMode) if UpdatePolicy(m).stepped)
 
 
 class WeightUpdates(Protocol):
@@ -172,13 +224,14 @@ def generate_across_updates(
     temperature: float,
     seed: int,
     version: int,
-    mode: UpdateMode,
-    updates: WeightUpdates,
+    policy: UpdatePolicy,
+    updates: WeightUpdates | None,
     ends_turn: Callable[[PartialSequence], bool] | None = None,
     on_step: Callable[[list[PartialSequence]], None] | None = None,
 ) -> Generation:
     """Generate `n` completions per prompt, one decode step at a time, taking new weights
-    as `mode` says whenever `updates.pending()` between two steps.
+    as `policy` says whenever `updates.pending()` between two steps (under drain none
+    are taken: every token has `version`).
 
     `max_new_tokens`: one budget for every prompt, or one per prompt. `ends_turn`
     (multi-turn episodes, workers/rollout/episodes.py): called after each token a sequence gets;
@@ -187,8 +240,7 @@ def generate_across_updates(
     sequences still generating: what a sequence holds here is one turn. `on_step` (the
     pipelined reward stage, workers/rollout/reward_stage.py) is called with every sequence,
     prompt-major, after each decode step."""
-    if mode not in STEPPED_MODES:
-        raise ValueError(f"generate_across_updates runs {STEPPED_MODES}; drain uses backend.generate")
+    updates = policy.offered(updates)
     budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     seqs = [PartialSequence(list(p)) for p in prompts for _ in range(n)]
     counts = PartialCounts()
@@ -217,7 +269,7 @@ def generate_across_updates(
                 break
             if not updates.pending():
                 continue
-            if mode == "in_flight":
+            if not policy.aborts:
                 version = updates.apply()
                 counts.mid_generation_updates += 1
                 continue
@@ -230,12 +282,12 @@ def generate_across_updates(
             counts.aborted += len(rows)
             version = updates.apply()
             counts.mid_generation_updates += 1
-            if mode == "abort_retry":
+            if policy.keeps_tokens:
+                counts.resumed += len(rows)
+            else:
                 for i in rows:
                     seqs[i].reset()
                 counts.retried += len(rows)
-            else:
-                counts.resumed += len(rows)
             attempt += 1
             session = backend.start(
                 [seqs[i].prompt_ids + seqs[i].token_ids for i in rows],
