@@ -126,6 +126,45 @@ class SwitchAfter:
         return 1
 
 
+def _engine_pauses(backend, monkeypatch) -> list[tuple] | None:
+    """vLLM's engine calls beneath a pause, recorded from now on: ("pause", mode),
+    ("clear",) for a cache reset that preempts the running requests, ("resume",). These
+    are the `EngineCore` calls that `AsyncLLM.pause_generation` / `resume_generation`
+    reach too. None on the torch backend, which has no engine to pause."""
+    llm = getattr(backend, "_llm", None)
+    if llm is None:
+        return None
+    core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
+    events: list[tuple] = []
+    pause, resume, reset = core.pause_scheduler, core.resume_scheduler, core.reset_prefix_cache
+
+    def pausing(mode="abort", clear_cache=True):
+        events.append(("pause", mode))
+        return pause(mode=mode, clear_cache=clear_cache)
+
+    def resuming():
+        events.append(("resume",))
+        return resume()
+
+    def resetting(reset_running_requests=False, reset_connector=False):
+        if reset_running_requests:
+            events.append(("clear",))
+        return reset(reset_running_requests, reset_connector)
+
+    monkeypatch.setattr(core, "pause_scheduler", pausing)
+    monkeypatch.setattr(core, "resume_scheduler", resuming)
+    monkeypatch.setattr(core, "reset_prefix_cache", resetting)
+    return events
+
+
+# What each mode asks of vLLM's pause (workers.inference.vllm_backend.VLLMSession.take_weights).
+PAUSES = {
+    "in_flight": [("pause", "keep"), ("resume",)],
+    "abort_resume": [("pause", "keep"), ("clear",), ("resume",)],
+    "abort_retry": [("pause", "abort"), ("clear",), ("resume",)],
+}
+
+
 def _run(backend, mode: str, new, seed: int = 11):
     return generate_across_updates(
         backend, _prompts(), N, MAX_NEW, 1.0, seed, 0, UpdatePolicy(mode), SwitchAfter(backend, new)
@@ -150,10 +189,13 @@ def _split(ref_rows):
 
 
 @pytest.mark.parametrize("mode", ["in_flight", "abort_resume", "abort_retry"])
-def test_every_token_carries_the_version_that_produced_it(backend, weights, mode):
+def test_every_token_carries_the_version_that_produced_it(backend, weights, mode, monkeypatch):
     ref = _reference(backend, mode)
     hit = _split(ref)
+    pauses = _engine_pauses(backend, monkeypatch)
     gen = _run(backend, mode, weights["force"])
+    if pauses is not None:  # vLLM: the weights arrived through its pause and resume, once
+        assert pauses == PAUSES[mode]
     rows = _rows(gen)
     z = weights["z"]
     assert gen.version == 1 and gen.counts.mid_generation_updates == 1
@@ -186,11 +228,14 @@ def _full_forward_logprobs(model_dir, state, row) -> list[float]:
     return [logp[start + k, t].item() for k, t in enumerate(row.token_ids)]
 
 
-def test_prefix_resume_reprefills_kept_tokens_while_in_flight_keeps_stale_kv(backend, model_dir, weights):
+def test_prefix_resume_reprefills_kept_tokens_while_in_flight_keeps_stale_kv(backend, model_dir, weights, monkeypatch):
     hit = _split(_reference(backend, "abort_resume"))
+    pauses = _engine_pauses(backend, monkeypatch)
     resumed = _rows(_run(backend, "abort_resume", weights["perturbed"]))
     backend.load_weights(weights["base"])
     in_flight = _rows(_run(backend, "in_flight", weights["perturbed"]))
+    if pauses is not None:  # on vLLM its own recompute re-prefilled the kept tokens
+        assert pauses == PAUSES["abort_resume"] + PAUSES["in_flight"]
     stale_gap = 0.0
     for i in hit:
         r, f = resumed[i], in_flight[i]
@@ -236,11 +281,13 @@ def test_a_session_refuses_bad_budgets(model_dir):
         backend.start([[1, 3]], [0], 1.0, 0)
 
 
-def test_drain_takes_no_weights_mid_call_even_with_some_staged(backend, weights):
+def test_drain_takes_no_weights_mid_call_even_with_some_staged(backend, weights, monkeypatch):
     ref = _reference(backend, "in_flight")
     switch = SwitchAfter(backend, weights["force"])
+    pauses = _engine_pauses(backend, monkeypatch)
     gen = generate_across_updates(backend, _prompts(), N, MAX_NEW, 1.0, 11, 0, UpdatePolicy("drain"), switch)
     assert switch.calls == switch.applied == 0  # never even asked
+    assert not pauses  # nothing paused either
     assert gen.version == 0 and gen.counts == PartialCounts()
     assert [(r.token_ids, r.versions) for r in _rows(gen)] == [(r.token_ids, r.versions) for r in ref]
 
@@ -260,6 +307,12 @@ def test_the_update_policy_answers_each_decision_from_the_mode_alone():
         assert (policy.aborts, policy.keeps_tokens) == (aborts, keeps)
         assert policy.loads_between_calls(in_flight=True) == loads and policy.loads_between_calls(in_flight=False)
         assert policy.admits_while_pending() == stepped
+        assert (policy.pause_mode, policy.clear_cache) == {
+            "drain": ("wait", False),
+            "in_flight": ("keep", False),
+            "abort_resume": ("keep", True),
+            "abort_retry": ("abort", True),
+        }[mode]
         staged = StagedWeights(lambda w: None, lambda: 0)
         assert (policy.offered(staged) is staged) == stepped
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
 
 from workers.config.run_config import RunConfig, UpdateMode
-from workers.inference.base import InferenceBackend
+from workers.inference.base import DecodeSession, InferenceBackend, PauseMode
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,10 @@ class UpdatePolicy:
       abort_resume), else they go on with their KV (in_flight);
     - `keeps_tokens`: an aborted row continues from its tokens (abort_resume), else it
       starts again from its prompt (abort_retry);
-    - `loads_between_calls` / `admits_while_pending`: the episode loop's two questions.
+    - `loads_between_calls` / `admits_while_pending`: the episode loop's two questions;
+    - `pause_mode` and `clear_cache`: the same mode in vLLM's pause vocabulary
+      (`AsyncLLM.pause_generation(mode=..., clear_cache=...)`), which a vLLM session
+      takes weights through (workers.inference.vllm_backend.VLLMSession.take_weights).
     """
 
     mode: UpdateMode = "drain"
@@ -75,6 +78,21 @@ class UpdatePolicy:
     @property
     def keeps_tokens(self) -> bool:
         return self.mode != "abort_retry"
+
+    @property
+    def pause_mode(self) -> PauseMode:
+        """drain waits for the rows to finish; in_flight keeps them, their KV as it is;
+        abort_resume keeps them and clears the cache (vLLM then preempts them and
+        recomputes prompt + tokens so far under the new weights: a re-prefill);
+        abort_retry aborts them."""
+        if self.mode == "drain":
+            return "wait"
+        return "abort" if self.mode == "abort_retry" else "keep"
+
+    @property
+    def clear_cache(self) -> bool:
+        """Whether the KV of the rows running when weights load is thrown away."""
+        return self.aborts
 
     def offered(self, updates: WeightUpdates | None) -> WeightUpdates:
         """What a call polls between two decode steps: `updates` in a stepped mode;
@@ -269,25 +287,23 @@ def generate_across_updates(
                 break
             if not updates.pending():
                 continue
-            if not policy.aborts:
-                version = updates.apply()
-                counts.mid_generation_updates += 1
-                continue
-            # Abort before loading: a backend may free what the running rows still use
-            # (vLLM drops the previous LoRA adapter). A resumed row's routing is then
-            # recorded afresh over its prompt and tokens so far by the next session.
-            _keep_routing(session, seqs, rows)
-            session.close()
-            rows = [rows[r] for r in live]
-            counts.aborted += len(rows)
-            version = updates.apply()
+            if policy.aborts:  # a resumed row's routing is recorded afresh by its next session
+                _keep_routing(session, seqs, rows)
+            version, goes_on = take_weights(session, updates.apply, policy)
             counts.mid_generation_updates += 1
+            if not policy.aborts:
+                continue
+            aborted = [rows[r] for r in live]
+            counts.aborted += len(aborted)
             if policy.keeps_tokens:
-                counts.resumed += len(rows)
+                counts.resumed += len(aborted)
             else:
-                for i in rows:
+                for i in aborted:
                     seqs[i].reset()
-                counts.retried += len(rows)
+                counts.retried += len(aborted)
+            if goes_on:  # the engine re-prefilled them itself, in this session
+                continue
+            rows = aborted
             attempt += 1
             session = backend.start(
                 [seqs[i].prompt_ids + seqs[i].token_ids for i in rows],
@@ -301,6 +317,25 @@ def generate_across_updates(
         session.close()
     grouped = [seqs[k * n : (k + 1) * n] for k in range(len(prompts))]
     return Generation(grouped, version, counts)
+
+
+def take_weights(session: DecodeSession, load: Callable[[], int], policy: UpdatePolicy) -> tuple[int, bool]:
+    """Load new weights (`load`, which returns the version now loaded) between two
+    decode steps of `session`, its running rows paused as `policy` says; returns that
+    version and whether the rows go on in this session (False: they were aborted, and
+    the caller starts them again).
+
+    A session whose engine pauses itself (`take_weights(load, mode, clear_cache)`: vLLM's
+    pause and resume, workers/inference/vllm_backend.py) does it. In the others nothing
+    runs between two steps, so keeping the rows needs no pause, and an abort is closing
+    the session, before the load (abort_resume continues the rows in a new session from
+    their tokens: re-prefilled there under the new weights)."""
+    own = getattr(session, "take_weights", None)
+    if own is not None:
+        return own(load, policy.pause_mode, policy.clear_cache)
+    if policy.aborts:
+        session.close()
+    return load(), not policy.aborts
 
 
 def _keep_routing(session, seqs: list[PartialSequence], rows: list[int]) -> None:
