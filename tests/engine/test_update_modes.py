@@ -342,3 +342,79 @@ def test_the_partial_series_sum_every_inference_workers_counts():
         "rollout/partial_resumed": 1.0,
         "rollout/partial_retried": 4.0,
     }
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_abort_resume_under_a_lora_sync_resumes_the_rows_on_the_new_adapter(tmp_path, monkeypatch):
+    """A request vLLM keeps through a pause keeps the adapter it was added with, so under
+    sync.protocol 'lora' abort_resume aborts (vLLM's pause mode "abort") and adds the rows
+    again with their tokens: their later tokens come from the new adapter."""
+    pytest.importorskip("vllm")
+    import copy
+
+    from tests.engine.test_weight_sync_protocols import connect, sync, sync_cfg, train_a_little, trainer_model
+    from workers.config.run_config import InferenceConfig, LoRAConfig
+    from workers.inference.vllm_backend import VLLMBackend
+    from workers.model.loading import build_tiny, save_model
+    from workers.model.lora import apply_lora
+    from workers.model.tokenizer import CharTokenizer
+    from workers.sync import make_receiver, make_sender
+    from workers.sync.object_store import InProcessStore
+
+    model_dir = str(tmp_path / "model")
+    save_model(build_tiny(MODEL, CharTokenizer(), seed=1), CharTokenizer(), model_dir)
+    torch.manual_seed(0)
+    model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
+    store = InProcessStore()
+    sender = make_sender(sync_cfg("lora"), store=store)
+    receiver = make_receiver(sync_cfg("lora"), model_dir=model_dir, store=store)
+    sender.attach(model)
+    connect(sender, [receiver])
+    backend = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), lora_rank=8, exact_steps=True)
+    try:
+        train_a_little(model, seed=1)
+        sync(sender, receiver, backend, 1)
+        merged = {1: copy.deepcopy(model).merge_and_unload().eval()}
+        train_a_little(model, seed=2)
+        with torch.no_grad():  # far enough from version 1 to tell the two apart
+            gen = torch.Generator().manual_seed(2)
+            for p in (p for p in model.parameters() if p.requires_grad):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+        merged[2] = copy.deepcopy(model).merge_and_unload().eval()
+
+        class Version2AfterK:
+            calls = 0
+
+            def pending(self) -> bool:
+                self.calls += 1
+                return self.calls == K
+
+            def apply(self) -> int:
+                sync(sender, receiver, backend, 2)
+                return 2
+
+        pauses = _engine_pauses(backend, monkeypatch)
+        out = generate_across_updates(
+            backend, _prompts(), N, MAX_NEW, 1.0, 11, 1, UpdatePolicy("abort_resume"), Version2AfterK()
+        )
+        assert pauses == PAUSES["abort_retry"]  # aborted, then added again
+        assert backend._lora_request.lora_name == "policy-v2"
+        rows = _rows(out)
+        hit = [r for r in rows if 2 in r.versions]
+        assert len(hit) >= 5 and out.counts.aborted == out.counts.resumed == len(hit)
+        gap = 0.0
+        for r in rows:
+            ids = torch.tensor([r.prompt_ids + r.token_ids])
+            with torch.no_grad():
+                logp = {v: torch.log_softmax(m(input_ids=ids).logits[0], -1) for v, m in merged.items()}
+            start = len(r.prompt_ids) - 1
+            for k, (t, v) in enumerate(zip(r.token_ids, r.versions, strict=True)):
+                assert r.logprobs[k] == pytest.approx(logp[v][start + k, t].item(), abs=2e-3), (k, v)
+                if v == 2:
+                    gap = max(gap, abs(logp[1][start + k, t].item() - logp[2][start + k, t].item()))
+        assert [r.versions[:K] for r in hit] == [[1] * K] * len(hit)
+        assert gap > 0.05  # version 1's adapter would not have given those logprobs
+    finally:
+        backend.close()
+        receiver.close()
