@@ -92,14 +92,31 @@ def generate(
         if stream is not None:  # the run config refuses it (RunConfig._pipelined_rewards_fit_task)
             raise ValueError("rewards.mode 'pipelined' streams single completions; a multi-turn task has episodes")
         gen = run_episodes(
-            backend, task, tokenizer, prompt_ids, n, cfg.inference.max_new_tokens, cfg.inference.temperature,
-            seed, version, policy, staged,
-        )  # fmt: skip
+            backend,
+            task,
+            tokenizer,
+            prompt_ids,
+            n,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+            policy,
+            staged,
+        )
     elif policy.stepped or stream is not None:
         gen = generate_across_updates(
-            backend, prompt_ids, n, cfg.inference.max_new_tokens, cfg.inference.temperature, seed, version,
-            policy, staged, on_step=stream.on_step if stream is not None else None,
-        )  # fmt: skip
+            backend,
+            prompt_ids,
+            n,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+            policy,
+            staged,
+            on_step=stream.on_step if stream is not None else None,
+        )
     else:  # one call on one version: the backend's own batch generate
         gen = _one_call(backend, prompt_ids, n, cfg, seed, version)
     scorer: BatchScorer | None = None

@@ -39,7 +39,7 @@ from workers.inference.base import DecodeSession, InferenceBackend, PauseMode
 @dataclass(frozen=True)
 class UpdatePolicy:
     """`sync.update_mode`, decided once per inference worker (`of`): what generation asks
-    at its few decision points. Nothing else reads the mode.
+    at its few decision points; nothing else on the rollout path reads the mode.
 
     - `stepped`: weights may arrive between two decode steps of a call (all but drain);
       the backend is built for it (`exact_steps`), and a call polls what is staged
