@@ -219,25 +219,25 @@ class InferenceWorker:
         from workers.inference import make_backend
         from workers.model.tokenizer import load_tokenizer
         from workers.rl_tasks import make_task
-        from workers.rollout.generation import generate_groups_in_mode
+        from workers.rollout.generation import generate
         from workers.rollout.partial_rollouts import (
             PartialCounts,
             StagedWeights,
-            exact_steps,
+            UpdatePolicy,
             weights_mid_generation_forced,
         )
         from workers.rollout.task_data import worker_prompts
         from workers.sync import make_receiver
 
-        self._generate_groups = generate_groups_in_mode
+        self._generate = generate
+        # The update mode, read here once: generation and the loops ask this policy.
+        self.policy = UpdatePolicy.of(cfg)
         self.partial = PartialCounts()  # cumulative, for rollout/partial_*
         self.cfg = cfg
         self.index = index
         self.buffer = buffer
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
-        self.backend = make_backend(
-            self.cfg, model_dir, own_scratch, exact_steps=exact_steps(self.cfg.sync.update_mode)
-        )
+        self.backend = make_backend(self.cfg, model_dir, own_scratch, exact_steps=self.policy.exact_steps)
         self.task = make_task(self.cfg.task)
         # A dataset's share, or the task's generator less the held-out eval prompts.
         self.prompts = training_prompts(cfg, self.task, worker_prompts(cfg, self.task, index, num_workers))
@@ -276,7 +276,7 @@ class InferenceWorker:
         self.staged = StagedWeights(self._load, lambda: self.version)
         # Tests of the stepped update modes force weights to arrive mid-generation
         # (workers/rollout/partial_rollouts.py, WEIGHTS_MID_GENERATION_ENV).
-        self._force_mid_generation = weights_mid_generation_forced() and exact_steps(cfg.sync.update_mode)
+        self._force_mid_generation = weights_mid_generation_forced() and self.policy.exact_steps
         self._groups_put = 0  # groups this worker handed to the buffer (the forced wait's rule)
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._weights_arrived = threading.Event()
@@ -458,20 +458,19 @@ class InferenceWorker:
         sched = self.episodes
         assert sched is not None
         barrier = self.cfg.buffer.unit == "group"
-        drain = self.cfg.sync.update_mode == "drain"
         target = self.chunk_groups + math.ceil(self.cfg.buffer.overcommit / self.num_workers)
         held: list[Group] = []
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
-                if not (drain and sched.in_flight):
+                if self.policy.loads_between_calls(bool(sched.in_flight)):
                     self.staged.apply()
                 # Episodes in flight wait while a due eval pass runs (their times include
                 # it): under buffer.unit 'episode' some always are.
                 if not self._resumed_and_evaluated():
                     continue
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
-                if room > 0 and not (drain and self.staged.pending()):
+                if room > 0 and (self.policy.admits_while_pending() or not self.staged.pending()):
                     self._admit_episodes(room)
                 due = sched.next_ready_in()
                 if due is None:  # nothing in flight: too far ahead of the trainer
@@ -567,10 +566,20 @@ class InferenceWorker:
         self.calls += 1
         updates = self._updates()
         self.timeline.begin(GENERATE)
-        groups, counts = self._generate_groups(
-            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, updates, self.rewards
+        generated = self._generate(
+            self.backend,
+            self.task,
+            self.tokenizer,
+            prompts,
+            self.cfg,
+            self.version,
+            seed,
+            self.policy,
+            updates,
+            self.rewards,
         )
-        self.partial.add(counts)
+        groups = generated.groups
+        self.partial.add(generated.counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
         self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
         self._put(groups)
