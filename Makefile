@@ -13,10 +13,10 @@ FLAVOR ?= cpu
 CONSTRAINTS ?= deploy/constraints-$(FLAVOR).txt
 PORT ?= 8000
 PYTEST_ARGS ?=
-# pytest-xdist processes for `make test` (0: one process). More than the cores pay, as
-# most of the suite's time is spent waiting on the processes its tests start (Ray, Celery,
-# daphne, Chromium, vLLM); tests/xdist_worker.py keeps the workers apart.
-TEST_WORKERS ?= 3
+# pytest-xdist processes for `make test` (0: one process), one per core: the engine's
+# Ray runs keep both cores busy, so they stay on one worker (tests/conftest.py) while the
+# other takes the site's tests; tests/xdist_worker.py keeps the workers apart.
+TEST_WORKERS ?= 2
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
