@@ -13,6 +13,10 @@ FLAVOR ?= cpu
 CONSTRAINTS ?= deploy/constraints-$(FLAVOR).txt
 PORT ?= 8000
 PYTEST_ARGS ?=
+# pytest-xdist processes for `make test` (0: one process), one per core: the engine's
+# Ray runs keep both cores busy, so they stay on one worker (tests/conftest.py) while the
+# other takes the site's tests; tests/xdist_worker.py keeps the workers apart.
+TEST_WORKERS ?= 2
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
@@ -43,7 +47,7 @@ run: setup
 test: setup services chromium
 	export DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' \
 	       CELERY_BROKER_URL='$(TEST_CELERY_BROKER_URL)'; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 # Lint and format are checked, never applied here: `$(BIN)/ruff format .` and

@@ -4,13 +4,16 @@ them. Plain helper functions are in helpers.py.
 Ray: one in-process cluster serves every engine test that asks for `cluster` (a start
 costs seconds, and its first actors more). It starts with the first test that asks and
 stops after the last engine test, so it never runs beside the Ray heads that the
-integration tests and bench scripts start in their own processes. It declares GPUS
+integration tests and bench scripts of the same process start. Under pytest-xdist each
+worker has its own (`address="local"`: a new cluster on free ports). It declares GPUS
 GPUs, which this host need not have: runs placed on GPUs (placement.devices "gpu") get
 Ray's GPU ids and CUDA_VISIBLE_DEVICES, and compute on the CPU where torch sees no GPU.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -28,21 +31,29 @@ GPUS = 4
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     """In-process Ray, started on first use and kept for the following modules. After each
     module the named actors it left in the run namespace are killed: a run that a failed
     test left behind would otherwise hold CPUs and memory in the next module's cluster."""
     if not ray.is_initialized():
-        # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
-        # on this machine names another one.
-        ray.init(
-            address="local",
-            num_cpus=2,
-            num_gpus=GPUS,
-            include_dashboard=False,
-            namespace=NAMESPACE,
-            log_to_driver=False,
-        )
+        # One start at a time across pytest-xdist workers (the lock lives in the run's
+        # temporary root, which they share): Ray gives a raylet 30 s to register with its
+        # GCS, and three clusters starting at once on a loaded 2-core machine missed it.
+        run_root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            run_root = run_root.parent  # a worker's is <run's root>/popen-gwN
+        with open(run_root / "ray-start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
+            # on this machine names another one.
+            ray.init(
+                address="local",
+                num_cpus=2,
+                num_gpus=GPUS,
+                include_dashboard=False,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+            )
     yield
     if ray.is_initialized():
         kill_named([a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE])

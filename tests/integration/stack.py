@@ -26,6 +26,7 @@ from typing import TypeVar
 from ops.management.commands.up import celery_worker_args, daphne_args, web_env
 from ops.ray_head import make_head
 from ops.supervisor import Child, Supervisor
+from tests.xdist_worker import worker_index
 
 REPO = Path(__file__).resolve().parents[2]
 WEB_PORTS = range(8020, 8040)  # this suite's share of the machine's web ports
@@ -46,7 +47,10 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, interval_s
 
 
 def free_web_port() -> int:
-    for port in WEB_PORTS:
+    # Each xdist worker probes its own ports of the range (gw1 of 3: 8021, 8024, ...): two
+    # workers probing one port at once could both find it free before either daphne binds.
+    index, count = worker_index() or 0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    for port in WEB_PORTS[index::count]:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -1,0 +1,32 @@
+"""tests/xdist_worker.py: what each pytest-xdist worker of `make test` gets of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.xdist_worker import REPO, worker_env
+
+MAKE_TEST = {"REDIS_URL": "redis://127.0.0.1:6379/1", "CELERY_BROKER_URL": "redis://127.0.0.1:6379/2"}
+
+
+def test_each_worker_moves_both_redis_databases_past_the_previous_workers():
+    seen = []
+    for index in range(4):
+        env = worker_env(MAKE_TEST, index)
+        seen += [env["REDIS_URL"], env["CELERY_BROKER_URL"]]
+    assert seen == [f"redis://127.0.0.1:6379/{db}" for db in range(1, 9)]
+
+
+def test_a_worker_gets_a_home_of_its_own_under_the_sessions():
+    assert worker_env(MAKE_TEST, 2)["ROLLWAY_HOME"] == str(REPO / "var" / "xdist-gw2")
+    assert worker_env({"ROLLWAY_HOME": "/srv/rw"}, 0) == {"ROLLWAY_HOME": "/srv/rw/xdist-gw0"}
+
+
+def test_settings_that_are_not_redis_are_left_alone_and_a_url_without_a_database_is_db_0():
+    env = worker_env({"REDIS_URL": "redis://h:6379", "CELERY_BROKER_URL": "filesystem://"}, 3)
+    assert env["REDIS_URL"] == "redis://h:6379/3" and "CELERY_BROKER_URL" not in env
+
+
+def test_a_worker_past_the_servers_databases_is_refused_naming_the_setting():
+    with pytest.raises(pytest.UsageError, match="REDIS_URL: xdist worker gw8 would need Redis database 17"):
+        worker_env(MAKE_TEST, 8)
