@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from workers.model.tokenizer import DEFAULT_CHARS
+from workers.core.char_vocab import DEFAULT_CHARS
 
 # The choices of a few fields, named once: the engine modules that implement each choice
 # read their lists from these (typing.get_args).

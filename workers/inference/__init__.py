@@ -1,4 +1,11 @@
-"""Inference backends behind one interface (workers.inference.base.InferenceBackend)."""
+"""The inference tier: generation backends behind one interface
+(workers.inference.base.InferenceBackend): the hand-written torch loop, transformers' own
+forward, and a vLLM engine, chosen by `inference.backend` in `make_backend`.
+
+May import the core, tasks, config, model and sync tiers (a backend applies weights a
+sync protocol delivered); what a run's sequences need (its context length) is worked out
+in the rollout tier and handed in.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +20,20 @@ if TYPE_CHECKING:
 
 
 def make_backend(
-    cfg: RunConfig, model_dir: str, scratch_dir: str | None = None, *, exact_steps: bool = False
+    cfg: RunConfig,
+    model_dir: str,
+    scratch_dir: str | None = None,
+    *,
+    exact_steps: bool = False,
+    max_model_len: int | None = None,
 ) -> InferenceBackend:
     """The backend named by `inference.backend`, loaded from `model_dir`; files it stages
     go under `scratch_dir` (the inference worker's part of the run's scratch).
     `exact_steps`: weights may change between two decode steps of a call (the stepped
     update modes, workers/rollout/partial_rollouts.py), so one engine step must be one decode step.
+    `max_model_len`: the tokens one sequence of the run holds, which a vLLM engine sizes its
+    KV cache for (the caller works it out, workers/rollout/context.py); None: the model's
+    whole context. The torch backends allocate per call and take no such bound.
 
     vLLM is imported only when asked for: it is heavy and absent from torch-only images.
     """
@@ -34,15 +49,11 @@ def make_backend(
         )
     if cfg.inference.backend == "vllm":
         from workers.inference.vllm_backend import VLLMBackend, serves_lora
-        from workers.model.loading import model_config, model_dims
-        from workers.model.tokenizer import load_tokenizer
-        from workers.rollout.context import context_tokens
         from workers.sync import vllm_transfer_engine
 
         # Adapter-only sync serves the adapters natively where vLLM has LoRA layers for
         # the architecture; elsewhere the receiver merges them and loads full weights.
         lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" and serves_lora(model_dir) else None
-        positions = model_dims(model_config(model_dir)).positions
         return VLLMBackend(
             model_dir,
             cfg.inference,
@@ -50,7 +61,7 @@ def make_backend(
             dtype=cfg.inference.dtype,
             exact_steps=exact_steps,
             scratch_dir=scratch_dir,
-            max_model_len=context_tokens(cfg, load_tokenizer(model_dir), positions),
+            max_model_len=max_model_len,
             transfer_engine=vllm_transfer_engine(
                 cfg.placement.devices,
                 cfg.placement.mode,

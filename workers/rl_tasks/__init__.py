@@ -25,6 +25,9 @@ A task class is built with the run's `TaskConfig` and offers:
 - `problem_key(prompt, answer)` (optional): what makes two pairs the same problem (the
   prompt where absent), so the share of problems held out for evaluation holds every
   wording of a problem or none (workers/rollout/evaluation.py).
+
+The tasks tier may import the core tier only: a user's task module imports it, and the
+config that names a task stands above it.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ def _check_fit(
             f"{path!r} holds conversational prompts (role/content messages), but the tiny model has no chat "
             "template to render them: use a checkpoint with a chat template (model.source 'path' or 'hub')",
         )
-    from workers.model.tokenizer import DEFAULT_CHARS
+    from workers.core.char_vocab import DEFAULT_CHARS
 
     room = cfg.model.max_position_embeddings - 1 - cfg.inference.max_new_tokens
     known = set(DEFAULT_CHARS)

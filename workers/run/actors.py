@@ -171,8 +171,10 @@ class InferenceWorker:
         `inference-<index>/` in it. `reward_workers`: the run's reward pool
         (workers/rollout/reward_stage.py); none: this worker scores its own groups."""
         from workers.inference import make_backend
+        from workers.model.loading import model_config, model_dims
         from workers.model.tokenizer import load_tokenizer
         from workers.rl_tasks import make_task
+        from workers.rollout.context import context_tokens
         from workers.rollout.generation import generate_groups_in_mode
         from workers.rollout.partial_rollouts import PartialCounts, StagedWeights, exact_steps
         from workers.rollout.task_data import worker_prompts
@@ -184,8 +186,18 @@ class InferenceWorker:
         self.index = index
         self.buffer = buffer
         own_scratch = os.path.join(scratch_dir, f"inference-{index}") if scratch_dir else None
+        self.tokenizer = load_tokenizer(model_dir)
+        # A vLLM engine sizes its KV cache for the longest sequence the run holds, not for
+        # the model's whole context (workers/rollout/context.py).
+        max_model_len = None
+        if cfg.inference.backend == "vllm":
+            max_model_len = context_tokens(cfg, self.tokenizer, model_dims(model_config(model_dir)).positions)
         self.backend = make_backend(
-            self.cfg, model_dir, own_scratch, exact_steps=exact_steps(self.cfg.sync.update_mode)
+            self.cfg,
+            model_dir,
+            own_scratch,
+            exact_steps=exact_steps(self.cfg.sync.update_mode),
+            max_model_len=max_model_len,
         )
         self.task = make_task(self.cfg.task)
         # A dataset's share, or the task's generator less the held-out eval prompts.
@@ -195,7 +207,6 @@ class InferenceWorker:
         self.evaluated = 0  # the version of the last eval pass
         self.evals: list[EvalRecord] = []
         self._evals_lock = threading.Lock()
-        self.tokenizer = load_tokenizer(model_dir)
         self.chunk_groups = groups_per_call(self.cfg.trainer.batch_groups, num_workers)
         self.rng = random.Random(f"{self.cfg.seed}-prompts-{index}")
         self.version = 0  # policy version of the weights in the backend

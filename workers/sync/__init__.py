@@ -20,6 +20,9 @@ Usage (trainer and inference workers in different processes; see each class for 
     # concurrently: sender.connect() and receiver_i.connect(endpoint, rank=i + 1)
     report = sender.send(version, notify=lambda n: [w.update_weights.remote(n) for w in workers])
     # on an inference worker: staged = receiver.receive(notice); later receiver.apply(backend, staged)
+
+May import the core, tasks, config and model tiers: the inference and train tiers above it
+hold the two ends of each protocol.
 """
 
 from __future__ import annotations

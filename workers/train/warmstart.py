@@ -29,8 +29,9 @@ from collections.abc import Callable
 import torch
 
 from workers.config.run_config import RunConfig
+from workers.core.char_vocab import tiny_chars
 from workers.model.loading import build_tiny, has_weights, load_model, save_model, source_dir
-from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tiny_chars
+from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.rl_tasks import make_task, task_class
 from workers.rollout.evaluation import HELD_OUT_BUCKETS
 from workers.rollout.generation import encode_prompt
