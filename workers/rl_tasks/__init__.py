@@ -60,8 +60,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w
 
 class TaskSettings(Protocol):
     """What a task is built with: the run's `task` section, workers.config.run_config.TaskConfig
-    (not imported here: the config checks `task.name` through this registry, and the
-    engine's modules import no loop). `reverse` reads its own top-level fields; every
+    (not imported here: the config stands on a tier above the tasks). `reverse` reads its own top-level fields; every
     other task reads `options`."""
 
     @property

@@ -46,6 +46,7 @@ from workers.run.failures import ChildFailed, explain
 from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
+from workers.run.runnable import check_runnable
 from workers.run.spawn import RunActors
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class RunDriver:
         configure_driver_logging(run_id, log_file=self.confinement.log_file(run_id))
         self.run_id = run_id
         self.name = actor_name(run_id)
-        self.cfg = RunConfig.model_validate(config)
+        self.cfg = check_runnable(RunConfig.model_validate(config))
         self.cache_dir = cache_dir
         self.scratch_dir = self.confinement.scratch_dir(run_id)
         self.resume_from = resume_from
