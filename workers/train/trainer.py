@@ -278,7 +278,7 @@ class Trainer:
         if tc.kl_coef and not cfg.lora.enabled:
             ref: torch.nn.Module = load_model(model_dir)
             self.ref_model = ref.to(self.device).requires_grad_(False)
-        self.aggregation = Aggregation(tc.loss_aggregation, float(tc.loss_constant or cfg.inference.max_new_tokens))
+        self.aggregation = Aggregation.of(tc, cfg.inference.max_new_tokens)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
@@ -608,19 +608,15 @@ class Trainer:
         tc = self.cfg.trainer
         logp, entropy = self._logprobs(sub, with_entropy=True)
         loss, stats = correction_loss(
+            tc,
             self.cfg.correction,
             logp,
             logp.detach() if old_logp is None else old_logp[micro],
             rows.behaviour[micro],
             rows.advantages[micro],
             sub.mask,
-            tc.clip_eps,
-            tc.tis_cap,
-            clip_eps_high=tc.clip_eps_high,
             aggregation=self.aggregation,
             ref_logp=self._ref_logprobs(sub) if tc.kl_coef else None,
-            kl_coef=tc.kl_coef,
-            kl_estimator=tc.kl_estimator,
         )
         mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
         stats["policy/entropy"] = mean_entropy.item()
