@@ -70,3 +70,57 @@ def test_each_tier_says_what_lives_there_and_what_it_may_import():
         doc = ast.get_docstring(ast.parse((WORKERS / tier / "__init__.py").read_text())) or ""
         assert len(doc.split()) >= 20, f"workers/{tier}/__init__.py: say in a paragraph what lives there"
         assert "import" in doc, f"workers/{tier}/__init__.py: say which tiers it may import"
+
+
+# At most this many imports of the engine's own modules inside functions per thousand
+# lines of workers/: each one hides an edge of the graph from a reader of the module's
+# head, so the few left must each say why (a heavy library on a path that never needs
+# it, a library that must wait for its environment).
+INNER_IMPORTS_PER_KLOC = 1
+
+
+def inner_engine_imports() -> list[tuple[str, int]]:
+    """(module path, line) of each import of a workers module inside a function."""
+    found = set()
+    for path in sorted(WORKERS.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""] if node.level == 0 else []
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                else:
+                    continue
+                if any(name == "workers" or name.startswith("workers.") for name in names):
+                    found.add((str(path.relative_to(REPO)), node.lineno))
+    return sorted(found)
+
+
+def says_why(lines: list[str], lineno: int) -> bool:
+    """Whether the import at `lineno` (1-based) carries a comment: on its line, or above
+    the run of imports it stands in."""
+    if "#" in lines[lineno - 1]:
+        return True
+    for line in reversed(lines[: lineno - 1]):
+        text = line.strip()
+        if text.startswith("#"):
+            return True
+        if text and not text.startswith(("from ", "import ")):
+            return False
+    return False
+
+
+def test_the_engine_imports_its_own_modules_at_the_top():
+    found = inner_engine_imports()
+    kloc = sum(len(p.read_text().splitlines()) for p in WORKERS.rglob("*.py")) / 1000
+    print(f"{len(found)} imports of the engine inside functions in {kloc:.1f}k lines of workers/")
+    assert found, "no import inside a function was read: check inner_engine_imports"
+    assert len(found) <= INNER_IMPORTS_PER_KLOC * kloc, (
+        f"{len(found)} imports of the engine inside functions, more than {INNER_IMPORTS_PER_KLOC} per thousand "
+        "lines: move them to the module's head (tests/test_import_cycles.py says where that closes a loop)"
+    )
+    texts = {path: (REPO / path).read_text().splitlines() for path, _ in found}
+    silent = [f"{path}:{line}" for path, line in found if not says_why(texts[path], line)]
+    assert silent == [], "say in a comment above each import inside a function why it is there"

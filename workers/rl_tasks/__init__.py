@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from workers.core.task_modules import import_user_module, refusal
+from workers.rl_tasks.reward_funcs import RewardFuncTask, resolve
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -184,7 +185,6 @@ def make_task(task_cfg: TaskSettings) -> Task:
     paths = getattr(task_cfg, "reward_funcs", None)
     if not paths:
         return task
-    from workers.rl_tasks.reward_funcs import RewardFuncTask, resolve
 
     dataset = getattr(task_cfg, "dataset", None)
     funcs = resolve(paths, getattr(task_cfg, "reward_weights", None))

@@ -72,6 +72,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from workers.model.loading import load_model, untied
+from workers.model.tokenizer import load_tokenizer
+from workers.rollout.task_data import SPLIT_FILE, load_splits, split_refusal
 from workers.run.paths import PathNotAllowed, is_under, real
 
 if TYPE_CHECKING:
@@ -253,9 +256,9 @@ class PolicyFiles:
     def write(self, out_dir: str, location: str) -> None:
         """Write the files into the existing directory `out_dir`; `location` is where the
         checkpoint will be (the adapter's base is the step directory itself)."""
-        from workers.model.loading import untied
+        # Imported here (torch): the site's settings import this module, in processes
+        # that never read weights.
         from workers.model.lora import adapter_config, is_peft, split_live_state, write_adapter_dir
-        from workers.model.tokenizer import load_tokenizer
         from workers.train.export import write_model_dir
 
         tokenizer = load_tokenizer(self.model_dir)
@@ -471,9 +474,10 @@ class Checkpoint:
         user's `from_pretrained` reads it, and with LoRA the adapter beside it."""
         if LEGACY_MODEL in self._files:
             return self.load_torch(LEGACY_MODEL)
+        # Imported here (torch): the site's settings import this module, in processes
+        # that never read weights.
         from safetensors.torch import load_file
 
-        from workers.model.loading import load_model
         from workers.model.lora import is_peft, split_live_state
 
         names = self.meta.get("model_files") or []
@@ -582,8 +586,6 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
 def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
     """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
     0's (the others join `training_state`)."""
-    from workers.rollout.task_data import SPLIT_FILE, load_splits
-
     model, optimizer = training_state(trainer)
     parts = {
         POLICY: PolicyFiles(model, trainer.model, trainer.model_dir),
@@ -597,8 +599,6 @@ def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
 
 def recorded_split(location: str) -> dict | None:
     """The dataset split the checkpoint at `location` trained on (None: none recorded)."""
-    from workers.rollout.task_data import SPLIT_FILE
-
     ckpt = Checkpoint(location)
     return ckpt.load_json(SPLIT_FILE) if any(f["name"] == SPLIT_FILE for f in ckpt.meta["files"]) else None
 
@@ -608,7 +608,6 @@ def check_resume_split(location: str, cfg: RunConfig) -> None:
     `cfg`'s dataset than the one `cfg` holds out (its held-out rows would be trained ones)."""
     if cfg.task.dataset is None:
         return
-    from workers.rollout.task_data import load_splits, split_refusal
 
     refused = split_refusal(recorded_split(location), load_splits(cfg).record, f"the checkpoint {location!r}")
     if refused:

@@ -48,6 +48,7 @@ from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
 from workers.run.runnable import check_runnable
 from workers.run.spawn import RunActors
+from workers.train.warmstart import policy_dir
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,6 @@ class RunDriver:
                 check_resume_split(self.resume_from, self.cfg)
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
-            from workers.train.warmstart import policy_dir  # torch + transformers: only here
 
             model_dir = policy_dir(self.cfg, self.cache_dir, self._warm_start_progress)
             self.timings["warm_start"] = time.perf_counter() - t0

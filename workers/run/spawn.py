@@ -36,10 +36,12 @@ from workers.core.run_actors import (
 )
 from workers.rollout.reward_stage import RewardWorker
 from workers.run import placement
-from workers.run.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank
+from workers.run.actors import BufferActor
 from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.run.failures import ChildFailed, NodeLost, SyncTimeout
+from workers.run.inference_worker import InferenceWorker
+from workers.run.trainer_actors import TrainerActor, TrainerRank
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ EXPORT_TIMEOUT_S = 3600.0
 # this long for that verdict before failing the run for the actor alone.
 NODE_VERDICT_S = 45.0
 # The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
-# (workers.run.actors.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
+# (workers.run.inference_worker.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
 # without it.
 FINAL_EVAL_TIMEOUT_S = 300.0
 

@@ -42,6 +42,7 @@ from workers.model.lora import (
     effective_state_dict,
     is_peft,
     split_live_state,
+    write_adapter_dir,
 )
 from workers.model.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 from workers.rollout.task_data import write_split_record
@@ -155,8 +156,6 @@ def _tensors(model: torch.nn.Module, live_state: dict | None) -> dict[str, dict]
 
 def _export_adapter(model, tensors: dict, model_dir: str, tokenizer: Tokenizer, out_dir: str, cfg: RunConfig) -> dict:
     """adapter/ (peft) and, where the run's checkpoint is not its base, base/."""
-    from workers.model.lora import write_adapter_dir
-
     warm_started = cfg.warm_start.steps + cfg.warm_start.noisy_steps > 0
     if cfg.model.source != "tiny" and not warm_started:
         base = export_model_name(cfg)

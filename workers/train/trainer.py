@@ -32,17 +32,20 @@ from workers.config.run_config import RunConfig
 from workers.core.devices import assigned_device, autocast
 from workers.core.metric_names import rank_series
 from workers.core.records import Group, Rollout
+from workers.core.routing import Agreement, Replay, batch_routing
+from workers.core.sampling_mask import KeptLayout
 from workers.model.loading import checkpoint_state_dict, load_model
 from workers.model.logprobs import chosen_logprobs
+from workers.model.lora import apply_lora, base_model_of, effective_live_state, effective_state_dict
+from workers.sync.lora import base_checksum
 from workers.train.batch_stats import batch_metrics
 from workers.train.loss import Aggregation, correction_loss, process_advantages, scaled_advantages
 from workers.train.mfu import ModelFlops, device_peak, mfu
 from workers.train.shared_prefix import completion_view
 from workers.train.step_plan import RankStep, plan_step
+from workers.train.trainer_pool import busy_seconds
 
 if TYPE_CHECKING:
-    from workers.core.routing import Replay
-    from workers.core.sampling_mask import KeptLayout
     from workers.train.trainer_pool import Pool
 
 
@@ -254,8 +257,6 @@ class Trainer:
         self.pad_id = self.model.config.pad_token_id or 0
         if cfg.lora.enabled:
             # Wrap before the optimizer: it must see only the adapter (the base is frozen).
-            from workers.model.lora import apply_lora
-
             self.model = apply_lora(self.model, cfg.lora)
         self.pool = pool
         # Counted before a pool shards the model in place; the peak of this process's
@@ -266,8 +267,6 @@ class Trainer:
         # sync publishes: take it now.
         self.base_checksum: str | None = None
         if pool is not None and pool.sharded and cfg.lora.enabled:
-            from workers.sync.lora import base_checksum
-
             self.base_checksum = base_checksum(self.model)
         self.forward_model = pool.wrap(self.model) if pool is not None else self.model
         # The KL penalty's reference: the initial policy, frozen. With LoRA it is the base,
@@ -287,8 +286,6 @@ class Trainer:
         # forward's routing only while a batch's record is set (token_logprobs).
         self.replay: Replay | None = None
         if cfg.correction.keep_routing:
-            from workers.core.routing import Replay
-
             self.replay = Replay(self.model).__enter__()
         # Each distinct prompt once per forward (workers.train.shared_prefix), where a row's
         # forward depends on its own tokens alone: no dropout, no routing replayed,
@@ -320,8 +317,6 @@ class Trainer:
         base and adapter merged (the policy the model computes). Sharded (fsdp2): a
         collective every rank calls, gathering the whole policy into each rank's host
         memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
-        from workers.model.lora import effective_live_state, effective_state_dict
-
         if self.sharded:
             full = effective_live_state(self.gathered_state(), self.model)
             return {k: t.contiguous().clone() for k, t in full.items()}
@@ -356,7 +351,6 @@ class Trainer:
                 return token_logprobs(
                     self.ref_model, batch, self.cfg.inference.temperature, share_prompts=self.share_prompts
                 )
-            from workers.model.lora import base_model_of
 
             # Through the model, not a DDP wrapper: a replica's forward is then no
             # collective; a sharded (fsdp2) one's is, and an empty pass joins it.
@@ -442,8 +436,6 @@ class Trainer:
         """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
         t_start = time.perf_counter()
         if self.replay is not None:
-            from workers.core.routing import Agreement
-
             self.replay.agreement = Agreement()
         rows = self._rank_rows(step)
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
@@ -471,8 +463,6 @@ class Trainer:
             result.routing_counted = self.replay.agreement.counted
             result.routing_agreed = self.replay.agreement.agreed
         if self.pool is not None:
-            from workers.train.trainer_pool import busy_seconds
-
             result.comm_bytes, intervals = self.pool.meter.drain()
             result.comm_s = busy_seconds(intervals, t_start, end)
         return result
@@ -520,7 +510,6 @@ class Trainer:
         the CPU: the replay hook moves each router's slice where its logits are."""
         if self.replay is None:
             return None
-        from workers.core.routing import batch_routing
 
         layers, top_k = self.replay.layers, self.replay.top_k
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
@@ -532,7 +521,6 @@ class Trainer:
         (correction.keep_sampling_mask); None when off or nothing was recorded."""
         if not self.cfg.correction.keep_sampling_mask or all(r.sampling_mask is None for r in rollouts):
             return None
-        from workers.core.sampling_mask import KeptLayout
 
         starts = [len(r.prompt_ids) - 1 for r in rollouts]
         return KeptLayout([r.sampling_mask for r in rollouts], starts, batch.input_ids.shape[1])
