@@ -34,7 +34,7 @@ PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head
 REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
 	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-.PHONY: run test lint setup services chromium lock
+.PHONY: run test lint setup services chromium lock gpu-check
 
 run: setup
 	exec $(BIN)/python manage.py up --port $(PORT)
@@ -124,6 +124,11 @@ lock: setup
 	  echo "# applied as constraints by the Makefile and the image. Rewrite: make lock"; \
 	  $(PIP) freeze --exclude-editable | grep -v -i -e '^torch==' -e '^-e ' -e '^#' | LC_ALL=C sort -f; } > $(LOCK)
 endif
+
+# The GPU path on one CUDA GPU (gpu flavor installed), one table in about 10 minutes:
+# bench/gpu_check.py, docs/gpu.md. GPU_CHECK_ARGS="--device cpu --sizes tiny ..." dry-runs it.
+gpu-check:
+	$(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 services:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || { echo "starting PostgreSQL"; $(PG_START); }

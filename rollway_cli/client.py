@@ -61,6 +61,9 @@ class Api:
     def post(self, path: str, body: dict) -> dict:
         return self._json(self._send("POST", path, json=body))
 
+    def delete(self, path: str) -> dict:
+        return self._json(self._send("DELETE", path))
+
     @contextmanager
     def stream(self, path: str) -> Iterator[httpx.Response]:
         """A download: the response, its body not yet read; errors raised before yielding."""

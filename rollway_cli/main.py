@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 import httpx
@@ -498,6 +499,106 @@ def logs(run, whole, as_json, url, token) -> int:
             f"(the last {data['size'] - data['offset']:,} of {data['size']:,} bytes; --all for the whole log)", err=True
         )
     click.echo(data["text"], nl=False)
+    return errors.OK
+
+
+# --- teams ----------------------------------------------------------------------------
+
+ROLES = click.Choice(["viewer", "member", "admin"])
+
+
+def team_path(team: str, *rest: str) -> str:
+    """/api/teams/<team>/…, each part quoted: a username may be an email address."""
+    return "/".join(["/api/teams", *(quote(part, safe="") for part in (team, *rest))])
+
+
+@cli.group()
+def team() -> None:
+    """Create teams and manage their members (the site's /teams/ page, over the API).
+
+    \b
+    Creating a team needs a site admin's token with the admin role; managing
+    members needs the admin role in the team (the token's team only).
+    USER is a username or an account's email address."""
+
+
+@team.command("create")
+@click.argument("name")
+@click.option("--slug", help="The team's slug in URLs (default: from NAME).")
+@click.option("--admin", "first_admin", metavar="USER", help="Its first admin (default: you).")
+@click.option("--json", "as_json", is_flag=True, help="Print the created team as JSON.")
+@site_options
+def team_create(name, slug, first_admin, as_json, url, token) -> int:
+    """Create team NAME with its first admin: site admins (Django staff) only."""
+    body = {"name": name} | ({"slug": slug} if slug else {}) | ({"admin": first_admin} if first_admin else {})
+    with connect(url, token) as api:
+        created = api.post("/api/teams", body)
+    if as_json:
+        print_json(created)
+    else:
+        click.echo(f"created team {created['slug']} ({created['name']}) with {created['admin']} as its admin")
+    return errors.OK
+
+
+@team.command("members")
+@click.argument("team_ref", metavar="TEAM")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's JSON.")
+@site_options
+def team_members(team_ref, as_json, url, token) -> int:
+    """List TEAM's members and their roles (TEAM: its slug or id)."""
+    with connect(url, token) as api:
+        data = api.get(team_path(team_ref, "members"))
+    if as_json:
+        print_json(data)
+        return errors.OK
+    table = Table("member", "role", "joined", box=None, pad_edge=False)
+    for member in data["members"]:
+        table.add_row(member["username"], member["role"], member["joined_at"][:10])
+    stdout().print(table)
+    return errors.OK
+
+
+def set_member(team_ref: str, user: str, role: str, url, token, *, as_json: bool) -> int:
+    with connect(url, token) as api:
+        member = api.post(team_path(team_ref, "members"), {"username": user, "role": role})
+    if as_json:
+        print_json(member)
+    else:
+        click.echo(f"{member['username']} is {member['role']} in team {team_ref}")
+    return errors.OK
+
+
+@team.command("add")
+@click.argument("team_ref", metavar="TEAM")
+@click.argument("user", metavar="USER")
+@click.option("--role", type=ROLES, default="member", show_default=True, help="The role in the team.")
+@click.option("--json", "as_json", is_flag=True, help="Print the membership as JSON.")
+@site_options
+def team_add(team_ref, user, role, as_json, url, token) -> int:
+    """Add USER (who has an account on the site) to TEAM with a role."""
+    return set_member(team_ref, user, role, url, token, as_json=as_json)
+
+
+@team.command("role")
+@click.argument("team_ref", metavar="TEAM")
+@click.argument("user", metavar="USER")
+@click.argument("role", type=ROLES)
+@click.option("--json", "as_json", is_flag=True, help="Print the membership as JSON.")
+@site_options
+def team_role(team_ref, user, role, as_json, url, token) -> int:
+    """Change USER's role in TEAM (the last admin cannot be demoted: exit 6)."""
+    return set_member(team_ref, user, role, url, token, as_json=as_json)
+
+
+@team.command("remove")
+@click.argument("team_ref", metavar="TEAM")
+@click.argument("user", metavar="USER")
+@site_options
+def team_remove(team_ref, user, url, token) -> int:
+    """Remove USER from TEAM (the last admin cannot be removed: exit 6)."""
+    with connect(url, token) as api:
+        removed = api.delete(team_path(team_ref, "members", user))["removed"]
+    click.echo(f"removed {removed} from team {team_ref}")
     return errors.OK
 
 

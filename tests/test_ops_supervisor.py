@@ -33,8 +33,14 @@ def gone(pid: int, timeout_s: float = 5.0) -> bool:
 
 def test_stop_all_ends_every_process_of_each_child_group():
     sup = Supervisor(io.StringIO())
-    child = sup.start("shell", ["bash", "-c", "sleep 300 & sleep 300 & wait"], env=dict(os.environ), cwd=str(REPO))
-    time.sleep(0.3)
+    child = sup.start(
+        "shell",
+        ["bash", "-c", "sleep 300 & sleep 300 & echo started; wait"],
+        env=dict(os.environ),
+        cwd=str(REPO),
+        ready_when=lambda line: "started" in line,
+    )
+    assert child.ready.wait(60), "the shell never started its two sleeps"
     grandchildren = psutil.Process(child.pid).children(recursive=True)
     assert len(grandchildren) == 2
     sup.stop_all(timeout_s=5)
@@ -45,12 +51,17 @@ def test_stop_all_ends_every_process_of_each_child_group():
 def test_a_child_ignoring_sigterm_is_killed_after_the_timeout():
     sup = Supervisor(io.StringIO())
     child = sup.start(
-        "stubborn", ["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], env=dict(os.environ), cwd=str(REPO)
+        "stubborn",
+        ["bash", "-c", "trap '' TERM; echo trapped; while :; do sleep 0.1; done"],
+        env=dict(os.environ),
+        cwd=str(REPO),
+        ready_when=lambda line: "trapped" in line,
     )
-    time.sleep(0.3)
+    assert child.ready.wait(60), "the shell never set its trap"
     started = time.monotonic()
     sup.stop_all(timeout_s=1)
-    assert time.monotonic() - started < 5
+    # SIGTERM was ignored, so only the SIGKILL after the timeout can have ended it.
+    assert time.monotonic() - started >= 1
     assert not child.alive() and not group_alive(child.pid)
 
 

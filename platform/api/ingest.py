@@ -131,6 +131,7 @@ def _store_status(run: Run, payload: Any) -> tuple[dict, int]:
             payload.get("error", ""),
             payload.get("error_detail", ""),
             error_kind=payload.get("error_kind", ""),
+            failure=payload.get("failure"),
         )
         if "phase" in payload:
             changed = do_record_phase(run, payload["phase"], payload.get("phase_detail", "")) or changed
@@ -150,7 +151,8 @@ def _store_placement(run: Run, payload: Any) -> tuple[dict, int]:
 # joined rows would cost a noticeable share of each request's CPU.
 METRICS = Ingest(METRICS_IN, _store_points, columns=())
 # POST /api/runs/<id>/status {"status": "running"|"succeeded"|"failed", "error": "",
-# "error_detail": "", "phase": one of workers.run.reporter.PHASES, "phase_detail": ""}
+# "error_detail": "", "error_kind": "", "failure": {kind, message, actor, actor_name, node,
+# operation, error, traceback}, "phase": one of workers.run.reporter.PHASES, "phase_detail": ""}
 # (runs.reports.StatusIn). Answers the run's status after the call and whether this
 # report changed it, for a script or a person reading it: the reporter reads only the
 # HTTP status (a cancel reaches the driver through Ray, runs/in_ray.py). A status the

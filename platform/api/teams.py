@@ -5,7 +5,9 @@ POST   /api/teams/<team>/members             {"username", "role"}: add, or chang
 DELETE /api/teams/<team>/members/<username>  remove a member (admins)
 GET    /api/teams/<team>/audit               the audit log, newest first (admins); ?before=<id>
 
-<team> is the team's id or slug. A team the caller is not in is a 404.
+<team> is the team's id or slug. A team the caller is not in is a 404. `username` may be
+the account's email address. Listing teams and creating one (`GET`/`POST /api/teams`)
+are in api/views.py, whose router holds that path (ninja routes one path per router).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def list_members(request: HttpRequest, team: str) -> JsonResponse:
 @router.post(
     "/teams/{str:team}/members",
     url_name="team-members",
-    response={**responses(MemberOut, 200, 400, 403, 404), 201: MemberOut},
+    response={**responses(MemberOut, 200, 400, 403, 404, 409), 201: MemberOut},
 )
 def set_member(request: HttpRequest, team: str, data: MemberIn | None = None) -> JsonResponse:
     """Add a member (201) or change a member's role (200): team admins only."""
@@ -82,13 +84,15 @@ class Removed(Schema):
 
 
 @router.delete(
-    "/teams/{str:team}/members/{str:username}", url_name="team-member", response=responses(Removed, 200, 400, 403, 404)
+    "/teams/{str:team}/members/{str:username}",
+    url_name="team-member",
+    response=responses(Removed, 200, 400, 403, 404, 409),
 )
 def remove_member(request: HttpRequest, team: str, username: str) -> JsonResponse:
     """Remove a member: team admins only."""
     found = actions.check_manage(request.user, team)
-    actions.do_remove_member(request.user, found, username)
-    return JsonResponse({"removed": username})
+    user = actions.do_remove_member(request.user, found, username)
+    return JsonResponse({"removed": user.username})
 
 
 class Audit(Schema):

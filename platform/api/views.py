@@ -24,6 +24,7 @@ from runs import actions, exports, listing, logs, simulation
 from runs.metrics import read_series
 from runs.models import Experiment
 from runs.reports import SERIES_PATTERN
+from teams import actions as team_actions
 from teams import quotas, roles
 from teams.models import Team
 from workers.config.presets import PRESETS
@@ -128,6 +129,30 @@ def list_teams(request: HttpRequest) -> JsonResponse:
             }
         )
     return JsonResponse({"teams": out})
+
+
+class TeamIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Any = None
+    slug: Any = None  # default: the name's slug
+    admin: Any = None  # the first admin's username or email; default: the creator
+
+
+class TeamCreated(Schema):
+    id: int
+    slug: str
+    name: str
+    admin: str
+
+
+@router.post("/teams", url_name="teams", tags=["teams"], response=responses(TeamCreated, 201, 400, 403, 409))
+def create_team(request: HttpRequest, data: TeamIn | None = None) -> JsonResponse:
+    """Create a team with its first admin (the creator unless `admin` names someone): site
+    admins (Django staff or superusers) only."""
+    data = data or TeamIn()
+    name, slug, admin = team_actions.check_new_team(request.user, data.name, data.slug, data.admin)
+    team = team_actions.do_create_team(request.user, name, slug, admin)
+    return JsonResponse({"id": team.pk, "slug": team.slug, "name": team.name, "admin": admin.username}, status=201)
 
 
 def _experiment(experiment: Experiment) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class RunAdmin(TeamScopedAdmin):
         "finished_at",
         "celery_task_id",
         "ray_actor",
+        # The engine's record of a failure, and its traceback: only here, for admins.
+        "failure",
+        "error_traceback",
     ]
     raw_id_fields = ["experiment", "launched_by"]
 

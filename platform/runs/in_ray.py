@@ -116,7 +116,7 @@ def do_start_in_ray(run_id: int) -> None:
         # this run's failure: the user sees the reason instead of a run stuck starting.
         logger.exception("run %s: launch failed", run_id)
         failure = explain(exc, ray_address=settings.RAY_ADDRESS, what="The launch")
-        do_fail_run(run, failure.message, failure.detail)
+        do_fail_run(run, failure.message, failure.detail, failure=failure.fields())
         return
     Run.objects.filter(pk=run.pk).update(ray_actor=str(actor or ""))
     logger.info("run %s: driver actor %s up in %.1f s", run_id, actor, time.monotonic() - started)

@@ -195,9 +195,14 @@ class Run(models.Model):
     config = models.JSONField(help_text="The full, validated workers.config.run_config.RunConfig.")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
     # `error` says why a run failed in a sentence or two; `error_detail` keeps what it
-    # was worked out from (the traceback), shown folded under it.
+    # was worked out from (the failure's facts, or what reconcile saw), shown folded
+    # under it. `failure` is the engine's record of it (workers.run.failures.Failure:
+    # kind, actor, node, operation, the error quoted), and `error_traceback` the
+    # traceback behind it, for the site's admins only: its frames name the server's files.
     error = models.TextField(blank=True)
     error_detail = models.TextField(blank=True)
+    failure = models.JSONField(default=dict, blank=True)
+    error_traceback = models.TextField(blank=True)
     launched_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -390,6 +395,7 @@ class Run(models.Model):
             "team": {"id": experiment.team_id, "name": experiment.team.name},
             "error": self.error,
             "error_detail": self.error_detail,
+            "failure": self.failure,
             "phase": self.phase,
             "phase_detail": self.phase_detail,
             "priority": self.priority,

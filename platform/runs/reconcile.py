@@ -211,6 +211,7 @@ def do_take_in_spool(run: Run) -> bool:
             status.get("error", ""),
             status.get("error_detail", ""),
             error_kind=status.get("error_kind", ""),
+            failure=status.get("failure"),
             only_from=[run.status],
         )
     clear_spool(run.pk, settings.ROLLWAY_CACHE_DIR)

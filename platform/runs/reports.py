@@ -9,7 +9,7 @@ records through the same `do_*` functions, so the two cannot drift apart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import transaction
@@ -37,6 +37,8 @@ FailureKind = Literal[KINDS]  # type: ignore[valid-type]
 # Failures the run did not cause: with `checkpoint.max_restarts` left and a checkpoint,
 # the site resumes the run from its latest checkpoint (as reconcile does a lost driver).
 RESUMABLE = frozenset({"node_lost"})
+# A record's facts (an actor, a node, a quoted exception line) are short.
+FACT_MAX = 2_000
 # MetricPoint.step is a bigint: a larger step would fail the write, not the check.
 MAX_STEP = 2**63 - 1
 
@@ -66,6 +68,25 @@ class PointIn(TypedDict):
 POINT_IN = TypeAdapter(PointIn)
 
 
+class FailureIn(TypedDict):
+    """A failure's record as the engine posts it (workers.run.failures.Failure.fields)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    kind: FailureKind
+    message: Annotated[str, Field(max_length=20_000), NO_NUL]
+    actor: NotRequired[Annotated[str, Field(max_length=FACT_MAX), NO_NUL]]
+    actor_name: NotRequired[Annotated[str, Field(max_length=FACT_MAX), NO_NUL]]
+    node: NotRequired[Annotated[str, Field(max_length=FACT_MAX), NO_NUL]]
+    operation: NotRequired[Annotated[str, Field(max_length=FACT_MAX), NO_NUL]]
+    error: NotRequired[Annotated[str, Field(max_length=FACT_MAX), NO_NUL]]
+    traceback: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX), NO_NUL]]
+
+
+# What the site keeps of a record where everyone who sees the run sees it: not the traceback.
+FAILURE_SHOWN = ("kind", "actor", "actor_name", "node", "operation", "error")
+
+
 class StatusIn(TypedDict):
     """A status as the engine reports it: posted to the ingest, or spooled by a driver
     that could not post it."""
@@ -79,6 +100,9 @@ class StatusIn(TypedDict):
     error_detail: NotRequired[Annotated[str, Field(max_length=DETAIL_MAX), NO_NUL]]
     # Which of workers.run.failures.KINDS the failure is: a run that lost a node is resumed.
     error_kind: NotRequired[FailureKind]
+    # The failure as the engine recorded it (workers.run.failures.Failure.fields): its
+    # traceback is kept for the site's admins, the rest shown with the run.
+    failure: NotRequired[FailureIn]
     # What the run is doing now (workers.run.reporter.PHASES), sent with "running".
     phase: NotRequired[ReportedPhase]
     phase_detail: NotRequired[Annotated[str, Field(max_length=PHASE_DETAIL_MAX), NO_NUL]]
@@ -115,19 +139,22 @@ def do_record_reported_status(
     error_detail: str = "",
     *,
     error_kind: str = "",
+    failure: FailureIn | None = None,
     only_from: Iterable[str] | None = None,
 ) -> bool:
     """Take in the status the run's driver reported (a key of REPORTED). Only a failure
-    keeps an error (`NO_REASON` when the driver gave none) and its detail; a failure of
-    a RESUMABLE kind is resumed from the run's latest checkpoint while
-    `checkpoint.max_restarts` allows (`do_resume_failed`). A status the run may not
-    enter (a late "running" on a finished run) changes nothing. Returns whether the row
-    changed."""
+    keeps an error (`NO_REASON` when the driver gave none), its detail and its record
+    (`failure`: its kind wins over `error_kind`); a failure of a RESUMABLE kind is
+    resumed from the run's latest checkpoint while `checkpoint.max_restarts` allows
+    (`do_resume_failed`). A status the run may not enter (a late "running" on a finished
+    run) changes nothing. Returns whether the row changed."""
     status = REPORTED[reported]
     if status != Run.Status.FAILED:
         return do_set_run_status(run, status, only_from=only_from)
+    if failure is not None:
+        error_kind = failure["kind"]
     with transaction.atomic():
-        changed = do_fail_run(run, error or NO_REASON, error_detail, only_from=only_from)
+        changed = do_fail_run(run, error or NO_REASON, error_detail, failure=failure, only_from=only_from)
         if changed and error_kind in RESUMABLE:
             do_resume_failed(run)
     return changed
@@ -158,15 +185,32 @@ def do_resume_failed(run: Run) -> Run | None:
     return child
 
 
-def do_fail_run(run: Run, error: str, detail: str = "", *, only_from: Iterable[str] | None = None) -> bool:
-    """Mark the run failed with `error` (why, in a sentence or two) and `detail` (what
-    that was worked out from: a traceback, the facts reconcile saw). One transaction, so
-    the run's watchers, told once it commits, get both. Returns whether the row changed."""
+def do_fail_run(
+    run: Run,
+    error: str,
+    detail: str = "",
+    *,
+    failure: FailureIn | Mapping[str, str] | None = None,
+    only_from: Iterable[str] | None = None,
+) -> bool:
+    """Mark the run failed with `error` (why, in a sentence or two), `detail` (what that
+    was worked out from: the failure's facts, what reconcile saw) and the engine's record
+    of it (`failure`: shown without its traceback, which only the site's admins see).
+    One transaction, so the run's watchers, told once it commits, get it all. Returns
+    whether the row changed."""
     with transaction.atomic():
         changed = do_set_run_status(run, Run.Status.FAILED, error=error, only_from=only_from)
+        fields: dict[str, Any] = {}
         if changed and detail:
-            Run.objects.filter(pk=run.pk).update(error_detail=detail)
-            run.error_detail = detail
+            fields["error_detail"] = detail
+        if changed and failure:
+            record = dict(failure)
+            fields["failure"] = {k: record[k] for k in FAILURE_SHOWN if record.get(k)}
+            fields["error_traceback"] = record.get("traceback", "")
+        if fields:
+            Run.objects.filter(pk=run.pk).update(**fields)
+            for name, value in fields.items():
+                setattr(run, name, value)
     return changed
 
 

@@ -126,6 +126,7 @@ class AuditEvent(models.Model):
         MEMBER_ADD = "member_add", "added member"
         MEMBER_ROLE = "member_role", "changed role"
         MEMBER_REMOVE = "member_remove", "removed member"
+        TEAM_CREATE = "team_create", "created team"
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="audit_events")

@@ -63,6 +63,12 @@ def fixed_groups(model_dir: str, cfg: RunConfig, version: int = 0, seed: int = 0
     return groups
 
 
+# How long a test waits for a run's actors (or its placement group, or its scratch) to go
+# once they should: long, because it bounds a hang, not a speed (a loaded host takes
+# seconds more to tear a Ray actor down); what stays is still caught.
+GONE_WAIT_S = 120.0
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -96,7 +102,7 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
     launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
     wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), 240, "a terminal status")
     assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
-    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")
     return stub.series(run_id)
 
 

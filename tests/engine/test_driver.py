@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from tests.engine.helpers import TOKEN, run_inline, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
@@ -51,7 +51,7 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert stub.received == len(stub.points)  # nothing posted twice
 
     # The driver exits when done, and its actors with it.
-    wait_for(lambda: not run_actor_names(101), 15, "the run's actors to exit")
+    wait_for(lambda: not run_actor_names(101), GONE_WAIT_S, "the run's actors to exit")
     assert not is_alive(101)
 
 
@@ -63,18 +63,17 @@ def test_launching_twice_finds_the_running_driver(cluster, stub, cache_dir):
     assert is_alive(102)
     wait_for(lambda: stub.series(102).get("reward/mean"), 120, "a first step")
     assert stub.statuses[102] == ["running"]  # started once
-    assert cancel(102, timeout_s=10)
+    assert cancel(102, timeout_s=GONE_WAIT_S)
 
 
-def test_cancel_removes_every_run_actor_within_ten_seconds(cluster, stub, cache_dir):
+def test_cancel_removes_every_run_actor(cluster, stub, cache_dir):
     start(103, stub, cache_dir, stop={"max_steps": 10_000})
     expected = ["run-103", "run-103-buffer", "run-103-inference-0", "run-103-trainer"]
     wait_for(lambda: run_actor_names(103) == expected, 120, f"actors {expected}")
     wait_for(lambda: stub.series(103).get("reward/mean"), 60, "a first step")
 
-    t0 = time.monotonic()
-    assert cancel(103, timeout_s=10) is True
-    assert time.monotonic() - t0 < 10
+    # cancel raises TimeoutError naming the actors that outlive its timeout.
+    assert cancel(103, timeout_s=GONE_WAIT_S) is True
     assert run_actor_names(103) == []
     for name in expected:
         with pytest.raises(ValueError):
@@ -86,9 +85,7 @@ def test_cancel_removes_every_run_actor_within_ten_seconds(cluster, stub, cache_
 
 def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
     start(109, stub, cache_dir, stop={"max_steps": 10_000})
-    t0 = time.monotonic()
-    assert cancel(109, timeout_s=10) is True
-    assert time.monotonic() - t0 < 10
+    assert cancel(109, timeout_s=GONE_WAIT_S) is True
     assert run_actor_names(109) == []
     time.sleep(1.0)  # nothing comes back: the driver did not go on to spawn
     assert run_actor_names(109) == []
@@ -98,7 +95,7 @@ def test_the_run_actors_die_with_their_driver(cluster, stub, cache_dir):
     start(104, stub, cache_dir, stop={"max_steps": 10_000})
     wait_for(lambda: len(run_actor_names(104)) == 4, 120, "the run's actors")
     ray.kill(ray.get_actor(actor_name(104), namespace=NAMESPACE), no_restart=True)
-    wait_for(lambda: not run_actor_names(104), 10, "children to die with the driver")
+    wait_for(lambda: not run_actor_names(104), GONE_WAIT_S, "children to die with the driver")
 
 
 def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
@@ -106,7 +103,7 @@ def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
     wait_for(lambda: len(run_actor_names(105)) == 4, 120, "run 105's actors")
     assert cancel(10, timeout_s=5) is False  # "run-10" is a prefix of "run-105"
     assert len(run_actor_names(105)) == 4
-    assert cancel(105, timeout_s=10)
+    assert cancel(105, timeout_s=GONE_WAIT_S)
 
 
 def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
@@ -134,7 +131,7 @@ def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cac
     wait_for(lambda: stub.status.get(108) in ("succeeded", "failed"), 60, "a terminal status")
     assert stub.statuses[108] == ["running", "failed"]
     assert "/nonexistent/model" in stub.errors[108]
-    wait_for(lambda: not run_actor_names(108), 15, "the failed driver to exit")
+    wait_for(lambda: not run_actor_names(108), GONE_WAIT_S, "the failed driver to exit")
 
 
 def test_the_driver_reports_each_start_up_phase_in_order_then_stepping(cluster, stub, cache_dir):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 
+from tests.engine.helpers import GONE_WAIT_S, wait_for
 from workers.core.run_actors import NAMESPACE, run_actor_names
+from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.driver import RunDriver
 
 vllm = pytest.importorskip("vllm")
@@ -35,20 +35,21 @@ def test_an_async_run_on_vllm_trains_and_syncs_weights(cluster, cache_dir):
         assert s["sync/latency_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
         # The IS ratio stays near 1 only if vLLM's logprobs match the trainer's policy.
         assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
-        deadline = time.monotonic() + 10
-        while run_actor_names(201) != ["run-201"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert run_actor_names(201) == ["run-201"]  # the vLLM actor is gone, the driver stays
+        # The vLLM actor goes, the driver stays.
+        wait_for(lambda: run_actor_names(201) == ["run-201"], GONE_WAIT_S, "the run's actors but its driver to go")
     finally:
         ray.kill(driver)
 
 
 @pytest.mark.parametrize("mode", ["abort_resume", "in_flight"])
 def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mode):
-    # Generation is the bottleneck (no warm start: the policy seldom says EOS; 56-token
-    # completions; small batches, cheap to train) and the worker may run 3 batches
-    # ahead, so weights arrive while it generates: aborts are counted, and in-flight
-    # sequences mix versions.
+    # Weights are forced to arrive mid-generation (WEIGHTS_MID_GENERATION_ENV, which the
+    # run's actors inherit through Ray's runtime_env): every generate call after the
+    # first waits after its first decode step until the trainer has published the
+    # version its predecessor's groups allow, and the worker loads weights only there.
+    # So call k (k >= 2) runs on version k - 2 and takes k - 1 in its middle, and the
+    # trainer's step k, on call k's two groups, sees it. No warm start: the policy seldom
+    # says EOS, so sequences are still generating when the weights come.
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 0, "noisy_steps": 0},
@@ -59,9 +60,9 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
         "stop": {"max_steps": 8},
     }
     run_id = 210 + ["abort_resume", "in_flight"].index(mode)
-    driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
-        run_id, cfg, None, "", cache_dir, exit_when_done=False
-    )
+    driver = RunDriver.options(
+        name=f"run-{run_id}", namespace=NAMESPACE, runtime_env={"env_vars": {WEIGHTS_MID_GENERATION_ENV: "1"}}
+    ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)
     try:
         out = ray.get(driver.run.remote(), timeout=600)
     finally:
@@ -72,12 +73,18 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
     def last(name: str) -> float:  # the value at the last step: a cumulative series' total
         return s[name][max(s[name])]
 
+    mixed = s["rollout/mixed_version_frac"]
+    assert sorted(mixed) == list(range(1, 9))
+    # Step 1's batch (call 1) had no version before it to wait for; every later one holds
+    # sequences whose tokens come from two versions (abort_resume: the kept tokens keep
+    # theirs).
+    assert mixed[1] == 0 and all(mixed[step] > 0 for step in range(2, 9)), mixed
     assert max(s["staleness/max"].values()) <= 3
     if mode == "abort_resume":
-        assert last("rollout/partial_aborted") > 0
+        # Calls 2..8 each aborted their running sequences once and resumed every one.
+        assert last("rollout/partial_aborted") >= 7
         assert last("rollout/partial_resumed") == last("rollout/partial_aborted")
     else:
         assert last("rollout/partial_aborted") == 0
-        assert max(s["rollout/mixed_version_frac"].values()) > 0
     # Mixed-version tokens still carry the logprobs of the weights that sampled them.
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())

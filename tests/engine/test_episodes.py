@@ -23,7 +23,8 @@ from workers.rl_tasks.reverse import ReverseTask
 from workers.rl_tasks.tool_task import CalculatorTask
 from workers.rl_tasks.tools import calculate
 from workers.rollout.episodes import TOOL_LOGPROB, Episode, episode_text, run_episodes
-from workers.rollout.generation import generate_groups, generate_groups_across_updates
+from workers.rollout.generation import generate, generate_groups
+from workers.rollout.partial_rollouts import UpdatePolicy
 
 TOK = CharTokenizer()
 
@@ -199,7 +200,9 @@ def test_a_turn_generated_before_an_update_keeps_its_version():
         backend = ScriptedBackend()
         # Pending once the first turn's session is closed, i.e. between turns 1 and 2.
         updates = Updates(backend, lambda b, applied: applied == 0 and b.sessions[0].closed)
-        gen = run_episodes(backend, CalculatorTask(), TOK, [TOK.prompt_ids("12*7+3=")], 2, 40, 1.0, 0, 0, mode, updates)
+        gen = run_episodes(
+            backend, CalculatorTask(), TOK, [TOK.prompt_ids("12*7+3=")], 2, 40, 1.0, 0, 0, UpdatePolicy(mode), updates
+        )
         assert gen.version == 1 and gen.counts.mid_generation_updates == 1
         assert gen.counts.aborted == gen.counts.retried == gen.counts.resumed == 0
         for e in gen.sequences[0]:
@@ -225,7 +228,9 @@ def test_an_update_inside_a_later_turn_follows_the_mode():
     ]:
         backend = ScriptedBackend()
         updates = Updates(backend, in_turn_two)
-        gen = run_episodes(backend, CalculatorTask(), TOK, [TOK.prompt_ids("12*7+3=")], 1, 40, 1.0, 0, 0, mode, updates)
+        gen = run_episodes(
+            backend, CalculatorTask(), TOK, [TOK.prompt_ids("12*7+3=")], 1, 40, 1.0, 0, 0, UpdatePolicy(mode), updates
+        )
         (e,) = gen.sequences[0]
         assert segments(e) == [("calc:12*7+3?", 1), ("=87 ", 0), (answer, 1)], mode
         assert e.versions[-len(answer) :] == expected, mode
@@ -248,9 +253,8 @@ def test_generation_builds_multi_turn_rollouts_and_leaves_single_turn_ones_unmas
     backend = ScriptedBackend()
     updates = Updates(backend, lambda b, applied: applied == 0 and b.sessions[0].closed)
     cfg = small_config(inference={"max_new_tokens": 40}, trainer={"group_size": 2}, sync={"update_mode": "in_flight"})
-    groups, version, counts = generate_groups_across_updates(
-        backend, CalculatorTask(), TOK, prompts, cfg, 0, 7, updates
-    )
+    out = generate(backend, CalculatorTask(), TOK, prompts, cfg, 0, 7, UpdatePolicy.of(cfg), updates)
+    groups, version, counts = out.groups, out.version, out.counts
     assert version == 1 and counts.mid_generation_updates == 1
     for r in (r for g in groups for r in g.rollouts):
         assert r.min_version == 0 and set(r.model_versions) == {0, 1}

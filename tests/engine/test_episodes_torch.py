@@ -17,7 +17,8 @@ from workers.inference.torch_backend import TorchBackend
 from workers.model.loading import build_tiny, load_model, save_model
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks.tool_task import CalculatorTask
-from workers.rollout.generation import generate_groups, generate_groups_across_updates
+from workers.rollout.generation import generate, generate_groups
+from workers.rollout.partial_rollouts import UpdatePolicy
 from workers.train.trainer import pack, spread, token_logprobs
 
 TOK = CharTokenizer()
@@ -140,7 +141,8 @@ def test_a_version_loaded_between_turns_produces_the_later_turn(tool_model_dir, 
 
     cfg = small_config(inference={"max_new_tokens": MAX_NEW}, trainer={"group_size": 2}, sync={"update_mode": mode})
     prompts = TASK.sample(3, random.Random(2))
-    groups, version, counts = generate_groups_across_updates(backend, TASK, TOK, prompts, cfg, 0, 9, Updates())
+    out = generate(backend, TASK, TOK, prompts, cfg, 0, 9, UpdatePolicy.of(cfg), Updates())
+    groups, version, counts = out.groups, out.version, out.counts
     assert version == 1 and counts.mid_generation_updates == 1 and counts.aborted == 0
 
     references = {}

@@ -1,20 +1,23 @@
-"""Why a run failed, in a sentence (workers/run/failures.py): the classifier on the real
-exception objects the libraries raise, the reporter carrying sentence and traceback, and
-on the shared Ray cluster a run with a bad model directory and runs whose actors are
-killed while they train."""
+"""Why a run failed, as a record (workers/run/failures.py): made of the real exception
+objects the libraries raise where they are caught, of Ray's actor table for a dead
+actor (workers/run/ray_deaths.py), carried across Ray and by the reporter, and on the
+shared Ray cluster an actor whose constructor fails, an actor killed, a run with a bad
+model directory and runs whose actors are killed while they train."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import os
+import pickle
 import traceback
 
 import pytest
 import ray
 import torch
 import torch.distributed as dist
-from ray.core.generated.common_pb2 import ActorDiedErrorContext
+from ray.core.generated.common_pb2 import ActorDeathCause, ActorDiedErrorContext, OomContext
 from ray.exceptions import (
     ActorDiedError,
     AuthenticationError,
@@ -24,12 +27,25 @@ from ray.exceptions import (
     RayTaskError,
 )
 
-from tests.engine.helpers import TOKEN, small_config, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, small_config, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.model.loading import build_tiny, load_model, save_model
 from workers.model.tokenizer import CharTokenizer
-from workers.run.failures import DETAIL_MAX, ChildFailed, SyncTimeout, clip, explain
+from workers.run import ray_deaths
+from workers.run.actors import BufferActor
+from workers.run.buffer import plan as buffer_plan
+from workers.run.failures import (
+    DETAIL_MAX,
+    LOOP,
+    STARTING,
+    ChildFailed,
+    NodeLost,
+    RayUnreachable,
+    SyncTimeout,
+    clip,
+    explain,
+)
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
 from workers.run.reporter import MetricsReporter, read_spooled_status
@@ -42,6 +58,10 @@ def raised(fn, *args):
     except Exception as exc:  # whatever it raises is what the test explains
         return exc
     raise AssertionError(f"{fn.__name__} raised nothing")
+
+
+def throw(exc: BaseException):
+    raise exc
 
 
 def reported_traceback(exc: Exception) -> str:
@@ -60,25 +80,35 @@ def confinement(tmp_path) -> Confinement:
     return Confinement(model_roots=(str(tmp_path),), scratch_root=str(tmp_path / "scratch"))
 
 
-def actor_died(name: str, class_name: str, cause: str) -> ActorDiedError:
-    """The ActorDiedError Ray raises for a named actor that died (not in its constructor)."""
+def caught_in(actor: str, exc: BaseException, cfg, operation: str = LOOP) -> ChildFailed:
+    """What the driver gets of `exc` caught in run actor `actor`: the record made there,
+    carried as Ray carries it (pickled)."""
+    failure = explain(exc, cfg, actor=actor, operation=operation)
+    return pickle.loads(pickle.dumps(ChildFailed(failure.message, failure)))
+
+
+ACTOR_ID = "01" * 16
+
+
+def actor_died(monkeypatch, name: str, class_name: str, cause: ActorDeathCause, node_id: str = "") -> ActorDiedError:
+    """The ActorDiedError Ray raises for a named actor that died, with Ray's actor table
+    answering for it what the GCS records of such a death (faked: no such actor exists)."""
     context = ActorDiedErrorContext(
-        error_message=cause, name=name, class_name=class_name, actor_id=b"\x01" * 16, ray_namespace=NAMESPACE, pid=4242
+        name=name, class_name=class_name, actor_id=bytes.fromhex(ACTOR_ID), ray_namespace=NAMESPACE, pid=4242
+    )
+    entry = {"Name": name, "ActorClassName": class_name, "State": "DEAD", "Address": {"NodeID": node_id}}
+    monkeypatch.setattr(
+        ray_deaths, "actor_info", lambda actor_id, wait=True: {**entry, "DeathCause": cause} if actor_id else None
     )
     return ActorDiedError(context)
 
 
-def constructor_failed(name: str, class_name: str, exc: BaseException) -> ActorDiedError:
-    """The ActorDiedError Ray raises on a call to an actor whose constructor raised `exc`."""
-    task_error = RayTaskError(
-        f"{class_name}.__init__",
-        reported_traceback(exc),
-        exc,
-        proctitle=f"ray::{name}:{class_name}.__init__",
-        pid=4242,
-        ip="10.0.0.7",
+def died(reason: str, error_message: str = "", **fields) -> ActorDeathCause:
+    """Ray's ActorDeathCause for an actor that died for `reason` (ActorDiedErrorContext.Reason)."""
+    reason_number = ActorDiedErrorContext.Reason.Value(reason)
+    return ActorDeathCause(
+        actor_died_error_context=ActorDiedErrorContext(reason=reason_number, error_message=error_message, **fields)
     )
-    return ActorDiedError.from_task_error(task_error)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +132,7 @@ def test_a_model_directory_without_config_json_says_so(tmp_path):
     assert failure.message == (
         f"The model directory {empty} has no config.json: point model.path at a Hugging Face model directory."
     )
-    assert "PathNotAllowed" in failure.detail
+    assert "PathNotAllowed" in failure.traceback
 
 
 def test_a_model_directory_that_does_not_exist_says_so(tmp_path):
@@ -118,7 +148,7 @@ def test_a_model_directory_without_weights_says_so(tmp_path, model_dir):
     failure = explain(raised(load_model, str(copy)), path_config(str(copy)))
     assert failure.kind == "bad_model"
     assert failure.message.startswith(f"The model directory {copy} has no weights (model.safetensors")
-    assert "no file named model.safetensors" in failure.detail  # transformers' own words, kept
+    assert "no file named model.safetensors" in failure.traceback  # transformers' own words, kept
 
 
 def test_an_unreadable_config_json_says_so(tmp_path):
@@ -158,35 +188,30 @@ def test_memory_error_while_building_the_warm_start_names_its_knob():
 
 
 def test_torch_out_of_memory_in_the_trainer_names_the_trainer_and_its_knobs():
-    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    failure = explain(ChildFailed("trainer failed", who="trainer", detail=reported_traceback(oom)), small_config())
+    oom = raised(throw, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    failure = explain(caught_in("trainer", oom, small_config()), small_config())
     assert failure.kind == "out_of_memory"
     assert failure.message == (
         "The trainer ran out of GPU memory: lower trainer.batch_groups or trainer.group_size, or use a smaller model."
     )
-    assert "torch.OutOfMemoryError: CUDA out of memory" in failure.detail  # the trainer's own traceback
+    assert (failure.actor, failure.operation) == ("trainer", LOOP)
+    assert "torch.OutOfMemoryError: CUDA out of memory" in failure.traceback  # the trainer's own traceback
 
 
 def test_cuda_out_of_memory_as_a_runtime_error_in_a_vllm_worker_names_vllms_knob():
     oom = RuntimeError("CUDA error: out of memory")  # how older kernels word it
     cfg = small_config(inference={"backend": "vllm"})
-    failure = explain(ChildFailed("x", who="inference worker 1", detail=reported_traceback(oom)), cfg)
+    failure = explain(caught_in("inference worker 1", oom, cfg), cfg)
     assert failure.message.startswith("Inference worker 1 ran out of")
     assert "inference.gpu_memory_utilization" in failure.message
 
 
-def test_rays_memory_monitor_killing_an_actor_says_so_and_names_it():
-    killed = actor_died(
-        "run-3-trainer",
-        "TrainerActor",
-        "The actor is dead because its worker process has died. Worker exit type: NODE_OUT_OF_MEMORY Worker exit "
-        "detail: 1 worker(s) were killed due to the node running low on memory.",
-    )
-    try:
-        raise ChildFailed("a run actor died") from killed
-    except ChildFailed as exc:
-        failure = explain(exc, small_config())
+def test_rays_memory_monitor_killing_an_actor_says_so_and_names_it(monkeypatch):
+    monitor = ActorDeathCause(oom_context=OomContext(error_message="1 worker(s) were killed", fail_immediately=True))
+    killed = actor_died(monkeypatch, "run-3-trainer", "TrainerActor", monitor)
+    failure = explain(killed, small_config())
     assert failure.kind == "out_of_memory"
+    assert (failure.actor, failure.actor_name) == ("trainer", "run-3-trainer")
     assert failure.message.startswith(
         "Ray's memory monitor killed the trainer (run-3-trainer) because its node ran low on memory: lower "
         "trainer.batch_groups"
@@ -211,20 +236,20 @@ def start_engine():
 
 
 def test_a_vllm_engine_that_does_not_start_names_the_worker_and_the_root_cause():
-    error = constructor_failed("run-5-inference-0", "InferenceWorker", raised(start_engine))
-    assert error.actor_init_failed
-    failure = explain(error, small_config(inference={"backend": "vllm"}), phase="starting_engines")
+    cfg = small_config(inference={"backend": "vllm"})
+    error = caught_in("inference worker 0", raised(start_engine), cfg, operation=STARTING)
+    failure = explain(error, cfg, phase="starting_engines")
     assert failure.kind == "vllm_start"
     assert failure.message.startswith(
         "vLLM could not start in inference worker 0 (ValueError: Model architectures "
         '["TinyLlama"] are not supported for now.): '
     )
     assert "inference.backend to torch" in failure.message
-    assert "Engine core initialization failed" in failure.detail
+    assert "Engine core initialization failed" in failure.traceback
 
 
 def test_another_actor_that_does_not_start_names_it():
-    error = constructor_failed("run-5-trainer", "TrainerActor", KeyError("lm_head.weight"))
+    error = caught_in("trainer", raised(lambda: {}["lm_head.weight"]), small_config(), operation=STARTING)
     failure = explain(error, small_config())
     assert (failure.kind, failure.message) == (
         "actor_start",
@@ -246,14 +271,12 @@ def test_an_unreachable_ray_names_the_address():
         failure = explain(exc, ray_address="10.0.0.9:6380", what="The launch")
     assert failure.kind == "ray_unreachable"
     assert failure.message == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
-    assert "Failed to connect to GCS" in failure.detail
+    assert "Failed to connect to GCS" in failure.traceback
 
 
 def test_a_head_the_probe_found_down_is_unreachable():
-    from workers.run.lifecycle import RayUnreachable
-
     try:
-        raise RayUnreachable("the Ray head at 10.0.0.9:6380 does not answer (RAY_ADDRESS; is it running?)")
+        raise RayUnreachable("10.0.0.9:6380")
     except RayUnreachable as exc:
         failure = explain(exc, what="The launch")
     assert failure.kind == "ray_unreachable"
@@ -271,32 +294,28 @@ def test_a_refused_ray_token_says_which_setting_to_fix():
 # --- 5. an actor died ----------------------------------------------------------------
 
 
-def test_an_actor_killed_by_ray_kill_is_named_with_the_cause():
-    try:
-        raise ChildFailed("a run actor died") from actor_died(
-            "run-7-inference-1", "InferenceWorker", "The actor is dead because it was killed by `ray.kill`."
-        )
-    except ChildFailed as exc:
-        failure = explain(exc, small_config())
+def test_an_actor_killed_by_ray_kill_is_named_with_the_cause(monkeypatch):
+    failure = explain(actor_died(monkeypatch, "run-7-inference-1", "InferenceWorker", died("RAY_KILL")), small_config())
     assert (failure.kind, failure.message) == (
         "actor_died",
         "Inference worker 1 (Ray actor run-7-inference-1) died: it was killed (ray.kill). Launch the run again.",
     )
 
 
-def test_a_dead_buffer_reported_by_the_trainer_names_the_buffer_not_the_trainer():
-    dead = actor_died("run-7-buffer", "BufferActor", "The actor is dead because it was killed by `ray.kill`.")
-    failure = explain(ChildFailed("trainer failed", who="trainer", detail=reported_traceback(dead)), small_config())
+def test_a_dead_buffer_reported_by_the_trainer_names_the_buffer_not_the_trainer(monkeypatch):
+    dead = actor_died(monkeypatch, "run-7-buffer", "BufferActor", died("RAY_KILL"))
+    failure = explain(caught_in("trainer", dead, small_config()), small_config())
     assert failure.message.startswith("The buffer (Ray actor run-7-buffer) died: it was killed (ray.kill).")
+    assert (failure.actor, failure.actor_name) == ("buffer", "run-7-buffer")
 
 
-def test_an_actor_whose_process_crashed_quotes_rays_exit_detail():
-    dead = actor_died(
-        "run-7-trainer",
-        "TrainerActor",
+def test_an_actor_whose_process_crashed_quotes_rays_exit_detail(monkeypatch):
+    crashed = died(
+        "WORKER_DIED",
         "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
         "detail: Worker unexpectedly exits with a connection error code 2. End of file.",
     )
+    dead = actor_died(monkeypatch, "run-7-trainer", "TrainerActor", crashed)
     failure = explain(dead, small_config())
     assert failure.message.startswith(
         "The trainer (Ray actor run-7-trainer) died: its process died (Worker unexpectedly exits with a "
@@ -304,26 +323,34 @@ def test_an_actor_whose_process_crashed_quotes_rays_exit_detail():
     )
 
 
-def test_a_trainer_rank_is_named_by_its_rank():
-    dead = actor_died("run-7-trainer-1", "TrainerRank", "The actor is dead because it was killed by `ray.kill`.")
+def test_a_trainer_rank_is_named_by_its_rank(monkeypatch):
+    dead = actor_died(monkeypatch, "run-7-trainer-1", "TrainerRank", died("RAY_KILL"))
     failure = explain(dead, small_config())
     assert failure.message.startswith("Trainer rank 1 (Ray actor run-7-trainer-1) died: it was killed (ray.kill).")
 
 
-def test_an_actor_whose_node_died_names_the_node_the_driver_knew():
-    dead = actor_died(
-        "run-7-trainer-1", "TrainerRank", "The actor died because its node has died. Node Id: 1f11c59d4fb8aa"
-    )
+def test_an_actor_whose_node_died_names_the_node_the_driver_knew(monkeypatch):
+    dead = actor_died(monkeypatch, "run-7-trainer-1", "TrainerRank", died("NODE_DIED"), node_id="1f11c59d4fb8aa")
     failure = explain(dead, small_config(), nodes={"1f11c59d4fb8aa": "10.0.0.5, pool=train"})
     assert failure.message == (
         "Trainer rank 1 (Ray actor run-7-trainer-1) died: its node died (10.0.0.5, pool=train; Ray node "
         "1f11c59d4fb8): it left the cluster. Launch the run again."
     )
+    assert failure.node == "10.0.0.5, pool=train (Ray node 1f11c59d4fb8)"
+
+
+def test_an_actor_whose_owner_died_or_whose_node_was_preempted_says_so(monkeypatch):
+    owner = explain(actor_died(monkeypatch, "run-7-buffer", "BufferActor", died("OWNER_DIED")), small_config())
+    assert (
+        owner.message
+        == "The buffer (Ray actor run-7-buffer) died: the process that created it died. Launch the run again."
+    )
+    drained = died("NODE_DIED", node_death_info={"reason": "AUTOSCALER_DRAIN_PREEMPTED"})
+    preempted = explain(actor_died(monkeypatch, "run-7-trainer", "TrainerActor", drained), small_config())
+    assert preempted.message.startswith("The trainer (Ray actor run-7-trainer) died: its node was preempted.")
 
 
 def test_a_lost_node_names_the_node_and_every_actor_it_took():
-    from workers.run.failures import NodeLost
-
     try:
         raise NodeLost(["10.0.0.5, pool=train (Ray node 1f11c59d4fb8)"], ["trainer rank 0", "trainer rank 1"]) from (
             RayActorError()
@@ -379,9 +406,12 @@ def test_a_ray_get_timeout_says_ray_did_not_answer():
 
 
 def test_an_actors_own_error_quotes_its_last_line():
-    loop_error = reported_traceback(ValueError("loss is NaN at step 3"))
-    failure = explain(ChildFailed("trainer failed", who="trainer", detail=loop_error), small_config())
+    loop_error = caught_in("trainer", raised(throw, ValueError("loss is NaN at step 3")), small_config())
+    failure = explain(loop_error, small_config())
     assert (failure.kind, failure.message) == ("actor_error", "The trainer failed: ValueError: loss is NaN at step 3.")
+    assert failure.detail == (
+        "kind: actor_error\nactor: trainer\noperation: loop\nerror: ValueError: loss is NaN at step 3"
+    )
 
 
 def test_anything_else_falls_back_to_the_exceptions_last_line():
@@ -394,32 +424,49 @@ def test_anything_else_falls_back_to_the_exceptions_last_line():
     assert explain(remote.as_instanceof_cause()).message == "IndexError: x."
 
 
-def test_the_detail_is_the_full_traceback_cut_in_the_middle_to_its_bound():
-    reported = "first frame\n" + "x" * 3 * DETAIL_MAX + "\nlast line"
-
+def test_the_traceback_is_the_full_one_cut_in_the_middle_to_its_bound():
     def trainer_failed():
-        raise ChildFailed("trainer failed", who="trainer", detail=reported)
+        raise ValueError("x" * 3 * DETAIL_MAX + "\nlast line")
 
-    failure = explain(raised(trainer_failed), small_config())
-    assert len(failure.detail) <= DETAIL_MAX
-    assert failure.detail.startswith("Traceback") and failure.detail.endswith("last line")
-    assert "characters cut" in failure.detail
+    failure = explain(caught_in("trainer", raised(trainer_failed), small_config()), small_config())
+    assert len(failure.traceback) <= DETAIL_MAX
+    assert failure.traceback.startswith("Traceback") and failure.traceback.endswith("last line\n")
+    assert "characters cut" in failure.traceback
     assert clip("short", 10) == "short"
 
 
-def test_the_reporter_posts_the_sentence_and_the_traceback_and_spools_them(tmp_path):
+def test_the_message_and_the_facts_name_no_server_file_the_traceback_does():
+    failure = explain(caught_in("trainer", raised(load_model, "run-scratch-that-is-not-here"), small_config()))
+    assert failure.kind == "actor_error"
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert here in failure.traceback  # the frames of the server's files, for admins
+    assert here not in failure.message and here not in failure.detail
+
+
+def test_the_reporter_posts_the_record_and_spools_it(tmp_path):
     failure = explain(raised(lambda: bytearray(2**62)), small_config(), phase="warm_start")
     with IngestStub(token="t") as stub:
         rep = MetricsReporter(41, stub.url, "t", str(tmp_path))
-        assert rep.post_status("failed", failure.message, error_detail=failure.detail) is True
+        assert rep.post_status("failed", failure=failure) is True
     [(_, _, body)] = [r for r in stub.requests if r[0] == "status"]
-    assert body == {"status": "failed", "error": failure.message, "error_detail": failure.detail}
+    assert body == {
+        "status": "failed",
+        "error": failure.message,
+        "error_detail": failure.detail,
+        "error_kind": "out_of_memory",
+        "failure": failure.fields(),
+    }
+    assert body["failure"]["actor"] == "driver" and "MemoryError" in body["failure"]["traceback"]
 
     down = MetricsReporter(42, "http://127.0.0.1:9", "t", str(tmp_path), timeout_s=0.2)
-    assert down.post_status("failed", failure.message, error_detail=failure.detail) is False
+    assert down.post_status("failed", failure=failure) is False
     down.close(timeout_s=0.2)
     spooled = read_spooled_status(42, str(tmp_path))
-    assert (spooled["error"], spooled["error_detail"]) == (failure.message, failure.detail)
+    assert (spooled["error"], spooled["error_detail"], spooled["failure"]) == (
+        failure.message,
+        failure.detail,
+        failure.fields(),
+    )
 
 
 # --- on the real engine --------------------------------------------------------------
@@ -436,9 +483,10 @@ def test_a_run_whose_model_directory_has_no_config_json_fails_saying_so(cluster,
         f"The model directory {empty} has no config.json: point model.path at a Hugging Face model directory."
     )
     [body] = [b for kind, run, b in stub.requests if kind == "status" and run == 901 and b["status"] == "failed"]
-    assert "Traceback (most recent call last)" in body["error_detail"]
-    assert "PathNotAllowed: model.path:" in body["error_detail"]
-    wait_for(lambda: not run_actor_names(901), 15, "the failed driver to exit")
+    assert "Traceback (most recent call last)" in body["failure"]["traceback"]
+    assert "PathNotAllowed: model.path:" in body["failure"]["traceback"]
+    assert (body["error_kind"], body["failure"]["operation"]) == ("bad_model", "warm_start")
+    wait_for(lambda: not run_actor_names(901), GONE_WAIT_S, "the failed driver to exit")
 
 
 @pytest.mark.slow
@@ -456,5 +504,48 @@ def test_killing_an_actor_of_a_running_run_fails_it_naming_that_actor(cluster, s
     wait_for(lambda: stub.status.get(run_id) == "failed", 60, "the run to fail")
     assert stub.errors[run_id] == f"{said} died: it was killed (ray.kill). Launch the run again."
     [body] = [b for kind, run, b in stub.requests if kind == "status" and run == run_id and b["status"] == "failed"]
-    assert "ActorDiedError" in body["error_detail"]
-    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    assert "ActorDiedError" in body["failure"]["traceback"]
+    assert body["failure"]["actor_name"] == f"run-{run_id}-{role}"
+    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")
+
+
+# --- across Ray, on the shared cluster -------------------------------------------------
+
+
+def test_a_constructor_error_reaches_the_driver_as_its_record(cluster):
+    """An actor's constructor keeps its record; `ready` raises it, and Ray carries the
+    record whole (an error raised from a constructor would reach the caller as text)."""
+    cfg = small_config()
+    bad = buffer_plan(cfg.buffer, cfg.mode, 2, cfg.trainer)
+    bad = dataclasses.replace(bad, capacity_groups=0)  # the buffer cannot be built
+    actor = BufferActor.options(name="run-8801-buffer", namespace=NAMESPACE).remote(bad, 2)
+    try:
+        error = raised(ray.get, actor.ready.remote())
+        failure = explain(error, cfg)
+    finally:
+        ray.kill(actor)
+    assert (failure.kind, failure.actor, failure.actor_name, failure.operation) == (
+        "actor_start",
+        "buffer",
+        "run-8801-buffer",
+        STARTING,
+    )
+    assert failure.message == (
+        "The buffer could not start: ValueError: RolloutBuffer capacity_groups must be ≥ 1 or None for unbounded "
+        "(got 0)."
+    )
+    assert failure.node.endswith(f"(Ray node {ray.get_runtime_context().get_node_id()[:12]})")
+
+
+def test_a_killed_actor_is_named_from_rays_actor_table(cluster):
+    cfg = small_config()
+    actor = BufferActor.options(name="run-8802-buffer", namespace=NAMESPACE).remote(
+        buffer_plan(cfg.buffer, cfg.mode, 2, cfg.trainer), 2
+    )
+    assert ray.get(actor.ready.remote()) is True
+    ray.kill(actor, no_restart=True)
+    failure = explain(raised(ray.get, actor.ready.remote()), cfg)
+    assert (failure.kind, failure.message) == (
+        "actor_died",
+        "The buffer (Ray actor run-8802-buffer) died: it was killed (ray.kill). Launch the run again.",
+    )

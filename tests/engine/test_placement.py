@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import ray
 
-from tests.engine.helpers import TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
 from workers.config.run_config import RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
 from workers.run import placement
@@ -223,7 +223,7 @@ def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, st
     finally:
         # A failed check must not leave the run holding 3 of the cluster's 4 GPUs.
         assert cancel(9141, timeout_s=10)
-    wait_for(lambda: group_state(9141) == "REMOVED", 10, "the placement group to be removed")
+    wait_for(lambda: group_state(9141) == "REMOVED", GONE_WAIT_S, "the placement group to be removed")
     assert ray.available_resources().get("GPU") == 4
 
 
@@ -295,7 +295,7 @@ def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains(clu
         wait_for(lambda: all(len(stub.series(9144).get(s, {})) >= 2 for s in scored), 120, "two scored, trained steps")
     finally:
         assert cancel(9144, timeout_s=10)
-    wait_for(lambda: group_state(9144) == "REMOVED", 10, "the placement group to be removed")
+    wait_for(lambda: group_state(9144) == "REMOVED", GONE_WAIT_S, "the placement group to be removed")
     assert ray.available_resources().get("GPU") == 4
 
 

@@ -16,8 +16,7 @@ from workers.inference.torch_backend import TorchBackend
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
 from workers.rl_tasks.reward_funcs import score_group
-from workers.rollout.generation import generate_groups_in_mode
-from workers.rollout.partial_rollouts import NoUpdates
+from workers.rollout.generation import generate
 from workers.rollout.reward_stage import POOL_SERIES, RewardPool, RewardReport, RewardWorker, pool_metrics
 
 
@@ -87,7 +86,7 @@ def _generate(model_dir: str, mode: str, cost_ms: float, chunk_tokens: int = 2, 
     prompts = task.sample(cfg.trainer.batch_groups, random.Random(0))
     ray.get([w.drain_metrics.remote() for w in workers])
     t0 = time.time()
-    groups, _ = generate_groups_in_mode(SlowDecode(model_dir), task, tok, prompts, cfg, 0, 7, NoUpdates(), pool)
+    groups = generate(SlowDecode(model_dir), task, tok, prompts, cfg, 0, 7, rewards=pool).groups
     took = time.time() - t0
     reports = ray.get([w.drain_metrics.remote() for w in workers])
     for w in workers:

@@ -261,7 +261,7 @@ def test_generation_records_the_routing_the_trainers_replay_scores_the_samples_w
     gives back the behaviour logprobs: the trainer scores the sub-network that sampled."""
     from workers.inference.transformers_backend import TransformersBackend
     from workers.model.loading import load_model
-    from workers.rollout.partial_rollouts import NoUpdates, generate_across_updates
+    from workers.rollout.partial_rollouts import DRAIN, generate_across_updates
     from workers.train.trainer import pack, token_logprobs
 
     model_dir = tiny_hf.make_tiny_checkpoint(str(tmp_path / arch), arch, hidden_size=64)
@@ -269,7 +269,7 @@ def test_generation_records_the_routing_the_trainers_replay_scores_the_samples_w
     prompts = [[1, 40, 41, 42], [1, 50, 51]]
     comps = [c for group in backend.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=3) for c in group]
     # The abort/resume path's sequences carry it too.
-    resumed = generate_across_updates(backend, prompts, 2, 6, 1.0, 3, 0, "in_flight", NoUpdates())
+    resumed = generate_across_updates(backend, prompts, 2, 6, 1.0, 3, 0, DRAIN, None)
     assert [s.routing.array().tolist() for g in resumed.sequences for s in g] == [
         c.routing.array().tolist() for c in comps
     ]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.engine.helpers import TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
 from workers.core.run_actors import run_actor_names
 from workers.run.lifecycle import cancel, launch
 from workers.run.paths import Confinement
@@ -31,7 +31,7 @@ def start(run_id, stub, cache_dir, box, **overrides) -> str:
 
 def ended(run_id, stub, timeout=240) -> str:
     wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), timeout, "a terminal status")
-    wait_for(lambda: not run_actor_names(run_id), 15, "the run's actors to exit")
+    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")
     return stub.status[run_id]
 
 
@@ -60,7 +60,7 @@ def test_a_cancelled_run_leaves_no_scratch(cluster, stub, cache_dir, box):
     wait_for(lambda: stub.series(303).get("reward/mean"), 120, "the first trained step")
     assert os.path.isdir(box.scratch_dir(303))
     assert cancel(303, timeout_s=20)
-    wait_for(lambda: not os.path.exists(box.scratch_dir(303)), 15, "the scratch to go")
+    wait_for(lambda: not os.path.exists(box.scratch_dir(303)), GONE_WAIT_S, "the scratch to go")
 
 
 def test_a_path_outside_the_roots_fails_the_run_with_a_sentence(cluster, stub, cache_dir, box, tmp_path):

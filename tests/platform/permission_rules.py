@@ -47,12 +47,13 @@ SKIPPED_NAMES = {  # django.contrib.auth's views: the login form and password pa
 @dataclass(frozen=True)
 class Ask:
     """One request to one route: `needs` is "public", "login" (any signed-in user; what
-    it lists is scoped to their teams), a role ("viewer", "member", "admin"), "own" (a
-    member their own run, an admin anyone's), "session" (a signed-in person, not a
-    token: making tokens), "self" (the token's own maker) or "token" (the engine's
-    bearer token only). `json`: an API route (anonymous gets 401, not a login redirect). `form`: a
-    page form that reports a refusal on the page it redirects to (302 either way), so
-    only what is stored tells allowed from refused."""
+        it lists is scoped to their teams), "site" (a site admin: Django staff, in a team or
+    not; refused with a 403 to everyone else signed in), a role ("viewer", "member", "admin"), "own" (a
+        member their own run, an admin anyone's), "session" (a signed-in person, not a
+        token: making tokens), "self" (the token's own maker) or "token" (the engine's
+        bearer token only). `json`: an API route (anonymous gets 401, not a login redirect). `form`: a
+        page form that reports a refusal on the page it redirects to (302 either way), so
+        only what is stored tells allowed from refused."""
 
     method: str
     path: Callable[[World], str]
@@ -85,7 +86,10 @@ ASKS: dict[str, list[Ask]] = {
     "api:openapi-view": [Ask("GET", lambda w: "/api/docs", "login", json=False)],
     "api:presets": [Ask("GET", lambda w: "/api/presets", "login")],
     "api:config-schema": [Ask("GET", lambda w: "/api/config/schema", "login")],
-    "api:teams": [Ask("GET", lambda w: "/api/teams", "login")],
+    "api:teams": [
+        Ask("GET", lambda w: "/api/teams", "login"),
+        Ask("POST", lambda w: "/api/teams", "site", lambda w: {"name": "Fresh Team"}),
+    ],
     "api:configs": [
         Ask("GET", lambda w: "/api/configs", "login"),
         Ask(
@@ -109,6 +113,7 @@ ASKS: dict[str, list[Ask]] = {
             json=False,
         )
     ],
+    "teams:new-team": [Ask("POST", lambda w: "/teams/new/", "site", lambda w: {"name": "Fresh Team"}, json=False)],
     "teams:revoke-token": [Ask("POST", lambda w: f"/teams/tokens/{w.own_token}/revoke/", "self", json=False)],
     "api:config": [Ask("GET", lambda w: f"/api/configs/{w.saved.pk}", "viewer")],
     "api:config-versions": [
@@ -302,6 +307,8 @@ def ws_routes() -> list[str]:
 def allowed(persona: str, ask: Ask, w: World) -> bool:
     if ask.needs == "public":
         return True
+    if ask.needs == "site":  # only the staff persona is a site admin (no token is theirs)
+        return persona == "staff"
     if persona in TOKENS:
         if not ask.json or persona == "revoked-token":
             return False
@@ -391,6 +398,7 @@ def populate(team: Team, users: dict, label: str, *, log_dir: Path, checkpoint_r
 def stored() -> tuple:
     """Everything a request could change, in one comparable value."""
     return (
+        tuple(Team.objects.order_by("pk").values_list("pk", "slug")),
         tuple(Run.objects.order_by("pk").values_list("pk", "status", "notes")),
         tuple(Checkpoint.objects.order_by("pk").values_list("pk", "step")),
         Experiment.objects.count(),

@@ -73,7 +73,9 @@ def test_a_failed_launch_marks_the_run_failed_with_the_reason(driver, run):
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
-    assert "ConnectionError: Ray head not reachable at 10.0.0.9:6380" in run.error_detail  # the traceback
+    assert "error: ConnectionError: Ray head not reachable at 10.0.0.9:6380" in run.error_detail  # its facts
+    assert (run.failure["kind"], run.failure["operation"]) == ("ray_unreachable", "the launch")
+    assert "Traceback (most recent call last)" in run.error_traceback  # for admins only
 
 
 def test_a_busy_database_while_recording_the_clusters_capacity_does_not_fail_the_launch(driver, run, monkeypatch):

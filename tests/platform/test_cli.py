@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import re
 import stat
 import threading
 import zipfile
@@ -22,6 +23,7 @@ from rollway_cli import credentials, errors
 from rollway_cli.main import cli, main
 from runs.models import Experiment, MetricPoint, Run
 from teams import tokens
+from teams.models import AuditEvent
 from workers.config.presets import build
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -306,6 +308,65 @@ def test_compare_shows_only_the_config_fields_that_differ_and_each_outcome(site,
     code, out, _ = rollway(capsys, "compare", str(small.pk), str(large.pk))
     assert "buffer.capacity" in out and "stop.max_steps" not in out and "0.900" in out
     assert rollway(capsys, "compare", str(small.pk))[0] == 2  # click's usage error
+
+
+# --- team -----------------------------------------------------------------------------
+
+
+def test_team_add_role_members_and_remove_as_the_teams_admin(site, owner, team, capsys):
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_user("nina", email="nina@example.org")
+    _, admin = tokens.do_create(owner, team, "admin", "cli admin")
+    code, out, err = rollway(capsys, "team", "add", team.slug, "nina@example.org", "--role", "viewer", "--token", admin)
+    assert code == 0, err
+    assert out == f"nina is viewer in team {team.slug}\n"
+    assert rollway(capsys, "team", "role", team.slug, "nina", "member", "--token", admin)[0] == 0
+    code, out, _ = rollway(capsys, "team", "members", team.slug)  # a member's token may read
+    assert code == 0 and re.search(r"nina\s+member", out) and re.search(r"olga\s+admin", out)
+    code, out, _ = rollway(capsys, "team", "remove", team.slug, "nina", "--token", admin)
+    assert code == 0 and out == f"removed nina from team {team.slug}\n"
+    assert list(team.memberships.values_list("user__username", flat=True)) == ["olga"]
+    assert list(AuditEvent.objects.order_by("pk").values_list("action", flat=True)) == [
+        "member_add",
+        "member_role",
+        "member_remove",
+    ]
+
+
+def test_team_refusals_name_the_field_with_their_exit_codes(site, owner, team, capsys):
+    _, admin = tokens.do_create(owner, team, "admin", "cli admin")
+    code, _, err = rollway(capsys, "team", "add", team.slug, "ghost", "--token", admin)
+    assert code == errors.BAD_REQUEST and "username: no user 'ghost'" in err
+    code, _, err = rollway(capsys, "team", "role", team.slug, "olga", "viewer", "--token", admin)
+    assert code == errors.CONFLICT and "last admin" in err
+    code, _, err = rollway(capsys, "team", "remove", team.slug, "olga", "--token", admin)
+    assert code == errors.CONFLICT and "last admin" in err
+    code, _, err = rollway(capsys, "team", "add", team.slug, "olga", "--role", "member")  # a member's token
+    assert code == errors.NOT_ALLOWED and "admin role" in err
+    code, _, err = rollway(capsys, "team", "members", "elsewhere", "--token", admin)
+    assert code == errors.NOT_FOUND
+    assert team.role_of(owner) == "admin" and not AuditEvent.objects.exists()
+
+
+def test_team_create_needs_a_site_admins_token(site, owner, team, capsys):
+    code, _, err = rollway(capsys, "team", "create", "Robotics")  # olga is no site admin
+    assert code == errors.NOT_ALLOWED and "site admin" in err
+    owner.is_staff = True
+    owner.save(update_fields=["is_staff"])
+    _, admin = tokens.do_create(owner, team, "admin", "cli admin")
+    code, out, err = rollway(capsys, "team", "create", "Robotics", "--slug", "robo", "--json", "--token", admin)
+    assert code == 0, err
+    assert json.loads(out) | {"id": 0} == {"id": 0, "slug": "robo", "name": "Robotics", "admin": "olga"}
+    code, _, err = rollway(capsys, "team", "create", "Robotics", "--slug", "robo", "--token", admin)
+    assert code == errors.CONFLICT and "slug: a team 'robo' exists already" in err
+
+
+def test_version_prints_the_package_version(capsys):
+    from importlib.metadata import version
+
+    code, out, _ = rollway(capsys, "--version")
+    assert code == 0 and out == f"rollway, version {version('rollway')}\n"
 
 
 # --- export ---------------------------------------------------------------------------

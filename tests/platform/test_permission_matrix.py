@@ -87,6 +87,8 @@ def answer_problem(w: World, ask: Ask, persona: str) -> str | None:
             expected = r.status_code == 401
         else:
             expected = r.status_code == 302 and r["Location"].startswith("/accounts/login/")
+    elif ask.needs == "site":  # not a site admin, whatever their teams
+        expected = r.status_code == 403
     elif ask.form:
         expected = r.status_code in (302, 200, 404)  # the page it lands on says why
     elif ask.needs == "self":  # someone else's token is not found

@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 from runs import in_ray, queue, reconcile
 from runs.events import run_group
 from runs.models import MetricPoint, Run
+from tests.platform.server_paths import assert_no_server_path
 from workers.run.failures import DETAIL_MAX
 
 Status = Run.Status
@@ -139,16 +140,16 @@ def test_a_launch_that_cannot_reach_ray_names_the_address_and_keeps_the_tracebac
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == "Ray at 10.0.0.9:6380 is unreachable: check RAY_ADDRESS and that the Ray head is running."
-    assert "ConnectionError: Failed to connect to Ray cluster at 10.0.0.9:6380" in run.error_detail
-    assert "Failed to connect to GCS" in run.error_detail
+    assert "error: ConnectionError: Failed to connect to Ray cluster at 10.0.0.9:6380" in run.error_detail
+    assert "Failed to connect to GCS" in run.error_traceback  # the whole chain, for admins
 
 
-def spool_a_failure(run, settings, detail: str) -> None:
+def spool_a_failure(run, settings, detail: str = "", failure=None) -> None:
     """A real MetricsReporter whose site is down ends by spooling its failure."""
     from workers.run.reporter import MetricsReporter
 
     rep = MetricsReporter(run.pk, "http://127.0.0.1:9", run.ingest_token, settings.ROLLWAY_CACHE_DIR, timeout_s=0.2)
-    rep.post_status("failed", SENTENCE, error_detail=detail)
+    rep.post_status("failed", SENTENCE, error_detail=detail, failure=failure)
     assert rep.close(timeout_s=0.2) is False
 
 
@@ -158,6 +159,50 @@ def test_reconcile_takes_in_a_spooled_failure_with_its_detail(driver, make_run, 
     assert reconcile.do_reconcile_runs()["recovered"] == 1
     run.refresh_from_db()
     assert (run.status, run.error, run.error_detail) == (Status.FAILED, SENTENCE, TRACEBACK)
+
+
+def test_a_spooled_record_keeps_its_traceback_for_admins_and_shows_no_server_path(
+    driver, make_run, settings, client_for, owner
+):
+    from workers.model.loading import load_model
+    from workers.run.failures import explain
+
+    settings.ROLLWAY_MODEL_ROOTS = [str(settings.REPO_ROOT)]
+    run = make_run(Status.RUNNING)
+    try:  # a real error, raised in the server's own files
+        load_model("a-model-that-is-not-here")
+    except Exception as exc:
+        failure = explain(exc, actor="trainer", actor_name=f"run-{run.pk}-trainer", operation="loop")
+    assert str(settings.REPO_ROOT) in failure.traceback
+    spool_a_failure(run, settings, failure=failure)
+    assert reconcile.do_reconcile_runs()["recovered"] == 1
+    run.refresh_from_db()
+    assert (run.status, run.error, run.error_detail) == (Status.FAILED, failure.message, failure.detail)
+    assert run.failure == {
+        "kind": "actor_error",
+        "actor": "trainer",
+        "actor_name": f"run-{run.pk}-trainer",
+        "operation": "loop",
+        "error": failure.error,
+    }
+    assert run.error_traceback == failure.traceback
+    client = client_for(owner)
+    for path in (f"/api/runs/{run.pk}", f"/runs/{run.pk}/"):
+        body = client.get(path).content
+        assert b"Traceback" not in body
+        assert_no_server_path(body, settings, what=path)
+
+
+def test_the_ingest_takes_a_record_and_refuses_a_bad_one_naming_its_field(client, make_run):
+    run = make_run(Status.RUNNING)
+    record = {"kind": "actor_error", "message": SENTENCE, "actor": "trainer", "traceback": TRACEBACK}
+    r = post_status(client, run, {**failed(), "failure": {**record, "kind": "melted"}})
+    assert r.status_code == 400 and "failure.kind" in r.json()["errors"]
+    r = post_status(client, run, {**failed(), "failure": {**record, "actor": "x" * 3000}})
+    assert r.status_code == 400 and "at most 2000 characters" in r.json()["errors"]["failure.actor"]
+    assert post_status(client, run, {**failed(), "failure": record}).status_code == 200
+    run.refresh_from_db()
+    assert (run.failure, run.error_traceback) == ({"kind": "actor_error", "actor": "trainer"}, TRACEBACK)
 
 
 def test_a_spooled_detail_that_fails_validation_is_not_taken_in(driver, make_run, settings):

@@ -372,6 +372,8 @@ def _expected(t: TwoTeams, cell: Cell, r) -> bool | str:
         return status == 302 and r["Location"].startswith("/accounts/login/") and "to the login page"
     if is_token and ask.needs == "session":  # a token never makes tokens, whoever made it
         return status == 403 and "403"
+    if ask.needs == "site":  # no persona here is a site admin
+        return status == 403 and "403"
     if ask.form:
         return status in (302, 200, 404) and "the page it lands on"
     if ask.needs == "self":  # someone else's token is not found

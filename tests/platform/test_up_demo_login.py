@@ -72,7 +72,7 @@ def test_an_open_start_locks_the_demo_login_an_earlier_loopback_start_made():
     user = get_user_model().objects.get(username=DEMO_USERNAME)
     assert not user.has_usable_password()  # the row stays: its team and runs keep their owner
     assert any("can no longer log in" in n for n in notes), notes
-    assert any("0.0.0.0" in n and "createsuperuser" in n for n in notes), notes
+    assert any("0.0.0.0" in n and "manage.py first_admin" in n for n in notes), notes
 
 
 @pytest.mark.django_db

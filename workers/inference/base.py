@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +31,13 @@ def vllm_cpu_kv_cache_bytes(dims: ModelDims, max_model_len: int, max_num_seqs: i
     blocks_per_seq = -(-max_model_len // VLLM_CPU_BLOCK_SIZE)
     needed = dims.kv_bytes_per_token * blocks_per_seq * VLLM_CPU_BLOCK_SIZE * max_num_seqs
     return max(needed + needed // 4, 16 * 2**20)
+
+
+# What the rows running on an engine do while its weights change, in vLLM's words
+# (vllm.v1.engine.PauseMode, `AsyncLLM.pause_generation`'s `mode`): "wait" for them to
+# finish, "abort" them, or "keep" them frozen and continue them after the update. Here,
+# not imported from vLLM: the torch backends and the web process run without it.
+PauseMode = Literal["wait", "abort", "keep"]
 
 
 @dataclass

@@ -30,7 +30,8 @@ the labels in force while its tokens were sampled (`weight_versions`); `generate
 them per token (`Completion.versions`), so a token's version is what the engine says
 produced it, not what the caller believes it loaded. A stepped session (`start`) hands
 its tokens on as they come, before vLLM stamps them; it loads weights between its own
-steps, so the caller's version is exact there.
+steps, through vLLM's pause and resume (`VLLMSession.take_weights`), so the caller's
+version is exact there.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, StepToken, vllm_cpu_kv_cache_bytes
+from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, PauseMode, StepToken, vllm_cpu_kv_cache_bytes
 from workers.model.loading import ModelDims, meta_model, model_config, model_dims, saved_form
 from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
 
@@ -750,6 +751,47 @@ class VLLMBackend:
             self._lora_request = request
             self._weights_changed()
 
+    # ---- pausing generation for a weight update ------------------------------------
+
+    # vLLM 0.32 names these on its async engine only: `AsyncLLM.pause_generation(mode,
+    # clear_cache)` and `resume_generation()` (vllm/v1/engine/async_llm.py; the
+    # `EngineClient` protocol, vllm/engine/protocol.py). The offline `LLM` this backend
+    # runs has no such methods; it reaches the same engine calls
+    # (`EngineCore.pause_scheduler` / `resume_scheduler`, vllm/v1/engine/core.py) through
+    # `LLM.sleep(level=0, mode=...)` and `LLM.wake_up(tags=["scheduling"])`, which is
+    # what these two do. Differences from the async engine's, all in vLLM's source:
+    # - "wait" is refused in process (`EngineCore.pause_scheduler` and
+    #   `InprocClient.sleep` raise "'wait' mode can't be used in inproc-engine mode"):
+    #   drain keeps the backend's own mechanism, a generate call holding the engine
+    #   lock while the weights wait for the next call;
+    # - a level-0 sleep never clears the cache (`EngineCore.sleep`: clear_prefix_cache
+    #   = level >= 1), so `clear_cache` is the engine's `reset_prefix_cache(
+    #   reset_running_requests=True)` here, which is what the async pause runs for it
+    #   (`EngineCore._reset_caches`);
+    # - an in-process "abort" finishes the requests in the scheduler without the abort
+    #   outputs an engine process sends (`EngineCoreProc.pause_scheduler`), so the
+    #   LLMEngine still counts them unfinished until they are aborted there too
+    #   (`VLLMSession.take_weights` does).
+
+    def pause_generation(self, mode: PauseMode = "abort", clear_cache: bool = True) -> None:
+        """Pause the engine's scheduling (vLLM's `pause_generation`): "abort" the running
+        requests, or "keep" them frozen until `resume_generation`; `clear_cache` drops
+        every cached KV block, preempting the kept requests, which vLLM then recomputes
+        (prompt and tokens so far) when they are scheduled again."""
+        if mode == "wait":
+            raise ValueError("pause mode 'wait' cannot run on the in-process engine; a generate call drains instead")
+        self._check_open()
+        with self._lock:
+            self._llm.sleep(level=0, mode=mode)
+            if clear_cache:
+                self._llm.reset_prefix_cache(reset_running_requests=True)
+
+    def resume_generation(self) -> None:
+        """Schedule again after `pause_generation` (vLLM's `resume_generation`)."""
+        self._check_open()
+        with self._lock:
+            self._llm.wake_up(tags=["scheduling"])
+
     # ---- colocated GPUs taking turns (inference.sleep_level, workers/run/colocation.py) ---
 
     # The tags vLLM's sleep frees and wake_up gives back; a backend built without
@@ -863,6 +905,26 @@ class VLLMSession:
                 if c.finish_reason is not None:
                     self.open.discard(row)
         return tokens
+
+    def take_weights(self, load, mode: PauseMode, clear_cache: bool) -> tuple[int, bool]:
+        """Load new weights between two steps through vLLM's pause and resume
+        (workers.rollout.partial_rollouts.take_weights): the rows are paused as `mode`
+        says while `load()` runs; returns the version it loaded and whether the rows go
+        on in this session ("keep"; with `clear_cache` vLLM recomputes their KV under the
+        new weights), else they were aborted."""
+        if mode == "keep" and clear_cache and self.b._lora_request is not None:
+            # A kept request keeps the adapter it was added with: recomputed after the
+            # pause it would run the previous adapter, not the one the load brings.
+            # Aborted, its row is added again with its tokens on the new adapter.
+            mode = "abort"
+        self.b.pause_generation(mode, clear_cache)
+        try:
+            if mode == "abort":
+                self.close()  # the LLMEngine's side of the abort (see VLLMBackend.pause_generation)
+            version = load()
+        finally:
+            self.b.resume_generation()
+        return version, mode == "keep"
 
     def close(self) -> None:
         if self.open and self.b._llm is not None:

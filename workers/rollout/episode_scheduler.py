@@ -43,7 +43,7 @@ from workers.model.tokenizer import Tokenizer
 from workers.rl_tasks import Task
 from workers.rollout.episodes import Episode, MultiTurnTask, is_multi_turn, take_model_turn, turn_ender
 from workers.rollout.generation import encode_prompt, score_sequences
-from workers.rollout.partial_rollouts import NoUpdates, generate_across_updates
+from workers.rollout.partial_rollouts import DRAIN, generate_across_updates
 
 
 class MultiAgentTask(Task, Protocol):
@@ -197,8 +197,8 @@ class EpisodeScheduler:
             self.cfg.inference.temperature,
             self._seed * 1000 + self._turns,
             version,
-            "in_flight",  # with no updates offered: one version for the call
-            NoUpdates(),
+            DRAIN,  # one version for the call: weights load between two calls (the loop)
+            None,
             ends_turn=self._ends_turn,
         )
         self._turns += 1

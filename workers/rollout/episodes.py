@@ -29,16 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard
 
-from workers.config.run_config import UpdateMode
 from workers.inference.base import InferenceBackend
 from workers.model.tokenizer import Tokenizer
 from workers.rl_tasks import Task
 from workers.rollout.partial_rollouts import (
-    STEPPED_MODES,
+    DRAIN,
     Generation,
-    NoUpdates,
     PartialCounts,
     PartialSequence,
+    UpdatePolicy,
     WeightUpdates,
     generate_across_updates,
 )
@@ -156,23 +155,20 @@ def run_episodes(
     temperature: float,
     seed: int,
     version: int,
-    mode: UpdateMode = "drain",
+    policy: UpdatePolicy = DRAIN,
     updates: WeightUpdates | None = None,
 ) -> Generation:
     """`n` episodes per prompt (prompt-major, grouped per prompt as in
     workers.rollout.partial_rollouts.Generation), the version loaded at the end, and the partial counts.
 
-    `mode` drain (or no `updates`): one version throughout. A stepped mode with
-    `updates`: new weights are taken between turns and within turns as `mode` says.
+    Under drain (or no `updates`): one version throughout. A stepped `policy` with
+    `updates`: new weights are taken between turns and within turns as it says.
+    Turns are generated one decode step at a time whatever the policy, since a turn must
+    stop at its call, which only a per-step check sees.
     """
     if task.max_turns < 1:
         raise ValueError(f"max_turns must be ≥ 1 (got {task.max_turns})")
-    stepped = updates is not None and mode in STEPPED_MODES
-    weights: WeightUpdates = updates if updates is not None and stepped else NoUpdates()
-    # Turns are generated through the stepped session whatever the mode, since a turn
-    # must stop at its call, which only a per-step check sees; without updates nothing is
-    # ever loaded in between, so in_flight here means drain.
-    turn_mode: UpdateMode = mode if stepped else "in_flight"
+    weights = policy.offered(updates)
 
     ends_turn = turn_ender(task, tokenizer)
 
@@ -194,7 +190,7 @@ def run_episodes(
             # of their own (distinct from the abort retries' seed * 1000 + attempt).
             seed if turn == 0 else seed * 1000 + 500 + turn,
             version,
-            turn_mode,
+            policy,
             weights,
             ends_turn=ends_turn,
         )

@@ -1,5 +1,9 @@
 """Turn prompts into scored groups: run a backend, decode, reward, fill the data contract.
 
+One path for every run config (`generate`): encode, generate (one backend call, one
+decode step at a time where weights may arrive or a reward stage streams, or episodes),
+score. The update mode is read once into an `UpdatePolicy`
+(workers/rollout/partial_rollouts.py) that generation asks at its decision points.
 A multi-turn task (`multi_turn = True`, e.g. workers/rl_tasks/tool_task.py) gets episodes instead
 of single completions (workers/rollout/episodes.py); the rest is the same.
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workers.config.run_config import RunConfig
@@ -19,10 +24,11 @@ from workers.rl_tasks import Task
 from workers.rl_tasks.reward_funcs import Scores, score_group
 from workers.rollout.episodes import Episode, episode_text, is_multi_turn, run_episodes, task_tools
 from workers.rollout.partial_rollouts import (
-    STEPPED_MODES,
-    NoUpdates,
+    DRAIN,
+    Generation,
     PartialCounts,
     PartialSequence,
+    UpdatePolicy,
     WeightUpdates,
     generate_across_updates,
 )
@@ -42,6 +48,95 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, task: object = None) -> lis
     return tokenizer.prompt_ids(prompt, task_tools(task, tokenizer))
 
 
+@dataclass
+class Generated:
+    """What `generate` returns: one scored group per prompt, the version the backend
+    holds at the end, and the call's partial-rollout counts."""
+
+    groups: list[Group]
+    version: int
+    counts: PartialCounts
+
+
+def generate(
+    backend: InferenceBackend,
+    task: Task,
+    tokenizer: Tokenizer,
+    prompts: list[tuple[str, str]],
+    cfg: RunConfig,
+    version: int,
+    seed: int,
+    policy: UpdatePolicy = DRAIN,
+    staged: WeightUpdates | None = None,
+    rewards: RewardPool | None = None,
+) -> Generated:
+    """One group of `trainer.group_size` scored rollouts per (prompt, answer) pair: the
+    rollout path of every run config.
+
+    `policy` (the run's `sync.update_mode`, `UpdatePolicy.of`): under drain the call runs
+    on the weights it started with (weights staged meanwhile wait for the next call);
+    a stepped mode takes them from `staged` between two decode steps as it says, each
+    token tagged with the version that produced it. `rewards`: the run's reward pool
+    (workers/rollout/reward_stage.py): scoring after generation, or pipelined, chunk
+    by chunk while it runs (one decode step at a time then, also under drain); None:
+    scored here with the task's verifier. A multi-turn task gets episodes
+    (workers/rollout/episodes.py) in place of single completions.
+
+    Group ids are `"<seed>-<index>"`, unique as long as callers never reuse a seed.
+    """
+    n = cfg.trainer.group_size
+    prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
+    stream = rewards.stream(prompts, n, tokenizer.decode) if rewards is not None and rewards.pipelined else None
+    gen: Generation
+    if is_multi_turn(task):
+        if stream is not None:  # the run config refuses it (RunConfig._pipelined_rewards_fit_task)
+            raise ValueError("rewards.mode 'pipelined' streams single completions; a multi-turn task has episodes")
+        gen = run_episodes(
+            backend,
+            task,
+            tokenizer,
+            prompt_ids,
+            n,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+            policy,
+            staged,
+        )
+    elif policy.stepped or stream is not None:
+        gen = generate_across_updates(
+            backend,
+            prompt_ids,
+            n,
+            cfg.inference.max_new_tokens,
+            cfg.inference.temperature,
+            seed,
+            version,
+            policy,
+            staged,
+            on_step=stream.on_step if stream is not None else None,
+        )
+    else:  # one call on one version: the backend's own batch generate
+        gen = _one_call(backend, prompt_ids, n, cfg, seed, version)
+    scorer: BatchScorer | None = None
+    if stream is not None:
+        scores = stream.scores([s for group in gen.sequences for s in group])
+        scorer = lambda *_: scores  # noqa: E731
+    elif rewards is not None:
+        scorer = rewards.score_after
+    groups = score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer)
+    if stream is not None and cfg.rewards.credit == "process":
+        # The steps go with the rollouts only where the trainer reads them: an outcome
+        # run's buffer and checkpoints stay as they were.
+        steps = iter(zip(stream.step_ends, stream.step_scores, strict=True))  # prompt-major, as the groups
+        for g in groups:
+            g.rollouts = [
+                dataclasses.replace(r, step_ends=e, step_scores=v) for r, (e, v) in zip(g.rollouts, steps, strict=False)
+            ]
+    return Generated(groups, gen.version, gen.counts)
+
+
 def generate_groups(
     backend: InferenceBackend,
     task: Task,
@@ -50,24 +145,19 @@ def generate_groups(
     cfg: RunConfig,
     version: int,
     seed: int,
-    scorer: BatchScorer | None = None,
 ) -> list[Group]:
-    """One group of `trainer.group_size` scored rollouts per (prompt, answer) pair, in one
-    generate call (update mode drain): every token is tagged with the version the backend
-    stamped it with (`Completion.versions`, vLLM), else with `version`. A multi-turn
-    task's episodes run on those same weights, every turn.
+    """`generate`'s groups under drain, scored here: one version throughout."""
+    return generate(backend, task, tokenizer, prompts, cfg, version, seed).groups
 
-    Group ids are `"<seed>-<index>"`, unique as long as callers never reuse a seed.
-    `scorer`: where the groups are scored (the reward pool, `after`); None: here, with
-    the task's verifier.
-    """
-    prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
-    if is_multi_turn(task):
-        gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version)
-        return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer)
+
+def _one_call(
+    backend: InferenceBackend, prompt_ids: list[list[int]], n: int, cfg: RunConfig, seed: int, version: int
+) -> Generation:
+    """Every completion in one `backend.generate` call: each token tagged with the
+    version the backend stamped it with (`Completion.versions`, vLLM), else `version`."""
     completions = backend.generate(
         prompt_ids,
-        n=cfg.trainer.group_size,
+        n=n,
         max_new_tokens=cfg.inference.max_new_tokens,
         temperature=cfg.inference.temperature,
         seed=seed,
@@ -87,121 +177,7 @@ def generate_groups(
         ]
         for ids, comps in zip(prompt_ids, completions, strict=True)
     ]
-    return score_sequences(task, tokenizer, prompts, sequences, seed, scorer)
-
-
-def generate_groups_across_updates(
-    backend: InferenceBackend,
-    task: Task,
-    tokenizer: Tokenizer,
-    prompts: list[tuple[str, str]],
-    cfg: RunConfig,
-    version: int,
-    seed: int,
-    updates: WeightUpdates,
-    scorer: BatchScorer | None = None,
-) -> tuple[list[Group], int, PartialCounts]:
-    """`generate_groups` for the stepped update modes (abort_retry, abort_resume,
-    in_flight: workers/rollout/partial_rollouts.py): weights staged while the call runs are taken as
-    `sync.update_mode` says, and each token is tagged with the version that produced it.
-    Returns the groups, the version loaded at the end, and the partial-rollout counts."""
-    prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
-    if is_multi_turn(task):
-        gen = _episodes(backend, task, tokenizer, prompt_ids, cfg, seed, version, updates)
-        return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
-    gen = generate_across_updates(
-        backend,
-        prompt_ids,
-        cfg.trainer.group_size,
-        cfg.inference.max_new_tokens,
-        cfg.inference.temperature,
-        seed,
-        version,
-        cfg.sync.update_mode,
-        updates,
-    )
-    return score_sequences(task, tokenizer, prompts, gen.sequences, seed, scorer), gen.version, gen.counts
-
-
-def generate_groups_in_mode(
-    backend: InferenceBackend,
-    task: Task,
-    tokenizer: Tokenizer,
-    prompts: list[tuple[str, str]],
-    cfg: RunConfig,
-    version: int,
-    seed: int,
-    staged: WeightUpdates,
-    rewards: RewardPool | None = None,
-) -> tuple[list[Group], PartialCounts]:
-    """An inference worker's generate call under `sync.update_mode`: in drain,
-    `generate_groups` (weights staged meanwhile wait for the next call); in a stepped
-    mode, `generate_groups_across_updates` taking them from `staged`. Returns the groups
-    and the call's partial-rollout counts. `rewards`: the run's reward pool
-    (workers/rollout/reward_stage.py), None where the groups are scored here."""
-    if rewards is not None and rewards.pipelined:
-        return _generate_pipelined(backend, task, tokenizer, prompts, cfg, version, seed, staged, rewards)
-    scorer = rewards.score_after if rewards is not None else None
-    if cfg.sync.update_mode not in STEPPED_MODES:
-        return generate_groups(backend, task, tokenizer, prompts, cfg, version, seed, scorer), PartialCounts()
-    groups, _, counts = generate_groups_across_updates(
-        backend, task, tokenizer, prompts, cfg, version, seed, staged, scorer
-    )
-    return groups, counts
-
-
-def _generate_pipelined(
-    backend: InferenceBackend,
-    task: Task,
-    tokenizer: Tokenizer,
-    prompts: list[tuple[str, str]],
-    cfg: RunConfig,
-    version: int,
-    seed: int,
-    staged: WeightUpdates,
-    rewards: RewardPool,
-) -> tuple[list[Group], PartialCounts]:
-    """Generate one decode step at a time, streaming each completion's chunks to the
-    reward pool as it grows (rewards.mode 'pipelined'). Under drain no weights are taken
-    mid-call, exactly as `generate_groups`."""
-    prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
-    stepped = cfg.sync.update_mode in STEPPED_MODES
-    n = cfg.trainer.group_size
-    stream = rewards.stream(prompts, n, tokenizer.decode)
-    gen = generate_across_updates(
-        backend,
-        prompt_ids,
-        n,
-        cfg.inference.max_new_tokens,
-        cfg.inference.temperature,
-        seed,
-        version,
-        cfg.sync.update_mode if stepped else "in_flight",
-        staged if stepped else NoUpdates(),
-        on_step=stream.on_step,
-    )
-    flat = [s for group in gen.sequences for s in group]
-    scores = stream.scores(flat)
-    groups = score_sequences(task, tokenizer, prompts, gen.sequences, seed, lambda *_: scores)
-    if cfg.rewards.credit == "process":
-        # The steps go with the rollouts only where the trainer reads them: an outcome
-        # run's buffer and checkpoints stay as they were.
-        steps = iter(zip(stream.step_ends, stream.step_scores, strict=True))  # prompt-major, as the groups
-        for g in groups:
-            g.rollouts = [
-                dataclasses.replace(r, step_ends=e, step_scores=v) for r, (e, v) in zip(g.rollouts, steps, strict=False)
-            ]
-    return groups, gen.counts
-
-
-def _episodes(backend, task, tokenizer, prompt_ids, cfg: RunConfig, seed: int, version: int, updates=None):
-    """A multi-turn task's episodes with the run's batch shape: on one version without
-    `updates`, else taking staged weights as `sync.update_mode` says."""
-    mode = cfg.sync.update_mode if updates is not None else "drain"
-    return run_episodes(
-        backend, task, tokenizer, prompt_ids, cfg.trainer.group_size, cfg.inference.max_new_tokens,
-        cfg.inference.temperature, seed, version, mode, updates,
-    )  # fmt: skip
+    return Generation(sequences, version, PartialCounts())
 
 
 def score_sequences(

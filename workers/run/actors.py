@@ -38,11 +38,18 @@ import logging
 import queue
 import threading
 import time
-import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import ray
 
 from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer
+from workers.run.failures import STARTING, ChildFailed, Failure, explain, node_label
+
+if TYPE_CHECKING:
+    from workers.config.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +58,35 @@ log = logging.getLogger(__name__)
 WAIT_S = 0.25
 
 
-def log_error(actor: str) -> str:
-    """Log the exception being handled as `actor`'s failure; its traceback, for the driver."""
-    text = traceback.format_exc()
-    log.error("%s failed:\n%s", actor, text)
-    return text
+def record_failure(exc: Exception, cfg: RunConfig | None, actor: str, operation: str) -> Failure:
+    """The failure record of `exc`, caught in this actor while doing `operation`: made
+    here, where the exception objects are whole, and handed to the driver as data."""
+    name = ray.get_runtime_context().get_actor_name() or ""
+    try:
+        node = node_label(where_am_i())
+    except Exception:  # Ray cannot say where this process runs: the record goes without it
+        node = ""
+    failure = explain(exc, cfg, actor=actor, actor_name=name, node=node, operation=operation)
+    log.error("%s failed: %s\n%s", actor, failure.message, failure.traceback)
+    return failure
+
+
+def started(start: Callable[[], None], cfg: RunConfig | None, actor: str) -> Failure | None:
+    """Run an actor's constructor (`start`); the record of its error, or None. Ray would
+    pass on an error raised from a constructor only as text, so the actor keeps it and
+    `ready` raises it as a ChildFailed (a method's error reaches the caller as the object)."""
+    try:
+        start()
+    except Exception as exc:
+        return record_failure(exc, cfg, actor, STARTING)
+    return None
+
+
+def raise_start_failure(failure: Failure | None) -> bool:
+    """An actor's `ready`: True, or the error its constructor kept (`started`)."""
+    if failure is not None:
+        raise ChildFailed(failure.message, failure)
+    return True
 
 
 @actor_class(num_cpus=0, max_concurrency=64)
@@ -63,6 +94,9 @@ class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
     def __init__(self, plan: BufferPlan, batch_groups: int) -> None:
+        self.start_failure = started(lambda: self._start(plan, batch_groups), None, "buffer")
+
+    def _start(self, plan: BufferPlan, batch_groups: int) -> None:
         self.buffer = RolloutBuffer(
             plan.capacity_groups, plan.max_staleness, plan.on_stale, plan.drop_uniform, plan.max_uniform_run
         )
@@ -71,7 +105,7 @@ class BufferActor:
         self._lock = threading.Lock()
 
     def ready(self) -> bool:
-        return True
+        return raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()

@@ -10,7 +10,11 @@ loads it; the resume reads the weights back the same way):
                     once); with LoRA the frozen base
     adapter/        with LoRA only: the adapter in peft's format
                     (`PeftModel.from_pretrained(base, "<step>/adapter")`)
-    optimizer.pt    the AdamW state
+    optimizer.pt    the AdamW state (a single trainer's or a ddp pool's)
+    sharded/        an fsdp2 pool's model and AdamW state instead: torch.distributed
+                    .checkpoint's directory (`.metadata`, and `__<rank>_0.distcp` as each
+                    rank wrote its own shards), which any number of ranks, or a single
+                    trainer, reads back (DCP reshards on load)
     trainer.pt      the trainer's progress (TrainerProgress.state_dict: policy version
                     k, its step-plan RNG, the torch RNG states) and its cumulative
                     starved seconds
@@ -30,8 +34,12 @@ A checkpoint written before the weights were a model directory holds them in mod
 (the model's state_dict through torch.save); it still resumes.
 
 Each stateful part says what its state is (`state_dict` / `load_state_dict`); this module
-composes them into files, and holds the trainer's weights and optimizer state, which a
-trainer pool gathers to rank 0 and broadcasts back (`training_state`).
+composes them into files, and holds the trainer's weights and optimizer state: a ddp
+pool's rank 0 holds them whole and writes them (`training_state`); an fsdp2 pool's
+ranks each write their shards, and rank 0 the model files streamed a safetensors shard
+at a time (`write_shards`), so no rank holds the whole model. A local checkpoint root
+is then one filesystem every rank of the pool writes to; to an object store each rank
+uploads its own files.
 
 `checkpoint_root` is a local directory or an fsspec URL (`s3://bucket/prefix`,
 `memory://…` in tests): everything goes through fsspec. Locally the step is written
@@ -64,7 +72,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -92,6 +100,9 @@ POLICY = "policy"
 ADAPTER = "adapter"
 # Where the weights were before the step directory was a model directory.
 LEGACY_MODEL = "model.pt"
+# An fsdp2 pool's model and optimizer state: torch.distributed.checkpoint's directory,
+# each rank's shards in files of its own plus the global `.metadata`.
+SHARDED = "sharded"
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 # Read and hash in pieces of this size: a multi-GB weights file never sits twice in memory.
 CHUNK = 16 << 20
@@ -304,6 +315,122 @@ def _write_policy(fs: fsspec.AbstractFileSystem, path: str, policy: PolicyFiles,
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _place_staged(fs: fsspec.AbstractFileSystem, staging: str, path: str) -> list[dict]:
+    """Move every file under the local directory `staging` to the same relative name
+    under `path` on `fs` (a rename locally, an upload elsewhere); their manifest entries."""
+    local = isinstance(fs, LocalFileSystem)
+    files = []
+    for here, _, names in os.walk(staging):
+        for name in names:
+            full = os.path.join(here, name)
+            rel = os.path.relpath(full, staging).replace(os.sep, "/")
+            size, sha = _file_digest(full)
+            dest = posixpath.join(path, rel)
+            if local:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                os.replace(full, dest)
+            else:
+                fs.put_file(full, dest)
+            files.append({"name": rel, "bytes": size, "sha256": sha})
+    return files
+
+
+@contextmanager
+def _staging(fs: fsspec.AbstractFileSystem, path: str, tag: str) -> Iterator[str]:
+    """A local directory to write into before `_place_staged`: beside the files (the
+    same filesystem, so placing them is a rename) or, for an object store, a temporary one."""
+    staging = (
+        posixpath.join(path, f".{tag}-{uuid.uuid4().hex[:8]}")
+        if isinstance(fs, LocalFileSystem)
+        else tempfile.mkdtemp(prefix=f".rollway-{tag}-")
+    )
+    os.makedirs(staging, exist_ok=True)
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_shards(trainer: Trainer, location: str, path: str) -> list[dict]:
+    """Every rank of a sharded (fsdp2) pool, together: this rank's part of the step
+    directory being written at `path` (for the checkpoint at `location`). Returns the
+    manifest entries of the files this rank wrote.
+
+    The model and optimizer state go through torch.distributed.checkpoint (DCP): each
+    rank writes the shards it holds (`get_state_dict`'s sharded form, DTensors keyed by
+    parameter name) and rank 0 the global metadata, so no rank gathers the state and a
+    pool of another size reads it back (`load_shards`: DCP reshards on load). Then the
+    step directory's Hugging Face model files, which only rank 0 writes: gathered a
+    module at a time and written a safetensors shard at a time, the other ranks joining
+    the gathers (workers/sync/weights.py)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    fs, _ = _fs(location)
+    rank = dist.get_rank()
+    model, optimizer = get_state_dict(trainer.model, trainer.optimizer)
+    with _staging(fs, path, f"{SHARDED}-rank{rank}") as staging:
+        # A directory per rank: what a rank placed is exactly what it wrote.
+        dcp.save({"model": model, "optimizer": optimizer}, storage_writer=dcp.FileSystemWriter(staging))
+        files = _place_staged(fs, staging, posixpath.join(path, SHARDED))
+    for f in files:
+        f["name"] = f"{SHARDED}/{f['name']}"
+    if rank != 0:
+        _follow_model_files(trainer)
+        return files
+    with _staging(fs, path, "model") as staging:
+        _write_model_files(trainer, staging, location)
+        return files + _place_staged(fs, staging, path)
+
+
+def _write_model_files(trainer: Trainer, out_dir: str, location: str) -> None:
+    """Rank 0 of a sharded pool: what `PolicyFiles.write` writes, streamed."""
+    # Imported here (torch): the site's settings import this module, in processes
+    # that never read weights.
+    from workers.model.lora import adapter_config, is_peft, write_adapter_dir
+    from workers.sync.weights import adapter_tensors, base_stream, effective_stream
+    from workers.train.export import write_streamed_model_dir
+
+    tokenizer, shard_mb = load_tokenizer(trainer.model_dir), trainer.cfg.sync.bucket_mb
+    model = trainer.model
+    if not is_peft(model):
+        write_streamed_model_dir(effective_stream(model), trainer.model_dir, tokenizer, out_dir, shard_mb)
+        return
+    write_streamed_model_dir(base_stream(model), trainer.model_dir, tokenizer, out_dir, shard_mb)
+    config = adapter_config(model)
+    config["base_model_name_or_path"] = location
+    write_adapter_dir(os.path.join(out_dir, ADAPTER), adapter_tensors(model), config)
+
+
+def _follow_model_files(trainer: Trainer) -> None:
+    """Ranks 1..: join `_write_model_files`'s gathers, in its order."""
+    # Imported here (torch), as in `_write_model_files`.
+    from workers.model.lora import is_peft
+    from workers.sync.weights import base_stream, drain, effective_stream, follow
+
+    if not is_peft(trainer.model):
+        drain(effective_stream(trainer.model))
+        return
+    drain(base_stream(trainer.model))
+    follow(trainer.model, "adapter")
+
+
+@dataclass
+class ShardedPolicy:
+    """An fsdp2 pool's weights and optimizer as checkpoint files (`write_shards`), rank
+    0's part. `others(location, path)` starts ranks 1..'s part and returns what waits
+    for it (their files' manifest entries)."""
+
+    trainer: Trainer
+    others: Callable[[str, str], Callable[[], list[dict]]] | None = None
+
+    def write(self, path: str, location: str) -> list[dict]:
+        wait = self.others(location, path) if self.others is not None else list
+        mine = write_shards(self.trainer, location, path)
+        return mine + wait()
+
+
 def _manifest_digest(files: list[dict]) -> str:
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f["name"]):
@@ -329,9 +456,13 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
     fs.makedirs(path, exist_ok=True)
     files = []
     # The policy first: locally its files are whatever the directory then holds.
-    for name, obj in sorted(parts.items(), key=lambda part: not isinstance(part[1], PolicyFiles)):
+    policies = (PolicyFiles, ShardedPolicy)
+    for name, obj in sorted(parts.items(), key=lambda part: not isinstance(part[1], policies)):
         if isinstance(obj, PolicyFiles):
             files.extend(_write_policy(fs, path, obj, final))
+            continue
+        if isinstance(obj, ShardedPolicy):
+            files.extend(obj.write(path, final))
             continue
         with fs.open(posixpath.join(path, name), "wb") as f:
             out = _HashingWriter(f)
@@ -349,7 +480,9 @@ def write_checkpoint(target: CheckpointTarget, step: int, parts: dict[str, Any])
         "sha256": _manifest_digest(files),
         "files": files,
         # The files that are the model directory (`Checkpoint.load_policy` reads them).
-        "model_files": sorted(f["name"] for f in files if f["name"] not in parts),
+        "model_files": sorted(
+            f["name"] for f in files if f["name"] not in parts and not f["name"].startswith(SHARDED + "/")
+        ),
     }
     with fs.open(posixpath.join(path, META), "w") as f:
         f.write(json.dumps(meta, indent=1))
@@ -542,10 +675,10 @@ def _trainable_names(trainer: Trainer) -> list[str]:
 
 
 def training_state(trainer: Trainer) -> tuple[dict, dict]:
-    """(model state dict, optimizer state dict) of the trainer, whole, on the CPU. For a
-    trainer pool a collective every rank calls: torch gathers them on rank 0, which
-    alone gets them (the others get empty dicts) — rank 0's host memory holds the whole
-    training state while a checkpoint is written."""
+    """(model state dict, optimizer state dict) of the trainer, whole, on the CPU: the
+    files of a single trainer's or a ddp pool's checkpoint (rank 0's replica). For a
+    sharded pool a collective every rank calls, which gathers the whole state on rank 0
+    (the others get empty dicts): its checkpoints write shards instead (`write_shards`)."""
     if trainer.pool is None:
         return {k: t.detach().cpu() for k, t in trainer.model.state_dict().items()}, trainer.optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -583,15 +716,23 @@ def restore_training_state(trainer: Trainer, state: tuple[dict, dict] | None) ->
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer, options=options)
 
 
-def trainer_parts(trainer: Trainer, starved_s: float) -> dict[str, Any]:
+def trainer_parts(
+    trainer: Trainer, starved_s: float, others: Callable[[str, str], Callable[[], list[dict]]] | None = None
+) -> dict[str, Any]:
     """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
-    0's (the others join `training_state`)."""
-    model, optimizer = training_state(trainer)
-    parts = {
-        POLICY: PolicyFiles(model, trainer.model, trainer.model_dir),
-        OPTIMIZER: optimizer,
-        TRAINER: {**trainer.progress.state_dict(), "starved_s": float(starved_s)},
-    }
+    0's: a ddp pool's others join `training_state`; a sharded pool's write their own
+    shards (`write_shards`), started by `others` once the step directory is there."""
+    progress = {**trainer.progress.state_dict(), "starved_s": float(starved_s)}
+    parts: dict[str, Any]
+    if trainer.sharded:
+        parts = {POLICY: ShardedPolicy(trainer, others), TRAINER: progress}
+    else:
+        model, optimizer = training_state(trainer)
+        parts = {
+            POLICY: PolicyFiles(model, trainer.model, trainer.model_dir),
+            OPTIMIZER: optimizer,
+            TRAINER: progress,
+        }
     if trainer.cfg.task.dataset is not None:  # the step directory is a model directory too
         parts[SPLIT_FILE] = load_splits(trainer.cfg).record
     return parts
@@ -619,12 +760,43 @@ def read_version(ckpt: Checkpoint) -> int:
     return int(ckpt.meta["step"])
 
 
+def has_shards(ckpt: Checkpoint) -> bool:
+    """Whether the checkpoint holds its model and optimizer state as DCP shards (an
+    fsdp2 pool wrote it) rather than whole (model files and optimizer.pt)."""
+    return any(f["name"].startswith(SHARDED + "/") for f in ckpt.meta["files"])
+
+
+def load_shards(trainer: Trainer, ckpt: Checkpoint) -> None:
+    """Put a sharded checkpoint's model and optimizer state into `trainer`, in place,
+    whatever the number of ranks that wrote it: torch.distributed.checkpoint reads into
+    the form `trainer` holds them in (`get_state_dict`: this rank's shards for an fsdp2
+    pool, every rank calling; the whole state for a single trainer or a ddp rank, each
+    reading it alone), so it reshards on load. Every file is checked against the
+    manifest first."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    names = [f["name"] for f in ckpt.meta["files"] if f["name"].startswith(SHARDED + "/")]
+    with ckpt._local(names) as local:
+        model, optimizer = get_state_dict(trainer.model, trainer.optimizer)
+        state: dict[str, Any] = {"model": model, "optimizer": optimizer}
+        reader = dcp.FileSystemReader(os.path.join(local, SHARDED))
+        dcp.load(state, storage_reader=reader, no_dist=not trainer.sharded)
+    set_state_dict(
+        trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
 def restore_trainer(trainer: Trainer, ckpt: Checkpoint) -> float:
     """Put the checkpoint's weights, optimizer, RNG states and version into `trainer`
     (in place: a weight sender's view of the parameters stays valid); returns the
-    trainer's starved seconds so far. In a pool this is rank 0's part: the others call
-    `restore_training_state(trainer, None)` meanwhile."""
-    restore_training_state(trainer, (ckpt.load_policy(trainer.model), ckpt.load_torch(OPTIMIZER)))
+    trainer's starved seconds so far. In a pool this is rank 0's part: meanwhile the
+    others call `load_shards` (a sharded checkpoint) or `restore_training_state(trainer,
+    None)` (a whole one, which rank 0 broadcasts)."""
+    if has_shards(ckpt):
+        load_shards(trainer, ckpt)
+    else:
+        restore_training_state(trainer, (ckpt.load_policy(trainer.model), ckpt.load_torch(OPTIMIZER)))
     state = ckpt.load_torch(TRAINER)
     trainer.progress.load_state_dict(state)
     return float(state["starved_s"])

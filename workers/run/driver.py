@@ -7,8 +7,8 @@ every POLL_S it drains their metrics, reports them through the `MetricsReporter`
 (`RunMetrics`: one point per series per trainer step, step = policy version) and checks
 the stop conditions.
 
-Status goes to the platform as running → succeeded | failed (with a sentence saying why
-and the traceback it was worked out from: workers.run.failures). A
+Status goes to the platform as running → succeeded | failed (with the failure's record:
+a sentence saying why, its facts and the traceback, workers.run.failures). A
 cancelled run posts no terminal status: the platform set "cancelled" itself. While
 running, each change of phase goes with the status (workers.run.reporter.PHASES): warm_start
 (with the supervised steps done when it builds the policy), starting_engines,
@@ -42,7 +42,7 @@ from workers.rollout.partial_rollouts import partial_metrics
 from workers.rollout.reward_stage import RewardReport, pool_metrics
 from workers.run.admission import engine_errors
 from workers.run.checkpoints import CheckpointRecord, CheckpointTarget, check_resume, check_resume_split
-from workers.run.failures import ChildFailed, explain
+from workers.run.failures import ChildFailed, Failure, explain
 from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
@@ -105,8 +105,9 @@ class RunDriver:
         self.reporter = MetricsReporter(run_id, ingest_url, token, cache_dir)
         self.state = "created"  # created → starting → running → succeeded | failed | cancelled
         self.reason = ""
-        self.error = ""  # why it failed, for people (workers.run.failures)
-        self.error_detail = ""  # the traceback behind `error`
+        self.failure: Failure | None = None  # why it failed (workers.run.failures)
+        self.error = ""  # its sentence, for people
+        self.error_detail = ""  # its facts (no traceback: that is the record's, for admins)
         self.version = 0
         self.metrics = RunMetrics(self.reporter, self.cfg.inference.num_workers)
         self._stop = threading.Event()
@@ -189,9 +190,10 @@ class RunDriver:
         except Exception as exc:
             self.state, self.reason = "failed", "error"
             failure = explain(exc, self.cfg, phase=self.phase, nodes=self.actors.node_names())
+            self.failure = failure
             self.error, self.error_detail = failure.message, failure.detail
-            log.error("run %s failed: %s\n%s", self.run_id, self.error, self.error_detail)
-            self.reporter.post_status("failed", self.error, error_detail=self.error_detail, error_kind=failure.kind)
+            log.error("run %s failed: %s\n%s\n%s", self.run_id, self.error, self.error_detail, failure.traceback)
+            self.reporter.post_status("failed", failure=failure)
         finally:
             self._kill_children()
             remove_scratch(self.scratch_dir)
@@ -252,7 +254,8 @@ class RunDriver:
             self._set_phase("warm_start", f"building the warm-started policy: step {done}/{total}")
 
     def summary(self) -> dict:
-        """state, reason, error (a sentence), error_detail (its traceback), steps,
+        """state, reason, error (a sentence), error_detail (its facts), failure (the
+        record, traceback included: workers.run.failures.Failure.fields; None), steps,
         wall_s (of the loops), timings (seconds per phase), policy_sha256 (the final
         weights' checksum: equal for bit-identical policies), export_dir (where the final
         policy was exported, "" if not), checkpoints (each written, oldest first: step,
@@ -267,6 +270,7 @@ class RunDriver:
             "reason": self.reason,
             "error": self.error,
             "error_detail": self.error_detail,
+            "failure": self.failure.fields() if self.failure is not None else None,
             "steps": self.version,
             "wall_s": self.timings.get("loops", time.time() - self._loop_started if self._loop_started else 0.0),
             "timings": dict(self.timings),
@@ -339,13 +343,12 @@ class RunDriver:
             lost = actors.lost_nodes(exc)
             if lost:
                 raise lost from exc
-            # Ray's error names the dead actor and why it died (workers.run.failures reads it).
-            raise ChildFailed("a run actor died") from exc
-        if tr.error:
-            raise ChildFailed("trainer failed", who="trainer", detail=tr.error)
-        for k, rep in enumerate(reports):
-            if rep.error:
-                raise ChildFailed(f"inference worker {k} failed", who=f"inference worker {k}", detail=rep.error)
+            # Ray's record of the death names the actor and why (workers.run.ray_deaths).
+            raise
+        # An actor's loop failed: its record, made where it was caught.
+        for failure in (tr.error, *(rep.error for rep in reports)):
+            if failure is not None:
+                raise ChildFailed(failure.message, failure)
 
         for record in tr.checkpoints:
             self._report_checkpoint(record)

@@ -1,41 +1,42 @@
-"""Why a run failed, in a sentence or two that says what happened and what to do.
+"""Why a run failed, as a record made where the exception is caught.
 
-A failed run's page shows `Failure.message` ("The model directory /x has no config.json:
-point model.path at a Hugging Face model directory.") with the traceback it was worked
-out from (`Failure.detail`) folded under it. `explain(exc, cfg)` finds the message by
-reading everything behind the exception:
+A `Failure` says what failed (`kind`, one of KINDS), in which run actor (`actor`,
+`actor_name`) on which node (`node`), doing what (`operation`), the exception it
+quotes (`error`), the sentence people read (`message`: what happened and what to do)
+and the traceback (`traceback`, for the site's admins only: its frames name the
+server's files). `explain(exc, cfg, actor=..., operation=...)` makes one from the
+exception objects behind `exc` (`__cause__`, `__context__`, and the `cause` Ray wraps
+a remote error in) and from what the catcher knows; nothing is read back from a
+traceback's text.
 
-- the exceptions chained to it (`__cause__`, `__context__`, and the `cause` that Ray
-  wraps a remote error in), as objects;
-- the text of errors that crossed a process boundary as text: an actor's loop reports
-  its traceback as a string (`ChildFailed.detail`), and Ray writes the remote traceback
-  of an actor's failed constructor into the message of its ActorDiedError. Their
-  exception lines ("torch.OutOfMemoryError: CUDA out of memory ...") are parsed.
+Each side makes its own: an actor's loop and constructor catch their error and hand
+the record to the driver (`ChildFailed.failure`: a dataclass, so Ray pickles it; a
+constructor's through `ready`, as Ray passes an error raised in `__init__` on only as
+text: workers.run.actors), the driver explains what it catches itself (a timeout, a
+lost node), and the site a launch that failed. A run actor Ray reports dead is described by workers.run.ray_deaths from
+Ray's own record of the death (the actor table), read only where an actor error is
+behind the failure.
 
-The first rule that matches names the failure (`KINDS`, most specific first); the
-fallback is the exception's own last line. Which actor failed comes from the driver
-(`ChildFailed.who`) or from Ray's own words: a named actor's error names it
-("name: run-7-buffer", "ray::run-7-inference-0:InferenceWorker.__init__").
-
-No Django, and neither Ray nor torch is imported here: the site imports this module too
-(its launch and queue explain Ray errors), and an exception of theirs can only exist
-once their module is loaded, so their classes are looked up in `sys.modules`.
+No Django, and neither Ray nor torch is imported here: the site imports this module
+too, and an exception of theirs can only exist once their module is loaded, so their
+classes are looked up in `sys.modules`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import re
 import sys
-import traceback
-from dataclasses import dataclass
+import traceback as tb
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from workers.run.paths import PathNotAllowed
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
+    from workers.run.ray_deaths import ActorDeath
 
 log = logging.getLogger(__name__)
 
@@ -54,69 +55,88 @@ KINDS = (
     "actor_error",  # a run actor's loop raised
     "error",  # anything else: the exception's last line
 )
-# The message stays short (it is shown as is); the detail is bounded so that one status
-# post stays small: the ingest refuses more.
+# The message stays short (it is shown as is); the traceback is bounded so that one
+# status post stays small: the ingest refuses more.
 MESSAGE_MAX = 1000
 DETAIL_MAX = 50_000
 # An exception line quoted inside a message is cut to this.
 QUOTE_MAX = 240
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# "torch.OutOfMemoryError: CUDA out of memory", "MemoryError", "ray.exceptions.RayTaskError(
-# ActorDiedError): ...": a line at column 0 naming an exception class, as tracebacks end.
-_EXCEPTION_LINE = re.compile(
-    r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failed|NotAllowed)"
-    r"(?:\([A-Za-z_][\w.]*\))?)(?::\s?(.*))?$"
-)
-_FRAME = re.compile(r'^\s+File "([^"]+)", line \d+')
-_CHAIN_SEPARATORS = ("The above exception", "During handling of the above", "Traceback (most recent call last)")
-# A run actor's name as Ray writes it in an actor's error: the dead actor's "name:"
-# field, or the process title of a failed constructor.
-_ACTOR_NAME = re.compile(r"(?:\bname: |ray::)(run-\d+(?:-(?:buffer|trainer(?:-\d+)?|inference-\d+))?)\b")
-_ACTOR_CLASSES = {
-    "BufferActor": "buffer",
-    "TrainerActor": "trainer",
-    "TrainerRank": "trainer rank",
-    "InferenceWorker": "inference worker",
-    "RunDriver": "driver",
-}
-_CLASS_NAME = re.compile(r"\bclass_name: (\w+)|ray::(?:[\w-]+:)?(\w+)\.__init__")
-# How CUDA words it (torch's OutOfMemoryError, or a RuntimeError from a kernel).
-_GPU_OOM = re.compile(r"\b(?:CUDA|GPU)\b.*\bout of memory\b", re.IGNORECASE)
-# How Ray says its memory monitor killed a Ray worker process (the actor's death cause).
-_RAY_OOM = re.compile(r"NODE_OUT_OF_MEMORY|running low on memory|memory pressure", re.IGNORECASE)
+# What `operation` says of a run actor's constructor and of its loop.
+STARTING = "start"
+LOOP = "loop"
 
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a run failed: `kind` (one of KINDS), `message` (one or two sentences for
-    people: what happened and what to do), `detail` (the traceback behind it)."""
+    """Why a run failed, as data: `kind` (one of KINDS); `message`, the sentence people
+    read; `actor` ("trainer", "inference worker 0", "buffer", "driver"; for a lost node
+    every actor it took) and `actor_name` (its Ray actor name) when a run actor failed;
+    `node`, where it ran ("10.0.0.5, pool=train (Ray node 1f11c59d4fb8)"); `operation`,
+    what it was doing (STARTING, LOOP, a driver phase, the caller's action); `error`,
+    the exception quoted ("ValueError: loss is NaN at step 3"); `traceback`, for admins."""
 
     kind: str
     message: str
-    detail: str = ""
+    actor: str = ""
+    actor_name: str = ""
+    node: str = ""
+    operation: str = ""
+    error: str = ""
+    traceback: str = ""
+
+    @property
+    def detail(self) -> str:
+        """The record's facts, a line each, for whoever may see the run (its
+        `error_detail`): no traceback."""
+        actor = f"{self.actor} ({self.actor_name})" if self.actor and self.actor_name else self.actor
+        rows = (
+            ("kind", self.kind),
+            ("actor", actor),
+            ("node", self.node),
+            ("operation", self.operation),
+            ("error", self.error),
+        )
+        return "\n".join(f"{name}: {value}" for name, value in rows if value)
+
+    def fields(self) -> dict[str, str]:
+        """The record as the status post carries it (workers.run.reporter)."""
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "actor": self.actor,
+            "actor_name": self.actor_name,
+            "node": self.node,
+            "operation": self.operation,
+            "error": self.error,
+            "traceback": self.traceback,
+        }
 
 
 class ChildFailed(RuntimeError):
-    """A run actor raised or died. `who`: which one, as people call it ("trainer",
-    "buffer", "inference worker 0"; "" if not known); `detail`: the traceback it reported
-    (a loop's error crosses to the driver as text)."""
+    """A run actor failed, or the driver gave up on the run's actors. `failure`: the
+    record, made where the error was caught (None when the driver raised this with only
+    its own sentence, e.g. actors that never became ready)."""
 
-    def __init__(self, message: str, *, who: str = "", detail: str = "") -> None:
+    def __init__(self, message: str, failure: Failure | None = None) -> None:
         super().__init__(message)
-        self.who = who
-        self.detail = detail
+        self.failure = failure
+
+    def __reduce__(self):  # Ray pickles it across processes: keep the record
+        return (type(self), (str(self), self.failure))
 
 
 class NodeLost(ChildFailed):
     """Ray declared dead a node that held some of the run's actors. `nodes`: how each
-    lost node is named ("10.0.0.5, pool=train; Ray node 1a2b…"); `actors`: the run's
+    lost node is named ("10.0.0.5, pool=train (Ray node 1a2b…)"); `actors`: the run's
     actors that were on them ("trainer rank 1")."""
 
     def __init__(self, nodes: list[str], actors: list[str]) -> None:
-        super().__init__(f"lost node(s) {nodes} with {actors}", who=actors[0] if actors else "")
+        super().__init__(f"lost node(s) {nodes} with {actors}")
         self.nodes = nodes
         self.actors = actors
+
+    def __reduce__(self):
+        return (type(self), (self.nodes, self.actors))
 
 
 class SyncTimeout(ChildFailed):
@@ -128,76 +148,68 @@ class SyncTimeout(ChildFailed):
         self.protocol = protocol
         self.timeout_s = timeout_s
 
+    def __reduce__(self):
+        return (type(self), (self.protocol, self.timeout_s))
 
-@dataclass(frozen=True)
-class _Raised:
-    """One exception behind a failure: its class name ("torch.OutOfMemoryError"), its
-    message, the object when there is one (else it was parsed from a traceback's text),
-    and the files of the frames that raised it (from text only)."""
 
-    type: str
-    message: str
-    exc: BaseException | None = None
-    files: tuple[str, ...] = ()
+class RayUnreachable(ConnectionError):
+    """The Ray head at `address` does not accept connections (workers.run.lifecycle's
+    probe)."""
 
-    @property
-    def short(self) -> str:
-        """The class's own name; for Ray's "RayTaskError(ActorDiedError)", the inner one."""
-        name = self.type.rsplit(".", 1)[-1]
-        inner = re.search(r"\((\w+)\)$", name)
-        return inner.group(1) if inner else name
-
-    @property
-    def line(self) -> str:
-        """'Type: first line of the message', cut to QUOTE_MAX, as a quote for a message."""
-        first = self.message.strip().splitlines()[0].strip() if self.message.strip() else ""
-        return _cut(f"{self.short}: {first}" if first else self.short, QUOTE_MAX)
+    def __init__(self, address: str) -> None:
+        super().__init__(f"the Ray head at {address} does not answer (RAY_ADDRESS; is it running?)")
+        self.address = address
 
 
 def explain(
     exc: BaseException,
     cfg: RunConfig | None = None,
     *,
+    actor: str = "",
+    actor_name: str = "",
+    node: str = "",
+    operation: str = "",
     ray_address: str | None = None,
     phase: str = "",
     what: str = "",
     nodes: dict[str, str] | None = None,
 ) -> Failure:
-    """Why `exc` ended the run: a Failure whose message says what happened and what to
-    do, and whose detail is the full traceback (with any traceback a child reported).
+    """Why `exc` ended the run, as a Failure made of the exception objects behind it.
 
-    `cfg`: the run's config (names the fields to change, and model.path); `ray_address`:
-    the cluster the caller tried to reach; `phase`: what the driver was doing (a
-    workers.run.reporter PHASE); `what`: the action that failed, for the fallback message
-    ("The launch" → "The launch failed: ConnectionError: ..."); `nodes`: the run's Ray
-    nodes, id → how to name one ("10.0.0.5, pool=train"), for an actor whose node died."""
+    `cfg`: the run's config (names the fields to change, and model.path); `actor`,
+    `actor_name`, `node`: the run actor that caught `exc` (none: the driver or the
+    site); `operation`: what it was doing; `ray_address`: the cluster the caller tried to
+    reach; `phase`: what the driver was doing (a workers.run.reporter PHASE); `what`: the
+    action that failed, for the fallback message ("The launch" → "The launch failed:
+    ConnectionError: ..."); `nodes`: the run's Ray nodes, id → how to name one
+    ("10.0.0.5, pool=train"), for an actor whose node died. A record a run actor made
+    (a ChildFailed's) is kept as it is."""
+    chain = _chain(exc)
+    child = next((e for e in chain if isinstance(e, ChildFailed) and e.failure is not None), None)
+    if child is not None and child.failure is not None:
+        return child.failure
+    base = Failure(
+        "error",
+        "",
+        actor=actor,
+        actor_name=actor_name,
+        node=node,
+        operation=operation or phase or (what.lower() if what else ""),
+        error=_line(_outermost(chain)),
+        traceback=clip("".join(tb.format_exception(exc)), DETAIL_MAX),
+    )
     try:
-        chain = _chain(exc)
-        raised = _raised_behind(chain)
-        child = next((e for e in chain if isinstance(e, ChildFailed)), None)
-        facts = _Facts(chain, raised, child, cfg, ray_address, phase, nodes or {})
+        facts = _Facts(chain, base, cfg, ray_address, phase, nodes or {}, _death(chain))
         for rule in _RULES:
             found = rule(facts)
             if found is not None:
-                kind, message = found
                 break
         else:
-            kind, message = "error", _fallback(facts, what)
+            found = _fallback(facts, what)
     except Exception:  # a bug here must not hide the failure it was explaining
         log.exception("could not explain %r", exc)
-        line = traceback.format_exception_only(exc)[-1].strip()
-        kind, message = "error", f"{what} failed: {line}" if what else line
-    return Failure(kind, _sentence(message), detail(exc))
-
-
-def detail(exc: BaseException) -> str:
-    """The full traceback of `exc` (its chain included) and, for a child that reported
-    its own, that one too; cut in the middle to DETAIL_MAX."""
-    text = "".join(traceback.format_exception(exc))
-    for e in _chain(exc):
-        if isinstance(e, ChildFailed) and e.detail:
-            text += f"\n{_who_name(e.who) if e.who else 'The run actor'} reported:\n{e.detail}"
-    return clip(_ANSI.sub("", text), DETAIL_MAX)
+        found = replace(base, message=f"{what} failed: {base.error}" if what else base.error)
+    return replace(found, message=_sentence(found.message))
 
 
 def clip(text: str, limit: int) -> str:
@@ -219,7 +231,13 @@ def ray_unreachable(address: str | None) -> str:
     return "No Ray cluster is reachable (RAY_ADDRESS is not set): set RAY_ADDRESS to the Ray head's address."
 
 
-# -- reading what is behind an exception ---------------------------------------------
+def node_label(where: dict) -> str:
+    """How a record names the node of a run actor's `where` (workers.core.run_actors.where_am_i)."""
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(where.get("labels", {}).items()))
+    return f"{where.get('node_ip', '')}{', ' + labels if labels else ''} (Ray node {where.get('node_id', '')[:12]})"
+
+
+# -- the exception objects behind a failure --------------------------------------------
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -239,54 +257,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _qualname(exc: BaseException) -> str:
-    cls = type(exc)
-    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__name__}"
-
-
-def _raised_behind(chain: list[BaseException]) -> list[_Raised]:
-    """Every exception in `chain`, then every exception line in the texts they carry (a
-    child's reported traceback, a remote traceback in Ray's message), in that order."""
-    raised = [_Raised(_qualname(e), _ANSI.sub("", str(e)), e) for e in chain]
-    for e in chain:
-        if isinstance(e, ChildFailed) and e.detail:
-            raised += parse_traceback(e.detail)
-        if _is_ray(e):
-            raised += parse_traceback(str(e))
-    return raised
-
-
-def parse_traceback(text: str) -> list[_Raised]:
-    """The exceptions a traceback's text shows, in the order it prints them (a chained
-    traceback prints the root cause first), each with its message (continuation lines
-    included, as Ray's ActorDiedError writes its fields) and the files of its frames."""
-    lines = _ANSI.sub("", text).splitlines()
-    out: list[_Raised] = []
-    files: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        frame = _FRAME.match(line)
-        if frame:
-            files.append(frame.group(1))
-            i += 1
-            continue
-        m = _EXCEPTION_LINE.match(line)
-        if not m:
-            i += 1
-            continue
-        message = [m.group(2) or ""]
-        i += 1
-        while i < len(lines) and lines[i].strip() and not lines[i].startswith(_CHAIN_SEPARATORS):
-            if _FRAME.match(lines[i]) or lines[i].startswith("ray::"):
-                break
-            message.append(lines[i].strip())
-            i += 1
-        out.append(_Raised(m.group(1), "\n".join(message).strip(), None, tuple(files)))
-        files = []
-    return out
-
-
 def _module_class(module: str, name: str) -> type | None:
     """A class of an already imported module (None if the module is not loaded: then no
     exception of that class can exist in this process)."""
@@ -295,74 +265,88 @@ def _module_class(module: str, name: str) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def _is_ray(exc: BaseException) -> bool:
-    base = _module_class("ray.exceptions", "RayError")
-    return base is not None and isinstance(exc, base)
-
-
-def _is(r: _Raised, module: str, name: str) -> bool:
-    """Whether `r` is an instance of module.name (or, parsed from text, named so)."""
+def _is(exc: BaseException, module: str, name: str) -> bool:
     cls = _module_class(module, name)
-    if r.exc is not None and cls is not None and isinstance(r.exc, cls):
-        return True
-    return r.short == name
+    return cls is not None and isinstance(exc, cls)
 
 
-# -- what the rules know -------------------------------------------------------------
+def _is_ray_wrapper(exc: BaseException) -> bool:
+    """A RayTaskError: the remote error it wraps (its `cause`) is the one to quote."""
+    return _is(exc, "ray.exceptions", "RayTaskError")
+
+
+def _outermost(chain: list[BaseException]) -> BaseException:
+    return next((e for e in chain if not _is_ray_wrapper(e)), chain[0])
+
+
+def _line(exc: BaseException) -> str:
+    """'Type: first line of its message', cut to QUOTE_MAX, as a message quotes it."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    name = type(exc).__name__
+    if _is_ray_wrapper(exc) and isinstance(getattr(exc, "cause", None), BaseException):
+        name = type(exc.cause).__name__  # type: ignore[attr-defined]
+    return _cut(f"{name}: {first}" if first else name, QUOTE_MAX)
+
+
+def _root_line(exc: BaseException) -> str:
+    """The line to quote of `exc`: its own, unless it only points at its root cause
+    (vLLM's "Engine core initialization failed. See root cause above"), then the
+    innermost exception's."""
+    chain = [e for e in _chain(exc) if not _is_ray_wrapper(e)]
+    if not chain:
+        return _line(exc)
+    if "root cause" in str(chain[0]).lower() and len(chain) > 1:
+        return _line(chain[-1])
+    return _line(chain[0])
+
+
+def _death(chain: list[BaseException]) -> ActorDeath | None:
+    """What Ray recorded of the death of the run actor behind an actor error in `chain`."""
+    base = _module_class("ray.exceptions", "RayActorError")
+    err = next((e for e in chain if base is not None and isinstance(e, base)), None)
+    if err is None:
+        return None
+    from workers.run.ray_deaths import death  # imports Ray, loaded already when one of its errors exists
+
+    return death(err)  # type: ignore[arg-type]  # a RayActorError, by the isinstance above
+
+
+# -- what the rules know ---------------------------------------------------------------
 
 
 @dataclass
 class _Facts:
     chain: list[BaseException]
-    raised: list[_Raised]
-    child: ChildFailed | None
+    base: Failure  # what the catcher knows: actor, node, operation, error, traceback
     cfg: RunConfig | None
     ray_address: str | None
     phase: str
     nodes: dict[str, str]
+    death: ActorDeath | None  # a run actor Ray reports dead, as Ray recorded it
 
-    def actor(self) -> tuple[str, str]:
-        """(role, Ray actor name) of the run actor the failure is about: the one Ray
-        names in an actor error (a dead actor, a failed constructor), else the child
-        the driver named, else ("", "")."""
-        for r in self.raised:
-            if r.short in _RAY_ACTOR_ERRORS:
-                found = _actor_in(r.message)
-                if found[0]:
-                    return found
-        return (self.child.who, "") if self.child is not None and self.child.who else ("", "")
+    def found(self, kind: str, message: str, **fields: str) -> Failure:
+        return replace(self.base, kind=kind, message=message, **fields)
 
+    def dead_actor(self) -> dict[str, str]:
+        """The record's actor fields for the dead actor, when Ray named it."""
+        d = self.death
+        if d is None or not (d.name or d.role):
+            return {}
+        return {"actor": d.role or self.base.actor, "actor_name": d.name, "node": self.node_of(d.node_id)}
 
-_RAY_ACTOR_ERRORS = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
-
-
-def _actor_in(text: str) -> tuple[str, str]:
-    """(role, name) of a run actor Ray's text names, e.g. ("inference worker 0",
-    "run-7-inference-0"); the role alone from its class name; else ("", "")."""
-    m = _ACTOR_NAME.search(text)
-    if m:
-        name = m.group(1)
-        parts = name.split("-", 2)
-        if len(parts) == 2:
-            return "driver", name
-        role = parts[2]
-        if role.startswith("inference-"):
-            return f"inference worker {role.removeprefix('inference-')}", name
-        if role.startswith("trainer-"):
-            return f"trainer rank {role.removeprefix('trainer-')}", name
-        return role, name
-    m = _CLASS_NAME.search(text)
-    if m:
-        role = _ACTOR_CLASSES.get(m.group(1) or m.group(2), "")
-        return role, ""
-    return "", ""
+    def node_of(self, node_id: str) -> str:
+        if not node_id:
+            return self.base.node
+        named = self.nodes.get(node_id)
+        return f"{named} (Ray node {node_id[:12]})" if named else f"Ray node {node_id[:12]}"
 
 
 def _who_name(role: str) -> str:
     """How a message names an actor, capitalised: "The trainer", "Inference worker 0"."""
     if not role:
         return "A run actor"
-    if role.startswith(("inference worker", "trainer rank")):
+    if role.startswith(("inference worker", "trainer rank", "reward worker")):
         return role[0].upper() + role[1:]
     return f"The {role}"
 
@@ -380,16 +364,20 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?", "…")) else text + "."
 
 
-# -- the rules, most specific first --------------------------------------------------
+# -- the rules, most specific first ----------------------------------------------------
 
 
-def _path_not_allowed(f: _Facts) -> tuple[str, str] | None:
+def _path_not_allowed(f: _Facts) -> Failure | None:
     for e in f.chain:
         if isinstance(e, PathNotAllowed):
+            # Only the refusal of a directory under the roots is about the directory: one
+            # outside them is refused in words that tell nothing about the host.
             if e.field == "model.path" and "config.json" in e.message:
-                return "bad_model", _no_config(f, e.message)
+                problem = _model_dir_problem(f, e)
+                if problem:
+                    return f.found("bad_model", problem)
             # Its message names the operator's setting and the fix already.
-            return "path_not_allowed", f"{e.field}: {e.message}"
+            return f.found("path_not_allowed", f"{e.field}: {e.message}")
     return None
 
 
@@ -398,45 +386,65 @@ def _model_path(f: _Facts) -> str | None:
     return model.path if model is not None and model.source == "path" and model.path else None
 
 
-def _no_config(f: _Facts, text: str) -> str:
-    path = _model_path(f) or "given in model.path"
-    if _model_path(f) and not os.path.isdir(path):
-        return f"The model directory {path} does not exist: point model.path at a Hugging Face model directory."
-    return f"The model directory {path} has no config.json: point model.path at a Hugging Face model directory."
+def _names_model_dir(e: BaseException, path: str) -> bool:
+    """Whether `e` is about model.path's directory: its file names one in it, or its
+    message (all that transformers' loading errors give) quotes the directory."""
+    names = {path.rstrip("/"), os.path.realpath(path)}
+    filename = getattr(e, "filename", None)
+    said = f"{filename or ''} {e}"
+    return any(n and n in said for n in names)
 
 
-def _bad_model(f: _Facts) -> tuple[str, str] | None:
-    """An error about model.path's directory: loading it failed (missing files, an
-    unreadable config). Only errors whose message names the directory count."""
+def _model_dir_problem(f: _Facts, e: BaseException) -> str | None:
+    """What is wrong with model.path's directory, found by looking at it (not at the
+    words of the error that led here); None if nothing is."""
     path = _model_path(f)
     if path is None:
         return None
-    names = {path.rstrip("/"), os.path.realpath(path)}
-    for r in f.raised:
-        if not any(n and n in r.message for n in names):
+    fix = "point model.path at a Hugging Face model directory"
+    if isinstance(e, PermissionError) or not os.access(path, os.R_OK | os.X_OK) and os.path.isdir(path):
+        return (
+            f"The model directory {path} cannot be read (permission denied): let the Ray worker processes' user "
+            "read it, or point model.path at another directory."
+        )
+    if not os.path.isdir(path):
+        return f"The model directory {path} does not exist: {fix}."
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return f"The model directory {path} has no config.json: {fix}."
+    try:
+        with open(config, encoding="utf-8") as fh:
+            json.load(fh)
+    except (OSError, ValueError):
+        return (
+            f"The config.json in the model directory {path} is not valid JSON: fix it, or point model.path "
+            "at another Hugging Face model directory."
+        )
+    names = set(os.listdir(path))
+    if not any(n.endswith((".safetensors", ".bin")) for n in names):
+        return (
+            f"The model directory {path} has no weights (model.safetensors or pytorch_model.bin): point "
+            "model.path at a complete Hugging Face model directory."
+        )
+    return None
+
+
+def _bad_model(f: _Facts) -> Failure | None:
+    """An error about model.path's directory: loading it failed (missing files, an
+    unreadable config). Only errors that name the directory count."""
+    path = _model_path(f)
+    if path is None:
+        return None
+    for e in f.chain:
+        if _is_ray_wrapper(e) or not _names_model_dir(e, path):
             continue
-        text = r.message
-        lower = text.lower()
-        if "permission denied" in lower or r.short == "PermissionError":
-            return "bad_model", (
-                f"The model directory {path} cannot be read (permission denied): let the Ray worker processes' user "
-                "read it, or point model.path at another directory."
-            )
-        if "config.json" in text and ("json" in r.short.lower() or "valid json" in lower or "decode" in lower):
-            return "bad_model", (
-                f"The config.json in the model directory {path} is not valid JSON: fix it, or point model.path "
-                "at another Hugging Face model directory."
-            )
-        if "config.json" in text:
-            return "bad_model", _no_config(f, text)
-        if any(w in text for w in ("model.safetensors", "pytorch_model.bin", "no file named")):
-            return "bad_model", (
-                f"The model directory {path} has no weights (model.safetensors or pytorch_model.bin): point "
-                "model.path at a complete Hugging Face model directory."
-            )
-        return "bad_model", (
-            f"The model in {path} could not be loaded ({r.line}): point model.path at a Hugging Face Llama "
-            "model directory."
+        problem = _model_dir_problem(f, e)
+        if problem:
+            return f.found("bad_model", problem)
+        return f.found(
+            "bad_model",
+            f"The model in {path} could not be loaded ({_line(e)}): point model.path at a Hugging Face Llama "
+            "model directory.",
         )
     return None
 
@@ -453,194 +461,198 @@ _MEMORY_FIX = {
 }
 
 
-def _out_of_memory(f: _Facts) -> tuple[str, str] | None:
-    by_ray = gpu = found = False
-    for r in f.raised:
-        if r.type == "ray.exceptions.OutOfMemoryError" or (r.short == "OutOfMemoryError" and r.type.startswith("ray")):
-            found = by_ray = True
-        elif r.type.startswith("torch") and r.short == "OutOfMemoryError" or _GPU_OOM.search(r.message):
-            found = gpu = True
-        elif r.short in ("MemoryError", "OutOfMemoryError"):
-            found = True
-        elif r.short in _RAY_ACTOR_ERRORS and _RAY_OOM.search(_death_words(r.message)):
-            found = by_ray = True
-    if not found:
+def _gpu_oom(e: BaseException) -> bool:
+    if _is(e, "torch", "OutOfMemoryError"):
+        return True
+    # An older CUDA kernel's failed allocation is a plain RuntimeError ("CUDA error: out
+    # of memory"): torch gives no class or attribute for it, only these words.
+    text = str(e)
+    return type(e) is RuntimeError and ("CUDA" in text or "GPU" in text) and "out of memory" in text.lower()
+
+
+def _out_of_memory(f: _Facts) -> Failure | None:
+    by_ray = any(_is(e, "ray.exceptions", "OutOfMemoryError") for e in f.chain)
+    by_ray = by_ray or (f.death is not None and f.death.cause == "out_of_memory")
+    gpu = any(_gpu_oom(e) for e in f.chain)
+    if not (by_ray or gpu or any(isinstance(e, MemoryError) for e in f.chain)):
         return None
-    role, name = f.actor()
+    fields = f.dead_actor()
+    role = fields.get("actor", f.base.actor)
+    name = fields.get("actor_name", f.base.actor_name)
     # Not an actor's, so this process's own (the driver's), unless Ray killed it.
     role = role or ("" if by_ray else "driver")
+    fields["actor"] = role
     backend = getattr(getattr(f.cfg, "inference", None), "backend", "")
     if role.startswith("inference worker"):
         fix = _MEMORY_FIX["vllm" if backend == "vllm" else "inference worker"]
     else:
-        fix = _MEMORY_FIX.get(role, _MEMORY_FIX["trainer"])
+        fix = _MEMORY_FIX.get(role.removesuffix(" rank 0"), _MEMORY_FIX["trainer"])
     who = _who_name(role)
     if role == "driver" and f.phase == "warm_start":
         who = "The driver ran out of memory building the warm-started policy"
-        return "out_of_memory", f"{who}: {fix}."
+        return f.found("out_of_memory", f"{who}: {fix}.", **fields)
     if by_ray:
         actor = f" ({name})" if name else ""
-        return "out_of_memory", (
+        return f.found(
+            "out_of_memory",
             f"Ray's memory monitor killed {_lower_first(who)}{actor} because its node ran low on memory: "
-            f"{fix}, or give the Ray nodes more memory."
+            f"{fix}, or give the Ray nodes more memory.",
+            **fields,
         )
-    return "out_of_memory", f"{who} ran out of {'GPU ' if gpu else ''}memory: {fix}."
+    return f.found("out_of_memory", f"{who} ran out of {'GPU ' if gpu else ''}memory: {fix}.", **fields)
 
 
-def _death_words(text: str) -> str:
-    """The part of an actor error where Ray says why the actor is dead (not a failed
-    constructor's traceback, which may quote anything)."""
-    at = text.find("The actor is dead because")
-    return text[at:] if at >= 0 else ""
-
-
-def _node_lost(f: _Facts) -> tuple[str, str] | None:
+def _node_lost(f: _Facts) -> Failure | None:
     lost = next((e for e in f.chain if isinstance(e, NodeLost)), None)
     if lost is None:
         return None
     nodes = " and ".join(lost.nodes)
     actors = ", ".join(lost.actors) or "no actor of this run"
-    return "node_lost", (
+    return f.found(
+        "node_lost",
         f"The run lost a node: {nodes} left the cluster, and with it {actors}. Launch the run again, "
-        "or resume it from its latest checkpoint."
+        "or resume it from its latest checkpoint.",
+        actor=", ".join(lost.actors),
+        node=nodes,
     )
 
 
-def _sync_timeout(f: _Facts) -> tuple[str, str] | None:
+def _dist_timeout(e: BaseException) -> bool:
+    """A torch.distributed rendezvous or collective that timed out."""
+    base = _module_class("torch.distributed", "DistError")
+    if base is None or not isinstance(e, base):
+        return False
+    # torch raises DistStoreError for a store's timeout but names no timeout class for
+    # a collective's: the words are all it gives.
+    return _is(e, "torch.distributed", "DistStoreError") or "timed out" in str(e).lower()
+
+
+def _sync_timeout(f: _Facts) -> Failure | None:
     own = next((e for e in f.chain if isinstance(e, SyncTimeout)), None)
-    timed_out = own is not None
-    for r in f.raised:
-        lower = r.message.lower()
-        says_time = "timed out" in lower or "timeout" in lower
-        if says_time and (r.short.startswith("Dist") or "gloo" in lower or any("/sync/" in p for p in r.files)):
-            timed_out = True
-    if not timed_out:
+    if own is None and not any(_dist_timeout(e) for e in f.chain):
         return None
     sync = own or getattr(f.cfg, "sync", None)
     what = f"The weight sync ({sync.protocol}) timed out after sync.timeout_s={sync.timeout_s:g} s" if sync else ""
-    return "sync_timeout", (
+    return f.found(
+        "sync_timeout",
         f"{what or 'The weight sync timed out'}: the trainer and the inference workers did not all join in time. "
-        "Raise sync.timeout_s, or lower inference.num_workers if the cluster is busy."
+        "Raise sync.timeout_s, or lower inference.num_workers if the cluster is busy.",
     )
 
 
-def _root_line(raised: list[_Raised]) -> str:
-    """The line to quote from a chained traceback's exceptions (root cause first): the
-    outermost, unless it only points at the root cause."""
-    if not raised:
-        return ""
-    last = raised[-1]
-    if "root cause" in last.message.lower() and len(raised) > 1:
-        return raised[0].line
-    return last.line
-
-
-def _actor_start(f: _Facts) -> tuple[str, str] | None:
-    """A run actor's constructor raised (Ray reports the actor dead, its init failed)."""
-    for e in f.chain:
-        if not (_is_ray(e) and getattr(e, "actor_init_failed", False)):
-            continue
-        role, _ = _actor_in(_ANSI.sub("", str(e)))
-        role = role or (f.child.who if f.child else "")
-        quote = _root_line(parse_traceback(str(e)))
+def _actor_start(f: _Facts) -> Failure | None:
+    """A run actor's constructor raised: the record made inside it (`recorded`), or Ray's
+    word that an actor's creation failed."""
+    if f.base.operation == STARTING and f.base.actor:
+        role, exc = f.base.actor, f.chain[0]
+        quote = _root_line(exc)
         backend = getattr(getattr(f.cfg, "inference", None), "backend", "")
-        if role.startswith("inference worker") and (backend == "vllm" or "vllm" in str(e).lower()):
-            return "vllm_start", (
+        vllm = any(type(e).__module__.startswith("vllm") for e in f.chain)
+        if role.startswith("inference worker") and (backend == "vllm" or vllm):
+            return f.found(
+                "vllm_start",
                 f"vLLM could not start in {role} ({quote}): check that vLLM supports the model and that "
-                "inference.gpu_memory_utilization leaves it room, or set inference.backend to torch."
+                "inference.gpu_memory_utilization leaves it room, or set inference.backend to torch.",
+                error=quote,
             )
-        return "actor_start", f"{_who_name(role)} could not start: {quote}"
+        return f.found("actor_start", f"{_who_name(role)} could not start: {quote}", error=quote)
+    if f.death is not None and f.death.cause == "init_failed":
+        # An actor whose constructor does not record its failure: Ray keeps the
+        # constructor's exception only as text, in the traceback.
+        fields = f.dead_actor()
+        return f.found("actor_start", f"{_who_name(fields.get('actor', ''))} could not start", **fields)
     return None
 
 
-def _death_cause(text: str, nodes: dict[str, str]) -> str:
-    """Ray's reason an actor died, in a few words; a dead node named as `nodes` knows it."""
-    if "killed by `ray.kill`" in text:
-        return "it was killed (ray.kill)"
-    if "owner has died" in text:
-        return "the process that created it died"
-    if "preempted" in text.lower():
-        return "its node was preempted"
-    if re.search(r"node (?:\S+ )?(?:has )?died|NODE_DIED", text):
-        m = re.search(r"Node Id: ([0-9a-f]+)", text)
-        node = m.group(1) if m else ""
-        named = nodes.get(node)
+# Ray's reason an actor died (workers.run.ray_deaths.ActorDeath.cause), in a few words.
+_DEATH_CAUSES = {
+    "killed": "it was killed (ray.kill)",
+    "owner_died": "the process that created it died",
+    "preempted": "its node was preempted",
+    "unavailable": "Ray could not reach it",
+    "init_failed": "its constructor raised",
+    "": "Ray gave no reason",
+}
+
+
+def _death_words(f: _Facts, death: ActorDeath) -> str:
+    if death.cause == "node_died":
+        named = f.nodes.get(death.node_id)
+        node = death.node_id[:12]
         if named:
-            return f"its node died ({named}; Ray node {node[:12]}): it left the cluster"
-        return f"its node died (Ray node {node[:12]})" if node else "its node died"
-    m = re.search(r"Worker exit detail: (.+)", text)
-    if m:
-        return f"its process died ({_cut(m.group(1).strip(), QUOTE_MAX)})"
-    m = re.search(r"The actor is dead because (.+)", text)
-    if m:
-        return _cut(m.group(1).strip().rstrip("."), QUOTE_MAX)
-    return "Ray gave no reason"
+            return f"its node died ({named}; Ray node {node}): it left the cluster"
+        return f"its node died (Ray node {node})" if node else "its node died"
+    if death.cause == "process_died":
+        return f"its process died ({_cut(death.exit_detail, QUOTE_MAX)})" if death.exit_detail else "its process died"
+    return _DEATH_CAUSES.get(death.cause, _DEATH_CAUSES[""])
 
 
-def _actor_died(f: _Facts) -> tuple[str, str] | None:
-    for r in f.raised:
-        if r.short in _RAY_ACTOR_ERRORS:
-            role, name = _actor_in(r.message)
-            if not role:
-                role, name = f.actor()
-            cause = "Ray could not reach it" if r.short == "ActorUnavailableError" else _death_cause(r.message, f.nodes)
-            actor = f" (Ray actor {name})" if name else ""
-            return "actor_died", f"{_who_name(role)}{actor} died: {cause}. Launch the run again."
-    return None
+def _actor_died(f: _Facts) -> Failure | None:
+    if f.death is None:
+        return None
+    fields = f.dead_actor()
+    actor = f" (Ray actor {f.death.name})" if f.death.name else ""
+    return f.found(
+        "actor_died",
+        f"{_who_name(fields.get('actor', ''))}{actor} died: {_death_words(f, f.death)}. Launch the run again.",
+        **fields,
+    )
 
 
-def _ray_unreachable(f: _Facts) -> tuple[str, str] | None:
-    for r in f.raised:
-        lower = r.message.lower()
-        if r.short == "AuthenticationError" and "ray" in r.type.lower():
-            address = f.ray_address or _address_in(r.message)
-            where = f"Ray at {address}" if address else "The Ray cluster"
-            return "ray_unreachable", (
+def _ray_unreachable(f: _Facts) -> Failure | None:
+    for e in f.chain:
+        if _is(e, "ray.exceptions", "AuthenticationError"):
+            where = f"Ray at {f.ray_address}" if f.ray_address else "The Ray cluster"
+            return f.found(
+                "ray_unreachable",
                 f"{where} refused this process's token: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
-                "cluster's token."
+                "cluster's token.",
             )
+        if isinstance(e, RayUnreachable):
+            return f.found("ray_unreachable", ray_unreachable(e.address))
+        # ray.init raises a plain ConnectionError or RuntimeError when no cluster answers,
+        # with no attribute naming the cause: its words are all Ray gives.
+        lower = str(e).lower()
         if (
-            r.short == "RayUnreachable"  # workers.run.lifecycle's probe of the head
-            or (r.short == "ConnectionError" and re.search(r"\b(?:ray|gcs)\b", lower))
+            (isinstance(e, ConnectionError) and ("ray" in lower or "gcs" in lower))
             or "failed to connect to gcs" in lower
-            or (r.short == "RpcError" and "gcs" in lower)
             or "could not find any running ray instance" in lower
         ):
-            return "ray_unreachable", ray_unreachable(f.ray_address or _address_in(r.message))
+            return f.found("ray_unreachable", ray_unreachable(f.ray_address or _address_in(str(e))))
     return None
 
 
 def _address_in(text: str) -> str | None:
-    m = re.search(r"\bat (?:address )?([\w.\-\[\]:]+:\d+)", text)
-    return m.group(1) if m else None
+    """The "host:port" Ray's connection error names ("... at 10.0.0.9:6380"): ray.init
+    keeps the address it tried in no attribute."""
+    words = [w.strip("()[],;'\"") for w in text.split()]
+    found = [w for w, before in zip(words[1:], words, strict=False) if before == "at" and ":" in w]
+    return found[0].rstrip(".") if found and found[0].rpartition(":")[2].rstrip(".").isdigit() else None
 
 
-def _ray_timeout(f: _Facts) -> tuple[str, str] | None:
-    for r in f.raised:
-        if _is(r, "ray.exceptions", "GetTimeoutError"):
-            return "ray_timeout", (
-                f"Ray did not answer in time ({r.line}): the cluster may be overloaded or short of CPUs; "
-                "try again when it has room."
+def _ray_timeout(f: _Facts) -> Failure | None:
+    for e in f.chain:
+        if _is(e, "ray.exceptions", "GetTimeoutError"):
+            return f.found(
+                "ray_timeout",
+                f"Ray did not answer in time ({_line(e)}): the cluster may be overloaded or short of CPUs; "
+                "try again when it has room.",
             )
     return None
 
 
-def _actor_error(f: _Facts) -> tuple[str, str] | None:
-    child = f.child
-    if child is None:
-        return None
-    if not child.who:
-        return "actor_error", str(child)
-    quote = _root_line(parse_traceback(child.detail)) if child.detail else ""
-    return "actor_error", f"{_who_name(child.who)} failed: {quote or str(child)}"
+def _actor_error(f: _Facts) -> Failure | None:
+    child = next((e for e in f.chain if isinstance(e, ChildFailed)), None)
+    if f.base.actor and f.base.operation != STARTING:
+        return f.found("actor_error", f"{_who_name(f.base.actor)} failed: {_root_line(f.chain[0])}")
+    if child is not None:
+        return f.found("actor_error", str(child))
+    return None
 
 
-def _fallback(f: _Facts, what: str) -> str:
-    """The outermost exception's line; for a remote error, the one Ray wrapped."""
-    wrapper = _module_class("ray.exceptions", "RayTaskError")
-    lines = [r.line for r in f.raised if r.exc is not None and not (wrapper and isinstance(r.exc, wrapper))]
-    line = lines[0] if lines else (f.raised[0].line if f.raised else "unknown error")
-    return f"{what} failed: {line}" if what else line
+def _fallback(f: _Facts, what: str) -> Failure:
+    line = f.base.error or "unknown error"
+    return f.found("error", f"{what} failed: {line}" if what else line)
 
 
 _RULES = (

@@ -28,12 +28,20 @@ from workers.rl_tasks import make_task
 from workers.rollout.context import context_tokens
 from workers.rollout.episode_scheduler import EpisodeScheduler, is_multi_agent
 from workers.rollout.evaluation import eval_prompts, evaluate, is_due, training_prompts
-from workers.rollout.generation import generate_groups_in_mode
-from workers.rollout.partial_rollouts import PartialCounts, StagedWeights, exact_steps
+from workers.rollout.generation import generate
+from workers.rollout.partial_rollouts import (
+    PartialCounts,
+    StagedWeights,
+    UpdatePolicy,
+    WeightsMidGeneration,
+    WeightUpdates,
+    weights_mid_generation_forced,
+)
 from workers.rollout.reward_stage import RewardPool
 from workers.rollout.task_data import DatasetPrompts, worker_prompts
-from workers.run.actors import WAIT_S, log_error
+from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
 from workers.run.buffer import groups_per_call
+from workers.run.failures import LOOP, Failure
 from workers.run.messages import EvalRecord, InferenceReport
 from workers.sync import make_receiver
 
@@ -72,7 +80,26 @@ class InferenceWorker:
         """`scratch_dir`: the run's scratch directory; this worker's files go under
         `inference-<index>/` in it. `reward_workers`: the run's reward pool
         (workers/rollout/reward_stage.py); none: this worker scores its own groups."""
-        self._generate_groups = generate_groups_in_mode
+        self.error: Failure | None = None
+        self.start_failure = started(
+            lambda: self._start(cfg, model_dir, index, num_workers, buffer, scratch_dir, reward_workers),
+            cfg,
+            f"inference worker {index}",
+        )
+
+    def _start(
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        index: int,
+        num_workers: int,
+        buffer,
+        scratch_dir: str | None,
+        reward_workers: list | None,
+    ) -> None:
+        self._generate = generate
+        # The update mode, read here once: generation and the loops ask this policy.
+        self.policy = UpdatePolicy.of(cfg)
         self.partial = PartialCounts()  # cumulative, for rollout/partial_*
         self.cfg = cfg
         self.index = index
@@ -88,7 +115,7 @@ class InferenceWorker:
             self.cfg,
             model_dir,
             own_scratch,
-            exact_steps=exact_steps(self.cfg.sync.update_mode),
+            exact_steps=self.policy.exact_steps,
             max_model_len=max_model_len,
         )
         self.task = make_task(self.cfg.task)
@@ -122,15 +149,18 @@ class InferenceWorker:
         )
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
-        self.error: str | None = None
         self.staged = StagedWeights(self._load, lambda: self.version)
+        # Tests of the stepped update modes force weights to arrive mid-generation
+        # (workers/rollout/partial_rollouts.py, WEIGHTS_MID_GENERATION_ENV).
+        self._force_mid_generation = weights_mid_generation_forced() and self.policy.exact_steps
+        self._groups_put = 0  # groups this worker handed to the buffer (the forced wait's rule)
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._weights_arrived = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def ready(self) -> bool:
-        return True
+        return raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()
@@ -192,8 +222,8 @@ class InferenceWorker:
         try:
             if final_eval_version is not None and self.eval_prompts is not None:
                 self._final_eval(final_eval_version, self.eval_prompts)
-        except Exception:
-            self.error = log_error(f"inference worker {self.index} (final eval)")
+        except Exception as exc:
+            self.error = record_failure(exc, self.cfg, f"inference worker {self.index}", "final eval")
         finally:
             self.backend.close()
             self.receiver.close()
@@ -258,10 +288,15 @@ class InferenceWorker:
         if self.episodes is not None:
             self._episode_loop()
             return
+        # Weights load between two calls; forced mid-generation, not right after a call:
+        # the next call waits for them after its first decode step.
+        take_weights = True
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
-                self.staged.apply()
+                if take_weights:
+                    self.staged.apply()
+                take_weights = True
                 if not self._resumed_and_evaluated():
                     continue
                 self.timeline.begin(HANDOFF)
@@ -275,8 +310,9 @@ class InferenceWorker:
                     continue
                 self.timeline.end()
                 self._generate_and_put(n)
-        except Exception:
-            self.error = log_error(f"inference worker {self.index}")
+                take_weights = not self._force_mid_generation
+        except Exception as exc:
+            self.error = record_failure(exc, self.cfg, f"inference worker {self.index}", LOOP)
 
     def _resumed_and_evaluated(self) -> bool:
         """Both loops' first check: False (after a short wait) while a resumed run's
@@ -298,20 +334,19 @@ class InferenceWorker:
         sched = self.episodes
         assert sched is not None
         barrier = self.cfg.buffer.unit == "group"
-        drain = self.cfg.sync.update_mode == "drain"
         target = self.chunk_groups + math.ceil(self.cfg.buffer.overcommit / self.num_workers)
         held: list[Group] = []
         try:
             while not self._stop.is_set():
                 self._weights_arrived.clear()
-                if not (drain and sched.in_flight):
+                if self.policy.loads_between_calls(bool(sched.in_flight)):
                     self.staged.apply()
                 # Episodes in flight wait while a due eval pass runs (their times include
                 # it): under buffer.unit 'episode' some always are.
                 if not self._resumed_and_evaluated():
                     continue
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
-                if room > 0 and not (drain and self.staged.pending()):
+                if room > 0 and (self.policy.admits_while_pending() or not self.staged.pending()):
                     self._admit_episodes(room)
                 due = sched.next_ready_in()
                 if due is None:  # nothing in flight: too far ahead of the trainer
@@ -331,8 +366,8 @@ class InferenceWorker:
                 if held and not (barrier and sched.in_flight):
                     self._put(held)
                     held = []
-        except Exception:
-            self.error = log_error(f"inference worker {self.index}")
+        except Exception as exc:
+            self.error = record_failure(exc, self.cfg, f"inference worker {self.index}", LOOP)
 
     def _admit_episodes(self, room: int) -> None:
         """Ask the gate for up to `room` groups and start their episodes."""
@@ -403,11 +438,36 @@ class InferenceWorker:
         self._awake()
         seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
         self.calls += 1
+        updates = self._updates()
         self.timeline.begin(GENERATE)
-        groups, counts = self._generate_groups(
-            self.backend, self.task, self.tokenizer, prompts, self.cfg, self.version, seed, self.staged, self.rewards
+        generated = self._generate(
+            self.backend,
+            self.task,
+            self.tokenizer,
+            prompts,
+            self.cfg,
+            self.version,
+            seed,
+            self.policy,
+            updates,
+            self.rewards,
         )
-        self.partial.add(counts)
+        groups = generated.groups
+        self.partial.add(generated.counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
         self.timeline.end(tokens=0 if self.rewards is not None else sum(g.num_tokens for g in groups))
         self._put(groups)
+        self._groups_put += len(groups)
+
+    def _updates(self) -> WeightUpdates:
+        """Where a generate call takes staged weights from: `self.staged`, or, forced
+        mid-generation, a wait for newer weights after its first decode step where the
+        groups already put let the trainer publish them (it steps on a batch_groups batch;
+        the run's last version has none after it)."""
+        if not self._force_mid_generation:
+            return self.staged
+        due = (
+            self._groups_put >= self.cfg.trainer.batch_groups * (self.version + 1)
+            and self.version < self.cfg.stop.max_steps
+        )
+        return WeightsMidGeneration(self.staged, due, self._stop)

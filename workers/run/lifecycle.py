@@ -19,6 +19,7 @@ from workers.core.run_actors import NAMESPACE, actor_name, get_actor, kill_named
 from workers.run.admission import Capacity, gpu_memory_of
 from workers.run.checkpoints import check_resume
 from workers.run.driver import RunDriver
+from workers.run.failures import RayUnreachable
 from workers.run.paths import Confinement
 from workers.run.runnable import check_runnable
 
@@ -26,10 +27,6 @@ from workers.run.runnable import check_runnable
 LAUNCH_TIMEOUT_S = 60.0
 # A head that is up accepts a TCP connection in milliseconds, even on a busy host.
 PROBE_TIMEOUT_S = 2.0
-
-
-class RayUnreachable(ConnectionError):
-    """The Ray head this process talks to does not accept connections."""
 
 
 def connect(ray_address: str | None = None) -> None:
@@ -46,7 +43,7 @@ def connect(ray_address: str | None = None) -> None:
     if address and not _answers(address):
         if ray.is_initialized():
             ray.shutdown()
-        raise RayUnreachable(f"the Ray head at {address} does not answer (RAY_ADDRESS; is it running?)")
+        raise RayUnreachable(address)
     if ray.is_initialized():
         return
     if address:

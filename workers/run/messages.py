@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from workers.core.timeline import Segment
     from workers.rollout.episode_scheduler import EpisodeTiming
     from workers.rollout.partial_rollouts import PartialCounts
+    from workers.run.failures import Failure
     from workers.sync import SyncReport
 
 
@@ -40,7 +41,7 @@ class TrainerReport:
     steps: list[StepRecord]
     version: int  # the trainer's policy version now
     done: bool  # its loop has ended (max_steps reached, stopped, or failed)
-    error: str | None  # the traceback that ended its loop, if one did
+    error: Failure | None  # why its loop ended, if it failed (made where it was caught)
     # workers.run.checkpoints.CheckpointRecord of each checkpoint written since the last drain
     checkpoints: list = field(default_factory=list)
 
@@ -64,7 +65,7 @@ class InferenceReport:
     now: float  # the inference worker's `time.time()` at the drain
     syncs: list[SyncReport]  # weight versions loaded, one report each
     version: int  # the policy version of the weights it holds
-    error: str | None  # the traceback that ended its loop, if one did
+    error: Failure | None  # why its loop ended, if it failed (made where it was caught)
     partial: PartialCounts  # sequences aborted / resumed / retried, cumulative over the run
     evals: list[EvalRecord] = field(default_factory=list)  # eval passes since the last drain
     # A multi-agent task's episodes that ended since the last drain (workers/rollout/episode_scheduler.py)

@@ -54,7 +54,7 @@ from pathlib import Path
 import httpx
 
 from workers.core.metric_names import metric_of
-from workers.run.failures import DETAIL_MAX, MESSAGE_MAX, clip
+from workers.run.failures import DETAIL_MAX, MESSAGE_MAX, Failure, clip
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +219,9 @@ class MetricsReporter:
         self._clock, self._sleep = clock, sleep
         self._warned_redirects: set[str] = set()
         self._pending: list[dict] = []
-        # (status, error, phase, phase detail, error detail): only the latest is worth
+        # The status body to post (as `post_status` makes it): only the latest is worth
         # delivering.
-        self._pending_status: tuple[str, str, str, str, str, str] | None = None
+        self._pending_status: dict | None = None
         self._lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff = BACKOFF_START_S
@@ -229,7 +229,8 @@ class MetricsReporter:
         self._status_spool = status_spool_path(cache_dir, run_id) if cache_dir else None
         if self._status_spool is not None:
             # A previous reporter of this run could not deliver it: retry it first.
-            self._pending_status = _read_status(self._status_spool, run_id, with_phase=True)
+            spooled = _load_status(self._status_spool, run_id)
+            self._pending_status = spooled if spooled is not None and "status" in spooled else None
         self._client = (
             httpx.Client(
                 timeout=timeout_s,
@@ -275,11 +276,14 @@ class MetricsReporter:
         detail: str = "",
         error_detail: str = "",
         error_kind: str = "",
+        failure: Failure | None = None,
     ) -> bool:
         """Tell the site the run's state, and optionally its phase (one of PHASES) with a
         detail for people; a failure's `error` (a sentence, workers.run.failures) goes with
-        its `error_detail` (the traceback, cut to DETAIL_MAX) and its `error_kind` (one of
-        workers.run.failures.KINDS: the site resumes a run that lost a node). True once delivered.
+        its `error_detail` (what it was worked out from, cut to DETAIL_MAX) and its `error_kind`
+        (one of workers.run.failures.KINDS: the site resumes a run that lost a node); a
+        `failure` record gives all three (its message, facts and kind) and goes along as
+        `failure`, its fields (the traceback among them, for the site's admins). True once delivered.
         Undelivered, the latest status is retried on every flush (terminal states stick
         on the site, so a late retry of "running" cannot undo "cancelled"); a newer phase
         replaces an undelivered older one."""
@@ -288,13 +292,29 @@ class MetricsReporter:
         if phase and phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES} (got {phase!r})")
         detail = detail[:PHASE_DETAIL_MAX]
+        if failure is not None:
+            error, error_detail, error_kind = failure.message, failure.detail, failure.kind
         error, error_detail = clip(error, MESSAGE_MAX), clip(error_detail, DETAIL_MAX)
         if self._client is None:
             log.info("run %s: status %s %s %s %s", self.run_id, status, phase, detail, error)
             self.phases.append((phase, detail))
             return True
+        body: dict = {"status": status, "error": error}
+        if error_detail:
+            body["error_detail"] = error_detail
+        if error_kind:
+            body["error_kind"] = error_kind
+        if failure is not None:
+            fields = failure.fields()
+            body["failure"] = {
+                **fields,
+                "message": clip(fields["message"], MESSAGE_MAX),
+                "traceback": clip(fields["traceback"], DETAIL_MAX),
+            }
+        if phase:
+            body.update(phase=phase, phase_detail=detail)
         with self._lock:
-            self._pending_status = (status, error, phase, detail, error_detail, error_kind)
+            self._pending_status = body
             self._send_status()
             return self._pending_status is None
 
@@ -495,14 +515,8 @@ class MetricsReporter:
     def _send_status(self) -> None:
         if self._pending_status is None:
             return
-        status, error, phase, detail, error_detail, error_kind = self._pending_status
-        body = {"status": status, "error": error}
-        if error_detail:
-            body["error_detail"] = error_detail
-        if error_kind:
-            body["error_kind"] = error_kind
-        if phase:
-            body.update(phase=phase, phase_detail=detail)
+        body = self._pending_status
+        status = body["status"]
         if self.refused:
             self._spool_status()  # for reconcile, should the driver die before close
             return
@@ -554,15 +568,9 @@ class MetricsReporter:
         if self._pending_status is None:
             self._status_spool.unlink(missing_ok=True)
             return
-        status, error, phase, detail, error_detail, error_kind = self._pending_status
         self._status_spool.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._status_spool.with_suffix(f".tmp{os.getpid()}")
-        spooled = {"status": status, "error": error, "phase": phase, "phase_detail": detail}
-        if error_detail:
-            spooled["error_detail"] = error_detail
-        if error_kind:
-            spooled["error_kind"] = error_kind
-        tmp.write_text(json.dumps(spooled))
+        tmp.write_text(json.dumps(self._pending_status))
         os.replace(tmp, self._status_spool)
 
     def _not_taken(self, exc: _SiteDown | _Refused) -> None:
@@ -641,7 +649,7 @@ def read_spool(run_id: int, cache_dir: str) -> tuple[list[dict], tuple[str, str]
 
 def read_spooled_status(run_id: int, cache_dir: str) -> dict | None:
     """The last status a run's reporter could not deliver, as it would have posted it
-    ({"status", "error", "error_detail", "error_kind", "phase", "phase_detail"}, unvalidated: the
+    ({"status", "error", "error_detail", "error_kind", "failure", "phase", "phase_detail"}, unvalidated: the
     platform checks it as it checks a post), or None."""
     return _load_status(status_spool_path(cache_dir, run_id), run_id)
 
@@ -676,15 +684,9 @@ def _load_status(path: Path, run_id: int) -> dict | None:
     return spooled
 
 
-def _read_status(path: Path, run_id: int, *, with_phase: bool = False) -> tuple | None:
-    """(status, error), plus (phase, detail, error detail, error kind) `with_phase`: a
-    gone driver's phase is of no use to the platform, but a new reporter of the run
-    re-sends it."""
+def _read_status(path: Path, run_id: int) -> tuple[str, str] | None:
+    """(status, error) of a spooled status."""
     spooled = _load_status(path, run_id)
     if spooled is None or "status" not in spooled:
         return None
-    status = str(spooled["status"]), str(spooled.get("error", ""))
-    if with_phase:
-        phase = str(spooled.get("phase", "")), str(spooled.get("phase_detail", ""))
-        return (*status, *phase, str(spooled.get("error_detail", "")), str(spooled.get("error_kind", "")))
-    return status
+    return str(spooled["status"]), str(spooled.get("error", ""))

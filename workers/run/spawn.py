@@ -41,6 +41,7 @@ from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.run.failures import ChildFailed, NodeLost, SyncTimeout
 from workers.run.inference_worker import InferenceWorker
+from workers.run.ray_deaths import death
 from workers.run.trainer_actors import TrainerActor, TrainerRank
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ EXPORT_TIMEOUT_S = 3600.0
 # dead after a few missed health checks (seconds to tens of seconds). The driver waits
 # this long for that verdict before failing the run for the actor alone.
 NODE_VERDICT_S = 45.0
+# The causes of an actor's death (workers.run.ray_deaths) that may mean its node is going
+# ("": Ray has recorded none yet).
+NODE_SIGNS = ("unavailable", "node_died", "process_died", "")
 # The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
 # (workers.run.inference_worker.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
 # without it.
@@ -259,11 +263,10 @@ class RunActors:
 
     def lost_nodes(self, exc: Exception) -> NodeLost | None:
         """The run's nodes Ray has declared dead, as a NodeLost, or None. An actor Ray
-        could not reach, or one that died with its node, may be the first sign of a node
-        going: its verdict is awaited up to NODE_VERDICT_S; an actor that died alone is
-        not."""
-        text = str(exc)
-        if not (isinstance(exc, ray.exceptions.ActorUnavailableError) or "node" in text.lower()):
+        could not reach, or one whose process or node died, may be the first sign of a
+        node going (Ray records the node's death a few health checks later): its verdict
+        is awaited up to NODE_VERDICT_S; an actor killed, or whose owner died, is not."""
+        if not isinstance(exc, ray.exceptions.RayActorError) or death(exc).cause not in NODE_SIGNS:
             return None
         ours = {row["node_id"] for row in self.placement}
         deadline = time.monotonic() + NODE_VERDICT_S

@@ -19,15 +19,24 @@ from workers.core.metric_names import rank_series
 from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.run import checkpoints
-from workers.run.actors import WAIT_S, log_error
+from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
 from workers.run.buffer import NoSignalError, with_prefetched
-from workers.run.checkpoints import Checkpoint, read_version, restore_trainer, restore_training_state, training_state
+from workers.run.checkpoints import (
+    Checkpoint,
+    has_shards,
+    load_shards,
+    read_version,
+    restore_trainer,
+    restore_training_state,
+    write_shards,
+)
+from workers.run.failures import LOOP, Failure
 from workers.run.messages import StepRecord, TrainerReport
 from workers.sync import make_sender
 from workers.sync.base import state_checksum
 from workers.sync.lora import LoRASender
-from workers.sync.weights import follow
-from workers.train.export import export_policy
+from workers.sync.weights import drain, effective_stream, follow, streamed_checksum
+from workers.train.export import export_policy, follow_export
 from workers.train.trainer import Trainer
 from workers.train.trainer_pool import Rendezvous, join_pool
 
@@ -59,7 +68,7 @@ class TrainerRank:
         self.trainer: Trainer | None = None
 
     def ready(self) -> bool:
-        return True
+        return True  # nothing to fail: the rank builds its part in `join`
 
     def where(self) -> dict:
         return where_am_i()
@@ -81,18 +90,27 @@ class TrainerRank:
         """Join the gathers of rank 0's weight sender (a sharded pool only)."""
         follow(self._joined().model, gathers)
 
-    def gather_state(self) -> None:
-        """Join rank 0's gather of the whole policy (its checksum, its export)."""
-        self._joined().gathered_state()
+    def follow_checksum(self) -> None:
+        """Join rank 0's streamed gathers of the policy for its checksum (sharded only)."""
+        drain(effective_stream(self._joined().model))
 
-    def checkpoint_state(self) -> None:
-        """Join rank 0's gather of the training state for a checkpoint."""
-        training_state(self._joined())
+    def follow_export(self) -> None:
+        """Join rank 0's streamed gathers of the policy for its export (sharded only)."""
+        follow_export(self._joined().model, self.cfg)
 
-    def restore(self, version: int) -> None:
-        """Take the training state rank 0 broadcasts from a checkpoint."""
+    def checkpoint_shards(self, location: str, path: str) -> list[dict]:
+        """Write this rank's part of the checkpoint rank 0 is writing at `path` (sharded
+        only); the manifest entries of the files it wrote."""
+        return write_shards(self._joined(), location, path)
+
+    def restore(self, version: int, location: str | None = None) -> None:
+        """Take the training state of the checkpoint rank 0 restores: read from its
+        shards at `location` (a sharded checkpoint), or as rank 0 broadcasts it (None)."""
         trainer = self._joined()
-        restore_training_state(trainer, None)
+        if location is not None:
+            load_shards(trainer, Checkpoint(location))
+        else:
+            restore_training_state(trainer, None)
         trainer.version = version
 
     def close(self) -> None:
@@ -136,6 +154,25 @@ class TrainerActor:
         """`scratch_dir`: the run's scratch directory (filesystem sync writes there unless
         sync.directory names a place). `checkpoints`: where and how often to write them
         (None: never). `ranks`: the pool's other ranks (trainer.num_ranks − 1 of them)."""
+        self.error: Failure | None = None
+        self.done = False
+        self.start_failure = started(
+            lambda: self._start(cfg, model_dir, buffer, workers, num_threads, scratch_dir, checkpoints, ranks),
+            cfg,
+            "trainer",
+        )
+
+    def _start(
+        self,
+        cfg: RunConfig,
+        model_dir: str,
+        buffer,
+        workers: list,
+        num_threads: int | None,
+        scratch_dir: str | None,
+        checkpoints: CheckpointTarget | None,
+        ranks: list | None,
+    ) -> None:
         self.cfg = cfg
         self.buffer = buffer
         self.workers = workers
@@ -161,8 +198,6 @@ class TrainerActor:
         self._written: list[CheckpointRecord] = []  # periodic checkpoints since the last drain
         self._checkpoint_lock = threading.Lock()
         self._publish_first = False  # resumed: publish the restored version before training
-        self.error: str | None = None
-        self.done = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -182,7 +217,7 @@ class TrainerActor:
         return [getattr(r, method).remote(*args) for r in self.ranks]
 
     def ready(self) -> bool:
-        return True
+        return raise_start_failure(self.start_failure)
 
     def where(self) -> dict:
         return where_am_i()
@@ -190,23 +225,27 @@ class TrainerActor:
     def policy_checksum(self) -> str:
         """sha256 of the policy's weights under checkpoint names (workers.sync.base
         .state_checksum): equal checksums mean bit-identical policies."""
-        others = self._together("gather_state") if self.trainer.sharded else []
-        state = self.trainer.state_dict()
+        if not self.trainer.sharded:
+            return state_checksum(self.trainer.state_dict())
+        # Sharded: taken a module at a time as the ranks gather it, never whole.
+        others = self._together("follow_checksum")
+        checksum = streamed_checksum(self.trainer.model)
         ray.get(others)
-        return state_checksum(state)
+        return checksum
 
     def export(self, target: str) -> dict:
         """Write the policy as a Hugging Face directory at `target` (workers.train.export)."""
-        others = self._together("gather_state") if self.trainer.sharded else []
-        live = self.trainer.gathered_state() if self.trainer.sharded else None
+        others = self._together("follow_export") if self.trainer.sharded else []
+        manifest = export_policy(self.trainer.model, self.model_dir, target, self.cfg)
         ray.get(others)
-        return export_policy(self.trainer.model, self.model_dir, target, self.cfg, live_state=live)
+        return manifest
 
     def restore(self, location: str) -> int:
         """Take weights, optimizer, RNG states and version from the checkpoint at
         `location` (before the loop starts), ranks 1.. too; returns the restored version."""
         ckpt = Checkpoint(location)
-        others = self._together("restore", read_version(ckpt))
+        # A sharded checkpoint each rank reads its part of; a whole one rank 0 broadcasts.
+        others = self._together("restore", read_version(ckpt), location if has_shards(ckpt) else None)
         self._starved_s = restore_trainer(self.trainer, ckpt)
         ray.get(others)
         self._publish_first = True
@@ -225,15 +264,20 @@ class TrainerActor:
             prefetched = self._settle_prefetch()
             workers = ray.get([w.state_dict.remote() for w in self.workers])
             buffer = with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
-            others = self._together("checkpoint_state") if self.trainer.sharded else []
-            trainer = checkpoints.trainer_parts(self.trainer, self._starved_s)
-            ray.get(others)
+            # A sharded pool's ranks each write their shards once the step directory is
+            # there (`_shards`); a ddp rank 0 holds the whole state already.
+            trainer = checkpoints.trainer_parts(self.trainer, self._starved_s, others=self._shards)
             parts = {
                 **trainer,
                 checkpoints.INFERENCE: workers,
                 checkpoints.BUFFER: buffer,
             }
             return checkpoints.write_checkpoint(target, self.trainer.version, parts)
+
+    def _shards(self, location: str, path: str):
+        """Start ranks 1..'s part of a sharded checkpoint; what waits for their files."""
+        refs = self._together("checkpoint_shards", location, path)
+        return lambda: [f for files in ray.get(refs) for f in files]
 
     def _settle_prefetch(self) -> list[Group]:
         """The groups the get issued ahead for the next step brought, once it has answered
@@ -367,7 +411,7 @@ class TrainerActor:
                 with self._steps_lock:
                     self.steps.append(record)
                 t_prev = t_end
-        except Exception:
-            self.error = log_error("trainer")
+        except Exception as exc:
+            self.error = record_failure(exc, self.cfg, "trainer", LOOP)
         finally:
             self.done = True

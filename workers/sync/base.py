@@ -204,11 +204,29 @@ def tensor_nbytes(state_dict: dict[str, torch.Tensor]) -> int:
 def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
     """sha256 over name-sorted tensors (name, dtype, shape and raw bytes): equal
     checksums mean bit-identical weights under the same names."""
-    h = hashlib.sha256()
+    hasher = StateHasher()
     for name in sorted(state_dict):
-        t = state_dict[name].detach().to("cpu").contiguous()
-        h.update(name.encode())
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        hasher.add(name, state_dict[name])
+    return hasher.hexdigest()
+
+
+class StateHasher:
+    """`state_checksum` taken a tensor at a time, names in sorted order (a sharded
+    trainer's weights streamed as they are gathered: workers/sync/weights.py)."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._last: str | None = None
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if self._last is not None and name <= self._last:
+            raise ValueError(f"state_checksum takes names in sorted order: {name!r} after {self._last!r}")
+        self._last = name
+        t = tensor.detach().to("cpu").contiguous()
+        self._sha.update(name.encode())
+        self._sha.update(f"{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
+            self._sha.update(t.reshape(-1).view(torch.uint8).numpy().data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()

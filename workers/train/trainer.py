@@ -316,7 +316,8 @@ class Trainer:
         """Current weights under HF checkpoint names (contiguous CPU copies); with LoRA,
         base and adapter merged (the policy the model computes). Sharded (fsdp2): a
         collective every rank calls, gathering the whole policy into each rank's host
-        memory (the end of a run's checksum and export; weight sync gathers by bucket)."""
+        memory (tests compare it; a run's checksum, export, checkpoints and weight sync
+        gather a module or a bucket at a time: workers/sync/weights.py)."""
         if self.sharded:
             full = effective_live_state(self.gathered_state(), self.model)
             return {k: t.contiguous().clone() for k, t in full.items()}

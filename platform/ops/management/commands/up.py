@@ -114,7 +114,10 @@ def settle_demo_login(host: str, demo: bool, no_demo: bool) -> tuple[bool, list[
             f"the demo user can no longer log in (its password is removed; --demo resets it to {DEMO_PASSWORD})"
         )
     if not is_loopback(host) and not no_demo:
-        notes.append(f"no demo login on {host}, which is not loopback: `manage.py createsuperuser` makes a login")
+        notes.append(
+            f"no demo login on {host}, which is not loopback: "
+            "`manage.py first_admin USERNAME --email ADDRESS --team NAME` makes the first site admin and their team"
+        )
     return False, notes
 
 

