@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from workers.config.run_config import RunConfig  # noqa: E402
 from workers.core.routing import NO_EXPERT, RoutingRecord, packed_bits_per_slot  # noqa: E402
-from workers.inference import make_torch_backend  # noqa: E402
+from workers.inference.backends import make_torch_backend  # noqa: E402
 from workers.inference.sampling import Truncation  # noqa: E402
 from workers.model.tiny_hf import make_tiny_checkpoint  # noqa: E402
 from workers.model.tokenizer import load_tokenizer  # noqa: E402

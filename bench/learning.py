@@ -277,7 +277,7 @@ def make_policy(recipe: dict, work_dir: str) -> str:
 
 def held_out_pass_at_1(cfg, model_dir: str) -> float:
     """Held-out pass@1 of the weights in `model_dir`, as a run's eval pass computes it."""
-    from workers.inference import make_backend
+    from workers.inference.backends import make_backend
     from workers.model.tokenizer import load_tokenizer
     from workers.rl_tasks import make_task
     from workers.rollout.evaluation import PASS_AT_1, eval_prompts, evaluate

@@ -2,7 +2,8 @@
 comes in (a launch, a saved configuration, a retry, a resume), so each refusal names the
 field to change and the limit it ran into.
 
-The engine validates the config itself (`workers.config.presets.build`, its own model). Here it
+The engine validates the config itself (`workers.config.presets.build`, its own model, values
+only) and resolves its task, task options and reward functions (`check_runnable`). Here it
 is then held to the operator's settings — the paths it may read and write (the engine's
 `Confinement`) and how much one run may ask for (`Limits`) — and to the cluster as last
 seen (`ClusterCapacity`: the web process never asks Ray). Before its driver starts, the
@@ -23,6 +24,7 @@ from workers.config.run_config import RunConfig
 from workers.core.hub import HubUnavailable
 from workers.run.admission import Capacity, Limits, admission_errors
 from workers.run.paths import Confinement
+from workers.run.runnable import check_runnable
 
 
 def confinement() -> Confinement:
@@ -48,10 +50,15 @@ def limits() -> Limits:
 
 
 def config_errors(cfg: RunConfig, capacity: Capacity | None = None) -> dict[str, str]:
-    """{dotted field: message} for every reason `cfg` may never run here: a path outside
-    its allowed roots, an operator limit, more than the cluster has (`capacity`, or the
-    last capacity seen when None). Empty: it may be queued. Unavailable (a 503) when
-    the Hugging Face Hub does not answer about a repository the config names."""
+    """{dotted field: message} for every reason `cfg` may never run here: a task, task
+    options or reward functions that do not resolve or do not fit the config, a path
+    outside its allowed roots, an operator limit, more than the cluster has (`capacity`,
+    or the last capacity seen when None). Empty: it may be queued. Unavailable (a 503)
+    when the Hugging Face Hub does not answer about a repository the config names."""
+    try:
+        check_runnable(cfg)
+    except ValidationError as exc:
+        return field_errors(exc, model=RunConfig, root="config")  # nothing else can be sized without the task
     try:
         errors = confinement().errors(cfg)
     except HubUnavailable as exc:

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.config.run_config import RunConfig
-from workers.inference import make_backend
+from workers.inference.backends import make_backend
 from workers.model.loading import checkpoint_state_dict, model_dir_problem
 from workers.model.lora import target_problem
 from workers.model.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint

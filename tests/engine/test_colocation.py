@@ -99,7 +99,7 @@ def test_at_sleep_level_0_the_backend_never_sleeps():
 
 def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after():
     from workers.config.run_config import RunConfig
-    from workers.run.actors import InferenceWorker
+    from workers.run.inference_worker import InferenceWorker
 
     calls: list = []
     backend = recording_backend(1, calls)
@@ -162,8 +162,8 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
 
     from workers.config.run_config import RunConfig
     from workers.core.timeline import Timeline
-    from workers.run import actors
-    from workers.run.actors import InferenceWorker
+    from workers.run import inference_worker
+    from workers.run.inference_worker import InferenceWorker
 
     calls: list = []
     worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
@@ -195,7 +195,7 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
             worker._stop.set()  # the loop ends after its second refusal
         return 0
 
-    monkeypatch.setattr(actors.ray, "get", admitted)
+    monkeypatch.setattr(inference_worker.ray, "get", admitted)
     worker._loop()
     assert worker.error is None
     assert len(refusals) == 2 and calls == [("sleep", 2)]  # once, however many refusals follow

@@ -268,7 +268,7 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
     import sys
     import types
 
-    from workers.inference import make_backend
+    from workers.inference.backends import make_backend
     from workers.model.tiny_hf import make_tiny_checkpoint
     from workers.rl_tasks import make_task
     from workers.rollout.generation import generate_groups

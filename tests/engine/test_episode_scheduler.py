@@ -20,6 +20,7 @@ from workers.rl_tasks import make_task
 from workers.rl_tasks.propose_solve import ProposeSolveTask, problem_value
 from workers.rollout.episode_scheduler import EpisodeScheduler, EpisodeTiming, is_multi_agent, timing_metrics
 from workers.run.buffer import AdmissionGate, RolloutBuffer, plan
+from workers.run.runnable import check_runnable
 from workers.train.batch_stats import batch_metrics
 from workers.train.loss import scaled_advantages
 from workers.train.trainer import agent_advantages
@@ -279,7 +280,7 @@ def test_the_buffer_counts_groups_trained_a_version_or_more_late():
 )
 def test_configs_that_cannot_run_episodes_are_refused_naming_the_field(config, names):
     with pytest.raises(ValidationError, match=names):
-        RunConfig.model_validate(config)
+        check_runnable(RunConfig.model_validate(config))
 
 
 def test_a_multi_agent_run_can_keep_the_barrier_or_schedule_by_episode():

@@ -21,7 +21,7 @@ from tests.fake_hub import FakeHub
 from workers.config.run_config import RunConfig
 from workers.core.hub import HubUnavailable
 from workers.core.run_actors import NAMESPACE, actor_name
-from workers.inference import make_backend
+from workers.inference.backends import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.inference.transformers_backend import TransformersBackend
 from workers.model.loading import checkpoint_state_dict, model_dir_problem

@@ -24,9 +24,11 @@ import torch
 from pydantic import ValidationError
 
 from tests.engine.helpers import fixed_groups, small_config
-from workers.config.run_config import CorrectionConfig, RunConfig
+from workers.config.run_config import CorrectionConfig, RunConfig, TrainerConfig
 from workers.train.loss import correction_loss, policy_loss
 
+# The trainer section's defaults: clip_eps 0.2, tis_cap 2.0.
+TRAINER = TrainerConfig()
 SURROGATE = [[1.2, 1.2, 0.9], [-1.0, -0.9, -1.0]]
 PI_OLD_OVER_MU = [1.0, 4.0, 0.8, 1.5, 1.0, 0.2]
 K3 = sum(r - 1 - math.log(r) for r in PI_OLD_OVER_MU) / 6  # mismatch KL(mu || pi_old)
@@ -44,7 +46,7 @@ def example():
 def run(method, tis_cap=2.0, **fields):
     logp, old, mu, adv, mask = example()
     loss, stats = correction_loss(
-        CorrectionConfig(method=method, **fields), logp, old, mu, adv, mask, clip_eps=0.2, tis_cap=tis_cap
+        TrainerConfig(tis_cap=tis_cap), CorrectionConfig(method=method, **fields), logp, old, mu, adv, mask
     )
     loss.backward()
     return loss.item(), stats, logp.grad[:, :3].flatten().tolist(), logp.grad[:, 3].tolist()
@@ -81,7 +83,7 @@ def test_the_default_is_token_tis_and_equals_the_old_policy_loss():
     mu = old + 0.5 * torch.randn(3, 5)
     adv = torch.randn(3, 1).expand(3, 5)
     mask = torch.rand(3, 5) > 0.2
-    new, new_stats = correction_loss(CorrectionConfig(), logp, old, mu, adv, mask, 0.2, 2.0)
+    new, new_stats = correction_loss(TRAINER, CorrectionConfig(), logp, old, mu, adv, mask)
     ref, ref_stats = policy_loss(logp, old, mu, adv, mask, 0.2, 2.0)
     assert new.item() == ref.item()
     assert new_stats == ref_stats
@@ -155,7 +157,7 @@ def test_on_policy_every_ppo_method_is_minus_the_mean_advantage(method):
     logp = torch.log(torch.tensor([[0.3, 0.2], [0.5, 0.5]]))
     adv = torch.tensor([[1.0, 1.0], [-0.5, -0.5]])
     loss, stats = correction_loss(
-        CorrectionConfig(method=method), logp, logp, logp, adv, torch.ones(2, 2, dtype=torch.bool), 0.2, 2.0
+        TRAINER, CorrectionConfig(method=method), logp, logp, logp, adv, torch.ones(2, 2, dtype=torch.bool)
     )
     assert loss.item() == pytest.approx(-0.25)
     assert stats["is/ratio_mean"] == pytest.approx(1.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workers.config.run_config import RunConfig
-from workers.inference import make_torch_backend
+from workers.inference.backends import make_torch_backend
 from workers.inference.sampling import Truncation
 from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks import make_task

@@ -16,6 +16,14 @@ from workers.config.run_config import CorrectionConfig, RunConfig, TrainerConfig
 from workers.train.loss import METHODS, Aggregation, correction_loss, reference_kl, scaled_advantages
 
 NONE = CorrectionConfig(method="none")
+TRAINER = TrainerConfig()  # clip_eps 0.2, tis_cap 2.0, no KL penalty, token_mean
+
+
+def aggregated(mode: str, constant: int) -> TrainerConfig:
+    """The trainer section aggregating as `mode`; `constant` divides each sequence's sum
+    under 'constant' (the config takes loss_constant with that mode only)."""
+    return TrainerConfig(loss_aggregation=mode, loss_constant=constant if mode == "constant" else None)
+
 
 # Two sequences of 3 and 1 trained tokens (a third with none), values 1, 2, 3 and 4.
 X = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
@@ -51,7 +59,7 @@ def test_the_policy_loss_is_aggregated_as_asked():
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     mask = MASK[:2]
     loss = {
-        mode: correction_loss(NONE, logp, logp, logp, adv, mask, 0.2, 2.0, aggregation=Aggregation(mode, 2.0))[0]
+        mode: correction_loss(aggregated(mode, 2), NONE, logp, logp, logp, adv, mask)[0]
         for mode in ("token_mean", "sequence_mean", "constant")
     }
     assert loss["token_mean"].item() == pytest.approx(-(3 - 1) / 4)
@@ -70,7 +78,7 @@ def test_every_correction_method_aggregates_as_asked(method):
     cfg = CorrectionConfig(method=method)
     want = {"token_mean": k * (3 + 3) / 4, "sequence_mean": k * (1 + 3) / 2, "constant": k * (3 / 4 + 3 / 4) / 2}
     for mode, value in want.items():
-        loss, _ = correction_loss(cfg, logp, logp, logp, adv, MASK[:2], 0.2, 2.0, aggregation=Aggregation(mode, 4.0))
+        loss, _ = correction_loss(aggregated(mode, 4), cfg, logp, logp, logp, adv, MASK[:2])
         assert loss.item() == pytest.approx(value), mode
 
 
@@ -80,10 +88,10 @@ def test_every_ppo_method_clips_higher_when_asked(method):
     old = torch.zeros(1, 1)
     logp, adv, mask = torch.log(torch.tensor([[1.5]])), torch.ones(1, 1), torch.ones(1, 1)
     cfg = CorrectionConfig(method=method)
-    assert correction_loss(cfg, logp, old, old, adv, mask, 0.2, 2.0, clip_eps_high=0.28)[0].item() == pytest.approx(
-        -1.28
-    )
-    assert correction_loss(cfg, logp, old, old, adv, mask, 0.2, 2.0)[0].item() == pytest.approx(-1.2)
+    assert correction_loss(TrainerConfig(clip_eps_high=0.28), cfg, logp, old, old, adv, mask)[
+        0
+    ].item() == pytest.approx(-1.28)
+    assert correction_loss(TRAINER, cfg, logp, old, old, adv, mask)[0].item() == pytest.approx(-1.2)
 
 
 def test_clip_higher_widens_the_upper_clip_only():
@@ -92,8 +100,8 @@ def test_clip_higher_widens_the_upper_clip_only():
     logp = torch.log(torch.tensor([[1.5, 0.5]]))
     adv = torch.tensor([[1.0, -1.0]])
     mask = torch.ones(1, 2)
-    high, high_stats = correction_loss(NONE, logp, old, old, adv, mask, 0.2, 2.0, clip_eps_high=0.28)
-    symmetric, _ = correction_loss(NONE, logp, old, old, adv, mask, 0.2, 2.0)
+    high, high_stats = correction_loss(TrainerConfig(clip_eps_high=0.28), NONE, logp, old, old, adv, mask)
+    symmetric, _ = correction_loss(TRAINER, NONE, logp, old, old, adv, mask)
     assert high.item() == pytest.approx((-1.28 + 0.8) / 2)
     assert symmetric.item() == pytest.approx((-1.2 + 0.8) / 2)
     assert high_stats["ppo/clipped_frac"] == 1.0
@@ -119,7 +127,7 @@ def test_the_kl_penalty_adds_coef_times_the_aggregated_k3_and_its_gradient():
     ref = torch.log(torch.tensor([[0.25, 0.4]]))
     zero_adv, mask = torch.zeros(1, 2), torch.ones(1, 2)
     loss, stats = correction_loss(
-        NONE, logp, logp.detach(), logp.detach(), zero_adv, mask, 0.2, 2.0, ref_logp=ref, kl_coef=0.1
+        TrainerConfig(kl_coef=0.1), NONE, logp, logp.detach(), logp.detach(), zero_adv, mask, ref_logp=ref
     )
     # k3 per token: 0.5 + ln 2 - 1 and 2 - ln 2 - 1, mean exactly 0.25.
     assert stats["loss/kl_ref"] == pytest.approx(0.25)
@@ -128,7 +136,7 @@ def test_the_kl_penalty_adds_coef_times_the_aggregated_k3_and_its_gradient():
     # d k3 / d log pi = 1 - pi_ref/pi = 0.5 and -1, over 2 tokens, times 0.1.
     assert logp.grad[0].tolist() == pytest.approx([0.1 * 0.5 / 2, 0.1 * -1 / 2])
     # Off: no penalty, no statistic (the policy term alone is 0 here).
-    off, off_stats = correction_loss(NONE, logp, logp.detach(), logp.detach(), zero_adv, mask, 0.2, 2.0, ref_logp=ref)
+    off, off_stats = correction_loss(TRAINER, NONE, logp, logp.detach(), logp.detach(), zero_adv, mask, ref_logp=ref)
     assert off.item() == 0.0 and "loss/kl_ref" not in off_stats
 
 

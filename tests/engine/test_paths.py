@@ -148,10 +148,10 @@ def test_a_hub_reward_model_is_loaded_from_the_hub_never_a_local_directory_of_th
 def test_a_refused_model_is_never_read_to_check_the_dataset_against_it(tree, monkeypatch):
     """The dataset's rows are checked with the model's tokenizer and against the split it
     was trained on: with the model outside its roots, neither is read."""
-    import workers.rollout.task_data as task_data
+    import workers.run.paths as paths
 
     read: list[str] = []
-    monkeypatch.setattr(task_data, "dataset_errors", lambda cfg: read.append(cfg.model.path) or {})
+    monkeypatch.setattr(paths, "dataset_errors", lambda cfg: read.append(cfg.model.path) or {})
     (tree / "root" / "data.jsonl").write_text('{"prompt": "a", "answer": "a"}\n')
     box = Confinement.from_lists([str(tree / "root")], [], str(tree / "scratch"), data_roots=[str(tree / "root")])
     dataset = {"path": str(tree / "root" / "data.jsonl")}

@@ -23,6 +23,7 @@ from workers.rl_tasks import make_task
 from workers.rl_tasks.reward_funcs import RewardFuncError, RewardFuncTask
 from workers.rollout.generation import generate_groups
 from workers.rollout.task_data import DatasetError, load_splits
+from workers.run.runnable import check_runnable
 from workers.train.batch_stats import batch_metrics
 
 # The site's rule for series names (platform/runs/reports.py SERIES_PATTERN).
@@ -99,7 +100,8 @@ def rewards_module(monkeypatch):
 
 
 def config(**task) -> RunConfig:
-    return RunConfig.model_validate({"task": {"name": "copy", **task}})
+    """A copy run's config as a launch takes it: its values validated, then its task resolved."""
+    return check_runnable(RunConfig.model_validate({"task": {"name": "copy", **task}}))
 
 
 def test_a_reward_function_in_a_submodule_of_a_listed_package_is_refused_naming_the_setting(monkeypatch):

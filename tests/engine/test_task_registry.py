@@ -16,6 +16,12 @@ from workers.config.run_config import RunConfig, TaskConfig
 from workers.rl_tasks import BUILTINS, UnknownTask, make_task, task_class
 from workers.rl_tasks.countdown import CountdownTask
 from workers.rl_tasks.reverse import ReverseTask
+from workers.run.runnable import check_runnable
+
+
+def runnable(data: dict) -> RunConfig:
+    """The config as a launch takes it: its values validated, then its task resolved."""
+    return check_runnable(RunConfig.model_validate(data))
 
 
 class EchoTask:
@@ -68,9 +74,9 @@ def test_a_dotted_path_outside_the_allowed_packages_is_refused_before_any_import
     for allowed in ("", "other_pkg"):
         monkeypatch.setenv("ROLLWAY_TASK_MODULES", allowed)
         with pytest.raises(pydantic.ValidationError, match="is not among the task modules this site allows"):
-            RunConfig.model_validate({"task": {"name": "my_tasks:EchoTask"}})
+            runnable({"task": {"name": "my_tasks:EchoTask"}})
     with pytest.raises(pydantic.ValidationError, match="ROLLWAY_TASK_MODULES=other_pkg"):
-        RunConfig.model_validate({"task": {"name": "os:system"}})
+        runnable({"task": {"name": "os:system"}})
     assert imported == []
 
 
@@ -86,7 +92,7 @@ def test_a_listed_package_does_not_open_its_submodules_unless_the_operator_says_
     )
     monkeypatch.setenv("ROLLWAY_TASK_MODULES", "my_tasks")
     with pytest.raises(pydantic.ValidationError) as info:
-        RunConfig.model_validate({"task": {"name": "my_tasks.inner:EchoTask"}})
+        runnable({"task": {"name": "my_tasks.inner:EchoTask"}})
     message = str(info.value)
     assert "task.name 'my_tasks.inner:EchoTask': module 'my_tasks.inner' is not among the task modules" in message
     assert "ROLLWAY_TASK_MODULES=my_tasks" in message and "'package.*'" in message
@@ -105,7 +111,7 @@ def test_builtin_names_resolve_lazily_to_their_classes():
 
 
 def test_a_dotted_path_names_a_users_task(user_module):
-    cfg = RunConfig.model_validate({"task": {"name": "my_tasks:EchoTask"}})
+    cfg = runnable({"task": {"name": "my_tasks:EchoTask"}})
     task = make_task(cfg.task)
     assert isinstance(task, EchoTask)
     assert task.reward("a", "a") == 1.0 and task.sample(3, random.Random(0))[0][0].endswith("=")
@@ -118,12 +124,12 @@ def test_an_entry_point_names_a_users_task(user_module, monkeypatch):
 
     monkeypatch.setattr(registry, "entry_points", fake_entry_points)
     assert task_class("echo") is EchoTask
-    assert isinstance(make_task(RunConfig.model_validate({"task": {"name": "echo"}}).task), EchoTask)
+    assert isinstance(make_task(runnable({"task": {"name": "echo"}}).task), EchoTask)
 
 
 def test_an_unknown_name_is_a_config_error_listing_the_builtins():
     with pytest.raises(pydantic.ValidationError) as info:
-        RunConfig.model_validate({"task": {"name": "sudoku"}})
+        runnable({"task": {"name": "sudoku"}})
     (err,) = info.value.errors()
     assert err["loc"] == ("task", "name")
     assert "unknown task.name 'sudoku'" in err["msg"]
@@ -142,7 +148,7 @@ def test_an_unknown_name_is_a_config_error_listing_the_builtins():
 )
 def test_a_dotted_path_that_cannot_serve_is_refused_at_validation(user_module, name, says):
     with pytest.raises(pydantic.ValidationError, match="task.name") as info:
-        RunConfig.model_validate({"task": {"name": name}})
+        runnable({"task": {"name": name}})
     assert says in str(info.value)
 
 
@@ -156,26 +162,24 @@ def test_calculator_is_reserved_and_says_so_when_its_module_is_absent(monkeypatc
 
 def test_task_options_are_checked_by_the_task():
     with pytest.raises(pydantic.ValidationError, match=r"task.options.count"):
-        TaskConfig(name="countdown", options={"count": 9})
+        runnable({"task": {"name": "countdown", "options": {"count": 9}}})
     with pytest.raises(pydantic.ValidationError, match=r"task.options.colour"):
-        TaskConfig(name="countdown", options={"colour": "red"})
+        runnable({"task": {"name": "countdown", "options": {"colour": "red"}}})
     with pytest.raises(pydantic.ValidationError, match="takes no options"):
-        TaskConfig(name="reverse", options={"count": 3})
+        runnable({"task": {"name": "reverse", "options": {"count": 3}}})
 
 
 def test_lengths_of_the_new_tasks_are_checked_against_the_model():
     with pytest.raises(
         pydantic.ValidationError, match=r"inference.max_new_tokens \(8\) must be ≥ the longest countdown"
     ):
-        RunConfig.model_validate({"task": {"name": "countdown"}})
+        runnable({"task": {"name": "countdown"}})
     with pytest.raises(pydantic.ValidationError, match=r"model.max_position_embeddings \(64\) must be ≥"):
-        RunConfig.model_validate({"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}})
-    RunConfig.model_validate(
-        {"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}, "model": {"max_position_embeddings": 80}}
-    )
+        runnable({"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}})
+    runnable({"task": {"name": "gsm8k"}, "inference": {"max_new_tokens": 20}, "model": {"max_position_embeddings": 80}})
 
 
 def test_a_warm_start_needs_a_task_with_demonstrations(user_module):
     with pytest.raises(pydantic.ValidationError, match="warm_start.steps and warm_start.noisy_steps to 0"):
-        RunConfig.model_validate({"task": {"name": "my_tasks:NoDemoTask"}})
-    RunConfig.model_validate({"task": {"name": "my_tasks:NoDemoTask"}, "warm_start": {"steps": 0, "noisy_steps": 0}})
+        runnable({"task": {"name": "my_tasks:NoDemoTask"}})
+    runnable({"task": {"name": "my_tasks:NoDemoTask"}, "warm_start": {"steps": 0, "noisy_steps": 0}})

@@ -10,6 +10,7 @@ import pytest
 from workers.config.run_config import RunConfig, TaskConfig
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
+from workers.run.runnable import check_runnable
 
 
 def test_it_round_trips_text_and_keeps_special_ids_fixed():
@@ -90,10 +91,10 @@ def test_config_errors_name_the_field_and_the_fix():
     with pytest.raises(
         pydantic.ValidationError, match=r"inference.max_new_tokens \(4\) must be ≥ task.max_len \+ 1 \(6\)"
     ):
-        RunConfig.model_validate({"task": {"max_len": 5}, "inference": {"max_new_tokens": 4}})
+        check_runnable(RunConfig.model_validate({"task": {"max_len": 5}, "inference": {"max_new_tokens": 4}}))
     with pytest.raises(pydantic.ValidationError, match="task.alphabet"):
         TaskConfig(alphabet="ab=")
     with pytest.raises(pydantic.ValidationError, match="max_position_embeddings"):
-        RunConfig.model_validate({"model": {"max_position_embeddings": 8}})
+        check_runnable(RunConfig.model_validate({"model": {"max_position_embeddings": 8}}))
     with pytest.raises(pydantic.ValidationError, match="extra"):
         RunConfig.model_validate({"trainer": {"learning_rate": 1e-3}})

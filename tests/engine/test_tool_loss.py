@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from tests.engine.helpers import small_config
-from workers.config.run_config import CorrectionConfig
+from workers.config.run_config import CorrectionConfig, TrainerConfig
 from workers.core.records import Group, Rollout
 from workers.model.tokenizer import CharTokenizer
 from workers.train.loss import METHODS, correction_loss
 from workers.train.trainer import Trainer
 
 TOK = CharTokenizer()
+TRAINER = TrainerConfig()  # clip_eps 0.2, tis_cap 2.0
 
 
 def episode(call: str, result: str, answer: str, reward: float, seed: int) -> Rollout:
@@ -159,7 +160,7 @@ def test_masked_tokens_are_out_of_every_denominator(method):
     mask[:, 0] = True
     cfg = CorrectionConfig(method=method)
 
-    full, full_stats = correction_loss(cfg, logp, old, behaviour, adv, mask, 0.2, 2.0)
+    full, full_stats = correction_loss(TRAINER, cfg, logp, old, behaviour, adv, mask)
     # The model tokens alone, each row compacted and right-padded with masked slots.
     width = int(mask.sum(1).max())
 
@@ -172,7 +173,7 @@ def test_masked_tokens_are_out_of_every_denominator(method):
 
     small_mask = compact(mask.float()).bool()
     alone, alone_stats = correction_loss(
-        cfg, compact(logp), compact(old), compact(behaviour), compact(adv), small_mask, 0.2, 2.0
+        TRAINER, cfg, compact(logp), compact(old), compact(behaviour), compact(adv), small_mask
     )
     torch.testing.assert_close(full, alone, rtol=1e-6, atol=1e-7)
     for key, value in full_stats.items():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import small_config
-from workers.inference import make_backend
+from workers.inference.backends import make_backend
 from workers.inference.torch_backend import TorchBackend
 from workers.model.loading import build_tiny, load_model
 from workers.model.tokenizer import CharTokenizer

@@ -200,9 +200,9 @@ def test_pi_old_is_the_policy_at_step_start_with_one_forward_per_minibatch(tiny_
     seen = []
     real_loss = trainer_module.correction_loss
 
-    def spy(correction, logp, old_logp, behaviour, advantages, mask, *rest, **knobs):
+    def spy(trainer, correction, logp, old_logp, behaviour, advantages, mask, **knobs):
         seen.append((old_logp.clone(), mask.clone()))
-        return real_loss(correction, logp, old_logp, behaviour, advantages, mask, *rest, **knobs)
+        return real_loss(trainer, correction, logp, old_logp, behaviour, advantages, mask, **knobs)
 
     monkeypatch.setattr(trainer_module, "correction_loss", spy)
     # A pass over rows: one forward of the model, or two with shared prompts (the

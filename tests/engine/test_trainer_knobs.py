@@ -121,14 +121,14 @@ def test_clip_eps_high_reaches_the_loss(tiny_model_dir, monkeypatch):
     seen = []
     real = trainer_module.correction_loss
 
-    def spy(*args, **knobs):
-        seen.append(knobs)
-        return real(*args, **knobs)
+    def spy(trainer, *args, **knobs):
+        seen.append((trainer, knobs))
+        return real(trainer, *args, **knobs)
 
     monkeypatch.setattr(trainer_module, "correction_loss", spy)
     cfg = small_config(trainer={"clip_eps_high": 0.28, "loss_aggregation": "sequence_mean"})
     Trainer(cfg, tiny_model_dir).train_step(fixed_groups(tiny_model_dir, cfg))
-    assert seen and all(k["clip_eps_high"] == 0.28 and k["aggregation"].mode == "sequence_mean" for k in seen)
+    assert seen and all(t.clip_eps_high == 0.28 and k["aggregation"].mode == "sequence_mean" for t, k in seen)
 
 
 def _truncated(groups, every: int):

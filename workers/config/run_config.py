@@ -4,6 +4,10 @@ Django stores a run's config as JSON and validates it with `RunConfig`; presets 
 instances of it; the launch form, the API and the compare view all speak it. Every
 section forbids unknown keys so a typo is an error that names the field, never a
 silently ignored setting.
+
+It checks values only: it imports no task, reward function or dataset, so reading a
+config runs no user code. Whether its task, options and reward functions resolve and fit
+the rest of the config is checked where a config enters a run (workers/run/runnable.py).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from workers.model.tokenizer import DEFAULT_CHARS
+from workers.core.char_vocab import DEFAULT_CHARS
 
 # The choices of a few fields, named once: the engine modules that implement each choice
 # read their lists from these (typing.get_args).
@@ -177,7 +181,7 @@ class TaskConfig(_Section):
         "or for every matching position.",
     )
     options: dict[str, JsonValue] = Field(
-        default_factory=dict, description="Settings of the named task, checked by the task itself."
+        default_factory=dict, description="Settings of the named task, checked by the task itself at launch."
     )
     dataset: DatasetConfig | None = Field(
         None, description="Prompts from a local dataset or a Hugging Face Hub dataset instead of the task's generator."
@@ -195,15 +199,6 @@ class TaskConfig(_Section):
         description="One weight per task.reward_funcs entry, in order (TRL reward_weights); unset: 1 each.",
     )
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        # Imported here: the task modules import this one.
-        from workers.rl_tasks import task_class
-
-        task_class(name)  # UnknownTask (a ValueError) names the choices
-        return name
-
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:
         if self.max_len < self.min_len:
@@ -218,14 +213,6 @@ class TaskConfig(_Section):
             raise ValueError("task.alphabet must not repeat a character")
         return self
 
-    @field_validator("reward_funcs")
-    @classmethod
-    def _reward_funcs_load(cls, paths: list[str]) -> list[str]:
-        from workers.rl_tasks.reward_funcs import resolve
-
-        resolve(paths, None)  # RewardFuncError (a ValueError) names the function and the fix
-        return paths
-
     @field_validator("reward_weights")
     @classmethod
     def _reward_weights_match(cls, weights: list[float] | None, info) -> list[float] | None:
@@ -236,13 +223,6 @@ class TaskConfig(_Section):
                 "per function, in the same order, or leave it unset (1 each)"
             )
         return weights
-
-    @model_validator(mode="after")
-    def _options(self) -> TaskConfig:
-        from workers.rl_tasks import task_class, task_options
-
-        task_options(task_class(self.name), self.options)
-        return self
 
 
 class WarmStartConfig(_Section):
@@ -1012,43 +992,6 @@ class RunConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _lengths_fit(self) -> RunConfig:
-        # The longest answer plus its EOS must fit in the completion, and BOS + the
-        # longest prompt + the completion in the model's positions. A task over a dataset
-        # is checked row by row when its file is read (workers/rollout/task_data.py).
-        from workers.rl_tasks import task_lengths
-
-        lengths = None if self.task.dataset is not None else task_lengths(self.task)
-        if lengths is None:
-            return self
-        need = lengths.answer + 1
-        if self.inference.max_new_tokens < need:
-            raise ValueError(
-                f"inference.max_new_tokens ({self.inference.max_new_tokens}) must be ≥ "
-                f"{lengths.answer_source} + 1 ({need}) so the longest answer and its EOS fit"
-            )
-        longest = 1 + lengths.prompt + self.inference.max_new_tokens
-        if self.model.source == "tiny" and self.model.max_position_embeddings < longest:
-            raise ValueError(
-                f"model.max_position_embeddings ({self.model.max_position_embeddings}) must "
-                f"be ≥ {longest} (BOS + the longest prompt ({lengths.prompt}) + inference.max_new_tokens)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _warm_start_has_demonstrations(self) -> RunConfig:
-        from workers.rl_tasks import task_class
-
-        if (self.warm_start.steps or self.warm_start.noisy_steps) and not hasattr(
-            task_class(self.task.name), "demonstration"
-        ):
-            raise ValueError(
-                f"task {self.task.name!r} offers no demonstration (a demonstration(prompt, answer) method), so "
-                "there is nothing to warm-start on: set warm_start.steps and warm_start.noisy_steps to 0"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _sync_fits_lora(self) -> RunConfig:
         if self.sync.protocol == "lora" and not self.lora.enabled:
             raise ValueError(
@@ -1140,47 +1083,12 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _pipelined_rewards_fit_task(self) -> RunConfig:
-        from workers.rl_tasks import task_class
-
-        if self.rewards.mode == "pipelined" and getattr(task_class(self.task.name), "multi_turn", False):
-            raise ValueError(
-                f"rewards.mode 'pipelined' streams single completions, but task {self.task.name!r} runs multi-turn "
-                "episodes: set rewards.mode to 'after'"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _episodes_fit_task(self) -> RunConfig:
-        from workers.rl_tasks import task_class
-
-        cls = task_class(self.task.name)
-        multi_agent = bool(getattr(cls, "multi_agent", False))
-        if self.buffer.unit == "episode" and not (multi_agent or getattr(cls, "multi_turn", False)):
-            raise ValueError(
-                f"buffer.unit 'episode' schedules episodes, and task {self.task.name!r} has none (it is neither "
-                "multi-agent nor multi-turn): set buffer.unit to 'group', or task.name to such a task "
-                "(propose_solve, calculator)"
-            )
+    def _episodes_score_in_the_worker(self) -> RunConfig:
         if self.buffer.unit == "episode" and self.rewards.workers:
             raise ValueError(
                 "buffer.unit 'episode' scores each group as its episodes end, in the inference worker: set "
                 f"rewards.workers to 0 (it is {self.rewards.workers}), or buffer.unit to 'group'"
             )
-        if multi_agent:
-            refused = {
-                "rewards.mode 'pipelined'": self.rewards.mode == "pipelined",
-                "rewards.credit 'process'": self.rewards.credit == "process",
-                "a reward pool (rewards.workers)": self.rewards.workers > 0,
-                "task.reward_funcs": bool(self.task.reward_funcs),
-            }
-            asked = [name for name, on in refused.items() if on]
-            if asked:
-                raise ValueError(
-                    f"task {self.task.name!r} is multi-agent: each agent's reward is the task's own, scored as its "
-                    f"episode ends; {', '.join(asked)} cannot apply to it. Leave rewards at their defaults and "
-                    "task.reward_funcs empty"
-                )
         return self
 
     @model_validator(mode="after")

@@ -149,6 +149,8 @@ class Group:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Group:
+        # Imported here: both hold torch tensors, and this module is read where torch is
+        # not (the buffer's accounting in the site's simulator).
         from workers.core.routing import RoutingRecord
         from workers.core.sampling_mask import SamplingMask
 

@@ -1,95 +1,13 @@
-"""Inference backends behind one interface (workers.inference.base.InferenceBackend)."""
+"""The inference tier: generation backends behind one interface
+(workers.inference.base.InferenceBackend): the hand-written torch loop, transformers' own
+forward, and a vLLM engine, chosen by `inference.backend` (workers/inference/backends.py
+`make_backend`).
 
-from __future__ import annotations
+May import the core, tasks, config, model and sync tiers (a backend applies weights a
+sync protocol delivered); what a run's sequences need (its context length) is worked out
+in the rollout tier and handed in.
 
-import json
-import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from workers.config.run_config import RunConfig
-    from workers.inference.base import InferenceBackend
-    from workers.inference.sampling import Truncation
-
-
-def make_backend(
-    cfg: RunConfig, model_dir: str, scratch_dir: str | None = None, *, exact_steps: bool = False
-) -> InferenceBackend:
-    """The backend named by `inference.backend`, loaded from `model_dir`; files it stages
-    go under `scratch_dir` (the inference worker's part of the run's scratch).
-    `exact_steps`: weights may change between two decode steps of a call (the stepped
-    update modes, workers/rollout/partial_rollouts.py), so one engine step must be one decode step.
-
-    vLLM is imported only when asked for: it is heavy and absent from torch-only images.
-    """
-    if cfg.inference.backend == "torch":
-        from workers.inference.sampling import Truncation
-
-        return make_torch_backend(
-            model_dir,
-            cfg.inference.dtype,
-            Truncation.of(cfg.inference),
-            record_routing=cfg.correction.keep_routing,
-            keep_sampling_mask=cfg.correction.keep_sampling_mask,
-        )
-    if cfg.inference.backend == "vllm":
-        from workers.inference.vllm_backend import VLLMBackend, serves_lora
-        from workers.model.loading import model_config, model_dims
-        from workers.model.tokenizer import load_tokenizer
-        from workers.rollout.context import context_tokens
-        from workers.sync import vllm_transfer_engine
-
-        # Adapter-only sync serves the adapters natively where vLLM has LoRA layers for
-        # the architecture; elsewhere the receiver merges them and loads full weights.
-        lora_rank = cfg.lora.rank if cfg.sync.protocol == "lora" and serves_lora(model_dir) else None
-        positions = model_dims(model_config(model_dir)).positions
-        return VLLMBackend(
-            model_dir,
-            cfg.inference,
-            lora_rank=lora_rank,
-            dtype=cfg.inference.dtype,
-            exact_steps=exact_steps,
-            scratch_dir=scratch_dir,
-            max_model_len=context_tokens(cfg, load_tokenizer(model_dir), positions),
-            transfer_engine=vllm_transfer_engine(
-                cfg.placement.devices,
-                cfg.placement.mode,
-                cfg.sync.protocol,
-                tensor_parallel_size=cfg.inference.tensor_parallel_size,
-            ),
-        )
-    raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}; choose 'torch' or 'vllm'")
-
-
-def make_torch_backend(
-    model_dir: str,
-    dtype: str = "float32",
-    truncation: Truncation | None = None,
-    *,
-    record_routing: bool = False,
-    keep_sampling_mask: bool = False,
-) -> InferenceBackend:
-    """The torch backend for `model_dir`: the hand-written Llama loop where it can run the
-    model (float32 on the CPU, fastest at the tiny sizes), else the model's own
-    transformers forward, on the device this process was given and in `dtype`, sampling
-    with `truncation` (top-k / top-p / min-p; none by default). `record_routing`: an MoE
-    model's sessions record the experts each token was routed to (the hand-written loop
-    runs dense Llama models only); `keep_sampling_mask`: each sampled token's kept set."""
-    from workers.core.devices import assigned_device
-    from workers.inference.torch_backend import TorchBackend, fast_path_problem
-
-    with open(os.path.join(model_dir, "config.json")) as f:
-        config = json.load(f)
-    device = assigned_device()
-    if fast_path_problem(config) is None and dtype == "float32" and device.type == "cpu":
-        return TorchBackend(model_dir, truncation, keep_sampling_mask)
-    from workers.inference.transformers_backend import TransformersBackend
-
-    return TransformersBackend(
-        model_dir,
-        dtype=dtype,
-        device=device,
-        truncation=truncation,
-        record_routing=record_routing,
-        keep_sampling_mask=keep_sampling_mask,
-    )
+This file imports nothing: `workers.inference.base` (what a backend offers, no torch) is
+read by processes that must stay light, such as the site's admission check, and
+importing it runs this file first.
+"""

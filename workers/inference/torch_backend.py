@@ -22,8 +22,10 @@ import os
 import torch
 import torch.nn.functional as F
 
+from workers.core.sampling_mask import Kept
 from workers.inference.base import Completion, StepToken
 from workers.inference.sampling import Truncation
+from workers.model.loading import checkpoint_weights, model_config, model_dims
 
 
 def fast_path_problem(cfg: dict) -> str | None:
@@ -53,8 +55,6 @@ class TorchBackend:
     per-token logprobs, seeded, stops at EOS."""
 
     def __init__(self, model_dir: str, truncation: Truncation | None = None, keep_sampling_mask: bool = False) -> None:
-        from workers.model.loading import checkpoint_weights, model_config, model_dims
-
         self.truncation = truncation or Truncation()
         self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
         with open(os.path.join(model_dir, "config.json")) as f:
@@ -315,7 +315,6 @@ class SteppedSampler:
         not recording."""
         if not self.keep_mask:
             return [None] * cut.shape[0]
-        from workers.core.sampling_mask import Kept
 
         finite = torch.isfinite(cut).cpu()
         vocab = cut.shape[-1]

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from workers.core.routing import Recorder, RoutingRecord
 from workers.inference.base import StepToken
 from workers.inference.sampling import Truncation
 from workers.inference.torch_backend import SteppedSampler, generate_by_steps, rows_per_sample
+from workers.model.loading import load_model, model_dims, tied_weight_names
 
 
 class TransformersBackend:
@@ -34,9 +36,6 @@ class TransformersBackend:
         record_routing: bool = False,
         keep_sampling_mask: bool = False,
     ) -> None:
-        from workers.core.routing import Recorder
-        from workers.model.loading import load_model, model_dims, tied_weight_names
-
         self.truncation = truncation or Truncation()
         self.keep_sampling_mask = keep_sampling_mask  # record each token's kept set (SteppedSampler)
         self.device = torch.device(device)
@@ -161,7 +160,6 @@ class TransformersSession(SteppedSampler):
     def routing(self, row: int):
         if self.b.recorder is None:
             return None
-        from workers.core.routing import RoutingRecord
 
         return RoutingRecord.of(torch.cat(self.routes[row]).numpy(), self.b.recorder.num_experts)
 

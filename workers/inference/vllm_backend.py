@@ -51,6 +51,7 @@ import torch
 
 from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, PauseMode, StepToken, vllm_cpu_kv_cache_bytes
 from workers.model.loading import ModelDims, meta_model, model_config, model_dims, saved_form
+from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -315,6 +316,7 @@ def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None
     # vLLM's own transfer engines, which a state dict in this process cannot go through.
     # is_checkpoint_format=True re-runs vLLM's post-load processing (vLLM-CPU repacks
     # linear weights), which plain `model.load_weights` would skip.
+    # Imported here: vllm_engines imports vLLM, which waits for the engine's environment.
     from workers.sync.vllm_engines import repack_tied_head
 
     worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
@@ -322,6 +324,7 @@ def _reload_from_memory(worker, weights: list[tuple[str, torch.Tensor]]) -> None
 
 
 def _repack_tied_head_rpc(worker) -> None:
+    # Imported here: vllm_engines imports vLLM, which waits for the engine's environment.
     from workers.sync.vllm_engines import repack_tied_head
 
     repack_tied_head(worker.get_model())
@@ -424,10 +427,10 @@ class VLLMBackend:
         its trainer-side twin, and a state dict handed here reloads through
         `reload_weights` instead.
         """
-        from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
-
         LLM, current_platform = _import_vllm()
-        import workers.sync.vllm_engines  # noqa: F401  registers the project's engines in this process
+        # Registers the project's engines in this process; here, after vLLM is imported in
+        # the environment the engine needs (`_import_vllm`).
+        import workers.sync.vllm_engines  # noqa: F401
 
         if transfer_engine is None:
             transfer_engine = ROLLWAY_MEMORY if inference_cfg.tensor_parallel_size == 1 else ROLLWAY_FILES
@@ -626,8 +629,6 @@ class VLLMBackend:
         Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
-        from workers.sync import ROLLWAY_FILES
-
         if self.transfer_engine == ROLLWAY_FILES or self.inference_cfg.tensor_parallel_size > 1:
             # vLLM's workers are other processes (tensor-parallel: each loads its shard of
             # every weight), or the engine takes files.

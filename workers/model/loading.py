@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from workers.core.hub import HubRefused, metadata_dir, offline, repo_info
 from workers.model.tokenizer import TOKENIZER_FILE, CharTokenizer, HFTokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -342,8 +343,6 @@ def model_dir_problem(model_dir: str, *, check_weights: bool = True) -> str | No
 
 
 def _hub_offline() -> bool:
-    from workers.core.hub import offline
-
     return offline()
 
 
@@ -352,8 +351,6 @@ def hub_problem(hub_id: str, field: str = "model.hub_id") -> str | None:
     and its config and tokenizer files (workers/core/hub.py: never its weights, never any
     other file), and checks them as `model_dir_problem` checks a directory. A Hub that
     does not answer raises workers.core.hub.HubUnavailable."""
-    from workers.core.hub import HubRefused, metadata_dir, repo_info
-
     local_hint = (
         "download it where the site can read it (huggingface-cli download "
         f"{hub_id} --local-dir <a directory under ROLLWAY_MODEL_ROOTS>) and use model.source='path'"
@@ -380,8 +377,6 @@ def hub_problem(hub_id: str, field: str = "model.hub_id") -> str | None:
 def hub_metadata_dir(hub_id: str) -> str:
     """A local directory with the Hub model's config and tokenizer (no weights), from
     the Hugging Face cache: what sizing a run needs."""
-    from workers.core.hub import metadata_dir
-
     return metadata_dir(hub_id, "model.hub_id")
 
 

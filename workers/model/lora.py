@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 from safetensors.torch import save_file
 
+from workers.config.run_config import ALL_LINEAR
 from workers.model.loading import untied
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ def peft_targets(cfg: LoRAConfig, model: torch.nn.Module) -> list[str]:
     of their own ranks, which neither the adapter merge here nor vLLM's adapters take."""
     from transformers.pytorch_utils import Conv1D
 
-    from workers.config.run_config import ALL_LINEAR
-
     if cfg.target_modules != [ALL_LINEAR]:
         return list(cfg.target_modules)
     get_output = getattr(model, "get_output_embeddings", None)
@@ -93,8 +92,6 @@ def target_problem(model: torch.nn.Module, cfg: LoRAConfig) -> str | None:
     may be on the meta device: only its module names are read, with peft's own matching."""
     from peft import LoraConfig
     from peft.tuners.tuners_utils import check_target_module_exists
-
-    from workers.config.run_config import ALL_LINEAR
 
     targets = list(cfg.target_modules)
     if targets == [ALL_LINEAR]:

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field
 
 from workers.config.run_config import TaskConfig
-from workers.model.tokenizer import DEFAULT_CHARS
+from workers.core.char_vocab import DEFAULT_CHARS
 from workers.rl_tasks import make_task
 
 

@@ -9,7 +9,7 @@ file is a Rollway char model, any other model directory brings its own tokenizer
 prompt into ids, an answer into training targets, and sampled ids back into text.
 
 transformers is imported only inside the functions that need it: the platform imports
-this module (through workers.config.run_config) in processes that must stay light.
+this module (through workers.run.admission) in processes that must stay light.
 """
 
 from __future__ import annotations
@@ -19,26 +19,11 @@ import os
 from typing import Any, Protocol
 
 from workers.core import chat
+from workers.core.char_vocab import DEFAULT_CHARS
 
 TOKENIZER_FILE = "rollway_tokenizer.json"
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
-# The characters every tiny model has, in the ids they always had: reordering breaks
-# every cached model, so never reorder.
-BASE_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789=+-*/ ,.:?"
-# Characters only some tasks use ("()" countdown's parentheses, "#" GSM8K's "#### answer"
-# marker), appended only for a task that asks (`tiny_chars`): a tiny model whose task
-# does not use them keeps the vocabulary, and so the initial weights, it always had. (With
-# them always in, the default reverse run's initial weights changed, and with them its
-# warm start: RL then stalled at reward 0.5 where it had reached 0.8 in 15 steps.)
-EXTRA_CHARS = "()#"
-# Every character some task may use.
-DEFAULT_CHARS = BASE_CHARS + EXTRA_CHARS
-
-
-def tiny_chars(extra: str = "") -> str:
-    """The tiny model's characters for a task that uses `extra` beyond BASE_CHARS."""
-    return BASE_CHARS + "".join(c for c in EXTRA_CHARS if c in extra)
 
 
 class Tokenizer(Protocol):

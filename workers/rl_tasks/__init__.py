@@ -25,6 +25,9 @@ A task class is built with the run's `TaskConfig` and offers:
 - `problem_key(prompt, answer)` (optional): what makes two pairs the same problem (the
   prompt where absent), so the share of problems held out for evaluation holds every
   wording of a problem or none (workers/rollout/evaluation.py).
+
+The tasks tier may import the core tier only: a user's task module imports it, and the
+config that names a task stands above it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from workers.core.task_modules import import_user_module, refusal
+from workers.rl_tasks.reward_funcs import RewardFuncTask, resolve
 
 ENTRY_POINT_GROUP = "rollway.tasks"
 
@@ -57,8 +61,7 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w
 
 class TaskSettings(Protocol):
     """What a task is built with: the run's `task` section, workers.config.run_config.TaskConfig
-    (not imported here: the config checks `task.name` through this registry, and the
-    engine's modules import no loop). `reverse` reads its own top-level fields; every
+    (not imported here: the config stands on a tier above the tasks). `reverse` reads its own top-level fields; every
     other task reads `options`."""
 
     @property
@@ -182,7 +185,6 @@ def make_task(task_cfg: TaskSettings) -> Task:
     paths = getattr(task_cfg, "reward_funcs", None)
     if not paths:
         return task
-    from workers.rl_tasks.reward_funcs import RewardFuncTask, resolve
 
     dataset = getattr(task_cfg, "dataset", None)
     funcs = resolve(paths, getattr(task_cfg, "reward_weights", None))

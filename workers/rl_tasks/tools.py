@@ -12,7 +12,7 @@ arithmetic; here every node type is allowed by name and every value is bounded.
 Nothing is ever passed to eval.
 
 Every message is lowercase letters, digits and ", . : -" so that the char tokenizer
-(workers/model/tokenizer.py DEFAULT_CHARS) can encode it.
+(workers/core/char_vocab.py DEFAULT_CHARS) can encode it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from workers.rl_tasks import make_task, task_lengths
+from workers.rollout.episodes import task_tools
+from workers.rollout.task_data import load_splits
+
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
     from workers.model.tokenizer import Tokenizer
@@ -30,12 +34,8 @@ def longest_prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> int | None:
     """The most tokens a prompt of the run renders to (chat template and BOS included),
     or None for a generator task that does not say how long its prompts get."""
     if cfg.task.dataset is not None:
-        from workers.rollout.task_data import load_splits
-
         splits = load_splits(cfg)
         return max(len(tokenizer.prompt_ids(p)) for p, _ in splits.train + splits.eval)
-    from workers.rl_tasks import make_task, task_lengths
-    from workers.rollout.episodes import task_tools
 
     lengths = task_lengths(cfg.task)
     if lengths is None:

@@ -10,7 +10,7 @@ group (the `trainer.group_size` episodes of one prompt, GRPO's unit) holds one R
 per agent turn, each labelled with its agent; the trainer normalises advantages per
 agent within the group (workers/train/trainer.py).
 
-What the inference worker does with finished groups is `buffer.unit` (workers/run/actors.py):
+What the inference worker does with finished groups is `buffer.unit` (workers/run/inference_worker.py):
 ``group``, the batch barrier every surveyed library has (a call's groups go to the
 buffer together once all of them have ended); ``episode``, each group as soon as it
 ends, with `buffer.overcommit` more groups admitted than the batch needs, so the trainer

@@ -37,6 +37,11 @@ import math
 import random
 from typing import TYPE_CHECKING
 
+from workers.rl_tasks.reward_funcs import score_group
+from workers.rollout.episodes import Episode, episode_text, is_multi_turn, run_episodes
+from workers.rollout.generation import encode_prompt
+from workers.rollout.task_data import DatasetError, load_splits
+
 if TYPE_CHECKING:
     from workers.config.run_config import EvalConfig, RunConfig
     from workers.inference.base import InferenceBackend
@@ -121,8 +126,6 @@ def held_out_prompts(task: Task, n: int, seed: int) -> list[tuple[str, str]]:
 def eval_prompts(cfg: RunConfig, task: Task) -> list[tuple[str, str]]:
     """The held-out (prompt, answer) pairs every pass of this run evaluates."""
     if cfg.task.dataset is not None:
-        from workers.rollout.task_data import DatasetError, load_splits
-
         held = load_splits(cfg).eval[: cfg.eval.num_prompts]
         if not held:
             raise DatasetError(
@@ -176,9 +179,6 @@ def evaluate(
 ) -> dict[str, float]:
     """One pass with the weights the backend holds: `eval_cfg.k` completions per prompt,
     scored by the task's reward; returns `eval_metrics`."""
-    from workers.rollout.episodes import Episode, episode_text, is_multi_turn, run_episodes
-    from workers.rollout.generation import encode_prompt
-
     prompt_ids = [encode_prompt(tokenizer, p, task) for p, _ in prompts]
     k, temperature = eval_cfg.k, eval_cfg.temperature
     if is_multi_turn(task):
@@ -192,7 +192,6 @@ def evaluate(
         completions = backend.generate(prompt_ids, k, max_new_tokens, temperature, seed)
         token_ids = [[list(c.token_ids) for c in comps] for comps in completions]
         texts = [[tokenizer.decode(ids) for ids in per_prompt] for per_prompt in token_ids]
-    from workers.rl_tasks.reward_funcs import score_group
 
     rewards = [
         score_group(task, prompt, answer, group_texts, per_prompt).totals

@@ -17,13 +17,16 @@ import random
 import re
 from typing import Any
 
+from workers.config.run_config import TaskConfig
+from workers.core.hub import is_repo_id
+from workers.model.tiny_hf import train_tokenizer
+from workers.rl_tasks.countdown import parse_problem
+
 
 def load_reward_model(path: str) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of the reward model at `path`: a local directory
     (absolute, confined by workers/run/paths.py) or a Hub id, downloaded from the Hub into
     its cache first, so that no directory of that relative name is read instead."""
-    from workers.core.hub import is_repo_id
-
     if not path.startswith(("/", "~")) and is_repo_id(path):
         from huggingface_hub import snapshot_download
 
@@ -106,8 +109,6 @@ def _apply(a: int, op: str, b: int) -> int:
 def step_labels(answer: str, lines: list[str]) -> list[int]:
     """The step verifier: per line "a op b=c", 1 while every step so far takes two
     available numbers (the problem's, then results) and computes c right, else 0."""
-    from workers.rl_tasks.countdown import parse_problem
-
     pool, _ = parse_problem(answer)
     labels, good = [], True
     for line in lines:
@@ -142,9 +143,6 @@ def make_prm(directory: str, steps: int = 400, seed: int = 0, batch_size: int = 
     Each step's label sits on the last token of its line."""
     import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
-
-    from workers.config.run_config import TaskConfig
-    from workers.model.tiny_hf import train_tokenizer
 
     tokenizer = train_tokenizer(TaskConfig(name="countdown"), seed=seed)
     config = AutoConfig.for_model(

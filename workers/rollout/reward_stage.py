@@ -43,7 +43,9 @@ import ray
 
 from workers.config.run_config import RewardsConfig, RunConfig
 from workers.core.run_actors import actor_class, where_am_i
+from workers.rl_tasks import make_task
 from workers.rl_tasks.reward_funcs import Scores, score_group
+from workers.rollout.prm import last_token_scores, load_reward_model
 
 # The series a run emits only with a reward pool (rewards.workers ≥ 1).
 POOL_SERIES = frozenset({"reward/pool_busy_frac", "reward/scoring_lag_ms"})
@@ -82,8 +84,6 @@ class VerifierScorer:
     `cost_ms_per_token` of work per new token it scores."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from workers.rl_tasks import make_task
-
         self.task = make_task(cfg.task)
         self.cost_s_per_token = cfg.rewards.verifier_cost_ms_per_token / 1000
 
@@ -102,15 +102,13 @@ class ModelScorer:
     the CPU."""
 
     def __init__(self, path: str) -> None:
+        # Imported here: a reward worker that scores with functions never imports torch.
         from workers.core.devices import assigned_device
-        from workers.rollout.prm import load_reward_model
 
         model, self.tokenizer = load_reward_model(path)
         self.model = model.to(assigned_device())
 
     def score(self, prompt: str, answer: str, texts: list[str], ids: list[list[int]], new_tokens: int) -> Scores:
-        from workers.rollout.prm import last_token_scores
-
         totals = last_token_scores(self.model, self.tokenizer, [prompt + t for t in texts])
         return Scores(totals, [{} for _ in texts])
 

@@ -43,6 +43,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workers.core import chat
+from workers.core.char_vocab import DEFAULT_CHARS
+from workers.core.hub import HubRefused, HubUnavailable, dataset_columns, download_dataset, read_bounds
+from workers.model.tokenizer import load_tokenizer
+from workers.rl_tasks.reward_funcs import PASSED, resolve, row_answer
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -195,8 +199,6 @@ def _load_hub(hub_id: str, field: str, split: str, split_field: str):
     Hub's: no local directory of that name is read instead."""
     import datasets
 
-    from workers.core.hub import HubRefused, HubUnavailable, download_dataset, read_bounds
-
     max_rows, _, _ = read_bounds()
     with tempfile.TemporaryDirectory(prefix="rollway-hub-") as scratch:
         try:
@@ -245,8 +247,6 @@ def _prompt_text(value, column: str) -> tuple[str, bool] | None:
 def check_columns(columns: list[str], path: str, field: str, cfg: RunConfig) -> tuple[str, list, list[str]]:
     """(prompt column, reward functions, columns passed to them) of a dataset with
     `columns`: DatasetError naming the field when a column the run reads is missing."""
-    from workers.rl_tasks.reward_funcs import PASSED, resolve
-
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
@@ -284,8 +284,6 @@ def read_rows(
 ) -> list[tuple[str, str]]:
     """(prompt, answer) of every row of `path` (its split `split`), named `field` in
     errors. With `task.reward_funcs` the answer is the row's columns (reward_funcs.row_answer)."""
-    from workers.rl_tasks.reward_funcs import row_answer
-
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
@@ -330,7 +328,6 @@ def _check_fit(
             f"{path!r} holds conversational prompts (role/content messages), but the tiny model has no chat "
             "template to render them: use a checkpoint with a chat template (model.source 'path' or 'hub')",
         )
-    from workers.model.tokenizer import DEFAULT_CHARS
 
     room = cfg.model.max_position_embeddings - 1 - cfg.inference.max_new_tokens
     known = set(DEFAULT_CHARS)
@@ -474,15 +471,17 @@ def dataset_errors(cfg: RunConfig) -> dict[str, str]:
         refused = split_refusal(read_split_record(cfg.model.path), splits.record, f"model.path {cfg.model.path!r}")
         if refused:
             return {"task.dataset.split_seed": refused}
-    if is_conversational(splits.train) and cfg.model.source == "path" and cfg.model.path:
-        from workers.model.tokenizer import load_tokenizer
-
-        if not getattr(load_tokenizer(cfg.model.path), "has_chat_template", False):
-            return {
-                "task.dataset.path": f"{cfg.task.dataset.path!r} holds conversational prompts (role/content "
-                f"messages), but the checkpoint at {cfg.model.path!r} has no chat template to render them: "
-                "use a chat model, or give the prompts as text"
-            }
+    if (
+        is_conversational(splits.train)
+        and cfg.model.source == "path"
+        and cfg.model.path
+        and not getattr(load_tokenizer(cfg.model.path), "has_chat_template", False)
+    ):
+        return {
+            "task.dataset.path": f"{cfg.task.dataset.path!r} holds conversational prompts (role/content "
+            f"messages), but the checkpoint at {cfg.model.path!r} has no chat template to render them: "
+            "use a chat model, or give the prompts as text"
+        }
     return {}
 
 
@@ -491,8 +490,6 @@ def hub_metadata_errors(cfg: RunConfig) -> dict[str, str]:
     metadata tells (workers/core/hub.py: the columns and splits its card or Parquet schema
     declares; no row is downloaded), and for a local eval_path. What the metadata does
     not tell, the run's driver checks on the rows it reads."""
-    from workers.core.hub import HubRefused, dataset_columns
-
     ds = cfg.task.dataset
     if ds is None:
         return {}

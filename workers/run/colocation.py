@@ -21,7 +21,7 @@ cache off the GPU at the same time (vLLM's own RL examples and verl wake in this
 Level 2's weights come only from the sync, so every step must carry a full-weight one.
 
 The calls are made by `VLLMBackend.sleep` / `wake_up` (workers/inference/vllm_backend.py)
-from the inference worker's loop (workers/run/actors.py) and by `Trainer.train_rank`
+from the inference worker's loop (workers/run/inference_worker.py) and by `Trainer.train_rank`
 (`move_optimizer_state`, workers/train/trainer.py); this module says their order.
 
 Admission (workers/run/admission.py) plans one shared GPU as `peak`: the larger of the two

@@ -46,7 +46,9 @@ from workers.run.failures import ChildFailed, Failure, explain
 from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
+from workers.run.runnable import check_runnable
 from workers.run.spawn import RunActors
+from workers.train.warmstart import policy_dir
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ class RunDriver:
         configure_driver_logging(run_id, log_file=self.confinement.log_file(run_id))
         self.run_id = run_id
         self.name = actor_name(run_id)
-        self.cfg = RunConfig.model_validate(config)
+        self.cfg = check_runnable(RunConfig.model_validate(config))
         self.cache_dir = cache_dir
         self.scratch_dir = self.confinement.scratch_dir(run_id)
         self.resume_from = resume_from
@@ -162,7 +164,6 @@ class RunDriver:
                 check_resume_split(self.resume_from, self.cfg)
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
-            from workers.train.warmstart import policy_dir  # torch + transformers: only here
 
             model_dir = policy_dir(self.cfg, self.cache_dir, self._warm_start_progress)
             self.timings["warm_start"] = time.perf_counter() - t0

@@ -231,22 +231,6 @@ def ray_unreachable(address: str | None) -> str:
     return "No Ray cluster is reachable (RAY_ADDRESS is not set): set RAY_ADDRESS to the Ray head's address."
 
 
-def role_of(name: str) -> str:
-    """How people call the run actor Ray knows as `name` (workers.core.run_actors names
-    them): "run-7-inference-1" → "inference worker 1", "run-7" → "driver"; "" for an
-    actor that is not a run's."""
-    parts = name.split("-", 2)
-    if len(parts) < 2 or parts[0] != "run" or not parts[1].isdigit():
-        return ""
-    if len(parts) == 2:
-        return "driver"
-    role, _, k = parts[2].partition("-")
-    named = {"inference": "inference worker", "trainer": "trainer rank", "reward": "reward worker"}
-    if k.isdigit() and role in named:
-        return f"{named[role]} {k}"
-    return parts[2] if parts[2] in ("buffer", "trainer") else ""
-
-
 def node_label(where: dict) -> str:
     """How a record names the node of a run actor's `where` (workers.core.run_actors.where_am_i)."""
     labels = ", ".join(f"{k}={v}" for k, v in sorted(where.get("labels", {}).items()))

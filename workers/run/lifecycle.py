@@ -21,6 +21,7 @@ from workers.run.checkpoints import check_resume
 from workers.run.driver import RunDriver
 from workers.run.failures import RayUnreachable
 from workers.run.paths import Confinement
+from workers.run.runnable import check_runnable
 
 # The driver's constructor and start() only set up a thread: seconds, even on a busy host.
 LAUNCH_TIMEOUT_S = 60.0
@@ -86,7 +87,7 @@ def launch(
     `resume_from`: a checkpoint's location (its step directory, workers/run/checkpoints.py)
     to continue from, of this run or another; CheckpointRefused (a ValueError naming
     `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete."""
-    cfg = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+    cfg = check_runnable(config if isinstance(config, RunConfig) else RunConfig.model_validate(config))
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
     connect(ray_address)

@@ -35,8 +35,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workers.core.hub import HubRefused, metadata_dir, owner_problem, repo_info
+from workers.core.hub import HubRefused, is_repo_id, metadata_dir, owner_problem, repo_info
 from workers.model.loading import hub_problem, model_dir_problem
+from workers.rollout.task_data import dataset_errors, hub_metadata_errors, is_hub_id
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -90,8 +91,6 @@ def confine(path: str, roots: Iterable[str], field: str, setting: str) -> str:
 def names_hub_repo(value: str) -> bool:
     """Whether a field that takes a local path or a Hub id (`rewards.model_path`,
     `cluster.model`) names a Hub repository: `owner/name`, not absolute, not `~` or `.`-led."""
-    from workers.core.hub import is_repo_id
-
     return not value.startswith(("/", "~", ".")) and is_repo_id(value)
 
 
@@ -224,7 +223,6 @@ class Confinement:
         ds = cfg.task.dataset
         if ds is None:
             return {}
-        from workers.rollout.task_data import is_hub_id
 
         errors: dict[str, str] = {}
         for name, path in (("task.dataset.path", ds.path), ("task.dataset.eval_path", ds.eval_path)):
@@ -241,7 +239,6 @@ class Confinement:
                 errors[exc.field] = exc.message
         if errors or not read_model:
             return errors  # never open a file outside the roots, nor ask the Hub about a refused owner
-        from workers.rollout.task_data import dataset_errors, hub_metadata_errors
 
         if is_hub_id(ds.path) and not read_data:
             return hub_metadata_errors(cfg)

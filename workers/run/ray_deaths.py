@@ -23,18 +23,32 @@ from ray.core.generated.common_pb2 import (  # type: ignore[attr-defined]  # gen
     NodeDeathInfo,
 )
 
-from workers.run.failures import role_of
-
 # Ray marks an actor DEAD in its table before it tells the actor's callers, but a call
 # may fail while its actor is still being torn down: the record is awaited this long.
 DEATH_RECORD_S = 2.0
 POLL_S = 0.1
 
 
+def role_of(name: str) -> str:
+    """How people call the run actor Ray knows as `name` (workers.core.run_actors names
+    them): "run-7-inference-1" → "inference worker 1", "run-7" → "driver"; "" for an
+    actor that is not a run's."""
+    parts = name.split("-", 2)
+    if len(parts) < 2 or parts[0] != "run" or not parts[1].isdigit():
+        return ""
+    if len(parts) == 2:
+        return "driver"
+    role, _, k = parts[2].partition("-")
+    named = {"inference": "inference worker", "trainer": "trainer rank", "reward": "reward worker"}
+    if k.isdigit() and role in named:
+        return f"{named[role]} {k}"
+    return parts[2] if parts[2] in ("buffer", "trainer") else ""
+
+
 @dataclass(frozen=True)
 class ActorDeath:
     """A run actor Ray reports dead or unreachable: its Ray `name` and `role`
-    (workers.run.failures.role_of), the `node_id` it ran on, and `cause`: killed,
+    (`role_of`), the `node_id` it ran on, and `cause`: killed,
     owner_died, node_died, preempted, process_died (with Ray's `exit_detail`),
     out_of_memory (Ray's memory monitor), init_failed (its constructor raised),
     unavailable, or "" when Ray gave no reason."""

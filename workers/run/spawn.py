@@ -36,11 +36,13 @@ from workers.core.run_actors import (
 )
 from workers.rollout.reward_stage import RewardWorker
 from workers.run import placement
-from workers.run.actors import BufferActor, InferenceWorker, TrainerActor, TrainerRank
+from workers.run.actors import BufferActor
 from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.run.failures import ChildFailed, NodeLost, SyncTimeout
+from workers.run.inference_worker import InferenceWorker
 from workers.run.ray_deaths import death
+from workers.run.trainer_actors import TrainerActor, TrainerRank
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ NODE_VERDICT_S = 45.0
 # ("": Ray has recorded none yet).
 NODE_SIGNS = ("unavailable", "node_died", "process_died", "")
 # The final eval pass (eval.every_steps > 0) at the end of a run: its weights' arrival
-# (workers.run.actors.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
+# (workers.run.inference_worker.FINAL_WEIGHTS_WAIT_S) and the pass itself. Past this the run ends
 # without it.
 FINAL_EVAL_TIMEOUT_S = 300.0
 

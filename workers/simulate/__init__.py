@@ -7,6 +7,8 @@ weight sync on a simulated cluster (docs/simulation.md).
     events.py   the event loop
     run.py      simulate(config, cluster, workload) → per-step series + summary
     calibration.py  the published figures the cost models are checked against
+
+May import every tier below it: it runs the run tier's own buffer and admission code.
 """
 
 from workers.simulate.cluster import Cluster

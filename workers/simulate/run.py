@@ -6,7 +6,7 @@ What runs as in the engine, imported from it: the buffer the config plans
 `RolloutBuffer` itself (every group is put in and taken out of one, and its rejection
 decides what is dropped or requeued), the `AdmissionGate` (AReaL's capacity rule, which
 also makes a sync run alternate), and the update modes of workers/rollout/partial_rollouts.py.
-The loops mirror the actors (workers/run/actors.py): each inference worker asks the gate for
+The loops mirror the actors (workers/run/inference_worker.py): each inference worker asks the gate for
 up to ⌈B / workers⌉ groups, generates them in one call, puts them (blocking while the
 buffer is full), loads new weights between calls (drain) or between decode steps (the
 stepped modes); the trainer takes B fresh groups, trains, sends the weights, and asks

@@ -20,6 +20,9 @@ Usage (trainer and inference workers in different processes; see each class for 
     # concurrently: sender.connect() and receiver_i.connect(endpoint, rank=i + 1)
     report = sender.send(version, notify=lambda n: [w.update_weights.remote(n) for w in workers])
     # on an inference worker: staged = receiver.receive(notice); later receiver.apply(backend, staged)
+
+May import the core, tasks, config and model tiers: the inference and train tiers above it
+hold the two ends of each protocol.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from workers.sync.base import Notice, SyncReport, WeightReceiver, WeightSender, state_checksum
+from workers.sync.collective import CollectiveReceiver, CollectiveSender
+from workers.sync.cuda_ipc import CudaIpcReceiver, CudaIpcSender
+from workers.sync.filesystem import FilesystemReceiver, FilesystemSender
+from workers.sync.lora import LoRAReceiver, LoRASender
+from workers.sync.object_store import ObjectStoreReceiver, ObjectStoreSender
 
 if TYPE_CHECKING:
     from workers.config.run_config import SyncConfig
@@ -88,22 +96,13 @@ def make_sender(
     if sync.protocol == "cuda_ipc":
         import torch
 
-        from workers.sync.cuda_ipc import CudaIpcSender
-
         return CudaIpcSender(getattr(torch, wire_dtype) if wire_dtype else None)
     if sync.protocol == "object_store":
-        from workers.sync.object_store import ObjectStoreSender
-
         return ObjectStoreSender(store, bucket_mb=sync.bucket_mb)
     if sync.protocol == "collective":
-        from workers.sync.collective import CollectiveSender
-
         return CollectiveSender(sync, num_receivers)
     if sync.protocol == "filesystem":
-        from workers.sync.filesystem import FilesystemSender
-
         return FilesystemSender(sync, scratch_dir)
-    from workers.sync.lora import LoRASender
 
     return LoRASender(store)
 
@@ -116,23 +115,14 @@ def make_receiver(
     themselves; `scratch_dir` (the inference worker's own) is where "lora" writes adapter
     directories."""
     if sync.protocol == "object_store":
-        from workers.sync.object_store import ObjectStoreReceiver
-
         return ObjectStoreReceiver(store)
     if sync.protocol == "collective":
-        from workers.sync.collective import CollectiveReceiver
-
         return CollectiveReceiver()
     if sync.protocol == "cuda_ipc":
-        from workers.sync.cuda_ipc import CudaIpcReceiver
-
         return CudaIpcReceiver()
     if sync.protocol == "filesystem":
-        from workers.sync.filesystem import FilesystemReceiver
-
         return FilesystemReceiver()
     if model_dir is None:
         raise ValueError("sync.protocol 'lora' needs the worker's model_dir (its base weights)")
-    from workers.sync.lora import LoRAReceiver
 
     return LoRAReceiver(model_dir, store, adapter_root=scratch_dir)

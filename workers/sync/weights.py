@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import torch
 
+from workers.model.loading import tied_weight_names, untied
 from workers.model.lora import effective_live_state, effective_state_dict, split_live_state
 from workers.sync.base import Gathers, StateHasher
 
@@ -95,8 +96,6 @@ def _groups(model: torch.nn.Module, base_only: bool) -> list[tuple[str, list[str
     checkpoint name: `state_checksum`'s order, and a LoRA module's base and adapter
     together so they merge where gathered. A tied weight once. `base_only`: a peft
     model's base alone (its adapter's live names left out)."""
-    from workers.model.loading import tied_weight_names
-
     live = list(model.state_dict())
     if base_only:
         live = [name for name in live if ".lora_" not in name]
@@ -147,8 +146,6 @@ def effective_stream(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 def base_stream(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """A peft model's frozen base under checkpoint names, in name order, gathered module
     by module (its adapter is not gathered)."""
-    from workers.model.loading import untied
-
     for piece in sorted_gathers(model, base_only=True):
         items = sorted(untied(split_live_state(piece)[0], model).items())
         piece.clear()

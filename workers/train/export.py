@@ -43,6 +43,7 @@ from workers.model.lora import (
     base_state_dict,
     effective_state_dict,
     is_peft,
+    write_adapter_dir,
 )
 from workers.model.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 from workers.rollout.task_data import write_split_record
@@ -243,8 +244,6 @@ def _export_adapter(
 ) -> dict:
     """adapter/ (peft) and, where the run's checkpoint is not its base, base/. `tensors`
     None: `model` is sharded, and both are gathered here (the base a shard at a time)."""
-    from workers.model.lora import write_adapter_dir
-
     base = export_model_name(cfg)
     if _ships_base(cfg):
         base_dir = os.path.join(out_dir, "base")

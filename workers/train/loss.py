@@ -34,7 +34,14 @@ from typing import get_args
 
 import torch
 
-from workers.config.run_config import AdvantageScaling, CorrectionConfig, CorrectionMethod, KLEstimator, LossAggregation
+from workers.config.run_config import (
+    AdvantageScaling,
+    CorrectionConfig,
+    CorrectionMethod,
+    KLEstimator,
+    LossAggregation,
+    TrainerConfig,
+)
 
 # correction.method's choices, in the config's order (each has its loss in LOSSES).
 METHODS: tuple[str, ...] = get_args(CorrectionMethod)
@@ -138,6 +145,15 @@ class Aggregation:
 
     mode: str = "token_mean"
     constant: float = 1.0
+
+    @classmethod
+    def of(cls, trainer: TrainerConfig, max_new_tokens: int | None = None) -> Aggregation:
+        """`trainer.loss_aggregation`; its constant is `trainer.loss_constant` or, unset,
+        the completion budget `max_new_tokens` (Dr. GRPO's)."""
+        constant = trainer.loss_constant or max_new_tokens
+        if trainer.loss_aggregation == "constant" and constant is None:
+            raise ValueError("trainer.loss_aggregation 'constant' needs trainer.loss_constant or max_new_tokens")
+        return cls(trainer.loss_aggregation, float(constant or 1))
 
     def __post_init__(self) -> None:
         if self.mode not in AGGREGATIONS:
@@ -307,18 +323,17 @@ def pipelinerl_reinforce_loss(
 class LossInputs:
     """What every correction method's loss reads: the three policies' logprobs (module
     docstring), the advantages broadcast to tokens, the trained-token mask, and the
-    settings (`trainer.clip_eps`, `trainer.tis_cap`, the `correction` section)."""
+    settings: the `trainer` section (clip_eps, clip_eps_high, tis_cap), the `correction`
+    section, and how per-token losses are aggregated."""
 
     logp: torch.Tensor
     old_logp: torch.Tensor
     behaviour_logp: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
-    clip_eps: float
-    tis_cap: float
+    trainer: TrainerConfig
     correction: CorrectionConfig
-    clip_eps_high: float | None = None
-    aggregation: Aggregation = TOKEN_MEAN
+    aggregation: Aggregation
 
     def ppo(self, weight: torch.Tensor, corrected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO-clip on pi_theta/pi_old times `weight` (weighted_ppo_loss)."""
@@ -328,10 +343,10 @@ class LossInputs:
             self.behaviour_logp,
             self.advantages,
             self.mask,
-            self.clip_eps,
+            self.trainer.clip_eps,
             weight,
             corrected,
-            self.clip_eps_high,
+            self.trainer.clip_eps_high,
             self.aggregation,
         )
 
@@ -344,16 +359,16 @@ def _token_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         x.behaviour_logp,
         x.advantages,
         x.mask,
-        x.clip_eps,
-        x.tis_cap,
-        x.clip_eps_high,
+        x.trainer.clip_eps,
+        x.trainer.tis_cap,
+        x.trainer.clip_eps_high,
         x.aggregation,
     )
 
 
 def _sequence_tis(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip × min(Π_t pi_old/mu, tis_cap), one weight per sequence."""
-    return x.ppo(*sequence_is_weight(x.old_logp, x.behaviour_logp, x.mask, x.tis_cap))
+    return x.ppo(*sequence_is_weight(x.old_logp, x.behaviour_logp, x.mask, x.trainer.tis_cap))
 
 
 def _masked_is(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
@@ -364,7 +379,7 @@ def _masked_is(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 def _decoupled_ppo(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """AReaL: PPO-clip on pi_theta/pi_prox × pi_prox/mu, tokens with weight > tis_cap
     dropped (AReaL's behav_imp_weight_cap); pi_prox = pi_old here."""
-    return x.ppo(*masked_is_weight(x.old_logp, x.behaviour_logp, 0.0, x.tis_cap))
+    return x.ppo(*masked_is_weight(x.old_logp, x.behaviour_logp, 0.0, x.trainer.tis_cap))
 
 
 def _pipelinerl_reinforce(x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
@@ -391,25 +406,25 @@ LOSSES: dict[str, Callable[[LossInputs], tuple[torch.Tensor, dict[str, float]]]]
 
 
 def correction_loss(
+    trainer: TrainerConfig,
     correction: CorrectionConfig,
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_eps: float,
-    tis_cap: float,
     *,
-    clip_eps_high: float | None = None,
-    aggregation: Aggregation = TOKEN_MEAN,
+    aggregation: Aggregation | None = None,
     ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss for `correction.method` (LOSSES: each method's function says what
-    it computes) and its statistics, aggregated as `aggregation` says. With `ref_logp`
-    (the frozen reference policy's logprobs) and `kl_coef` > 0, plus kl_coef times the
-    aggregated per-token `reference_kl`, reported as loss/kl_ref (its token mean)."""
+    it computes) and its statistics, with the `trainer` section's clip range, IS cap and
+    KL penalty, aggregated as `aggregation` says (the trainer builds it once,
+    `Aggregation.of`; None: built here from `trainer`). With `ref_logp` (the frozen
+    reference policy's logprobs) and `trainer.kl_coef` > 0, plus kl_coef times the
+    aggregated per-token `reference_kl` (`trainer.kl_estimator`), reported as loss/kl_ref
+    (its token mean)."""
+    aggregation = aggregation if aggregation is not None else Aggregation.of(trainer)
     loss = LOSSES.get(correction.method)
     if loss is None:
         raise ValueError(f"correction.method {correction.method!r} is not one of {', '.join(METHODS)}")
@@ -417,15 +432,13 @@ def correction_loss(
     # none): pi_old stands in, so no value there can reach a weight, the KL or, through
     # 0 * inf, the loss and its gradient.
     behaviour_logp = torch.where(mask.bool(), behaviour_logp, old_logp.detach())
-    inputs = LossInputs(
-        logp, old_logp, behaviour_logp, advantages, mask, clip_eps, tis_cap, correction, clip_eps_high, aggregation
-    )
+    inputs = LossInputs(logp, old_logp, behaviour_logp, advantages, mask, trainer, correction, aggregation)
     total, stats = loss(inputs)
-    if ref_logp is not None and kl_coef:
-        kl = reference_kl(logp, ref_logp, kl_estimator)
+    if ref_logp is not None and trainer.kl_coef:
+        kl = reference_kl(logp, ref_logp, trainer.kl_estimator)
         # Outside the mask the reference's logprob may be anything (padding): 0 there.
         kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
-        total = total + kl_coef * aggregation(kl, mask)
+        total = total + trainer.kl_coef * aggregation(kl, mask)
         stats["loss/kl_ref"] = _masked_mean(kl.detach(), mask.to(kl.dtype)).item()
     return total, stats
 

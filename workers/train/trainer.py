@@ -32,17 +32,20 @@ from workers.config.run_config import RunConfig
 from workers.core.devices import assigned_device, autocast
 from workers.core.metric_names import rank_series
 from workers.core.records import Group, Rollout
+from workers.core.routing import Agreement, Replay, batch_routing
+from workers.core.sampling_mask import KeptLayout
 from workers.model.loading import checkpoint_state_dict, load_model
 from workers.model.logprobs import chosen_logprobs
+from workers.model.lora import apply_lora, base_model_of, effective_live_state, effective_state_dict
+from workers.sync.lora import base_checksum
 from workers.train.batch_stats import batch_metrics
 from workers.train.loss import Aggregation, correction_loss, process_advantages, scaled_advantages
 from workers.train.mfu import ModelFlops, device_peak, mfu
 from workers.train.shared_prefix import completion_view
 from workers.train.step_plan import RankStep, plan_step
+from workers.train.trainer_pool import busy_seconds
 
 if TYPE_CHECKING:
-    from workers.core.routing import Replay
-    from workers.core.sampling_mask import KeptLayout
     from workers.train.trainer_pool import Pool
 
 
@@ -254,8 +257,6 @@ class Trainer:
         self.pad_id = self.model.config.pad_token_id or 0
         if cfg.lora.enabled:
             # Wrap before the optimizer: it must see only the adapter (the base is frozen).
-            from workers.model.lora import apply_lora
-
             self.model = apply_lora(self.model, cfg.lora)
         self.pool = pool
         # Counted before a pool shards the model in place; the peak of this process's
@@ -266,8 +267,6 @@ class Trainer:
         # sync publishes: take it now.
         self.base_checksum: str | None = None
         if pool is not None and pool.sharded and cfg.lora.enabled:
-            from workers.sync.lora import base_checksum
-
             self.base_checksum = base_checksum(self.model)
         self.forward_model = pool.wrap(self.model) if pool is not None else self.model
         # The KL penalty's reference: the initial policy, frozen. With LoRA it is the base,
@@ -278,7 +277,7 @@ class Trainer:
         if tc.kl_coef and not cfg.lora.enabled:
             ref: torch.nn.Module = load_model(model_dir)
             self.ref_model = ref.to(self.device).requires_grad_(False)
-        self.aggregation = Aggregation(tc.loss_aggregation, float(tc.loss_constant or cfg.inference.max_new_tokens))
+        self.aggregation = Aggregation.of(tc, cfg.inference.max_new_tokens)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
@@ -287,8 +286,6 @@ class Trainer:
         # forward's routing only while a batch's record is set (token_logprobs).
         self.replay: Replay | None = None
         if cfg.correction.keep_routing:
-            from workers.core.routing import Replay
-
             self.replay = Replay(self.model).__enter__()
         # Each distinct prompt once per forward (workers.train.shared_prefix), where a row's
         # forward depends on its own tokens alone: no dropout, no routing replayed,
@@ -321,8 +318,6 @@ class Trainer:
         collective every rank calls, gathering the whole policy into each rank's host
         memory (tests compare it; a run's checksum, export, checkpoints and weight sync
         gather a module or a bucket at a time: workers/sync/weights.py)."""
-        from workers.model.lora import effective_live_state, effective_state_dict
-
         if self.sharded:
             full = effective_live_state(self.gathered_state(), self.model)
             return {k: t.contiguous().clone() for k, t in full.items()}
@@ -357,7 +352,6 @@ class Trainer:
                 return token_logprobs(
                     self.ref_model, batch, self.cfg.inference.temperature, share_prompts=self.share_prompts
                 )
-            from workers.model.lora import base_model_of
 
             # Through the model, not a DDP wrapper: a replica's forward is then no
             # collective; a sharded (fsdp2) one's is, and an empty pass joins it.
@@ -443,8 +437,6 @@ class Trainer:
         """This rank's part of a step: pi_old, then one AdamW update per minibatch."""
         t_start = time.perf_counter()
         if self.replay is not None:
-            from workers.core.routing import Agreement
-
             self.replay.agreement = Agreement()
         rows = self._rank_rows(step)
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
@@ -472,8 +464,6 @@ class Trainer:
             result.routing_counted = self.replay.agreement.counted
             result.routing_agreed = self.replay.agreement.agreed
         if self.pool is not None:
-            from workers.train.trainer_pool import busy_seconds
-
             result.comm_bytes, intervals = self.pool.meter.drain()
             result.comm_s = busy_seconds(intervals, t_start, end)
         return result
@@ -521,7 +511,6 @@ class Trainer:
         the CPU: the replay hook moves each router's slice where its logits are."""
         if self.replay is None:
             return None
-        from workers.core.routing import batch_routing
 
         layers, top_k = self.replay.layers, self.replay.top_k
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
@@ -533,7 +522,6 @@ class Trainer:
         (correction.keep_sampling_mask); None when off or nothing was recorded."""
         if not self.cfg.correction.keep_sampling_mask or all(r.sampling_mask is None for r in rollouts):
             return None
-        from workers.core.sampling_mask import KeptLayout
 
         starts = [len(r.prompt_ids) - 1 for r in rollouts]
         return KeptLayout([r.sampling_mask for r in rollouts], starts, batch.input_ids.shape[1])
@@ -609,19 +597,15 @@ class Trainer:
         tc = self.cfg.trainer
         logp, entropy = self._logprobs(sub, with_entropy=True)
         loss, stats = correction_loss(
+            tc,
             self.cfg.correction,
             logp,
             logp.detach() if old_logp is None else old_logp[micro],
             rows.behaviour[micro],
             rows.advantages[micro],
             sub.mask,
-            tc.clip_eps,
-            tc.tis_cap,
-            clip_eps_high=tc.clip_eps_high,
             aggregation=self.aggregation,
             ref_logp=self._ref_logprobs(sub) if tc.kl_coef else None,
-            kl_coef=tc.kl_coef,
-            kl_estimator=tc.kl_estimator,
         )
         mean_entropy = (entropy * sub.mask).sum() / sub.mask.sum().clamp(min=1)
         stats["policy/entropy"] = mean_entropy.item()

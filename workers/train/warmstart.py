@@ -29,11 +29,13 @@ from collections.abc import Callable
 import torch
 
 from workers.config.run_config import RunConfig
+from workers.core.char_vocab import tiny_chars
 from workers.model.loading import build_tiny, has_weights, load_model, save_model, source_dir
-from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tiny_chars
+from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.rl_tasks import make_task, task_class
-from workers.rollout.evaluation import HELD_OUT_BUCKETS
+from workers.rollout.evaluation import HELD_OUT_BUCKETS, training_prompts
 from workers.rollout.generation import encode_prompt
+from workers.rollout.task_data import SPLIT_FILE, train_prompts, write_split_record
 from workers.train.trainer import pack, token_logprobs
 
 # Bump when the warm-start recipe or model format changes, so old caches are not reused.
@@ -147,8 +149,6 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
 def _record_split(cfg: RunConfig, out_dir: str, steps: int) -> None:
     """The dataset split the policy in `out_dir` trained on: the run's, after supervised
     steps on its train rows; without any, the source checkpoint's own record, if it has one."""
-    from workers.rollout.task_data import SPLIT_FILE, write_split_record
-
     if steps:
         write_split_record(cfg, out_dir)
     elif cfg.model.source == "path":
@@ -163,9 +163,6 @@ def demonstrations(cfg: RunConfig):
     teaches for a pair, and what the noisy phase replaces characters with (the task's
     `noise_chars`, else the demonstration's own characters). ValueError, naming the
     fix, for a task that offers no demonstration."""
-    from workers.rollout.evaluation import training_prompts
-    from workers.rollout.task_data import train_prompts
-
     task = make_task(cfg.task)
     demo = getattr(task, "demonstration", None)
     if demo is None:
