@@ -16,7 +16,6 @@ about, so whoever shows a config's errors shows these the same way.
 from __future__ import annotations
 
 from pydantic import ValidationError
-from pydantic_core import InitErrorDetails
 
 from workers.config.run_config import RunConfig
 from workers.rl_tasks import task_class, task_lengths, task_options
@@ -30,11 +29,14 @@ def check_runnable(cfg: RunConfig) -> RunConfig:
     config; a pydantic ValidationError naming each field to change otherwise."""
     problems = task_problems(cfg)
     if problems:
-        details = [
-            InitErrorDetails(type="value_error", loc=loc, input=None, ctx={"error": ValueError(message)})
-            for loc, message in problems
-        ]
-        raise ValidationError.from_exception_data(RunConfig.__name__, details)
+        # Each detail is pydantic-core's InitErrorDetails, written as the dict it is.
+        raise ValidationError.from_exception_data(
+            RunConfig.__name__,
+            [
+                {"type": "value_error", "loc": loc, "input": None, "ctx": {"error": ValueError(message)}}
+                for loc, message in problems
+            ],
+        )
     return cfg
 
 
