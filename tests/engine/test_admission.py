@@ -412,7 +412,7 @@ def test_a_mixture_of_experts_on_vllm_cpu_is_refused_at_launch_naming_the_backen
     assert "inference.backend" not in admission_errors(on_gpus, Limits(), None)
 
 
-def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_no_recorder(tmp_path):
+def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_vllm_cannot_return_them(tmp_path):
     from workers.model.tiny_hf import make_tiny_checkpoint
 
     moe = make_tiny_checkpoint(str(tmp_path / "moe"), "qwen2_moe", hidden_size=64)
@@ -433,5 +433,7 @@ def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_no_record
         placement={"devices": "gpu"},
         correction={"keep_routing": True},
     )
-    refused = admission_errors(on_vllm, Limits(), None)
-    assert "torch inference backend only" in refused["correction.keep_routing"]
+    assert "correction.keep_routing" not in admission_errors(on_vllm, Limits(), None)
+    on_vllm_cpu = on_vllm.model_copy(update={"placement": on_vllm.placement.model_copy(update={"devices": "cpu"})})
+    refused = admission_errors(on_vllm_cpu, Limits(), None)
+    assert "V2 model runner" in refused["correction.keep_routing"] and "Triton" in refused["correction.keep_routing"]

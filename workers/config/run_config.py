@@ -653,7 +653,8 @@ class CorrectionConfig(_Section):
         description="A mixture-of-experts model only: record the experts each token was routed to at "
         "generation and force the same choice in the trainer's forward (gate weights recomputed from the "
         "router's own softmax, so the router still learns), so pi_old and pi_theta score the sub-network "
-        "that sampled (verl R3 routing replay, slime / MILES routing replay). torch inference backend.",
+        "that sampled (verl R3 routing replay, slime / MILES routing replay). torch inference backend, or "
+        "vLLM on GPUs (its routed experts; it needs prefix caching).",
     )
     keep_sampling_mask: bool = Field(
         False,

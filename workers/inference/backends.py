@@ -59,6 +59,7 @@ def make_backend(
             exact_steps=exact_steps,
             scratch_dir=scratch_dir,
             max_model_len=max_model_len,
+            record_routing=cfg.correction.keep_routing,
             transfer_engine=vllm_transfer_engine(
                 cfg.placement.devices,
                 cfg.placement.mode,

@@ -33,6 +33,16 @@ def vllm_cpu_kv_cache_bytes(dims: ModelDims, max_model_len: int, max_num_seqs: i
     return max(needed + needed // 4, 16 * 2**20)
 
 
+# Keep Routing on vLLM: its V2 model runner alone returns routed experts, and it needs
+# Triton, which vLLM-CPU lacks (workers/inference/vllm_backend.py
+# `routed_experts_engine_args`). Here, torch-free, for admission in the web process too.
+ROUTED_EXPERTS_ON_CPU = (
+    "correction.keep_routing on the vLLM backend needs vLLM's V2 model runner (it alone returns routed "
+    "experts), which needs Triton; vLLM-CPU has none: set inference.backend to 'torch' on the CPU, or "
+    "correction.keep_routing to false"
+)
+
+
 # What the rows running on an engine do while its weights change, in vLLM's words
 # (vllm.v1.engine.PauseMode, `AsyncLLM.pause_generation`'s `mode`): "wait" for them to
 # finish, "abort" them, or "keep" them frozen and continue them after the update. Here,

