@@ -38,17 +38,28 @@ PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head
 REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
 	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-.PHONY: run test lint setup services chromium lock gpu-check
+.PHONY: run test test-fast lint setup services chromium lock gpu-check
 
 run: setup
 	exec $(BIN)/python manage.py up --port $(PORT)
 
-# pytest exit 5 means "no tests collected": not a failure of the suite.
+# pytest over tests/ with $(1) as extra arguments, in TEST_WORKERS xdist processes, on the
+# machine's PostgreSQL and Redis. pytest's exit 5 ("no tests collected") is no failure.
+define PYTEST_RUN
+export DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' \
+       CELERY_BROKER_URL='$(TEST_CELERY_BROKER_URL)'; \
+$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(1) $(PYTEST_ARGS); rc=$$?; \
+if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+endef
+
 test: setup services chromium
-	export DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' \
-	       CELERY_BROKER_URL='$(TEST_CELERY_BROKER_URL)'; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	$(call PYTEST_RUN,)
+
+# The inner loop: every test that starts no service of its own (no Ray cluster, Celery
+# worker, vLLM engine or browser) and the route fuzzers left out (the markers of
+# pyproject.toml), on the same databases.
+test-fast: setup services
+	$(call PYTEST_RUN,-m 'not slow and not vllm and not browser and not fuzz')
 
 # Lint and format are checked, never applied here: `$(BIN)/ruff format .` and
 # `$(BIN)/ruff check --fix .` apply them. mypy checks the files [tool.mypy] lists.

@@ -26,12 +26,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under `--dist loadgroup`: every test on the engine's Ray cluster goes to one worker;
     the tests of a file that use a module- or class-scoped fixture of that file go to one
     worker (xdist_group named by the file), so the fixture starts once; every other test
-    goes to whichever worker is free."""
+    goes to whichever worker is free. A test on the engine's Ray cluster is marked slow too."""
     for item in items:
         if item.get_closest_marker("xdist_group") or not isinstance(item, pytest.Function):
             continue
         if "cluster" in item.fixturenames and item.path.is_relative_to(ENGINE):
             item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
+            # It starts Ray, as "slow" says: `make test-fast` leaves it out.
+            item.add_marker(pytest.mark.slow)
             continue
         path = item.nodeid.split("::", 1)[0]
         # pytest keeps no public map of an item's fixture definitions; _fixtureinfo is what

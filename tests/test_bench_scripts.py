@@ -42,6 +42,8 @@ def bench(script: str, *args: str, timeout: float = 120) -> subprocess.Completed
 def load(script: str):
     spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), os.path.join(BENCH, script))
     module = importlib.util.module_from_spec(spec)
+    # As importlib's recipe does: a dataclass of the module looks its annotations up there.
+    sys.modules[spec.name] = module
     sys.path.insert(0, BENCH)  # pipeline_efficiency imports sync_vs_async from beside it
     try:
         spec.loader.exec_module(module)

@@ -97,24 +97,21 @@ def held_out_after(mode: str, lr: float, policy: str, work_dir: Path, seed: int,
 
 
 def measure(policy: str, work_dir: Path, seed: int) -> dict[str, float]:
-    """Held-out pass@1 after each of the four runs of `seed`."""
-    figures = {}
-    for i, (mode, lr) in enumerate(
-        [
-            ("sync", RECIPE["trainer"]["lr"]),
-            ("sync", CONTROL_LR),
-            ("async", RECIPE["trainer"]["lr"]),
-            ("async", CONTROL_LR),
-        ]
-    ):
-        name = f"{mode} {'control' if lr == CONTROL_LR else 'trained'}"
-        figures[name] = held_out_after(mode, lr, policy, work_dir, seed, run_id=970_000 + 10 * seed + i)
-    return figures
+    """Held-out pass@1 after each of the three runs of `seed`: sync and async trained, and
+    one control. The control's weights move by nothing measurable, so its figure is the
+    checkpoint's in either mode (both modes' controls gave the same figure on seeds 0, 1
+    and 3, CHANGELOG.md); one run of it stands for both."""
+    runs = [("sync trained", "sync", RECIPE["trainer"]["lr"]), ("async trained", "async", RECIPE["trainer"]["lr"])]
+    runs.append(("control", "sync", CONTROL_LR))
+    return {
+        name: held_out_after(mode, lr, policy, work_dir, seed, run_id=970_000 + 10 * seed + i)
+        for i, (name, mode, lr) in enumerate(runs)
+    }
 
 
 def test_grpo_raises_held_out_pass_at_1_beyond_a_control_in_sync_and_async(cluster, policy, work_dir):
     figures = measure(policy, work_dir, SEED)
     print(f"\nheld-out pass@1, seed {SEED}: {figures}")
     for mode in ("sync", "async"):
-        trained, control = figures[f"{mode} trained"], figures[f"{mode} control"]
+        trained, control = figures[f"{mode} trained"], figures["control"]
         assert trained > control + MARGIN, f"{mode}: trained {trained:.3f}, control {control:.3f} (seed {SEED})"

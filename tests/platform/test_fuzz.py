@@ -74,6 +74,9 @@ from tests.platform.fuzz_helpers import (
 from workers.config.presets import PRESETS, build
 from workers.core.metric_names import NAMES as METRIC_NAMES
 
+# Hypothesis and schemathesis runs over every route: `make test-fast` leaves them out.
+pytestmark = pytest.mark.fuzz
+
 # Fixed and derandomized: CI draws the same requests on every run.
 hypothesis_settings.register_profile(
     "rollway-fuzz",

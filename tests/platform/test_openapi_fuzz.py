@@ -42,6 +42,9 @@ from teams import tokens
 from teams.models import Membership, Team
 from workers.config.presets import build
 
+# Hypothesis and schemathesis runs over every route: `make test-fast` leaves them out.
+pytestmark = pytest.mark.fuzz
+
 Role = Membership.Role
 # Per operation and generation mode: ~25 operations × 2 modes × this ≈ 650 requests,
 # about a minute on a 2-core machine.
