@@ -3,8 +3,8 @@
 bench/learning.py's countdown recipe (its `RECIPES["countdown"]`: a tiny Qwen2 with one
 token per character, warm-started by 120 clean supervised steps to partial competence on
 held-out problems, then GRPO at lr 3e-4, B=16 x G=8, 60 steps, torch backend), run through
-the real driver and actors in the `sync` and `async` presets, each beside a control: the
-same run at a learning rate of 1e-9, whose held-out pass@1 stays the checkpoint's. The
+the real driver and actors in the `sync` and `async` presets, both beside one control: the
+sync run at a learning rate of 1e-9, whose held-out pass@1 stays the checkpoint's. The
 seed is fixed; held-out pass@1 is the end-of-run eval pass (64 held-out problems x k=8).
 docs/learning.md has the recipe's figures over five seeds and the command behind them.
 """
