@@ -153,3 +153,50 @@ def reference_kept(logits: list[float], top_k: int | None, top_p: float, min_p: 
         probs = kept
     total = sum(probs.values())
     return {i: math.log(p / total) for i, p in probs.items()}
+
+
+class PoolRank:
+    """One rank of a test trainer pool: the real Trainer on the real pool, driven by the
+    test. Plain, so each test module's Ray actor (`ray.remote(num_cpus=0)`) subclasses it
+    with what that module asks of a rank."""
+
+    def __init__(self, rank: int) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self.rank = rank
+        self.rendezvous = None
+
+    def open(self, world_size: int):
+        from workers.train.trainer_pool import Rendezvous
+
+        self.rendezvous = Rendezvous(world_size, 120.0, host="127.0.0.1")
+        return self.rendezvous.endpoint()
+
+    def build(self, cfg, model_dir: str, endpoint=None) -> None:
+        import torch
+
+        from workers.train.trainer import Trainer
+        from workers.train.trainer_pool import join_pool
+
+        cpu, backend = torch.device("cpu"), cfg.trainer.backend
+        pool = self.rendezvous.join(backend, cpu) if self.rank == 0 else join_pool(endpoint, backend, self.rank, cpu)
+        self.trainer = Trainer(cfg, model_dir, device=cpu, pool=pool)
+
+    def step(self, groups, others: list) -> dict:
+        """Rank 0's train step, ranks 1.. (`others`, actors) running their part of it."""
+
+        class Peers:
+            def start(self, steps):
+                self.refs = [o.train_rank.remote(s) for o, s in zip(others, steps, strict=True)]
+
+            def results(self):
+                return ray.get(self.refs)
+
+        return self.trainer.train_step(groups, Peers())
+
+    def train_rank(self, step):
+        return self.trainer.train_rank(step)
+
+    def weights(self) -> dict:
+        return self.trainer.state_dict()  # the whole policy gathered: a test's view only

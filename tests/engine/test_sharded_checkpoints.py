@@ -25,7 +25,7 @@ import ray
 import torch
 from ray import cloudpickle
 
-from tests.engine.helpers import fixed_groups, small_config
+from tests.engine.helpers import PoolRank, fixed_groups, small_config
 from workers.run.checkpoints import (
     OPTIMIZER,
     SHARDED,
@@ -84,42 +84,9 @@ def _wait_for(refs):
 
 
 @ray.remote(num_cpus=0)
-class Rank:
-    """One rank of a test pool: the real Trainer on the real pool, driven by the test."""
-
-    def __init__(self, rank: int) -> None:
-        torch.set_num_threads(1)
-        self.rank = rank
-        self.rendezvous = None
-
-    def open(self, world_size: int):
-        from workers.train.trainer_pool import Rendezvous
-
-        self.rendezvous = Rendezvous(world_size, 120.0, host="127.0.0.1")
-        return self.rendezvous.endpoint()
-
-    def build(self, cfg, model_dir: str, endpoint=None) -> None:
-        from workers.train.trainer_pool import join_pool
-
-        backend = cfg.trainer.backend
-        pool = self.rendezvous.join(backend, CPU) if self.rank == 0 else join_pool(endpoint, backend, self.rank, CPU)
-        self.trainer = Trainer(cfg, model_dir, device=CPU, pool=pool)
-
-    def step(self, groups, others: list) -> dict:
-        class Peers:
-            def start(self, steps):
-                self.refs = [o.train_rank.remote(s) for o, s in zip(others, steps, strict=True)]
-
-            def results(self):
-                return ray.get(self.refs)
-
-        return self.trainer.train_step(groups, Peers())
-
-    def train_rank(self, step):
-        return self.trainer.train_rank(step)
-
-    def weights(self) -> dict:
-        return self.trainer.state_dict()  # the whole policy gathered: a test's view only
+class Rank(PoolRank):
+    """A pool rank (tests/engine/helpers.py) that checkpoints, checksums and exports,
+    metering the whole tensors it gathers."""
 
     def checkpoint(self, root: str, others: list) -> tuple[str, int]:
         """Rank 0: write a checkpoint (ranks 1.. write their shards); its location and

@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.engine.helpers import fixed_groups, small_config
+from tests.engine.helpers import PoolRank, fixed_groups, small_config
 from workers.core.records import Group, Rollout
 from workers.train.step_plan import plan_step, trained_tokens
 from workers.train.trainer import Trainer
@@ -69,43 +69,8 @@ def test_a_rank_with_no_group_in_a_minibatch_still_runs_its_passes():
 
 
 @ray.remote(num_cpus=0)
-class Rank:
-    """One rank of a test pool: the real Trainer on the real pool, driven by the test."""
-
-    def __init__(self, rank: int) -> None:
-        torch.set_num_threads(1)
-        self.rank = rank
-        self.rendezvous = None
-
-    def open(self, world_size: int):
-        from workers.train.trainer_pool import Rendezvous
-
-        self.rendezvous = Rendezvous(world_size, 120.0, host="127.0.0.1")
-        return self.rendezvous.endpoint()
-
-    def build(self, cfg, model_dir: str, endpoint=None) -> None:
-        from workers.train.trainer_pool import join_pool
-
-        backend = cfg.trainer.backend
-        first = self.rank == 0
-        pool = self.rendezvous.join(backend, CPU) if first else join_pool(endpoint, backend, self.rank, CPU)
-        self.trainer = Trainer(cfg, model_dir, device=CPU, pool=pool)
-
-    def step(self, groups: list[Group], others: list) -> dict:
-        class Peers:
-            def start(self, steps):
-                self.refs = [o.train_rank.remote(s) for o, s in zip(others, steps, strict=True)]
-
-            def results(self):
-                return ray.get(self.refs)
-
-        return self.trainer.train_step(groups, Peers())
-
-    def train_rank(self, step):
-        return self.trainer.train_rank(step)
-
-    def weights(self) -> dict:
-        return self.trainer.state_dict()
+class Rank(PoolRank):
+    """A pool rank (tests/engine/helpers.py) whose training state a test takes and restores."""
 
     def training_state(self):
         from workers.run.checkpoints import training_state
