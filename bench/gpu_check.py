@@ -143,28 +143,13 @@ def build(size: str, root: str, device) -> tuple[str, int, str]:
     if size in gpu_scale.SHAPES and size != "tiny":
         path, params = gpu_scale.build(size, root, device)
         return path, params, f"Qwen2.5-{size} shape"
-    import torch
     import transformers
 
     moe = size == "moe"
     config_class = transformers.Qwen2MoeConfig if moe else transformers.Qwen2Config
     model_class = transformers.Qwen2MoeForCausalLM if moe else transformers.Qwen2ForCausalLM
     path = os.path.join(root, "qwen2-moe-small" if moe else "qwen2-tiny")
-    config = config_class(
-        vocab_size=gpu_scale.VOCAB,
-        max_position_embeddings=32_768,
-        eos_token_id=gpu_scale.EOS,
-        pad_token_id=gpu_scale.EOS,
-        bos_token_id=gpu_scale.EOS,
-        dtype="bfloat16",
-        **(MOE if moe else TINY),
-    )
-    torch.manual_seed(0)
-    with device:
-        model = model_class(config).to(torch.bfloat16)
-    params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(path)
-    del model
+    params = gpu_scale.save_random(path, config_class, model_class, device, **(MOE if moe else TINY))
     return path, params, "Qwen2-MoE small" if moe else "tiny (dry run)"
 
 

@@ -81,30 +81,35 @@ EOS = 151_643
 FULL_FT_BYTES_PER_PARAM = 16
 
 
+def save_random(path: str, config_class, model_class, device: torch.device, **shape) -> int:
+    """A random-weight model of `shape` (a transformers config class's fields) saved as a
+    bf16 HF directory at `path`, on the project's vocabulary; its parameter count."""
+    config = config_class(
+        vocab_size=VOCAB,
+        max_position_embeddings=32_768,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        bos_token_id=EOS,
+        dtype="bfloat16",
+        **shape,
+    )
+    torch.manual_seed(0)
+    with device:
+        model = model_class(config).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    del model
+    _release(device)
+    return params
+
+
 def build(size: str, root: str, device: torch.device) -> tuple[str, int]:
     """A random-weight Qwen2 of `size`'s shape saved as a bf16 HF directory; (dir, params)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     path = os.path.join(root, f"qwen2.5-{size}")
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        max_position_embeddings=32_768,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        eos_token_id=EOS,
-        pad_token_id=EOS,
-        bos_token_id=EOS,
-        dtype="bfloat16",
-        **SHAPES[size],
-    )
-    torch.manual_seed(0)
-    with device:
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(path)
-    del model
-    _release(device)
-    return path, params
+    shape = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, **SHAPES[size]}
+    return path, save_random(path, Qwen2Config, Qwen2ForCausalLM, device, **shape)
 
 
 def _release(device: torch.device) -> None:
