@@ -200,3 +200,10 @@ class PoolRank:
 
     def weights(self) -> dict:
         return self.trainer.state_dict()  # the whole policy gathered: a test's view only
+
+
+def build_pool(ranks: list, cfg, model_dir: str) -> None:
+    """Join `ranks` (PoolRank actors) into one trainer pool of `cfg` on `model_dir`:
+    rank 0 opens the rendezvous, the others join it."""
+    endpoint = ray.get(ranks[0].open.remote(len(ranks)))
+    ray.get([ranks[0].build.remote(cfg, model_dir)] + [r.build.remote(cfg, model_dir, endpoint) for r in ranks[1:]])

@@ -25,7 +25,7 @@ import ray
 import torch
 from ray import cloudpickle
 
-from tests.engine.helpers import PoolRank, fixed_groups, small_config
+from tests.engine.helpers import PoolRank, build_pool, fixed_groups, small_config
 from workers.run.checkpoints import (
     OPTIMIZER,
     SHARDED,
@@ -162,11 +162,6 @@ def ranks(cluster):
         ray.kill(a)
 
 
-def _pool(ranks, cfg, model_dir: str) -> None:
-    endpoint = ray.get(ranks[0].open.remote(len(ranks)))
-    ray.get([ranks[0].build.remote(cfg, model_dir)] + [r.build.remote(cfg, model_dir, endpoint) for r in ranks[1:]])
-
-
 def _step(ranks, groups) -> dict:
     return ray.get(ranks[0].step.remote(copy.deepcopy(groups), ranks[1:]))
 
@@ -192,7 +187,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
     first = fixed_groups(tiny_model_dir, single_cfg, seed=1)
     second = fixed_groups(tiny_model_dir, single_cfg, seed=2)
 
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     _step(ranks, first)
     at_checkpoint = _weights(ranks)
     location, _ = ray.get(ranks[0].checkpoint.remote(str(tmp_path / "two"), ranks[1:]))
@@ -214,7 +209,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
     assert state_checksum(checkpoint_state_dict(loaded)) == state_checksum(at_checkpoint)
 
     # The same pool size: the uninterrupted step, bit for bit.
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     ray.get([r.restore.remote(location) for r in ranks])
     resumed = _step(ranks, second)
     assert resumed["loss"] == whole["loss"] and resumed["trainer/grad_norm"] == whole["trainer/grad_norm"]
@@ -231,7 +226,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
 
     # A ddp pool: each rank reads the shards whole into its replica.
     ddp_cfg = pool_cfg.model_copy(update={"trainer": pool_cfg.trainer.model_copy(update={"backend": "ddp"})})
-    _pool(ranks, ddp_cfg, tiny_model_dir)
+    build_pool(ranks, ddp_cfg, tiny_model_dir)
     ray.get([r.restore.remote(location) for r in ranks])
     replicas = ray.get([r.weights.remote() for r in ranks])
     assert [state_checksum(w) for w in replicas] == [state_checksum(at_checkpoint)] * 2
@@ -239,7 +234,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
 
     # 2 → 1 → 2: an fsdp2 pool of one rank resumes it, checkpoints, and two ranks resume that.
     _, one_cfg = _configs(ranks=1)
-    _pool(ranks[:1], one_cfg, tiny_model_dir)
+    build_pool(ranks[:1], one_cfg, tiny_model_dir)
     ray.get(ranks[0].restore.remote(location))
     assert state_checksum(_weights(ranks[:1])) == state_checksum(at_checkpoint)
     one_location, _ = ray.get(ranks[0].checkpoint.remote(str(tmp_path / "one"), []))
@@ -247,7 +242,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_onto_another_number_of_ranks(r
     one_weights = _weights(ranks[:1])
     assert {f["name"] for f in Checkpoint(one_location).meta["files"]} >= {f"{SHARDED}/__0_0.distcp"}
 
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     ray.get([r.restore.remote(one_location) for r in ranks])
     assert state_checksum(_weights(ranks)) == state_checksum(at_checkpoint)
     again = _step(ranks, second)
@@ -281,7 +276,7 @@ def wide_model_dir(tiny_model_dir, tmp_path_factory) -> str:
 def test_no_rank_holds_the_whole_model_to_checkpoint_checksum_or_export(ranks, wide_model_dir, tmp_path):
     _, pool_cfg = _configs()
     pool_cfg = pool_cfg.model_copy(update={"sync": pool_cfg.sync.model_copy(update={"bucket_mb": BUCKET_MB})})
-    _pool(ranks, pool_cfg, wide_model_dir)
+    build_pool(ranks, pool_cfg, wide_model_dir)
     whole = _weights(ranks)
     total = sum(t.numel() * t.element_size() for t in whole.values())
     largest = max(t.numel() * t.element_size() for t in whole.values())
@@ -324,7 +319,7 @@ def test_a_sharded_lora_pool_checkpoints_and_exports_its_base_and_adapter(ranks,
     first = fixed_groups(tiny_model_dir, single_cfg, seed=1)
     second = fixed_groups(tiny_model_dir, single_cfg, seed=2)
 
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     _step(ranks, first)
     at_checkpoint = _weights(ranks)  # merged
     location, _ = ray.get(ranks[0].checkpoint.remote(str(tmp_path / "ckpt"), ranks[1:]))
@@ -346,6 +341,6 @@ def test_a_sharded_lora_pool_checkpoints_and_exports_its_base_and_adapter(ranks,
             torch.testing.assert_close(got[k], want, rtol=1e-5, atol=1e-7, msg=k)
 
     # Resumed onto a fresh pool: the uninterrupted step, bit for bit.
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     ray.get([r.restore.remote(location) for r in ranks])
     assert _step(ranks, second)["loss"] == whole["loss"]

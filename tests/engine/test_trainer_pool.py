@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.engine.helpers import PoolRank, fixed_groups, small_config
+from tests.engine.helpers import PoolRank, build_pool, fixed_groups, small_config
 from workers.core.records import Group, Rollout
 from workers.train.step_plan import plan_step, trained_tokens
 from workers.train.trainer import Trainer
@@ -89,11 +89,6 @@ def ranks(cluster):
     yield actors
     for a in actors:
         ray.kill(a)
-
-
-def _pool(ranks, cfg, model_dir: str) -> None:
-    endpoint = ray.get(ranks[0].open.remote(len(ranks)))
-    ray.get([ranks[0].build.remote(cfg, model_dir)] + [r.build.remote(cfg, model_dir, endpoint) for r in ranks[1:]])
 
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
@@ -172,7 +167,7 @@ def _check_pool_equals_single(
     want = single.train_step(copy.deepcopy(groups))
     want_weights = single.state_dict()
 
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     got = ray.get(ranks[0].step.remote(copy.deepcopy(groups), ranks[1:]))
     got_weights, _ = ray.get([r.weights.remote() for r in ranks])  # a gather every rank joins
 
@@ -213,7 +208,7 @@ def test_a_pools_training_state_is_the_single_trainers_format_both_ways(ranks, t
     pool_cfg = small_config(trainer={**trainer, "backend": backend, "num_ranks": 2})
     first, second = fixed_groups(tiny_model_dir, single_cfg, seed=1), fixed_groups(tiny_model_dir, single_cfg, seed=2)
 
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     ray.get(ranks[0].step.remote(copy.deepcopy(first), ranks[1:]))
     state, empty = ray.get([r.training_state.remote() for r in ranks])  # a gather every rank joins
     assert empty == ({}, {}) and state[1]["state"], "rank 0 alone holds the state, with AdamW's moments"
@@ -227,7 +222,7 @@ def test_a_pools_training_state_is_the_single_trainers_format_both_ways(ranks, t
     after_single = single.state_dict()
 
     # And back: a fresh pool takes the state the single trainer started its step from.
-    _pool(ranks, pool_cfg, tiny_model_dir)
+    build_pool(ranks, pool_cfg, tiny_model_dir)
     ray.get([ranks[0].restore.remote(state), ranks[1].restore.remote(None)])
     ray.get(ranks[0].step.remote(copy.deepcopy(second), ranks[1:]))
     after_pool, _ = ray.get([r.weights.remote() for r in ranks])
