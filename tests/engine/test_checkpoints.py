@@ -12,6 +12,7 @@ is told; an async run resumed continues the step count.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -185,7 +186,11 @@ def test_every_family_resumes_exactly_and_loads_with_from_pretrained(arch, tmp_p
         assert state[name].data_ptr() == state[loaded.get_base_model().all_tied_weights_keys[name]].data_ptr()
 
 
-def test_a_lora_step_directory_is_its_base_and_a_peft_adapter(tiny_model_dir, tmp_path, one_torch_thread):
+def test_a_lora_step_directory_is_the_trained_policy_with_its_base_and_adapter(
+    tiny_model_dir, tmp_path, one_torch_thread
+):
+    """`from_pretrained(<step>)` loads the policy the trainer computes (adapter merged), not
+    the untrained base; base/ and adapter/ are that policy as peft loads it."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -197,13 +202,27 @@ def test_a_lora_step_directory_is_its_base_and_a_peft_adapter(tiny_model_dir, tm
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
-    base = AutoModelForCausalLM.from_pretrained(record.location)
     ids = [3, 4, 5, 6]
     trainer.model.eval()
+    merged = AutoModelForCausalLM.from_pretrained(record.location)
+    torch.testing.assert_close(logits(merged, ids), logits(trainer.model, ids), rtol=1e-5, atol=1e-6)
     with trainer.model.disable_adapter():
-        assert torch.equal(logits(base, ids), logits(trainer.model, ids))
-    policy = PeftModel.from_pretrained(base, os.path.join(record.location, "adapter"))
+        untrained = logits(trainer.model, ids)
+    assert not torch.allclose(logits(merged, ids), untrained, atol=1e-4), "the step directory is the base"
+
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(record.location, "base"))
+    assert torch.equal(logits(base, ids), untrained)
+    adapter_dir = os.path.join(record.location, "adapter")
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        assert json.load(f)["base_model_name_or_path"] == os.path.join(record.location, "base")
+    policy = PeftModel.from_pretrained(base, adapter_dir)
     assert torch.equal(logits(policy, ids), logits(trainer.model, ids))
+
+    # The resume reads base/ and adapter/: the trainer's weights exactly.
+    restored = Trainer(cfg, tiny_model_dir)
+    restore_trainer(restored, Checkpoint(record.location))
+    want = trainer.model.state_dict()
+    assert all(torch.equal(t, want[n]) for n, t in restored.model.state_dict().items())
 
     # A checkpoint's adapter is refused by a run without LoRA (it would train the base alone).
     with pytest.raises(CheckpointRefused, match="holds a LoRA adapter: resume it with lora.enabled on"):

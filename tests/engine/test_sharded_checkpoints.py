@@ -326,15 +326,16 @@ def test_a_sharded_lora_pool_checkpoints_and_exports_its_base_and_adapter(ranks,
     manifest, _, _ = ray.get(ranks[0].export.remote(str(tmp_path / "export"), ranks[1:]))
     whole = _step(ranks, second)
 
-    # The step directory is the base and a peft adapter on it; so is the export (the tiny
-    # model's base ships in base/), beside the merged weights.
+    # The step directory and the export are each the merged policy, with its base in
+    # base/ and a peft adapter on it in adapter/.
     export = str(tmp_path / "export")
     assert manifest["lora"] and manifest["base"] == "base"
     assert manifest["sha256"] == state_checksum(at_checkpoint)
-    merged = AutoModelForCausalLM.from_pretrained(export)
-    assert state_checksum(checkpoint_state_dict(merged)) == state_checksum(at_checkpoint)
-    for base_dir, adapter_dir in ((location, location), (os.path.join(export, "base"), export)):
-        adapter_dir = os.path.join(adapter_dir, "adapter")
+    for top in (location, export):
+        merged = AutoModelForCausalLM.from_pretrained(top)
+        assert state_checksum(checkpoint_state_dict(merged)) == state_checksum(at_checkpoint), top
+    for top in (location, export):
+        base_dir, adapter_dir = os.path.join(top, "base"), os.path.join(top, "adapter")
         policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir)
         got = checkpoint_state_dict(policy.merge_and_unload())
         for k, want in at_checkpoint.items():

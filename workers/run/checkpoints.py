@@ -6,10 +6,13 @@ loads it; the resume reads the weights back the same way):
 
     config.json, generation_config.json, model.safetensors (or shards and
     model.safetensors.index.json), tokenizer.json, tokenizer_config.json
-                    the trainer's weights as `save_pretrained` writes them (a tied weight
-                    once); with LoRA the frozen base
-    adapter/        with LoRA only: the adapter in peft's format
-                    (`PeftModel.from_pretrained(base, "<step>/adapter")`)
+                    the policy the trainer computes, as `save_pretrained` writes it (a
+                    tied weight once; with LoRA the adapter merged into the base)
+    base/           with LoRA only: the frozen base, a model directory of its own
+    adapter/        with LoRA only: the adapter in peft's format, its
+                    `base_model_name_or_path` the base/ beside it
+                    (`PeftModel.from_pretrained(base, "<step>/adapter")`); the resume
+                    reads base/ and adapter/
     optimizer.pt    the AdamW state (a single trainer's or a ddp pool's)
     sharded/        an fsdp2 pool's model and AdamW state instead: torch.distributed
                     .checkpoint's directory (`.metadata`, and `__<rank>_0.distcp` as each
@@ -98,6 +101,8 @@ OPTIMIZER, TRAINER, INFERENCE, BUFFER = "optimizer.pt", "trainer.pt", "inference
 # The part that is the step directory's Hugging Face model files (a `PolicyFiles`).
 POLICY = "policy"
 ADAPTER = "adapter"
+# With LoRA: the frozen base the adapter applies to, a model directory of its own.
+BASE = "base"
 # Where the weights were before the step directory was a model directory.
 LEGACY_MODEL = "model.pt"
 # An fsdp2 pool's model and optimizer state: torch.distributed.checkpoint's directory,
@@ -269,17 +274,25 @@ class PolicyFiles:
         checkpoint will be (the adapter's base is the step directory itself)."""
         # Imported here (torch): the site's settings import this module, in processes
         # that never read weights.
-        from workers.model.lora import adapter_config, is_peft, split_live_state, write_adapter_dir
+        from workers.model.lora import (
+            adapter_config,
+            effective_live_state,
+            is_peft,
+            split_live_state,
+            write_adapter_dir,
+        )
         from workers.train.export import write_model_dir
 
         tokenizer = load_tokenizer(self.model_dir)
+        # The policy the model computes (with LoRA: base and adapter merged), so that
+        # `from_pretrained(<step>)` loads the trained model, never the untrained base.
+        write_model_dir(effective_live_state(self.state, self.model), self.model_dir, tokenizer, out_dir)
         if not is_peft(self.model):
-            write_model_dir(untied(self.state, self.model), self.model_dir, tokenizer, out_dir)
             return
         base, adapter = split_live_state(self.state)
-        write_model_dir(untied(base, self.model), self.model_dir, tokenizer, out_dir)
+        write_model_dir(untied(base, self.model), self.model_dir, tokenizer, os.path.join(out_dir, BASE))
         config = adapter_config(self.model)
-        config["base_model_name_or_path"] = location
+        config["base_model_name_or_path"] = _join(location, BASE)
         write_adapter_dir(os.path.join(out_dir, ADAPTER), adapter, config)
 
 
@@ -394,12 +407,14 @@ def _write_model_files(trainer: Trainer, out_dir: str, location: str) -> None:
 
     tokenizer, shard_mb = load_tokenizer(trainer.model_dir), trainer.cfg.sync.bucket_mb
     model = trainer.model
+    write_streamed_model_dir(effective_stream(model), trainer.model_dir, tokenizer, out_dir, shard_mb)
     if not is_peft(model):
-        write_streamed_model_dir(effective_stream(model), trainer.model_dir, tokenizer, out_dir, shard_mb)
         return
-    write_streamed_model_dir(base_stream(model), trainer.model_dir, tokenizer, out_dir, shard_mb)
+    base_dir = os.path.join(out_dir, BASE)
+    os.makedirs(base_dir)
+    write_streamed_model_dir(base_stream(model), trainer.model_dir, tokenizer, base_dir, shard_mb)
     config = adapter_config(model)
-    config["base_model_name_or_path"] = location
+    config["base_model_name_or_path"] = _join(location, BASE)
     write_adapter_dir(os.path.join(out_dir, ADAPTER), adapter_tensors(model), config)
 
 
@@ -409,8 +424,8 @@ def _follow_model_files(trainer: Trainer) -> None:
     from workers.model.lora import is_peft
     from workers.sync.weights import base_stream, drain, effective_stream, follow
 
+    drain(effective_stream(trainer.model))
     if not is_peft(trainer.model):
-        drain(effective_stream(trainer.model))
         return
     drain(base_stream(trainer.model))
     follow(trainer.model, "adapter")
@@ -620,8 +635,10 @@ class Checkpoint:
         if has_adapter != is_peft(model):
             held, wanted = ("a LoRA adapter", "on") if has_adapter else ("full weights, no LoRA adapter", "off")
             raise CheckpointRefused(f"{self.location!r} holds {held}: resume it with lora.enabled {wanted}")
+        # A LoRA checkpoint's base is in base/; before it was, the top level held it.
+        in_base = has_adapter and any(name.startswith(BASE + "/") for name in names)
         with self._local(names) as local:
-            weights = load_model(local).state_dict()
+            weights = load_model(os.path.join(local, BASE) if in_base else local).state_dict()
             adapter = load_file(os.path.join(local, ADAPTER, "adapter_model.safetensors")) if has_adapter else {}
         live = {name: name for name in model.state_dict()}
         base_names, adapter_names = split_live_state(live) if has_adapter else (live, {})
