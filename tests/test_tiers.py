@@ -103,10 +103,17 @@ def says_why(lines: list[str], lineno: int) -> bool:
     the run of imports it stands in."""
     if "#" in lines[lineno - 1]:
         return True
+    in_parens = False  # walking up through a parenthesised `from x import (…)`
     for line in reversed(lines[: lineno - 1]):
         text = line.strip()
+        if in_parens:
+            in_parens = not (text.startswith("from ") and text.endswith("("))
+            continue
         if text.startswith("#"):
             return True
+        if text == ")":
+            in_parens = True
+            continue
         if text and not text.startswith(("from ", "import ")):
             return False
     return False

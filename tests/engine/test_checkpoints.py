@@ -173,9 +173,12 @@ def test_every_family_resumes_exactly_and_loads_with_from_pretrained(arch, tmp_p
         assert all(torch.equal(state[n], t) for n, t in trainer.model.state_dict().items()), (arch, lora)
 
         loaded = AutoModelForCausalLM.from_pretrained(record.location)
-        if lora:
-            loaded = PeftModel.from_pretrained(loaded, os.path.join(record.location, "adapter"))
         trainer.model.eval()
+        if lora:  # the top level is the policy merged; base/ and adapter/ it as peft loads it
+            merged = logits(loaded, ids)
+            torch.testing.assert_close(merged, logits(trainer.model, ids), rtol=1e-5, atol=1e-5, msg=arch)
+            base = AutoModelForCausalLM.from_pretrained(os.path.join(record.location, "base"))
+            loaded = PeftModel.from_pretrained(base, os.path.join(record.location, "adapter"))
         assert torch.equal(logits(loaded, ids), logits(trainer.model, ids)), (arch, lora)
     tied = sorted(tied_weight_names(loaded))
     assert bool(tied) == ARCH_SPECS[arch].tied

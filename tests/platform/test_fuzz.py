@@ -596,7 +596,13 @@ FRAMES = {
 }
 
 
-async def _next_output(comm: WebsocketCommunicator, timeout: float = 2) -> dict:
+# How long a consumer may take to answer one frame: it returns as soon as the consumer
+# answers or raises, so the bound only decides when a silent consumer fails the test. A
+# busy 2-core host (the whole suite beside it) took more than 2 s for one answer.
+ANSWER_S = 60
+
+
+async def _next_output(comm: WebsocketCommunicator, timeout: float = ANSWER_S) -> dict:
     """The consumer's next message, or its exception as soon as it raised one (the
     communicator's receive_output sees a crash only after its whole timeout)."""
     message = asyncio.ensure_future(comm.output_queue.get())
@@ -615,7 +621,7 @@ async def _frame_outcome(comm: WebsocketCommunicator, frame: dict, run: Run) -> 
     the frame still arrives). An exception the consumer raised propagates from the
     communicator at the latest when the socket is closed (the frame is handled before
     the disconnect), and fails the test."""
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=ANSWER_S)
     assert connected
     await comm.send_to(**frame)
     await sync_to_async(events.send_status)(run)
@@ -630,7 +636,7 @@ async def _frame_outcome(comm: WebsocketCommunicator, frame: dict, run: Run) -> 
         assert answer.get("type") in ("error", "status"), answer
         assert answer["type"] == "status" or answer.get("message"), answer
         outcome = "error" if answer["type"] == "error" else "ignored"
-    await comm.disconnect()
+    await comm.disconnect(timeout=ANSWER_S)
     return outcome
 
 
