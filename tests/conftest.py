@@ -13,27 +13,24 @@ ENGINE = Path(__file__).parent / "engine"
 SHARED_SCOPES = ("module", "class")
 
 
-# The engine's in-process Ray cluster (tests/engine/conftest.py). Its tests run whole RL
-# runs that keep both cores busy, waiting at most a minute or two for each phase: spread
-# over three workers at once, twelve of them took as long as one after another and nine
-# timed out (tests/engine/test_driver.py and test_eval_runs.py, load average 60). On one
-# worker they also share one cluster instead of starting one per worker.
-RAY_GROUP = "engine-ray-cluster"
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup`: every test on the engine's Ray cluster goes to one worker;
-    the tests of a file that use a module- or class-scoped fixture of that file go to one
-    worker (xdist_group named by the file), so the fixture starts once; every other test
-    goes to whichever worker is free. A test on the engine's Ray cluster is marked slow too."""
+    """Under `--dist loadgroup`: the tests of a file that use a module- or class-scoped
+    fixture of that file go to one worker (xdist_group named by the file), so the fixture
+    starts once; every other test goes to whichever worker is free. A test on the engine's
+    in-process Ray cluster (tests/engine/conftest.py) is marked slow: it starts Ray, and
+    `make test-fast` leaves it out.
+
+    Each worker runs its engine tests on a Ray cluster of its own. They are not gathered
+    on one worker: on this 2-core host the engine's whole runs are most of the suite, and
+    one worker running them all would be its critical path (seven multi-agent and task
+    runs took 87 s on one worker, 75 s spread over two)."""
     for item in items:
-        if item.get_closest_marker("xdist_group") or not isinstance(item, pytest.Function):
+        if not isinstance(item, pytest.Function):
             continue
         if "cluster" in item.fixturenames and item.path.is_relative_to(ENGINE):
-            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
-            # It starts Ray, as "slow" says: `make test-fast` leaves it out.
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("xdist_group"):
             continue
         path = item.nodeid.split("::", 1)[0]
         # pytest keeps no public map of an item's fixture definitions; _fixtureinfo is what

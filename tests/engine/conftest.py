@@ -39,10 +39,7 @@ def cluster(tmp_path_factory):
         # One start at a time across pytest-xdist workers (the lock lives in the run's
         # temporary root, which they share): Ray gives a raylet 30 s to register with its
         # GCS, and three clusters starting at once on a loaded 2-core machine missed it.
-        run_root = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            run_root = run_root.parent  # a worker's is <run's root>/popen-gwN
-        with open(run_root / "ray-start.lock", "w") as lock:
+        with open(_run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
             # on this machine names another one.
@@ -66,10 +63,21 @@ def pytest_runtest_teardown(item, nextitem):
         ray.shutdown()
 
 
+def _run_root(tmp_path_factory) -> Path:
+    """The temporary root the pytest-xdist workers of one run share (a worker's own is
+    <run's root>/popen-gwN), or the session's without xdist."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> str:
-    """The runs' cache: each warm start (keyed by what shapes it) is built once per session."""
-    return str(tmp_path_factory.mktemp("cache"))
+    """The runs' cache: each warm start (keyed by what shapes it) is built once per pytest
+    run, by whichever worker needs it first (workers.train.warmstart locks each build,
+    so another worker that needs the same one waits for it instead of building it too)."""
+    cache = _run_root(tmp_path_factory) / "run-cache"
+    cache.mkdir(exist_ok=True)
+    return str(cache)
 
 
 @pytest.fixture
