@@ -102,6 +102,73 @@ def hub(monkeypatch, tmp_path):
     return hub
 
 
+# A dataset of two configurations, as openai/gsm8k ships "main" and "socratic": its README
+# says which files each configuration reads, as `load_dataset(path, name)` takes it.
+TWO_CONFIGS_README = b"""---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train.jsonl
+  - split: test
+    path: main/test.jsonl
+- config_name: socratic
+  data_files:
+  - split: train
+    path: socratic/train.jsonl
+---
+"""
+SOCRATIC = [{"prompt": f"why {r['prompt']}", "answer": r["answer"]} for r in TRAIN]
+TWO_CONFIGS_FILES = {
+    "README.md": TWO_CONFIGS_README,
+    "main/train.jsonl": jsonl(TRAIN),
+    "main/test.jsonl": jsonl(TEST),
+    "socratic/train.jsonl": jsonl(SOCRATIC),
+}
+TWO_CONFIGS_CARD = {
+    "configs": [{"config_name": "main"}, {"config_name": "socratic"}],
+    "dataset_info": [
+        {"config_name": "main", **SUMS_CARD["dataset_info"]},
+        {"config_name": "socratic", **SUMS_CARD["dataset_info"]},
+    ],
+}
+
+
+def test_task_dataset_subset_picks_the_configuration_of_a_hub_dataset_as_load_dataset_name(hub):
+    hub.dataset("acme/gsm", TWO_CONFIGS_FILES, card=TWO_CONFIGS_CARD)
+    main = load_splits(config("acme/gsm", subset="main", eval_fraction=0, eval_split="test"))
+    assert set(main.train) == pairs(TRAIN) and set(main.eval) == pairs(TEST)
+    socratic = load_splits(config("acme/gsm", subset="socratic", eval_fraction=0.25))
+    assert set(socratic.train) | set(socratic.eval) == pairs(SOCRATIC)
+
+    # The launch check reads the card only, and names the field and the configurations.
+    downloads = list(hub.downloads)
+    assert Confinement().errors(config("acme/gsm", subset="main")) == {}
+    errors = Confinement().errors(config("acme/gsm", subset="mian"))
+    assert errors == {
+        "task.dataset.subset": "'acme/gsm' has no configuration 'mian'; its configurations are main, socratic"
+    }
+    assert hub.downloads == downloads
+    # A worker reading a configuration the card did not declare names the field too.
+    hub.dataset("acme/gsm-nocard", TWO_CONFIGS_FILES)
+    with pytest.raises(DatasetError) as info:
+        load_splits(config("acme/gsm-nocard", subset="mian"))
+    assert info.value.field == "task.dataset.subset" and "'mian'" in info.value.message
+
+
+def test_task_dataset_subset_reads_a_directory_of_configurations_and_is_refused_for_one_file(tmp_path):
+    directory = tmp_path / "gsm"
+    for name, content in TWO_CONFIGS_FILES.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(content)
+    splits = load_splits(config(str(directory), subset="socratic", eval_fraction=0.25))
+    assert set(splits.train) | set(splits.eval) == pairs(SOCRATIC)
+    path = write_jsonl(tmp_path / "rows.jsonl", TRAIN)
+    with pytest.raises(DatasetError) as info:
+        load_splits(config(path, subset="main"))
+    assert info.value.field == "task.dataset.subset" and "leave it null" in info.value.message
+
+
 def test_a_worker_reads_a_hub_dataset_from_the_hub_never_a_local_directory_of_that_name(hub):
     assert is_hub_id("acme/sums") and not is_hub_id("acme/sums.jsonl") and not is_hub_id("/data/acme/sums")
     cfg = config("acme/sums", eval_fraction=0, eval_split="test")

@@ -190,7 +190,8 @@ def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_
     (task,) = find_all(form_page(), "fieldset", id="axis-task")
     paths = [dict(c.attributes)["data-path"] for c in find_all(task, "div", class_="control")]
     dataset = [
-        "path", "split", "prompt_column", "answer_column", "eval_fraction", "eval_path", "eval_split", "split_seed",
+        "path", "subset", "split", "prompt_column", "answer_column", "eval_fraction", "eval_path", "eval_split",
+        "split_seed",
     ]  # fmt: skip
     assert paths[: 1 + len(dataset)] == ["task.name"] + [f"task.dataset.{f}" for f in dataset]
     placeholders = {}
@@ -201,6 +202,7 @@ def test_the_datasets_fields_are_controls_in_the_task_group_with_their_defaults_
         placeholders[field] = dict(the_input(ctrl).attributes).get("placeholder")
     assert placeholders == {
         "path": "not set",
+        "subset": "not set",
         "split": "default: train",
         "prompt_column": "default: prompt",
         "answer_column": "default: answer",

@@ -220,6 +220,7 @@ def test_a_model_directory_a_dataset_file_and_a_task_are_chosen_with_controls(li
         "answer_column": "answer",
         "eval_fraction": 0.2,
         "eval_path": None,
+        "subset": None,
         "split": "train",
         "eval_split": None,
         "split_seed": 0,

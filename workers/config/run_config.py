@@ -103,6 +103,13 @@ class DatasetConfig(_Section):
         description="A data file (.json, .jsonl, .parquet, .csv) or a dataset directory under an allowed data "
         "root (absolute, or starting with '.'), or a Hugging Face Hub dataset id 'owner/name'.",
     )
+    subset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="The configuration of a Hub dataset or a dataset directory that has several, as "
+        "`load_dataset(path, name)` takes it, e.g. 'main' for openai/gsm8k; null: its only (or default) one.",
+    )
     split: str = Field(
         "train",
         min_length=1,

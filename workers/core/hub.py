@@ -251,6 +251,8 @@ def _declared(card: dict, config: str | None) -> tuple[list[str] | None, list[st
         return None, None
     by_name = {e.get("config_name", "default"): e for e in entries}
     entry = by_name.get(config or "default") or entries[0]
+    if config is not None and config not in by_name:
+        return None, None  # the card says nothing of this configuration
     features = entry.get("features")
     columns = (
         [f["name"] for f in features if isinstance(f, dict) and "name" in f] if isinstance(features, list) else None
@@ -260,9 +262,12 @@ def _declared(card: dict, config: str | None) -> tuple[list[str] | None, list[st
     return columns or None, names or None
 
 
-def _parquet_schema(repo_id: str, split: str, field: str) -> tuple[list[str] | None, list[str] | None]:
-    """(columns, splits) from the dataset viewer's Parquet conversion: the split's first
-    file's footer (its schema), read by range requests; (None, None) where there is none."""
+def _parquet_schema(
+    repo_id: str, split: str, field: str, config: str | None = None
+) -> tuple[list[str] | None, list[str] | None]:
+    """(columns, splits) from the dataset viewer's Parquet conversion of `config` (None:
+    the default one, else the first): the split's first file's footer (its schema), read
+    by range requests; (None, None) where there is none."""
     import pyarrow
     import pyarrow.parquet as pq
     from huggingface_hub import HfApi, HfFileSystem
@@ -274,8 +279,9 @@ def _parquet_schema(repo_id: str, split: str, field: str) -> tuple[list[str] | N
         if isinstance(refused, HubUnavailable):
             raise refused from None
         return None, None  # no conversion (the viewer is off for it): the workers check the rows
-    configs = {f.config for f in files}
-    config = "default" if "default" in configs else min(configs, default=None)
+    if config is None:
+        configs = {f.config for f in files}
+        config = "default" if "default" in configs else min(configs, default=None)
     files = [f for f in files if f.config == config]
     splits = sorted({f.split for f in files})
     first = next((f for f in files if f.split == split), None)
@@ -291,14 +297,42 @@ def _parquet_schema(repo_id: str, split: str, field: str) -> tuple[list[str] | N
         raise classify(exc, field, repo_id, "dataset") from None
 
 
-def dataset_columns(repo_id: str, field: str, split: str) -> tuple[list[str] | None, list[str] | None]:
-    """(columns, splits) of the Hub dataset `repo_id`, from its card, else from its
-    Parquet conversion's schema; each None where the Hub says nothing. Downloads no rows."""
+SUBSET_FIELD = "task.dataset.subset"
+
+
+def card_configs(card: dict) -> list[str]:
+    """The configurations a dataset card declares (`configs:`, else `dataset_info`'s
+    config names), in its order; [] where it declares none."""
+    names: list[str] = []
+    for key in ("configs", "dataset_info"):
+        entries = card.get(key)
+        entries = entries if isinstance(entries, list) else [entries] if isinstance(entries, dict) else []
+        for entry in entries:
+            name = entry.get("config_name") if isinstance(entry, dict) else None
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+        if names:
+            return names
+    return names
+
+
+def dataset_columns(
+    repo_id: str, field: str, split: str, subset: str | None = None
+) -> tuple[list[str] | None, list[str] | None]:
+    """(columns, splits) of the Hub dataset `repo_id` (its configuration `subset`), from
+    its card, else from its Parquet conversion's schema; each None where the Hub says
+    nothing. HubRefused naming `task.dataset.subset` for a configuration the card does not
+    declare. Downloads no rows."""
     info = repo_info(repo_id, field, repo_type="dataset")
     card = info.card_data.to_dict() if info.card_data is not None else {}
-    columns, splits = _declared(card, None)
+    declared = card_configs(card)
+    if subset is not None and declared and subset not in declared:
+        raise HubRefused(
+            SUBSET_FIELD, f"{repo_id!r} has no configuration {subset!r}; its configurations are {', '.join(declared)}"
+        )
+    columns, splits = _declared(card, subset)
     if columns is None:
-        columns, viewer_splits = _parquet_schema(repo_id, split, field)
+        columns, viewer_splits = _parquet_schema(repo_id, split, field, subset)
         splits = splits or viewer_splits
     return columns, splits
 

@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING
 
 from workers.core import chat
 from workers.core.char_vocab import DEFAULT_CHARS
-from workers.core.hub import HubRefused, HubUnavailable, dataset_columns, download_dataset, read_bounds
+from workers.core.hub import (
+    SUBSET_FIELD,
+    HubRefused,
+    HubUnavailable,
+    dataset_columns,
+    download_dataset,
+    read_bounds,
+)
 from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks.reward_funcs import PASSED, resolve, row_answer
 
@@ -144,19 +151,34 @@ def _split_of(loaded, path: str, split: str, split_field: str):
     return loaded[split]
 
 
-def _load_table(path: str, field: str, split: str, split_field: str):
-    """The rows of `path` (a data file, a local dataset directory, or a Hub dataset id)
-    as a `datasets.Dataset`: DatasetError for data that cannot be read, naming `field`."""
+def _no_subset(path: str, subset: str | None, what: str) -> None:
+    if subset is not None:
+        raise DatasetError(SUBSET_FIELD, f"{path!r} is {what}, with no configurations to choose from; leave it null")
+
+
+def _unknown_subset(exc: Exception, path: str, subset: str | None) -> DatasetError | None:
+    """The DatasetError for `datasets`' refusal of a configuration name, else None."""
+    text = str(exc)
+    if subset is not None and ("BuilderConfig" in text or "config name" in text.lower()):
+        return DatasetError(SUBSET_FIELD, f"{path!r} has no configuration {subset!r}: {text}")
+    return None
+
+
+def _load_table(path: str, field: str, split: str, split_field: str, subset: str | None = None):
+    """The rows of `path` (a data file, a local dataset directory, or a Hub dataset id;
+    its configuration `subset` where it has several) as a `datasets.Dataset`:
+    DatasetError for data that cannot be read, naming `field`."""
     import datasets  # heavy (pyarrow): only where a dataset is read
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     _keep_progress_bar_lock()
     if is_hub_id(path):
-        return _load_hub(path, field, split, split_field)
+        return _load_hub(path, field, split, split_field, subset)
     builder = FORMATS.get(os.path.splitext(path)[1].lower())
     if os.path.isdir(path):
         if any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+            _no_subset(path, subset, "a saved dataset (save_to_disk)")
             try:
                 loaded = datasets.load_from_disk(path, keep_in_memory=True)
             except Exception as exc:
@@ -175,24 +197,28 @@ def _load_table(path: str, field: str, split: str, split_field: str):
         raise DatasetError(field, f"{path!r} is not a file or a directory")
     else:
         data_files = path
+        _no_subset(path, subset, "one file")
         if split != "train":
             raise DatasetError(split_field, f"{path!r} is one file, read as the split 'train'; set it to 'train'")
     try:
         # A throwaway cache: the rows are kept in memory, nothing is left on disk.
         with tempfile.TemporaryDirectory(prefix="rollway-data-") as cache:
             return datasets.load_dataset(
-                builder, data_files=data_files, split=split, cache_dir=cache, keep_in_memory=True
+                builder, subset, data_files=data_files, split=split, cache_dir=cache, keep_in_memory=True
             )
     except Exception as exc:  # pyarrow, json and csv errors share no base class
         if isinstance(exc, ValueError) and str(exc).startswith("Unknown split"):
             raise DatasetError(split_field, f"{path!r}: {exc}") from None
+        unknown = _unknown_subset(exc, path, subset)
+        if unknown is not None:
+            raise unknown from None
         fault = _file_fault(exc)
         if fault is None:
             raise _loader_failed(field, path, exc) from exc
         raise DatasetError(field, f"{path!r} cannot be read as {builder}: {type(fault).__name__}: {fault}") from None
 
 
-def _load_hub(hub_id: str, field: str, split: str, split_field: str):
+def _load_hub(hub_id: str, field: str, split: str, split_field: str, subset: str | None = None):
     """A Hub dataset as a worker reads it (workers/core/hub.py): its card and data files
     downloaded within the site's bounds of bytes and time, read as a local dataset
     directory, its first ROLLWAY_HUB_DATASET_MAX_ROWS rows kept. The id is always the
@@ -207,11 +233,14 @@ def _load_hub(hub_id: str, field: str, split: str, split_field: str):
             raise DatasetError(exc.field, exc.message) from None
         try:
             loaded = datasets.load_dataset(
-                local, split=split, cache_dir=os.path.join(scratch, "cache"), keep_in_memory=True
+                local, subset, split=split, cache_dir=os.path.join(scratch, "cache"), keep_in_memory=True
             )
         except ValueError as exc:
             if str(exc).startswith("Unknown split"):
                 raise DatasetError(split_field, f"{hub_id!r}: {exc}") from None
+            unknown = _unknown_subset(exc, hub_id, subset)
+            if unknown is not None:
+                raise unknown from None
             raise DatasetError(field, f"{hub_id!r} cannot be read: {exc}") from None
         except Exception as exc:
             fault = _file_fault(exc)
@@ -280,14 +309,20 @@ def check_columns(columns: list[str], path: str, field: str, cfg: RunConfig) -> 
 
 
 def read_rows(
-    path: str, field: str, cfg: RunConfig, split: str = "train", split_field: str = "task.dataset.split"
+    path: str,
+    field: str,
+    cfg: RunConfig,
+    split: str = "train",
+    split_field: str = "task.dataset.split",
+    subset: str | None = None,
 ) -> list[tuple[str, str]]:
-    """(prompt, answer) of every row of `path` (its split `split`), named `field` in
-    errors. With `task.reward_funcs` the answer is the row's columns (reward_funcs.row_answer)."""
+    """(prompt, answer) of every row of `path` (its configuration `subset`, its split
+    `split`), named `field` in errors. With `task.reward_funcs` the answer is the row's
+    columns (reward_funcs.row_answer)."""
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
-    table = _load_table(path, field, split, split_field)
+    table = _load_table(path, field, split, split_field, subset)
     columns = table.column_names
     prompt_column, funcs, passed = check_columns(columns, path, field, cfg)
     rows, conversational, answers = [], None, []
@@ -358,7 +393,7 @@ def load_splits(cfg: RunConfig) -> Splits:
     ds_cfg = cfg.task.dataset
     if ds_cfg is None:
         raise ValueError("task.dataset is not set")
-    rows = read_rows(ds_cfg.path, "task.dataset.path", cfg, ds_cfg.split)
+    rows = read_rows(ds_cfg.path, "task.dataset.path", cfg, ds_cfg.split, subset=ds_cfg.subset)
     # Positions, not rows, are shuffled: the same draws, so with the run's seed equal to
     # split_seed the training rows come in the very order they did when the run's seed
     # also split them.
@@ -367,7 +402,9 @@ def load_splits(cfg: RunConfig) -> Splits:
     if ds_cfg.eval_path is not None or ds_cfg.eval_split is not None:
         where = ds_cfg.eval_path if ds_cfg.eval_path is not None else ds_cfg.path
         field = "task.dataset.eval_path" if ds_cfg.eval_path is not None else "task.dataset.path"
-        held = read_rows(where, field, cfg, ds_cfg.eval_split or "train", "task.dataset.eval_split")
+        # An eval split is of the same dataset and configuration; an eval file is one file.
+        subset = ds_cfg.subset if ds_cfg.eval_path is None else None
+        held = read_rows(where, field, cfg, ds_cfg.eval_split or "train", "task.dataset.eval_split", subset)
         return Splits(train=[rows[i] for i in order], eval=held, record=split_record(rows, [], ds_cfg))
     held_ids = held_out_ids(len(rows), ds_cfg.split_seed, ds_cfg.eval_fraction)
     held_set = set(held_ids)
@@ -494,7 +531,7 @@ def hub_metadata_errors(cfg: RunConfig) -> dict[str, str]:
     if ds is None:
         return {}
     try:
-        columns, splits = dataset_columns(ds.path, "task.dataset.path", ds.split)
+        columns, splits = dataset_columns(ds.path, "task.dataset.path", ds.split, ds.subset)
     except HubRefused as exc:
         return {exc.field: exc.message}
     for split, split_field in ((ds.split, "task.dataset.split"), (ds.eval_split, "task.dataset.eval_split")):
