@@ -271,7 +271,7 @@ class PolicyFiles:
 
     def write(self, out_dir: str, location: str) -> None:
         """Write the files into the existing directory `out_dir`; `location` is where the
-        checkpoint will be (the adapter's base is the step directory itself)."""
+        checkpoint will be (the adapter's base is its base/ there)."""
         # Imported here (torch): the site's settings import this module, in processes
         # that never read weights.
         from workers.model.lora import (
@@ -637,6 +637,8 @@ class Checkpoint:
             raise CheckpointRefused(f"{self.location!r} holds {held}: resume it with lora.enabled {wanted}")
         # A LoRA checkpoint's base is in base/; before it was, the top level held it.
         in_base = has_adapter and any(name.startswith(BASE + "/") for name in names)
+        if in_base:  # the merged top level is for users: not fetched, not read
+            names = [name for name in names if name.startswith((BASE + "/", ADAPTER + "/"))]
         with self._local(names) as local:
             weights = load_model(os.path.join(local, BASE) if in_base else local).state_dict()
             adapter = load_file(os.path.join(local, ADAPTER, "adapter_model.safetensors")) if has_adapter else {}
