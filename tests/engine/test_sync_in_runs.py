@@ -27,10 +27,15 @@ def test_lora_protocol_without_lora_enabled_names_the_fields():
     assert "sync.protocol 'lora'" in text and "lora.enabled=true" in text
 
 
-def test_collective_cannot_move_a_lora_model():
+def test_collective_cannot_move_a_lora_model_except_into_vllm():
     with pytest.raises(ValidationError) as err:
         RunConfig.model_validate({"sync": {"protocol": "collective"}, "lora": {"enabled": True}})
     assert "sync.protocol 'collective'" in str(err.value) and "lora.enabled" in str(err.value)
+    # vLLM's broadcast engine takes the merged policy.
+    cfg = RunConfig.model_validate(
+        {"sync": {"protocol": "collective"}, "lora": {"enabled": True}, "inference": {"backend": "vllm"}}
+    )
+    assert cfg.lora.enabled
 
 
 def test_full_reload_stays_valid_and_lora_with_full_weight_protocols_is_allowed():
@@ -124,10 +129,16 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir, lora):
+    """vLLM's broadcast engine pair over gloo (`rollway_gloo`): the engine takes weights
+    from nothing else (its `load_weights` refuses a state dict), so a run whose versions
+    arrive went through it. LoRA: the trainer sends the merged policy."""
     pytest.importorskip("vllm")
 
-    out = run_inline(304, cache_dir, sync={"protocol": "collective", "packed": False}, inference={"backend": "vllm"})
+    extra = {"lora": {"enabled": True, "rank": 8, "alpha": 16.0}} if lora else {}
+    sync = {"protocol": "collective", "packed": lora}  # packed: vLLM's chunks, 32 MB (one here)
+    out = run_inline(304 + 3 * lora, cache_dir, sync=sync, inference={"backend": "vllm"}, **extra)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir))}

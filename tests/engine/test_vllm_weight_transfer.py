@@ -291,3 +291,93 @@ def test_a_state_dict_goes_through_files_wherever_vllms_workers_are_other_proces
     with contextlib.suppress(InMemory):
         backend.load_weights({})
     assert taken == [via]
+
+
+# -- protocol "collective" into vLLM: vLLM's broadcast engine pair, driven by the trainer --
+
+
+@pytest.fixture(scope="module")
+def gloo_backend(model_dir):
+    """An engine built as a CPU run's collective builds it: vLLM's NCCL engine over gloo."""
+    from workers.inference.vllm_backend import VLLMBackend
+
+    b = VLLMBackend(model_dir, InferenceConfig(backend="vllm"), max_num_seqs=8, transfer_engine="rollway_gloo")
+    yield b
+    b.close()
+
+
+def _connect_engines(sender, receivers) -> None:
+    """The run's sync_connect: the trainer's end and every worker's engine at once."""
+    import threading
+
+    endpoint = sender.endpoint()
+    errors: list[BaseException] = []
+
+    def join(receiver, rank):
+        try:
+            receiver.connect(endpoint, rank)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(r, k + 1)) for k, r in enumerate(receivers)]
+    for t in threads:
+        t.start()
+    sender.connect()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["per_tensor", "packed"])
+def test_a_collective_drives_vllms_broadcast_engine_and_arrives_bit_identical(gloo_backend, model_dir, packed):
+    """The trainer's vLLM engine (WeightTransferTrainerFactory, `rollway_gloo`: vLLM's
+    NCCL pair with gloo for NCCL) declares the update, the worker's engine joins the
+    broadcast inside `update_weights`, and the weights vLLM loads are the trainer's, bit
+    for bit, version after version, labelled with their version. Packed: vLLM's chunks
+    (a 64 KiB buffer cuts the tiny model into many)."""
+    from workers.model.loading import untied
+
+    model = trainer_model(model_dir)
+    cfg = sync_cfg("collective", packed=packed, bucket_mb=1 / 16, timeout_s=60)
+    sender = make_sender(cfg, engine="rollway_gloo")
+    receiver = make_receiver(cfg, engine="rollway_gloo", backend=gloo_backend)
+    sender.attach(model)
+    assert gloo_backend._llm.collective_rpc(_watch_arrivals) == ["GlooEngine"]
+    try:
+        _connect_engines(sender, [receiver])
+        for version in (1, 2):
+            train_a_little(model, seed=30 + version)
+            assert _reference_diff(model.eval(), PROMPTS, gloo_backend) > 1e-2
+            sent, received = sync(sender, receiver, gloo_backend, version)
+            assert _arrived_checksum(gloo_backend) == state_checksum(model.state_dict())
+            assert _reference_diff(model, PROMPTS, gloo_backend) < 1e-3
+            assert received.version == sent.version == version
+            assert sent.tensors == received.tensors == len(untied(model.state_dict(), model))
+            groups = gloo_backend.generate([PROMPTS[0]], n=1, max_new_tokens=2, temperature=1.0, seed=1)
+            assert set(groups[0][0].versions) == {version}  # vLLM's own label, set as the update finished
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_lora_trainers_merged_policy_goes_through_the_broadcast_engine(gloo_backend, model_dir):
+    from workers.config.run_config import LoRAConfig
+    from workers.model.lora import apply_lora, effective_state_dict
+
+    torch.manual_seed(0)
+    model = apply_lora(trainer_model(model_dir), LoRAConfig(enabled=True, rank=8, alpha=16.0), init_lora_weights=False)
+    cfg = sync_cfg("collective", timeout_s=60)
+    sender = make_sender(cfg, engine="rollway_gloo")
+    receiver = make_receiver(cfg, engine="rollway_gloo", backend=gloo_backend)
+    sender.attach(model)
+    gloo_backend._llm.collective_rpc(_watch_arrivals)
+    try:
+        _connect_engines(sender, [receiver])
+        train_a_little(model, seed=9)
+        sync(sender, receiver, gloo_backend, 1)
+        assert _arrived_checksum(gloo_backend) == state_checksum(effective_state_dict(model))
+        assert _reference_diff(model.eval(), PROMPTS, gloo_backend) < 1e-3
+    finally:
+        sender.close()
+        receiver.close()

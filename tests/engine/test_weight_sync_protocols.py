@@ -384,9 +384,10 @@ def test_receiver_refuses_an_endpoint_of_another_protocol():
 @pytest.mark.parametrize(
     "device, placement, protocol, tp, changed_only, engine",
     [
-        # CPU: the project's engines, whatever the protocol moved (vLLM's need CUDA).
+        # CPU: the project's engines (vLLM's need CUDA); a collective is vLLM's NCCL pair over gloo.
         ("cpu", "disaggregated", "object_store", 1, False, "rollway_memory"),
-        ("cpu", "disaggregated", "collective", 1, False, "rollway_memory"),
+        ("cpu", "disaggregated", "collective", 1, False, "rollway_gloo"),
+        ("cpu", "disaggregated", "collective", 2, False, "rollway_gloo"),
         ("cpu", "disaggregated", "filesystem", 1, False, "rollway_memory"),
         ("cpu", "disaggregated", "lora", 1, False, "rollway_memory"),
         ("cpu", "disaggregated", "object_store", 2, False, "rollway_files"),
@@ -416,6 +417,33 @@ def test_a_run_on_vllm_cpu_gets_the_in_memory_engine_by_default():
     cfg = RunConfig.model_validate({"inference": {"backend": "vllm"}})
     got = vllm_transfer_engine(cfg.placement.devices, cfg.placement.mode, cfg.sync.protocol)
     assert got == "rollway_memory"
+
+
+@pytest.mark.parametrize(
+    "fields, engine",
+    [
+        ({"inference": {"backend": "vllm"}, "sync": {"protocol": "collective"}}, "rollway_gloo"),
+        ({"inference": {"backend": "vllm"}, "sync": {"protocol": "object_store"}}, None),
+        ({"inference": {"backend": "torch"}, "sync": {"protocol": "collective"}}, None),
+        (
+            {"inference": {"backend": "vllm"}, "sync": {"protocol": "collective"}, "placement": {"devices": "gpu"}},
+            "nccl",
+        ),
+        (
+            {
+                "inference": {"backend": "vllm"},
+                "sync": {"protocol": "collective"},
+                "placement": {"devices": "gpu", "mode": "colocated"},
+            },
+            None,  # the same GPU: vLLM's ipc engine, which the project's collective does not drive
+        ),
+    ],
+)
+def test_a_collective_into_vllm_is_the_broadcast_engine_the_trainer_drives(fields, engine):
+    from workers.config.run_config import RunConfig
+    from workers.sync import broadcast_engine
+
+    assert broadcast_engine(RunConfig.model_validate(fields)) == engine
 
 
 def test_cuda_ipc_on_the_cpu_is_refused_naming_the_field():

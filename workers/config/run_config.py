@@ -693,8 +693,9 @@ class SyncConfig(_Section):
         Literal["object_store", "collective", "filesystem", "lora", "cuda_ipc"], BeforeValidator(_canonical_protocol)
     ] = Field(
         "object_store",
-        description="object_store: the whole state dict through Ray's object store; collective: a torch.distributed "
-        "broadcast (gloo on the CPU, NCCL on GPUs); filesystem: a safetensors file per version; lora: the adapter "
+        description="object_store: the whole state dict through Ray's object store; collective: a broadcast "
+        "from the trainer (gloo on the CPU, NCCL on GPUs; into vLLM, vLLM's own broadcast engine); filesystem: "
+        "a safetensors file per version; lora: the adapter "
         "only (lora.enabled); cuda_ipc: device to device on one shared GPU (placement colocated).",
     )
     packed: bool = Field(True, description="collective: broadcast in buckets (else one tensor at a time).")
@@ -1006,12 +1007,17 @@ class RunConfig(_Section):
                 "sync.protocol 'lora' moves adapter weights only; set lora.enabled=true "
                 "or choose a full-weight protocol (object_store, collective, filesystem)"
             )
-        if self.sync.protocol == "collective" and self.lora.enabled:
-            # The broadcast moves the trainer's parameters in place, under peft's names
-            # and unmerged: the inference workers could not load them.
+        into_vllm = self.inference.backend == "vllm" and not (
+            self.placement.devices == "gpu" and self.placement.mode == "colocated"
+        )
+        if self.sync.protocol == "collective" and self.lora.enabled and not into_vllm:
+            # The project's broadcast moves the trainer's parameters in place, under peft's
+            # names and unmerged: the inference workers could not load them. Into vLLM it is
+            # vLLM's broadcast engine, which the trainer sends the merged policy.
             raise ValueError(
-                "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true); "
-                "choose sync.protocol 'lora' (adapter only), 'object_store' or 'filesystem'"
+                "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true) except into vLLM "
+                "(inference.backend 'vllm', not colocated on a GPU); choose sync.protocol 'lora' (adapter only), "
+                "'object_store' or 'filesystem'"
             )
         return self
 

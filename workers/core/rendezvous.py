@@ -54,3 +54,21 @@ def open_store(host: str, world_size: int, timeout_s: float, what: str) -> tuple
 def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
     """A client of the store another process opened at host:port."""
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def free_port(host: str) -> int:
+    """A port of PORT_RANGE free on `host` now (from a random start), for a rendezvous
+    whose store another library opens (vLLM's weight-transfer engines take a port). It
+    may be taken between this check and the bind; the bind then fails, naming it."""
+    import socket
+
+    ports = list(PORT_RANGE)
+    start = random.randrange(len(ports))
+    for port in ports[start:] + ports[:start]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} for a weight-transfer rendezvous")

@@ -60,7 +60,7 @@ from workers.inference.base import (
     vllm_cpu_kv_cache_bytes,
 )
 from workers.model.loading import ModelDims, meta_model, model_config, model_dims, saved_form
-from workers.sync import ROLLWAY_FILES, ROLLWAY_MEMORY
+from workers.sync import ROLLWAY_FILES, ROLLWAY_GLOO, ROLLWAY_MEMORY
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -687,6 +687,11 @@ class VLLMBackend:
         Prompt KV cached under the old weights is never reused afterwards
         (`_weights_changed`: the cache is salted by weights epoch, and reset when idle).
         """
+        if self.transfer_engine == ROLLWAY_GLOO:
+            raise RuntimeError(
+                f"this engine takes weights from the trainer's broadcast (weight-transfer engine {ROLLWAY_GLOO!r}: "
+                "workers/sync/engine_broadcast.py), not a state dict"
+            )
         if self.transfer_engine == ROLLWAY_FILES or self.inference_cfg.tensor_parallel_size > 1:
             # vLLM's workers are other processes (tensor-parallel: each loads its shard of
             # every weight), or the engine takes files.

@@ -43,7 +43,7 @@ from workers.run.actors import WAIT_S, raise_start_failure, record_failure, star
 from workers.run.buffer import groups_per_call
 from workers.run.failures import LOOP, Failure
 from workers.run.messages import EvalRecord, InferenceReport
-from workers.sync import make_receiver
+from workers.sync import broadcast_engine, make_receiver
 
 if TYPE_CHECKING:
     from workers.inference.vllm_backend import VLLMBackend
@@ -145,7 +145,11 @@ class InferenceWorker:
             env_rng = random.Random(f"{self.cfg.seed}-environment-{index}")
             self.episodes = EpisodeScheduler(self.backend, self.task, self.tokenizer, self.cfg, env_rng)
         self.receiver = make_receiver(
-            cfg.sync, model_dir=model_dir, scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None
+            cfg.sync,
+            model_dir=model_dir,
+            scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None,
+            engine=broadcast_engine(cfg),
+            backend=self.backend,
         )
         self.syncs: list[SyncReport] = []
         self._syncs_lock = threading.Lock()
@@ -384,12 +388,18 @@ class InferenceWorker:
         self.calls += 1
 
     def _put(self, groups: list[Group]) -> None:
-        """Hand `groups` to the buffer, waiting while it is full (unless stopping)."""
+        """Hand `groups` to the buffer, waiting while it is full (unless stopping). A
+        receiver whose sender waits for it (vLLM's broadcast engines) takes new weights
+        between two tries: the trainer that would empty the buffer may be waiting for
+        this worker, and with no call in flight any update mode allows it."""
+        takes_weights = self.receiver.blocks_sender
         while groups and not self._stop.is_set():
             self.timeline.begin(HANDOFF)
             accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
             self.timeline.end_blocked(blocked_s)
             groups = groups[accepted:]
+            if groups and takes_weights:
+                self.staged.apply()
 
     def _wait_for_scores(self, tokens: int) -> None:
         """Generation is done, the reward pool's scores not yet: close the generate segment."""

@@ -32,7 +32,7 @@ from workers.run.checkpoints import (
 )
 from workers.run.failures import LOOP, Failure
 from workers.run.messages import StepRecord, TrainerReport
-from workers.sync import make_sender
+from workers.sync import broadcast_engine, make_sender
 from workers.sync.base import state_checksum
 from workers.sync.lora import LoRASender
 from workers.sync.weights import drain, effective_stream, follow, streamed_checksum
@@ -186,7 +186,14 @@ class TrainerActor:
         # cuda_ipc packs the weights in the dtype the inference workers hold them in
         # ("auto" is the checkpoint's, known only to them: the parameters' own then).
         wire = cfg.inference.dtype if cfg.inference.dtype != "auto" else None
-        self.sender = make_sender(cfg.sync, num_receivers=len(workers), scratch_dir=scratch_dir, wire_dtype=wire)
+        self.sender = make_sender(
+            cfg.sync,
+            num_receivers=len(workers),
+            scratch_dir=scratch_dir,
+            wire_dtype=wire,
+            engine=broadcast_engine(cfg),
+            ranks_per_receiver=cfg.inference.tensor_parallel_size,
+        )
         if isinstance(self.sender, LoRASender) and self.trainer.base_checksum is not None:
             self.sender.base_checksum = self.trainer.base_checksum
         self.sender.attach(self.trainer.model)

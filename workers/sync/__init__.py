@@ -13,6 +13,9 @@
                                              buffer (trainer and worker on the
                                              same GPU)
 
+Into vLLM, "collective" is vLLM's own broadcast engine pair instead (`nccl` on GPUs, its
+gloo twin on CPUs), which the trainer drives: engine_broadcast.py.
+
 Usage (trainer and inference workers in different processes; see each class for the lifecycle):
 
     sender = make_sender(SyncConfig(protocol="collective", bucket_mb=32), num_receivers=2)
@@ -35,49 +38,39 @@ from workers.sync.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from workers.sync.filesystem import FilesystemReceiver, FilesystemSender
 from workers.sync.lora import LoRAReceiver, LoRASender
 from workers.sync.object_store import ObjectStoreReceiver, ObjectStoreSender
+from workers.sync.transfer_engines import (
+    BROADCAST_ENGINES,
+    ROLLWAY_FILES,
+    ROLLWAY_GLOO,
+    ROLLWAY_MEMORY,
+    VLLM_IPC,
+    VLLM_NCCL,
+    VLLM_SPARSE_NCCL,
+    broadcast_engine,
+    vllm_transfer_engine,
+)
 
 if TYPE_CHECKING:
     from workers.config.run_config import SyncConfig
 
 __all__ = [
+    "BROADCAST_ENGINES",
+    "ROLLWAY_FILES",
+    "ROLLWAY_GLOO",
+    "ROLLWAY_MEMORY",
+    "VLLM_IPC",
+    "VLLM_NCCL",
+    "VLLM_SPARSE_NCCL",
     "Notice",
     "SyncReport",
     "WeightReceiver",
     "WeightSender",
+    "broadcast_engine",
     "make_receiver",
     "make_sender",
     "state_checksum",
     "vllm_transfer_engine",
 ]
-
-# vLLM's own weight-transfer engines (vllm/distributed/weight_transfer/), CUDA only.
-VLLM_NCCL, VLLM_IPC, VLLM_SPARSE_NCCL = "nccl", "ipc", "sparse_nccl"
-# The project's, registered with vLLM's factory (workers/sync/vllm_engines.py).
-ROLLWAY_MEMORY, ROLLWAY_FILES = "rollway_memory", "rollway_files"
-
-
-def vllm_transfer_engine(
-    device: str, placement: str, protocol: str, *, tensor_parallel_size: int = 1, changed_only: bool = False
-) -> str:
-    """The weight-transfer engine a vLLM inference worker is built with
-    (`WeightTransferConfig.backend`), from where it runs (`placement.devices`,
-    `placement.mode`) and the run's `sync.protocol`.
-
-    GPU: vLLM's own. Colocated (or "cuda_ipc"), trainer and worker share the GPU: "ipc"
-    (CUDA IPC handles). Disaggregated: a broadcast from the trainer's rank 0, bucketed,
-    every rank of an fsdp2 pool joining the gathers: "nccl", or "sparse_nccl" for the
-    changed weights only (`changed_only`). CPU: vLLM's engines need CUDA (NCCL
-    communicators, CUDA IPC), so the project's: the weights handed over in memory to
-    the worker in the inference worker's process, or as safetensors files each process
-    of a tensor-parallel engine reads. "lora" moves adapters through vLLM's LoRA
-    requests, not an engine: its merged fallback loads full weights like the others."""
-    if device == "gpu":
-        if placement == "colocated" or protocol == "cuda_ipc":
-            return VLLM_IPC
-        return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
-    if protocol == "cuda_ipc":
-        raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
-    return ROLLWAY_MEMORY if tensor_parallel_size == 1 else ROLLWAY_FILES
 
 
 def make_sender(
@@ -87,12 +80,21 @@ def make_sender(
     store: Any | None = None,
     scratch_dir: str | None = None,
     wire_dtype: str | None = None,
+    engine: str | None = None,
+    ranks_per_receiver: int = 1,
 ) -> WeightSender:
     """The trainer's half of `sync.protocol`, set up from the run's `sync` section.
     `store` replaces the Ray object store (tests); `scratch_dir` is the run's scratch
     directory, where a protocol keeps its files unless the config names a place;
     `wire_dtype` ("float32", "bfloat16"; None: the parameters' own) is the dtype
-    "cuda_ipc" packs the weights in, the inference workers' dtype."""
+    "cuda_ipc" and a broadcast engine send the weights in, the inference workers' dtype.
+    `engine` (`broadcast_engine`): the vLLM weight-transfer engine a "collective" drives,
+    each receiver a vLLM engine of `ranks_per_receiver` processes (its tensor-parallel size)."""
+    if engine is not None:
+        # Here: the module imports vLLM, which only a run into vLLM needs (and has).
+        from workers.sync.engine_broadcast import EngineBroadcastSender
+
+        return EngineBroadcastSender(sync, num_receivers, engine, ranks_per_receiver, wire_dtype)
     if sync.protocol == "cuda_ipc":
         import torch
 
@@ -108,12 +110,24 @@ def make_sender(
 
 
 def make_receiver(
-    sync: SyncConfig, *, model_dir: str | None = None, store: Any | None = None, scratch_dir: str | None = None
+    sync: SyncConfig,
+    *,
+    model_dir: str | None = None,
+    store: Any | None = None,
+    scratch_dir: str | None = None,
+    engine: str | None = None,
+    backend: Any | None = None,
 ) -> WeightReceiver:
     """An inference worker's half of `sync.protocol`. `model_dir` (the directory its
     backend was built from) is needed by "lora", whose inference workers keep the base
     themselves; `scratch_dir` (the inference worker's own) is where "lora" writes adapter
-    directories."""
+    directories; `engine`: as `make_sender`'s, received by `backend` (the worker's vLLM
+    engine, built with it)."""
+    if engine is not None:
+        # Here: the module imports vLLM, which only a run into vLLM needs (and has).
+        from workers.sync.engine_broadcast import EngineBroadcastReceiver
+
+        return EngineBroadcastReceiver(engine, backend)
     if sync.protocol == "object_store":
         return ObjectStoreReceiver(store)
     if sync.protocol == "collective":

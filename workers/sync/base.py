@@ -157,6 +157,9 @@ class WeightReceiver(ABC):
     → apply(backend, staged) per version → close()."""
 
     protocol: ClassVar[str]
+    # True where the sender's `send` waits until this receiver applies (its payload moves
+    # inside `apply`): the inference worker must then apply wherever it waits on the trainer.
+    blocks_sender: ClassVar[bool] = False
 
     def connect(self, endpoint: dict[str, Any], rank: int = 1) -> None:
         """Join the sender (rank ≥ 1 among the receivers); no-op for most protocols."""

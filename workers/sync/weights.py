@@ -70,19 +70,29 @@ def state_buckets(model: torch.nn.Module, bucket_mb: float) -> Iterator[dict[str
     if not is_sharded(model):
         yield effective_state_dict(model)
         return
+    for bucket in module_buckets(gathered_parameters(model, "all"), bucket_mb):
+        yield effective_live_state(bucket, model)
+
+
+def module_buckets(
+    parameters: Iterator[tuple[str, torch.Tensor]], bucket_mb: float
+) -> Iterator[dict[str, torch.Tensor]]:
+    """(live name, tensor) pairs in buckets of about `bucket_mb`, cut only between
+    modules (a LoRA module's base and adapter in one bucket). The cut reads names and
+    sizes alone: the same pairs on the meta device cut the same way."""
     limit = bucket_mb * 2**20
     bucket: dict[str, torch.Tensor] = {}
     size, module = 0, ""
-    for name, full in gathered_parameters(model, "all"):
+    for name, full in parameters:
         here = _module_of(name)
         if bucket and size >= limit and here != module:
-            yield effective_live_state(bucket, model)
+            yield bucket
             bucket, size = {}, 0
         bucket[name] = full
         size += full.numel() * full.element_size()
         module = here
     if bucket:
-        yield effective_live_state(bucket, model)
+        yield bucket
 
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

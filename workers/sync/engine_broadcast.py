@@ -1,0 +1,259 @@
+"""Protocol "collective" into vLLM: vLLM's broadcast engine pair, driven by the trainer.
+
+vLLM's dense NCCL engines (`vllm/distributed/weight_transfer/nccl_engine.py`) move a
+policy as PRIME-RL and verl move it: the trainer's engine declares every weight's name,
+dtype and shape (the update info), each vLLM worker enters `update_weights` with it and
+joins the broadcasts from the trainer's rank 0, loading each tensor (or packed chunk) as
+it lands through vLLM's layerwise reload. On GPUs that engine is vLLM's `nccl`; on CPUs
+it is the same pair with gloo for NCCL (`rollway_gloo`, workers/sync/vllm_engines.py).
+
+How it sits in a run: the trainer's engine (`WeightTransferTrainerFactory.trainer_init`)
+drives vLLM's four-call client protocol through `_Notices`, which turns the update into
+the run's Notice for every inference worker. A worker starts, updates and finishes at its
+own apply point (`sync.update_mode`: between two generate calls, or two decode steps),
+under its backend's lock, labelling the weights with their version as it finishes. So
+the trainer's broadcast waits for every worker to reach that point: vLLM receives inside
+`update_weights` with the engine stopped, where the project's own collective stages the
+weights beside generation (workers/sync/collective.py). An inference worker therefore
+applies pending weights wherever it waits on the trainer (the buffer's back-pressure).
+
+The trainer sends `PolicySource`: the policy it computes (LoRA merged, a tied weight
+once) under the checkpoint's names and layout (what vLLM's loader takes), in buckets
+cut between modules; an fsdp2 pool's other ranks join the gathers (`gathers`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+from workers.core.rendezvous import default_host, free_port
+from workers.model.loading import saved_form, tied_weight_names
+from workers.model.lora import effective_live_state
+from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
+from workers.sync.transfer_engines import ROLLWAY_GLOO
+from workers.sync.vllm_engines import GlooTrainerInitInfo, packed_chunks  # registers the engines
+from workers.sync.weights import gathered_parameters, module_buckets
+
+if TYPE_CHECKING:
+    from workers.config.run_config import SyncConfig
+
+PROTOCOL = "collective"
+
+
+class PolicySource(WeightSource):
+    """vLLM's `WeightSource` over the trainer's model: `metadata()` names, dtypes and
+    full shapes without gathering (the same pipeline on meta tensors); iteration
+    gathers a bucket at a time (a sharded model's parameters are DTensors, gathered in
+    `named_parameters` order as the pool's other ranks `follow`)."""
+
+    def __init__(self, model: torch.nn.Module, bucket_mb: float, dtype: torch.dtype | None) -> None:
+        extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters()} - tied_weight_names(model))
+        if extra:
+            raise NotImplementedError(
+                f"collective sync moves parameters only; this model's state dict also has {extra[:5]} "
+                "(buffers): use sync.protocol 'object_store' or 'filesystem'"
+            )
+        self.model, self.bucket_mb, self.dtype = model, bucket_mb, dtype
+        self._metadata: list[ParamMeta] | None = None
+
+    def _pairs(self, parameters: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in module_buckets(parameters, self.bucket_mb):
+            state = saved_form(effective_live_state(bucket, self.model), self.model)
+            bucket.clear()
+            for name, tensor in state.items():
+                yield name, tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def metadata(self) -> list[ParamMeta]:
+        if self._metadata is None:
+            shapes = (
+                (name, torch.empty(p.shape, dtype=p.dtype, device="meta")) for name, p in self.model.named_parameters()
+            )
+            self._metadata = [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._pairs(shapes)]
+        return self._metadata
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        with torch.no_grad():
+            yield from self._pairs(gathered_parameters(self.model, "all"))
+
+
+class _Notices:
+    """vLLM's `VLLMWeightSyncClient` as a run's inference workers answer it: the update
+    info goes out in the run's Notice and each worker starts, updates and finishes its
+    engine itself (EngineBroadcastReceiver.apply). The engines' rendezvous is the run's
+    `sync_connect`, each worker with its own rank offset (vLLM's trainer_init numbers
+    the workers of a single engine)."""
+
+    def __init__(self) -> None:
+        self.pending: tuple[int, int, int, Notify] | None = None  # version, seq, bytes, notify
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        pass
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: Any) -> None:
+        if self.pending is None:
+            raise RuntimeError("a weight update outside EngineBroadcastSender.send")
+        version, seq, nbytes, notify = self.pending
+        notify(Notice(PROTOCOL, version, seq, nbytes, time.time(), {"update_info": update_info}))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+
+class EngineBroadcastSender(WeightSender):
+    """The trainer's side: vLLM's trainer engine for `engine` ("nccl", "rollway_gloo")."""
+
+    protocol = PROTOCOL
+
+    def __init__(
+        self,
+        sync: SyncConfig,
+        num_receivers: int,
+        engine: str,
+        ranks_per_receiver: int = 1,
+        wire_dtype: str | None = None,
+    ) -> None:
+        super().__init__()
+        if num_receivers < 1:
+            raise ValueError(f"a collective sync needs ≥ 1 inference worker (got {num_receivers})")
+        self.sync, self.engine = sync, engine
+        self.ranks_per_receiver = ranks_per_receiver
+        self.world_size = 1 + num_receivers * ranks_per_receiver
+        self.wire_dtype = getattr(torch, wire_dtype) if wire_dtype else None
+        self.source: PolicySource | None = None
+        self._client = _Notices()
+        self._engine: Any = None
+        self._endpoint: dict[str, Any] | None = None
+
+    def attach(self, model: torch.nn.Module) -> None:
+        super().attach(model)
+        self.source = PolicySource(model, self.sync.bucket_mb, self.wire_dtype)
+
+    def endpoint(self) -> dict[str, Any]:
+        if self._endpoint is None:
+            host = default_host()
+            self._endpoint = {
+                "protocol": self.protocol,
+                "engine": self.engine,
+                "master_address": host,
+                "master_port": free_port(host),
+                "world_size": self.world_size,
+                "ranks_per_receiver": self.ranks_per_receiver,
+                "packed": self.sync.packed,
+                "packed_buffer_size_bytes": int(self.sync.bucket_mb * 2**20),
+                "timeout_s": self.sync.timeout_s,
+            }
+        return self._endpoint
+
+    def connect(self) -> None:
+        """Open rank 0's end; blocks until every receiver's engine has joined."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        if self.source is None:
+            raise RuntimeError("EngineBroadcastSender.connect before attach(model)")
+        e = self.endpoint()
+        fields = {
+            "master_address": e["master_address"],
+            "master_port": e["master_port"],
+            "world_size": e["world_size"],
+            "packed": e["packed"],
+            "packed_buffer_size_bytes": e["packed_buffer_size_bytes"],
+            "rank": 0,
+        }
+        if self.engine == ROLLWAY_GLOO:
+            init_info: Any = GlooTrainerInitInfo(**fields, timeout_s=e["timeout_s"])
+        else:
+            init_info = NCCLTrainerInitInfo(**fields)
+        self._engine = WeightTransferTrainerFactory.trainer_init(init_info, client=self._client, source=self.source)
+
+    def send(self, version: int, notify: Notify) -> SyncReport:
+        if self._engine is None or self.source is None:
+            raise RuntimeError("EngineBroadcastSender.send before connect(): connect the trainer and workers first")
+        clock = Stopwatch()
+        meta = self.source.metadata()
+        nbytes = sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in meta)
+        self._client.pending = (version, self._next_seq(), nbytes, notify)
+        try:
+            self._engine.send_weights()
+        finally:
+            self._client.pending = None
+        if self.sync.packed:  # vLLM's packed chunks, as the receiving engine cuts them
+            shapes = ((m.name, list(m.shape), m.dtype) for m in meta)
+            messages = sum(1 for _ in packed_chunks(shapes, int(self.sync.bucket_mb * 2**20)))
+        else:
+            messages = len(meta)
+        return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(meta), messages=messages)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+class EngineBroadcastReceiver(WeightReceiver):
+    """An inference worker's side: its vLLM engine, built with `engine`, receives."""
+
+    protocol = PROTOCOL
+    # The sender's broadcast waits for `apply`: a worker must apply wherever it waits on the trainer.
+    blocks_sender = True
+
+    def __init__(self, engine: str, backend: Any) -> None:
+        if backend is None or getattr(backend, "transfer_engine", None) != engine:
+            raise ValueError(
+                f"a {engine!r} receiver needs the worker's vLLM backend built with that weight-transfer engine "
+                f"(got {getattr(backend, 'transfer_engine', backend)!r})"
+            )
+        self.engine, self.backend = engine, backend
+
+    def connect(self, endpoint: dict[str, Any], rank: int = 1) -> None:
+        """Join the trainer's rendezvous (blocks until every rank joins): this worker's
+        engine takes ranks 1 + (rank - 1) · its tensor-parallel size onwards."""
+        super().connect(endpoint, rank)
+        if endpoint.get("engine") != self.engine:
+            raise ValueError(f"the trainer drives engine {endpoint.get('engine')!r}; this worker's is {self.engine!r}")
+        info = {
+            "master_address": endpoint["master_address"],
+            "master_port": endpoint["master_port"],
+            "rank_offset": 1 + (rank - 1) * endpoint["ranks_per_receiver"],
+            "world_size": endpoint["world_size"],
+            "packed": endpoint["packed"],
+            "packed_buffer_size_bytes": endpoint["packed_buffer_size_bytes"],
+        }
+        if self.engine == ROLLWAY_GLOO:
+            info["timeout_s"] = endpoint["timeout_s"]
+        self.backend.init_weight_transfer_engine(info)
+
+    def receive(self, notice: Notice) -> Notice:
+        """Nothing moves yet: the engine receives when the worker applies."""
+        return notice
+
+    def apply(self, backend: Any, staged: Notice) -> SyncReport:
+        """Join the trainer's broadcast of `staged` inside vLLM's update, and label the
+        weights with its version as the update finishes (under the backend's lock: no
+        token is sampled between the two)."""
+        clock = Stopwatch()
+        update_info = staged.payload["update_info"]
+        backend.start_weight_update()
+        backend.update_weights(update_info)
+        backend.finish_weight_update(str(staged.version))
+        ms = clock.ms()
+        return SyncReport(
+            self.protocol,
+            staged.version,
+            staged.nbytes,
+            inference_ms=ms,
+            end_to_end_ms=end_to_end_ms(staged),
+            receive_ms=ms,
+            tensors=len(update_info.get("names", ())),
+        )
+
+    def close(self) -> None:
+        pass

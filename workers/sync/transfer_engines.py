@@ -1,0 +1,63 @@
+"""Which vLLM weight-transfer engine a run's inference workers are built with, by name.
+
+vLLM's own engines need CUDA; the project's (workers/sync/vllm_engines.py) are how the
+same calls run on vLLM-CPU. A leaf: the engines' modules and the sync tier's package
+both read these names.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.config.run_config import RunConfig
+
+# vLLM's own weight-transfer engines (vllm/distributed/weight_transfer/), CUDA only.
+VLLM_NCCL, VLLM_IPC, VLLM_SPARSE_NCCL = "nccl", "ipc", "sparse_nccl"
+# The project's, registered with vLLM's factory (workers/sync/vllm_engines.py).
+ROLLWAY_MEMORY, ROLLWAY_FILES, ROLLWAY_GLOO = "rollway_memory", "rollway_files", "rollway_gloo"
+# The engines a trainer drives with a broadcast (vLLM's trainer-side twin): the
+# "collective" protocol into a vLLM engine (workers/sync/engine_broadcast.py).
+BROADCAST_ENGINES = (VLLM_NCCL, ROLLWAY_GLOO)
+
+
+def vllm_transfer_engine(
+    device: str, placement: str, protocol: str, *, tensor_parallel_size: int = 1, changed_only: bool = False
+) -> str:
+    """The weight-transfer engine a vLLM inference worker is built with
+    (`WeightTransferConfig.backend`), from where it runs (`placement.devices`,
+    `placement.mode`) and the run's `sync.protocol`.
+
+    GPU: vLLM's own. Colocated (or "cuda_ipc"), trainer and worker share the GPU: "ipc"
+    (CUDA IPC handles). Disaggregated: a broadcast from the trainer's rank 0, bucketed,
+    every rank of an fsdp2 pool joining the gathers: "nccl", or "sparse_nccl" for the
+    changed weights only (`changed_only`). CPU: vLLM's engines need CUDA (NCCL
+    communicators, CUDA IPC), so the project's: "collective" is vLLM's NCCL engine pair
+    with gloo for NCCL ("rollway_gloo"); the other protocols hand the weights over in
+    memory to the worker in the inference worker's process, or as safetensors files each
+    process of a tensor-parallel engine reads. "lora" moves adapters through vLLM's LoRA
+    requests, not an engine: its merged fallback loads full weights like the others."""
+    if device == "gpu":
+        if placement == "colocated" or protocol == "cuda_ipc":
+            return VLLM_IPC
+        return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
+    if protocol == "cuda_ipc":
+        raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
+    if protocol == "collective":
+        return ROLLWAY_GLOO
+    return ROLLWAY_MEMORY if tensor_parallel_size == 1 else ROLLWAY_FILES
+
+
+def broadcast_engine(cfg: RunConfig) -> str | None:
+    """The weight-transfer engine the trainer drives for `cfg` (`BROADCAST_ENGINES`), or
+    None where the protocol's own sender and receiver move the weights: "collective"
+    into vLLM, as `vllm_transfer_engine` names the engine."""
+    if cfg.inference.backend != "vllm" or cfg.sync.protocol != "collective":
+        return None
+    engine = vllm_transfer_engine(
+        cfg.placement.devices,
+        cfg.placement.mode,
+        cfg.sync.protocol,
+        tensor_parallel_size=cfg.inference.tensor_parallel_size,
+    )
+    return engine if engine in BROADCAST_ENGINES else None
