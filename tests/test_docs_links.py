@@ -55,3 +55,9 @@ def test_every_relative_link_resolves(page):
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{target}: {file.name} has no heading with the anchor #{anchor}")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_every_changelog_entry_names_its_version_and_date():
+    headings = [line for line in (REPO / "CHANGELOG.md").read_text().splitlines() if line.startswith("## ")]
+    undated = [h for h in headings if not re.match(r"^## \d+\.\d+\.\d+( \(unreleased\))?, \d{4}-\d{2}-\d{2}: \S", h)]
+    assert headings and undated == [], undated

@@ -339,6 +339,7 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
     from workers.model.tiny_hf import make_tiny_checkpoint
     from workers.rl_tasks import make_task
     from workers.rollout.generation import generate_groups
+    from workers.run.runnable import check_runnable
     from workers.train.batch_stats import batch_metrics
 
     module = types.ModuleType("my_chat_rewards")
@@ -350,7 +351,7 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
         {
             "model": {"source": "path", "path": qwen},
             "task": {
-                "name": "copy",
+                "name": "dataset",  # the rows and the function, nothing else
                 "dataset": {"path": write_jsonl(tmp_path / "chat.jsonl", CONVERSATIONS), "eval_fraction": 0},
                 "reward_funcs": ["my_chat_rewards:completion_length"],
             },
@@ -358,7 +359,7 @@ def test_a_conversational_dataset_runs_through_a_real_chat_checkpoint(tmp_path, 
             "trainer": {"batch_groups": 2, "group_size": 2},
         }
     )
-    assert dataset_errors(cfg) == {}
+    assert dataset_errors(cfg) == {} and check_runnable(cfg) is cfg
     tokenizer, task = load_tokenizer(qwen), make_task(cfg.task)
     rows = load_splits(cfg).train[:2]
     groups = generate_groups(make_backend(cfg, qwen), task, tokenizer, rows, cfg, version=0, seed=0)

@@ -287,3 +287,38 @@ def test_the_wrapped_task_keeps_the_tasks_own_parts_and_survives_a_pickle(reward
     assert task.multi_turn and task.find_call("calc:1+2?") == "1+2" and task.tools
     again = pickle.loads(pickle.dumps(task))
     assert again.score("1+2=", "3", ["3"], [[1]]).totals == [0.5]
+
+
+def test_the_dataset_task_is_its_rows_and_its_functions_and_nothing_else(rewards_module, tmp_path, tiny_model_dir):
+    """`task.name: dataset`: refused without a dataset or a function (naming each field);
+    no warm start unless asked, and asking is refused; the rows' prompts generate and the
+    functions alone score them."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{c}{c}=", "answer": c}) + "\n" for c in "abcdefgh"))
+    dataset = {"path": str(path), "eval_fraction": 0}
+    with pytest.raises(pydantic.ValidationError) as bare:
+        check_runnable(RunConfig.model_validate({"task": {"name": "dataset"}}))
+    assert {e["loc"] for e in bare.value.errors()} == {("task", "dataset"), ("task", "reward_funcs")}
+    task_cfg = {"name": "dataset", "dataset": dataset, "reward_funcs": ["my_rewards:exact"]}
+    default = RunConfig.model_validate({"task": task_cfg})
+    assert check_runnable(default) is default
+    assert (default.warm_start.steps, default.warm_start.noisy_steps) == (0, 0)  # nothing to demonstrate
+    cfg = small_config(task=task_cfg, warm_start={"steps": 0, "noisy_steps": 0})
+    with pytest.raises(pydantic.ValidationError, match="offers no demonstration"):
+        check_runnable(
+            RunConfig.model_validate(
+                {
+                    "task": {"name": "dataset", "dataset": dataset, "reward_funcs": ["my_rewards:exact"]},
+                    "warm_start": {"steps": 5},
+                }
+            )
+        )
+    task = make_task(cfg.task)
+    rows = load_splits(cfg).train[:3]
+    tokenizer = CharTokenizer.load(tiny_model_dir)
+    groups = generate_groups(TorchBackend(tiny_model_dir), task, tokenizer, rows, cfg, 0, 1)
+    for (_prompt, answer), g in zip(rows, groups, strict=True):
+        want = json.loads(answer)["answer"]
+        for r in g.rollouts:
+            assert r.reward == float(tokenizer.decode(r.completion_ids) == want)
+    assert CALLS[-1]["answer"] == [json.loads(rows[-1][1])["answer"]] * cfg.trainer.group_size

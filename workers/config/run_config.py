@@ -176,8 +176,9 @@ class TaskConfig(_Section):
         "reverse",
         min_length=1,
         max_length=200,
-        description="reverse · copy · countdown · gsm8k · calculator · propose_solve, or 'package.module:ClassName', "
-        "or a 'rollway.tasks' entry point name.",
+        description="reverse · copy · countdown · gsm8k · calculator · propose_solve · dataset (task.dataset's "
+        "prompts scored by task.reward_funcs alone), or 'package.module:ClassName', or a 'rollway.tasks' entry "
+        "point name.",
     )
     min_len: int = Field(3, ge=1, description="reverse and copy: shortest prompt string (characters).")
     max_len: int = Field(5, ge=1, description="reverse and copy: longest prompt string (characters).")
@@ -235,8 +236,9 @@ class TaskConfig(_Section):
 class WarmStartConfig(_Section):
     """Supervised warm-start (RL starts from a pretrained policy). Cached on disk, keyed
     by model+task+this section+seed, so it runs once per machine. On by default for the
-    tiny model only: a checkpoint from a path or the Hub starts RL as it is unless
-    `steps` or `noisy_steps` is set (RunConfig fills both with 0 otherwise).
+    tiny model only: a checkpoint from a path or the Hub, and the `dataset` task (which has
+    no demonstration), start RL as they are unless `steps` or `noisy_steps` is set
+    (RunConfig fills both with 0 otherwise).
 
     Two phases: `steps` on clean demonstrations teach the skill (greedy decoding ≈ 0.9–1.0
     reward), then `noisy_steps` on demonstrations whose characters are replaced at random
@@ -995,8 +997,12 @@ class RunConfig(_Section):
             return data
         model = data.get("model")
         source = model.get("source") if isinstance(model, dict) else getattr(model, "source", None)
+        task = data.get("task")
+        task_name = task.get("name") if isinstance(task, dict) else getattr(task, "name", None)
         warm_start = data.get("warm_start") or {}
-        if source in ("path", "hub") and isinstance(warm_start, dict):
+        # The built-in `dataset` task (workers/rl_tasks/dataset_task.py) has no
+        # demonstration to warm-start on: off unless asked for (and then refused).
+        if (source in ("path", "hub") or task_name == "dataset") and isinstance(warm_start, dict):
             return {**data, "warm_start": {"steps": 0, "noisy_steps": 0, **warm_start}}
         return data
 

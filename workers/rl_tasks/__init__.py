@@ -54,6 +54,7 @@ BUILTINS: dict[str, str] = {
     "gsm8k": "workers.rl_tasks.gsm8k:GSM8KTask",
     "calculator": "workers.rl_tasks.tool_task:CalculatorTask",
     "propose_solve": "workers.rl_tasks.propose_solve:ProposeSolveTask",
+    "dataset": "workers.rl_tasks.dataset_task:DatasetTask",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

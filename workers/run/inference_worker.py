@@ -224,6 +224,9 @@ class InferenceWorker:
             if self._thread.is_alive():
                 return  # still inside generate: closing now would pull the engine from under it
         try:
+            if self.receiver.blocks_sender:
+                # A trainer stopped in the middle of a send waits for this worker to join it.
+                self.staged.apply()
             if final_eval_version is not None and self.eval_prompts is not None:
                 self._final_eval(final_eval_version, self.eval_prompts)
         except Exception as exc:

@@ -59,6 +59,17 @@ def task_problems(cfg: RunConfig) -> list[Problem]:
         problems.append((("task",), str(exc)))
     if problems:
         return problems
+    if getattr(cls, "dataset_only", False):
+        missing = [
+            (("task", field), f"task {cfg.task.name!r} {why}")
+            for field, why, absent in (
+                ("dataset", "reads its prompts from task.dataset: set it", cfg.task.dataset is None),
+                ("reward_funcs", "is scored by task.reward_funcs: name at least one", not cfg.task.reward_funcs),
+            )
+            if absent
+        ]
+        if missing:
+            return missing
     for check in (_lengths_fit, _warm_start_has_demonstrations, _pipelined_rewards_fit_task, _episodes_fit_task):
         message = check(cfg, cls)
         if message:
