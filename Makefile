@@ -38,7 +38,7 @@ PG_START := pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head
 REDIS_START := redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
 	--appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-.PHONY: run test test-fast lint setup services chromium lock gpu-check
+.PHONY: run test test-fast lint setup services chromium lock gpu-check docs-images
 
 run: setup
 	exec $(BIN)/python manage.py up --port $(PORT)
@@ -63,6 +63,13 @@ test: setup services chromium
 test-fast: TEST_WORKERS = 3
 test-fast: setup services
 	$(call PYTEST_RUN,-m 'not slow and not vllm and not browser and not fuzz' --reuse-db)
+
+# The README's pictures (docs/img/): the page walk, saving the pages it shows as a
+# window sees them.
+docs-images: TEST_WORKERS = 0
+docs-images: export ROLLWAY_DOCS_IMAGES = 1
+docs-images: setup services chromium
+	$(call PYTEST_RUN,tests/platform/test_page_walk_browser.py -k every_page)
 
 # Lint and format are checked, never applied here: `$(BIN)/ruff format .` and
 # `$(BIN)/ruff check --fix .` apply them. mypy checks the files [tool.mypy] lists.

@@ -544,6 +544,12 @@ def test_a_killed_actor_is_named_from_rays_actor_table(cluster):
     )
     assert ray.get(actor.ready.remote()) is True
     ray.kill(actor, no_restart=True)
+    # ray.kill only asks: the next call is refused once Ray's actor table says it is dead.
+
+    def dead() -> bool:
+        return (ray_deaths.actor_info(actor._actor_id.hex(), wait=False) or {}).get("State") == "DEAD"
+
+    wait_for(dead, GONE_WAIT_S, "Ray to record the killed buffer as dead")
     failure = explain(raised(ray.get, actor.ready.remote()), cfg)
     assert (failure.kind, failure.message) == (
         "actor_died",

@@ -15,6 +15,8 @@ The second test keeps a run page open while more points arrive than a chart may 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,6 +38,10 @@ from workers.core.metric_names import DASHBOARD_CHARTS, PER_RANK, agent_series, 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 SHOTS = Path(__file__).resolve().parents[1] / ".artifacts" / "page-walk"
+# `make docs-images` sets ROLLWAY_DOCS_IMAGES=1: the pages the README shows are saved
+# again, as a reader's window sees them (the viewport, not the whole page), under docs/img/.
+DOCS_IMAGES = {"run-running": "run-page.png", "compare": "compare.png"}
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 VIEWPORT = {"width": 1280, "height": 1000}
 T0 = 1_700_000_000.0
 STEPS = 60
@@ -50,6 +56,12 @@ ACTIONS = {
     "download": "#download-model",
     "clone": "#clone-button",
 }
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height, from its IHDR chunk (bytes 16-24)."""
+    head = path.read_bytes()[:24]
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def allowed_actions(status: str, *, checkpoints: bool) -> set[str]:
@@ -82,9 +94,31 @@ def points(run: Run, *, with_eval: bool) -> None:
         names += [agent_series(a, q) for a in ("proposer", "solver") for q in ("reward_mean", "p50_s", "p90_s")]
         names += ["episode/p50_s", "episode/p90_s", "buffer/late_groups"]
     lift = 0.05 * run.config["seed"]
-    rows = [(name, s, lift + 0.01 * s + 0.1 * i, T0 + 2.0 * s) for i, name in enumerate(names) for s in range(STEPS)]
+    rows = [(name, s, lift + plausible(name, s, i), T0 + 2.0 * s) for i, name in enumerate(names) for s in range(STEPS)]
     rows += [("policy/version", s, float(s), T0 + 2.0 * s) for s in range(STEPS)]
     MetricPoint.objects.upsert(run.pk, rows)
+
+
+def plausible(name: str, step: int, i: int) -> float:
+    """A value of the kind the series holds (the README shows these pages): a reward that
+    climbs and levels off, fractions within [0, 1], a loss that falls, rates and times that
+    wobble about a level. Deterministic."""
+    wobble = math.sin(step / 7.0 + i)
+    if "reward" in name or "pass@" in name:
+        return min(1.0, 0.16 + 0.66 * (1 - math.exp(-step / 15)) + 0.03 * wobble)
+    if name.endswith(("_frac", "busy_frac")) or "/busy" in name or "/idle" in name or "ratio" in name:
+        return 0.55 + 0.3 * wobble if "ratio" not in name else 1.0 + 0.02 * wobble
+    if "staleness" in name:
+        return 0.6 + 0.3 * wobble + (1.0 if name.endswith("max") else 0.0)
+    if "loss" in name:
+        return 0.4 * math.exp(-step / 25) + 0.03 * wobble
+    if "per_s" in name:
+        return 1500.0 + 200.0 * wobble + 5.0 * step + 10.0 * i
+    if name.endswith(("_ms", "_s")):
+        return 20.0 + 4.0 * wobble + 0.1 * i
+    if name.startswith("buffer/"):
+        return 8.0 if name.endswith("capacity") else 5.0 + 2.0 * wobble
+    return 1.0 + 0.1 * i + 0.01 * step
 
 
 POOL = {
@@ -281,6 +315,18 @@ class Walk:
         found += [f"console: {line}" for line in self.console]
         self.console.clear()
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        if name in DOCS_IMAGES:
+            window = SHOTS / f"{name}-window.png"
+            page.screenshot(path=str(window))
+            if os.environ.get("ROLLWAY_DOCS_IMAGES") == "1":
+                DOCS_IMG.mkdir(parents=True, exist_ok=True)
+                (DOCS_IMG / DOCS_IMAGES[name]).write_bytes(window.read_bytes())
+            shown = DOCS_IMG / DOCS_IMAGES[name]
+            if not shown.is_file() or png_size(shown) != png_size(window):
+                found.append(
+                    f"the README's picture of this page, docs/img/{DOCS_IMAGES[name]}, is missing or not this "
+                    f"walk's {png_size(window)} window: `make docs-images` takes it again"
+                )
         if found:
             self.problems[name] = found
 
