@@ -224,3 +224,17 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     assert sorted(s["reward/mean"]) == [1, 2], name
     assert all(v > 0 for v in s["sync/bytes"].values()), name
     assert max(s["staleness/max"].values()) <= config.buffer.max_staleness, name
+
+
+def test_a_checkpoint_or_the_dataset_task_starts_without_the_warm_start_under_every_preset(tmp_path):
+    """A preset carries its own fields only: the warm start's default, off for a
+    checkpoint and for the dataset task, follows the overrides as without a preset (the
+    site launches through presets)."""
+    checkpoint = {"model": {"source": "path", "path": str(tmp_path)}}
+    dataset_task = {"task": {"name": "dataset"}}
+    for name in PRESETS:
+        for overrides in (checkpoint, dataset_task):
+            ws = build(name, overrides).warm_start
+            assert (ws.steps, ws.noisy_steps) == (0, 0), (name, overrides)
+        assert build(name, {**checkpoint, "warm_start": {"steps": 5}}).warm_start.steps == 5
+        assert build(name).warm_start.steps == 200  # the tiny model keeps its warm start

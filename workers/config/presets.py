@@ -514,5 +514,8 @@ def build(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     field and UnknownPreset on a bad name."""
     if name not in PRESETS:
         raise UnknownPreset(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    base = PRESETS[name]["config"].model_dump()
+    # The preset's own fields only: defaults it leaves alone stay RunConfig's to fill, so
+    # a default that depends on another field (the warm start, off for a checkpoint or
+    # the dataset task) follows the overrides as it does for a config without a preset.
+    base = PRESETS[name]["config"].model_dump(exclude_unset=True)
     return RunConfig.model_validate(deep_merge(base, overrides or {}))
