@@ -60,7 +60,7 @@ def task_problems(cfg: RunConfig) -> list[Problem]:
     if problems:
         return problems
     if getattr(cls, "dataset_only", False):
-        missing = [
+        missing: list[Problem] = [
             (("task", field), f"task {cfg.task.name!r} {why}")
             for field, why, absent in (
                 ("dataset", "reads its prompts from task.dataset: set it", cfg.task.dataset is None),

@@ -294,7 +294,7 @@ def packed_chunks(
 class GlooEngine(NCCLWeightTransferEngine):
     """vLLM's dense NCCL engine (a vLLM worker's side) over gloo."""
 
-    init_info_cls = GlooInitInfo  # type: ignore[assignment]
+    init_info_cls = GlooInitInfo
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:  # type: ignore[override]
         self.packed = init_info.packed
@@ -331,17 +331,21 @@ class GlooEngine(NCCLWeightTransferEngine):
                 for name, shape, dtype in meta:
                     weight = torch.empty(shape, dtype=dtype, device=self.device)
                     group.broadcast(weight, src=0)
-                    self.model.load_weights([(name, weight)])
+                    self._load([(name, weight)])
                 return
             for chunk in packed_chunks(meta, self.packed_buffer_size_bytes):
                 names, shapes, dtypes, sizes = (list(x) for x in zip(*chunk, strict=True))
                 packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
                 group.broadcast(packed, src=0)
-                self.model.load_weights(unpack_tensor(packed, names, shapes, dtypes, sizes))
+                self._load(unpack_tensor(packed, names, shapes, dtypes, sizes))
 
     def finish_weight_update(self) -> None:
         super().finish_weight_update()
         repack_tied_head(self.model)
+
+    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        # vLLM's models define load_weights; torch's Module type does not know it.
+        cast("Any", self.model).load_weights(weights)
 
 
 @dataclass
@@ -354,7 +358,7 @@ class GlooTrainerEngine(NCCLTrainerWeightTransferEngine):
     """vLLM's dense NCCL trainer engine over gloo: its `send_weights` round trip as it
     is; the endpoint and the broadcast without CUDA."""
 
-    init_info_cls = GlooTrainerInitInfo  # type: ignore[assignment]
+    init_info_cls = GlooTrainerInitInfo
 
     @classmethod
     def trainer_init(  # type: ignore[override]
