@@ -167,6 +167,8 @@ def launch(file, preset, sets, team, experiment, name, priority, follow, as_json
         else:
             click.echo(f"run {run['id']} {run['status']}: {run['name']}")
             click.echo(api.page_url(run["url"]))
+            for fit in run.get("fitting") or []:  # settings its checkpoint's size would want
+                click.echo(f"  {fit['field']} {fit['current']} → {fit['suggested']}: {fit['why']}")
         if follow:
             return follow_run(api, run["id"], as_json=as_json)
     return errors.OK

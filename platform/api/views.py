@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.ingest import ingest_metrics
 from api.openapi import Errors, query_doc, responses
+from configs import policy
 from foundation.http import BadParam, int_param
 from runs import actions, exports, listing, logs, simulation
 from runs.metrics import read_series
@@ -258,7 +259,8 @@ def launch_run(request: HttpRequest, data: LaunchIn | None = None) -> JsonRespon
     saved configuration's version, and `overrides` on top."""
     launch = actions.check_launch(request.user, **(data or LaunchIn()).model_dump())
     run = actions.do_launch_run(request.user, launch)
-    return JsonResponse(run.detail(), status=201)
+    # Beside the run: the settings its checkpoint's size would want (none for the tiny model).
+    return JsonResponse({**run.detail(), "fitting": policy.settings_that_fit(launch.config)}, status=201)
 
 
 class SimulateIn(LaunchIn):

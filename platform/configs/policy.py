@@ -13,6 +13,7 @@ Celery worker holds it once more to the cluster as Ray reports it then (runs/in_
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from django.conf import settings
 from pydantic import ValidationError
@@ -22,9 +23,13 @@ from foundation.errors import Unavailable, field_errors
 from workers.config.presets import UnknownPreset, build
 from workers.config.run_config import RunConfig
 from workers.core.hub import HubUnavailable
+from workers.model.fitting import checkpoint_fits
+from workers.model.loading import hub_metadata_dir
 from workers.run.admission import Capacity, Limits, admission_errors
 from workers.run.paths import Confinement
 from workers.run.runnable import check_runnable
+
+log = logging.getLogger(__name__)
 
 
 def confinement() -> Confinement:
@@ -84,3 +89,18 @@ def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[s
     except ValidationError as exc:
         return None, field_errors(exc, model=RunConfig, root="config")
     return config, config_errors(config)
+
+
+def settings_that_fit(config: RunConfig) -> list[dict]:
+    """The settings of a launched config that do not suit its checkpoint's size, each with
+    the value that does and why (workers/model/fitting.py): what a launch answers beside
+    the run. None for the tiny model. The checkpoint's config and tokenizer are what the
+    launch check read already (a path under the model roots, a Hub model's metadata)."""
+    if config.model.source == "tiny":
+        return []
+    try:
+        model_dir = config.model.path if config.model.source == "path" else hub_metadata_dir(config.model.hub_id or "")
+        return [fit.as_dict() for fit in checkpoint_fits(config, model_dir or "")]
+    except Exception:  # advice only: a launch that passed its checks is answered without it
+        log.warning("no settings advice for the launch's checkpoint", exc_info=True)
+        return []

@@ -238,3 +238,22 @@ def test_a_checkpoint_or_the_dataset_task_starts_without_the_warm_start_under_ev
             assert (ws.steps, ws.noisy_steps) == (0, 0), (name, overrides)
         assert build(name, {**checkpoint, "warm_start": {"steps": 5}}).warm_start.steps == 5
         assert build(name).warm_start.steps == 200  # the tiny model keeps its warm start
+
+
+def test_the_settings_that_fit_a_checkpoint_follow_its_size():
+    from workers.config.run_config import RunConfig
+    from workers.model.fitting import fits
+
+    tiny = RunConfig()
+    assert fits(tiny, 1_000_000, 2048) == []  # the tiny model's own settings
+    advice = {f.field: f.suggested for f in fits(tiny, 494_000_000, 32768)}
+    assert advice == {"trainer.lr": 1e-6, "inference.max_new_tokens": 256}
+    on_gpus = RunConfig.model_validate({"placement": {"devices": "gpu"}})
+    assert {f.field: f.suggested for f in fits(on_gpus, 32_000_000_000, None)} == {
+        "trainer.lr": 5e-7,
+        "trainer.dtype": "bfloat16",
+        "inference.dtype": "bfloat16",
+        "inference.max_new_tokens": 256,
+    }
+    fitted = RunConfig.model_validate({"trainer": {"lr": 1e-6}, "inference": {"max_new_tokens": 512}})
+    assert fits(fitted, 494_000_000, 32768) == []

@@ -166,6 +166,16 @@ def test_launch_options_alone_with_a_team_slug_and_an_experiment_name(site, team
     assert (run.preset, run.experiment) == ("sync", experiment)
 
 
+def test_launch_prints_the_settings_the_checkpoint_would_want(site, team, experiment, capsys, monkeypatch):
+    from configs import policy
+
+    fit = {"field": "trainer.lr", "current": 0.001, "suggested": 1e-6, "why": "a 494M-parameter model"}
+    monkeypatch.setattr(policy, "settings_that_fit", lambda config: [fit])
+    code, out, err = rollway(capsys, "launch", "--preset", "sync", "--team", team.slug)
+    assert code == 0, err
+    assert "  trainer.lr 0.001 → 1e-06: a 494M-parameter model" in out
+
+
 def test_refused_launches_name_the_field_and_exit_2(site, experiment, tmp_path, capsys):
     code, _, err = rollway(
         capsys, "launch", "--preset", "async", "--experiment", str(experiment.pk), "--set", "buffer.capacity=0"

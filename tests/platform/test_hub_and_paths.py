@@ -250,3 +250,19 @@ def test_a_hub_that_does_not_answer_a_save_or_a_simulation_is_a_503(client_for, 
     assert r.status_code == 503
     assert r.json()["errors"]["cluster.model"] == "the Hugging Face Hub answered 502; try again later"
     assert SavedConfig.objects.count() == 0 and Run.objects.count() == 0
+
+
+def test_a_launch_answers_the_settings_its_checkpoints_size_would_want(client_for, owner, experiment, hub, monkeypatch):
+    """A checkpoint of hundreds of millions of parameters launched with the presets'
+    settings (the tiny model's lr 1e-3, 8 new tokens): the answer names each with the
+    value that suits the model. The tiny checkpoint here counts as such a model."""
+    from workers.model import fitting
+
+    r = launch(client_for(owner), experiment, {"model": {"source": "hub", "hub_id": "acme/tiny"}})
+    assert r.status_code == 201 and r.json()["fitting"] == []  # a tiny checkpoint: nothing to say
+    monkeypatch.setattr(fitting, "SMALLEST", 1)
+    r = launch(client_for(owner), experiment, {"model": {"source": "hub", "hub_id": "acme/tiny"}})
+    assert r.status_code == 201, r.content
+    advice = {f["field"]: (f["current"], f["suggested"]) for f in r.json()["fitting"]}
+    assert advice == {"trainer.lr": (1e-3, 1e-6), "inference.max_new_tokens": (8, 32)}  # 128 positions: 32
+    assert not any(n.endswith((".safetensors", ".bin")) for _, n in hub.downloads)
