@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from configs import policy
 from configs.models import SavedConfig
 from dashboard import pages
 from dashboard.forms import SAVED_PREFIX, LaunchForm
@@ -74,6 +75,10 @@ def launch(request: HttpRequest) -> HttpResponse:
         return redirect(done)
     if isinstance(done, Run):
         messages.success(request, f"Run #{done.pk} queued.", extra_tags=UNTIL_RUN_ENDS)
+        for fit in policy.settings_that_fit(done.run_config):  # what its checkpoint's size would want
+            messages.warning(
+                request, f"{fit['field']} is {fit['current']}; {fit['suggested']} suits this model: {fit['why']}."
+            )
         return redirect(done)
     return render(request, "dashboard/launch.html", form.context(), status=form.status)
 

@@ -324,6 +324,33 @@ def test_a_missing_column_is_refused_beside_its_control(client_for, owner, exper
     assert "no column 'solution_text'" in text(error)
 
 
+def test_a_launched_checkpoint_shows_the_settings_its_size_would_want_on_its_page(
+    client_for, owner, experiment, roots, monkeypatch, enqueued
+):
+    """The form's launch of a checkpoint keeps the config it was given and says on the
+    run's page which settings do not suit the model (its size counted from its config;
+    the tiny checkpoint here counts as a large one)."""
+    from workers.model import fitting
+    from workers.model.tiny_hf import make_tiny_checkpoint
+
+    monkeypatch.setattr(fitting, "SMALLEST", 1)
+    path = make_tiny_checkpoint(str(roots["models"] / "qwen"))
+    form = {
+        "experiment": experiment.pk,
+        "preset": "async",
+        "overrides": json.dumps({"model": {"source": "path", "path": path}}),
+    }
+    client = client_for(owner)
+    r = client.post(URL, form)
+    assert r.status_code == 302, r.content[-2000:]
+    run = Run.objects.get()
+    assert run.run_config.trainer.lr == 1e-3  # kept as given
+    warnings = [
+        text(li) for li in find_all(parse_html(client.get(r["Location"]).content.decode()), "li", class_="warning")
+    ]
+    assert any(w.startswith("trainer.lr is 0.001; 1e-06 suits this model") for w in warnings), warnings
+
+
 # --- priority ------------------------------------------------------------------------
 
 
