@@ -45,8 +45,10 @@ tensors, finish. The source yields what vLLM's loader takes: checkpoint names an
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -236,8 +238,6 @@ class GlooCommunicator:
     master)."""
 
     def __init__(self, store: torch.distributed.Store, rank: int, world_size: int, timeout_s: float) -> None:
-        import datetime
-
         prefixed = torch.distributed.PrefixStore("rollway-weight-transfer", store)
         self.store = store  # the group reads through it: kept alive with it
         self.group: Any = torch.distributed.ProcessGroupGloo(
@@ -247,8 +247,6 @@ class GlooCommunicator:
     @classmethod
     def open(cls, host: str, port: int, world_size: int, timeout_s: float) -> GlooCommunicator:
         """Rank 0's side: the store's master, as vLLM's `StatelessProcessGroup.create` is."""
-        import datetime
-
         store = torch.distributed.TCPStore(
             host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s)
         )
@@ -364,8 +362,6 @@ class GlooTrainerEngine(NCCLTrainerWeightTransferEngine):
     def trainer_init(  # type: ignore[override]
         cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient, source: WeightSource | None = None
     ) -> Self:
-        from concurrent.futures import ThreadPoolExecutor
-
         if source is None:
             raise ValueError(f"the {GLOO} trainer engine needs a WeightSource (the trainer's weights)")
         engine = cls(
