@@ -15,6 +15,7 @@ The real Trainer on the real pool (two Ray processes, gloo on this CPU host):
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import sys
@@ -59,6 +60,10 @@ class GatherMeter:
         def redistribute(dt, *args, **kwargs):
             out = original(dt, *args, **kwargs)
             if all(isinstance(p, Replicate) for p in out.placements):
+                # What the code still holds, not what the cycle collector has yet to free:
+                # a gathered tensor left in a reference cycle would otherwise count until
+                # a collection happens to run (once, two whole tensors: a flaky peak).
+                gc.collect()
                 local = out._local_tensor
                 nbytes = local.numel() * local.element_size()
                 meter.alive += nbytes
