@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import datetime
 import random
+import socket
 
 import torch.distributed as dist
 
 # Ports a rendezvous may bind (deploy/ opens this range between Ray pods); a random start
 # spreads concurrent runs.
 PORT_RANGE = range(29600, 29700)
+
+
+def _ports() -> list[int]:
+    """PORT_RANGE from a random start (wrapping), so concurrent runs spread over it."""
+    ports = list(PORT_RANGE)
+    start = random.randrange(len(ports))
+    return ports[start:] + ports[:start]
 
 
 def default_host() -> str:
@@ -33,9 +41,7 @@ def default_host() -> str:
 def open_store(host: str, world_size: int, timeout_s: float, what: str) -> tuple[dist.TCPStore, int]:
     """A master TCPStore for `world_size` processes on the first free port of PORT_RANGE
     (from a random start); returns it and its port. `what` names the group in the error."""
-    ports = list(PORT_RANGE)
-    start = random.randrange(len(ports))
-    for port in ports[start:] + ports[:start]:
+    for port in _ports():
         try:
             store = dist.TCPStore(
                 host,
@@ -60,11 +66,7 @@ def free_port(host: str) -> int:
     """A port of PORT_RANGE free on `host` now (from a random start), for a rendezvous
     whose store another library opens (vLLM's weight-transfer engines take a port). It
     may be taken between this check and the bind; the bind then fails, naming it."""
-    import socket
-
-    ports = list(PORT_RANGE)
-    start = random.randrange(len(ports))
-    for port in ports[start:] + ports[:start]:
+    for port in _ports():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
