@@ -7,6 +7,7 @@ weighted by each step's wall time).
     .venv/bin/python bench/simulate_calibration.py                          # sync, async, pipelinerl, trl-async
     .venv/bin/python bench/simulate_calibration.py --presets sync,skyrl --steps 30
     .venv/bin/python bench/simulate_calibration.py --markdown --json out.json
+    .venv/bin/python bench/simulate_calibration.py --series tests/engine/data/calibration  # the test's recordings
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def error(measured: float, predicted: float, name: str) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
+def save_series(path: str, cfg, series: dict) -> None:
+    """The run's config and the series the simulator reads, as calibrate takes them back."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"config": cfg.model_dump(mode="json"), "series": series}, f, separators=(",", ":"))
+        f.write("\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="sync,async,pipelinerl,trl-async")
@@ -45,6 +54,11 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "rollway-bench-cache"))
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument(
+        "--series",
+        metavar="DIR",
+        help="also write each run's config and series to DIR/<preset>.json (what the calibration test replays)",
+    )
     args = ap.parse_args()
 
     overrides = deep_merge(deep_merge(COMMON, {"stop": {"max_steps": args.steps}}), parse_sets(args.set))
@@ -54,7 +68,10 @@ def main() -> int:
         for i, preset in enumerate(args.presets.split(",")):
             t = time.perf_counter()
             out = run_mode(preset, overrides, args.cache_dir, run_id=991_000 + i)
-            results[preset] = calibrate({k: list(v) for k, v in out["series"].items()}, out["config"])
+            series = {k: list(v) for k, v in out["series"].items()}
+            results[preset] = calibrate(series, out["config"])
+            if args.series:
+                save_series(os.path.join(args.series, f"{preset}.json"), out["config"], series)
             print(f"[{preset}] ran and simulated in {time.perf_counter() - t:.0f}s", flush=True)
     finally:
         ray.shutdown()
