@@ -13,14 +13,17 @@ import time
 import ray
 
 from tests.engine.ingest_stub import IngestStub
-from workers.config.run_config import RunConfig
+from workers.config.run_config import LoRAConfig, RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.inference.torch_backend import TorchBackend
+from workers.model.loading import load_model
+from workers.model.lora import adapter_state_dict, apply_lora
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
 from workers.rollout.generation import generate_groups
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
+from workers.train.warmstart import policy_dir
 
 TOKEN = "run-token"  # the ingest token of runs reporting to the `stub` fixture
 
@@ -104,6 +107,17 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
     assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
     wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")
     return stub.series(run_id)
+
+
+def policy_bytes(cache_dir: str, lora: dict | None = None) -> int:
+    """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
+    model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
+    if lora is not None:
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=lora["rank"], alpha=lora["alpha"]))
+        sd = adapter_state_dict(model)
+    else:
+        sd = model.state_dict()
+    return sum(t.numel() * t.element_size() for t in sd.values())
 
 
 # A warm start long enough that the tiny BPE checkpoint (workers/model/tiny_hf.py) answers with

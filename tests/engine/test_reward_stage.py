@@ -143,12 +143,14 @@ def test_after_scores_each_group_once_generation_is_done(cluster, tiny_model_dir
 @pytest.mark.parametrize("mode", ["after", "pipelined"])
 def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cache_dir, mode):
     # `after` on the shared cluster's declared GPUs, the reward worker asking one of its own
-    # (it computes on the CPU: this host has none).
+    # (it computes on the CPU: this host has none). `pipelined` trains on process credit,
+    # the step scores only a pipelined pool makes (one run proves both).
     on_gpus = mode == "after"
     summary = run_inline(
         2401 if mode == "after" else 2402,
         cache_dir,
-        rewards={"workers": 1, "mode": mode, "chunk_tokens": 2, "gpus_per_worker": 1 if on_gpus else 0},
+        rewards={"workers": 1, "mode": mode, "chunk_tokens": 2, "gpus_per_worker": 1 if on_gpus else 0}
+        | ({} if on_gpus else {"credit": "process"}),
         placement={"devices": "gpu" if on_gpus else "cpu"},
         stop={"max_steps": 3},
     )
@@ -156,7 +158,10 @@ def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cac
     series = summary["series"]
     assert len(series["loss"]) == 3
     assert set(series) >= POOL_SERIES
-    assert all(0 < v <= 1 for _, v in series["reward/pool_busy_frac"])
+    # A collection in which the worker scored nothing (a loaded host can bring one) is a
+    # true 0; the pool must have worked in some.
+    busy = [v for _, v in series["reward/pool_busy_frac"]]
+    assert all(0 <= v <= 1 for v in busy) and any(v > 0 for v in busy), busy
     assert all(v > 0 for _, v in series["reward/scoring_lag_ms"])
     gpus = {row["actor"]: row["gpu_ids"] for row in summary["placement"]}
     if on_gpus:
@@ -164,18 +169,6 @@ def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cac
         assert len(gpus["reward worker 0"]) == 1 and not others & set(gpus["reward worker 0"]), gpus
     else:
         assert gpus["reward worker 0"] == []
-
-
-@pytest.mark.slow
-def test_a_pipelined_run_with_process_credit_trains(cluster, cache_dir):
-    summary = run_inline(
-        2403,
-        cache_dir,
-        rewards={"workers": 1, "mode": "pipelined", "chunk_tokens": 2, "credit": "process"},
-        stop={"max_steps": 3},
-    )
-    assert summary["state"] == "succeeded", summary["error"]
-    assert len(summary["series"]["loss"]) == 3
 
 
 def test_a_final_chunk_repeating_the_last_steps_text_is_one_step_and_a_restart_forgets_the_steps(cluster):

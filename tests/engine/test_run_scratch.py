@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
 from workers.core.run_actors import run_actor_names
 from workers.run.lifecycle import cancel, launch
 from workers.run.paths import Confinement
@@ -35,7 +35,7 @@ def ended(run_id, stub, timeout=240) -> str:
     return stub.status[run_id]
 
 
-def test_a_filesystem_sync_run_writes_into_its_scratch_and_leaves_nothing(cluster, stub, cache_dir, box):
+def test_a_filesystem_sync_run_moves_whole_files_through_its_scratch_and_leaves_nothing(cluster, stub, cache_dir, box):
     scratch = box.scratch_dir(301)
     start(301, stub, cache_dir, box, sync={"protocol": "filesystem"}, stop={"max_steps": 6})
     # The versions are written under the scratch while the run goes on.
@@ -43,6 +43,11 @@ def test_a_filesystem_sync_run_writes_into_its_scratch_and_leaves_nothing(cluste
     assert ended(301, stub) == "succeeded", stub.errors.get(301)
     assert not os.path.exists(scratch)
     assert os.listdir(box.scratch_root) == []
+    # Each version arrived as one safetensors file: every weight plus its JSON header.
+    series = stub.series(301)
+    full = policy_bytes(cache_dir)
+    assert series["sync/bytes"] and all(full < v < full + 2**16 for v in series["sync/bytes"].values())
+    assert series["sync/latency_ms"] and series["sync/inference_ms"]
 
 
 def test_a_failed_run_leaves_no_scratch(cluster, stub, cache_dir, box):

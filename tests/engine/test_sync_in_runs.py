@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.engine.helpers import run_inline, run_to_the_end, small_config, tiny_config
+from tests.engine.helpers import policy_bytes, run_inline, run_to_the_end, small_config
 from workers.config.run_config import RunConfig
 
 # -- config (fast) --------------------------------------------------------------------
@@ -67,22 +67,6 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 # -- real runs (slow) -------------------------------------------------------------------
 
 
-def _model_bytes(cache_dir: str, lora: dict | None = None) -> int:
-    """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
-    from workers.config.run_config import LoRAConfig
-    from workers.model.loading import load_model
-    from workers.model.lora import adapter_state_dict, apply_lora
-    from workers.train.warmstart import policy_dir
-
-    model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
-    if lora is not None:
-        model = apply_lora(model, LoRAConfig(enabled=True, rank=lora["rank"], alpha=lora["alpha"]))
-        sd = adapter_state_dict(model)
-    else:
-        sd = model.state_dict()
-    return sum(t.numel() * t.element_size() for t in sd.values())
-
-
 @pytest.mark.slow
 def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
     series = run_to_the_end(
@@ -93,7 +77,7 @@ def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
         inference={"num_workers": 2},
     )
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
-    full = _model_bytes(cache_dir)
+    full = policy_bytes(cache_dir)
     assert set(series["sync/bytes"].values()) == {float(full)}  # every parameter, every step
     assert all(v > 0 for v in series["sync/trainer_ms"].values())
     assert series["sync/latency_ms"] and series["sync/inference_ms"]
@@ -105,7 +89,7 @@ def test_a_lora_run_moves_only_the_adapter(cluster, stub, cache_dir):
     lora = {"enabled": True, "rank": 8, "alpha": 16.0}
     series = run_to_the_end(302, stub, cache_dir, sync={"protocol": "lora"}, lora=lora)
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
-    adapter, full = _model_bytes(cache_dir, lora), _model_bytes(cache_dir)
+    adapter, full = policy_bytes(cache_dir, lora), policy_bytes(cache_dir)
     assert set(series["sync/bytes"].values()) == {float(adapter)}
     assert adapter < full / 5  # 139 kB against 1.36 MB for the tiny policy at rank 8
     assert series["sync/latency_ms"] and series["sync/inference_ms"]
@@ -121,7 +105,7 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert sorted(s["reward/mean"]) == [1, 2, 3, 4]
-    assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir, lora))}
+    assert set(s["sync/bytes"].values()) == {float(policy_bytes(cache_dir, lora))}
     assert s["sync/inference_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
     # vLLM's logprobs under the adapter match the trainer's merged policy: IS ratio near 1.
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
@@ -141,7 +125,7 @@ def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir,
     out = run_inline(304 + 3 * lora, cache_dir, sync=sync, inference={"backend": "vllm"}, **extra)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
-    assert set(s["sync/bytes"].values()) == {float(_model_bytes(cache_dir))}
+    assert set(s["sync/bytes"].values()) == {float(policy_bytes(cache_dir))}
     assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
 
 
@@ -153,15 +137,6 @@ def test_a_filesystem_run_on_vllm_loads_each_version_through_update_weights(clus
     out = run_inline(306, cache_dir, sync={"protocol": "filesystem"}, inference={"backend": "vllm"})
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
-    full = _model_bytes(cache_dir)
+    full = policy_bytes(cache_dir)
     assert all(full < v < full + 2**16 for v in s["sync/bytes"].values())
     assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
-
-
-@pytest.mark.slow
-def test_a_filesystem_run_succeeds(cluster, stub, cache_dir):
-    series = run_to_the_end(305, stub, cache_dir, sync={"protocol": "filesystem"})
-    full = _model_bytes(cache_dir)
-    # The safetensors file: every weight plus its JSON header.
-    assert all(full < v < full + 2**16 for v in series["sync/bytes"].values())
-    assert series["sync/latency_ms"] and series["sync/inference_ms"]
