@@ -1,5 +1,6 @@
 """Multi-agent runs through the real driver and actors: propose_solve's episodes on Ray,
-with the batch barrier and scheduled by episode with overcommit (workers/rollout/episode_scheduler.py)."""
+with the batch barrier and scheduled by episode with overcommit (workers/rollout/episode_scheduler.py).
+A one-agent multi-turn task (calculator) scheduled by episode runs in test_task_runs.py."""
 
 from __future__ import annotations
 
@@ -77,22 +78,3 @@ def test_an_async_run_of_episodes_keeps_staleness_within_its_bound_and_evaluates
     assert summary["episodes"]["episode/p50_s"] > 0
     # Episodes are always in flight under unit 'episode': the eval pass still runs when due.
     assert {step for step, _ in series["eval/pass@1"]} >= {2, 4}
-
-
-def test_a_calculator_run_schedules_its_multi_turn_episodes_by_episode_each_on_one_version(cluster, cache_dir):
-    summary = run_inline(
-        2506,
-        cache_dir,
-        task={"name": "calculator", "options": {"max_operand": 9, "max_terms": 2}},
-        inference={"max_new_tokens": 24},
-        sync={"update_mode": "drain"},
-        buffer={"unit": "episode", "overcommit": 1},
-        stop={"max_steps": 3},
-    )
-    assert summary["state"] == "succeeded", summary["error"]
-    series = summary["series"]
-    assert len(series["loss"]) == 3 and "episode/p90_s" in series
-    assert not any(name.startswith("agent/") for name in series)  # one agent: no per-agent series
-    assert max(v for _, v in series["staleness/max"]) <= 1.0
-    # Under drain no weights load while an episode is in flight: no episode mixes versions.
-    assert [v for _, v in series["rollout/mixed_version_frac"]] == [0.0] * 3

@@ -53,13 +53,16 @@ def test_a_dataset_outside_the_data_roots_fails_the_run_naming_the_field(cluster
     assert "task.dataset.path" in summary["error"] + summary["error_detail"]
 
 
-def test_a_calculator_run_calls_the_tool_and_trains_on_episodes(cluster, cache_dir, tmp_path):
+def test_a_calculator_run_calls_the_tool_and_trains_on_episodes_each_on_one_version(cluster, cache_dir, tmp_path):
     """The multi-turn task through the whole engine (driver, inference worker, buffer,
-    trainer): episodes with tool calls are generated, scored and trained on."""
+    trainer): episodes with tool calls are generated, scheduled by episode (with one
+    group of overcommit), scored and trained on."""
     config = tiny_config(
         task={"name": "calculator", "options": {"max_operand": 9, "max_terms": 2}},
         inference={"max_new_tokens": 24},
         warm_start={"steps": 150, "noisy_steps": 0, "batch_size": 32},
+        sync={"update_mode": "drain"},
+        buffer={"unit": "episode", "overcommit": 1},
         stop={"max_steps": 3},
     )
     driver = RunDriver.options(name=actor_name(4103), namespace=NAMESPACE).remote(
@@ -70,8 +73,14 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_episodes(cluster, cache_d
     finally:
         ray.kill(driver)
     assert summary["state"] == "succeeded", summary["error"]
-    rewards = [value for _, value in summary["series"]["reward/mean"]]
-    assert len(rewards) == 3 and all(0.0 <= v <= 1.0 for v in rewards)
+    series = summary["series"]
+    rewards = [value for _, value in series["reward/mean"]]
+    assert len(rewards) == len(series["loss"]) == 3 and all(0.0 <= v <= 1.0 for v in rewards)
     # Warm-started on episodes that call the calculator, the policy answers some right:
     # a reward above zero needs a call, its result appended, and the answer after it.
     assert max(rewards) > 0.0, rewards
+    assert "episode/p90_s" in series
+    assert not any(name.startswith("agent/") for name in series)  # one agent: no per-agent series
+    assert max(v for _, v in series["staleness/max"]) <= 1.0
+    # Under drain no weights load while an episode is in flight: no episode mixes versions.
+    assert [v for _, v in series["rollout/mixed_version_frac"]] == [0.0] * 3
