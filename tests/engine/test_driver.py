@@ -55,22 +55,17 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert not is_alive(101)
 
 
-def test_launching_twice_finds_the_running_driver(cluster, stub, cache_dir):
-    start(102, stub, cache_dir, stop={"max_steps": 10_000})
-    first = ray.get_actor("run-102", namespace=NAMESPACE)._actor_id
-    start(102, stub, cache_dir, stop={"max_steps": 10_000})
-    assert ray.get_actor("run-102", namespace=NAMESPACE)._actor_id == first
-    assert is_alive(102)
-    wait_for(lambda: stub.series(102).get("reward/mean"), 120, "a first step")
-    assert stub.statuses[102] == ["running"]  # started once
-    assert cancel(102, timeout_s=GONE_WAIT_S)
-
-
-def test_cancel_removes_every_run_actor(cluster, stub, cache_dir):
+def test_launching_twice_finds_the_running_driver_and_cancel_removes_every_run_actor(cluster, stub, cache_dir):
     start(103, stub, cache_dir, stop={"max_steps": 10_000})
+    first = ray.get_actor("run-103", namespace=NAMESPACE)._actor_id
+    start(103, stub, cache_dir, stop={"max_steps": 10_000})
+    assert ray.get_actor("run-103", namespace=NAMESPACE)._actor_id == first
     expected = ["run-103", "run-103-buffer", "run-103-inference-0", "run-103-trainer"]
     wait_for(lambda: run_actor_names(103) == expected, 120, f"actors {expected}")
-    wait_for(lambda: stub.series(103).get("reward/mean"), 60, "a first step")
+    assert cancel(10, timeout_s=5) is False  # "run-10" is a prefix of "run-103": not touched
+    assert run_actor_names(103) == expected
+    wait_for(lambda: stub.series(103).get("reward/mean"), 120, "a first step")
+    assert stub.statuses[103] == ["running"]  # started once
 
     # cancel raises TimeoutError naming the actors that outlive its timeout.
     assert cancel(103, timeout_s=GONE_WAIT_S) is True
@@ -96,14 +91,6 @@ def test_the_run_actors_die_with_their_driver(cluster, stub, cache_dir):
     wait_for(lambda: len(run_actor_names(104)) == 4, 120, "the run's actors")
     ray.kill(ray.get_actor(actor_name(104), namespace=NAMESPACE), no_restart=True)
     wait_for(lambda: not run_actor_names(104), GONE_WAIT_S, "children to die with the driver")
-
-
-def test_names_of_another_run_are_not_touched(cluster, stub, cache_dir):
-    start(105, stub, cache_dir, stop={"max_steps": 10_000})
-    wait_for(lambda: len(run_actor_names(105)) == 4, 120, "run 105's actors")
-    assert cancel(10, timeout_s=5) is False  # "run-10" is a prefix of "run-105"
-    assert len(run_actor_names(105)) == 4
-    assert cancel(105, timeout_s=GONE_WAIT_S)
 
 
 def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
