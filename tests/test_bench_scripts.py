@@ -813,14 +813,28 @@ def test_simulate_presets_refuses_bad_flags_naming_them():
 @pytest.mark.slow
 def test_simulate_calibration_prints_measured_and_predicted_per_preset(tmp_path):
     out = tmp_path / "cal.json"
-    args = ["--presets", "sync,async", "--steps", "4", *TINY, "--cache-dir", str(tmp_path / "cache")]
+    # One preset: tests/engine/test_simulate_calibration.py replays recorded runs of six.
+    series = tmp_path / "series"
+    args = [
+        "--presets",
+        "async",
+        "--steps",
+        "4",
+        *TINY,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--series",
+        str(series),
+    ]
     done = bench("simulate_calibration.py", *args, "--markdown", "--json", str(out), timeout=300)
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
-    assert set(figures) == {"sync", "async"}
+    assert set(figures) == {"async"}
+    recorded = json.loads((series / "async.json").read_text())
+    assert recorded["config"]["mode"] == "async" and len(recorded["series"]["samples/per_s"]) == 4
     for preset in figures.values():
         assert set(preset["measured"]) == set(preset["predicted"]) == {
             "samples/per_s", "trainer/idle_frac", "inference/idle_frac", "staleness/mean"
         }  # fmt: skip
         assert preset["measured"]["samples/per_s"] > 0 and preset["predicted"]["samples/per_s"] > 0
-    assert "| sync | samples/per_s |" in done.stdout and "costs fed to the simulator" in done.stdout
+    assert "| async | samples/per_s |" in done.stdout and "costs fed to the simulator" in done.stdout
