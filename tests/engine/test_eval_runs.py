@@ -3,6 +3,7 @@ pass on: its series arrive at the steps it ran on, within their bounds."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -49,6 +50,10 @@ def test_a_sync_run_evaluates_every_two_steps_on_the_held_out_split(cluster, cac
     """Sync mode: worker 0 loads every version, so the passes run exactly at steps 2 and
     4 (the last, also the end of the run: one pass, not two)."""
     series = run_countdown(4201, cache_dir, tmp_path, mode="sync", stop={"max_steps": 4})["series"]
+    # The training reward, from the shipped file's training rows: a point per step.
+    rewards = series["reward/mean"]
+    assert [step for step, _ in rewards] == [1, 2, 3, 4]
+    assert all(0.0 <= value <= 1.0 and math.isfinite(value) for _, value in rewards), rewards
     for name in SERIES:
         assert [step for step, _ in series[name]] == [2, 4], (name, series[name])
     check_bounds(series)

@@ -1,9 +1,9 @@
 """Real short runs (Ray, the torch backend, the tiny model, real training) on a task
-other than reverse, its prompts read from one of the shipped data files."""
+other than reverse, its prompts read from one of the shipped data files. A countdown run
+from the shipped file trains and evaluates in test_eval_runs.py."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import ray
@@ -13,27 +13,6 @@ from workers.core.run_actors import NAMESPACE, actor_name
 from workers.rollout.shipped_data import DATA_DIR
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement
-
-
-def test_a_countdown_run_from_a_dataset_completes_and_reports_rewards(cluster, cache_dir, tmp_path):
-    config = tiny_config(
-        task={"name": "countdown", "dataset": {"path": os.path.join(DATA_DIR, "countdown.jsonl")}},
-        inference={"max_new_tokens": 13},
-        warm_start={"steps": 20, "noisy_steps": 5, "batch_size": 16},
-        stop={"max_steps": 3},
-    )
-    confinement = Confinement(data_roots=(DATA_DIR,), scratch_root=str(tmp_path / "scratch"))
-    driver = RunDriver.options(name=actor_name(4101), namespace=NAMESPACE).remote(
-        4101, config, None, "", cache_dir, exit_when_done=False, confinement=confinement
-    )
-    try:
-        summary = ray.get(driver.run.remote(), timeout=300)
-    finally:
-        ray.kill(driver)
-    assert summary["state"] == "succeeded", summary["error"]
-    rewards = summary["series"]["reward/mean"]
-    assert sorted(step for step, _ in rewards) == [1, 2, 3]
-    assert all(0.0 <= value <= 1.0 and math.isfinite(value) for _, value in rewards)
 
 
 def test_a_dataset_outside_the_data_roots_fails_the_run_naming_the_field(cluster, cache_dir, tmp_path):
