@@ -122,6 +122,15 @@ def policy_bytes(cache_dir: str, lora: dict | None = None) -> int:
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
+def mixed_from_the_second_step(mixed: dict[int, float], steps: int) -> bool:
+    """Under the forced mid-generation order (WEIGHTS_MID_GENERATION_ENV) with a mode that
+    keeps a sequence's tokens: step 1's batch (call 1) had no version before it to wait
+    for, and every later batch holds sequences whose tokens come from two versions."""
+    return (
+        sorted(mixed) == list(range(1, steps + 1)) and mixed[1] == 0 and all(mixed[s] > 0 for s in range(2, steps + 1))
+    )
+
+
 # A warm start long enough that the tiny BPE checkpoint (workers/model/tiny_hf.py) answers with
 # task characters and stops (measured: EOS ends ~all completions, most decode to letters).
 HF_WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}

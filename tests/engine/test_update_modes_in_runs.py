@@ -1,5 +1,6 @@
 """Weight-update modes as a switch of a real run: the driver, a Ray buffer, an inference
-worker and the trainer on in-process Ray (torch backend), reporting to an ingest stub.
+worker and the trainer on in-process Ray (torch backend); test_driver_vllm.py runs the
+same order on vLLM.
 
 The stepped modes' runs force weights to arrive mid-generation (WEIGHTS_MID_GENERATION_ENV,
 which the run's actors inherit through Ray's runtime_env): every generate call after the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.helpers import run_config, tiny_config
+from tests.engine.helpers import mixed_from_the_second_step, run_config, tiny_config
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 
 pytestmark = pytest.mark.slow
@@ -48,9 +49,7 @@ def test_update_mode_in_a_run(cluster, cache_dir, mode):
     assert max(series["staleness/max"].values()) <= 3
     aborted, resumed, retried = (last(f"rollout/partial_{k}") for k in ("aborted", "resumed", "retried"))
     mixed = series["rollout/mixed_version_frac"]
-    # Calls 2..STEPS each took new weights in their middle: batch 1 is of one version, and
-    # every later one holds sequences of two where the mode keeps their tokens.
-    mixes = mixed[1] == 0 and all(mixed[step] > 0 for step in range(2, STEPS + 1))
+    mixes = mixed_from_the_second_step(mixed, STEPS)  # where the mode keeps a sequence's tokens
     if mode == "abort_retry":
         assert aborted >= STEPS - 1 and retried == aborted and resumed == 0, (aborted, resumed, retried)
         assert set(mixed.values()) == {0.0}  # a retried sequence starts again on the new weights
