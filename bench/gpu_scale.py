@@ -11,6 +11,10 @@ a scratch directory and driven through the engine's own classes:
   counted as the trainer's `trainer/mfu` series counts them (workers/train/mfu.py: the
   device's dense bf16 peak from its name, or ROLLWAY_PEAK_TFLOPS; "—" for a device
   with no known peak);
+- with `--parts turns`, the same step by a trainer taking turns with a sleeping vLLM
+  (`inference.sleep_level` 1, workers/train/offload.py): its AdamW moments in pinned host
+  memory between steps, each way timed, and what the process holds on the GPU between
+  steps (allocated and reserved) beside the resident trainer's;
 - the torch inference backend (`workers.inference.transformers_backend`): batched
   sampling of `--gen-rows` rows × `--gen-tokens` tokens in bf16, tokens/s;
 - the "cuda_ipc" weight sync (`workers.sync.cuda_ipc`): the trainer's process packs its
@@ -142,7 +146,9 @@ def rollouts(b: int, g: int, prompt: int, completion: int, seed: int = 0):
     return groups
 
 
-def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dict:
+def trainer_step(model_dir: str, params: int, args, device: torch.device, turns: bool = False) -> dict:
+    """The trainer's step; with `turns`, as a trainer taking turns with a sleeping vLLM
+    (inference.sleep_level 1): its AdamW moments in host memory between steps."""
     from workers.config.run_config import RunConfig
     from workers.train.trainer import Trainer
 
@@ -152,7 +158,6 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dic
         {
             "model": {"source": "path", "path": model_dir},
             "warm_start": {"steps": 0, "noisy_steps": 0},
-            "inference": {"max_new_tokens": args.completion},
             "trainer": {
                 "batch_groups": args.b,
                 "group_size": args.g,
@@ -162,6 +167,7 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dic
                 "lr": 1e-6,
             },
             "lora": {"enabled": lora, "rank": 32},
+            "inference": {"max_new_tokens": args.completion, "sleep_level": 1 if turns else 0},
         }
     )
     t0 = time.perf_counter()
@@ -192,6 +198,16 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device) -> dic
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))),
     }
+    if device.type == "cuda":
+        # What the trainer's process holds between steps, while vLLM would generate: its
+        # live tensors, and what the caching allocator keeps from the driver.
+        out["between_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+        out["between_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+    if turns:
+        out = {f"turns_{k}": v for k, v in out.items()}
+        assert trainer.offload is not None, "a CUDA trainer at sleep_level 1 offloads"
+        out["turns_load_s"] = trainer.offload.load_s
+        out["turns_offload_s"] = trainer.offload.offload_s
     del trainer
     _release(device)
     return out
@@ -277,6 +293,13 @@ def ipc_sync(model_dir: str, args) -> dict:
     }
 
 
+def _held(row: dict, prefix: str) -> str:
+    """What the trainer's process held on the GPU between steps: allocated / reserved GiB."""
+    if f"{prefix}between_reserved_gib" not in row:
+        return "—"
+    return f"{row[prefix + 'between_allocated_gib']:.1f} / {row[prefix + 'between_reserved_gib']:.1f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b", "7b"], choices=list(SHAPES))
@@ -290,7 +313,13 @@ def main() -> int:
     parser.add_argument("--gen-rows", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=256)
     parser.add_argument("--syncs", type=int, default=4, help="timed syncs (after one warm-up)")
-    parser.add_argument("--parts", nargs="+", default=["train", "generate", "sync"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["train", "generate", "sync"],
+        choices=["train", "turns", "generate", "sync"],
+        help="turns: the trainer step again, taking turns with a sleeping vLLM (its moments offloaded between steps)",
+    )
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -298,9 +327,10 @@ def main() -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench/gpu_scale.py: no CUDA GPU here (--device cpu runs a smoke test)", file=sys.stderr)
         return 2
-    if device.type != "cuda" and "sync" in args.parts:
-        print("bench/gpu_scale.py: the cuda_ipc sync needs a GPU; leave 'sync' out of --parts", file=sys.stderr)
-        return 2
+    for part in ("sync", "turns"):
+        if device.type != "cuda" and part in args.parts:
+            print(f"bench/gpu_scale.py: '{part}' needs a GPU; leave it out of --parts", file=sys.stderr)
+            return 2
     root = args.root or tempfile.mkdtemp(prefix="rollway-gpu-")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"# {name} · torch {torch.__version__} · "
@@ -312,6 +342,8 @@ def main() -> int:
         row = {"params": params, "build_s": time.perf_counter() - t0}
         if "train" in args.parts:
             row.update(trainer_step(model_dir, params, args, device))
+        if "turns" in args.parts:
+            row.update(trainer_step(model_dir, params, args, device, turns=True))
         if "generate" in args.parts:
             row.update(generation(model_dir, args, device))
         if "sync" in args.parts:
@@ -332,6 +364,18 @@ def main() -> int:
             f"{r.get('sync_trainer_ms', 0):.1f} | {r.get('sync_inference_ms', 0):.1f} | "
             f"{r.get('sync_end_to_end_ms', 0):.1f} |"
         )
+    if "turns" in args.parts or "train" in args.parts:
+        print()
+        print("| model | trainer | step s, resident | step s, taking turns | load s | offload s | "
+              "held between steps GiB, resident (allocated / reserved) | taking turns |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        nan = float("nan")
+        for size, r in results.items():
+            print(
+                f"| Qwen2.5-{size} shape | {r.get('mode', r.get('turns_mode', '—'))} | {r.get('step_s', nan):.2f} | "
+                f"{r.get('turns_step_s', nan):.2f} | {r.get('turns_load_s', nan):.2f} | "
+                f"{r.get('turns_offload_s', nan):.2f} | {_held(r, '')} | {_held(r, 'turns_')} |"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

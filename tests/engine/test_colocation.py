@@ -142,19 +142,20 @@ def test_a_gpu_engine_that_will_sleep_is_built_with_vllms_sleep_mode():
     assert "enable_sleep_mode" not in args(0)
 
 
-def test_the_trainers_optimizer_state_moves_off_its_device_but_adams_step_counter_stays():
+def test_the_trainers_optimizer_state_moves_to_its_device_but_adams_step_counter_stays():
     import torch
 
-    from workers.train.trainer import move_optimizer_state
+    from workers.train.offload import OptimizerOffload
 
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.AdamW([weight], lr=0.1)
     weight.grad = torch.full((3,), 0.5)
     optimizer.step()
-    move_optimizer_state(optimizer, torch.device("meta"))  # stands in for another device
+    OptimizerOffload(optimizer).load(torch.device("meta"))  # stands in for a GPU
     moved = optimizer.state[weight]
     assert moved["exp_avg"].device.type == moved["exp_avg_sq"].device.type == "meta"
     assert moved["step"].device.type == "cpu"
+    # Its way back (pinned buffers, the cache returned): tests/gpu/test_gpu.py.
 
 
 def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(monkeypatch):

@@ -2,7 +2,7 @@
 between GPU and CPU, and the cuda_ipc weight hand-off between two processes.
 
 Skipped where torch sees no GPU (CI here); run on a GPU host with
-`python -m pytest tests/engine/test_gpu.py`."""
+`python -m pytest tests/gpu`."""
 
 from __future__ import annotations
 
@@ -109,3 +109,30 @@ def test_a_cuda_ipc_run_is_refused_unless_its_worker_shares_the_trainers_gpu():
                 {"sync": {"protocol": "cuda_ipc"}, "placement": placement, "inference": {"num_workers": workers}}
             )
     assert RunConfig.model_validate({"sync": {"protocol": "cuda_ipc"}, "placement": colocated})
+
+
+@needs_gpu
+def test_a_trainer_taking_turns_holds_its_weights_alone_between_steps_and_trains_as_a_resident_one(
+    tiny_model_dir, groups
+):
+    """inference.sleep_level: between steps (vLLM generating) the trainer's process holds
+    its weights and nothing else on the GPU, and returns its cache to the driver."""
+    torch.cuda.empty_cache()
+    turns = Trainer(small_config(inference={"sleep_level": 1}), tiny_model_dir, device=CUDA)
+    weights_only, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    for _ in range(2):  # the second step loads the moments the first offloaded
+        turns.train_step(copy.deepcopy(groups))
+    moments = [v for s in turns.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and all(v.device.type == "cpu" and v.is_pinned() for v in moments)
+    moment_bytes = sum(v.numel() * v.element_size() for v in moments)
+    assert torch.cuda.memory_allocated() - weights_only < moment_bytes / 2
+    assert torch.cuda.memory_reserved() <= reserved + 4 * 2**20  # the step's cache went back to the driver
+    assert turns.offload.load_s > 0 and turns.offload.offload_s > 0
+
+    resident = Trainer(small_config(), tiny_model_dir, device=CUDA)
+    assert resident.offload is None
+    for _ in range(2):
+        resident.train_step(copy.deepcopy(groups))
+    assert all(v.device.type == "cuda" for s in resident.optimizer.state.values() for k, v in s.items() if k != "step")
+    for name, weight in resident.state_dict().items():  # GPU kernels' own nondeterminism aside
+        torch.testing.assert_close(turns.state_dict()[name], weight, rtol=1e-5, atol=1e-6)

@@ -41,6 +41,7 @@ from workers.sync.lora import base_checksum
 from workers.train.batch_stats import batch_metrics
 from workers.train.loss import Aggregation, correction_loss, process_advantages, scaled_advantages
 from workers.train.mfu import ModelFlops, device_peak, mfu
+from workers.train.offload import OptimizerOffload
 from workers.train.shared_prefix import completion_view
 from workers.train.step_plan import RankStep, plan_step
 from workers.train.trainer_pool import busy_seconds
@@ -281,6 +282,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay
         )
+        # Colocated, taking turns (workers/run/colocation.py): the optimizer state lives in
+        # host memory while the GPU's vLLM generates, and comes back for the step only.
+        self.offload = (
+            OptimizerOffload(self.optimizer) if cfg.inference.sleep_level > 0 and self.device.type == "cuda" else None
+        )
         self.progress = TrainerProgress(cfg.seed)
         # Keep Routing: hooks on the policy's routers for the trainer's life, forcing a
         # forward's routing only while a batch's record is set (token_logprobs).
@@ -441,11 +447,8 @@ class Trainer:
         rows = self._rank_rows(step)
         old_logp = self._old_logprobs(rows, step.old_micro_batches)
         loss_sums, stats_list, grad_norms = [], [], []
-        # Colocated, taking turns (workers/run/colocation.py): the optimizer state lives in
-        # host memory while the GPU's vLLM generates, and comes back for the step only.
-        turns = self.cfg.inference.sleep_level > 0 and self.device.type == "cuda"
-        if turns:
-            move_optimizer_state(self.optimizer, self.device)
+        if self.offload is not None:
+            self.offload.load(self.device)
         for k, minibatch in enumerate(rows.minibatches):
             units = step.trained_tokens[k] if self.aggregation.mode == "token_mean" else step.trained_rows[k]
             loss_sum, stats, grad_norm = self._update(
@@ -454,9 +457,9 @@ class Trainer:
             loss_sums.append(loss_sum)
             stats_list.append(stats)
             grad_norms.append(grad_norm)
-        if turns:
+        if self.offload is not None:
             self.optimizer.zero_grad(set_to_none=True)  # the next step starts from none anyway
-            move_optimizer_state(self.optimizer, torch.device("cpu"))
+            self.offload.offload(self.device)
         self.version += 1
         end = time.perf_counter()
         result = RankResult(loss_sums, stats_list, grad_norms, step_s=end - t_start, rows=rows.count)
@@ -662,15 +665,6 @@ class Trainer:
         if self.peak_flops is not None:
             metrics["trainer/mfu"] = mfu(flops, step_s, self.peak_flops, len(results))
         return metrics
-
-
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move the optimizer's per-parameter state (AdamW's moments) to `device`, in place;
-    AdamW's step counters stay where they are (it keeps them on the CPU)."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device)
 
 
 def steps_of(rollout: Rollout) -> tuple[list[int], list[float]]:
