@@ -98,6 +98,8 @@ def test_at_sleep_level_0_the_backend_never_sleeps():
 
 
 def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after():
+    import threading
+
     from workers.config.run_config import RunConfig
     from workers.run.inference_worker import InferenceWorker
 
@@ -114,8 +116,11 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )
     worker.backend, worker.receiver = backend, Receiver()
-    backend.sleep()
+    worker._gpu_handed_over = threading.Event()
+    worker._hand_over_gpu()
+    assert worker.wait_asleep(0)
     worker._load("v1")
+    assert not worker.wait_asleep(0)  # the trainer's turn ended with the update
     worker._awake()  # before the next generate: already awake, nothing to call
     assert calls == [
         ("sleep", 1),
@@ -175,6 +180,7 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
     worker.episodes, worker.version, worker._resume_at, worker.eval_prompts = None, 0, 0, None
     worker.chunk_groups, worker.error, worker.index, worker.timeline = 1, None, 0, Timeline()
     worker._stop, worker._weights_arrived = threading.Event(), threading.Event()
+    worker._gpu_handed_over = threading.Event()
 
     class Staged:
         def apply(self) -> None:
@@ -197,6 +203,55 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
         return 0
 
     monkeypatch.setattr(inference_worker.ray, "get", admitted)
+    assert not worker.wait_asleep(0)  # awake: the trainer rank must not step yet
     worker._loop()
     assert worker.error is None
     assert len(refusals) == 2 and calls == [("sleep", 2)]  # once, however many refusals follow
+    assert worker.wait_asleep(0)  # asleep: the trainer rank's turn
+    worker._awake()
+    assert not worker.wait_asleep(0) and calls[-1] == ("wake_up", ("weights", "kv_cache"))
+
+
+def test_a_worker_that_never_sleeps_never_holds_the_trainer_back():
+    from workers.config.run_config import RunConfig
+    from workers.run.inference_worker import InferenceWorker
+
+    worker = object.__new__(InferenceWorker.__ray_actor_class__)
+    worker.cfg = RunConfig.model_validate({"mode": "sync"})
+    assert worker.wait_asleep(0)
+
+
+def test_a_trainer_taking_turns_steps_only_once_every_worker_sleeps(monkeypatch):
+    """The trainer's half of the turn (workers/run/colocation.py): its step waits for the
+    last worker's vLLM to sleep, asking again while any is awake, and gives up when the
+    run stops."""
+    import threading
+
+    from workers.config.run_config import RunConfig
+    from workers.run import trainer_actors
+    from workers.run.trainer_actors import TrainerActor
+
+    answers = iter([[True, False], [False, False], [True, True]])
+    asked: list[float] = []
+
+    class Worker:
+        class wait_asleep:  # noqa: N801 - a Ray method handle's shape
+            @staticmethod
+            def remote(timeout):
+                asked.append(timeout)
+                return timeout
+
+    monkeypatch.setattr(trainer_actors.ray, "get", lambda refs: next(answers))
+    trainer = object.__new__(TrainerActor.__ray_actor_class__)
+    trainer.cfg = RunConfig.model_validate(
+        {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
+    )
+    trainer.workers, trainer._stop = [Worker(), Worker()], threading.Event()
+    assert trainer._gpu_turn()
+    assert len(asked) == 6  # three rounds of two workers, until both slept
+    trainer._stop.set()
+    assert not trainer._gpu_turn()  # stopping: no step, no wait
+
+    trainer.cfg = RunConfig.model_validate({"mode": "sync"})
+    trainer._stop.clear()
+    assert trainer._gpu_turn() and len(asked) == 6  # never sleeping: nobody is asked

@@ -22,7 +22,9 @@ Level 2's weights come only from the sync, so every step must carry a full-weigh
 
 The calls are made by `VLLMBackend.sleep` / `wake_up` (workers/inference/vllm_backend.py)
 from the inference worker's loop (workers/run/inference_worker.py) and by `Trainer.train_rank`
-(`OptimizerOffload`, workers/train/offload.py); this module says their order.
+(`OptimizerOffload`, workers/train/offload.py). The trainer's step begins only once every
+inference worker says its vLLM sleeps (`InferenceWorker.wait_asleep`, asked by the trainer
+actor's loop, workers/run/trainer_actors.py); this module says their order.
 
 Admission (workers/run/admission.py) plans one shared GPU as `peak`: the larger of the two
 phases when vLLM sleeps, their sum when it does not. Everything here is pure: no vLLM,

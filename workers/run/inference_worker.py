@@ -160,6 +160,9 @@ class InferenceWorker:
         self._groups_put = 0  # groups this worker handed to the buffer (the forced wait's rule)
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._weights_arrived = threading.Event()
+        # Colocated, taking turns: set while vLLM sleeps, so the trainer rank sharing
+        # this GPU may step (`wait_asleep`); cleared before it wakes.
+        self._gpu_handed_over = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -235,6 +238,14 @@ class InferenceWorker:
             self.backend.close()
             self.receiver.close()
 
+    def wait_asleep(self, timeout: float) -> bool:
+        """True once this worker's vLLM sleeps and the trainer rank sharing its GPU may
+        step (colocated, taking turns: workers/run/colocation.py); False after `timeout`,
+        for the caller to ask again. True at once for a worker that never sleeps."""
+        if self._sleeper() is None:
+            return True
+        return self._gpu_handed_over.wait(timeout)
+
     def update_weights(self, notice: Notice) -> None:
         """Receive new weights now (overlapping generation); the loop applies them
         before its next generate call."""
@@ -269,15 +280,24 @@ class InferenceWorker:
         1 or 2, which admission allows on vLLM only), else None."""
         return cast("VLLMBackend", self.backend) if self.cfg.inference.sleep_level else None
 
+    def _hand_over_gpu(self) -> None:
+        """Colocated, taking turns: vLLM sleeps, then the trainer rank may step (a no-op
+        for a worker that never sleeps)."""
+        if sleeper := self._sleeper():
+            sleeper.sleep()
+            self._gpu_handed_over.set()
+
     def _awake(self) -> None:
         """vLLM wholly awake before it generates (a no-op when it is, or never sleeps)."""
         if sleeper := self._sleeper():
+            self._gpu_handed_over.clear()
             sleeper.wake_up(("weights", "kv_cache"))
 
     def _load(self, staged) -> None:
         """Put staged weights into the backend (`self.staged` calls it)."""
         sleeper = self._sleeper()
         if sleeper:  # the weights' memory back first: the KV cache waits for the update
+            self._gpu_handed_over.clear()
             sleeper.wake_up(("weights",))
         try:
             report = self.receiver.apply(self.backend, staged)
@@ -311,8 +331,7 @@ class InferenceWorker:
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
                     # A refused admission is waiting, not handing off: only the one that starts a call counts.
                     self.timeline.cancel()
-                    if sleeper := self._sleeper():
-                        sleeper.sleep()  # colocated, taking turns: the trainer rank steps on this GPU now
+                    self._hand_over_gpu()  # colocated, taking turns: the trainer rank steps on this GPU now
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
                 self.timeline.end()
@@ -357,6 +376,7 @@ class InferenceWorker:
                     self._admit_episodes(room)
                 due = sched.next_ready_in()
                 if due is None:  # nothing in flight: too far ahead of the trainer
+                    self._hand_over_gpu()
                     self._weights_arrived.wait(ADMIT_POLL_S)
                     continue
                 if due > 0:  # every episode waits on its environment

@@ -368,6 +368,17 @@ class TrainerActor:
                 return groups, stats
         return None, {}
 
+    def _gpu_turn(self) -> bool:
+        """Colocated, taking turns (inference.sleep_level): wait until every inference
+        worker's vLLM sleeps, so the step's memory never meets vLLM's on a shared GPU
+        (workers/run/colocation.py). False if the run stops first."""
+        if not self.cfg.inference.sleep_level:
+            return True
+        while not self._stop.is_set():
+            if all(ray.get([w.wait_asleep.remote(WAIT_S) for w in self.workers])):
+                return True
+        return False
+
     def _loop(self) -> None:
         try:
             t_prev = time.time()
@@ -376,7 +387,7 @@ class TrainerActor:
             while not self._stop.is_set() and self.trainer.version < self.cfg.stop.max_steps:
                 t_wait = time.perf_counter()
                 groups, buffer_stats = self._next_batch()
-                if groups is None:
+                if groups is None or not self._gpu_turn():
                     break
                 wait_s = time.perf_counter() - t_wait
                 self._starved_s += wait_s
