@@ -40,6 +40,7 @@ from sync_vs_async import run_mode, steady
 
 from workers.core.merge import deep_merge, parse_sets
 from workers.core.run_actors import NAMESPACE
+from workers.core.worker_process import RUNTIME_ENV
 
 LAYOUTS = ("barrier", "episode", "overcommit")
 
@@ -104,7 +105,14 @@ def main() -> int:
     batch_groups = common["trainer"]["batch_groups"]
     overcommit = args.overcommit if args.overcommit is not None else max(1, batch_groups // 2)
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env=RUNTIME_ENV,
+    )
     results: dict[str, dict] = {}
     try:
         for p, preset in enumerate(args.presets.split(",")):
