@@ -403,7 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     from workers.core.run_actors import NAMESPACE
 
     if rollway_sides:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+        from workers.core.worker_process import RUNTIME_ENV
+
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            runtime_env=RUNTIME_ENV,
+        )
     try:
         for seed in args.seed_list:
             sync_cfg = recipe_config(recipe, policy, seed, steps, "sync", overrides)

@@ -42,6 +42,7 @@ from sync_vs_async import run_mode, steady
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
+from workers.core.worker_process import RUNTIME_ENV
 
 DEFAULT_STEPS = 10
 
@@ -81,7 +82,14 @@ def main() -> int:
         raise SystemExit(f"--workers must be ≥ 1 (got {args.workers})")
     common = deep_merge({"stop": {"max_steps": args.steps, "max_minutes": args.minutes}}, parse_sets(args.set))
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env=RUNTIME_ENV,
+    )
     results: dict[str, dict] = {}
     try:
         t = time.perf_counter()

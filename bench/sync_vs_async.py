@@ -29,6 +29,7 @@ import ray
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
+from workers.core.worker_process import RUNTIME_ENV
 from workers.rl_tasks import task_class
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement
@@ -115,7 +116,14 @@ def main() -> int:
     overrides = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
     overrides = deep_merge(overrides, parse_sets(args.set))
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env=RUNTIME_ENV,
+    )
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     try:
         for rep in range(args.repeat):

@@ -39,6 +39,7 @@ import time
 import ray
 
 from workers.config.run_config import ModelConfig
+from workers.core.worker_process import RUNTIME_ENV
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {
@@ -333,7 +334,14 @@ def main() -> None:
     cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
 
     print(f"load average at start: {os.getloadavg()}, {os.cpu_count()} CPUs")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="rollway-bench-sync", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="rollway-bench-sync",
+        log_to_driver=False,
+        runtime_env=RUNTIME_ENV,
+    )
     out: dict = {}
     try:
         with tempfile.TemporaryDirectory(prefix="rollway-bench-sync-") as root:
