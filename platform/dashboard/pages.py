@@ -256,6 +256,7 @@ def _placement(run: Run) -> list[dict]:
                 "node_id": (place.get("node_id") or "")[:12],
                 "labels": labels,
                 "gpus": place.get("cuda_visible_devices") or ", ".join(place.get("gpu_ids") or []) or "none",
+                "threads": place.get("threads") or "—",  # torch's, where the actor has torch loaded
             }
         )
     return rows

@@ -279,6 +279,8 @@ class ActorPlace(TypedDict):
     gpu_ids: Annotated[list[Annotated[str, Field(max_length=50), NO_NUL]], Field(max_length=64)]
     cuda_visible_devices: Annotated[str, Field(max_length=500), NO_NUL]
     pid: Annotated[int, Field(ge=0, le=2**31)]
+    # torch's intra-op threads in a computing actor (inference worker, trainer, rank).
+    threads: NotRequired[Annotated[int, Field(ge=1, le=4096)] | None]
 
 
 class PlacementIn(TypedDict):

@@ -103,6 +103,9 @@ def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
     assert not [name for name in s if name.startswith("eval/")]  # eval is off by default
     # Alternation: the trainer waits while inference generates, at every step.
     assert all(v > 0.2 for v in s["trainer/idle_frac"].values())
+    # Taking turns, each phase computes on the threads of both (a thread each by default).
+    threads = {p["actor"]: p["threads"] for p in out["placement"]}
+    assert threads["trainer"] == threads["inference worker 0"] == 2, threads
 
 
 def test_async_mode_trains_one_step_off_policy(cluster, cache_dir):
@@ -111,6 +114,8 @@ def test_async_mode_trains_one_step_off_policy(cluster, cache_dir):
     stale = dict(out["series"]["staleness/max"])
     assert max(stale.values()) == 1.0  # inference ran ahead, within max_staleness
     assert dict(out["series"]["is/ratio_mean"])  # IS correction reported
+    threads = {p["actor"]: p["threads"] for p in out["placement"]}
+    assert threads["trainer"] == threads["inference worker 0"] == 1, threads  # side by side: a thread each
 
 
 def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cache_dir):

@@ -48,6 +48,19 @@ def test_by_default_each_actor_has_a_cpu_bundle_of_its_own_and_asks_no_gpu():
     assert placement.totals(RunConfig()).gpus == 0
 
 
+def test_taking_turns_on_cpus_each_phase_gets_every_thread_the_runs_actors_have():
+    def turns(**fields):
+        return placement.phase_threads(RunConfig.model_validate(fields))
+
+    assert turns(mode="sync") == (2, 2)  # a thread each by default (0.25 CPU): both in each phase
+    # Two workers of 1 CPU and one rank of 2: 4 threads, shared by the phase's actors.
+    sized = {"inference": {"num_workers": 2, "cpus_per_worker": 1}, "trainer": {"cpus_per_rank": 2}}
+    assert turns(mode="sync", **sized) == (2, 4)
+    assert turns(mode="async") is None  # side by side: each keeps its own
+    gpu = {"devices": "gpu", "mode": "colocated"}
+    assert turns(mode="sync", placement=gpu) is None
+
+
 def test_each_reward_worker_has_a_bundle_of_its_own_after_the_pools_with_its_node_label():
     c = cfg(
         inference={"num_workers": 2},

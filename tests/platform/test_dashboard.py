@@ -174,6 +174,7 @@ def test_the_run_page_says_where_each_actor_runs(client_for, owner, make_run):
             "gpu_ids": ["2"],
             "cuda_visible_devices": "2",
             "pid": 41,
+            "threads": 8,
         },
         {
             "actor": "inference worker 0",
@@ -188,8 +189,9 @@ def test_the_run_page_says_where_each_actor_runs(client_for, owner, make_run):
     run = make_run(status=Run.Status.RUNNING, placement=placement)
     html = client_for(owner).get(f"/runs/{run.pk}/").content.decode()
     table = html[html.index('<table id="placement">') : html.index("</table>", html.index('<table id="placement">'))]
-    assert "<td>trainer rank 1</td><td>10.0.0.5</td><td>pool=train</td><td>2</td>" in table
-    assert "<td>inference worker 0</td><td>10.0.0.4</td><td>—</td><td>none</td>" in table
+    assert "<td>trainer rank 1</td><td>10.0.0.5</td><td>pool=train</td><td>2</td><td>8</td>" in table
+    # An actor that reported no thread count (a driver of an earlier version; the buffer).
+    assert "<td>inference worker 0</td><td>10.0.0.4</td><td>—</td><td>none</td><td>—</td>" in table
     assert f"<code>{'ab' * 6}</code>" in table
 
 

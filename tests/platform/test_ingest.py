@@ -291,15 +291,18 @@ def place(actor="trainer rank 0", **fields):
 
 
 def test_the_drivers_placement_is_kept_and_shown_in_the_api(client, client_for, owner, run):
-    r = post(client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[])]})
+    r = post(client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[], threads=2)]})
     assert r.status_code == 200 and r.json() == {"actors": 2, "changed": True}
     assert (
-        post(client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[])]}).json()["changed"]
+        post(
+            client, run, "placement", {"actors": [place(), place("inference worker 0", gpu_ids=[], threads=2)]}
+        ).json()["changed"]
         is False
     )  # a resend changes nothing
     detail = client_for(owner).get(f"/api/runs/{run.pk}").json()
     assert [row["actor"] for row in detail["placement"]] == ["trainer rank 0", "inference worker 0"]
     assert detail["placement"][0]["labels"] == {"pool": "train"}
+    assert detail["placement"][1]["threads"] == 2
 
 
 @pytest.mark.parametrize(
@@ -308,6 +311,7 @@ def test_the_drivers_placement_is_kept_and_shown_in_the_api(client, client_for, 
         (place(node_id="not hex"), "node_id"),
         (place(actor=""), "actor"),
         (place(pid=-1), "pid"),
+        (place(threads=0), "threads"),
         (place(extra=1), "extra"),
         (place(labels={"k": "v" * 101}), "labels"),
     ],

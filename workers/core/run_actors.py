@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -83,4 +84,12 @@ def where_am_i() -> dict:
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "pid": os.getpid(),
+        "threads": _torch_threads(),
     }
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process, or None where torch is not loaded (the
+    driver, the buffer): importing it here would cost those processes seconds."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 import ray
+import torch
 
 from workers.config.run_config import RunConfig
 from workers.core.records import Group
@@ -76,11 +77,16 @@ class InferenceWorker:
         buffer,
         scratch_dir: str | None = None,
         reward_workers: list | None = None,
+        num_threads: int | None = None,
     ) -> None:
         """`scratch_dir`: the run's scratch directory; this worker's files go under
         `inference-<index>/` in it. `reward_workers`: the run's reward pool
-        (workers/rollout/reward_stage.py); none: this worker scores its own groups."""
+        (workers/rollout/reward_stage.py); none: this worker scores its own groups.
+        `num_threads`: torch's threads here (workers/run/placement.py, `phase_threads`);
+        None keeps Ray's (the CPUs the worker reserved, at least 1)."""
         self.error: Failure | None = None
+        if num_threads is not None:  # before the backend: vLLM-CPU computes with torch's count
+            torch.set_num_threads(num_threads)
         self.start_failure = started(
             lambda: self._start(cfg, model_dir, index, num_workers, buffer, scratch_dir, reward_workers),
             cfg,

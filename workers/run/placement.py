@@ -95,6 +95,27 @@ def totals(cfg: RunConfig) -> Totals:
     return Totals(cpus, shared + rewards_gpus, inference_gpus, trainer_gpus, rewards_gpus)
 
 
+def phase_threads(cfg: RunConfig) -> tuple[int, int] | None:
+    """Torch threads for each inference worker and each trainer rank of a run whose
+    phases take turns on CPUs (mode 'sync': generation, then the step, never both), or
+    None where each actor keeps Ray's count (the CPUs it reserved, at least 1).
+
+    Taking turns, one phase's actors would otherwise compute on their own threads while
+    the other phase's sit idle: each phase gets all the threads the run's inference
+    workers and trainer ranks have between them, shared among its own actors. A peer that
+    runs both phases in one process (TRL's GRPOTrainer) uses every core in each."""
+    if cfg.mode != "sync" or cfg.placement.devices != "cpu":
+        return None
+    w, r = cfg.inference.num_workers, cfg.trainer.num_ranks
+    held = w * _threads(cfg.inference.cpus_per_worker) + r * _threads(cfg.trainer.cpus_per_rank)
+    return max(1, held // w), max(1, held // r)
+
+
+def _threads(cpus: float) -> int:
+    """The threads Ray gives an actor that reserved `cpus` (OMP_NUM_THREADS: at least 1)."""
+    return max(1, int(cpus))
+
+
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
 

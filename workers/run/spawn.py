@@ -106,6 +106,9 @@ class RunActors:
         if cancelled meanwhile, ChildFailed past SPAWN_TIMEOUT_S."""
         cfg, b, w = self.cfg, self.cfg.trainer.batch_groups, self.cfg.inference.num_workers
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        turns = placement.phase_threads(cfg)
+        inference_threads = turns[0] if turns else None
+        trainer_threads = self.trainer_threads if self.trainer_threads is not None else turns[1] if turns else None
         plan = placement.plan(cfg)
         self.placement_group = placement.create(plan, placement_group_name(self.run_id))
         if not self._wait(
@@ -139,7 +142,7 @@ class RunActors:
                 name=f"{self.name}-inference-{k}",
                 namespace=NAMESPACE,
                 **placement.actor_options(self.placement_group, plan.inference[k]),
-            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir, self.reward_workers)
+            ).remote(cfg, model_dir, k, w, self.buffer, self.scratch_dir, self.reward_workers, inference_threads)
             for k in range(w)
         ]
         # A trainer pool: ranks 1.. first, so that rank 0 (the trainer actor) can form the
@@ -150,7 +153,7 @@ class RunActors:
                 name=f"{self.name}-trainer-{k}",
                 namespace=NAMESPACE,
                 **placement.actor_options(self.placement_group, plan.trainer[k]),
-            ).remote(cfg, model_dir, k, self.trainer_threads)
+            ).remote(cfg, model_dir, k, trainer_threads)
             for k in range(1, cfg.trainer.num_ranks)
         ]
         self.trainer = with_options(
@@ -163,7 +166,7 @@ class RunActors:
             model_dir,
             self.buffer,
             self.workers,
-            self.trainer_threads,
+            trainer_threads,
             self.scratch_dir,
             self.checkpoints,
             ranks=self.ranks,
