@@ -23,7 +23,6 @@ from workers.core.hub import HubUnavailable
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.inference.backends import make_backend
 from workers.inference.torch_backend import TorchBackend
-from workers.inference.transformers_backend import TransformersBackend
 from workers.model.loading import checkpoint_state_dict, model_dir_problem
 from workers.model.tiny_hf import IM_END, make_tiny_checkpoint
 from workers.model.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
@@ -85,9 +84,8 @@ def test_the_tiny_checkpoint_is_a_real_hugging_face_directory(tmp_path, arch):
     assert tok.eos_token == IM_END and tok.pad_token_id is not None and tok.bos_token_id is not None
     assert len(tok.encode("assistant")) == 1  # BPE merged what the text repeats most
     assert model_dir_problem(path) is None
-    # Llama goes to the hand-written loop, Qwen2 (biased q/k/v, tied embeddings) to transformers.
-    backend = make_backend(RunConfig(), path)
-    assert isinstance(backend, TorchBackend if arch == "llama" else TransformersBackend)
+    # Both go to the hand-written loop (Qwen2 with its biased q/k/v and tied embeddings).
+    assert isinstance(make_backend(RunConfig(), path), TorchBackend)
 
 
 def test_prompts_go_through_the_chat_template_and_completions_stop_at_eos(qwen_dir):

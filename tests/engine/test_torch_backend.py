@@ -90,3 +90,94 @@ def test_prompts_longer_than_the_model_are_refused(tiny_model_dir):
 
 def test_make_backend_picks_torch(tiny_model_dir):
     assert isinstance(make_backend(small_config(), tiny_model_dir), TorchBackend)
+
+
+@pytest.fixture(scope="module")
+def biased_model_dirs(tmp_path_factory) -> dict[str, str]:
+    """The hand-written forward's other checkpoints: a tiny Qwen2 (biased q, k, v) and a
+    tiny Llama with every projection biased (attention_bias, mlp_bias)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.model.tiny_hf import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("biased")
+    qwen2 = make_tiny_checkpoint(str(root / "qwen2"), "qwen2")
+    llama = str(root / "llama-biased")
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attention_bias=True,
+        mlp_bias=True,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # biases away from 0, so that dropping one would show
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(llama)
+    return {"qwen2": qwen2, "llama-biased": llama}
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama-biased"])
+def test_qwen2_and_biased_llama_run_on_the_hand_written_forward_with_exact_logprobs(biased_model_dirs, kind):
+    model_dir = biased_model_dirs[kind]
+    backend = make_backend(small_config(), model_dir)
+    assert isinstance(backend, TorchBackend)
+    assert any(layer.qkv_b is not None for layer in backend.layers)
+    model = load_model(model_dir)
+    out = backend.generate(PROMPTS, n=2, max_new_tokens=6, temperature=1.0, seed=0)
+    checked = 0
+    for prompt, completions in zip(PROMPTS, out, strict=True):
+        for c in completions:
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([prompt + c.token_ids])).logits[0], dim=-1)
+            ref = [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(c.token_ids)]
+            assert c.logprobs == pytest.approx(ref, abs=1e-4)
+            checked += len(ref)
+    assert checked > 10
+    # What the loop computes with reads back as the checkpoint, bias terms included.
+    from workers.model.loading import checkpoint_state_dict
+    from workers.sync.base import state_checksum
+    from workers.sync.verify import backend_checksum
+
+    assert backend_checksum(backend) == state_checksum(checkpoint_state_dict(model))
+
+
+def test_a_sliding_window_or_a_partial_bias_keeps_a_model_off_the_hand_written_forward(biased_model_dirs):
+    from workers.inference.torch_backend import fast_path_problem
+
+    assert fast_path_problem({"model_type": "qwen2", "use_sliding_window": True}) is not None
+    assert fast_path_problem({"model_type": "qwen3"}) is not None
+    state = load_model(biased_model_dirs["qwen2"]).state_dict()
+    del state["model.layers.0.self_attn.k_proj.bias"]
+    with pytest.raises(KeyError, match=r"model\.layers\.0\.self_attn\.k_proj\.bias"):
+        TorchBackend(biased_model_dirs["qwen2"]).load_weights(state)
+
+
+def test_each_prompt_is_prefilled_once_for_its_samples_and_they_sample_as_before(tiny_model_dir):
+    """The first step runs each prompt once and copies its KV to its samples' rows: the
+    tokens and logprobs are those of prefilling every row."""
+    from workers.inference.torch_backend import TorchSession, rows_per_sample
+
+    backend = TorchBackend(tiny_model_dir)
+
+    def run(samples: int) -> list[tuple]:
+        rows, budgets = rows_per_sample(PROMPTS, [8] * len(PROMPTS), 4)
+        session = TorchSession(backend, rows, budgets, 1.0, 7, samples=samples)
+        out = []
+        while session.unfinished():
+            out += [(t.row, t.token, t.logprob) for t in session.step()]
+        return out
+
+    shared, every_row = run(4), run(1)
+    assert [r[:2] for r in shared] == [r[:2] for r in every_row]
+    assert [r[2] for r in shared] == pytest.approx([r[2] for r in every_row], abs=1e-5)
+    with pytest.raises(ValueError, match="runs of 5 samples"):
+        TorchSession(backend, *rows_per_sample(PROMPTS, [8] * 3, 4), 1.0, 7, samples=5)

@@ -268,8 +268,9 @@ class InferenceConfig(_Section):
 
     backend: Literal["torch", "vllm"] = Field(
         "torch",
-        description="torch: the reference backends (a hand-written loop for plain Llama configs, transformers' "
-        "forward for every other architecture); vllm: a vLLM engine in each inference worker.",
+        description="torch: the reference backends (a hand-written loop for Llama and Qwen2 configs in float32 "
+        "on the CPU, transformers' forward for every other architecture, dtype or device); vllm: a vLLM engine "
+        "in each inference worker.",
     )
     num_workers: int = Field(1, ge=1, description="Inference workers: Ray actors generating side by side.")
     tensor_parallel_size: int = Field(

@@ -1,7 +1,8 @@
-"""Reference inference in plain torch: a static-KV-cache decoding loop for Llama.
+"""Reference inference in plain torch: a static-KV-cache decoding loop for Llama and Qwen2.
 
-It reads the same Hugging Face directory vLLM does and reimplements the Llama forward
-(RMSNorm, rotary embeddings, grouped attention, SwiGLU) on raw tensors. At this model
+It reads the same Hugging Face directory vLLM does and reimplements the forward the two
+share (RMSNorm, rotary embeddings, grouped attention, SwiGLU, with the projections' bias
+terms where the checkpoint has them: Qwen2's on q, k and v) on raw tensors. At this model
 size Python overhead dominates, and a hand-written loop with a preallocated KV cache and
 fused QKV / gate-up projections is faster than `transformers.generate`
 (docs/performance.md). Logprobs are of the sampled token under the sampling
@@ -9,8 +10,8 @@ distribution, log_softmax(logits / temperature) after the top-k / top-p / min-p 
 (workers/inference/sampling.py), which is what the trainer's importance weights need as
 the behaviour policy mu.
 
-Other architectures (Qwen2's biased projections, anything else AutoModelForCausalLM
-loads) run on transformers' own forward instead (`workers.inference.transformers_backend`);
+Other architectures (anything else AutoModelForCausalLM loads) run on transformers' own
+forward instead (`workers.inference.transformers_backend`);
 `fast_path_problem` says which a directory gets.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,16 +29,21 @@ from workers.inference.base import Completion, StepToken
 from workers.inference.sampling import Truncation
 from workers.model.loading import checkpoint_weights, model_config, model_dims
 
+# The model types whose forward is the one written here (transformers' LlamaForCausalLM
+# and Qwen2ForCausalLM: Qwen2 is Llama with biased q, k and v projections).
+FAST_PATH_TYPES = ("llama", "qwen2")
+
 
 def fast_path_problem(cfg: dict) -> str | None:
-    """Why the hand-written Llama forward cannot run a model of this config.json, or None."""
-    if cfg.get("model_type") != "llama":
-        return f"TorchBackend runs Llama models; this one has model_type {cfg.get('model_type')!r}"
+    """Why the hand-written forward cannot run a model of this config.json, or None."""
+    if cfg.get("model_type") not in FAST_PATH_TYPES:
+        kinds = " and ".join(FAST_PATH_TYPES)
+        return f"TorchBackend runs {kinds} models; this one has model_type {cfg.get('model_type')!r}"
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         return f"TorchBackend supports default RoPE only (got {rope})"
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        return "TorchBackend has no bias terms (attention_bias / mlp_bias are set)"
+    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or []):
+        return "TorchBackend attends to every position; this model uses sliding-window attention"
     if cfg.get("hidden_act", "silu") != "silu":
         return f"TorchBackend runs SwiGLU (silu) only (got {cfg.get('hidden_act')!r})"
     return None
@@ -99,32 +106,28 @@ class TorchBackend:
             for i in range(self.num_layers):
                 p = f"model.layers.{i}."
                 layers.append(
-                    {
-                        "in_norm": sd[p + "input_layernorm.weight"].clone(),
-                        "post_norm": sd[p + "post_attention_layernorm.weight"].clone(),
+                    Layer(
+                        in_norm=sd[p + "input_layernorm.weight"].clone(),
+                        post_norm=sd[p + "post_attention_layernorm.weight"].clone(),
                         # Fused projections: one matmul instead of three (two) per layer.
-                        "qkv": torch.cat(
-                            [
-                                sd[p + "self_attn.q_proj.weight"],
-                                sd[p + "self_attn.k_proj.weight"],
-                                sd[p + "self_attn.v_proj.weight"],
-                            ]
-                        )
-                        .t()
-                        .contiguous(),
-                        "o": sd[p + "self_attn.o_proj.weight"].t().contiguous(),
-                        "gate_up": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
-                        .t()
-                        .contiguous(),
-                        "down": sd[p + "mlp.down_proj.weight"].t().contiguous(),
-                    }
+                        qkv=_fused(sd, p + "self_attn.", ("q_proj", "k_proj", "v_proj")),
+                        o=sd[p + "self_attn.o_proj.weight"].t().contiguous(),
+                        gate_up=_fused(sd, p + "mlp.", ("gate_proj", "up_proj")),
+                        down=sd[p + "mlp.down_proj.weight"].t().contiguous(),
+                        # Bias terms, where the checkpoint has them (Qwen2's q, k, v; a Llama's
+                        # attention_bias / mlp_bias): None costs nothing in the forward.
+                        qkv_b=_bias(sd, p + "self_attn.", ("q_proj", "k_proj", "v_proj")),
+                        o_b=_bias(sd, p + "self_attn.", ("o_proj",)),
+                        gate_up_b=_bias(sd, p + "mlp.", ("gate_proj", "up_proj")),
+                        down_b=_bias(sd, p + "mlp.", ("down_proj",)),
+                    )
                 )
         except KeyError as exc:
             raise KeyError(
                 f"load_weights: missing {exc.args[0]!r}; pass the full state dict under Hugging "
                 f"Face checkpoint names (Trainer.state_dict())"
             ) from None
-        self.layers = layers
+        self.layers: list[Layer] = layers
         self.lm_head_t = self.lm_head.t().contiguous()
 
     def close(self) -> None:
@@ -154,8 +157,8 @@ class TorchBackend:
         x = self.embed[ids]
         cos, sin = self._rope(positions)
         for li, L in enumerate(self.layers):
-            h = self._rms(x, L["in_norm"])
-            q, k, v = (h @ L["qkv"]).split([H * hd, KV * hd, KV * hd], dim=-1)
+            h = self._rms(x, L.in_norm)
+            q, k, v = _linear(h, L.qkv, L.qkv_b).split([H * hd, KV * hd, KV * hd], dim=-1)
             q = self._rotate(q.view(B, T, H, hd).transpose(1, 2), cos, sin)
             k = self._rotate(k.view(B, T, KV, hd).transpose(1, 2), cos, sin)
             k_cache[li][:, :, start:end] = k
@@ -167,9 +170,9 @@ class TorchBackend:
                 attn_mask=mask,
                 enable_gqa=KV != H,
             )
-            x = x + att.transpose(1, 2).reshape(B, T, H * hd) @ L["o"]
-            gate, up = (self._rms(x, L["post_norm"]) @ L["gate_up"]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ L["down"]
+            x = x + _linear(att.transpose(1, 2).reshape(B, T, H * hd), L.o, L.o_b)
+            gate, up = _linear(self._rms(x, L.post_norm), L.gate_up, L.gate_up_b).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, L.down, L.down_b)
         return self._rms(x[:, -1], self.final_norm)
 
     # ---- generation ------------------------------------------------------------
@@ -183,7 +186,7 @@ class TorchBackend:
         n: int = 1,
     ) -> TorchSession:
         """A stepped generation, `n` rows per prompt (see `DecodeSession`)."""
-        return TorchSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed)
+        return TorchSession(self, *rows_per_sample(prompts, max_new_tokens, n), temperature, seed, samples=n)
 
     @torch.inference_mode()
     def generate(
@@ -191,6 +194,45 @@ class TorchBackend:
     ) -> list[list[Completion]]:
         """`n` completions per prompt (prompt-major), with log mu of each sampled token."""
         return generate_by_steps(self, prompts, n, max_new_tokens, temperature, seed)
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights, the projections fused and transposed (`x @ w + b`)."""
+
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_b: torch.Tensor | None
+    gate_up_b: torch.Tensor | None
+    down_b: torch.Tensor | None
+
+
+def _fused(sd: dict[str, torch.Tensor], prefix: str, projections: tuple[str, ...]) -> torch.Tensor:
+    """`projections`' weights stacked (in order) and transposed for `x @ w`."""
+    return torch.cat([sd[f"{prefix}{name}.weight"] for name in projections]).t().contiguous()
+
+
+def _bias(sd: dict[str, torch.Tensor], prefix: str, projections: tuple[str, ...]) -> torch.Tensor | None:
+    """The fused bias of `projections` (in order), None if the checkpoint has none; a
+    checkpoint with some of them but not all is refused naming the one missing."""
+    names = [f"{prefix}{name}.bias" for name in projections]
+    found = [sd.get(name) for name in names]
+    if all(b is None for b in found):
+        return None
+    for name, b in zip(names, found, strict=True):
+        if b is None:
+            raise KeyError(name)
+    return torch.cat([b for b in found if b is not None]).clone()
+
+
+def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight_t (+ bias): the projections with their weights stored transposed."""
+    return x @ weight_t if bias is None else torch.addmm(bias, x.flatten(0, -2), weight_t).view(*x.shape[:-1], -1)
 
 
 def generate_by_steps(
@@ -340,6 +382,10 @@ class TorchSession(SteppedSampler):
     the next token (the KV of earlier positions stays as computed). Rows are left-padded
     so every row's next token lands in the same cache slot; row i stops at EOS or after
     `max_new_tokens[i]` tokens.
+
+    `samples`: rows come in runs of that many samples of one prompt (`rows_per_sample`'s
+    order). The first step then runs each prompt once and copies its KV to its samples'
+    rows: at a group size of 8 the prefill was most of a step's cost for 8× the work.
     """
 
     def __init__(
@@ -349,8 +395,12 @@ class TorchSession(SteppedSampler):
         max_new_tokens: list[int],
         temperature: float,
         seed: int,
+        samples: int = 1,
     ) -> None:
         super().__init__(backend, prompts, max_new_tokens, temperature, seed, backend.max_positions)
+        if samples < 1 or len(prompts) % samples:
+            raise ValueError(f"{len(prompts)} rows are not runs of {samples} samples of a prompt")
+        self.samples = samples
         B, P, S = len(prompts), self.P, self.S
         self.valid = torch.zeros((B, S), dtype=torch.bool)
         self.valid[:, :P] = self.prompt_mask
@@ -369,7 +419,7 @@ class TorchSession(SteppedSampler):
             return []
         b, P, t = self.b, self.P, self.t
         if t == 0:
-            hidden = b._forward(self.ids, self.positions, 0, self.mask[:, None], self.k_cache, self.v_cache)
+            hidden = self._prefill()
         else:
             self.valid[:, P + t - 1] = True
             hidden = b._forward(
@@ -381,6 +431,26 @@ class TorchSession(SteppedSampler):
                 self.v_cache,
             )
         return self.sample(hidden @ b.lm_head_t)
+
+    def _prefill(self) -> torch.Tensor:
+        """The prompts through the model, each once: its first sample's row is computed
+        (strided views of the caches), then copied to the other samples' rows."""
+        b, n, P = self.b, self.samples, self.P
+        if n == 1:
+            return b._forward(self.ids, self.positions, 0, self.mask[:, None], self.k_cache, self.v_cache)
+        firsts = slice(None, None, n)
+        hidden = b._forward(
+            self.ids[firsts],
+            self.positions[firsts],
+            0,
+            self.mask[firsts, None],
+            [k[firsts] for k in self.k_cache],
+            [v[firsts] for v in self.v_cache],
+        )
+        for cache in (*self.k_cache, *self.v_cache):
+            runs = cache.view(-1, n, *cache.shape[1:])  # (prompts, samples, heads, slots, dim)
+            runs[:, 1:, :, :P] = runs[:, :1, :, :P]
+        return hidden.repeat_interleave(n, dim=0)
 
     def close(self) -> None:
         self.done[:] = True
