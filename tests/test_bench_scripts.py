@@ -340,6 +340,26 @@ def test_peer_trl_prompts_are_the_inference_workers():
 # ---- weight_sync ----------------------------------------------------------------------
 
 
+# ---- generation ---------------------------------------------------------------------
+
+
+def test_generation_prints_each_side_of_each_model_against_generate(monkeypatch, capsys):
+    generation = load("generation.py")
+    for name, value in (("B", 2), ("G", 2), ("PROMPT", 6), ("MAX_NEW", 4)):
+        monkeypatch.setattr(generation, name, value)
+    monkeypatch.setattr(sys, "argv", ["generation.py", "--repeats", "1", "--llama"])
+    torch_threads = __import__("torch").get_num_threads()
+    try:
+        assert generation.main() == 0
+    finally:
+        __import__("torch").set_num_threads(torch_threads)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
+    sides = ("hand-written", "transformers forward", "transformers generate")
+    assert [r.split(" | ")[:2] for r in rows] == [[f"| tiny {m}", s] for m in ("qwen2", "llama") for s in sides]
+    assert all(float(r.split(" | ")[2].replace(",", "")) > 0 for r in rows)
+    assert [r.split(" | ")[3] for r in rows if "generate" in r] == ["1.00× |", "1.00× |"]
+
+
 def test_weight_sync_help_names_its_flags():
     done = bench("weight_sync.py", "--help")
     assert done.returncode == 0, done.stderr
