@@ -40,7 +40,7 @@ from sync_vs_async import run_mode, steady
 
 from workers.core.merge import deep_merge, parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 
 LAYOUTS = ("barrier", "episode", "overcommit")
 
@@ -111,7 +111,7 @@ def main() -> int:
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     results: dict[str, dict] = {}
     try:

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.core.run_actors import NAMESPACE
 
     if rollway_sides:
-        from workers.core.worker_process import RUNTIME_ENV
+        from workers.core.worker_process import runtime_env
 
         ray.init(
             address="local",
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             include_dashboard=False,
             namespace=NAMESPACE,
             log_to_driver=False,
-            runtime_env=RUNTIME_ENV,
+            runtime_env=runtime_env(),
         )
     try:
         for seed in args.seed_list:

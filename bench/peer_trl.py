@@ -557,7 +557,7 @@ def run_rollway(args: argparse.Namespace, policy: str, work_dir: str, samples: i
     confinement = Confinement.from_lists([work_dir], [], scratch_root=os.path.join(work_dir, "scratch"))
     results = {}
     # address="local": a Ray of its own even where another one runs on the host.
-    from workers.core.worker_process import RUNTIME_ENV
+    from workers.core.worker_process import runtime_env
 
     ray.init(
         address="local",
@@ -565,7 +565,7 @@ def run_rollway(args: argparse.Namespace, policy: str, work_dir: str, samples: i
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     try:
         for i, backend in enumerate(b for b in args.backends.split(",") if b):

@@ -38,7 +38,7 @@ from sync_vs_async import run_mode, steady
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 
 # name → (preset, overrides on top of the common ones)
 MODES: dict[str, tuple[str, dict]] = {
@@ -103,7 +103,7 @@ def main() -> int:
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     results: dict[str, dict] = {}
     by_config: dict[str, str] = {}

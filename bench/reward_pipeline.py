@@ -42,7 +42,7 @@ from sync_vs_async import run_mode, steady
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 
 DEFAULT_STEPS = 10
 
@@ -88,7 +88,7 @@ def main() -> int:
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     results: dict[str, dict] = {}
     try:

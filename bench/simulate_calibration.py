@@ -24,7 +24,7 @@ from sync_vs_async import run_mode
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 from workers.simulate.measured import FIGURES, calibrate
 
 # A preset's run, short and small: the figures are rates, so 24 steps of 16 × 8 samples do.
@@ -69,7 +69,7 @@ def main() -> int:
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     results: dict[str, dict] = {}
     try:

@@ -29,7 +29,7 @@ import ray
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 from workers.rl_tasks import task_class
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement
@@ -122,7 +122,7 @@ def main() -> int:
         include_dashboard=False,
         namespace=NAMESPACE,
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     try:

@@ -39,7 +39,7 @@ import time
 import ray
 
 from workers.config.run_config import ModelConfig
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {
@@ -340,7 +340,7 @@ def main() -> None:
         include_dashboard=False,
         namespace="rollway-bench-sync",
         log_to_driver=False,
-        runtime_env=RUNTIME_ENV,
+        runtime_env=runtime_env(),
     )
     out: dict = {}
     try:

@@ -24,7 +24,7 @@ import torch
 from tests.engine.helpers import TOKEN, small_config
 from tests.engine.ingest_stub import IngestStub
 from workers.core.run_actors import NAMESPACE, kill_named
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 from workers.model.loading import build_tiny, save_model
 from workers.model.tokenizer import CharTokenizer
 
@@ -52,7 +52,7 @@ def cluster(tmp_path_factory):
                 include_dashboard=False,
                 namespace=NAMESPACE,
                 log_to_driver=False,
-                runtime_env=RUNTIME_ENV,
+                runtime_env=runtime_env(),
             )
     yield
     if ray.is_initialized():

@@ -20,7 +20,7 @@ import ray
 
 from workers.config.presets import build
 from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch, on_the_head
 
@@ -52,7 +52,7 @@ def left(spec: dict) -> dict:
 
 
 def main(verb: str, spec: str) -> None:
-    ray.init(namespace=NAMESPACE, log_to_driver=False, runtime_env=RUNTIME_ENV)  # RAY_ADDRESS: the cluster under test
+    ray.init(namespace=NAMESPACE, log_to_driver=False, runtime_env=runtime_env())  # RAY_ADDRESS: the cluster under test
     try:
         answer = {"run": run, "launch": launch_detached, "left": left}[verb](json.loads(spec))
     finally:

@@ -101,8 +101,9 @@ def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
     assert set(s["staleness/max"].values()) == {0.0}  # every batch from the current weights
     assert set(s["buffer/dropped_stale"].values()) == {0.0}
     assert not [name for name in s if name.startswith("eval/")]  # eval is off by default
-    # Alternation: the trainer waits while inference generates, at every step.
-    assert all(v > 0.2 for v in s["trainer/idle_frac"].values())
+    # Alternation: every batch is from the weights of the step before (staleness 0
+    # above), so the trainer waits for its generation at every step.
+    assert all(v > 0 for v in s["trainer/idle_frac"].values())
     # Taking turns, each phase computes on the threads of both (a thread each by default).
     threads = {p["actor"]: p["threads"] for p in out["placement"]}
     assert threads["trainer"] == threads["inference worker 0"] == 2, threads

@@ -1,6 +1,6 @@
 """What every Ray worker process of a run sets before any actor code runs: Ray's
 `worker_process_setup_hook`, named by module path in the job's runtime environment
-(`RUNTIME_ENV`, given to `ray.init`), so Ray imports this module in each worker as it
+(`runtime_env()`, given to `ray.init`), so Ray imports this module in each worker as it
 starts. The standard library only: whatever this imports, every worker pays for.
 
 It hides two packages from transformers: scikit-learn and SciPy. While it loads any
@@ -26,4 +26,7 @@ def setup() -> None:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
-RUNTIME_ENV = {"worker_process_setup_hook": f"{__name__}.setup"}
+def runtime_env() -> dict:
+    """The job's runtime environment naming `setup`: a new dict each call, since
+    `ray.init` writes into the one it is given."""
+    return {"worker_process_setup_hook": f"{__name__}.setup"}

@@ -16,7 +16,7 @@ import ray
 
 from workers.config.run_config import RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names, with_options
-from workers.core.worker_process import RUNTIME_ENV
+from workers.core.worker_process import runtime_env
 from workers.run.admission import Capacity, gpu_memory_of
 from workers.run.checkpoints import check_resume
 from workers.run.driver import RunDriver
@@ -48,9 +48,9 @@ def connect(ray_address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, runtime_env=RUNTIME_ENV)
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, runtime_env=runtime_env())
     else:
-        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, runtime_env=RUNTIME_ENV)
+        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())
 
 
 def _answers(address: str) -> bool:
