@@ -203,8 +203,11 @@ def test_rollouts_use_the_bpe_ids_and_stop_at_eos(request, tmp_path, arch):
     assert float(((trained - sampled) * batch.mask).abs().max()) < 1e-4
 
 
-def test_weights_reload_into_the_transformers_backend(qwen_dir):
-    backend = make_backend(RunConfig(), qwen_dir)
+def test_weights_reload_into_the_transformers_backend_and_the_hand_written_loop(qwen_dir):
+    from workers.inference.transformers_backend import TransformersBackend
+    from workers.sync.verify import backend_checksum
+
+    backend = TransformersBackend(qwen_dir)
     model = AutoModelForCausalLM.from_pretrained(qwen_dir)
     with torch.no_grad():
         for p in model.parameters():
@@ -215,6 +218,10 @@ def test_weights_reload_into_the_transformers_backend(qwen_dir):
     assert state_checksum(backend.model.state_dict()) == state_checksum(model.state_dict())
     with pytest.raises(KeyError, match="missing"):
         backend.load_weights({k: v for k, v in state.items() if "layers.0." not in k})
+    loop = make_backend(RunConfig(), qwen_dir)  # Qwen2 in float32 on the CPU: the hand-written loop
+    assert isinstance(loop, TorchBackend)
+    loop.load_weights(state)
+    assert backend_checksum(loop) == state_checksum(checkpoint_state_dict(model))
 
 
 # --- whole runs through the driver --------------------------------------------------------
