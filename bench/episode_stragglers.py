@@ -40,7 +40,7 @@ from sync_vs_async import run_mode, steady
 
 from workers.core.merge import deep_merge, parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 
 LAYOUTS = ("barrier", "episode", "overcommit")
 
@@ -105,14 +105,7 @@ def main() -> int:
     batch_groups = common["trainer"]["batch_groups"]
     overcommit = args.overcommit if args.overcommit is not None else max(1, batch_groups // 2)
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     results: dict[str, dict] = {}
     try:
         for p, preset in enumerate(args.presets.split(",")):

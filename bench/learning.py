@@ -403,16 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     from workers.core.run_actors import NAMESPACE
 
     if rollway_sides:
-        from workers.core.worker_process import runtime_env
+        from workers.core.worker_process import init_local_ray
 
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            namespace=NAMESPACE,
-            log_to_driver=False,
-            runtime_env=runtime_env(),
-        )
+        init_local_ray(NAMESPACE)
     try:
         for seed in args.seed_list:
             sync_cfg = recipe_config(recipe, policy, seed, steps, "sync", overrides)

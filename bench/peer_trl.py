@@ -557,16 +557,9 @@ def run_rollway(args: argparse.Namespace, policy: str, work_dir: str, samples: i
     confinement = Confinement.from_lists([work_dir], [], scratch_root=os.path.join(work_dir, "scratch"))
     results = {}
     # address="local": a Ray of its own even where another one runs on the host.
-    from workers.core.worker_process import runtime_env
+    from workers.core.worker_process import init_local_ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     try:
         for i, backend in enumerate(b for b in args.backends.split(",") if b):
             for j, mode in enumerate(("sync", "async")):

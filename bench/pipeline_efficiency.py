@@ -38,7 +38,7 @@ from sync_vs_async import run_mode, steady
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 
 # name → (preset, overrides on top of the common ones)
 MODES: dict[str, tuple[str, dict]] = {
@@ -97,14 +97,7 @@ def main() -> int:
         overrides = deep_merge(common, extra)
         configs[m] = (preset, overrides, build(preset, overrides).model_dump_json())
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     results: dict[str, dict] = {}
     by_config: dict[str, str] = {}
     try:

@@ -42,7 +42,7 @@ from sync_vs_async import run_mode, steady
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 
 DEFAULT_STEPS = 10
 
@@ -82,14 +82,7 @@ def main() -> int:
         raise SystemExit(f"--workers must be ≥ 1 (got {args.workers})")
     common = deep_merge({"stop": {"max_steps": args.steps, "max_minutes": args.minutes}}, parse_sets(args.set))
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     results: dict[str, dict] = {}
     try:
         t = time.perf_counter()

@@ -24,7 +24,7 @@ from sync_vs_async import run_mode
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 from workers.simulate.measured import FIGURES, calibrate
 
 # A preset's run, short and small: the figures are rates, so 24 steps of 16 × 8 samples do.
@@ -63,14 +63,7 @@ def main() -> int:
     args = ap.parse_args()
 
     overrides = deep_merge(deep_merge(COMMON, {"stop": {"max_steps": args.steps}}), parse_sets(args.set))
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     results: dict[str, dict] = {}
     try:
         for i, preset in enumerate(args.presets.split(",")):

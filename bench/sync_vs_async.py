@@ -29,7 +29,7 @@ import ray
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
 from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 from workers.rl_tasks import task_class
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement
@@ -116,14 +116,7 @@ def main() -> int:
     overrides = {"inference": {"backend": args.backend}, "stop": {"max_steps": args.steps, "max_minutes": args.minutes}}
     overrides = deep_merge(overrides, parse_sets(args.set))
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray(NAMESPACE)
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     try:
         for rep in range(args.repeat):

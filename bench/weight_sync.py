@@ -39,7 +39,7 @@ import time
 import ray
 
 from workers.config.run_config import ModelConfig
-from workers.core.worker_process import runtime_env
+from workers.core.worker_process import init_local_ray
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {
@@ -334,14 +334,7 @@ def main() -> None:
     cases = [c for c in CASES if not wanted or any(w in c[0] for w in wanted)]
 
     print(f"load average at start: {os.getloadavg()}, {os.cpu_count()} CPUs")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="rollway-bench-sync",
-        log_to_driver=False,
-        runtime_env=runtime_env(),
-    )
+    init_local_ray("rollway-bench-sync")
     out: dict = {}
     try:
         with tempfile.TemporaryDirectory(prefix="rollway-bench-sync-") as root:

@@ -30,3 +30,19 @@ def runtime_env() -> dict:
     """The job's runtime environment naming `setup`: a new dict each call, since
     `ray.init` writes into the one it is given."""
     return {"worker_process_setup_hook": f"{__name__}.setup"}
+
+
+def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
+    """A Ray cluster of this process's own (address "local": even where RAY_ADDRESS or a
+    `ray start` on this host names another one) whose workers are set up as a run's: what
+    the bench scripts measure on."""
+    import ray  # here, not above: every worker imports this module before anything else
+
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        namespace=namespace,
+        log_to_driver=False,
+        runtime_env=runtime_env(),
+    )
