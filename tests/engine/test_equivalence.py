@@ -45,6 +45,9 @@ SMALL = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
     "warm_start": {"steps": 150, "noisy_steps": 20, "batch_size": 32},
     "inference": {"backend": "torch", "num_workers": 1},
+    # One thread in every run: sync would otherwise compute on two (each phase takes both
+    # actors' threads), and another thread count rounds floats differently.
+    "placement": {"cpu_threads": 1},
     "trainer": {"batch_groups": 4, "group_size": 4, "lr": 5e-3},
     "stop": {"max_steps": STEPS, "max_minutes": 3},
 }

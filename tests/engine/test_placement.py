@@ -59,6 +59,8 @@ def test_taking_turns_on_cpus_each_phase_gets_every_thread_the_runs_actors_have(
     assert turns(mode="async") is None  # side by side: each keeps its own
     gpu = {"devices": "gpu", "mode": "colocated"}
     assert turns(mode="sync", placement=gpu) is None
+    assert turns(mode="sync", placement={"cpu_threads": 1}) == (1, 1)  # pinned, in either mode
+    assert turns(mode="async", placement={"cpu_threads": 3}) == (3, 3)
 
 
 def test_each_reward_worker_has_a_bundle_of_its_own_after_the_pools_with_its_node_label():

@@ -760,6 +760,15 @@ class PlacementConfig(_Section):
         description="Ray's placement group strategy over the bundles: PACK (few nodes, best effort), SPREAD "
         "(many nodes, best effort), STRICT_PACK (one node), STRICT_SPREAD (each bundle on its own node).",
     )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="torch threads of each inference worker and trainer rank on CPUs; unset: the CPUs each "
+        "reserved (at least 1), or in mode 'sync', where generation and training take turns, every thread the "
+        "run's actors have between them, shared by each phase's actors. Set it to pin a count (comparing runs "
+        "bit for bit: a different count rounds floats differently).",
+    )
     inference_node: str | None = Field(
         None,
         max_length=400,

@@ -96,14 +96,17 @@ def totals(cfg: RunConfig) -> Totals:
 
 
 def phase_threads(cfg: RunConfig) -> tuple[int, int] | None:
-    """Torch threads for each inference worker and each trainer rank of a run whose
-    phases take turns on CPUs (mode 'sync': generation, then the step, never both), or
-    None where each actor keeps Ray's count (the CPUs it reserved, at least 1).
+    """Torch threads for each inference worker and each trainer rank: `placement.cpu_threads`
+    where set; else, for a run whose phases take turns on CPUs (mode 'sync': generation,
+    then the step, never both), every thread of the run's actors; else None, where each
+    actor keeps Ray's count (the CPUs it reserved, at least 1).
 
     Taking turns, one phase's actors would otherwise compute on their own threads while
     the other phase's sit idle: each phase gets all the threads the run's inference
     workers and trainer ranks have between them, shared among its own actors. A peer that
     runs both phases in one process (TRL's GRPOTrainer) uses every core in each."""
+    if cfg.placement.cpu_threads is not None:
+        return cfg.placement.cpu_threads, cfg.placement.cpu_threads
     if cfg.mode != "sync" or cfg.placement.devices != "cpu":
         return None
     w, r = cfg.inference.num_workers, cfg.trainer.num_ranks
