@@ -255,3 +255,60 @@ def test_a_trainer_taking_turns_steps_only_once_every_worker_sleeps(monkeypatch)
     trainer.cfg = RunConfig.model_validate({"mode": "sync"})
     trainer._stop.clear()
     assert trainer._gpu_turn() and len(asked) == 6  # never sleeping: nobody is asked
+
+
+def test_the_episode_loop_hands_the_gpu_over_with_nothing_in_flight_and_wakes_before_a_turn(monkeypatch):
+    """The loop for episodes sleeps where the plain loop does (admission refused, nothing
+    in flight) and wakes vLLM before it steps the episodes admitted after."""
+    import threading
+
+    from workers.config.run_config import RunConfig
+    from workers.core.timeline import Timeline
+    from workers.run.inference_worker import InferenceWorker
+
+    calls: list = []
+    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker.cfg = RunConfig.model_validate(
+        {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
+    )
+    worker.backend = recording_backend(1, calls)
+    worker.version, worker._resume_at, worker.eval_prompts, worker.error = 0, 0, None, None
+    worker.chunk_groups, worker.num_workers, worker.index, worker.timeline = 1, 1, 0, Timeline()
+    worker._stop, worker._weights_arrived = threading.Event(), threading.Event()
+    worker._gpu_handed_over = threading.Event()
+    worker.timings, worker._evals_lock = [], threading.Lock()
+
+    class Staged:
+        def apply(self) -> None:
+            pass
+
+        def pending(self) -> bool:
+            return False
+
+    class Policy:
+        def loads_between_calls(self, in_flight: bool) -> bool:
+            return True
+
+        def admits_while_pending(self) -> bool:
+            return True
+
+    class Scheduler:  # round 1: nothing admitted, nothing in flight; round 2: one episode
+        in_flight, tokens, rounds = 0, 1, 0
+
+        def next_ready_in(self):
+            self.rounds += 1
+            return None if self.rounds == 1 else 0.0
+
+        def step(self, version):
+            calls.append(("step", worker.wait_asleep(0)))
+            worker._stop.set()
+            return []
+
+        def drain_timings(self):
+            return []
+
+    worker.staged, worker.policy, worker.episodes = Staged(), Policy(), Scheduler()
+    monkeypatch.setattr(worker, "_admit_episodes", lambda room: None, raising=False)
+    worker._episode_loop()
+    assert worker.error is None
+    assert calls == [("sleep", 1), ("wake_up", ("weights", "kv_cache")), ("step", False)]

@@ -387,6 +387,7 @@ class InferenceWorker:
                     continue
                 if due > 0:  # every episode waits on its environment
                     self._weights_arrived.wait(min(due, ADMIT_POLL_S))
+                self._awake()  # it may have handed the GPU over while nothing was in flight
                 self.timeline.begin(GENERATE)
                 ended = sched.step(self.version)
                 if sched.tokens:
