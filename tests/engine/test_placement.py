@@ -49,6 +49,7 @@ def test_by_default_each_actor_has_a_cpu_bundle_of_its_own_and_asks_no_gpu():
 
 
 def test_taking_turns_on_cpus_each_phase_gets_every_thread_the_runs_actors_have():
+    # Always a count on CPUs, whatever OMP_NUM_THREADS the environment exports.
     def turns(**fields):
         return placement.phase_threads(RunConfig.model_validate(fields))
 
@@ -56,7 +57,8 @@ def test_taking_turns_on_cpus_each_phase_gets_every_thread_the_runs_actors_have(
     # Two workers of 1 CPU and one rank of 2: 4 threads, shared by the phase's actors.
     sized = {"inference": {"num_workers": 2, "cpus_per_worker": 1}, "trainer": {"cpus_per_rank": 2}}
     assert turns(mode="sync", **sized) == (2, 4)
-    assert turns(mode="async") is None  # side by side: each keeps its own
+    assert turns(mode="async") == (1, 1)  # side by side: each its own (at least 1)
+    assert turns(mode="async", **sized) == (1, 2)
     gpu = {"devices": "gpu", "mode": "colocated"}
     assert turns(mode="sync", placement=gpu) is None
     assert turns(mode="sync", placement={"cpu_threads": 1}) == (1, 1)  # pinned, in either mode

@@ -96,21 +96,29 @@ def totals(cfg: RunConfig) -> Totals:
 
 
 def phase_threads(cfg: RunConfig) -> tuple[int, int] | None:
-    """Torch threads for each inference worker and each trainer rank: `placement.cpu_threads`
-    where set; else, for a run whose phases take turns on CPUs (mode 'sync': generation,
-    then the step, never both), every thread of the run's actors; else None, where each
-    actor keeps Ray's count (the CPUs it reserved, at least 1).
+    """Torch threads for each inference worker and each trainer rank on CPUs:
+    `placement.cpu_threads` where set; else, for a run whose phases take turns (mode
+    'sync': generation, then the step, never both), every thread of the run's actors; else
+    the CPUs each reserved (at least 1). None on GPUs, where each actor keeps Ray's count.
 
     Taking turns, one phase's actors would otherwise compute on their own threads while
     the other phase's sit idle: each phase gets all the threads the run's inference
     workers and trainer ranks have between them, shared among its own actors. A peer that
-    runs both phases in one process (TRL's GRPOTrainer) uses every core in each."""
+    runs both phases in one process (TRL's GRPOTrainer) uses every core in each.
+
+    The count is always given, never left to the environment: Ray sets OMP_NUM_THREADS
+    from an actor's CPUs only where the raylet's own environment lacks it, so a shell (or
+    a process that started Ray) exporting OMP_NUM_THREADS would otherwise give every actor
+    that many threads, side by side on the same cores."""
     if cfg.placement.cpu_threads is not None:
         return cfg.placement.cpu_threads, cfg.placement.cpu_threads
-    if cfg.mode != "sync" or cfg.placement.devices != "cpu":
+    if cfg.placement.devices != "cpu":
         return None
     w, r = cfg.inference.num_workers, cfg.trainer.num_ranks
-    held = w * _threads(cfg.inference.cpus_per_worker) + r * _threads(cfg.trainer.cpus_per_rank)
+    own = _threads(cfg.inference.cpus_per_worker), _threads(cfg.trainer.cpus_per_rank)
+    if cfg.mode != "sync":
+        return own
+    held = w * own[0] + r * own[1]
     return max(1, held // w), max(1, held // r)
 
 
