@@ -15,6 +15,10 @@ without), on this model's records and on synthetic ones of common MoE shapes.
     .venv/bin/python bench/keep_records.py                                   # staleness 1 4, seeds 0 1
     .venv/bin/python bench/keep_records.py --staleness 1 --seeds 0 --steps 8  # a quick look
     .venv/bin/python bench/keep_records.py --sizes-only
+    python bench/keep_records.py --train-only --staleness 0 --dtype bfloat16 --hidden 256  # a GPU, no Ray
+
+On a CUDA GPU both sides run there (the device the process is given); `--dtype
+bfloat16` generates on bf16 weights and trains under bf16 autocast, as a GPU run does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from workers.config.run_config import RunConfig  # noqa: E402
+from workers.core.devices import assigned_device  # noqa: E402
 from workers.core.routing import NO_EXPERT, RoutingRecord, packed_bits_per_slot  # noqa: E402
 from workers.inference.backends import make_torch_backend  # noqa: E402
 from workers.inference.sampling import Truncation  # noqa: E402
@@ -68,8 +73,13 @@ def config(model_dir: str, args, seed: int, keep_routing: bool, keep_mask: bool)
             # model, so the trainer's steps move its weights (staleness is real).
             "task": {"reward": "position"},
             "seed": seed,
-            "trainer": {"batch_groups": args.batch_groups, "group_size": args.group_size, "lr": args.lr},
-            "inference": inference,
+            "trainer": {
+                "batch_groups": args.batch_groups,
+                "group_size": args.group_size,
+                "lr": args.lr,
+                "dtype": args.dtype,
+            },
+            "inference": {**inference, "dtype": args.dtype},
             "correction": {"keep_routing": keep_routing, "keep_sampling_mask": keep_mask},
         }
     )
@@ -136,7 +146,11 @@ def train(model_dir: str, args, staleness: int, seed: int, keep_routing: bool, k
     behind the trainer."""
     cfg = config(model_dir, args, seed, keep_routing, keep_mask)
     backend = make_torch_backend(
-        model_dir, truncation=Truncation.of(cfg.inference), record_routing=keep_routing, keep_sampling_mask=keep_mask
+        model_dir,
+        args.dtype,
+        truncation=Truncation.of(cfg.inference),
+        record_routing=keep_routing,
+        keep_sampling_mask=keep_mask,
     )
     tokenizer, task = load_tokenizer(model_dir), make_task(cfg.task)
     trainer = Trainer(cfg, model_dir)
@@ -161,6 +175,46 @@ def curve(runs: list[list[dict]], steps: int) -> list[float]:
     return [fmean(fmean(m["reward/mean"] for m in h[k : k + window]) for h in runs) for k in range(0, steps, window)]
 
 
+def print_sizes(model_dir: str, args):
+    """Print the records' sizes, synthetic and of one generation; returns a routing record
+    of that generation (None: the model routes no experts)."""
+    print("Routing record, synthetic (512 tokens × 48 layers, a tenth padded): bits a slot")
+    print("| model shape | experts | top-k | buffer | Ray object store | int8 ids through Ray |")
+    print("|---|---|---|---|---|---|")
+    for name, experts, top_k, buffer_bits, ray_bits, ids_bits in synthetic_sizes():
+        assert buffer_bits <= packed_bits_per_slot(experts, top_k) + 1e-9
+        print(f"| {name} | {experts} | {top_k} | {buffer_bits:.2f} | {ray_bits:.2f} | {ids_bits:.2f} |")
+
+    cfg = config(model_dir, args, 0, True, True)
+    backend = make_torch_backend(
+        model_dir, args.dtype, truncation=Truncation.of(cfg.inference), record_routing=True, keep_sampling_mask=True
+    )
+    task = make_task(cfg.task)
+    groups = generate_groups(
+        backend, task, load_tokenizer(model_dir), task.sample(args.batch_groups, random.Random(0)), cfg, 0, seed=1
+    )
+    rollouts = [r for g in groups for r in g.rollouts]
+    rec = rollouts[0].expert_routing
+    sizes = record_sizes(rollouts)
+    print(
+        f"\nmodel: tiny {args.arch} (hidden {args.hidden}, {rec.layers if rec else '?'} layers, "
+        f"top-{rec.top_k if rec else '?'} of {rec.num_experts if rec else '?'} experts), inference top_k "
+        f"{args.top_k or 'off'}, top_p {args.top_p}; {len(rollouts)} rollouts; {args.dtype} on {assigned_device()}"
+    )
+    if rec is not None:
+        print(
+            f"routing: {sizes['routing_buffer_bytes_per_token']:.3f} bytes/token in the buffer "
+            f"({sizes['routing_buffer_bits_per_slot']:.2f} bits a slot), "
+            f"{sizes['routing_ray_bytes_per_token']:.3f} through Ray "
+            f"({sizes['routing_ray_bits_per_slot']:.2f} bits a slot)"
+        )
+    print(
+        f"mask: {sizes['mask_buffer_bytes_per_token']:.1f} bytes per completion token in the buffer, "
+        f"{sizes['mask_ray_bytes_per_token']:.1f} through Ray"
+    )
+    return rec
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="qwen2_moe")
@@ -179,11 +233,19 @@ def main() -> None:
         default=200,
         help="supervised steps on clean, then as many on noisy demonstrations before RL (0: a random model)",
     )
+    ap.add_argument("--hidden", type=int, default=64, help="the tiny checkpoint's hidden size")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="generation's and the trainer's compute dtype (trainer.dtype, inference.dtype): bfloat16 as on a GPU",
+    )
     ap.add_argument("--sizes-only", action="store_true")
+    ap.add_argument("--train-only", action="store_true", help="no sizes (they need Ray's serializer)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="keep-records-")
-    model_dir = make_tiny_checkpoint(f"{work}/{args.arch}", args.arch, hidden_size=64, seed=0)
+    model_dir = make_tiny_checkpoint(f"{work}/{args.arch}", args.arch, hidden_size=args.hidden, seed=0)
     if args.warm_start and not args.sizes_only:
         # A policy with the skill that samples it unreliably, as a run's warm start makes
         # it: rewards spread, so RL has something to learn (a random model scores ~0).
@@ -198,40 +260,10 @@ def main() -> None:
         model_dir = policy_dir(warm, f"{work}/warm")
         print(f"warm start: {args.warm_start} + {args.warm_start} steps, {time.perf_counter() - started:.0f} s")
 
-    print("Routing record, synthetic (512 tokens × 48 layers, a tenth padded): bits a slot")
-    print("| model shape | experts | top-k | buffer | Ray object store | int8 ids through Ray |")
-    print("|---|---|---|---|---|---|")
-    for name, experts, top_k, buffer_bits, ray_bits, ids_bits in synthetic_sizes():
-        assert buffer_bits <= packed_bits_per_slot(experts, top_k) + 1e-9
-        print(f"| {name} | {experts} | {top_k} | {buffer_bits:.2f} | {ray_bits:.2f} | {ids_bits:.2f} |")
-
-    cfg = config(model_dir, args, 0, True, True)
-    backend = make_torch_backend(
-        model_dir, truncation=Truncation.of(cfg.inference), record_routing=True, keep_sampling_mask=True
-    )
-    task = make_task(cfg.task)
-    groups = generate_groups(
-        backend, task, load_tokenizer(model_dir), task.sample(args.batch_groups, random.Random(0)), cfg, 0, seed=1
-    )
-    rollouts = [r for g in groups for r in g.rollouts]
-    rec = rollouts[0].expert_routing
-    sizes = record_sizes(rollouts)
-    print(
-        f"\nmodel: tiny {args.arch} (hidden 64, {rec.layers if rec else '?'} layers, "
-        f"top-{rec.top_k if rec else '?'} of {rec.num_experts if rec else '?'} experts), inference top_k "
-        f"{args.top_k or 'off'}, top_p {args.top_p}; {len(rollouts)} rollouts"
-    )
-    if rec is not None:
-        print(
-            f"routing: {sizes['routing_buffer_bytes_per_token']:.3f} bytes/token in the buffer "
-            f"({sizes['routing_buffer_bits_per_slot']:.2f} bits a slot), "
-            f"{sizes['routing_ray_bytes_per_token']:.3f} through Ray "
-            f"({sizes['routing_ray_bits_per_slot']:.2f} bits a slot)"
-        )
-    print(
-        f"mask: {sizes['mask_buffer_bytes_per_token']:.1f} bytes per completion token in the buffer, "
-        f"{sizes['mask_ray_bytes_per_token']:.1f} through Ray"
-    )
+    # Train only: no generation to ask, so the routing rows run (for a dense model they
+    # repeat the rows without it).
+    routes = True if args.train_only else print_sizes(model_dir, args) is not None
+    print(f"{args.dtype} on {assigned_device()}")
     if args.sizes_only:
         return
 
@@ -250,7 +282,7 @@ def main() -> None:
     curves = []
     for staleness in [int(x) for x in args.staleness.split(",")]:
         for keep_routing, keep_mask in SWITCHES:
-            if keep_routing and rec is None:
+            if keep_routing and not routes:
                 continue
             started = time.perf_counter()
             runs = [train(model_dir, args, staleness, seed, keep_routing, keep_mask) for seed in seeds]

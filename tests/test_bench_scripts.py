@@ -360,6 +360,19 @@ def test_generation_prints_each_side_of_each_model_against_generate(monkeypatch,
     assert [r.split(" | ")[3] for r in rows if "generate" in r] == ["1.00× |", "1.00× |"]
 
 
+def test_keep_records_trains_each_switch_in_the_dtype_asked_without_sizes():
+    # --train-only needs no Ray (a GPU host may lack it): four rows, one per switch.
+    done = bench(
+        "keep_records.py",
+        *("--train-only", "--staleness", "0", "--seeds", "0", "--steps", "1", "--warm-start", "0"),
+        *("--batch-groups", "2", "--group-size", "2", "--max-new-tokens", "4", "--dtype", "bfloat16"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bfloat16 on cpu" in done.stdout and "Ray object store" not in done.stdout
+    rows = [line.split(" | ")[:3] for line in done.stdout.splitlines() if line.startswith("| 0 | ")]
+    assert rows[:4] == [["| 0", a, b] for a, b in (("off", "off"), ("on", "off"), ("off", "on"), ("on", "on"))]
+
+
 def test_weight_sync_help_names_its_flags():
     done = bench("weight_sync.py", "--help")
     assert done.returncode == 0, done.stderr
