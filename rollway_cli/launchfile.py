@@ -26,7 +26,7 @@ from rollway_cli.errors import BAD_REQUEST, CliError
 from workers.core import merge
 from workers.core.merge import deep_merge
 
-LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "saved_config", "overrides")
+LAUNCH_FIELDS = ("team", "experiment", "name", "preset", "priority", "trackers", "saved_config", "overrides")
 # What a simulation adds to a launch (POST /api/simulations): not config overrides.
 SIMULATE_FIELDS = ("cluster", "workload", "steps")
 
@@ -80,7 +80,7 @@ def beside_file(overrides: dict, path: Path) -> None:
 
 def launch_body(path: Path | None, sets: list[str], *, simulation: bool = False, **given: Any) -> dict:
     """The POST /api/runs body: the file's fields, then the command's options (`given`:
-    team, experiment, name, preset, priority; None when not given), then `sets`. With
+    team, experiment, name, preset, priority, trackers; None when not given), then `sets`. With
     `simulation`, the file's cluster, workload and steps are fields of the body too
     (POST /api/simulations)."""
     data = read_file(path) if path is not None else {}

@@ -150,16 +150,29 @@ def resolve_experiment(api: Api, experiment: str, team: str | None) -> int:
 @click.option("--experiment", help="Experiment id or name.")
 @click.option("--name", help="The run's name.")
 @click.option("--priority", type=int, help="Queue priority, -10..10 (higher starts first).")
+@click.option(
+    "--trackers",
+    metavar="KEYS",
+    help="Experiment trackers to export the run to, comma-separated (mlflow, tensorboard, wandb); '' for none. "
+    "Default: every tracker the site has.",
+)
 @click.option("--follow", is_flag=True, help="Then follow it to the end (exit code as `rollway follow`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the created run as JSON.")
 @site_options
-def launch(file, preset, sets, team, experiment, name, priority, follow, as_json, url, token) -> int:
+def launch(file, preset, sets, team, experiment, name, priority, trackers, follow, as_json, url, token) -> int:
     """Launch a run from a YAML FILE (launch fields and/or config overrides) and options."""
     with connect(url, token) as api:
         if experiment is not None:
             experiment = resolve_experiment(api, experiment, team)
         body = launch_body(
-            file, list(sets), preset=preset, team=team, experiment=experiment, name=name, priority=priority
+            file,
+            list(sets),
+            preset=preset,
+            team=team,
+            experiment=experiment,
+            name=name,
+            priority=priority,
+            trackers=trackers,
         )
         run = api.post("/api/runs", body)
         if as_json and not follow:

@@ -209,6 +209,7 @@ class LaunchIn(BaseModel):
     overrides: Any = None
     saved_config: int | None = None  # a saved configuration version's id, instead of a preset
     priority: Any = None  # the queue's order, higher first; checked by the actions layer
+    trackers: Any = None  # experiment trackers by key (mlflow, tensorboard, wandb); unset: the site's
 
 
 class RunPage(Schema):

@@ -20,7 +20,7 @@ from configs.models import SavedConfig
 from dashboard.config_controls import controls_with_errors
 from foundation import jsonin
 from foundation.errors import ActionError, NotFound, nul_errors
-from runs import actions, lineage, simulation
+from runs import actions, lineage, simulation, sinks
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
@@ -30,7 +30,17 @@ SAVED_PREFIX = "saved:"
 TEAM_PREFIX = "team:"
 # Errors shown beside a field of the form; any other is a config field's, shown beside
 # its control (or, when no control shows that path, beside the overrides box).
-FORM_FIELDS = {"experiment", "name", "preset", "overrides", "priority", "config_name", "config_description", "config"}
+FORM_FIELDS = {
+    "experiment",
+    "name",
+    "preset",
+    "overrides",
+    "priority",
+    "trackers",
+    "config_name",
+    "config_description",
+    "config",
+}
 # The Simulate button's fields (runs/simulation.py): posted as "cluster.gpus" etc., each
 # refusal shown under its own name.
 CLUSTER_FIELDS = ("gpus", "gpu", "model", "inference_share", "tp", "link")
@@ -81,6 +91,11 @@ class LaunchForm:
             # The launched run records that it is a clone of this one (runs/lineage.py).
             "clone_of": request.POST.get("clone_of", request.GET.get("clone", "")),
         }
+        # The tracker boxes (shown where the site has trackers): "trackers_shown" tells
+        # none ticked ([]: export nowhere) from a form without them (None: the site's).
+        self.trackers: list[str] | None = (
+            request.POST.getlist("trackers") if request.POST.get("trackers_shown") else None
+        )
         self.simulation = {key: request.POST.get(key, default) for key, default in SIMULATION_DEFAULTS.items()}
         self.clone_of = self._clone_of()
         if self.clone_of is not None and not self.posted:
@@ -91,6 +106,7 @@ class LaunchForm:
                 overrides=json.dumps(self.clone_of.overrides, indent=2),
                 priority=str(self.clone_of.priority),
             )
+            self.trackers = self.clone_of.trackers
         self.errors: dict[str, str] = {}
         self.status = 200
 
@@ -134,6 +150,7 @@ class LaunchForm:
             "overrides": overrides,
             "saved_config": saved_config,
             "priority": self.data["priority"],
+            "trackers": self.trackers,
         }
 
     def _launch(self, overrides: dict) -> Run:
@@ -228,6 +245,11 @@ class LaunchForm:
             "preset_configs": {o["name"]: o["config"] for group in presets for o in group["options"]},
             "control_groups": control_groups,
             "priority_range": (actions.PRIORITY_MIN, actions.PRIORITY_MAX),
+            # The site's trackers, each ticked unless the form (or the cloned run) chose others.
+            "tracker_choices": [
+                {"key": s.KEY, "name": s.NAME, "checked": self.trackers is None or s.KEY in self.trackers}
+                for s in sinks.configured()
+            ],
             "errors": errors,
             "field_errors": {k: v for k, v in errors.items() if k in FORM_FIELDS or k in SIMULATION_FIELDS},
             # Everything else came from the engine config: beside its control, or when no

@@ -25,7 +25,7 @@ from configs.policy import check_config
 from foundation.errors import ActionError, Conflict, NotFound, collected
 from foundation.fields import max_length
 from foundation.ids import ID_TEXT
-from runs import dispatch, events, tracking
+from runs import dispatch, events, sinks, tracking
 from runs.models import Experiment, Run
 from teams import audit, quotas, roles
 from teams.models import Team
@@ -104,6 +104,7 @@ class LaunchRequest:
     config: RunConfig
     saved_config: SavedConfig | None = None
     priority: int = 0
+    trackers: list[str] | None = None  # None: every tracker the site has (check_trackers)
 
 
 def check_priority(value: Any, *, field: str = "priority", role: str | None = None, team: Team | None = None) -> int:
@@ -130,6 +131,28 @@ def check_priority(value: Any, *, field: str = "priority", role: str | None = No
                 }
             )
     return value
+
+
+def check_trackers(value: Any, *, field: str = "trackers") -> list[str] | None:
+    """The experiment trackers a run is exported to: None (not given) for every one the
+    site has, else a list of tracker keys, each one this site has turned on; [] for none.
+    A form sends them as a comma-separated string. Anything else is an ActionError on
+    `field` naming the keys and, for a known tracker the site lacks, its setting."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    known, here = sinks.by_key(), {sink.KEY for sink in sinks.configured()}
+    if not isinstance(value, list) or not all(isinstance(key, str) for key in value):
+        raise ActionError({field: f"must be a list of tracker names ({', '.join(known)}), got {value!r}"})
+    for key in value:
+        if key not in known:
+            raise ActionError({field: f"{key!r} is not a tracker; the trackers are {', '.join(known)}"})
+        if key not in here:
+            raise ActionError(
+                {field: f"this site does not export to {known[key].NAME}: its operator sets {known[key].SETTING}"}
+            )
+    return sorted(set(value), key=list(known).index)
 
 
 def queued_count(team: Team) -> int:
@@ -191,6 +214,7 @@ def check_launch(
     overrides: Any = None,
     saved_config: Any = None,
     priority: Any = None,
+    trackers: Any = None,
     queued: bool = True,
 ) -> LaunchRequest:
     """Validate a launch; raise ActionError with every field error found, so the form
@@ -213,6 +237,8 @@ def check_launch(
     with collected(errors):
         role = roles.role_of(user, team_obj) if team_obj is not None else None
         priority = check_priority(priority, role=role, team=team_obj)
+    with collected(errors):
+        trackers = check_trackers(trackers)
     name = (name or "").strip()
     if len(name) > RUN_NAME_MAX:
         errors["name"] = f"at most {RUN_NAME_MAX} characters (got {len(name)})"
@@ -232,6 +258,7 @@ def check_launch(
         config=config,
         saved_config=saved,
         priority=priority,
+        trackers=trackers,
     )
 
 
@@ -317,6 +344,7 @@ def create_run(user, launch: LaunchRequest, **fields: Any) -> Run:
         launched_by=user,
         saved_config=launch.saved_config,
         priority=launch.priority,
+        trackers=launch.trackers,
         **fields,
     )
 

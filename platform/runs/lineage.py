@@ -33,7 +33,7 @@ from django.db import transaction
 
 from configs import policy
 from foundation.errors import ActionError, Conflict, Forbidden
-from runs import actions, events
+from runs import actions, events, sinks
 from runs.models import Checkpoint, Experiment, Run, RunTag
 from teams import audit, roles
 from workers.config.presets import deep_merge
@@ -126,6 +126,7 @@ def do_retry(user, parent: Run) -> Run:
         config=parent.config,
         saved_config=parent.saved_config,
         priority=parent.priority,
+        trackers=parent.trackers,
     )
 
 
@@ -173,6 +174,7 @@ def do_resume(user, parent: Run, checkpoint: Checkpoint, *, restarts: int | None
         config=parent.config,
         saved_config=parent.saved_config,
         priority=parent.priority,
+        trackers=parent.trackers,
         resume_from=checkpoint,
         restarts=parent.restarts if restarts is None else restarts,
     )
@@ -242,6 +244,8 @@ def check_clone(
         preset=parent.preset,
         overrides=deep_merge(parent.overrides, overrides),
         priority=parent.priority if priority is None else priority,
+        # The parent's choice, less any tracker the site has turned off since.
+        trackers=None if parent.trackers is None else [s.KEY for s in sinks.for_run(parent.trackers)],
     )
     return parent, launch
 
@@ -273,6 +277,7 @@ def do_clone(user, parent: Run, launch: actions.LaunchRequest) -> Run:
             config=launch.config.model_dump(mode="json"),
             saved_config=launch.saved_config,
             priority=launch.priority,
+            trackers=launch.trackers,
         )
 
 

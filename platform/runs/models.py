@@ -194,6 +194,9 @@ class Run(models.Model):
     overrides = models.JSONField(default=dict, blank=True, help_text="What the user changed.")
     config = models.JSONField(help_text="The full, validated workers.config.run_config.RunConfig.")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    # The experiment trackers the run is exported to (runs/sinks): null for every one the
+    # site has, else the keys its launch chose (an empty list: none).
+    trackers = models.JSONField(null=True, blank=True, default=None)
     # `error` says why a run failed in a sentence or two; `error_detail` keeps what it
     # was worked out from (the failure's facts, or what reconcile saw), shown folded
     # under it. `failure` is the engine's record of it (workers.run.failures.Failure:
@@ -435,6 +438,7 @@ class Run(models.Model):
             "checkpoints": [c.as_dict() for c in self.checkpoints.order_by("-step")],
             "placement": self.placement,
             "simulation": self.simulation,
+            "trackers": self.trackers,
         }
 
     def team_children(self) -> models.QuerySet[Run]:

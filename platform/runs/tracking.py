@@ -8,7 +8,8 @@ a tracker that is down slows no training step; and the export can be checked aga
 what the platform stored. The cost is a lag of about one reporter batch.
 
 Each sink the operator turned on (settings: ROLLWAY_MLFLOW_TRACKING_URI,
-ROLLWAY_TENSORBOARD_DIR, ROLLWAY_WANDB_PROJECT) gets every run: its config once, then its
+ROLLWAY_TENSORBOARD_DIR, ROLLWAY_WANDB_PROJECT) gets every run whose launch chose no
+trackers, and the runs that named it (`Run.trackers`): its config once, then its
 points (series name, step, value, measurement time). The ingest asks for an export at
 most every EXPORT_EVERY_S per run (the Celery task `export_run_metrics`), and the run's
 end asks for a last one that also closes the run in each tracker with its outcome.
@@ -115,10 +116,10 @@ def do_export_run(run_id: int, *, final: bool = False) -> int:
     took (0 when exporting is off, or another export of the run is under way). A tracker
     that fails holds back no other: the rest are sent, then its error is raised (the
     Celery task fails and the next export resumes it from its cursor)."""
-    configured = sinks.configured()
-    if not configured:
+    if not sinks.configured():
         return 0
     run = Run.objects.select_related("experiment__team").get(pk=run_id)
+    configured = sinks.for_run(run.trackers)
     sent, failure = 0, None
     with transaction.atomic():
         if not _locked(run_id):

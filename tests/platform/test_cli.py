@@ -166,6 +166,18 @@ def test_launch_options_alone_with_a_team_slug_and_an_experiment_name(site, team
     assert (run.preset, run.experiment) == ("sync", experiment)
 
 
+def test_launch_chooses_trackers_from_the_file_or_the_option(site, team, experiment, capsys, settings, tmp_path):
+    settings.ROLLWAY_MLFLOW_TRACKING_URI, settings.ROLLWAY_WANDB_PROJECT = "", ""
+    settings.ROLLWAY_TENSORBOARD_DIR = str(tmp_path / "tb")
+    spec = tmp_path / "run.yaml"
+    spec.write_text(f"preset: sync\nexperiment: {experiment.pk}\ntrackers: [tensorboard]\n")
+    assert rollway(capsys, "launch", str(spec))[0] == 0
+    assert rollway(capsys, "launch", str(spec), "--trackers", "")[0] == 0  # the option wins: none
+    code, _, err = rollway(capsys, "launch", "--preset", "sync", "--team", team.slug, "--trackers", "wandb")
+    assert code == errors.BAD_REQUEST and "this site does not export to W&B" in err
+    assert [run.trackers for run in Run.objects.order_by("pk")] == [["tensorboard"], []]
+
+
 def test_launch_prints_the_settings_the_checkpoint_would_want(site, team, experiment, capsys, monkeypatch):
     from configs import policy
 

@@ -283,3 +283,59 @@ def test_a_bad_priority_is_a_400_naming_it_and_creates_nothing(client_for, owner
     assert says in r.json()["errors"]["priority"]
     assert not Run.objects.exists()
     assert enqueued == []
+
+
+# --- trackers ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trackers_on(settings, tmp_path):
+    """A site exporting to TensorBoard only."""
+    settings.ROLLWAY_MLFLOW_TRACKING_URI = settings.ROLLWAY_WANDB_PROJECT = ""
+    settings.ROLLWAY_TENSORBOARD_DIR = str(tmp_path / "tb")
+
+
+def test_a_launch_chooses_its_trackers_and_unset_takes_the_sites(client_for, owner, experiment, trackers_on):
+    client = client_for(owner)
+    chose = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync", "trackers": ["tensorboard"]})
+    none = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync", "trackers": []})
+    unset = post_json(client, URL, {"experiment": experiment.pk, "preset": "sync"})
+    assert (chose.status_code, none.status_code, unset.status_code) == (201, 201, 201), chose.content
+    assert [r.json()["trackers"] for r in (chose, none, unset)] == [["tensorboard"], [], None]
+    assert [Run.objects.get(pk=r.json()["id"]).trackers for r in (chose, none, unset)] == [["tensorboard"], [], None]
+
+
+@pytest.mark.parametrize(
+    ("trackers", "says"),
+    [
+        (["neptune"], "'neptune' is not a tracker; the trackers are mlflow, tensorboard, wandb"),
+        (["wandb"], "this site does not export to W&B: its operator sets ROLLWAY_WANDB_PROJECT"),
+        ("tensorboard,mlflow", "this site does not export to MLflow: its operator sets ROLLWAY_MLFLOW_TRACKING_URI"),
+        ([1], "must be a list of tracker names (mlflow, tensorboard, wandb), got [1]"),
+        ({"wandb": True}, "must be a list of tracker names"),
+    ],
+)
+def test_a_tracker_the_site_lacks_is_a_400_naming_it_and_creates_nothing(
+    client_for, owner, experiment, enqueued, trackers_on, trackers, says
+):
+    r = post_json(client_for(owner), URL, {"experiment": experiment.pk, "preset": "sync", "trackers": trackers})
+    assert r.status_code == 400
+    assert says in r.json()["errors"]["trackers"]
+    assert not Run.objects.exists() and enqueued == []
+
+
+def test_the_form_offers_the_sites_trackers_and_none_ticked_exports_nowhere(client_for, owner, experiment, trackers_on):
+    client = client_for(owner)
+    html = client.get("/runs/new/").content.decode()
+    assert 'name="trackers" value="tensorboard" checked' in html and 'value="wandb"' not in html
+    fields = {"experiment": experiment.pk, "preset": "sync", "overrides": "", "trackers_shown": "1"}
+    assert client.post("/runs/new/", fields).status_code == 302  # nothing ticked
+    assert client.post("/runs/new/", {**fields, "trackers": "tensorboard"}).status_code == 302
+    assert [run.trackers for run in Run.objects.order_by("pk")] == [[], ["tensorboard"]]
+    clone = client.get(f"/runs/new/?clone={Run.objects.order_by('pk').first().pk}").content.decode()
+    assert 'name="trackers" value="tensorboard" >' in clone  # the clone keeps its parent's choice: unticked
+
+
+def test_a_site_without_trackers_shows_no_boxes(client_for, owner, experiment, settings):
+    settings.ROLLWAY_MLFLOW_TRACKING_URI = settings.ROLLWAY_WANDB_PROJECT = settings.ROLLWAY_TENSORBOARD_DIR = ""
+    assert 'name="trackers"' not in client_for(owner).get("/runs/new/").content.decode()

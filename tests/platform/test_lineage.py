@@ -80,6 +80,16 @@ def test_retry_makes_a_linked_run_with_the_same_config(client_for, owner, make_r
     assert parent.status == Status.FAILED  # untouched
 
 
+def test_children_keep_the_parents_trackers_less_those_the_site_turned_off(client_for, owner, make_run, settings):
+    settings.ROLLWAY_MLFLOW_TRACKING_URI, settings.ROLLWAY_TENSORBOARD_DIR = "sqlite:///unused.db", "/tmp/unused-tb"
+    parent = make_run(Status.FAILED, preset="sync", trackers=["mlflow", "tensorboard"])
+    api = client_for(owner)
+    assert post_json(api, f"/api/runs/{parent.pk}/retry", {}).json()["trackers"] == ["mlflow", "tensorboard"]
+    settings.ROLLWAY_MLFLOW_TRACKING_URI = ""  # turned off since: a clone is not refused for it
+    cloned = post_json(api, f"/api/runs/{parent.pk}/clone", {})
+    assert cloned.status_code == 201 and cloned.json()["trackers"] == ["tensorboard"]
+
+
 def test_retry_of_a_running_run_is_a_conflict_and_a_viewer_may_not(client_for, owner, viewer, make_run):
     running = make_run(Status.RUNNING)
     response = client_for(owner).post(f"/runs/{running.pk}/retry/", follow=True)

@@ -1,7 +1,6 @@
 """The export's other sinks (runs/sinks/): TensorBoard, read back with TensorBoard's own
 EventAccumulator; several sinks at once, one failing without holding the others back;
-and W&B's calls, against a stand-in module (wandb is not installed here: this checks what
-Rollway asks of it, not W&B itself)."""
+and W&B in its own offline mode, its records read back from the files it writes."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -142,58 +140,111 @@ def test_nothing_is_written_without_a_directory(settings, run, enqueued, tmp_pat
     assert export_run_metrics(run.pk) == 0
 
 
-class StandInWandb:
-    """The few calls of wandb's API the sink makes, with a run's summary kept by id
-    across init calls (as W&B's server keeps a resumed run's)."""
-
-    def __init__(self):
-        self.runs: dict[str, SimpleNamespace] = {}
-        self.inits: list[dict] = []
-
-    def init(self, **kwargs):
-        self.inits.append(kwargs)
-        wb = self.runs.setdefault(kwargs["id"], SimpleNamespace(summary={}, rows=[], metrics=[], finished=[]))
-        wb.log = wb.rows.append
-        wb.define_metric = lambda name, **kw: wb.metrics.append((name, kw))
-        wb.finish = lambda exit_code=0: wb.finished.append(exit_code)
-        return wb
+def test_a_run_goes_only_to_the_trackers_it_chose(tb_dir, make_run):
+    chose, none, unset = make_run(trackers=["tensorboard"]), make_run(trackers=[]), make_run()
+    for run in (chose, none, unset):
+        add_points(run, "reward/mean", range(0, 2))
+    assert [export_run_metrics(run.pk) for run in (chose, none, unset)] == [2, 0, 2]
+    assert sorted(p.name for p in tb_dir.iterdir()) == sorted(f"run-{run.pk}" for run in (chose, unset))
 
 
-def test_wandb_is_sent_each_step_as_a_row_against_its_own_step(settings, run, monkeypatch):
-    stand_in = StandInWandb()
-    monkeypatch.setitem(sys.modules, "wandb", stand_in)
+def wandb_records(directory: Path) -> list:
+    """Every record W&B wrote offline under `directory`, run after run in the order they
+    were made: each file is a LevelDB-style log (a 7-byte header, then 32 KiB blocks of
+    checksummed chunks) of `wandb_internal_pb2.Record`s, what `wandb sync` uploads. W&B
+    ships no reader of its own in Python any more (its Go core reads them), hence this one."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block, out = 32768, []
+    for path in sorted(directory.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime_ns):
+        data, pos, pending = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B", path
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a chunk header: padding
+                pos += block - pos % block
+                continue
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            if kind == 0:  # zeros to the block's end
+                pos += block - pos % block
+                continue
+            chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+            pending = chunk if kind in (1, 2) else pending + chunk  # full, first | middle, last
+            if kind in (1, 4):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(pending)
+                out.append(record)
+    return out
+
+
+def test_wandb_offline_gets_each_step_as_a_row_once_and_each_export_closes_it(settings, run, monkeypatch, tmp_path):
+    wandb = pytest.importorskip("wandb", reason="the W&B export needs the `wandb` extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's own: records for `wandb sync`, nothing sent
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setattr(tracking, "_last_asked", {})
+    settings.ROLLWAY_HOME = tmp_path
     settings.ROLLWAY_MLFLOW_TRACKING_URI = settings.ROLLWAY_TENSORBOARD_DIR = ""
     settings.ROLLWAY_WANDB_PROJECT, settings.ROLLWAY_WANDB_ENTITY = "rl", ""
-    add_points(run, "reward/mean", range(0, 2))
-    add_points(run, "loss", range(0, 2), base=1.0)
-    assert export_run_metrics(run.pk) == 4
-    [init] = stand_in.inits
-    assert init["id"] == f"rollway-{run.pk}" and init["resume"] == "allow" and init["project"] == "rl"
-    assert init["entity"] is None and init["name"] == run.name and init["tags"] == [run.preset]
+    try:
+        add_points(run, "reward/mean", range(0, 2))
+        add_points(run, "loss", range(0, 2), base=1.0)
+        assert export_run_metrics(run.pk) == 4
+        # Offline, a resumed W&B run has an empty summary: the cursor kept beside W&B's
+        # files is what holds the next export to the new point.
+        add_points(run, "reward/mean", [2])
+        assert export_run_metrics(run.pk) == 1
+        add_points(run, "reward/mean", [3])
+        run.transition(Status.STARTING)
+        run.transition(Status.FAILED)
+        assert finish_run_metrics(run.pk) == 1
+    finally:
+        wandb.teardown()
+
+    records = wandb_records(tmp_path / "wandb")
+    kinds = [r.WhichOneof("record_type") for r in records]
+    starts = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert len(starts) == 3 and {s.run_id for s in starts} == {f"rollway-{run.pk}"}  # one W&B run, resumed
     team = run.experiment.team
-    assert init["group"] == f"{team.pk}-{team.slug}/{run.experiment.name}"  # an id no other team has
-    assert init["config"]["trainer.lr"] == run.config["trainer"]["lr"]
-    wb = stand_in.runs[f"rollway-{run.pk}"]
-    assert (wandb_sink.STEP_METRIC, {}) in wb.metrics and ("*", {"step_metric": wandb_sink.STEP_METRIC}) in wb.metrics
-    # Rows in stored order: reward/mean 0, 1 then loss 0, 1; one row per run of a step.
-    assert wb.rows == [
+    first = starts[0]
+    assert first.project == "rl" and first.display_name == run.name and list(first.tags) == [run.preset]
+    assert first.run_group == f"{team.pk}-{team.slug}/{run.experiment.name}"  # an id no other team has
+    config = {item.key: json.loads(item.value_json) for item in first.config.update}
+    assert config["trainer.lr"] == run.config["trainer"]["lr"]
+    assert first.notes.endswith(f"/runs/{run.pk}/")
+
+    def row(record) -> dict:
+        keys = ((item.key or "/".join(item.nested_key), item.value_json) for item in record.history.item)
+        return {key: json.loads(value) for key, value in keys if not key.startswith("_")}  # W&B's own: _step, …
+
+    rows = [row(r) for r in records if r.WhichOneof("record_type") == "history"]
+    # Stored order: reward/mean 0, 1, then loss 0, 1, then the later points; each once.
+    assert rows == [
         {"reward/mean": 0.0, "rollway/step": 0},
         {"reward/mean": 0.1, "rollway/step": 1},
         {"loss": 1.0, "rollway/step": 0},
         {"loss": 1.1, "rollway/step": 1},
+        {"reward/mean": 0.2, "rollway/step": 2},
+        {"reward/mean": 0.3, "rollway/step": 3},
     ]
-    assert wb.finished == [0]  # each export ends its session; resume="allow" reopens it
-    add_points(run, "reward/mean", [2])
-    run.transition(Status.STARTING)
-    run.transition(Status.FAILED)
-    assert finish_run_metrics(run.pk) == 1
-    assert wb.rows[-1] == {"reward/mean": 0.2, "rollway/step": 2}
-    assert wb.summary[wandb_sink.CURSOR_KEY] == MetricPoint.objects.filter(run=run).latest("pk").pk
-    assert wb.finished == [0, 1]  # the failed run finishes with exit code 1
+    # Each session: `rollway/step` a metric, and every other series plotted against it.
+    metrics = [(r.metric.name, r.metric.glob_name, r.metric.step_metric) for r in records if r.metric.ByteSize()]
+    assert metrics == [(wandb_sink.STEP_METRIC, "", ""), ("", "*", wandb_sink.STEP_METRIC)] * 3
+    cursors = [
+        json.loads(item.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "summary"
+        for item in r.summary.update
+        if item.key == wandb_sink.CURSOR_KEY
+    ]
+    assert cursors[-1] == MetricPoint.objects.filter(run=run).latest("pk").pk
+    # Each export ends its session (resume="allow" reopens it); the failed run's last with 1.
+    assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [0, 0, 1]
+    assert kinds.count("run") == kinds.count("exit")
 
 
 def test_a_site_asking_for_a_tracker_whose_package_is_missing_refuses_to_start(tmp_path):
-    """wandb is absent here: unset, the sink is inert; set, the settings name the fix."""
+    """Without the `wandb` extra: unset, the sink is inert; set, the settings name the fix."""
     env = {
         **os.environ,
         "ROLLWAY_HOME": str(tmp_path),
@@ -202,9 +253,8 @@ def test_a_site_asking_for_a_tracker_whose_package_is_missing_refuses_to_start(t
         "ROLLWAY_WANDB_PROJECT": "rl",
     }
     env.pop("DATABASE_URL", None)
-    code = "import django; django.setup()"
-    if __import__("importlib").util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here")
+    # As where the extra is not installed: an import of wandb fails, find_spec answers None.
+    code = "import sys; sys.modules['wandb'] = None; import django; django.setup()"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "ROLLWAY_WANDB_PROJECT is set but wandb is not installed: pip install 'rollway[wandb]'" in done.stderr

@@ -16,7 +16,9 @@ from django.conf import settings
 from runs.models import Run
 from runs.sinks.base import Point, experiment_path, flatten, run_url
 
+KEY = "mlflow"  # what a run names it in `trackers`
 NAME = "MLflow"
+SETTING = "ROLLWAY_MLFLOW_TRACKING_URI"
 CURSOR_TAG = "rollway.exported_point_id"
 RUN_TAG = "rollway.run_id"
 # A run's outcome as MLflow's RunStatus names it.

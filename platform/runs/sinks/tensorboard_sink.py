@@ -29,7 +29,9 @@ from django.conf import settings
 from runs.models import Run
 from runs.sinks.base import Point, experiment_path, run_url, scalar_leaves
 
+KEY = "tensorboard"  # what a run names it in `trackers`
 NAME = "TensorBoard"
+SETTING = "ROLLWAY_TENSORBOARD_DIR"
 CURSOR_FILE = "rollway-cursor.json"
 # Writers kept open in one process (one event file each); the least recently used goes
 # first. A run's end closes its own.
