@@ -97,8 +97,7 @@ def test_buffer_cost_through_ray_prints_put_and_get_per_call():
 
 
 # ---- pipeline_efficiency --------------------------------------------------------------
-
-
+@pytest.mark.slow  # a subprocess importing Ray and torch: not for the inner loop
 def test_pipeline_efficiency_refuses_bad_flags_before_starting_ray():
     done = bench("pipeline_efficiency.py", "--modes", "sync,turbo")
     assert done.returncode != 0 and "--modes" in done.stderr and "turbo" in done.stderr
@@ -179,6 +178,7 @@ def test_pipeline_efficiency_runs_the_engine_and_prints_the_table(tmp_path):
     assert figures["modes"]["sync"]["ratio_to_sync"] == 1.0
 
 
+@pytest.mark.slow  # a subprocess importing Ray and torch: not for the inner loop
 def test_episode_stragglers_refuses_an_unknown_layout_naming_the_flag():
     done = bench("episode_stragglers.py", "--layouts", "barrier,fastest")
     assert done.returncode != 0 and "--layouts" in done.stderr and "fastest" in done.stderr
@@ -360,6 +360,7 @@ def test_generation_prints_each_side_of_each_model_against_generate(monkeypatch,
     assert [r.split(" | ")[3] for r in rows if "generate" in r] == ["1.00× |", "1.00× |"]
 
 
+@pytest.mark.slow  # it trains: not for the inner loop
 def test_keep_records_trains_each_switch_in_the_dtype_asked_without_sizes():
     # --train-only needs no Ray (a GPU host may lack it): four rows, one per switch.
     done = bench(
@@ -679,6 +680,7 @@ def test_long_run_read_refuses_bad_flags_naming_them():
         assert done.returncode == 2 and name in done.stderr, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # thousands of rows read back: not for the inner loop
 @pytest.mark.parametrize("store", ["rebuild", "ingest"])
 def test_long_run_read_times_each_read_on_sqlite(tmp_path, store):
     out = tmp_path / "read.json"
@@ -698,6 +700,7 @@ def test_long_run_read_times_each_read_on_sqlite(tmp_path, store):
     assert len(f["times"]) == 4 and all(len(t) == 3 and min(t) > 0 for t in f["times"].values())
 
 
+@pytest.mark.slow  # a database of its own, migrated: not for the inner loop
 def test_long_run_read_on_postgresql_in_a_database_of_its_own(tmp_path):
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):

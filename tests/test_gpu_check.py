@@ -79,6 +79,7 @@ def test_it_refuses_without_a_cuda_gpu_in_a_sentence_that_says_what_to_do(gpu_ch
     assert gpu_check.refusal("cpu", cuda_available=False, cuda_count=0) is None
 
 
+@pytest.mark.slow  # subprocesses importing torch and vLLM: not for the inner loop
 def test_the_script_refuses_on_this_host_and_bad_flags_name_the_flag():
     import torch
 

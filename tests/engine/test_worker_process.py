@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from workers.core import worker_process
 from workers.run import lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # fresh processes loading a model: not for the inner loop
 def test_a_run_worker_loads_a_model_without_scikit_learn_or_scipy(tiny_model_dir):
     """transformers imports both while it loads a model when they are installed; in a
     run's worker it must not, and the model must still load."""
