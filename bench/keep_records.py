@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from workers.config.run_config import RunConfig  # noqa: E402
 from workers.core.devices import assigned_device  # noqa: E402
-from workers.core.routing import NO_EXPERT, RoutingRecord, packed_bits_per_slot  # noqa: E402
+from workers.core.routing import NO_EXPERT, RoutingRecord, packed_bits_per_slot, router_shape  # noqa: E402
 from workers.inference.backends import make_torch_backend  # noqa: E402
 from workers.inference.sampling import Truncation  # noqa: E402
 from workers.model.tiny_hf import make_tiny_checkpoint  # noqa: E402
@@ -175,6 +175,13 @@ def curve(runs: list[list[dict]], steps: int) -> list[float]:
     return [fmean(fmean(m["reward/mean"] for m in h[k : k + window]) for h in runs) for k in range(0, steps, window)]
 
 
+def has_routers(model_dir: str) -> bool:
+    """Whether the checkpoint is a mixture of experts: its routers, as Keep Routing finds them."""
+    from transformers import AutoModelForCausalLM
+
+    return router_shape(AutoModelForCausalLM.from_pretrained(model_dir)) is not None
+
+
 def print_sizes(model_dir: str, args):
     """Print the records' sizes, synthetic and of one generation; returns a routing record
     of that generation (None: the model routes no experts)."""
@@ -260,9 +267,8 @@ def main() -> None:
         model_dir = policy_dir(warm, f"{work}/warm")
         print(f"warm start: {args.warm_start} + {args.warm_start} steps, {time.perf_counter() - started:.0f} s")
 
-    # Train only: no generation to ask, so the routing rows run (for a dense model they
-    # repeat the rows without it).
-    routes = True if args.train_only else print_sizes(model_dir, args) is not None
+    # Train only: no generation to ask, so the model's own routers say (a dense model has none).
+    routes = print_sizes(model_dir, args) is not None if not args.train_only else has_routers(model_dir)
     print(f"{args.dtype} on {assigned_device()}")
     if args.sizes_only:
         return
