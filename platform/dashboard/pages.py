@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils.text import slugify
 
 from foundation.errors import ActionError, NotFound
-from runs import listing, logs
+from runs import listing, logs, sinks
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
@@ -133,6 +133,8 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "charts": _charts(run),
         "placement": _placement(run),
         "final_note": final_note(run),
+        # The trackers the run goes to (None: the site has none, so nothing is said).
+        "trackers": [s.NAME for s in sinks.for_run(run.trackers)] if sinks.configured() else None,
         "messages": [m for m in messages.get_messages(request) if not run.is_terminal or UNTIL_RUN_ENDS not in m.tags],
     }
 

@@ -339,3 +339,10 @@ def test_the_form_offers_the_sites_trackers_and_none_ticked_exports_nowhere(clie
 def test_a_site_without_trackers_shows_no_boxes(client_for, owner, experiment, settings):
     settings.ROLLWAY_MLFLOW_TRACKING_URI = settings.ROLLWAY_WANDB_PROJECT = settings.ROLLWAY_TENSORBOARD_DIR = ""
     assert 'name="trackers"' not in client_for(owner).get("/runs/new/").content.decode()
+
+
+def test_the_run_page_says_which_trackers_the_run_goes_to(client_for, owner, make_run, trackers_on):
+    client = client_for(owner)
+    chose, none = make_run(trackers=["tensorboard"]), make_run(trackers=[])
+    assert '<span id="trackers">exported to TensorBoard</span>' in client.get(f"/runs/{chose.pk}/").content.decode()
+    assert '<span id="trackers">exported to no tracker</span>' in client.get(f"/runs/{none.pk}/").content.decode()
