@@ -206,7 +206,7 @@ def print_sizes(model_dir: str, args):
     print(
         f"\nmodel: tiny {args.arch} (hidden {args.hidden}, {rec.layers if rec else '?'} layers, "
         f"top-{rec.top_k if rec else '?'} of {rec.num_experts if rec else '?'} experts), inference top_k "
-        f"{args.top_k or 'off'}, top_p {args.top_p}; {len(rollouts)} rollouts; {args.dtype} on {assigned_device()}"
+        f"{args.top_k or 'off'}, top_p {args.top_p}; {len(rollouts)} rollouts"
     )
     if rec is not None:
         print(
@@ -268,7 +268,7 @@ def main() -> None:
         print(f"warm start: {args.warm_start} + {args.warm_start} steps, {time.perf_counter() - started:.0f} s")
 
     # Train only: no generation to ask, so the model's own routers say (a dense model has none).
-    routes = print_sizes(model_dir, args) is not None if not args.train_only else has_routers(model_dir)
+    routes = has_routers(model_dir) if args.train_only else print_sizes(model_dir, args) is not None
     print(f"{args.dtype} on {assigned_device()}")
     if args.sizes_only:
         return

@@ -136,7 +136,7 @@ def check_priority(value: Any, *, field: str = "priority", role: str | None = No
 def check_trackers(value: Any, *, field: str = "trackers") -> list[str] | None:
     """The experiment trackers a run is exported to: None (not given) for every one the
     site has, else a list of tracker keys, each one this site has turned on; [] for none.
-    A form sends them as a comma-separated string. Anything else is an ActionError on
+    The command line sends them as one comma-separated string. Anything else is an ActionError on
     `field` naming the keys and, for a known tracker the site lacks, its setting."""
     if value is None:
         return None

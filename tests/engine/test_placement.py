@@ -60,7 +60,7 @@ def test_taking_turns_on_cpus_each_phase_gets_every_thread_the_runs_actors_have(
     assert turns(mode="async") == (1, 1)  # side by side: each its own (at least 1)
     assert turns(mode="async", **sized) == (1, 2)
     gpu = {"devices": "gpu", "mode": "colocated"}
-    assert turns(mode="sync", placement=gpu) is None
+    assert turns(mode="sync", placement=gpu) == (1, 1)  # computing on GPUs: each its own
     assert turns(mode="sync", placement={"cpu_threads": 1}) == (1, 1)  # pinned, in either mode
     assert turns(mode="async", placement={"cpu_threads": 3}) == (3, 3)
 

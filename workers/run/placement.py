@@ -95,11 +95,11 @@ def totals(cfg: RunConfig) -> Totals:
     return Totals(cpus, shared + rewards_gpus, inference_gpus, trainer_gpus, rewards_gpus)
 
 
-def phase_threads(cfg: RunConfig) -> tuple[int, int] | None:
-    """Torch threads for each inference worker and each trainer rank on CPUs:
-    `placement.cpu_threads` where set; else, for a run whose phases take turns (mode
-    'sync': generation, then the step, never both), every thread of the run's actors; else
-    the CPUs each reserved (at least 1). None on GPUs, where each actor keeps Ray's count.
+def phase_threads(cfg: RunConfig) -> tuple[int, int]:
+    """Torch threads for each inference worker and each trainer rank:
+    `placement.cpu_threads` where set; else, for a run whose phases take turns on CPUs
+    (mode 'sync': generation, then the step, never both), every thread of the run's
+    actors; else the CPUs each reserved (at least 1, as Ray counts them).
 
     Taking turns, one phase's actors would otherwise compute on their own threads while
     the other phase's sit idle: each phase gets all the threads the run's inference
@@ -112,11 +112,9 @@ def phase_threads(cfg: RunConfig) -> tuple[int, int] | None:
     that many threads, side by side on the same cores."""
     if cfg.placement.cpu_threads is not None:
         return cfg.placement.cpu_threads, cfg.placement.cpu_threads
-    if cfg.placement.devices != "cpu":
-        return None
     w, r = cfg.inference.num_workers, cfg.trainer.num_ranks
     own = _threads(cfg.inference.cpus_per_worker), _threads(cfg.trainer.cpus_per_rank)
-    if cfg.mode != "sync":
+    if cfg.mode != "sync" or cfg.placement.devices != "cpu":  # on GPUs the phases compute there
         return own
     held = w * own[0] + r * own[1]
     return max(1, held // w), max(1, held // r)

@@ -106,9 +106,9 @@ class RunActors:
         if cancelled meanwhile, ChildFailed past SPAWN_TIMEOUT_S."""
         cfg, b, w = self.cfg, self.cfg.trainer.batch_groups, self.cfg.inference.num_workers
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
-        turns = placement.phase_threads(cfg)
-        inference_threads = turns[0] if turns else None
-        trainer_threads = self.trainer_threads if self.trainer_threads is not None else turns[1] if turns else None
+        inference_threads, trainer_threads = placement.phase_threads(cfg)
+        if self.trainer_threads is not None:
+            trainer_threads = self.trainer_threads
         plan = placement.plan(cfg)
         self.placement_group = placement.create(plan, placement_group_name(self.run_id))
         if not self._wait(
