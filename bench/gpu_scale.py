@@ -19,7 +19,11 @@ a scratch directory and driven through the engine's own classes:
   sampling of `--gen-rows` rows × `--gen-tokens` tokens in bf16, tokens/s;
 - the "cuda_ipc" weight sync (`workers.sync.cuda_ipc`): the trainer's process packs its
   bf16 weights into one GPU buffer and a second process maps it and loads it into its
-  own model on the same GPU; per side and end to end, checked bit for bit.
+  own model on the same GPU; per side and end to end, checked bit for bit;
+- with `--parts vllm_ipc` (vLLM installed), the same sync through vLLM's own IPC engine
+  pair as a run into vLLM drives it (`workers.sync.engine_ipc`): vLLM's trainer engine
+  exports a handle per tensor, vLLM's worker engine maps them and loads them into the
+  second process's model (by checkpoint name: vLLM's model runner is not in it).
 
 Prints one table row per model; `--json` also writes the figures. Needs a CUDA GPU:
 
@@ -237,34 +241,89 @@ def _fingerprint(model: torch.nn.Module) -> list[float]:
     return [float(t.double().sum()) for _, t in sorted(model.state_dict().items())]
 
 
-def _receiver(model_dir: str, notices, replies) -> None:
+class VllmIpcTarget:
+    """A vLLM backend's four weight-transfer calls, answered by vLLM's own worker-side
+    IPC engine (`IPCWeightTransferEngine`), which loads into `model` by checkpoint name:
+    vLLM's IPC pair on the GPU without vLLM's model runner (whose loader would fuse
+    q/k/v and gate/up, and whose layerwise reload wraps the update)."""
+
+    transfer_engine = "ipc"
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        from types import SimpleNamespace
+
+        from vllm.config import WeightTransferConfig
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+
+        self.model = model
+        no_runner = SimpleNamespace(parallel_config=None, model_config=None)
+        self.engine = IPCWeightTransferEngine(WeightTransferConfig(backend="ipc"), no_runner, device, self)
+
+    def load_weights(self, weights) -> None:  # what vLLM's engine calls on its model
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in weights:
+                state[name].copy_(tensor)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.engine.init_transfer_engine(self.engine.parse_init_info(init_info))
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: dict) -> None:
+        self.engine.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+
+def _receiver(model_dir: str, notices, replies, via_vllm: bool) -> None:
     from workers.inference.transformers_backend import TransformersBackend
-    from workers.sync.cuda_ipc import CudaIpcReceiver
 
     backend = TransformersBackend(model_dir, dtype="bfloat16", device="cuda")
-    receiver = CudaIpcReceiver()
+    if via_vllm:
+        from workers.sync.engine_ipc import EngineIpcReceiver
+
+        target = VllmIpcTarget(backend.model, torch.device("cuda", torch.cuda.current_device()))
+        receiver = EngineIpcReceiver(target)
+    else:
+        from workers.sync.cuda_ipc import CudaIpcReceiver
+
+        target, receiver = backend, CudaIpcReceiver()
     receiver.connect(notices.get(), 1)
     replies.put("connected")
     while (notice := notices.get()) is not None:
-        report = receiver.apply(backend, receiver.receive(notice))
+        report = receiver.apply(target, receiver.receive(notice))
         replies.put((report, _fingerprint(backend.model)))
 
 
-def ipc_sync(model_dir: str, args) -> dict:
+def ipc_sync(model_dir: str, args, via_vllm: bool = False) -> dict:
+    """The "cuda_ipc" sync between two processes on one GPU: the project's own protocol,
+    or (`via_vllm`) vLLM's IPC engine pair driven by the trainer (workers/sync/engine_ipc.py).
+    Keys "sync_…", or "vllm_ipc_…" for vLLM's pair."""
     import torch.multiprocessing as mp
 
+    from workers.config.run_config import SyncConfig
     from workers.model.loading import load_model
-    from workers.sync.cuda_ipc import CudaIpcSender
 
     ctx = mp.get_context("spawn")
     notices, replies = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(model_dir, notices, replies), daemon=True)
+    proc = ctx.Process(target=_receiver, args=(model_dir, notices, replies, via_vllm), daemon=True)
     proc.start()
     model = load_model(model_dir, "bfloat16").cuda()
-    sender = CudaIpcSender()
+    if via_vllm:
+        from workers.sync.engine_ipc import EngineIpcSender
+
+        sender = EngineIpcSender(SyncConfig(protocol="cuda_ipc", timeout_s=600), num_receivers=1)
+    else:
+        from workers.sync.cuda_ipc import CudaIpcSender
+
+        sender = CudaIpcSender()
     sender.attach(model)
     notices.put(sender.endpoint())
     assert replies.get(timeout=600) == "connected"
+    sender.connect()
     rows = []
     for version in range(1, args.syncs + 2):
         with torch.no_grad():  # a "step": every tensor changes
@@ -283,13 +342,15 @@ def ipc_sync(model_dir: str, args) -> dict:
     def mean(xs):
         return sum(xs) / len(xs)
 
+    key = "vllm_ipc" if via_vllm else "sync"
     return {
-        "sync_bytes": rows[-1][0].bytes,
-        "sync_trainer_ms": mean([s.trainer_ms for s, _ in timed]),
-        "sync_receive_ms": mean([g.receive_ms for _, g in timed]),
-        "sync_inference_ms": mean([g.inference_ms for _, g in timed]),
-        "sync_end_to_end_ms": mean([g.end_to_end_ms for _, g in timed]),
-        "sync_identical": True,
+        f"{key}_bytes": rows[-1][0].bytes,
+        f"{key}_tensors": rows[-1][0].tensors,
+        f"{key}_trainer_ms": mean([s.trainer_ms for s, _ in timed]),
+        f"{key}_receive_ms": mean([g.receive_ms for _, g in timed]),
+        f"{key}_inference_ms": mean([g.inference_ms for _, g in timed]),
+        f"{key}_end_to_end_ms": mean([g.end_to_end_ms for _, g in timed]),
+        f"{key}_identical": True,
     }
 
 
@@ -317,8 +378,9 @@ def main() -> int:
         "--parts",
         nargs="+",
         default=["train", "generate", "sync"],
-        choices=["train", "turns", "generate", "sync"],
-        help="turns: the trainer step again, taking turns with a sleeping vLLM (its moments offloaded between steps)",
+        choices=["train", "turns", "generate", "sync", "vllm_ipc"],
+        help="turns: the trainer step again, taking turns with a sleeping vLLM (its moments offloaded between "
+        "steps); vllm_ipc: the sync through vLLM's IPC engine pair (vLLM installed)",
     )
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here")
@@ -327,7 +389,7 @@ def main() -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench/gpu_scale.py: no CUDA GPU here (--device cpu runs a smoke test)", file=sys.stderr)
         return 2
-    for part in ("sync", "turns"):
+    for part in ("sync", "turns", "vllm_ipc"):
         if device.type != "cuda" and part in args.parts:
             print(f"bench/gpu_scale.py: '{part}' needs a GPU; leave it out of --parts", file=sys.stderr)
             return 2
@@ -348,6 +410,8 @@ def main() -> int:
             row.update(generation(model_dir, args, device))
         if "sync" in args.parts:
             row.update(ipc_sync(model_dir, args))
+        if "vllm_ipc" in args.parts:
+            row.update(ipc_sync(model_dir, args, via_vllm=True))
         results[size] = row
         print(json.dumps({size: row}), flush=True)
     print()
@@ -376,6 +440,18 @@ def main() -> int:
                 f"{r.get('turns_step_s', nan):.2f} | {r.get('turns_load_s', nan):.2f} | "
                 f"{r.get('turns_offload_s', nan):.2f} | {_held(r, '')} | {_held(r, 'turns_')} |"
             )
+    if "vllm_ipc" in args.parts:
+        print()
+        print("| model | sync | MB | tensors | trainer ms | worker ms | end to end ms |")
+        print("|---|---|---|---|---|---|---|")
+        for size, r in results.items():
+            for key, what in (("sync", "cuda_ipc (one flat buffer)"), ("vllm_ipc", "vLLM's ipc engine pair")):
+                if f"{key}_bytes" in r:
+                    print(
+                        f"| Qwen2.5-{size} shape | {what} | {r[key + '_bytes'] / 1e6:,.0f} | "
+                        f"{r.get(key + '_tensors', 0)} | {r[key + '_trainer_ms']:.1f} | "
+                        f"{r[key + '_inference_ms']:.1f} | {r[key + '_end_to_end_ms']:.1f} |"
+                    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

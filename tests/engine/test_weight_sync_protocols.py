@@ -437,13 +437,29 @@ def test_a_run_on_vllm_cpu_gets_the_in_memory_engine_by_default():
             },
             None,  # the same GPU: vLLM's ipc engine, which the project's collective does not drive
         ),
+        (
+            {
+                "inference": {"backend": "vllm"},
+                "sync": {"protocol": "cuda_ipc"},
+                "placement": {"devices": "gpu", "mode": "colocated"},
+            },
+            "ipc",
+        ),
+        (
+            {
+                "inference": {"backend": "torch"},
+                "sync": {"protocol": "cuda_ipc"},
+                "placement": {"devices": "gpu", "mode": "colocated"},
+            },
+            None,
+        ),
     ],
 )
-def test_a_collective_into_vllm_is_the_broadcast_engine_the_trainer_drives(fields, engine):
+def test_the_engine_the_trainer_drives_into_vllm(fields, engine):
     from workers.config.run_config import RunConfig
-    from workers.sync import broadcast_engine
+    from workers.sync import driven_engine
 
-    assert broadcast_engine(RunConfig.model_validate(fields)) == engine
+    assert driven_engine(RunConfig.model_validate(fields)) == engine
 
 
 def test_cuda_ipc_on_the_cpu_is_refused_naming_the_field():

@@ -44,7 +44,7 @@ from workers.run.actors import WAIT_S, raise_start_failure, record_failure, star
 from workers.run.buffer import groups_per_call
 from workers.run.failures import LOOP, Failure
 from workers.run.messages import EvalRecord, InferenceReport
-from workers.sync import broadcast_engine, make_receiver
+from workers.sync import driven_engine, make_receiver
 
 if TYPE_CHECKING:
     from workers.inference.vllm_backend import VLLMBackend
@@ -154,7 +154,7 @@ class InferenceWorker:
             cfg.sync,
             model_dir=model_dir,
             scratch_dir=os.path.join(own_scratch, "adapters") if own_scratch else None,
-            engine=broadcast_engine(cfg),
+            engine=driven_engine(cfg),
             backend=self.backend,
         )
         self.syncs: list[SyncReport] = []

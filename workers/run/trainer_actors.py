@@ -32,8 +32,8 @@ from workers.run.checkpoints import (
 )
 from workers.run.failures import LOOP, Failure
 from workers.run.messages import StepRecord, TrainerReport
-from workers.sync import broadcast_engine, make_sender
-from workers.sync.base import state_checksum
+from workers.sync import driven_engine, make_sender
+from workers.sync.base import WeightSender, state_checksum
 from workers.sync.lora import LoRASender
 from workers.sync.weights import drain, effective_stream, follow, streamed_checksum
 from workers.train.export import export_policy, follow_export
@@ -56,6 +56,12 @@ log = logging.getLogger(__name__)
 POOL_TIMEOUT_S = 900.0
 
 
+def wire_dtype(cfg: RunConfig) -> str | None:
+    """The dtype "cuda_ipc" and vLLM's engines send the weights in: the inference workers'
+    ("auto" is the checkpoint's, known only to them: the parameters' own then)."""
+    return cfg.inference.dtype if cfg.inference.dtype != "auto" else None
+
+
 @actor_class(max_concurrency=4)
 class TrainerRank:
     """Rank r ≥ 1 of a trainer pool (workers/train/trainer_pool.py): holds its replica (ddp)
@@ -66,6 +72,7 @@ class TrainerRank:
     def __init__(self, cfg: RunConfig, model_dir: str, rank: int, num_threads: int | None = None) -> None:
         self.cfg, self.model_dir, self.rank, self.num_threads = cfg, model_dir, rank, num_threads
         self.trainer: Trainer | None = None
+        self._sender: WeightSender | None = None  # its own, where every rank sends (`send_beside`)
 
     def ready(self) -> bool:
         return True  # nothing to fail: the rank builds its part in `join`
@@ -89,6 +96,17 @@ class TrainerRank:
     def follow_sync(self, gathers: Gathers) -> None:
         """Join the gathers of rank 0's weight sender (a sharded pool only)."""
         follow(self._joined().model, gathers)
+
+    def send_beside(self, version: int) -> None:
+        """Run this rank's own sender for `version` beside rank 0's, for a protocol
+        whose every rank sends (`WeightSender.every_rank_sends`)."""
+        if self._sender is None:
+            self._sender = make_sender(
+                self.cfg.sync, engine=driven_engine(self.cfg), wire_dtype=wire_dtype(self.cfg), rank=self.rank
+            )
+            self._sender.attach(self._joined().model)
+            self._sender.connect()
+        self._sender.send(version, lambda notice: None)  # rank 0 notifies the workers
 
     def follow_checksum(self) -> None:
         """Join rank 0's streamed gathers of the policy for its checksum (sharded only)."""
@@ -183,15 +201,12 @@ class TrainerActor:
         else:
             self.trainer = self._open_pool(num_threads)
         self._peers = _RayPeers(self.ranks) if self.ranks else None
-        # cuda_ipc packs the weights in the dtype the inference workers hold them in
-        # ("auto" is the checkpoint's, known only to them: the parameters' own then).
-        wire = cfg.inference.dtype if cfg.inference.dtype != "auto" else None
         self.sender = make_sender(
             cfg.sync,
             num_receivers=len(workers),
             scratch_dir=scratch_dir,
-            wire_dtype=wire,
-            engine=broadcast_engine(cfg),
+            wire_dtype=wire_dtype(cfg),
+            engine=driven_engine(cfg),
             ranks_per_receiver=cfg.inference.tensor_parallel_size,
         )
         if isinstance(self.sender, LoRASender) and self.trainer.base_checksum is not None:
@@ -329,7 +344,12 @@ class TrainerActor:
 
     def _send(self, version: int):
         """Publish `version`'s weights; a sharded pool's other ranks join the gathers."""
-        others = self._together("follow_sync", self.sender.gathers) if self.trainer.sharded else []
+        if self.sender.every_rank_sends:
+            others = self._together("send_beside", version)
+        elif self.trainer.sharded:
+            others = self._together("follow_sync", self.sender.gathers)
+        else:
+            others = []
         sent = self.sender.send(version, self._notify)
         ray.get(others)
         return sent

@@ -14,7 +14,8 @@
                                              same GPU)
 
 Into vLLM, "collective" is vLLM's own broadcast engine pair instead (`nccl` on GPUs, its
-gloo twin on CPUs), which the trainer drives: engine_broadcast.py.
+gloo twin on CPUs), which the trainer drives: engine_broadcast.py; and "cuda_ipc" into
+vLLM is vLLM's own IPC engine pair, driven the same way: engine_ipc.py.
 
 Usage (trainer and inference workers in different processes; see each class for the lifecycle):
 
@@ -40,13 +41,14 @@ from workers.sync.lora import LoRAReceiver, LoRASender
 from workers.sync.object_store import ObjectStoreReceiver, ObjectStoreSender
 from workers.sync.transfer_engines import (
     BROADCAST_ENGINES,
+    DRIVEN_ENGINES,
     ROLLWAY_FILES,
     ROLLWAY_GLOO,
     ROLLWAY_MEMORY,
     VLLM_IPC,
     VLLM_NCCL,
     VLLM_SPARSE_NCCL,
-    broadcast_engine,
+    driven_engine,
     vllm_transfer_engine,
 )
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BROADCAST_ENGINES",
+    "DRIVEN_ENGINES",
     "ROLLWAY_FILES",
     "ROLLWAY_GLOO",
     "ROLLWAY_MEMORY",
@@ -65,7 +68,7 @@ __all__ = [
     "SyncReport",
     "WeightReceiver",
     "WeightSender",
-    "broadcast_engine",
+    "driven_engine",
     "make_receiver",
     "make_sender",
     "state_checksum",
@@ -82,16 +85,24 @@ def make_sender(
     wire_dtype: str | None = None,
     engine: str | None = None,
     ranks_per_receiver: int = 1,
+    rank: int = 0,
 ) -> WeightSender:
     """The trainer's half of `sync.protocol`, set up from the run's `sync` section.
     `store` replaces the Ray object store (tests); `scratch_dir` is the run's scratch
     directory, where a protocol keeps its files unless the config names a place;
     `wire_dtype` ("float32", "bfloat16"; None: the parameters' own) is the dtype
     "cuda_ipc" and a broadcast engine send the weights in, the inference workers' dtype.
-    `engine` (`broadcast_engine`): the vLLM weight-transfer engine a "collective" drives,
-    each receiver a vLLM engine of `ranks_per_receiver` processes (its tensor-parallel size)."""
+    `engine` (`driven_engine`): the vLLM weight-transfer engine the trainer drives,
+    each receiver a vLLM engine of `ranks_per_receiver` processes (its tensor-parallel size).
+    `rank`: the trainer pool rank the sender runs on, for a sender that runs on every rank
+    (`WeightSender.every_rank_sends`); rank 0 sends."""
+    if engine == VLLM_IPC:
+        # Here: these modules import vLLM, which only a run into vLLM needs (and has).
+        from workers.sync.engine_ipc import EngineIpcSender
+
+        return EngineIpcSender(sync, num_receivers, wire_dtype, rank)
     if engine is not None:
-        # Here: the module imports vLLM, which only a run into vLLM needs (and has).
+        # Here for the same reason: vLLM is imported only where a run goes into vLLM.
         from workers.sync.engine_broadcast import EngineBroadcastSender
 
         return EngineBroadcastSender(sync, num_receivers, engine, ranks_per_receiver, wire_dtype)
@@ -123,8 +134,13 @@ def make_receiver(
     themselves; `scratch_dir` (the inference worker's own) is where "lora" writes adapter
     directories; `engine`: as `make_sender`'s, received by `backend` (the worker's vLLM
     engine, built with it)."""
+    if engine == VLLM_IPC:
+        # Here: these modules import vLLM, which only a run into vLLM needs (and has).
+        from workers.sync.engine_ipc import EngineIpcReceiver
+
+        return EngineIpcReceiver(backend)
     if engine is not None:
-        # Here: the module imports vLLM, which only a run into vLLM needs (and has).
+        # Here for the same reason: vLLM is imported only where a run goes into vLLM.
         from workers.sync.engine_broadcast import EngineBroadcastReceiver
 
         return EngineBroadcastReceiver(engine, backend)

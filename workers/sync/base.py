@@ -116,6 +116,10 @@ class WeightSender(ABC):
     # What `send` gathers from a sharded trainer, so that the pool's other ranks join the
     # same gathers (workers/sync/weights.py): every parameter, or the LoRA adapter's.
     gathers: ClassVar[Gathers] = "all"
+    # True where every rank of a trainer pool runs a sender of its own beside rank 0's
+    # (`make_sender(rank=r)`), sending the same versions in step: vLLM's IPC engine
+    # all-gathers each rank's handles over the pool's group.
+    every_rank_sends: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None

@@ -25,60 +25,20 @@ cut between modules; an fsdp2 pool's other ranks join the gathers (`gathers`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from workers.core.rendezvous import default_host, free_port
-from workers.model.loading import saved_form, tied_weight_names
-from workers.model.lora import effective_live_state
 from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
+from workers.sync.policy_source import PolicySource
 from workers.sync.transfer_engines import ROLLWAY_GLOO
 from workers.sync.vllm_engines import GlooTrainerInitInfo, packed_chunks  # registers the engines
-from workers.sync.weights import gathered_parameters, module_buckets
 
 if TYPE_CHECKING:
     from workers.config.run_config import SyncConfig
 
 PROTOCOL = "collective"
-
-
-class PolicySource(WeightSource):
-    """vLLM's `WeightSource` over the trainer's model: `metadata()` names, dtypes and
-    full shapes without gathering (the same pipeline on meta tensors); iteration
-    gathers a bucket at a time (a sharded model's parameters are DTensors, gathered in
-    `named_parameters` order as the pool's other ranks `follow`)."""
-
-    def __init__(self, model: torch.nn.Module, bucket_mb: float, dtype: torch.dtype | None) -> None:
-        extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters()} - tied_weight_names(model))
-        if extra:
-            raise NotImplementedError(
-                f"collective sync moves parameters only; this model's state dict also has {extra[:5]} "
-                "(buffers): use sync.protocol 'object_store' or 'filesystem'"
-            )
-        self.model, self.bucket_mb, self.dtype = model, bucket_mb, dtype
-        self._metadata: list[ParamMeta] | None = None
-
-    def _pairs(self, parameters: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for bucket in module_buckets(parameters, self.bucket_mb):
-            state = saved_form(effective_live_state(bucket, self.model), self.model)
-            bucket.clear()
-            for name, tensor in state.items():
-                yield name, tensor if self.dtype is None else tensor.to(self.dtype)
-
-    def metadata(self) -> list[ParamMeta]:
-        if self._metadata is None:
-            shapes = (
-                (name, torch.empty(p.shape, dtype=p.dtype, device="meta")) for name, p in self.model.named_parameters()
-            )
-            self._metadata = [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._pairs(shapes)]
-        return self._metadata
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        with torch.no_grad():
-            yield from self._pairs(gathered_parameters(self.model, "all"))
 
 
 class _Notices:

@@ -19,6 +19,9 @@ ROLLWAY_MEMORY, ROLLWAY_FILES, ROLLWAY_GLOO = "rollway_memory", "rollway_files",
 # The engines a trainer drives with a broadcast (vLLM's trainer-side twin): the
 # "collective" protocol into a vLLM engine (workers/sync/engine_broadcast.py).
 BROADCAST_ENGINES = (VLLM_NCCL, ROLLWAY_GLOO)
+# Every engine the trainer drives: the broadcast pair, and "cuda_ipc" into vLLM on a GPU
+# (vLLM's IPC pair, workers/sync/engine_ipc.py).
+DRIVEN_ENGINES = (*BROADCAST_ENGINES, VLLM_IPC)
 
 
 def vllm_transfer_engine(
@@ -48,11 +51,12 @@ def vllm_transfer_engine(
     return ROLLWAY_MEMORY if tensor_parallel_size == 1 else ROLLWAY_FILES
 
 
-def broadcast_engine(cfg: RunConfig) -> str | None:
-    """The weight-transfer engine the trainer drives for `cfg` (`BROADCAST_ENGINES`), or
+def driven_engine(cfg: RunConfig) -> str | None:
+    """The weight-transfer engine the trainer drives for `cfg` (`DRIVEN_ENGINES`), or
     None where the protocol's own sender and receiver move the weights: "collective"
-    into vLLM, as `vllm_transfer_engine` names the engine."""
-    if cfg.inference.backend != "vllm" or cfg.sync.protocol != "collective":
+    into vLLM (its broadcast pair) and "cuda_ipc" into vLLM (its IPC pair), as
+    `vllm_transfer_engine` names the engine."""
+    if cfg.inference.backend != "vllm" or cfg.sync.protocol not in ("collective", "cuda_ipc"):
         return None
     engine = vllm_transfer_engine(
         cfg.placement.devices,
@@ -60,4 +64,7 @@ def broadcast_engine(cfg: RunConfig) -> str | None:
         cfg.sync.protocol,
         tensor_parallel_size=cfg.inference.tensor_parallel_size,
     )
+    if cfg.sync.protocol == "cuda_ipc":
+        return engine  # VLLM_IPC: the config admits cuda_ipc on one shared GPU only
+    # A collective between processes on one GPU (colocated) is not vLLM's broadcast pair.
     return engine if engine in BROADCAST_ENGINES else None
