@@ -34,9 +34,11 @@ REPORTED = {word: Run.Status(word) for word in STATUSES}
 ReportedStatus = Literal[STATUSES]  # type: ignore[valid-type]
 ReportedPhase = Literal[PHASES]  # type: ignore[valid-type]
 FailureKind = Literal[KINDS]  # type: ignore[valid-type]
-# Failures the run did not cause: with `checkpoint.max_restarts` left and a checkpoint,
-# the site resumes the run from its latest checkpoint (as reconcile does a lost driver).
-RESUMABLE = frozenset({"node_lost"})
+# Failures a resume may cure: with `checkpoint.max_restarts` left and a checkpoint, the
+# site resumes the run from its latest checkpoint (as reconcile does a lost driver). A
+# lost node is not the run's doing; a hang (the watchdog's) may be a stuck collective
+# or device that fresh processes do not meet again.
+RESUMABLE = frozenset({"node_lost", "hang"})
 # A record's facts (an actor, a node, a quoted exception line) are short.
 FACT_MAX = 2_000
 # MetricPoint.step is a bigint: a larger step would fail the write, not the check.

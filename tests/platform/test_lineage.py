@@ -241,6 +241,22 @@ def test_a_run_that_lost_a_node_is_resumed_while_restarts_are_left(client, make_
     assert not Run.objects.filter(parent=child).exists()
 
 
+def test_a_run_the_watchdog_stopped_is_resumed_while_restarts_are_left(client, make_run, enqueued):
+    config = build("async", {"checkpoint": {"every_steps": 2, "max_restarts": 2}}).model_dump(mode="json")
+    run = make_run(Status.RUNNING, config=config)
+    Checkpoint.objects.create(run=run, step=6, location="/ck/6", bytes=1, sha256=SHA)
+    message = "The inference worker 0 has been in its generate for 412 s, past its deadline of 300 s."
+    failure = {"kind": "hang", "message": message, "actor": "inference worker 0", "operation": "generate"}
+    body = {"status": "failed", "error": message, "failure": failure}
+    assert post_json_token(client, run, "status", body).status_code == 200
+    run.refresh_from_db()
+    child = Run.objects.get(parent=run)
+    assert run.status == Status.FAILED and run.failure["kind"] == "hang"
+    assert run.error.endswith(f"It was resumed as run {child.pk} from its checkpoint at step 6 (restart 1 of "
+                              "checkpoint.max_restarts=2).")  # fmt: skip
+    assert (child.origin, child.restarts, child.resume_from.step) == ("resume", 1, 6)
+
+
 @pytest.mark.parametrize(
     ("kind", "restarts", "checkpoint"),
     [("actor_error", 1, True), ("node_lost", 0, True), ("node_lost", 1, False)],

@@ -859,6 +859,43 @@ class CheckpointConfig(_Section):
     )
 
 
+class WatchdogConfig(_Section):
+    """Deadlines on the waits of a run's actors (workers/run/watchdog.py): each trainer
+    step, weight send, weight load, generate call and reward worker call must end within
+    `multiple` × the p99 of the same actor's earlier calls of that kind, at least
+    `floor_s` and at most `ceiling_s` (the ceiling alone until a few have ended). Past
+    it the run fails, naming the actor, its node and the operation; with
+    checkpoint.max_restarts left, the platform resumes it from its latest checkpoint."""
+
+    enabled: bool = Field(True, description="Fail a run whose actor outlives a wait's deadline (false: wait forever).")
+    multiple: float = Field(
+        10.0, ge=1.5, le=1000.0, description="A wait's deadline as a multiple of the p99 of its earlier durations."
+    )
+    floor_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=86_400.0,
+        description="No deadline is shorter (s): waits that are quick when healthy still get this long. Also how "
+        "long the driver waits for an actor to answer its poll.",
+    )
+    ceiling_s: float = Field(
+        7200.0,
+        gt=0.0,
+        le=604_800.0,
+        description="No deadline is longer (s); the deadline of a wait with too few earlier ones to judge by "
+        "(the first steps, which compile and warm up).",
+    )
+
+    @model_validator(mode="after")
+    def _floor_below_ceiling(self) -> WatchdogConfig:
+        if self.floor_s > self.ceiling_s:
+            raise ValueError(
+                f"watchdog.floor_s ({self.floor_s:g}) is above watchdog.ceiling_s ({self.ceiling_s:g}): "
+                "lower the floor or raise the ceiling"
+            )
+        return self
+
+
 class RewardsConfig(_Section):
     """The reward stage (workers/rollout/reward_stage.py). With `workers` 0 (the default) each
     inference worker scores its own groups with the task's verifier right after
@@ -997,6 +1034,7 @@ class RunConfig(_Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     rewards: RewardsConfig = RewardsConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -43,6 +43,7 @@ import ray
 
 from workers.config.run_config import RewardsConfig, RunConfig
 from workers.core.run_actors import actor_class, where_am_i
+from workers.core.watch import SCORE, Watch, WatchReport
 from workers.rl_tasks import make_task
 from workers.rl_tasks.reward_funcs import Scores, score_group
 from workers.rollout.prm import last_token_scores, load_reward_model
@@ -65,6 +66,7 @@ class RewardReport:
     lags_s: list[float] = field(default_factory=list)
     scored_at: list[float] = field(default_factory=list)  # when each of those scores was ready
     chunks: int = 0
+    watch: WatchReport | None = None  # its calls open now and those closed (workers.core.watch)
 
 
 def pool_metrics(reports: Sequence[RewardReport]) -> dict[str, float]:
@@ -136,6 +138,7 @@ class RewardWorker:
         self._lags: list[float] = []
         self._scored_at: list[float] = []
         self._chunks = 0
+        self.watch = Watch()  # its calls, for the driver's watchdog
 
     def ready(self) -> bool:
         return True
@@ -144,7 +147,7 @@ class RewardWorker:
         return where_am_i()
 
     def _scored(self, fn: Callable[[], Scores], t_generated: float, chunks: int) -> Scores:
-        with self._lock:
+        with self._lock, self.watch.op(SCORE):
             t0 = time.time()
             with self._stats:
                 self._busy_since = t0
@@ -193,7 +196,9 @@ class RewardWorker:
             if self._busy_since is not None:  # the call in progress, up to now
                 busy += now - max(self._busy_since, self._since)
                 self._busy_since = now
-            report = RewardReport(busy, self._since, now, self._lags, self._scored_at, self._chunks)
+            report = RewardReport(
+                busy, self._since, now, self._lags, self._scored_at, self._chunks, watch=self.watch.drain()
+            )
             self._busy_s, self._since, self._lags, self._scored_at, self._chunks = 0.0, now, [], [], 0
         return report
 

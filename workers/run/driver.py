@@ -42,12 +42,13 @@ from workers.rollout.partial_rollouts import partial_metrics
 from workers.rollout.reward_stage import RewardReport, pool_metrics
 from workers.run.admission import engine_errors
 from workers.run.checkpoints import CheckpointRecord, CheckpointTarget, check_resume, check_resume_split
-from workers.run.failures import ChildFailed, Failure, explain
+from workers.run.failures import ChildFailed, Failure, explain, node_label
 from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
 from workers.run.runnable import check_runnable
 from workers.run.spawn import RunActors
+from workers.run.watchdog import Watchdog
 from workers.train.warmstart import policy_dir
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class RunDriver:
         self.error_detail = ""  # its facts (no traceback: that is the record's, for admins)
         self.version = 0
         self.metrics = RunMetrics(self.reporter, self.cfg.inference.num_workers)
+        self.watchdog = Watchdog(self.cfg.watchdog)
         self._stop = threading.Event()
         self.actors = RunActors(run_id, self.cfg, self.scratch_dir, self.checkpoints, trainer_threads, self._stop)
         self._loop_started = 0.0
@@ -263,7 +265,8 @@ class RunDriver:
         devices), every emitted series as
         {name: [(step, value), ...]}, its latest SERIES_TAIL points, and a multi-agent
         task's episode figures over its latest SERIES_TAIL episodes together (episodes:
-        the episode/* and agent/*/p50_s|p90_s values; {} for other tasks)."""
+        the episode/* and agent/*/p50_s|p90_s values; {} for other tasks), and what the
+        watchdog saw end (watched: actor → operation → count, workers/run/watchdog.py)."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -280,6 +283,7 @@ class RunDriver:
             "placement": list(self.actors.placement),
             "series": {name: list(points) for name, points in self.metrics.series.items()},
             "episodes": timing_metrics(list(self.metrics.episodes)),
+            "watched": self.watchdog.counts(),
         }
 
     def _spawn(self, model_dir: str) -> bool:
@@ -332,13 +336,21 @@ class RunDriver:
         actors = self.actors
         if actors.trainer is None:
             return False
+        roles = actors.roles()
         try:
-            tr: TrainerReport = ray.get(actors.trainer.drain_metrics.remote())
-            reports: list[InferenceReport] = ray.get([w.drain_metrics.remote() for w in actors.workers])
-            scoring: list[RewardReport] = ray.get([w.drain_metrics.remote() for w in actors.reward_workers])
+            # An actor that cannot answer within the watchdog's floor is itself stuck.
+            answer_s = self.cfg.watchdog.floor_s if self.cfg.watchdog.enabled else None
+            asked = [r.drain_metrics.remote() for r in (actors.trainer, *actors.workers, *actors.reward_workers)]
             # Ranks 1.. report through rank 0; asking them is how a dead one is noticed
             # (rank 0 would wait for it inside a collective).
-            ray.get([r.ready.remote() for r in actors.ranks])
+            pinged = [r.ready.remote() for r in actors.ranks]
+            ready, _ = ray.wait(asked + pinged, num_returns=len(asked) + len(pinged), timeout=answer_s)
+            if len(ready) < len(asked) + len(pinged):
+                raise self._unanswered(asked + pinged, set(ready))
+            tr: TrainerReport = ray.get(asked[0])
+            reports: list[InferenceReport] = ray.get(asked[1 : 1 + len(actors.workers)])
+            scoring: list[RewardReport] = ray.get(asked[1 + len(actors.workers) :])
+            ray.get(pinged)
         except ray.exceptions.RayActorError as exc:
             lost = actors.lost_nodes(exc)
             if lost:
@@ -349,6 +361,8 @@ class RunDriver:
         for failure in (tr.error, *(rep.error for rep in reports)):
             if failure is not None:
                 raise ChildFailed(failure.message, failure)
+        if self.cfg.watchdog.enabled:
+            self._watch(roles[0][0], tr, reports, scoring)
 
         for record in tr.checkpoints:
             self._report_checkpoint(record)
@@ -371,6 +385,48 @@ class RunDriver:
         self.metrics.add_rewards(scoring, self.version, new_steps=bool(tr.steps))
         self.reporter.flush()
         return tr.done
+
+    def _watch(
+        self, trainer: str, tr: TrainerReport, reports: list[InferenceReport], scoring: list[RewardReport]
+    ) -> None:
+        """Hand the actors' watched operations to the watchdog; a hang fails the run."""
+        self.watchdog.observe(trainer, tr.watch)
+        for k, rep in enumerate(reports):
+            self.watchdog.observe(f"inference worker {k}", rep.watch)
+        for k, rew in enumerate(scoring):
+            self.watchdog.observe(f"reward worker {k}", rew.watch)
+        hang = self.watchdog.check()
+        if hang is not None:
+            node = self._node_of(hang.actor)
+            message = hang.message(node)
+            operation = f"{hang.operation} (open {hang.open_s:.0f} s, deadline {hang.deadline_s:.0f} s)"
+            failure = Failure("hang", message, actor=hang.actor, node=node, operation=operation)
+            raise ChildFailed(message, failure)
+
+    def _unanswered(self, refs: list, ready: set) -> ChildFailed:
+        """The run's failure when actors did not answer the poll within watchdog.floor_s:
+        `refs` are the poll's calls, in `_collect`'s order (trainer, inference workers,
+        reward workers, trainer ranks 1..)."""
+        a = self.actors
+        order = [a.roles()[0][0]] + [f"inference worker {k}" for k in range(len(a.workers))]
+        order += [f"reward worker {k}" for k in range(len(a.reward_workers))]
+        order += [f"trainer rank {k + 1}" for k in range(len(a.ranks))]
+        silent = [role for ref, role in zip(refs, order, strict=True) if ref not in ready]
+        nodes = [self._node_of(role) for role in silent]
+        named = ", ".join(f"{role} (node {node})" if node else role for role, node in zip(silent, nodes, strict=True))
+        message = (
+            f"The run's {named} did not answer the driver's poll within watchdog.floor_s "
+            f"({self.cfg.watchdog.floor_s:g} s): stuck where even its metrics cannot be read, so the run was stopped."
+        )
+        failure = Failure(
+            "hang", message, actor=", ".join(silent), node=", ".join(n for n in nodes if n), operation="poll"
+        )
+        return ChildFailed(message, failure)
+
+    def _node_of(self, role: str) -> str:
+        """How a failure names the node `role` runs on ("" if unknown)."""
+        row = next((r for r in self.actors.placement if r.get("actor") == role), None)
+        return node_label(row) if row is not None else ""
 
 
 class RunMetrics:

@@ -53,6 +53,7 @@ KINDS = (
     "ray_unreachable",  # no Ray cluster answers at the address
     "ray_timeout",  # a Ray call outlived its timeout
     "actor_error",  # a run actor's loop raised
+    "hang",  # a run actor's wait outlived its deadline (workers/run/watchdog.py)
     "error",  # anything else: the exception's last line
 )
 # The message stays short (it is shown as is); the traceback is bounded so that one

@@ -22,6 +22,8 @@ from workers.config.run_config import RunConfig
 from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.core.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
+from workers.core.watch import GENERATE as WATCHED_GENERATE
+from workers.core.watch import WEIGHT_LOAD, Watch
 from workers.inference.backends import make_backend
 from workers.model.loading import model_config, model_dims
 from workers.model.tokenizer import load_tokenizer
@@ -137,6 +139,7 @@ class InferenceWorker:
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
         self.timeline = Timeline()
+        self.watch = Watch()  # its generate calls and weight loads, for the driver's watchdog
         self.rewards = None
         if reward_workers:
             self.rewards = RewardPool(reward_workers, cfg.rewards, offset=index)
@@ -277,6 +280,7 @@ class InferenceWorker:
             partial=dataclasses.replace(self.partial),
             evals=evals,
             episodes=timings,
+            watch=self.watch.drain(),
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -306,7 +310,8 @@ class InferenceWorker:
             self._gpu_handed_over.clear()
             sleeper.wake_up(("weights",))
         try:
-            report = self.receiver.apply(self.backend, staged)
+            with self.watch.op(WEIGHT_LOAD):
+                report = self.receiver.apply(self.backend, staged)
         finally:
             if sleeper:
                 sleeper.wake_up(("kv_cache",))
@@ -389,7 +394,8 @@ class InferenceWorker:
                     self._weights_arrived.wait(min(due, ADMIT_POLL_S))
                 self._awake()  # it may have handed the GPU over while nothing was in flight
                 self.timeline.begin(GENERATE)
-                ended = sched.step(self.version)
+                with self.watch.op(WATCHED_GENERATE):
+                    ended = sched.step(self.version)
                 if sched.tokens:
                     self.timeline.end(tokens=sched.tokens)
                 else:
@@ -480,18 +486,19 @@ class InferenceWorker:
         self.calls += 1
         updates = self._updates()
         self.timeline.begin(GENERATE)
-        generated = self._generate(
-            self.backend,
-            self.task,
-            self.tokenizer,
-            prompts,
-            self.cfg,
-            self.version,
-            seed,
-            self.policy,
-            updates,
-            self.rewards,
-        )
+        with self.watch.op(WATCHED_GENERATE):
+            generated = self._generate(
+                self.backend,
+                self.task,
+                self.tokenizer,
+                prompts,
+                self.cfg,
+                self.version,
+                seed,
+                self.policy,
+                updates,
+                self.rewards,
+            )
         groups = generated.groups
         self.partial.add(generated.counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.

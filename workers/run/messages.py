@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from workers.core.timeline import Segment
+    from workers.core.watch import WatchReport
     from workers.rollout.episode_scheduler import EpisodeTiming
     from workers.rollout.partial_rollouts import PartialCounts
     from workers.run.failures import Failure
@@ -44,6 +45,7 @@ class TrainerReport:
     error: Failure | None  # why its loop ended, if it failed (made where it was caught)
     # workers.run.checkpoints.CheckpointRecord of each checkpoint written since the last drain
     checkpoints: list = field(default_factory=list)
+    watch: WatchReport | None = None  # its steps and sends open now and those closed (workers.core.watch)
 
 
 @dataclass
@@ -70,3 +72,4 @@ class InferenceReport:
     evals: list[EvalRecord] = field(default_factory=list)  # eval passes since the last drain
     # A multi-agent task's episodes that ended since the last drain (workers/rollout/episode_scheduler.py)
     episodes: list[EpisodeTiming] = field(default_factory=list)
+    watch: WatchReport | None = None  # its generate calls and weight loads, open and closed (workers.core.watch)

@@ -18,6 +18,7 @@ from workers.core.devices import assigned_device
 from workers.core.metric_names import rank_series
 from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
+from workers.core.watch import TRAIN_STEP, WEIGHT_SEND, Watch
 from workers.run import checkpoints
 from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
 from workers.run.buffer import NoSignalError, with_prefetched
@@ -192,6 +193,7 @@ class TrainerActor:
         ranks: list | None,
     ) -> None:
         self.cfg = cfg
+        self.watch = Watch()  # its steps and sends, for the driver's watchdog
         self.buffer = buffer
         self.workers = workers
         self.model_dir = model_dir
@@ -350,8 +352,9 @@ class TrainerActor:
             others = self._together("follow_sync", self.sender.gathers)
         else:
             others = []
-        sent = self.sender.send(version, self._notify)
-        ray.get(others)
+        with self.watch.op(WEIGHT_SEND):
+            sent = self.sender.send(version, self._notify)
+            ray.get(others)
         return sent
 
     def _notify(self, notice: Notice) -> None:
@@ -365,7 +368,12 @@ class TrainerActor:
             steps, self.steps = self.steps, []
             written, self._written = self._written, []
         return TrainerReport(
-            steps=steps, version=self.trainer.version, done=self.done, error=self.error, checkpoints=written
+            steps=steps,
+            version=self.trainer.version,
+            done=self.done,
+            error=self.error,
+            checkpoints=written,
+            watch=self.watch.drain(),
         )
 
     def _next_batch(self) -> tuple[list[Group] | None, dict]:
@@ -411,7 +419,8 @@ class TrainerActor:
                     break
                 wait_s = time.perf_counter() - t_wait
                 self._starved_s += wait_s
-                metrics = self.trainer.train_step(groups, self._peers)
+                with self.watch.op(TRAIN_STEP):
+                    metrics = self.trainer.train_step(groups, self._peers)
                 version = self.trainer.version
                 if self.checkpoints is not None and self.checkpoints.due(version):
                     # Before publishing `version`: in sync mode every inference worker

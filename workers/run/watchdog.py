@@ -1,0 +1,109 @@
+"""The driver's watchdog: every wait of a run's actors under a deadline of its own.
+
+Each poll the driver hands the watchdog what every actor reports of its watched
+operations (workers.core.watch: a trainer step, a weight send or load, a generate call,
+a reward worker's call): the durations of those that ended, kept per actor and kind, and
+the ones open now. An operation open longer than its deadline is a hang:
+
+    deadline = clamp(watchdog.multiple × p99 of the same actor's earlier ones,
+                     watchdog.floor_s, watchdog.ceiling_s)
+
+and the ceiling alone until MIN_SAMPLES of them have ended (the first steps compile and
+warm up). Both ends of a duration are read on the actor's own clock, so hosts whose
+clocks disagree do not matter. The driver turns a hang into the run's failure (kind
+"hang"), naming the actor, its node and the operation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from workers.core.watch import OPERATIONS
+
+if TYPE_CHECKING:
+    from workers.config.run_config import WatchdogConfig
+    from workers.core.watch import WatchReport
+
+# Below this many earlier durations a p99 says little: the deadline is the ceiling.
+MIN_SAMPLES = 5
+# The durations kept per actor and operation: the p99 follows a run that changes pace.
+HISTORY = 512
+
+
+@dataclass(frozen=True)
+class Hang:
+    """An operation past its deadline: `actor` (its role, as the run page names it),
+    `operation`, how long it has been open, its deadline and how the deadline was set."""
+
+    actor: str
+    operation: str
+    open_s: float
+    deadline_s: float
+    basis: str
+
+    def message(self, node: str = "") -> str:
+        where = f" on node {node}" if node else ""
+        return (
+            f"The {self.actor}{where} has been in its {self.operation} for {self.open_s:.0f} s, past its deadline "
+            f"of {self.deadline_s:.0f} s ({self.basis}): it is stuck, so the run was stopped. Its log says where "
+            "it waits; raise the watchdog section's limits if such waits are expected."
+        )
+
+
+def p99(durations: deque[float]) -> float:
+    ordered = sorted(durations)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+class Watchdog:
+    """The deadlines of one run's operations; see the module's docstring."""
+
+    def __init__(self, cfg: WatchdogConfig) -> None:
+        self.cfg = cfg
+        self._history: dict[tuple[str, str], deque[float]] = {}
+        self._open: dict[str, tuple[dict[str, float], float]] = {}  # actor → (op → since, its clock now)
+
+    def observe(self, actor: str, report: WatchReport | None) -> None:
+        """Take one drain of `actor`'s watch."""
+        if report is None:
+            return
+        for op, durations in report.durations.items():
+            self._history.setdefault((actor, op), deque(maxlen=HISTORY)).extend(durations)
+        self._open[actor] = (report.open, report.now)
+
+    def deadline(self, actor: str, operation: str) -> tuple[float, str]:
+        """(seconds, how they were set) for `actor`'s next or current `operation`."""
+        cfg = self.cfg
+        history = self._history.get((actor, operation))
+        if history is None or len(history) < MIN_SAMPLES:
+            done = 0 if history is None else len(history)
+            return cfg.ceiling_s, f"watchdog.ceiling_s: {done} earlier {operation}s, too few to judge by"
+        q = p99(history)
+        raw = cfg.multiple * q
+        basis = f"{cfg.multiple:g} × the p99 of its last {len(history)}, {q:.3g} s"
+        if raw < cfg.floor_s:
+            return cfg.floor_s, f"watchdog.floor_s; {basis}"
+        if raw > cfg.ceiling_s:
+            return cfg.ceiling_s, f"watchdog.ceiling_s; {basis}"
+        return raw, basis
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """actor → operation → how many ended (of the last HISTORY), for the run's summary."""
+        out: dict[str, dict[str, int]] = {}
+        for (actor, op), history in self._history.items():
+            out.setdefault(actor, {})[op] = len(history)
+        return out
+
+    def check(self) -> Hang | None:
+        """The first operation past its deadline (the most specific kind first), or None."""
+        for actor, (open_ops, now) in self._open.items():
+            for op in OPERATIONS:
+                if op not in open_ops:
+                    continue
+                open_s = now - open_ops[op]
+                deadline, basis = self.deadline(actor, op)
+                if open_s > deadline:
+                    return Hang(actor, op, open_s, deadline, basis)
+        return None
