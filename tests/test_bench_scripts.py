@@ -874,3 +874,14 @@ def test_simulate_calibration_prints_measured_and_predicted_per_preset(tmp_path)
         }  # fmt: skip
         assert preset["measured"]["samples/per_s"] > 0 and preset["predicted"]["samples/per_s"] > 0
     assert "| async | samples/per_s |" in done.stdout and "costs fed to the simulator" in done.stdout
+
+
+@pytest.mark.slow  # a subprocess importing Ray and torch: not for the inner loop
+def test_delta_sync_prints_a_row_per_learning_rate_with_fewer_bytes_for_the_delta():
+    done = bench("delta_sync.py", "--size", "tiny", "--steps", "1", "--lrs", "1e-6,1e-5")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| 1e-0")]
+    assert [r[0] for r in rows] == ["| 1e-06", "| 1e-05"]
+    for r in rows:  # bytes pulled: full (float32, whole) against the delta
+        full, delta = float(r[2].split()[0].replace(",", "")), float(r[3].split("–")[0])
+        assert delta < full / 4

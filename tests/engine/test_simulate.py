@@ -175,6 +175,36 @@ def test_sync_bytes_are_what_the_engines_senders_move(tmp_path):
     assert sync_cost("lora", shape, link=INFINIBAND, workers=1, nodes=1, lora_rank=4).bytes == sent
 
 
+def test_the_delta_sync_model_pulls_the_bytes_the_engine_sends():
+    """`sync.delta`: at the share of elements a step changed, the modelled bytes a
+    caught-up worker pulls are the engine's delta (every tensor sparse at this share)."""
+    import torch
+
+    from workers.config.run_config import ModelConfig, SyncConfig
+    from workers.model.loading import build_tiny
+    from workers.model.tokenizer import CharTokenizer
+    from workers.simulate.costs import INFINIBAND, shape_of, sync_cost
+    from workers.sync import make_sender
+    from workers.sync.object_store import InProcessStore
+
+    model = build_tiny(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), CharTokenizer(), 0)
+    sender = make_sender(SyncConfig(protocol="object_store", delta=True), store=InProcessStore(), wire_dtype="bfloat16")
+    sender.attach(model)
+    sender.send(1, lambda notice: None)
+    before = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 3e-6)
+    changed = sum(int((p.to(torch.bfloat16) != before[n]).sum()) for n, p in model.named_parameters())
+    share = changed / sum(p.numel() for p in model.parameters())
+    sent = sender.send(2, lambda notice: None).bytes
+    modelled = sync_cost("object_store", shape_of(model), link=INFINIBAND, workers=1, nodes=1, delta_changed=share)
+    assert 0 < share < 0.1 and modelled.bytes == pytest.approx(sent, rel=1e-6)
+    whole = sync_cost("object_store", shape_of(model), link=INFINIBAND, workers=1, nodes=1)
+    assert modelled.latency_s < whole.latency_s and modelled.trainer_s < whole.trainer_s
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     preset=st.sampled_from(sorted(PRESETS)),

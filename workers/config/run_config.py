@@ -717,6 +717,12 @@ class SyncConfig(_Section):
     )
     # 1 → an inference worker reading late finds its file gone; more → disk use.
     keep_versions: int = Field(2, ge=1, description="filesystem: versions kept on disk.")
+    delta: bool = Field(
+        False,
+        description="object_store: each version also as its changes since the previous one, in the inference "
+        "workers' dtype (inference.dtype bfloat16); a worker that loaded the previous version pulls only "
+        "those, any other the whole version.",
+    )
     timeout_s: float = Field(
         120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
     )
@@ -1072,6 +1078,23 @@ class RunConfig(_Section):
                 "sync.protocol 'collective' cannot move a LoRA model (lora.enabled=true) except into vLLM "
                 "(inference.backend 'vllm', not colocated on a GPU); choose sync.protocol 'lora' (adapter only), "
                 "'object_store' or 'filesystem'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _delta_has_a_narrow_dtype(self) -> RunConfig:
+        if not self.sync.delta:
+            return self
+        if self.sync.protocol != "object_store":
+            raise ValueError(
+                f"sync.delta sends each version's changes through the object store; sync.protocol "
+                f"'{self.sync.protocol}' moves whole versions: set sync.protocol 'object_store' or sync.delta false"
+            )
+        if self.inference.dtype != "bfloat16":
+            raise ValueError(
+                f"sync.delta sends the elements that changed in the inference workers' dtype, and in "
+                f"inference.dtype '{self.inference.dtype}' nearly every element changes every step: set "
+                "inference.dtype 'bfloat16' or sync.delta false"
             )
         return self
 

@@ -336,10 +336,22 @@ def sync_cost(
     bucket_mb: float = 32.0,
     lora_rank: int = 8,
     device: Device = H100,
+    delta_changed: float | None = None,
 ) -> SyncCost:
     """What one weight sync of `protocol` (workers/sync) costs between the pools over
-    `link`, to `workers` inference workers on `nodes` nodes."""
+    `link`, to `workers` inference workers on `nodes` nodes. `delta_changed`
+    (`sync.delta`, object_store): the share of bf16 elements a step changes."""
     full = model.params * WIRE_BYTES
+    if protocol == "object_store" and delta_changed is not None:
+        # workers/sync/delta.py: the whole bf16 version and its changes (6 bytes an
+        # element: an int32 index and the value; never more than the element's 2) both
+        # go into the trainer node's shared memory; a caught-up worker pulls the changes.
+        whole = model.params * BF16
+        changes = model.params * min(6 * delta_changed, BF16)
+        put = (whole + changes) / device.host_bytes_per_s
+        hops = math.ceil(math.log2(nodes + 1))
+        pull = hops * (changes / link.bytes_per_s + link.latency_s) + changes / device.host_bytes_per_s
+        return SyncCost(changes, put, put + pull)
     if protocol == "lora":
         size = model.lora_params(lora_rank) * WIRE_BYTES
         put = size / device.host_bytes_per_s

@@ -60,6 +60,9 @@ class Workload:
     median_tokens: int = 2048
     p90_tokens: int = 2048
     max_tokens: int = 32768
+    # `sync.delta`: the share of bf16 elements one step changes (bench/delta_sync.py
+    # measures it; it grows with the learning rate).
+    delta_changed: float = 0.02
 
     def __post_init__(self) -> None:
         if not 1 <= self.median_tokens <= self.p90_tokens <= self.max_tokens:
@@ -67,6 +70,8 @@ class Workload:
                 f"workload needs 1 ≤ median_tokens ({self.median_tokens}) ≤ p90_tokens ({self.p90_tokens}) "
                 f"≤ max_tokens ({self.max_tokens})"
             )
+        if not 0 <= self.delta_changed <= 1:
+            raise ValueError(f"workload.delta_changed is a share of elements, 0 to 1 (got {self.delta_changed})")
 
     @property
     def sigma(self) -> float:
@@ -161,6 +166,7 @@ def roofline_costs(cfg: RunConfig, cluster: Cluster, lay: Layout, workload: Work
         bucket_mb=cfg.sync.bucket_mb,
         lora_rank=cfg.lora.rank,
         device=cluster.device,
+        delta_changed=workload.delta_changed if cfg.sync.delta else None,
     )
     # Colocated: the GPUs switch between the engine and the trainer (vLLM sleep /
     # wake_up): the weights go to host memory and back, once each way per step.

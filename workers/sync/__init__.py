@@ -91,7 +91,8 @@ def make_sender(
     `store` replaces the Ray object store (tests); `scratch_dir` is the run's scratch
     directory, where a protocol keeps its files unless the config names a place;
     `wire_dtype` ("float32", "bfloat16"; None: the parameters' own) is the dtype
-    "cuda_ipc" and a broadcast engine send the weights in, the inference workers' dtype.
+    "cuda_ipc", a broadcast engine and `sync.delta` send the weights in, the inference
+    workers' dtype.
     `engine` (`driven_engine`): the vLLM weight-transfer engine the trainer drives,
     each receiver a vLLM engine of `ranks_per_receiver` processes (its tensor-parallel size).
     `rank`: the trainer pool rank the sender runs on, for a sender that runs on every rank
@@ -111,7 +112,12 @@ def make_sender(
 
         return CudaIpcSender(getattr(torch, wire_dtype) if wire_dtype else None)
     if sync.protocol == "object_store":
-        return ObjectStoreSender(store, bucket_mb=sync.bucket_mb)
+        import torch
+
+        if sync.delta and not wire_dtype:
+            raise ValueError("sync.delta needs the inference workers' dtype (wire_dtype) to compare versions in")
+        delta = getattr(torch, wire_dtype) if sync.delta and wire_dtype else None
+        return ObjectStoreSender(store, bucket_mb=sync.bucket_mb, delta_dtype=delta)
     if sync.protocol == "collective":
         return CollectiveSender(sync, num_receivers)
     if sync.protocol == "filesystem":
@@ -145,7 +151,7 @@ def make_receiver(
 
         return EngineBroadcastReceiver(engine, backend)
     if sync.protocol == "object_store":
-        return ObjectStoreReceiver(store)
+        return ObjectStoreReceiver(store, delta=sync.delta)
     if sync.protocol == "collective":
         return CollectiveReceiver()
     if sync.protocol == "cuda_ipc":
