@@ -85,6 +85,19 @@ def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
 
 
 @pytest.mark.slow
+def test_a_delta_sync_run_moves_the_changes_after_its_first_version(cluster, stub, cache_dir):
+    """sync.delta at a small learning rate: the first version goes whole (in bf16, half
+    the float32 policy), each later one as its few changed elements."""
+    series = run_to_the_end(
+        307, stub, cache_dir, sync={"delta": True}, inference={"dtype": "bfloat16"}, trainer={"lr": 1e-6}
+    )
+    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
+    sent = series["sync/bytes"]
+    assert sent[1] == pytest.approx(policy_bytes(cache_dir) / 2, rel=0.01)
+    assert all(0 < sent[step] < sent[1] / 4 for step in (2, 3, 4)), sent
+
+
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
     pytest.importorskip("vllm")
