@@ -10,7 +10,7 @@ import pytest
 
 from workers.config.run_config import RunConfig, WatchdogConfig
 from workers.core.watch import GENERATE, HANG_ENV, TRAIN_STEP, WEIGHT_LOAD, Watch, WatchReport
-from workers.run.watchdog import MIN_SAMPLES, Watchdog
+from workers.run.watchdog import MIN_SAMPLES, Watchdog, unanswered
 
 
 def test_a_watch_times_each_operation_and_reports_the_open_ones():
@@ -106,3 +106,22 @@ def test_an_operation_past_its_deadline_is_a_hang_naming_actor_node_and_operatio
 def test_the_watchdog_section_refuses_a_floor_above_its_ceiling():
     with pytest.raises(ValueError, match=r"watchdog.floor_s \(90\) is above watchdog.ceiling_s \(60\)"):
         RunConfig.model_validate({"watchdog": {"floor_s": 90, "ceiling_s": 60}})
+
+
+def test_actors_that_do_not_answer_the_poll_are_named_with_their_nodes():
+    failure = unanswered({"trainer": "10.0.0.5 (Ray node 1f11c59d4fb8)", "reward worker 0": ""}, 300)
+    assert failure.kind == "hang" and failure.operation == "poll"
+    assert failure.actor == "trainer, reward worker 0" and failure.node == "10.0.0.5 (Ray node 1f11c59d4fb8)"
+    assert failure.message.startswith(
+        "The run's trainer (node 10.0.0.5 (Ray node 1f11c59d4fb8)), reward worker 0 did not answer the driver's "
+        "poll within watchdog.floor_s (300 s)"
+    )
+
+
+def test_a_hangs_record_names_the_operation_with_its_deadline():
+    dog = Watchdog(cfg())
+    dog.observe("trainer", report(70.0, {TRAIN_STEP: 0.0}))  # the first step: the ceiling, 60 s
+    failure = dog.check().failure("10.0.0.5 (Ray node 1f11c59d4fb8)")
+    assert (failure.kind, failure.actor) == ("hang", "trainer")
+    assert failure.operation == "train step (open 70 s, deadline 60 s)"
+    assert failure.node == "10.0.0.5 (Ray node 1f11c59d4fb8)" and failure.node in failure.message

@@ -48,7 +48,7 @@ from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
 from workers.run.runnable import check_runnable
 from workers.run.spawn import RunActors
-from workers.run.watchdog import Watchdog
+from workers.run.watchdog import Watchdog, unanswered
 from workers.train.warmstart import policy_dir
 
 log = logging.getLogger(__name__)
@@ -397,11 +397,8 @@ class RunDriver:
             self.watchdog.observe(f"reward worker {k}", rew.watch)
         hang = self.watchdog.check()
         if hang is not None:
-            node = self._node_of(hang.actor)
-            message = hang.message(node)
-            operation = f"{hang.operation} (open {hang.open_s:.0f} s, deadline {hang.deadline_s:.0f} s)"
-            failure = Failure("hang", message, actor=hang.actor, node=node, operation=operation)
-            raise ChildFailed(message, failure)
+            failure = hang.failure(self._node_of(hang.actor))
+            raise ChildFailed(failure.message, failure)
 
     def _unanswered(self, refs: list, ready: set) -> ChildFailed:
         """The run's failure when actors did not answer the poll within watchdog.floor_s:
@@ -411,17 +408,9 @@ class RunDriver:
         order = [a.roles()[0][0]] + [f"inference worker {k}" for k in range(len(a.workers))]
         order += [f"reward worker {k}" for k in range(len(a.reward_workers))]
         order += [f"trainer rank {k + 1}" for k in range(len(a.ranks))]
-        silent = [role for ref, role in zip(refs, order, strict=True) if ref not in ready]
-        nodes = [self._node_of(role) for role in silent]
-        named = ", ".join(f"{role} (node {node})" if node else role for role, node in zip(silent, nodes, strict=True))
-        message = (
-            f"The run's {named} did not answer the driver's poll within watchdog.floor_s "
-            f"({self.cfg.watchdog.floor_s:g} s): stuck where even its metrics cannot be read, so the run was stopped."
-        )
-        failure = Failure(
-            "hang", message, actor=", ".join(silent), node=", ".join(n for n in nodes if n), operation="poll"
-        )
-        return ChildFailed(message, failure)
+        silent = {role: self._node_of(role) for ref, role in zip(refs, order, strict=True) if ref not in ready}
+        failure = unanswered(silent, self.cfg.watchdog.floor_s)
+        return ChildFailed(failure.message, failure)
 
     def _node_of(self, role: str) -> str:
         """How a failure names the node `role` runs on ("" if unknown)."""

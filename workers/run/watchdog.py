@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workers.core.watch import OPERATIONS
+from workers.run.failures import Failure
 
 if TYPE_CHECKING:
     from workers.config.run_config import WatchdogConfig
@@ -50,6 +51,23 @@ class Hang:
             f"of {self.deadline_s:.0f} s ({self.basis}): it is stuck, so the run was stopped. Its log says where "
             "it waits; raise the watchdog section's limits if such waits are expected."
         )
+
+    def failure(self, node: str = "") -> Failure:
+        """The run's failure record (kind "hang"), `node` where the actor runs."""
+        operation = f"{self.operation} (open {self.open_s:.0f} s, deadline {self.deadline_s:.0f} s)"
+        return Failure("hang", self.message(node), actor=self.actor, node=node, operation=operation)
+
+
+def unanswered(silent: dict[str, str], floor_s: float) -> Failure:
+    """The failure of a run whose actors (`silent`: role → node, "" if unknown) did not
+    answer the driver's poll within `floor_s`: stuck where even their metrics cannot be read."""
+    named = ", ".join(f"{role} (node {node})" if node else role for role, node in silent.items())
+    message = (
+        f"The run's {named} did not answer the driver's poll within watchdog.floor_s ({floor_s:g} s): stuck "
+        "where even its metrics cannot be read, so the run was stopped."
+    )
+    nodes = ", ".join(node for node in silent.values() if node)
+    return Failure("hang", message, actor=", ".join(silent), node=nodes, operation="poll")
 
 
 def p99(durations: deque[float]) -> float:
