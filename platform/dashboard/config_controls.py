@@ -72,6 +72,8 @@ CONTROL_GROUPS: list[tuple[str, list[str]]] = [
     ("Placement", ["placement.*"]),
     ("Eval", ["eval.*"]),
     ("Checkpoints", ["checkpoint.*"]),
+    # Deadlines on the actors' waits (docs/reliability.md, "Hangs: the watchdog").
+    ("Watchdog", ["watchdog.*"]),
     ("Stop", ["stop.*"]),
     ("Seed", ["seed"]),
 ]

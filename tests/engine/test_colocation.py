@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from workers.core.watch import Watch
 from workers.run.colocation import OFFLOADED, Phase, shared_gpu, step_phases
 
 GIB = 2**30
@@ -115,7 +116,7 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
     worker.cfg = RunConfig.model_validate(
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )
-    worker.backend, worker.receiver = backend, Receiver()
+    worker.backend, worker.receiver, worker.watch = backend, Receiver(), Watch()
     worker._gpu_handed_over = threading.Event()
     worker._hand_over_gpu()
     assert worker.wait_asleep(0)
@@ -274,6 +275,7 @@ def test_the_episode_loop_hands_the_gpu_over_with_nothing_in_flight_and_wakes_be
     worker.backend = recording_backend(1, calls)
     worker.version, worker._resume_at, worker.eval_prompts, worker.error = 0, 0, None, None
     worker.chunk_groups, worker.num_workers, worker.index, worker.timeline = 1, 1, 0, Timeline()
+    worker.watch = Watch()
     worker._stop, worker._weights_arrived = threading.Event(), threading.Event()
     worker._gpu_handed_over = threading.Event()
     worker.timings, worker._evals_lock = [], threading.Lock()
