@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from workers.config.run_config import RunConfig, WatchdogConfig
-from workers.core.watch import GENERATE, HANG_ENV, TRAIN_STEP, WEIGHT_LOAD, Watch, WatchReport
+from workers.core.watch import GENERATE, HANG_ENV, TRAIN_STEP, WEIGHT_LOAD, WEIGHT_SEND, Watch, WatchReport
 from workers.run.watchdog import MIN_SAMPLES, Watchdog, unanswered
 
 
@@ -125,3 +125,18 @@ def test_a_hangs_record_names_the_operation_with_its_deadline():
     assert (failure.kind, failure.actor) == ("hang", "trainer")
     assert failure.operation == "train step (open 70 s, deadline 60 s)"
     assert failure.node == "10.0.0.5 (Ray node 1f11c59d4fb8)" and failure.node in failure.message
+
+
+def test_a_weight_send_may_wait_as_long_as_a_generate_call():
+    """A send into vLLM's engines waits for the worker's apply point: quick sends so far
+    do not make a long generate call in flight there a hang of the trainer's."""
+    dog = Watchdog(cfg())
+    dog.observe("trainer", report(0.0, weight_send=[0.1] * 10))  # 10 × 0.1 < floor: 2 s
+    dog.observe("inference worker 0", report(0.0, generate=[4.0] * 10))  # 10 × 4 = 40 s
+    dog.observe("trainer", report(30.0, {WEIGHT_SEND: 0.0}))
+    assert dog.check() is None
+    assert dog.send_deadline("trainer")[0] == 40.0
+    dog.observe("trainer", report(41.0, {WEIGHT_SEND: 0.0}))
+    hang = dog.check()
+    assert hang.operation == WEIGHT_SEND and "an inference worker's generate call's" in hang.basis
+    assert Watchdog(cfg()).send_deadline("trainer")[0] == 60  # no history: the ceiling, as any

@@ -9,7 +9,7 @@ the ones open now. An operation open longer than its deadline is a hang:
                      watchdog.floor_s, watchdog.ceiling_s)
 
 and the ceiling alone until MIN_SAMPLES of them have ended (the first steps compile and
-warm up). Both ends of a duration are read on the actor's own clock, so hosts whose
+warm up); a weight send's is at least a generate call's (`Watchdog.send_deadline`). Both ends of a duration are read on the actor's own clock, so hosts whose
 clocks disagree do not matter. The driver turns a hang into the run's failure (kind
 "hang"), naming the actor, its node and the operation.
 """
@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from workers.core.watch import OPERATIONS
+from workers.core.watch import GENERATE, OPERATIONS, WEIGHT_SEND
 from workers.run.failures import Failure
 
 if TYPE_CHECKING:
@@ -114,6 +114,18 @@ class Watchdog:
             out.setdefault(actor, {})[op] = len(history)
         return out
 
+    def send_deadline(self, actor: str) -> tuple[float, str]:
+        """A weight send's deadline: its own, or, where longer, an inference worker's
+        generate call's. A send into a receiver that loads at its apply point (vLLM's
+        engines) waits for the call in flight there, however quick earlier sends were."""
+        own = self.deadline(actor, WEIGHT_SEND)
+        workers = {a for a, op in self._history if op == GENERATE}
+        calls = [self.deadline(a, GENERATE) for a in sorted(workers)]
+        longest = max(calls, default=own, key=lambda d: d[0])
+        if longest[0] > own[0]:
+            return longest[0], f"an inference worker's generate call's, which a send may wait for: {longest[1]}"
+        return own
+
     def check(self) -> Hang | None:
         """The first operation past its deadline (the most specific kind first), or None."""
         for actor, (open_ops, now) in self._open.items():
@@ -121,7 +133,7 @@ class Watchdog:
                 if op not in open_ops:
                     continue
                 open_s = now - open_ops[op]
-                deadline, basis = self.deadline(actor, op)
+                deadline, basis = self.send_deadline(actor) if op == WEIGHT_SEND else self.deadline(actor, op)
                 if open_s > deadline:
                     return Hang(actor, op, open_s, deadline, basis)
         return None
