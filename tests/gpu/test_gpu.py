@@ -1,5 +1,6 @@
 """The engine on a CUDA GPU: the trainer on the device it was given, checkpoints that move
-between GPU and CPU, and the cuda_ipc weight hand-off between two processes.
+between GPU and CPU, and the cuda_ipc weight hand-off between two processes (the
+project's flat buffer, and vLLM's IPC engine pair where vLLM is installed).
 
 Skipped where torch sees no GPU (CI here); run on a GPU host with
 `python -m pytest tests/gpu`."""
@@ -87,6 +88,85 @@ def test_cuda_ipc_hands_the_trainers_weights_to_another_process_bit_for_bit(tiny
     proc.join(30)
     assert (version, nbytes) == (1, sent.bytes)
     assert checksum == state_checksum(trainer.model.state_dict())
+
+
+class _VllmIpcTarget:
+    """A vLLM backend's four weight-transfer calls, answered by vLLM's own worker-side IPC
+    engine loading into a transformers model by checkpoint name (no vLLM model runner)."""
+
+    transfer_engine = "ipc"
+
+    def __init__(self, model) -> None:
+        from types import SimpleNamespace
+
+        from vllm.config import WeightTransferConfig
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+
+        self.model, self.labels = model, []
+        runner = SimpleNamespace(parallel_config=None, model_config=None)
+        self.engine = IPCWeightTransferEngine(WeightTransferConfig(backend="ipc"), runner, CUDA, self)
+
+    def load_weights(self, weights) -> None:
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in weights:
+                state[name].copy_(tensor)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.engine.init_transfer_engine(self.engine.parse_init_info(init_info))
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: dict) -> None:
+        self.engine.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.labels.append(weight_version)
+
+
+def _receive_through_vllm(model_dir, notices, replies) -> None:
+    from workers.inference.transformers_backend import TransformersBackend
+    from workers.sync.engine_ipc import EngineIpcReceiver
+
+    backend = TransformersBackend(model_dir, device="cuda")
+    target = _VllmIpcTarget(backend.model)
+    receiver = EngineIpcReceiver(target)
+    receiver.connect(notices.get(), 1)
+    while (notice := notices.get()) is not None:
+        report = receiver.apply(target, receiver.receive(notice))
+        replies.put((report.version, target.labels[-1], state_checksum(backend.model.state_dict())))
+
+
+@needs_gpu
+def test_vllms_ipc_engine_pair_hands_the_policy_to_another_process_bit_for_bit(tiny_model_dir, groups):
+    """`cuda_ipc` into vLLM (workers/sync/engine_ipc.py): vLLM's trainer engine exports a
+    handle per tensor, its worker engine in another process maps and loads them; the
+    send returns once the worker has loaded. Needs vLLM's weight-transfer modules."""
+    pytest.importorskip("vllm.distributed.weight_transfer.ipc_engine")
+    import torch.multiprocessing as mp
+
+    from workers.config.run_config import SyncConfig
+    from workers.sync.engine_ipc import EngineIpcSender
+
+    trainer = Trainer(small_config(), tiny_model_dir, device=CUDA)
+    ctx = mp.get_context("spawn")
+    notices, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_receive_through_vllm, args=(tiny_model_dir, notices, replies))
+    proc.start()
+    sender = EngineIpcSender(SyncConfig(protocol="cuda_ipc", timeout_s=120), num_receivers=1)
+    sender.attach(trainer.model)
+    notices.put(sender.endpoint())
+    sender.connect()
+    try:
+        for version in (1, 2):
+            trainer.train_step(copy.deepcopy(groups))
+            sender.send(version, notices.put)  # returns once the worker has loaded
+            assert replies.get(timeout=120) == (version, str(version), state_checksum(trainer.state_dict()))
+    finally:
+        notices.put(None)
+        proc.join(30)
+        sender.close()
 
 
 def test_cuda_ipc_refuses_a_trainer_on_the_cpu(tiny_model_dir):
