@@ -13,6 +13,7 @@ either way, so it is left out of both.
 
     .venv/bin/python bench/delta_sync.py                   # lr 1e-6 and 1e-5, 4 steps each
     .venv/bin/python bench/delta_sync.py --size tiny --steps 2   # a smoke test
+    python bench/delta_sync.py --changed-only --device cuda --size 1.5b --rows 8 --tokens 512
 """
 
 from __future__ import annotations
@@ -42,10 +43,34 @@ class NoLoad:
 def model_of(size: str) -> torch.nn.Module:
     import transformers
 
-    shape = gpu_scale.SHAPES["0.5b"] if size == "0.5b" else {**TINY, "num_key_value_heads": 1}
+    shape = gpu_scale.SHAPES.get(size, {**TINY, "num_key_value_heads": 1})
     config = transformers.Qwen2Config(vocab_size=gpu_scale.VOCAB, **shape)
     torch.manual_seed(0)
     return transformers.Qwen2ForCausalLM(config).float().train()
+
+
+def changed_shares(size: str, lr: float, steps: int, rows: int, tokens: int, device: torch.device) -> list[float]:
+    """The share of bf16 elements each AdamW step changes (no sync: `--changed-only`),
+    float32 masters with bf16 autocast on a GPU, `rows` × `tokens` random tokens a step."""
+    model = model_of(size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    total = sum(p.numel() for p in model.parameters())
+    shares = []
+    for _ in range(steps):
+        before = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+        ids = torch.randint(0, gpu_scale.VOCAB, (rows, tokens), generator=g).to(device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        changed = sum(
+            int((p.detach().to(torch.bfloat16).view(torch.int16) != before[n].view(torch.int16)).sum())
+            for n, p in model.named_parameters()
+        )
+        shares.append(changed / total)
+    return shares
 
 
 def run(size: str, lr: float, steps: int, tokens: int) -> list[dict]:
@@ -96,11 +121,25 @@ def run(size: str, lr: float, steps: int, tokens: int) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["0.5b", "tiny"], default="0.5b")
+    parser.add_argument("--size", choices=["0.5b", "1.5b", "tiny"], default="0.5b")
     parser.add_argument("--lrs", default="1e-6,1e-5")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32, help="tokens per row of the 2-row batch")
+    parser.add_argument(
+        "--changed-only",
+        action="store_true",
+        help="only the share of bf16 elements each step changes (no sync, no Ray: any device)",
+    )
+    parser.add_argument("--device", default="cpu", help="with --changed-only: cpu or cuda")
+    parser.add_argument("--rows", type=int, default=8, help="with --changed-only: rows of each step's batch")
     args = parser.parse_args()
+    if args.changed_only:
+        print("| shape | lr | bf16 elements changed, steps 1.. |")
+        print("|---|---|---|")
+        for lr in (float(x) for x in args.lrs.split(",")):
+            shares = changed_shares(args.size, lr, args.steps, args.rows, args.tokens, torch.device(args.device))
+            print(f"| {args.size} | {lr:g} | {', '.join(f'{100 * x:.2f} %' for x in shares)} |", flush=True)
+        return 0
     import ray
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
