@@ -29,6 +29,7 @@ from teams import audit
 from workers.core.hub import HubRefused, HubUnavailable
 from workers.run.paths import PathNotAllowed
 from workers.simulate import MODELS, Cluster, Workload, simulate
+from workers.simulate.advice import advice
 from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
 
 logger = logging.getLogger(__name__)
@@ -220,8 +221,9 @@ def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest) -> Run:
         if math.isfinite(value)
     ]
     summary = {key: (value if math.isfinite(value) else None) for key, value in result.summary.items()}
+    said = advice(result.summary, launch.config, sim.cluster)
     with transaction.atomic():
-        run = create_run(user, launch, simulated=True, simulation={**sim.described, "summary": summary})
+        run = create_run(user, launch, simulated=True, simulation={**sim.described, "summary": summary, "advice": said})
         MetricPoint.objects.upsert(run.pk, points)
         # Straight to succeeded: a simulation never queues or runs on a worker.
         Run.objects.filter(pk=run.pk).update(

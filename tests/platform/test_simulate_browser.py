@@ -88,6 +88,12 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             box, heading = mark.bounding_box(), page.locator("h1").bounding_box()
             assert box and heading and box["width"] > 20 and box["height"] > 8 and inside(box, heading)
             expect(page.locator("#simulation-note")).to_contain_text("32 × H100")
+            # What the run says about itself: the pool that bounds it, and the knob.
+            advice = page.locator("#simulation-advice li").first
+            expect(advice).to_be_visible()
+            expect(advice).to_contain_text("bounds this run")
+            advice_box = advice.bounding_box()
+            assert advice_box and advice_box["height"] > 8 and advice_box["width"] > 100
             expect(page.locator(".status")).to_have_text("succeeded")
 
             # The run list: one mark, in the simulated run's row only, clear of its name.

@@ -9,8 +9,9 @@ the ones open now. An operation open longer than its deadline is a hang:
                      watchdog.floor_s, watchdog.ceiling_s)
 
 and the ceiling alone until MIN_SAMPLES of them have ended (the first steps compile and
-warm up); a weight send's is at least a generate call's (`Watchdog.send_deadline`). Both ends of a duration are read on the actor's own clock, so hosts whose
-clocks disagree do not matter. The driver turns a hang into the run's failure (kind
+warm up); a weight send's is at least a generate call's (`Watchdog.send_deadline`). Both
+ends of a duration are read on the actor's own clock, so hosts whose clocks disagree do
+not matter. The driver turns a hang into the run's failure (kind
 "hang"), naming the actor, its node and the operation.
 """
 
