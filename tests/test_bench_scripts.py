@@ -882,6 +882,8 @@ def test_delta_sync_prints_a_row_per_learning_rate_with_fewer_bytes_for_the_delt
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| 1e-0")]
     assert [r[0] for r in rows] == ["| 1e-06", "| 1e-05"]
-    for r in rows:  # bytes pulled: full (float32, whole) against the delta
+    # bytes pulled: full (float32, whole) against the delta: 4 bytes an element against 6
+    # a changed one, about 4% of them changed at lr 1e-6 and 25% at 1e-5 in the first step
+    for r, share in zip(rows, (0.1, 0.5), strict=True):
         full, delta = float(r[2].split()[0].replace(",", "")), float(r[3].split("–")[0])
-        assert delta < full / 4
+        assert delta < share * full
