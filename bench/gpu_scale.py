@@ -256,6 +256,7 @@ class VllmIpcTarget:
         from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
         self.model = model
+        self.labels: list[str | None] = []  # the version each finished update was labelled with
         no_runner = SimpleNamespace(parallel_config=None, model_config=None)
         self.engine = IPCWeightTransferEngine(WeightTransferConfig(backend="ipc"), no_runner, device, self)
 
@@ -275,7 +276,7 @@ class VllmIpcTarget:
         self.engine.update_weights(update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        pass
+        self.labels.append(weight_version)
 
 
 def _receiver(model_dir: str, notices, replies, via_vllm: bool) -> None:

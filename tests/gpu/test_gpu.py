@@ -90,39 +90,20 @@ def test_cuda_ipc_hands_the_trainers_weights_to_another_process_bit_for_bit(tiny
     assert checksum == state_checksum(trainer.model.state_dict())
 
 
-class _VllmIpcTarget:
-    """A vLLM backend's four weight-transfer calls, answered by vLLM's own worker-side IPC
-    engine loading into a transformers model by checkpoint name (no vLLM model runner)."""
+def _vllm_ipc_target(model):
+    """bench/gpu_scale.py's stand-in for vLLM's model runner behind vLLM's own worker-side
+    IPC engine (bench/ is not a package: loaded from its file)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
 
-    transfer_engine = "ipc"
-
-    def __init__(self, model) -> None:
-        from types import SimpleNamespace
-
-        from vllm.config import WeightTransferConfig
-        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
-
-        self.model, self.labels = model, []
-        runner = SimpleNamespace(parallel_config=None, model_config=None)
-        self.engine = IPCWeightTransferEngine(WeightTransferConfig(backend="ipc"), runner, CUDA, self)
-
-    def load_weights(self, weights) -> None:
-        state = self.model.state_dict()
-        with torch.no_grad():
-            for name, tensor in weights:
-                state[name].copy_(tensor)
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self.engine.init_transfer_engine(self.engine.parse_init_info(init_info))
-
-    def start_weight_update(self) -> None:
-        pass
-
-    def update_weights(self, update_info: dict) -> None:
-        self.engine.update_weights(update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.labels.append(weight_version)
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_scale.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("gpu_scale", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VllmIpcTarget(model, CUDA)
 
 
 def _receive_through_vllm(model_dir, notices, replies) -> None:
@@ -130,7 +111,7 @@ def _receive_through_vllm(model_dir, notices, replies) -> None:
     from workers.sync.engine_ipc import EngineIpcReceiver
 
     backend = TransformersBackend(model_dir, device="cuda")
-    target = _VllmIpcTarget(backend.model)
+    target = _vllm_ipc_target(backend.model)
     receiver = EngineIpcReceiver(target)
     receiver.connect(notices.get(), 1)
     while (notice := notices.get()) is not None:

@@ -8,8 +8,10 @@ it lands through vLLM's layerwise reload. On GPUs that engine is vLLM's `nccl`; 
 it is the same pair with gloo for NCCL (`rollway_gloo`, workers/sync/vllm_engines.py).
 
 How it sits in a run: the trainer's engine (`WeightTransferTrainerFactory.trainer_init`)
-drives vLLM's four-call client protocol through `_Notices`, which turns the update into
-the run's Notice for every inference worker. A worker starts, updates and finishes at its
+drives vLLM's four-call client protocol through `NoticeClient` (engine_trainer.py), which
+turns the update into the run's Notice for every inference worker. The engines'
+rendezvous is the run's `sync_connect`, each worker with its own rank offset (vLLM's
+trainer_init numbers the workers of a single engine). A worker starts, updates and finishes at its
 own apply point (`sync.update_mode`: between two generate calls, or two decode steps),
 under its backend's lock, labelling the weights with their version as it finishes. So
 the trainer's broadcast waits for every worker to reach that point: vLLM receives inside
@@ -24,14 +26,13 @@ cut between modules; an fsdp2 pool's other ranks join the gathers (`gathers`).
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workers.core.rendezvous import default_host, free_port
 from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
-from workers.sync.policy_source import PolicySource
+from workers.sync.engine_trainer import NoticeClient, PolicySource, sent_bytes
 from workers.sync.transfer_engines import ROLLWAY_GLOO
 from workers.sync.vllm_engines import GlooTrainerInitInfo, packed_chunks  # registers the engines
 
@@ -39,32 +40,6 @@ if TYPE_CHECKING:
     from workers.config.run_config import SyncConfig
 
 PROTOCOL = "collective"
-
-
-class _Notices:
-    """vLLM's `VLLMWeightSyncClient` as a run's inference workers answer it: the update
-    info goes out in the run's Notice and each worker starts, updates and finishes its
-    engine itself (EngineBroadcastReceiver.apply). The engines' rendezvous is the run's
-    `sync_connect`, each worker with its own rank offset (vLLM's trainer_init numbers
-    the workers of a single engine)."""
-
-    def __init__(self) -> None:
-        self.pending: tuple[int, int, int, Notify] | None = None  # version, seq, bytes, notify
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        pass
-
-    def start_weight_update(self) -> None:
-        pass
-
-    def update_weights(self, update_info: Any) -> None:
-        if self.pending is None:
-            raise RuntimeError("a weight update outside EngineBroadcastSender.send")
-        version, seq, nbytes, notify = self.pending
-        notify(Notice(PROTOCOL, version, seq, nbytes, time.time(), {"update_info": update_info}))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        pass
 
 
 class EngineBroadcastSender(WeightSender):
@@ -88,7 +63,7 @@ class EngineBroadcastSender(WeightSender):
         self.world_size = 1 + num_receivers * ranks_per_receiver
         self.wire_dtype = getattr(torch, wire_dtype) if wire_dtype else None
         self.source: PolicySource | None = None
-        self._client = _Notices()
+        self._client = NoticeClient(PROTOCOL)
         self._engine: Any = None
         self._endpoint: dict[str, Any] | None = None
 
@@ -138,13 +113,8 @@ class EngineBroadcastSender(WeightSender):
         if self._engine is None or self.source is None:
             raise RuntimeError("EngineBroadcastSender.send before connect(): connect the trainer and workers first")
         clock = Stopwatch()
-        meta = self.source.metadata()
-        nbytes = sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in meta)
-        self._client.pending = (version, self._next_seq(), nbytes, notify)
-        try:
-            self._engine.send_weights()
-        finally:
-            self._client.pending = None
+        meta = self._client.send(self._engine, self.source, version, self._next_seq(), notify)
+        nbytes = sent_bytes(meta)
         if self.sync.packed:  # vLLM's packed chunks, as the receiving engine cuts them
             shapes = ((m.name, list(m.shape), m.dtype) for m in meta)
             messages = sum(1 for _ in packed_chunks(shapes, int(self.sync.bucket_mb * 2**20)))

@@ -9,8 +9,9 @@ exported tensors until `update_weights` returns, and vLLM's HTTP and Ray clients
 once the workers have loaded.
 
 How it sits in a run, as the broadcast engines do (workers/sync/engine_broadcast.py):
-the trainer's engine drives vLLM's four-call client protocol through `_Handoff`, which
-turns the update into the run's Notice for every inference worker; a worker starts,
+the trainer's engine drives vLLM's four-call client protocol through `_Handoff` (the
+run's `NoticeClient`, engine_trainer.py), which turns the update into the run's Notice
+for every inference worker; a worker starts,
 updates and finishes at its own apply point (`sync.update_mode`), under its backend's
 lock, labels the weights with their version, and then says so in the sender's
 rendezvous store. `_Handoff.update_weights` returns once every worker has: the
@@ -26,7 +27,6 @@ handles over the pool's group, so a worker finds the ones on its own GPU); rank 
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
 from workers.core.rendezvous import default_host, join_store, open_store
 from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
-from workers.sync.policy_source import PolicySource
+from workers.sync.engine_trainer import NoticeClient, PolicySource, sent_bytes
 from workers.sync.transfer_engines import VLLM_IPC
 
 if TYPE_CHECKING:
@@ -49,28 +49,16 @@ def applied_key(seq: int, rank: int) -> str:
     return f"applied/{seq}/{rank}"
 
 
-class _Handoff:
-    """vLLM's `VLLMWeightSyncClient` as a run's inference workers answer it: the update
-    info (the handles) goes out in the run's Notice, and `update_weights` waits until
-    every worker has loaded it (`applied_key`), as vLLM's own clients return only then."""
+class _Handoff(NoticeClient):
+    """The run's client (engine_trainer.py) that waits, after each notice, until every
+    worker has loaded it (`applied_key`), as vLLM's own clients return only then."""
 
     def __init__(self, num_receivers: int, timeout_s: float) -> None:
+        super().__init__(PROTOCOL)
         self.num_receivers, self.timeout_s = num_receivers, timeout_s
         self.store: Any = None  # the rendezvous store, opened by EngineIpcSender.endpoint
-        self.pending: tuple[int, int, int, Notify] | None = None  # version, seq, bytes, notify
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        # The workers build theirs from the endpoint (EngineIpcReceiver.connect).
-        pass
-
-    def start_weight_update(self) -> None:
-        pass
-
-    def update_weights(self, update_info: Any) -> None:
-        if self.pending is None:
-            raise RuntimeError("a weight update outside EngineIpcSender.send")
-        version, seq, nbytes, notify = self.pending
-        notify(Notice(PROTOCOL, version, seq, nbytes, time.time(), {"update_info": update_info}))
+    def delivered(self, version: int, seq: int) -> None:
         keys = [applied_key(seq, rank) for rank in range(1, self.num_receivers + 1)]
         try:
             self.store.wait(keys)  # the store's timeout: sync.timeout_s
@@ -80,9 +68,6 @@ class _Handoff:
                 f"CUDA IPC, and not all loaded them within sync.timeout_s ({self.timeout_s:g} s): a worker that "
                 "never reaches its apply point holds the trainer here"
             ) from exc
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        pass
 
 
 class EngineIpcSender(WeightSender):
@@ -134,13 +119,8 @@ class EngineIpcSender(WeightSender):
         if self._engine is None or self.source is None:
             raise RuntimeError("EngineIpcSender.send before connect(): connect the trainer and workers first")
         clock = Stopwatch()
-        meta = self.source.metadata()
-        nbytes = sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in meta)
-        self._client.pending = (version, self._next_seq(), nbytes, notify)
-        try:
-            self._engine.send_weights()
-        finally:
-            self._client.pending = None
+        meta = self._client.send(self._engine, self.source, version, self._next_seq(), notify)
+        nbytes = sent_bytes(meta)
         # Nothing crosses a wire: the bytes are what the workers map, in one message.
         return SyncReport(self.protocol, version, nbytes, trainer_ms=clock.ms(), tensors=len(meta), messages=1)
 
