@@ -11,6 +11,10 @@ the receiving side (the trick behind RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1, witho
 process-wide switch that would change how every tensor in the cluster is serialised).
 The received tensors are read-only views of object-store memory; `load_weights` copies.
 
+With `sync.delta` each version is put in the inference workers' dtype, whole and as its
+changes since the previous one (workers/sync/delta.py); a worker that loaded that
+previous version fetches the changes only and rebuilds the version from its own copy.
+
 The store is injectable: `RayStore` in a run, `InProcessStore` for tests and threads.
 """
 
