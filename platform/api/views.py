@@ -286,6 +286,39 @@ def simulate_run(request: HttpRequest, data: SimulateIn | None = None) -> JsonRe
     return JsonResponse(run.detail(), status=201)
 
 
+class PlanIn(SimulateIn):
+    """POST /api/simulations/plan: a simulation's fields plus `goal_samples` (rank the
+    settings by the simulated time to train that many samples; empty: by samples/s)."""
+
+    goal_samples: Any = None
+
+
+@router.post(
+    "/simulations/plan",
+    url_name="simulations-plan",
+    tags=["runs"],
+    response=responses(dict[str, Any], 201, 400, 403, 404),
+)
+def plan_run(request: HttpRequest, data: PlanIn | None = None) -> JsonResponse:
+    """Plan a run on a described cluster: search the inference:trainer split, the
+    staleness bound, the buffer depth and the sync protocol in the simulator, and store
+    the best setting and the config as given as two simulated runs. Answers the best
+    one's run (its `simulation.plan` holds the ranked settings), `baseline` (the as-given
+    run) and `ranked` (every setting tried, best first)."""
+    fields = (data or PlanIn()).model_dump()
+    goal = simulation.check_goal(fields.pop("goal_samples"))
+    launch, sim = simulation.check_simulated_launch(request.user, **fields)
+    done = simulation.do_plan(request.user, launch, sim, goal)
+    return JsonResponse(
+        {
+            **done.best.detail(),
+            "baseline": done.baseline.detail(),
+            "ranked": [simulation.candidate_row(c) for c in done.ranked],
+        },
+        status=201,
+    )
+
+
 def _page_url(request: HttpRequest, query: listing.ListQuery, page: int) -> str:
     return f"{request.path}?{urlencode(query.params(page=page))}"
 

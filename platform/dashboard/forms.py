@@ -48,7 +48,7 @@ WORKLOAD_FIELDS = ("median_tokens", "p90_tokens", "max_tokens", "prompt_tokens")
 SIMULATION_FIELDS = (
     [f"cluster.{f}" for f in CLUSTER_FIELDS]
     + [f"workload.{f}" for f in WORKLOAD_FIELDS]
-    + ["cluster", "workload", "steps"]
+    + ["cluster", "workload", "steps", "goal_samples"]
 )
 # The Simulate fields as the form shows them: (name, label, kind, default, extra), the
 # defaults a 64-GPU H100 cluster, 7B, half generating, and long-tailed reasoning
@@ -65,6 +65,13 @@ SIMULATION_INPUTS: tuple[tuple[str, str, str, str, dict], ...] = (
     ("workload.max_tokens", "Completion cut (tokens)", "number", "32768", {"min": 1, "step": 1}),
     ("workload.prompt_tokens", "Prompt length (tokens)", "number", "512", {"min": 1, "step": 1}),
     ("steps", "Steps", "number", "", {"min": 1, "step": 1, "placeholder": "the config's stop.max_steps"}),
+    (
+        "goal_samples",
+        "Plan's goal: trained samples (Plan only)",
+        "number",
+        "",
+        {"min": 1, "step": 1, "placeholder": "empty: the most samples/s"},
+    ),
 )
 SIMULATION_DEFAULTS = {name: default for name, _, _, default, _ in SIMULATION_INPUTS}
 
@@ -80,6 +87,7 @@ class LaunchForm:
         self.posted = request.method == "POST"
         self.saving = request.POST.get("action") == "save"
         self.simulating = request.POST.get("action") == "simulate"
+        self.planning = request.POST.get("action") == "plan"
         self.data = {
             "experiment": request.POST.get("experiment", ""),
             "name": request.POST.get("name", ""),
@@ -131,6 +139,8 @@ class LaunchForm:
                 try:
                     if self.saving:
                         return self._save(overrides)
+                    if self.planning:
+                        return self._plan(overrides)
                     return self._simulate(overrides) if self.simulating else self._launch(overrides)
                 except ActionError as exc:
                     self.errors = exc.errors
@@ -165,15 +175,23 @@ class LaunchForm:
     def _simulate(self, overrides: dict) -> Run:
         """ "Simulate": the launch's config on the form's cluster and workload (an empty
         box: the simulator's default), stored as a finished, simulated run."""
+        return simulation.do_simulate_run(self.user, *self._simulated_launch(overrides))
+
+    def _plan(self, overrides: dict) -> Run:
+        """ "Plan": the settings searched on the form's cluster and workload; the best
+        one's simulated run (the config as given is simulated beside it)."""
+        goal = simulation.check_goal(self.simulation["goal_samples"])
+        return simulation.do_plan(self.user, *self._simulated_launch(overrides), goal).best
+
+    def _simulated_launch(self, overrides: dict) -> tuple[actions.LaunchRequest, simulation.SimulationRequest]:
         given = {key: value.strip() for key, value in self.simulation.items() if value.strip()}
-        launch, sim = simulation.check_simulated_launch(
+        return simulation.check_simulated_launch(
             self.user,
             cluster={f: given[f"cluster.{f}"] for f in CLUSTER_FIELDS if f"cluster.{f}" in given},
             workload={f: given[f"workload.{f}"] for f in WORKLOAD_FIELDS if f"workload.{f}" in given},
             steps=int(given["steps"]) if given.get("steps", "").isdigit() else given.get("steps"),
             **self._launch_fields(overrides),
         )
-        return simulation.do_simulate_run(self.user, launch, sim)
 
     def _save(self, overrides: dict) -> SavedConfig:
         """ "Save as configuration": in the team of the chosen experiment (or "team:<id>"),

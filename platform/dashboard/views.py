@@ -70,6 +70,14 @@ def launch(request: HttpRequest) -> HttpResponse:
     if isinstance(done, SavedConfig):
         messages.success(request, f"Saved configuration {done.label} in team {done.team.name}.")
         return redirect(f"{reverse('dashboard:launch')}?preset={SAVED_PREFIX}{done.pk}")
+    if isinstance(done, Run) and done.simulated and "plan" in done.simulation:
+        plan = done.simulation["plan"]
+        messages.success(
+            request,
+            f"Run #{done.pk} simulated: the best of {plan['searched']} settings; "
+            f"the config as given is run #{plan['baseline_run']}.",
+        )
+        return redirect(done)
     if isinstance(done, Run) and done.simulated:
         messages.success(request, f"Run #{done.pk} simulated.")
         return redirect(done)

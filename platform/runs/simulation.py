@@ -5,11 +5,14 @@ workload that the user describes, instead of on this machine's GPUs.
 their dotted field); `do_simulate_run` runs the simulator in the request (seconds for
 hundreds of steps) and stores the result as a finished run marked `simulated`, its
 series as metric points under the engine's names, so the run and compare pages chart it
-as they chart any run.
+as they chart any run. `do_plan` searches the settings the simulated run's advice names
+(workers/simulate/planner.py) and stores two simulated runs: the config as given and the
+best setting found, the latter holding the ranked table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -26,11 +29,14 @@ from runs import events
 from runs.actions import LaunchRequest, check_launch, create_run
 from runs.models import MetricPoint, Run
 from teams import audit
+from workers.config.run_config import RunConfig
 from workers.core.hub import HubRefused, HubUnavailable
+from workers.core.merge import deep_merge
 from workers.run.paths import PathNotAllowed
 from workers.simulate import MODELS, Cluster, Workload, simulate
 from workers.simulate.advice import advice
 from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
+from workers.simulate.planner import Candidate, candidates, plan
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,13 @@ LINK_CHOICES = ("InfiniBand", "Ethernet", "NVLink")
 # and it runs inside the request.
 MAX_STEPS = 2000
 MAX_GPU_STEPS = 1024 * 1024
+# A plan simulates every candidate setting (60 for an async config) for at most this many
+# steps: the ranking settles within tens of steps, and the request stays within seconds.
+PLAN_STEPS = 30
+# GPUs × steps over all of a plan's candidates: four single simulations' worth.
+MAX_PLAN_GPU_STEPS = 4 * MAX_GPU_STEPS
+# The candidates a planned run keeps, best first (its page's table).
+PLAN_ROWS = 10
 
 
 class ClusterIn(BaseModel):
@@ -201,11 +214,12 @@ def model_shape(model: str) -> ModelShape:
     return shape_of(built)
 
 
-def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest) -> Run:
+def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest, *, plan: dict | None = None) -> Run:
     """Simulate the launch's config and store it as a succeeded, simulated run with the
     simulator's series; the simulator runs before the transaction opens (seconds), so
     no row lock is held meanwhile. A ValueError of the simulator (a layout the cluster
-    cannot hold) is a 400 on `cluster`."""
+    cannot hold) is a 400 on `cluster`. `plan`: the planner's table (`do_plan`), kept
+    on the run."""
     t0 = time.time()
     try:
         result = simulate(launch.config, sim.cluster, sim.workload, steps=sim.steps)
@@ -223,7 +237,8 @@ def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest) -> Run:
     summary = {key: (value if math.isfinite(value) else None) for key, value in result.summary.items()}
     said = advice(result.summary, launch.config, sim.cluster)
     with transaction.atomic():
-        run = create_run(user, launch, simulated=True, simulation={**sim.described, "summary": summary, "advice": said})
+        stored = {**sim.described, "summary": summary, "advice": said} | ({"plan": plan} if plan else {})
+        run = create_run(user, launch, simulated=True, simulation=stored)
         MetricPoint.objects.upsert(run.pk, points)
         # Straight to succeeded: a simulation never queues or runs on a worker.
         Run.objects.filter(pk=run.pk).update(
@@ -247,3 +262,80 @@ def do_simulate_run(user, launch: LaunchRequest, sim: SimulationRequest) -> Run:
         extra={"run_id": run.pk},
     )
     return run
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `do_plan` stored: the best setting's simulated run, the as-given config's,
+    and every candidate the search simulated, best first."""
+
+    best: Run
+    baseline: Run
+    ranked: list[Candidate]
+
+
+def candidate_row(candidate: Candidate) -> dict:
+    """A candidate as JSON stores it: a figure the simulator could not measure (NaN) is None."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in dataclasses.asdict(candidate).items()
+    }
+
+
+def check_goal(value: Any) -> int | None:
+    """A plan's `goal_samples`: a whole number of trained samples ≥ 1, or None (rank by
+    samples/s). A form sends text."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ActionError(
+            {"goal_samples": f"a whole number of trained samples ≥ 1, or empty to rank by samples/s (got {value!r})"}
+        )
+    return value
+
+
+def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: int | None = None) -> Plan:
+    """Search the inference:trainer split, the staleness bound, the buffer depth and the
+    sync protocol for `launch`'s config on `sim`'s cluster (workers/simulate/planner.py,
+    each candidate `min(steps, PLAN_STEPS)` steps), then simulate the config as given
+    and the best candidate for `sim.steps` each, stored as two simulated runs. The best
+    one's `simulation["plan"]` holds the goal, the top PLAN_ROWS candidates and the
+    as-given run's id. ActionError on `cluster.gpus` where the search would exceed
+    MAX_PLAN_GPU_STEPS, on `cluster` where the cluster holds no candidate."""
+    steps = min(sim.steps, PLAN_STEPS)
+    tried = len(candidates(launch.config))
+    if sim.cluster.gpus * steps * tried > MAX_PLAN_GPU_STEPS:
+        raise ActionError(
+            {
+                "cluster.gpus": f"a plan simulates {tried} settings × {steps} steps: at most "
+                f"{MAX_PLAN_GPU_STEPS // (steps * tried):,} GPUs in one request (got {sim.cluster.gpus:,}); "
+                "simulate this cluster with Simulate instead"
+            }
+        )
+    ranked = plan(launch.config, sim.cluster, sim.workload, steps=steps, goal_samples=goal_samples)
+    if not ranked:
+        raise ActionError({"cluster": "the cluster holds none of the settings the planner tries; give it more GPUs"})
+    best = ranked[0]
+    baseline = do_simulate_run(user, launch, sim)
+    config = RunConfig.model_validate(deep_merge(launch.config.model_dump(mode="json"), best.overrides()))
+    best_launch = dataclasses.replace(
+        launch,
+        name=f"{launch.name} (planned)" if launch.name else "planned",
+        overrides=deep_merge(launch.overrides, best.overrides()),
+        config=config,
+    )
+    best_sim = dataclasses.replace(
+        sim,
+        cluster=dataclasses.replace(sim.cluster, inference_share=best.inference_share),
+        described={**sim.described, "cluster": {**sim.described["cluster"], "inference_share": best.inference_share}},
+    )
+    table = {
+        "goal_samples": goal_samples,
+        "steps": steps,
+        "searched": len(ranked),
+        "baseline_run": baseline.pk,
+        "candidates": [candidate_row(c) for c in ranked[:PLAN_ROWS]],
+    }
+    return Plan(do_simulate_run(user, best_launch, best_sim, plan=table), baseline, ranked)

@@ -160,6 +160,15 @@ ASKS: dict[str, list[Ask]] = {
             lambda w: _launch_body(w) | {"cluster": {"gpus": 8}, "workload": {"median_tokens": 256}, "steps": 3},
         )
     ],
+    # Who may launch may plan: the same body; 8 GPUs and few steps keep the search short.
+    "api:simulations-plan": [
+        Ask(
+            "POST",
+            lambda w: "/api/simulations/plan",
+            "member",
+            lambda w: _launch_body(w) | {"cluster": {"gpus": 8}, "workload": {"median_tokens": 256}, "steps": 3},
+        )
+    ],
     "api:runs-cancel": [Ask("POST", lambda w: "/api/runs/cancel", "own", lambda w: {"runs": [w.run.pk]}, form=True)],
     "api:run": [Ask("GET", lambda w: f"/api/runs/{w.run.pk}", "viewer")],
     "api:run-cancel": [Ask("POST", lambda w: f"/api/runs/{w.run.pk}/cancel", "own")],

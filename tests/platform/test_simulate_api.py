@@ -185,3 +185,89 @@ def test_a_comparison_keeps_a_simulated_run_apart_from_real_runs_of_its_config(c
     groups = group_runs([real, sim])
     assert [g["runs"] for g in groups] == [[real.pk], [sim.pk]]
     assert [g["simulated"] for g in groups] == [False, True] and groups[1]["label"].endswith("[simulated]")
+
+
+PLAN_URL = "/api/simulations/plan"
+
+
+def post_plan(client, payload):
+    return client.post(PLAN_URL, data=json.dumps(payload), content_type="application/json")
+
+
+def test_a_plan_stores_the_best_setting_beside_the_config_as_given(client_for, teammate, experiment, enqueued):
+    client = client_for(teammate)
+    # 64 GPUs, 7B, long-tailed completions: at the default split one pool starves.
+    payload = body(
+        experiment, name="7B on 64", cluster={"gpus": 64}, workload={"median_tokens": 2048, "p90_tokens": 8192}
+    )
+    r = post_plan(client, payload | {"steps": 30})
+    assert r.status_code == 201, r.content
+    answer = r.json()
+    best, baseline = Run.objects.get(pk=answer["id"]), Run.objects.get(pk=answer["baseline"]["id"])
+    assert (best.simulated, baseline.simulated, enqueued) == (True, True, [])
+    assert (best.name, baseline.name) == ("7B on 64 (planned)", "7B on 64")
+    ranked = answer["ranked"]
+    assert len(ranked) == 60  # 5 splits × 3 staleness bounds × 2 capacities × 2 protocols
+    assert [c["samples_per_s"] for c in ranked] == sorted((c["samples_per_s"] for c in ranked), reverse=True)
+    top = ranked[0]
+    # The stored run is the top setting: its split on the cluster, its knobs in the config.
+    assert best.simulation["cluster"]["inference_share"] == top["inference_share"]
+    assert best.config["buffer"]["max_staleness"] == top["max_staleness"]
+    assert best.config["buffer"]["capacity"] == top["capacity"]
+    assert best.config["sync"]["protocol"] == top["protocol"] == best.overrides["sync"]["protocol"]
+    # It beats the config as given, as both runs' own summaries say.
+    assert best.simulation["summary"]["samples_per_s"] > 1.1 * baseline.simulation["summary"]["samples_per_s"]
+    plan = best.simulation["plan"]
+    assert plan["baseline_run"] == baseline.pk and plan["searched"] == 60 and plan["goal_samples"] is None
+    assert plan["candidates"] == ranked[:10]
+    assert "plan" not in baseline.simulation
+
+
+def test_a_plans_goal_ranks_by_the_time_to_train_that_many_samples(client_for, owner, experiment):
+    r = post_plan(client_for(owner), body(experiment, steps=10, goal_samples=256))
+    assert r.status_code == 201, r.content
+    reached = [c["seconds_to_goal"] for c in r.json()["ranked"] if c["seconds_to_goal"] is not None]
+    assert reached and reached == sorted(reached)
+    assert Run.objects.get(pk=r.json()["id"]).simulation["plan"]["goal_samples"] == 256
+
+
+def test_a_plan_names_the_field_it_refuses_and_stores_nothing(client_for, owner, experiment):
+    client = client_for(owner)
+    for fields, field in (
+        ({"goal_samples": 0}, "goal_samples"),
+        ({"goal_samples": "many"}, "goal_samples"),
+        ({"cluster": {"gpus": 60_000}}, "cluster.gpus"),
+        ({"cluster": {"gpus": 0}}, "cluster.gpus"),
+    ):
+        r = post_plan(client, body(experiment, **fields))
+        assert r.status_code == 400, (fields, r.content)
+        assert field in r.json()["errors"], (fields, r.json())
+    assert (
+        "simulate this cluster with Simulate"
+        in post_plan(client, body(experiment, cluster={"gpus": 60_000})).json()["errors"]["cluster.gpus"]
+    )
+    assert Run.objects.count() == 0
+
+
+def test_a_viewer_may_not_plan(client_for, teammate, experiment):
+    Membership.objects.filter(user=teammate).update(role=Membership.Role.VIEWER)
+    r = post_plan(client_for(teammate), body(experiment))
+    assert r.status_code == 403
+    assert Run.objects.count() == 0
+
+
+def test_the_forms_plan_button_opens_the_best_settings_run_with_its_table(client_for, teammate, experiment):
+    client = client_for(teammate)
+    fields = {"action": "plan", "cluster.gpus": "64", "workload.median_tokens": "2048", "workload.p90_tokens": "8192"}
+    r = client.post(FORM, form_post(experiment, steps="30", **fields), follow=True)
+    best = Run.objects.get(name="form sim (planned)")
+    baseline = Run.objects.get(name="form sim")
+    assert r.redirect_chain == [(best.get_absolute_url(), 302)]
+    page = r.content.decode()
+    assert 'id="simulation-plan"' in page and f'href="/runs/{baseline.pk}/"' in page
+    assert 'class="chosen"' in page
+    assert f"the best of 60 settings; the config as given is run #{baseline.pk}" in page
+    # A bad goal comes back beside its field, and nothing is stored.
+    r = client.post(FORM, form_post(experiment, action="plan", goal_samples="-3"))
+    assert r.status_code == 400 and 'data-field="goal_samples"' in r.content.decode()
+    assert Run.objects.count() == 2

@@ -118,11 +118,45 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             assert chart.locator(".scatterlayer .trace").count() == 2
             expect(page.locator("#summary-table th", has_text="[simulated]")).to_have_count(1)
             expect(chart.locator(".legend", has_text="[simulated]")).to_be_visible()
+
+            # Plan: beside Simulate; it opens the best setting's run, whose table ranks
+            # the settings tried (the chosen one first, marked) and links the run as given.
+            page.goto(f"{live_server.url}/runs/new/")
+            page.select_option("#id_experiment", str(experiment.pk))
+            page.select_option("#id_preset", "async")
+            plan_box = page.locator("#plan-button").bounding_box()
+            sim_box = page.locator("#simulate-button").bounding_box()
+            assert plan_box and sim_box and abs(plan_box["y"] - sim_box["y"]) < 2
+            assert plan_box["x"] >= sim_box["x"] + sim_box["width"]
+            page.fill("#id_name", "planned 7B")
+            page.fill("#id_steps", "30")
+            page.click("#plan-button")
+            page.wait_for_url(f"{live_server.url}/runs/*/")
+            planned_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+            table = page.locator("#simulation-plan table")
+            table.scroll_into_view_if_needed()
+            expect(table).to_be_visible()
+            chosen = table.locator("tbody tr.chosen")
+            expect(chosen).to_have_count(1)
+            rows = table.locator("tbody tr")
+            assert rows.count() == 10
+            first, second = rows.nth(0).bounding_box(), rows.nth(1).bounding_box()
+            assert first and second and first["height"] > 8 and second["y"] >= first["y"] + first["height"] - 0.5
+            weights = [rows.nth(i).locator("td").first.evaluate("e => getComputedStyle(e).fontWeight") for i in (0, 1)]
+            assert int(weights[0]) > int(weights[1])  # the chosen setting stands out
+            page.click("#plan-baseline")
+            page.wait_for_url(f"{live_server.url}/runs/*/")
+            baseline_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+            expect(page.locator("#simulation-note")).to_be_visible()
+            expect(page.locator("#simulation-plan")).to_have_count(0)
         finally:
             browser.close()
     simulated = Run.objects.get(pk=sim_id)
     assert (simulated.simulated, simulated.status, simulated.launched_by) == (True, "succeeded", user)
-    assert Run.objects.count() == 2
+    planned, baseline = Run.objects.get(pk=planned_id), Run.objects.get(pk=baseline_id)
+    assert (planned.name, baseline.name) == ("planned 7B (planned)", "planned 7B")
+    assert planned.simulation["plan"]["baseline_run"] == baseline.pk
+    assert Run.objects.count() == 4
 
 
 def test_a_run_simulated_elsewhere_appears_live_in_the_run_list_marked(daphne_url):
