@@ -54,26 +54,16 @@ def run(run_id: int, cache_dir: str, root: str | None = None, resume_from: str |
     return out
 
 
-@pytest.mark.parametrize(
-    ("run_id", "sync", "lora"),
-    [
-        (9301, {"protocol": "object_store", "bucket_mb": 0.02}, None),
-        (9302, {"protocol": "collective", "packed": True, "bucket_mb": 0.02}, None),
-        (9303, {"protocol": "filesystem", "bucket_mb": 0.02}, None),
-        (9304, {"protocol": "lora"}, {"enabled": True, "rank": 4}),
-        (9305, {"protocol": "object_store", "bucket_mb": 0.02}, {"enabled": True, "rank": 4}),
-    ],
-    ids=["object_store", "collective", "filesystem", "lora", "lora-merged"],
-)
-def test_a_sharded_trainer_syncs_the_exact_weights_by_every_protocol(cluster, cache_dir, run_id, sync, lora):
-    out = run(run_id, cache_dir, sync=sync, **({"lora": lora} if lora else {}))
-    s = out["series"]
-    assert sorted(s["loss"]) == [1, 2, 3]
+def assert_exact_sync(s: dict, protocol: str, steps: list[int]) -> None:
+    """What a pool's sync into torch workers must show at each of `steps`: a signal that
+    moves the weights, the workers sampling with exactly the trainer's weights (sync
+    mode, torch on both sides), every parameter sent (but for LoRA's adapter), and each
+    rank's part of the step."""
+    assert sorted(s["loss"]) == steps
     assert all(v > 1e-4 for v in s["trainer/grad_norm"].values()), "no signal: the weights would not move"
-    # Sync mode, torch on both sides: the workers sampled with exactly the trainer's weights.
     assert max(s["mismatch/kl"].values()) < 1e-6, s["mismatch/kl"]
     assert all(abs(v - 1) < 1e-3 for v in s["is/ratio_mean"].values())
-    if sync["protocol"] != "lora":
+    if protocol != "lora":
         # Every parameter moved each step (a filesystem file adds its JSON header).
         assert all(PARAMS * 4 <= v < PARAMS * 4 + 2**16 for v in s["sync/bytes"].values()), s["sync/bytes"]
     for r in (0, 1):
@@ -81,13 +71,48 @@ def test_a_sharded_trainer_syncs_the_exact_weights_by_every_protocol(cluster, ca
         assert all(0 < v <= 1 for v in s[f"trainer/rank_busy_frac/{r}"].values())
 
 
+# The object store and the filesystem are each the sync of one of the resume test's two
+# runs (below): one run each proves both.
+@pytest.mark.parametrize(
+    ("run_id", "sync", "lora"),
+    [
+        (9302, {"protocol": "collective", "packed": True, "bucket_mb": 0.02}, None),
+        (9304, {"protocol": "lora"}, {"enabled": True, "rank": 4}),
+        (9305, {"protocol": "object_store", "bucket_mb": 0.02}, {"enabled": True, "rank": 4}),
+    ],
+    ids=["collective", "lora", "lora-merged"],
+)
+def test_a_sharded_trainer_syncs_the_exact_weights_by_every_protocol(cluster, cache_dir, run_id, sync, lora):
+    out = run(run_id, cache_dir, sync=sync, **({"lora": lora} if lora else {}))
+    assert_exact_sync(out["series"], sync["protocol"], [1, 2, 3])
+
+
 def test_a_sync_pool_run_resumed_from_its_checkpoint_repeats_the_uninterrupted_run(cluster, cache_dir, tmp_path):
+    """The uninterrupted run syncs by the object store, the resumed one by the
+    filesystem, both in buckets: the protocol changes how the weights travel, not what
+    is trained, so the resumed run still repeats the whole one exactly."""
     root = str(tmp_path / "checkpoints")
     ckpt = {"every_steps": 2, "keep_last": 3}
-    whole = run(9311, cache_dir, root, stop={"max_steps": 4}, checkpoint=ckpt)
-    resumed = run(9312, cache_dir, root, resume_from=step_dir(root, 9311, 2), stop={"max_steps": 4}, checkpoint=ckpt)
+    whole = run(
+        9311,
+        cache_dir,
+        root,
+        stop={"max_steps": 4},
+        checkpoint=ckpt,
+        sync={"protocol": "object_store", "bucket_mb": 0.02},
+    )
+    resumed = run(
+        9312,
+        cache_dir,
+        root,
+        resume_from=step_dir(root, 9311, 2),
+        stop={"max_steps": 4},
+        checkpoint=ckpt,
+        sync={"protocol": "filesystem", "bucket_mb": 0.02},
+    )
     a, b = whole["series"], resumed["series"]
-    assert sorted(b["loss"]) == [3, 4]
+    assert_exact_sync(a, "object_store", [1, 2, 3, 4])
+    assert_exact_sync(b, "filesystem", [3, 4])
     mismatched = [
         f"{name}@{step}: {a[name][step]!r} vs {b[name].get(step)!r}"
         for name in TRAINED
