@@ -44,6 +44,10 @@ def vllm_transfer_engine(
         if placement == "colocated" or protocol == "cuda_ipc":
             return VLLM_IPC
         return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
+    # No CPU twin of "sparse_nccl": its worker patches weights in place, skipping the
+    # reload that would re-run vLLM's post-load processing, and vLLM-CPU's has replaced
+    # each linear weight by a packed copy (dispatch_cpu_unquantized_gemm), so a patch
+    # would miss the tensor the model computes with.
     if protocol == "cuda_ipc":
         raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
     if protocol == "collective":
