@@ -214,6 +214,12 @@ def simulate_body(file, sets, cluster: dict, workload: dict, **given) -> dict:
 @click.option("--max-tokens", type=int, help="Completion cut (default 32768).")
 @click.option("--prompt-tokens", type=int, help="Tokens per prompt (default 512).")
 @click.option("--steps", type=int, help="Trainer steps to simulate (default: the config's stop.max_steps).")
+@click.option(
+    "--plan",
+    is_flag=True,
+    help="Search the GPU split, staleness bound, buffer depth and sync protocol; store the best and the run as given.",
+)
+@click.option("--goal-samples", type=int, help="With --plan: rank by the time to train this many samples.")
 @click.option("--preset", help="A built-in preset (GET /api/presets), e.g. async.")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="A config override, e.g. buffer.capacity=8.")
 @click.option("--team", help="Team id or slug (its default experiment unless --experiment).")
@@ -234,6 +240,8 @@ def simulate(
     max_tokens,
     prompt_tokens,
     steps,
+    plan,
+    goal_samples,
     preset,
     sets,
     team,
@@ -244,7 +252,11 @@ def simulate(
     token,
 ) -> int:
     """Simulate a run (a launch's FILE and options) on a described cluster and workload:
-    stored as a finished run marked simulated, charted as any run."""
+    stored as a finished run marked simulated, charted as any run. With --plan, search
+    the settings the simulator can change and store the best one's run beside the
+    config as given."""
+    if goal_samples is not None and not plan:
+        raise CliError("--goal-samples: only with --plan (it ranks the settings a plan tries)", errors.BAD_REQUEST)
     cluster = {"gpus": gpus, "gpu": gpu, "model": model, "inference_share": inference_share, "tp": tp, "link": link}
     workload = {
         "median_tokens": median_tokens,
@@ -258,6 +270,8 @@ def simulate(
         body = simulate_body(
             file, sets, cluster, workload, preset=preset, team=team, experiment=experiment, name=name, steps=steps
         )
+        if plan:
+            return print_plan(api, api.post("/api/simulations/plan", body | {"goal_samples": goal_samples}), as_json)
         run = api.post("/api/simulations", body)
         if as_json:
             print_json(run)
@@ -270,6 +284,36 @@ def simulate(
             f"inference busy {summary['inference_busy']:.0%}, staleness max {summary['staleness_max']:.0f}"
         )
         click.echo(api.page_url(run["url"]))
+    return errors.OK
+
+
+def print_plan(api: Api, answer: dict, as_json: bool) -> int:
+    """The plan's best run, how it compares with the config as given, and its top
+    settings; or the whole answer as JSON."""
+    if as_json:
+        print_json(answer)
+        return errors.OK
+    plan, baseline = answer["simulation"]["plan"], answer["baseline"]
+    best, given = answer["simulation"]["summary"], baseline["simulation"]["summary"]
+    click.echo(f"run {answer['id']} planned: {answer['name']}, the best of {plan['searched']} settings")
+    click.echo(
+        f"{best['samples_per_s']:.2f} samples/s against {given['samples_per_s']:.2f} as given "
+        f"(run {baseline['id']}); trainer busy {best['trainer_busy']:.0%}, inference busy {best['inference_busy']:.0%}"
+    )
+    click.echo(api.page_url(answer["url"]))
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("generating share", "max staleness", "capacity", "sync", "samples/s", "dropped stale"):
+        table.add_column(column, justify="left" if column == "sync" else "right")
+    for c in plan["candidates"][:5]:
+        table.add_row(
+            str(c["inference_share"]),
+            str(c["max_staleness"]),
+            str(c["capacity"]),
+            c["protocol"],
+            f"{c['samples_per_s']:.2f}",
+            f"{c['dropped_share']:.0%}" if c["dropped_share"] is not None else "—",
+        )
+    stdout().print(table)
     return errors.OK
 
 

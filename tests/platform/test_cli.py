@@ -475,3 +475,27 @@ def test_export_refuses_a_symbolic_link_entry(hostile_site, tmp_path, capsys):
     hostile_site.body = buffer.getvalue()
     code, _, err = rollway(capsys, "export", "1", str(tmp_path / "m"), "--url", hostile_site.url, "--token", "rwp_x")
     assert code == errors.BAD_REQUEST and "symbolic link" in err
+
+
+def test_simulate_with_plan_stores_the_best_setting_beside_the_config_as_given(site, experiment, capsys):
+    code, out, err = rollway(
+        capsys, "simulate", "--plan", "--preset", "async", "--experiment", str(experiment.pk), "--name", "7B",
+        "--gpus", "64", "--median-tokens", "2048", "--p90-tokens", "8192", "--steps", "30",
+    )  # fmt: skip
+    assert code == 0, err
+    best, baseline = Run.objects.get(name="7B (planned)"), Run.objects.get(name="7B")
+    lines = out.splitlines()
+    assert lines[0] == f"run {best.pk} planned: 7B (planned), the best of 60 settings"
+    figures = (best.simulation["summary"]["samples_per_s"], baseline.simulation["summary"]["samples_per_s"])
+    assert figures[0] > figures[1]
+    assert lines[1].startswith(f"{figures[0]:.2f} samples/s against {figures[1]:.2f} as given (run {baseline.pk})")
+    assert lines[2] == f"{site}/runs/{best.pk}/"
+    assert "generating share" in lines[3] and "samples/s" in lines[3]
+    top = best.simulation["plan"]["candidates"][0]
+    assert top["protocol"] in out and f"{top['samples_per_s']:.2f}" in out
+    # --goal-samples without --plan is refused before anything is sent.
+    code, _, err = rollway(
+        capsys, "simulate", "--preset", "async", "--experiment", str(experiment.pk), "--goal-samples", "9"
+    )
+    assert code == errors.BAD_REQUEST and "--goal-samples: only with --plan" in err
+    assert Run.objects.count() == 2
