@@ -125,7 +125,7 @@ def test_tensor_parallel_inference_needs_vllm_and_is_refused_naming_the_field_ot
     assert admission_errors(on_gpus(2, 2), Limits(), FOUR_GPUS) == {}  # a trainer pool runs
     errors = admission_errors(cfg(inference={"tensor_parallel_size": 2}), Limits(), ROOMY)
     assert list(errors) == ["inference.tensor_parallel_size"]
-    assert "only inference.backend 'vllm'" in errors["inference.tensor_parallel_size"]
+    assert "read only by vLLM (inference.backend 'vllm')" in errors["inference.tensor_parallel_size"]
     assert admission_errors(cfg(inference={"tensor_parallel_size": 2, "backend": "vllm"}), Limits(), ROOMY) == {}
 
 

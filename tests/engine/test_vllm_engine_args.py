@@ -106,7 +106,7 @@ def test_vllms_knobs_on_the_torch_backend_are_refused_at_launch_naming_each_fiel
     run = RunConfig.model_validate({"inference": {"enforce_eager": False, "max_num_seqs": 8}})
     errors = admission_errors(run, Limits(), None)
     assert set(errors) == {"inference.enforce_eager", "inference.max_num_seqs"}
-    assert "inference.backend 'torch' does not run" in errors["inference.max_num_seqs"]
+    assert "this run's inference.backend is 'torch'" in errors["inference.max_num_seqs"]
     assert engine_errors(RunConfig.model_validate({"inference": {"backend": "vllm", "max_num_seqs": 8}})) == {}
 
 

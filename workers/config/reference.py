@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.config import capabilities
 from workers.config.run_config import SCHEMA_BOUNDS, RunConfig, json_schema, schema_node
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
@@ -244,6 +245,18 @@ def render(schema: dict | None = None) -> str:
     for section in found:
         title = section.path or "top level"
         lines += ["", f"## {title}", "", _text(section.description), "", *_rows(section, defaults)]
+    lines += [
+        "",
+        "## Fields read only in some runs",
+        "",
+        "A launch that sets one of these where nothing reads it is refused, naming the field and",
+        "what would read it (`workers/config/capabilities.py`). A field whose default is a value some",
+        "runs do not read (`inference.gpu_memory_utilization`: vLLM on a GPU; `sync.packed`: a",
+        "collective) cannot be told set from defaulted, so it is not refused; its description says",
+        "where it applies.",
+        "",
+        capabilities.markdown().rstrip("\n"),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from workers.config.capabilities import ignored
 from workers.inference.base import ROUTED_EXPERTS_ON_CPU, VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
 from workers.model.loading import ModelDims, build_tiny, hub_metadata_dir, meta_model, model_config, model_dims
 from workers.model.tokenizer import CharTokenizer, load_tokenizer
@@ -50,14 +51,6 @@ PROCESS_BYTES = 400 * 2**20
 VLLM_ENGINE_BYTES = 1536 * 2**20
 # Adam keeps two moments per trainable parameter, the gradient a third copy.
 OPTIMIZER_COPIES = 3
-# InferenceConfig's fields that are vLLM's engine arguments (null: the default per device).
-VLLM_ENGINE_KNOBS = (
-    "enforce_eager",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "enable_chunked_prefill",
-)
 
 
 @dataclass(frozen=True)
@@ -405,26 +398,12 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
 
 
 def engine_errors(cfg: RunConfig) -> dict[str, str]:
-    """{dotted field: message} for each pool size the engine cannot run yet, each of
-    vLLM's engine arguments (`VLLM_ENGINE_KNOBS`) set where it cannot apply (on the torch
-    backend, or chunked prefill on vLLM-CPU), and a sleep level it cannot take."""
-    errors: dict[str, str] = {}
-    if cfg.inference.tensor_parallel_size > 1 and cfg.inference.backend != "vllm":
-        errors["inference.tensor_parallel_size"] = (
-            f"inference.tensor_parallel_size {cfg.inference.tensor_parallel_size} splits an inference worker's model "
-            f"over several devices, which only inference.backend 'vllm' does (it is {cfg.inference.backend!r}): "
-            "set inference.backend to 'vllm', or tensor_parallel_size to 1 and raise inference.num_workers instead"
-        )
-    if cfg.inference.backend != "vllm":
-        for name in VLLM_ENGINE_KNOBS:
-            value = getattr(cfg.inference, name)
-            if value is not None:
-                errors[f"inference.{name}"] = (
-                    f"inference.{name} is an argument of vLLM's engine, which inference.backend "
-                    f"{cfg.inference.backend!r} does not run: set inference.backend to 'vllm', or "
-                    f"inference.{name} to null"
-                )
-    elif cfg.inference.enable_chunked_prefill and cfg.placement.devices == "cpu":
+    """{dotted field: message} for each field set where nothing reads it
+    (workers/config/capabilities.py: vLLM's engine arguments and a tensor-parallel split
+    on the torch backend, packing without a collective), chunked prefill on vLLM-CPU,
+    and a sleep level the run cannot take."""
+    errors = ignored(cfg)
+    if cfg.inference.backend == "vllm" and cfg.inference.enable_chunked_prefill and cfg.placement.devices == "cpu":
         # workers/inference/vllm_backend.py's engine arguments say how it fails.
         errors["inference.enable_chunked_prefill"] = (
             "inference.enable_chunked_prefill true cannot run on vLLM-CPU: a prompt left half prefilled rewinds "
