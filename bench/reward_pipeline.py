@@ -95,7 +95,8 @@ def main() -> int:
             rewards = {
                 "workers": args.workers,
                 "mode": mode,
-                "chunk_tokens": args.chunk_tokens,
+                # A chunk size is read by the pipelined stage only (a launch refuses it elsewhere).
+                "chunk_tokens": args.chunk_tokens if mode == "pipelined" else 0,
                 "verifier_cost_ms_per_token": round(cost, 3),
             }
             t = time.perf_counter()

@@ -24,10 +24,15 @@ SET = {
     "inference.enable_prefix_caching": True,
     "inference.enable_chunked_prefill": False,
     "inference.tensor_parallel_size": 2,
+    "rewards.chunk_tokens": 16,
+    "rewards.verifier_cost_ms_per_token": 0.5,
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
 DEVICES = ("cpu", "gpu")
+# The reward stage's layouts: none (inference workers score), a pool scoring each
+# completion after it, a pool scoring chunks as they are generated.
+REWARDS = ({}, {"workers": 1}, {"workers": 1, "mode": "pipelined"})
 
 
 def nested(dotted: str, value) -> dict:
@@ -35,8 +40,13 @@ def nested(dotted: str, value) -> dict:
     return {section: {name: value}}
 
 
-def combination(backend: str, protocol: str, devices: str, **extra) -> dict:
-    base = {"inference": {"backend": backend}, "sync": {"protocol": protocol}, "placement": {"devices": devices}}
+def combination(backend: str, protocol: str, devices: str, layout: dict | None = None, **extra) -> dict:
+    base = {
+        "inference": {"backend": backend},
+        "sync": {"protocol": protocol},
+        "placement": {"devices": devices},
+        "rewards": dict(layout or {}),
+    }
     for key, value in extra.items():
         base[key] = {**base.get(key, {}), **value}
     return base
@@ -54,8 +64,8 @@ def test_every_field_of_the_table_is_a_field_of_the_config_and_has_a_setting_val
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.field)
 def test_each_field_is_refused_exactly_where_nothing_reads_it(capability):
     checked = 0
-    for backend, protocol, devices in itertools.product(BACKENDS, PROTOCOLS, DEVICES):
-        data = combination(backend, protocol, devices, **nested(capability.field, SET[capability.field]))
+    for backend, protocol, devices, rewards in itertools.product(BACKENDS, PROTOCOLS, DEVICES, REWARDS):
+        data = combination(backend, protocol, devices, rewards, **nested(capability.field, SET[capability.field]))
         try:
             cfg = RunConfig.model_validate(data)
         except ValueError:
@@ -84,6 +94,21 @@ def test_where_the_table_says_vllm_reads_a_knob_its_engine_arguments_carry_it(mo
         assert next(c for c in CAPABILITIES if c.field == field).honoured(cfg)
         args = vllm_backend._engine_args("/m", dims, 48, cfg.inference, False, None, "float32", None, False, "nccl")
         assert args[name] == SET[field], name
+
+
+def test_where_the_table_says_a_reward_stage_reads_a_field_it_does():
+    from workers.rollout.reward_stage import VerifierScorer
+
+    cfg = RunConfig.model_validate({"rewards": {"workers": 1, "verifier_cost_ms_per_token": 0.5}})
+    assert not ignored(cfg) and VerifierScorer(cfg).cost_s_per_token == 0.0005
+    refused = ignored(RunConfig.model_validate({"rewards": {"verifier_cost_ms_per_token": 0.5}}))
+    assert (
+        "inference workers score their own groups (rewards.workers 0)" in refused["rewards.verifier_cost_ms_per_token"]
+    )
+    assert (
+        "rewards.mode is 'after'"
+        in ignored(RunConfig.model_validate({"rewards": {"chunk_tokens": 16}}))["rewards.chunk_tokens"]
+    )
 
 
 def test_a_launch_refusal_names_the_field_and_the_way_out():

@@ -1,15 +1,16 @@
 """Which fields take effect in which runs: the capability matrix.
 
 Most fields of a RunConfig are read by every run. The ones here are read only where a
-backend, a device or a protocol reads them: vLLM's engine arguments and a
-tensor-parallel split by vLLM alone. Set where
+backend, a device or a stage reads them: vLLM's engine arguments and a tensor-parallel
+split by vLLM alone, a chunk size by the pipelined reward stage alone, a verifier's cost
+by reward workers alone. Set where
 nothing reads them, they would parse cleanly and do nothing, so a launch that sets one
 there is refused (workers/run/admission.py `engine_errors`), naming the field and what
 would read it. docs/config.md holds the table (`markdown`), written with the rest of the
 reference.
 
 A field is "set" when it differs from its default: null for vLLM's knobs (null takes the
-engine's default for the device), 1 for the split. A field whose default is a value that
+engine's default for the device), 1 for the split, 0 for a size or a cost. A field whose default is a value that
 some runs do not read (`inference.gpu_memory_utilization` 0.3, read by vLLM on a GPU
 only; `sync.packed` true, read by a collective only) cannot be told set from defaulted in
 a stored config, so it is not here; its description says where it applies.
@@ -80,6 +81,26 @@ CAPABILITIES: tuple[Capability, ...] = (
         is_set=lambda cfg: cfg.inference.tensor_parallel_size > 1,
         honoured=_vllm,
         instead=_backend,
+    ),
+    Capability(
+        field="rewards.chunk_tokens",
+        reader="the pipelined reward stage (rewards.mode 'pipelined'), which streams completions in chunks",
+        fix="set rewards.mode to 'pipelined' (with rewards.workers ≥ 1), or rewards.chunk_tokens to 0",
+        is_set=lambda cfg: cfg.rewards.chunk_tokens > 0,
+        honoured=lambda cfg: cfg.rewards.mode == "pipelined",
+        instead=lambda cfg: f"this run's rewards.mode is {cfg.rewards.mode!r}",
+    ),
+    Capability(
+        field="rewards.verifier_cost_ms_per_token",
+        reader="reward workers scoring with the verifier (rewards.workers ≥ 1, rewards.scorer 'verifier')",
+        fix="set rewards.workers ≥ 1 with rewards.scorer 'verifier', or rewards.verifier_cost_ms_per_token to 0",
+        is_set=lambda cfg: cfg.rewards.verifier_cost_ms_per_token > 0,
+        honoured=lambda cfg: cfg.rewards.workers >= 1 and cfg.rewards.scorer == "verifier",
+        instead=lambda cfg: (
+            "this run's inference workers score their own groups (rewards.workers 0)"
+            if cfg.rewards.workers == 0
+            else f"this run's rewards.scorer is {cfg.rewards.scorer!r}"
+        ),
     ),
 )
 
