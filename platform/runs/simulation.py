@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from configs import policy
 from foundation.errors import ActionError, Unavailable, errors_by_field
 from runs import events
-from runs.actions import LaunchRequest, check_launch, create_run
+from runs.actions import RUN_NAME_MAX, LaunchRequest, check_launch, create_run
 from runs.models import MetricPoint, Run
 from teams import audit
 from workers.config.run_config import RunConfig
@@ -322,7 +322,8 @@ def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: i
     config = RunConfig.model_validate(deep_merge(launch.config.model_dump(mode="json"), best.overrides()))
     best_launch = dataclasses.replace(
         launch,
-        name=f"{launch.name} (planned)" if launch.name else "planned",
+        # The suffix is cut, not the name, where the name is already at its longest.
+        name=f"{launch.name} (planned)".strip()[:RUN_NAME_MAX] if len(launch.name) < RUN_NAME_MAX else launch.name,
         overrides=deep_merge(launch.overrides, best.overrides()),
         config=config,
     )

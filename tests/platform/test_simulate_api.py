@@ -223,6 +223,15 @@ def test_a_plan_stores_the_best_setting_beside_the_config_as_given(client_for, t
     assert "plan" not in baseline.simulation
 
 
+def test_a_plan_of_a_run_whose_name_is_at_its_longest_keeps_the_name(client_for, owner, experiment):
+    name = "n" * 200
+    r = post_plan(client_for(owner), body(experiment, name=name, steps=5))
+    assert r.status_code == 201, r.content
+    assert r.json()["name"] == name and r.json()["baseline"]["name"] == name
+    r = post_plan(client_for(owner), body(experiment, name="n" * 195, steps=5))
+    assert r.json()["name"] == "n" * 195 + " (pla"
+
+
 def test_a_plans_goal_ranks_by_the_time_to_train_that_many_samples(client_for, owner, experiment):
     r = post_plan(client_for(owner), body(experiment, steps=10, goal_samples=256))
     assert r.status_code == 201, r.content
