@@ -305,9 +305,7 @@ def plan_run(request: HttpRequest, data: PlanIn | None = None) -> JsonResponse:
     the best setting and the config as given as two simulated runs. Answers the best
     one's run (its `simulation.plan` holds the ranked settings), `baseline` (the as-given
     run) and `ranked` (every setting tried, best first)."""
-    fields = (data or PlanIn()).model_dump()
-    goal = simulation.check_goal(fields.pop("goal_samples"))
-    launch, sim = simulation.check_simulated_launch(request.user, **fields)
+    launch, sim, goal = simulation.check_plan(request.user, **(data or PlanIn()).model_dump())
     done = simulation.do_plan(request.user, launch, sim, goal)
     return JsonResponse(
         {

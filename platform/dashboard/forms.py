@@ -180,18 +180,22 @@ class LaunchForm:
     def _plan(self, overrides: dict) -> Run:
         """ "Plan": the settings searched on the form's cluster and workload; the best
         one's simulated run (the config as given is simulated beside it)."""
-        goal = simulation.check_goal(self.simulation["goal_samples"])
-        return simulation.do_plan(self.user, *self._simulated_launch(overrides), goal).best
+        launch, sim, goal = simulation.check_plan(
+            self.user, goal_samples=self.simulation["goal_samples"], **self._simulation_fields(overrides)
+        )
+        return simulation.do_plan(self.user, launch, sim, goal).best
 
     def _simulated_launch(self, overrides: dict) -> tuple[actions.LaunchRequest, simulation.SimulationRequest]:
+        return simulation.check_simulated_launch(self.user, **self._simulation_fields(overrides))
+
+    def _simulation_fields(self, overrides: dict) -> dict[str, Any]:
         given = {key: value.strip() for key, value in self.simulation.items() if value.strip()}
-        return simulation.check_simulated_launch(
-            self.user,
-            cluster={f: given[f"cluster.{f}"] for f in CLUSTER_FIELDS if f"cluster.{f}" in given},
-            workload={f: given[f"workload.{f}"] for f in WORKLOAD_FIELDS if f"workload.{f}" in given},
-            steps=int(given["steps"]) if given.get("steps", "").isdigit() else given.get("steps"),
+        return {
+            "cluster": {f: given[f"cluster.{f}"] for f in CLUSTER_FIELDS if f"cluster.{f}" in given},
+            "workload": {f: given[f"workload.{f}"] for f in WORKLOAD_FIELDS if f"workload.{f}" in given},
+            "steps": int(given["steps"]) if given.get("steps", "").isdigit() else given.get("steps"),
             **self._launch_fields(overrides),
-        )
+        }
 
     def _save(self, overrides: dict) -> SavedConfig:
         """ "Save as configuration": in the team of the chosen experiment (or "team:<id>"),

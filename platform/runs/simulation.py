@@ -296,6 +296,26 @@ def check_goal(value: Any) -> int | None:
     return value
 
 
+def check_plan(user, *, goal_samples: Any = None, **fields: Any) -> tuple[LaunchRequest, SimulationRequest, int | None]:
+    """A plan's fields: a simulated launch's (`check_simulated_launch`) and its goal,
+    every field error of both in one ActionError."""
+    errors: dict[str, str] = {}
+    goal = None
+    try:
+        goal = check_goal(goal_samples)
+    except ActionError as exc:
+        errors.update(exc.errors)
+    try:
+        launch, sim = check_simulated_launch(user, **fields)
+    except ActionError as exc:
+        if exc.http_status != ActionError.http_status:
+            raise
+        errors.update(exc.errors)
+    if errors:
+        raise ActionError(errors)
+    return launch, sim, goal
+
+
 def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: int | None = None) -> Plan:
     """Search the inference:trainer split, the staleness bound, the buffer depth and the
     sync protocol for `launch`'s config on `sim`'s cluster (workers/simulate/planner.py,

@@ -251,6 +251,8 @@ def test_a_plan_names_the_field_it_refuses_and_stores_nothing(client_for, owner,
         r = post_plan(client, body(experiment, **fields))
         assert r.status_code == 400, (fields, r.content)
         assert field in r.json()["errors"], (fields, r.json())
+    both = post_plan(client, body(experiment, goal_samples=0, cluster={"gpus": 0})).json()["errors"]
+    assert {"goal_samples", "cluster.gpus"} <= set(both)  # every refused field at once
     assert (
         "simulate this cluster with Simulate"
         in post_plan(client, body(experiment, cluster={"gpus": 60_000})).json()["errors"]["cluster.gpus"]
