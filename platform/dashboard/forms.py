@@ -20,6 +20,7 @@ from configs.models import SavedConfig
 from dashboard.config_controls import controls_with_errors
 from foundation import jsonin
 from foundation.errors import ActionError, NotFound, nul_errors
+from foundation.ids import ID_TEXT
 from runs import actions, lineage, simulation, sinks
 from runs.models import Experiment, Run
 from teams import roles
@@ -193,7 +194,8 @@ class LaunchForm:
         return {
             "cluster": {f: given[f"cluster.{f}"] for f in CLUSTER_FIELDS if f"cluster.{f}" in given},
             "workload": {f: given[f"workload.{f}"] for f in WORKLOAD_FIELDS if f"workload.{f}" in given},
-            "steps": int(given["steps"]) if given.get("steps", "").isdigit() else given.get("steps"),
+            # ASCII digits only: "²" is a digit to str.isdigit() and not to int().
+            "steps": int(given["steps"]) if ID_TEXT.fullmatch(given.get("steps", "")) else given.get("steps"),
             **self._launch_fields(overrides),
         }
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from configs import policy
 from foundation.errors import ActionError, Unavailable, errors_by_field
+from foundation.ids import ID_TEXT
 from runs import events
 from runs.actions import RUN_NAME_MAX, LaunchRequest, check_launch, create_run
 from runs.models import MetricPoint, Run
@@ -287,7 +288,7 @@ def check_goal(value: Any) -> int | None:
     samples/s). A form sends text."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and ID_TEXT.fullmatch(value.strip()):
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ActionError(

@@ -149,8 +149,8 @@ def test_a_run_with_a_reward_pool_reports_its_busy_fraction_and_lag(cluster, cac
     summary = run_inline(
         2401 if mode == "after" else 2402,
         cache_dir,
-        rewards={"workers": 1, "mode": mode, "chunk_tokens": 2, "gpus_per_worker": 1 if on_gpus else 0}
-        | ({} if on_gpus else {"credit": "process"}),
+        rewards={"workers": 1, "mode": mode, "gpus_per_worker": 1 if on_gpus else 0}
+        | ({} if on_gpus else {"credit": "process", "chunk_tokens": 2}),
         placement={"devices": "gpu" if on_gpus else "cpu"},
         stop={"max_steps": 3},
     )

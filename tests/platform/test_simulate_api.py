@@ -245,6 +245,7 @@ def test_a_plan_names_the_field_it_refuses_and_stores_nothing(client_for, owner,
     for fields, field in (
         ({"goal_samples": 0}, "goal_samples"),
         ({"goal_samples": "many"}, "goal_samples"),
+        ({"goal_samples": "²"}, "goal_samples"),  # a digit to str.isdigit(), not to int()
         ({"cluster": {"gpus": 60_000}}, "cluster.gpus"),
         ({"cluster": {"gpus": 0}}, "cluster.gpus"),
     ):
