@@ -12,10 +12,12 @@ best setting found, the latter holding the ranked table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,24 +157,28 @@ def check_simulated_launch(
     """A launch's fields (`check_launch`, whose role check refuses at once) and the
     simulation's, every field error of both in one ActionError."""
     errors: dict[str, str] = {}
-    request = None
-    try:
+    request = sim = None
+    with field_errors(errors):
         request = check_launch(user, queued=False, **launch)  # stored finished: it takes no place in the queue
-    except ActionError as exc:
-        if exc.http_status != ActionError.http_status:
-            raise
-        errors.update(exc.errors)
     max_steps = request.config.stop.max_steps if request is not None else MAX_STEPS
-    try:
+    with field_errors(errors):
         sim = check_simulation(cluster, workload, steps, max_steps=max_steps)
-    except ActionError as exc:
-        if exc.http_status != ActionError.http_status:
-            raise
-        errors.update(exc.errors)
     if errors:
         raise ActionError(errors)
-    assert request is not None
+    assert request is not None and sim is not None
     return request, sim
+
+
+@contextlib.contextmanager
+def field_errors(errors: dict[str, str]) -> Iterator[None]:
+    """Gather a refusal's field errors into `errors` (to answer every refused field at
+    once); any other ActionError (a 403, a 404) goes through."""
+    try:
+        yield
+    except ActionError as exc:
+        if exc.http_status != ActionError.http_status:
+            raise
+        errors.update(exc.errors)
 
 
 def _parse(model: type[BaseModel], field: str, value: Any, errors: dict[str, str]) -> Any:
@@ -301,20 +307,15 @@ def check_plan(user, *, goal_samples: Any = None, **fields: Any) -> tuple[Launch
     """A plan's fields: a simulated launch's (`check_simulated_launch`) and its goal,
     every field error of both in one ActionError."""
     errors: dict[str, str] = {}
-    goal = None
-    try:
+    goal = checked = None
+    with field_errors(errors):
         goal = check_goal(goal_samples)
-    except ActionError as exc:
-        errors.update(exc.errors)
-    try:
-        launch, sim = check_simulated_launch(user, **fields)
-    except ActionError as exc:
-        if exc.http_status != ActionError.http_status:
-            raise
-        errors.update(exc.errors)
+    with field_errors(errors):
+        checked = check_simulated_launch(user, **fields)
     if errors:
         raise ActionError(errors)
-    return launch, sim, goal
+    assert checked is not None
+    return (*checked, goal)
 
 
 def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: int | None = None) -> Plan:
