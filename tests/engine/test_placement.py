@@ -337,7 +337,7 @@ def test_a_driver_refuses_a_pool_size_the_engine_cannot_run_before_its_warm_star
     driver = RunDriver.__ray_actor_class__(144, {"inference": {"tensor_parallel_size": 2}}, None, "", str(tmp_path))
     out = driver.run()
     assert out["state"] == "failed"
-    assert "only inference.backend 'vllm'" in out["error"]
+    assert "read only by vLLM (inference.backend 'vllm')" in out["error"]
     assert "warm_start" not in out["timings"]
 
 
