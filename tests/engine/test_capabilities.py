@@ -73,10 +73,7 @@ def test_each_field_is_refused_exactly_where_nothing_reads_it(capability):
         checked += 1
         errors = engine_errors(cfg)
         read = capability.honoured(cfg)
-        assert (capability.field in errors) is not read or (
-            # vLLM-CPU cannot chunk a prefill: refused as it cannot run, not as unread.
-            capability.field == "inference.enable_chunked_prefill" and devices == "cpu"
-        ), (data, errors)
+        assert (capability.field in errors) is not read, (data, errors)
         if not read:
             sentence = errors[capability.field]
             assert sentence.startswith(f"{capability.field} is read only by ") and capability.fix in sentence

@@ -1,19 +1,19 @@
 """Which fields take effect in which runs: the capability matrix.
 
 Most fields of a RunConfig are read by every run. The ones here are read only where a
-backend, a device or a stage reads them: vLLM's engine arguments and a tensor-parallel
-split by vLLM alone, a chunk size by the pipelined reward stage alone, a verifier's cost
-by reward workers alone. Set where
-nothing reads them, they would parse cleanly and do nothing, so a launch that sets one
-there is refused (workers/run/admission.py `engine_errors`), naming the field and what
-would read it. docs/config.md holds the table (`markdown`), written with the rest of the
-reference.
+backend or a stage reads them: vLLM's engine arguments and a tensor-parallel split by
+vLLM alone, a chunk size by the pipelined reward stage alone, a verifier's cost by reward
+workers alone. Set where nothing reads them, they would parse cleanly and do nothing, so
+a launch that sets one there is refused (workers/run/admission.py `engine_errors`),
+naming the field and what would read it. docs/config.md holds the table (`markdown`),
+written with the rest of the reference.
 
 A field is "set" when it differs from its default: null for vLLM's knobs (null takes the
-engine's default for the device), 1 for the split, 0 for a size or a cost. A field whose default is a value that
-some runs do not read (`inference.gpu_memory_utilization` 0.3, read by vLLM on a GPU
-only; `sync.packed` true, read by a collective only) cannot be told set from defaulted in
-a stored config, so it is not here; its description says where it applies.
+engine's default for the device), 1 for the split, 0 for a size or a cost. A field whose
+default is a value that some runs do not read (`inference.gpu_memory_utilization` 0.3,
+read by vLLM on a GPU only; `sync.packed` true, read by a collective only) cannot be told
+set from defaulted in a stored config, so it is not here; its description says where it
+applies.
 """
 
 from __future__ import annotations
