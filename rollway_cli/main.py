@@ -182,6 +182,8 @@ def launch(file, preset, sets, team, experiment, name, priority, trackers, follo
             click.echo(api.page_url(run["url"]))
             for fit in run.get("fitting") or []:  # settings its checkpoint's size would want
                 click.echo(f"  {fit['field']} {fit['current']} → {fit['suggested']}: {fit['why']}")
+            for unread in run.get("unread") or []:  # settings nothing in this run reads
+                click.echo(f"  warning: {unread['message']}")
         if follow:
             return follow_run(api, run["id"], as_json=as_json)
     return errors.OK

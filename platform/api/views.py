@@ -260,8 +260,10 @@ def launch_run(request: HttpRequest, data: LaunchIn | None = None) -> JsonRespon
     saved configuration's version, and `overrides` on top."""
     launch = actions.check_launch(request.user, **(data or LaunchIn()).model_dump())
     run = actions.do_launch_run(request.user, launch)
-    # Beside the run: the settings its checkpoint's size would want (none for the tiny model).
-    return JsonResponse({**run.detail(), "fitting": policy.settings_that_fit(launch.config)}, status=201)
+    # Beside the run: the settings its checkpoint's size would want (none for the tiny model),
+    # and those it sets that the run will not read (none for a preset as it is).
+    answer = {"fitting": policy.settings_that_fit(launch.config), "unread": policy.unread_settings(launch.config)}
+    return JsonResponse({**run.detail(), **answer}, status=201)
 
 
 class SimulateIn(LaunchIn):

@@ -87,6 +87,8 @@ def launch(request: HttpRequest) -> HttpResponse:
             messages.warning(
                 request, f"{fit['field']} is {fit['current']}; {fit['suggested']} suits this model: {fit['why']}."
             )
+        for unread in policy.unread_settings(done.run_config):  # set, but nothing in this run reads it
+            messages.warning(request, f"{unread['message']}.")
         return redirect(done)
     return render(request, "dashboard/launch.html", form.context(), status=form.status)
 

@@ -1,6 +1,7 @@
 """The capability matrix (workers/config/capabilities.py): each field read only in some
-runs is refused at launch where nothing reads it, naming the field, what reads it and
-the way out; where the table says a field is read, the code that reads it does."""
+runs is refused at launch where nothing reads it (or, where the run is the same without
+it, warned), naming the field, what reads it and the way out; where the table says a
+field is read, the code that reads it does."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import itertools
 import pytest
 
 from workers.config import capabilities
-from workers.config.capabilities import CAPABILITIES, VLLM_ENGINE_KNOBS, ignored
+from workers.config.capabilities import CAPABILITIES, VLLM_ENGINE_KNOBS, refusals, warnings
+from workers.config.presets import PRESETS, build
 from workers.config.reference import render
 from workers.config.run_config import RunConfig
 from workers.inference import vllm_backend
@@ -26,9 +28,18 @@ SET = {
     "inference.tensor_parallel_size": 2,
     "rewards.chunk_tokens": 16,
     "rewards.verifier_cost_ms_per_token": 0.5,
+    "inference.gpu_memory_utilization": 0.5,
+    "sync.packed": False,
+    "sync.flat_params": False,
+    "sync.directory": "/shared/sync",
+    "sync.keep_versions": 4,
+    "rewards.cpus_per_worker": 0.5,
+    "rewards.gpus_per_worker": 0.5,
+    "placement.rewards_node": "pool=rewards",
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
+TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
 DEVICES = ("cpu", "gpu")
 # The reward stage's layouts: none (inference workers score), a pool scoring each
 # completion after it, a pool scoring chunks as they are generated.
@@ -40,12 +51,15 @@ def nested(dotted: str, value) -> dict:
     return {section: {name: value}}
 
 
-def combination(backend: str, protocol: str, devices: str, layout: dict | None = None, **extra) -> dict:
+def combination(
+    backend: str, protocol: str, devices: str, layout: dict | None = None, trainer: dict | None = None, **extra
+) -> dict:
     base = {
         "inference": {"backend": backend},
         "sync": {"protocol": protocol},
         "placement": {"devices": devices},
         "rewards": dict(layout or {}),
+        "trainer": dict(trainer or {}),
     }
     for key, value in extra.items():
         base[key] = {**base.get(key, {}), **value}
@@ -58,26 +72,42 @@ def test_every_field_of_the_table_is_a_field_of_the_config_and_has_a_setting_val
     for field in fields:
         section, name = field.split(".")
         assert name in type(getattr(RunConfig(), section)).model_fields
-    assert ignored(RunConfig()) == {}  # the defaults set none of them
+    assert refusals(RunConfig()) == warnings(RunConfig()) == {}  # the defaults set none of them
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.field)
-def test_each_field_is_refused_exactly_where_nothing_reads_it(capability):
+def test_each_field_is_refused_or_warned_exactly_where_nothing_reads_it(capability):
+    """Over every inference backend, protocol, device, reward layout and trainer (one
+    rank, or a sharded pool): a refused field stops the launch (`engine_errors`, what
+    admission answers) and a harmless one only warns, each exactly where the field is not
+    read, with the sentence naming it and the way out."""
     checked = 0
-    for backend, protocol, devices, rewards in itertools.product(BACKENDS, PROTOCOLS, DEVICES, REWARDS):
-        data = combination(backend, protocol, devices, rewards, **nested(capability.field, SET[capability.field]))
+    for backend, protocol, devices, rewards, trainer in itertools.product(
+        BACKENDS, PROTOCOLS, DEVICES, REWARDS, TRAINERS
+    ):
+        data = combination(
+            backend, protocol, devices, rewards, trainer, **nested(capability.field, SET[capability.field])
+        )
         try:
             cfg = RunConfig.model_validate(data)
         except ValueError:
             continue  # a combination the config refuses for another reason
         checked += 1
-        errors = engine_errors(cfg)
+        errors, warned = engine_errors(cfg), warnings(cfg)
+        told = warned if capability.harmless else errors
         read = capability.honoured(cfg)
-        assert (capability.field in errors) is not read, (data, errors)
+        assert (capability.field in told) is not read, (data, errors, warned)
+        assert capability.field not in (errors if capability.harmless else warned), (data, errors, warned)
         if not read:
-            sentence = errors[capability.field]
+            sentence = told[capability.field]
             assert sentence.startswith(f"{capability.field} is read only by ") and capability.fix in sentence
     assert checked >= 4
+
+
+def test_no_preset_sets_a_field_its_runs_do_not_read():
+    for name in PRESETS:
+        cfg = build(name, {})
+        assert refusals(cfg) == warnings(cfg) == {}, name
 
 
 def test_where_the_table_says_vllm_reads_a_knob_its_engine_arguments_carry_it(monkeypatch):
@@ -85,7 +115,7 @@ def test_where_the_table_says_vllm_reads_a_knob_its_engine_arguments_carry_it(mo
     dims = ModelDims(
         hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, intermediate=128, vocab=40, positions=64, tied=False
     )
-    for name in (*VLLM_ENGINE_KNOBS, "tensor_parallel_size"):
+    for name in (*VLLM_ENGINE_KNOBS, "tensor_parallel_size", "gpu_memory_utilization"):
         field = f"inference.{name}"
         cfg = RunConfig.model_validate(combination("vllm", "object_store", "gpu", **nested(field, SET[field])))
         assert next(c for c in CAPABILITIES if c.field == field).honoured(cfg)
@@ -97,14 +127,14 @@ def test_where_the_table_says_a_reward_stage_reads_a_field_it_does():
     from workers.rollout.reward_stage import VerifierScorer
 
     cfg = RunConfig.model_validate({"rewards": {"workers": 1, "verifier_cost_ms_per_token": 0.5}})
-    assert not ignored(cfg) and VerifierScorer(cfg).cost_s_per_token == 0.0005
-    refused = ignored(RunConfig.model_validate({"rewards": {"verifier_cost_ms_per_token": 0.5}}))
+    assert not refusals(cfg) and VerifierScorer(cfg).cost_s_per_token == 0.0005
+    refused = refusals(RunConfig.model_validate({"rewards": {"verifier_cost_ms_per_token": 0.5}}))
     assert (
         "inference workers score their own groups (rewards.workers 0)" in refused["rewards.verifier_cost_ms_per_token"]
     )
     assert (
         "rewards.mode is 'after'"
-        in ignored(RunConfig.model_validate({"rewards": {"chunk_tokens": 16}}))["rewards.chunk_tokens"]
+        in refusals(RunConfig.model_validate({"rewards": {"chunk_tokens": 16}}))["rewards.chunk_tokens"]
     )
 
 
@@ -123,4 +153,34 @@ def test_the_reference_page_holds_the_table():
     assert "## Fields read only in some runs" in page
     assert capabilities.markdown() in page + "\n"
     for c in CAPABILITIES:
-        assert f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {c.fix} |" in page
+        told = "warned" if c.harmless else "refused"
+        assert f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {told} | {c.fix} |" in page
+
+
+def test_where_the_table_says_a_sync_protocol_reads_a_field_it_does(tmp_path):
+    from workers.sync.collective import CollectiveSender
+    from workers.sync.filesystem import FilesystemSender
+
+    cfg = RunConfig.model_validate({"sync": {"protocol": "collective", "flat_params": False}})
+    assert not warnings(cfg) and CollectiveSender(cfg.sync, 1).flat_params is False
+    cfg = RunConfig.model_validate({"sync": {"protocol": "collective", "packed": False}})
+    assert not warnings(cfg) and CollectiveSender(cfg.sync, 1).mode == "per_tensor"
+    cfg = RunConfig.model_validate({"sync": {"protocol": "filesystem", "directory": str(tmp_path), "keep_versions": 4}})
+    assert not warnings(cfg)
+    files = FilesystemSender(cfg.sync, str(tmp_path / "scratch"))
+    assert files.keep_versions == 4 and str(tmp_path) in str(files.directory)
+
+
+def test_where_the_table_says_a_reward_pool_reads_a_field_it_does():
+    from workers.run import placement
+
+    cfg = RunConfig.model_validate(
+        {
+            "placement": {"devices": "gpu", "rewards_node": "pool=rewards"},
+            "rewards": {"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.5},
+        }
+    )
+    assert not warnings(cfg) and not refusals(cfg)
+    p = placement.plan(cfg)
+    assert p.bundles[-2:] == [{"CPU": 0.5, "GPU": 0.5}] * 2 and [s.num_gpus for s in p.rewards] == [0.5, 0.5]
+    assert p.selectors[-2:] == [{"pool": "rewards"}] * 2

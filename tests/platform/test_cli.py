@@ -188,6 +188,13 @@ def test_launch_prints_the_settings_the_checkpoint_would_want(site, team, experi
     assert "  trainer.lr 0.001 → 1e-06: a 494M-parameter model" in out
 
 
+def test_launch_warns_of_a_setting_its_run_will_not_read(site, team, experiment, capsys):
+    code, out, err = rollway(capsys, "launch", "--preset", "sync", "--team", team.slug, "--set", "sync.packed=false")
+    assert code == 0, err
+    assert "  warning: sync.packed is read only by a collective" in out
+    assert Run.objects.get().config["sync"]["packed"] is False
+
+
 def test_refused_launches_name_the_field_and_exit_2(site, experiment, tmp_path, capsys):
     code, _, err = rollway(
         capsys, "launch", "--preset", "async", "--experiment", str(experiment.pk), "--set", "buffer.capacity=0"

@@ -109,6 +109,26 @@ def test_sync_directory_inside_an_allowed_root_is_accepted(client_for, owner, ex
     assert launch(client_for(owner), experiment, escape).status_code == 400
 
 
+def test_settings_the_run_will_not_read_are_answered_beside_it(client_for, owner, experiment, roots):
+    """Harmless ones (the run is the same without them) are kept and warned on; those the
+    run would need are refused (tests/engine/test_capabilities.py has the matrix)."""
+    client = client_for(owner)
+    assert launch(client, experiment, {}).json()["unread"] == []  # a preset as it is sets none
+    body = {"sync": {"directory": str(roots["sync"]), "packed": False}}  # read by other protocols only
+    r = launch(client, experiment, body)
+    assert r.status_code == 201, r.content
+    unread = {u["field"]: u["message"] for u in r.json()["unread"]}
+    assert set(unread) == {"sync.directory", "sync.packed"}
+    assert unread["sync.packed"] == (
+        "sync.packed is read only by a collective (sync.protocol 'collective'), which broadcasts in buckets or "
+        "tensor by tensor, and this run's sync.protocol is 'object_store': leave sync.packed at true, or set "
+        "sync.protocol to 'collective'"
+    )
+    assert Run.objects.get(pk=r.json()["id"]).run_config.sync.packed is False  # kept as given
+    r = launch(client, experiment, {"inference": {"tensor_parallel_size": 2}})  # the run would not be split
+    assert r.status_code == 400 and "inference.tensor_parallel_size" in r.json()["errors"]
+
+
 # --- admission: operator limits and the cluster -------------------------------------
 
 

@@ -351,6 +351,18 @@ def test_a_launched_checkpoint_shows_the_settings_its_size_would_want_on_its_pag
     assert any(w.startswith("trainer.lr is 0.001; 1e-06 suits this model") for w in warnings), warnings
 
 
+def test_a_launch_setting_what_its_run_will_not_read_is_warned_on_its_page(client_for, owner, experiment):
+    form = {"experiment": experiment.pk, "preset": "async", "overrides": json.dumps({"sync": {"packed": False}})}
+    client = client_for(owner)
+    r = client.post(URL, form)
+    assert r.status_code == 302, r.content[-2000:]
+    assert Run.objects.get().run_config.sync.packed is False  # queued as given
+    warnings = [
+        text(li) for li in find_all(parse_html(client.get(r["Location"]).content.decode()), "li", class_="warning")
+    ]
+    assert any(w.startswith("sync.packed is read only by a collective") for w in warnings), warnings
+
+
 # --- priority ------------------------------------------------------------------------
 
 

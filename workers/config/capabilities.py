@@ -1,19 +1,21 @@
 """Which fields take effect in which runs: the capability matrix.
 
 Most fields of a RunConfig are read by every run. The ones here are read only where a
-backend or a stage reads them: vLLM's engine arguments and a tensor-parallel split by
-vLLM alone, a chunk size by the pipelined reward stage alone, a verifier's cost by reward
-workers alone. Set where nothing reads them, they would parse cleanly and do nothing, so
-a launch that sets one there is refused (workers/run/admission.py `engine_errors`),
-naming the field and what would read it. docs/config.md holds the table (`markdown`),
-written with the rest of the reference.
+backend, a device, a sync protocol or a stage reads them. Set where nothing reads them,
+they would parse cleanly and do nothing. Where that would change what the run is (vLLM's
+engine arguments and a tensor-parallel split on the torch backend, a chunk size without
+the pipelined reward stage, a verifier's cost without reward workers) a launch is
+refused (`refusals`, through workers/run/admission.py `engine_errors`), naming the field
+and what would read it. Where the run is the same with or without it (a collective's
+packing on another protocol, the filesystem protocol's directory on another one, a
+reward pool's resources in a run without one, vLLM's GPU memory share off GPUs)
+the launch goes ahead and is warned (`warnings`: beside the run in the API's answer and
+on the launch form). docs/config.md holds the table (`markdown`), written with the rest of
+the reference.
 
-A field is "set" when it differs from its default: null for vLLM's knobs (null takes the
-engine's default for the device), 1 for the split, 0 for a size or a cost. A field whose
-default is a value that some runs do not read (`inference.gpu_memory_utilization` 0.3,
-read by vLLM on a GPU only; `sync.packed` true, read by a collective only) cannot be told
-set from defaulted in a stored config, so it is not here; its description says where it
-applies.
+A field is "set" when it differs from its default (null for vLLM's knobs, where null
+takes the engine's default for the device): a stored config cannot tell a default
+written out from one left alone, and a default is what every run reads anyway.
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ class Capability:
     is_set: Callable[[RunConfig], bool]
     honoured: Callable[[RunConfig], bool]
     instead: Callable[[RunConfig], str]
+    # True: the run is the same whether or not the field is read, so a launch setting it
+    # where nothing reads it is warned, not refused.
+    harmless: bool = False
 
-    def refusal(self, cfg: RunConfig) -> str | None:
-        """The sentence refusing `cfg`, or None where the field is unset or read."""
+    def sentence(self, cfg: RunConfig) -> str | None:
+        """What a launch of `cfg` is told about the field, or None where it is unset or read."""
         if not self.is_set(cfg) or self.honoured(cfg):
             return None
         return f"{self.field} is read only by {self.reader}, and {self.instead(cfg)}: {self.fix}"
@@ -59,6 +64,32 @@ def _vllm(cfg: RunConfig) -> bool:
 
 def _backend(cfg: RunConfig) -> str:
     return f"this run's inference.backend is {cfg.inference.backend!r}"
+
+
+def _protocol(cfg: RunConfig) -> str:
+    return f"this run's sync.protocol is {cfg.sync.protocol!r}"
+
+
+def _changed(dotted: str) -> Callable[[RunConfig], bool]:
+    """`is_set` for a field whose default is a value: set where it differs from the
+    default RunConfig's (read from the model, so the two cannot drift apart)."""
+    section, name = dotted.split(".")
+    default = getattr(getattr(RunConfig(), section), name)
+    return lambda cfg: getattr(getattr(cfg, section), name) != default
+
+
+def _no_reward_pool(cfg: RunConfig) -> str:
+    return "this run has no reward pool (rewards.workers 0): its inference workers score their own groups"
+
+
+def _flat_params_instead(cfg: RunConfig) -> str:
+    if cfg.sync.protocol != "collective":
+        return _protocol(cfg)
+    if not cfg.sync.packed:
+        return "this run's collective sends one tensor at a time (sync.packed false)"
+    if cfg.inference.backend != "torch":
+        return "this run's collective goes into vLLM's broadcast engine, which cuts its own chunks"
+    return "this run's trainer is sharded (trainer.backend 'fsdp2'): its buckets stream from gathered shards"
 
 
 def _knob(name: str) -> Capability:
@@ -102,19 +133,120 @@ CAPABILITIES: tuple[Capability, ...] = (
             else f"this run's rewards.scorer is {cfg.rewards.scorer!r}"
         ),
     ),
+    # Warned: the run is the same without them.
+    Capability(
+        field="inference.gpu_memory_utilization",
+        reader="vLLM on GPUs (inference.backend 'vllm', placement.devices 'gpu'), which reserves that share of each",
+        fix="leave inference.gpu_memory_utilization at its default, or run vLLM on GPUs",
+        is_set=_changed("inference.gpu_memory_utilization"),
+        honoured=lambda cfg: _vllm(cfg) and cfg.placement.devices == "gpu",
+        instead=lambda cfg: _backend(cfg) if not _vllm(cfg) else "this run's placement.devices is 'cpu'",
+        harmless=True,
+    ),
+    Capability(
+        field="sync.packed",
+        reader="a collective (sync.protocol 'collective'), which broadcasts in buckets or tensor by tensor",
+        fix="leave sync.packed at true, or set sync.protocol to 'collective'",
+        is_set=_changed("sync.packed"),
+        honoured=lambda cfg: cfg.sync.protocol == "collective",
+        instead=_protocol,
+        harmless=True,
+    ),
+    Capability(
+        field="sync.flat_params",
+        reader=(
+            "a packed collective from a trainer that is not sharded into torch workers (sync.protocol "
+            "'collective', sync.packed, trainer.backend not 'fsdp2', inference.backend 'torch')"
+        ),
+        fix="leave sync.flat_params at true",
+        is_set=_changed("sync.flat_params"),
+        honoured=lambda cfg: (
+            cfg.sync.protocol == "collective"
+            and cfg.sync.packed
+            and cfg.inference.backend == "torch"
+            and cfg.trainer.backend != "fsdp2"
+        ),
+        instead=_flat_params_instead,
+        harmless=True,
+    ),
+    Capability(
+        field="sync.directory",
+        reader="the filesystem protocol (sync.protocol 'filesystem'), which writes each version there",
+        fix="set sync.protocol to 'filesystem', or sync.directory to null",
+        is_set=lambda cfg: cfg.sync.directory is not None,
+        honoured=lambda cfg: cfg.sync.protocol == "filesystem",
+        instead=_protocol,
+        harmless=True,
+    ),
+    Capability(
+        field="sync.keep_versions",
+        reader="the filesystem protocol (sync.protocol 'filesystem'), which keeps that many versions on disk",
+        fix="set sync.protocol to 'filesystem', or leave sync.keep_versions at its default",
+        is_set=_changed("sync.keep_versions"),
+        honoured=lambda cfg: cfg.sync.protocol == "filesystem",
+        instead=_protocol,
+        harmless=True,
+    ),
+    Capability(
+        field="rewards.cpus_per_worker",
+        reader="a reward pool (rewards.workers ≥ 1), whose workers each ask Ray for that many CPUs",
+        fix="set rewards.workers ≥ 1, or leave rewards.cpus_per_worker at its default",
+        is_set=_changed("rewards.cpus_per_worker"),
+        honoured=lambda cfg: cfg.rewards.workers >= 1,
+        instead=_no_reward_pool,
+        harmless=True,
+    ),
+    Capability(
+        field="rewards.gpus_per_worker",
+        reader="a reward pool on GPUs (rewards.workers ≥ 1, placement.devices 'gpu')",
+        fix="set rewards.workers ≥ 1 with placement.devices 'gpu', or rewards.gpus_per_worker to 0",
+        is_set=lambda cfg: cfg.rewards.gpus_per_worker > 0,
+        honoured=lambda cfg: cfg.rewards.workers >= 1 and cfg.placement.devices == "gpu",
+        instead=lambda cfg: (
+            _no_reward_pool(cfg) if cfg.rewards.workers == 0 else "this run's placement.devices is 'cpu'"
+        ),
+        harmless=True,
+    ),
+    Capability(
+        field="placement.rewards_node",
+        reader="a reward pool (rewards.workers ≥ 1), whose workers go to the nodes it names",
+        fix="set rewards.workers ≥ 1, or placement.rewards_node to null",
+        is_set=lambda cfg: cfg.placement.rewards_node is not None,
+        honoured=lambda cfg: cfg.rewards.workers >= 1,
+        instead=_no_reward_pool,
+        harmless=True,
+    ),
 )
 
 
-def ignored(cfg: RunConfig) -> dict[str, str]:
-    """{dotted field: refusal} for each field `cfg` sets where nothing reads it."""
-    return {c.field: sentence for c in CAPABILITIES if (sentence := c.refusal(cfg)) is not None}
+def _told(cfg: RunConfig, harmless: bool) -> dict[str, str]:
+    return {
+        c.field: sentence for c in CAPABILITIES if c.harmless is harmless and (sentence := c.sentence(cfg)) is not None
+    }
+
+
+def refusals(cfg: RunConfig) -> dict[str, str]:
+    """{dotted field: why} for each field `cfg` sets where nothing reads it and the run
+    would not be what the config says: a launch is refused."""
+    return _told(cfg, harmless=False)
+
+
+def warnings(cfg: RunConfig) -> dict[str, str]:
+    """{dotted field: why} for each field `cfg` sets where nothing reads it and the run is
+    the same without it: a launch goes ahead, warned."""
+    return _told(cfg, harmless=True)
 
 
 def markdown() -> str:
-    """The table docs/config.md holds: each field, what reads it, and the way out."""
+    """The table docs/config.md holds: each field, what reads it, what a launch that sets
+    it elsewhere gets, and the way out."""
     rows = [
-        "| field | read only by | otherwise |",
-        "|---|---|---|",
-        *(f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {c.fix} |" for c in CAPABILITIES),
+        "| field | read only by | set elsewhere | way out |",
+        "|---|---|---|---|",
+        *(
+            f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {'warned' if c.harmless else 'refused'} "
+            f"| {c.fix} |"
+            for c in CAPABILITIES
+        ),
     ]
     return "\n".join(rows) + "\n"

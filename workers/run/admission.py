@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workers.config.capabilities import ignored
+from workers.config.capabilities import refusals
 from workers.inference.base import ROUTED_EXPERTS_ON_CPU, VLLM_MAX_NUM_SEQS, vllm_cpu_kv_cache_bytes
 from workers.model.loading import ModelDims, build_tiny, hub_metadata_dir, meta_model, model_config, model_dims
 from workers.model.tokenizer import CharTokenizer, load_tokenizer
@@ -398,11 +398,12 @@ def limit_errors(cfg: RunConfig, limits: Limits) -> dict[str, str]:
 
 
 def engine_errors(cfg: RunConfig) -> dict[str, str]:
-    """{dotted field: message} for each field set where nothing reads it
-    (workers/config/capabilities.py: vLLM's engine arguments and a tensor-parallel split
-    on the torch backend, packing without a collective), chunked prefill on vLLM-CPU,
-    and a sleep level the run cannot take."""
-    errors = ignored(cfg)
+    """{dotted field: message} for each field set where nothing reads it and the run would
+    not be what the config says (workers/config/capabilities.py `refusals`: vLLM's engine
+    arguments and a tensor-parallel split on the torch backend, a reward stage's fields
+    without that stage), chunked prefill on vLLM-CPU, and a sleep level the run cannot
+    take."""
+    errors = refusals(cfg)
     if cfg.inference.backend == "vllm" and cfg.inference.enable_chunked_prefill and cfg.placement.devices == "cpu":
         # workers/inference/vllm_backend.py's engine arguments say how it fails.
         errors["inference.enable_chunked_prefill"] = (
