@@ -232,3 +232,21 @@ def build_pool(ranks: list, cfg, model_dir: str) -> None:
     rank 0 opens the rendezvous, the others join it."""
     endpoint = ray.get(ranks[0].open.remote(len(ranks)))
     ray.get([ranks[0].build.remote(cfg, model_dir)] + [r.build.remote(cfg, model_dir, endpoint) for r in ranks[1:]])
+
+
+def assert_exact_sync(s: dict, steps: list[int], param_bytes: int | None) -> None:
+    """What a sync run of a 2-rank pool into torch workers must show at each of `steps`: a
+    signal that moves the weights, the workers sampling with exactly the trainer's weights
+    (sync mode, torch on both sides: a bucket put together wrongly, a slice out of place,
+    shows as a KL far above rounding), every parameter sent (`param_bytes`; None for a
+    LoRA adapter), and each rank's part of the step."""
+    assert sorted(s["loss"]) == steps
+    assert all(v > 1e-4 for v in s["trainer/grad_norm"].values()), "no signal: the weights would not move"
+    assert max(s["mismatch/kl"].values()) < 1e-6, s["mismatch/kl"]
+    assert all(abs(v - 1) < 1e-3 for v in s["is/ratio_mean"].values())
+    if param_bytes is not None:
+        # Every parameter moved each step (a filesystem file adds its JSON header).
+        assert all(param_bytes <= v < param_bytes + 2**16 for v in s["sync/bytes"].values()), s["sync/bytes"]
+    for r in (0, 1):
+        assert all(v > 0 for v in s[f"trainer/rank_comm_bytes/{r}"].values())
+        assert all(0 < v <= 1 for v in s[f"trainer/rank_busy_frac/{r}"].values())
