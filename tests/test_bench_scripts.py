@@ -887,3 +887,37 @@ def test_delta_sync_prints_a_row_per_learning_rate_with_fewer_bytes_for_the_delt
     for r, share in zip(rows, (0.1, 0.5), strict=True):
         full, delta = float(r[2].split()[0].replace(",", "")), float(r[3].split("–")[0])
         assert delta < share * full
+
+
+# ---- run_cost ------------------------------------------------------------------------
+
+
+def test_run_cost_counts_a_process_under_the_role_it_ended_in():
+    rc = load("run_cost.py")
+    assert rc.role("ray::TrainerActor.train_step") == "trainer"
+    assert rc.role("ray::RunDriver.run") == "driver"
+    assert rc.role("ray::IDLE") == rc.role("python .../ray/_private/workers/default_worker.py --x") != "trainer"
+    assert rc.role("/venv/.../ray/core/src/ray/raylet/raylet --raylet_socket_name=x") == "Ray's own processes"
+    assert rc.role("postgres: 15/main: checkpointer") is None  # not the cluster's
+    roles = {"trainer": {"processes": 2, "cpu_s": 18.0}, "buffer": {"processes": 2, "cpu_s": 2.0}}
+    lines = rc.table(roles, 2, {"torch": 2.5})
+    assert lines[2].split() == ["trainer", "1.0", "9.00", "90%"] and lines[4].split() == ["all", "10.00"]
+    assert lines[-1].split() == ["torch", "2.50"]
+    assert 0 < rc.import_cpu("pass", 1) < 5  # a bare interpreter, its own CPU counted
+
+
+def test_run_cost_refuses_bad_flags_naming_them():
+    done = bench("run_cost.py", "--runs", "0")
+    assert done.returncode == 2 and "--runs" in done.stderr
+
+
+@pytest.mark.slow  # it starts Ray and runs the engine: not for the inner loop
+def test_run_cost_prints_each_actor_kind_per_run(tmp_path):
+    out = tmp_path / "cost.json"
+    done = bench("run_cost.py", "--runs", "1", "--no-imports", "--json", str(out), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    roles = json.loads(out.read_text())["roles"]
+    for name in ("driver", "trainer", "inference worker", "buffer"):
+        assert roles[name]["processes"] == 1 and roles[name]["cpu_s"] > 0, roles
+        assert name in done.stdout
+    assert "CPU seconds per run, over 1 run of 4 steps" in done.stdout
