@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from configs.models import ClusterCapacity
 from foundation.errors import Unavailable, field_errors
-from workers.config.capabilities import warnings
+from workers.config.capabilities import unread
 from workers.config.presets import UnknownPreset, build
 from workers.config.run_config import RunConfig
 from workers.core.hub import HubUnavailable
@@ -94,10 +94,10 @@ def check_config(preset: str, overrides: dict) -> tuple[RunConfig | None, dict[s
 
 def unread_settings(config: RunConfig) -> list[dict]:
     """The settings of a launched config that its run will not read and does not need
-    (workers/config/capabilities.py `warnings`), each {field, message}: what a launch
+    (workers/config/capabilities.py `unread`), each {field, message}: what a launch
     answers beside the run, and the launch form shows. The ones the run would need are
     refused before this (`config_errors`)."""
-    return [{"field": field, "message": message} for field, message in warnings(config).items()]
+    return [{"field": field, "message": message} for field, message in unread(config).items()]
 
 
 def settings_that_fit(config: RunConfig) -> list[dict]:

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from workers.config import capabilities
-from workers.config.capabilities import CAPABILITIES, VLLM_ENGINE_KNOBS, refusals, warnings
+from workers.config.capabilities import CAPABILITIES, VLLM_ENGINE_KNOBS, refusals, unread
 from workers.config.presets import PRESETS, build
 from workers.config.reference import render
 from workers.config.run_config import RunConfig
@@ -72,7 +72,7 @@ def test_every_field_of_the_table_is_a_field_of_the_config_and_has_a_setting_val
     for field in fields:
         section, name = field.split(".")
         assert name in type(getattr(RunConfig(), section)).model_fields
-    assert refusals(RunConfig()) == warnings(RunConfig()) == {}  # the defaults set none of them
+    assert refusals(RunConfig()) == unread(RunConfig()) == {}  # the defaults set none of them
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.field)
@@ -93,7 +93,7 @@ def test_each_field_is_refused_or_warned_exactly_where_nothing_reads_it(capabili
         except ValueError:
             continue  # a combination the config refuses for another reason
         checked += 1
-        errors, warned = engine_errors(cfg), warnings(cfg)
+        errors, warned = engine_errors(cfg), unread(cfg)
         told = warned if capability.harmless else errors
         read = capability.honoured(cfg)
         assert (capability.field in told) is not read, (data, errors, warned)
@@ -107,7 +107,7 @@ def test_each_field_is_refused_or_warned_exactly_where_nothing_reads_it(capabili
 def test_no_preset_sets_a_field_its_runs_do_not_read():
     for name in PRESETS:
         cfg = build(name, {})
-        assert refusals(cfg) == warnings(cfg) == {}, name
+        assert refusals(cfg) == unread(cfg) == {}, name
 
 
 def test_where_the_table_says_vllm_reads_a_knob_its_engine_arguments_carry_it(monkeypatch):
@@ -162,11 +162,11 @@ def test_where_the_table_says_a_sync_protocol_reads_a_field_it_does(tmp_path):
     from workers.sync.filesystem import FilesystemSender
 
     cfg = RunConfig.model_validate({"sync": {"protocol": "collective", "flat_params": False}})
-    assert not warnings(cfg) and CollectiveSender(cfg.sync, 1).flat_params is False
+    assert not unread(cfg) and CollectiveSender(cfg.sync, 1).flat_params is False
     cfg = RunConfig.model_validate({"sync": {"protocol": "collective", "packed": False}})
-    assert not warnings(cfg) and CollectiveSender(cfg.sync, 1).mode == "per_tensor"
+    assert not unread(cfg) and CollectiveSender(cfg.sync, 1).mode == "per_tensor"
     cfg = RunConfig.model_validate({"sync": {"protocol": "filesystem", "directory": str(tmp_path), "keep_versions": 4}})
-    assert not warnings(cfg)
+    assert not unread(cfg)
     files = FilesystemSender(cfg.sync, str(tmp_path / "scratch"))
     assert files.keep_versions == 4 and str(tmp_path) in str(files.directory)
 
@@ -180,7 +180,7 @@ def test_where_the_table_says_a_reward_pool_reads_a_field_it_does():
             "rewards": {"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.5},
         }
     )
-    assert not warnings(cfg) and not refusals(cfg)
+    assert not unread(cfg) and not refusals(cfg)
     p = placement.plan(cfg)
     assert p.bundles[-2:] == [{"CPU": 0.5, "GPU": 0.5}] * 2 and [s.num_gpus for s in p.rewards] == [0.5, 0.5]
     assert p.selectors[-2:] == [{"pool": "rewards"}] * 2

@@ -9,7 +9,7 @@ refused (`refusals`, through workers/run/admission.py `engine_errors`), naming t
 and what would read it. Where the run is the same with or without it (a collective's
 packing on another protocol, the filesystem protocol's directory on another one, a
 reward pool's resources in a run without one, vLLM's GPU memory share off GPUs)
-the launch goes ahead and is warned (`warnings`: beside the run in the API's answer and
+the launch goes ahead and is warned (`unread`: beside the run in the API's answer and
 on the launch form). docs/config.md holds the table (`markdown`), written with the rest of
 the reference.
 
@@ -136,7 +136,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     # Warned: the run is the same without them.
     Capability(
         field="inference.gpu_memory_utilization",
-        reader="vLLM on GPUs (inference.backend 'vllm', placement.devices 'gpu'), which reserves that share of each",
+        reader="vLLM on GPUs (inference.backend 'vllm', placement.devices 'gpu'), which takes that share of a GPU",
         fix="leave inference.gpu_memory_utilization at its default, or run vLLM on GPUs",
         is_set=_changed("inference.gpu_memory_utilization"),
         honoured=lambda cfg: _vllm(cfg) and cfg.placement.devices == "gpu",
@@ -231,7 +231,7 @@ def refusals(cfg: RunConfig) -> dict[str, str]:
     return _told(cfg, harmless=False)
 
 
-def warnings(cfg: RunConfig) -> dict[str, str]:
+def unread(cfg: RunConfig) -> dict[str, str]:
     """{dotted field: why} for each field `cfg` sets where nothing reads it and the run is
     the same without it: a launch goes ahead, warned."""
     return _told(cfg, harmless=True)
