@@ -34,12 +34,21 @@ SET = {
     "sync.directory": "/shared/sync",
     "sync.keep_versions": 4,
     "rewards.cpus_per_worker": 0.5,
-    "rewards.gpus_per_worker": 0.5,
     "placement.rewards_node": "pool=rewards",
+    "lora.rank": 4,
+    "lora.alpha": 8.0,
+    "lora.target_modules": ["q_proj", "v_proj"],
+    "lora.dropout": 0.05,
+    "eval.num_prompts": 8,
+    "eval.k": 2,
+    "eval.temperature": 0.7,
+    "trainer.dynamic_sampling_max_batches": 3,
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
 TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
+# The switches a section turns its own fields on with: all off (the defaults), all on.
+SWITCHES = ({}, {"lora": {"enabled": True}, "eval": {"every_steps": 2}, "trainer": {"dynamic_sampling": True}})
 DEVICES = ("cpu", "gpu")
 # The reward stage's layouts: none (inference workers score), a pool scoring each
 # completion after it, a pool scoring chunks as they are generated.
@@ -52,17 +61,24 @@ def nested(dotted: str, value) -> dict:
 
 
 def combination(
-    backend: str, protocol: str, devices: str, layout: dict | None = None, trainer: dict | None = None, **extra
+    backend: str,
+    protocol: str,
+    devices: str,
+    layout: dict | None = None,
+    pool: dict | None = None,
+    switches: dict | None = None,
+    **extra,
 ) -> dict:
     base = {
         "inference": {"backend": backend},
         "sync": {"protocol": protocol},
         "placement": {"devices": devices},
         "rewards": dict(layout or {}),
-        "trainer": dict(trainer or {}),
+        "trainer": dict(pool or {}),
     }
-    for key, value in extra.items():
-        base[key] = {**base.get(key, {}), **value}
+    for extras in (switches or {}, extra):
+        for key, value in extras.items():
+            base[key] = {**base.get(key, {}), **value}
     return base
 
 
@@ -77,16 +93,16 @@ def test_every_field_of_the_table_is_a_field_of_the_config_and_has_a_setting_val
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.field)
 def test_each_field_is_refused_or_warned_exactly_where_nothing_reads_it(capability):
-    """Over every inference backend, protocol, device, reward layout and trainer (one
-    rank, or a sharded pool): a refused field stops the launch (`engine_errors`, what
-    admission answers) and a harmless one only warns, each exactly where the field is not
-    read, with the sentence naming it and the way out."""
-    checked = 0
-    for backend, protocol, devices, rewards, trainer in itertools.product(
-        BACKENDS, PROTOCOLS, DEVICES, REWARDS, TRAINERS
+    """Over every inference backend, protocol, device, reward layout, trainer (one rank,
+    or a sharded pool) and the sections' own switches (off, on): a refused field stops the
+    launch (`engine_errors`, what admission answers) and a harmless one only warns, each
+    exactly where the field is not read, with the sentence naming it and the way out."""
+    checked = read_somewhere = 0
+    for backend, protocol, devices, rewards, pool, switches in itertools.product(
+        BACKENDS, PROTOCOLS, DEVICES, REWARDS, TRAINERS, SWITCHES
     ):
         data = combination(
-            backend, protocol, devices, rewards, trainer, **nested(capability.field, SET[capability.field])
+            backend, protocol, devices, rewards, pool, switches, **nested(capability.field, SET[capability.field])
         )
         try:
             cfg = RunConfig.model_validate(data)
@@ -96,12 +112,13 @@ def test_each_field_is_refused_or_warned_exactly_where_nothing_reads_it(capabili
         errors, warned = engine_errors(cfg), unread(cfg)
         told = warned if capability.harmless else errors
         read = capability.honoured(cfg)
+        read_somewhere += read
         assert (capability.field in told) is not read, (data, errors, warned)
         assert capability.field not in (errors if capability.harmless else warned), (data, errors, warned)
         if not read:
             sentence = told[capability.field]
             assert sentence.startswith(f"{capability.field} is read only by ") and capability.fix in sentence
-    assert checked >= 4
+    assert checked >= 4 and 0 < read_somewhere < checked  # read in some combinations, not in others
 
 
 def test_no_preset_sets_a_field_its_runs_do_not_read():
@@ -184,3 +201,13 @@ def test_where_the_table_says_a_reward_pool_reads_a_field_it_does():
     p = placement.plan(cfg)
     assert p.bundles[-2:] == [{"CPU": 0.5, "GPU": 0.5}] * 2 and [s.num_gpus for s in p.rewards] == [0.5, 0.5]
     assert p.selectors[-2:] == [{"pool": "rewards"}] * 2
+
+
+def test_where_the_table_says_lora_reads_a_field_it_does(tiny_model_dir):
+    from workers.model.loading import load_model
+    from workers.model.lora import apply_lora
+
+    cfg = RunConfig.model_validate({"lora": {"enabled": True, "rank": 4, "alpha": 8.0, "dropout": 0.05}})
+    assert not unread(cfg)
+    peft = apply_lora(load_model(tiny_model_dir), cfg.lora).peft_config["default"]
+    assert (peft.r, peft.lora_alpha, peft.lora_dropout) == (4, 8.0, 0.05)

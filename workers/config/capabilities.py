@@ -8,10 +8,10 @@ the pipelined reward stage, a verifier's cost without reward workers) a launch i
 refused (`refusals`, through workers/run/admission.py `engine_errors`), naming the field
 and what would read it. Where the run is the same with or without it (a collective's
 packing on another protocol, the filesystem protocol's directory on another one, a
-reward pool's resources in a run without one, vLLM's GPU memory share off GPUs)
-the launch goes ahead and is warned (`unread`: beside the run in the API's answer and
-on the launch form). docs/config.md holds the table (`markdown`), written with the rest of
-the reference.
+reward pool's resources in a run without one, vLLM's GPU memory share off GPUs, a
+LoRA rank with LoRA off, an eval size with eval off) the launch goes ahead and is warned
+(`unread`: beside the run in the API's answer and on the launch form). docs/config.md
+holds the table (`markdown`), written with the rest of the reference.
 
 A field is "set" when it differs from its default (null for vLLM's knobs, where null
 takes the engine's default for the device): a stored config cannot tell a default
@@ -90,6 +90,20 @@ def _flat_params_instead(cfg: RunConfig) -> str:
     if cfg.inference.backend != "torch":
         return "this run's collective goes into vLLM's broadcast engine, which cuts its own chunks"
     return "this run's trainer is sharded (trainer.backend 'fsdp2'): its buckets stream from gathered shards"
+
+
+def _switched(dotted: str, switch: str, on: Callable[[RunConfig], bool], reader: str, fix: str) -> Capability:
+    """A field its own section turns off: read only where `switch` (its field and value
+    in words) is on, and warned where it is off: the config says so itself."""
+    return Capability(
+        field=dotted,
+        reader=reader,
+        fix=fix,
+        is_set=_changed(dotted),
+        honoured=on,
+        instead=lambda cfg: f"this run's {switch} is off",
+        harmless=True,
+    )
 
 
 def _knob(name: str) -> Capability:
@@ -197,17 +211,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         harmless=True,
     ),
     Capability(
-        field="rewards.gpus_per_worker",
-        reader="a reward pool on GPUs (rewards.workers ≥ 1, placement.devices 'gpu')",
-        fix="set rewards.workers ≥ 1 with placement.devices 'gpu', or rewards.gpus_per_worker to 0",
-        is_set=lambda cfg: cfg.rewards.gpus_per_worker > 0,
-        honoured=lambda cfg: cfg.rewards.workers >= 1 and cfg.placement.devices == "gpu",
-        instead=lambda cfg: (
-            _no_reward_pool(cfg) if cfg.rewards.workers == 0 else "this run's placement.devices is 'cpu'"
-        ),
-        harmless=True,
-    ),
-    Capability(
         field="placement.rewards_node",
         reader="a reward pool (rewards.workers ≥ 1), whose workers go to the nodes it names",
         fix="set rewards.workers ≥ 1, or placement.rewards_node to null",
@@ -215,6 +218,33 @@ CAPABILITIES: tuple[Capability, ...] = (
         honoured=lambda cfg: cfg.rewards.workers >= 1,
         instead=_no_reward_pool,
         harmless=True,
+    ),
+    *(
+        _switched(
+            f"lora.{name}",
+            "lora.enabled",
+            lambda cfg: cfg.lora.enabled,
+            "a run that trains LoRA adapters (lora.enabled true)",
+            f"set lora.enabled to true, or leave lora.{name} at its default",
+        )
+        for name in ("rank", "alpha", "target_modules", "dropout")
+    ),
+    *(
+        _switched(
+            f"eval.{name}",
+            "eval.every_steps",
+            lambda cfg: cfg.eval.every_steps > 0,
+            "a run that evaluates on held-out prompts (eval.every_steps ≥ 1)",
+            f"set eval.every_steps ≥ 1, or leave eval.{name} at its default",
+        )
+        for name in ("num_prompts", "k", "temperature")
+    ),
+    _switched(
+        "trainer.dynamic_sampling_max_batches",
+        "trainer.dynamic_sampling",
+        lambda cfg: cfg.trainer.dynamic_sampling,
+        "dynamic sampling (trainer.dynamic_sampling true), which draws up to that many batches for one step",
+        "set trainer.dynamic_sampling to true, or leave trainer.dynamic_sampling_max_batches at its default",
     ),
 )
 
