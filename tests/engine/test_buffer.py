@@ -59,13 +59,17 @@ def test_put_blocks_while_full_and_reports_seconds_blocked():
     result = {}
     producer = threading.Thread(target=lambda: result.setdefault("blocked", buf.put(group("c"))))
     producer.start()
+    deadline = time.monotonic() + 10
+    while buf.blocked_puts != 1:  # the producer is blocked: only then does room come, 0.3 s later
+        assert time.monotonic() < deadline, "the producer never blocked"
+        time.sleep(0.005)
     time.sleep(0.3)
     assert producer.is_alive() and buf.depth == 2  # backpressure: still waiting
     assert [g.group_id for g in buf.get(1, current_version=0)] == ["a"]
-    producer.join(timeout=2)
-    assert not producer.is_alive()
-    assert result["blocked"] >= 0.25
-    assert buf.backpressure_s >= 0.25
+    producer.join(timeout=10)
+    assert not producer.is_alive() and buf.blocked_puts == 0
+    assert result["blocked"] >= 0.3
+    assert buf.backpressure_s >= 0.3
     assert [g.group_id for g in buf.get(2, current_version=0)] == ["b", "c"]
 
 

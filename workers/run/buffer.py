@@ -181,11 +181,19 @@ class RolloutBuffer:
         self.total_got = 0
         self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
         self.starved_s = 0.0  # cumulative seconds consumers spent waiting for fresh groups
+        self._blocked_puts = 0  # producers waiting in `put` for room now
 
     @property
     def depth(self) -> int:
         with self._cond:
             return len(self._groups)
+
+    @property
+    def blocked_puts(self) -> int:
+        """Producers waiting in `put` for room now: what a test waits on to free room only
+        once a producer is blocked, rather than hoping a thread got there in time."""
+        with self._cond:
+            return self._blocked_puts
 
     @property
     def capacity(self) -> int | None:
@@ -317,7 +325,12 @@ class RolloutBuffer:
                 self.total_put += 1
                 self._cond.notify_all()
                 return 0.0
-            if not self._cond.wait_for(self._has_room, timeout):
+            self._blocked_puts += 1
+            try:
+                room = self._cond.wait_for(self._has_room, timeout)
+            finally:
+                self._blocked_puts -= 1
+            if not room:
                 self.backpressure_s += time.monotonic() - start
                 raise queue.Full(f"rollout buffer full ({self._capacity} groups) for {timeout}s")
             blocked = time.monotonic() - start
