@@ -52,6 +52,15 @@ def test_offer_takes_what_fits_in_order_without_blocking():
     assert RolloutBuffer(capacity_groups=None, max_staleness=1).offer([group(str(i)) for i in range(50)]) == 50
 
 
+def wait_until_blocked(count) -> None:
+    """Until `count()` (the buffer's blocked producers or consumers) is 1: the thread under
+    test is waiting inside the buffer, whenever the host got it there."""
+    deadline = time.monotonic() + 10
+    while count() != 1:
+        assert time.monotonic() < deadline, "the thread never blocked in the buffer"
+        time.sleep(0.005)
+
+
 def test_put_blocks_while_full_and_reports_seconds_blocked():
     buf = RolloutBuffer(capacity_groups=2, max_staleness=1)
     buf.put(group("a"))
@@ -59,10 +68,7 @@ def test_put_blocks_while_full_and_reports_seconds_blocked():
     result = {}
     producer = threading.Thread(target=lambda: result.setdefault("blocked", buf.put(group("c"))))
     producer.start()
-    deadline = time.monotonic() + 10
-    while buf.blocked_puts != 1:  # the producer is blocked: only then does room come, 0.3 s later
-        assert time.monotonic() < deadline, "the producer never blocked"
-        time.sleep(0.005)
+    wait_until_blocked(lambda: buf.blocked_puts)  # then room is freed 0.3 s later
     time.sleep(0.3)
     assert producer.is_alive() and buf.depth == 2  # backpressure: still waiting
     assert [g.group_id for g in buf.get(1, current_version=0)] == ["a"]
@@ -199,9 +205,15 @@ def test_get_counts_consumer_starved_time():
     buf = RolloutBuffer(2, max_staleness=1)
     with pytest.raises(queue.Empty):
         buf.get(1, current_version=0, timeout=0.2)
-    threading.Timer(0.2, lambda: buf.put(group("late"))).start()
-    buf.get(1, current_version=0, timeout=2)
-    assert buf.starved_s >= 0.35
+    assert buf.starved_s >= 0.2 and buf.blocked_gets == 0
+    consumer = threading.Thread(target=lambda: buf.get(1, current_version=0, timeout=10))
+    consumer.start()
+    wait_until_blocked(lambda: buf.blocked_gets)  # then the group comes 0.2 s later
+    time.sleep(0.2)
+    buf.put(group("late"))
+    consumer.join(timeout=10)
+    assert not consumer.is_alive() and buf.depth == 0
+    assert buf.starved_s >= 0.4
 
 
 def test_the_gate_is_areal_capacity_rule():

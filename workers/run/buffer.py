@@ -182,6 +182,7 @@ class RolloutBuffer:
         self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
         self.starved_s = 0.0  # cumulative seconds consumers spent waiting for fresh groups
         self._blocked_puts = 0  # producers waiting in `put` for room now
+        self._blocked_gets = 0  # consumers waiting in `get` for groups now
 
     @property
     def depth(self) -> int:
@@ -194,6 +195,12 @@ class RolloutBuffer:
         once a producer is blocked, rather than hoping a thread got there in time."""
         with self._cond:
             return self._blocked_puts
+
+    @property
+    def blocked_gets(self) -> int:
+        """Consumers waiting in `get` for groups now (as `blocked_puts`, for a test)."""
+        with self._cond:
+            return self._blocked_gets
 
     @property
     def capacity(self) -> int | None:
@@ -387,7 +394,11 @@ class RolloutBuffer:
 
         start = time.monotonic()
         with self._cond:
-            ok = self._cond.wait_for(ready, timeout)
+            self._blocked_gets += 1
+            try:
+                ok = self._cond.wait_for(ready, timeout)
+            finally:
+                self._blocked_gets -= 1
             self.starved_s += time.monotonic() - start
             if not ok:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
