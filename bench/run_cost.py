@@ -74,11 +74,14 @@ def role(cmdline: str) -> str | None:
 @dataclass
 class Sampler:
     """Reads /proc every `interval_s`: each process's CPU seconds since the sampler began
-    (all of them for a process started since) and its last command line."""
+    (all of them for a process started since), its last command line and its parent.
+    Only this process's descendants count (its Ray cluster's raylet, GCS and workers):
+    another cluster on the host, such as a test suite's, is not this bench's."""
 
     interval_s: float = 0.25
     cpu: dict[int, float] = field(default_factory=dict)
     cmd: dict[int, str] = field(default_factory=dict)
+    parent: dict[int, int] = field(default_factory=dict)
     _base: dict[int, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -108,6 +111,7 @@ class Sampler:
             except OSError:
                 continue  # gone between the listing and the read
             self.cpu[pid] = (int(fields[11]) + int(fields[12])) / tick - self._base.get(pid, 0.0)  # utime + stime
+            self.parent[pid] = int(fields[1])
             if cmdline:
                 self.cmd[pid] = cmdline
 
@@ -115,11 +119,42 @@ class Sampler:
         """{role: {"processes": n, "cpu_s": total}} over the processes seen."""
         out: dict[str, dict[str, float]] = defaultdict(lambda: {"processes": 0, "cpu_s": 0.0})
         for pid, seconds in self.cpu.items():
+            if not self.descends(pid, os.getpid()):
+                continue
             name = role(self.cmd.get(pid, ""))
             if name is not None:
                 out[name]["processes"] += 1
                 out[name]["cpu_s"] += seconds
         return dict(out)
+
+    def descends(self, pid: int, root: int) -> bool:
+        """Whether `pid` was seen below `root` (through parents seen alive)."""
+        for _ in range(64):
+            if pid == root:
+                return True
+            if pid not in self.parent:
+                return False
+            pid = self.parent[pid]
+        return False
+
+
+ACTOR_ROLES = {name for _, name in ROLES if not name.startswith("idle")}
+
+
+def wait_for_actors_to_exit(timeout_s: float = 120.0) -> None:
+    """Until no process below this one holds a run's actor (a killed driver's process
+    can outlive its kill by seconds on a loaded host)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sampler = Sampler()
+        sampler._sample()
+        if not any(
+            role(sampler.cmd.get(pid, "")) in ACTOR_ROLES for pid in sampler.cpu if sampler.descends(pid, os.getpid())
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"a run's actor processes were still there after {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 def _pids() -> list[int]:
@@ -171,11 +206,11 @@ def measure_runs(runs: int, cache_dir: str) -> tuple[dict, list[float]]:
     init_local_ray(NAMESPACE)
     try:
         one(1)  # builds the warm start and warms the caches: not counted
-        time.sleep(2)  # its actors exit
+        wait_for_actors_to_exit()  # none of its processes is counted
         sampler = Sampler()
         sampler.start()
         walls = [one(2 + i) for i in range(runs)]
-        time.sleep(2)  # the last run's actors exit and are read once more
+        wait_for_actors_to_exit()  # the last run's processes, read until they are gone
         sampler.stop()
     finally:
         ray.shutdown()
@@ -194,8 +229,9 @@ def table(roles: dict, runs: int, imports: dict[str, float]) -> list[str]:
             f"  {name:<32} {r['processes'] / runs:>13.1f} {r['cpu_s'] / runs:>10.2f} {r['cpu_s'] / total:>6.0%}"
         )
     lines.append(f"  {'all':<32} {'':>13} {total / runs:>10.2f}")
-    lines += ["", "CPU seconds of a fresh interpreter importing (median):"]
-    lines += [f"  {name:<54} {seconds:>6.2f}" for name, seconds in imports.items()]
+    if imports:
+        lines += ["", "CPU seconds of a fresh interpreter importing (median):"]
+        lines += [f"  {name:<54} {seconds:>6.2f}" for name, seconds in imports.items()]
     return lines
 
 

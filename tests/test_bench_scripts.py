@@ -904,6 +904,8 @@ def test_run_cost_counts_a_process_under_the_role_it_ended_in():
     assert lines[2].split() == ["trainer", "1.0", "9.00", "90%"] and lines[4].split() == ["all", "10.00"]
     assert lines[-1].split() == ["torch", "2.50"]
     assert 0 < rc.import_cpu("pass", 1) < 5  # a bare interpreter, its own CPU counted
+    sampler = rc.Sampler(parent={11: 10, 12: 11, 21: 20})  # 10 → 11 → 12; 20 → 21 (another tree)
+    assert sampler.descends(12, 10) and sampler.descends(10, 10) and not sampler.descends(21, 10)
 
 
 def test_run_cost_refuses_bad_flags_naming_them():
