@@ -86,7 +86,7 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        self._sample()
+        self.sample()
         self._base, self.cpu = dict(self.cpu), {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -94,13 +94,14 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self.sample()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
+            self.sample()
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        """Reads every process once."""
         tick = os.sysconf("SC_CLK_TCK")
         for pid in _pids():
             try:
@@ -147,7 +148,7 @@ def wait_for_actors_to_exit(timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         sampler = Sampler()
-        sampler._sample()
+        sampler.sample()
         if not any(
             role(sampler.cmd.get(pid, "")) in ACTOR_ROLES for pid in sampler.cpu if sampler.descends(pid, os.getpid())
         ):
