@@ -724,7 +724,10 @@ class SyncConfig(_Section):
         "those, any other the whole version.",
     )
     timeout_s: float = Field(
-        120.0, gt=0, description="collective: how long a rank waits for the others (rendezvous, broadcast)."
+        120.0,
+        gt=0,
+        description="How long the trainer and the inference workers may take to connect their sync (every "
+        "protocol), and a collective's rank to wait for the others (rendezvous, broadcast).",
     )
     update_mode: UpdateMode = Field(
         "drain",
