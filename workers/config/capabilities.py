@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from workers.config.run_config import RunConfig
 
+# What a field is set against: one default config, built once at import.
+_DEFAULT = RunConfig()
+
 # InferenceConfig's fields that are vLLM's engine arguments (null: the default per device).
 VLLM_ENGINE_KNOBS = (
     "enforce_eager",
@@ -37,19 +40,22 @@ VLLM_ENGINE_KNOBS = (
 
 @dataclass(frozen=True)
 class Capability:
-    """`field` (dotted) is read only where `honoured(cfg)`; `is_set(cfg)` says whether a
-    config sets it; `reader` names what reads it, `instead(cfg)` what the run uses
-    instead, `fix` how to stop setting it."""
+    """`field` (dotted) is read only where `honoured(cfg)`; `reader` names what reads it,
+    `instead(cfg)` what the run uses instead, `fix` how to stop setting it."""
 
     field: str
     reader: str
     fix: str
-    is_set: Callable[[RunConfig], bool]
     honoured: Callable[[RunConfig], bool]
     instead: Callable[[RunConfig], str]
     # True: the run is the same whether or not the field is read, so a launch setting it
     # where nothing reads it is warned, not refused.
     harmless: bool = False
+
+    def is_set(self, cfg: RunConfig) -> bool:
+        """Whether `cfg` gives the field other than its default (module doc)."""
+        section, name = self.field.split(".")
+        return getattr(getattr(cfg, section), name) != getattr(getattr(_DEFAULT, section), name)
 
     def sentence(self, cfg: RunConfig) -> str | None:
         """What a launch of `cfg` is told about the field, or None where it is unset or read."""
@@ -70,14 +76,6 @@ def _protocol(cfg: RunConfig) -> str:
     return f"this run's sync.protocol is {cfg.sync.protocol!r}"
 
 
-def _changed(dotted: str) -> Callable[[RunConfig], bool]:
-    """`is_set` for a field whose default is a value: set where it differs from the
-    default RunConfig's (read from the model, so the two cannot drift apart)."""
-    section, name = dotted.split(".")
-    default = getattr(getattr(RunConfig(), section), name)
-    return lambda cfg: getattr(getattr(cfg, section), name) != default
-
-
 def _no_reward_pool(cfg: RunConfig) -> str:
     return "this run has no reward pool (rewards.workers 0): its inference workers score their own groups"
 
@@ -93,13 +91,12 @@ def _flat_params_instead(cfg: RunConfig) -> str:
 
 
 def _switched(dotted: str, switch: str, on: Callable[[RunConfig], bool], reader: str, fix: str) -> Capability:
-    """A field its own section turns off: read only where `switch` (its field and value
-    in words) is on, and warned where it is off: the config says so itself."""
+    """A field its own section turns off: read only where `switch` (a field's name) is
+    on, and warned where it is off: the config says so itself."""
     return Capability(
         field=dotted,
         reader=reader,
         fix=fix,
-        is_set=_changed(dotted),
         honoured=on,
         instead=lambda cfg: f"this run's {switch} is off",
         harmless=True,
@@ -111,7 +108,6 @@ def _knob(name: str) -> Capability:
         field=f"inference.{name}",
         reader="vLLM's engine (inference.backend 'vllm')",
         fix=f"set inference.backend to 'vllm', or inference.{name} to null",
-        is_set=lambda cfg: getattr(cfg.inference, name) is not None,
         honoured=_vllm,
         instead=_backend,
     )
@@ -123,7 +119,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="inference.tensor_parallel_size",
         reader="vLLM (inference.backend 'vllm'), which splits a worker's model over several devices",
         fix="set inference.backend to 'vllm', or tensor_parallel_size to 1 and raise inference.num_workers instead",
-        is_set=lambda cfg: cfg.inference.tensor_parallel_size > 1,
         honoured=_vllm,
         instead=_backend,
     ),
@@ -131,7 +126,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="rewards.chunk_tokens",
         reader="the pipelined reward stage (rewards.mode 'pipelined'), which streams completions in chunks",
         fix="set rewards.mode to 'pipelined' (with rewards.workers ≥ 1), or rewards.chunk_tokens to 0",
-        is_set=lambda cfg: cfg.rewards.chunk_tokens > 0,
         honoured=lambda cfg: cfg.rewards.mode == "pipelined",
         instead=lambda cfg: f"this run's rewards.mode is {cfg.rewards.mode!r}",
     ),
@@ -139,7 +133,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="rewards.verifier_cost_ms_per_token",
         reader="reward workers scoring with the verifier (rewards.workers ≥ 1, rewards.scorer 'verifier')",
         fix="set rewards.workers ≥ 1 with rewards.scorer 'verifier', or rewards.verifier_cost_ms_per_token to 0",
-        is_set=lambda cfg: cfg.rewards.verifier_cost_ms_per_token > 0,
         honoured=lambda cfg: cfg.rewards.workers >= 1 and cfg.rewards.scorer == "verifier",
         instead=lambda cfg: (
             "this run's inference workers score their own groups (rewards.workers 0)"
@@ -152,7 +145,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="inference.gpu_memory_utilization",
         reader="vLLM on GPUs (inference.backend 'vllm', placement.devices 'gpu'), which takes that share of a GPU",
         fix="leave inference.gpu_memory_utilization at its default, or run vLLM on GPUs",
-        is_set=_changed("inference.gpu_memory_utilization"),
         honoured=lambda cfg: _vllm(cfg) and cfg.placement.devices == "gpu",
         instead=lambda cfg: _backend(cfg) if not _vllm(cfg) else "this run's placement.devices is 'cpu'",
         harmless=True,
@@ -161,7 +153,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="sync.packed",
         reader="a collective (sync.protocol 'collective'), which broadcasts in buckets or tensor by tensor",
         fix="leave sync.packed at true, or set sync.protocol to 'collective'",
-        is_set=_changed("sync.packed"),
         honoured=lambda cfg: cfg.sync.protocol == "collective",
         instead=_protocol,
         harmless=True,
@@ -173,7 +164,6 @@ CAPABILITIES: tuple[Capability, ...] = (
             "'collective', sync.packed, trainer.backend not 'fsdp2', inference.backend 'torch')"
         ),
         fix="leave sync.flat_params at true",
-        is_set=_changed("sync.flat_params"),
         honoured=lambda cfg: (
             cfg.sync.protocol == "collective"
             and cfg.sync.packed
@@ -187,7 +177,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="sync.directory",
         reader="the filesystem protocol (sync.protocol 'filesystem'), which writes each version there",
         fix="set sync.protocol to 'filesystem', or sync.directory to null",
-        is_set=lambda cfg: cfg.sync.directory is not None,
         honoured=lambda cfg: cfg.sync.protocol == "filesystem",
         instead=_protocol,
         harmless=True,
@@ -196,7 +185,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="sync.keep_versions",
         reader="the filesystem protocol (sync.protocol 'filesystem'), which keeps that many versions on disk",
         fix="set sync.protocol to 'filesystem', or leave sync.keep_versions at its default",
-        is_set=_changed("sync.keep_versions"),
         honoured=lambda cfg: cfg.sync.protocol == "filesystem",
         instead=_protocol,
         harmless=True,
@@ -205,7 +193,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="rewards.cpus_per_worker",
         reader="a reward pool (rewards.workers ≥ 1), whose workers each ask Ray for that many CPUs",
         fix="set rewards.workers ≥ 1, or leave rewards.cpus_per_worker at its default",
-        is_set=_changed("rewards.cpus_per_worker"),
         honoured=lambda cfg: cfg.rewards.workers >= 1,
         instead=_no_reward_pool,
         harmless=True,
@@ -214,7 +201,6 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="placement.rewards_node",
         reader="a reward pool (rewards.workers ≥ 1), whose workers go to the nodes it names",
         fix="set rewards.workers ≥ 1, or placement.rewards_node to null",
-        is_set=lambda cfg: cfg.placement.rewards_node is not None,
         honoured=lambda cfg: cfg.rewards.workers >= 1,
         instead=_no_reward_pool,
         harmless=True,
