@@ -39,7 +39,7 @@ from workers.model.tokenizer import CharTokenizer, load_tokenizer
 from workers.rollout.context import context_tokens
 from workers.rollout.task_data import DatasetError
 from workers.run import placement
-from workers.run.colocation import shared_gpu
+from workers.run.colocation import SharedGpu, shared_gpu
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -286,11 +286,14 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     rows = min(rows, tc.micro_batch_rows or rows)
     width = 2 if tc.dtype == "bfloat16" else 4
     per_layer = rows * seq * ACTIVATION_BYTES_PER_HIDDEN * h * width // 2
+    # Checkpointed, a layer's activations live only while it is recomputed, but every
+    # layer's input waits for its backward (the H200's colocated turns measured them).
+    checkpoints = rows * seq * h * width * n if tc.gradient_checkpointing else 0
     trainer_parts = {
         "weights": params * FLOAT_BYTES // sharded + (2 * params * FLOAT_BYTES // max(n, 1) if sharded > 1 else 0),
         "gradients and AdamW state": trained * OPTIMIZER_COPIES * FLOAT_BYTES // sharded,
         "KL reference": params * FLOAT_BYTES if tc.kl_coef and not cfg.lora.enabled else 0,
-        "activations": per_layer * (1 if tc.gradient_checkpointing else n),
+        "activations": per_layer * (1 if tc.gradient_checkpointing else n) + checkpoints,
         "logits": 2 * rows * seq * v * width + LOGPROB_CHUNK_BYTES,
         "CUDA": CUDA_PROCESS_BYTES,
     }
@@ -304,6 +307,26 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     return GpuDemand(sum(trainer_parts.values()), sum(inference_parts.values()), trainer_parts, inference_parts)
 
 
+def trainer_resident(need: GpuDemand) -> int:
+    """What a trainer rank keeps on its GPU between steps when it takes turns with vLLM:
+    its weights (and KL reference) and CUDA context; the optimizer state, gradients and
+    activations are what it offloads or frees (workers/train/offload.py)."""
+    return sum(need.trainer_parts[k] for k in ("weights", "KL reference", "CUDA"))
+
+
+def colocated_gpu(
+    cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, int] | None = None, level: int | None = None
+) -> SharedGpu:
+    """One GPU a vLLM worker and a trainer rank share (placement.mode 'colocated'), phase
+    by phase, at inference.sleep_level (or `level`): vLLM holds its share
+    (inference.gpu_memory_utilization of `gpu_memory_bytes`) while awake and its CUDA
+    context while asleep."""
+    need = gpu_demand(cfg, shape)
+    share = int(cfg.inference.gpu_memory_utilization * gpu_memory_bytes)
+    level = cfg.inference.sleep_level if level is None else level
+    return shared_gpu(level, share, CUDA_PROCESS_BYTES, need.trainer, trainer_resident(need))
+
+
 def _parts(parts: dict[str, int]) -> str:
     return ", ".join(f"{name} {_gib(b)}" for name, b in parts.items() if b)
 
@@ -313,6 +336,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
     (`gpu_demand`) on GPUs of `gpu_memory_bytes` each."""
     if cfg.placement.devices != "gpu" or not gpu_memory_bytes:
         return {}
+    shape = shape or model_shape(cfg)  # read once: the checkpoint's headers
     need, have = gpu_demand(cfg, shape), _gib(gpu_memory_bytes)
     errors: dict[str, str] = {}
     vllm = cfg.inference.backend == "vllm"
@@ -325,10 +349,8 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
         trainer_room = gpu_memory_bytes - (inference_room if vllm else need.inference)
         shared = " beside its colocated inference worker"
     if cfg.placement.mode == "colocated" and vllm:
-        # The trainer keeps its weights (and KL reference) between steps; the optimizer
-        # state, gradients and activations are what it offloads or frees.
-        resident = sum(need.trainer_parts[k] for k in ("weights", "KL reference", "CUDA"))
-        turns = shared_gpu(1, int(inference_room), CUDA_PROCESS_BYTES, need.trainer, resident)
+        resident = trainer_resident(need)
+        turns = colocated_gpu(cfg, gpu_memory_bytes, shape, level=1)
         if level:
             # Time-shared: the trainer's step has the GPU but for a sleeping vLLM's context.
             trainer_room, shared = gpu_memory_bytes - CUDA_PROCESS_BYTES, " beside its sleeping inference worker"
@@ -340,7 +362,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
                     f"the GPU has {have}: lower inference.gpu_memory_utilization"
                 )
         elif need.trainer > trainer_room and turns.peak <= gpu_memory_bytes:
-            both = shared_gpu(0, int(inference_room), CUDA_PROCESS_BYTES, need.trainer, resident)
+            both = colocated_gpu(cfg, gpu_memory_bytes, shape, level=0)
             errors["inference.sleep_level"] = (
                 f"vLLM's share and the trainer's step need {_gib(both.peak)} of one GPU at once; the GPU has {have}. "
                 f"Taking turns (vLLM asleep while the trainer steps) needs {_gib(turns.peak)}: set "
