@@ -287,7 +287,7 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     width = 2 if tc.dtype == "bfloat16" else 4
     per_layer = rows * seq * ACTIVATION_BYTES_PER_HIDDEN * h * width // 2
     # Checkpointed, a layer's activations live only while it is recomputed, but every
-    # layer's input waits for its backward (the H200's colocated turns measured them).
+    # layer's input is kept until its backward.
     checkpoints = rows * seq * h * width * n if tc.gradient_checkpointing else 0
     trainer_parts = {
         "weights": params * FLOAT_BYTES // sharded + (2 * params * FLOAT_BYTES // max(n, 1) if sharded > 1 else 0),
