@@ -250,6 +250,20 @@ def test_colocated_the_trainer_gets_what_vllm_leaves_of_the_gpu():
     assert "beside its colocated inference worker" in gpu_memory_errors(whole, H100, QWEN_7B)["trainer.backend"]
 
 
+def test_a_cuda_ipc_sender_into_the_torch_backend_keeps_a_version_on_the_trainers_gpu():
+    """The project's own sender keeps the newest version until its next send (an H200 run
+    found it standing where vLLM's KV cache had to wake); vLLM's ipc engine frees it."""
+    colocated = {"devices": "gpu", "mode": "colocated"}
+    torch_ipc = on_h100s(placement=colocated, sync={"protocol": "cuda_ipc"}, inference={"backend": "torch"})
+    assert gpu_demand(torch_ipc, QWEN_7B).trainer_parts["sync buffer"] == QWEN_7B["params"] * 2  # bf16
+    into_vllm = on_h100s(placement=colocated, sync={"protocol": "cuda_ipc"}, inference={"backend": "vllm"})
+    by_store = on_h100s(placement=colocated, inference={"backend": "torch"})
+    assert gpu_demand(into_vllm, QWEN_7B).trainer_parts["sync buffer"] == 0
+    assert gpu_demand(by_store, QWEN_7B).trainer_parts["sync buffer"] == 0
+    kept = gpu_demand(torch_ipc, QWEN_7B).trainer - gpu_demand(by_store, QWEN_7B).trainer
+    assert kept == QWEN_7B["params"] * 2
+
+
 def colocated_7b_lora(level: int, utilization: float = 0.6) -> RunConfig:
     return on_h100s(
         mode="sync",

@@ -273,7 +273,8 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     moments of the trained parameters (fsdp2: 1/N of each, plus the layers it gathers),
     the frozen KL reference when trainer.kl_coef > 0 without LoRA (a whole float32 copy
     on every rank; with LoRA the base is the reference, no copy),
-    the activations of one micro-batch (checkpointed: a layer's worth) and its logits;
+    the activations of one micro-batch (checkpointed: a layer's worth and every layer's
+    input) and its logits, and the version a cuda_ipc sender keeps;
     inference: the weights in inference.dtype and the KV cache of its share of a batch
     (vLLM takes inference.gpu_memory_utilization of the GPU whatever it holds)."""
     shape = shape or model_shape(cfg)
@@ -289,15 +290,20 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     # Checkpointed, a layer's activations live only while it is recomputed, but every
     # layer's input is kept until its backward.
     checkpoints = rows * seq * h * width * n if tc.gradient_checkpointing else 0
+    dtype = 2 if inf.dtype in ("bfloat16", "auto") else 4
+    # The project's own cuda_ipc sender (into the torch backend) keeps the newest version
+    # in inference.dtype until its next send; vLLM's ipc engine frees its exports once
+    # the worker has loaded them.
+    kept = params * dtype if cfg.sync.protocol == "cuda_ipc" and inf.backend == "torch" else 0
     trainer_parts = {
         "weights": params * FLOAT_BYTES // sharded + (2 * params * FLOAT_BYTES // max(n, 1) if sharded > 1 else 0),
         "gradients and AdamW state": trained * OPTIMIZER_COPIES * FLOAT_BYTES // sharded,
         "KL reference": params * FLOAT_BYTES if tc.kl_coef and not cfg.lora.enabled else 0,
         "activations": per_layer * (1 if tc.gradient_checkpointing else n) + checkpoints,
         "logits": 2 * rows * seq * v * width + LOGPROB_CHUNK_BYTES,
+        "sync buffer": kept,
         "CUDA": CUDA_PROCESS_BYTES,
     }
-    dtype = 2 if inf.dtype in ("bfloat16", "auto") else 4
     share = math.ceil(tc.batch_groups / inf.num_workers) * tc.group_size
     inference_parts = {
         "weights": params * dtype // inf.tensor_parallel_size,
@@ -309,9 +315,10 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
 
 def trainer_resident(need: GpuDemand) -> int:
     """What a trainer rank keeps on its GPU between steps when it takes turns with vLLM:
-    its weights (and KL reference) and CUDA context; the optimizer state, gradients and
-    activations are what it offloads or frees (workers/train/offload.py)."""
-    return sum(need.trainer_parts[k] for k in ("weights", "KL reference", "CUDA"))
+    its weights (and KL reference), a sync buffer it keeps, and its CUDA context; the
+    optimizer state, gradients and activations are what it offloads or frees
+    (workers/train/offload.py)."""
+    return sum(need.trainer_parts[k] for k in ("weights", "KL reference", "sync buffer", "CUDA"))
 
 
 def colocated_gpu(
