@@ -451,20 +451,25 @@ def test_schedulers_running_at_once_never_schedule_more_than_the_limit(driver, l
 
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (DATABASE_URL): SQLite serializes every writer anyway")
+    import contextlib
     import threading
-    import time
 
     from django.db import close_old_connections
 
     runs = [make_run(name=f"r{k}") for k in range(6)]
     real = queue.queued_in_order
+    # Without the scheduler's lock, the barrier makes all four read the queue before any
+    # claims a run (the over-scheduling this test exists to catch, made certain); with it,
+    # the first reader waits alone, the barrier breaks, and the rest read one by one.
+    all_read = threading.Barrier(4, timeout=2.0)
 
-    def slow_read(**kwargs):
+    def read_together(**kwargs):
         found = real(**kwargs)
-        time.sleep(0.3)  # every scheduler has read the queue before any has scheduled
+        with contextlib.suppress(threading.BrokenBarrierError):
+            all_read.wait()
         return found
 
-    monkeypatch.setattr(queue, "queued_in_order", slow_read)
+    monkeypatch.setattr(queue, "queued_in_order", read_together)
     scheduled: list[int] = []
 
     def scheduler():
