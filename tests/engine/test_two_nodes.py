@@ -42,6 +42,9 @@ REPO = Path(__file__).resolve().parents[2]
 SPLIT = {
     "placement": {"inference_node": "pool=rollout", "trainer_node": "pool=train"},
     "trainer": {"num_ranks": 2, "backend": "ddp"},
+    # Where the actors run and what crosses the nodes does not depend on what the policy
+    # knows: a token warm start, not the preset's 400 supervised steps.
+    "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
 }
 
 
