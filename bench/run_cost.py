@@ -183,8 +183,9 @@ def tiny_run_config() -> dict:
     }
 
 
-def measure_runs(runs: int, cache_dir: str) -> tuple[dict, list[float]]:
-    """CPU by role over `runs` runs (after one uncounted run), and each run's wall seconds."""
+def measure_runs(runs: int, cache_dir: str, warm_up: bool = True) -> tuple[dict, list[float]]:
+    """CPU by role over `runs` runs (after one uncounted run unless not `warm_up`), and
+    each run's wall seconds."""
     import ray
 
     from workers.core.run_actors import NAMESPACE, actor_name
@@ -206,8 +207,9 @@ def measure_runs(runs: int, cache_dir: str) -> tuple[dict, list[float]]:
 
     init_local_ray(NAMESPACE)
     try:
-        one(1)  # builds the warm start and warms the caches: not counted
-        wait_for_actors_to_exit()  # none of its processes is counted
+        if warm_up:
+            one(1)  # builds the warm start and warms the caches: not counted
+            wait_for_actors_to_exit()  # none of its processes is counted
         sampler = Sampler()
         sampler.start()
         walls = [one(2 + i) for i in range(runs)]
@@ -241,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs counted (after one that is not; default 3)")
     parser.add_argument("--import-repeats", type=int, default=3, help="fresh interpreters per import (default 3)")
     parser.add_argument("--no-imports", action="store_true", help="skip timing the imports")
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="count from the first run (its warm-start build lands in the driver's CPU): a smoke test",
+    )
     parser.add_argument("--cache-dir", default=None, help="the runs' warm-start cache (default: a fresh one)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -251,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir("/proc/self"):
         parser.error("this bench reads /proc: Linux only")
     with tempfile.TemporaryDirectory(prefix="rollway-run-cost-") as tmp:
-        roles, walls = measure_runs(args.runs, args.cache_dir or tmp)
+        roles, walls = measure_runs(args.runs, args.cache_dir or tmp, warm_up=not args.no_warm_up)
     imports = {} if args.no_imports else {n: import_cpu(c, args.import_repeats) for n, c in IMPORTS.items()}
     print("\n".join(table(roles, args.runs, imports)))
     print(f"\nwall seconds per run: {', '.join(f'{w:.1f}' for w in walls)}")

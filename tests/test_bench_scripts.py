@@ -916,7 +916,7 @@ def test_run_cost_refuses_bad_flags_naming_them():
 @pytest.mark.slow  # it starts Ray and runs the engine: not for the inner loop
 def test_run_cost_prints_each_actor_kind_per_run(tmp_path):
     out = tmp_path / "cost.json"
-    done = bench("run_cost.py", "--runs", "1", "--no-imports", "--json", str(out), timeout=600)
+    done = bench("run_cost.py", "--runs", "1", "--no-imports", "--no-warm-up", "--json", str(out), timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     roles = json.loads(out.read_text())["roles"]
     for name in ("driver", "trainer", "inference worker", "buffer"):
