@@ -150,15 +150,14 @@ def rollouts(b: int, g: int, prompt: int, completion: int, seed: int = 0):
     return groups
 
 
-def trainer_step(model_dir: str, params: int, args, device: torch.device, turns: bool = False) -> dict:
-    """The trainer's step; with `turns`, as a trainer taking turns with a sleeping vLLM
-    (inference.sleep_level 1): its AdamW moments in host memory between steps."""
+def trainer_config(model_dir: str, params: int, args, device: torch.device, sleep_level: int = 0):
+    """The benches' trainer: bf16 mixed precision, micro-batches, checkpointed; full
+    fine-tuning where AdamW's float32 state fits the GPU, LoRA r=32 otherwise."""
     from workers.config.run_config import RunConfig
-    from workers.train.trainer import Trainer
 
     total = torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else float("inf")
     lora = params * FULL_FT_BYTES_PER_PARAM > 0.7 * total
-    cfg = RunConfig.model_validate(
+    return RunConfig.model_validate(
         {
             "model": {"source": "path", "path": model_dir},
             "warm_start": {"steps": 0, "noisy_steps": 0},
@@ -171,9 +170,18 @@ def trainer_step(model_dir: str, params: int, args, device: torch.device, turns:
                 "lr": 1e-6,
             },
             "lora": {"enabled": lora, "rank": 32},
-            "inference": {"max_new_tokens": args.completion, "sleep_level": 1 if turns else 0},
+            "inference": {"max_new_tokens": args.completion, "sleep_level": sleep_level},
         }
     )
+
+
+def trainer_step(model_dir: str, params: int, args, device: torch.device, turns: bool = False) -> dict:
+    """The trainer's step; with `turns`, as a trainer taking turns with a sleeping vLLM
+    (inference.sleep_level 1): its AdamW moments in host memory between steps."""
+    from workers.train.trainer import Trainer
+
+    cfg = trainer_config(model_dir, params, args, device, sleep_level=1 if turns else 0)
+    lora = cfg.lora.enabled
     t0 = time.perf_counter()
     trainer = Trainer(cfg, model_dir, device=device)
     load_s = time.perf_counter() - t0

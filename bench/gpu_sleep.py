@@ -161,7 +161,6 @@ def cycle_case(model_dir: str, params: int, args, level: int) -> dict:
     import torch
     import torch.multiprocessing as mp
 
-    from workers.config.run_config import RunConfig
     from workers.model.lora import effective_state_dict
     from workers.sync.cuda_ipc import CudaIpcSender
     from workers.train.trainer import Trainer
@@ -177,24 +176,8 @@ def cycle_case(model_dir: str, params: int, args, level: int) -> dict:
         return _reply(replies, proc)
 
     pool = _reply(replies, proc)
-    total = torch.cuda.mem_get_info()[1]
-    lora = params * gpu_scale.FULL_FT_BYTES_PER_PARAM > 0.7 * total
-    cfg = RunConfig.model_validate(
-        {
-            "model": {"source": "path", "path": model_dir},
-            "warm_start": {"steps": 0, "noisy_steps": 0},
-            "trainer": {
-                "batch_groups": args.b,
-                "group_size": args.g,
-                "dtype": "bfloat16",
-                "micro_batch_rows": args.micro,
-                "gradient_checkpointing": True,
-                "lr": 1e-6,
-            },
-            "lora": {"enabled": lora, "rank": 32},
-            "inference": {"max_new_tokens": args.completion, "sleep_level": level},
-        }
-    )
+    cfg = gpu_scale.trainer_config(model_dir, params, args, torch.device("cuda"), sleep_level=level)
+    lora = cfg.lora.enabled
     trainer = Trainer(cfg, model_dir, device=torch.device("cuda"))
     assert trainer.offload is not None, "a CUDA trainer at sleep_level ≥ 1 offloads its moments"
     sender = CudaIpcSender(wire_dtype=torch.bfloat16)
