@@ -73,13 +73,13 @@ COLUMNS = (
     ("model", "model", "{}"),
     ("inference", "inference", "{}"),
     ("placement", "placement", "{}"),
-    ("generation tok/s", "vllm_tokens_per_s", "{:,.0f}"),
+    ("generation tok/s", "generation_tokens_per_s", "{:,.0f}"),
     ("trainer tok/s", "train_tokens_per_s", "{:,.0f}"),
     ("MFU", "mfu", "{:.1%}"),
     ("sync ms", "sync_ms", None),  # per engine: "rollway_memory 12.3"
     ("sleep s", "sleep_s", "{:.2f}"),
     ("wake s", "wake_s", "{:.2f}"),
-    ("inference peak GiB", "vllm_peak_gib", "{:.1f}"),
+    ("inference peak GiB", "inference_peak_gib", "{:.1f}"),
     ("trainer peak GiB", "trainer_peak_gib", "{:.1f}"),
     ("mismatch KL (staleness 0)", "mismatch_kl", "{:.2e}"),
     # MoE: the share of token × layer selections the trainer's router makes as the
@@ -103,19 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--placements", nargs="+", default=None, choices=PLACEMENTS)
     parser.add_argument("--engines", nargs="+", default=None, choices=ENGINES)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script")
-    parser.add_argument("--b", type=int, default=4, help="groups per trainer step")
-    parser.add_argument("--g", type=int, default=8, help="completions per group")
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--completion", type=int, default=256)
-    parser.add_argument("--micro", type=int, default=8, help="trainer.micro_batch_rows")
+    gpu_scale.add_workload(parser, b=4, completion=256)
     parser.add_argument("--steps", type=int, default=1, help="timed trainer steps (after one warm-up)")
     parser.add_argument("--gpu-share", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    for name in ("b", "g", "prompt", "completion", "micro", "steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)})")
+    gpu_scale.require_positive(parser, args, (*gpu_scale.WORKLOAD, "steps"))
     if not 0 < args.gpu_share < 1:
         parser.error(f"--gpu-share must be in (0, 1) (got {args.gpu_share}): vLLM shares the GPU with the trainer")
     if args.inference == "torch":
@@ -186,6 +180,12 @@ def _used_gib(device) -> float:
     return (total - free) / 2**30
 
 
+def _sleeps(args, device, placement: str) -> bool:
+    """Whether the case's inference backend sleeps through the trainer's step: vLLM,
+    colocated, on CUDA (vLLM-CPU and the torch backend have no sleep mode)."""
+    return args.inference == "vllm" and placement == "colocated" and device.type == "cuda"
+
+
 def _backend(model_dir: str, args, device, placement: str, engine: str):
     from workers.core.routing import router_shape
     from workers.model.loading import meta_model
@@ -198,8 +198,8 @@ def _backend(model_dir: str, args, device, placement: str, engine: str):
     from workers.config.run_config import InferenceConfig
     from workers.inference.vllm_backend import VLLMBackend
 
-    sleep = placement == "colocated" and device.type == "cuda"  # vLLM-CPU has no sleep mode
-    cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=args.gpu_share, sleep_level=1 if sleep else 0)
+    sleep_level = 1 if _sleeps(args, device, placement) else 0
+    cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=args.gpu_share, sleep_level=sleep_level)
     return VLLMBackend(
         model_dir,
         cfg,
@@ -227,7 +227,7 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
         before = _used_gib(device) if device.type == "cuda" else 0.0
         backend = _backend(model_dir, args, device, placement, engine)
         if device.type == "cuda":  # its weights and KV cache, allocated up front
-            row["vllm_peak_gib"] = _used_gib(device) - before
+            row["inference_peak_gib"] = _used_gib(device) - before
         if k == 0:
             backend.generate(prompts[:1], 1, 4, 1.0, 0)  # warm-up
             synchronize(device)
@@ -235,8 +235,8 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
             groups = backend.generate(prompts, args.g, args.completion, 1.0, 0)
             synchronize(device)
             completions = [c for group in groups for c in group]
-            row["vllm_tokens_per_s"] = sum(len(c.token_ids) for c in completions) / (time.perf_counter() - t0)
-        asleep = getattr(getattr(backend, "inference_cfg", None), "sleep_level", 0) > 0
+            row["generation_tokens_per_s"] = sum(len(c.token_ids) for c in completions) / (time.perf_counter() - t0)
+        asleep = _sleeps(args, device, placement)
         if asleep:
             t0 = time.perf_counter()
             backend.sleep()

