@@ -31,8 +31,18 @@ def skip_without_chromium() -> None:
         pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
 
 
+# Playwright's `expect` gives up after 5 s by default. A page that builds itself from a
+# fetch (Swagger UI from the OpenAPI schema, the charts from the metrics API) can take
+# longer on a 2-core host running the suite in parallel; a wait that long is a hang.
+EXPECT_TIMEOUT_MS = 30_000
+
+
 def launch(playwright):
-    """Headless Chromium from a `sync_playwright()` context."""
+    """Headless Chromium from a `sync_playwright()` context, with `expect` waiting as long
+    as the pages' actions do."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
 
 
