@@ -33,7 +33,7 @@ def skip_without_chromium() -> None:
 
 # Playwright's `expect` gives up after 5 s by default. A page that builds itself from a
 # fetch (Swagger UI from the OpenAPI schema, the charts from the metrics API) can take
-# longer on a 2-core host running the suite in parallel; a wait that long is a hang.
+# longer on a 2-core host running the suite in parallel; only a wait past 30 s is a hang.
 EXPECT_TIMEOUT_MS = 30_000
 
 
