@@ -923,3 +923,52 @@ def test_run_cost_prints_each_actor_kind_per_run(tmp_path):
         assert roles[name]["processes"] == 1 and roles[name]["cpu_s"] > 0, roles
         assert name in done.stdout
     assert "CPU seconds per run, over 1 run of 4 steps" in done.stdout
+
+
+# ---- suite_time ----------------------------------------------------------------------
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">
+<testsuite name="pytest" tests="4" time="50.5">
+<testcase classname="tests.engine.test_driver" name="test_a_run[x]@tests/engine/test_driver.py" time="30.0" />
+<testcase classname="tests.engine.test_driver" name="test_b" time="10.0" />
+<testcase classname="tests.platform.test_matrix.TestTwoTeams" name="test_cell[GET a]" time="6.0" />
+<testcase classname="tests.test_layout" name="test_c" time="4.0" />
+</testsuite></testsuites>
+"""
+
+
+def test_suite_time_sums_each_part_and_file_and_names_the_slowest(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    done = bench("suite_time.py", str(junit), "--tests", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert "pytest wall time 50 s (0.8 min); test time 50 s over 4 tests" in done.stdout
+    assert ["40", "s", "80%", "tests/engine"] in lines and ["6", "s", "12%", "tests/platform"] in lines
+    assert ["4", "s", "8%", "top-level"] in lines
+    assert ["40", "80%", "2", "tests/engine/test_driver.py"] in lines  # a test class is its file's
+    assert ["6", "12%", "1", "tests/platform/test_matrix.py"] in lines
+    assert lines[-1] == ["30.0", "s", "tests/engine/test_driver.py::test_a_run[x]"]  # xdist's @group dropped
+
+
+def test_suite_time_compares_each_file_with_an_earlier_run(tmp_path):
+    before, after = tmp_path / "before.xml", tmp_path / "after.xml"
+    before.write_text(JUNIT)
+    after.write_text(JUNIT.replace('time="30.0"', 'time="12.0"'))
+    done = bench("suite_time.py", str(after), "--compare", str(before), "--tests", "0")
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert ["22", "40", "-18", "2", "tests/engine/test_driver.py"] in lines
+    assert ["4", "4", "+0", "1", "tests/test_layout.py"] in lines
+    assert ["32", "50", "-18", "4", "all"] in lines
+
+
+def test_suite_time_refuses_a_missing_file_and_bad_flags_naming_them(tmp_path):
+    done = bench("suite_time.py", str(tmp_path / "nope.xml"))
+    assert done.returncode == 2 and "junit: cannot read" in done.stderr and "nope.xml" in done.stderr
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    done = bench("suite_time.py", str(junit), "--compare", str(tmp_path / "gone.xml"))
+    assert done.returncode == 2 and "--compare: cannot read" in done.stderr
+    done = bench("suite_time.py", str(junit), "--files", "-1")
+    assert done.returncode == 2 and "--files must be 0 or more" in done.stderr
