@@ -46,3 +46,25 @@ def test_the_compare_operation_adds_no_route_of_its_own(client_for, owner):
 
     assert resolve("/api/compare").func is views.api
     assert client_for(owner).get("/api/compare?runs=").status_code == 400
+
+
+def test_the_api_makes_its_schema_once_per_root_path_and_hands_out_copies(monkeypatch):
+    from ninja import NinjaAPI
+
+    from api.api import RollwayAPI
+
+    made = []
+    real = NinjaAPI.get_openapi_schema
+
+    def counting(self, **kwargs):
+        made.append(kwargs["path_prefix"])
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(NinjaAPI, "get_openapi_schema", counting)
+    fresh = RollwayAPI(title="t", urls_namespace="schema-cache-test")
+    first = fresh.get_openapi_schema(path_prefix="/a/")
+    first["paths"]["/added-by-a-caller"] = {}  # a caller's change stays in its copy
+    again = fresh.get_openapi_schema(path_prefix="/a/")
+    assert made == ["/a/"] and again["paths"] == {} and again["info"]["title"] == "t"
+    fresh.get_openapi_schema(path_prefix="/b/")
+    assert made == ["/a/", "/b/"]
