@@ -108,12 +108,11 @@ class RollwayAPI(NinjaAPI):
         while a JSON null is refused (the body must be an object).
 
         Made once per root path and copied out: ninja builds it anew from every route's
-        models at each call (about half a second of CPU for this API), while the routes
-        are fixed once the URLconf has loaded."""
+        models at each call (130 ms here for this API), while the routes are fixed once
+        the URLconf has loaded."""
         if path_prefix is None:
             path_prefix = self.get_root_path(path_params or {})
-        schemas = self._schemas
-        if path_prefix not in schemas:
+        if path_prefix not in self._schemas:
             schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
             for operations in schema["paths"].values():
                 for operation in operations.values():
@@ -121,8 +120,8 @@ class RollwayAPI(NinjaAPI):
                     options = media.get("schema", {}).get("anyOf", [])
                     if len(options) == 2 and {"type": "null"} in options:
                         media["schema"] = next(o for o in options if o != {"type": "null"})
-            schemas[path_prefix] = schema
-        return copy.deepcopy(schemas[path_prefix])
+            self._schemas[path_prefix] = schema
+        return copy.deepcopy(self._schemas[path_prefix])
 
 
 api = RollwayAPI(
