@@ -1,10 +1,19 @@
-"""What the whole suite shares: how `make test` spreads it over pytest-xdist workers."""
+"""What the whole suite shares: how `make test` spreads it over pytest-xdist workers, and
+the packages its processes hide from transformers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from workers.core import worker_process
+
+# Every pytest process collects test modules that import transformers' model classes,
+# which import scikit-learn and SciPy when they are installed; no test uses either. Hidden
+# here as a run's Ray workers hide them (workers/core/worker_process.py), before any test
+# module is imported.
+worker_process.setup()
 
 ENGINE = Path(__file__).parent / "engine"
 # Fixtures held for a module or class (a vLLM engine, a private PostgreSQL, a trained
