@@ -87,8 +87,9 @@ def report(suite: Suite, files: int, slowest: int, before: Suite | None = None) 
     if before is not None:
         was_total = sum(before.file_s.values())
         lines.append(f"  {total:6.0f}  {was_total:6.0f}  {total - was_total:+6.0f}  {len(suite.tests):5d}  all")
-    lines += ["", f"the {slowest} slowest tests:"]
-    lines += [f"  {seconds:6.1f} s  {name}" for seconds, name in sorted(suite.tests, reverse=True)[:slowest]]
+    if slowest:
+        lines += ["", f"the {slowest} slowest tests:"]
+        lines += [f"  {seconds:6.1f} s  {name}" for seconds, name in sorted(suite.tests, reverse=True)[:slowest]]
     return lines
 
 

@@ -961,6 +961,7 @@ def test_suite_time_compares_each_file_with_an_earlier_run(tmp_path):
     assert ["22", "40", "-18", "2", "tests/engine/test_driver.py"] in lines
     assert ["4", "4", "+0", "1", "tests/test_layout.py"] in lines
     assert ["32", "50", "-18", "4", "all"] in lines
+    assert "slowest" not in done.stdout  # --tests 0 leaves the list out
 
 
 def test_suite_time_refuses_a_missing_file_and_bad_flags_naming_them(tmp_path):
