@@ -273,11 +273,26 @@ def _check_saved_config(user, saved_config: Any, preset: str, errors: dict[str, 
     return None
 
 
+def _only_team(user, errors: dict[str, str]) -> Team | None:
+    """The team of a launch that names no place: the token's one team, or the person's
+    only team. With several (or none) the launch is refused, naming `experiment`."""
+    teams = list(Team.objects.for_user(user)[:2])
+    if len(teams) == 1:
+        return teams[0]
+    errors["experiment"] = (
+        "choose an experiment (or give a team to use its default one): you belong to several teams"
+        if teams
+        else "you belong to no team yet: ask a team's admin to add you"
+    )
+    return None
+
+
 def _check_place(
     user, experiment: Any, team: Any, saved: SavedConfig | None, errors: dict[str, str]
 ) -> tuple[Experiment | None, Team | None]:
     """Where the run lands: the experiment given, else the default experiment of the
-    team given or of the saved configuration's team. Launching there needs a role that
+    team given, of the saved configuration's team, or of the only team the user (or the
+    token) has. Launching there needs a role that
     may (Forbidden, raised at once)."""
     exp_obj = team_obj = None
     with collected(errors):
@@ -289,7 +304,7 @@ def _check_place(
         elif saved is not None:
             team_obj = saved.team
         else:
-            errors["experiment"] = "choose an experiment (or give a team to use its default one)"
+            team_obj = _only_team(user, errors)
     if team_obj is not None:
         roles.require(user, team_obj, "launch runs", field="experiment" if exp_obj else "team")
     if saved is not None and team_obj is not None and team_obj.pk != saved.team_id:

@@ -57,6 +57,25 @@ def test_a_script_launches_with_a_member_token_without_session_or_csrf(owner, ex
     assert post_json(session, "/api/runs", {"experiment": experiment.pk, "preset": "sync"}).status_code == 403
 
 
+def test_a_launch_that_names_no_place_goes_to_the_tokens_team_or_the_only_team(
+    owner, experiment, client_for, make_token, enqueued
+):
+    other = Team.objects.create(name="Second")
+    Membership.objects.create(team=other, user=owner, role=Role.ADMIN)
+    # The token has one team: the run goes to its default experiment.
+    r = post_json(Client(), "/api/runs", {"preset": "sync"}, **bearer(make_token(owner, "member")))
+    assert r.status_code == 201, r.content
+    assert Run.objects.get(pk=r.json()["id"]).experiment.team == experiment.team
+    # Signed in, the owner has two teams: the launch must say which.
+    r = post_json(client_for(owner), "/api/runs", {"preset": "sync"})
+    assert r.status_code == 400
+    assert r.json()["errors"]["experiment"].endswith("you belong to several teams")
+    Membership.objects.filter(team=other).delete()
+    r = post_json(client_for(owner), "/api/runs", {"preset": "sync"})
+    assert r.status_code == 201, r.content
+    assert Run.objects.get(pk=r.json()["id"]).experiment.team == experiment.team
+
+
 def test_a_token_acts_with_its_role_in_its_team_only(owner, experiment, make_run, make_token):
     mine = make_run()
     other = Team.objects.create(name="Second")
