@@ -727,6 +727,15 @@ def test_scale_out_refuses_bad_flags_naming_them():
     assert done.returncode == 2 and "--steps must be ≥ 3" in done.stderr
 
 
+def test_scale_out_runs_a_layout_and_prints_its_row(tmp_path):
+    out = tmp_path / "scale.json"
+    done = bench("scale_out.py", "--configs", "1r-1n", "--steps", "3", "--json", str(out), *TINY, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "1r-1n: done, step " in done.stdout
+    row = json.loads(out.read_text())["1r-1n"]
+    assert row["step_s"] > 0 and row["samples_per_s"] > 0
+
+
 def test_scale_out_figures_leave_step_one_out_and_split_each_ranks_time():
     scale_out = load("scale_out.py")
     series = {
@@ -973,3 +982,15 @@ def test_suite_time_refuses_a_missing_file_and_bad_flags_naming_them(tmp_path):
     assert done.returncode == 2 and "--compare: cannot read" in done.stderr
     done = bench("suite_time.py", str(junit), "--files", "-1")
     assert done.returncode == 2 and "--files must be 0 or more" in done.stderr
+
+
+# ---- trainer_step ------------------------------------------------------------------
+
+
+def test_trainer_step_prints_each_sides_phases():
+    done = bench("trainer_step.py", "--steps", "1", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert {"model forward", "model backward", "clip + AdamW", "step"} <= rows.keys()
+    assert "shared prompts: the model runs" in done.stdout
+    assert "less CPU time with shared prompts" in done.stdout

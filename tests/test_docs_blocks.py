@@ -31,8 +31,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"^(```|~~~)(\w*)\s*$")
-MARKER = re.compile(r"^<!-- docs-test: (.+?) -->\s*$")
+# A fence and its marker may be indented, inside a list item.
+FENCE = re.compile(r"^\s*(```|~~~)(\w*)\s*$")
+MARKER = re.compile(r"^\s*<!-- docs-test: (.+?) -->\s*$")
+LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+[.)])\s+")
 
 
 def blocks() -> list[tuple[str, int, str, str, str]]:
@@ -46,12 +48,36 @@ def blocks() -> list[tuple[str, int, str, str, str]]:
             if not m:
                 i += 1
                 continue
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(m.group(1)))
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith(m.group(1)))
             if m.group(2):
                 above = MARKER.match(lines[i - 1]) if i else None
                 marker = above.group(1) if above else ""
                 found.append((str(page.relative_to(REPO)), i + 1, m.group(2), marker, "\n".join(lines[i + 1 : end])))
             i = end + 1
+    return found
+
+
+def content_indent(line: str) -> int:
+    """Where a line's text starts: past a list item's marker, else its indentation."""
+    item = LIST_ITEM.match(line)
+    return item.end() if item else len(line) - len(line.lstrip())
+
+
+def indented_code() -> list[str]:
+    """`page:line` of every indented code block: a line after a blank one, indented four
+    or more past the text above it (Markdown's code block without a fence)."""
+    found = []
+    for page in PAGES:
+        lines, fenced = page.read_text().splitlines(), False
+        for i, line in enumerate(lines):
+            if FENCE.match(line):
+                fenced = not fenced
+                continue
+            if fenced or not line.strip() or i == 0 or lines[i - 1].strip():
+                continue
+            above = next((lines[j] for j in range(i - 2, -1, -1) if lines[j].strip()), "")
+            if len(line) - len(line.lstrip()) >= content_indent(above) + 4:
+                found.append(f"{page.relative_to(REPO)}:{i + 1}")
     return found
 
 
@@ -62,6 +88,11 @@ IDS = [f"{page}:{line}" for page, line, *_ in BLOCKS]
 def test_the_pages_have_blocks_of_every_kind():
     kinds = {marker.split(":")[0] if not marker.startswith("tests/") else "test" for *_, marker, _ in BLOCKS}
     assert {"config", "python", "test", "not run"} <= kinds, kinds
+
+
+def test_no_block_is_indented_instead_of_fenced():
+    # An indented block has no language and so no marker: it would escape every check here.
+    assert indented_code() == [], "fence these (```bash, ```yaml, …) and mark how each is tested"
 
 
 @pytest.mark.parametrize(("page", "line", "language", "marker", "body"), BLOCKS, ids=IDS)
@@ -93,10 +124,10 @@ def _format(prompts, completions, **kwargs):
 def users_reward_package(monkeypatch):
     package, module = types.ModuleType("my_rewards"), types.ModuleType("my_rewards.gsm8k")
     module.accuracy, module.format = _accuracy, _format
-    package.gsm8k = module
+    package.gsm8k, package.accuracy = module, _accuracy
     monkeypatch.setitem(sys.modules, "my_rewards", package)
     monkeypatch.setitem(sys.modules, "my_rewards.gsm8k", module)
-    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "my_rewards.*")
+    monkeypatch.setenv("ROLLWAY_TASK_MODULES", "my_rewards,my_rewards.*")
 
 
 CONFIGS = [b for b in BLOCKS if b[3] == "config"]

@@ -40,6 +40,7 @@ def stack(django_db_setup):
         port = free_web_port()
         st.url = f"http://127.0.0.1:{port}"
         st.env = child_env(
+            st.user_dir,
             DATABASE_URL=db_url(connection.settings_dict),
             REDIS_URL=os.environ["REDIS_URL"],
             CELERY_BROKER_URL=os.environ["CELERY_BROKER_URL"],

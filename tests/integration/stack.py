@@ -75,12 +75,16 @@ def db_url(settings_dict: dict) -> str:
     return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
 
 
-def child_env(**settings: str) -> dict[str, str]:
+def child_env(user_dir: Path | None = None, **settings: str) -> dict[str, str]:
+    """The environment of a stack's process; `user_dir`: a folder whose modules it may
+    import, as a checkout's root is (docs/first-model.md writes `my_rewards` there)."""
     env = dict(os.environ)
-    # The shipped examples' task modules and reward functions (examples/), allowed in
-    # the web, the worker and the Ray head alike, as a site that runs them is set up.
-    env.setdefault("ROLLWAY_TASK_MODULES", "examples.arithmetic.task")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "platform"), str(REPO)])
+    # The shipped examples' task modules and reward functions (examples/) and that
+    # user's package, allowed in the web, the worker and the Ray head alike, as a site
+    # that runs them is set up.
+    env.setdefault("ROLLWAY_TASK_MODULES", "examples.arithmetic.task,my_rewards")
+    paths = [str(REPO / "platform"), str(REPO)] + ([str(user_dir)] if user_dir is not None else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
     env["DJANGO_SETTINGS_MODULE"] = "rollway.settings"
     env.update(settings)
@@ -156,6 +160,8 @@ class Stack:
 
     def __init__(self, home: Path):
         self.home = home
+        self.user_dir = home / "user"  # on every process's import path (child_env)
+        self.user_dir.mkdir(exist_ok=True)
         self.log_path = home / "stack.log"
         self._log = open(self.log_path, "w", buffering=1)
         self.sup = Supervisor(self._log)
@@ -173,7 +179,7 @@ class Stack:
         child = self.sup.start(
             "ray",
             head.command(),
-            env=child_env(**head.head_env()),
+            env=child_env(self.user_dir, **head.head_env()),
             cwd=str(REPO),
             ready_when=head.is_ready_line,
             stop_leader_only=True,
