@@ -51,6 +51,7 @@ from workers.run.checkpoints import (
     write_checkpoint,
 )
 from workers.run.driver import RunDriver
+from workers.run.ledger import LedgerTotals
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
 from workers.run.reporter import MetricsReporter
@@ -454,6 +455,17 @@ def test_a_sync_run_checkpoints_every_two_steps_keeps_the_last_two_and_tells_the
         assert (body["bytes"], body["sha256"]) == (meta["bytes"], meta["sha256"])
     # Something to compare: GRPO had signal at every step.
     assert all(v > 1e-3 for v in sync_run["series"]["trainer/grad_norm"].values())
+    # Every row drawn is accounted for: trained, or where it was when the run stopped.
+    assert_ledger_closes(sync_run, trained=4 * 6)
+
+
+def assert_ledger_closes(out: dict, trained: int) -> None:
+    """The run's prompt ledger at its end, as its summary and its `ledger/*` points say."""
+    ledger = out["ledger"]
+    assert ledger["ledger/unaccounted"] == 0, ledger
+    assert ledger["ledger/trained"] == trained and ledger["ledger/drawn"] >= trained, ledger
+    points = {name: values[out["steps"]] for name, values in out["series"].items() if name.startswith("ledger/")}
+    assert points == ledger
 
 
 def test_a_sync_run_resumed_from_a_checkpoint_repeats_the_uninterrupted_run(sync_run, cache_dir, ckpt_root):
@@ -513,3 +525,7 @@ def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(sync_ru
         assert state["total_got"] == 4 * step  # groups trained, the parent run's included
         (worker,) = ckpt.load_json(INFERENCE)
         assert worker["calls"] > 0 and worker["version"] <= step
+        # Written mid-run (step 6) or stopped (7): every row drawn, the parent run's
+        # included, is trained, in the buffer, or in flight with the worker.
+        assert LedgerTotals.of([worker], state).unaccounted == 0
+    assert_ledger_closes(resumed, trained=4 * 7)

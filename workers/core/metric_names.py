@@ -51,6 +51,20 @@ METRICS: tuple[Metric, ...] = (
         only="trainer.dynamic_sampling",
     ),
     Metric("buffer/starved_s", "s", "Time the trainer waited on the buffer for fresh groups (cumulative)."),
+    # The prompt ledger (workers/run/ledger.py): one point each, at the run's last step,
+    # once its loops have stopped.
+    Metric("ledger/drawn", "rows", "Rows the inference workers drew from the data or the task (fresh draws)."),
+    Metric("ledger/trained", "groups", "Groups handed to the trainer."),
+    Metric("ledger/dropped_stale", "groups", "Drawn rows whose groups were dropped as stale."),
+    Metric("ledger/dropped_uniform", "groups", "Drawn rows whose groups were dropped with equal rewards."),
+    Metric("ledger/waiting", "groups", "Groups left in the buffer when the run stopped."),
+    Metric("ledger/requeued_waiting", "groups", "Stale groups left waiting to be generated again."),
+    Metric("ledger/in_flight", "rows", "Rows being generated when the run stopped (abandoned)."),
+    Metric(
+        "ledger/unaccounted",
+        "rows",
+        "Rows drawn and in none of the places above: 0 unless a row was lost (or counted twice, negative).",
+    ),
     Metric(
         "staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."
     ),

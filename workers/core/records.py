@@ -99,6 +99,13 @@ class Rollout:
         return min(versions) if versions else 0
 
 
+def group_id(seed: int, index: int) -> str:
+    """The id of the `index`-th group of a generate call seeded `seed`: unique in a run,
+    and known before the group exists (what an inference worker's in-flight rows are
+    kept under, workers/run/ledger.py)."""
+    return f"{seed}-{index}"
+
+
 @dataclass
 class Group:
     group_id: str

@@ -36,7 +36,7 @@ import numpy as np
 from workers.config.run_config import RunConfig
 from workers.core.latency import Latency
 from workers.core.metric_names import agent_series
-from workers.core.records import Group, Rollout
+from workers.core.records import Group, Rollout, group_id
 from workers.core.sampling_mask import SamplingMask
 from workers.inference.base import Completion, InferenceBackend
 from workers.model.tokenizer import Tokenizer
@@ -156,7 +156,7 @@ class EpisodeScheduler:
                 _Episode(key, prompt, answer, ready_at=now, started=now, seq=Episode(list(ids)) if ids else None)
                 for _ in range(self.cfg.trainer.group_size)
             ]
-            self._groups[key] = _Group(prompt, answer, f"{seed}-{i}", episodes)
+            self._groups[key] = _Group(prompt, answer, group_id(seed, i), episodes)
 
     def next_ready_in(self) -> float | None:
         """Seconds until something is due (0: now): the next turn may start, or an

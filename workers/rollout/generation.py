@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workers.config.run_config import RunConfig
-from workers.core.records import Group, Rollout
+from workers.core.records import Group, Rollout, group_id
 from workers.core.sampling_mask import SamplingMask
 from workers.inference.base import InferenceBackend
 from workers.model.tokenizer import Tokenizer
@@ -207,7 +207,7 @@ def score_sequences(
         batch = scorer(prompts, texts, ids)
     groups = []
     for i, ((prompt, answer), seqs, scores) in enumerate(zip(prompts, sequences, batch, strict=True)):
-        group_id = f"{seed}-{i}"
+        gid = group_id(seed, i)
         rollouts = [
             Rollout(
                 prompt_ids=list(s.prompt_ids),
@@ -216,7 +216,7 @@ def score_sequences(
                 token_versions=list(s.versions),
                 finish_reason=s.finish_reason or "length",
                 reward=reward,
-                group_id=group_id,
+                group_id=gid,
                 loss_mask=list(s.loss_mask) if isinstance(s, Episode) else None,
                 expert_routing=s.routing,
                 sampling_mask=SamplingMask.of(s.kept),
@@ -224,5 +224,5 @@ def score_sequences(
             )
             for s, reward, parts in zip(seqs, scores.totals, scores.parts, strict=True)
         ]
-        groups.append(Group(group_id=group_id, prompt=prompt, answer=answer, rollouts=rollouts))
+        groups.append(Group(group_id=gid, prompt=prompt, answer=answer, rollouts=rollouts))
     return groups

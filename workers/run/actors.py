@@ -152,9 +152,9 @@ class BufferActor:
 
     def load_state_dict(self, state: dict) -> None:
         """Fill the buffer from a checkpoint, before any inference worker is admitted.
-        The groups admitted are those it accounts for: the ones an inference worker was
-        still generating when the checkpoint was taken are in no checkpoint, and their
-        places are free again."""
+        The groups admitted are those it accounts for: the rows an inference worker was
+        still generating when the checkpoint was taken go back to that worker
+        (workers/run/ledger.py), whose calls are admitted again."""
         with self._lock:
             self.buffer.load_state_dict(state)
             self.admitted = self.buffer.received

@@ -50,6 +50,13 @@ if TYPE_CHECKING:
     from workers.config.run_config import BufferConfig, TrainerConfig
 
 
+# The ids of this many groups received last are kept (`received_ids`): a checkpoint reads
+# the inference workers' in-flight rows, then the buffer, and a group put between the two
+# reads is told apart by its id (workers/run/ledger.py). Only the groups of the calls in
+# flight at that moment can be put then, far fewer than this.
+RECEIVED_IDS = 4096
+
+
 class NoSignalError(RuntimeError):
     """Dynamic sampling dropped too many uniform groups in a row (module docstring)."""
 
@@ -179,6 +186,7 @@ class RolloutBuffer:
         self._late = 0
         self.total_put = 0
         self.total_got = 0
+        self._received_ids: deque[str] = deque(maxlen=RECEIVED_IDS)
         self.backpressure_s = 0.0  # cumulative seconds producers spent blocked (buffer full)
         self.starved_s = 0.0  # cumulative seconds consumers spent waiting for fresh groups
         self._blocked_puts = 0  # producers waiting in `put` for room now
@@ -271,8 +279,9 @@ class RolloutBuffer:
             return self.total_got + len(self._groups) + self._dropped_stale + self._requeued + self._dropped_uniform
 
     def state_dict(self) -> dict:
-        """The groups waiting, the stale groups awaiting regeneration and the counters
-        behind the buffer's metrics, as JSON data (a checkpoint's buffer.json)."""
+        """The groups waiting, the stale groups awaiting regeneration, the ids of the
+        groups received last (`RECEIVED_IDS`) and the counters behind the buffer's
+        metrics, as JSON data (a checkpoint's buffer.json)."""
         with self._cond:
             return {
                 "groups": [g.to_json() for g in self._groups],
@@ -286,6 +295,7 @@ class RolloutBuffer:
                 "late": self._late,
                 "total_put": self.total_put,
                 "total_got": self.total_got,
+                "received_ids": list(self._received_ids),
                 "backpressure_s": self.backpressure_s,
                 "starved_s": self.starved_s,
             }
@@ -305,6 +315,7 @@ class RolloutBuffer:
             self._late = int(state.get("late", 0))  # nor one written before late groups were counted
             self.total_put = int(state["total_put"])
             self.total_got = int(state["total_got"])
+            self._received_ids = deque(state.get("received_ids", []), maxlen=RECEIVED_IDS)
             self.backpressure_s = float(state["backpressure_s"])
             self.starved_s = float(state["starved_s"])
             self._cond.notify_all()
@@ -330,6 +341,7 @@ class RolloutBuffer:
                 self._dropped_uniform += 1
                 self._uniform_run += 1
                 self.total_put += 1
+                self._received_ids.append(group.group_id)
                 self._cond.notify_all()
                 return 0.0
             self._blocked_puts += 1
@@ -344,6 +356,7 @@ class RolloutBuffer:
             self.backpressure_s += blocked
             self._groups.append(group)
             self.total_put += 1
+            self._received_ids.append(group.group_id)
             self._cond.notify_all()
             return blocked
 
@@ -361,6 +374,7 @@ class RolloutBuffer:
                     self._groups.append(group)
                 else:
                     break
+                self._received_ids.append(group.group_id)
                 taken += 1
             self.total_put += taken
             if taken:

@@ -23,7 +23,8 @@ loads it; the resume reads the weights back the same way):
                     starved seconds
     inference.json  each inference worker's state_dict: its prompt-sampler RNG, call
                     counter (it seeds sampling), policy version, last eval pass,
-                    partial-rollout counts and, for a dataset, its row order and position
+                    partial-rollout counts, for a dataset its row order and position,
+                    and its part of the prompt ledger (rows drawn, rows in flight)
     buffer.json     the RolloutBuffer's state_dict: the groups waiting (the trainer's
                     prefetched batch first), stale groups awaiting regeneration, the
                     counters behind the buffer metrics
@@ -55,11 +56,11 @@ Consistency. In sync mode the trainer writes after step k and before it publishe
 version k's weights: every inference worker has then generated all it was admitted and
 waits for version k (its RNG and call counter still), the buffer is empty, and the
 trainer's prefetched `get` is settled first, so a resumed run repeats the uninterrupted
-one step for step. In async mode the same snapshot is best effort: groups an inference
-worker is generating (or putting) at that moment are in no checkpoint; the resumed
-buffer's admission count is set from what the checkpoint holds, so their places are
-given back and the inference workers generate others instead (with a sampler that has
-moved past them).
+one step for step. In async mode the inference workers are generating when the trainer
+writes: the rows of the groups they are generating (or putting) are in their states, in
+flight (workers/run/ledger.py), and a resumed worker generates them before it draws new
+ones, so no row is skipped. The resumed buffer's admission count is set from the groups
+the checkpoint holds; the rows carried are admitted again as they are generated.
 """
 
 from __future__ import annotations

@@ -117,6 +117,7 @@ class RunDriver:
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
+        self.ledger: dict[str, float] = {}  # the prompt ledger's totals, once the loops have stopped
         self.export_dir = ""  # where the final policy was exported (workers/train/export.py)
         self.checkpoints_written: list[CheckpointRecord] = []
         self._thread: threading.Thread | None = None
@@ -178,6 +179,7 @@ class RunDriver:
                 self.actors.stop(self.version, evaluate=bool(self.cfg.eval.every_steps) and self.reason != "cancelled")
                 self._collect()
                 self.policy_sha256 = self.actors.policy_checksum()
+                self._report_ledger()
                 self.timings["stop"] = time.perf_counter() - t1
                 if self.reason != "cancelled":
                     self._final_checkpoint()
@@ -228,6 +230,15 @@ class RunDriver:
             return None
         return CheckpointTarget(self.confinement.checkpoint_root, self.run_id, ck.every_steps, ck.keep_last)
 
+    def _report_ledger(self) -> None:
+        """The prompt ledger's totals once the loops have stopped (workers/run/ledger.py),
+        as the `ledger/*` series' one point, at the run's last step."""
+        self.ledger = self.actors.ledger()
+        for series, value in self.ledger.items():
+            self.metrics.emit(series, self.version, value)
+        if self.ledger.get("ledger/unaccounted"):
+            log.warning("run %s: the prompt ledger does not close: %s", self.run_id, self.ledger)
+
     def _final_checkpoint(self) -> None:
         """The checkpoint of a run that stopped as planned (checkpoint.at_end), written by
         the trainer once the loops have stopped; skipped if its last step has one."""
@@ -265,8 +276,10 @@ class RunDriver:
         devices), every emitted series as
         {name: [(step, value), ...]}, its latest SERIES_TAIL points, and a multi-agent
         task's episode figures over its latest SERIES_TAIL episodes together (episodes:
-        the episode/* and agent/*/p50_s|p90_s values; {} for other tasks), and what the
-        watchdog saw end (watched: actor → operation → count, workers/run/watchdog.py)."""
+        the episode/* and agent/*/p50_s|p90_s values; {} for other tasks), what the
+        watchdog saw end (watched: actor → operation → count, workers/run/watchdog.py),
+        and the prompt ledger's totals (ledger: the `ledger/*` values, workers/run/ledger.py;
+        {} before the loops stopped)."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -284,6 +297,7 @@ class RunDriver:
             "series": {name: list(points) for name, points in self.metrics.series.items()},
             "episodes": timing_metrics(list(self.metrics.episodes)),
             "watched": self.watchdog.counts(),
+            "ledger": dict(self.ledger),
         }
 
     def _spawn(self, model_dir: str) -> bool:

@@ -45,6 +45,7 @@ from workers.rollout.task_data import DatasetPrompts, worker_prompts
 from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
 from workers.run.buffer import groups_per_call
 from workers.run.failures import LOOP, Failure
+from workers.run.ledger import InFlight, Row
 from workers.run.messages import EvalRecord, InferenceReport
 from workers.sync import driven_engine, make_receiver
 
@@ -138,6 +139,14 @@ class InferenceWorker:
         self.rng = random.Random(f"{self.cfg.seed}-prompts-{index}")
         self.version = 0  # policy version of the weights in the backend
         self.calls = 0
+        # The prompt ledger's part here (workers/run/ledger.py): rows drawn fresh, rows
+        # drawn and not yet in the buffer, and a resumed checkpoint's rows still to start.
+        self.drawn = 0
+        self.in_flight = InFlight()
+        self._carried: list[Row] = []
+        # A draw and a checkpoint's read of this state exclude each other: a row is drawn
+        # and in flight in the same snapshot, or in neither.
+        self._draw_lock = threading.Lock()
         self.timeline = Timeline()
         self.watch = Watch()  # its generate calls and weight loads, for the driver's watchdog
         self.rewards = None
@@ -187,8 +196,12 @@ class InferenceWorker:
 
     def state_dict(self) -> dict:
         """What decides this worker's next prompts and seeds, as JSON data (a checkpoint's
-        inference.json holds one per worker); safe while the loop runs: in sync mode the
-        trainer asks while every worker waits for new weights."""
+        inference.json holds one per worker), and its part of the prompt ledger; safe
+        while the loop runs (a draw is whole or not begun)."""
+        with self._draw_lock:
+            return self._state()
+
+    def _state(self) -> dict:
         state = {
             "index": self.index,
             "rng": list(self.rng.getstate()),
@@ -196,12 +209,17 @@ class InferenceWorker:
             "version": self.version,
             "evaluated": self.evaluated,
             "partial": self.partial.state_dict(),
+            "drawn": self.drawn,
+            "in_flight": self.in_flight.state(),
+            "carried": [list(row) for row in self._carried],
         }
         if isinstance(self.prompts, DatasetPrompts):  # a task's generator has no state of its own
             state["dataset"] = self.prompts.state_dict()
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, carried: list[Row] | None = None) -> None:
+        """`carried`: the rows to generate before drawing new ones (`workers.run.ledger
+        .carried`: the state's rows not begun or in flight, less those the buffer has)."""
         version, internal, gauss = state["rng"]  # JSON made the state's tuples lists
         self.rng.setstate((int(version), tuple(int(x) for x in internal), gauss))
         self.calls = int(state["calls"])
@@ -210,14 +228,16 @@ class InferenceWorker:
         self.partial.load_state_dict(state["partial"])
         if isinstance(self.prompts, DatasetPrompts) and "dataset" in state:
             self.prompts.load_state_dict(state["dataset"])
+        self.drawn = int(state.get("drawn", 0))  # a checkpoint from before the ledger has none
+        self._carried = list(carried or [])
 
-    def restore(self, state: dict | None, policy_version: int) -> None:
+    def restore(self, state: dict | None, policy_version: int, carried: list[Row] | None = None) -> None:
         """Take a checkpoint's state (None: the checkpoint has none for this worker)
-        before the loop starts. The backend still holds the run's initial weights: the
-        loop generates nothing until the trainer has sent `policy_version`, the
-        checkpoint's policy."""
+        and the rows it carries (`load_state_dict`) before the loop starts. The backend
+        still holds the run's initial weights: the loop generates nothing until the
+        trainer has sent `policy_version`, the checkpoint's policy."""
         if state is not None:
-            self.load_state_dict(state)
+            self.load_state_dict(state, carried)
         self._resume_at = policy_version
 
     def start(self) -> None:
@@ -418,10 +438,26 @@ class InferenceWorker:
             return
         requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
         self.timeline.end()
-        prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
+        seed, prompts = self._draw(n, requeued)
         assert self.episodes is not None
-        self.episodes.admit(prompts, self.cfg.seed * 10**9 + self.index * 10**6 + self.calls)
-        self.calls += 1
+        self.episodes.admit(prompts, seed)
+
+    def _draw(self, n: int, requeued: list[Group]) -> tuple[int, list[Row]]:
+        """The next generate call's seed (its groups' ids derive from it) and its `n`
+        rows: stale groups' prompts to generate again first, then a resumed checkpoint's
+        carried rows, then fresh draws; all in flight until their groups reach the buffer."""
+        with self._draw_lock:
+            seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
+            self.calls += 1
+            rows = [(g.prompt, g.answer) for g in requeued]
+            take = min(n - len(rows), len(self._carried))
+            rows += self._carried[:take]
+            del self._carried[:take]
+            fresh = self.prompts.sample(n - len(rows), self.rng)
+            self.drawn += len(fresh)
+            rows += fresh
+            self.in_flight.add(seed, rows)
+            return seed, rows
 
     def _put(self, groups: list[Group]) -> None:
         """Hand `groups` to the buffer, waiting while it is full (unless stopping). A
@@ -433,6 +469,7 @@ class InferenceWorker:
             self.timeline.begin(HANDOFF)
             accepted, blocked_s = ray.get(self.buffer.put.remote(groups, WAIT_S))
             self.timeline.end_blocked(blocked_s)
+            self.in_flight.settle([g.group_id for g in groups[:accepted]])
             groups = groups[accepted:]
             if groups and takes_weights:
                 self.staged.apply()
@@ -480,10 +517,8 @@ class InferenceWorker:
             self.timeline.begin(HANDOFF)
             requeued = ray.get(self.buffer.take_requeued.remote(n))
             self.timeline.end()
-        prompts = [(g.prompt, g.answer) for g in requeued] + self.prompts.sample(n - len(requeued), self.rng)
+        seed, prompts = self._draw(n, requeued)
         self._awake()
-        seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
-        self.calls += 1
         updates = self._updates()
         self.timeline.begin(GENERATE)
         with self.watch.op(WATCHED_GENERATE):

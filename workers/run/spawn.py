@@ -41,6 +41,7 @@ from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, CheckpointRecord, CheckpointTarget
 from workers.run.failures import ChildFailed, NodeLost, SyncTimeout
 from workers.run.inference_worker import InferenceWorker
+from workers.run.ledger import resume_parts
 from workers.run.ray_deaths import death
 from workers.run.trainer_actors import TrainerActor, TrainerRank
 
@@ -196,11 +197,13 @@ class RunActors:
                 len(self.workers),
             )
         version = ray.get(self.trainer.restore.remote(location))
-        # An inference worker without a state of its own still waits for the checkpoint's weights.
-        states = workers[: len(self.workers)] + [None] * (len(self.workers) - len(workers))
+        buffer = ckpt.load_json(BUFFER)
+        # An inference worker without a state of its own still waits for the checkpoint's
+        # weights. Rows in flight when the checkpoint was taken are generated first.
+        parts = resume_parts(workers, buffer, len(self.workers))
         ray.get(
-            [self.buffer.load_state_dict.remote(ckpt.load_json(BUFFER))]
-            + [w.restore.remote(state, version) for w, state in zip(self.workers, states, strict=True)]
+            [self.buffer.load_state_dict.remote(buffer)]
+            + [w.restore.remote(state, version, rows) for w, (state, rows) in zip(self.workers, parts, strict=True)]
         )
         return version
 
@@ -315,6 +318,15 @@ class RunActors:
         except Exception:  # a dead or stuck trainer after its last step: any error means no checksum
             log.warning("run %s: no checksum of the final policy", self.run_id, exc_info=True)
             return ""
+
+    def ledger(self) -> dict[str, float]:
+        """The prompt ledger's totals once the loops have stopped; {} if the trainer
+        cannot say (the run's outcome does not depend on it)."""
+        try:
+            return ray.get(self.trainer.ledger.remote(), timeout=STOP_TIMEOUT_S)
+        except Exception:  # as policy_checksum: a dead or stuck trainer after its last step
+            log.warning("run %s: no prompt ledger", self.run_id, exc_info=True)
+            return {}
 
     def checkpoint(self) -> CheckpointRecord | None:
         """Have the trainer write a checkpoint now, the loops stopped; None if its last

@@ -32,6 +32,7 @@ from workers.run.checkpoints import (
     write_shards,
 )
 from workers.run.failures import LOOP, Failure
+from workers.run.ledger import LedgerTotals
 from workers.run.messages import StepRecord, TrainerReport
 from workers.sync import driven_engine, make_sender
 from workers.sync.base import WeightSender, state_checksum
@@ -282,12 +283,25 @@ class TrainerActor:
             return None
         return self._checkpoint(self.checkpoints)
 
+    def ledger(self) -> dict[str, float]:
+        """The prompt ledger's totals (`ledger/*` metric values, workers/run/ledger.py)
+        from the same snapshot a checkpoint takes."""
+        with self._checkpoint_lock:
+            workers, buffer = self._snapshot()
+        return LedgerTotals.of(workers, buffer).metrics()
+
+    def _snapshot(self) -> tuple[list[dict], dict]:
+        """The inference workers' states, then the buffer's with the prefetched batch
+        back at its head (the checkpoint lock held): the order the ledger's dedup of
+        rows in flight relies on."""
+        prefetched = self._settle_prefetch()
+        workers = ray.get([w.state_dict.remote() for w in self.workers])
+        return workers, with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
+
     def _checkpoint(self, target: CheckpointTarget) -> CheckpointRecord | None:
         """Gather the run's state (the inference workers' and the buffer's too) and write it."""
         with self._checkpoint_lock:
-            prefetched = self._settle_prefetch()
-            workers = ray.get([w.state_dict.remote() for w in self.workers])
-            buffer = with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
+            workers, buffer = self._snapshot()
             # A sharded pool's ranks each write their shards once the step directory is
             # there (`_shards`); a ddp rank 0 holds the whole state already.
             trainer = checkpoints.trainer_parts(self.trainer, self._starved_s, others=self._shards)
