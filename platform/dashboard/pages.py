@@ -132,6 +132,7 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "overrides_json": json.dumps(run.overrides, indent=2),
         "charts": _charts(run),
         "placement": _placement(run),
+        "ledger": _ledger(run),
         "final_note": final_note(run),
         # The trackers the run goes to (None: the site has none, so nothing is said).
         "trackers": [s.NAME for s in sinks.for_run(run.trackers)] if sinks.configured() else None,
@@ -244,6 +245,30 @@ def _card(title: str, series: tuple[str, ...], config: dict) -> dict:
 def _unit(series: str) -> str:
     metric = metric_of(series)
     return metric.unit if metric else ""
+
+
+# The prompt ledger's table on a finished run's page: (total, what it counts).
+LEDGER_ROWS = (
+    ("drawn", "rows drawn from the data or the task"),
+    ("trained", "trained"),
+    ("dropped_stale", "dropped as stale"),
+    ("dropped_uniform", "dropped: all rewards equal"),
+    ("waiting", "left in the buffer"),
+    ("requeued_waiting", "left to be generated again"),
+    ("in_flight", "being generated when the run stopped"),
+)
+
+
+def _ledger(run: Run) -> dict | None:
+    """Where every row the run drew went, as its page shows it; None before the run's
+    loops stopped (or for a run that reported no ledger)."""
+    totals = run.ledger()
+    if not totals:
+        return None
+    return {
+        "rows": [(label, totals.get(name, 0)) for name, label in LEDGER_ROWS],
+        "unaccounted": totals.get("unaccounted", 0),
+    }
 
 
 def _placement(run: Run) -> list[dict]:

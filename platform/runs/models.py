@@ -30,6 +30,8 @@ from teams.models import Team, TeamOwnedQuerySet
 from workers.config.run_config import RunConfig
 from workers.run.reporter import PHASE_DETAIL_MAX
 
+LEDGER_PREFIX = "ledger/"
+
 # A checkpoint's step directory (workers/run/checkpoints.py: step-<k, 8 digits or more>).
 STEP_DIR_NAME = re.compile(r"step-\d{8,}")
 
@@ -439,6 +441,16 @@ class Run(models.Model):
             "placement": self.placement,
             "simulation": self.simulation,
             "trackers": self.trackers,
+            "ledger": self.ledger(),
+        }
+
+    def ledger(self) -> dict[str, int]:
+        """The prompt ledger's totals the driver reported when the run's loops stopped
+        (`ledger/*`, workers/run/ledger.py), by name without the prefix; {} before then,
+        or for a run that reported none."""
+        points = self.points.filter(series__startswith=LEDGER_PREFIX).order_by("step")
+        return {
+            series.removeprefix(LEDGER_PREFIX): round(value) for series, value in points.values_list("series", "value")
         }
 
     def team_children(self) -> models.QuerySet[Run]:

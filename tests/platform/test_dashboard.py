@@ -197,3 +197,25 @@ def test_the_run_page_says_where_each_actor_runs(client_for, owner, make_run):
 
 def test_a_run_not_yet_placed_shows_no_placement_table(client_for, owner, run):
     assert 'id="placement"' not in client_for(owner).get(f"/runs/{run.pk}/").content.decode()
+
+
+LEDGER = {"drawn": 30, "trained": 24, "dropped_stale": 2, "dropped_uniform": 0, "waiting": 3, "requeued_waiting": 0}
+
+
+@pytest.mark.parametrize(("in_flight", "verdict"), [(1, "Every row drawn is accounted for."), (0, "1 drawn rows are")])
+def test_a_finished_runs_page_and_api_show_its_prompt_ledger(client_for, owner, make_run, in_flight, verdict):
+    from runs.models import MetricPoint
+
+    run = make_run(status=Run.Status.SUCCEEDED)
+    client = client_for(owner)
+    assert 'id="ledger"' not in client.get(f"/runs/{run.pk}/").content.decode()  # nothing reported yet
+    assert client.get(f"/api/runs/{run.pk}").json()["ledger"] == {}
+    totals = {**LEDGER, "in_flight": in_flight, "unaccounted": 1 - in_flight}
+    MetricPoint.objects.upsert(run.pk, [(f"ledger/{k}", 8, float(v), 0.0) for k, v in totals.items()])
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    table = html[html.index('<table id="ledger">') : html.index("</table>", html.index('<table id="ledger">'))]
+    assert "<tr><td>rows drawn from the data or the task</td><td>30</td></tr>" in table
+    assert "<tr><td>dropped as stale</td><td>2</td></tr>" in table
+    assert f"<tr><td>being generated when the run stopped</td><td>{in_flight}</td></tr>" in table
+    assert verdict in html
+    assert client.get(f"/api/runs/{run.pk}").json()["ledger"] == totals
