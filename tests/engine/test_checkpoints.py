@@ -51,7 +51,7 @@ from workers.run.checkpoints import (
     write_checkpoint,
 )
 from workers.run.driver import RunDriver
-from workers.run.ledger import LedgerTotals
+from workers.run.ledger import CHECKPOINT_IN_FLIGHT_ENV, LedgerTotals, resume_parts
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
 from workers.run.reporter import MetricsReporter
@@ -409,10 +409,12 @@ SMALL = {
 }
 
 
-def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, **overrides) -> dict:
+def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, env=None, **overrides) -> dict:
+    """`env`: the driver's environment variables, which its actors inherit (a test hook's switch)."""
     cfg = build(preset, deep_merge(SMALL, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"), checkpoint_root=root)
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
+    options = {"runtime_env": {"env_vars": env}} if env else {}
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
         run_id,
         cfg,
         stub.url if stub else None,
@@ -529,3 +531,30 @@ def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(sync_ru
         # included, is trained, in the buffer, or in flight with the worker.
         assert LedgerTotals.of([worker], state).unaccounted == 0
     assert_ledger_closes(resumed, trained=4 * 7)
+
+
+def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_the_resume(cache_dir, ckpt_root):
+    # The buffer holds one batch and the gate lets the worker run three batches ahead, so
+    # while the trainer writes, the worker has drawn the batch after the buffered one; the
+    # hook holds each periodic checkpoint until it has (CHECKPOINT_IN_FLIGHT_ENV).
+    ahead = {
+        "buffer": {"mode": "bounded", "capacity": 1, "max_staleness": 3, "max_head_offpolicyness": 3},
+        "stop": {"max_steps": 4},
+    }
+    parent = run("async", 306, cache_dir, ckpt_root, env={CHECKPOINT_IN_FLIGHT_ENV: "1"}, **ahead)
+    assert_ledger_closes(parent, trained=4 * 4)
+    location = step_dir(ckpt_root, 306, 2)
+    ckpt = Checkpoint(location)
+    workers, buffer = ckpt.load_json(INFERENCE), ckpt.load_json(BUFFER)
+    ((_, carried_rows),) = resume_parts(workers, buffer, num_workers=1)
+    assert carried_rows, "the hook should have held the checkpoint until rows were in flight"
+    assert LedgerTotals.of(workers, buffer).unaccounted == 0
+    # Resumed, the worker generates the carried rows first: every row the parent drew
+    # before its checkpoint, and every row drawn since, is accounted for at the end.
+    resumed = run("async", 307, cache_dir, ckpt_root, resume_from=location, **ahead)
+    assert sorted(resumed["series"]["loss"]) == [3, 4]
+    assert_ledger_closes(resumed, trained=4 * 4)
+    assert resumed["ledger"]["ledger/drawn"] >= workers[0]["drawn"]
+    # Its first call took them all (a batch's worth at most): none waits at its end.
+    (end,) = Checkpoint(step_dir(ckpt_root, 307, 4)).load_json(INFERENCE)
+    assert end["carried"] == [] and len(carried_rows) <= 4

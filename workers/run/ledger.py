@@ -23,12 +23,25 @@ the run's end, its loops stopped), whatever was killed and resumed in between.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import asdict, dataclass
 
 from workers.core.records import group_id
 
 Row = tuple[str, str]  # (prompt, answer)
+
+# Tests set this ("1") to make every periodic checkpoint wait until an inference worker
+# holds rows in flight (the trainer's `_wait_for_rows_in_flight`), so that it carries
+# some: otherwise whether it does depends on where the worker is when the trainer writes.
+CHECKPOINT_IN_FLIGHT_ENV = "ROLLWAY_TEST_CHECKPOINT_ROWS_IN_FLIGHT"
+# ... and fail the run, naming the switch, if none does within this long.
+IN_FLIGHT_WAIT_LIMIT_S = 60.0
+
+
+def checkpoint_waits_for_rows_in_flight() -> bool:
+    """Whether this process runs under CHECKPOINT_IN_FLIGHT_ENV."""
+    return os.environ.get(CHECKPOINT_IN_FLIGHT_ENV) == "1"
 
 
 class InFlight:

@@ -32,7 +32,12 @@ from workers.run.checkpoints import (
     write_shards,
 )
 from workers.run.failures import LOOP, Failure
-from workers.run.ledger import LedgerTotals
+from workers.run.ledger import (
+    CHECKPOINT_IN_FLIGHT_ENV,
+    IN_FLIGHT_WAIT_LIMIT_S,
+    LedgerTotals,
+    checkpoint_waits_for_rows_in_flight,
+)
 from workers.run.messages import StepRecord, TrainerReport
 from workers.sync import driven_engine, make_sender
 from workers.sync.base import WeightSender, state_checksum
@@ -218,6 +223,7 @@ class TrainerActor:
         self.steps: list[StepRecord] = []
         self._steps_lock = threading.Lock()
         self._prefetch = None  # the next step's buffer.get, in flight while this one trains
+        self._rows_in_flight_first = checkpoint_waits_for_rows_in_flight()  # a test's hook
         self._starved_s = 0.0
         self.checkpoints = checkpoints
         self._written: list[CheckpointRecord] = []  # periodic checkpoints since the last drain
@@ -289,6 +295,18 @@ class TrainerActor:
         with self._checkpoint_lock:
             workers, buffer = self._snapshot()
         return LedgerTotals.of(workers, buffer).metrics()
+
+    def _wait_for_rows_in_flight(self) -> None:
+        """Tests (CHECKPOINT_IN_FLIGHT_ENV): hold a periodic checkpoint until an inference
+        worker holds rows it drew and has not put, so that the checkpoint carries some."""
+        deadline = time.monotonic() + IN_FLIGHT_WAIT_LIMIT_S
+        while sum(ray.get([w.rows_in_flight.remote() for w in self.workers])) == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{CHECKPOINT_IN_FLIGHT_ENV}: no inference worker held a row in flight within "
+                    f"{IN_FLIGHT_WAIT_LIMIT_S:.0f} s of checkpoint step {self.trainer.version}"
+                )
+            time.sleep(0.01)
 
     def _snapshot(self) -> tuple[list[dict], dict]:
         """The inference workers' states, then the buffer's with the prefetched batch
@@ -439,6 +457,8 @@ class TrainerActor:
                 if self.checkpoints is not None and self.checkpoints.due(version):
                     # Before publishing `version`: in sync mode every inference worker
                     # waits for it, its sampling state still (workers.run.checkpoints).
+                    if self._rows_in_flight_first:
+                        self._wait_for_rows_in_flight()
                     written = self._checkpoint(self.checkpoints)
                     if written is not None:
                         with self._steps_lock:
