@@ -190,6 +190,9 @@ class RunDriver:
                 self.state = "cancelled"
             else:
                 self.state = "succeeded"
+                # The last points (the ledger's among them) before the status that ends the
+                # run, so that what the site does at the end finds them stored.
+                self.reporter.flush()
                 self.reporter.post_status("succeeded")
         except Exception as exc:
             self.state, self.reason = "failed", "error"

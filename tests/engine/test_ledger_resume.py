@@ -1,0 +1,73 @@
+"""The prompt ledger across a kill (workers/run/ledger.py): a run killed while it trains
+(one of its actors, or its driver) and resumed from the last checkpoint it completed
+accounts for every row, whatever the killed run was doing at that moment.
+
+Each example kills one role after a step chosen by a seeded draw, at whatever point of
+its loop the run is then (generating, putting, training, writing a checkpoint): the
+assertions hold for every such point, so where the kill lands changes which checkpoint
+is the last, not the outcome."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import ray
+
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
+from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, list_checkpoints
+from workers.run.ledger import LedgerTotals
+from workers.run.lifecycle import launch
+from workers.run.paths import Confinement
+
+pytestmark = pytest.mark.slow
+
+B = 4  # groups a step trains (tiny_config's trainer.batch_groups)
+ROLES = ("trainer", "inference-0", "buffer", "driver")
+_draw = random.Random(39)
+# (run id, mode, the role killed, the step after which it is killed)
+EXAMPLES = [(960 + i, _draw.choice(("sync", "async")), role, _draw.randint(1, 2)) for i, role in enumerate(ROLES)]
+
+
+def ledger_of(stub, run_id: int) -> dict[str, float]:
+    return {name: max(points.items())[1] for name, points in stub.series(run_id).items() if name.startswith("ledger/")}
+
+
+@pytest.mark.parametrize(("run_id", "mode", "role", "after"), EXAMPLES)
+def test_a_killed_run_resumed_from_its_last_checkpoint_accounts_for_every_row(
+    cluster, stub, cache_dir, tmp_path, run_id, mode, role, after
+):
+    root = str(tmp_path / "checkpoints")
+    logs = tmp_path / "logs"
+    confinement = Confinement(scratch_root=str(tmp_path / "scratch"), checkpoint_root=root, log_root=str(logs))
+    checkpointed = {"every_steps": 1, "keep_last": 2}
+    config = tiny_config(mode=mode, stop={"max_steps": 10_000}, checkpoint=checkpointed)
+    launch(run_id, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement)
+    wait_for(lambda: len(stub.series(run_id).get("reward/mean", {})) >= after, 120, f"step {after}")
+    victim = actor_name(run_id) if role == "driver" else f"{actor_name(run_id)}-{role}"
+    ray.kill(ray.get_actor(victim, namespace=NAMESPACE), no_restart=True)
+    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S + 60, "the killed run's actors to exit")
+    assert stub.status.get(run_id) != "succeeded"
+
+    # The last checkpoint it completed accounts for every row it had drawn by then.
+    last = list_checkpoints(root, run_id)[-1]
+    ckpt = Checkpoint(last["location"])
+    at_checkpoint = LedgerTotals.of(ckpt.load_json(INFERENCE), ckpt.load_json(BUFFER))
+    assert at_checkpoint.unaccounted == 0, at_checkpoint
+    assert at_checkpoint.trained == B * last["step"]
+
+    resumed_id, steps = run_id + 20, last["step"] + 1
+    resumed = tiny_config(mode=mode, stop={"max_steps": steps}, checkpoint=checkpointed)
+    launch(
+        resumed_id, resumed, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir,
+        confinement=confinement, resume_from=last["location"],
+    )  # fmt: skip
+    wait_for(lambda: stub.status.get(resumed_id) in ("succeeded", "failed"), 240, "the resumed run to end")
+    assert stub.status[resumed_id] == "succeeded", stub.errors.get(resumed_id)
+    # The driver's last points (the ledger's among them) follow its final status.
+    wait_for(lambda: not run_actor_names(resumed_id), GONE_WAIT_S, "the resumed run's actors to exit")
+    ledger = ledger_of(stub, resumed_id)
+    assert ledger.get("ledger/unaccounted") == 0, (ledger, (logs / f"run-{resumed_id}.log").read_text()[-3000:])
+    assert ledger["ledger/trained"] == B * steps
+    assert ledger["ledger/drawn"] >= at_checkpoint.drawn
