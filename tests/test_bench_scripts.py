@@ -727,15 +727,6 @@ def test_scale_out_refuses_bad_flags_naming_them():
     assert done.returncode == 2 and "--steps must be ≥ 3" in done.stderr
 
 
-def test_scale_out_runs_a_layout_and_prints_its_row(tmp_path):
-    out = tmp_path / "scale.json"
-    done = bench("scale_out.py", "--configs", "1r-1n", "--steps", "3", "--json", str(out), *TINY, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "1r-1n: done, step " in done.stdout
-    row = json.loads(out.read_text())["1r-1n"]
-    assert row["step_s"] > 0 and row["samples_per_s"] > 0
-
-
 def test_scale_out_figures_leave_step_one_out_and_split_each_ranks_time():
     scale_out = load("scale_out.py")
     series = {

@@ -120,6 +120,7 @@ def test_it_reports_every_bad_field_at_once(client_for, owner):
         client_for(owner),
         URL,
         {
+            "experiment": 999_999,  # none such: refused beside the config's fields
             "preset": "async",
             "overrides": {"buffer": {"capacity": 0}, "stop": {"max_steps": 0}},
         },
