@@ -978,6 +978,7 @@ def test_suite_time_refuses_a_missing_file_and_bad_flags_naming_them(tmp_path):
 # ---- trainer_step ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess importing torch that trains two tiny trainers: not for the inner loop
 def test_trainer_step_prints_each_sides_phases():
     done = bench("trainer_step.py", "--steps", "1", timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

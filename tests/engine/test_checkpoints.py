@@ -533,7 +533,9 @@ def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(sync_ru
     assert_ledger_closes(resumed, trained=4 * 7)
 
 
-def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_the_resume(cache_dir, ckpt_root):
+def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_the_resume(
+    cluster, cache_dir, ckpt_root
+):
     # The buffer holds one batch and the gate lets the worker run three batches ahead, so
     # while the trainer writes, the worker has drawn the batch after the buffered one; the
     # hook holds each periodic checkpoint until it has (CHECKPOINT_IN_FLIGHT_ENV).
