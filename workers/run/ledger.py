@@ -11,8 +11,9 @@ new ones.
 
 A checkpoint reads the workers' states, then the buffer's; a group put between the two
 reads is in both. The buffer keeps the ids of the groups it received last
-(`RolloutBuffer.received_ids`), and `carried` leaves out every in-flight row whose
-group the buffer already has: a row is carried, or received, never both.
+(`received_ids` in its state, workers/run/buffer.py `RECEIVED_IDS`), and `carried` leaves
+out every in-flight row whose group the buffer already has: a row is carried, or
+received, never both.
 
 `LedgerTotals` accounts for every row drawn, from the same two states: trained (handed
 to the trainer), dropped as stale, dropped as uniform (dynamic sampling), waiting in

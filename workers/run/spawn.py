@@ -191,7 +191,8 @@ class RunActors:
         workers = ckpt.load_json(INFERENCE)
         if len(workers) != len(self.workers):
             log.warning(
-                "run %s: the checkpoint has %d inference workers' states, this run %d: unmatched ones start afresh",
+                "run %s: the checkpoint has %d inference workers' states, this run %d: unmatched ones start "
+                "afresh (worker 0 takes the rows the others carried)",
                 self.run_id,
                 len(workers),
                 len(self.workers),
