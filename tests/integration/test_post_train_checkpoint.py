@@ -106,6 +106,16 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
 
             assert wait_for(finished, 420, "the run to finish", interval_s=1.0) == "succeeded", stack.log_tail()
 
+            # The finished run's page draws where every row it drew went (its driver sent
+            # the ledger before its final status).
+            page.reload()
+            ledger = page.locator("#ledger")
+            expect(ledger).to_be_visible()
+            expect(page.locator("#ledger-verdict")).to_have_text("Every row drawn is accounted for.")
+            box = ledger.bounding_box()
+            assert box is not None and box["width"] > 0 and box["height"] > 0
+            trained = ledger.locator("tr", has_text="trained").locator("td").nth(1).inner_text()
+
             # The model comes back as the page's Download model link serves it.
             response = page.request.get(f"{stack.url}/api/runs/{run_id}/export")
             assert response.status == 200, response.text()
@@ -125,6 +135,7 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
         .values_list("step", "value")
     ]
     assert len(rewards) == STEPS, rewards
+    assert int(trained) == STEPS * run.config["trainer"]["batch_groups"]
     print(f"reward: first 5 steps {statistics.mean(rewards[:5]):.4f}, last 5 {statistics.mean(rewards[-5:]):.4f}")
 
     with zipfile.ZipFile(io.BytesIO(archive)) as zf:
