@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.xdist_worker import run_root
 from workers.core import worker_process
 
 # Every pytest process collects test modules that import transformers' model classes,
@@ -20,6 +21,17 @@ ENGINE = Path(__file__).parent / "engine"
 # checkpoint) cost seconds to minutes each; a worker that runs one of their tests starts
 # its own copy.
 SHARED_SCOPES = ("module", "class")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    """The runs' cache, for the engine's runs and the bench scripts' alike: each warm start
+    (keyed by what shapes it) is built once per pytest run, by whichever worker needs it
+    first (workers.train.warmstart locks each build, so another worker that needs the same
+    one waits for it instead of building it too)."""
+    cache = run_root(tmp_path_factory) / "run-cache"
+    cache.mkdir(exist_ok=True)
+    return str(cache)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups

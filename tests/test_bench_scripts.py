@@ -914,9 +914,11 @@ def test_run_cost_refuses_bad_flags_naming_them():
 
 
 @pytest.mark.slow  # it starts Ray and runs the engine: not for the inner loop
-def test_run_cost_prints_each_actor_kind_per_run(tmp_path):
+def test_run_cost_prints_each_actor_kind_per_run(tmp_path, cache_dir):
     out = tmp_path / "cost.json"
-    done = bench("run_cost.py", "--runs", "1", "--no-imports", "--no-warm-up", "--json", str(out), timeout=600)
+    # The suite's cache: its run is the engine tests' tiny run, whose warm start they share.
+    args = ("--runs", "1", "--no-imports", "--no-warm-up", "--cache-dir", cache_dir, "--json", str(out))
+    done = bench("run_cost.py", *args, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     roles = json.loads(out.read_text())["roles"]
     for name in ("driver", "trainer", "inference worker", "buffer"):

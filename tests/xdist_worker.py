@@ -36,6 +36,14 @@ def worker_index() -> int | None:
     return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
 
 
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary root the workers of one pytest run share (a worker's own is
+    <run's root>/popen-gwN), or the session's without xdist: where they keep what they
+    build once for all of them (the runs' warm-start cache, a lock)."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if worker_index() is not None else root
+
+
 def _redis_db(url: str) -> int:
     path = urlsplit(url).path.strip("/")
     return int(path) if path else 0

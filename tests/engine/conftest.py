@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 
 from tests.engine.helpers import TOKEN, small_config
 from tests.engine.ingest_stub import IngestStub
+from tests.xdist_worker import run_root
 from workers.core.run_actors import NAMESPACE, kill_named
 from workers.core.worker_process import runtime_env
 from workers.model.loading import build_tiny, save_model
@@ -41,7 +41,7 @@ def cluster(tmp_path_factory):
         # One start at a time across pytest-xdist workers (the lock lives in the run's
         # temporary root, which they share): Ray gives a raylet 30 s to register with its
         # GCS, and three clusters starting at once on a loaded 2-core machine missed it.
-        with open(_run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
+        with open(run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
             # on this machine names another one.
@@ -64,23 +64,6 @@ def pytest_runtest_teardown(item, nextitem):
     """Stop Ray once the next test is not an engine test (or there is none)."""
     if ray.is_initialized() and (nextitem is None or HERE not in nextitem.path.parents):
         ray.shutdown()
-
-
-def _run_root(tmp_path_factory) -> Path:
-    """The temporary root the pytest-xdist workers of one run share (a worker's own is
-    <run's root>/popen-gwN), or the session's without xdist."""
-    root = tmp_path_factory.getbasetemp()
-    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> str:
-    """The runs' cache: each warm start (keyed by what shapes it) is built once per pytest
-    run, by whichever worker needs it first (workers.train.warmstart locks each build,
-    so another worker that needs the same one waits for it instead of building it too)."""
-    cache = _run_root(tmp_path_factory) / "run-cache"
-    cache.mkdir(exist_ok=True)
-    return str(cache)
 
 
 @pytest.fixture

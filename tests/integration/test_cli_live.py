@@ -1,6 +1,7 @@
 """The `rollway` command line on the real stack: `rollway launch` queues a tiny run from a
-YAML file through the site's API with a personal token, a Celery worker starts it on Ray,
-and `rollway follow` (a separate process, as a person runs it) shows its progress until
+YAML file through the site's API with a personal token, a separate Celery worker starts
+it on a real Ray cluster, its driver posts metrics through the real web server into
+PostgreSQL, and `rollway follow` (a separate process, as a person runs it) shows its progress until
 it succeeds, then exits 0. Followed twice at once: piped (plain lines, what a log or CI
 gets) and on a pseudo-terminal (the live bar)."""
 
@@ -64,7 +65,7 @@ def follow_on_a_terminal(env, run_id: int) -> tuple[subprocess.Popen, list[bytes
 
 
 def test_rollway_launch_then_follow_to_the_end(stack, cli_env, tmp_path, show_logs_on_failure):
-    from runs.models import Run
+    from runs.models import MetricPoint, Run
 
     env, team = cli_env
     stack.ensure_worker()
@@ -94,7 +95,15 @@ def test_rollway_launch_then_follow_to_the_end(stack, cli_env, tmp_path, show_lo
     assert lines[-1].startswith(f"run {run_id} succeeded after {STEPS} steps")
     assert "\x1b[" not in piped.stdout  # piped: plain lines, no cursor moves
     assert "━" in screen and f"run {run_id} succeeded after {STEPS} steps" in screen
-    assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    # The Celery worker launched it on Ray (it recorded the detached driver), and the
+    # driver's points reached PostgreSQL through the web server, a loss at every step.
+    assert run.ray_actor == f"run-{run_id}"
+    points = MetricPoint.objects.filter(run_id=run_id)
+    series = set(points.values_list("series", flat=True))
+    assert {"reward/mean", "loss", "buffer/depth", "staleness/mean"} <= series, series
+    assert sorted(points.filter(series="loss").values_list("step", flat=True)) == list(range(1, STEPS + 1))
 
     # The driver's own log, as the site serves it: its start, its phases and its end.
     logged = rollway(env, "logs", str(run_id))

@@ -22,7 +22,8 @@ from tests.integration.stack import REPO, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 COUNTDOWN_FILE = str(REPO / "data" / "countdown.jsonl")  # data/ is a default data root
-STEPS = 12
+# A reward at every step is what is checked, not its rise (test_learning's): a few steps.
+STEPS = 4
 # What the launch form's controls set: the sync preset, 8 prompts × 8 completions a step,
 # the longest countdown solution's 13 tokens (the checkpoint's tokenizer has no merges
 # among digits and operators: one token a character).
@@ -136,7 +137,7 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
     ]
     assert len(rewards) == STEPS, rewards
     assert int(trained) == STEPS * run.config["trainer"]["batch_groups"]
-    print(f"reward: first 5 steps {statistics.mean(rewards[:5]):.4f}, last 5 {statistics.mean(rewards[-5:]):.4f}")
+    print(f"reward: first step {rewards[0]:.4f}, last {rewards[-1]:.4f}, mean {statistics.mean(rewards):.4f}")
 
     with zipfile.ZipFile(io.BytesIO(archive)) as zf:
         zf.extractall(tmp_path)

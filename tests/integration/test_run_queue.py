@@ -1,7 +1,8 @@
 """The run queue against the real services: with one slot (ROLLWAY_MAX_RUNNING=1) a
 second run waits in the queue, first in line, through restarts of the web process and
-the Celery worker, and starts as soon as the first run ends; both succeed. Everything
-the queue knows is in the database, so no restart loses a waiting run.
+the Celery worker, and starts as soon as the first run ends (cancelled by its user) and
+succeeds. Everything the queue knows is in the database, so no restart loses a waiting
+run.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ def one_slot_worker(stack):
 def test_a_second_run_waits_through_restarts_and_starts_when_the_first_ends(
     stack, member, one_slot_worker, show_logs_on_failure
 ):
+    from runs.actions import do_cancel_run
     from runs.models import Run
 
-    # Long enough to outlast both restarts below: it stops itself after a minute of training.
-    first = launch(member, "async", overrides(max_steps=100_000, max_minutes=1.0))
+    # It trains until its user cancels it after both restarts below, however long those
+    # take: an end it reached by itself (a step or minute limit) would be a race with them.
+    first = launch(member, "async", overrides(max_steps=100_000, max_minutes=30))
     wait_for(lambda: status(first) == Run.Status.RUNNING, 300, f"run {first.pk} to be running")
     second = launch(member, "async", overrides(max_steps=4, max_minutes=4))
 
@@ -58,8 +61,9 @@ def test_a_second_run_waits_through_restarts_and_starts_when_the_first_ends(
     assert status(second) == Run.Status.QUEUED
     assert second.queue_position() == 1
 
+    assert do_cancel_run(member[0], first)
     wait_for(lambda: status(first) in Run.TERMINAL, 300, f"run {first.pk} to end")
-    assert first.status == Run.Status.SUCCEEDED, f"run {first.pk} {first.status}: {first.error}"
+    assert first.status == Run.Status.CANCELLED, f"run {first.pk} {first.status}: {first.error}"
     wait_for(lambda: status(second) in Run.TERMINAL, 300, f"run {second.pk} to end")
     assert second.status == Run.Status.SUCCEEDED, f"run {second.pk} {second.status}: {second.error}"
     first.refresh_from_db()
