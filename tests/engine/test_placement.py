@@ -2,7 +2,10 @@
 worked out from the config without Ray; then real runs on the shared cluster, whose 4
 GPUs are declared (this host has none, so the actors still compute on the CPU): each
 actor sees the GPUs Ray gave it, disjoint per pool or shared when colocated, a reward
-worker holds its own bundle, and the run's placement group is gone once its actors stop."""
+worker holds its own bundle, and the run's placement group is gone once its actors stop.
+A whole run costs most of its time in start-up, so two of these runs check more than
+placement: the disaggregated run syncs by a packed collective (test_sync_in_runs.py's
+other syncs), the reward worker's run reports its pool's figures (test_reward_stage.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,10 @@ import pydantic
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
 from workers.config.run_config import RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
+from workers.rollout.reward_stage import POOL_SERIES
 from workers.run import placement
 from workers.run.driver import RunDriver
 from workers.run.failures import ChildFailed
@@ -217,11 +221,16 @@ def group_state(run_id: int) -> str | None:
 
 
 @pytest.mark.slow
-def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, stub, cache_dir):
-    """2 inference workers + 2 trainer ranks on the 4 declared GPUs: one each."""
+def test_disaggregated_pools_run_on_disjoint_gpus_sync_by_a_packed_collective_and_give_them_back(
+    cluster, stub, cache_dir
+):
+    """2 inference workers + 2 trainer ranks on the 4 declared GPUs: one each. The run is
+    also the packed collective's (a whole run costs most of its time in start-up): rank 0
+    broadcasts the policy in 0.25 MB buckets to both workers, every parameter each step."""
     config = tiny_config(
         inference={"num_workers": 2},
         trainer={"batch_groups": 4, "group_size": 4, "num_ranks": 2, "backend": "ddp"},
+        sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
         placement={"devices": "gpu"},
         stop={"max_steps": 10_000},
     )
@@ -236,7 +245,19 @@ def test_disaggregated_pools_run_on_disjoint_gpus_and_give_them_back(cluster, st
         for gpu_ids, visible in seen.values():
             assert visible == ",".join(str(i) for i in gpu_ids)
         assert group_state(9141) == "CREATED"
-        wait_for(lambda: stub.series(9141).get("reward/mean"), 120, "a first step")  # it trains, on the CPU
+
+        # It trains, on the CPU, and its versions reach the workers.
+        def three_steps_synced():
+            series = stub.series(9141)
+            steps = {1, 2, 3} <= set(series.get("reward/mean", {}))
+            return steps and series.get("sync/latency_ms") and series.get("sync/inference_ms")
+
+        wait_for(three_steps_synced, 240, "three steps and a version loaded")
+        series = stub.series(9141)
+        full = policy_bytes(cache_dir)
+        assert set(series["sync/bytes"].values()) == {float(full)}  # every parameter, every step
+        assert all(v > 0 for v in series["sync/trainer_ms"].values())
+        assert series["sync/inference_ms"] and all(v > 0 for v in series["sync/latency_ms"].values())
     finally:
         # A failed check must not leave the run holding 3 of the cluster's 4 GPUs.
         assert cancel(9141, timeout_s=10)
@@ -287,11 +308,16 @@ def actor_resources(name: str) -> tuple[dict, str | None]:
 
 
 @pytest.mark.slow
-def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains(cluster, stub, cache_dir):
+def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains_reporting_the_pools_figures(
+    cluster, stub, cache_dir
+):
     """1 inference worker, 1 trainer and 1 reward worker asking 1 GPU and 0.5 CPU: 3 of
-    the 4 declared GPUs, one each; the reward worker's in its bundle of the run's group."""
+    the 4 declared GPUs, one each; the reward worker's in its bundle of the run's group.
+    The run is also the `after` reward pool's (test_reward_stage.py runs the pipelined
+    one): each step reports how busy the pool was and how long a completion waited for
+    its score."""
     config = tiny_config(
-        rewards={"workers": 1, "cpus_per_worker": 0.5, "gpus_per_worker": 1},
+        rewards={"workers": 1, "mode": "after", "cpus_per_worker": 0.5, "gpus_per_worker": 1},
         placement={"devices": "gpu"},
         stop={"max_steps": 10_000},
     )
@@ -308,8 +334,20 @@ def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains(clu
         assert group_id == group["placement_group_id"]
         assert group["bundles"][2] == {"CPU": 0.5, "GPU": 1.0}  # after the inference worker's and the trainer's
         # It trains, its rewards scored by the pool (on the CPU: this host has no GPU).
-        scored = ("loss", "reward/pool_busy_frac")
-        wait_for(lambda: all(len(stub.series(9144).get(s, {})) >= 2 for s in scored), 120, "two scored, trained steps")
+        scored = ("loss", *sorted(POOL_SERIES))
+        wait_for(
+            lambda: all(len(stub.series(9144).get(s, {})) >= 3 for s in scored), 240, "three scored, trained steps"
+        )
+        series = stub.series(9144)
+        # A collection in which the worker scored nothing (a loaded host can bring one) is a
+        # true 0; the pool must have worked in some. A lag is reported only where it scored.
+        busy = list(series["reward/pool_busy_frac"].values())
+        assert all(0 <= v <= 1 for v in busy) and any(v > 0 for v in busy), busy
+        assert all(v > 0 for v in series["reward/scoring_lag_ms"].values())
+        # The run's own report of where its actors ran: the reward worker on a GPU of its own.
+        gpus = {row["actor"]: row["gpu_ids"] for row in stub.placement[9144]}
+        others = {g for actor, ids in gpus.items() if actor != "reward worker 0" for g in ids}
+        assert len(gpus["reward worker 0"]) == 1 and not others & set(gpus["reward worker 0"]), gpus
     finally:
         assert cancel(9144, timeout_s=10)
     wait_for(lambda: group_state(9144) == "REMOVED", GONE_WAIT_S, "the placement group to be removed")

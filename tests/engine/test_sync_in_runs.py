@@ -3,9 +3,12 @@
 Fast: the config refuses combinations that cannot work, naming the fields; the LoRA
 trainer trains the adapter only and hands out merged weights under checkpoint names.
 Slow: a short run launched through `workers.run.lifecycle.launch` on in-process Ray (torch
-backend) with a packed collective, and with LoRA adapter-only sync, reports its sync
-figures and succeeds; on vLLM, each protocol's versions load through vLLM's
-`update_weights` (the backend's default weight-transfer engine).
+backend) with a delta sync reports the bytes each version moved and succeeds; on vLLM, a
+LoRA run's versioned adapters and a LoRA run's merged policy through vLLM's broadcast
+engine (packed) reach the engine. Whole runs cost most of this suite's time, so other
+modules' runs carry the rest: a packed collective from a trainer pool to two inference
+workers is test_placement.py's disaggregated run, and the full-weight filesystem and
+collective runs into vLLM are test_driver_vllm.py's (weights taken mid-generation).
 """
 
 from __future__ import annotations
@@ -68,23 +71,6 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 
 
 @pytest.mark.slow
-def test_a_run_with_a_packed_collective_sync_succeeds(cluster, stub, cache_dir):
-    series = run_to_the_end(
-        301,
-        stub,
-        cache_dir,
-        sync={"protocol": "collective", "packed": True, "bucket_mb": 0.25},
-        inference={"num_workers": 2},
-    )
-    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
-    full = policy_bytes(cache_dir)
-    assert set(series["sync/bytes"].values()) == {float(full)}  # every parameter, every step
-    assert all(v > 0 for v in series["sync/trainer_ms"].values())
-    assert series["sync/latency_ms"] and series["sync/inference_ms"]
-    assert all(v > 0 for v in series["sync/latency_ms"].values())
-
-
-@pytest.mark.slow
 def test_a_delta_sync_run_moves_the_changes_after_its_first_version(cluster, stub, cache_dir):
     """sync.delta at a small learning rate: the first version goes whole (in bf16, half
     the float32 policy), each later one as its few changed elements."""
@@ -119,30 +105,17 @@ def test_a_lora_run_on_vllm_serves_versioned_adapters(cluster, cache_dir):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_collective_run_on_vllm_broadcasts_into_the_engine(cluster, cache_dir, lora):
-    """vLLM's broadcast engine pair over gloo (`rollway_gloo`): the engine takes weights
-    from nothing else (its `load_weights` refuses a state dict), so a run whose versions
-    arrive went through it. LoRA: the trainer sends the merged policy."""
+def test_a_lora_collective_run_on_vllm_broadcasts_the_merged_policy_into_the_engine(cluster, cache_dir):
+    """vLLM's broadcast engine pair over gloo (`rollway_gloo`), packed: the engine takes
+    weights from nothing else (its `load_weights` refuses a state dict), so a run whose
+    versions arrive went through it. LoRA: the trainer sends the merged policy. (The
+    full-weight collective into vLLM, one tensor at a time, is test_driver_vllm.py's.)"""
     pytest.importorskip("vllm")
 
-    extra = {"lora": {"enabled": True, "rank": 8, "alpha": 16.0}} if lora else {}
-    sync = {"protocol": "collective", "packed": lora}  # packed: vLLM's chunks, 32 MB (one here)
-    out = run_inline(304 + 3 * lora, cache_dir, sync=sync, inference={"backend": "vllm"}, **extra)
+    lora = {"enabled": True, "rank": 8, "alpha": 16.0}
+    sync = {"protocol": "collective", "packed": True}  # packed: vLLM's chunks, 32 MB (one here)
+    out = run_inline(305, cache_dir, sync=sync, inference={"backend": "vllm"}, lora=lora)
     assert out["state"] == "succeeded", out["error"]
     s = {k: dict(v) for k, v in out["series"].items()}
     assert set(s["sync/bytes"].values()) == {float(policy_bytes(cache_dir))}
-    assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_a_filesystem_run_on_vllm_loads_each_version_through_update_weights(cluster, cache_dir):
-    pytest.importorskip("vllm")
-
-    out = run_inline(306, cache_dir, sync={"protocol": "filesystem"}, inference={"backend": "vllm"})
-    assert out["state"] == "succeeded", out["error"]
-    s = {k: dict(v) for k, v in out["series"].items()}
-    full = policy_bytes(cache_dir)
-    assert all(full < v < full + 2**16 for v in s["sync/bytes"].values())
     assert s["sync/inference_ms"] and all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
