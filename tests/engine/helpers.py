@@ -111,9 +111,11 @@ def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -
     return stub.series(run_id)
 
 
-def policy_bytes(cache_dir: str, lora: dict | None = None) -> int:
-    """Bytes of the run's policy, or of its LoRA adapter when `lora` is given."""
-    model = load_model(policy_dir(RunConfig.model_validate(tiny_config()), cache_dir))
+def policy_bytes(cache_dir: str, lora: dict | None = None, config: dict | None = None) -> int:
+    """Bytes of the run's policy, or of its LoRA adapter when `lora` is given. `config`:
+    the run's (as the platform sends it; default tiny_config()), whose warm start is loaded
+    (built if it is not in the cache yet)."""
+    model = load_model(policy_dir(RunConfig.model_validate(config or tiny_config()), cache_dir))
     if lora is not None:
         model = apply_lora(model, LoRAConfig(enabled=True, rank=lora["rank"], alpha=lora["alpha"]))
         sd = adapter_state_dict(model)

@@ -1,8 +1,15 @@
 """The run lifecycle on in-process Ray with the torch backend: launch, metrics, status,
-cancel, idempotency, sync vs async, failure."""
+cancel, idempotency, sync mode, failure.
+
+Elsewhere, on runs that exist there anyway (each whole run costs seconds of process
+start-up): async mode one step off policy and the start-up phases on
+tests/engine/test_run_scratch.py's filesystem sync run; the run's actors dying with their
+killed driver, and a killed actor named in the run's error, in
+tests/engine/test_ledger_resume.py."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -11,15 +18,18 @@ import ray
 from tests.engine.helpers import GONE_WAIT_S, TOKEN, run_inline, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
-from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.reward_stage import POOL_SERIES
 from workers.run.lifecycle import cancel, is_alive, launch
+from workers.run.paths import Confinement
 
 pytestmark = pytest.mark.slow
 
 
-def start(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> str:
-    return launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+def start(run_id: int, stub: IngestStub, cache_dir: str, confinement: Confinement | None = None, **overrides) -> str:
+    return launch(
+        run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement
+    )
 
 
 def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):
@@ -55,10 +65,16 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert not is_alive(101)
 
 
-def test_launching_twice_finds_the_running_driver_and_cancel_removes_every_run_actor(cluster, stub, cache_dir):
-    start(103, stub, cache_dir, stop={"max_steps": 10_000})
+def test_launching_twice_finds_the_running_driver_and_cancel_removes_every_run_actor_and_its_scratch(
+    cluster, stub, cache_dir, tmp_path
+):
+    # Filesystem sync writes each version under the run's scratch directory while it runs.
+    box = Confinement(scratch_root=str(tmp_path / "scratch"))
+    scratch = box.scratch_dir(103)
+    config = {"sync": {"protocol": "filesystem"}, "stop": {"max_steps": 10_000}}
+    start(103, stub, cache_dir, box, **config)
     first = ray.get_actor("run-103", namespace=NAMESPACE)._actor_id
-    start(103, stub, cache_dir, stop={"max_steps": 10_000})
+    start(103, stub, cache_dir, box, **config)
     assert ray.get_actor("run-103", namespace=NAMESPACE)._actor_id == first
     expected = ["run-103", "run-103-buffer", "run-103-inference-0", "run-103-trainer"]
     wait_for(lambda: run_actor_names(103) == expected, 120, f"actors {expected}")
@@ -66,6 +82,7 @@ def test_launching_twice_finds_the_running_driver_and_cancel_removes_every_run_a
     assert run_actor_names(103) == expected
     wait_for(lambda: stub.series(103).get("reward/mean"), 120, "a first step")
     assert stub.statuses[103] == ["running"]  # started once
+    assert os.path.isdir(scratch)
 
     # cancel raises TimeoutError naming the actors that outlive its timeout.
     assert cancel(103, timeout_s=GONE_WAIT_S) is True
@@ -76,6 +93,8 @@ def test_launching_twice_finds_the_running_driver_and_cancel_removes_every_run_a
     assert not is_alive(103)
     assert cancel(103) is False  # nothing left to cancel
     assert stub.statuses[103] == ["running"]  # no "succeeded" after a cancel
+    # A cancelled run leaves no scratch.
+    wait_for(lambda: not os.path.exists(scratch), GONE_WAIT_S, "the scratch to go")
 
 
 def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
@@ -84,13 +103,6 @@ def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
     assert run_actor_names(109) == []
     time.sleep(1.0)  # nothing comes back: the driver did not go on to spawn
     assert run_actor_names(109) == []
-
-
-def test_the_run_actors_die_with_their_driver(cluster, stub, cache_dir):
-    start(104, stub, cache_dir, stop={"max_steps": 10_000})
-    wait_for(lambda: len(run_actor_names(104)) == 4, 120, "the run's actors")
-    ray.kill(ray.get_actor(actor_name(104), namespace=NAMESPACE), no_restart=True)
-    wait_for(lambda: not run_actor_names(104), GONE_WAIT_S, "children to die with the driver")
 
 
 def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
@@ -109,34 +121,9 @@ def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
     assert threads["trainer"] == threads["inference worker 0"] == 2, threads
 
 
-def test_async_mode_trains_one_step_off_policy(cluster, cache_dir):
-    out = run_inline(107, cache_dir, buffer={"capacity": 2, "max_staleness": 1}, stop={"max_steps": 6})
-    assert out["state"] == "succeeded", out["error"]
-    stale = dict(out["series"]["staleness/max"])
-    assert max(stale.values()) == 1.0  # inference ran ahead, within max_staleness
-    assert dict(out["series"]["is/ratio_mean"])  # IS correction reported
-    threads = {p["actor"]: p["threads"] for p in out["placement"]}
-    assert threads["trainer"] == threads["inference worker 0"] == 1, threads  # side by side: a thread each
-
-
 def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cache_dir):
     start(108, stub, cache_dir, model={"source": "path", "path": "/nonexistent/model"})
     wait_for(lambda: stub.status.get(108) in ("succeeded", "failed"), 60, "a terminal status")
     assert stub.statuses[108] == ["running", "failed"]
     assert "/nonexistent/model" in stub.errors[108]
     wait_for(lambda: not run_actor_names(108), GONE_WAIT_S, "the failed driver to exit")
-
-
-def test_the_driver_reports_each_start_up_phase_in_order_then_stepping(cluster, stub, cache_dir):
-    # A warm start of its own (a seed no other test uses), so the build's progress shows.
-    start(110, stub, cache_dir, seed=110, warm_start={"steps": 6, "noisy_steps": 2}, stop={"max_steps": 3})
-    wait_for(lambda: stub.status.get(110) in ("succeeded", "failed"), 180, "a terminal status")
-    assert stub.statuses[110] == ["running", "succeeded"], stub.errors.get(110)
-
-    phases = [phase for phase, _ in stub.phases[110]]
-    # Each phase once, in order, except warm_start which repeats with its progress.
-    order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
-    assert order == ["warm_start", "starting_engines", "first_step", "stepping"]
-    details = dict(reversed(stub.phases[110]))  # the first detail of each phase
-    assert "inference worker" in details["starting_engines"]
-    assert stub.phases[110][phases.index("starting_engines") - 1][1].endswith("step 8/8")

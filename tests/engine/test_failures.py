@@ -489,24 +489,9 @@ def test_a_run_whose_model_directory_has_no_config_json_fails_saying_so(cluster,
     wait_for(lambda: not run_actor_names(901), GONE_WAIT_S, "the failed driver to exit")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("run_id", "role", "said"),
-    [
-        (902, "buffer", "The buffer (Ray actor run-902-buffer)"),
-        (903, "inference-0", "Inference worker 0 (Ray actor run-903-inference-0)"),
-    ],
-)
-def test_killing_an_actor_of_a_running_run_fails_it_naming_that_actor(cluster, stub, cache_dir, run_id, role, said):
-    launch(run_id, tiny_config(stop={"max_steps": 10_000}), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
-    wait_for(lambda: stub.series(run_id).get("reward/mean"), 120, "a first trained step")
-    ray.kill(ray.get_actor(f"run-{run_id}-{role}", namespace=NAMESPACE), no_restart=True)
-    wait_for(lambda: stub.status.get(run_id) == "failed", 60, "the run to fail")
-    assert stub.errors[run_id] == f"{said} died: it was killed (ray.kill). Launch the run again."
-    [body] = [b for kind, run, b in stub.requests if kind == "status" and run == run_id and b["status"] == "failed"]
-    assert "ActorDiedError" in body["failure"]["traceback"]
-    assert body["failure"]["actor_name"] == f"run-{run_id}-{role}"
-    wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")
+# A run actor killed mid-run fails the run naming it (the exact sentence, ActorDiedError
+# in the record, the actor's name): tests/engine/test_ledger_resume.py, whose killed runs
+# kill each kind of run actor and then resume.
 
 
 # --- across Ray, on the shared cluster -------------------------------------------------

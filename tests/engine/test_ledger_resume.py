@@ -2,10 +2,17 @@
 (one of its actors, or its driver) and resumed from the last checkpoint it completed
 accounts for every row, whatever the killed run was doing at that moment.
 
+The killed run also shows how a kill ends a run (each of these kills would otherwise
+need a whole run of its own): every actor of the run exits, the driver's children with
+their killed driver (the driver owns them); a killed trainer, inference worker or buffer
+fails the run with a sentence naming it and the Ray actor, and the failure's record
+keeps Ray's ActorDiedError and the actor's name (workers/run/failures.py).
+
 Each example kills one role after a step chosen by a seeded draw, at whatever point of
 its loop the run is then (generating, putting, training, writing a checkpoint): the
 assertions hold for every such point, so where the kill lands changes which checkpoint
-is the last, not the outcome."""
+is the last, not the outcome. The draw picks the mode and the step only: each role is
+killed in one example, whatever the draw."""
 
 from __future__ import annotations
 
@@ -28,6 +35,9 @@ ROLES = ("trainer", "inference-0", "buffer", "driver")
 _draw = random.Random(39)
 # (run id, mode, the role killed, the step after which it is killed)
 EXAMPLES = [(960 + i, _draw.choice(("sync", "async")), role, _draw.randint(1, 2)) for i, role in enumerate(ROLES)]
+# How a failure names each role but the driver's (a killed driver posts nothing: the
+# site's reconcile says it is gone, tests/integration/test_faults.py).
+SAID = {"trainer": "The trainer", "inference-0": "Inference worker 0", "buffer": "The buffer"}
 
 
 def ledger_of(stub, run_id: int) -> dict[str, float]:
@@ -35,7 +45,7 @@ def ledger_of(stub, run_id: int) -> dict[str, float]:
 
 
 @pytest.mark.parametrize(("run_id", "mode", "role", "after"), EXAMPLES)
-def test_a_killed_run_resumed_from_its_last_checkpoint_accounts_for_every_row(
+def test_a_killed_run_stops_whole_names_the_killed_actor_and_resumed_from_its_last_checkpoint_accounts_for_every_row(
     cluster, stub, cache_dir, tmp_path, run_id, mode, role, after
 ):
     root = str(tmp_path / "checkpoints")
@@ -47,6 +57,16 @@ def test_a_killed_run_resumed_from_its_last_checkpoint_accounts_for_every_row(
     wait_for(lambda: len(stub.series(run_id).get("reward/mean", {})) >= after, 120, f"step {after}")
     victim = actor_name(run_id) if role == "driver" else f"{actor_name(run_id)}-{role}"
     ray.kill(ray.get_actor(victim, namespace=NAMESPACE), no_restart=True)
+    if role != "driver":
+        wait_for(lambda: stub.status.get(run_id) == "failed", 60, "the run to fail")
+        assert (
+            stub.errors[run_id]
+            == f"{SAID[role]} (Ray actor {victim}) died: it was killed (ray.kill). Launch the run again."
+        )
+        [body] = [b for kind, run, b in stub.requests if kind == "status" and run == run_id and b["status"] == "failed"]
+        assert "ActorDiedError" in body["failure"]["traceback"]
+        assert body["failure"]["actor_name"] == victim
+    # Every actor of the run exits: the driver's children die with a killed driver.
     wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S + 60, "the killed run's actors to exit")
     assert stub.status.get(run_id) != "succeeded"
 
