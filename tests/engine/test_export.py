@@ -1,6 +1,12 @@
 """Getting the model back (workers/train/export.py): a run's final policy as a Hugging Face
 directory that `from_pretrained` loads and that generates, holding exactly the trainer's
-weights; with LoRA also the adapter alone, which peft puts back on its base."""
+weights; with LoRA also the adapter alone, which peft puts back on its base.
+
+Through the driver: a finished LoRA run's export is checked on the trl-async-lora
+preset's run (test_presets.py: the merged policy's checksum is the trainer's final one,
+and peft's base + adapter compute its logits); a full fine-tuning run's where a user's
+checkpoint is post-trained (test_hf_models.py: its checksum is the trainer's final
+policy's, its tokenizer kept)."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.engine.helpers import HF_WARM_START, run_inline, small_config
+from tests.engine.helpers import HF_WARM_START, small_config
 from workers.model.loading import checkpoint_state_dict
 from workers.model.lora import adapter_state_dict
 from workers.model.tiny_hf import make_tiny_checkpoint
@@ -21,13 +27,6 @@ from workers.sync.base import state_checksum
 from workers.train import warmstart
 from workers.train.export import MANIFEST, export_policy
 from workers.train.trainer import Trainer
-
-# A small char model and a short warm start: these runs are about the export.
-SMALL = {
-    "model": {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "num_layers": 1},
-    "warm_start": {"steps": 5, "noisy_steps": 0, "batch_size": 16},
-}
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -155,20 +154,3 @@ def test_an_export_replaces_the_previous_one_whole(tmp_path):
     export_policy(trained(cfg, str(tmp_path / "cache")).model, policy(cfg, str(tmp_path / "cache")), str(target), cfg)
     assert "stale.bin" not in os.listdir(target) and "model.safetensors" in os.listdir(target)
     assert [p for p in os.listdir(target.parent) if p != "run-5"] == []  # no temporary left behind
-
-
-# --- through the driver ------------------------------------------------------------------
-# A full fine-tuning run's export is checked where a user's checkpoint is post-trained
-# (test_hf_models.py: its checksum is the trainer's final policy's, its tokenizer kept).
-
-
-def test_a_finished_lora_run_exports_merged_weights_and_adapter(cluster, cache_dir):
-    out = run_inline(812, cache_dir, lora={"enabled": True}, sync={"protocol": "lora"}, stop={"max_steps": 2}, **SMALL)
-    assert out["state"] == "succeeded", out["error"]
-    merged = AutoModelForCausalLM.from_pretrained(out["export_dir"])
-    assert state_checksum(checkpoint_state_dict(merged)) == out["policy_sha256"]
-    base = AutoModelForCausalLM.from_pretrained(os.path.join(out["export_dir"], "base"))
-    peft_model = PeftModel.from_pretrained(base, os.path.join(out["export_dir"], "adapter"))
-    ids = torch.tensor([CharTokenizer().prompt_ids("abcd=")])
-    with torch.no_grad():
-        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5)

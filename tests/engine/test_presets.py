@@ -1,20 +1,30 @@
 """Presets and the override helpers that the launch form, the API and the benches share.
 
 Fast: every preset validates, names its peer and keeps the sizes every preset shares.
-Slow: presets that together use every engine switch value of every preset run two steps
+Slow: presets that together use every engine switch value of every preset run four steps
 through the real RunDriver on in-process Ray (torch backend, a small model), one Ray
-session for all.
+session for all. These runs also carry what other modules would need a run of their own
+for: a double buffer (slime, prime-rl) holds one batch and trains at most one version
+behind, and a finished LoRA run (trl-async-lora) exports its merged policy and its
+adapter, which peft puts back on the exported base.
 """
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+from peft import PeftModel
 from pydantic import ValidationError
+from transformers import AutoModelForCausalLM
 
 from tests.engine.helpers import run_config
 from workers.config.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
 from workers.config.run_config import RunConfig
 from workers.core.merge import parse_sets
+from workers.model.loading import checkpoint_state_dict
+from workers.model.tokenizer import CharTokenizer
+from workers.sync.base import state_checksum
 
 # Every peer library whose buffer layout at least is known: each has a preset.
 PEER_PRESETS = {
@@ -174,14 +184,17 @@ def test_the_docs_table_holds_every_presets_rewards_sentence_word_for_word():
 
 # -- the presets through the real driver (slow) -------------------------------------------
 
-# A model and warm start that take milliseconds (helpers.small_config's sizes), two
-# steps, the torch backend: what differs between runs is only the preset's own switches.
+# A model and warm start that take milliseconds (helpers.small_config's sizes), the torch
+# backend: what differs between runs is only the preset's own switches. Four steps, so
+# that a run could train data older than one version (a step k batch can be at most k - 1
+# versions old): the staleness bound of a preset whose max_staleness is 1 can fail.
+STEPS = 4
 SMALL = {
     "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
     "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
     "trainer": {"batch_groups": 4, "group_size": 4},
     "inference": {"backend": "torch"},
-    "stop": {"max_steps": 2, "max_minutes": 3},
+    "stop": {"max_steps": STEPS, "max_minutes": 3},
 }
 
 # One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
@@ -219,11 +232,28 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     run_id = 400 + list(PRESETS).index(name)
     out = run_config(run_id, cache_dir, config.model_dump(mode="json"), timeout_s=240)
     assert out["state"] == "succeeded", f"{name}: {out['error']}"
-    assert out["steps"] == 2
+    assert out["steps"] == STEPS
     s = {k: dict(v) for k, v in out["series"].items()}
-    assert sorted(s["reward/mean"]) == [1, 2], name
+    assert sorted(s["reward/mean"]) == list(range(1, STEPS + 1)), name
     assert all(v > 0 for v in s["sync/bytes"].values()), name
     assert max(s["staleness/max"].values()) <= config.buffer.max_staleness, name
+    if config.buffer.mode == "double":  # the BufferActor got the mode: one batch of B=4 groups
+        assert set(s["buffer/capacity"].values()) == {4.0}, name
+    if config.lora.enabled:
+        assert_the_lora_export_is_the_final_policy(out)
+
+
+def assert_the_lora_export_is_the_final_policy(out: dict) -> None:
+    """A finished LoRA run's export (workers/train/export.py): the top level holds the
+    trainer's final policy, the adapter merged; base/ and adapter/ are that policy as
+    peft loads it."""
+    merged = AutoModelForCausalLM.from_pretrained(out["export_dir"])
+    assert state_checksum(checkpoint_state_dict(merged)) == out["policy_sha256"]
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(out["export_dir"], "base"))
+    peft_model = PeftModel.from_pretrained(base, os.path.join(out["export_dir"], "adapter"))
+    ids = torch.tensor([CharTokenizer().prompt_ids("abcd=")])
+    with torch.no_grad():
+        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5)
 
 
 def test_a_checkpoint_or_the_dataset_task_starts_without_the_warm_start_under_every_preset(tmp_path):
