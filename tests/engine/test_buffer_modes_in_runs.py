@@ -1,8 +1,11 @@
-"""Buffer modes through the real driver (in-process Ray, torch backend): the config
-reaches the BufferActor, and a requeue run regenerates stale prompts.
+"""Buffer modes through the real driver (in-process Ray, torch backend): a buffer that
+drops uniform groups fails a run whose groups never differ, saying why.
 
-A double buffer's run is the slime preset's (test_presets.py: a capacity of one batch,
-nothing trained more than one version old)."""
+The other buffer modes reach the BufferActor in runs that other modules start anyway: a
+double buffer in the slime preset's run (test_presets.py: a capacity of one batch,
+nothing trained more than one version old), an unbounded stream whose head runs ahead
+of max_staleness 0 in test_requeue_live.py's run (no capacity, stale groups requeued,
+never dropped, none trained)."""
 
 from __future__ import annotations
 
@@ -11,22 +14,6 @@ import pytest
 from tests.engine.helpers import run_inline
 
 pytestmark = pytest.mark.slow
-
-
-def test_unbounded_stream_with_a_long_head_requeues_stale_groups(cluster, cache_dir):
-    out = run_inline(
-        131,
-        cache_dir,
-        buffer={"mode": "unbounded", "max_staleness": 0, "max_head_offpolicyness": 2, "on_stale": "requeue"},
-        stop={"max_steps": 5},
-    )
-    assert out["state"] == "succeeded", out["error"]
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert set(s["staleness/max"].values()) == {0.0}  # nothing older than max_staleness trained
-    assert "buffer/capacity" not in s  # a stream has no capacity
-    assert max(s["buffer/requeued"].values()) > 0  # η 2 > max_staleness 0: some went stale
-    assert set(s["buffer/dropped_stale"].values()) == {0.0}  # requeued, not dropped
-    assert "buffer/starved_s" in s
 
 
 def test_a_run_whose_groups_never_differ_fails_saying_so(cluster, cache_dir):

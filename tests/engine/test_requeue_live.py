@@ -5,7 +5,9 @@ Fast: `RolloutBuffer.regenerated` counts the trained groups whose prompt came ba
 through `take_requeued`, and nothing else. Slow: a real run (RunDriver, in-process Ray,
 torch backend) that makes groups go stale (a stream whose head runs 3 batches ahead,
 max_staleness 0) requeues them, and its live BufferActor's buffer counts regenerations
-trained while nothing stale is trained.
+trained while nothing stale is trained. The same run shows the unbounded buffer reaching
+the BufferActor as a stream: no capacity, and the time the trainer waited for fresh
+groups reported.
 """
 
 from __future__ import annotations
@@ -148,6 +150,14 @@ def test_stale_groups_are_requeued_regenerated_and_trained(requeue_run):
     requeued, regenerated = counts
     assert regenerated >= 1, f"requeued {requeued} groups but trained no regeneration"
     assert regenerated <= requeued
+
+
+@pytest.mark.slow
+def test_an_unbounded_stream_reports_no_capacity_and_its_starved_time(requeue_run):
+    out, _ = requeue_run
+    s = {k: dict(v) for k, v in out["series"].items()}
+    assert "buffer/capacity" not in s  # a stream has no capacity
+    assert "buffer/starved_s" in s
 
 
 @pytest.mark.slow
