@@ -9,7 +9,7 @@ this machine).
   a sync run the workers then hold exactly the trainer's weights (`mismatch/kl` at
   rounding level) and each rank reports its part of each step. (That GRPO learns is
   tests/engine/test_learning.py's to show; a 2-rank pool trains as one rank does,
-  tests/engine/test_equivalence.py.)
+  tests/engine/test_trainer_pool.py.)
 - The second node killed mid-run: the run fails within a minute with a sentence naming
   the node, and nothing of it is left behind (last: the node stays dead).
 

@@ -194,10 +194,6 @@ class InferenceWorker:
         """Join the trainer's sender (blocks until every rank joins, for a collective)."""
         self.receiver.connect(endpoint, rank)
 
-    def rows_in_flight(self) -> int:
-        """Rows drawn and not yet in the buffer (a test hook's question, the ledger's)."""
-        return len(self.in_flight)
-
     def state_dict(self) -> dict:
         """What decides this worker's next prompts and seeds, as JSON data (a checkpoint's
         inference.json holds one per worker), and its part of the prompt ledger; safe

@@ -32,9 +32,10 @@ from workers.core.records import group_id
 
 Row = tuple[str, str]  # (prompt, answer)
 
-# Tests set this ("1") to make every periodic checkpoint wait until an inference worker
-# holds rows in flight (the trainer's `_wait_for_rows_in_flight`), so that it carries
-# some: otherwise whether it does depends on where the worker is when the trainer writes.
+# Tests set this ("1") to make every periodic checkpoint snapshot the run until an
+# inference worker holds rows in flight (the trainer's `_snapshot_carrying_rows`), so that
+# it carries some: otherwise whether it does depends on where the worker is when the
+# trainer writes.
 CHECKPOINT_IN_FLIGHT_ENV = "ROLLWAY_TEST_CHECKPOINT_ROWS_IN_FLIGHT"
 # ... and fail the run, naming the switch, if none does within this long.
 IN_FLIGHT_WAIT_LIMIT_S = 60.0

@@ -36,6 +36,7 @@ from workers.run.ledger import (
     CHECKPOINT_IN_FLIGHT_ENV,
     IN_FLIGHT_WAIT_LIMIT_S,
     LedgerTotals,
+    carried,
     checkpoint_waits_for_rows_in_flight,
 )
 from workers.run.messages import StepRecord, TrainerReport
@@ -296,15 +297,21 @@ class TrainerActor:
             workers, buffer = self._snapshot()
         return LedgerTotals.of(workers, buffer).metrics()
 
-    def _wait_for_rows_in_flight(self) -> None:
-        """Tests (CHECKPOINT_IN_FLIGHT_ENV): hold a periodic checkpoint until an inference
-        worker holds rows it drew and has not put, so that the checkpoint carries some."""
+    def _snapshot_carrying_rows(self) -> tuple[list[dict], dict]:
+        """Tests (CHECKPOINT_IN_FLIGHT_ENV): snapshots until one holds rows an inference
+        worker drew and had not yet put, so that the checkpoint carries some. A snapshot
+        only reads, so taking another is harmless; waiting for rows in flight and then
+        taking one would race with the worker's put in between."""
         deadline = time.monotonic() + IN_FLIGHT_WAIT_LIMIT_S
-        while sum(ray.get([w.rows_in_flight.remote() for w in self.workers])) == 0:
+        while True:
+            workers, buffer = self._snapshot()
+            received = set(buffer.get("received_ids", []))
+            if any(carried(w, received) for w in workers):
+                return workers, buffer
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"{CHECKPOINT_IN_FLIGHT_ENV}: no inference worker held a row in flight within "
-                    f"{IN_FLIGHT_WAIT_LIMIT_S:.0f} s of checkpoint step {self.trainer.version}"
+                    f"{CHECKPOINT_IN_FLIGHT_ENV}: no snapshot within {IN_FLIGHT_WAIT_LIMIT_S:.0f} s of "
+                    f"checkpoint step {self.trainer.version} held a row in flight"
                 )
             time.sleep(0.01)
 
@@ -316,10 +323,11 @@ class TrainerActor:
         workers = ray.get([w.state_dict.remote() for w in self.workers])
         return workers, with_prefetched(ray.get(self.buffer.state_dict.remote()), prefetched)
 
-    def _checkpoint(self, target: CheckpointTarget) -> CheckpointRecord | None:
-        """Gather the run's state (the inference workers' and the buffer's too) and write it."""
+    def _checkpoint(self, target: CheckpointTarget, carrying_rows: bool = False) -> CheckpointRecord | None:
+        """Gather the run's state (the inference workers' and the buffer's too) and write it;
+        `carrying_rows`: a test hook's, see `_snapshot_carrying_rows`."""
         with self._checkpoint_lock:
-            workers, buffer = self._snapshot()
+            workers, buffer = self._snapshot_carrying_rows() if carrying_rows else self._snapshot()
             # A sharded pool's ranks each write their shards once the step directory is
             # there (`_shards`); a ddp rank 0 holds the whole state already.
             trainer = checkpoints.trainer_parts(self.trainer, self._starved_s, others=self._shards)
@@ -457,9 +465,7 @@ class TrainerActor:
                 if self.checkpoints is not None and self.checkpoints.due(version):
                     # Before publishing `version`: in sync mode every inference worker
                     # waits for it, its sampling state still (workers.run.checkpoints).
-                    if self._rows_in_flight_first:
-                        self._wait_for_rows_in_flight()
-                    written = self._checkpoint(self.checkpoints)
+                    written = self._checkpoint(self.checkpoints, carrying_rows=self._rows_in_flight_first)
                     if written is not None:
                         with self._steps_lock:
                             self._written.append(written)
