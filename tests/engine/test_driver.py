@@ -1,10 +1,13 @@
 """The run lifecycle on in-process Ray with the torch backend: launch, metrics, status,
-cancel, idempotency, sync mode, failure.
+cancel, idempotency, failure.
 
 Elsewhere, on runs that exist there anyway (each whole run costs seconds of process
 start-up): async mode one step off policy and the start-up phases on
-tests/engine/test_run_scratch.py's filesystem sync run; the run's actors dying with their
-killed driver, and a killed actor named in the run's error, in
+tests/engine/test_run_scratch.py's filesystem sync run; sync mode taking turns (staleness
+0, the trainer waiting, each phase on both phases' threads) on
+tests/engine/test_eval_runs.py's sync run, and eval being off by default on
+tests/engine/test_task_runs.py's calculator run; the run's actors dying with their killed
+driver, and a killed actor named in the run's error, in
 tests/engine/test_ledger_resume.py."""
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, run_inline, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
 from workers.core.run_actors import NAMESPACE, run_actor_names
@@ -103,22 +106,6 @@ def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
     assert run_actor_names(109) == []
     time.sleep(1.0)  # nothing comes back: the driver did not go on to spawn
     assert run_actor_names(109) == []
-
-
-def test_sync_mode_alternates_generate_train_sync(cluster, cache_dir):
-    out = run_inline(106, cache_dir, mode="sync", buffer={"capacity": 1, "max_staleness": 0}, stop={"max_steps": 5})
-    assert out["state"] == "succeeded", out["error"]
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert sorted(s["staleness/max"]) == [1, 2, 3, 4, 5]
-    assert set(s["staleness/max"].values()) == {0.0}  # every batch from the current weights
-    assert set(s["buffer/dropped_stale"].values()) == {0.0}
-    assert not [name for name in s if name.startswith("eval/")]  # eval is off by default
-    # Alternation: every batch is from the weights of the step before (staleness 0
-    # above), so the trainer waits for its generation at every step.
-    assert all(v > 0 for v in s["trainer/idle_frac"].values())
-    # Taking turns, each phase computes on the threads of both (a thread each by default).
-    threads = {p["actor"]: p["threads"] for p in out["placement"]}
-    assert threads["trainer"] == threads["inference worker 0"] == 2, threads
 
 
 def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cache_dir):

@@ -1,5 +1,9 @@
 """Real short runs (Ray, the torch backend, the tiny model, real training) with the eval
-pass on: its series arrive at the steps it ran on, within their bounds."""
+pass on: its series arrive at the steps it ran on, within their bounds.
+
+The sync run is also the suite's run of the sync preset (mode sync, a buffer of one batch
+and max_staleness 0): generation and training take turns, which it checks too, rather
+than paying a whole run of its own for that (each costs seconds of process start-up)."""
 
 from __future__ import annotations
 
@@ -46,10 +50,15 @@ def check_bounds(series: dict) -> None:
         assert step == step_k and pk >= p1
 
 
-def test_a_sync_run_evaluates_every_two_steps_on_the_held_out_split(cluster, cache_dir, tmp_path):
+def test_a_sync_run_alternates_generate_train_sync_and_evaluates_every_two_steps_on_the_held_out_split(
+    cluster, cache_dir, tmp_path
+):
     """Sync mode: worker 0 loads every version, so the passes run exactly at steps 2 and
-    4 (the last, also the end of the run: one pass, not two)."""
-    series = run_countdown(4201, cache_dir, tmp_path, mode="sync", stop={"max_steps": 4})["series"]
+    4 (the last, also the end of the run: one pass, not two). Generation and training
+    take turns: every batch comes from the weights of the step before."""
+    sync_preset = {"capacity": 1, "max_staleness": 0}
+    out = run_countdown(4201, cache_dir, tmp_path, mode="sync", buffer=sync_preset, stop={"max_steps": 4})
+    series = out["series"]
     # The training reward, from the shipped file's training rows: a point per step.
     rewards = series["reward/mean"]
     assert [step for step, _ in rewards] == [1, 2, 3, 4]
@@ -59,6 +68,18 @@ def test_a_sync_run_evaluates_every_two_steps_on_the_held_out_split(cluster, cac
     check_bounds(series)
     # After its warm start the policy writes some well-formed expressions (partial credit).
     assert max(value for _, value in series[REWARD_MEAN]) > 0, series[REWARD_MEAN]
+
+    s = {k: dict(v) for k, v in series.items()}
+    assert sorted(s["staleness/max"]) == [1, 2, 3, 4]
+    assert set(s["staleness/max"].values()) == {0.0}  # every batch from the current weights
+    assert set(s["buffer/dropped_stale"].values()) == {0.0}
+    # Alternation: every batch is from the weights of the step before (staleness 0
+    # above), so the trainer waits for its generation at every step.
+    assert sorted(s["trainer/idle_frac"]) == [1, 2, 3, 4]
+    assert all(v > 0 for v in s["trainer/idle_frac"].values())
+    # Taking turns, each phase computes on the threads of both (a thread each by default).
+    threads = {p["actor"]: p["threads"] for p in out["placement"]}
+    assert threads["trainer"] == threads["inference worker 0"] == 2, threads
 
 
 def test_an_async_run_evaluates_once_per_interval_and_at_the_end(cluster, cache_dir, tmp_path):

@@ -60,6 +60,7 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_episodes_each_on_one_vers
     assert max(rewards) > 0.0, rewards
     assert "episode/p90_s" in series
     assert not any(name.startswith("agent/") for name in series)  # one agent: no per-agent series
+    assert not any(name.startswith("eval/") for name in series)  # its config leaves eval off, the default
     assert max(v for _, v in series["staleness/max"]) <= 1.0
     # Under drain no weights load while an episode is in flight: no episode mixes versions.
     assert [v for _, v in series["rollout/mixed_version_frac"]] == [0.0] * 3
