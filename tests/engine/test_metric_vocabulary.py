@@ -121,8 +121,8 @@ def test_the_step_windows_are_known_names():
 
 
 def test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on():
-    # Both ways in a real run: tests/engine/test_eval_runs.py (on) and test_driver.py's
-    # default-config runs, which emit no eval series.
+    # Both ways in a real run: tests/engine/test_eval_runs.py (on) and test_task_runs.py's
+    # calculator run, which leaves eval off and emits no eval series.
     assert set(eval_metrics([[1.0, 0.0]], k=2)) == set(EVAL_SERIES) <= NAMES
     assert not any(is_due(v, 0, every_steps=0) for v in range(100))
     assert is_due(2, 0, every_steps=2)
