@@ -66,9 +66,9 @@ def test_update_modes_on_vllm_take_weights_mid_generation_by_each_full_weight_pr
     # Weights reached the vLLM engine: every version the worker loaded was reported.
     assert s["sync/latency_ms"] and s["sync/inference_ms"]
     assert all(v > 0 for v in s["sync/inference_ms"].values())
-    # What each sync moved (the trainer's float32 policy; only its shape matters, which
-    # the warm-started tiny policy `policy_bytes` loads shares with this run's).
-    full = policy_bytes(cache_dir)
+    # What each sync moved: the trainer's float32 policy, this run's own (already in the
+    # cache: the run made it).
+    full = policy_bytes(cache_dir, config=cfg)
     if protocol == "filesystem":  # the whole policy in a safetensors file, plus its header
         assert s["sync/bytes"] and all(full < v < full + 2**16 for v in s["sync/bytes"].values()), s["sync/bytes"]
     if protocol == "collective":  # every parameter, every step

@@ -254,7 +254,7 @@ def test_disaggregated_pools_run_on_disjoint_gpus_sync_by_a_packed_collective_an
 
         wait_for(three_steps_synced, 240, "three steps and a version loaded")
         series = stub.series(9141)
-        full = policy_bytes(cache_dir)
+        full = policy_bytes(cache_dir, config=config)
         assert set(series["sync/bytes"].values()) == {float(full)}  # every parameter, every step
         assert all(v > 0 for v in series["sync/trainer_ms"].values())
         assert series["sync/inference_ms"] and all(v > 0 for v in series["sync/latency_ms"].values())
