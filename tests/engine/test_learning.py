@@ -29,11 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
 SEED = 0
-# Trained minus control, held-out pass@1, that each preset must beat. Measured with this
-# test's runs on a 2-core host at load average 17-83 (CHANGELOG.md): seed 0 gave sync
-# +0.068, async +0.076; seed 1 +0.057, +0.090; seed 3 +0.121, +0.045. Seed 0 has the
-# largest smallest gain; async runs differ from one run to the next in which version
-# generated which batch, so the margin is under half of it.
+# Trained minus control, held-out pass@1, that each preset must beat. The runs' actors keep
+# Intel MKL in its reproducible mode (workers/core/worker_process.py), so a seed's figures
+# repeat from one launch to the next, under load too: seed 0 gives sync 0.354 and async
+# 0.369 against the control's 0.275 (+0.078, +0.094; three launches on a quiet 2-core host,
+# one beside two busy loops). Before that mode, floats rounded differently from launch to
+# launch and seed 0's sync gain ranged +0.026 to +0.067; over five seeds the bench's
+# smallest sync gain is +0.072 (docs/learning.md). The margin is under half the smallest.
 MARGIN = 0.03
 CONTROL_LR = 1e-9
 # The control's steps: at CONTROL_LR its weights move by nothing measurable in 2 steps or

@@ -40,6 +40,15 @@ def test_the_runs_ray_job_names_the_setup_hook(monkeypatch):
     monkeypatch.setattr(lifecycle.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(lifecycle.ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MKL_CBWR", raising=False)
     lifecycle.connect()
-    assert calls[0]["runtime_env"] == {"worker_process_setup_hook": "workers.core.worker_process.setup"}
+    assert calls[0]["runtime_env"] == {
+        "worker_process_setup_hook": "workers.core.worker_process.setup",
+        "env_vars": {"MKL_CBWR": "AUTO,STRICT"},
+    }
     assert worker_process.runtime_env() is not worker_process.runtime_env()  # ray.init writes into it
+
+
+def test_an_mkl_mode_the_environment_sets_reaches_the_workers_instead(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert worker_process.runtime_env()["env_vars"] == {"MKL_CBWR": "COMPATIBLE"}
