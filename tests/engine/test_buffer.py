@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from workers.config.run_config import BufferConfig, RunConfig
 from workers.core.records import Group, Rollout
-from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer, plan
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV, AdmissionGate, BufferPlan, RolloutBuffer, first_batch_hold, plan
 
 
 def group(gid: str, version: int = 0, size: int = 4) -> Group:
@@ -116,6 +116,48 @@ def test_get_waits_for_fresh_groups_after_dropping_stale_ones():
     threading.Timer(0.2, lambda: buf.put(group("new", version=1))).start()
     got = buf.get(1, current_version=1, timeout=2)
     assert [g.group_id for g in got] == ["new"] and buf.dropped_stale == 1
+
+
+def test_a_held_get_takes_its_batch_only_once_the_buffer_holds_the_hold():
+    buf = RolloutBuffer(capacity_groups=4, max_staleness=1)
+    buf.put(group("a"))
+    buf.put(group("b"))
+    with pytest.raises(queue.Empty):  # a batch of 1 is there, the hold of 3 is not
+        buf.get(1, current_version=0, timeout=0.05, hold_until=3)
+    assert buf.depth == 2  # nothing taken
+    buf.put(group("c"))
+    assert [g.group_id for g in buf.get(1, current_version=0, timeout=0.05, hold_until=3)] == ["a"]
+    # Stale groups do not count towards the hold: they are rejected first.
+    buf.put(group("d", version=3))
+    with pytest.raises(queue.Empty):
+        buf.get(1, current_version=3, timeout=0.05, hold_until=2)
+    assert buf.dropped_stale == 2 and buf.group_ids() == ["d"]
+    with pytest.raises(ValueError, match="hold_until must be at most capacity"):
+        buf.get(1, current_version=3, hold_until=5)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 0), ("", 0), ("0", 0), ("8", 8), ("16", 16)],
+)
+def test_the_first_batch_hold_reads_its_switch(value, expected):
+    async_plan = plan(BufferConfig(mode="bounded", capacity=2, max_staleness=1), "async", 8)
+    assert first_batch_hold(async_plan, 8, value) == expected
+
+
+@pytest.mark.parametrize(
+    ("mode", "buffer", "value", "needle"),
+    [
+        ("async", {"mode": "bounded", "capacity": 2, "max_staleness": 1}, "17", "at most 16 groups"),
+        # Synchronous: nothing generated ahead, so the gate stops at one batch.
+        ("sync", {"mode": "bounded", "capacity": 2, "max_staleness": 1}, "9", "at most 8 groups"),
+        ("async", {"mode": "bounded", "capacity": 2, "max_staleness": 1}, "two", "must be a number of groups"),
+    ],
+)
+def test_a_first_batch_hold_the_buffer_cannot_reach_is_refused_naming_the_switch(mode, buffer, value, needle):
+    with pytest.raises(ValueError, match=needle) as caught:
+        first_batch_hold(plan(BufferConfig(**buffer), mode, 8), 8, value)
+    assert FIRST_BATCH_HOLD_ENV in str(caught.value)
 
 
 def test_concurrent_producers_never_split_or_lose_groups():

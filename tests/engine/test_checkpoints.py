@@ -47,7 +47,7 @@ from workers.config.presets import build, deep_merge
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.model.loading import tied_weight_names
 from workers.model.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint
-from workers.run.buffer import RolloutBuffer
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV, RolloutBuffer
 from workers.run.checkpoints import (
     BUFFER,
     INFERENCE,
@@ -528,7 +528,10 @@ def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(sync_run, ca
 
 def test_async_one_step_ahead_trains_something_else(sync_run, cache_dir, ckpt_root):
     sync_series = sync_run["series"]
-    out = run("async", 143, cache_dir, ckpt_root, buffer={"max_staleness": 1})
+    # The first step waits for two batches, both generated at version 0: the second
+    # trains one version late whatever the host's load.
+    hold = {FIRST_BATCH_HOLD_ENV: str(2 * SMALL["trainer"]["batch_groups"])}
+    out = run("async", 143, cache_dir, ckpt_root, env=hold, buffer={"max_staleness": 1})
     series = out["series"]
     assert sorted(series["loss"]) == list(range(1, STEPS + 1)), "one loss point per step"
     # Step 1 trains version 0's first batch in both runs: the runs start out equal, so a

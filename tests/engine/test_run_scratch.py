@@ -20,6 +20,7 @@ import pytest
 from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.run_actors import run_actor_names
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
 
@@ -75,7 +76,10 @@ def filesystem_run(cluster, cache_dir, tmp_path_factory):
         return stub.status.get(301) in ("succeeded", "failed")
 
     with IngestStub(token=TOKEN) as stub:
-        launch(301, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=box)
+        # The trainer's first step waits for two batches, both generated at version 0:
+        # the second trains one version late whatever the host's load.
+        hold = {FIRST_BATCH_HOLD_ENV: str(2 * config["trainer"]["batch_groups"])}
+        launch(301, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=box, env=hold)
         wait_for(finished, 240, "a terminal status")
         wait_for(lambda: not run_actor_names(301), GONE_WAIT_S, "the run's actors to exit")
         yield SimpleNamespace(stub=stub, box=box, config=config, written_while_running=written)
@@ -99,7 +103,8 @@ def test_an_async_run_trains_one_step_off_policy_its_trainer_and_worker_side_by_
     stub = filesystem_run.stub
     assert stub.statuses[301] == ["running", "succeeded"], stub.errors.get(301)
     series = stub.series(301)
-    # A buffer of 2 batches, max_staleness 1: inference ran ahead, within max_staleness.
+    # A buffer of 2 batches, max_staleness 1, the first step held until both were full:
+    # inference ran ahead, within max_staleness.
     assert max(series["staleness/max"].values()) == 1.0
     assert series["is/ratio_mean"]  # IS correction reported
     threads = {p["actor"]: p["threads"] for p in stub.placement[301]}

@@ -1,7 +1,8 @@
 """What every Ray worker process of a run sets before any actor code runs: Ray's
 `worker_process_setup_hook`, named by module path in the job's runtime environment
 (`runtime_env()`, given to `ray.init`, which also sets Intel MKL's reproducible mode), so
-Ray imports this module in each worker as it starts. The standard library only: whatever this imports, every worker pays for.
+Ray imports this module in each worker as it starts. The standard library only: whatever
+this imports, every worker pays for.
 
 It hides two packages from transformers: scikit-learn and SciPy. While it loads any
 causal LM, transformers imports `sklearn.metrics` (for assisted generation's candidate

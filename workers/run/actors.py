@@ -135,10 +135,13 @@ class BufferActor:
             accepted += 1
         return accepted, blocked
 
-    def get(self, n_groups: int, current_version: int, timeout: float) -> tuple[list[Group] | None, dict]:
-        """`n_groups` fresh groups (None if not there within `timeout`) and the buffer stats."""
+    def get(
+        self, n_groups: int, current_version: int, timeout: float, hold_until: int = 0
+    ) -> tuple[list[Group] | None, dict]:
+        """`n_groups` fresh groups (None if not there within `timeout`) and the buffer
+        stats; `hold_until`: RolloutBuffer.get's."""
         try:
-            groups = self.buffer.get(n_groups, current_version, timeout=timeout)
+            groups = self.buffer.get(n_groups, current_version, timeout=timeout, hold_until=hold_until)
         except queue.Empty:
             groups = None
         return groups, self.stats()

@@ -31,6 +31,12 @@ between, `get` raises `NoSignalError`: the task gives the policy nothing to lear
 the run fails saying so instead of generating forever (verl's max_num_gen_batches).
 
 `AdmissionGate` is AReaL's capacity rule as pure arithmetic, so it can be tested alone.
+
+Whether an async run ever trains on stale data depends, left alone, on how fast the
+producers are next to the trainer. `get`'s `hold_until` forces it: the trainer's first
+get with `FIRST_BATCH_HOLD_ENV` set waits until the buffer holds that many fresh groups,
+all generated at the first version, so the batches after the first train one version
+late or more whatever the host's load (tests of staleness and its correction set it).
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ if TYPE_CHECKING:
 # reads is told apart by its id (workers/run/ledger.py). Only the groups of the calls in
 # flight at that moment can be put then, far fewer than this.
 RECEIVED_IDS = 4096
+
+# Tests set this to a number of groups N: the trainer's first get waits until the buffer
+# holds N fresh groups (module docstring). `first_batch_hold` checks N can be reached.
+FIRST_BATCH_HOLD_ENV = "ROLLWAY_TEST_FIRST_BATCH_HOLDS_FOR_GROUPS"
 
 
 class NoSignalError(RuntimeError):
@@ -90,6 +100,28 @@ class AdmissionGate:
     def may_admit(self, version: int, admitted: int, rejected: int, want: int) -> int:
         """How many of `want` new groups (0..want) a producer holding `version` may start."""
         return max(0, min(want, self.limit(version) - (admitted - rejected)))
+
+
+def first_batch_hold(plan: BufferPlan, batch_groups: int, value: str | None) -> int:
+    """The groups the trainer's first get waits for under FIRST_BATCH_HOLD_ENV (`value`,
+    the variable's text; None or empty: 0, no hold). ValueError naming the variable where
+    the buffer could never hold that many before a first step: more than its capacity, or
+    than the admission gate lets producers start at the first version."""
+    if not value:
+        return 0
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{FIRST_BATCH_HOLD_ENV} must be a number of groups (got {value!r})") from None
+    reachable = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups).limit(0)
+    if plan.capacity_groups is not None:
+        reachable = min(reachable, plan.capacity_groups)
+    if not 0 <= n <= reachable:
+        raise ValueError(
+            f"{FIRST_BATCH_HOLD_ENV}={n}: the buffer can hold at most {reachable} groups before the first "
+            "step (its capacity and the admission gate's limit at version 0); set at most that"
+        )
+    return n
 
 
 def groups_per_call(batch_groups: int, num_workers: int) -> int:
@@ -381,8 +413,11 @@ class RolloutBuffer:
                 self._cond.notify_all()
             return taken
 
-    def get(self, n_groups: int, current_version: int, timeout: float | None = None) -> list[Group]:
-        """Take the `n_groups` oldest fresh groups, waiting until that many are present.
+    def get(
+        self, n_groups: int, current_version: int, timeout: float | None = None, hold_until: int = 0
+    ) -> list[Group]:
+        """Take the `n_groups` oldest fresh groups, waiting until that many are present
+        (and `hold_until` fresh groups in all: the module docstring's hook).
 
         Stale groups (min_version < current_version - max_staleness) are rejected first
         (dropped or requeued, by `on_stale`). Raises queue.Empty if `n_groups` fresh
@@ -390,11 +425,14 @@ class RolloutBuffer:
         """
         if n_groups < 1 or (self._capacity is not None and n_groups > self._capacity):
             raise ValueError(f"get n_groups must be in 1..capacity ({self._capacity}); got {n_groups}")
+        if self._capacity is not None and hold_until > self._capacity:
+            raise ValueError(f"get hold_until must be at most capacity ({self._capacity}); got {hold_until}")
         oldest_ok = current_version - self.max_staleness
+        wanted = max(n_groups, hold_until)
 
         def ready() -> bool:
             self._reject_stale(oldest_ok)
-            if len(self._groups) >= n_groups:
+            if len(self._groups) >= wanted:
                 return True
             if self.max_uniform_run is not None and self._uniform_run >= self.max_uniform_run:
                 raise NoSignalError(

@@ -76,6 +76,7 @@ def launch(
     ray_address: str | None = None,
     confinement: Confinement | None = None,
     resume_from: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> str:
     """Create (or find) the detached driver actor `run-<run_id>` and start the run of
     `config` (the site hands it over validated; a dict is validated here).
@@ -87,7 +88,10 @@ def launch(
     `confinement`: where the run may read and write (the site's settings).
     `resume_from`: a checkpoint's location (its step directory, workers/run/checkpoints.py)
     to continue from, of this run or another; CheckpointRefused (a ValueError naming
-    `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete."""
+    `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete.
+    `env`: environment variables the driver starts with and its actors inherit (Ray's
+    runtime_env), beside the job's: a test hook's switch, or NCCL_DEBUG for one run. The
+    site passes none."""
     cfg = check_runnable(config if isinstance(config, RunConfig) else RunConfig.model_validate(config))
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
@@ -100,6 +104,7 @@ def launch(
         get_if_exists=True,
         max_restarts=0,
         **on_the_head(),
+        **({"runtime_env": {"env_vars": env}} if env else {}),
     ).remote(
         run_id,
         cfg.model_dump(mode="json"),

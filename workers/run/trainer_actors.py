@@ -7,6 +7,7 @@ Their processes import what training needs and nothing of generation's.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -21,7 +22,8 @@ from workers.core.run_actors import actor_class, where_am_i
 from workers.core.watch import TRAIN_STEP, WEIGHT_SEND, Watch
 from workers.run import checkpoints
 from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
-from workers.run.buffer import NoSignalError, with_prefetched
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV, NoSignalError, first_batch_hold, with_prefetched
+from workers.run.buffer import plan as buffer_plan
 from workers.run.checkpoints import (
     Checkpoint,
     has_shards,
@@ -225,6 +227,10 @@ class TrainerActor:
         self._steps_lock = threading.Lock()
         self._prefetch = None  # the next step's buffer.get, in flight while this one trains
         self._rows_in_flight_first = checkpoint_waits_for_rows_in_flight()  # a test's hook
+        # Another: the first get waits for this many groups (0: none), checked before any loop starts.
+        b = cfg.trainer.batch_groups
+        held = os.environ.get(FIRST_BATCH_HOLD_ENV)
+        self._hold = first_batch_hold(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b, held)
         self._starved_s = 0.0
         self.checkpoints = checkpoints
         self._written: list[CheckpointRecord] = []  # periodic checkpoints since the last drain
@@ -424,13 +430,14 @@ class TrainerActor:
         while not self._stop.is_set():
             ref, self._prefetch = self._prefetch, None
             if ref is None:
-                ref = self.buffer.get.remote(b, self.trainer.version, WAIT_S)
+                ref = self.buffer.get.remote(b, self.trainer.version, WAIT_S, self._hold)
             try:
                 groups, stats = ray.get(ref)
             except NoSignalError as exc:
                 # Ray wraps it in the buffer's traceback: the run's error is its own sentence.
                 raise NoSignalError(str(getattr(exc, "cause", exc))) from None
             if groups is not None:
+                self._hold = 0
                 if self.trainer.version + 1 < self.cfg.stop.max_steps:
                     self._prefetch = self.buffer.get.remote(b, self.trainer.version + 1, WAIT_S)
                 return groups, stats
