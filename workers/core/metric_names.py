@@ -65,6 +65,9 @@ METRICS: tuple[Metric, ...] = (
         "rows",
         "Rows drawn and in none of the places above: 0 unless a row was lost (or counted twice, negative).",
     ),
+    # The run's schedule (workers/run/schedule.py): one point each, at the last step.
+    Metric("schedule/bytes", "bytes", "The recorded schedule's size as compact JSON (what a replay needs)."),
+    Metric("schedule/bytes_per_step", "bytes", "The recorded schedule's size per trainer step."),
     Metric(
         "staleness/mean", "versions", "Mean token staleness (trainer version − token version) of the trained batch."
     ),

@@ -47,6 +47,7 @@ from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.run.failures import STARTING, ChildFailed, Failure, explain, node_label
+from workers.run.schedule import ReplayDiverged, Schedule, ScheduleRecorder, ScheduleReplay, schedule_json
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -93,16 +94,20 @@ def raise_start_failure(failure: Failure | None) -> bool:
 class BufferActor:
     """The run's `RolloutBuffer` plus admission gating, shared by all workers."""
 
-    def __init__(self, plan: BufferPlan, batch_groups: int) -> None:
-        self.start_failure = started(lambda: self._start(plan, batch_groups), None, "buffer")
+    def __init__(self, plan: BufferPlan, batch_groups: int, replay: dict | None = None) -> None:
+        self.start_failure = started(lambda: self._start(plan, batch_groups, replay), None, "buffer")
 
-    def _start(self, plan: BufferPlan, batch_groups: int) -> None:
+    def _start(self, plan: BufferPlan, batch_groups: int, replay: dict | None) -> None:
         self.buffer = RolloutBuffer(
             plan.capacity_groups, plan.max_staleness, plan.on_stale, plan.drop_uniform, plan.max_uniform_run
         )
         self.gate = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups)
         self.admitted = 0
         self._lock = threading.Lock()
+        self._admissions = threading.Condition(self._lock)  # notified at each admission (a replay's batches wait on it)
+        # The run's schedule (workers/run/schedule.py): recorded always, enforced in a replay.
+        self.recorder = ScheduleRecorder()
+        self.replay = ScheduleReplay(Schedule.from_json(replay)) if replay is not None else None
 
     def ready(self) -> bool:
         return raise_start_failure(self.start_failure)
@@ -110,11 +115,18 @@ class BufferActor:
     def where(self) -> dict:
         return where_am_i()
 
-    def admit(self, held_version: int, max_groups: int) -> int:
-        """How many groups (0..max_groups) an inference worker holding `held_version` may start now."""
+    def admit(self, held_version: int, max_groups: int, worker: int = 0) -> int:
+        """How many groups (0..max_groups) inference worker `worker`, holding
+        `held_version`, may start now: the gate's answer, or in a replay the schedule's."""
         with self._lock:
-            n = self.gate.may_admit(held_version, self.admitted, self.buffer.rejected, max_groups)
+            if self.replay is not None:
+                n = self.replay.admit(worker, held_version, max_groups)
+            else:
+                n = self.gate.may_admit(held_version, self.admitted, self.buffer.rejected, max_groups)
             self.admitted += n
+            self.recorder.admitted(worker, held_version, n)
+            if n:
+                self._admissions.notify_all()
             return n
 
     def take_requeued(self, max_groups: int) -> list[Group]:
@@ -140,11 +152,51 @@ class BufferActor:
     ) -> tuple[list[Group] | None, dict]:
         """`n_groups` fresh groups (None if not there within `timeout`) and the buffer
         stats; `hold_until`: RolloutBuffer.get's."""
+        if self.replay is not None:
+            return self._replayed_get(n_groups, current_version, timeout), self.stats()
         try:
             groups = self.buffer.get(n_groups, current_version, timeout=timeout, hold_until=hold_until)
         except queue.Empty:
             groups = None
+        if groups is not None:
+            with self._lock:
+                self.recorder.took(current_version, [g.group_id for g in groups])
         return groups, self.stats()
+
+    def _replayed_get(self, n_groups: int, current_version: int, timeout: float) -> list[Group] | None:
+        """The recorded batch at `current_version`, once the schedule lets it be taken and
+        its groups are all in the buffer; None if not within `timeout`."""
+        assert self.replay is not None
+        replay = self.replay
+        deadline = time.monotonic() + timeout
+        with self._admissions:
+            if not self._admissions.wait_for(lambda: replay.next_batch(current_version) is not None, timeout):
+                return None
+            due = replay.next_batch(current_version)
+        assert due is not None
+        k, batch = due
+        if len(batch.group_ids) != n_groups:
+            raise ReplayDiverged(
+                f"replay diverged at batch {k}: the trainer asks for {n_groups} groups, the record took "
+                f"{len(batch.group_ids)}"
+            )
+        try:
+            groups = self.buffer.get(
+                n_groups, current_version, timeout=max(0.0, deadline - time.monotonic()), ids=list(batch.group_ids)
+            )
+        except queue.Empty:
+            return None
+        except ValueError as exc:
+            raise ReplayDiverged(f"replay diverged at batch {k}: {exc}") from None
+        with self._lock:
+            self.replay.taken()
+            self.recorder.took(current_version, [g.group_id for g in groups])
+        return groups
+
+    def schedule(self) -> dict:
+        """The schedule recorded so far, with its size (workers.run.schedule.schedule_json)."""
+        with self._lock:
+            return schedule_json(self.recorder.schedule)
 
     def stats(self) -> dict[str, float]:
         return self.buffer.stats()

@@ -414,10 +414,17 @@ class RolloutBuffer:
             return taken
 
     def get(
-        self, n_groups: int, current_version: int, timeout: float | None = None, hold_until: int = 0
+        self,
+        n_groups: int,
+        current_version: int,
+        timeout: float | None = None,
+        hold_until: int = 0,
+        ids: list[str] | None = None,
     ) -> list[Group]:
         """Take the `n_groups` oldest fresh groups, waiting until that many are present
-        (and `hold_until` fresh groups in all: the module docstring's hook).
+        (and `hold_until` fresh groups in all: the module docstring's hook). `ids`: take
+        exactly these groups, in this order, waiting until all are present (a replayed
+        batch, workers/run/schedule.py); ValueError if one was rejected meanwhile.
 
         Stale groups (min_version < current_version - max_staleness) are rejected first
         (dropped or requeued, by `on_stale`). Raises queue.Empty if `n_groups` fresh
@@ -432,6 +439,8 @@ class RolloutBuffer:
 
         def ready() -> bool:
             self._reject_stale(oldest_ok)
+            if ids is not None:
+                return self._all_present(ids)
             if len(self._groups) >= wanted:
                 return True
             if self.max_uniform_run is not None and self._uniform_run >= self.max_uniform_run:
@@ -454,7 +463,7 @@ class RolloutBuffer:
             self.starved_s += time.monotonic() - start
             if not ok:
                 raise queue.Empty(f"fewer than {n_groups} fresh groups after {timeout}s")
-            out = [self._groups.popleft() for _ in range(n_groups)]
+            out = self._take(ids) if ids is not None else [self._groups.popleft() for _ in range(n_groups)]
             self.total_got += n_groups
             self._late += sum(g.min_version < current_version for g in out)
             self._uniform_run = 0
@@ -463,6 +472,22 @@ class RolloutBuffer:
                     self._regenerated += self._settle_regeneration(g)
             self._cond.notify_all()
             return out
+
+    def _all_present(self, ids: list[str]) -> bool:
+        """Whether every group of `ids` is in the buffer; ValueError naming one that was
+        received and is gone (rejected: only the get that wants it takes it)."""
+        present = {g.group_id for g in self._groups}
+        gone = [i for i in ids if i not in present and i in self._received_ids]
+        if gone:
+            raise ValueError(f"group {gone[0]} was rejected (stale or uniform) before its batch took it")
+        return all(i in present for i in ids)
+
+    def _take(self, ids: list[str]) -> list[Group]:
+        """The groups of `ids` out of the buffer, in that order; the others keep theirs."""
+        wanted = set(ids)
+        by_id = {g.group_id: g for g in self._groups if g.group_id in wanted}
+        self._groups = deque(g for g in self._groups if g.group_id not in wanted)
+        return [by_id[i] for i in ids]
 
     def take_requeued(self, max_groups: int) -> list[Group]:
         """Up to `max_groups` stale groups (oldest first) whose prompts a producer should

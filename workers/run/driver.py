@@ -37,7 +37,8 @@ from workers.core.logs import configure_driver_logging
 from workers.core.metric_names import REWARD_WINDOW
 from workers.core.run_actors import actor_class, actor_name
 from workers.core.timeline import StepWindows
-from workers.rollout.episode_scheduler import EpisodeTiming, timing_metrics
+from workers.rl_tasks import make_task
+from workers.rollout.episode_scheduler import EpisodeTiming, is_multi_agent, timing_metrics
 from workers.rollout.partial_rollouts import partial_metrics
 from workers.rollout.reward_stage import RewardReport, pool_metrics
 from workers.run.admission import engine_errors
@@ -47,6 +48,7 @@ from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
 from workers.run.runnable import check_runnable
+from workers.run.schedule import Schedule, replay_problem
 from workers.run.spawn import RunActors
 from workers.run.watchdog import Watchdog, unanswered
 from workers.train.warmstart import policy_dir
@@ -84,12 +86,15 @@ class RunDriver:
         trainer_threads: int | None = None,
         confinement: Confinement | None = None,
         resume_from: str | None = None,
+        replay: dict | None = None,
     ) -> None:
         """`config` is validated here, once; the actors get the validated sections.
         `confinement`: where the run may read and write (workers/run/paths.py); without one,
         no config path is allowed and the scratch goes under `cache_dir`. `resume_from`:
         a checkpoint (a step directory under `confinement.checkpoint_root`, of this run
-        or another) to continue from (workers/run/checkpoints.py)."""
+        or another) to continue from (workers/run/checkpoints.py). `replay`: the schedule
+        another run of this config recorded (its summary's `schedule`), which this run
+        follows (workers/run/schedule.py)."""
         self.confinement = confinement or Confinement(
             scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
         )
@@ -113,11 +118,15 @@ class RunDriver:
         self.metrics = RunMetrics(self.reporter, self.cfg.inference.num_workers)
         self.watchdog = Watchdog(self.cfg.watchdog)
         self._stop = threading.Event()
-        self.actors = RunActors(run_id, self.cfg, self.scratch_dir, self.checkpoints, trainer_threads, self._stop)
+        self.replay = replay
+        self.actors = RunActors(
+            run_id, self.cfg, self.scratch_dir, self.checkpoints, trainer_threads, self._stop, replay=replay
+        )
         self._loop_started = 0.0
         self.timings: dict[str, float] = {}  # seconds per phase: warm_start, spawn, loops
         self.policy_sha256 = ""  # of the trainer's final weights, once the loops have stopped
         self.ledger: dict[str, float] = {}  # the prompt ledger's totals, once the loops have stopped
+        self.schedule: dict = {}  # the schedule the buffer recorded, once the loops have stopped
         self.export_dir = ""  # where the final policy was exported (workers/train/export.py)
         self.checkpoints_written: list[CheckpointRecord] = []
         self._thread: threading.Thread | None = None
@@ -162,6 +171,8 @@ class RunDriver:
             refused = engine_errors(self.cfg)  # the platform refuses these at launch; a direct launch is not
             if refused:
                 raise ValueError("; ".join(refused.values()))
+            if self.replay is not None:
+                self._check_replay()
             if self.resume_from is not None:
                 self.resume_from = check_resume(self.resume_from, self.confinement.checkpoint_root)
                 check_resume_split(self.resume_from, self.cfg)
@@ -180,6 +191,7 @@ class RunDriver:
                 self._collect()
                 self.policy_sha256 = self.actors.policy_checksum()
                 self._report_ledger()
+                self._report_schedule()
                 self.timings["stop"] = time.perf_counter() - t1
                 if self.reason != "cancelled":
                     self._final_checkpoint()
@@ -242,6 +254,25 @@ class RunDriver:
         if self.ledger.get("ledger/unaccounted"):
             log.warning("run %s: the prompt ledger does not close: %s", self.run_id, self.ledger)
 
+    def _report_schedule(self) -> None:
+        """The recorded schedule once the loops have stopped (the summary's `schedule`),
+        its size as the `schedule/*` series' one point, at the run's last step."""
+        self.schedule = self.actors.schedule()
+        for name in ("bytes", "bytes_per_step"):
+            if name in self.schedule:
+                self.metrics.emit(f"schedule/{name}", self.version, float(self.schedule[name]))
+
+    def _check_replay(self) -> None:
+        """A replay's schedule must be well formed and this config one a schedule covers
+        (ValueError, a sentence naming what to change)."""
+        assert self.replay is not None
+        Schedule.from_json(self.replay)
+        if self.resume_from is not None:
+            raise ValueError("a replay starts from the beginning of its schedule: launch it without resume_from")
+        problem = replay_problem(self.cfg, is_multi_agent(make_task(self.cfg.task)))
+        if problem:
+            raise ValueError(f"this run cannot be replayed: {problem}")
+
     def _final_checkpoint(self) -> None:
         """The checkpoint of a run that stopped as planned (checkpoint.at_end), written by
         the trainer once the loops have stopped; skipped if its last step has one."""
@@ -281,8 +312,9 @@ class RunDriver:
         task's episode figures over its latest SERIES_TAIL episodes together (episodes:
         the episode/* and agent/*/p50_s|p90_s values; {} for other tasks), what the
         watchdog saw end (watched: actor → operation → count, workers/run/watchdog.py),
-        and the prompt ledger's totals (ledger: the `ledger/*` values, workers/run/ledger.py;
-        {} before the loops stopped)."""
+        the prompt ledger's totals (ledger: the `ledger/*` values, workers/run/ledger.py;
+        {} before the loops stopped) and the schedule the buffer recorded (schedule:
+        workers/run/schedule.py's `schedule_json`, what `replay` takes; {} before)."""
         return {
             "run_id": self.run_id,
             "state": self.state,
@@ -301,6 +333,7 @@ class RunDriver:
             "episodes": timing_metrics(list(self.metrics.episodes)),
             "watched": self.watchdog.counts(),
             "ledger": dict(self.ledger),
+            "schedule": dict(self.schedule),
         }
 
     def _spawn(self, model_dir: str) -> bool:

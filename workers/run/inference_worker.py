@@ -358,7 +358,7 @@ class InferenceWorker:
                 if not self._resumed_and_evaluated():
                     continue
                 self.timeline.begin(HANDOFF)
-                n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups))
+                n = ray.get(self.buffer.admit.remote(self.version, self.chunk_groups, self.index))
                 if n == 0:  # too far ahead of the trainer: wait for newer weights
                     # A refused admission is waiting, not handing off: only the one that starts a call counts.
                     self.timeline.cancel()
@@ -432,7 +432,7 @@ class InferenceWorker:
     def _admit_episodes(self, room: int) -> None:
         """Ask the gate for up to `room` groups and start their episodes."""
         self.timeline.begin(HANDOFF)
-        n = ray.get(self.buffer.admit.remote(self.version, room))
+        n = ray.get(self.buffer.admit.remote(self.version, room, self.index))
         if n == 0:
             self.timeline.cancel()
             return

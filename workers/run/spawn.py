@@ -82,7 +82,10 @@ class RunActors:
         checkpoints: CheckpointTarget | None,
         trainer_threads: int | None,
         stop: threading.Event,
+        replay: dict | None = None,
     ) -> None:
+        """`replay`: a recorded schedule the buffer enforces (workers/run/schedule.py)."""
+        self.replay = replay
         self.run_id, self.cfg, self.scratch_dir = run_id, cfg, scratch_dir
         self.checkpoints, self.trainer_threads, self._stop = checkpoints, trainer_threads, stop
         self.name = actor_name(run_id)
@@ -127,7 +130,7 @@ class RunActors:
         beside_driver = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.buffer = with_options(
             BufferActor, name=f"{self.name}-buffer", namespace=NAMESPACE, scheduling_strategy=beside_driver
-        ).remote(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b)
+        ).remote(buffer_plan(cfg.buffer, cfg.mode, b, cfg.trainer), b, self.replay)
         self.reward_workers = [
             with_options(
                 RewardWorker,
@@ -319,6 +322,15 @@ class RunActors:
         except Exception:  # a dead or stuck trainer after its last step: any error means no checksum
             log.warning("run %s: no checksum of the final policy", self.run_id, exc_info=True)
             return ""
+
+    def schedule(self) -> dict:
+        """The schedule the buffer recorded (workers.run.schedule.schedule_json); {} if it
+        cannot say."""
+        try:
+            return ray.get(self.buffer.schedule.remote(), timeout=STOP_TIMEOUT_S)
+        except Exception:  # as ledger: the run's outcome does not depend on it
+            log.warning("run %s: no schedule", self.run_id, exc_info=True)
+            return {}
 
     def ledger(self) -> dict[str, float]:
         """The prompt ledger's totals once the loops have stopped; {} if the trainer
