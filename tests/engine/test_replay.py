@@ -19,7 +19,7 @@ from workers.config.presets import build, deep_merge
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement
-from workers.run.schedule import Admission, Batch, ReplayDiverged, Schedule, ScheduleReplay
+from workers.run.schedule import Admission, Batch, ReplayDiverged, Schedule, ScheduleReplay, replay_problem
 
 # -- the arithmetic ----------------------------------------------------------------------
 
@@ -73,6 +73,21 @@ def test_a_replayed_batch_waits_until_every_call_on_its_version_has_started():
     replay.taken()
     with pytest.raises(ReplayDiverged, match="past the 2 recorded"):
         replay.next_batch(2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "multi_agent", "needle"),
+    [
+        ({"sync": {"update_mode": "in_flight"}}, False, "sync.update_mode 'in_flight'"),
+        ({"buffer": {"on_stale": "requeue"}}, False, "buffer.on_stale 'requeue'"),
+        ({"buffer": {"unit": "episode"}}, False, "buffer.unit 'episode'"),
+        ({}, True, "a multi-agent task"),
+    ],
+)
+def test_what_a_schedule_does_not_record_cannot_be_replayed(overrides, multi_agent, needle):
+    assert replay_problem(build("async", {}), False) is None
+    problem = replay_problem(build("async", overrides), multi_agent)
+    assert problem is not None and needle in problem
 
 
 # -- whole runs --------------------------------------------------------------------------

@@ -31,8 +31,9 @@ call or batch: the run fails with that sentence rather than training something e
 
 What this does not cover, refused at launch (`replay_problem`): weights loaded inside a
 generate call (`sync.update_mode` other than 'drain': the version changes between decode
-steps, which admissions do not see) and multi-agent episodes (their own scheduler
-admits them).
+steps, which admissions do not see), stale groups' prompts generated again
+(`buffer.on_stale: requeue`: which call takes them is timing too) and episodes on their
+own clocks (their scheduler admits them).
 """
 
 from __future__ import annotations
@@ -181,6 +182,11 @@ def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
         return (
             f"sync.update_mode {cfg.sync.update_mode!r} loads weights inside a generate call, which a schedule "
             "does not record: replay covers 'drain' runs only"
+        )
+    if cfg.buffer.on_stale == "requeue":
+        return (
+            "buffer.on_stale 'requeue' hands stale groups' prompts to whichever call asks next, which a schedule "
+            "does not record: replay covers 'drop' runs only"
         )
     if multi_agent or cfg.buffer.unit == "episode":
         return (
