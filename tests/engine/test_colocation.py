@@ -188,7 +188,7 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
             pass
 
     class Gate:  # the buffer's admission: the batch is complete, the trainer steps
-        def remote(self, version, groups):
+        def remote(self, version, groups, worker):
             return 0
 
     class Buffer:
