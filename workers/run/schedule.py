@@ -29,7 +29,7 @@ A replay that cannot follow its schedule (a worker already holding a newer versi
 than its call's, a recorded group rejected as stale) raises `ReplayDiverged`, naming the
 call or batch: the run fails with that sentence rather than training something else.
 
-What this does not cover, refused at launch (`replay_problem`): weights loaded inside a
+What this does not cover, refused when the run starts (`replay_problem`): weights loaded inside a
 generate call (`sync.update_mode` other than 'drain': the version changes between decode
 steps, which admissions do not see), stale groups' prompts generated again
 (`buffer.on_stale: requeue`: which call takes them is timing too) and episodes on their
