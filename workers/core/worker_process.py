@@ -33,9 +33,10 @@ def setup() -> None:
 # Reproducibility mode is on, so the same run on the same host could round a matmul
 # differently from one launch to the next: a 60-step GRPO run at two torch threads per actor
 # ended at held-out pass@1 0.332 once and 0.342 twice. AUTO,STRICT keeps MKL's fastest code
-# path for the CPU and makes each result depend on the inputs and the thread count only
-# (no slower on 2-thread matmuls of this project's shapes, measured). An MKL_CBWR the
-# environment already sets wins.
+# path for the CPU and makes each MKL result depend on the inputs and the thread count only
+# (no slower on 2-thread matmuls of this project's shapes, measured). It is not the whole
+# story at two threads: a sync run there still varied once (docs/reliability.md); at one
+# thread per actor runs repeated every time. An MKL_CBWR the environment already sets wins.
 MKL_REPRODUCIBLE = "AUTO,STRICT"
 
 

@@ -189,7 +189,7 @@ class BufferActor:
         except ValueError as exc:
             raise ReplayDiverged(f"replay diverged at batch {k}: {exc}") from None
         with self._lock:
-            self.replay.taken()
+            replay.taken()
             self.recorder.took(current_version, [g.group_id for g in groups])
         return groups
 

@@ -39,7 +39,7 @@ own clocks (their scheduler admits them).
 from __future__ import annotations
 
 import json
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from workers.config.run_config import RunConfig
@@ -128,7 +128,9 @@ class ScheduleReplay:
         self._calls: dict[int, deque[tuple[int, Admission]]] = defaultdict(deque)
         for i, a in enumerate(schedule.admissions):
             self._calls[a.worker].append((i, a))
-        self._admitted: set[int] = set()  # indices of the recorded admissions made
+        # Recorded admissions not yet made, by version: a batch at version v waits while
+        # any at v or earlier is left (asked at every admission: no scan of the record).
+        self._left: Counter[int] = Counter(a.version for a in schedule.admissions)
         self._batches = deque(enumerate(schedule.batches))
 
     def admit(self, worker: int, version: int, want: int) -> int:
@@ -147,7 +149,7 @@ class ScheduleReplay:
                 f"and asks for {want} groups; the recorded call started {call.groups} on version {call.version}"
             )
         calls.popleft()
-        self._admitted.add(i)
+        self._left[call.version] -= 1
         return call.groups
 
     def next_batch(self, version: int) -> tuple[int, Batch] | None:
@@ -165,8 +167,7 @@ class ScheduleReplay:
                 f"replay diverged at batch {k}: the trainer asks at policy version {version}, "
                 f"the recorded batch was taken at {batch.version}"
             )
-        due = (i for i, a in enumerate(self.schedule.admissions) if a.version <= version)
-        if any(i not in self._admitted for i in due):
+        if any(n and v <= version for v, n in self._left.items()):
             return None
         return k, batch
 
