@@ -30,6 +30,7 @@ from runs.models import Run
 from runs.reports import (
     CHECKPOINT_IN,
     PLACEMENT_IN,
+    SCHEDULE_IN,
     STATUS_IN,
     PointIn,
     do_record_checkpoint,
@@ -37,6 +38,7 @@ from runs.reports import (
     do_record_placement,
     do_record_points,
     do_record_reported_status,
+    do_record_schedule,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,10 +166,19 @@ STATUS = Ingest(STATUS_IN, _store_status)
 CHECKPOINT = Ingest(CHECKPOINT_IN, _store_checkpoint, columns=())
 
 
+def _store_schedule(run: Run, payload: Any) -> tuple[dict, int]:
+    row = do_record_schedule(run, payload)
+    return {"batches": len(row.batches), "bytes": row.bytes}, 200
+
+
 # POST /api/runs/<id>/placement {"actors": [{actor, node_id, node_ip, labels, gpu_ids,
 # cuda_visible_devices, pid}, ...]} (runs.reports.PlacementIn): where the run's actors
 # run, once they are up.
 PLACEMENT = Ingest(PLACEMENT_IN, _store_placement, columns=())
+# POST /api/runs/<id>/schedule {"admissions": [[worker, version, groups], ...], "batches":
+# [[version, [group id, ...]], ...], "bytes", "bytes_per_step"} (runs.reports.ScheduleIn):
+# the schedule the run recorded, which a replay of it follows.
+SCHEDULE = Ingest(SCHEDULE_IN, _store_schedule, columns=())
 
 
 def ingest_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
@@ -188,3 +199,9 @@ def status_view(request: HttpRequest, run_id: int) -> JsonResponse:
 @require_POST
 def placement_view(request: HttpRequest, run_id: int) -> JsonResponse:
     return receive(PLACEMENT, request, run_id)
+
+
+@csrf_exempt  # token-authenticated, never a browser form
+@require_POST
+def schedule_view(request: HttpRequest, run_id: int) -> JsonResponse:
+    return receive(SCHEDULE, request, run_id)

@@ -12,6 +12,7 @@ app_name = "api"
 ingest_urlpatterns = [
     path("runs/<int:run_id>/status", ingest.status_view, name="run-status"),
     path("runs/<int:run_id>/placement", ingest.placement_view, name="run-placement"),
+    path("runs/<int:run_id>/schedule", ingest.schedule_view, name="run-schedule"),
 ]
 
 # Ninja's URLs (the operations, /api/openapi.json, /api/docs), less its root view: /api/

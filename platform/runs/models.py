@@ -442,7 +442,13 @@ class Run(models.Model):
             "simulation": self.simulation,
             "trackers": self.trackers,
             "ledger": self.ledger(),
+            "schedule": self.schedule_summary(),
         }
+
+    def schedule_summary(self) -> dict | None:
+        """The recorded schedule's size (workers/run/schedule.py), without loading it: its
+        batches (one a step) and bytes; None before the driver reported one."""
+        return RunSchedule.objects.filter(run=self).values("steps", "bytes").first()
 
     def ledger(self) -> dict[str, int]:
         """The prompt ledger's totals the driver reported when the run's loops stopped
@@ -476,6 +482,27 @@ class RunTag(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RunSchedule(models.Model):
+    """The schedule a run recorded (workers/run/schedule.py): each generate call's worker,
+    starting version and groups, and each batch's version and group ids in the order they
+    were trained; what a replay of the run follows. Its own table, not a column of Run:
+    it grows with the run (hundreds of bytes a step), and every listing reads Run rows."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="schedule")
+    admissions = models.JSONField(default=list)  # [[worker, version, groups], ...]
+    batches = models.JSONField(default=list)  # [[version, [group id, ...]], ...]
+    bytes = models.BigIntegerField()  # its size as compact JSON
+    steps = models.IntegerField()  # its batches: read without loading them
+    recorded_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: {len(self.batches)} batches"
+
+    def as_json(self) -> dict:
+        """The schedule as the engine takes it (workers.run.schedule.Schedule.from_json)."""
+        return {"admissions": self.admissions, "batches": self.batches}
 
 
 class Checkpoint(models.Model):

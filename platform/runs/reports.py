@@ -8,6 +8,7 @@ records through the same `do_*` functions, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, NotRequired
@@ -19,7 +20,7 @@ from typing_extensions import TypedDict
 from foundation.errors import Forbidden
 from runs import events, lineage, tracking
 from runs.actions import do_set_run_status
-from runs.models import Checkpoint, MetricPoint, Run
+from runs.models import Checkpoint, MetricPoint, Run, RunSchedule
 from workers.run.failures import DETAIL_MAX, KINDS
 from workers.run.reporter import PHASE_DETAIL_MAX, PHASES, STATUSES
 
@@ -302,3 +303,46 @@ def do_record_placement(run: Run, placement: dict) -> bool:
     Returns whether the row changed."""
     actors = placement["actors"]
     return Run.objects.filter(pk=run.pk).exclude(placement=actors).update(placement=actors) == 1
+
+
+# --- schedule ------------------------------------------------------------------------
+
+# A long run's schedule is a few hundred bytes a step: the ingest's body limit
+# (ROLLWAY_MAX_INGEST_BODY_BYTES) bounds what one report holds; these bound the lists'
+# lengths before that, as the other reports' do.
+SCHEDULE_MAX_ADMISSIONS = 2_000_000
+SCHEDULE_MAX_BATCHES = 1_000_000
+SCHEDULE_MAX_BATCH_GROUPS = 100_000
+Count = Annotated[int, Field(ge=0, le=2**62)]
+GroupId = Annotated[str, Field(min_length=1, max_length=200), NO_NUL]
+
+
+class ScheduleIn(TypedDict):
+    """The schedule a run recorded (workers.run.schedule.schedule_json), as its driver
+    reports once its loops have stopped (workers.run.reporter.post_schedule)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    # [worker, version its call started on, groups admitted]
+    admissions: Annotated[list[tuple[Count, Count, Count]], Field(max_length=SCHEDULE_MAX_ADMISSIONS)]
+    # [version, [group id, ...] in the order trained]
+    batches: Annotated[
+        list[tuple[Count, Annotated[list[GroupId], Field(max_length=SCHEDULE_MAX_BATCH_GROUPS)]]],
+        Field(max_length=SCHEDULE_MAX_BATCHES),
+    ]
+    bytes: NotRequired[Count]
+    bytes_per_step: NotRequired[Annotated[float, Field(ge=0, allow_inf_nan=False)]]
+
+
+SCHEDULE_IN = TypeAdapter(ScheduleIn)
+
+
+def do_record_schedule(run: Run, schedule: dict) -> RunSchedule:
+    """Keep the run's schedule (a later report replaces an earlier one)."""
+    admissions = [list(a) for a in schedule["admissions"]]
+    batches = [[version, list(ids)] for version, ids in schedule["batches"]]
+    size = len(json.dumps({"admissions": admissions, "batches": batches}, separators=(",", ":")))
+    row, _ = RunSchedule.objects.update_or_create(
+        run=run, defaults={"admissions": admissions, "batches": batches, "bytes": size, "steps": len(batches)}
+    )
+    return row

@@ -3,8 +3,9 @@
 A real HTTP server in a thread that speaks the Metrics ingest contract: Bearer token,
 `POST /api/runs/<id>/metrics` (idempotent per (run, series, step)) and
 `POST /api/runs/<id>/status` (terminal states stick), `POST /api/runs/<id>/checkpoints`
-(each announcement recorded in `checkpoints`, in order) and `POST /api/runs/<id>/placement`
-(the latest in `placement`). It records every request so
+(each announcement recorded in `checkpoints`, in order), `POST /api/runs/<id>/placement`
+(the latest in `placement`) and `POST /api/runs/<id>/schedule` (the latest in
+`schedule`). It records every request so
 tests can check batching, auth and duplicates.
 
 Tests force the site's other answers: `fail_with` answers every request with one status,
@@ -21,7 +22,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PATH = re.compile(r"^(.*)/api/runs/(\d+)/(metrics|status|checkpoints|placement)$")
+PATH = re.compile(r"^(.*)/api/runs/(\d+)/(metrics|status|checkpoints|placement|schedule)$")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -40,6 +41,7 @@ class IngestStub:
         self.phases: dict[int, list[tuple[str, str]]] = {}  # every (phase, detail) posted, in order
         self.checkpoints: dict[int, list[dict]] = {}  # every checkpoint body posted, in order
         self.placement: dict[int, list[dict]] = {}  # the latest placement posted: its actors
+        self.schedule: dict[int, dict] = {}  # the latest schedule posted
         self.fail_with: int | None = None  # answer every request with this status code
         self.script: list[tuple[int, dict[str, str]]] = []  # the next answers, in order
         self.max_points: int | None = None  # a larger metrics batch gets 413
@@ -84,6 +86,9 @@ class IngestStub:
                     if kind == "placement":
                         stub.placement[run_id] = body["actors"]
                         return self._answer(200, {"actors": len(body["actors"])})
+                    if kind == "schedule":
+                        stub.schedule[run_id] = body
+                        return self._answer(200, {"batches": len(body["batches"])})
                     # A phase change repeats the status the run is in: it is recorded in
                     # `phases` only, so `statuses` lists the changes of status.
                     if not (body.get("phase") and stub.status.get(run_id) == body["status"]):

@@ -25,6 +25,7 @@ from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.reward_stage import POOL_SERIES
 from workers.run.lifecycle import cancel, is_alive, launch
 from workers.run.paths import Confinement
+from workers.run.schedule import Schedule
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +63,14 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert all(0 <= v <= 1 for v in series["inference/idle_frac"].values())
     assert all(v > 0 for v in series["sync/bytes"].values())
     assert stub.received == len(stub.points)  # nothing posted twice
+
+    # The recorded schedule reaches the site before the status that ends the run: a batch
+    # a step, each of B groups, in the form a replay takes.
+    schedule = Schedule.from_json(stub.schedule[101])
+    assert [len(b.group_ids) for b in schedule.batches] == [4] * 4
+    assert stub.schedule[101]["bytes"] == schedule.size_bytes() == series["schedule/bytes"][4]
+    kinds = [(kind, body.get("status")) for kind, run_id, body in stub.requests if run_id == 101]
+    assert kinds.index(("schedule", None)) < kinds.index(("status", "succeeded"))
 
     # The driver exits when done, and its actors with it.
     wait_for(lambda: not run_actor_names(101), GONE_WAIT_S, "the run's actors to exit")

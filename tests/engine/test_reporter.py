@@ -397,3 +397,25 @@ def test_a_wrong_token_is_refused_by_the_stub_and_nothing_is_lost(stub, tmp_path
     assert spooled_steps(tmp_path) == [1]
     rep.flush(force=True)
     assert stub.unauthorized == 1  # not asked again
+
+
+def test_the_schedule_and_placement_answered_429_are_kept_and_only_the_latest_is_sent(stub, tmp_path, clock):
+    rep = reporter(stub.url, tmp_path, clock)
+    stub.script = [(429, {})]
+    first = {"admissions": [[0, 0, 2]], "batches": [[0, ["a", "b"]]], "bytes": 40, "bytes_per_step": 40.0}
+    assert rep.post_schedule(first) is False
+    clock.now += reporter_mod.BACKOFF_MAX_S
+    stub.script = [(429, {})]
+    latest = {**first, "batches": [[0, ["b", "a"]]]}
+    assert rep.post_schedule(latest) is False  # replaces the undelivered one
+    # The next report delivers what is pending first: only the latest schedule.
+    assert rep.post_placement([{"actor": "trainer"}]) is True
+    taken = [(kind, body) for kind, _, body in stub.requests if kind in ("schedule", "placement")]
+    assert taken == [("schedule", latest), ("placement", {"actors": [{"actor": "trainer"}]})]
+    assert rep.close() is True
+
+
+def test_without_a_site_the_schedule_is_kept_in_memory(tmp_path):
+    rep = MetricsReporter(7, None, "", str(tmp_path))
+    schedule = {"admissions": [], "batches": [[0, ["g"]]]}
+    assert rep.post_schedule(schedule) is True and rep.schedule == schedule

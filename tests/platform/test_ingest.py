@@ -325,6 +325,61 @@ def test_a_bad_placement_is_a_400_naming_the_field_and_keeps_the_last_good_one(c
     assert run.placement == [place()]
 
 
+# --- schedule -------------------------------------------------------------------------
+
+SCHEDULE = {
+    "admissions": [[0, 0, 2], [1, 0, 2], [0, 1, 2]],
+    "batches": [[0, ["w0-0", "w1-0", "w0-1", "w1-1"]], [1, ["w0-2", "w0-3"]]],
+    "bytes": 99,
+    "bytes_per_step": 49.5,
+}
+
+
+def test_the_drivers_schedule_is_kept_apart_from_the_run_and_sized_in_the_api(client, client_for, owner, run):
+    from runs.models import RunSchedule
+    from workers.run.schedule import Schedule
+
+    r = post(client, run, "schedule", SCHEDULE)
+    assert r.status_code == 200
+    stored = RunSchedule.objects.get(run=run)
+    # What the engine replays: the schedule as it was recorded, its size as compact JSON.
+    assert Schedule.from_json(stored.as_json()).to_json() == {k: SCHEDULE[k] for k in ("admissions", "batches")}
+    assert r.json() == {"batches": 2, "bytes": stored.bytes}
+    assert stored.bytes == len(json.dumps(stored.as_json(), separators=(",", ":")))
+    later = {**SCHEDULE, "batches": [[0, ["w1-0", "w0-0", "w0-1", "w1-1"]], [1, ["w0-2", "w0-3"]]]}
+    assert post(client, run, "schedule", later).status_code == 200  # a later report replaces it
+    assert RunSchedule.objects.get(run=run).batches == later["batches"]
+    detail = client_for(owner).get(f"/api/runs/{run.pk}").json()
+    assert detail["schedule"] == {"steps": 2, "bytes": stored.bytes}
+    assert "schedule" not in client_for(owner).get("/api/runs").json()["runs"][0]  # listings stay lean
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**SCHEDULE, "admissions": [[0, -1, 2]]}, "admissions"),
+        ({**SCHEDULE, "admissions": [[0, 1]]}, "admissions"),
+        ({**SCHEDULE, "batches": [[0, [""]]]}, "batches"),
+        ({**SCHEDULE, "batches": [[0, ["a\x00b"]]]}, "batches"),
+        ({**SCHEDULE, "batches": "all"}, "batches"),
+        ({**SCHEDULE, "extra": 1}, "extra"),
+        ({"batches": []}, "admissions"),
+    ],
+)
+def test_a_bad_schedule_is_a_400_naming_the_field_and_keeps_the_last_good_one(client, run, body, field):
+    from runs.models import RunSchedule
+
+    post(client, run, "schedule", SCHEDULE)
+    r = post(client, run, "schedule", body)
+    assert r.status_code == 400
+    assert any(field in key for key in r.json()["errors"]), r.json()
+    assert RunSchedule.objects.get(run=run).batches == SCHEDULE["batches"]
+
+
+def test_a_run_without_a_schedule_says_none(client_for, owner, run):
+    assert client_for(owner).get(f"/api/runs/{run.pk}").json()["schedule"] is None
+
+
 def test_a_retry_posts_with_its_own_launch_token_not_its_parents(client, make_run, owner, driver):
     from runs import in_ray, lineage, queue
 

@@ -256,11 +256,15 @@ class RunDriver:
 
     def _report_schedule(self) -> None:
         """The recorded schedule once the loops have stopped (the summary's `schedule`),
-        its size as the `schedule/*` series' one point, at the run's last step."""
+        its size as the `schedule/*` series' one point, at the run's last step, and the
+        schedule itself to the site, which keeps it for a replay of the run. Posted before
+        the final status, so a run the site shows as ended has its schedule stored."""
         self.schedule = self.actors.schedule()
         for name in ("bytes", "bytes_per_step"):
             if name in self.schedule:
                 self.metrics.emit(f"schedule/{name}", self.version, float(self.schedule[name]))
+        if self.schedule.get("batches"):
+            self.reporter.post_schedule(self.schedule)
 
     def _check_replay(self) -> None:
         """A replay's schedule must be well formed and this config one a schedule covers

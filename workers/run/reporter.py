@@ -90,7 +90,10 @@ PHASES = ("warm_start", "starting_engines", "first_step", "stepping")
 PHASE_DETAIL_MAX = 200
 # What the reporter posts to, as POST {ingest_url}/api/runs/<id>/<endpoint>: the site
 # gives exactly these its ingest body limit and keeps them out of its HTTPS redirect.
-INGEST_ENDPOINTS = ("metrics", "status", "checkpoints", "placement")
+INGEST_ENDPOINTS = ("metrics", "status", "checkpoints", "placement", "schedule")
+# The reports of which the site keeps only the latest: an undelivered one is replaced by a
+# newer one rather than queued behind it.
+LATEST_ONLY = ("placement", "schedule")
 
 
 def spool_path(cache_dir: str, run_id: int) -> Path:
@@ -208,8 +211,10 @@ class MetricsReporter:
         self.phases: list[tuple[str, str]] = []  # in-memory mode only: (phase, detail) posted
         self.checkpoints: list[dict] = []  # in-memory mode only: checkpoint bodies posted
         self.placement: dict | None = None  # in-memory mode only: the placement posted
+        self.schedule: dict | None = None  # in-memory mode only: the schedule posted
         self._pending_checkpoints: list[dict] = []  # bodies not yet delivered, oldest first
-        self._pending_placement: dict | None = None  # where the run's actors are, not yet delivered
+        # The LATEST_ONLY reports not yet delivered, by endpoint.
+        self._pending_latest: dict[str, dict] = {}
         self.sent = 0  # points the site accepted
         self.dropped = 0  # points the site rejected for good (answer_kind REJECTED) or not finite
         self.last_error = ""
@@ -341,10 +346,22 @@ class MetricsReporter:
         if self._client is None:
             self.placement = body
             return True
+        return self._post_latest("placement", body)
+
+    def post_schedule(self, schedule: dict) -> bool:
+        """Give the site the run's recorded schedule (workers.run.schedule.schedule_json:
+        its admissions, batches and size), which a replay of the run follows. True once
+        delivered; retried as a placement is."""
+        if self._client is None:
+            self.schedule = schedule
+            return True
+        return self._post_latest("schedule", schedule)
+
+    def _post_latest(self, endpoint: str, body: dict) -> bool:
         with self._lock:
-            self._pending_placement = body
-            self._send_placement()
-            return self._pending_placement is None
+            self._pending_latest[endpoint] = body
+            self._send_latest()
+            return endpoint not in self._pending_latest
 
     # -- sending -------------------------------------------------------------------
 
@@ -369,9 +386,9 @@ class MetricsReporter:
                 if self._pending_checkpoints:
                     self._spool_pending()
                     return 0
-            if self._pending_placement is not None:
-                self._send_placement()
-                if self._pending_placement is not None:
+            if self._pending_latest:
+                self._send_latest()
+                if self._pending_latest:
                     self._spool_pending()
                     return 0
             spooled = self._read_spool()
@@ -412,7 +429,7 @@ class MetricsReporter:
                     not self._pending
                     and self._pending_status is None
                     and not self._pending_checkpoints
-                    and self._pending_placement is None
+                    and not self._pending_latest
                     and not self._spool_size()
                 )
             now = self._clock()
@@ -548,18 +565,21 @@ class MetricsReporter:
                 log.error("run %s: %s", self.run_id, self.last_error)
             self._pending_checkpoints.pop(0)
 
-    def _send_placement(self) -> None:
-        if self._pending_placement is None or self.refused:
-            return
-        try:
-            resp = self._post("placement", self._pending_placement)
-        except (_SiteDown, _Refused) as exc:
-            self._not_taken(exc)
-            return
-        if answer_kind(resp.status_code) != TAKEN:
-            self.last_error = f"placement rejected by {resp.url}: HTTP {resp.status_code} {resp.text[:300]}"
-            log.error("run %s: %s", self.run_id, self.last_error)
-        self._pending_placement = None
+    def _send_latest(self) -> None:
+        """Deliver the pending LATEST_ONLY reports; one the site refuses for good is
+        dropped (and logged), one it cannot take now stays pending."""
+        for endpoint, body in list(self._pending_latest.items()):
+            if self.refused:
+                return
+            try:
+                resp = self._post(endpoint, body)
+            except (_SiteDown, _Refused) as exc:
+                self._not_taken(exc)
+                return
+            if answer_kind(resp.status_code) != TAKEN:
+                self.last_error = f"{endpoint} rejected by {resp.url}: HTTP {resp.status_code} {resp.text[:300]}"
+                log.error("run %s: %s", self.run_id, self.last_error)
+            del self._pending_latest[endpoint]
 
     def _spool_status(self) -> None:
         """Mirror the pending status on disk (or remove the file once delivered)."""
