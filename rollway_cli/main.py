@@ -425,6 +425,29 @@ def follow(run, interval, as_json, url, token) -> int:
         return follow_run(api, run, as_json=as_json, interval_s=interval)
 
 
+# --- replay ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("run", type=RUN)
+@click.option("--follow", is_flag=True, help="Then follow the replay to the end (exit code as `rollway follow`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the created run as JSON.")
+@site_options
+def replay(run, follow, as_json, url, token) -> int:
+    """Replay a run that succeeded: its config again, under the schedule it recorded (the
+    same groups from the same workers and versions, trained in the same batches)."""
+    with connect(url, token) as api:
+        child = api.post(f"/api/runs/{run}/replay", {})
+        if as_json and not follow:
+            print_json(child)
+        else:
+            click.echo(f"run {child['id']} {child['status']}: {child['name']}")
+            click.echo(api.page_url(child["url"]))
+        if follow:
+            return follow_run(api, child["id"], as_json=as_json)
+    return errors.OK
+
+
 # --- cancel ---------------------------------------------------------------------------
 
 

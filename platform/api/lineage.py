@@ -63,6 +63,19 @@ def retry_run(request: HttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(lineage.do_retry(request.user, parent).detail(), status=201)
 
 
+@router.post(
+    "/runs/{int:run_id}/replay",
+    url_name="run-replay",
+    tags=["runs"],
+    response=responses(dict[str, Any], 201, 400, 403, 404, 409),
+)
+def replay_run(request: HttpRequest, run_id: int) -> JsonResponse:
+    """A new run with this succeeded run's config that follows the schedule it recorded
+    (`parent`, origin "replay"): the same batches in the same order."""
+    parent = lineage.check_replay(request.user, run_id)
+    return JsonResponse(lineage.do_replay(request.user, parent).detail(), status=201)
+
+
 class ResumeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: int | None = None  # a checkpoint's step; none: the latest

@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils.text import slugify
 
 from foundation.errors import ActionError, NotFound
-from runs import listing, logs, sinks
+from runs import lineage, listing, logs, sinks
 from runs.models import Experiment, Run
 from teams import roles
 from teams.models import Team
@@ -126,6 +126,8 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "may_launch": roles.allows(role, "launch runs"),
         "may_annotate": roles.allows(role, roles.annotate_action(user, run)),
         "checkpoints": run.checkpoints.order_by("-step"),
+        # Only a run that could be replayed gets the button (runs/lineage.py says why not).
+        "replayable": run.status == Run.Status.SUCCEEDED and not lineage.replay_refusal(run),
         "children": run.team_children(),
         "tags_text": " ".join(run.tag_names()),
         "config_json": json.dumps(run.config, indent=2),

@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
     path("runs/<int:run_id>/retry/", views.retry, name="retry"),
+    path("runs/<int:run_id>/replay/", views.replay, name="replay"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),
     path("runs/<int:run_id>/notes/", views.annotate, name="notes"),
 ]

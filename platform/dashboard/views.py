@@ -157,6 +157,18 @@ def retry(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+def replay(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _lineage_action(
+        request,
+        run_id,
+        lambda: lineage.check_replay(request.user, run_id),
+        lambda parent: lineage.do_replay(request.user, parent),
+        "Run #{child} queued: a replay of run #{parent}, under its recorded schedule.",
+    )
+
+
+@login_required
+@require_POST
 def resume(request: HttpRequest, run_id: int) -> HttpResponse:
     return _lineage_action(
         request,

@@ -20,6 +20,7 @@ from django.db import DatabaseError
 
 from configs import policy
 from configs.models import ClusterCapacity
+from runs import lineage
 from runs.actions import do_set_run_status
 from runs.models import Run
 from runs.reports import do_fail_run
@@ -95,8 +96,11 @@ def do_start_in_ray(run_id: int) -> None:
             logger.warning("run %s refused before start: %s", run_id, reason)
             do_set_run_status(run, Status.FAILED, error=f"refused: {reason}")
             return
-        # A resumed run (runs/lineage.py) starts from its parent's checkpoint.
+        # A resumed run (runs/lineage.py) starts from its parent's checkpoint; a replay
+        # follows its parent's schedule.
         resume = {"resume_from": run.resume_from.location} if run.resume_from is not None else {}
+        schedule = lineage.replayed_schedule(run)
+        replay = {"replay": schedule} if schedule is not None else {}
         # The driver's own token, issued now: the site keeps only its hash, so this is
         # the one moment the clear token exists, and each launch (a retry's, a resume's)
         # gets its own.
@@ -110,6 +114,7 @@ def do_start_in_ray(run_id: int) -> None:
             ray_address=settings.RAY_ADDRESS,
             confinement=policy.confinement(),
             **resume,
+            **replay,
         )
     except Exception as exc:
         # Whatever stopped the launch (Ray unreachable, a driver that would not start) is

@@ -6,6 +6,11 @@ and notes and tags are what people write on a run.
   child's steps carry on from the checkpoint's step and `stop.max_steps` stays the total,
   so a run resumed at step k of N trains N−k more. The parent's points, status and
   checkpoints are never touched: the child reports under its own id.
+- **Replay** runs the parent's config again under the schedule the parent recorded
+  (workers/run/schedule.py: which worker generated which groups under which version,
+  and which groups each step trained), so an async run's outcome repeats: on the torch
+  backend on CPU, its final weights bit for bit. Only a run that succeeded and recorded
+  one, of a config a schedule covers.
 - **Clone** launches the parent's preset and overrides with the user's edits on top (the
   launch form opens prefilled for it; the API takes the edits in the request), in the
   experiment the user chooses (the parent's by default).
@@ -34,10 +39,13 @@ from django.db import transaction
 from configs import policy
 from foundation.errors import ActionError, Conflict, Forbidden
 from runs import actions, events, sinks
-from runs.models import Checkpoint, Experiment, Run, RunTag
+from runs.models import Checkpoint, Experiment, Run, RunSchedule, RunTag
 from teams import audit, roles
 from workers.config.presets import deep_merge
 from workers.config.run_config import RunConfig
+from workers.rl_tasks import task_class
+from workers.rollout.episode_scheduler import is_multi_agent
+from workers.run.schedule import replay_problem
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +89,7 @@ def _create_child(user, parent: Run, *, origin: str, name: str, experiment: Expe
             Origin.RETRY: audit.Action.RETRY,
             Origin.RESUME: audit.Action.RESUME,
             Origin.CLONE: audit.Action.CLONE,
+            Origin.REPLAY: audit.Action.REPLAY,
         }
         detail = {"child": run.pk}
         if run.resume_from is not None:
@@ -128,6 +137,68 @@ def do_retry(user, parent: Run) -> Run:
         priority=parent.priority,
         trackers=parent.trackers,
     )
+
+
+# --- replay -------------------------------------------------------------------------
+
+
+def check_replay(user, run_id: int) -> Run:
+    """The run, if `user` may replay it: `replay_refusal` has nothing against it, and its
+    config still passes."""
+    parent = actions.check_run_access(user, run_id)
+    refused = replay_refusal(parent)
+    if refused:
+        raise Conflict(refused)
+    _check_launchable(user, parent, parent.run_config)
+    return parent
+
+
+def replay_refusal(run: Run) -> dict[str, str]:
+    """Why `run` cannot be replayed, by field ({} when it can): it must have succeeded
+    here, recorded a schedule, and have a config a schedule covers."""
+    if run.simulated:
+        return {
+            "simulated": f"run {run.pk} was simulated, so there is nothing to replay: clone it to launch its config"
+        }
+    if run.status != Status.SUCCEEDED:
+        return {"status": f"run {run.pk} is {run.status}: only a run that succeeded has a whole schedule to replay"}
+    if not RunSchedule.objects.filter(run=run).exists():
+        return {"schedule": f"run {run.pk} recorded no schedule (it ran before runs kept theirs)"}
+    config = run.run_config
+    try:  # the class says whether the task is multi-agent: nothing is built or read
+        task = task_class(config.task.name)
+    except Exception as exc:  # a task the site no longer finds: the launch check names it too
+        return {"task.name": f"run {run.pk} cannot be replayed: {exc}"}
+    problem = replay_problem(config, is_multi_agent(task))
+    return {"config": f"run {run.pk} cannot be replayed: {problem}"} if problem else {}
+
+
+def do_replay(user, parent: Run) -> Run:
+    """A new queued run with the parent's config that follows the parent's schedule
+    (runs/in_ray.py hands it to the driver)."""
+    return _create_child(
+        user,
+        parent,
+        origin=Origin.REPLAY,
+        name=_child_name(parent, "replay"),
+        preset=parent.preset,
+        overrides=parent.overrides,
+        config=parent.config,
+        saved_config=parent.saved_config,
+        priority=parent.priority,
+        trackers=parent.trackers,
+    )
+
+
+def replayed_schedule(run: Run) -> dict | None:
+    """The schedule a replay follows: its parent's, as the engine takes it. None for any
+    other run; LookupError when a replay's parent or its schedule is gone."""
+    if run.origin != Origin.REPLAY:
+        return None
+    row = RunSchedule.objects.filter(run_id=run.parent_id).first() if run.parent_id else None
+    if row is None:
+        raise LookupError(f"run {run.pk} replays a run whose schedule is gone: launch a retry instead")
+    return row.as_json()
 
 
 # --- resume -------------------------------------------------------------------------

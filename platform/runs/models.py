@@ -167,6 +167,7 @@ class Run(models.Model):
         RETRY = "retry", "retry of"
         RESUME = "resume", "resumed from"
         CLONE = "clone", "clone of"
+        REPLAY = "replay", "replay of"
 
     TERMINAL = frozenset({Status.CANCELLED, Status.SUCCEEDED, Status.FAILED})
     # The states each status may be entered from: the WHERE clause of its UPDATE. Starting

@@ -122,6 +122,7 @@ class AuditEvent(models.Model):
         RETRY = "retry", "retried"
         RESUME = "resume", "resumed"
         CLONE = "clone", "cloned"
+        REPLAY = "replay", "replayed"
         NOTES = "notes", "edited notes and tags of"
         MEMBER_ADD = "member_add", "added member"
         MEMBER_ROLE = "member_role", "changed role"

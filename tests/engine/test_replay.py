@@ -13,11 +13,12 @@ import os
 import pytest
 import ray
 
-from tests.engine.helpers import TOKEN
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, wait_for
 from tests.engine.helpers import TRAINED as EXACT
 from workers.config.presets import build, deep_merge
-from workers.core.run_actors import NAMESPACE, actor_name
+from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.run.driver import RunDriver
+from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
 from workers.run.schedule import Admission, Batch, ReplayDiverged, Schedule, ScheduleReplay, replay_problem
 
@@ -172,9 +173,11 @@ def call_version(schedule: dict, gid: str) -> int:
 
 
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
-def test_a_replay_follows_the_schedule_it_is_given_not_its_own_timing(original, cache_dir):
+def test_a_replay_follows_the_schedule_it_is_given_not_its_own_timing(original, cache_dir, stub):
     """The original's schedule with one group moved from the second batch to the first:
-    a run that merely repeated the original would train the original's batches."""
+    a run that merely repeated the original would train the original's batches. Launched
+    as the site launches a replay (`launch(..., replay=)`), reporting to the site's ingest,
+    which receives the schedule the replay followed."""
     schedule = {
         "admissions": original["schedule"]["admissions"],
         "batches": [list(b) for b in original["schedule"]["batches"]],
@@ -186,11 +189,14 @@ def test_a_replay_follows_the_schedule_it_is_given_not_its_own_timing(original, 
     i, j = len(first_ids) - 1, second_ids.index(moved)
     first_ids[i], second_ids[j] = second_ids[j], first_ids[i]
     schedule["batches"][0][1], schedule["batches"][1][1] = first_ids, second_ids
-    out = run(4604, cache_dir, replay=schedule)
-    assert out["state"] == "succeeded", out["error_detail"] or out["error"]
-    assert out["schedule"]["batches"][:2] == schedule["batches"][:2]
-    assert out["series"]["loss"][1] != original["series"]["loss"][1]
-    assert out["policy_sha256"] != original["policy_sha256"]
+    cfg = build("async", CONFIG).model_dump(mode="json")
+    confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"))
+    launch(4604, cfg, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement, replay=schedule)
+    wait_for(lambda: stub.status.get(4604) in ("succeeded", "failed"), 240, "a terminal status")
+    assert stub.statuses[4604] == ["running", "succeeded"], stub.errors.get(4604)
+    assert stub.schedule[4604]["batches"][:2] == schedule["batches"][:2]
+    assert stub.series(4604)["loss"][1] != original["series"]["loss"][1]
+    wait_for(lambda: not run_actor_names(4604), GONE_WAIT_S, "the run's actors to exit")
 
 
 @pytest.mark.slow  # whole runs on the engine's Ray cluster

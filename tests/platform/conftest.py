@@ -158,6 +158,7 @@ class FakeLifecycle:
         self.available: Capacity | None = None  # what is free now; None: all of `capacity`
         self.confinements: list = []
         self.resumed_from: dict[int, str | None] = {}  # run id → the checkpoint it was launched from
+        self.replayed: dict[int, dict | None] = {}  # run id → the schedule it was launched to follow
 
     def cluster_capacity(self, *, ray_address):
         if self.fail_with:
@@ -169,10 +170,13 @@ class FakeLifecycle:
             raise self.fail_with
         return self.available if self.available is not None else self.capacity
 
-    def launch(self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement, resume_from=None):
+    def launch(
+        self, run_id, config, *, ingest_url, token, cache_dir, ray_address, confinement, resume_from=None, replay=None
+    ):
         self.calls.append(("launch", run_id, config, ingest_url, token, cache_dir, ray_address))
         self.confinements.append(confinement)
         self.resumed_from[run_id] = resume_from
+        self.replayed[run_id] = replay
         if self.fail_with:
             raise self.fail_with
         self.alive.add(run_id)

@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from compare.models import Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs import exports
-from runs.models import Checkpoint, Experiment, Run
+from runs.models import Checkpoint, Experiment, Run, RunSchedule
 from teams.models import ApiToken, AuditEvent, Membership, Team
 from workers.config.presets import build
 
@@ -186,6 +186,14 @@ ASKS: dict[str, list[Ask]] = {
     "api:run-status": [
         Ask("POST", lambda w: f"/api/runs/{w.run.pk}/status", "token", lambda w: {"status": "failed", "error": "x"})
     ],
+    "api:run-schedule": [
+        Ask(
+            "POST",
+            lambda w: f"/api/runs/{w.run.pk}/schedule",
+            "token",
+            lambda w: {"admissions": [[0, 0, 1]], "batches": [[0, ["w0-0"]]]},
+        )
+    ],
     "api:run-placement": [
         Ask(
             "POST",
@@ -208,6 +216,7 @@ ASKS: dict[str, list[Ask]] = {
     ],
     "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
     "api:run-retry": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/retry", "member")],
+    "api:run-replay": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/replay", "member")],
     "api:run-resume": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/resume", "member", lambda w: {"step": 1})],
     "api:run-clone": [
         Ask("POST", lambda w: f"/api/runs/{w.done.pk}/clone", "member", lambda w: {"overrides": {"seed": 3}})
@@ -276,6 +285,7 @@ ASKS: dict[str, list[Ask]] = {
     "dashboard:run-log": [Ask("GET", lambda w: f"/runs/{w.run.pk}/log/", "viewer", json=False)],
     "dashboard:cancel": [Ask("POST", lambda w: f"/runs/{w.run.pk}/cancel/", "own", json=False, form=True)],
     "dashboard:retry": [Ask("POST", lambda w: f"/runs/{w.done.pk}/retry/", "member", json=False, form=True)],
+    "dashboard:replay": [Ask("POST", lambda w: f"/runs/{w.done.pk}/replay/", "member", json=False, form=True)],
     "dashboard:resume": [Ask("POST", lambda w: f"/runs/{w.done.pk}/resume/", "member", json=False, form=True)],
     "dashboard:notes": [
         Ask("POST", lambda w: f"/runs/{w.run.pk}/notes/", "own", lambda w: {"notes": "n"}, json=False, form=True)
@@ -391,6 +401,7 @@ def populate(team: Team, users: dict, label: str, *, log_dir: Path, checkpoint_r
     (log_dir / f"run-{running.pk}.log").write_text("driver started\n")
     location = f"{checkpoint_root}/run-{done.pk}/step-1"
     Checkpoint.objects.create(run=done, step=1, location=location, bytes=10, sha256="0" * 64)
+    RunSchedule.objects.create(run=done, admissions=[[0, 0, 1]], batches=[[0, ["w0-0"]]], bytes=40, steps=1)
     comparison = Comparison.objects.create(
         team=team,
         experiment=experiment,
@@ -410,6 +421,7 @@ def stored() -> tuple:
         tuple(Team.objects.order_by("pk").values_list("pk", "slug")),
         tuple(Run.objects.order_by("pk").values_list("pk", "status", "notes")),
         tuple(Checkpoint.objects.order_by("pk").values_list("pk", "step")),
+        tuple(RunSchedule.objects.order_by("pk").values_list("pk", "batches")),
         Experiment.objects.count(),
         SavedConfig.objects.count(),
         Comparison.objects.count(),

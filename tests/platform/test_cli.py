@@ -305,6 +305,20 @@ def test_cancel_cancels_what_it_may_and_says_why_for_the_rest(site, make_run, ou
     assert rollway(capsys, "cancel", str(mine.pk))[0] == errors.PARTLY_REFUSED  # already cancelling
 
 
+def test_replay_queues_a_replay_of_a_run_with_its_schedule_and_says_why_not_otherwise(site, make_run, enqueued, capsys):
+    from runs.models import RunSchedule
+
+    done = make_run(status=Run.Status.SUCCEEDED)
+    code, out, err = rollway(capsys, "replay", str(done.pk))
+    assert code == errors.CONFLICT and f"run {done.pk} recorded no schedule" in err
+    RunSchedule.objects.create(run=done, admissions=[[0, 0, 1]], batches=[[0, ["w0-0"]]], bytes=40, steps=1)
+    code, out, err = rollway(capsys, "replay", str(done.pk))
+    assert code == 0, err
+    child = Run.objects.get(parent=done)
+    assert child.origin == "replay" and out.startswith(f"run {child.pk} queued: ")
+    assert f"/runs/{child.pk}/" in out
+
+
 def test_a_run_of_another_team_is_not_found_with_exit_5(site, outsider, capsys):
     theirs = Run.objects.create(experiment=Experiment.objects.get(name="theirs"), name="x", preset="sync", config={})
     code, _, err = rollway(capsys, "follow", str(theirs.pk))

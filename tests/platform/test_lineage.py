@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from runs import reconcile
-from runs.models import Checkpoint, MetricPoint, Run
+from runs.models import Checkpoint, MetricPoint, Run, RunSchedule
 from teams.models import AuditEvent, Membership
 from workers.config.presets import build
 
@@ -98,6 +98,81 @@ def test_retry_of_a_running_run_is_a_conflict_and_a_viewer_may_not(client_for, o
     response = client_for(viewer).post(f"/runs/{failed.pk}/retry/", follow=True)
     assert "you need the member role" in response.content.decode()
     assert Run.objects.count() == 2
+
+
+SCHEDULE = {"admissions": [[0, 0, 2], [1, 0, 2]], "batches": [[0, ["w0-0", "w1-0", "w0-1", "w1-1"]]]}
+
+
+def with_schedule(run: Run) -> Run:
+    RunSchedule.objects.create(run=run, **SCHEDULE, bytes=80, steps=1)
+    return run
+
+
+def test_replay_makes_a_linked_run_that_launches_under_the_parents_schedule(client_for, owner, make_run, driver):
+    from runs import in_ray, queue
+
+    parent = with_schedule(make_run(Status.SUCCEEDED, preset="async", priority=2))
+    page = client_for(owner).get(f"/runs/{parent.pk}/").content.decode()
+    assert 'id="replay-button"' in page
+    response = post_json(client_for(owner), f"/api/runs/{parent.pk}/replay", {})
+    assert response.status_code == 201, response.content
+    child = Run.objects.get(pk=response.json()["id"])
+    assert (child.parent_id, child.origin, child.status, child.priority) == (parent.pk, "replay", Status.QUEUED, 2)
+    assert child.config == parent.config and child.name.endswith("(replay)")
+    assert AuditEvent.objects.filter(action="replay", subject=f"run {parent.pk}").exists()
+    Run.objects.filter(pk=child.pk).update(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(child.pk)
+    assert driver.replayed == {child.pk: SCHEDULE}  # the driver follows the parent's schedule
+    retry = post_json(client_for(owner), f"/api/runs/{parent.pk}/retry", {}).json()["id"]
+    Run.objects.filter(pk=retry).update(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(retry)
+    assert driver.replayed[retry] is None  # a retry follows its own timing
+
+
+@pytest.mark.parametrize(
+    ("status", "schedule", "overrides", "field", "words"),
+    [
+        (Status.FAILED, True, {}, "status", "only a run that succeeded"),
+        (Status.SUCCEEDED, False, {}, "schedule", "recorded no schedule"),
+        (Status.SUCCEEDED, True, {"sync": {"update_mode": "in_flight"}}, "config", "sync.update_mode 'in_flight'"),
+        (Status.SUCCEEDED, True, {"buffer": {"on_stale": "requeue"}}, "config", "buffer.on_stale 'requeue'"),
+    ],
+)
+def test_a_run_that_cannot_be_replayed_is_a_409_naming_why_and_shows_no_button(
+    client_for, owner, make_run, status, schedule, overrides, field, words
+):
+    config = build("async", overrides).model_dump(mode="json")
+    parent = make_run(status, config=config)
+    if schedule:
+        with_schedule(parent)
+    response = post_json(client_for(owner), f"/api/runs/{parent.pk}/replay", {})
+    assert response.status_code == 409
+    assert words in response.json()["errors"][field]
+    assert Run.objects.count() == 1
+    assert 'id="replay-button"' not in client_for(owner).get(f"/runs/{parent.pk}/").content.decode()
+
+
+def test_a_replay_whose_parents_schedule_is_gone_fails_saying_so(client_for, owner, make_run, driver):
+    from runs import in_ray, queue
+
+    parent = with_schedule(make_run(Status.SUCCEEDED))
+    child = Run.objects.get(pk=post_json(client_for(owner), f"/api/runs/{parent.pk}/replay", {}).json()["id"])
+    RunSchedule.objects.filter(run=parent).delete()
+    Run.objects.filter(pk=child.pk).update(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(child.pk)
+    child.refresh_from_db()
+    assert child.status == Status.FAILED and "schedule is gone" in child.error, child.error
+    assert not driver.named("launch")
+
+
+def test_a_viewer_may_not_replay_and_the_page_form_queues_a_replay(client_for, owner, viewer, make_run, enqueued):
+    parent = with_schedule(make_run(Status.SUCCEEDED))
+    response = client_for(viewer).post(f"/runs/{parent.pk}/replay/", follow=True)
+    assert "you need the member role" in response.content.decode() and Run.objects.count() == 1
+    response = client_for(owner).post(f"/runs/{parent.pk}/replay/")
+    child = Run.objects.exclude(pk=parent.pk).get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{child.pk}/"
+    assert child.origin == "replay"
 
 
 def test_resume_continues_from_a_checkpoint_and_leaves_the_parent_alone(

@@ -77,6 +77,7 @@ def launch(
     confinement: Confinement | None = None,
     resume_from: str | None = None,
     env: dict[str, str] | None = None,
+    replay: dict | None = None,
 ) -> str:
     """Create (or find) the detached driver actor `run-<run_id>` and start the run of
     `config` (the site hands it over validated; a dict is validated here).
@@ -113,6 +114,7 @@ def launch(
         cache_dir,
         confinement=confinement,
         resume_from=resume_from,
+        replay=replay,
     )
     return ray.get(driver.start.remote(), timeout=LAUNCH_TIMEOUT_S)
 
