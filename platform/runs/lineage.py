@@ -101,6 +101,19 @@ def _create_child(user, parent: Run, *, origin: str, name: str, experiment: Expe
     return run
 
 
+def _parents_config(parent: Run) -> dict:
+    """What a retry, resume or replay takes of its parent as it was stored: its config
+    (and where it came from), priority and trackers."""
+    return {
+        "preset": parent.preset,
+        "overrides": parent.overrides,
+        "config": parent.config,
+        "saved_config": parent.saved_config,
+        "priority": parent.priority,
+        "trackers": parent.trackers,
+    }
+
+
 # --- retry --------------------------------------------------------------------------
 
 
@@ -130,12 +143,7 @@ def do_retry(user, parent: Run) -> Run:
         parent,
         origin=Origin.RETRY,
         name=_child_name(parent, "retry"),
-        preset=parent.preset,
-        overrides=parent.overrides,
-        config=parent.config,
-        saved_config=parent.saved_config,
-        priority=parent.priority,
-        trackers=parent.trackers,
+        **_parents_config(parent),
     )
 
 
@@ -181,12 +189,7 @@ def do_replay(user, parent: Run) -> Run:
         parent,
         origin=Origin.REPLAY,
         name=_child_name(parent, "replay"),
-        preset=parent.preset,
-        overrides=parent.overrides,
-        config=parent.config,
-        saved_config=parent.saved_config,
-        priority=parent.priority,
-        trackers=parent.trackers,
+        **_parents_config(parent),
     )
 
 
@@ -240,12 +243,7 @@ def do_resume(user, parent: Run, checkpoint: Checkpoint, *, restarts: int | None
         parent,
         origin=Origin.RESUME,
         name=_child_name(parent, f"resumed at step {checkpoint.step}"),
-        preset=parent.preset,
-        overrides=parent.overrides,
-        config=parent.config,
-        saved_config=parent.saved_config,
-        priority=parent.priority,
-        trackers=parent.trackers,
+        **_parents_config(parent),
         resume_from=checkpoint,
         restarts=parent.restarts if restarts is None else restarts,
     )
