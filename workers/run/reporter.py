@@ -91,9 +91,6 @@ PHASE_DETAIL_MAX = 200
 # What the reporter posts to, as POST {ingest_url}/api/runs/<id>/<endpoint>: the site
 # gives exactly these its ingest body limit and keeps them out of its HTTPS redirect.
 INGEST_ENDPOINTS = ("metrics", "status", "checkpoints", "placement", "schedule")
-# The reports of which the site keeps only the latest: an undelivered one is replaced by a
-# newer one rather than queued behind it.
-LATEST_ONLY = ("placement", "schedule")
 
 
 def spool_path(cache_dir: str, run_id: int) -> Path:
@@ -213,7 +210,8 @@ class MetricsReporter:
         self.placement: dict | None = None  # in-memory mode only: the placement posted
         self.schedule: dict | None = None  # in-memory mode only: the schedule posted
         self._pending_checkpoints: list[dict] = []  # bodies not yet delivered, oldest first
-        # The LATEST_ONLY reports not yet delivered, by endpoint.
+        # The reports of which the site keeps only the latest (placement, schedule) not yet
+        # delivered, by endpoint: a newer one replaces an undelivered one.
         self._pending_latest: dict[str, dict] = {}
         self.sent = 0  # points the site accepted
         self.dropped = 0  # points the site rejected for good (answer_kind REJECTED) or not finite
@@ -566,7 +564,7 @@ class MetricsReporter:
             self._pending_checkpoints.pop(0)
 
     def _send_latest(self) -> None:
-        """Deliver the pending LATEST_ONLY reports; one the site refuses for good is
+        """Deliver the pending latest-only reports; one the site refuses for good is
         dropped (and logged), one it cannot take now stays pending."""
         for endpoint, body in list(self._pending_latest.items()):
             if self.refused:
