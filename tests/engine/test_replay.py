@@ -137,7 +137,11 @@ def test_an_async_run_records_each_call_and_each_batch_and_reports_the_size(orig
     trained = [g for b in batches for g in b.group_ids]
     assert len(set(trained)) == len(trained)
     admissions = Schedule.from_json(schedule).admissions
-    assert {a.worker for a in admissions} == {0, 1}
+    # Each admission names the worker whose call it was. Whose calls land before the
+    # last step is the host's timing (a worker started late on a loaded host may land
+    # none), so each is one of the two, not necessarily both.
+    workers = {a.worker for a in admissions}
+    assert workers and workers <= {0, 1}
     for worker in (0, 1):  # each worker's versions only go up
         versions = [a.version for a in admissions if a.worker == worker]
         assert versions == sorted(versions)
