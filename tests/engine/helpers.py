@@ -138,23 +138,6 @@ def mixed_from_the_second_step(mixed: dict[int, float], steps: int) -> bool:
 HF_WARM_START = {"steps": 60, "noisy_steps": 0, "batch_size": 32}
 
 
-# The per-step series computed from the trained batch and the weights alone (no clocks, no
-# buffer occupancy): they must match step for step when the runs train the same thing.
-TRAINED = (
-    "loss",
-    "reward/mean",
-    "staleness/mean",
-    "staleness/max",
-    "trainer/grad_norm",
-    "policy/version",
-    "policy/entropy",
-    "is/ratio_mean",
-    "is/clipped_frac",
-    "ppo/clipped_frac",
-    "mismatch/kl",
-)
-
-
 def reference_kept(logits: list[float], top_k: int | None, top_p: float, min_p: float) -> dict[int, float]:
     """{token: log of its renormalised probability} for the tokens that top-k / top-p /
     min-p sampling keeps of `logits` (already tempered): the definitions vLLM uses, in its

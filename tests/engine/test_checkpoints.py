@@ -41,9 +41,9 @@ import ray
 import torch
 
 from tests.engine.helpers import TOKEN, fixed_groups, small_config
-from tests.engine.helpers import TRAINED as EQUIVALENT
 from tests.engine.ingest_stub import IngestStub
 from workers.config.presets import build, deep_merge
+from workers.core.metric_names import TRAINED as EQUIVALENT
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.model.loading import tied_weight_names
 from workers.model.tiny_hf import ARCH_SPECS, ARCHS, make_tiny_checkpoint

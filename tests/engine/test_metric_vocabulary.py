@@ -20,7 +20,7 @@ import pytest
 from tests.engine import test_mfu as mfu_tests
 from tests.engine.helpers import fixed_groups, small_config
 from workers.config.run_config import BufferConfig
-from workers.core.metric_names import METRICS, NAMES, PER_RANK, metric_of, rank_series
+from workers.core.metric_names import METRICS, NAMES, PER_RANK, TRAINED, metric_of, rank_series
 from workers.core.timeline import GENERATE, Segment, StepWindows
 from workers.rollout.evaluation import SERIES as EVAL_SERIES
 from workers.rollout.evaluation import eval_metrics, is_due
@@ -34,6 +34,12 @@ BY_NAME = {m.name: m for m in METRICS}
 
 def test_the_vocabulary_spells_each_name_once():
     assert len(NAMES) == len(METRICS)
+
+
+def test_the_series_a_replay_repeats_are_named_once_each_and_read_no_clock():
+    assert len(set(TRAINED)) == len(TRAINED) and set(TRAINED) <= NAMES
+    clocked = [name for name in TRAINED if metric_of(name).unit in ("s", "ms") or "/s" in metric_of(name).unit]
+    assert not clocked, clocked
 
 
 def test_the_reporter_refuses_a_series_outside_the_vocabulary():

@@ -14,8 +14,8 @@ import pytest
 import ray
 
 from tests.engine.helpers import GONE_WAIT_S, TOKEN, wait_for
-from tests.engine.helpers import TRAINED as EXACT
 from workers.config.presets import build, deep_merge
+from workers.core.metric_names import TRAINED as EXACT
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch

@@ -19,8 +19,9 @@ import os
 import pytest
 import ray
 
-from tests.engine.helpers import TRAINED, assert_exact_sync
+from tests.engine.helpers import assert_exact_sync
 from workers.config.presets import build, deep_merge
+from workers.core.metric_names import TRAINED
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.run.checkpoints import step_dir
 from workers.run.driver import RunDriver

@@ -378,6 +378,24 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Trainer ranks: bytes moved", ("trainer/rank_comm_bytes",)),
 )
 
+# The per-step series computed from the trained batch and the weights alone (no clock, no
+# buffer occupancy): two runs that train the same batches from the same weights, as a
+# replay of a run does, repeat them step for step. Every other series reads a clock or
+# the buffer's state, which differ between any two runs.
+TRAINED: tuple[str, ...] = (
+    "loss",
+    "reward/mean",
+    "staleness/mean",
+    "staleness/max",
+    "trainer/grad_norm",
+    "policy/version",
+    "policy/entropy",
+    "is/ratio_mean",
+    "is/clipped_frac",
+    "ppo/clipped_frac",
+    "mismatch/kl",
+)
+
 # How many of the latest reward/mean points a reward target is judged on (their mean):
 # one step is too noisy. The driver's stop.target_reward and the compare page's "time to
 # target" use the same window, so a run that stopped on its target shows that time.
