@@ -135,6 +135,7 @@ def run_page(request: HttpRequest, run: Run) -> dict:
         "charts": _charts(run),
         "placement": _placement(run),
         "ledger": _ledger(run),
+        "replay": _replay(run),
         "final_note": final_note(run),
         # The trackers the run goes to (None: the site has none, so nothing is said).
         "trackers": [s.NAME for s in sinks.for_run(run.trackers)] if sinks.configured() else None,
@@ -271,6 +272,34 @@ def _ledger(run: Run) -> dict | None:
         "rows": [(label, totals.get(name, 0)) for name, label in LEDGER_ROWS],
         "unaccounted": totals.get("unaccounted", 0),
     }
+
+
+def _replay(run: Run) -> dict | None:
+    """A replay's comparison with its original (Run.replay_comparison) as its page shows
+    it: the table's rows and one sentence saying whether, and where, the two differ."""
+    compared = run.replay_comparison()
+    if compared is None:
+        return None
+    rows, original = compared["series"], compared["original"]
+    differs = [r for r in rows if r["first_differs"] is not None]
+    uneven = [r for r in rows if not r["original_steps"] == r["replay_steps"] == r["compared"]]
+    if differs:
+        where = "; ".join(
+            f"{r['series']} from step {r['first_differs']} (largest |difference| {r['largest_gap']:.3g})"
+            for r in differs
+        )
+        verdict, equal = f"Differs from run #{original}: {where}.", False
+    elif not rows:
+        verdict, equal = "Neither run has a trained step yet.", not run.is_terminal
+    elif uneven and not run.is_terminal:
+        verdict, equal = f"Equal to run #{original} at every step both have so far.", True
+    elif uneven:
+        counts = "; ".join(f"{r['series']}: {r['replay_steps']} here, {r['original_steps']} there" for r in uneven)
+        verdict, equal = f"Equal at every step both have, but the steps differ ({counts}).", False
+    else:
+        verdict, equal = f"Equal to run #{original} at every step of every trained series: bit for bit.", True
+    shown = [{**r, "gap": "—" if r["largest_gap"] is None else f"{r['largest_gap']:.3g}"} for r in rows]
+    return {"original": original, "rows": shown, "verdict": verdict, "equal": equal}
 
 
 def _placement(run: Run) -> list[dict]:

@@ -22,12 +22,14 @@ from functools import cached_property
 
 from django.conf import settings
 from django.db import connections, models, transaction
+from django.db.models.functions import Abs
 from django.urls import reverse
 from django.utils import timezone
 
 from runs import pgbulk, rollups
 from teams.models import Team, TeamOwnedQuerySet
 from workers.config.run_config import RunConfig
+from workers.core.metric_names import TRAINED
 from workers.run.reporter import PHASE_DETAIL_MAX
 
 LEDGER_PREFIX = "ledger/"
@@ -444,12 +446,68 @@ class Run(models.Model):
             "trackers": self.trackers,
             "ledger": self.ledger(),
             "schedule": self.schedule_summary(),
+            "replay": self.replay_comparison(),
         }
 
     def schedule_summary(self) -> dict | None:
         """The recorded schedule's size (workers/run/schedule.py), without loading it: its
         batches (one a step) and bytes; None before the driver reported one."""
         return RunSchedule.objects.filter(run=self).values("steps", "bytes").first()
+
+    def replay_comparison(self) -> dict | None:
+        """How this replay's trained series (TRAINED: those two runs training the same
+        batches from the same weights repeat exactly) compare with its original's, step
+        by step: per series, the steps each run has, the steps both have, the largest
+        |difference| there and the first step where they differ. None for a run that is
+        no replay, or whose original is gone or in another team now. The database pairs
+        the points (the unique index on run, series and step), so the page never loads
+        either run's series."""
+        if self.origin != Run.Origin.REPLAY or self.parent_id is None:
+            return None
+        parent = self.parent
+        if parent is None or parent.experiment.team_id != self.experiment.team_id:
+            return None
+        same_point = {"series": models.OuterRef("series"), "step": models.OuterRef("step")}
+        twin = MetricPoint.objects.filter(run_id=parent.pk, **same_point)
+        paired = (
+            MetricPoint.objects.filter(run_id=self.pk, series__in=TRAINED)
+            .annotate(original=models.Subquery(twin.values("value")[:1]))
+            .exclude(original=None)
+            .annotate(gap=Abs(models.F("value") - models.F("original")))
+            .values("series")
+            .annotate(
+                compared=models.Count("step"),
+                largest=models.Max("gap"),
+                first_differs=models.Min("step", filter=models.Q(gap__gt=0)),
+            )
+        )
+        counts = (
+            MetricPoint.objects.filter(run_id__in=(self.pk, parent.pk), series__in=TRAINED)
+            .values("run_id", "series")
+            .annotate(steps=models.Count("step"))
+        )
+        steps = {(row["run_id"], row["series"]): row["steps"] for row in counts}
+        by_series = {row["series"]: row for row in paired}
+        rows = []
+        for series in TRAINED:
+            original, replay = steps.get((parent.pk, series), 0), steps.get((self.pk, series), 0)
+            if not original and not replay:
+                continue
+            pair = by_series.get(series, {})
+            rows.append(
+                {
+                    "series": series,
+                    "original_steps": original,
+                    "replay_steps": replay,
+                    "compared": pair.get("compared", 0),
+                    "largest_gap": pair.get("largest"),
+                    "first_differs": pair.get("first_differs"),
+                }
+            )
+        same = bool(rows) and all(
+            r["original_steps"] == r["replay_steps"] == r["compared"] and r["first_differs"] is None for r in rows
+        )
+        return {"original": parent.pk, "series": rows, "bit_for_bit": same}
 
     def ledger(self) -> dict[str, int]:
         """The prompt ledger's totals the driver reported when the run's loops stopped

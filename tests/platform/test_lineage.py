@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from runs import reconcile
-from runs.models import Checkpoint, MetricPoint, Run, RunSchedule
-from teams.models import AuditEvent, Membership
+from runs.models import Checkpoint, Experiment, MetricPoint, Run, RunSchedule
+from teams.models import AuditEvent, Membership, Team
 from workers.config.presets import build
 
 Status = Run.Status
@@ -173,6 +173,64 @@ def test_a_viewer_may_not_replay_and_the_page_form_queues_a_replay(client_for, o
     child = Run.objects.exclude(pk=parent.pk).get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{child.pk}/"
     assert child.origin == "replay"
+
+
+def trained(run: Run, values: dict[str, list[float]]) -> None:
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, series=series, step=step, value=v, time=float(step))
+        for series, vs in values.items()
+        for step, v in enumerate(vs, start=1)
+    )
+
+
+def test_a_replays_page_compares_its_trained_series_with_the_originals_step_by_step(client_for, owner, make_run):
+    parent = with_schedule(make_run(Status.SUCCEEDED))
+    # A clock series (not trained) differs in any two runs and is left out.
+    trained(parent, {"loss": [0.5, 0.25, 0.125], "reward/mean": [0.1, 0.2, 0.3], "trainer/tokens_per_s": [9, 9, 9]})
+    same = make_run(Status.SUCCEEDED, parent=parent, origin=Run.Origin.REPLAY)
+    trained(same, {"loss": [0.5, 0.25, 0.125], "reward/mean": [0.1, 0.2, 0.3], "trainer/tokens_per_s": [7, 7, 7]})
+    compared = client_for(owner).get(f"/api/runs/{same.pk}").json()["replay"]
+    assert compared["original"] == parent.pk and compared["bit_for_bit"] is True
+    assert [r["series"] for r in compared["series"]] == ["loss", "reward/mean"]
+    assert compared["series"][0] == {
+        "series": "loss",
+        "original_steps": 3,
+        "replay_steps": 3,
+        "compared": 3,
+        "largest_gap": 0.0,
+        "first_differs": None,
+    }
+    page = client_for(owner).get(f"/runs/{same.pk}/").content.decode()
+    assert f"Equal to run #{parent.pk} at every step of every trained series: bit for bit." in page
+    assert f'href="/compare/?runs={parent.pk},{same.pk}"' in page
+
+    drifted = make_run(Status.SUCCEEDED, parent=parent, origin=Run.Origin.REPLAY)
+    trained(drifted, {"loss": [0.5, 0.25, 0.1], "reward/mean": [0.1, 0.2, 0.3]})
+    compared = client_for(owner).get(f"/api/runs/{drifted.pk}").json()["replay"]
+    loss = compared["series"][0]
+    assert compared["bit_for_bit"] is False
+    assert (loss["first_differs"], loss["largest_gap"]) == (3, pytest.approx(0.025))
+    page = client_for(owner).get(f"/runs/{drifted.pk}/").content.decode()
+    assert f"Differs from run #{parent.pk}: loss from step 3 (largest |difference| 0.025)." in page
+
+    short = make_run(Status.SUCCEEDED, parent=parent, origin=Run.Origin.REPLAY)
+    trained(short, {"loss": [0.5, 0.25], "reward/mean": [0.1, 0.2]})
+    assert client_for(owner).get(f"/api/runs/{short.pk}").json()["replay"]["bit_for_bit"] is False
+    page = client_for(owner).get(f"/runs/{short.pk}/").content.decode()
+    assert "Equal at every step both have, but the steps differ (loss: 2 here, 3 there;" in page
+    Run.objects.filter(pk=short.pk).update(status=Status.RUNNING)
+    assert "at every step both have so far." in client_for(owner).get(f"/runs/{short.pk}/").content.decode()
+
+    # A retry of the same run, a replay whose original is now another team's run (whose
+    # points its readers may not read), or whose original is gone, compares nothing.
+    retry = make_run(Status.SUCCEEDED, parent=parent, origin=Run.Origin.RETRY)
+    assert client_for(owner).get(f"/api/runs/{retry.pk}").json()["replay"] is None
+    assert 'id="replay-verdict"' not in client_for(owner).get(f"/runs/{retry.pk}/").content.decode()
+    elsewhere = Experiment.objects.create(team=Team.objects.create(name="Elsewhere"), name="theirs", created_by=owner)
+    Run.objects.filter(pk=parent.pk).update(experiment=elsewhere)
+    assert client_for(owner).get(f"/api/runs/{same.pk}").json()["replay"] is None
+    parent.delete()
+    assert client_for(owner).get(f"/api/runs/{same.pk}").json()["replay"] is None
 
 
 def test_resume_continues_from_a_checkpoint_and_leaves_the_parent_alone(

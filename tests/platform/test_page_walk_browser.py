@@ -205,6 +205,10 @@ def seed(user) -> dict:
     points(runs["succeeded"], with_eval=False)
     points(runs["failed"], with_eval=True)
     points(runs["cancelled"], with_eval=False)
+    # A replay of the succeeded run that trained the same: its page compares the two.
+    replayed = {"parent": runs["succeeded"], "origin": Run.Origin.REPLAY}
+    runs["replay"] = make(S.SUCCEEDED, "replay of max steps", seed_=2, phase="stepping", **replayed)
+    points(runs["replay"], with_eval=False)
     Checkpoint.objects.create(run=runs["succeeded"], step=50, location="ckpt/50", bytes=2**20, sha256="ab" * 32)
 
     SavedConfig.objects.create(
@@ -436,6 +440,17 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
             eval_note = page.locator("#chart-eval-held-out-prompts .annotation-text").all_text_contents()
             if not any("eval is off" in text for text in eval_note):
                 walk.problems.setdefault("run-succeeded", []).append(f"eval chart with eval off says {eval_note}")
+            walk.run_page("run-replay", runs["replay"].pk, status="succeeded")
+            replay_found = [] if page.is_visible("#replay-comparison") else ["the replay's comparison is not shown"]
+            verdict = page.inner_text("#replay-verdict") if page.is_visible("#replay-verdict") else "(hidden)"
+            if "bit for bit" not in verdict or page.locator("#replay-comparison tbody tr").count() < 2:
+                replay_found.append(f"the replay's verdict says {verdict!r}")
+            if page.evaluate("() => getComputedStyle(document.querySelector('#replay-verdict')).color") == (
+                page.evaluate("() => getComputedStyle(document.querySelector('#run-error')).color")
+            ):
+                replay_found.append("a bit-for-bit replay's verdict is drawn in the error colour")
+            if replay_found:
+                walk.problems.setdefault("run-replay", []).extend(replay_found)
             walk.run_page("run-failed", runs["failed"].pk, status="failed")
             if not page.is_visible("#run-error"):
                 walk.problems.setdefault("run-failed", []).append("the failure's reason is not shown")
