@@ -2,8 +2,10 @@
 Ray, real torch training, Chromium): write a small real checkpoint under a model root,
 point the launch form's controls at it and at the shipped countdown file, launch, watch
 the run succeed with a reward at every step, download the exported model and generate
-with it through transformers. (That GRPO raises the reward is tests/engine/test_learning.py's
-to show; this is the path a user's checkpoint and data take.)"""
+with it through transformers, then replay the run from its page's button and see the
+replay's page say it trained the same, step by step. (That GRPO raises the reward is
+tests/engine/test_learning.py's to show; this is the path a user's checkpoint and data
+take.)"""
 
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ CONTROLS = {
     "#cfg-inference-max_new_tokens": "13",
     "#cfg-stop-max_steps": str(STEPS),
 }
+# One torch thread for each of the run's actors: a replay then repeats the run's rounding
+# (at two, MKL may split a matmul differently from one launch to the next).
+PLACEMENT = {"cpu_threads": 1}
 # The warm start has no controls: typed into the overrides JSON. Clean demonstrations
 # teach countdown's format (digits and operators, then EOS), which the exported model is
 # checked for; noisy ones (digits and operators replaced at random) leave a policy whose
@@ -96,7 +101,7 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
             overrides = json.loads(page.input_value("#id_overrides"))
             assert overrides["model"] == {"source": "path", "path": checkpoint}
             assert overrides["task"] == {"name": "countdown", "dataset": {"path": COUNTDOWN_FILE}}
-            page.fill("#id_overrides", json.dumps({**overrides, "warm_start": WARM_START}))
+            page.fill("#id_overrides", json.dumps({**overrides, "warm_start": WARM_START, "placement": PLACEMENT}))
             page.click("#launch-form button[value=launch]")
             page.wait_for_url(re.compile(r"/runs/\d+/$"))
             run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
@@ -121,6 +126,21 @@ def test_a_new_user_post_trains_a_checkpoint_on_a_dataset_file_and_gets_it_back(
             response = page.request.get(f"{stack.url}/api/runs/{run_id}/export")
             assert response.status == 200, response.text()
             archive = response.body()
+
+            # Replayed from the page's button: the child follows the schedule the run
+            # recorded, and its page says it trained the same as the original, step by step.
+            page.click("#replay-button")
+            page.wait_for_url(re.compile(r"/runs/\d+/$"))
+            replay_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+            assert replay_id != run_id
+            assert wait_for(finished, 420, "the replay to finish", interval_s=1.0) == "succeeded", stack.log_tail()
+            page.reload()
+            verdict = page.locator("#replay-verdict")
+            expect(verdict).to_have_text(f"Equal to run #{run_id} at every step of every trained series: bit for bit.")
+            table = page.locator("#replay-comparison")
+            expect(table.locator("tr", has_text="loss").locator("td").nth(1)).to_have_text(str(STEPS))
+            box = table.bounding_box()
+            assert box is not None and box["width"] > 0 and box["height"] > 0
         finally:
             browser.close()
 
