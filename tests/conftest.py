@@ -13,7 +13,8 @@ from workers.core import worker_process
 # Every pytest process collects test modules that import transformers' model classes,
 # which import scikit-learn and SciPy when they are installed; no test uses either. Hidden
 # here as a run's Ray workers hide them (workers/core/worker_process.py), before any test
-# module is imported.
+# module is imported; full collections wait, as there, until the tests are collected
+# (pytest_collection_finish).
 worker_process.setup()
 
 ENGINE = Path(__file__).parent / "engine"
@@ -32,6 +33,11 @@ def cache_dir(tmp_path_factory) -> str:
     cache = run_root(tmp_path_factory) / "run-cache"
     cache.mkdir(exist_ok=True)
     return str(cache)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collection imported what the tests use: the end of this process's start-up."""
+    worker_process.started()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ray
 
 from workers.core import worker_process
+from workers.core.run_actors import actor_class, with_options
 from workers.run import lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +55,70 @@ def test_the_runs_ray_job_names_the_setup_hook(monkeypatch):
 def test_an_mkl_mode_the_environment_sets_reaches_the_workers_instead(monkeypatch):
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     assert worker_process.runtime_env()["env_vars"] == {"MKL_CBWR": "COMPATIBLE"}
+
+
+def test_full_collections_wait_until_start_up_ends_then_start_up_is_frozen():
+    """In a fresh process, as a Ray worker starts: setup holds the oldest generation's
+    collections, started (once) collects, freezes what start-up built and restores."""
+    script = """
+import gc
+from workers.core import worker_process
+found = gc.get_threshold()
+worker_process.setup()
+assert gc.get_threshold() == (*found[:2], worker_process.STARTUP_OLDEST_THRESHOLD), gc.get_threshold()
+import torch
+worker_process.started()
+assert gc.get_threshold() == found and gc.get_freeze_count() > 10_000, (gc.get_threshold(), gc.get_freeze_count())
+gc.set_threshold(1, 2, 3)
+worker_process.started()  # once per process: a second call changes nothing
+assert gc.get_threshold() == (1, 2, 3)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not done.stderr.strip(), done.stderr[-2000:]  # nothing reported as leaked at exit
+
+
+def test_an_actors_constructor_ends_start_up_whether_it_returns_or_raises(monkeypatch):
+    from workers.core import run_actors
+
+    monkeypatch.setattr(run_actors.ray, "remote", lambda **options: lambda cls: cls)
+    ended: list[str] = []
+    monkeypatch.setattr(worker_process, "started", lambda: ended.append("started"))
+
+    @run_actors.actor_class(num_cpus=0)
+    class Fine:
+        def __init__(self, x: int) -> None:
+            """A constructor."""
+            ended.append(f"init {x}")
+
+    @run_actors.actor_class(num_cpus=0)
+    class Broken:
+        def __init__(self) -> None:
+            raise RuntimeError("no")
+
+    Fine(3)
+    with pytest.raises(RuntimeError):
+        Broken()
+    assert ended == ["init 3", "started", "started"]
+    assert Fine.__init__.__doc__ == "A constructor." and Fine.__init__.__wrapped__ is not None
+
+
+@actor_class(num_cpus=0)
+class StartUpProbe:
+    """What a run actor's process holds once its constructor has returned."""
+
+    def __init__(self) -> None:
+        import torch  # noqa: F401  (a start-up's worth of objects, as a run actor's)
+
+    def collections(self) -> tuple[tuple[int, int, int], int]:
+        return gc.get_threshold(), gc.get_freeze_count()
+
+
+def test_a_run_actors_process_is_frozen_and_collects_as_usual_once_started(cluster):
+    probe = with_options(StartUpProbe).remote()
+    try:
+        threshold, frozen = ray.get(probe.collections.remote(), timeout=120)
+    finally:
+        ray.kill(probe)
+    assert threshold == gc.get_threshold() and threshold[2] != worker_process.STARTUP_OLDEST_THRESHOLD
+    assert frozen > 10_000

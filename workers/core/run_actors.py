@@ -8,12 +8,15 @@ reconcile beat, a new driver replacing a dead one), so they are built in one pla
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import ray
+
+from workers.core import worker_process
 
 NAMESPACE = "rollway"
 
@@ -56,10 +59,26 @@ def kill_named(names: list[str]) -> None:
 
 
 def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
-    """`@ray.remote(**options)` for an actor class. Ray's typed signature lists a remote
-    function's options only (not an actor's `max_concurrency`), and the class it returns
-    has `.options` / `.remote`, which a type checker cannot see: `with_options` calls them."""
-    return cast(Any, ray.remote)(**options)
+    """`@ray.remote(**options)` for an actor class whose constructor, once it returns (or
+    raises), ends its process's start-up (`worker_process.started`). Ray's typed signature
+    lists a remote function's options only (not an actor's `max_concurrency`), and the
+    class it returns has `.options` / `.remote`, which a type checker cannot see:
+    `with_options` calls them."""
+
+    def make(cls: type[A]) -> type[A]:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                init(self, *args, **kwargs)
+            finally:
+                worker_process.started()
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        return cast(Any, ray.remote)(**options)(cls)
+
+    return make
 
 
 def with_options(actor: type, **options: Any) -> Any:
