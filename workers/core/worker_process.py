@@ -41,7 +41,8 @@ _held: tuple[int, int, int] | None = None  # the thresholds `hold_full_collectio
 
 def setup() -> None:
     """Ray's worker_process_setup_hook: hide `HIDDEN` (unless already imported), and hold
-    full collections until the actor has started."""
+    full collections until the actor has started. A worker that runs tasks instead of an
+    actor (none of a run's) keeps them held: its young collections still run."""
     for name in HIDDEN:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     hold_full_collections()
