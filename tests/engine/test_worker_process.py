@@ -66,7 +66,7 @@ from workers.core import worker_process
 found = gc.get_threshold()
 worker_process.setup()
 assert gc.get_threshold() == (*found[:2], worker_process.STARTUP_OLDEST_THRESHOLD), gc.get_threshold()
-import torch
+import torch._dynamo  # loads triton, whose nanobind bindings report what is left at exit
 worker_process.started()
 assert gc.get_threshold() == found and gc.get_freeze_count() > 10_000, (gc.get_threshold(), gc.get_freeze_count())
 gc.set_threshold(1, 2, 3)
@@ -75,7 +75,7 @@ assert gc.get_threshold() == (1, 2, 3)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert not done.stderr.strip(), done.stderr[-2000:]  # nothing reported as leaked at exit
+    assert "leaked" not in done.stderr, done.stderr[-2000:]  # nanobind's report at exit, were start-up kept frozen
 
 
 def test_an_actors_constructor_ends_start_up_whether_it_returns_or_raises(monkeypatch):
