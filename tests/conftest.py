@@ -18,6 +18,11 @@ from workers.core import worker_process
 worker_process.setup()
 
 ENGINE = Path(__file__).parent / "engine"
+# The end-to-end tests' stack (tests/integration/conftest.py) is held for the session: a
+# Ray head, daphne and a Celery worker, and the warm starts its runs build under its own
+# home. Their tests go to one worker, which starts it once.
+INTEGRATION = Path(__file__).parent / "integration"
+STACK_GROUP = "integration-stack"
 # Fixtures held for a module or class (a vLLM engine, a private PostgreSQL, a trained
 # checkpoint) cost seconds to minutes each; a worker that runs one of their tests starts
 # its own copy.
@@ -48,6 +53,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     in-process Ray cluster (tests/engine/conftest.py) is marked slow: it starts Ray, and
     `make test-fast` leaves it out.
 
+    The end-to-end tests (tests/integration) go to one worker, which starts their stack
+    once: spread over two, each worker started a stack and built the default run's warm
+    start again under its own home (4 min and 1.5 min of a whole suite's wall time on a
+    slow host).
+
     Each worker runs its engine tests on a Ray cluster of its own. They are not gathered
     on one worker: on this 2-core host the engine's whole runs are most of the suite, and
     one worker running them all would be its critical path (seven multi-agent and task
@@ -57,6 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if "cluster" in item.fixturenames and item.path.is_relative_to(ENGINE):
             item.add_marker(pytest.mark.slow)
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.xdist_group(STACK_GROUP))
+            continue
         if item.get_closest_marker("xdist_group"):
             continue
         path = item.nodeid.split("::", 1)[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.xdist_worker import REPO, worker_env
@@ -30,3 +32,42 @@ def test_settings_that_are_not_redis_are_left_alone_and_a_url_without_a_database
 def test_a_worker_past_the_servers_databases_is_refused_naming_the_setting():
     with pytest.raises(pytest.UsageError, match="REDIS_URL: xdist worker gw8 would need Redis database 17"):
         worker_env(MAKE_TEST, 8)
+
+
+# A plugin for the collection below: prints each test's xdist group after tests/conftest.py
+# has given them (trylast), one line per test.
+GROUPS_PLUGIN = """
+import os
+
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        print("GROUP", item.nodeid, marker.args[0] if marker else "-")
+"""
+
+
+@pytest.mark.slow  # a pytest subprocess collecting test modules that import Django and torch
+def test_the_end_to_end_tests_go_to_one_worker_and_a_shared_fixtures_file_to_another(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import STACK_GROUP
+
+    (tmp_path / "print_groups.py").write_text(GROUPS_PLUGIN)
+    files = ["tests/integration/test_up.py", "tests/integration/test_faults.py", "tests/engine/test_learning.py"]
+    collect = ["--collect-only", "-q", "-p", "print_groups", "-p", "no:cacheprovider", *files]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *collect],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    groups = dict(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("GROUP "))
+    assert groups, done.stdout + done.stderr
+    end_to_end = {group for nodeid, group in groups.items() if nodeid.startswith("tests/integration/")}
+    assert end_to_end == {STACK_GROUP}, groups
+    assert len([n for n in groups if n.startswith("tests/integration/")]) > 2
+    learning = {group for nodeid, group in groups.items() if nodeid.startswith("tests/engine/test_learning.py")}
+    assert learning == {"tests/engine/test_learning.py"}  # its module-scoped warm start
