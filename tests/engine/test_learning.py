@@ -120,6 +120,9 @@ def held_out_after(mode: str, lr: float, steps: int, policy: str, work_dir: Path
     finally:
         ray.kill(driver)
     assert out["state"] == "succeeded", out["error"]
+    if replay is not None:  # it followed the schedule: its first batch fresh, every later one a step old
+        staleness = [float(v) for _, v in sorted(out["series"]["staleness/mean"])]
+        assert staleness == [0.0] + [1.0] * (steps - 1), staleness
     evals = {int(step): float(v) for step, v in out["series"][PASS_AT_1]}
     assert max(evals) == steps, evals  # the pass on the last step's weights
     return evals[max(evals)]
