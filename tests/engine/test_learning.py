@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from workers.core.records import group_id
+from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE
 from workers.rollout.evaluation import PASS_AT_1
 from workers.run.driver import RunDriver
@@ -88,9 +88,8 @@ def policy(cluster, work_dir) -> str:
 def one_step_off(steps: int, groups: int, seed: int) -> dict:
     """The schedule of a one-step-off async run with one inference worker: its first two
     calls start on version 0, call c after them on version c - 1, each of `groups` groups,
-    and batch k (trained at version k) is call k's groups. A call's groups are named by its
-    seed, which worker 0's c-th call takes as seed * 10**9 + c (InferenceWorker._draw)."""
-    calls = [seed * 10**9 + c for c in range(steps)]
+    and batch k (trained at version k) is call k's groups, named by the call's seed."""
+    calls = [call_seed(seed, 0, c) for c in range(steps)]
     schedule = {
         "admissions": [[0, max(c - 1, 0), groups] for c in range(steps)],
         "batches": [[k, [group_id(calls[k], i) for i in range(groups)]] for k in range(steps)],

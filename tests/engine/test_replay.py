@@ -16,6 +16,7 @@ import ray
 from tests.engine.helpers import GONE_WAIT_S, TOKEN, wait_for
 from workers.config.presets import build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
+from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
@@ -37,6 +38,12 @@ def test_a_schedule_round_trips_through_json_and_reports_its_size():
     again = Schedule.from_json(schedule.to_json())
     assert again == schedule
     assert schedule.bytes_per_step() == schedule.size_bytes() / 2 > 0
+
+
+def test_each_call_of_each_worker_has_a_seed_of_its_own():
+    seeds = {call_seed(7, worker, call) for worker in range(3) for call in range(1000)}
+    assert len(seeds) == 3000 and call_seed(7, 0, 0) != call_seed(8, 0, 0)
+    assert group_id(call_seed(0, 1, 2), 3) == "1000002-3"
 
 
 @pytest.mark.parametrize(
@@ -146,6 +153,10 @@ def test_an_async_run_records_each_call_and_each_batch_and_reports_the_size(orig
         versions = [a.version for a in admissions if a.worker == worker]
         assert versions == sorted(versions)
     assert sum(a.groups for a in admissions) >= len(trained)
+    # Each group is named by its call's seed, as a schedule written ahead of a run names it.
+    calls, most = range(len(admissions)), max(a.groups for a in admissions)
+    named = {group_id(call_seed(CONFIG["seed"], w, c), i) for w in (0, 1) for c in calls for i in range(most)}
+    assert set(trained) <= named, sorted(set(trained) - named)[:5]
     series = original["series"]
     assert series["schedule/bytes"] == {STEPS: float(schedule["bytes"])}
     assert series["schedule/bytes_per_step"] == {STEPS: pytest.approx(schedule["bytes"] / STEPS)}

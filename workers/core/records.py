@@ -99,6 +99,13 @@ class Rollout:
         return min(versions) if versions else 0
 
 
+def call_seed(run_seed: int, worker: int, call: int) -> int:
+    """The seed of inference worker `worker`'s `call`-th generate call in a run seeded
+    `run_seed`: unique in a run of fewer than 1,000 workers each making fewer than 10**6
+    calls. Its groups' ids derive from it (`group_id`)."""
+    return run_seed * 10**9 + worker * 10**6 + call
+
+
 def group_id(seed: int, index: int) -> str:
     """The id of the `index`-th group of a generate call seeded `seed`: unique in a run,
     and known before the group exists (what an inference worker's in-flight rows are

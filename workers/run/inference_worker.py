@@ -19,7 +19,7 @@ import ray
 import torch
 
 from workers.config.run_config import RunConfig
-from workers.core.records import Group
+from workers.core.records import Group, call_seed
 from workers.core.run_actors import actor_class, where_am_i
 from workers.core.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
 from workers.core.watch import GENERATE as WATCHED_GENERATE
@@ -447,7 +447,7 @@ class InferenceWorker:
         rows: stale groups' prompts to generate again first, then a resumed checkpoint's
         carried rows, then fresh draws; all in flight until their groups reach the buffer."""
         with self._draw_lock:
-            seed = self.cfg.seed * 10**9 + self.index * 10**6 + self.calls
+            seed = call_seed(self.cfg.seed, self.index, self.calls)
             self.calls += 1
             rows = [(g.prompt, g.answer) for g in requeued]
             take = min(n - len(rows), len(self._carried))
