@@ -37,8 +37,6 @@ def test_a_worker_past_the_servers_databases_is_refused_naming_the_setting():
 # A plugin for the collection below: prints each test's xdist group after tests/conftest.py
 # has given them (trylast), one line per test.
 GROUPS_PLUGIN = """
-import os
-
 import pytest
 
 @pytest.hookimpl(trylast=True)
