@@ -58,8 +58,9 @@ $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(1) $(PYTEST_ARGS);
 if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 endef
 
+# The slowest tests are printed at the end: where the suite's time goes on the host at hand.
 test: setup services chromium
-	$(call PYTEST_RUN,)
+	$(call PYTEST_RUN,--durations=40)
 
 # The inner loop: every test that starts no service of its own (no Ray cluster, Celery
 # worker, vLLM engine or browser) and the route fuzzers left out (the markers of

@@ -1,5 +1,5 @@
 """The engine on a CUDA GPU: the trainer on the device it was given, checkpoints that move
-between GPU and CPU, and the cuda_ipc weight hand-off between two processes (the
+between GPU and CPU, a trainer pool over NCCL, and the cuda_ipc weight hand-off between two processes (the
 project's flat buffer, and vLLM's IPC engine pair where vLLM is installed).
 
 Skipped where torch sees no GPU (CI here); run on a GPU host with
@@ -197,3 +197,71 @@ def test_a_trainer_taking_turns_holds_its_weights_alone_between_steps_and_trains
     assert all(v.device.type == "cuda" for s in resident.optimizer.state.values() for k, v in s.items() if k != "step")
     for name, weight in resident.state_dict().items():  # GPU kernels' own nondeterminism aside
         torch.testing.assert_close(turns.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
+
+
+def pool_round_trip(device: torch.device, backend: str, model_dir: str, groups, root: str) -> dict:
+    """A trainer pool of one rank on `device` (NCCL on a GPU, gloo on the CPU): a step, a
+    checkpoint, a second step; then a pool formed afresh resumes the checkpoint and takes
+    the second step again, and the policy is exported. One rank because NCCL refuses two
+    ranks of one communicator on one GPU; what it runs is every pool's path on a GPU: the
+    process group, `fully_shard` (or DDP) over a CUDA mesh, the metered all-gathers and
+    reduce-scatters, torch.distributed.checkpoint's shards, the streamed export."""
+    from workers.run.checkpoints import Checkpoint, CheckpointTarget, restore_trainer, trainer_parts, write_checkpoint
+    from workers.train.export import export_policy
+    from workers.train.trainer_pool import Rendezvous
+
+    cfg = small_config(trainer={"backend": backend, "num_ranks": 1, "minibatches": 2, "micro_batch_rows": 3})
+
+    def pool_trainer() -> Trainer:
+        pool = Rendezvous(1, 60.0, host="127.0.0.1").join(backend, device)
+        return Trainer(cfg, model_dir, device=device, pool=pool)
+
+    trainer = pool_trainer()
+    first = trainer.train_step(copy.deepcopy(groups))
+    at_checkpoint = state_checksum(trainer.state_dict())
+    record = write_checkpoint(CheckpointTarget(root, 1), trainer.version, trainer_parts(trainer, 0.0))
+    whole = trainer.train_step(copy.deepcopy(groups))
+    whole_checksum = state_checksum(trainer.state_dict())
+
+    resumed = pool_trainer()
+    restore_trainer(resumed, Checkpoint(record.location))
+    restored = state_checksum(resumed.state_dict())
+    again = resumed.train_step(copy.deepcopy(groups))
+    manifest = export_policy(resumed.model, resumed.model_dir, f"{root}/export", resumed.cfg)
+    out = {
+        "first": first,
+        "whole": whole,
+        "again": again,
+        "checkpoint_files": {f["name"] for f in Checkpoint(record.location).meta["files"]},
+        "at_checkpoint": at_checkpoint,
+        "restored": restored,
+        "whole_checksum": whole_checksum,
+        "resumed_checksum": state_checksum(resumed.state_dict()),
+        "manifest": manifest,
+        "export": f"{root}/export",
+    }
+    resumed.pool.close()
+    return out
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", ["fsdp2", "ddp"])
+def test_a_trainer_pool_trains_checkpoints_and_resumes_exactly_over_nccl(backend, tiny_model_dir, groups, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from workers.model.loading import checkpoint_state_dict
+
+    out = pool_round_trip(CUDA, backend, tiny_model_dir, groups, str(tmp_path))
+    assert torch.isfinite(torch.tensor(out["first"]["loss"]))
+    if backend == "ddp":  # the gradients' all-reduce went through NCCL (fsdp2 at one rank skips its gathers)
+        assert out["first"]["trainer/rank_comm_bytes/0"] > 0
+    else:  # the rank's shards through torch.distributed.checkpoint, no whole optimizer file
+        assert "sharded/__0_0.distcp" in out["checkpoint_files"], out["checkpoint_files"]
+        assert "optimizer.pt" not in out["checkpoint_files"]
+    # Resumed on a pool formed afresh, the second step again, bit for bit.
+    assert out["restored"] == out["at_checkpoint"]
+    assert out["again"]["loss"] == out["whole"]["loss"]
+    assert out["again"]["trainer/grad_norm"] == out["whole"]["trainer/grad_norm"]
+    assert out["resumed_checksum"] == out["whole_checksum"]
+    exported = AutoModelForCausalLM.from_pretrained(out["export"])
+    assert state_checksum(checkpoint_state_dict(exported)) == out["whole_checksum"]
