@@ -18,10 +18,21 @@ from workers.config.presets import build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
 from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
+from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
-from workers.run.schedule import Admission, Batch, ReplayDiverged, Schedule, ScheduleReplay, replay_problem
+from workers.run.schedule import (
+    Admission,
+    Batch,
+    Load,
+    RecordedUpdates,
+    ReplayDiverged,
+    ReplayedUpdates,
+    Schedule,
+    ScheduleReplay,
+    replay_problem,
+)
 
 # -- the arithmetic ----------------------------------------------------------------------
 
@@ -33,11 +44,22 @@ def two_workers() -> Schedule:
     )
 
 
-def test_a_schedule_round_trips_through_json_and_reports_its_size():
+def with_loads() -> Schedule:
+    """two_workers, where worker 1's first call loaded version 1 after its third decode step."""
     schedule = two_workers()
-    again = Schedule.from_json(schedule.to_json())
-    assert again == schedule
-    assert schedule.bytes_per_step() == schedule.size_bytes() / 2 > 0
+    schedule.loads = [Load(1, 0, 3, 1)]
+    return schedule
+
+
+def test_a_schedule_round_trips_through_json_and_reports_its_size():
+    for schedule in (two_workers(), with_loads()):
+        again = Schedule.from_json(schedule.to_json())
+        assert again == schedule
+        assert schedule.bytes_per_step() == schedule.size_bytes() / 2 > 0
+    # A schedule written without loads (a drain run's) has none.
+    data = two_workers().to_json()
+    del data["loads"]
+    assert Schedule.from_json(data).loads == []
 
 
 def test_each_call_of_each_worker_has_a_seed_of_its_own():
@@ -83,10 +105,93 @@ def test_a_replayed_batch_waits_until_every_call_on_its_version_has_started():
         replay.next_batch(2)
 
 
+def test_a_replayed_batch_waits_for_every_load_inside_a_call_up_to_its_version():
+    replay = ScheduleReplay(with_loads())
+    assert replay.loads_of(1) == {0: [(3, 1)]} and replay.loads_of(0) == {}
+    for worker in (0, 1, 0):
+        assert replay.admit(worker, 0, 2) == 2
+    replay.next_batch(0)
+    replay.taken()
+    # Every call on version ≤ 1 has started, but worker 1 has not yet loaded version 1
+    # inside its first call: publishing version 2 now would leave it only that to load.
+    assert replay.admit(1, 1, 2) == 2
+    assert replay.next_batch(1) is None
+    with pytest.raises(ReplayDiverged, match=r"inference worker 1 made Load\(worker=1, call=0, step=2"):
+        replay.loaded(Load(1, 0, 2, 1))
+    replay.loaded(Load(1, 0, 3, 1))
+    assert replay.next_batch(1) == (1, Batch(1, ("e", "f", "g", "h")))
+    with pytest.raises(ReplayDiverged, match="the record's next is none"):
+        replay.loaded(Load(0, 1, 1, 2))
+
+
+class Staged:
+    """A worker's staged weights, seen by a call: `versions` are what staged_version
+    answers at successive asks (None: nothing staged yet), and apply loads the last."""
+
+    def __init__(self, versions: list[int | None]) -> None:
+        self.versions, self.asks, self.applied = versions, 0, []
+
+    def staged_version(self) -> int | None:
+        version = self.versions[min(self.asks, len(self.versions) - 1)]
+        self.asks += 1
+        return version
+
+    def pending(self) -> bool:
+        return self.versions[-1] is not None
+
+    def apply(self) -> int:
+        self.applied.append(self.versions[-1])
+        return self.versions[-1]
+
+
+def test_a_replayed_call_loads_after_its_recorded_step_only_and_waits_for_the_version():
+    import threading
+
+    staged, reports = Staged([None, None, 2]), []
+    report = lambda *r: reports.append(r)  # noqa: E731
+    updates = ReplayedUpdates(staged, staged.staged_version, [(3, 2)], report, threading.Event(), 0)
+    # Weights are staged all along, but the record loaded nothing after steps 1 and 2.
+    assert [updates.pending(), updates.pending()] == [False, False] and staged.asks == 0
+    assert updates.pending()  # step 3: it asked until version 2 was staged
+    assert staged.asks == 3  # None, None, then 2
+    assert updates.apply() == 2 and reports == [(3, 2)]
+    assert updates.pending() is False
+    updates.finished()
+
+
+def test_a_replayed_call_that_ends_early_or_sees_another_version_diverges():
+    import threading
+
+    staged = Staged([3])
+    updates = ReplayedUpdates(staged, staged.staged_version, [(1, 2)], lambda *r: None, threading.Event(), 0)
+    with pytest.raises(ReplayDiverged, match="version 3 is staged where the record loaded 2 after decode step 1"):
+        updates.pending()
+    short = ReplayedUpdates(staged, staged.staged_version, [(5, 2)], lambda *r: None, threading.Event(), 0)
+    short.pending()
+    with pytest.raises(ReplayDiverged, match="ended after 1 decode steps, before its recorded load of version 2"):
+        short.finished()
+    stopping = threading.Event()
+    stopping.set()  # the run stops while the call waits: no load, no error
+    waiting = ReplayedUpdates(Staged([None]), Staged([None]).staged_version, [(1, 2)], lambda *r: None, stopping, 0)
+    assert waiting.pending() is False
+
+
+def test_a_recorded_call_counts_its_decode_steps_and_reports_each_load():
+    staged, reports = Staged([1]), []
+    updates = RecordedUpdates(staged, lambda *r: reports.append(r))
+    assert [updates.pending() for _ in range(4)] == [True] * 4
+    assert updates.apply() == 1
+    assert reports == [(4, 1)]
+
+
+@pytest.mark.parametrize("mode", ["in_flight", "abort_resume", "abort_retry"])
+def test_every_update_mode_can_be_replayed(mode):
+    assert replay_problem(build("async", {"sync": {"update_mode": mode}}), False) is None
+
+
 @pytest.mark.parametrize(
     ("overrides", "multi_agent", "needle"),
     [
-        ({"sync": {"update_mode": "in_flight"}}, False, "sync.update_mode 'in_flight'"),
         ({"buffer": {"on_stale": "requeue"}}, False, "buffer.on_stale 'requeue'"),
         ({"buffer": {"unit": "episode"}}, False, "buffer.unit 'episode'"),
         ({}, True, "a multi-agent task"),
@@ -113,10 +218,13 @@ CONFIG = {
 }
 
 
-def run(run_id: int, cache_dir: str, replay: dict | None = None, **overrides) -> dict:
+def run(run_id: int, cache_dir: str, replay: dict | None = None, env: dict | None = None, **overrides) -> dict:
+    """The async preset on CONFIG with `overrides`, to its end; `env`: the run's actors'
+    environment variables (a test hook's switch)."""
     cfg = build("async", deep_merge(CONFIG, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"))
-    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
+    options = {"runtime_env": {"env_vars": env}} if env else {}
+    driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
         run_id, cfg, None, TOKEN, cache_dir, exit_when_done=False, confinement=confinement, replay=replay
     )
     try:
@@ -189,6 +297,35 @@ def untrained_merged(ledger: dict[str, float]) -> dict[str, float]:
     return out
 
 
+STEPPED_MODES = ["in_flight", "abort_resume", "abort_retry"]
+
+
+@pytest.mark.slow  # whole runs on the engine's Ray cluster
+@pytest.mark.parametrize("mode", STEPPED_MODES)
+def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster, cache_dir, mode):
+    """One inference worker, forced to load new weights inside every call after the first
+    (WEIGHTS_MID_GENERATION_ENV), records where; the replay, not forced, loads at the
+    recorded decode steps only, and trains what the original trained."""
+    overrides = {"sync": {"update_mode": mode}, "inference": {"num_workers": 1}}
+    run_id = 4610 + 2 * STEPPED_MODES.index(mode)
+    first = run(run_id, cache_dir, env={WEIGHTS_MID_GENERATION_ENV: "1"}, **overrides)
+    assert first["state"] == "succeeded", first["error_detail"] or first["error"]
+    loads = Schedule.from_json(first["schedule"]).loads
+    # Each call after the first loaded the next version after its first decode step
+    # (the last call may have been cut short by the run's end).
+    assert [(x.call, x.step, x.version) for x in loads][: STEPS - 2] == [(c, 1, c) for c in range(1, STEPS - 1)]
+    again = run(run_id + 1, cache_dir, replay=first["schedule"], **overrides)
+    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
+    # The same loads (the run's end may come before the last recorded one).
+    replayed = Schedule.from_json(again["schedule"]).loads
+    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
+    assert again["schedule"]["batches"] == first["schedule"]["batches"]
+    assert again["policy_sha256"] == first["policy_sha256"]
+    for name in EXACT:
+        if name in first["series"]:
+            assert again["series"][name] == first["series"][name], name
+
+
 def call_version(schedule: dict, gid: str) -> int:
     """The policy version the call that made group `gid` started on: its id is
     `<call seed>-<index>`, the seed run seed·10⁹ + worker·10⁶ + the worker's call count."""
@@ -226,6 +363,6 @@ def test_a_replay_follows_the_schedule_it_is_given_not_its_own_timing(original, 
 
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
 def test_a_replay_of_what_a_schedule_does_not_record_is_refused_naming_the_field(original, cache_dir):
-    out = run(4603, cache_dir, replay=original["schedule"], sync={"update_mode": "in_flight"})
+    out = run(4603, cache_dir, replay=original["schedule"], buffer={"on_stale": "requeue"})
     assert out["state"] == "failed"
-    assert "this run cannot be replayed: sync.update_mode 'in_flight'" in out["error"]
+    assert "this run cannot be replayed: buffer.on_stale 'requeue'" in out["error"]

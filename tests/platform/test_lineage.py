@@ -134,7 +134,7 @@ def test_replay_makes_a_linked_run_that_launches_under_the_parents_schedule(clie
     [
         (Status.FAILED, True, {}, "status", "only a run that succeeded"),
         (Status.SUCCEEDED, False, {}, "schedule", "recorded no schedule"),
-        (Status.SUCCEEDED, True, {"sync": {"update_mode": "in_flight"}}, "config", "sync.update_mode 'in_flight'"),
+        (Status.SUCCEEDED, True, {"buffer": {"unit": "episode"}}, "config", "buffer.unit 'episode'"),
         (Status.SUCCEEDED, True, {"buffer": {"on_stale": "requeue"}}, "config", "buffer.on_stale 'requeue'"),
     ],
 )

@@ -162,6 +162,11 @@ class StagedWeights:
     def pending(self) -> bool:
         return self._staged is not None
 
+    def staged_version(self) -> int | None:
+        """The version staged and not loaded yet; None if none is."""
+        staged = self._staged
+        return staged[0] if staged is not None else None
+
     def apply(self) -> int:
         """Load what is staged, if anything; returns the version the backend holds now."""
         with self._lock:

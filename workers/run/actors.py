@@ -47,7 +47,7 @@ from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.run.failures import STARTING, ChildFailed, Failure, explain, node_label
-from workers.run.schedule import ReplayDiverged, Schedule, ScheduleRecorder, ScheduleReplay, schedule_json
+from workers.run.schedule import Load, ReplayDiverged, Schedule, ScheduleRecorder, ScheduleReplay, schedule_json
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -104,7 +104,8 @@ class BufferActor:
         self.gate = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups)
         self.admitted = 0
         self._lock = threading.Lock()
-        self._admissions = threading.Condition(self._lock)  # notified at each admission (a replay's batches wait on it)
+        # Notified at each admission and each load inside a call: a replay's batches wait on them.
+        self._admissions = threading.Condition(self._lock)
         # The run's schedule (workers/run/schedule.py): recorded always, enforced in a replay.
         self.recorder = ScheduleRecorder()
         self.replay = ScheduleReplay(Schedule.from_json(replay)) if replay is not None else None
@@ -128,6 +129,22 @@ class BufferActor:
             if n:
                 self._admissions.notify_all()
             return n
+
+    def loaded(self, worker: int, call: int, step: int, version: int) -> None:
+        """Inference worker `worker` loaded `version` inside its call `call`, after decode
+        step `step`: recorded, and in a replay checked against the record (a batch may
+        wait on it)."""
+        load = Load(worker, call, step, version)
+        with self._lock:
+            if self.replay is not None:
+                self.replay.loaded(load)
+            self.recorder.loaded(load)
+            self._admissions.notify_all()
+
+    def replay_loads(self, worker: int) -> dict[int, list[tuple[int, int]]] | None:
+        """In a replay, worker `worker`'s recorded loads inside its calls ({call: [(step,
+        version), ...]}); None when the run is no replay."""
+        return self.replay.loads_of(worker) if self.replay is not None else None
 
     def take_requeued(self, max_groups: int) -> list[Group]:
         """Stale groups whose prompts should be generated again (on_stale='requeue')."""

@@ -47,6 +47,7 @@ from workers.run.buffer import groups_per_call
 from workers.run.failures import LOOP, Failure
 from workers.run.ledger import InFlight, Row
 from workers.run.messages import EvalRecord, InferenceReport
+from workers.run.schedule import RecordedUpdates, ReplayedUpdates
 from workers.sync import driven_engine, make_receiver
 
 if TYPE_CHECKING:
@@ -176,6 +177,11 @@ class InferenceWorker:
         # (workers/rollout/partial_rollouts.py, WEIGHTS_MID_GENERATION_ENV).
         self._force_mid_generation = weights_mid_generation_forced() and self.policy.exact_steps
         self._groups_put = 0  # groups this worker handed to the buffer (the forced wait's rule)
+        # In a replay under a stepped update mode, this worker's recorded loads inside its
+        # calls ({call: [(step, version)]}, workers/run/schedule.py), asked of the buffer
+        # before the first call; None when the run is no replay.
+        self._replay_loads: dict[int, list[tuple[int, int]]] | None = None
+        self._replay_loads_asked = False
         self._resume_at = 0  # resumed: generate nothing before this version's weights arrive
         self._weights_arrived = threading.Event()
         # Colocated, taking turns: set while vLLM sleeps, so the trainer rank sharing
@@ -534,6 +540,8 @@ class InferenceWorker:
                 updates,
                 self.rewards,
             )
+        if isinstance(updates, ReplayedUpdates) and not self._stop.is_set():
+            updates.finished()
         groups = generated.groups
         self.partial.add(generated.counts)
         # With a reward pool the generate segment closed (with its tokens) when the wait began.
@@ -542,10 +550,29 @@ class InferenceWorker:
         self._groups_put += len(groups)
 
     def _updates(self) -> WeightUpdates:
-        """Where a generate call takes staged weights from: `self.staged`, or, forced
-        mid-generation, a wait for newer weights after its first decode step where the
-        groups already put let the trainer publish them (it steps on a batch_groups batch;
-        the run's last version has none after it)."""
+        """Where a generate call takes staged weights from. Under drain, `self.staged`
+        (which the call never polls). Under a stepped mode, the call's loads are
+        reported to the buffer for the run's schedule (workers/run/schedule.py); in a
+        replay they happen where the record has them, else as `_staged_or_forced` has it."""
+        if not self.policy.stepped:
+            return self.staged
+        call = self.calls - 1  # `_draw` counted this call
+
+        def report(step: int, version: int) -> None:
+            ray.get(self.buffer.loaded.remote(self.index, call, step, version))
+
+        if not self._replay_loads_asked:
+            self._replay_loads = ray.get(self.buffer.replay_loads.remote(self.index))
+            self._replay_loads_asked = True
+        if self._replay_loads is not None:
+            loads = self._replay_loads.get(call, [])
+            return ReplayedUpdates(self.staged, self.staged.staged_version, loads, report, self._stop)
+        return RecordedUpdates(self._staged_or_forced(), report)
+
+    def _staged_or_forced(self) -> WeightUpdates:
+        """`self.staged`, or, forced mid-generation, a wait for newer weights after the
+        call's first decode step where the groups already put let the trainer publish
+        them (it steps on a batch_groups batch; the run's last version has none after it)."""
         if not self._force_mid_generation:
             return self.staged
         due = (

@@ -29,20 +29,33 @@ A replay that cannot follow its schedule (a worker already holding a newer versi
 than its call's, a recorded group rejected as stale) raises `ReplayDiverged`, naming the
 call or batch: the run fails with that sentence rather than training something else.
 
-What this does not cover, refused when the run starts (`replay_problem`): weights loaded inside a
-generate call (`sync.update_mode` other than 'drain': the version changes between decode
-steps, which admissions do not see), stale groups' prompts generated again
-(`buffer.on_stale: requeue`: which call takes them is timing too) and episodes on their
-own clocks (their scheduler admits them).
+Under the stepped update modes (`sync.update_mode` in_flight, abort_resume, abort_retry)
+a third thing is the host's: **where inside a call new weights load**. A worker takes
+staged weights between two decode steps, so the tokens after that step (and, aborting,
+the rows it restarts) come from the newer version. The worker counts its decode steps per
+call and tells the buffer of each load (`RecordedUpdates`): the schedule records it as
+(worker, call, decode step, version). A replayed call loads at exactly those steps
+(`ReplayedUpdates`): at a recorded step it waits until the recorded version is staged,
+at any other it loads nothing; and a batch at version v also waits until every load of
+a version up to v has happened, so the trainer publishes nothing newer before then (a
+worker stages the newest version only).
+
+What this does not cover, refused when the run starts (`replay_problem`): stale groups'
+prompts generated again (`buffer.on_stale: requeue`: which call takes them is timing
+too) and episodes on their own clocks (their scheduler admits them).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers.config.run_config import RunConfig
+from workers.rollout.partial_rollouts import WeightUpdates
 
 
 class ReplayDiverged(RuntimeError):
@@ -67,31 +80,47 @@ class Batch:
     group_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Load:
+    """New weights loaded inside a generate call: worker `worker`'s call `call` (its
+    calls counted from 0, as its admissions) loaded `version` after decode step `step`
+    (counted from 1 over the call, across the sessions an abort restarts)."""
+
+    worker: int
+    call: int
+    step: int
+    version: int
+
+
 @dataclass
 class Schedule:
-    """A run's admissions and batches, in the order they happened."""
+    """A run's admissions, batches and loads inside calls, each in the order they happened."""
 
     admissions: list[Admission] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
+    loads: list[Load] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
             "admissions": [[a.worker, a.version, a.groups] for a in self.admissions],
             "batches": [[b.version, list(b.group_ids)] for b in self.batches],
+            "loads": [[x.worker, x.call, x.step, x.version] for x in self.loads],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> Schedule:
-        """The schedule `to_json` wrote; ValueError naming what is malformed."""
+        """The schedule `to_json` wrote (one without "loads" has none: a drain run's);
+        ValueError naming what is malformed."""
         try:
             admissions = [Admission(int(w), int(v), int(n)) for w, v, n in data["admissions"]]
             batches = [Batch(int(v), tuple(str(g) for g in ids)) for v, ids in data["batches"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            loads = [Load(int(w), int(c), int(k), int(v)) for w, c, k, v in data.get("loads", [])]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(
                 f"a schedule is {{'admissions': [[worker, version, groups], ...], 'batches': "
-                f"[[version, [group id, ...]], ...]}}: {exc}"
+                f"[[version, [group id, ...]], ...], 'loads': [[worker, call, step, version], ...]}}: {exc}"
             ) from None
-        return cls(admissions, batches)
+        return cls(admissions, batches, loads)
 
     def size_bytes(self) -> int:
         """Its size as compact JSON: what keeping it with the run costs."""
@@ -118,6 +147,9 @@ class ScheduleRecorder:
     def took(self, version: int, group_ids: list[str]) -> None:
         self.schedule.batches.append(Batch(version, tuple(group_ids)))
 
+    def loaded(self, load: Load) -> None:
+        self.schedule.loads.append(load)
+
 
 class ScheduleReplay:
     """The buffer's side of a replay: what each admission and batch must be (module
@@ -132,6 +164,32 @@ class ScheduleReplay:
         # any at v or earlier is left (asked at every admission: no scan of the record).
         self._left: Counter[int] = Counter(a.version for a in schedule.admissions)
         self._batches = deque(enumerate(schedule.batches))
+        # Recorded loads inside calls not yet made, per worker in order and by version
+        # (a batch at version v waits while any of v or earlier is left, as for admissions).
+        self._loads: dict[int, deque[Load]] = defaultdict(deque)
+        for x in schedule.loads:
+            self._loads[x.worker].append(x)
+        self._loads_left: Counter[int] = Counter(x.version for x in schedule.loads)
+
+    def loads_of(self, worker: int) -> dict[int, list[tuple[int, int]]]:
+        """Worker `worker`'s recorded loads inside its calls: {call: [(step, version), ...]}."""
+        calls: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for x in self.schedule.loads:
+            if x.worker == worker:
+                calls[x.call].append((x.step, x.version))
+        return dict(calls)
+
+    def loaded(self, load: Load) -> None:
+        """Worker `load.worker` loaded weights inside a call; ReplayDiverged unless it is
+        that worker's next recorded load."""
+        expected = self._loads[load.worker]
+        if not expected or expected[0] != load:
+            want = f"{expected[0]}" if expected else "none"
+            raise ReplayDiverged(
+                f"replay diverged: inference worker {load.worker} made {load}; the record's next is {want}"
+            )
+        expected.popleft()
+        self._loads_left[load.version] -= 1
 
     def admit(self, worker: int, version: int, want: int) -> int:
         """The groups worker `worker`, holding `version`, may start now: 0 until it holds
@@ -169,6 +227,8 @@ class ScheduleReplay:
             )
         if any(n and v <= version for v, n in self._left.items()):
             return None
+        if any(n and v <= version for v, n in self._loads_left.items()):
+            return None
         return k, batch
 
     def taken(self) -> None:
@@ -179,11 +239,6 @@ class ScheduleReplay:
 def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
     """Why a run of `cfg` (its task multi-agent or not) cannot be replayed from its
     schedule, a sentence naming the field; None if it can."""
-    if cfg.sync.update_mode != "drain":
-        return (
-            f"sync.update_mode {cfg.sync.update_mode!r} loads weights inside a generate call, which a schedule "
-            "does not record: replay covers 'drain' runs only"
-        )
     if cfg.buffer.on_stale == "requeue":
         return (
             "buffer.on_stale 'requeue' hands stale groups' prompts to whichever call asks next, which a schedule "
@@ -200,3 +255,88 @@ def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
 def schedule_json(schedule: Schedule) -> dict:
     """`schedule` as JSON data with its size (bytes, bytes_per_step)."""
     return {**schedule.to_json(), "bytes": schedule.size_bytes(), "bytes_per_step": schedule.bytes_per_step()}
+
+
+# How long a replayed call waits at a recorded load for its version to be staged before it
+# calls the replay stuck: far past a trainer step on a loaded host.
+LOAD_WAIT_LIMIT_S = 600.0
+
+
+class RecordedUpdates:
+    """A generate call's WeightUpdates (workers/rollout/partial_rollouts.py) that counts
+    its decode steps (generation asks `pending` once after each) and reports each load
+    to `report(step, version)`."""
+
+    def __init__(self, updates: WeightUpdates, report: Callable[[int, int], None]) -> None:
+        self.updates, self.report = updates, report
+        self.step = 0
+
+    def pending(self) -> bool:
+        self.step += 1
+        return self.updates.pending()
+
+    def apply(self) -> int:
+        version = self.updates.apply()
+        self.report(self.step, version)
+        return version
+
+
+class ReplayedUpdates:
+    """A replayed call's WeightUpdates: weights load after exactly the recorded decode
+    steps (`loads`: [(step, version), ...] in order), each once `staged_version()` says
+    that version is staged, and after no other step. `stopping` ends a wait (the run
+    stops); each load is reported as RecordedUpdates reports it."""
+
+    def __init__(
+        self,
+        updates: WeightUpdates,
+        staged_version: Callable[[], int | None],
+        loads: list[tuple[int, int]],
+        report: Callable[[int, int], None],
+        stopping: threading.Event,
+        poll_s: float = 0.05,
+    ) -> None:
+        self.updates, self.staged_version, self.report = updates, staged_version, report
+        self.loads = deque(loads)
+        self.stopping, self.poll_s = stopping, poll_s
+        self.step = 0
+
+    def pending(self) -> bool:
+        self.step += 1
+        if not self.loads or self.loads[0][0] != self.step:
+            return False
+        want = self.loads[0][1]
+        deadline = time.monotonic() + LOAD_WAIT_LIMIT_S
+        while (staged := self.staged_version()) is None or staged < want:
+            if self.stopping.wait(self.poll_s):
+                return False
+            if time.monotonic() > deadline:
+                raise ReplayDiverged(
+                    f"replay stuck: version {want}, recorded as loaded after decode step {self.step}, "
+                    f"was not staged within {LOAD_WAIT_LIMIT_S:.0f} s"
+                )
+        if staged != want:
+            raise ReplayDiverged(
+                f"replay diverged: version {staged} is staged where the record loaded {want} "
+                f"after decode step {self.step}"
+            )
+        return True
+
+    def apply(self) -> int:
+        step, want = self.loads.popleft()
+        version = self.updates.apply()
+        if version != want:
+            raise ReplayDiverged(
+                f"replay diverged: loading after decode step {step} gave version {version}, the record {want}"
+            )
+        self.report(step, version)
+        return version
+
+    def finished(self) -> None:
+        """The call ended: ReplayDiverged if a recorded load was not reached."""
+        if self.loads:
+            step, version = self.loads[0]
+            raise ReplayDiverged(
+                f"replay diverged: the call ended after {self.step} decode steps, before its recorded "
+                f"load of version {version} after step {step}"
+            )
