@@ -87,13 +87,21 @@ def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
     return run_config(run_id, cache_dir, tiny_config(**overrides))
 
 
-def run_config(run_id: int, cache_dir: str, config: dict, timeout_s: float = 300, env: dict | None = None) -> dict:
+def run_config(
+    run_id: int,
+    cache_dir: str,
+    config: dict,
+    timeout_s: float = 300,
+    env: dict | None = None,
+    replay: dict | None = None,
+) -> dict:
     """Run `config` (as the platform sends it) in a driver actor with no ingest, to its
     end; returns the driver's summary. `env`: environment variables of the driver, which
-    the run's actors inherit (Ray's runtime_env), such as a test hook's switch."""
+    the run's actors inherit (Ray's runtime_env), such as a test hook's switch; `replay`:
+    a schedule the run follows (workers/run/schedule.py)."""
     options = {"runtime_env": {"env_vars": env}} if env else {}
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
-        run_id, config, None, "", cache_dir, exit_when_done=False
+        run_id, config, None, "", cache_dir, exit_when_done=False, replay=replay
     )
     try:
         return ray.get(driver.run.remote(), timeout=timeout_s)

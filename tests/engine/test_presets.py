@@ -22,6 +22,7 @@ from tests.engine.helpers import run_config
 from workers.config.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
 from workers.config.run_config import RunConfig
 from workers.core.merge import parse_sets
+from workers.core.metric_names import TRAINED
 from workers.model.loading import checkpoint_state_dict
 from workers.model.tokenizer import CharTokenizer
 from workers.sync.base import state_checksum
@@ -199,7 +200,8 @@ SMALL = {
 
 # One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
 # not every preset runs: these together set every value any preset gives an
-# engine-relevant switch (checked below), so every switch value a preset uses is run.
+# engine-relevant switch (checked below), so every switch value a preset uses is run,
+# and replayed from the schedule it recorded.
 RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art", "torchforge"]
 
 
@@ -241,6 +243,14 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
         assert set(s["buffer/capacity"].values()) == {4.0}, name
     if config.lora.enabled:
         assert_the_lora_export_is_the_final_policy(out)
+    # Replayed under the schedule it recorded, the preset trains the same, bit for bit.
+    again = run_config(run_id + 100, cache_dir, config.model_dump(mode="json"), timeout_s=240, replay=out["schedule"])
+    assert again["state"] == "succeeded", f"{name} replayed: {again['error']}"
+    assert again["schedule"]["batches"] == out["schedule"]["batches"], name
+    assert again["policy_sha256"] == out["policy_sha256"], name
+    for series in TRAINED:
+        if series in out["series"]:
+            assert dict(again["series"][series]) == s[series], (name, series)
 
 
 def assert_the_lora_export_is_the_final_policy(out: dict) -> None:

@@ -10,16 +10,18 @@ generate calls, under each update mode that does, on the torch backend and on vL
 from __future__ import annotations
 
 import os
+import queue
 
 import pytest
 import ray
 
 from tests.engine.helpers import GONE_WAIT_S, TOKEN, wait_for
-from workers.config.presets import build, deep_merge
+from workers.config.presets import PRESETS, build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
 from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
@@ -30,6 +32,7 @@ from workers.run.schedule import (
     RecordedUpdates,
     ReplayDiverged,
     ReplayedUpdates,
+    Requeue,
     Schedule,
     ScheduleReplay,
     replay_problem,
@@ -186,14 +189,47 @@ def test_a_recorded_call_counts_its_decode_steps_and_reports_each_load():
 
 
 @pytest.mark.parametrize("mode", ["in_flight", "abort_resume", "abort_retry"])
-def test_every_update_mode_can_be_replayed(mode):
+def test_every_update_mode_and_requeue_can_be_replayed(mode):
     assert replay_problem(build("async", {"sync": {"update_mode": mode}}), False) is None
+    assert (
+        replay_problem(build("async", {"sync": {"update_mode": mode}, "buffer": {"on_stale": "requeue"}}), False)
+        is None
+    )
+
+
+def test_every_preset_can_be_replayed():
+    assert {name: replay_problem(PRESETS[name]["config"], False) for name in PRESETS} == dict.fromkeys(PRESETS)
+
+
+def test_a_replayed_call_takes_the_requeued_groups_its_recorded_call_took():
+    schedule = with_loads()
+    schedule.requeues = [Requeue(0, 1, ("7-0", "7-1"))]
+    assert Schedule.from_json(schedule.to_json()) == schedule
+    replay = ScheduleReplay(schedule)
+    assert replay.requeued_for(0, 1) == ("7-0", "7-1")
+    assert replay.requeued_for(0, 0) == () and replay.requeued_for(1, 1) == ()
+
+
+def test_a_requeued_take_waits_for_its_groups_and_requeues_one_still_in_the_buffer():
+    from tests.engine.test_requeue_live import group
+    from workers.run.buffer import RolloutBuffer
+
+    buf = RolloutBuffer(capacity_groups=None, max_staleness=0, on_stale="requeue")
+    buf.put(group("a", "abc", 0))
+    buf.put(group("b", "bcd", 0))
+    buf.put(group("c", "cde", 1))
+    assert [g.group_id for g in buf.get(1, current_version=1, ids=["c"])] == ["c"]  # a and b requeued
+    buf.put(group("d", "def", 0))  # stale at version 1, not yet rejected
+    with pytest.raises(queue.Empty):  # "e" was never put
+        buf.take_requeued_ids(["b", "e"], timeout=0)
+    got = buf.take_requeued_ids(["d", "b"], timeout=0)  # in the record's order; "d" requeued now
+    assert [g.group_id for g in got] == ["d", "b"]
+    assert buf.requeued == 3 and buf.take_requeued(5)[0].group_id == "a"
 
 
 @pytest.mark.parametrize(
     ("overrides", "multi_agent", "needle"),
     [
-        ({"buffer": {"on_stale": "requeue"}}, False, "buffer.on_stale 'requeue'"),
         ({"buffer": {"unit": "episode"}}, False, "buffer.unit 'episode'"),
         ({}, True, "a multi-agent task"),
     ],
@@ -327,6 +363,33 @@ def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster,
             assert again["series"][name] == first["series"][name], name
 
 
+@pytest.mark.slow  # whole runs on the engine's Ray cluster
+def test_a_run_that_requeues_stale_prompts_replays_which_call_took_each_bit_for_bit(cluster, cache_dir):
+    """miles' layout: abort_resume, stale groups' prompts requeued. The original's first
+    batch is held until the buffer holds two batches of version-0 groups (a test hook), so
+    with max_staleness 0 the second batch's worth goes stale at version 1 and is requeued;
+    the replay, not held, gives each requeued prompt to the call that took it."""
+    overrides = {
+        "sync": {"update_mode": "abort_resume"},
+        "inference": {"num_workers": 1},
+        "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0, "on_stale": "requeue"},
+    }
+    batch = CONFIG["trainer"]["batch_groups"]
+    first = run(4618, cache_dir, env={FIRST_BATCH_HOLD_ENV: str(2 * batch)}, **overrides)
+    assert first["state"] == "succeeded", first["error_detail"] or first["error"]
+    requeues = Schedule.from_json(first["schedule"]).requeues
+    assert sum(len(r.group_ids) for r in requeues) >= batch, requeues
+    again = run(4619, cache_dir, replay=first["schedule"], **overrides)
+    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
+    replayed = Schedule.from_json(again["schedule"])
+    assert replayed.requeues == requeues[: len(replayed.requeues)] and replayed.requeues
+    assert again["schedule"]["batches"] == first["schedule"]["batches"]
+    assert again["policy_sha256"] == first["policy_sha256"]
+    for name in EXACT:
+        if name in first["series"]:
+            assert again["series"][name] == first["series"][name], name
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_run_on_vllm_replays_bit_for_bit_loads_inside_calls_included(cluster, cache_dir):
@@ -390,6 +453,7 @@ def test_a_replay_follows_the_schedule_it_is_given_not_its_own_timing(original, 
 
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
 def test_a_replay_of_what_a_schedule_does_not_record_is_refused_naming_the_field(original, cache_dir):
-    out = run(4603, cache_dir, replay=original["schedule"], buffer={"on_stale": "requeue"})
+    episodes = {"task": {"name": "calculator"}, "inference": {"max_new_tokens": 32}, "buffer": {"unit": "episode"}}
+    out = run(4603, cache_dir, replay=original["schedule"], **episodes)
     assert out["state"] == "failed"
-    assert "this run cannot be replayed: buffer.on_stale 'requeue'" in out["error"]
+    assert "this run cannot be replayed: episodes run on their own clocks" in out["error"]

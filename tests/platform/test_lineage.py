@@ -135,7 +135,6 @@ def test_replay_makes_a_linked_run_that_launches_under_the_parents_schedule(clie
         (Status.FAILED, True, {}, "status", "only a run that succeeded"),
         (Status.SUCCEEDED, False, {}, "schedule", "recorded no schedule"),
         (Status.SUCCEEDED, True, {"buffer": {"unit": "episode"}}, "config", "buffer.unit 'episode'"),
-        (Status.SUCCEEDED, True, {"buffer": {"on_stale": "requeue"}}, "config", "buffer.on_stale 'requeue'"),
     ],
 )
 def test_a_run_that_cannot_be_replayed_is_a_409_naming_why_and_shows_no_button(

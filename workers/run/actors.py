@@ -38,6 +38,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,15 @@ from workers.core.records import Group
 from workers.core.run_actors import actor_class, where_am_i
 from workers.run.buffer import AdmissionGate, BufferPlan, RolloutBuffer
 from workers.run.failures import STARTING, ChildFailed, Failure, explain, node_label
-from workers.run.schedule import Load, ReplayDiverged, Schedule, ScheduleRecorder, ScheduleReplay, schedule_json
+from workers.run.schedule import (
+    Load,
+    ReplayDiverged,
+    Requeue,
+    Schedule,
+    ScheduleRecorder,
+    ScheduleReplay,
+    schedule_json,
+)
 
 if TYPE_CHECKING:
     from workers.config.run_config import RunConfig
@@ -57,6 +66,9 @@ log = logging.getLogger(__name__)
 # How long a blocking call inside a loop waits before re-checking the stop flag:
 # shorter → faster stop, longer → fewer wake-ups.
 WAIT_S = 0.25
+# How long a replayed call waits for the requeued groups its recorded call took to be put,
+# before it calls the replay stuck: far past a generate call on a loaded host.
+REQUEUE_WAIT_LIMIT_S = 600.0
 
 
 def record_failure(exc: Exception, cfg: RunConfig | None, actor: str, operation: str) -> Failure:
@@ -103,6 +115,7 @@ class BufferActor:
         )
         self.gate = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups)
         self.admitted = 0
+        self._calls: Counter[int] = Counter()  # generate calls admitted, per inference worker
         self._lock = threading.Lock()
         # Notified at each admission and each load inside a call: a replay's batches wait on them.
         self._admissions = threading.Condition(self._lock)
@@ -125,6 +138,8 @@ class BufferActor:
             else:
                 n = self.gate.may_admit(held_version, self.admitted, self.buffer.rejected, max_groups)
             self.admitted += n
+            if n:
+                self._calls[worker] += 1
             self.recorder.admitted(worker, held_version, n)
             if n:
                 self._admissions.notify_all()
@@ -146,9 +161,31 @@ class BufferActor:
         version), ...]}); None when the run is no replay."""
         return self.replay.loads_of(worker) if self.replay is not None else None
 
-    def take_requeued(self, max_groups: int) -> list[Group]:
-        """Stale groups whose prompts should be generated again (on_stale='requeue')."""
-        return self.buffer.take_requeued(max_groups)
+    def take_requeued(self, max_groups: int, worker: int = 0) -> list[Group]:
+        """Stale groups whose prompts inference worker `worker`'s call just admitted should
+        generate again (on_stale='requeue'): up to `max_groups`, or in a replay the ones
+        its recorded call took."""
+        with self._lock:
+            call = self._calls[worker] - 1
+        if self.replay is not None:
+            ids = list(self.replay.requeued_for(worker, call))
+            if len(ids) > max_groups:
+                raise ReplayDiverged(
+                    f"replay diverged: inference worker {worker}'s call {call} asks for at most {max_groups} "
+                    f"requeued groups; the record took {len(ids)}"
+                )
+            try:
+                groups = self.buffer.take_requeued_ids(ids, timeout=REQUEUE_WAIT_LIMIT_S) if ids else []
+            except queue.Empty:
+                raise ReplayDiverged(
+                    f"replay stuck: inference worker {worker}'s call {call} waited {REQUEUE_WAIT_LIMIT_S:.0f} s "
+                    f"for the requeued groups it took in the record, {ids}"
+                ) from None
+        else:
+            groups = self.buffer.take_requeued(max_groups)
+        with self._lock:
+            self.recorder.requeued(Requeue(worker, call, tuple(g.group_id for g in groups)))
+        return groups
 
     def put(self, groups: list[Group], timeout: float) -> tuple[int, float]:
         """Put groups in order until one would wait past `timeout`; returns

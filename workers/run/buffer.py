@@ -497,6 +497,40 @@ class RolloutBuffer:
             self._regenerating.update((g.prompt, g.answer) for g in out)
             return out
 
+    def take_requeued_ids(self, ids: list[str], timeout: float | None = None) -> list[Group]:
+        """The groups `ids`, in that order, as take_requeued hands groups out: a replayed
+        call's requeued prompts (workers/run/schedule.py). Each is taken from the stale
+        groups awaiting regeneration, or, still in the buffer, requeued now: the record
+        says it was requeued, and no replayed batch takes it, so only when it leaves
+        changes, not what is trained. Waits until every one has been put; raises
+        queue.Empty if one has not within `timeout` seconds."""
+
+        def ready() -> bool:
+            queued = {g.group_id for g in self._requeue}
+            waiting = {g.group_id: g for g in self._groups if g.group_id not in queued}
+            if not all(i in queued or i in waiting for i in ids):
+                return False
+            early = [waiting[i] for i in ids if i not in queued]
+            if early:
+                gone = {g.group_id for g in early}
+                self._groups = deque(g for g in self._groups if g.group_id not in gone)
+                for g in early:
+                    self._settle_regeneration(g)
+                    self._requeue.append(g)
+                self._requeued += len(early)
+            return True
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                raise queue.Empty(f"requeued groups {ids} not all put within {timeout}s")
+            wanted = set(ids)
+            by_id = {g.group_id: g for g in self._requeue if g.group_id in wanted}
+            self._requeue = deque(g for g in self._requeue if g.group_id not in wanted)
+            out = [by_id[i] for i in ids]
+            self._regenerating.update((g.prompt, g.answer) for g in out)
+            self._cond.notify_all()
+            return out
+
     def _settle_regeneration(self, group: Group) -> int:
         """1 if `group` is a pending regeneration (and no longer pending), else 0.
         Caller holds the lock."""

@@ -442,7 +442,9 @@ class InferenceWorker:
         if n == 0:
             self.timeline.cancel()
             return
-        requeued = ray.get(self.buffer.take_requeued.remote(n)) if self.cfg.buffer.on_stale == "requeue" else []
+        requeued = []
+        if self.cfg.buffer.on_stale == "requeue":
+            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index))
         self.timeline.end()
         seed, prompts = self._draw(n, requeued)
         assert self.episodes is not None
@@ -521,7 +523,7 @@ class InferenceWorker:
         requeued = []
         if self.cfg.buffer.on_stale == "requeue":
             self.timeline.begin(HANDOFF)
-            requeued = ray.get(self.buffer.take_requeued.remote(n))
+            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index))
             self.timeline.end()
         seed, prompts = self._draw(n, requeued)
         self._awake()

@@ -40,9 +40,14 @@ at any other it loads nothing; and a batch at version v also waits until every l
 a version up to v has happened, so the trainer publishes nothing newer before then (a
 worker stages the newest version only).
 
-What this does not cover, refused when the run starts (`replay_problem`): stale groups'
-prompts generated again (`buffer.on_stale: requeue`: which call takes them is timing
-too) and episodes on their own clocks (their scheduler admits them).
+Under `buffer.on_stale: requeue`, the prompts of groups rejected as stale go to whichever
+call asks next, and which call that is is the host's timing as well. The buffer records
+each call's take (worker, call, group ids); a replayed call takes exactly those groups,
+waiting until each has been put, and requeues one still in the buffer at once: the
+record says it was requeued, and no replayed batch takes it.
+
+What this does not cover, refused when the run starts (`replay_problem`): episodes on
+their own clocks (their scheduler admits them).
 """
 
 from __future__ import annotations
@@ -92,35 +97,50 @@ class Load:
     version: int
 
 
+@dataclass(frozen=True)
+class Requeue:
+    """Worker `worker`'s call `call` took the stale groups `group_ids` to generate their
+    prompts again (buffer.on_stale 'requeue')."""
+
+    worker: int
+    call: int
+    group_ids: tuple[str, ...]
+
+
 @dataclass
 class Schedule:
-    """A run's admissions, batches and loads inside calls, each in the order they happened."""
+    """A run's admissions, batches, loads inside calls and requeued takes, each in the
+    order they happened."""
 
     admissions: list[Admission] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
     loads: list[Load] = field(default_factory=list)
+    requeues: list[Requeue] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
             "admissions": [[a.worker, a.version, a.groups] for a in self.admissions],
             "batches": [[b.version, list(b.group_ids)] for b in self.batches],
             "loads": [[x.worker, x.call, x.step, x.version] for x in self.loads],
+            "requeues": [[r.worker, r.call, list(r.group_ids)] for r in self.requeues],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> Schedule:
-        """The schedule `to_json` wrote (one without "loads" has none: a drain run's);
+        """The schedule `to_json` wrote (one without "loads" or "requeues" has none);
         ValueError naming what is malformed."""
         try:
             admissions = [Admission(int(w), int(v), int(n)) for w, v, n in data["admissions"]]
             batches = [Batch(int(v), tuple(str(g) for g in ids)) for v, ids in data["batches"]]
             loads = [Load(int(w), int(c), int(k), int(v)) for w, c, k, v in data.get("loads", [])]
+            requeues = [Requeue(int(w), int(c), tuple(str(g) for g in ids)) for w, c, ids in data.get("requeues", [])]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(
                 f"a schedule is {{'admissions': [[worker, version, groups], ...], 'batches': "
-                f"[[version, [group id, ...]], ...], 'loads': [[worker, call, step, version], ...]}}: {exc}"
+                f"[[version, [group id, ...]], ...], 'loads': [[worker, call, step, version], ...], "
+                f"'requeues': [[worker, call, [group id, ...]], ...]}}: {exc}"
             ) from None
-        return cls(admissions, batches, loads)
+        return cls(admissions, batches, loads, requeues)
 
     def size_bytes(self) -> int:
         """Its size as compact JSON: what keeping it with the run costs."""
@@ -150,6 +170,10 @@ class ScheduleRecorder:
     def loaded(self, load: Load) -> None:
         self.schedule.loads.append(load)
 
+    def requeued(self, take: Requeue) -> None:
+        if take.group_ids:  # a call that took nothing requeued is no event
+            self.schedule.requeues.append(take)
+
 
 class ScheduleReplay:
     """The buffer's side of a replay: what each admission and batch must be (module
@@ -170,6 +194,11 @@ class ScheduleReplay:
         for x in schedule.loads:
             self._loads[x.worker].append(x)
         self._loads_left: Counter[int] = Counter(x.version for x in schedule.loads)
+        self._requeues = {(r.worker, r.call): r.group_ids for r in schedule.requeues}
+
+    def requeued_for(self, worker: int, call: int) -> tuple[str, ...]:
+        """The stale groups worker `worker`'s call `call` took to generate again (none: ())."""
+        return self._requeues.get((worker, call), ())
 
     def loads_of(self, worker: int) -> dict[int, list[tuple[int, int]]]:
         """Worker `worker`'s recorded loads inside its calls: {call: [(step, version), ...]}."""
@@ -239,11 +268,6 @@ class ScheduleReplay:
 def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
     """Why a run of `cfg` (its task multi-agent or not) cannot be replayed from its
     schedule, a sentence naming the field; None if it can."""
-    if cfg.buffer.on_stale == "requeue":
-        return (
-            "buffer.on_stale 'requeue' hands stale groups' prompts to whichever call asks next, which a schedule "
-            "does not record: replay covers 'drop' runs only"
-        )
     if multi_agent or cfg.buffer.unit == "episode":
         return (
             "episodes run on their own clocks (a multi-agent task, or buffer.unit 'episode'), which a schedule "
