@@ -6,9 +6,9 @@ the run's actors inherit through Ray's runtime_env): the n-th call of one operat
 never returns. The floor (15 s, far above any of these calls' healthy durations here,
 even on a loaded host) is the deadline, and the hang comes after enough earlier calls
 that the ceiling does not apply; a hung run waits, using no CPU, for its deadline.
-One run per kind of actor: an inference worker's generate call, the trainer's weight
-send, a reward worker's call; the other operations' wrapping shows in what the watchdog
-saw end before the hang.
+One run per kind of wait: an inference worker's generate call and its side of a
+collective weight transfer, the trainer's step and its weight send, a reward worker's
+call; the other operations' wrapping shows in what the watchdog saw end before the hang.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ CASES = {
     "generate": (f"{GENERATE}:7", "inference worker 0", {}),
     "weight send": (f"{WEIGHT_SEND}:7", "trainer", {}),
     "score": (f"{SCORE}:20", "reward worker 0", {"rewards": {"workers": 1}}),
+    "train step": (f"{TRAIN_STEP}:7", "trainer", {}),
+    # A collective: the worker's side of the trainer's broadcast (the send waits for it too,
+    # and the watchdog names the operation that is stuck, not the one waiting on it).
+    "weight load": (f"{WEIGHT_LOAD}:7", "inference worker 0", {"sync": {"protocol": "collective", "packed": False}}),
 }
 
 
