@@ -153,3 +153,18 @@ def test_a_mask_keeping_most_of_the_vocabulary_is_stored_as_what_it_dropped():
     assert dense[2].nonzero().flatten().tolist() == [3, 7]
     assert mask.kept(1) is None and mask.kept(2).tolist() == [3, 7] and len(mask.kept(0)) == 990
     assert SamplingMask.of([None, None]) is None
+
+
+def test_a_draw_follows_the_distribution_and_never_takes_a_token_a_filter_removed():
+    from workers.inference.torch_backend import draw
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])  # the last token cut, as top-k/top-p cut
+    logp = probs.log().expand(20_000, -1)
+    gen = torch.Generator().manual_seed(0)
+    tokens = draw(logp, gen).squeeze(1)
+    counts = torch.bincount(tokens, minlength=5) / len(tokens)
+    assert counts[1] == counts[4] == 0
+    # Within 5 standard errors of each probability (at most 0.0177 at p = 0.5).
+    assert torch.allclose(counts, probs, atol=5 * math.sqrt(0.25 / len(tokens)))
+    again = draw(logp, torch.Generator().manual_seed(0)).squeeze(1)
+    assert torch.equal(tokens, again)  # seeded: the same draws
