@@ -545,13 +545,16 @@ class RunTag(models.Model):
 
 class RunSchedule(models.Model):
     """The schedule a run recorded (workers/run/schedule.py): each generate call's worker,
-    starting version and groups, and each batch's version and group ids in the order they
-    were trained; what a replay of the run follows. Its own table, not a column of Run:
+    starting version and groups, each batch's version and group ids in the order they
+    were trained, each weight load inside a call and each call's requeued take; what a
+    replay of the run follows. Its own table, not a column of Run:
     it grows with the run (hundreds of bytes a step), and every listing reads Run rows."""
 
     run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="schedule")
     admissions = models.JSONField(default=list)  # [[worker, version, groups], ...]
     batches = models.JSONField(default=list)  # [[version, [group id, ...]], ...]
+    loads = models.JSONField(default=list)  # [[worker, call, decode step, version], ...]
+    requeues = models.JSONField(default=list)  # [[worker, call, [group id, ...]], ...]
     bytes = models.BigIntegerField()  # its size as compact JSON
     steps = models.IntegerField()  # its batches: read without loading them
     recorded_at = models.DateTimeField(auto_now=True)
@@ -561,7 +564,7 @@ class RunSchedule(models.Model):
 
     def as_json(self) -> dict:
         """The schedule as the engine takes it (workers.run.schedule.Schedule.from_json)."""
-        return {"admissions": self.admissions, "batches": self.batches}
+        return {"admissions": self.admissions, "batches": self.batches, "loads": self.loads, "requeues": self.requeues}
 
 
 class Checkpoint(models.Model):

@@ -330,6 +330,15 @@ class ScheduleIn(TypedDict):
         list[tuple[Count, Annotated[list[GroupId], Field(max_length=SCHEDULE_MAX_BATCH_GROUPS)]]],
         Field(max_length=SCHEDULE_MAX_BATCHES),
     ]
+    # [worker, call, decode step, version]: weights loaded inside a generate call
+    loads: NotRequired[Annotated[list[tuple[Count, Count, Count, Count]], Field(max_length=SCHEDULE_MAX_ADMISSIONS)]]
+    # [worker, call, [group id, ...]]: the stale groups a call took to generate again
+    requeues: NotRequired[
+        Annotated[
+            list[tuple[Count, Count, Annotated[list[GroupId], Field(max_length=SCHEDULE_MAX_BATCH_GROUPS)]]],
+            Field(max_length=SCHEDULE_MAX_ADMISSIONS),
+        ]
+    ]
     bytes: NotRequired[Count]
     bytes_per_step: NotRequired[Annotated[float, Field(ge=0, allow_inf_nan=False)]]
 
@@ -339,10 +348,14 @@ SCHEDULE_IN = TypeAdapter(ScheduleIn)
 
 def do_record_schedule(run: Run, schedule: dict) -> RunSchedule:
     """Keep the run's schedule (a later report replaces an earlier one)."""
-    admissions = [list(a) for a in schedule["admissions"]]
-    batches = [[version, list(ids)] for version, ids in schedule["batches"]]
-    size = len(json.dumps({"admissions": admissions, "batches": batches}, separators=(",", ":")))
+    kept = {
+        "admissions": [list(a) for a in schedule["admissions"]],
+        "batches": [[version, list(ids)] for version, ids in schedule["batches"]],
+        "loads": [list(x) for x in schedule.get("loads", [])],
+        "requeues": [[worker, call, list(ids)] for worker, call, ids in schedule.get("requeues", [])],
+    }
+    size = len(json.dumps(kept, separators=(",", ":")))
     row, _ = RunSchedule.objects.update_or_create(
-        run=run, defaults={"admissions": admissions, "batches": batches, "bytes": size, "steps": len(batches)}
+        run=run, defaults={**kept, "bytes": size, "steps": len(kept["batches"])}
     )
     return row

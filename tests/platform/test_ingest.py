@@ -330,6 +330,8 @@ def test_a_bad_placement_is_a_400_naming_the_field_and_keeps_the_last_good_one(c
 SCHEDULE = {
     "admissions": [[0, 0, 2], [1, 0, 2], [0, 1, 2]],
     "batches": [[0, ["w0-0", "w1-0", "w0-1", "w1-1"]], [1, ["w0-2", "w0-3"]]],
+    "loads": [[0, 1, 3, 1]],
+    "requeues": [[1, 1, ["w1-0"]]],
     "bytes": 99,
     "bytes_per_step": 49.5,
 }
@@ -343,7 +345,14 @@ def test_the_drivers_schedule_is_kept_apart_from_the_run_and_sized_in_the_api(cl
     assert r.status_code == 200
     stored = RunSchedule.objects.get(run=run)
     # What the engine replays: the schedule as it was recorded, its size as compact JSON.
-    assert Schedule.from_json(stored.as_json()).to_json() == {k: SCHEDULE[k] for k in ("admissions", "batches")}
+    kept = ("admissions", "batches", "loads", "requeues")
+    assert Schedule.from_json(stored.as_json()).to_json() == {k: SCHEDULE[k] for k in kept}
+    # A driver from before loads and requeues were recorded posts neither: none are kept.
+    older = {k: SCHEDULE[k] for k in ("admissions", "batches")}
+    assert post(client, run, "schedule", older).status_code == 200
+    assert RunSchedule.objects.get(run=run).as_json() == {**older, "loads": [], "requeues": []}
+    assert post(client, run, "schedule", SCHEDULE).status_code == 200
+    stored = RunSchedule.objects.get(run=run)
     assert r.json() == {"batches": 2, "bytes": stored.bytes}
     assert stored.bytes == len(json.dumps(stored.as_json(), separators=(",", ":")))
     later = {**SCHEDULE, "batches": [[0, ["w1-0", "w0-0", "w0-1", "w1-1"]], [1, ["w0-2", "w0-3"]]]}
@@ -363,6 +372,8 @@ def test_the_drivers_schedule_is_kept_apart_from_the_run_and_sized_in_the_api(cl
         ({**SCHEDULE, "batches": [[0, ["a\x00b"]]]}, "batches"),
         ({**SCHEDULE, "batches": "all"}, "batches"),
         ({**SCHEDULE, "extra": 1}, "extra"),
+        ({**SCHEDULE, "loads": [[0, 1, 3]]}, "loads"),
+        ({**SCHEDULE, "requeues": [[0, 1, "w1-0"]]}, "requeues"),
         ({"batches": []}, "admissions"),
     ],
 )

@@ -100,7 +100,12 @@ def test_retry_of_a_running_run_is_a_conflict_and_a_viewer_may_not(client_for, o
     assert Run.objects.count() == 2
 
 
-SCHEDULE = {"admissions": [[0, 0, 2], [1, 0, 2]], "batches": [[0, ["w0-0", "w1-0", "w0-1", "w1-1"]]]}
+SCHEDULE = {
+    "admissions": [[0, 0, 2], [1, 0, 2]],
+    "batches": [[0, ["w0-0", "w1-0", "w0-1", "w1-1"]]],
+    "loads": [[1, 0, 3, 1]],
+    "requeues": [[0, 0, ["w1-1"]]],
+}
 
 
 def with_schedule(run: Run) -> Run:
