@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0018_alter_run_origin'),
+        ("runs", "0018_alter_run_origin"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='runschedule',
-            name='loads',
+            model_name="runschedule",
+            name="loads",
             field=models.JSONField(default=list),
         ),
         migrations.AddField(
-            model_name='runschedule',
-            name='requeues',
+            model_name="runschedule",
+            name="requeues",
             field=models.JSONField(default=list),
         ),
     ]
