@@ -337,6 +337,25 @@ def untrained_merged(ledger: dict[str, float]) -> dict[str, float]:
 STEPPED_MODES = ["in_flight", "abort_resume", "abort_retry"]
 
 
+def assert_made_the_same_loads(first: dict, again: dict) -> None:
+    """`again`, a replay of `first`, succeeded and loaded weights inside its calls where
+    `first` did (the run's end may come before the last recorded load)."""
+    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
+    loads = Schedule.from_json(first["schedule"]).loads
+    replayed = Schedule.from_json(again["schedule"]).loads
+    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
+
+
+def assert_trained_the_same(first: dict, again: dict) -> None:
+    """`again`, a replay of `first`, took the same batches and ended with the same
+    weights and trained series, bit for bit."""
+    assert again["schedule"]["batches"] == first["schedule"]["batches"]
+    assert again["policy_sha256"] == first["policy_sha256"]
+    for name in EXACT:
+        if name in first["series"]:
+            assert again["series"][name] == first["series"][name], name
+
+
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
 @pytest.mark.parametrize("mode", STEPPED_MODES)
 def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster, cache_dir, mode):
@@ -352,15 +371,8 @@ def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster,
     # (the last call may have been cut short by the run's end).
     assert [(x.call, x.step, x.version) for x in loads][: STEPS - 2] == [(c, 1, c) for c in range(1, STEPS - 1)]
     again = run(run_id + 1, cache_dir, replay=first["schedule"], **overrides)
-    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
-    # The same loads (the run's end may come before the last recorded one).
-    replayed = Schedule.from_json(again["schedule"]).loads
-    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
-    assert again["schedule"]["batches"] == first["schedule"]["batches"]
-    assert again["policy_sha256"] == first["policy_sha256"]
-    for name in EXACT:
-        if name in first["series"]:
-            assert again["series"][name] == first["series"][name], name
+    assert_made_the_same_loads(first, again)
+    assert_trained_the_same(first, again)
 
 
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
@@ -383,11 +395,7 @@ def test_a_run_that_requeues_stale_prompts_replays_which_call_took_each_bit_for_
     assert again["state"] == "succeeded", again["error_detail"] or again["error"]
     replayed = Schedule.from_json(again["schedule"])
     assert replayed.requeues == requeues[: len(replayed.requeues)] and replayed.requeues
-    assert again["schedule"]["batches"] == first["schedule"]["batches"]
-    assert again["policy_sha256"] == first["policy_sha256"]
-    for name in EXACT:
-        if name in first["series"]:
-            assert again["series"][name] == first["series"][name], name
+    assert_trained_the_same(first, again)
 
 
 @pytest.mark.slow
@@ -403,17 +411,10 @@ def test_a_run_on_vllm_replays_bit_for_bit_loads_inside_calls_included(cluster, 
     }
     first = run(4616, cache_dir, env={WEIGHTS_MID_GENERATION_ENV: "1"}, **overrides)
     assert first["state"] == "succeeded", first["error_detail"] or first["error"]
-    loads = Schedule.from_json(first["schedule"]).loads
-    assert len(loads) >= STEPS - 2
+    assert len(Schedule.from_json(first["schedule"]).loads) >= STEPS - 2
     again = run(4617, cache_dir, replay=first["schedule"], **overrides)
-    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
-    replayed = Schedule.from_json(again["schedule"]).loads
-    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
-    assert again["schedule"]["batches"] == first["schedule"]["batches"]
-    assert again["policy_sha256"] == first["policy_sha256"]
-    for name in EXACT:
-        if name in first["series"]:
-            assert again["series"][name] == first["series"][name], name
+    assert_made_the_same_loads(first, again)
+    assert_trained_the_same(first, again)
 
 
 def call_version(schedule: dict, gid: str) -> int:
