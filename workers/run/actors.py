@@ -38,7 +38,6 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -115,7 +114,6 @@ class BufferActor:
         )
         self.gate = AdmissionGate(batch_groups, plan.ahead_batches, plan.overcommit_groups)
         self.admitted = 0
-        self._calls: Counter[int] = Counter()  # generate calls admitted, per inference worker
         self._lock = threading.Lock()
         # Notified at each admission and each load inside a call: a replay's batches wait on them.
         self._admissions = threading.Condition(self._lock)
@@ -138,8 +136,6 @@ class BufferActor:
             else:
                 n = self.gate.may_admit(held_version, self.admitted, self.buffer.rejected, max_groups)
             self.admitted += n
-            if n:
-                self._calls[worker] += 1
             self.recorder.admitted(worker, held_version, n)
             if n:
                 self._admissions.notify_all()
@@ -161,12 +157,10 @@ class BufferActor:
         version), ...]}); None when the run is no replay."""
         return self.replay.loads_of(worker) if self.replay is not None else None
 
-    def take_requeued(self, max_groups: int, worker: int = 0) -> list[Group]:
-        """Stale groups whose prompts inference worker `worker`'s call just admitted should
-        generate again (on_stale='requeue'): up to `max_groups`, or in a replay the ones
-        its recorded call took."""
-        with self._lock:
-            call = self._calls[worker] - 1
+    def take_requeued(self, max_groups: int, worker: int = 0, call: int = 0) -> list[Group]:
+        """Stale groups whose prompts inference worker `worker`'s call `call` (its count,
+        as the worker's loads give it) should generate again (on_stale='requeue'): up to
+        `max_groups`, or in a replay the ones its recorded call took."""
         if self.replay is not None:
             ids = list(self.replay.requeued_for(worker, call))
             if len(ids) > max_groups:

@@ -484,10 +484,8 @@ class RolloutBuffer:
 
     def _take(self, ids: list[str]) -> list[Group]:
         """The groups of `ids` out of the buffer, in that order; the others keep theirs."""
-        wanted = set(ids)
-        by_id = {g.group_id: g for g in self._groups if g.group_id in wanted}
-        self._groups = deque(g for g in self._groups if g.group_id not in wanted)
-        return [by_id[i] for i in ids]
+        self._groups, out = taken_by_id(self._groups, ids)
+        return out
 
     def take_requeued(self, max_groups: int) -> list[Group]:
         """Up to `max_groups` stale groups (oldest first) whose prompts a producer should
@@ -510,26 +508,28 @@ class RolloutBuffer:
             waiting = {g.group_id: g for g in self._groups if g.group_id not in queued}
             if not all(i in queued or i in waiting for i in ids):
                 return False
-            early = [waiting[i] for i in ids if i not in queued]
+            early = [i for i in ids if i not in queued]
             if early:
-                gone = {g.group_id for g in early}
-                self._groups = deque(g for g in self._groups if g.group_id not in gone)
-                for g in early:
-                    self._settle_regeneration(g)
-                    self._requeue.append(g)
-                self._requeued += len(early)
+                self._groups, stale = taken_by_id(self._groups, early)
+                for g in stale:
+                    self._send_back(g)
+                self._requeued += len(stale)
             return True
 
         with self._cond:
             if not self._cond.wait_for(ready, timeout):
                 raise queue.Empty(f"requeued groups {ids} not all put within {timeout}s")
-            wanted = set(ids)
-            by_id = {g.group_id: g for g in self._requeue if g.group_id in wanted}
-            self._requeue = deque(g for g in self._requeue if g.group_id not in wanted)
-            out = [by_id[i] for i in ids]
+            self._requeue, out = taken_by_id(self._requeue, ids)
             self._regenerating.update((g.prompt, g.answer) for g in out)
             self._cond.notify_all()
             return out
+
+    def _send_back(self, group: Group) -> None:
+        """Put stale `group` among those awaiting regeneration (caller holds the lock and
+        counts it). A regeneration that went stale again is no longer pending: it is
+        pending again once take_requeued hands it out again."""
+        self._settle_regeneration(group)
+        self._requeue.append(group)
 
     def _settle_regeneration(self, group: Group) -> int:
         """1 if `group` is a pending regeneration (and no longer pending), else 0.
@@ -552,10 +552,7 @@ class RolloutBuffer:
                 continue
             rejected += 1
             if self.on_stale == "requeue":
-                # A regeneration that went stale again is no longer pending: it is
-                # pending again once take_requeued hands it out again.
-                self._settle_regeneration(g)
-                self._requeue.append(g)
+                self._send_back(g)
         if rejected:
             if self.on_stale == "requeue":
                 self._requeued += rejected
@@ -563,6 +560,13 @@ class RolloutBuffer:
                 self._dropped_stale += rejected
             self._groups = kept
             self._cond.notify_all()
+
+
+def taken_by_id(groups: deque[Group], ids: list[str]) -> tuple[deque[Group], list[Group]]:
+    """(`groups` less those of `ids`, in their order; those of `ids`, in the order of `ids`)."""
+    wanted = set(ids)
+    by_id = {g.group_id: g for g in groups if g.group_id in wanted}
+    return deque(g for g in groups if g.group_id not in wanted), [by_id[i] for i in ids]
 
 
 def with_prefetched(state: dict, prefetched: list[Group]) -> dict:

@@ -444,7 +444,8 @@ class InferenceWorker:
             return
         requeued = []
         if self.cfg.buffer.on_stale == "requeue":
-            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index))
+            # self.calls: the call `_draw` is about to count, as the schedule numbers it.
+            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index, self.calls))
         self.timeline.end()
         seed, prompts = self._draw(n, requeued)
         assert self.episodes is not None
@@ -523,7 +524,7 @@ class InferenceWorker:
         requeued = []
         if self.cfg.buffer.on_stale == "requeue":
             self.timeline.begin(HANDOFF)
-            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index))
+            requeued = ray.get(self.buffer.take_requeued.remote(n, self.index, self.calls))
             self.timeline.end()
         seed, prompts = self._draw(n, requeued)
         self._awake()
