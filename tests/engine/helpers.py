@@ -14,6 +14,7 @@ import ray
 
 from tests.engine.ingest_stub import IngestStub
 from workers.config.run_config import LoRAConfig, RunConfig
+from workers.core.metric_names import TRAINED
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.inference.torch_backend import TorchBackend
 from workers.model.loading import load_model
@@ -23,6 +24,7 @@ from workers.rl_tasks import make_task
 from workers.rollout.generation import generate_groups
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
+from workers.run.schedule import Schedule
 from workers.train.warmstart import policy_dir
 
 TOKEN = "run-token"  # the ingest token of runs reporting to the `stub` fixture
@@ -139,6 +141,26 @@ def mixed_from_the_second_step(mixed: dict[int, float], steps: int) -> bool:
     return (
         sorted(mixed) == list(range(1, steps + 1)) and mixed[1] == 0 and all(mixed[s] > 0 for s in range(2, steps + 1))
     )
+
+
+def assert_made_the_same_loads(first: dict, again: dict, steps: int) -> None:
+    """`again`, a replay of `first` (a run of `steps` steps), succeeded and loaded weights
+    inside its calls where `first` did (the run's end may come before the last recorded
+    load)."""
+    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
+    loads = Schedule.from_json(first["schedule"]).loads
+    replayed = Schedule.from_json(again["schedule"]).loads
+    assert replayed == loads[: len(replayed)] and len(replayed) >= steps - 2
+
+
+def assert_trained_the_same(first: dict, again: dict) -> None:
+    """`again`, a replay of `first`, took the same batches and ended with the same
+    weights and trained series, bit for bit."""
+    assert again["schedule"]["batches"] == first["schedule"]["batches"]
+    assert again["policy_sha256"] == first["policy_sha256"]
+    for name in TRAINED:
+        if name in first["series"]:
+            assert dict(again["series"][name]) == dict(first["series"][name]), name
 
 
 # A warm start long enough that the tiny BPE checkpoint (workers/model/tiny_hf.py) answers with

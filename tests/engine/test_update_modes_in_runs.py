@@ -11,14 +11,25 @@ sequences are still generating when the weights come) and 56-token completions; 
 worker may run ahead (unbounded stream, η = 3): the abort modes abort and count, in-flight
 and resumed sequences mix versions, and every trained token stays within max_staleness.
 `drain` loads weights only between calls, so no order is needed: nothing mixes.
+
+Each stepped mode's run is then replayed (workers/run/schedule.py), not forced: the
+replay loads weights at the decode steps the original recorded and nowhere else, and
+trains the same batches to the same weights, bit for bit.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.engine.helpers import mixed_from_the_second_step, run_config, tiny_config
+from tests.engine.helpers import (
+    assert_made_the_same_loads,
+    assert_trained_the_same,
+    mixed_from_the_second_step,
+    run_config,
+    tiny_config,
+)
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
+from workers.run.schedule import Schedule
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +37,12 @@ AHEAD = {"mode": "unbounded", "max_staleness": 3, "max_head_offpolicyness": 3}
 STEPS = 8
 
 
-@pytest.mark.parametrize("mode", ["abort_retry", "abort_resume", "in_flight", "drain"])
-def test_update_mode_in_a_run(cluster, cache_dir, mode):
-    run_id = 7100 + ["abort_retry", "abort_resume", "in_flight", "drain"].index(mode)
+MODES = ["abort_retry", "abort_resume", "in_flight", "drain"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_update_mode_in_a_run_and_its_replay(cluster, cache_dir, mode):
+    run_id = 7100 + 2 * MODES.index(mode)
     config = tiny_config(
         buffer=AHEAD,
         sync={"update_mode": mode},
@@ -62,3 +76,13 @@ def test_update_mode_in_a_run(cluster, cache_dir, mode):
         assert aborted == resumed == retried == 0 and set(mixed.values()) == {0.0}
     # Mixed-version tokens still carry the logprobs of the weights that sampled them.
     assert all(0.5 < v < 2.0 for v in series["is/ratio_mean"].values())
+    if mode == "drain":
+        return
+    # Each call after the first loaded the next version after its first decode step (the
+    # last call may have been cut short by the run's end); the replay, not forced, loads
+    # there and trains what the original trained.
+    loads = Schedule.from_json(out["schedule"]).loads
+    assert [(x.call, x.step, x.version) for x in loads][: STEPS - 2] == [(c, 1, c) for c in range(1, STEPS - 1)]
+    again = run_config(run_id + 1, cache_dir, config, replay=out["schedule"])
+    assert_made_the_same_loads(out, again, STEPS)
+    assert_trained_the_same(out, again)
