@@ -45,7 +45,7 @@ from workers.config.presets import deep_merge
 from workers.config.run_config import RunConfig
 from workers.rl_tasks import task_class
 from workers.rollout.episode_scheduler import is_multi_agent
-from workers.run.schedule import replay_problem
+from workers.run.schedule import Schedule, replay_problem, schedule_problem
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,8 @@ def replay_refusal(run: Run) -> dict[str, str]:
         }
     if run.status != Status.SUCCEEDED:
         return {"status": f"run {run.pk} is {run.status}: only a run that succeeded has a whole schedule to replay"}
-    if not RunSchedule.objects.filter(run=run).exists():
+    row = RunSchedule.objects.filter(run=run).first()
+    if row is None:
         return {"schedule": f"run {run.pk} recorded no schedule (it ran before runs kept theirs)"}
     config = run.run_config
     try:  # the class says whether the task is multi-agent: nothing is built or read
@@ -178,7 +179,10 @@ def replay_refusal(run: Run) -> dict[str, str]:
     except Exception as exc:  # a task the site no longer finds: the launch check names it too
         return {"task.name": f"run {run.pk} cannot be replayed: {exc}"}
     problem = replay_problem(config, is_multi_agent(task))
-    return {"config": f"run {run.pk} cannot be replayed: {problem}"} if problem else {}
+    if problem:
+        return {"config": f"run {run.pk} cannot be replayed: {problem}"}
+    problem = schedule_problem(Schedule.from_json(row.as_json()), config)
+    return {"schedule": f"run {run.pk} cannot be replayed: {problem}"} if problem else {}
 
 
 def do_replay(user, parent: Run) -> Run:

@@ -37,6 +37,7 @@ from workers.run.schedule import (
     Schedule,
     ScheduleReplay,
     replay_problem,
+    schedule_problem,
 )
 
 # -- the arithmetic ----------------------------------------------------------------------
@@ -241,6 +242,30 @@ def test_what_a_schedule_does_not_record_cannot_be_replayed(overrides, multi_age
     assert problem is not None and needle in problem
 
 
+@pytest.mark.parametrize(
+    ("overrides", "edit", "needle"),
+    [
+        ({"inference": {"num_workers": 1}}, None, "inference.num_workers is 1: set it to 2"),
+        ({"trainer": {"batch_groups": 2}}, None, "the schedule's batches hold 4 groups, and trainer.batch_groups is 2"),
+        ({"sync": {"update_mode": "drain"}}, "loads", "sync.update_mode 'drain'"),
+        ({}, "requeues", "buffer.on_stale is 'drop'"),
+        ({}, "resumed", "its first batch trains policy version 3, not 0"),
+    ],
+)
+def test_a_record_the_config_could_not_follow_is_refused_naming_the_field(overrides, edit, needle):
+    # The config two_workers() and with_loads() were recorded under.
+    recorded = {"inference": {"num_workers": 2}, "trainer": {"batch_groups": 4}, "sync": {"update_mode": "in_flight"}}
+    assert schedule_problem(with_loads(), build("async", recorded)) is None
+    cfg = build("async", deep_merge(recorded, overrides))
+    schedule = with_loads() if edit == "loads" else two_workers()
+    if edit == "requeues":
+        schedule.requeues = [Requeue(0, 1, ("a",))]
+    if edit == "resumed":
+        schedule.batches = [Batch(v + 3, b.group_ids) for v, b in enumerate(schedule.batches)]
+    problem = schedule_problem(schedule, cfg)
+    assert problem is not None and needle in problem, problem
+
+
 # -- whole runs --------------------------------------------------------------------------
 
 STEPS = 6
@@ -399,3 +424,7 @@ def test_a_replay_of_what_a_schedule_does_not_record_is_refused_naming_the_field
     out = run(4603, cache_dir, replay=original["schedule"], **episodes)
     assert out["state"] == "failed"
     assert "this run cannot be replayed: episodes run on their own clocks" in out["error"]
+    # A config the record could not have come from is refused as well, before any actor.
+    out = run(4604, cache_dir, replay=original["schedule"], trainer={"batch_groups": 2})
+    assert out["state"] == "failed"
+    assert "this run cannot be replayed: the schedule's batches hold 4 groups" in out["error"]

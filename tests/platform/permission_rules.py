@@ -401,7 +401,9 @@ def populate(team: Team, users: dict, label: str, *, log_dir: Path, checkpoint_r
     (log_dir / f"run-{running.pk}.log").write_text("driver started\n")
     location = f"{checkpoint_root}/run-{done.pk}/step-1"
     Checkpoint.objects.create(run=done, step=1, location=location, bytes=10, sha256="0" * 64)
-    RunSchedule.objects.create(run=done, admissions=[[0, 0, 1]], batches=[[0, ["w0-0"]]], bytes=40, steps=1)
+    groups = done.run_config.trainer.batch_groups  # one batch as the run took it: replayable
+    batch = [f"w0-{i}" for i in range(groups)]
+    RunSchedule.objects.create(run=done, admissions=[[0, 0, groups]], batches=[[0, batch]], bytes=40, steps=1)
     comparison = Comparison.objects.create(
         team=team,
         experiment=experiment,

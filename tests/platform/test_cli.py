@@ -311,7 +311,9 @@ def test_replay_queues_a_replay_of_a_run_with_its_schedule_and_says_why_not_othe
     done = make_run(status=Run.Status.SUCCEEDED)
     code, out, err = rollway(capsys, "replay", str(done.pk))
     assert code == errors.CONFLICT and f"run {done.pk} recorded no schedule" in err
-    RunSchedule.objects.create(run=done, admissions=[[0, 0, 1]], batches=[[0, ["w0-0"]]], bytes=40, steps=1)
+    groups = done.run_config.trainer.batch_groups  # a batch as the run took them
+    batch = [f"w0-{i}" for i in range(groups)]
+    RunSchedule.objects.create(run=done, admissions=[[0, 0, groups]], batches=[[0, batch]], bytes=40, steps=1)
     code, out, err = rollway(capsys, "replay", str(done.pk))
     assert code == 0, err
     child = Run.objects.get(parent=done)

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from runs import reconcile
 from runs.models import Checkpoint, Experiment, MetricPoint, Run, RunSchedule
 from teams.models import AuditEvent, Membership, Team
-from workers.config.presets import build
+from workers.config.presets import build, deep_merge
 
 Status = Run.Status
 SHA = "ab" * 32
@@ -108,7 +108,20 @@ SCHEDULE = {
 }
 
 
+# What a run that recorded SCHEDULE ran with: two workers, batches of four groups, weights
+# loaded inside calls, stale prompts requeued.
+RECORDED = {
+    "inference": {"num_workers": 2},
+    "trainer": {"batch_groups": 4},
+    "sync": {"update_mode": "in_flight"},
+    "buffer": {"on_stale": "requeue"},
+}
+
+
 def with_schedule(run: Run) -> Run:
+    """`run`, its config the one SCHEDULE was recorded under, with SCHEDULE kept."""
+    run.config = deep_merge(run.config, RECORDED)
+    run.save(update_fields=["config"])
     RunSchedule.objects.create(run=run, **SCHEDULE, bytes=80, steps=1)
     return run
 
@@ -140,6 +153,9 @@ def test_replay_makes_a_linked_run_that_launches_under_the_parents_schedule(clie
         (Status.FAILED, True, {}, "status", "only a run that succeeded"),
         (Status.SUCCEEDED, False, {}, "schedule", "recorded no schedule"),
         (Status.SUCCEEDED, True, {"buffer": {"unit": "episode"}}, "config", "buffer.unit 'episode'"),
+        # A config the record could not have come from (its workers' calls, its loads).
+        (Status.SUCCEEDED, "one worker", {}, "schedule", "inference.num_workers is 1: set it to 2"),
+        (Status.SUCCEEDED, "drain", {}, "schedule", "sync.update_mode 'drain' loads them only between calls"),
     ],
 )
 def test_a_run_that_cannot_be_replayed_is_a_409_naming_why_and_shows_no_button(
@@ -149,6 +165,11 @@ def test_a_run_that_cannot_be_replayed_is_a_409_naming_why_and_shows_no_button(
     parent = make_run(status, config=config)
     if schedule:
         with_schedule(parent)
+    if schedule == "one worker":
+        parent.config["inference"]["num_workers"] = 1
+    if schedule == "drain":
+        parent.config["sync"]["update_mode"] = "drain"
+    parent.save(update_fields=["config"])
     response = post_json(client_for(owner), f"/api/runs/{parent.pk}/replay", {})
     assert response.status_code == 409
     assert words in response.json()["errors"][field]

@@ -48,7 +48,7 @@ from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
 from workers.run.reporter import MetricsReporter
 from workers.run.runnable import check_runnable
-from workers.run.schedule import Schedule, replay_problem
+from workers.run.schedule import Schedule, replay_problem, schedule_problem
 from workers.run.spawn import RunActors
 from workers.run.watchdog import Watchdog, unanswered
 from workers.train.warmstart import policy_dir
@@ -270,10 +270,11 @@ class RunDriver:
         """A replay's schedule must be well formed and this config one a schedule covers
         (ValueError, a sentence naming what to change)."""
         assert self.replay is not None
-        Schedule.from_json(self.replay)
+        schedule = Schedule.from_json(self.replay)
         if self.resume_from is not None:
             raise ValueError("a replay starts from the beginning of its schedule: launch it without resume_from")
         problem = replay_problem(self.cfg, is_multi_agent(make_task(self.cfg.task)))
+        problem = problem or schedule_problem(schedule, self.cfg)
         if problem:
             raise ValueError(f"this run cannot be replayed: {problem}")
 

@@ -47,7 +47,11 @@ waiting until each has been put, and requeues one still in the buffer at once: t
 record says it was requeued, and no replayed batch takes it.
 
 What this does not cover, refused when the run starts (`replay_problem`): episodes on
-their own clocks (their scheduler admits them).
+their own clocks (their scheduler admits them). A record the config at hand could not
+follow is refused there too, before any actor starts (`schedule_problem`): calls of more
+inference workers than it has, batches of another size, loads inside calls under
+`drain`, requeued takes without `on_stale: requeue`, or a record that does not start at
+the first step (a resumed run's: a replay starts from the beginning).
 """
 
 from __future__ import annotations
@@ -272,6 +276,42 @@ def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
         return (
             "episodes run on their own clocks (a multi-agent task, or buffer.unit 'episode'), which a schedule "
             "does not record: replay covers single-turn groups only"
+        )
+    return None
+
+
+def schedule_problem(schedule: Schedule, cfg: RunConfig) -> str | None:
+    """Why a run of `cfg` could not follow `schedule`, a sentence naming the field and the
+    fix; None if it could. A replay would otherwise start every actor and fail at the
+    first event it cannot make (ReplayDiverged)."""
+    if schedule.batches and schedule.batches[0].version != 0:
+        return (
+            f"its first batch trains policy version {schedule.batches[0].version}, not 0: a run resumed from a "
+            "checkpoint records only the steps it ran, and a replay starts from the beginning, so replay the "
+            "run it resumed from"
+        )
+    workers = {a.worker for a in schedule.admissions} | {x.worker for x in schedule.loads}
+    workers |= {r.worker for r in schedule.requeues}
+    if workers and max(workers) >= cfg.inference.num_workers:
+        return (
+            f"the schedule has calls of inference worker {max(workers)}, and inference.num_workers is "
+            f"{cfg.inference.num_workers}: set it to {max(workers) + 1}, as the recorded run had"
+        )
+    sizes = {len(b.group_ids) for b in schedule.batches} - {cfg.trainer.batch_groups}
+    if sizes:
+        return (
+            f"the schedule's batches hold {min(sizes)} groups, and trainer.batch_groups is "
+            f"{cfg.trainer.batch_groups}: set it as the recorded run had"
+        )
+    if schedule.loads and cfg.sync.update_mode == "drain":
+        return (
+            "the schedule loads weights inside generate calls, and sync.update_mode 'drain' loads them only "
+            "between calls: use the recorded run's update mode (in_flight, abort_resume or abort_retry)"
+        )
+    if schedule.requeues and cfg.buffer.on_stale != "requeue":
+        return (
+            f"the schedule's calls take requeued prompts, and buffer.on_stale is '{cfg.buffer.on_stale}': "
+            "set it to 'requeue', as the recorded run had"
         )
     return None
 
