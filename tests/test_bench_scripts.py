@@ -988,3 +988,28 @@ def test_trainer_step_prints_each_sides_phases():
     assert {"model forward", "model backward", "clip + AdamW", "step"} <= rows.keys()
     assert "shared prompts: the model runs" in done.stdout
     assert "less CPU time with shared prompts" in done.stdout
+
+
+# ---- league ----------------------------------------------------------------------------
+
+
+def test_league_markdown_has_a_row_per_preset_marks_the_best_and_lists_approximations():
+    lg = load("league.py")
+    columns = [
+        {"key": "samples_per_s", "label": "samples/s", "group": "measured here"},
+        {"key": "7B@64:trainer_idle", "label": "trainer idle", "group": "simulated: 7B on 64 GPUs"},
+    ]
+
+    def row(name, samples, idle, approximates=""):
+        cells = {"samples_per_s": {"value": samples}, "7B@64:trainer_idle": {"value": idle}}
+        return {"configuration": name, "cells": cells, "approximates": approximates}
+
+    league = {
+        "columns": columns,
+        "rows": [row("async", 12.5, 0.25), row("slime", None, 0.5, "Cannot reproduce: OPSM")],
+        "best": {"samples_per_s": [], "7B@64:trainer_idle": ["async"]},
+    }
+    lines = lg.league_markdown(league).splitlines()
+    assert lines[0] == "| preset | samples/s (measured here) | trainer idle (7B on 64 GPUs) |"
+    assert lines[2] == "| async | 12.50 | 25% ★ |" and lines[3] == "| slime | — | 50% |"
+    assert lines[-1] == "- **slime**: Cannot reproduce: OPSM"

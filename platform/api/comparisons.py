@@ -5,6 +5,8 @@ GET  /api/comparisons             the comparisons of the user's teams, newest fi
 POST /api/comparisons             create one and queue its runs (optional "priority")
 GET  /api/comparisons/<id>        its configurations, seeds, runs and compare page link
 POST /api/comparisons/<id>/rerun  queue another set of its runs (optional "seeds", "priority")
+GET  /api/comparisons/<id>/league           its league table (optional "target")
+POST /api/comparisons/<id>/league/simulate  simulate each configuration at the league's scales
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from ninja import Router, Schema
 from pydantic import BaseModel, ConfigDict
 
 from api.openapi import query_doc, responses
-from compare import actions
+from compare import actions, league
 from compare import views as compare_views
 from compare.models import Comparison
+from foundation.http import float_param
 
 router = Router(tags=["comparisons"])
 
@@ -118,3 +121,34 @@ def rerun_comparison(request: HttpRequest, comparison_id: int, data: RerunIn | N
     runs = actions.do_rerun_comparison(request.user, comparison, rerun)
     comparison.refresh_from_db()
     return JsonResponse({**comparison.as_dict(with_runs=True), "launched": [r.pk for r in runs]}, status=201)
+
+
+@router.get(
+    "/comparisons/{int:comparison_id}/league",
+    url_name="comparison-league",
+    response=responses(dict[str, Any], 200, 400, 404),
+    openapi_extra=query_doc(
+        ("target", "number", f"the reward time to target aims at (default {compare_views.DEFAULT_TARGET})")
+    ),
+)
+def get_league(request: HttpRequest, comparison_id: int) -> JsonResponse:
+    """The comparison's league table: each configuration one row, its runs' figures here
+    and its simulated runs' at 7B and 32B on 64 and 512 GPUs, each cell with the link to
+    the runs behind it."""
+    comparison = actions.check_comparison_access(request.user, comparison_id)
+    return JsonResponse(league.table(comparison, target=float_param(request, "target", compare_views.DEFAULT_TARGET)))
+
+
+@router.post(
+    "/comparisons/{int:comparison_id}/league/simulate",
+    url_name="comparison-league-simulate",
+    response=responses(dict[str, Any], 201, 403, 404),
+)
+def simulate_league(request: HttpRequest, comparison_id: int) -> JsonResponse:
+    """Simulate every configuration of the comparison at every scale of the league (its
+    newest simulation per cell is the one the league shows); `errors` names a cell the
+    simulator could not lay out."""
+    comparison = actions.check_comparison_access(request.user, comparison_id)
+    made, errors = league.simulate_all(request.user, comparison)
+    table = league.table(comparison, target=compare_views.DEFAULT_TARGET)
+    return JsonResponse({"simulated": [r.pk for r in made], "errors": errors, "league": table}, status=201)

@@ -86,3 +86,15 @@ class ComparisonRun(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["comparison", "run"], name="unique_comparison_run")]
+
+
+class ComparisonSimulation(models.Model):
+    """One simulated run of a comparison's configuration at a scale of the league table
+    (compare/league.py): the run is a simulated run like any (runs/simulation.py); the
+    newest per configuration and scale is the one the league shows."""
+
+    comparison = models.ForeignKey(Comparison, on_delete=models.CASCADE, related_name="simulations")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="league_links")
+    configuration = models.CharField(max_length=120, help_text="The entry of `configurations` it simulated.")
+    model = models.CharField(max_length=20, help_text="The simulated model shape (7B, 32B).")
+    gpus = models.IntegerField(help_text="The simulated cluster's GPUs.")

@@ -11,4 +11,10 @@ urlpatterns = [
     path("comparisons/new/", views.comparison_new, name="comparison-new"),
     path("comparisons/<int:comparison_id>/", views.comparison, name="comparison"),
     path("comparisons/<int:comparison_id>/rerun/", views.comparison_rerun, name="comparison-rerun"),
+    path("comparisons/<int:comparison_id>/league/", views.comparison_league, name="comparison-league"),
+    path(
+        "comparisons/<int:comparison_id>/league/simulate/",
+        views.comparison_league_simulate,
+        name="comparison-league-simulate",
+    ),
 ]

@@ -12,7 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from compare import actions, analysis
+from compare import actions, analysis, league
 from compare.models import SAVED_PREFIX, Comparison
 from configs.models import SavedConfig
 from foundation import jsonin
@@ -295,3 +295,69 @@ def comparison_rerun(request: HttpRequest, comparison_id: int) -> HttpResponse:
         runs = actions.do_rerun_comparison(request.user, found, rerun)
         messages.success(request, f"Queued {len(runs)} more runs; the earlier ones stay.")
     return redirect(found)
+
+
+# --- the league table ---------------------------------------------------------------------
+
+
+def _number(value: float | None, key: str) -> str:
+    """A league cell as the page shows it: fractions as percentages, bytes in MB."""
+    if value is None:
+        return "—"
+    if key.endswith("trainer_idle"):
+        return f"{100 * value:.0f}%"
+    if key == "sync_bytes":
+        return f"{value / 1e6:.2f} MB"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+@login_required
+@require_GET
+def comparison_league(request: HttpRequest, comparison_id: int) -> HttpResponse:
+    """The comparison's league table: one row per configuration, sortable by any column
+    (league.js), each cell a link to the runs behind it."""
+    try:
+        found = actions.check_comparison_access(request.user, comparison_id)
+        target = float_param(request, "target", DEFAULT_TARGET)
+    except ActionError as exc:
+        if exc.http_status == 404:
+            raise Http404(exc.message) from None
+        return HttpResponse(exc.message, status=exc.http_status, content_type="text/plain; charset=utf-8")
+    table = league.table(found, target=target)
+    columns = table["columns"]
+    rows = [
+        {
+            **row,
+            "shown": [
+                {
+                    "key": col["key"],
+                    "text": _number(row["cells"][col["key"]]["value"], col["key"]),
+                    "sort": row["cells"][col["key"]]["value"],
+                    "url": row["cells"][col["key"]]["url"],
+                    "best": row["configuration"] in table["best"][col["key"]],
+                }
+                for col in columns
+            ],
+        }
+        for row in table["rows"]
+    ]
+    context = {"comparison": found, "league": table, "columns": columns, "rows": rows, "target": target}
+    return render(request, "compare/league.html", context)
+
+
+@login_required
+@require_POST
+def comparison_league_simulate(request: HttpRequest, comparison_id: int) -> HttpResponse:
+    try:
+        found = actions.check_comparison_access(request.user, comparison_id)
+    except ActionError as exc:
+        raise Http404(exc.message) from None
+    try:
+        made, errors = league.simulate_all(request.user, found)
+    except ActionError as exc:
+        messages.error(request, f"Nothing was simulated: {exc.message}")
+    else:
+        messages.success(request, f"Simulated {len(made)} runs at {len(league.SCALES)} scales.")
+        for cell, why in errors.items():
+            messages.error(request, f"{cell}: {why}")
+    return redirect("compare:comparison-league", comparison_id=found.pk)

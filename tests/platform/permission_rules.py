@@ -132,6 +132,10 @@ ASKS: dict[str, list[Ask]] = {
     "api:comparison-rerun": [
         Ask("POST", lambda w: f"/api/comparisons/{w.comparison.pk}/rerun", "member", lambda w: {"seeds": [5]})
     ],
+    "api:comparison-league": [Ask("GET", lambda w: f"/api/comparisons/{w.comparison.pk}/league", "viewer")],
+    "api:comparison-league-simulate": [
+        Ask("POST", lambda w: f"/api/comparisons/{w.comparison.pk}/league/simulate", "member", lambda w: {})
+    ],
     "api:team-members": [
         Ask("GET", lambda w: f"/api/teams/{w.team.slug}/members", "viewer"),
         Ask(
@@ -245,6 +249,19 @@ ASKS: dict[str, list[Ask]] = {
         ),
     ],
     "compare:comparison": [Ask("GET", lambda w: f"/comparisons/{w.comparison.pk}/", "viewer", json=False)],
+    "compare:comparison-league": [
+        Ask("GET", lambda w: f"/comparisons/{w.comparison.pk}/league/", "viewer", json=False)
+    ],
+    "compare:comparison-league-simulate": [
+        Ask(
+            "POST",
+            lambda w: f"/comparisons/{w.comparison.pk}/league/simulate/",
+            "member",
+            lambda w: {},
+            json=False,
+            form=True,
+        )
+    ],
     "compare:comparison-rerun": [
         Ask(
             "POST",

@@ -1,0 +1,144 @@
+"""The league table: every built-in preset run on one workload and seeds here, through a
+running Rollway site, then simulated at 7B and 32B on 64 and 512 GPUs; printed as the
+markdown docs/league.md holds, with the date and the command.
+
+Launches one comparison (`POST /api/comparisons`) of every preset (or `--presets`) ×
+`--seeds` with `--overrides` shared by every run, waits until each run has ended, asks the
+site to simulate each preset at the league's scales (`POST
+/api/comparisons/<id>/league/simulate`), and prints the league (`GET
+/api/comparisons/<id>/league`): one row per preset, the measured figures (mean over the
+seeds) and the simulated ones, then what each preset only approximates of its library.
+`--comparison ID` prints the league of a comparison already on the site instead.
+
+    ROLLWAY_MAX_RUNNING=1 python manage.py up --port 8050 &
+    .venv/bin/python bench/league.py --url http://127.0.0.1:8050 --seeds 0
+    .venv/bin/python bench/league.py --url http://127.0.0.1:8050 --comparison 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import httpx
+from compare_presets import SiteError, check, fmt, pick_team, wait_for_runs
+from reward_via_platform import login, post
+
+# One workload for every preset: the default task, its held-out split evaluated every 5
+# steps (the pass@1 gain column), 30 steps, one torch thread per actor so that no preset
+# gets more of the host than another.
+WORKLOAD = {
+    "inference": {"backend": "torch"},
+    "eval": {"every_steps": 5, "num_prompts": 32},
+    "stop": {"max_steps": 30, "max_minutes": 10},
+    "placement": {"cpu_threads": 1},
+}
+
+
+def cell_text(key: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if key.endswith("trainer_idle"):
+        return f"{100 * value:.0f}%"
+    if key == "sync_bytes":
+        return f"{value / 1e6:.2f} MB"
+    return fmt(value)
+
+
+def league_markdown(league: dict) -> str:
+    """The league as a markdown table (★: the best of a column), then each preset's
+    approximations."""
+    columns = league["columns"]
+    header = ["preset"] + [f"{c['label']} ({c['group'].removeprefix('simulated: ')})" for c in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in league["rows"]:
+        cells = [row["configuration"]]
+        for col in columns:
+            value = row["cells"][col["key"]]["value"]
+            best = row["configuration"] in league["best"][col["key"]]
+            cells.append(cell_text(col["key"], value) + (" ★" if best and value is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- **{r['configuration']}**: {r['approximates']}" for r in league["rows"] if r["approximates"]]
+    if notes:
+        lines += ["", "Where a preset approximates its library:", "", *notes]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--user", default="demo")
+    p.add_argument("--password", default="demo")
+    p.add_argument("--team", default=None, help="team id, slug or name (default: your only team, or demo)")
+    p.add_argument("--presets", default="", help="comma-separated preset names (default: every built-in preset)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    p.add_argument("--overrides", default=json.dumps(WORKLOAD), help="JSON merged onto every preset")
+    p.add_argument("--target", type=float, default=0.8, help="the reward time to target aims at")
+    p.add_argument("--comparison", type=int, default=None, help="print the league of this comparison instead")
+    p.add_argument("--poll", type=float, default=15, help="seconds between polls")
+    p.add_argument("--timeout", type=float, default=6 * 3600, help="give up waiting after this many seconds")
+    args = p.parse_args()
+    try:
+        overrides = json.loads(args.overrides)
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError as exc:
+        sys.exit(f"--overrides must be JSON and --seeds comma-separated integers: {exc}")
+
+    t0 = time.monotonic()
+    with httpx.Client(base_url=args.url, timeout=300) as client:
+        try:
+            try:
+                login(client, args.user, args.password)
+            except KeyError:
+                sys.exit(f"{args.url} set no CSRF cookie on /accounts/login/: is a Rollway site there?")
+            comparison_id = args.comparison
+            if comparison_id is None:
+                team = pick_team(client, args.team)
+                presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+                if not presets:
+                    presets = [x["name"] for x in check(client.get("/api/presets"), "GET /api/presets")["presets"]]
+                body = {
+                    "team": team["id"],
+                    "name": f"league {time.strftime('%Y-%m-%d %H:%M')}",
+                    "configurations": presets,
+                    "seeds": seeds,
+                    "overrides": overrides,
+                }
+                comparison = check(post(client, "/api/comparisons", body), "POST /api/comparisons")
+                comparison_id = comparison["id"]
+                print(f"comparison {comparison_id}: {len(presets)} presets × seeds {seeds}", flush=True)
+                runs = wait_for_runs(client, comparison_id, poll_s=args.poll, timeout_s=args.timeout)
+                failed = [r for r in runs if r["status"] != "succeeded"]
+                for r in failed:
+                    print(f"run {r['id']} ({r['preset']}, seed {r['seed']}) {r['status']}: {r['error']}", flush=True)
+                simulated = check(
+                    post(client, f"/api/comparisons/{comparison_id}/league/simulate", {}), "POST league/simulate"
+                )
+                for cell, why in simulated["errors"].items():
+                    print(f"not simulated: {cell}: {why}", flush=True)
+            league = check(
+                client.get(f"/api/comparisons/{comparison_id}/league", params={"target": args.target}),
+                "GET league",
+            )
+        except httpx.TransportError as exc:
+            sys.exit(f"cannot reach the site at {args.url}: {exc!r} (is `manage.py up` running?)")
+        except SiteError as exc:
+            sys.exit(str(exc))
+
+    wl = league["workload"]
+    print(f"\n## League of comparison {comparison_id}, {time.strftime('%Y-%m-%d')}\n")
+    print(f"Measured here: seeds {seeds}, overrides {json.dumps(overrides)}, target reward {args.target}.")
+    print(
+        f"Simulated: {wl['steps']} steps of completions of median {wl['median_tokens']} and p90 "
+        f"{wl['p90_tokens']} tokens (cut at {wl['max_tokens']}), {wl['group_size']} per prompt.\n"
+    )
+    print(league_markdown(league))
+    print(f"\nleague page: {args.url.rstrip('/')}/comparisons/{comparison_id}/league/")
+    print(f"wall time {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
