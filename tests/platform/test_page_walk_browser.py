@@ -496,6 +496,11 @@ def test_every_page_a_user_reaches_shows_only_what_applies_and_lays_out_cleanly(
             page.evaluate("() => window.scrollTo(0, 0)")
             walk.look("compare")
 
+            # Its league table: one row per configuration, the wide table scrolling in its box.
+            page.click("#league-link")
+            expect(page.locator("#league-table tbody tr")).to_have_count(1)
+            walk.look("league")
+
             page.goto(f"{base}/teams/")
             walk.look("teams")
 
