@@ -30,7 +30,9 @@ def finished_run(comparison: Comparison, configuration: str, seed: int, series: 
         config=build(configuration, {"seed": seed}).model_dump(mode="json"),
         status=Run.Status.SUCCEEDED,
     )
-    points = [(name, step, v, 1000.0 + step) for name, values in series.items() for step, v in enumerate(values, 1)]
+    points = [
+        (name, step, float(v), 1000.0 + step) for name, values in series.items() for step, v in enumerate(values, 1)
+    ]
     MetricPoint.objects.upsert(run.pk, points)
     ComparisonRun.objects.create(comparison=comparison, run=run, configuration=configuration)
     return run
