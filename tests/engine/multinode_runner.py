@@ -14,6 +14,7 @@ worker does, and prints its answer as JSON on a line that starts with RESULT.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import ray
@@ -23,6 +24,7 @@ from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name,
 from workers.core.worker_process import runtime_env
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch, on_the_head
+from workers.run.paths import Confinement
 
 
 def run(spec: dict) -> dict:
@@ -38,9 +40,25 @@ def run(spec: dict) -> dict:
 
 
 def launch_detached(spec: dict) -> dict:
-    """A run launched as the platform launches it (a detached driver); returns at once."""
+    """A run launched as the platform launches it (a detached driver); returns at once.
+    `checkpoint_root` (optional): where it writes its checkpoints; `resume_from`
+    (optional): the checkpoint it resumes from."""
     cfg = build(spec["preset"], spec["config"]).model_dump(mode="json")
-    name = launch(spec["run_id"], cfg, ingest_url=spec["ingest_url"], token=spec["token"], cache_dir=spec["cache_dir"])
+    # As a driver lays out a run given no confinement, with the checkpoint root added.
+    confinement = Confinement(
+        scratch_root=os.path.join(spec["cache_dir"], "scratch"),
+        export_root=os.path.join(spec["cache_dir"], "exports"),
+        checkpoint_root=spec.get("checkpoint_root", ""),
+    )
+    name = launch(
+        spec["run_id"],
+        cfg,
+        ingest_url=spec["ingest_url"],
+        token=spec["token"],
+        cache_dir=spec["cache_dir"],
+        confinement=confinement,
+        resume_from=spec.get("resume_from"),
+    )
     return {"driver": name}
 
 

@@ -11,7 +11,9 @@ this machine).
   tests/engine/test_learning.py's to show; a 2-rank pool trains as one rank does,
   tests/engine/test_trainer_pool.py.)
 - The second node killed mid-run: the run fails within a minute with a sentence naming
-  the node, and nothing of it is left behind (last: the node stays dead).
+  the node, and nothing of it is left behind; its last checkpoint accounts for every
+  row it had drawn, and resumed on the head alone the run closes its prompt ledger
+  (last: the node stays dead).
 
 What happens in Ray happens in a process of its own (tests/engine/multinode_runner.py),
 joined to this cluster as the platform's worker would be: this pytest process has run
@@ -34,7 +36,9 @@ import pytest
 from ops.local_cluster import LocalCluster, Node
 from tests.engine.helpers import TOKEN, assert_exact_sync, wait_for
 from tests.engine.ingest_stub import IngestStub
-from workers.config.presets import deep_merge
+from workers.config.presets import build, deep_merge
+from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, list_checkpoints
+from workers.run.ledger import LedgerTotals
 
 pytestmark = pytest.mark.slow
 
@@ -126,10 +130,14 @@ def test_weights_cross_the_nodes_exactly_by_every_protocol_that_can(nodes, cache
     assert all(v > 0 for v in s["sync/latency_ms"].values())  # the weights crossed to the other node
 
 
-def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing(nodes, cache_dir):
-    config = deep_merge(SPLIT, {"stop": {"max_steps": 100_000, "max_minutes": 10}})
+def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_resumes_accounting_for_every_row(
+    nodes, cache_dir, tmp_path
+):
+    root = str(tmp_path / "checkpoints")
+    checkpointed = {"every_steps": 1, "keep_last": 2}
+    config = deep_merge(SPLIT, {"stop": {"max_steps": 100_000, "max_minutes": 10}, "checkpoint": checkpointed})
     with IngestStub(token=TOKEN) as stub:
-        spec = {"run_id": 9421, "preset": "async", "config": config, "cache_dir": cache_dir}
+        spec = {"run_id": 9421, "preset": "async", "config": config, "cache_dir": cache_dir, "checkpoint_root": root}
         in_cluster(nodes, "launch", {**spec, "ingest_url": stub.url, "token": TOKEN})
         wait_for(lambda: len(stub.series(9421).get("reward/mean", {})) >= 2, 240, "two trained steps")
         pools = {row["actor"]: row["labels"].get("pool") for row in stub.placement[9421]}  # told to the site
@@ -139,10 +147,36 @@ def test_the_second_node_lost_mid_run_fails_the_run_naming_it_and_leaves_nothing
         failed_in = time.time() - killed_at
         error = stub.errors[9421]
         kinds = [body.get("error_kind") for kind, run, body in stub.requests if kind == "status" and run == 9421]
-    assert kinds[-1] == "node_lost"  # what the site resumes from a checkpoint while restarts are left
-    print(f"\nfailed {failed_in:.1f} s after the node was killed: {error}")
-    assert failed_in < 60
-    assert error.startswith("The run lost a node: ") and "pool=train" in error and "left the cluster" in error, error
-    assert "trainer rank 0, trainer rank 1" in error and "inference worker" not in error, error
-    wait_for(lambda: not in_cluster(nodes, "left", {"run_id": 9421})["actors"], 30, "the run's actors to be gone")
-    assert in_cluster(nodes, "left", {"run_id": 9421})["groups"] == ["REMOVED"]
+        assert kinds[-1] == "node_lost"  # what the site resumes from a checkpoint while restarts are left
+        print(f"\nfailed {failed_in:.1f} s after the node was killed: {error}")
+        assert failed_in < 60
+        assert error.startswith("The run lost a node: ") and "pool=train" in error and "left the cluster" in error
+        assert "trainer rank 0, trainer rank 1" in error and "inference worker" not in error, error
+        wait_for(lambda: not in_cluster(nodes, "left", {"run_id": 9421})["actors"], 30, "the run's actors to be gone")
+        assert in_cluster(nodes, "left", {"run_id": 9421})["groups"] == ["REMOVED"]
+
+        # The prompt ledger across the node's loss: the last checkpoint the run completed
+        # accounts for every row it had drawn, and the run resumed from it on the head
+        # alone (one rank: the pool's node is gone) trains on and closes its ledger.
+        batch = build("async", config).trainer.batch_groups
+        last = list_checkpoints(root, 9421)[-1]
+        ckpt = Checkpoint(last["location"])
+        at_checkpoint = LedgerTotals.of(ckpt.load_json(INFERENCE), ckpt.load_json(BUFFER))
+        assert at_checkpoint.unaccounted == 0 and at_checkpoint.trained == batch * last["step"], at_checkpoint
+        steps = last["step"] + 1
+        alone = deep_merge(
+            config,
+            {
+                "placement": {"trainer_node": None},
+                "trainer": {"num_ranks": 1, "backend": "single"},
+                "stop": {"max_steps": steps},
+            },
+        )
+        resumed = {**spec, "run_id": 9422, "config": alone, "resume_from": last["location"]}
+        in_cluster(nodes, "launch", {**resumed, "ingest_url": stub.url, "token": TOKEN})
+        wait_for(lambda: stub.status.get(9422) in ("succeeded", "failed"), 240, "the resumed run to end")
+        assert stub.status[9422] == "succeeded", stub.errors.get(9422)
+        wait_for(lambda: not in_cluster(nodes, "left", {"run_id": 9422})["actors"], 60, "the resumed run to go")
+        ledger = {name: max(p.items())[1] for name, p in stub.series(9422).items() if name.startswith("ledger/")}
+    assert ledger.get("ledger/unaccounted") == 0, ledger
+    assert ledger["ledger/trained"] == batch * steps and ledger["ledger/drawn"] >= at_checkpoint.drawn
