@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from django.db import transaction
 from django.urls import reverse
 
 from compare.analysis import run_figures
@@ -151,11 +150,12 @@ def simulate(user, comparison: Comparison, configuration: Any, scale: Scale) -> 
         saved_config=saved,
         overrides=_scale_config(scale),
     )
-    with transaction.atomic():
-        run = do_simulate_run(user, launch, sim)
-        ComparisonSimulation.objects.create(
-            comparison=comparison, run=run, configuration=configuration, model=scale.model, gpus=scale.gpus
-        )
+    # Not one transaction with the run's: do_simulate_run simulates before it opens its
+    # own, so that no lock is held for the seconds the simulator takes.
+    run = do_simulate_run(user, launch, sim)
+    ComparisonSimulation.objects.create(
+        comparison=comparison, run=run, configuration=configuration, model=scale.model, gpus=scale.gpus
+    )
     return run
 
 
