@@ -146,44 +146,64 @@ def wait_for_runs(client: httpx.Client, comparison_id: int, *, poll_s: float, ti
         time.sleep(poll_s)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_site_arguments(p: argparse.ArgumentParser, *, seeds: str) -> None:
+    """The arguments every bench that launches a comparison through a site takes."""
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--user", default="demo")
     p.add_argument("--password", default="demo")
     p.add_argument("--team", default=None, help="team id, slug or name (default: your only team, or demo)")
     p.add_argument("--presets", default="", help="comma-separated preset names (default: every built-in preset)")
-    p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    p.add_argument("--seeds", default=seeds, help="comma-separated seeds")
+    p.add_argument("--poll", type=float, default=15, help="seconds between polls")
+
+
+def parse_seeds(raw: str, overrides: str) -> tuple[list[int], dict]:
+    """--seeds and --overrides, or exit saying what they must be."""
+    try:
+        return [int(s) for s in raw.split(",") if s.strip()], json.loads(overrides)
+    except ValueError as exc:
+        sys.exit(f"--overrides must be JSON and --seeds comma-separated integers: {exc}")
+
+
+def log_in(client: httpx.Client, args: argparse.Namespace) -> None:
+    try:
+        login(client, args.user, args.password)
+    except KeyError:
+        sys.exit(f"{args.url} set no CSRF cookie on /accounts/login/: is a Rollway site there?")
+
+
+def launch_comparison(
+    client: httpx.Client, args: argparse.Namespace, name: str, seeds: list[int], overrides: dict
+) -> tuple[dict, dict, list[str]]:
+    """Launch one comparison of --presets (default: every built-in preset) × `seeds` in
+    --team: (the comparison as the site answers, the team, the presets)."""
+    team = pick_team(client, args.team)
+    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+    if not presets:
+        presets = [x["name"] for x in check(client.get("/api/presets"), "GET /api/presets")["presets"]]
+    body = {"team": team["id"], "name": name, "configurations": presets, "seeds": seeds}
+    if overrides:
+        body["overrides"] = overrides
+    return check(post(client, "/api/comparisons", body), "POST /api/comparisons"), team, presets
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_site_arguments(p, seeds="0,1")
     p.add_argument("--overrides", default="{}", help="JSON merged onto every configuration")
     p.add_argument("--name", default=None, help="the comparison's name (default: presets <time>)")
     p.add_argument("--target", type=float, default=None, help="reward target of the summary (site default 0.8)")
     p.add_argument("--budget", type=float, default=None, help="wall-time budget, s (site default 60)")
-    p.add_argument("--poll", type=float, default=15, help="seconds between polls")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="give up waiting after this many seconds")
     args = p.parse_args()
-
-    try:
-        overrides = json.loads(args.overrides)
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError as exc:
-        sys.exit(f"--overrides must be JSON and --seeds comma-separated integers: {exc}")
+    seeds, overrides = parse_seeds(args.seeds, args.overrides)
 
     t_start = time.monotonic()
     with httpx.Client(base_url=args.url, timeout=60) as client:
         try:
-            try:
-                login(client, args.user, args.password)
-            except KeyError:
-                sys.exit(f"{args.url} set no CSRF cookie on /accounts/login/: is a Rollway site there?")
-            team = pick_team(client, args.team)
-            presets = [s.strip() for s in args.presets.split(",") if s.strip()]
-            if not presets:
-                presets = [x["name"] for x in check(client.get("/api/presets"), "GET /api/presets")["presets"]]
+            log_in(client, args)
             name = args.name or f"presets {time.strftime('%Y-%m-%d %H:%M')}"
-            body = {"team": team["id"], "name": name, "configurations": presets, "seeds": seeds}
-            if overrides:
-                body["overrides"] = overrides
-            comparison = check(post(client, "/api/comparisons", body), "POST /api/comparisons")
+            comparison, team, presets = launch_comparison(client, args, name, seeds, overrides)
             print(
                 f"comparison {comparison['id']} {name!r} in team {team['name']}: {len(presets)} presets × "
                 f"seeds {seeds} = {len(comparison['runs'])} runs queued; overrides={json.dumps(overrides)}",

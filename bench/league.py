@@ -23,8 +23,8 @@ import sys
 import time
 
 import httpx
-from compare_presets import SiteError, check, fmt, pick_team, wait_for_runs
-from reward_via_platform import login, post
+from compare_presets import SiteError, add_site_arguments, check, launch_comparison, log_in, parse_seeds, wait_for_runs
+from reward_via_platform import post
 
 # One workload for every preset: the default task, its held-out split evaluated every 5
 # steps (the pass@1 gain column), 30 steps, one torch thread per actor so that no preset
@@ -37,16 +37,6 @@ WORKLOAD = {
 }
 
 
-def cell_text(key: str, value: float | None) -> str:
-    if value is None:
-        return "—"
-    if key.endswith("trainer_idle"):
-        return f"{100 * value:.0f}%"
-    if key == "sync_bytes":
-        return f"{value / 1e6:.2f} MB"
-    return fmt(value)
-
-
 def league_markdown(league: dict) -> str:
     """The league as a markdown table (★: the best of a column), then each preset's
     approximations."""
@@ -56,9 +46,9 @@ def league_markdown(league: dict) -> str:
     for row in league["rows"]:
         cells = [row["configuration"]]
         for col in columns:
-            value = row["cells"][col["key"]]["value"]
+            cell = row["cells"][col["key"]]  # as the league page shows it
             best = row["configuration"] in league["best"][col["key"]]
-            cells.append(cell_text(col["key"], value) + (" ★" if best and value is not None else ""))
+            cells.append(cell["text"] + (" ★" if best and cell["value"] is not None else ""))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- **{r['configuration']}**: {r['approximates']}" for r in league["rows"] if r["approximates"]]
     if notes:
@@ -68,51 +58,28 @@ def league_markdown(league: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--user", default="demo")
-    p.add_argument("--password", default="demo")
-    p.add_argument("--team", default=None, help="team id, slug or name (default: your only team, or demo)")
-    p.add_argument("--presets", default="", help="comma-separated preset names (default: every built-in preset)")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    add_site_arguments(p, seeds="0")
     p.add_argument("--overrides", default=json.dumps(WORKLOAD), help="JSON merged onto every preset")
     p.add_argument("--target", type=float, default=0.8, help="the reward time to target aims at")
     p.add_argument("--comparison", type=int, default=None, help="print the league of this comparison instead")
-    p.add_argument("--poll", type=float, default=15, help="seconds between polls")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="give up waiting after this many seconds")
     args = p.parse_args()
-    try:
-        overrides = json.loads(args.overrides)
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError as exc:
-        sys.exit(f"--overrides must be JSON and --seeds comma-separated integers: {exc}")
+    seeds, overrides = parse_seeds(args.seeds, args.overrides)
 
     t0 = time.monotonic()
     with httpx.Client(base_url=args.url, timeout=300) as client:
         try:
-            try:
-                login(client, args.user, args.password)
-            except KeyError:
-                sys.exit(f"{args.url} set no CSRF cookie on /accounts/login/: is a Rollway site there?")
+            log_in(client, args)
             comparison_id = args.comparison
             if comparison_id is None:
-                team = pick_team(client, args.team)
-                presets = [s.strip() for s in args.presets.split(",") if s.strip()]
-                if not presets:
-                    presets = [x["name"] for x in check(client.get("/api/presets"), "GET /api/presets")["presets"]]
-                body = {
-                    "team": team["id"],
-                    "name": f"league {time.strftime('%Y-%m-%d %H:%M')}",
-                    "configurations": presets,
-                    "seeds": seeds,
-                    "overrides": overrides,
-                }
-                comparison = check(post(client, "/api/comparisons", body), "POST /api/comparisons")
+                name = f"league {time.strftime('%Y-%m-%d %H:%M')}"
+                comparison, _, presets = launch_comparison(client, args, name, seeds, overrides)
                 comparison_id = comparison["id"]
                 print(f"comparison {comparison_id}: {len(presets)} presets × seeds {seeds}", flush=True)
                 runs = wait_for_runs(client, comparison_id, poll_s=args.poll, timeout_s=args.timeout)
-                failed = [r for r in runs if r["status"] != "succeeded"]
-                for r in failed:
-                    print(f"run {r['id']} ({r['preset']}, seed {r['seed']}) {r['status']}: {r['error']}", flush=True)
+                for r in runs:
+                    if r["status"] != "succeeded":
+                        print(f"run {r['id']} ({r['preset']}, seed {r['seed']}) {r['status']}: {r['error']}")
                 simulated = check(
                     post(client, f"/api/comparisons/{comparison_id}/league/simulate", {}), "POST league/simulate"
                 )

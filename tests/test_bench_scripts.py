@@ -1000,16 +1000,22 @@ def test_league_markdown_has_a_row_per_preset_marks_the_best_and_lists_approxima
         {"key": "7B@64:trainer_idle", "label": "trainer idle", "group": "simulated: 7B on 64 GPUs"},
     ]
 
+    def cell(value, text):  # as the site's league gives it
+        return {"value": value, "text": text}
+
     def row(name, samples, idle, approximates=""):
-        cells = {"samples_per_s": {"value": samples}, "7B@64:trainer_idle": {"value": idle}}
+        cells = {"samples_per_s": cell(*samples), "7B@64:trainer_idle": cell(*idle)}
         return {"configuration": name, "cells": cells, "approximates": approximates}
 
     league = {
         "columns": columns,
-        "rows": [row("async", 12.5, 0.25), row("slime", None, 0.5, "Cannot reproduce: OPSM")],
+        "rows": [
+            row("async", (12.5, "12.5"), (0.25, "25%")),
+            row("slime", (None, "—"), (0.5, "50%"), "Cannot reproduce: OPSM"),
+        ],
         "best": {"samples_per_s": [], "7B@64:trainer_idle": ["async"]},
     }
     lines = lg.league_markdown(league).splitlines()
     assert lines[0] == "| preset | samples/s (measured here) | trainer idle (7B on 64 GPUs) |"
-    assert lines[2] == "| async | 12.50 | 25% ★ |" and lines[3] == "| slime | — | 50% |"
+    assert lines[2] == "| async | 12.5 | 25% ★ |" and lines[3] == "| slime | — | 50% |"
     assert lines[-1] == "- **slime**: Cannot reproduce: OPSM"

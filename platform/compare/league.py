@@ -190,13 +190,26 @@ def _pass_gains(runs: list[Run], figures: dict[int, dict]) -> dict[int, float | 
     return out
 
 
-def _cell(values: list[float], url: str) -> dict:
-    return {"value": fmean(values) if values else None, "n": len(values), "url": url}
+def text(key: str, value: float | None) -> str:
+    """A cell as the page and bench/league.py show it: fractions as percentages, bytes in
+    MB, three significant digits below 1,000."""
+    if value is None:
+        return "—"
+    if key.endswith("trainer_idle"):
+        return f"{100 * value:.0f}%"
+    if key == "sync_bytes":
+        return f"{value / 1e6:.2f} MB"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _cell(key: str, values: list[float], url: str) -> dict:
+    value = fmean(values) if values else None
+    return {"value": value, "text": text(key, value), "n": len(values), "url": url}
 
 
 def table(comparison: Comparison, *, target: float) -> dict:
     """{"columns", "scales", "rows": [{configuration, approximates, runs, cells:
-    {column key: {value, n, url}}}], "best": {column key: [configuration]}}: the league of
+    {column key: {value, text, n, url}}}], "best": {column key: [configuration]}}: the league of
     `comparison`'s finished runs (runs still going are left out until they end)."""
     runs = list(
         comparison.runs.filter(simulated=False, status=Run.Status.SUCCEEDED)
@@ -219,7 +232,7 @@ def table(comparison: Comparison, *, target: float) -> dict:
         mine = [r for r in runs if configuration_of.get(r.pk) == configuration]
         compare_url = f"{reverse('compare:page')}?runs={','.join(str(r.pk) for r in mine)}" if mine else ""
         cells = {
-            col.key: _cell([v for r in mine if (v := figures[r.pk][col.key]) is not None], compare_url)
+            col.key: _cell(col.key, [v for r in mine if (v := figures[r.pk][col.key]) is not None], compare_url)
             for col in MEASURED
         }
         for scale in SCALES:
@@ -231,7 +244,8 @@ def table(comparison: Comparison, *, target: float) -> dict:
                 ("samples_per_s", summary.get("samples_per_s")),
                 ("trainer_idle", None if busy is None else 1.0 - busy),
             ):
-                cells[f"{scale.key}:{name}"] = {"value": value, "n": int(value is not None), "url": url}
+                key = f"{scale.key}:{name}"
+                cells[key] = {"value": value, "text": text(key, value), "n": int(value is not None), "url": url}
         rows.append(
             {
                 "configuration": configuration,

@@ -300,17 +300,6 @@ def comparison_rerun(request: HttpRequest, comparison_id: int) -> HttpResponse:
 # --- the league table ---------------------------------------------------------------------
 
 
-def _number(value: float | None, key: str) -> str:
-    """A league cell as the page shows it: fractions as percentages, bytes in MB."""
-    if value is None:
-        return "—"
-    if key.endswith("trainer_idle"):
-        return f"{100 * value:.0f}%"
-    if key == "sync_bytes":
-        return f"{value / 1e6:.2f} MB"
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
 @login_required
 @require_GET
 def comparison_league(request: HttpRequest, comparison_id: int) -> HttpResponse:
@@ -331,7 +320,7 @@ def comparison_league(request: HttpRequest, comparison_id: int) -> HttpResponse:
             "shown": [
                 {
                     "key": col["key"],
-                    "text": _number(row["cells"][col["key"]]["value"], col["key"]),
+                    "text": row["cells"][col["key"]]["text"],
                     "sort": row["cells"][col["key"]]["value"],
                     "url": row["cells"][col["key"]]["url"],
                     "best": row["configuration"] in table["best"][col["key"]],

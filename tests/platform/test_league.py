@@ -86,7 +86,7 @@ def test_each_configuration_is_a_row_of_its_runs_means_each_cell_linking_to_them
     assert rows["async"]["runs"] == [a0.pk, a1.pk]
     assert got["best"]["samples_per_s"] == ["async"] and got["best"]["staleness_mean"] == ["sync"]
     # Nothing simulated yet: every simulated cell empty and unlinked.
-    assert all(a[f"{s.key}:samples_per_s"] == {"value": None, "n": 0, "url": ""} for s in league.SCALES)
+    assert all(a[f"{s.key}:samples_per_s"] == {"value": None, "text": "—", "n": 0, "url": ""} for s in league.SCALES)
 
 
 def test_simulating_fills_each_scale_with_a_simulated_run_the_cell_links_to(client_for, owner, comparison):
