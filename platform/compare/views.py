@@ -268,14 +268,19 @@ def comparison_new(request: HttpRequest) -> HttpResponse:
     return render(request, "compare/comparison_new.html", context, status=status if errors else 200)
 
 
+def _comparison_or_404(request: HttpRequest, comparison_id: int) -> Comparison:
+    """The comparison, if it is one of the user's teams'; a 404 page otherwise."""
+    try:
+        return actions.check_comparison_access(request.user, comparison_id)
+    except ActionError as exc:
+        raise Http404(exc.message) from None
+
+
 @login_required
 @require_GET
 def comparison(request: HttpRequest, comparison_id: int) -> HttpResponse:
     """The compare page of the comparison's runs, with its "Run again" button."""
-    try:
-        found = actions.check_comparison_access(request.user, comparison_id)
-    except ActionError as exc:
-        raise Http404(exc.message) from None
+    found = _comparison_or_404(request, comparison_id)
     runs = list(found.runs.select_related("experiment__team").order_by("pk"))
     return render(request, "compare/compare.html", {**page_context(runs), "comparison": found})
 
@@ -283,10 +288,7 @@ def comparison(request: HttpRequest, comparison_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def comparison_rerun(request: HttpRequest, comparison_id: int) -> HttpResponse:
-    try:
-        found = actions.check_comparison_access(request.user, comparison_id)
-    except ActionError as exc:
-        raise Http404(exc.message) from None
+    found = _comparison_or_404(request, comparison_id)
     try:
         rerun = actions.check_rerun(request.user, found, seeds=request.POST.get("seeds", "").strip() or None)
     except ActionError as exc:
@@ -337,10 +339,7 @@ def comparison_league(request: HttpRequest, comparison_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def comparison_league_simulate(request: HttpRequest, comparison_id: int) -> HttpResponse:
-    try:
-        found = actions.check_comparison_access(request.user, comparison_id)
-    except ActionError as exc:
-        raise Http404(exc.message) from None
+    found = _comparison_or_404(request, comparison_id)
     try:
         made, errors = league.simulate_all(request.user, found)
     except ActionError as exc:
