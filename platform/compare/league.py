@@ -119,15 +119,6 @@ def _scale_config(scale: Scale) -> dict:
     return {"trainer": {"batch_groups": max(32, min(512, scale.gpus)), "group_size": GROUP_SIZE}}
 
 
-def check_scale(model: Any, gpus: Any) -> Scale:
-    """One of SCALES, or ActionError naming the field."""
-    for scale in SCALES:
-        if (model, gpus) == (scale.model, scale.gpus):
-            return scale
-    choices = ", ".join(f"{s.model} × {s.gpus}" for s in SCALES)
-    raise ActionError({"scale": f"the league simulates {choices} (got {model!r} × {gpus!r})"})
-
-
 def simulate(user, comparison: Comparison, configuration: Any, scale: Scale) -> Run:
     """Simulate one of the comparison's configurations at `scale` and link the simulated
     run to it: the cell's newest simulation is the one the league shows. The user needs
