@@ -239,3 +239,68 @@ def test_any_config_runs_to_its_last_step_within_its_staleness(
     run = simulate(cfg, Cluster(gpus, inference_share=share), workload, steps=8, seed=1)
     assert len(run.series["staleness/max"]) == 8
     assert max(v for _, v in run.series["staleness/max"]) <= cfg.buffer.max_staleness
+
+
+def test_a_mixture_of_experts_computes_with_its_active_parameters_and_stores_them_all():
+    """shape_of reads a mixture of experts from its config and state dict: every
+    parameter stored and sent, a token's experts computed, each expert's projections a
+    checkpoint tensor of their own; a hybrid-attention model keeps KV in its
+    full-attention layers only."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3MoeConfig
+
+    from workers.simulate.costs import TrainCost, shape_of_config
+
+    moe = Qwen3MoeConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+    )  # fmt: skip
+    shape = shape_of_config(moe, "tiny-moe")
+    experts = 2 * 8 * 3 * 64 * 32  # layers × experts × (gate, up, down) × hidden × expert width
+    assert shape.active_params == pytest.approx(shape.params - experts * (1 - 2 / 8))
+    non_expert_tensors = shape.tensors - 2 * 2  # the stacked gate_up and down of each layer
+    assert shape.checkpoint_tensors == non_expert_tensors + 2 * 8 * 3
+    dense = TrainCost(shape, ranks=1)
+    assert dense.seconds(1000) == pytest.approx(8 * shape.active_params * 1000 / (989e12 * 0.4))
+    decode = DecodeCost(shape)
+    assert decode.weight_bytes == 2 * shape.params
+    hybrid = shape_of_config(
+        Qwen3_5MoeTextConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, linear_num_key_heads=2, linear_num_value_heads=4,
+        ),
+        "tiny-hybrid",
+    )  # fmt: skip
+    assert hybrid.kv_layers == 2  # every fourth layer attends in full
+    assert hybrid.kv_bytes_per_token() == 2 * 2 * (2 * 16) * 2
+
+
+def test_a_data_parallel_pass_ends_with_the_rank_that_holds_the_longest_sequence():
+    from workers.simulate.costs import TrainCost
+
+    train = TrainCost(QWEN25_7B, ranks=64)
+    even = train.seconds(64 * 4096)
+    assert train.seconds(64 * 4096, [4096.0]) == pytest.approx(even)
+    # One 32K sequence in a pass of 4K per rank: the pass lasts 32K tokens' worth.
+    assert train.seconds(64 * 4096, [32768.0]) == pytest.approx(8 * even)
+    # Four minibatches (6·N each) each wait for their own longest; the π_old forward
+    # (2·N) once.
+    assert train.seconds(64 * 4096, [32768.0] * 4) == pytest.approx(8 * even * (4 * 6 + 2) / 8)
+
+
+def test_the_engine_colocates_one_worker_per_gpu_so_the_simulator_does():
+    with pytest.raises(ValueError, match="cluster.tp must be 1"):
+        simulate(config("sync", placement={"devices": "gpu", "mode": "colocated"}), Cluster(16, tp=4), TAILED, steps=2)
+
+
+def test_a_streaming_rollout_server_hands_each_group_over_as_it_ends():
+    """Streaming (verl's and AReaL's servers) runs each group as a lane of the worker's
+    batch: a group waits for its own longest completion, not its call's, so an async
+    run's trainer waits less for its batch than with the engine's call-at-a-time
+    workers, and the staleness bound still holds."""
+    cfg = config("pipelinerl", 64)
+    calls = simulate(cfg, Cluster(64, inference_share=0.5), TAILED, steps=20)
+    stream = simulate(cfg, Cluster(64, inference_share=0.5), TAILED, steps=20, streaming=True)
+    assert stream.summary["samples_per_s"] > calls.summary["samples_per_s"]
+    assert stream.summary["staleness_max"] <= cfg.buffer.max_staleness
+    assert stream.summary["inference_workers"] == calls.summary["inference_workers"] == 32

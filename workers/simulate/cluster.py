@@ -22,7 +22,8 @@ GPUS_PER_NODE = 8
 class Cluster:
     """`gpus` GPUs of one kind in nodes of `gpus_per_node`; `inference_share` of them
     generate (disaggregated), the rest train; `tp` GPUs per inference worker; nodes
-    joined by `inter_node` (InfiniBand unless said)."""
+    joined by `inter_node` (InfiniBand unless said), GPUs in a node by `intra_node`
+    (an H100's NVLink unless said)."""
 
     gpus: int
     inference_share: float = 0.5
@@ -30,6 +31,7 @@ class Cluster:
     device: Device = H100
     gpus_per_node: int = GPUS_PER_NODE
     inter_node: Link = INFINIBAND
+    intra_node: Link = NVLINK
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -63,15 +65,20 @@ class Layout:
 def layout(cluster: Cluster, placement_mode: str) -> Layout:
     """Disaggregated: `inference_share` of the GPUs (whole workers of `tp`) generate and
     the rest train; colocated: every GPU does both, in turns (the trainer and an
-    inference worker share each GPU)."""
+    inference worker share each GPU, tp 1, as the engine lays it out)."""
     g, tp = cluster.gpus, cluster.tp
     one_node = g <= cluster.gpus_per_node
-    intra_or_inter = NVLINK if one_node else cluster.inter_node
+    intra_or_inter = cluster.intra_node if one_node else cluster.inter_node
     if placement_mode == "colocated":
-        if g < tp:
-            raise ValueError(f"cluster.gpus ({g}) must be ≥ cluster.tp ({tp})")
+        if tp != 1:
+            # As the engine's config refuses it: Ray gives an actor a share of one GPU
+            # or whole GPUs, so a worker and a rank share one GPU, never half of two.
+            raise ValueError(
+                f"cluster.tp must be 1 with placement.mode 'colocated' (got {tp}): each GPU is shared by one "
+                "inference worker and one trainer rank; use placement.mode 'disaggregated' for tensor parallel workers"
+            )
         workers = g // tp
-        return Layout(workers, tp, g, True, NVLINK, intra_or_inter, math.ceil(g / cluster.gpus_per_node))
+        return Layout(workers, tp, g, True, cluster.intra_node, intra_or_inter, math.ceil(g / cluster.gpus_per_node))
     inference = math.floor(g * cluster.inference_share / tp) * tp
     trainer = g - inference
     if inference < tp or trainer < 1:
@@ -87,6 +94,6 @@ def layout(cluster: Cluster, placement_mode: str) -> Layout:
         trainer,
         False,
         intra_or_inter,
-        NVLINK if trainer <= cluster.gpus_per_node else cluster.inter_node,
+        cluster.intra_node if trainer <= cluster.gpus_per_node else cluster.inter_node,
         math.ceil(inference / cluster.gpus_per_node),
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,12 +41,25 @@ class Device:
 # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 at 3.35 TB/s, 989 TFLOP/s dense BF16; PCIe Gen5
 # x16 is 64 GB/s per direction, about 50 GB/s achieved by pinned copies.
 H100 = Device("H100", 80e9, 3.35e12, 989e12, 50e9)
+# NVIDIA H20 (HGX, the export part the verl recipes ran on): 96 GB HBM3 at 4.0 TB/s,
+# 148 TFLOP/s dense BF16 (296 with sparsity), PCIe Gen5. A seventh of an H100's compute
+# with more bandwidth: decode is bandwidth bound, training ~6.7× slower per GPU.
+H20 = Device("H20", 96e9, 4.0e12, 148e12, 50e9)
+# NVIDIA H800 SXM5 (AReaL's cluster): an H100 SXM5 with NVLink cut to 400 GB/s.
+H800 = Device("H800", 80e9, 3.35e12, 989e12, 50e9)
+DEVICES = {d.name: d for d in (H100, H20, H800)}
 
 
 @dataclass(frozen=True)
 class ModelShape:
     """What the costs need of a decoder-only transformer (a Hugging Face config's
-    num_hidden_layers, hidden_size, num_key_value_heads × head_dim, intermediate_size)."""
+    num_hidden_layers, hidden_size, num_key_value_heads × head_dim, intermediate_size).
+
+    A mixture of experts computes with the parameters a token is routed through
+    (`active_params`: the shared weights and num_experts_per_tok of num_experts) but
+    stores, reads per decode step (a batch of dozens touches every expert) and sends all
+    of them (`params`). A hybrid-attention model keeps a KV cache in its full-attention
+    layers only (`kv_layers`); linear-attention layers keep a fixed-size state."""
 
     name: str
     params: float
@@ -54,9 +68,19 @@ class ModelShape:
     kv_width: int  # num_key_value_heads × head_dim
     intermediate: int
     tensors: int  # parameter tensors in the state dict (messages of a per-tensor sync)
+    active_params: float | None = None  # None: dense, every parameter computes
+    kv_layers: int | None = None  # None: every layer attends with a KV cache
+    # Tensors of the model's Hugging Face checkpoint, one per expert projection, which a
+    # per-tensor sync from Megatron or FSDP sends one by one (None: `tensors`).
+    checkpoint_tensors: int | None = None
+
+    @property
+    def compute_params(self) -> float:
+        return self.params if self.active_params is None else self.active_params
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> float:
-        return 2 * self.layers * self.kv_width * dtype_bytes  # K and V, every layer
+        layers = self.layers if self.kv_layers is None else self.kv_layers
+        return 2 * layers * self.kv_width * dtype_bytes  # K and V, every attention layer
 
     def lora_params(self, rank: int) -> float:
         """A LoRA adapter on every linear layer (peft 'all-linear'): r·(in + out) each of
@@ -65,23 +89,54 @@ class ModelShape:
         return self.layers * rank * ((h + h) + 2 * (h + kv) + (h + h) + 2 * (h + i) + (i + h))
 
 
-def shape_of(model) -> ModelShape:
+def shape_of(model, name: str | None = None) -> ModelShape:
     """The shape of a loaded Hugging Face causal LM (a torch module with a `config`):
-    its config's text part for the layers and widths, its state dict for the parameter
-    and tensor counts."""
+    its config's text part for the layers, widths, experts and attention kinds, its
+    state dict for the parameter and tensor counts. Experts are the state dict's
+    `.experts.` tensors (transformers stacks each projection of all experts in one
+    tensor: num_experts × …); of those a token computes with num_experts_per_tok."""
     cfg = model.config.get_text_config()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     state = model.state_dict()
+    total = float(sum(t.numel() for t in state.values()))
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "n_routed_experts", None)
+    per_token = getattr(cfg, "num_experts_per_tok", None)
+    active = None
+    checkpoint_tensors = len(state)
+    if experts and per_token:
+        stacked = {n: t for n, t in state.items() if ".experts." in n}
+        routed = float(sum(t.numel() for t in stacked.values()))
+        active = total - routed * (1 - per_token / experts)
+        # A checkpoint holds each expert's gate, up and down projections apart.
+        unstacked = sum(experts * (2 if "gate_up" in n else 1) if t.dim() == 3 else 1 for n, t in stacked.items())
+        checkpoint_tensors += unstacked - len(stacked)
+    layer_types = getattr(cfg, "layer_types", None)
+    kv_layers = sum(1 for kind in layer_types if kind == "full_attention") if layer_types else None
+    intermediate = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "moe_intermediate_size", None) or 0)
     return ModelShape(
-        getattr(cfg, "name_or_path", "") or cfg.model_type,
-        float(sum(t.numel() for t in state.values())),
+        name or getattr(cfg, "name_or_path", "") or cfg.model_type,
+        total,
         cfg.num_hidden_layers,
         cfg.hidden_size,
         kv_heads * head_dim,
-        cfg.intermediate_size,
+        intermediate,
         len(state),
+        active,
+        kv_layers if kv_layers != cfg.num_hidden_layers else None,
+        checkpoint_tensors,
     )
+
+
+def shape_of_config(config, name: str) -> ModelShape:
+    """The shape of the causal LM a transformers config describes, built on the meta
+    device (no weights allocated: a 235B model in a fraction of a second)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return shape_of(model, name)
 
 
 # Qwen2.5-7B and -32B config.json (Hugging Face): 28 / 64 layers, hidden 3584 / 5120,
@@ -183,7 +238,7 @@ class DecodeCost:
     def step_seconds(self, batch: int, context: float) -> float:
         """One decode step of `batch` sequences at `context` tokens each (the roofline)."""
         memory = (self.weight_bytes + batch * context * self.model.kv_bytes_per_token(BF16)) / self.tp
-        flops = 2 * self.model.params * batch / self.tp
+        flops = 2 * self.model.compute_params * batch / self.tp
         seconds = max(
             memory / (self.device.hbm_bytes_per_s * self.bw_efficiency), flops / (self.device.bf16_flops * self.mfu)
         )
@@ -222,7 +277,7 @@ class DecodeCost:
         mem_s = (n * self.weight_bytes / tp + ctx * self.model.kv_bytes_per_token(BF16) / tp) / (
             self.device.hbm_bytes_per_s * self.bw_efficiency
         )
-        flop_s = 2 * self.model.params * b * n / tp / (self.device.bf16_flops * self.mfu)
+        flop_s = 2 * self.model.compute_params * b * n / tp / (self.device.bf16_flops * self.mfu)
         step_s = np.maximum(mem_s, flop_s) + (n * 2 * self.model.layers * TP_ALLREDUCE_S if tp > 1 else 0.0)
         prefill_s = self.prefill_seconds(m * self.prompt_tokens)
         t_at = np.concatenate(([0.0], np.cumsum(step_s))) + prefill_s
@@ -231,7 +286,7 @@ class DecodeCost:
 
     def prefill_seconds(self, tokens: float) -> float:
         """Compute-bound prefill (prompts, or kept tokens re-prefilled after an abort)."""
-        return 2 * self.model.params * tokens / self.tp / (self.device.bf16_flops * self.mfu)
+        return 2 * self.model.compute_params * tokens / self.tp / (self.device.bf16_flops * self.mfu)
 
     def load_seconds(self) -> float:
         """Putting staged weights into the engine: a device-to-device copy of its shard
@@ -241,6 +296,43 @@ class DecodeCost:
     def handoff_seconds(self) -> float:
         """A call's Ray calls to the buffer (admission, handing over the groups): a few
         milliseconds against calls of minutes at these sizes, so left out."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class StreamingDecode:
+    """Generation on a rollout server that streams (verl's and AReaL's): prompts are
+    submitted one by one, a freed slot takes the next at once, and each finished
+    sample leaves at once. Modelled as lanes of one group each sharing a worker's
+    continuous batch: every sequence advances one token per decode step of the full
+    batch (`running` sequences at their mean context), so a lane's call lasts as long as
+    its own group's longest completion, not the longest of the worker's whole share."""
+
+    inner: DecodeCost
+    step_s: float  # one decode step of the worker's full batch
+
+    @classmethod
+    def of(cls, inner: Decode, running: int, prompt_tokens: int, mean_completion: float) -> StreamingDecode:
+        if not isinstance(inner, DecodeCost):
+            raise ValueError("streaming generation needs the roofline's decode model, not measured costs")
+        # A running sequence is, on average, halfway through its completion.
+        return cls(inner, inner.step_seconds(running, prompt_tokens + mean_completion / 2))
+
+    def slots(self, mean_completion: float) -> int:
+        return self.inner.slots(mean_completion)
+
+    def call(self, lengths: np.ndarray, slots: int) -> CallProfile:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ends = self.inner.prefill_seconds(len(lengths) * self.inner.prompt_tokens) + lengths * self.step_s
+        return CallProfile(lengths, ends, float(ends.max()) if len(ends) else 0.0)
+
+    def prefill_seconds(self, tokens: float) -> float:
+        return self.inner.prefill_seconds(tokens)
+
+    def load_seconds(self) -> float:
+        return self.inner.load_seconds()
+
+    def handoff_seconds(self) -> float:
         return 0.0
 
 
@@ -266,7 +358,12 @@ TRAIN_MFU = 0.4
 
 @dataclass(frozen=True)
 class TrainCost:
-    """One training step over `ranks` GPUs (data parallel, weights sharded)."""
+    """One training step over `ranks` GPUs (data parallel, weights sharded).
+
+    Data parallelism splits a batch by whole sequences, so a pass ends when its busiest
+    rank ends: at best the pass's tokens spread evenly, at worst one rank holds the
+    longest sequence. Each minibatch (`trainer.minibatches`: one optimizer update each)
+    is such a pass, with its own gradient reduction."""
 
     model: ModelShape
     ranks: int
@@ -274,18 +371,33 @@ class TrainCost:
     mfu: float = TRAIN_MFU
     lora_rank: int | None = None  # LoRA: the adapter's rank; None: full fine-tuning
     grad_link_bytes_per_s: float = 0.0  # the slowest link of the gradient reduction; 0: one GPU
+    # The engine recomputes π_old with a forward over the batch before the updates; a
+    # system that trains against the rollout's own logprobs skips it.
+    recompute_old: bool = True
 
-    def seconds(self, tokens: float) -> float:
-        """`tokens` trained (prompt + completion) in one step: forward + backward (6·N per
-        token; LoRA skips the weight gradients: 4·N) plus the π_old forward (2·N)."""
+    def seconds(self, tokens: float, longest: Sequence[float] = ()) -> float:
+        """`tokens` trained (prompt + completion) in one step, in `len(longest)` minibatches
+        of equal tokens whose longest sequences are `longest` (none given: one minibatch,
+        evenly spread): forward + backward (6·N per token; LoRA skips the weight
+        gradients: 4·N) per minibatch, plus the π_old forward (2·N) over the batch."""
         lora = self.lora_rank is not None
-        per_token = (4 if lora else 6) * self.model.params + 2 * self.model.params
-        compute = per_token * tokens / (self.ranks * self.device.bf16_flops * self.mfu)
+        parts = list(longest) or [0.0]
+        per_part = tokens / len(parts)
+        rate = self.ranks * self.device.bf16_flops * self.mfu
+
+        def pass_s(flops_per_token: float, part_tokens: float, part_longest: float) -> float:
+            return flops_per_token * max(part_tokens, part_longest * self.ranks) / rate
+
+        n = self.model.compute_params
+        compute = sum(pass_s((4 if lora else 6) * n, per_part, big) for big in parts)
+        if self.recompute_old:
+            compute += pass_s(2 * n, tokens, max(parts))
         trained = self.model.lora_params(self.lora_rank) if self.lora_rank is not None else self.model.params
-        # Ring reduce-scatter + all-gather of bf16 gradients: 2·(R−1)/R of their bytes per rank.
+        # Ring reduce-scatter + all-gather of bf16 gradients: 2·(R−1)/R of their bytes per
+        # rank, once per optimizer update.
         comm = 0.0
         if self.ranks > 1 and self.grad_link_bytes_per_s:
-            comm = 2 * (self.ranks - 1) / self.ranks * trained * BF16 / self.grad_link_bytes_per_s
+            comm = len(parts) * 2 * (self.ranks - 1) / self.ranks * trained * BF16 / self.grad_link_bytes_per_s
         return compute + comm
 
     def overhead_seconds(self) -> float:
@@ -305,6 +417,8 @@ class Link:
 # ~0.3 ms per collective call on top of the wire (launch, sync): 100+ tensors sent one by
 # one then cost 100–500 ms for a 7B model, as the peers report for per-tensor broadcast.
 NVLINK = Link("NVLink", 450e9, 3e-4)
+# NVLink on the H800: 400 GB/s both directions → 200 GB/s each way.
+NVLINK_H800 = Link("NVLink-H800", 200e9, 3e-4)
 # InfiniBand NDR, one 400 Gb/s HCA per GPU (DGX H100): 50 GB/s.
 INFINIBAND = Link("InfiniBand", 50e9, 3e-4)
 # 100 GbE per node shared by its 8 GPUs, TCP sockets: ~1.5 GB/s each, ms latency.
@@ -337,11 +451,16 @@ def sync_cost(
     lora_rank: int = 8,
     device: Device = H100,
     delta_changed: float | None = None,
+    wire_bytes: int = WIRE_BYTES,
+    tensors: int | None = None,
 ) -> SyncCost:
     """What one weight sync of `protocol` (workers/sync) costs between the pools over
     `link`, to `workers` inference workers on `nodes` nodes. `delta_changed`
-    (`sync.delta`, object_store): the share of bf16 elements a step changes."""
-    full = model.params * WIRE_BYTES
+    (`sync.delta`, object_store): the share of bf16 elements a step changes.
+    `wire_bytes`: bytes per parameter sent (the engine's float32 master weights; 2 for a
+    system that sends bfloat16); `tensors`: the messages of an unpacked collective
+    (the model's state-dict tensors unless said)."""
+    full = model.params * wire_bytes
     if protocol == "object_store" and delta_changed is not None:
         # workers/sync/delta.py: the whole bf16 version and its changes (6 bytes an
         # element: an int32 index and the value; never more than the element's 2) both
@@ -353,7 +472,7 @@ def sync_cost(
         pull = hops * (changes / link.bytes_per_s + link.latency_s) + changes / device.host_bytes_per_s
         return SyncCost(changes, put, put + pull)
     if protocol == "lora":
-        size = model.lora_params(lora_rank) * WIRE_BYTES
+        size = model.lora_params(lora_rank) * wire_bytes
         put = size / device.host_bytes_per_s
         # The object store's pull by each node: a broadcast tree of ⌈log2(nodes+1)⌉ hops.
         hops = math.ceil(math.log2(nodes + 1))
@@ -361,7 +480,7 @@ def sync_cost(
     if protocol == "collective":
         # A pipelined NCCL broadcast: the payload once over the link, plus a call per
         # bucket (packed) or per tensor.
-        messages = math.ceil(full / (bucket_mb * 2**20)) if packed else model.tensors
+        messages = math.ceil(full / (bucket_mb * 2**20)) if packed else (tensors or model.tensors)
         t = full / link.bytes_per_s + messages * link.latency_s
         return SyncCost(full, t, t)
     if protocol == "object_store":
@@ -395,7 +514,7 @@ class Decode(Protocol):
 
 
 class Train(Protocol):
-    def seconds(self, tokens: float) -> float: ...
+    def seconds(self, tokens: float, longest: Sequence[float] = ()) -> float: ...
     def overhead_seconds(self) -> float: ...
 
 

@@ -32,6 +32,8 @@ from workers.simulate.costs import CallProfile, Costs, SyncCost
 from workers.simulate.run import Workload, simulate
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from workers.config.run_config import RunConfig
 
 Series = dict[str, list[tuple[int, float]]]
@@ -83,7 +85,8 @@ class MeasuredTrain:
     seconds_per_token: float
     overhead_s: float = 0.0
 
-    def seconds(self, tokens: float) -> float:
+    def seconds(self, tokens: float, longest: Sequence[float] = ()) -> float:
+        # Measured per trained token at the run's own sizes: its stragglers are in the rate.
         return self.seconds_per_token * tokens
 
     def overhead_seconds(self) -> float:

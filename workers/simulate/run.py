@@ -28,6 +28,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
+from statistics import NormalDist
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -35,7 +36,17 @@ import numpy as np
 from workers.rollout.partial_rollouts import STEPPED_MODES, PartialCounts, partial_metrics
 from workers.run.buffer import AdmissionGate, RolloutBuffer, groups_per_call, plan
 from workers.simulate.cluster import Cluster, Layout, layout
-from workers.simulate.costs import QWEN25_7B, CallProfile, Costs, DecodeCost, ModelShape, TrainCost, sync_cost
+from workers.simulate.costs import (
+    QWEN25_7B,
+    WIRE_BYTES,
+    CallProfile,
+    Costs,
+    DecodeCost,
+    ModelShape,
+    StreamingDecode,
+    TrainCost,
+    sync_cost,
+)
 from workers.simulate.events import EventLoop
 
 if TYPE_CHECKING:
@@ -82,6 +93,12 @@ class Workload:
         if draws is None:
             return np.full(n, self.median_tokens, dtype=np.int64)
         return np.clip(np.rint(draws), 1, self.max_tokens).astype(np.int64)
+
+    def longest_of(self, sequences: float) -> float:
+        """The expected longest of `sequences` completions: the lengths' quantile at
+        n/(n+1), capped at max_tokens."""
+        z = NormalDist().inv_cdf(sequences / (sequences + 1)) if sequences >= 1 else 0.0
+        return min(self.median_tokens * math.exp(self.sigma * z), self.max_tokens)
 
     def mean_tokens(self) -> float:
         """Mean completion length (of the uncut lognormal, capped at max_tokens)."""
@@ -145,8 +162,19 @@ class SimResult:
         return None
 
 
-def roofline_costs(cfg: RunConfig, cluster: Cluster, lay: Layout, workload: Workload) -> Costs:
-    """The cost models of `cluster`'s hardware for `workload`'s model, laid out as `lay`."""
+def roofline_costs(
+    cfg: RunConfig,
+    cluster: Cluster,
+    lay: Layout,
+    workload: Workload,
+    *,
+    wire_bytes: int = WIRE_BYTES,
+    tensors: int | None = None,
+) -> Costs:
+    """The cost models of `cluster`'s hardware for `workload`'s model, laid out as `lay`.
+    `wire_bytes` and `tensors`: what a weight sync sends (the engine's float32 master
+    weights, its state dict's tensors, unless said: another system sends bfloat16 and
+    its checkpoint's tensors)."""
     model = workload.model
     decode = DecodeCost(model, cluster.device, lay.tp, workload.prompt_tokens)
     train = TrainCost(
@@ -167,6 +195,8 @@ def roofline_costs(cfg: RunConfig, cluster: Cluster, lay: Layout, workload: Work
         lora_rank=cfg.lora.rank,
         device=cluster.device,
         delta_changed=workload.delta_changed if cfg.sync.delta else None,
+        wire_bytes=wire_bytes,
+        tensors=tensors,
     )
     # Colocated: the GPUs switch between the engine and the trainer (vLLM sleep /
     # wake_up): the weights go to host memory and back, once each way per step.
@@ -182,17 +212,27 @@ def simulate(
     seed: int | None = None,
     *,
     costs: Costs | None = None,
+    streaming: bool = False,
 ) -> SimResult:
     """Run `config` on `cluster` for `steps` trainer steps (config.stop.max_steps by
     default) generating `workload`; `seed` (config.seed by default) draws the lengths.
     `costs`: what generation, training and weight sync cost (the cluster's roofline
-    models by default; workers/simulate/measured.py reads them off a real run)."""
-    return _Simulation(config, cluster, workload, steps or config.stop.max_steps, seed, costs).run()
+    models by default; workers/simulate/measured.py reads them off a real run).
+    `streaming`: generation as a rollout server that streams (verl's and AReaL's) does
+    it instead of as the engine's inference worker does (`StreamingDecode`)."""
+    return _Simulation(config, cluster, workload, steps or config.stop.max_steps, seed, costs, streaming).run()
 
 
 class _Simulation:
     def __init__(
-        self, cfg: RunConfig, cluster: Cluster, workload: Workload, steps: int, seed: int | None, costs: Costs | None
+        self,
+        cfg: RunConfig,
+        cluster: Cluster,
+        workload: Workload,
+        steps: int,
+        seed: int | None,
+        costs: Costs | None,
+        streaming: bool = False,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be ≥ 1 (got {steps})")
@@ -203,6 +243,7 @@ class _Simulation:
         self.latency_rng = np.random.default_rng((cfg.seed if seed is None else seed) + 1)
         tc = cfg.trainer
         self.B, self.G = tc.batch_groups, tc.group_size
+        self.minibatches = tc.minibatches
         bp = plan(cfg.buffer, cfg.mode, self.B, tc)
         self.plan = bp
         # The buffer's own capacity check (get ≤ capacity) would refuse a batch bigger
@@ -215,11 +256,22 @@ class _Simulation:
         self.costs = costs or roofline_costs(cfg, cluster, self.lay, workload)
         self.decode, self.train, self.sync = self.costs.decode, self.costs.train, self.costs.sync
         self.slots = self.decode.slots(workload.mean_tokens())
+        # Each inference worker is `lanes` workers of the loop: one per group in flight.
+        # A freed slot takes the next prompt's sequence, so with every slot busy the
+        # groups in flight are, by Little's law, slots × (a group's longest completion /
+        # a completion's mean) / group size.
+        lanes = 1
+        self.streaming = streaming
+        if streaming:
+            stream = StreamingDecode.of(self.decode, self.slots, workload.prompt_tokens, workload.mean_tokens())
+            spread = workload.longest_of(self.G) / workload.mean_tokens()
+            self.decode, lanes, self.slots = stream, max(1, round(self.slots * spread / self.G)), self.G
+        self.n_workers = self.lay.workers * lanes
         self.load_s = self.decode.load_seconds()
         self.switch_s = self.costs.switch_s
-        self.chunk = groups_per_call(self.B, self.lay.workers)
+        self.chunk = 1 if streaming else groups_per_call(self.B, self.n_workers)
         self.loop = EventLoop()
-        self.workers = [_Worker(i) for i in range(self.lay.workers)]
+        self.workers = [_Worker(i) for i in range(self.n_workers)]
         self.profiles: dict[int, list[CallProfile]] = {}
         self.retry_profiles: dict[tuple[int, int], CallProfile] = {}
         self.counts = PartialCounts()
@@ -275,7 +327,7 @@ class _Simulation:
             "seconds": now,
             "samples_per_s": self.trained_samples / now,
             "trainer_busy": self.train_busy_s / now,
-            "inference_busy": self.busy_integral / (self.lay.workers * now),
+            "inference_busy": self.busy_integral / (self.n_workers * now),
             "overlap": self.overlap_s / now,
             "staleness_mean": float(np.mean(stale)),
             "staleness_max": max(v for _, v in self.series["staleness/max"]),
@@ -328,6 +380,10 @@ class _Simulation:
         self._start_call(w, n, prompts, self.loop.now + load)
 
     def _profile(self, sequences: int) -> CallProfile:
+        if self.streaming:
+            # A lane's profile costs a multiplication: fresh lengths every call keep the
+            # batch's tail (its longest sequences) as varied as the workload's.
+            return self.decode.call(self.workload.lengths(self.rng, sequences), self.slots)
         cached = self.profiles.setdefault(sequences, [])
         k = int(self.rng.integers(PROFILES_PER_SIZE))
         while len(cached) <= k:
@@ -430,7 +486,11 @@ class _Simulation:
         per_group = tokens / call.groups
         w.blocked = [
             SimGroup(
-                f"g{self.groups_made}-{w.index}-{i}", call.prompts[i], int(mins[i]), per_group, mean_version * per_group
+                f"g{self.groups_made}-{w.index}-{i}",
+                call.prompts[i],
+                int(mins[i]),
+                per_group,
+                mean_version * per_group,
             )
             for i in range(call.groups)
         ]
@@ -510,7 +570,12 @@ class _Simulation:
         self.training = True
         wait = now - self.wait_started
         tokens = sum(g.tokens for g in batch)
-        step_s = self.train.seconds(tokens + len(batch) * self.G * self.workload.prompt_tokens)
+        prompt = self.workload.prompt_tokens
+        # Each minibatch's longest sequence, as the workload's lengths make it (the
+        # expected longest of that many draws): the rank that holds it ends the pass last.
+        parts = min(self.minibatches, len(batch))
+        longest = [self.workload.longest_of(len(batch) * self.G / parts) + prompt] * parts
+        step_s = self.train.seconds(tokens + len(batch) * self.G * prompt, longest)
         seconds = step_s + self.sync.trainer_s + self.train.overhead_seconds()
         seconds += self.switch_s if self.lay.colocated else 0.0
         self.train_busy_s += seconds
@@ -531,7 +596,7 @@ class _Simulation:
         self.trained_samples += samples
         window = max(now - self.t_prev, 1e-9)
         self._busy_to(now)
-        busy = (self.busy_integral - self.busy_at_prev) / (self.lay.workers * window)
+        busy = (self.busy_integral - self.busy_at_prev) / (self.n_workers * window)
         emit = self.series
         buf = self.buffer
         point = {
@@ -582,6 +647,6 @@ class _Simulation:
         slowest worker's, once every worker has it (as the driver's)."""
         times = self.loaded[version]
         times.append(t)
-        if len(times) == self.lay.workers and version in self.published:
+        if len(times) == self.n_workers and version in self.published:
             self.series["sync/latency_ms"].append((version, (max(times) - self.published[version]) * 1e3))
             del self.loaded[version]
