@@ -37,6 +37,7 @@ import pytest
 
 from workers.config.run_config import RunConfig
 from workers.rollout.partial_rollouts import STEPPED_MODES
+from workers.simulate import published
 from workers.simulate.measured import FIGURES, calibrate
 
 RECORDINGS = Path(__file__).parent / "data" / "calibration"
@@ -84,3 +85,92 @@ def test_the_simulator_tells_a_slower_trainer_apart():
     honest = calibrate(series, cfg)["predicted"]["samples/per_s"]
     slow = {**series, "trainer/step_s": [(k, 3 * v) for k, v in series["trainer/step_s"]]}
     assert calibrate(slow, cfg)["predicted"]["samples/per_s"] < 0.8 * honest
+
+
+# ---- the peers' published figures (workers/simulate/published.py) --------------------
+#
+# verl's fully-async recipe, AReaL v0.3 and verl's checkpoint engine, rebuilt as
+# scenarios: a few constants are fitted on some figures (published.FIT on verl's 128-GPU
+# runs, the inter-node link on the 30B-A3B sync pair) and every other figure is
+# predicted. The predictions that hold are held within 20%; those that do not are
+# expected to miss (docs/simulation.md says why), strictly, so a change that mends one
+# shows here.
+
+HELD = (
+    "staleness 0 → 0.3: total time 1d 1h 53m → 17h 20m",
+    "async over sync AReaL: 41.0 → 14.8 h",
+    "weight sync, per tensor|Qwen2.5-Math-7B",
+    "weight sync, per tensor|Qwen3-235B-A22B",
+)
+MISSED = (
+    "fully async 16:16 over colocate sync",
+    "colocate sync step",
+    "async over sync AReaL: 57.7 → 25.4 h",
+    "weight sync, checkpoint engine|Qwen2.5-Math-7B",
+    "weight sync, checkpoint engine|Qwen3-235B-A22B",
+)
+
+
+def find(table: list[published.Row], key: str) -> published.Row:
+    figure, _, scenario = key.partition("|")
+    (row,) = [r for r in table if r.figure == figure and r.scenario.startswith(scenario)]
+    return row
+
+
+@pytest.fixture(scope="module")
+def table() -> list[published.Row]:
+    return published.rows()
+
+
+def test_every_published_figure_is_fitted_held_or_an_expected_miss(table):
+    predicted = {f"{r.figure}|{r.scenario.split(',')[0]}" for r in table if not r.fitted and r.simulated is not None}
+    named = {find(table, key) for key in HELD + MISSED}
+    assert {f"{r.figure}|{r.scenario.split(',')[0]}" for r in named} == predicted
+    assert [r.figure for r in table if r.simulated is None] == [published.MOE_V1_ROW.figure]
+
+
+@pytest.mark.parametrize("key", HELD)
+def test_a_held_out_prediction_is_within_20_percent(table, key):
+    row = find(table, key)
+    assert not row.fitted
+    assert row.ratio == pytest.approx(1.0, abs=0.2), row
+
+
+@pytest.mark.parametrize("key", MISSED)
+@pytest.mark.xfail(strict=True, reason="a known miss: docs/simulation.md, Calibration, says why")
+def test_a_missed_prediction_is_still_missed(table, key):
+    assert find(table, key).ratio == pytest.approx(1.0, abs=0.2)
+
+
+def test_the_fitted_figures_are_within_20_percent(table):
+    for row in (r for r in table if r.fitted):
+        assert row.ratio == pytest.approx(1.0, abs=0.2), row
+
+
+def test_the_held_out_checks_fail_with_other_constants():
+    """The checks can fail: the staleness ablation with the H100-class training MFU in
+    place of the fitted one, AReaL's 1.5B speed-up with completions four times as long,
+    the 235B per-tensor sync with the NVLink's message latency in place of the fitted
+    link's."""
+    import dataclasses
+
+    from workers.simulate.costs import NVLINK, TRAIN_MFU
+
+    fit = published.FIT
+    slow = dataclasses.replace(fit, h20_train_mfu=TRAIN_MFU)
+    ablation = (
+        published.verl_async(128, 0.3, slow)["samples_per_s"] / published.verl_async(128, 0.0, slow)["samples_per_s"]
+    )
+    assert abs(ablation / (1553 / 1040) - 1) > 0.2
+    long = dataclasses.replace(fit, median_tokens=4 * fit.median_tokens, p90_tokens=4 * fit.p90_tokens)
+    assert abs(published.areal_speedup("R1-Distill-Qwen-1.5B", 16, long) / (41.0 / 14.8) - 1) > 0.2
+    fitted = published.fit_sync_link()
+    shape = published.model("Qwen3-235B-A22B")
+    other = dataclasses.replace(fitted, latency_s=NVLINK.latency_s)
+    assert abs(published._sync_seconds(shape, other, bucketed=False) / 58.57 - 1) > 0.2
+    assert published._sync_seconds(shape, fitted, bucketed=False) == pytest.approx(58.57, rel=0.2)
+
+
+@pytest.mark.slow  # 27 simulated pairs of runs: tens of seconds
+def test_the_fitted_constants_are_what_the_fit_finds():
+    assert published.fit_verl(medians=(500, 700, 1000), p90_over_median=(4, 5, 6)) == published.FIT

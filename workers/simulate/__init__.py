@@ -6,7 +6,8 @@ weight sync on a simulated cluster (docs/simulation.md).
     cluster.py  cluster size, pool split, links
     events.py   the event loop
     run.py      simulate(config, cluster, workload) → per-step series + summary
-    calibration.py  the published figures the cost models are checked against
+    calibration.py  the published single-H100 generation times the decode model is checked against
+    published.py    verl's and AReaL's published tables, rebuilt as scenarios and simulated
 
 May import every tier below it: it runs the run tier's own buffer and admission code.
 """
