@@ -1,18 +1,25 @@
 """Every built-in preset on a simulated cluster (workers/simulate): model size ×
 completion length × GPU count × inference:trainer split, one row each, then the
-calibration tables (the published single-H100 generation times and the peers' headline
-speed-ups against the simulator's) and the simulator's own speed.
+calibration table (the published single-H100 generation times against the simulator's)
+and the simulator's own speed; or the published figures of verl and AReaL beside the
+simulator's (workers/simulate/published.py).
 
     nice -n 5 .venv/bin/python bench/simulate_presets.py                 # the whole grid
     .venv/bin/python bench/simulate_presets.py --presets sync,async --models 7B --lengths 8192 --gpus 64
     .venv/bin/python bench/simulate_presets.py --speed                   # 32B × 1,024 GPUs × 1,000 steps
+    .venv/bin/python bench/simulate_presets.py --published               # the peers' published figures
+    .venv/bin/python bench/simulate_presets.py --published --fit         # fit the constants again first
 
 Workload per row: completions lognormal with median = length/4 and p90 = 0.6·length,
 cut at length; 512-token prompts; 16 completions per prompt and max(32, min(512,
-GPUs)) prompts per step (512 rollouts up to 32 GPUs, 8,192 from 512). 7B inference
-workers take one GPU, 32B four (tensor parallel). `sync@colocated` is the sync preset
-with every GPU generating and then training in turns (the peers' synchronous baseline);
-every other row is disaggregated at the row's split.
+GPUs)) prompts per step (512 rollouts up to 32 GPUs, 8,192 from 512). Disaggregated
+7B inference workers take one GPU, 32B four (tensor parallel). Every ratio is over the
+`sync` preset as the engine lays it out (disaggregated) at its best split.
+`sync@colocated` is the sync preset with every GPU generating and then training in
+turns, vLLM asleep with its weights in host memory while the trainer works
+(inference.sleep_level 1): the engine shares a GPU between one worker and one rank, so
+its workers take one GPU each, and a model whose weights and KV cache do not fit on one
+GPU cannot be laid out so.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ import sys
 import time
 
 from workers.config.presets import PRESETS, build
-from workers.simulate import MODELS, Cluster, Workload, simulate
+from workers.simulate import MODELS, Cluster, Workload, published, simulate
 from workers.simulate.calibration import SEED_GENERATION, SEED_SOURCE, generation_seconds, kv_read_floor_seconds
 
 COLOCATED_SYNC = "sync@colocated"
+BASELINE = "sync"
 TP = {"7B": 1, "32B": 4}
 GROUP_SIZE = 16
 TARGET_SAMPLES = 65_536  # "time to" this many trained samples: 128 steps at 8 GPUs, 8 at 1,024
@@ -49,7 +57,12 @@ def preset_config(preset: str, gpus: int, overrides: dict | None = None):
     extra: dict = {"trainer": {"batch_groups": batch_groups(gpus), "group_size": GROUP_SIZE}}
     if preset == COLOCATED_SYNC:
         extra["placement"] = {"devices": "gpu", "mode": "colocated"}
+        extra["inference"] = {"backend": "vllm", "sleep_level": 1}
     return build(name, {**extra, **(overrides or {})})
+
+
+def tp(preset: str, model: str) -> int:
+    return 1 if preset == COLOCATED_SYNC else TP[model]
 
 
 def run_row(preset: str, model: str, length: int, gpus: int, split: float, seed: int = 0) -> dict:
@@ -58,7 +71,8 @@ def run_row(preset: str, model: str, length: int, gpus: int, split: float, seed:
     cfg = preset_config(preset, gpus)
     steps = max(MIN_STEPS, math.ceil(TARGET_SAMPLES / (batch_groups(gpus) * GROUP_SIZE)))
     try:
-        result = simulate(cfg, Cluster(gpus, inference_share=split, tp=TP[model]), workload(model, length), steps, seed)
+        cluster = Cluster(gpus, inference_share=split, tp=tp(preset, model))
+        result = simulate(cfg, cluster, workload(model, length), steps, seed)
     except ValueError as exc:
         return {**row, "error": str(exc)}
     s = result.summary
@@ -90,7 +104,7 @@ def format_row(r: dict) -> str:
     if "error" in r:
         return f"{head}  — cannot lay out: {r['error'][:80]}"
     return (
-        f"{head} {r['workers']:>4d}×{TP[r['model']]:<2d} {r['ranks']:>5d} {r['samples_per_s']:>9.2f} "
+        f"{head} {r['workers']:>4d}×{tp(r['preset'], r['model']):<2d} {r['ranks']:>5d} {r['samples_per_s']:>9.2f} "
         f"{r['trainer_busy']:>7.2f} {r['inference_busy']:>6.2f} {r['staleness_mean']:>5.2f} {r['staleness_max']:>3.0f} "
         f"{r['dropped_share']:>5.2f} {r['wasted_token_share']:>5.2f} {r['hours_to_target']:>6.2f}"
     )
@@ -102,8 +116,8 @@ def full_fine_tuning(preset: str) -> bool:
 
 def winners(rows: list[dict]) -> list[dict]:
     """Per (model, length, GPUs): the fastest full fine-tuning row to the target (a LoRA
-    preset trains fewer FLOPs per token: not the same work), and its speed-up over
-    sync@colocated at the same size."""
+    preset trains fewer FLOPs per token: not the same work), and its speed-up over the
+    sync preset's best split at the same size."""
     rows = [r for r in rows if full_fine_tuning(r["preset"])]
     out = []
     keys = sorted({(r["model"], r["length"], r["gpus"]) for r in rows}, key=lambda k: (k[0] != "7B", k[1], k[2]))
@@ -112,15 +126,15 @@ def winners(rows: list[dict]) -> list[dict]:
         if not same:
             continue
         best = min(same, key=lambda r: r["hours_to_target"])
-        base = [r for r in same if r["preset"] == COLOCATED_SYNC]
-        ratio = base[0]["hours_to_target"] / best["hours_to_target"] if base else math.nan
-        out.append({**best, "speedup_vs_sync_colocated": ratio})
+        base = [r for r in same if r["preset"] == BASELINE]
+        ratio = min(r["hours_to_target"] for r in base) / best["hours_to_target"] if base else math.nan
+        out.append({**best, "speedup_vs_sync": ratio})
     return out
 
 
 def markdown(rows: list[dict], detail: tuple[str, int, int]) -> str:
-    """Two tables for docs/simulation.md: every preset's samples/s over sync@colocated at
-    its best split, per size; and every figure of each preset at one size (`detail`)."""
+    """Two tables for docs/simulation.md: every preset's samples/s over the sync preset's
+    at their best splits, per size; and every figure of each preset at one size (`detail`)."""
     ok = [r for r in rows if "error" not in r]
     keys = sorted({(r["model"], r["length"], r["gpus"]) for r in ok}, key=lambda k: (k[0] != "7B", k[1], k[2]))
     presets = list(dict.fromkeys(r["preset"] for r in rows))
@@ -134,11 +148,13 @@ def markdown(rows: list[dict], detail: tuple[str, int, int]) -> str:
     for preset in presets:
         cells = []
         for key in keys:
-            mine, base = best(preset, key), best(COLOCATED_SYNC, key)
+            mine, base = best(preset, key), best(BASELINE, key)
             if mine is None or base is None:
                 cells.append("—")
+            elif preset == BASELINE:
+                cells.append(f"{mine['samples_per_s']:.3g}/s ({mine['split']:g})")
             elif preset == COLOCATED_SYNC:
-                cells.append(f"{mine['samples_per_s']:.3g}/s")
+                cells.append(f"{mine['samples_per_s'] / base['samples_per_s']:.2f}")
             else:
                 cells.append(f"{mine['samples_per_s'] / base['samples_per_s']:.2f} ({mine['split']:g})")
         lines.append(f"| {preset} | " + " | ".join(cells) + " |")
@@ -163,69 +179,15 @@ def markdown(rows: list[dict], detail: tuple[str, int, int]) -> str:
 
 def calibration_rows() -> list[dict]:
     rows = []
-    for (model, tokens), published in SEED_GENERATION.items():
+    for (model, tokens), seconds in SEED_GENERATION.items():
         predicted = generation_seconds(model, tokens)
         rows.append(
             {
                 "model": model.name,
                 "tokens": tokens,
-                "published_min": published / 60,
+                "published_min": seconds / 60,
                 "predicted_min": None if predicted is None else predicted / 60,
                 "kv_floor_min": kv_read_floor_seconds(model, tokens) / 60,
-            }
-        )
-    return rows
-
-
-# The peers' headline speed-ups (their own setups, their own baselines) and the scenario
-# the simulator runs for each: (claim, published ×, preset, overrides, model, length,
-# GPUs); the preset gets its best split of HEADLINE_SPLITS, as the peers tune theirs.
-HEADLINE_SPLITS = (0.25, 0.5, 0.75)
-LORA = {"lora": {"enabled": True}, "sync": {"protocol": "lora", "update_mode": "drain"}}
-HEADLINES = (
-    ("verl fully-async, Qwen2.5-7B, 128 GPUs", "2.35–2.67", "verl-fully-async", None, None, "7B", 16384, 128),
-    ("PipelineRL, 128 H100s, long reasoning", "~2", "pipelinerl", None, None, "7B", 16384, 128),
-    ("AReaL over synchronous", "2.77", "areal", None, None, "7B", 32768, 64),
-    (
-        "NeMo-RL in-flight updates, Llama-8B, 4K: 187 → 478 tok/s/GPU",
-        "2.56",
-        "nemo-rl",
-        {"sync": {"update_mode": "in_flight"}},
-        None,
-        "7B",
-        4096,
-        64,
-    ),
-    ("TRL async with LoRA: 500 steps 3h27m → 53 min", "3.9", "trl-async-lora", None, LORA, "7B", 4096, 8),
-)
-
-
-def headline_rows(seed: int = 0) -> list[dict]:
-    rows = []
-    for claim, published, preset, overrides, base_overrides, model, length, gpus in HEADLINES:
-        steps = max(MIN_STEPS, math.ceil(TARGET_SAMPLES / (batch_groups(gpus) * GROUP_SIZE)))
-        load = workload(model, length)
-        base_config = preset_config(COLOCATED_SYNC, gpus, base_overrides)
-        base = simulate(base_config, Cluster(gpus, tp=TP[model]), load, steps, seed).summary
-        best, split = max(
-            (
-                simulate(
-                    preset_config(preset, gpus, overrides),
-                    Cluster(gpus, inference_share=share, tp=TP[model]),
-                    load,
-                    steps,
-                    seed,
-                ).summary["samples_per_s"],
-                share,
-            )
-            for share in HEADLINE_SPLITS
-        )
-        rows.append(
-            {
-                "claim": claim,
-                "published": published,
-                "scenario": f"{preset} (split {split}) vs sync@colocated, {model}, {length // 1024}K, {gpus} GPUs",
-                "predicted": best / base["samples_per_s"],
             }
         )
     return rows
@@ -245,6 +207,23 @@ def speed(seed: int = 0) -> dict:
     }
 
 
+def print_published(refit: bool, json_path: str | None) -> int:
+    """The peers' published figures beside the simulator's, as docs/simulation.md's table."""
+    fit = published.FIT
+    if refit:
+        fit = published.fit_verl()
+        print(f"fitted: {fit}")
+    table = published.rows(fit)
+    print(published.markdown(table), end="")
+    held_out = [r for r in table if not r.fitted and r.ratio is not None]
+    within = [r for r in held_out if abs(r.ratio - 1) <= 0.2]  # type: ignore[operator]
+    print(f"\n{len(within)} of {len(held_out)} predicted figures within 20% of the published ones")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"fit": fit.__dict__, "rows": [{**r.__dict__, "ratio": r.ratio} for r in table]}, f, indent=1)
+    return 0
+
+
 def _list(parser: argparse.ArgumentParser, flag: str, text: str, kind, allowed=None) -> list:
     try:
         values = [kind(v) for v in text.split(",") if v]
@@ -258,7 +237,7 @@ def _list(parser: argparse.ArgumentParser, flag: str, text: str, kind, allowed=N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = [COLOCATED_SYNC, *PRESETS]
+    names = [BASELINE, COLOCATED_SYNC, *(p for p in PRESETS if p != BASELINE)]
     parser.add_argument("--presets", default=",".join(names), help="comma-separated preset names")
     parser.add_argument("--models", default="7B,32B", help="comma-separated: 7B, 32B")
     parser.add_argument("--lengths", default="2048,8192,32768", help="completion caps in tokens")
@@ -269,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", help="write the tables of docs/simulation.md to this file")
     parser.add_argument("--no-calibration", action="store_true", help="skip the calibration tables")
     parser.add_argument("--speed", action="store_true", help="only time 32B × 1,024 GPUs × 1,000 steps")
+    parser.add_argument("--published", action="store_true", help="only the peers' published figures, simulated")
+    parser.add_argument("--fit", action="store_true", help="with --published: fit the constants again first")
     args = parser.parse_args(argv)
+    if args.published:
+        return print_published(args.fit, args.json)
     if args.speed:
         figures = speed(args.seed)
         print(
@@ -302,12 +285,12 @@ def main(argv: list[str] | None = None) -> int:
                         row = run_row(preset, model, length, n, split, args.seed)
                         rows.append(row)
                         print(format_row(row), flush=True)
-    print("\nfastest full fine-tuning to 65,536 samples per size (× = its speed-up over sync@colocated):")
+    print("\nfastest full fine-tuning to 65,536 samples per size (× = its speed-up over sync at its best split):")
     best = winners(rows)
     for r in best:
         print(
             f"  {r['model']:>3s} {r['length']:>6d} tok {r['gpus']:>5d} GPUs: {r['preset']:18s} split {r['split']:.2f} "
-            f"{r['hours_to_target']:.2f} h  ×{r['speedup_vs_sync_colocated']:.2f}"
+            f"{r['hours_to_target']:.2f} h  ×{r['speedup_vs_sync']:.2f}"
         )
     figures: dict = {"rows": rows, "winners": best}
     if args.markdown:
@@ -325,10 +308,6 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {c['model']:>5s} {c['tokens']:>6d} {c['published_min']:>9.1f} {pred:>9s} {c['kv_floor_min']:>8.1f}"
             )
-        print("\nthe peers' headline speed-ups against the simulator's (samples/s over sync@colocated):")
-        figures["headlines"] = headline_rows(args.seed)
-        for h in figures["headlines"]:
-            print(f"  {h['claim']}: published ×{h['published']}, predicted ×{h['predicted']:.2f} ({h['scenario']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)

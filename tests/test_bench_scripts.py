@@ -825,15 +825,31 @@ def test_learning_table_gives_mean_spread_and_each_seed():
 
 
 def test_simulate_presets_prints_a_row_each_and_the_calibration(tmp_path):
-    out = tmp_path / "sim.json"
-    args = ["--presets", "sync@colocated,async", "--models", "7B", "--lengths", "2048", "--gpus", "8"]
-    done = bench("simulate_presets.py", *args, "--json", str(out))
+    out, table = tmp_path / "sim.json", tmp_path / "sim.md"
+    args = ["--presets", "sync,sync@colocated,async", "--models", "7B,32B", "--lengths", "2048", "--gpus", "8"]
+    done = bench("simulate_presets.py", *args, "--json", str(out), "--markdown", str(table))
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
-    assert [r["preset"] for r in figures["rows"]] == ["sync@colocated", "async"]
+    assert [r["preset"] for r in figures["rows"]] == ["sync", "sync@colocated", "async"] * 2
     assert all(r["samples_per_s"] > 0 for r in figures["rows"])
-    assert len(figures["calibration"]) == 6 and len(figures["headlines"]) == 5
+    # The colocated baseline as the engine lays it out: a worker of one GPU per GPU, 32B too.
+    colocated = [r for r in figures["rows"] if r["preset"] == "sync@colocated"]
+    assert [r["workers"] for r in colocated] == [8, 8]
+    # Every ratio is over the sync preset, whose own row gives its samples/s.
+    lines = table.read_text().splitlines()
+    assert any(line.startswith("| sync | ") and "/s (0.5)" in line for line in lines)
+    assert all(w["speedup_vs_sync"] > 0 for w in figures["winners"])
+    assert len(figures["calibration"]) == 6
     assert "published" in done.stdout and "KV floor" in done.stdout
+
+
+def test_simulate_presets_prints_the_published_table(tmp_path):
+    out = tmp_path / "published.json"
+    done = bench("simulate_presets.py", "--published", "--json", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert {r["fitted"] for r in figures["rows"]} == {True, False}
+    assert "| published figure |" in done.stdout and "predicted figures within 20%" in done.stdout
 
 
 def test_simulate_presets_refuses_bad_flags_naming_them():
