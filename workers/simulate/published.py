@@ -471,7 +471,7 @@ def markdown(table: list[Row]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in table:
-        role = "fitted" if r.fitted else "predicted"
+        role = "fitted" if r.fitted else "not run" if r.simulated is None else "predicted"
         sim = "—" if r.simulated is None else f"{r.simulated:.3g} {r.unit}"
         ratio = "—" if r.ratio is None else f"{r.ratio:.2f}"
         lines.append(f"| {r.figure} | {r.scenario} | {role} | {r.published:.3g} {r.unit} | {sim} | {ratio} |")
