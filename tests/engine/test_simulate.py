@@ -304,3 +304,11 @@ def test_a_streaming_rollout_server_hands_each_group_over_as_it_ends():
     assert stream.summary["samples_per_s"] > calls.summary["samples_per_s"]
     assert stream.summary["staleness_max"] <= cfg.buffer.max_staleness
     assert stream.summary["inference_workers"] == calls.summary["inference_workers"] == 32
+
+
+@pytest.mark.parametrize("update_mode", ["abort_retry", "abort_resume", "in_flight", "drain"])
+def test_a_streaming_run_finishes_in_every_update_mode_within_its_staleness(update_mode):
+    cfg = config("pipelinerl", 32, sync={"update_mode": update_mode})
+    run = simulate(cfg, Cluster(16, inference_share=0.5), TAILED, steps=12, streaming=True)
+    assert len(run.series["staleness/max"]) == 12
+    assert run.summary["staleness_max"] <= cfg.buffer.max_staleness

@@ -393,6 +393,9 @@ class _Simulation:
     def _retry_profile(self, prof: CallProfile, left: np.ndarray) -> CallProfile:
         """The profile of `prof`'s unfinished sequences generated again: which they are
         depends only on how many have ended, so it is cached with `prof`."""
+        if self.streaming:
+            # Streaming profiles are not kept, so their ids are reused: nothing to cache by.
+            return self.decode.call(prof.lengths[np.sort(left)], self.slots)
         key = (id(prof), len(left))
         cached = self.retry_profiles.get(key)
         if cached is None:
