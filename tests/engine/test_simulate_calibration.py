@@ -30,6 +30,7 @@ Such a preset is checked for its rate and idle shares only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -38,6 +39,7 @@ import pytest
 from workers.config.run_config import RunConfig
 from workers.rollout.partial_rollouts import STEPPED_MODES
 from workers.simulate import published
+from workers.simulate.costs import NVLINK, TRAIN_MFU
 from workers.simulate.measured import FIGURES, calibrate
 
 RECORDINGS = Path(__file__).parent / "data" / "calibration"
@@ -152,10 +154,6 @@ def test_the_held_out_checks_fail_with_other_constants():
     place of the fitted one, AReaL's 1.5B speed-up with completions four times as long,
     the 235B per-tensor sync with the NVLink's message latency in place of the fitted
     link's."""
-    import dataclasses
-
-    from workers.simulate.costs import NVLINK, TRAIN_MFU
-
     fit = published.FIT
     slow = dataclasses.replace(fit, h20_train_mfu=TRAIN_MFU)
     ablation = (

@@ -32,6 +32,7 @@ from workers.simulate.costs import (
     Link,
     ModelShape,
     TrainCost,
+    shape_of_config,
     sync_cost,
 )
 from workers.simulate.run import Workload, roofline_costs, simulate
@@ -48,9 +49,9 @@ BF16_WIRE = 2  # both peers send bfloat16 weights
 def model(name: str) -> ModelShape:
     """A peer's model, as transformers builds it from the published config.json values
     (on the meta device: no weights)."""
+    # transformers only when a table is computed: the site imports the simulator for
+    # every simulated run, and none of them needs these classes.
     from transformers import Qwen2Config, Qwen3MoeConfig
-
-    from workers.simulate.costs import shape_of_config
 
     configs = {
         # Qwen2.5-Math-7B and DeepSeek-R1-Distill-Qwen-7B share Qwen2.5-7B's architecture.
