@@ -19,7 +19,10 @@ settings; the rewritten environment is also what every service a test starts inh
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,6 +45,16 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build once for all of them (the runs' warm-start cache, a lock)."""
     root = tmp_path_factory.getbasetemp()
     return root.parent if worker_index() is not None else root
+
+
+@contextlib.contextmanager
+def ray_start_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held while a Ray cluster or head starts, one at a time across the workers of a
+    pytest run: Ray gives a raylet 30 s to register with its GCS, and clusters starting
+    at once on a loaded 2-core machine missed it (a head that exits at start-up)."""
+    with open(run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _redis_db(url: str) -> int:

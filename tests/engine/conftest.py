@@ -12,7 +12,6 @@ Ray's GPU ids and CUDA_VISIBLE_DEVICES, and compute on the CPU where torch sees 
 
 from __future__ import annotations
 
-import fcntl
 import functools
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 from tests.engine.helpers import TOKEN, small_config
 from tests.engine.ingest_stub import IngestStub
-from tests.xdist_worker import run_root
+from tests.xdist_worker import ray_start_lock
 from workers.core.run_actors import NAMESPACE, kill_named
 from workers.core.worker_process import runtime_env
 from workers.model.loading import build_tiny, save_model
@@ -38,11 +37,7 @@ def cluster(tmp_path_factory):
     module the named actors it left in the run namespace are killed: a run that a failed
     test left behind would otherwise hold CPUs and memory in the next module's cluster."""
     if not ray.is_initialized():
-        # One start at a time across pytest-xdist workers (the lock lives in the run's
-        # temporary root, which they share): Ray gives a raylet 30 s to register with its
-        # GCS, and three clusters starting at once on a loaded 2-core machine missed it.
-        with open(run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with ray_start_lock(tmp_path_factory):
             # address="local": a cluster of our own even where RAY_ADDRESS or a `ray start`
             # on this machine names another one.
             ray.init(

@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from tests.integration.stack import REPO, Stack, child_env, db_url, free_web_port, short_home
+from tests.xdist_worker import ray_start_lock
 
 REQUIRED = {"DATABASE_URL": "postgres", "CELERY_BROKER_URL": "redis", "REDIS_URL": "redis"}
 
@@ -25,7 +26,7 @@ def require_services() -> None:
 
 
 @pytest.fixture(scope="session")
-def stack(django_db_setup):
+def stack(django_db_setup, tmp_path_factory):
     """Ray head + daphne (+ a Celery worker on demand) on the session's test database."""
     require_services()
     from django.db import connection
@@ -36,7 +37,8 @@ def stack(django_db_setup):
     home = short_home()
     st = Stack(home)
     try:
-        st.start_ray_head()
+        with ray_start_lock(tmp_path_factory):  # not beside an engine cluster's start
+            st.start_ray_head()
         port = free_web_port()
         st.url = f"http://127.0.0.1:{port}"
         st.env = child_env(

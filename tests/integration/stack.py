@@ -185,7 +185,7 @@ class Stack:
             stop_leader_only=True,
         )
         wait_for(lambda: child.ready.is_set() or not child.alive(), timeout_s, "the Ray head")
-        assert child.alive(), f"the Ray head exited; see {self.log_path}"
+        assert child.alive(), f"the Ray head exited:\n{self.log_tail(30)}"
         return child
 
     def start_web(self, env: dict[str, str], port: int, timeout_s: float = 60) -> Child:
