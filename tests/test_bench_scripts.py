@@ -843,6 +843,7 @@ def test_simulate_presets_prints_a_row_each_and_the_calibration(tmp_path):
     assert "published" in done.stdout and "KV floor" in done.stdout
 
 
+@pytest.mark.slow  # every published scenario simulated in a subprocess: 15-20 s of CPU
 def test_simulate_presets_prints_the_published_table(tmp_path):
     out = tmp_path / "published.json"
     done = bench("simulate_presets.py", "--published", "--json", str(out), timeout=300)
