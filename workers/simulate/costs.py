@@ -47,7 +47,6 @@ H100 = Device("H100", 80e9, 3.35e12, 989e12, 50e9)
 H20 = Device("H20", 96e9, 4.0e12, 148e12, 50e9)
 # NVIDIA H800 SXM5 (AReaL's cluster): an H100 SXM5 with NVLink cut to 400 GB/s.
 H800 = Device("H800", 80e9, 3.35e12, 989e12, 50e9)
-DEVICES = {d.name: d for d in (H100, H20, H800)}
 
 
 @dataclass(frozen=True)
