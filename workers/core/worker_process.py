@@ -16,6 +16,9 @@ about 1.9 s of CPU in every process that loads a model (the trainer, each rank, 
 inference worker), measured on a 2-core host. transformers asks `importlib.util.find_spec`
 whether a package is there, which answers None for a name whose `sys.modules` entry is
 None, and an `import` of it raises ImportError, as for a package not installed.
+
+And it has the two answers transformers works out at every import (the installed
+distributions, its lazy modules' tables) read from the host's cache (`import_memo`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import atexit
 import gc
 import os
 import sys
+
+from workers.core import import_memo
 
 HIDDEN = ("sklearn", "scipy")
 
@@ -45,6 +50,7 @@ def setup() -> None:
     actor (none of a run's) keeps them held: its young collections still run."""
     for name in HIDDEN:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    import_memo.install()
     hold_full_collections()
 
 
