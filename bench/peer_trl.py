@@ -27,6 +27,10 @@ as speed: 100 supervised warm-start steps bring the position reward to about 0.1
 steps, a change one seed cannot tell from noise. The default target, 0.20, is where
 each side's moving mean stands about halfway through its 40 steps (all three sides in
 the first invocation at these settings). At lr 1e-3 and above TRL's reward falls.
+Every `--seed` starts from the same weights: the tiny checkpoint and its warm start are
+made with `--checkpoint-seed` (0), and `--seed` seeds the RL runs only (sampling, the
+prompts' order), as bench/learning.py does. (A warm start made with seeds 1 and 2 left
+the reward at 0.96-0.98: nothing left to learn, so no time to target to compare.)
 
 TRL runs in a virtual environment of its own (`--venv`, default
 $ROLLWAY_HOME/cache/peer-trl-venv, made on first use: torch==2.13.0 first, then the
@@ -67,18 +71,15 @@ What cannot be the same, and why:
   are every token its workers generated, which in async includes groups generated
   ahead of the trainer and groups dropped as stale (counted on the same line).
 
-    .venv/bin/python bench/peer_trl.py                       # B=16 × G=8, 30 steps a side (~20 min)
+    .venv/bin/python bench/peer_trl.py                       # B=8 × G=8, 40 steps a side (~3 min)
     .venv/bin/python bench/peer_trl.py --quick               # smoke test: 4 steps, B=4 × G=4
-    # docs/benchmarks.md's table, TRL on its default threads (~6 min after the warm start):
-    # B=8 × G=8, 40 steps, lr 3e-4 (at lr 1e-3 TRL's 5-step mean peaks at 0.372 and falls
-    # back, at 3e-3 it falls to 0.11–0.23)
-    .venv/bin/python bench/peer_trl.py --backends torch --batch-groups 8 --group-size 8 --steps 40 \
-        --lr 3e-4 --target 0.375 --max-minutes 10 --markdown
-    # the same with TRL held to one thread: a sensitivity row, labelled as such where quoted
-    .venv/bin/python bench/peer_trl.py --backends torch --batch-groups 8 --group-size 8 --steps 40 \
-        --lr 3e-4 --target 0.375 --max-minutes 10 --markdown --trl-threads 1
+    # docs/benchmarks.md's table: the defaults, TRL on its default threads, one run per seed
+    for s in 0 1 2; do .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --markdown --seed $s; done
+    # sensitivity rows, labelled as such where quoted: TRL held to one thread; Rollway's
+    # actors given two threads each
+    .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --markdown --trl-threads 1
+    .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --skip-trl --set placement.cpu_threads=2
     .venv/bin/python bench/peer_trl.py --skip-trl --backends torch,vllm
-    .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer  # keeps (and reuses) the warm-started policy
 """
 
 from __future__ import annotations
@@ -119,13 +120,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--reward", choices=("exact", "prefix", "position"), default="position")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the RL runs' seed (sampling, prompts)")
+    ap.add_argument(
+        "--checkpoint-seed",
+        type=int,
+        default=0,
+        help="the tiny checkpoint's and its warm start's seed: one starting point whatever --seed",
+    )
     ap.add_argument("--warm-start-steps", type=int, default=100, help="supervised steps before RL (clean)")
     ap.add_argument("--warm-start-noisy-steps", type=int, default=0)
     ap.add_argument("--backends", default="torch", help="Rollway inference backends, comma list of torch,vllm")
     ap.add_argument("--skip-trl", action="store_true", help="Rollway only (no TRL venv, no TRL run)")
     ap.add_argument("--skip-rollway", action="store_true", help="TRL only")
     ap.add_argument("--trl-threads", type=int, default=None, help="torch threads in TRL's process (default: torch's)")
+    ap.add_argument(
+        "--set", action="append", default=[], help="override of the Rollway runs, e.g. placement.cpu_threads=2"
+    )
     ap.add_argument("--quick", action="store_true", help="smoke test: 4 steps, B=4 × G=4, 20 warm-start steps")
     ap.add_argument("--venv", default=None, help="TRL's virtual environment (made if missing)")
     ap.add_argument("--work-dir", default=None, help="checkpoint, policy and scratch (default: a temp dir, removed)")
@@ -166,6 +176,12 @@ def check_args(args: argparse.Namespace) -> None:
         errors.append(f"--backends must list torch and/or vllm (got {args.backends!r})")
     if args.skip_trl and args.skip_rollway:
         errors.append("--skip-trl and --skip-rollway together leave nothing to run")
+    from workers.core.merge import OverrideError, parse_sets
+
+    try:
+        parse_sets(args.set)
+    except OverrideError as exc:
+        errors.append(str(exc))
     if errors:
         raise SystemExit("\n".join(errors))
 
@@ -397,13 +413,13 @@ def make_policy(args: argparse.Namespace, work_dir: str) -> str:
     # a completion is as long in tokens as in characters.
     prompt_tokens = 24 + args.length  # ChatML header and footer (21 tokens) around the string and "="
     make_tiny_checkpoint(
-        base, "qwen2", seed=args.seed, task=task, vocab_size=261,
+        base, "qwen2", seed=args.checkpoint_seed, task=task, vocab_size=261,
         max_position_embeddings=prompt_tokens + args.max_new_tokens,
     )  # fmt: skip
     cfg = build(
         "sync",
         {
-            "seed": args.seed,
+            "seed": args.checkpoint_seed,
             "model": {"source": "path", "path": base},
             "task": task_section(args),
             "inference": {"max_new_tokens": args.max_new_tokens},
@@ -491,6 +507,13 @@ def run_trl(args: argparse.Namespace, python: str, policy: str, work_dir: str) -
 
 
 def rollway_overrides(args: argparse.Namespace, backend: str, policy: str) -> dict:
+    """The overrides of a preset that make one Rollway side of the workload, `--set` last."""
+    from workers.core.merge import deep_merge, parse_sets
+
+    return deep_merge(workload_overrides(args, backend, policy), parse_sets(args.set))
+
+
+def workload_overrides(args: argparse.Namespace, backend: str, policy: str) -> dict:
     return {
         "seed": args.seed,
         "model": {"source": "path", "path": policy},

@@ -226,6 +226,7 @@ def test_peer_trl_refuses_bad_flags_naming_them():
         (["--length", "64", "--max-new-tokens", "64"], "--max-new-tokens (64) must be ≥ --length + 1 (65)"),
         (["--backends", "torch,tgi"], "--backends"),
         (["--skip-trl", "--skip-rollway"], "leave nothing to run"),
+        (["--set", "trainer.lr"], "--set 'trainer.lr': write it as field.path=value"),
     ):
         done = bench("peer_trl.py", *args)
         assert done.returncode != 0 and needle in done.stderr, (args, done.stderr[-500:])
@@ -236,6 +237,15 @@ def test_peer_trl_quick_is_small():
     args = pt.parse_args(["--quick"])
     assert (args.steps, args.batch_groups, args.group_size) == (4, 4, 4)
     assert args.max_new_tokens >= 64  # still generation-heavy
+
+
+def test_peer_trl_seeds_share_one_checkpoint_and_set_overrides_the_rollway_sides():
+    pt = load("peer_trl.py")
+    args = pt.parse_args(["--seed", "2", "--set", "placement.cpu_threads=2", "--set", "trainer.lr=1e-4"])
+    assert (args.seed, args.checkpoint_seed) == (2, 0)  # the RL's seed moves, the start does not
+    overrides = pt.rollway_overrides(args, "torch", "/policy")
+    assert overrides["seed"] == 2 and overrides["placement"] == {"cpu_threads": 2}
+    assert overrides["trainer"] == {"lr": 1e-4, "batch_groups": 8, "group_size": 8}  # --set wins, the rest kept
 
 
 def test_peer_trl_window_is_the_engines_reward_window():
