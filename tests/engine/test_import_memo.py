@@ -81,6 +81,23 @@ def test_an_unreadable_file_is_worked_out_again_and_replaced(cache, tmp_path):
     assert len(calls) == 2 and json.loads(kept.read_text()) == {"a": ["b"]}
 
 
+def test_a_file_of_another_shape_is_worked_out_again(cache):
+    fn, calls = counting(lambda: {"torch": ["torch"]})
+
+    def packages():  # a new process's memo
+        return import_memo._Memo(fn, "packages", lambda: ["k"], decode=import_memo._decode_packages)()
+
+    packages()
+    [kept] = cache.glob("packages-*.json")
+    for other in ("[]", '{"torch": "torch"}'):
+        kept.write_text(other)
+        assert packages() == {"torch": ["torch"]}
+    (cache / kept.name.replace("packages", "s")).write_text('[["torch", []]]')  # the same key, another name
+    structure = import_memo._Memo(fn, "s", lambda: ["k"], decode=import_memo._decode_structure)
+    assert structure() == {"torch": ["torch"]}
+    assert len(calls) == 4
+
+
 def test_a_cache_that_cannot_be_written_still_answers(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # a file, not a folder

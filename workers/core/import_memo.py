@@ -22,6 +22,7 @@ transformers is imported; the standard library only, as there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.abc
@@ -52,7 +53,7 @@ def install() -> None:
     if IMPORT_UTILS in sys.modules or isinstance(importlib.metadata.packages_distributions, _Memo):
         return
     importlib.metadata.packages_distributions = _Memo(
-        importlib.metadata.packages_distributions, "packages", _installed_key
+        importlib.metadata.packages_distributions, "packages", _installed_key, decode=_decode_packages
     )
     sys.meta_path.insert(0, _ImportUtilsFinder())
 
@@ -88,8 +89,8 @@ class _Memo:
         path = cache_dir() / f"{self.name}-{digest}.json"
         try:
             return self.decode(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # not kept yet, or unreadable: worked out below
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # not kept yet, or unreadable, or not of the answer's shape: worked out below
         value = self.fn(*args, **kwargs)
         self.worked_out += 1
         _write(path, self.encode(value))
@@ -102,11 +103,15 @@ def _write(path: Path, value) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".writing-", dir=path.parent)
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w") as f:
             json.dump(value, f)
         os.replace(tmp, path)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk: no half-written file left behind
 
 
 def _installed_key() -> list[str]:
@@ -137,6 +142,14 @@ def _tree_key(module_path, prefix=None) -> list[str]:
                 st = os.stat(os.path.join(folder, name))
                 key.append(f"{os.path.relpath(os.path.join(folder, name), root)}:{st.st_size}:{st.st_mtime_ns}")
     return key
+
+
+def _decode_packages(value) -> dict[str, list[str]]:
+    """`packages_distributions()`'s answer ({import name: [distribution names]}) read back,
+    refused (ValueError) where the file holds anything else."""
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise ValueError("not a map of import names to distributions")
+    return value
 
 
 def _encode_structure(structure: dict) -> list:
