@@ -53,13 +53,20 @@ def test_an_answer_is_worked_out_once_then_read_by_the_next_process(cache, tmp_p
 def test_a_changed_file_or_a_new_one_is_a_new_key(cache, tmp_path):
     pkg = package(tmp_path / "pkg", {"a.py": "x = 1"})
     fn, calls = counting(lambda path: len(calls))
-    assert import_memo._Memo(fn, "t", import_memo._tree_key)(str(pkg)) == 1
+
+    def in_a_new_process(path: Path) -> int:
+        import_memo._python_files.cache_clear()  # a process walks a folder once
+        return import_memo._Memo(fn, "t", import_memo._tree_key)(str(path))
+
+    assert in_a_new_process(pkg) == 1
     (pkg / "a.py").write_text("x = 12")  # another size
-    assert import_memo._Memo(fn, "t", import_memo._tree_key)(str(pkg)) == 2
+    assert in_a_new_process(pkg) == 2
     (pkg / "c.py").write_text("")
-    assert import_memo._Memo(fn, "t", import_memo._tree_key)(str(pkg / "a.py")) == 3  # a file names its folder
+    assert in_a_new_process(pkg / "a.py") == 3  # a file names its folder
     (pkg / "notes.txt").write_text("not read by it")
-    assert import_memo._Memo(fn, "t", import_memo._tree_key)(str(pkg)) == 3
+    assert in_a_new_process(pkg) == 3
+    (pkg / "d.py").write_text("")
+    assert import_memo._Memo(fn, "t", import_memo._tree_key)(str(pkg)) == 3  # this process walked it already
 
 
 def test_a_newly_installed_distribution_is_a_new_key(tmp_path, monkeypatch):
