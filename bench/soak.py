@@ -345,12 +345,14 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         probe.ray_first = {}
         samples: list[Sample] = []
         start = time.monotonic()
-        end = start + args.minutes * 60
-        last_msgs, last_t, k = 0, start, 0
+        # A sample every --interval seconds over --minutes, so their number is fixed by the
+        # flags: a sample that ends late (a loaded host) makes the next one come at once
+        # rather than being skipped.
+        count = samples_in(args.minutes, args.interval)
+        last_msgs, last_t = 0, start
         print(header(), flush=True)
-        while True:
-            k += 1
-            await asyncio.sleep(max(0.0, min(start + k * args.interval, end) - time.monotonic()))
+        for k in range(1, count + 1):
+            await asyncio.sleep(max(0.0, start + k * args.interval - time.monotonic()))
             figures = await probe.sample()
             now = time.monotonic()
             msgs = sum(v.messages for v in viewers)
@@ -365,7 +367,7 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
             samples.append(s)
             print(row(s), flush=True)
             last_msgs, last_t = msgs, now
-            if now >= end - 1:
+            if k == count:
                 break
             status = (await client.get(f"/api/runs/{run_id}")).json().get("status")
             if status in TERMINAL:
@@ -397,6 +399,12 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
         "_samples": samples,
         "ray_growth": ray_growth(probe.ray_first, probe.ray_last),
     }
+
+
+def samples_in(minutes: float, interval_s: float) -> int:
+    """How many samples a soak of `minutes` takes, one every `interval_s` seconds (the
+    first one interval after the start; the flags check that at least one fits)."""
+    return max(1, math.floor(minutes * 60 / interval_s + 1e-9))
 
 
 def launch_body(name: str, minutes: float) -> dict:

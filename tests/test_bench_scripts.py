@@ -500,6 +500,14 @@ def test_soak_drift_is_last_minus_first_and_per_minute():
     assert len(soak.header()) == len(soak.row(last))  # the table's columns line up
 
 
+def test_soak_takes_one_sample_per_interval_however_long_each_takes():
+    soak = load("soak.py")
+    assert soak.samples_in(0.25, 5) == 3  # 15 s: at 5, 10 and 15 s
+    assert soak.samples_in(30, 30) == 60
+    assert soak.samples_in(0.1, 5) == 1
+    assert soak.samples_in(0.2, 5) == 2  # 12 s: a third sample would fall past the end
+
+
 def test_soak_names_the_ray_processes_that_grew_most():
     soak = load("soak.py")
     first = {1: ("raylet", 30.0), 2: ("ray::RunDriver", 300.0), 3: ("ray::TrainerActor", 400.0), 4: ("gone", 5.0)}
