@@ -22,10 +22,21 @@ T0 = 1_700_000_000.0
 REWARD_CHART = '.chart[data-series*="reward/mean"]'
 # Runs before any of the page's own scripts, on every navigation (an init script is
 # not subject to the page's CSP): records each violation the browser reports.
+# `__violationsReach(n)` resolves once n are recorded: a test awaits it through evaluate,
+# which the page's CSP does not govern, where Playwright's wait_for_function would poll
+# with an eval that the policy (no 'unsafe-eval') refuses.
 LISTEN = """
 window.__violations = [];
+const waiting = [];
+window.__violationsReach = function (n) {
+  return new Promise(function (resolve) { waiting.push([n, resolve]); settle(); });
+};
+function settle() {
+  for (const [n, resolve] of waiting) if (window.__violations.length >= n) resolve(window.__violations.length);
+}
 document.addEventListener("securitypolicyviolation", function (e) {
   window.__violations.push(e.violatedDirective + " blocked " + (e.blockedURI || "inline"));
+  settle();
 });
 """
 
@@ -121,7 +132,13 @@ def test_every_page_loads_and_draws_without_a_csp_violation(live_server):
                   b.click();
                 }"""
             )
-            page.wait_for_function("window.__violations.length >= 2")
+            heard = page.evaluate(
+                """() => Promise.race([
+                  window.__violationsReach(2),
+                  new Promise((resolve) => setTimeout(() => resolve(window.__violations.length), 10000)),
+                ])"""
+            )
+            assert heard >= 2, page.evaluate("window.__violations")
             assert page.evaluate("[window.__inline, window.__clicked]") == [None, None]
             assert all("script-src" in v for v in page.evaluate("window.__violations")), page.evaluate(
                 "window.__violations"
