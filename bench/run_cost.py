@@ -64,7 +64,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def role(cmdline: str) -> str | None:
     """The role of a process by its command line, None for one outside the cluster."""
     for marker, name in ROLES:
-        if marker in cmdline:
+        # A named actor's process is titled `ray::<name>:<Class>.<method>` while it runs one.
+        if marker in cmdline or (cmdline.startswith("ray::") and ":" + marker.removeprefix("ray::") in cmdline):
             return name
     if "ray" in cmdline and any(p in cmdline for p in RAY_OWN):
         return "Ray's own processes"

@@ -931,6 +931,7 @@ def test_run_cost_counts_a_process_under_the_role_it_ended_in():
     rc = load("run_cost.py")
     assert rc.role("ray::TrainerActor.train_step") == "trainer"
     assert rc.role("ray::RunDriver.run") == "driver"
+    assert rc.role("ray::run-101-trainer:TrainerActor.__init__") == "trainer"  # a named actor's title
     assert rc.role("ray::IDLE") == rc.role("python .../ray/_private/workers/default_worker.py --x") != "trainer"
     assert rc.role("/venv/.../ray/core/src/ray/raylet/raylet --raylet_socket_name=x") == "Ray's own processes"
     assert rc.role("postgres: 15/main: checkpointer") is None  # not the cluster's
@@ -960,6 +961,39 @@ def test_run_cost_prints_each_actor_kind_per_run(tmp_path, cache_dir):
         assert roles[name]["processes"] == 1 and roles[name]["cpu_s"] > 0, roles
         assert name in done.stdout
     assert "CPU seconds per run, over 1 run of 4 steps" in done.stdout
+
+
+# ---- suite_cpu -----------------------------------------------------------------------
+
+
+def test_suite_cpu_names_each_kind_of_process_and_the_services():
+    sc = load("suite_cpu.py")
+    assert sc.kind("ray::run-7-inference-0:InferenceWorker.generate") == "inference worker"
+    assert sc.kind("python -c import sys;exec(eval(sys.stdin.readline())) xdist") == sc.KINDS[0][1]
+    assert sc.kind("postgres: 15/main: root test 127.0.0.1(5) idle") == "PostgreSQL"
+    assert sc.is_service("/usr/bin/redis-server 127.0.0.1:6379") and not sc.is_service("python x.py")
+    lines = sc.table({"trainer": {"processes": 2, "cpu_s": 30.0}, "other": {"processes": 1, "cpu_s": 10.0}}, 20, 2)
+    assert lines[0] == "wall 20 s, CPU 40 s: the 2 cores 100% busy with it"
+    assert lines[2].split()[-3:] == ["2", "30.0", "75%"]
+
+
+def test_suite_cpu_counts_a_grandchild_whose_parent_exited(tmp_path):
+    # The child starts a busy grandchild and exits, as `ray start` leaves its raylet to
+    # init: the grandchild's CPU is still the command's.
+    busy = "import time; end = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    spawn = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {busy!r}]); time.sleep(0.5)"
+    child = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {spawn!r}]); time.sleep(3)"
+    out = tmp_path / "cpu.json"
+    done = bench("suite_cpu.py", "--interval", "0.1", "--json", str(out), "--", sys.executable, "-c", child)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kinds = json.loads(out.read_text())["kinds"]
+    assert 0.8 < kinds["other"]["cpu_s"] < 3.0 and kinds["other"]["processes"] >= 2, kinds
+    assert "cores" in done.stdout and "other" in done.stdout
+
+
+def test_suite_cpu_refuses_a_bad_interval_naming_it():
+    done = bench("suite_cpu.py", "--interval", "0", "--", "true")
+    assert done.returncode == 2 and "--interval" in done.stderr
 
 
 # ---- suite_time ----------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""Where a command's CPU goes, by kind of process: what `make test` spends its cores on.
+
+bench/suite_time.py says which tests took long, but on a host whose cores are all busy a
+test's wall time says little about its cost: the kernel shares the cores between
+processes, so a test whose work is one process waits behind another worker's run of five.
+This runs a command (by default `make test`) and, every --interval seconds, reads from
+/proc the CPU time of every process below it and of the host's PostgreSQL and Redis; at
+the end it prints each kind of process's CPU seconds and share (a process counted under
+the kind it ended as, bench/run_cost.py's roles, as a run's Ray worker starts `ray::IDLE`
+and ends a trainer), and how busy the host's cores were over the command's wall time.
+A process that lives less than one interval is missed.
+
+Linux only (/proc).
+
+    .venv/bin/python bench/suite_cpu.py                       # make test, about 30 min
+    .venv/bin/python bench/suite_cpu.py --json cpu.json -- make test-fast
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_cost import ROOT, role  # noqa: E402  (the bench beside this one)
+
+# Kinds of process that are not a run's, by what their command line says, in order.
+KINDS = (
+    ("xdist", "pytest worker (tests in its own process)"),
+    ("pytest", "pytest"),
+    ("chrom", "Chromium"),
+    ("EngineCore", "vLLM engine"),
+    ("asgi", "web (daphne)"),
+    ("daphne", "web (daphne)"),
+    ("rollway worker", "Celery worker"),
+    ("rollway beat", "Celery beat"),
+    ("celery", "Celery worker"),
+    ("manage.py", "manage.py"),
+    ("bench/", "bench scripts"),
+)
+# The host's services the suite talks to: counted though they are not its children.
+SERVICES = (("postgres", "PostgreSQL"), ("redis-server", "Redis"))
+
+
+def kind(cmdline: str) -> str:
+    """The kind of a process by its command line: a run's role where it has one."""
+    ray_role = role(cmdline)
+    if ray_role is not None:
+        return ray_role
+    for marker, name in KINDS:
+        if marker in cmdline:
+            return name
+    for marker, name in SERVICES:
+        if marker in cmdline:
+            return name
+    return "other"
+
+
+def is_service(cmdline: str) -> bool:
+    return any(marker in cmdline for marker, _ in SERVICES)
+
+
+@dataclass
+class Tree:
+    """The processes below `root`, read every `interval_s`. A process is known by its pid
+    and start time (a long command outlives many pids), and stays in the tree once seen
+    there: `ray start` hands its raylet to init when it exits, and the raylet's workers
+    are the suite's all the same. Each process's CPU counts from the first read."""
+
+    root: int
+    interval_s: float = 1.0
+    cpu: dict[tuple[int, int], float] = field(default_factory=dict)
+    cmd: dict[tuple[int, int], str] = field(default_factory=dict)
+    members: set[tuple[int, int]] = field(default_factory=set)
+    _base: dict[tuple[int, int], float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self.sample()
+        self._base = dict(self.cpu)  # what ran before the command is not its
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        parents: dict[int, int] = {}
+        keys: dict[int, tuple[int, int]] = {}
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline") as f:
+                    cmdline = f.read().replace("\0", " ").strip()
+            except OSError:
+                continue  # gone between the listing and the read
+            key = (pid, int(fields[19]))  # field 22 of stat: the start time
+            keys[pid], parents[pid] = key, int(fields[1])
+            self.cpu[key] = (int(fields[11]) + int(fields[12])) / tick - self._base.get(key, 0.0)
+            if cmdline:
+                self.cmd[key] = cmdline
+        if self.root in keys:
+            self.members.add(keys[self.root])
+        grew = True
+        while grew:  # a child read before its parent joins on the next pass
+            grew = False
+            for pid, key in keys.items():
+                if key not in self.members and keys.get(parents[pid]) in self.members:
+                    self.members.add(key)
+                    grew = True
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """{kind: {"processes": n, "cpu_s": total}} over the tree and the host's services."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: {"processes": 0, "cpu_s": 0.0})
+        for key, seconds in self.cpu.items():
+            cmdline = self.cmd.get(key, "")
+            if key in self.members or is_service(cmdline):
+                name = "this bench (reading /proc)" if key[0] == self.root else kind(cmdline)
+                out[name]["processes"] += 1
+                out[name]["cpu_s"] += seconds
+        return dict(out)
+
+
+def table(kinds: dict[str, dict[str, float]], wall_s: float, cores: int) -> list[str]:
+    total = sum(k["cpu_s"] for k in kinds.values())
+    lines = [
+        f"wall {wall_s:.0f} s, CPU {total:.0f} s: the {cores} cores "
+        f"{total / (wall_s * cores) if wall_s else 0:.0%} busy with it",
+        f"  {'kind of process':<44} {'processes':>9} {'CPU s':>8} {'share':>6}",
+    ]
+    for name, k in sorted(kinds.items(), key=lambda kv: -kv[1]["cpu_s"]):
+        share = k["cpu_s"] / total if total else 0.0
+        lines.append(f"  {name:<44} {k['processes']:>9.0f} {k['cpu_s']:>8.1f} {share:>6.0%}")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between two reads of /proc")
+    p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("command", nargs="*", help="the command to run (after --): make test unless given")
+    args = p.parse_args()
+    if args.interval <= 0:
+        p.error(f"--interval must be > 0 (got {args.interval:g})")
+    command = args.command or ["make", "test"]
+    tree = Tree(os.getpid(), args.interval)
+    tree.start()
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=ROOT)
+    finally:
+        tree.stop()
+    wall = time.monotonic() - start
+    kinds = tree.by_kind()
+    cores = os.cpu_count() or 1
+    print("\n".join(table(kinds, wall, cores)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "wall_s": wall, "cores": cores, "kinds": kinds}, f, indent=1)
+    sys.exit(done.returncode)
+
+
+if __name__ == "__main__":
+    main()
