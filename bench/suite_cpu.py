@@ -7,8 +7,9 @@ This runs a command (by default `make test`) and, every --interval seconds, read
 /proc the CPU time of every process below it and of the host's PostgreSQL and Redis; at
 the end it prints each kind of process's CPU seconds and share (a process counted under
 the kind it ended as, bench/run_cost.py's roles, as a run's Ray worker starts `ray::IDLE`
-and ends a trainer), and how busy the host's cores were over the command's wall time.
-A process that lives less than one interval is missed.
+and ends a trainer), how busy the host's cores were over the command's wall time, and
+the processes that spent the most (a named actor's title says its run). A process that
+lives less than one interval is missed.
 
 Linux only (/proc).
 
@@ -79,6 +80,9 @@ class Tree:
     cpu: dict[tuple[int, int], float] = field(default_factory=dict)
     cmd: dict[tuple[int, int], str] = field(default_factory=dict)
     members: set[tuple[int, int]] = field(default_factory=set)
+    # A named actor's title while it runs a method (`ray::run-101:RunDriver.run`): idle, it
+    # is `ray::RunDriver`, which no longer says whose it is.
+    named: dict[tuple[int, int], str] = field(default_factory=dict)
     _base: dict[tuple[int, int], float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -114,6 +118,8 @@ class Tree:
             self.cpu[key] = (int(fields[11]) + int(fields[12])) / tick - self._base.get(key, 0.0)
             if cmdline:
                 self.cmd[key] = cmdline
+                if cmdline.startswith("ray::") and ":" in cmdline.split(" ", 1)[0].removeprefix("ray::"):
+                    self.named.setdefault(key, cmdline)
         if self.root in keys:
             self.members.add(keys[self.root])
         grew = True
@@ -135,6 +141,17 @@ class Tree:
                 out[name]["cpu_s"] += seconds
         return dict(out)
 
+    def top(self, n: int) -> list[tuple[float, str]]:
+        """The `n` processes of the tree that spent the most CPU: (seconds, command line),
+        a named actor's by its title while it worked, which holds its run's id (which test's
+        run it was)."""
+        spent = [
+            (seconds, self.named.get(key) or self.cmd.get(key, ""))
+            for key, seconds in self.cpu.items()
+            if key in self.members
+        ]
+        return sorted(spent, key=lambda x: -x[0])[:n]
+
 
 def table(kinds: dict[str, dict[str, float]], wall_s: float, cores: int) -> list[str]:
     total = sum(k["cpu_s"] for k in kinds.values())
@@ -152,11 +169,14 @@ def table(kinds: dict[str, dict[str, float]], wall_s: float, cores: int) -> list
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between two reads of /proc")
+    p.add_argument("--top", type=int, default=15, help="list this many of the processes that spent the most")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("command", nargs="*", help="the command to run (after --): make test unless given")
     args = p.parse_args()
     if args.interval <= 0:
         p.error(f"--interval must be > 0 (got {args.interval:g})")
+    if args.top < 0:
+        p.error(f"--top must be ≥ 0 (got {args.top})")
     command = args.command or ["make", "test"]
     tree = Tree(os.getpid(), args.interval)
     tree.start()
@@ -168,10 +188,15 @@ def main() -> None:
     wall = time.monotonic() - start
     kinds = tree.by_kind()
     cores = os.cpu_count() or 1
+    top = tree.top(args.top)
     print("\n".join(table(kinds, wall, cores)))
+    if top:
+        print(f"the {len(top)} processes that spent the most CPU:")
+        print("\n".join(f"  {seconds:8.1f} s  {cmdline[:100]}" for seconds, cmdline in top))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "wall_s": wall, "cores": cores, "kinds": kinds}, f, indent=1)
+            figures = {"command": command, "wall_s": wall, "cores": cores, "kinds": kinds, "top": top}
+            json.dump(figures, f, indent=1)
     sys.exit(done.returncode)
 
 

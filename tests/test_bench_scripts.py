@@ -989,6 +989,14 @@ def test_suite_cpu_counts_a_grandchild_whose_parent_exited(tmp_path):
     kinds = json.loads(out.read_text())["kinds"]
     assert 0.8 < kinds["other"]["cpu_s"] < 3.0 and kinds["other"]["processes"] >= 2, kinds
     assert "cores" in done.stdout and "other" in done.stdout
+    seconds, cmdline = json.loads(out.read_text())["top"][0]  # the busy grandchild
+    assert seconds > 0.8 and "process_time() < end" in cmdline
+    assert "processes that spent the most CPU" in done.stdout
+
+
+def test_suite_cpu_refuses_a_negative_top_naming_it():
+    done = bench("suite_cpu.py", "--top", "-1", "--", "true")
+    assert done.returncode == 2 and "--top" in done.stderr
 
 
 def test_suite_cpu_refuses_a_bad_interval_naming_it():
