@@ -103,19 +103,11 @@ class Sampler:
 
     def sample(self) -> None:
         """Reads every process once."""
-        tick = os.sysconf("SC_CLK_TCK")
-        for pid in _pids():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmdline = f.read().replace("\0", " ").strip()
-            except OSError:
-                continue  # gone between the listing and the read
-            self.cpu[pid] = (int(fields[11]) + int(fields[12])) / tick - self._base.get(pid, 0.0)  # utime + stime
-            self.parent[pid] = int(fields[1])
-            if cmdline:
-                self.cmd[pid] = cmdline
+        for proc in read_processes():
+            self.cpu[proc.pid] = proc.cpu_s - self._base.get(proc.pid, 0.0)
+            self.parent[proc.pid] = proc.parent
+            if proc.cmdline:
+                self.cmd[proc.pid] = proc.cmdline
 
     def by_role(self) -> dict[str, dict[str, float]]:
         """{role: {"processes": n, "cpu_s": total}} over the processes seen."""
@@ -159,8 +151,33 @@ def wait_for_actors_to_exit(timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+@dataclass
+class Process:
+    """One process as /proc shows it now."""
+
+    pid: int
+    parent: int
+    started: int  # clock ticks after boot: with the pid, names one process however long
+    cpu_s: float  # user + system since it started
+    cmdline: str
+
+
+def read_processes() -> list[Process]:
+    """Every process on the host, read once (those gone between the listing and the read
+    left out)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmdline = f.read().replace("\0", " ").strip()
+        except OSError:
+            continue
+        cpu_s = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        out.append(Process(pid, int(fields[1]), int(fields[19]), cpu_s, cmdline))
+    return out
 
 
 def import_cpu(code: str, repeats: int) -> float:

@@ -24,13 +24,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_cost import ROOT, role  # noqa: E402  (the bench beside this one)
+from run_cost import ROOT, Sampler, read_processes, role  # noqa: E402  (the bench beside this one)
 
 # Kinds of process that are not a run's, by what their command line says, in order.
 KINDS = (
@@ -69,65 +68,36 @@ def is_service(cmdline: str) -> bool:
 
 
 @dataclass
-class Tree:
-    """The processes below `root`, read every `interval_s`. A process is known by its pid
-    and start time (a long command outlives many pids), and stays in the tree once seen
-    there: `ray start` hands its raylet to init when it exits, and the raylet's workers
-    are the suite's all the same. Each process's CPU counts from the first read."""
+class Tree(Sampler):
+    """The processes below `root`, read every `interval_s` (run_cost's Sampler, started and
+    stopped as it is). A process is known by its pid and start time (a long command
+    outlives many pids), and stays in the tree once seen there: `ray start` hands its
+    raylet to init when it exits, and the raylet's workers are the suite's all the same."""
 
-    root: int
-    interval_s: float = 1.0
-    cpu: dict[tuple[int, int], float] = field(default_factory=dict)
-    cmd: dict[tuple[int, int], str] = field(default_factory=dict)
+    root: int = field(default_factory=os.getpid)
     members: set[tuple[int, int]] = field(default_factory=set)
     # A named actor's title while it runs a method (`ray::run-101:RunDriver.run`): idle, it
     # is `ray::RunDriver`, which no longer says whose it is.
     named: dict[tuple[int, int], str] = field(default_factory=dict)
-    _base: dict[tuple[int, int], float] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def start(self) -> None:
-        self.sample()
-        self._base = dict(self.cpu)  # what ran before the command is not its
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
 
     def sample(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
-        parents: dict[int, int] = {}
-        keys: dict[int, tuple[int, int]] = {}
-        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmdline = f.read().replace("\0", " ").strip()
-            except OSError:
-                continue  # gone between the listing and the read
-            key = (pid, int(fields[19]))  # field 22 of stat: the start time
-            keys[pid], parents[pid] = key, int(fields[1])
-            self.cpu[key] = (int(fields[11]) + int(fields[12])) / tick - self._base.get(key, 0.0)
-            if cmdline:
-                self.cmd[key] = cmdline
-                if cmdline.startswith("ray::") and ":" in cmdline.split(" ", 1)[0].removeprefix("ray::"):
-                    self.named.setdefault(key, cmdline)
+        processes = read_processes()
+        keys = {p.pid: (p.pid, p.started) for p in processes}
+        for p in processes:
+            key = keys[p.pid]
+            self.cpu[key] = p.cpu_s - self._base.get(key, 0.0)
+            if p.cmdline:
+                self.cmd[key] = p.cmdline
+                if p.cmdline.startswith("ray::") and ":" in p.cmdline.split(" ", 1)[0].removeprefix("ray::"):
+                    self.named.setdefault(key, p.cmdline)
         if self.root in keys:
             self.members.add(keys[self.root])
         grew = True
         while grew:  # a child read before its parent joins on the next pass
             grew = False
-            for pid, key in keys.items():
-                if key not in self.members and keys.get(parents[pid]) in self.members:
-                    self.members.add(key)
+            for p in processes:
+                if keys[p.pid] not in self.members and keys.get(p.parent) in self.members:
+                    self.members.add(keys[p.pid])
                     grew = True
 
     def by_kind(self) -> dict[str, dict[str, float]]:
@@ -178,7 +148,7 @@ def main() -> None:
     if args.top < 0:
         p.error(f"--top must be ≥ 0 (got {args.top})")
     command = args.command or ["make", "test"]
-    tree = Tree(os.getpid(), args.interval)
+    tree = Tree(interval_s=args.interval)
     tree.start()
     start = time.monotonic()
     try:
