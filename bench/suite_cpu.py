@@ -11,6 +11,13 @@ and ends a trainer), how busy the host's cores were over the command's wall time
 the processes that spent the most (a named actor's title says its run). A process that
 lives less than one interval is missed.
 
+And it says which tests spent the most: the command's processes may write, to the file
+that ROLLWAY_TEST_SPANS names, a JSON line per test (`{"pid", "test", "start", "end"}`,
+wall-clock seconds; tests/conftest.py writes one for each test it runs, setup and
+teardown included). Each read's CPU, per process, is charged to the test then running in
+the nearest of the process's ancestors that wrote spans (itself included): a run's
+actors, its Ray cluster, Chromium and the services a test started are that test's.
+
 Linux only (/proc).
 
     .venv/bin/python bench/suite_cpu.py                       # make test, about 30 min
@@ -24,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -79,13 +87,24 @@ class Tree(Sampler):
     # A named actor's title while it runs a method (`ray::run-101:RunDriver.run`): idle, it
     # is `ray::RunDriver`, which no longer says whose it is.
     named: dict[tuple[int, int], str] = field(default_factory=dict)
+    # Each process's ancestors' pids as first seen (nearest first): whose test it is.
+    ancestors: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    # (wall time of the read, process, CPU seconds it spent since the read before).
+    spent: list[tuple[float, tuple[int, int], float]] = field(default_factory=list)
 
     def sample(self) -> None:
+        now = time.time()
         processes = read_processes()
         keys = {p.pid: (p.pid, p.started) for p in processes}
+        parent = {p.pid: p.parent for p in processes}
         for p in processes:
             key = keys[p.pid]
+            before = self.cpu.get(key, 0.0)
             self.cpu[key] = p.cpu_s - self._base.get(key, 0.0)
+            if self.cpu[key] > before and self._base:  # the first read (start's) is the base
+                self.spent.append((now, key, self.cpu[key] - before))
+            if key not in self.ancestors:
+                self.ancestors[key] = _chain(p.pid, parent)
             if p.cmdline:
                 self.cmd[key] = p.cmdline
                 if p.cmdline.startswith("ray::") and ":" in p.cmdline.split(" ", 1)[0].removeprefix("ray::"):
@@ -123,6 +142,64 @@ class Tree(Sampler):
         return sorted(spent, key=lambda x: -x[0])[:n]
 
 
+def _chain(pid: int, parent: dict[int, int]) -> tuple[int, ...]:
+    out = []
+    while pid in parent and parent[pid] > 1 and len(out) < 64:
+        pid = parent[pid]
+        out.append(pid)
+    return tuple(out)
+
+
+@dataclass
+class Span:
+    pid: int
+    test: str
+    start: float
+    end: float
+
+
+def read_spans(path: str) -> dict[int, list[Span]]:
+    """{pid: its spans by start} from a ROLLWAY_TEST_SPANS file (none if it is missing)."""
+    out: dict[int, list[Span]] = defaultdict(list)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    d = json.loads(line)
+                    out[d["pid"]].append(Span(d["pid"], d["test"], d["start"], d["end"]))
+    for spans in out.values():
+        spans.sort(key=lambda s: s.start)
+    return dict(out)
+
+
+BETWEEN = "(between tests)"
+UNDER_NO_TEST = "(not below a process that ran tests)"
+
+
+def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
+    """CPU seconds per test: each read's CPU of each process of the tree, charged to the span
+    running at that read in its nearest ancestor with spans (BETWEEN outside every span,
+    UNDER_NO_TEST where no ancestor has any)."""
+    out: dict[str, float] = defaultdict(float)
+    for when, key, seconds in tree.spent:
+        if key not in tree.members:
+            continue
+        owner = next((pid for pid in (key[0], *tree.ancestors.get(key, ())) if pid in spans), None)
+        if owner is None:
+            out[UNDER_NO_TEST] += seconds
+            continue
+        test = next((s.test for s in spans[owner] if s.start <= when <= s.end), BETWEEN)
+        out[test] += seconds
+    return dict(out)
+
+
+def by_file(tests: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for test, seconds in tests.items():
+        out[test.split("::", 1)[0]] += seconds
+    return dict(out)
+
+
 def table(kinds: dict[str, dict[str, float]], wall_s: float, cores: int) -> list[str]:
     total = sum(k["cpu_s"] for k in kinds.values())
     lines = [
@@ -140,22 +217,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between two reads of /proc")
     p.add_argument("--top", type=int, default=15, help="list this many of the processes that spent the most")
+    p.add_argument("--tests", type=int, default=15, help="list this many of the tests that spent the most")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("command", nargs="*", help="the command to run (after --): make test unless given")
     args = p.parse_args()
     if args.interval <= 0:
         p.error(f"--interval must be > 0 (got {args.interval:g})")
-    if args.top < 0:
-        p.error(f"--top must be ≥ 0 (got {args.top})")
+    for name in ("top", "tests"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name} must be ≥ 0 (got {getattr(args, name)})")
     command = args.command or ["make", "test"]
     tree = Tree(interval_s=args.interval)
     tree.start()
     start = time.monotonic()
+    spans_file = tempfile.NamedTemporaryFile(prefix="test-spans-", suffix=".jsonl", delete=False).name
     try:
-        done = subprocess.run(command, cwd=ROOT)
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "ROLLWAY_TEST_SPANS": spans_file})
     finally:
         tree.stop()
     wall = time.monotonic() - start
+    tests = by_test(tree, read_spans(spans_file))
+    os.unlink(spans_file)
     kinds = tree.by_kind()
     cores = os.cpu_count() or 1
     top = tree.top(args.top)
@@ -163,9 +245,21 @@ def main() -> None:
     if top:
         print(f"the {len(top)} processes that spent the most CPU:")
         print("\n".join(f"  {seconds:8.1f} s  {cmdline[:100]}" for seconds, cmdline in top))
+    ranked = sorted(tests.items(), key=lambda kv: -kv[1])
+    if args.tests and ranked:
+        print(f"the {min(args.tests, len(ranked))} tests that spent the most CPU (with every process they started):")
+        print("\n".join(f"  {seconds:8.1f} s  {test}" for test, seconds in ranked[: args.tests]))
     if args.json:
         with open(args.json, "w") as f:
-            figures = {"command": command, "wall_s": wall, "cores": cores, "kinds": kinds, "top": top}
+            figures = {
+                "command": command,
+                "wall_s": wall,
+                "cores": cores,
+                "kinds": kinds,
+                "top": top,
+                "tests": dict(ranked),
+                "files": dict(sorted(by_file(tests).items(), key=lambda kv: -kv[1])),
+            }
             json.dump(figures, f, indent=1)
     sys.exit(done.returncode)
 

@@ -3,6 +3,9 @@ the packages its processes hide from transformers."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,20 @@ def cache_dir(tmp_path_factory) -> str:
     cache = run_root(tmp_path_factory) / "run-cache"
     cache.mkdir(exist_ok=True)
     return str(cache)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Where ROLLWAY_TEST_SPANS names a file, a line per test (setup, call and teardown):
+    this process's pid, the test and its wall-clock start and end, from which
+    bench/suite_cpu.py charges each test the CPU of every process it started."""
+    start = time.time()
+    yield
+    spans = os.environ.get("ROLLWAY_TEST_SPANS")
+    if spans:
+        line = json.dumps({"pid": os.getpid(), "test": item.nodeid, "start": start, "end": time.time()})
+        with open(spans, "a") as f:  # one short append per line: workers' lines never interleave
+            f.write(line + "\n")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

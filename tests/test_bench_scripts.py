@@ -994,6 +994,27 @@ def test_suite_cpu_counts_a_grandchild_whose_parent_exited(tmp_path):
     assert "processes that spent the most CPU" in done.stdout
 
 
+def test_suite_cpu_charges_each_test_the_cpu_of_the_processes_it_started(tmp_path):
+    # The command writes two spans as tests/conftest.py does: an idle test, then one whose
+    # child spins for a second. The child's CPU is the second test's, none the first's.
+    busy = "import time; end = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    child = f"""import json, os, subprocess, sys, time
+def span(test, start):
+    with open(os.environ["ROLLWAY_TEST_SPANS"], "a") as f:
+        f.write(json.dumps({{"pid": os.getpid(), "test": test, "start": start, "end": time.time()}}) + "\\n")
+start = time.time(); time.sleep(0.5); span("t.py::idle", start)
+start = time.time(); subprocess.run([sys.executable, "-c", {busy!r}]); time.sleep(0.3); span("t.py::busy", start)
+"""
+    out = tmp_path / "cpu.json"
+    done = bench("suite_cpu.py", "--interval", "0.1", "--json", str(out), "--", sys.executable, "-c", child)
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(out.read_text())
+    assert 0.8 < figures["tests"]["t.py::busy"] < 3.0, figures["tests"]
+    assert figures["tests"].get("t.py::idle", 0.0) < 0.3, figures["tests"]
+    assert figures["files"]["t.py"] >= figures["tests"]["t.py::busy"]
+    assert "tests that spent the most CPU" in done.stdout and "t.py::busy" in done.stdout
+
+
 def test_suite_cpu_refuses_a_negative_top_naming_it():
     done = bench("suite_cpu.py", "--top", "-1", "--", "true")
     assert done.returncode == 2 and "--top" in done.stderr
