@@ -119,12 +119,11 @@ def connect(nodes: int, home: Path):
 
     from ops.local_cluster import LocalCluster, Node
     from workers.core.run_actors import NAMESPACE
-    from workers.core.worker_process import runtime_env
 
     layout = [Node(labels={"pool": "rollout"}), Node(labels={"pool": "train"})][:nodes]
     cluster = LocalCluster(home, layout).start()
     os.environ.update(cluster.env())
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, runtime_env=runtime_env())
+    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     return cluster
 
 

@@ -23,7 +23,6 @@ from tests.engine.helpers import TOKEN, small_config
 from tests.engine.ingest_stub import IngestStub
 from tests.xdist_worker import ray_start_lock
 from workers.core.run_actors import NAMESPACE, kill_named
-from workers.core.worker_process import runtime_env
 from workers.model.loading import build_tiny, save_model
 from workers.model.tokenizer import CharTokenizer
 
@@ -47,7 +46,6 @@ def cluster(tmp_path_factory):
                 include_dashboard=False,
                 namespace=NAMESPACE,
                 log_to_driver=False,
-                runtime_env=runtime_env(),
             )
     yield
     if ray.is_initialized():

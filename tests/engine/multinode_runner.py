@@ -21,7 +21,6 @@ import ray
 
 from workers.config.presets import build
 from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
-from workers.core.worker_process import runtime_env
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch, on_the_head
 from workers.run.paths import Confinement
@@ -70,7 +69,7 @@ def left(spec: dict) -> dict:
 
 
 def main(verb: str, spec: str) -> None:
-    ray.init(namespace=NAMESPACE, log_to_driver=False, runtime_env=runtime_env())  # RAY_ADDRESS: the cluster under test
+    ray.init(namespace=NAMESPACE, log_to_driver=False)  # RAY_ADDRESS: the cluster under test
     try:
         answer = {"run": run, "launch": launch_detached, "left": left}[verb](json.loads(spec))
     finally:

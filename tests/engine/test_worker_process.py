@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,23 +40,39 @@ assert not loaded, loaded
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_the_runs_ray_job_names_the_setup_hook(monkeypatch):
+def test_the_runs_ray_job_has_no_runtime_environment(monkeypatch):
+    """Any runtime environment makes the raylet start each worker through one more process."""
     calls: list[dict] = []
     monkeypatch.setattr(lifecycle.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(lifecycle.ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("MKL_CBWR", raising=False)
     lifecycle.connect()
-    assert calls[0]["runtime_env"] == {
-        "worker_process_setup_hook": "workers.core.worker_process.setup",
-        "env_vars": {"MKL_CBWR": "AUTO,STRICT"},
-    }
-    assert worker_process.runtime_env() is not worker_process.runtime_env()  # ray.init writes into it
+    assert len(calls) == 1 and "runtime_env" not in calls[0], calls
 
 
-def test_an_mkl_mode_the_environment_sets_reaches_the_workers_instead(monkeypatch):
-    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
-    assert worker_process.runtime_env()["env_vars"] == {"MKL_CBWR": "COMPATIBLE"}
+@pytest.mark.parametrize(
+    ("environment", "mkl", "hidden"),
+    [
+        ({"RAY_RAYLET_PID": "1"}, "AUTO,STRICT", True),
+        ({"RAY_RAYLET_PID": "1", "MKL_CBWR": "COMPATIBLE"}, "COMPATIBLE", True),  # the raylet's wins
+        ({}, None, False),  # a driver, a test process, the site: as they are
+    ],
+)
+def test_a_ray_worker_that_imports_the_engine_is_set_up_as_a_runs(environment, mkl, hidden):
+    script = """
+import gc, json, os, sys
+import workers
+print(json.dumps([os.environ.get("MKL_CBWR"), "sklearn" in sys.modules and sys.modules["sklearn"] is None,
+                  gc.get_threshold()[2]]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_RAYLET_PID", "MKL_CBWR")} | environment
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found_mkl, found_hidden, oldest = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (found_mkl, found_hidden) == (mkl, hidden)
+    assert (oldest == worker_process.STARTUP_OLDEST_THRESHOLD) == hidden
 
 
 def test_full_collections_wait_until_start_up_ends_then_start_up_is_frozen():
@@ -113,12 +131,18 @@ class StartUpProbe:
     def collections(self) -> tuple[tuple[int, int, int], int]:
         return gc.get_threshold(), gc.get_freeze_count()
 
+    def setup(self) -> tuple[str | None, bool]:
+        """MKL's mode, and whether scikit-learn is hidden."""
+        return os.environ.get("MKL_CBWR"), "sklearn" in sys.modules and sys.modules["sklearn"] is None
+
 
 def test_a_run_actors_process_is_frozen_and_collects_as_usual_once_started(cluster):
     probe = with_options(StartUpProbe).remote()
     try:
         threshold, frozen = ray.get(probe.collections.remote(), timeout=120)
+        mkl, hidden = ray.get(probe.setup.remote(), timeout=120)
     finally:
         ray.kill(probe)
     assert threshold == gc.get_threshold() and threshold[2] != worker_process.STARTUP_OLDEST_THRESHOLD
-    assert frozen > 10_000
+    assert frozen > 10_000  # start-up was held, so the engine's import set the worker up
+    assert (mkl, hidden) == (worker_process.MKL_REPRODUCIBLE, True)

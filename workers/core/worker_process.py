@@ -1,8 +1,14 @@
-"""What every Ray worker process of a run sets before any actor code runs: Ray's
-`worker_process_setup_hook`, named by module path in the job's runtime environment
-(`runtime_env()`, given to `ray.init`, which also sets Intel MKL's reproducible mode), so
-Ray imports this module in each worker as it starts. The standard library only: whatever
-this imports, every worker pays for.
+"""What every Ray worker process of a run sets before any actor code runs (`setup_ray_worker`):
+the engine's package runs it when a Ray worker imports it (workers/__init__.py), which Ray
+does to load an actor's class, before the actor's module imports torch or transformers.
+It sets Intel MKL's reproducible mode (MKL_REPRODUCIBLE) and then `setup`. The standard
+library only: whatever this imports, every worker pays for.
+
+Why not Ray's own `worker_process_setup_hook`: it is a field of a runtime environment, and
+for a job with any runtime environment the raylet starts each worker through Ray's
+setup_worker.py, a Python process that imports Ray only to exec the real worker: 0.6-0.9 s
+more CPU for every actor a run starts (a driver, a buffer, a trainer and an inference
+worker at least), measured on a 2-core host.
 
 It holds the garbage collector's full collections until the actor has started (`setup`,
 then `started`, which workers.core.run_actors.actor_class calls when the actor's
@@ -44,8 +50,20 @@ STARTUP_OLDEST_THRESHOLD = 1_000_000
 _held: tuple[int, int, int] | None = None  # the thresholds `hold_full_collections` replaced
 
 
+def in_ray_worker() -> bool:
+    """Whether this process is a worker a raylet started: the raylet names itself in its
+    workers' environment (RAY_RAYLET_PID), never in a driver's."""
+    return "RAY_RAYLET_PID" in os.environ
+
+
+def setup_ray_worker() -> None:
+    """MKL's reproducible mode (unless the raylet's environment names another), then `setup`."""
+    os.environ.setdefault("MKL_CBWR", MKL_REPRODUCIBLE)
+    setup()
+
+
 def setup() -> None:
-    """Ray's worker_process_setup_hook: hide `HIDDEN` (unless already imported), and hold
+    """Hide `HIDDEN` (unless already imported), and hold
     full collections until the actor has started. A worker that runs tasks instead of an
     actor (none of a run's) keeps them held: its young collections still run."""
     for name in HIDDEN:
@@ -87,24 +105,14 @@ def started() -> None:
 # path for the CPU and makes each MKL result depend on the inputs and the thread count only
 # (no slower on 2-thread matmuls of this project's shapes, measured). It is not the whole
 # story at two threads: a sync run there still varied once (docs/reliability.md); at one
-# thread per actor runs repeated every time. An MKL_CBWR the environment already sets wins.
+# thread per actor runs repeated every time. An MKL_CBWR the raylet's environment already
+# sets (the environment of the process that started the cluster) wins.
 MKL_REPRODUCIBLE = "AUTO,STRICT"
-
-
-def runtime_env() -> dict:
-    """The job's runtime environment naming `setup`, with MKL's reproducible mode (unless
-    the environment names another): a new dict each call, since `ray.init` writes into the
-    one it is given."""
-    return {
-        "worker_process_setup_hook": f"{__name__}.setup",
-        "env_vars": {"MKL_CBWR": os.environ.get("MKL_CBWR", MKL_REPRODUCIBLE)},
-    }
 
 
 def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
     """A Ray cluster of this process's own (address "local": even where RAY_ADDRESS or a
-    `ray start` on this host names another one) whose workers are set up as a run's: what
-    the bench scripts measure on."""
+    `ray start` on this host names another one): what the bench scripts measure on."""
     import ray  # here, not above: every worker imports this module before anything else
 
     ray.init(
@@ -113,5 +121,4 @@ def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
         include_dashboard=False,
         namespace=namespace,
         log_to_driver=False,
-        runtime_env=runtime_env(),
     )

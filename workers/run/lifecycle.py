@@ -16,7 +16,6 @@ import ray
 
 from workers.config.run_config import RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, get_actor, kill_named, run_actor_names, with_options
-from workers.core.worker_process import runtime_env
 from workers.run.admission import Capacity, gpu_memory_of
 from workers.run.checkpoints import check_resume
 from workers.run.driver import RunDriver
@@ -48,9 +47,9 @@ def connect(ray_address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, runtime_env=runtime_env())
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
-        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env())
+        ray.init(namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
 
 
 def _answers(address: str) -> bool:
@@ -91,8 +90,9 @@ def launch(
     to continue from, of this run or another; CheckpointRefused (a ValueError naming
     `resume_from`) if it is outside `confinement.checkpoint_root` or incomplete.
     `env`: environment variables the driver starts with and its actors inherit (Ray's
-    runtime_env), beside the job's: a test hook's switch, or NCCL_DEBUG for one run. The
-    site passes none."""
+    runtime_env, beside the raylet's environment; each of the run's actors then starts
+    through one more process, workers.core.worker_process): a test hook's switch, or
+    NCCL_DEBUG for one run. The site passes none."""
     cfg = check_runnable(config if isinstance(config, RunConfig) else RunConfig.model_validate(config))
     if resume_from is not None:
         resume_from = check_resume(resume_from, confinement.checkpoint_root if confinement else "")
