@@ -20,6 +20,13 @@ from workers.core import worker_process
 # (pytest_collection_finish).
 worker_process.setup()
 
+# A Ray raylet starts a worker for the first driver that connects, in case it submits
+# tasks; a test's runs start actors only, each in a worker of its own, so that worker
+# idled until its cluster stopped: 66 such workers and 115 s of CPU in one whole suite
+# (bench/suite_cpu.py, "Ray workers that never held an actor"). Every Ray cluster the
+# tests start (in-process, or a `ray start` child) inherits this.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
 ENGINE = Path(__file__).parent / "engine"
 # The end-to-end tests' stack (tests/integration/conftest.py) is held for the session: a
 # Ray head, daphne and a Celery worker, and the warm starts its runs build under its own
