@@ -66,7 +66,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     yield
     spans = os.environ.get("ROLLWAY_TEST_SPANS")
     if spans:
-        line = json.dumps({"pid": os.getpid(), "test": item.nodeid, "start": start, "end": time.time()})
+        test = item.nodeid.split("@", 1)[0]  # without the xdist_group pytest-xdist appends
+        line = json.dumps({"pid": os.getpid(), "test": test, "start": start, "end": time.time()})
         with open(spans, "a") as f:  # one short append per line: workers' lines never interleave
             f.write(line + "\n")
 
