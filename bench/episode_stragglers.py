@@ -39,8 +39,7 @@ import ray
 from sync_vs_async import run_mode, steady
 
 from workers.core.merge import deep_merge, parse_sets
-from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import NAMESPACE, init_local_ray
 
 LAYOUTS = ("barrier", "episode", "overcommit")
 

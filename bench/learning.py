@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.core.run_actors import NAMESPACE
 
     if rollway_sides:
-        from workers.core.worker_process import init_local_ray
+        from workers.core.run_actors import init_local_ray
 
         init_local_ray(NAMESPACE)
     try:

@@ -588,7 +588,7 @@ def run_rollway(args: argparse.Namespace, policy: str, work_dir: str, samples: i
     confinement = Confinement.from_lists([work_dir], [], scratch_root=os.path.join(work_dir, "scratch"))
     results = {}
     # address="local": a Ray of its own even where another one runs on the host.
-    from workers.core.worker_process import init_local_ray
+    from workers.core.run_actors import init_local_ray
 
     init_local_ray(NAMESPACE)
     try:

@@ -37,8 +37,7 @@ from sync_vs_async import run_mode, steady
 
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
-from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import NAMESPACE, init_local_ray
 
 # name → (preset, overrides on top of the common ones)
 MODES: dict[str, tuple[str, dict]] = {

@@ -41,8 +41,7 @@ from sync_vs_async import run_mode, steady
 
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
-from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import NAMESPACE, init_local_ray
 
 DEFAULT_STEPS = 10
 

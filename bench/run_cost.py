@@ -206,8 +206,7 @@ def measure_runs(runs: int, cache_dir: str, warm_up: bool = True) -> tuple[dict,
     each run's wall seconds."""
     import ray
 
-    from workers.core.run_actors import NAMESPACE, actor_name
-    from workers.core.worker_process import init_local_ray
+    from workers.core.run_actors import NAMESPACE, actor_name, init_local_ray
     from workers.run.driver import RunDriver
 
     def one(run_id: int) -> float:

@@ -23,8 +23,7 @@ from sync_vs_async import run_mode
 
 from workers.config.presets import deep_merge
 from workers.core.merge import parse_sets
-from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import NAMESPACE, init_local_ray
 from workers.simulate.measured import FIGURES, calibrate
 
 # A preset's run, short and small: the figures are rates, so 24 steps of 16 × 8 samples do.

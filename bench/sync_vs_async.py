@@ -28,8 +28,7 @@ import ray
 
 from workers.config.presets import build, deep_merge
 from workers.core.merge import parse_sets
-from workers.core.run_actors import NAMESPACE
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import NAMESPACE, init_local_ray
 from workers.rl_tasks import task_class
 from workers.run.driver import RunDriver
 from workers.run.paths import Confinement

@@ -39,7 +39,7 @@ import time
 import ray
 
 from workers.config.run_config import ModelConfig
-from workers.core.worker_process import init_local_ray
+from workers.core.run_actors import init_local_ray
 
 # 12 layers × 9 tensors + embed, norm, head = 111 tensors each; ~0.8M, ~9.7M, ~38.6M params.
 MODELS = {

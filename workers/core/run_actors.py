@@ -23,6 +23,12 @@ NAMESPACE = "rollway"
 A = TypeVar("A")
 
 
+def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
+    """A Ray cluster of this process's own (address "local": even where RAY_ADDRESS or a
+    `ray start` on this host names another one): what the bench scripts measure on."""
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace=namespace, log_to_driver=False)
+
+
 def actor_name(run_id: int) -> str:
     """The driver actor's name; the run's other actors extend it with `-<role>`."""
     return f"run-{run_id}"

@@ -108,17 +108,3 @@ def started() -> None:
 # thread per actor runs repeated every time. An MKL_CBWR the raylet's environment already
 # sets (the environment of the process that started the cluster) wins.
 MKL_REPRODUCIBLE = "AUTO,STRICT"
-
-
-def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
-    """A Ray cluster of this process's own (address "local": even where RAY_ADDRESS or a
-    `ray start` on this host names another one): what the bench scripts measure on."""
-    import ray  # here, not above: every worker imports this module before anything else
-
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        namespace=namespace,
-        log_to_driver=False,
-    )
