@@ -6,9 +6,10 @@ library only: whatever this imports, every worker pays for.
 
 Why not Ray's own `worker_process_setup_hook`: it is a field of a runtime environment, and
 for a job with any runtime environment the raylet starts each worker through Ray's
-setup_worker.py, a Python process that imports Ray only to exec the real worker: 0.6-0.9 s
-more CPU for every actor a run starts (a driver, a buffer, a trainer and an inference
-worker at least), measured on a 2-core host.
+setup_worker.py, a Python process that imports Ray only to exec the real worker: an
+actor's process spent 1.41-1.84 s of CPU to its first call that way and 0.79-0.91 s
+without (a local cluster on a loaded 2-core host), for every actor a run starts (a driver,
+a buffer, a trainer and an inference worker at least).
 
 It holds the garbage collector's full collections until the actor has started (`setup`,
 then `started`, which workers.core.run_actors.actor_class calls when the actor's
