@@ -27,6 +27,7 @@ Linux only (/proc).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import subprocess
@@ -89,7 +90,7 @@ class Tree(Sampler):
     named: dict[tuple[int, int], str] = field(default_factory=dict)
     # Each process's ancestors' pids as first seen (nearest first): whose test it is.
     ancestors: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
-    # (wall time of the read, process, CPU seconds it spent since the read before).
+    # (wall time of the read, member process, CPU seconds it spent since the read before).
     spent: list[tuple[float, tuple[int, int], float]] = field(default_factory=list)
 
     def sample(self) -> None:
@@ -97,14 +98,13 @@ class Tree(Sampler):
         processes = read_processes()
         keys = {p.pid: (p.pid, p.started) for p in processes}
         parent = {p.pid: p.parent for p in processes}
+        grown: dict[tuple[int, int], float] = {}
         for p in processes:
             key = keys[p.pid]
             before = self.cpu.get(key, 0.0)
             self.cpu[key] = p.cpu_s - self._base.get(key, 0.0)
             if self.cpu[key] > before and self._base:  # the first read (start's) is the base
-                self.spent.append((now, key, self.cpu[key] - before))
-            if key not in self.ancestors:
-                self.ancestors[key] = _chain(p.pid, parent)
+                grown[key] = self.cpu[key] - before
             if p.cmdline:
                 self.cmd[key] = p.cmdline
                 if p.cmdline.startswith("ray::") and ":" in p.cmdline.split(" ", 1)[0].removeprefix("ray::"):
@@ -118,6 +118,10 @@ class Tree(Sampler):
                 if keys[p.pid] not in self.members and keys.get(p.parent) in self.members:
                     self.members.add(keys[p.pid])
                     grew = True
+        for key, seconds in grown.items():
+            if key in self.members:
+                self.spent.append((now, key, seconds))
+                self.ancestors.setdefault(key, _chain(key[0], parent))
 
     def by_kind(self) -> dict[str, dict[str, float]]:
         """{kind: {"processes": n, "cpu_s": total}} over the tree and the host's services."""
@@ -181,15 +185,15 @@ def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
     running at that read in its nearest ancestor with spans (BETWEEN outside every span,
     UNDER_NO_TEST where no ancestor has any)."""
     out: dict[str, float] = defaultdict(float)
+    starts = {pid: [s.start for s in ordered] for pid, ordered in spans.items()}
     for when, key, seconds in tree.spent:
-        if key not in tree.members:
-            continue
         owner = next((pid for pid in (key[0], *tree.ancestors.get(key, ())) if pid in spans), None)
         if owner is None:
             out[UNDER_NO_TEST] += seconds
             continue
-        test = next((s.test for s in spans[owner] if s.start <= when <= s.end), BETWEEN)
-        out[test] += seconds
+        # A worker runs one test at a time: the last span to start by then, if not yet over.
+        k = bisect.bisect_right(starts[owner], when) - 1
+        out[spans[owner][k].test if k >= 0 and when <= spans[owner][k].end else BETWEEN] += seconds
     return dict(out)
 
 

@@ -1015,6 +1015,16 @@ start = time.time(); subprocess.run([sys.executable, "-c", {busy!r}]); time.slee
     assert "tests that spent the most CPU" in done.stdout and "t.py::busy" in done.stdout
 
 
+def test_suite_cpu_charges_a_read_to_the_test_then_running_or_between_tests():
+    sc = load("suite_cpu.py")
+    tree = sc.Tree(root=1)
+    tree.members = {(7, 0), (8, 0), (9, 0)}
+    tree.ancestors = {(7, 0): (5,), (8, 0): (6, 5), (9, 0): (4,)}  # 5 ran the tests
+    tree.spent = [(5.0, (7, 0), 1.0), (15.0, (8, 0), 2.0), (25.0, (7, 0), 3.0), (25.0, (9, 0), 4.0)]
+    spans = {5: [sc.Span(5, "t.py::a", 0.0, 10.0), sc.Span(5, "t.py::b", 20.0, 30.0)]}
+    assert sc.by_test(tree, spans) == {"t.py::a": 1.0, sc.BETWEEN: 2.0, "t.py::b": 3.0, sc.UNDER_NO_TEST: 4.0}
+
+
 def test_suite_cpu_refuses_a_negative_top_naming_it():
     done = bench("suite_cpu.py", "--top", "-1", "--", "true")
     assert done.returncode == 2 and "--top" in done.stderr
