@@ -195,7 +195,7 @@ def tiny_run_config() -> dict:
     """The engine tests' short async run (tests/engine/helpers.py `tiny_config`)."""
     return {
         "mode": "async",
-        "warm_start": {"steps": 20},
+        "warm_start": {"steps": 20, "noisy_steps": 20},
         "trainer": {"batch_groups": 4, "group_size": 4},
         "stop": {"max_steps": 4},
     }

@@ -8,11 +8,11 @@ import sys
 
 from tests.integration.stack import REPO
 
-# Tiny torch-backend runs: a 20-step warm start (cached per session), 4 prompts × 4
-# completions per step.
+# Tiny torch-backend runs: a warm start of 20 clean and 20 noisy steps (cached per
+# stack), 4 prompts × 4 completions per step.
 TINY = {
     "inference": {"backend": "torch"},
-    "warm_start": {"steps": 20},
+    "warm_start": {"steps": 20, "noisy_steps": 20},
     "trainer": {"batch_groups": 4, "group_size": 4},
 }
 

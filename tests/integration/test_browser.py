@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(trans
 
 TINY = {
     "inference": {"backend": "torch"},
-    "warm_start": {"steps": 20},
+    "warm_start": {"steps": 20, "noisy_steps": 20},
     "trainer": {"batch_groups": 4, "group_size": 4},
     "stop": {"max_steps": 10_000, "max_minutes": 5},
 }

@@ -28,6 +28,7 @@ preset: async
 name: cli live
 inference: {{backend: {TINY["inference"]["backend"]}}}
 warm_start.steps: {TINY["warm_start"]["steps"]}
+warm_start.noisy_steps: {TINY["warm_start"]["noisy_steps"]}
 trainer:
   batch_groups: {TINY["trainer"]["batch_groups"]}
   group_size: {TINY["trainer"]["group_size"]}
