@@ -418,3 +418,27 @@ def test_the_engine_lock_gives_its_holder_the_engines_thread_count_and_restores_
     assert torch.get_num_threads() == own
     with EngineLock(None):  # a GPU engine pins nothing
         assert torch.get_num_threads() == own
+
+
+def test_on_the_cpu_vllm_inspects_the_checkpoints_classes_without_a_second_interpreter(monkeypatch):
+    """A class vLLM has no record of is inspected in a fresh interpreter that imports vLLM
+    again (its registry's `_run_in_subprocess`); the backend registers the checkpoint's
+    classes by class first, which vLLM inspects in this process."""
+    from vllm.model_executor.models import registry
+
+    from workers.inference.vllm_backend import _inspect_architectures_here
+
+    def no_second_interpreter(fn):
+        raise AssertionError("vLLM started an interpreter to inspect a model class")
+
+    monkeypatch.setattr(registry, "_run_in_subprocess", no_second_interpreter)
+    # As on a machine where vLLM has inspected nothing yet.
+    monkeypatch.setattr(registry._LazyRegisteredModel, "_load_modelinfo_from_cache", lambda self, module_hash: None)
+    monkeypatch.setattr(registry.ModelRegistry, "models", dict(registry.ModelRegistry.models))
+    with pytest.raises(AssertionError, match="started an interpreter"):
+        registry.ModelRegistry.models["Qwen2ForCausalLM"].inspect_model_cls()
+
+    _inspect_architectures_here(["Qwen2ForCausalLM", "NotAnArchitectureForCausalLM"])
+    info = registry.ModelRegistry.models["Qwen2ForCausalLM"].inspect_model_cls()
+    assert info.architecture == "Qwen2ForCausalLM" and info.is_text_generation_model
+    assert "NotAnArchitectureForCausalLM" not in registry.ModelRegistry.models

@@ -200,6 +200,25 @@ def serves_lora(model_dir: str) -> bool:
     return bool(entries) and all(supports_lora(e.load_model_cls()) for e in entries)
 
 
+def _inspect_architectures_here(archs: list[str]) -> None:
+    """Have vLLM inspect the checkpoint's model classes in this process, on the CPU.
+
+    A class vLLM has no record of on disk (`$VLLM_CACHE_ROOT/modelinfos`, written after a
+    first inspection) is inspected in a fresh interpreter, so that importing it cannot
+    initialise CUDA in a process that forks workers later; that interpreter imports vLLM
+    again, about 10 s of CPU on a 2-core host, once per architecture and machine (every
+    architecture a fresh CI machine runs). On the CPU there is no CUDA to keep out, and
+    this process imports the class anyway to load the model: registered by class
+    (`ModelRegistry.register_model`, vLLM's hook for out-of-tree models), it is
+    inspected here. An architecture vLLM does not know is left as it was."""
+    from vllm.model_executor.models import ModelRegistry
+
+    for arch in archs:
+        entry = ModelRegistry.models.get(arch)
+        if entry is not None:
+            ModelRegistry.register_model(arch, entry.load_model_cls())
+
+
 def _import_vllm():
     """vLLM's LLM class and its platform, imported once the engine's environment is set."""
     _configure_environment()
@@ -499,6 +518,8 @@ class VLLMBackend:
             max_model_len = dims.positions
         self.max_model_len = max_model_len
         self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu:
+            _inspect_architectures_here(hf_config.get("architectures") or [])
         self._weight_shapes = _checkpoint_shapes(model_dir)
         # The architecture's modules (no weights): what turns the trainer's state dict
         # into the checkpoint's names and layout, which vLLM loads.
