@@ -11,7 +11,7 @@ seeds) and the simulated ones, then what each preset only approximates of its li
 `--comparison ID` prints the league of a comparison already on the site instead.
 
     ROLLWAY_MAX_RUNNING=1 python manage.py up --port 8050 &
-    .venv/bin/python bench/league.py --url http://127.0.0.1:8050 --seeds 0
+    .venv/bin/python bench/league.py --url http://127.0.0.1:8050
     .venv/bin/python bench/league.py --url http://127.0.0.1:8050 --comparison 12
 """
 
@@ -28,9 +28,12 @@ from reward_via_platform import post
 
 # One workload for every preset: the default task, its held-out split evaluated every 5
 # steps (the pass@1 gain column), 30 steps, one torch thread per actor so that no preset
-# gets more of the host than another.
+# gets more of the host than another. A warm start of 60 clean and 60 noisy steps leaves
+# room to learn (an async run's mean reward about 0.23 at its first steps, 0.69 at its
+# last; the default warm start's 200 + 200 start it near where the target is).
 WORKLOAD = {
     "inference": {"backend": "torch"},
+    "warm_start": {"steps": 60, "noisy_steps": 60},
     "eval": {"every_steps": 5, "num_prompts": 32},
     "stop": {"max_steps": 30, "max_minutes": 10},
     "placement": {"cpu_threads": 1},
@@ -58,9 +61,9 @@ def league_markdown(league: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_site_arguments(p, seeds="0")
+    add_site_arguments(p, seeds="0,1,2")
     p.add_argument("--overrides", default=json.dumps(WORKLOAD), help="JSON merged onto every preset")
-    p.add_argument("--target", type=float, default=0.8, help="the reward time to target aims at")
+    p.add_argument("--target", type=float, default=0.6, help="the reward time to target aims at")
     p.add_argument("--comparison", type=int, default=None, help="print the league of this comparison instead")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="give up waiting after this many seconds")
     args = p.parse_args()
