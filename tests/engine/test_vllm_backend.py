@@ -434,7 +434,9 @@ def test_on_the_cpu_vllm_inspects_the_checkpoints_classes_without_a_second_inter
     monkeypatch.setattr(registry, "_run_in_subprocess", no_second_interpreter)
     # As on a machine where vLLM has inspected nothing yet.
     monkeypatch.setattr(registry._LazyRegisteredModel, "_load_modelinfo_from_cache", lambda self, module_hash: None)
-    monkeypatch.setattr(registry.ModelRegistry, "models", dict(registry.ModelRegistry.models))
+    # As vLLM's registry starts, whatever an engine built earlier in this process registered.
+    lazy = registry._LazyRegisteredModel("vllm.model_executor.models.qwen2", "Qwen2ForCausalLM")
+    monkeypatch.setattr(registry.ModelRegistry, "models", {"Qwen2ForCausalLM": lazy})
     with pytest.raises(AssertionError, match="started an interpreter"):
         registry.ModelRegistry.models["Qwen2ForCausalLM"].inspect_model_cls()
 
