@@ -13,15 +13,12 @@ import re
 import pytest
 
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
+from tests.integration.helpers import overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-TINY = {
-    "inference": {"backend": "torch"},
-    "warm_start": {"steps": 20, "noisy_steps": 20},
-    "trainer": {"batch_groups": 4, "group_size": 4},
-    "stop": {"max_steps": 10_000, "max_minutes": 5},
-}
+# A tiny run that goes on until it is cancelled (or for 5 minutes).
+RUN = overrides(max_steps=10_000, max_minutes=5)
 TOTAL_POINTS_JS = """() => [...document.querySelectorAll('.chart')]
     .reduce((n, el) => n + Number(el.dataset.points || 0), 0)"""
 
@@ -52,7 +49,7 @@ def test_a_user_launches_a_run_watches_it_live_and_cancels_it(stack, browser_use
             page.goto(f"{stack.url}/runs/new/")
             page.select_option("#id_experiment", str(experiment.pk))
             page.select_option("#id_preset", "async")
-            page.fill("#id_overrides", json.dumps(TINY))
+            page.fill("#id_overrides", json.dumps(RUN))
             page.click("#launch-form button[type=submit]")
             page.wait_for_url(re.compile(r"/runs/\d+/$"))
             run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
