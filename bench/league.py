@@ -29,8 +29,8 @@ from reward_via_platform import post
 # One workload for every preset: the default task, its held-out split evaluated every 5
 # steps (the pass@1 gain column), 30 steps, one torch thread per actor so that no preset
 # gets more of the host than another. A warm start of 60 clean and 60 noisy steps leaves
-# room to learn (an async run's mean reward about 0.23 at its first steps, 0.69 at its
-# last; the default warm start's 200 + 200 start it near where the target is).
+# the rewards room to rise to the target within the run, where the default's 200 + 200
+# start a run close to it.
 WORKLOAD = {
     "inference": {"backend": "torch"},
     "warm_start": {"steps": 60, "noisy_steps": 60},

@@ -44,8 +44,9 @@ def small_config(**overrides) -> RunConfig:
 
 def tiny_config(**overrides) -> dict:
     """A run config (as the platform sends it) for a short async run: 4 steps, after a
-    warm start of 20 clean and 20 noisy steps (the default's 200 noisy ones cost ~7 s of
-    CPU a build; a few leave rewards spread enough for GRPO's groups to differ)."""
+    warm start of 20 clean and 20 noisy steps (the default's 200 noisy ones made most of
+    each build's CPU, and the suite builds one per distinct config; a few leave rewards
+    spread enough for GRPO's groups to differ)."""
     cfg = {
         "mode": "async",
         "warm_start": {"steps": 20, "noisy_steps": 20},
