@@ -13,12 +13,19 @@ from pydantic import ValidationError
 
 from workers.config.run_config import RunConfig
 from workers.core.latency import Latency
-from workers.core.records import Group, Rollout
+from workers.core.records import Group, Rollout, group_id
 from workers.inference.base import Completion
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
 from workers.rl_tasks.propose_solve import ProposeSolveTask, problem_value
-from workers.rollout.episode_scheduler import EpisodeScheduler, EpisodeTiming, is_multi_agent, timing_metrics
+from workers.rollout.episode_scheduler import (
+    OVERCOMMIT_ENDS_LATE_ENV,
+    EpisodeScheduler,
+    EpisodeTiming,
+    LateOvercommit,
+    is_multi_agent,
+    timing_metrics,
+)
 from workers.run.buffer import AdmissionGate, RolloutBuffer, plan
 from workers.run.runnable import check_runnable
 from workers.train.batch_stats import batch_metrics
@@ -256,6 +263,40 @@ def test_the_buffer_counts_groups_trained_a_version_or_more_late():
     del state["late"]  # a checkpoint from before late groups were counted
     restored.load_state_dict(state)
     assert restored.late == 0
+
+
+def test_the_late_overcommit_hook_hands_groups_over_by_admission_version_and_holds_the_overcommitted():
+    hook = LateOvercommit(share=2)
+    hook.admitted(seed=7, n=4, version=0)  # two for the batch, two overcommitted
+
+    def ended(seed: int, *indices: int) -> list[Group]:
+        return [Group(group_id(seed, i), "p", "a", []) for i in indices]
+
+    def ids(groups: list[Group]) -> list[str]:
+        return [g.group_id for g in groups]
+
+    # Whatever order they end in, the version's share goes and the third waits.
+    assert ids(hook.release(ended(7, 2, 0), version=0)) == [group_id(7, 2), group_id(7, 0)]
+    assert hook.release(ended(7, 1), version=0) == []
+    assert hook.release([], version=0) == []
+    # The next version: the held group first (late), then nothing of version 1 while
+    # group 7-3, admitted at 0, is still in flight.
+    hook.admitted(seed=8, n=2, version=1)
+    assert ids(hook.release(ended(8, 0), version=1)) == [group_id(7, 1)]
+    assert hook.release(ended(8, 1), version=1) == []
+    assert ids(hook.release(ended(7, 3), version=1)) == [group_id(7, 3), group_id(8, 0), group_id(8, 1)]
+
+
+def test_the_late_overcommit_hook_is_off_unset_and_refused_where_nothing_is_overcommitted(monkeypatch):
+    episodes = RunConfig.model_validate(
+        {"task": {"name": "propose_solve"}, "buffer": {"unit": "episode", "overcommit": 2}}
+    )
+    assert LateOvercommit.forced(episodes, 4) is None
+    monkeypatch.setenv(OVERCOMMIT_ENDS_LATE_ENV, "1")
+    assert LateOvercommit.forced(episodes, 4) is not None
+    barrier = RunConfig.model_validate({"task": {"name": "propose_solve"}, "buffer": {"unit": "group"}})
+    with pytest.raises(ValueError, match=f"{OVERCOMMIT_ENDS_LATE_ENV}=1 .*buffer.overcommit above 0"):
+        LateOvercommit.forced(barrier, 4)
 
 
 # -- configs refused at launch ------------------------------------------------------------------

@@ -25,8 +25,10 @@ series.
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard
@@ -272,6 +274,70 @@ class EpisodeScheduler:
 
     def drain_timings(self) -> list[EpisodeTiming]:
         out, self.timings = self.timings, []
+        return out
+
+
+# Tests set this to "1": an inference worker scheduling by episode with `buffer.overcommit`
+# hands its ended groups to the buffer in the order of the versions they were admitted at,
+# and of the groups admitted at the version it holds, at most its share of the batch;
+# the others (the overcommitted ones) wait until it holds a newer version, that is until
+# the batch they were admitted for was taken. So every batch after the first starts with
+# the groups the batch before left, each trained one version late. Whether an
+# overcommitted episode ends after its batch, and before the next batch's episodes,
+# otherwise depends on the drawn waits next to the trainer's speed; a test of the late
+# groups sets it (through Ray's runtime_env) so that it holds whatever the host's load.
+OVERCOMMIT_ENDS_LATE_ENV = "ROLLWAY_TEST_OVERCOMMIT_ENDS_LATE"
+
+
+class LateOvercommit:
+    """What OVERCOMMIT_ENDS_LATE_ENV makes an inference worker hand over of its ended
+    groups: `admitted` is told each admission's groups and the version they were admitted
+    at, `release` the groups that ended and the version the worker holds."""
+
+    def __init__(self, share: int) -> None:
+        self.share = share  # the worker's groups of one batch (its chunk)
+        self._admitted_at: dict[str, int] = {}  # admitted and not handed over: in flight or held
+        self._handed: Counter[int] = Counter()  # admission version → groups handed while it was held
+        self._held: list[Group] = []
+
+    @classmethod
+    def forced(cls, cfg: RunConfig, share: int) -> LateOvercommit | None:
+        """The hook when this process runs under OVERCOMMIT_ENDS_LATE_ENV (None when not);
+        ValueError naming the variable where the run overcommits nothing."""
+        if os.environ.get(OVERCOMMIT_ENDS_LATE_ENV) != "1":
+            return None
+        if cfg.buffer.unit != "episode" or not cfg.buffer.overcommit:
+            raise ValueError(
+                f"{OVERCOMMIT_ENDS_LATE_ENV}=1 holds overcommitted episodes until their batch is taken, and this "
+                f"run overcommits none (buffer.unit '{cfg.buffer.unit}', buffer.overcommit "
+                f"{cfg.buffer.overcommit}): set buffer.unit 'episode' and buffer.overcommit above 0, or unset it"
+            )
+        return cls(share)
+
+    def admitted(self, seed: int, n: int, version: int) -> None:
+        """The `n` groups of the call seeded `seed` started at `version`."""
+        for i in range(n):
+            self._admitted_at[group_id(seed, i)] = version
+
+    def release(self, ended: list[Group], version: int) -> list[Group]:
+        """The groups to hand over now, of those held and `ended`, the rest held: a group
+        admitted before `version` at once (its batch was taken: it is late); one admitted
+        at `version` once no group admitted earlier is in flight or held, and only within
+        the version's share."""
+        self._held += ended
+        self._held.sort(key=lambda g: self._admitted_at[g.group_id])  # stable: in the order they ended
+        out, kept = [], []
+        for g in self._held:
+            at = self._admitted_at[g.group_id]
+            earlier = any(v < at for v in self._admitted_at.values())
+            if at < version or (not earlier and self._handed[at] < self.share):
+                if at == version:
+                    self._handed[at] += 1
+                del self._admitted_at[g.group_id]
+                out.append(g)
+            else:
+                kept.append(g)
+        self._held = kept
         return out
 
 

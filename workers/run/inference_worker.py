@@ -29,7 +29,7 @@ from workers.model.loading import model_config, model_dims
 from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks import make_task
 from workers.rollout.context import context_tokens
-from workers.rollout.episode_scheduler import EpisodeScheduler, is_multi_agent
+from workers.rollout.episode_scheduler import EpisodeScheduler, LateOvercommit, is_multi_agent
 from workers.rollout.evaluation import eval_prompts, evaluate, is_due, training_prompts
 from workers.rollout.generation import generate
 from workers.rollout.partial_rollouts import (
@@ -163,6 +163,9 @@ class InferenceWorker:
         if is_multi_agent(self.task) or cfg.buffer.unit == "episode":
             env_rng = random.Random(f"{self.cfg.seed}-environment-{index}")
             self.episodes = EpisodeScheduler(self.backend, self.task, self.tokenizer, self.cfg, env_rng)
+        # A test of the late groups holds the overcommitted ones until their batch is taken
+        # (workers/rollout/episode_scheduler.py, OVERCOMMIT_ENDS_LATE_ENV).
+        self._late_overcommit = LateOvercommit.forced(cfg, self.chunk_groups)
         self.receiver = make_receiver(
             cfg.sync,
             model_dir=model_dir,
@@ -408,6 +411,8 @@ class InferenceWorker:
                 # it): under buffer.unit 'episode' some always are.
                 if not self._resumed_and_evaluated():
                     continue
+                if self._late_overcommit is not None:  # their batch was taken: before anything else
+                    self._put(self._late_overcommit.release([], self.version))
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
                 if room > 0 and (self.policy.admits_while_pending() or not self.staged.pending()):
                     self._admit_episodes(room)
@@ -428,7 +433,7 @@ class InferenceWorker:
                     self.timeline.cancel()
                 with self._evals_lock:
                     self.timings += sched.drain_timings()
-                held += ended
+                held += ended if self._late_overcommit is None else self._late_overcommit.release(ended, self.version)
                 if held and not (barrier and sched.in_flight):
                     self._put(held)
                     held = []
@@ -450,6 +455,8 @@ class InferenceWorker:
         seed, prompts = self._draw(n, requeued)
         assert self.episodes is not None
         self.episodes.admit(prompts, seed)
+        if self._late_overcommit is not None:
+            self._late_overcommit.admitted(seed, n, self.version)
 
     def _draw(self, n: int, requeued: list[Group]) -> tuple[int, list[Row]]:
         """The next generate call's seed (its groups' ids derive from it) and its `n`
