@@ -149,8 +149,12 @@ def _check_launches(
     if errors or team is None:
         return [], []
     launches = []
-    for stored, label, saved in entries:
-        for seed in seeds:
+    # Seed-major: the queue starts every configuration's first seed before any second
+    # one, so a comparison's first results cover every configuration, and whatever else
+    # the host is doing for a while falls on runs of several configurations, not on all
+    # the seeds of one.
+    for seed in seeds:
+        for stored, label, saved in entries:
             try:
                 launch = check_launch(
                     user,

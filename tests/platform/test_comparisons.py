@@ -52,6 +52,10 @@ def test_a_3_configurations_by_2_seeds_comparison_queues_6_runs_with_their_confi
             want.add((preset, seed, capacity or build(preset).buffer.capacity, 3e-5))
     assert got == want
     assert sum(1 for r in runs if r.saved_config_id == saved.pk) == 2
+    # Seed-major: every configuration's first seed is queued before any second one.
+    assert [(r.config["seed"], r.name.split(" · ")[1]) for r in runs] == [
+        (seed, label) for seed in (0, 7) for label in ("async", "sync", "big-buffer v1")
+    ]
     assert "buffers · big-buffer v1 · seed 7" in {r.name for r in runs}
     assert enqueued.count(("schedule_queue", None)) == 1  # one look at the queue decides for all six
     assert not [name for name, _ in enqueued if name == "launch_run"]
