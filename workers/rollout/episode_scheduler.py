@@ -297,7 +297,7 @@ class LateOvercommit:
     def __init__(self, share: int) -> None:
         self.share = share  # the worker's groups of one batch (its chunk)
         self._admitted_at: dict[str, int] = {}  # admitted and not handed over: in flight or held
-        self._handed: Counter[int] = Counter()  # admission version → groups handed while it was held
+        self._handed: Counter[int] = Counter()  # admission version → its groups handed while the worker held it
         self._held: list[Group] = []
 
     @classmethod
