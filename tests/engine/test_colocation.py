@@ -279,6 +279,7 @@ def test_the_episode_loop_hands_the_gpu_over_with_nothing_in_flight_and_wakes_be
     worker._stop, worker._weights_arrived = threading.Event(), threading.Event()
     worker._gpu_handed_over = threading.Event()
     worker.timings, worker._evals_lock = [], threading.Lock()
+    worker._late_overcommit = None  # the test hook off, as without its variable
 
     class Staged:
         def apply(self) -> None:
