@@ -101,7 +101,8 @@ def test_up_runs_the_product_on_embedded_defaults_and_sigterm_leaves_nothing():
             "raylet",
             "gcs_server",
         ):
-            assert any(expected in c for c in commands), f"no {expected!r} in {commands}"
+            # `up`'s own lines too: a child that died says why there ("ray exited (…)").
+            assert any(expected in c for c in commands), f"no {expected!r} in {commands}\n{output()}"
 
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", follow_redirects=True, timeout=30) as client:
             page = post_form(client, "/accounts/login/", {"username": "demo", "password": "demo"})
