@@ -87,9 +87,10 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def run_inline(run_id: int, cache_dir: str, **overrides) -> dict:
-    """Run tiny_config(**overrides) in a driver actor with no ingest; returns its summary."""
-    return run_config(run_id, cache_dir, tiny_config(**overrides))
+def run_inline(run_id: int, cache_dir: str, env: dict | None = None, **overrides) -> dict:
+    """Run tiny_config(**overrides) in a driver actor with no ingest; returns its summary.
+    `env`: as `run_config`'s (a test hook's switch)."""
+    return run_config(run_id, cache_dir, tiny_config(**overrides), env=env)
 
 
 def run_config(

@@ -4,7 +4,7 @@ A one-agent multi-turn task (calculator) scheduled by episode runs in test_task_
 
 from __future__ import annotations
 
-from tests.engine.helpers import run_config, run_inline, tiny_config
+from tests.engine.helpers import run_inline
 from workers.rollout.episode_scheduler import OVERCOMMIT_ENDS_LATE_ENV
 
 # Each agent's environment: a 20 ms median wait whose p90 is 5× it.
@@ -20,7 +20,10 @@ def multi_agent_run(
     update_mode: str = "in_flight",
     env: dict | None = None,
 ) -> dict:
-    config = tiny_config(
+    summary = run_inline(
+        run_id,
+        cache_dir,
+        env,
         mode=mode,
         task={"name": "propose_solve", "options": ENVIRONMENT},
         warm_start={"steps": 60, "noisy_steps": 0, "batch_size": 32, "lr": 3e-3},
@@ -29,7 +32,6 @@ def multi_agent_run(
         buffer={"capacity": 2, "max_staleness": 1, **buffer},
         stop={"max_steps": steps},
     )
-    summary = run_config(run_id, cache_dir, config, env=env)
     assert summary["state"] == "succeeded", summary["error"]
     return summary
 

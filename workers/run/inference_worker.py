@@ -411,7 +411,8 @@ class InferenceWorker:
                 # it): under buffer.unit 'episode' some always are.
                 if not self._resumed_and_evaluated():
                     continue
-                if self._late_overcommit is not None:  # their batch was taken: before anything else
+                # Held groups whose batch was taken go first, even on a pass that starts no call.
+                if self._late_overcommit is not None:
                     self._put(self._late_overcommit.release([], self.version))
                 room = (0 if sched.in_flight else self.chunk_groups) if barrier else target - sched.in_flight
                 if room > 0 and (self.policy.admits_while_pending() or not self.staged.pending()):
