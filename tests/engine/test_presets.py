@@ -5,8 +5,11 @@ Slow: presets that together use every engine switch value of every preset run fo
 through the real RunDriver on in-process Ray (torch backend, a small model), one Ray
 session for all. These runs also carry what other modules would need a run of their own
 for: a double buffer (slime, prime-rl) holds one batch and trains at most one version
-behind, and a finished LoRA run (trl-async-lora) exports its merged policy and its
-adapter, which peft puts back on the exported base.
+behind, a finished LoRA run (trl-async-lora) exports its merged policy and its adapter,
+which peft puts back on the exported base, and each update mode's partial-rollout
+counters agree with it (drain's runs mix no versions and abort nothing: the drain case
+of tests/engine/test_update_modes_in_runs.py, whose stepped modes force weights
+mid-generation).
 """
 
 import os
@@ -200,9 +203,15 @@ SMALL = {
 
 # One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
 # not every preset runs: these together set every value any preset gives an
-# engine-relevant switch (checked below), so every switch value a preset uses is run,
-# and replayed from the schedule it recorded.
+# engine-relevant switch (checked below), so every switch value a preset uses is run.
 RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art", "torchforge"]
+# And replayed from the schedule it recorded, where the preset's layout changes what a
+# schedule holds: a double, bounded (requeueing) or absent buffer, or LoRA's versioned
+# adapters. The others' replays would repeat tests/engine/test_update_modes_in_runs.py's
+# (an unbounded buffer under in_flight and abort_resume, forced mid-generation) and
+# tests/engine/test_replay.py's (drain): a schedule records calls, loads and batches,
+# which neither the sync protocol nor the correction method changes.
+REPLAYED = ["trl-async-lora", "prime-rl", "slime", "miles", "art"]
 
 
 def engine_switches(cfg: RunConfig) -> set[tuple[str, object]]:
@@ -227,6 +236,17 @@ def test_the_presets_run_below_use_every_switch_value_of_every_preset():
         assert not missing, f"{name} sets {sorted(missing, key=str)}, which no preset in RUN runs"
 
 
+def test_the_replayed_presets_cover_every_buffer_layout_and_lora():
+    assert set(REPLAYED) <= set(RUN)
+    replayed = [PRESETS[n]["config"] for n in REPLAYED]
+    layouts = {(c.buffer.mode, c.buffer.on_stale) for c in replayed}
+    for name in RUN:
+        c = PRESETS[name]["config"]
+        assert (c.buffer.mode, c.buffer.on_stale) in layouts or c.buffer.mode == "unbounded", name
+    assert {m for m, _ in layouts} >= {"double", "bounded", "none"} and ("bounded", "requeue") in layouts
+    assert any(c.lora.enabled for c in replayed)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RUN)
 def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
@@ -243,6 +263,9 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
         assert set(s["buffer/capacity"].values()) == {4.0}, name
     if config.lora.enabled:
         assert_the_lora_export_is_the_final_policy(out)
+    assert_the_update_mode_counted_what_it_does(config.sync.update_mode, s)
+    if name not in REPLAYED:
+        return
     # Replayed under the schedule it recorded, the preset trains the same, bit for bit.
     again = run_config(run_id + 100, cache_dir, config.model_dump(mode="json"), timeout_s=240, replay=out["schedule"])
     assert again["state"] == "succeeded", f"{name} replayed: {again['error']}"
@@ -251,6 +274,22 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     for series in TRAINED:
         if series in out["series"]:
             assert dict(again["series"][series]) == s[series], (name, series)
+
+
+def assert_the_update_mode_counted_what_it_does(mode: str, series: dict) -> None:
+    """What each update mode does to a call that weights arrive in, by its cumulative
+    counters: whether weights arrived mid-call here is up to the host (the stepped modes'
+    runs that force it are tests/engine/test_update_modes_in_runs.py's)."""
+    aborted, resumed, retried = (max(series[f"rollout/partial_{k}"].items())[1] for k in ("aborted", "resumed", "retried"))
+    mixed = set(series["rollout/mixed_version_frac"].values())
+    if mode == "drain":  # weights load between calls only: nothing aborted, nothing mixed
+        assert aborted == resumed == retried == 0 and mixed == {0.0}, (aborted, resumed, retried, mixed)
+    elif mode == "in_flight":
+        assert aborted == resumed == retried == 0, (aborted, resumed, retried)
+    elif mode == "abort_retry":  # a retried sequence starts again on the new weights
+        assert retried == aborted and resumed == 0 and mixed == {0.0}, (aborted, resumed, retried, mixed)
+    else:
+        assert (mode, resumed, retried) == ("abort_resume", aborted, 0), (mode, aborted, resumed, retried)
 
 
 def assert_the_lora_export_is_the_final_policy(out: dict) -> None:
