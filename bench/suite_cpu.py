@@ -17,6 +17,9 @@ wall-clock seconds; tests/conftest.py writes one for each test it runs, setup an
 teardown included). Each read's CPU, per process, is charged to the test then running in
 the nearest of the process's ancestors that wrote spans (itself included): a run's
 actors, its Ray cluster, Chromium and the services a test started are that test's.
+And per process that ran tests (each pytest-xdist worker): when its first test started,
+when its last ended and how long it spent inside tests, which shows a worker left alone
+at the end; --spans keeps the lines.
 
 Linux only (/proc).
 
@@ -197,6 +200,17 @@ def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
     return dict(out)
 
 
+def by_worker(spans: dict[int, list[Span]], start: float) -> list[dict[str, float]]:
+    """Per process that ran tests: when its first test started and its last ended (seconds
+    after the command started), and how long it spent inside tests. A worker whose last
+    test ends long before the other's is where a suite's wall time goes unshared."""
+    rows = []
+    for pid, own in sorted(spans.items(), key=lambda kv: kv[1][0].start):
+        busy = sum(s.end - s.start for s in own)
+        rows.append({"pid": pid, "tests": len(own), "first_s": own[0].start - start, "last_s": own[-1].end - start, "in_tests_s": busy})
+    return rows
+
+
 def by_file(tests: dict[str, float]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for test, seconds in tests.items():
@@ -223,6 +237,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15, help="list this many of the processes that spent the most")
     p.add_argument("--tests", type=int, default=15, help="list this many of the tests that spent the most")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--spans", help="keep each test's span (a JSON line: pid, test, start, end) in this file")
     p.add_argument("command", nargs="*", help="the command to run (after --): make test unless given")
     args = p.parse_args()
     if args.interval <= 0:
@@ -234,14 +249,20 @@ def main() -> None:
     tree = Tree(interval_s=args.interval)
     tree.start()
     start = time.monotonic()
-    spans_file = tempfile.NamedTemporaryFile(prefix="test-spans-", suffix=".jsonl", delete=False).name
+    started_at = time.time()
+    spans_file = args.spans or tempfile.NamedTemporaryFile(prefix="test-spans-", suffix=".jsonl", delete=False).name
+    if args.spans and os.path.exists(spans_file):
+        os.unlink(spans_file)  # the lines are appended: a file of an earlier suite would mix in
     try:
         done = subprocess.run(command, cwd=ROOT, env={**os.environ, "ROLLWAY_TEST_SPANS": spans_file})
     finally:
         tree.stop()
     wall = time.monotonic() - start
-    tests = by_test(tree, read_spans(spans_file))
-    os.unlink(spans_file)
+    spans = read_spans(spans_file)
+    tests = by_test(tree, spans)
+    workers = by_worker(spans, started_at)
+    if not args.spans:
+        os.unlink(spans_file)
     kinds = tree.by_kind()
     cores = os.cpu_count() or 1
     top = tree.top(args.top)
@@ -249,6 +270,9 @@ def main() -> None:
     if top:
         print(f"the {len(top)} processes that spent the most CPU:")
         print("\n".join(f"  {seconds:8.1f} s  {cmdline[:100]}" for seconds, cmdline in top))
+    if workers:
+        print("each process that ran tests: tests, first start and last end (s after the command started), time inside tests")
+        print("\n".join(f"  pid {w['pid']:>8}  {w['tests']:5d}  {w['first_s']:7.0f} → {w['last_s']:7.0f}  {w['in_tests_s']:7.0f} s" for w in workers))
     ranked = sorted(tests.items(), key=lambda kv: -kv[1])
     if args.tests and ranked:
         print(f"the {min(args.tests, len(ranked))} tests that spent the most CPU (with every process they started):")
@@ -262,6 +286,7 @@ def main() -> None:
                 "kinds": kinds,
                 "top": top,
                 "tests": dict(ranked),
+                "workers": workers,
                 "files": dict(sorted(by_file(tests).items(), key=lambda kv: -kv[1])),
             }
             json.dump(figures, f, indent=1)
