@@ -207,7 +207,15 @@ def by_worker(spans: dict[int, list[Span]], start: float) -> list[dict[str, floa
     rows = []
     for pid, own in sorted(spans.items(), key=lambda kv: kv[1][0].start):
         busy = sum(s.end - s.start for s in own)
-        rows.append({"pid": pid, "tests": len(own), "first_s": own[0].start - start, "last_s": own[-1].end - start, "in_tests_s": busy})
+        rows.append(
+            {
+                "pid": pid,
+                "tests": len(own),
+                "first_s": own[0].start - start,
+                "last_s": own[-1].end - start,
+                "in_tests_s": busy,
+            }
+        )
     return rows
 
 
@@ -271,8 +279,10 @@ def main() -> None:
         print(f"the {len(top)} processes that spent the most CPU:")
         print("\n".join(f"  {seconds:8.1f} s  {cmdline[:100]}" for seconds, cmdline in top))
     if workers:
-        print("each process that ran tests: tests, first start and last end (s after the command started), time inside tests")
-        print("\n".join(f"  pid {w['pid']:>8}  {w['tests']:5d}  {w['first_s']:7.0f} → {w['last_s']:7.0f}  {w['in_tests_s']:7.0f} s" for w in workers))
+        print("each process that ran tests: tests, first start → last end (s into the command), time in tests")
+        for w in workers:
+            span = f"{w['first_s']:7.0f} → {w['last_s']:7.0f}"
+            print(f"  pid {w['pid']:>8}  {w['tests']:5d}  {span}  {w['in_tests_s']:7.0f} s")
     ranked = sorted(tests.items(), key=lambda kv: -kv[1])
     if args.tests and ranked:
         print(f"the {min(args.tests, len(ranked))} tests that spent the most CPU (with every process they started):")

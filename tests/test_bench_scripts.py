@@ -1006,14 +1006,23 @@ def span(test, start):
 start = time.time(); time.sleep(0.5); span("t.py::idle", start)
 start = time.time(); subprocess.run([sys.executable, "-c", {busy!r}]); time.sleep(0.3); span("t.py::busy", start)
 """
-    out = tmp_path / "cpu.json"
-    done = bench("suite_cpu.py", "--interval", "0.1", "--json", str(out), "--", sys.executable, "-c", child)
+    out, spans = tmp_path / "cpu.json", tmp_path / "spans.jsonl"
+    spans.write_text("a line of an earlier suite\n")
+    args = ("--interval", "0.1", "--json", str(out), "--spans", str(spans))
+    done = bench("suite_cpu.py", *args, "--", sys.executable, "-c", child)
     assert done.returncode == 0, done.stdout + done.stderr
     figures = json.loads(out.read_text())
     assert 0.8 < figures["tests"]["t.py::busy"] < 3.0, figures["tests"]
     assert figures["tests"].get("t.py::idle", 0.0) < 0.3, figures["tests"]
     assert figures["files"]["t.py"] >= figures["tests"]["t.py::busy"]
     assert "tests that spent the most CPU" in done.stdout and "t.py::busy" in done.stdout
+    # One process ran both tests: from about 0 s in to its last span's end, most of it in them.
+    kept = [json.loads(line) for line in spans.read_text().splitlines()]  # this run's lines only
+    assert [k["test"] for k in kept] == ["t.py::idle", "t.py::busy"]
+    (worker,) = figures["workers"]
+    assert worker["pid"] == kept[0]["pid"] and worker["tests"] == 2
+    assert 0 <= worker["first_s"] < worker["last_s"] and 1.5 < worker["in_tests_s"] <= worker["last_s"]
+    assert "each process that ran tests" in done.stdout
 
 
 def test_suite_cpu_charges_a_read_to_the_test_then_running_or_between_tests():
