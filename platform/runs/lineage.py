@@ -163,7 +163,8 @@ def check_replay(user, run_id: int) -> Run:
 
 def replay_refusal(run: Run) -> dict[str, str]:
     """Why `run` cannot be replayed, by field ({} when it can): it must have succeeded
-    here, recorded a schedule, and have a config a schedule covers."""
+    here, recorded a schedule, and have a config a schedule covers; a resumed run's
+    checkpoint, where its record starts, must still be kept."""
     if run.simulated:
         return {
             "simulated": f"run {run.pk} was simulated, so there is nothing to replay: clone it to launch its config"
@@ -181,19 +182,27 @@ def replay_refusal(run: Run) -> dict[str, str]:
     problem = replay_problem(config, is_multi_agent(task))
     if problem:
         return {"config": f"run {run.pk} cannot be replayed: {problem}"}
-    problem = schedule_problem(Schedule.from_json(row.as_json()), config)
+    if run.origin == Origin.RESUME and run.resume_from_id is None:
+        return {
+            "resume_from": f"run {run.pk} resumed from a checkpoint the site no longer keeps, and its replay "
+            "would resume from that checkpoint: replay the run it resumed from, or retry this one"
+        }
+    resume_step = run.resume_from.step if run.resume_from is not None else 0
+    problem = schedule_problem(Schedule.from_json(row.as_json()), config, resume_step)
     return {"schedule": f"run {run.pk} cannot be replayed: {problem}"} if problem else {}
 
 
 def do_replay(user, parent: Run) -> Run:
     """A new queued run with the parent's config that follows the parent's schedule
-    (runs/in_ray.py hands it to the driver)."""
+    (runs/in_ray.py hands it to the driver); a resumed run's replay resumes from the
+    checkpoint it resumed from, where its record starts."""
     return _create_child(
         user,
         parent,
         origin=Origin.REPLAY,
         name=_child_name(parent, "replay"),
         **_parents_config(parent),
+        resume_from=parent.resume_from,
     )
 
 

@@ -40,7 +40,7 @@ import pytest
 import ray
 import torch
 
-from tests.engine.helpers import TOKEN, fixed_groups, small_config
+from tests.engine.helpers import TOKEN, assert_trained_the_same, fixed_groups, small_config
 from tests.engine.ingest_stub import IngestStub
 from workers.config.presets import build, deep_merge
 from workers.core.metric_names import TRAINED as EQUIVALENT
@@ -435,8 +435,9 @@ SMALL = {
 REL_TOL, ABS_TOL = 1e-6, 1e-7
 
 
-def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, env=None, **overrides) -> dict:
-    """`env`: the driver's environment variables, which its actors inherit (a test hook's switch)."""
+def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, env=None, replay=None, **overrides) -> dict:
+    """`env`: the driver's environment variables, which its actors inherit (a test hook's
+    switch); `replay`: a schedule to follow."""
     cfg = build(preset, deep_merge(SMALL, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"), checkpoint_root=root)
     options = {"runtime_env": {"env_vars": env}} if env else {}
@@ -449,6 +450,7 @@ def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, env=None, 
         exit_when_done=False,
         confinement=confinement,
         resume_from=resume_from,
+        replay=replay,
     )
     try:
         out = ray.get(driver.run.remote(), timeout=240)
@@ -613,6 +615,19 @@ def test_an_async_run_resumed_from_a_checkpoint_continues_the_step_count(sync_ru
         # included, is trained, in the buffer, or in flight with the worker.
         assert LedgerTotals.of([worker], state).unaccounted == 0
     assert_ledger_closes(resumed, trained=4 * 7)
+    # Its record starts at step 5; replayed resuming from the same checkpoint, it trains
+    # the same batches to the same weights, bit for bit.
+    assert [version for version, _ in resumed["schedule"]["batches"]] == [4, 5, 6]
+    again = run(
+        "async",
+        305,
+        cache_dir,
+        ckpt_root,
+        resume_from=step_dir(ckpt_root, 301, 4),
+        replay=resumed["schedule"],
+        stop={"max_steps": 7},
+    )
+    assert_trained_the_same(resumed, again)
 
 
 def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_the_resume(

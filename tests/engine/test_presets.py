@@ -280,7 +280,9 @@ def assert_the_update_mode_counted_what_it_does(mode: str, series: dict) -> None
     """What each update mode does to a call that weights arrive in, by its cumulative
     counters: whether weights arrived mid-call here is up to the host (the stepped modes'
     runs that force it are tests/engine/test_update_modes_in_runs.py's)."""
-    aborted, resumed, retried = (max(series[f"rollout/partial_{k}"].items())[1] for k in ("aborted", "resumed", "retried"))
+    aborted, resumed, retried = (
+        max(series[f"rollout/partial_{k}"].items())[1] for k in ("aborted", "resumed", "retried")
+    )
     mixed = set(series["rollout/mixed_version_frac"].values())
     if mode == "drain":  # weights load between calls only: nothing aborted, nothing mixed
         assert aborted == resumed == retried == 0 and mixed == {0.0}, (aborted, resumed, retried, mixed)

@@ -249,7 +249,11 @@ def test_what_a_schedule_does_not_record_cannot_be_replayed(overrides, multi_age
         ({"trainer": {"batch_groups": 2}}, None, "the schedule's batches hold 4 groups, and trainer.batch_groups is 2"),
         ({"sync": {"update_mode": "drain"}}, "loads", "sync.update_mode 'drain'"),
         ({}, "requeues", "buffer.on_stale is 'drop'"),
-        ({}, "resumed", "its first batch trains policy version 3, not 0"),
+        (
+            {},
+            "resumed",
+            "its first batch trains policy version 3, not 0: the recorded run resumed from the checkpoint of step 3",
+        ),
     ],
 )
 def test_a_record_the_config_could_not_follow_is_refused_naming_the_field(overrides, edit, needle):
@@ -264,6 +268,17 @@ def test_a_record_the_config_could_not_follow_is_refused_naming_the_field(overri
         schedule.batches = [Batch(v + 3, b.group_ids) for v, b in enumerate(schedule.batches)]
     problem = schedule_problem(schedule, cfg)
     assert problem is not None and needle in problem, problem
+
+
+def test_a_resumed_runs_record_is_followed_from_the_checkpoint_it_resumed_from():
+    recorded = {"inference": {"num_workers": 2}, "trainer": {"batch_groups": 4}}
+    cfg = build("async", recorded)
+    schedule = two_workers()
+    schedule.batches = [Batch(v + 3, b.group_ids) for v, b in enumerate(schedule.batches)]
+    assert schedule_problem(schedule, cfg, resume_step=3) is None
+    problem = schedule_problem(schedule, cfg, resume_step=2)
+    assert problem is not None and "version 3, and the checkpoint it would resume from is of step 2" in problem
+    assert "its first batch trains policy version 0" in (schedule_problem(two_workers(), cfg, resume_step=2) or "")
 
 
 # -- whole runs --------------------------------------------------------------------------

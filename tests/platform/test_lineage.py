@@ -177,6 +177,42 @@ def test_a_run_that_cannot_be_replayed_is_a_409_naming_why_and_shows_no_button(
     assert 'id="replay-button"' not in client_for(owner).get(f"/runs/{parent.pk}/").content.decode()
 
 
+def test_a_resumed_runs_replay_resumes_from_its_checkpoint_and_follows_its_record(
+    client, client_for, owner, make_run, driver
+):
+    from runs import in_ray, queue
+    from runs.lineage import do_resume
+
+    original = make_run(Status.FAILED, preset="async")
+    assert ingest_checkpoint(client, original, 3).status_code == 201
+    resumed = do_resume(owner, original, original.checkpoints.get(step=3))
+    Run.objects.filter(pk=resumed.pk).update(status=Status.SUCCEEDED)
+    resumed.refresh_from_db()
+    resumed.config = deep_merge(resumed.config, RECORDED)
+    resumed.save(update_fields=["config"])
+    # Its record starts where it resumed: the batch of step 4 trains version 3.
+    recorded = {**SCHEDULE, "batches": [[3, SCHEDULE["batches"][0][1]]]}
+    RunSchedule.objects.create(run=resumed, **recorded, bytes=80, steps=1)
+    assert 'id="replay-button"' in client_for(owner).get(f"/runs/{resumed.pk}/").content.decode()
+    response = post_json(client_for(owner), f"/api/runs/{resumed.pk}/replay", {})
+    assert response.status_code == 201, response.content
+    child = Run.objects.get(pk=response.json()["id"])
+    assert (child.origin, child.parent_id, child.resume_from.step) == ("replay", resumed.pk, 3)
+    Run.objects.filter(pk=child.pk).update(phase=queue.SCHEDULED)
+    in_ray.do_start_in_ray(child.pk)
+    assert driver.resumed_from[child.pk] == f"/ck/run-{original.pk}/step-00000003"
+    assert driver.replayed[child.pk] == recorded
+    # A record that does not start at the checkpoint's step, and a checkpoint no longer kept.
+    RunSchedule.objects.filter(run=resumed).update(batches=[[2, SCHEDULE["batches"][0][1]]])
+    response = post_json(client_for(owner), f"/api/runs/{resumed.pk}/replay", {})
+    assert response.status_code == 409
+    assert "the checkpoint it would resume from is of step 3" in response.json()["errors"]["schedule"]
+    original.checkpoints.all().delete()
+    response = post_json(client_for(owner), f"/api/runs/{resumed.pk}/replay", {})
+    assert response.status_code == 409 and "no longer keeps" in response.json()["errors"]["resume_from"]
+    assert 'id="replay-button"' not in client_for(owner).get(f"/runs/{resumed.pk}/").content.decode()
+
+
 def test_a_replay_whose_parents_schedule_is_gone_fails_saying_so(client_for, owner, make_run, driver):
     from runs import in_ray, queue
 

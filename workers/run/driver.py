@@ -42,7 +42,7 @@ from workers.rollout.episode_scheduler import EpisodeTiming, is_multi_agent, tim
 from workers.rollout.partial_rollouts import partial_metrics
 from workers.rollout.reward_stage import RewardReport, pool_metrics
 from workers.run.admission import engine_errors
-from workers.run.checkpoints import CheckpointRecord, CheckpointTarget, check_resume, check_resume_split
+from workers.run.checkpoints import Checkpoint, CheckpointRecord, CheckpointTarget, check_resume, check_resume_split
 from workers.run.failures import ChildFailed, Failure, explain, node_label
 from workers.run.messages import InferenceReport, StepRecord, TrainerReport
 from workers.run.paths import Confinement, make_scratch, remove_scratch
@@ -94,7 +94,8 @@ class RunDriver:
         a checkpoint (a step directory under `confinement.checkpoint_root`, of this run
         or another) to continue from (workers/run/checkpoints.py). `replay`: the schedule
         another run of this config recorded (its summary's `schedule`), which this run
-        follows (workers/run/schedule.py)."""
+        follows (workers/run/schedule.py); a resumed run's record is replayed resuming
+        from the checkpoint it resumed from."""
         self.confinement = confinement or Confinement(
             scratch_root=os.path.join(cache_dir, "scratch"), export_root=os.path.join(cache_dir, "exports")
         )
@@ -171,11 +172,11 @@ class RunDriver:
             refused = engine_errors(self.cfg)  # the platform refuses these at launch; a direct launch is not
             if refused:
                 raise ValueError("; ".join(refused.values()))
-            if self.replay is not None:
-                self._check_replay()
             if self.resume_from is not None:
                 self.resume_from = check_resume(self.resume_from, self.confinement.checkpoint_root)
                 check_resume_split(self.resume_from, self.cfg)
+            if self.replay is not None:
+                self._check_replay()
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
 
@@ -271,10 +272,9 @@ class RunDriver:
         (ValueError, a sentence naming what to change)."""
         assert self.replay is not None
         schedule = Schedule.from_json(self.replay)
-        if self.resume_from is not None:
-            raise ValueError("a replay starts from the beginning of its schedule: launch it without resume_from")
+        resume_step = Checkpoint(self.resume_from).step if self.resume_from is not None else 0
         problem = replay_problem(self.cfg, is_multi_agent(make_task(self.cfg.task)))
-        problem = problem or schedule_problem(schedule, self.cfg)
+        problem = problem or schedule_problem(schedule, self.cfg, resume_step)
         if problem:
             raise ValueError(f"this run cannot be replayed: {problem}")
 

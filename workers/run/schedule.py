@@ -50,8 +50,12 @@ What this does not cover, refused when the run starts (`replay_problem`): episod
 their own clocks (their scheduler admits them). A record the config at hand could not
 follow is refused there too, before any actor starts (`schedule_problem`): calls of more
 inference workers than it has, batches of another size, loads inside calls under
-`drain`, requeued takes without `on_stale: requeue`, or a record that does not start at
-the first step (a resumed run's: a replay starts from the beginning).
+`drain`, requeued takes without `on_stale: requeue`, or a record that does not start
+where the replay does.
+
+A resumed run records the steps it ran, from its checkpoint on; its replay resumes from
+the same checkpoint (the weights, optimizer, RNG, buffer and rows in flight it restored)
+and follows the record from there.
 """
 
 from __future__ import annotations
@@ -280,15 +284,21 @@ def replay_problem(cfg: RunConfig, multi_agent: bool) -> str | None:
     return None
 
 
-def schedule_problem(schedule: Schedule, cfg: RunConfig) -> str | None:
-    """Why a run of `cfg` could not follow `schedule`, a sentence naming the field and the
-    fix; None if it could. A replay would otherwise start every actor and fail at the
-    first event it cannot make (ReplayDiverged)."""
-    if schedule.batches and schedule.batches[0].version != 0:
+def schedule_problem(schedule: Schedule, cfg: RunConfig, resume_step: int = 0) -> str | None:
+    """Why a run of `cfg` resumed at `resume_step` (0: from the start) could not follow
+    `schedule`, a sentence naming the field and the fix; None if it could. A replay would
+    otherwise start every actor and fail at the first event it cannot make
+    (ReplayDiverged)."""
+    first = schedule.batches[0].version if schedule.batches else resume_step
+    if first != resume_step:
+        if resume_step:
+            return (
+                f"its first batch trains policy version {first}, and the checkpoint it would resume from is of "
+                f"step {resume_step}: a replay resumes from the checkpoint its recorded run resumed from"
+            )
         return (
-            f"its first batch trains policy version {schedule.batches[0].version}, not 0: a run resumed from a "
-            "checkpoint records only the steps it ran, and a replay starts from the beginning, so replay the "
-            "run it resumed from"
+            f"its first batch trains policy version {first}, not 0: the recorded run resumed from the "
+            f"checkpoint of step {first}, so its replay resumes from that checkpoint too"
         )
     workers = {a.worker for a in schedule.admissions} | {x.worker for x in schedule.loads}
     workers |= {r.worker for r in schedule.requeues}
