@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.xdist_worker import run_root
+from tests.xdist_worker import ray_start_lock_path, run_root
 from workers.core import worker_process
+from workers.core.run_actors import RAY_START_LOCK_ENV
 
 # Every pytest process collects test modules that import transformers' model classes,
 # which import scikit-learn and SciPy when they are installed; no test uses either. Hidden
@@ -44,6 +45,16 @@ STACK_GROUP = "integration-stack"
 # checkpoint) cost seconds to minutes each; a worker that runs one of their tests starts
 # its own copy.
 SHARED_SCOPES = ("module", "class")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_starts_in_turn(tmp_path_factory) -> None:
+    """Every Ray cluster this run starts, in the workers' fixtures (tests.xdist_worker's
+    `ray_start_lock`) or in the bench scripts and subprocesses they start
+    (workers.core.run_actors.init_local_ray, through RAY_START_LOCK_ENV), starts while
+    holding one lock: a bench's cluster starting beside a worker's missed Ray's 30 s for a
+    raylet to register (test_run_cost_prints_each_actor_kind_per_run, once)."""
+    os.environ[RAY_START_LOCK_ENV] = ray_start_lock_path(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -69,3 +69,32 @@ def test_the_end_to_end_tests_go_to_one_worker_and_a_shared_fixtures_file_to_ano
     assert len([n for n in groups if n.startswith("tests/integration/")]) > 2
     learning = {group for nodeid, group in groups.items() if nodeid.startswith("tests/engine/test_learning.py")}
     assert learning == {"tests/engine/test_learning.py"}  # its module-scoped warm start
+
+
+def test_the_bench_scripts_and_the_workers_take_one_ray_start_lock(tmp_path, monkeypatch):
+    """workers.core.run_actors.init_local_ray (the bench scripts') holds the file
+    RAY_START_LOCK_ENV names while Ray starts, the same flock as the workers' fixtures
+    take: while one holds it, another process cannot."""
+    import subprocess
+    import sys
+
+    from workers.core.run_actors import RAY_START_LOCK_ENV, ray_start_lock
+
+    path = str(tmp_path / "ray-start.lock")
+    probe = (
+        "import fcntl, sys\n"
+        "f = open(sys.argv[1], 'w')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n"
+    )
+
+    def other_process_gets_it() -> bool:
+        return subprocess.run([sys.executable, "-c", probe, path], timeout=60).returncode == 0
+
+    monkeypatch.setenv(RAY_START_LOCK_ENV, path)
+    with ray_start_lock():
+        assert not other_process_gets_it()
+    assert other_process_gets_it()
+    monkeypatch.delenv(RAY_START_LOCK_ENV)
+    with ray_start_lock():  # no lock named: nothing is locked or made
+        pass
+    assert os.listdir(tmp_path) == ["ray-start.lock"]

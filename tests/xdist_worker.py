@@ -47,12 +47,20 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root.parent if worker_index() is not None else root
 
 
+def ray_start_lock_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The file the workers of a pytest run, and the bench scripts they run (through
+    RAY_START_LOCK_ENV), lock while a Ray cluster or head starts."""
+    return str(run_root(tmp_path_factory) / "ray-start.lock")
+
+
 @contextlib.contextmanager
 def ray_start_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Held while a Ray cluster or head starts, one at a time across the workers of a
     pytest run: Ray gives a raylet 30 s to register with its GCS, and clusters starting
-    at once on a loaded 2-core machine missed it (a head that exits at start-up)."""
-    with open(run_root(tmp_path_factory) / "ray-start.lock", "w") as lock:
+    at once on a loaded 2-core machine missed it (a head that exits at start-up). The
+    same flock as workers.core.run_actors.ray_start_lock's (not imported here: this
+    plugin loads before anything imports Ray)."""
+    with open(ray_start_lock_path(tmp_path_factory), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

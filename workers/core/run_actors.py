@@ -8,10 +8,11 @@ reconcile beat, a new driver replacing a dead one), so they are built in one pla
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import ray
@@ -23,10 +24,31 @@ NAMESPACE = "rollway"
 A = TypeVar("A")
 
 
+# A file that processes starting Ray clusters on one host lock in turn while each starts
+# (unset: no lock). Ray gives a new raylet 30 s to register with its GCS (a constant of
+# ray._private.node, no setting), and on a loaded 2-core host two clusters starting at
+# once missed it: a test suite's workers and the bench scripts they run share one.
+RAY_START_LOCK_ENV = "ROLLWAY_RAY_START_LOCK"
+
+
+@contextlib.contextmanager
+def ray_start_lock(path: str | None = None) -> Iterator[None]:
+    """Hold the start lock at `path` (default: RAY_START_LOCK_ENV's; none if unset)."""
+    path = path or os.environ.get(RAY_START_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def init_local_ray(namespace: str, num_cpus: int = 2) -> None:
     """A Ray cluster of this process's own (address "local": even where RAY_ADDRESS or a
-    `ray start` on this host names another one): what the bench scripts measure on."""
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace=namespace, log_to_driver=False)
+    `ray start` on this host names another one): what the bench scripts measure on.
+    Started under the host's start lock, where RAY_START_LOCK_ENV names one."""
+    with ray_start_lock():
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace=namespace, log_to_driver=False)
 
 
 def actor_name(run_id: int) -> str:
