@@ -182,13 +182,15 @@ def replay_refusal(run: Run) -> dict[str, str]:
     problem = replay_problem(config, is_multi_agent(task))
     if problem:
         return {"config": f"run {run.pk} cannot be replayed: {problem}"}
-    if run.origin == Origin.RESUME and run.resume_from_id is None:
+    schedule = Schedule.from_json(row.as_json())
+    starts_at = schedule.batches[0].version if schedule.batches else 0
+    if starts_at and run.resume_from is None:  # the checkpoint's row went with its pruning
         return {
-            "resume_from": f"run {run.pk} resumed from a checkpoint the site no longer keeps, and its replay "
-            "would resume from that checkpoint: replay the run it resumed from, or retry this one"
+            "resume_from": f"run {run.pk} resumed from the checkpoint of step {starts_at}, which the site no "
+            "longer keeps, and its replay would resume from it: replay the run it resumed from, or retry this one"
         }
     resume_step = run.resume_from.step if run.resume_from is not None else 0
-    problem = schedule_problem(Schedule.from_json(row.as_json()), config, resume_step)
+    problem = schedule_problem(schedule, config, resume_step)
     return {"schedule": f"run {run.pk} cannot be replayed: {problem}"} if problem else {}
 
 

@@ -209,7 +209,8 @@ def test_a_resumed_runs_replay_resumes_from_its_checkpoint_and_follows_its_recor
     assert "the checkpoint it would resume from is of step 3" in response.json()["errors"]["schedule"]
     original.checkpoints.all().delete()
     response = post_json(client_for(owner), f"/api/runs/{resumed.pk}/replay", {})
-    assert response.status_code == 409 and "no longer keeps" in response.json()["errors"]["resume_from"]
+    assert response.status_code == 409
+    assert "the checkpoint of step 2, which the site no longer keeps" in response.json()["errors"]["resume_from"]
     assert 'id="replay-button"' not in client_for(owner).get(f"/runs/{resumed.pk}/").content.decode()
 
 

@@ -298,7 +298,7 @@ def schedule_problem(schedule: Schedule, cfg: RunConfig, resume_step: int = 0) -
             )
         return (
             f"its first batch trains policy version {first}, not 0: the recorded run resumed from the "
-            f"checkpoint of step {first}, so its replay resumes from that checkpoint too"
+            f"checkpoint of step {first}, so its replay resumes from that checkpoint too (resume_from)"
         )
     workers = {a.worker for a in schedule.admissions} | {x.worker for x in schedule.loads}
     workers |= {r.worker for r in schedule.requeues}
