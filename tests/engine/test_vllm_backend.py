@@ -420,6 +420,29 @@ def test_the_engine_lock_gives_its_holder_the_engines_thread_count_and_restores_
         assert torch.get_num_threads() == own
 
 
+def test_the_cpu_engines_holder_runs_torch_compiles_functions_eagerly():
+    """vLLM-CPU's sampler compiles a helper with inductor (a C++ build at the first
+    generate); under a CPU engine's lock it runs eagerly, and a GPU engine's lock
+    leaves torch.compile alone."""
+    from workers.inference.vllm_backend import EngineLock
+
+    compiled: list[int] = []
+
+    def backend(gm, example_inputs):
+        compiled.append(1)
+        return gm.forward
+
+    @torch.compile(backend=backend, dynamic=False)
+    def count_at_least(x, v):
+        return (x >= v).sum(-1)
+
+    x, v = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[2.0]])
+    with EngineLock(torch.get_num_threads()):
+        assert count_at_least(x, v).tolist() == [2] and compiled == []
+    with EngineLock(None):
+        assert count_at_least(x, v).tolist() == [2] and compiled == [1]
+
+
 def test_on_the_cpu_vllm_inspects_the_checkpoints_classes_without_a_second_interpreter(monkeypatch):
     """A class vLLM has no record of is inspected in a fresh interpreter that imports vLLM
     again (its registry's `_run_in_subprocess`); the backend registers the checkpoint's
