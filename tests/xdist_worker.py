@@ -20,7 +20,6 @@ settings; the rewritten environment is also what every service a test starts inh
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,10 +57,11 @@ def ray_start_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Held while a Ray cluster or head starts, one at a time across the workers of a
     pytest run: Ray gives a raylet 30 s to register with its GCS, and clusters starting
     at once on a loaded 2-core machine missed it (a head that exits at start-up). The
-    same flock as workers.core.run_actors.ray_start_lock's (not imported here: this
-    plugin loads before anything imports Ray)."""
-    with open(ray_start_lock_path(tmp_path_factory), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    bench scripts' `init_local_ray` takes the same lock."""
+    # Imported here: it imports Ray, and this plugin loads before pytest-django's settings.
+    from workers.core.run_actors import ray_start_lock as start_lock
+
+    with start_lock(ray_start_lock_path(tmp_path_factory)):
         yield
 
 

@@ -422,9 +422,11 @@ class EngineLock:
     (`torch.compiler.set_stance("force_eager")`). The engine runs eager there
     (enforce_eager), but its sampler still compiles one helper with inductor, the rank of
     each sampled token's logprob (vllm.v1.sample.ops.logprobs.batched_count_greater_than,
-    `(x >= values).sum(-1)`): a C++ build at an engine's first generate, 5.2 s of CPU with
-    inductor's cache empty and 1.8 s with it warm, for a count that is exact either way and
-    costs microseconds eager."""
+    `(x >= values).sum(-1)`): a C++ build at an engine's first generate, which cost a tiny
+    engine's start 1.7 s of its CPU and 8 s of wall with inductor's cache empty (the
+    compiler's processes besides) and 1.3 s with it warm, for a count that is exact
+    either way and costs microseconds eager. The stance is the process's, not the thread's: in a run's
+    inference worker nothing else compiles."""
 
     def __init__(self, threads: int | None) -> None:
         self._lock = threading.RLock()
