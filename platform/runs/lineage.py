@@ -183,10 +183,9 @@ def replay_refusal(run: Run) -> dict[str, str]:
     if problem:
         return {"config": f"run {run.pk} cannot be replayed: {problem}"}
     schedule = Schedule.from_json(row.as_json())
-    starts_at = schedule.batches[0].version if schedule.batches else 0
-    if starts_at and run.resume_from is None:  # the checkpoint's row went with its pruning
+    if schedule.starts_at and run.resume_from is None:  # the checkpoint's row went with its pruning
         return {
-            "resume_from": f"run {run.pk} resumed from the checkpoint of step {starts_at}, which the site no "
+            "resume_from": f"run {run.pk} resumed from the checkpoint of step {schedule.starts_at}, which the site no "
             "longer keeps, and its replay would resume from it: replay the run it resumed from, or retry this one"
         }
     resume_step = run.resume_from.step if run.resume_from is not None else 0

@@ -425,8 +425,8 @@ class EngineLock:
     `(x >= values).sum(-1)`): a C++ build at an engine's first generate, which cost a tiny
     engine's start 1.7 s of its CPU and 8 s of wall with inductor's cache empty (the
     compiler's processes besides) and 1.3 s with it warm, for a count that is exact
-    either way and costs microseconds eager. The stance is the process's, not the thread's: in a run's
-    inference worker nothing else compiles."""
+    either way and costs microseconds eager. The stance is the process's, not the
+    thread's: in a run's inference worker nothing else compiles."""
 
     def __init__(self, threads: int | None) -> None:
         self._lock = threading.RLock()

@@ -125,6 +125,12 @@ class Schedule:
     loads: list[Load] = field(default_factory=list)
     requeues: list[Requeue] = field(default_factory=list)
 
+    @property
+    def starts_at(self) -> int:
+        """The policy version its first batch trains: 0, or the step of the checkpoint
+        the recorded run resumed from (0 for a record of no batch)."""
+        return self.batches[0].version if self.batches else 0
+
     def to_json(self) -> dict:
         return {
             "admissions": [[a.worker, a.version, a.groups] for a in self.admissions],
@@ -289,7 +295,7 @@ def schedule_problem(schedule: Schedule, cfg: RunConfig, resume_step: int = 0) -
     `schedule`, a sentence naming the field and the fix; None if it could. A replay would
     otherwise start every actor and fail at the first event it cannot make
     (ReplayDiverged)."""
-    first = schedule.batches[0].version if schedule.batches else resume_step
+    first = schedule.starts_at if schedule.batches else resume_step
     if first != resume_step:
         if resume_step:
             return (
