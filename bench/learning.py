@@ -22,8 +22,10 @@ deviation over seeds, and each seed's), samples trained on, and the training wal
 (Rollway: its loops, eval passes included; TRL: `train()`'s steps, saves excluded);
 then each side's held-out pass@1 at each eval point, mean over seeds.
 
-TRL's process runs on torch's default threads (one per core), as a user's would.
-`--trl-threads N` holds it to N: a sensitivity setting, and TRL's rows say so.
+TRL's process runs on torch's default threads (one per core) and GRPOConfig's default
+precision (bf16 mixed precision: accelerate's bf16 autocast on the CPU), as a user's
+would. `--trl-threads N` holds it to N threads and `--trl-fp32` turns its bf16 off
+(Rollway's float32): sensitivity settings, and TRL's rows say so.
 
     .venv/bin/python bench/learning.py --task countdown              # 3 seeds × sync, async, TRL
     .venv/bin/python bench/learning.py --task gsm8k --sides sync,async
@@ -41,6 +43,8 @@ import random
 import statistics
 import sys
 import time
+
+from peer_trl import trl_label  # beside this script: the TRL side's label, shared
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -147,6 +151,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch threads in TRL's process (default: torch's, one per core; any other count is a sensitivity "
         "setting, labelled as such)",
     )
+    ap.add_argument(
+        "--trl-fp32",
+        action="store_true",
+        help="TRL with bf16 off (default: GRPOConfig's, bf16 mixed precision): a sensitivity setting, labelled",
+    )
     ap.add_argument("--venv", default=None, help="TRL's virtual environment (made if missing)")
     ap.add_argument("--work-dir", default=os.path.join(ROOT, "var", "bench-learning"))
     ap.add_argument(
@@ -185,12 +194,9 @@ def spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
-def side_label(side: str, trl_threads: int | None) -> str:
-    """The side's name in the tables: TRL on a thread count of its own choosing says so,
-    so a figure quoted from the row carries the setting with it."""
-    if side != "trl" or trl_threads is None:
-        return side
-    return f"trl, --trl-threads {trl_threads} (a sensitivity setting, not TRL's default)"
+def side_label(side: str, trl_threads: int | None, trl_fp32: bool = False) -> str:
+    """The side's name in the tables: TRL's says which of its defaults it was run off."""
+    return trl_label(trl_threads, trl_fp32) if side == "trl" else side
 
 
 def table(rows: dict[str, list[dict]]) -> str:
@@ -350,6 +356,7 @@ def run_trl(cfg, recipe: dict, policy: str, work_dir: str, python: str, args, st
         "max_minutes": args.max_minutes,
         "work_dir": out_dir,
         "threads": args.trl_threads,
+        **({"precision": "fp32"} if args.trl_fp32 else {}),
         "save_every": cfg.eval.every_steps,
         "save_dir": os.path.join(out_dir, "saved"),
     }
@@ -375,6 +382,7 @@ def run_trl(cfg, recipe: dict, policy: str, work_dir: str, python: str, args, st
         "samples": len(out["steps"]) * cfg.trainer.batch_groups * cfg.trainer.group_size,
         "wall_s": out["steps"][-1]["t"],
         "threads": out["threads"],
+        "precision": out["precision"],
     }
 
 
@@ -440,8 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if rows.get("trl"):
         held = "torch's default" if args.trl_threads is None else "--trl-threads, a sensitivity setting"
-        print(f"TRL's process: {rows['trl'][0]['threads']} torch threads ({held})")
-    labelled = {side_label(side, args.trl_threads): runs for side, runs in rows.items() if runs}
+        mixed = "GRPOConfig's default" if not args.trl_fp32 else "--trl-fp32, a sensitivity setting"
+        trl = rows["trl"][0]
+        print(f"TRL's process: {trl['threads']} torch threads ({held}), mixed precision {trl['precision']} ({mixed})")
+    labelled = {side_label(side, args.trl_threads, args.trl_fp32): runs for side, runs in rows.items() if runs}
     print(table(labelled))
     print("\nheld-out pass@1 by step (mean over seeds):")
     print(curves(labelled))

@@ -57,6 +57,14 @@ What cannot be the same, and why:
   Rollway's torch backend runs its own decode loop on transformers' forward in a
   separate actor (and vLLM's engine with `--backends vllm`), with weights copied over
   after every step.
+- Precision: TRL runs at GRPOConfig's default, bf16 mixed precision (`bf16` unset means
+  on unless fp16 is; on the CPU, accelerate's bf16 autocast around the model's forward, in
+  generation as in training; the runner reports what its Trainer ran with), as a user's
+  would; Rollway at its own default, float32 (`trainer.dtype`, `inference.dtype`).
+  `--trl-fp32` turns TRL's bf16 off, Rollway's precision: a sensitivity setting, labelled
+  as such in the table and wherever it is quoted. On this tiny model bf16 autocast costs
+  TRL time (casts around small matmuls); `--set trainer.dtype=bfloat16 --set
+  inference.dtype=bfloat16` is the sensitivity row that gives Rollway the same.
 - Threads: TRL's process uses torch's default (one per core), as a user's would;
   Rollway's actors use the thread counts the engine gives them. Both share the host's
   cores. `--trl-threads N` holds TRL to N threads: a sensitivity setting, not TRL's
@@ -73,11 +81,13 @@ What cannot be the same, and why:
 
     .venv/bin/python bench/peer_trl.py                       # B=8 × G=8, 40 steps a side (~3 min)
     .venv/bin/python bench/peer_trl.py --quick               # smoke test: 4 steps, B=4 × G=4
-    # docs/benchmarks.md's table: the defaults, TRL on its default threads, one run per seed
+    # docs/benchmarks.md's table: the defaults, TRL on its default threads and precision, one run per seed
     for s in 0 1 2; do .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --markdown --seed $s; done
-    # sensitivity rows, labelled as such where quoted: TRL held to one thread; Rollway's
-    # actors given two threads each
+    # sensitivity rows, labelled as such where quoted: TRL in float32; TRL held to one
+    # thread; Rollway in bf16 as TRL's default; Rollway's actors given two threads each
+    .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --markdown --trl-fp32
     .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --markdown --trl-threads 1
+    .venv/bin/python bench/peer_trl.py --skip-trl --set trainer.dtype=bfloat16 --set inference.dtype=bfloat16
     .venv/bin/python bench/peer_trl.py --work-dir /tmp/peer --skip-trl --set placement.cpu_threads=2
     .venv/bin/python bench/peer_trl.py --skip-trl --backends torch,vllm
 """
@@ -133,6 +143,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-trl", action="store_true", help="Rollway only (no TRL venv, no TRL run)")
     ap.add_argument("--skip-rollway", action="store_true", help="TRL only")
     ap.add_argument("--trl-threads", type=int, default=None, help="torch threads in TRL's process (default: torch's)")
+    ap.add_argument(
+        "--trl-fp32",
+        action="store_true",
+        help="TRL with bf16 off (default: GRPOConfig's, bf16 mixed precision): a sensitivity setting",
+    )
     ap.add_argument(
         "--set", action="append", default=[], help="override of the Rollway runs, e.g. placement.cpu_threads=2"
     )
@@ -332,6 +347,14 @@ def format_table(results: dict[str, dict], rows=ROWS) -> str:
     return "\n".join(lines)
 
 
+def trl_label(trl_threads: int | None, trl_fp32: bool) -> str:
+    """TRL's side as a table names it (here and in bench/learning.py): "trl" at TRL's
+    defaults, else what was changed and that it is a sensitivity setting, so a figure
+    quoted from the row carries the setting with it."""
+    changed = [f"--trl-threads {trl_threads}"] * (trl_threads is not None) + ["--trl-fp32"] * trl_fp32
+    return "trl" if not changed else f"trl, {', '.join(changed)} (a sensitivity setting, not TRL's default)"
+
+
 def markdown_table(results: dict[str, dict], target: float) -> str:
     """One row per side (a Markdown table for docs/benchmarks.md): throughput, its ratio to
     TRL's, time to `target`, rewards, busy fractions and the load the figure was
@@ -352,7 +375,8 @@ def markdown_table(results: dict[str, dict], target: float) -> str:
         ratio = "-" if trl is None else f"{r['samples_per_s'] / trl['samples_per_s']:.2f}×"
         to_target = "not reached" if r.get("target_s") is None else f"{r['target_s']:.0f} (step {r['target_step']})"
         lines.append(
-            f"| {name} | {cell(r, 'samples_per_s', '{:.1f}')} | {ratio} | {cell(r, 'tokens_per_s', '{:.0f}')} "
+            f"| {r.get('label', name)} | {cell(r, 'samples_per_s', '{:.1f}')} | {ratio} "
+            f"| {cell(r, 'tokens_per_s', '{:.0f}')} "
             f"| {to_target} | {cell(r, 'wall_s', '{:.0f}')} "
             f"| {cell(r, 'reward_start', '{:.3f}')} → {cell(r, 'reward_end', '{:.3f}')} "
             f"| {cell(r, 'reward_best', '{:.3f}')} | {cell(r, 'inference_busy', '{:.0%}')} "
@@ -490,6 +514,7 @@ def run_trl(args: argparse.Namespace, python: str, policy: str, work_dir: str) -
         "max_minutes": args.max_minutes,
         "work_dir": work_dir,
         "threads": args.trl_threads,
+        **({"precision": "fp32"} if args.trl_fp32 else {}),
     }
     spec_path, out_path = os.path.join(work_dir, "trl-spec.json"), os.path.join(work_dir, "trl-out.json")
     with open(spec_path, "w") as f:
@@ -548,8 +573,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             row = trl_figures(out, samples, args.target)
             row.update(startup_s=out["startup_s"], loadavg_1m=os.getloadavg()[0], versions=out["versions"])
+            label = trl_label(args.trl_threads, args.trl_fp32)
+            row.update(label=label, precision=out["precision"], threads=out["threads"])
             results["trl"] = row
-            _say("trl", row, f"torch threads {out['threads']}; {out['versions']}")
+            _say("trl", row, f"torch threads {out['threads']}, mixed precision {out['precision']}; {out['versions']}")
         if not args.skip_rollway:
             results.update(run_rollway(args, policy, work_dir, samples))
     finally:

@@ -14,7 +14,10 @@ test.
 SPEC: model_dir, prompts ([{"prompt": text, "answer": text}] in training order), reward
 ("exact" | "prefix" | "position"), batch_groups, group_size, max_new_tokens, temperature,
 lr, clip_eps, max_grad_norm, seed, steps, max_minutes, work_dir; optional threads (torch's
-intra-op threads; absent: torch's default, one per core); optional task ({"name",
+intra-op threads; absent: torch's default, one per core); optional precision ("fp32": bf16
+and fp16 off; absent: GRPOConfig's default, bf16 mixed precision, which on the CPU is
+accelerate's bf16 autocast around the model's forward, in generation as in training);
+optional task ({"name",
 "options"}: a built-in task of workers/rl_tasks whose reward replaces `reward`); optional
 save_every and save_dir (the policy, with its tokenizer, written to save_dir/step-K every
 save_every steps and after the last, for the held-out eval the caller runs on them).
@@ -135,8 +138,7 @@ def main(spec_path: str, out_path: str) -> int:
         max_steps=spec["steps"],
         seed=spec["seed"],
         use_cpu=True,
-        bf16=False,
-        fp16=False,
+        **precision_args(spec),
         gradient_checkpointing=False,
         disable_dropout=True,  # as Rollway's trainer.disable_dropout default
         use_vllm=False,
@@ -210,11 +212,22 @@ def main(spec_path: str, out_path: str) -> int:
         "train_s": time.perf_counter() - t,
         "first_prompt_ids": [int(i) for i in first_prompt_ids[0]],
         "threads": torch.get_num_threads(),
+        # What the Trainer ran with (its accelerator's mixed precision), not what was asked.
+        "precision": str(trainer.accelerator.mixed_precision),
         "versions": {"trl": trl.__version__, "torch": torch.__version__, "transformers": _version("transformers")},
     }
     with open(out_path, "w") as f:
         json.dump(out, f)
     return 0
+
+
+def precision_args(spec: dict) -> dict:
+    """GRPOConfig's precision arguments: none (its own default, bf16 mixed precision: bf16
+    unless fp16 is set) unless the spec asks for float32."""
+    precision = spec.get("precision")
+    if precision not in (None, "fp32"):
+        raise SystemExit(f"spec precision must be absent (TRL's default) or 'fp32' (got {precision!r})")
+    return {"bf16": False, "fp16": False} if precision == "fp32" else {}
 
 
 def _version(name: str) -> str:

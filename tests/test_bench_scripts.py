@@ -678,6 +678,29 @@ def test_peer_trl_markdown_has_a_row_per_side_and_the_ratio_to_trl():
     assert async_[:3] == ["async", "3.5", "3.50×"] and async_[4] == "2 (step 4)"
 
 
+def test_peer_trl_runs_trl_at_its_defaults_and_labels_a_row_that_is_not():
+    pt = load("peer_trl.py")
+    default = pt.parse_args([])
+    assert default.trl_threads is None and not default.trl_fp32
+    assert pt.trl_label(default.trl_threads, default.trl_fp32) == "trl"
+    for flags, said in ((["--trl-fp32"], "--trl-fp32"), (["--trl-threads", "1"], "--trl-threads 1")):
+        args = pt.parse_args(flags)
+        label = pt.trl_label(args.trl_threads, args.trl_fp32)
+        assert said in label and "a sensitivity setting, not TRL's default" in label
+    row = {key: 1.0 for _, key, _ in pt.ROWS} | {"target_s": None, "target_step": None}
+    label = pt.trl_label(None, True)
+    lines = pt.markdown_table({"trl": dict(row, label=label), "async": row}, 0.5).splitlines()
+    assert lines[2].startswith(f"| {label} | 1.0 | 1.00× |") and lines[3].startswith("| async |")
+
+
+def test_peer_trl_runner_leaves_trls_precision_default_unless_told_fp32():
+    runner = load("peer_trl_runner.py")
+    assert runner.precision_args({}) == {}  # GRPOConfig's default: bf16 mixed precision
+    assert runner.precision_args({"precision": "fp32"}) == {"bf16": False, "fp16": False}
+    with pytest.raises(SystemExit, match="precision must be absent"):
+        runner.precision_args({"precision": "fp16"})
+
+
 def test_peer_trl_figures_keep_the_best_moving_mean():
     pt = load("peer_trl.py")
     r = pt.figures(
@@ -808,6 +831,8 @@ def test_learning_runs_trl_on_its_default_threads_and_labels_any_other_count():
     assert lb.side_label("sync", 1) == "sync"
     held = lb.side_label("trl", 1)
     assert "--trl-threads 1" in held and "sensitivity" in held
+    assert not lb.parse_args([]).trl_fp32  # the runner then leaves GRPOConfig's bf16 default alone
+    assert "--trl-fp32" in lb.side_label("trl", None, True) and lb.side_label("async", None, True) == "async"
     run = {"seed": 0, "before": 0.2, "after": 0.3, "samples": 7680, "wall_s": 50.0, "curve": {0: 0.2, 60: 0.3}}
     assert f"| {held} | 0 |" in lb.table({held: [run]})
 
