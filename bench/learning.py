@@ -44,8 +44,6 @@ import statistics
 import sys
 import time
 
-from peer_trl import trl_label  # beside this script: the TRL side's label, shared
-
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 SIDES = ("sync", "async", "trl")
@@ -195,8 +193,14 @@ def spread(values: list[float], digits: int = 3) -> str:
 
 
 def side_label(side: str, trl_threads: int | None, trl_fp32: bool = False) -> str:
-    """The side's name in the tables: TRL's says which of its defaults it was run off."""
-    return trl_label(trl_threads, trl_fp32) if side == "trl" else side
+    """The side's name in the tables: TRL off its default threads or precision says so,
+    so a figure quoted from the row carries the setting with it. (bench/peer_trl.py's
+    `trl_label` words it the same; this module is also imported by path, without
+    bench/ on sys.path, so it does not import that one at its top.)"""
+    changed = [f"--trl-threads {trl_threads}"] * (trl_threads is not None) + ["--trl-fp32"] * trl_fp32
+    if side != "trl" or not changed:
+        return side
+    return f"trl, {', '.join(changed)} (a sensitivity setting, not TRL's default)"
 
 
 def table(rows: dict[str, list[dict]]) -> str:

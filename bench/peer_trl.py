@@ -62,9 +62,9 @@ What cannot be the same, and why:
   generation as in training; the runner reports what its Trainer ran with), as a user's
   would; Rollway at its own default, float32 (`trainer.dtype`, `inference.dtype`).
   `--trl-fp32` turns TRL's bf16 off, Rollway's precision: a sensitivity setting, labelled
-  as such in the table and wherever it is quoted. On this tiny model bf16 autocast costs
-  TRL time (casts around small matmuls); `--set trainer.dtype=bfloat16 --set
-  inference.dtype=bfloat16` is the sensitivity row that gives Rollway the same.
+  as such in the table and wherever it is quoted. On this tiny model on a CPU bf16 costs
+  both sides time (docs/benchmarks.md); `--set trainer.dtype=bfloat16 --set
+  inference.dtype=bfloat16` is the sensitivity row that gives Rollway TRL's precision.
 - Threads: TRL's process uses torch's default (one per core), as a user's would;
   Rollway's actors use the thread counts the engine gives them. Both share the host's
   cores. `--trl-threads N` holds TRL to N threads: a sensitivity setting, not TRL's
@@ -348,7 +348,7 @@ def format_table(results: dict[str, dict], rows=ROWS) -> str:
 
 
 def trl_label(trl_threads: int | None, trl_fp32: bool) -> str:
-    """TRL's side as a table names it (here and in bench/learning.py): "trl" at TRL's
+    """TRL's side as a table names it (bench/learning.py's `side_label` alike): "trl" at TRL's
     defaults, else what was changed and that it is a sensitivity setting, so a figure
     quoted from the row carries the setting with it."""
     changed = [f"--trl-threads {trl_threads}"] * (trl_threads is not None) + ["--trl-fp32"] * trl_fp32

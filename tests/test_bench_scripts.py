@@ -833,6 +833,9 @@ def test_learning_runs_trl_on_its_default_threads_and_labels_any_other_count():
     assert "--trl-threads 1" in held and "sensitivity" in held
     assert not lb.parse_args([]).trl_fp32  # the runner then leaves GRPOConfig's bf16 default alone
     assert "--trl-fp32" in lb.side_label("trl", None, True) and lb.side_label("async", None, True) == "async"
+    peer = load("peer_trl.py")  # both benches word TRL's label alike
+    for threads, fp32 in ((None, False), (1, False), (None, True), (2, True)):
+        assert lb.side_label("trl", threads, fp32) == peer.trl_label(threads, fp32)
     run = {"seed": 0, "before": 0.2, "after": 0.3, "samples": 7680, "wall_s": 50.0, "curve": {0: 0.2, 60: 0.3}}
     assert f"| {held} | 0 |" in lb.table({held: [run]})
 
