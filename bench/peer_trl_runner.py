@@ -17,10 +17,10 @@ lr, clip_eps, max_grad_norm, seed, steps, max_minutes, work_dir; optional thread
 intra-op threads; absent: torch's default, one per core); optional precision ("fp32": bf16
 and fp16 off; absent: GRPOConfig's default, bf16 mixed precision, which on the CPU is
 accelerate's bf16 autocast around the model's forward, in generation as in training);
-optional task ({"name",
-"options"}: a built-in task of workers/rl_tasks whose reward replaces `reward`); optional
-save_every and save_dir (the policy, with its tokenizer, written to save_dir/step-K every
-save_every steps and after the last, for the held-out eval the caller runs on them).
+optional task ({"name", "options"}: a built-in task of workers/rl_tasks whose reward
+replaces `reward`); optional save_every and save_dir (the policy, with its tokenizer,
+written to save_dir/step-K every save_every steps and after the last, for the held-out
+eval the caller runs on them).
 
 OUT: per step (1-based) its end time from the start of training, the batch's mean reward,
 its completion tokens (EOS included, as Rollway counts them), and the seconds spent in
