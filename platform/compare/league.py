@@ -10,13 +10,15 @@ library itself.
 
 Measured figures (each run's, then the mean over seeds; compare/analysis.py reads them):
 - samples/s: mean of samples/per_s;
-- time to target: the first wall time the 5-point mean reward reaches the target;
+- time to target: the first wall time the 5-point mean reward reaches the target, the
+  mean over the seeds that reached it (the cell says how many did);
 - pass@1 gain per 1k samples: (last − first held-out eval/pass@1) ÷ samples seen × 1000,
   how much each sample trained moved the held-out score (None without an eval);
 - staleness: mean of staleness/mean; trainer idle: mean of trainer/idle_frac;
 - sync bytes: mean of sync/bytes (bytes a weight sync moved).
 Simulated figures, per scale: samples/s and the trainer's idle fraction (1 − its busy
 share), from the simulated run's summary.
+A column's best is marked among the cells every run of their row gave.
 """
 
 from __future__ import annotations
@@ -193,9 +195,15 @@ def text(key: str, value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _cell(key: str, values: list[float], url: str) -> dict:
+def _cell(key: str, values: list[float], url: str, runs: int) -> dict:
+    """The mean of `values`, from `runs` runs; where fewer runs gave a value (a seed that
+    never reached the target, a run without two evals), the text says how many did: a
+    mean over the seeds that got there reads better than the configuration did."""
     value = fmean(values) if values else None
-    return {"value": value, "text": text(key, value), "n": len(values), "url": url}
+    shown = text(key, value)
+    if 0 < len(values) < runs:
+        shown += f" ({len(values)} of {runs} runs)"
+    return {"value": value, "text": shown, "n": len(values), "of": runs, "url": url}
 
 
 def table(comparison: Comparison, *, target: float) -> dict:
@@ -223,7 +231,9 @@ def table(comparison: Comparison, *, target: float) -> dict:
         mine = [r for r in runs if configuration_of.get(r.pk) == configuration]
         compare_url = f"{reverse('compare:page')}?runs={','.join(str(r.pk) for r in mine)}" if mine else ""
         cells = {
-            col.key: _cell(col.key, [v for r in mine if (v := figures[r.pk][col.key]) is not None], compare_url)
+            col.key: _cell(
+                col.key, [v for r in mine if (v := figures[r.pk][col.key]) is not None], compare_url, len(mine)
+            )
             for col in MEASURED
         }
         for scale in SCALES:
@@ -236,7 +246,8 @@ def table(comparison: Comparison, *, target: float) -> dict:
                 ("trainer_idle", None if busy is None else 1.0 - busy),
             ):
                 key = f"{scale.key}:{name}"
-                cells[key] = {"value": value, "text": text(key, value), "n": int(value is not None), "url": url}
+                n = int(value is not None)
+                cells[key] = {"value": value, "text": text(key, value), "n": n, "of": 1, "url": url}
         rows.append(
             {
                 "configuration": configuration,
@@ -247,9 +258,12 @@ def table(comparison: Comparison, *, target: float) -> dict:
         )
     best: dict[str, list[str]] = {}
     for col in MEASURED + SIMULATED:
-        values = [(row["cells"][col.key]["value"], row["configuration"]) for row in rows]
-        values = [(v, c) for v, c in values if v is not None]
-        if len(values) < 2:
+        # A best needs two rows with a figure, and only a cell every run of its row gave
+        # can be it: a preset that reached the target on one seed of three is not the
+        # fastest to it.
+        filled = [(row["cells"][col.key], row["configuration"]) for row in rows if row["cells"][col.key]["n"]]
+        values = [(cell["value"], c) for cell, c in filled if cell["n"] == cell["of"]]
+        if len(filled) < 2 or not values:
             best[col.key] = []
             continue
         top = (max if col.better == "higher" else min)(v for v, _ in values)

@@ -80,13 +80,29 @@ def test_each_configuration_is_a_row_of_its_runs_means_each_cell_linking_to_them
     assert s["pass_gain_per_ksample"]["value"] is None  # one eval: no gain to read
     assert a["trainer_idle"]["value"] == pytest.approx(0.3) and a["sync_bytes"]["value"] == 2e6
     assert a["time_to_target_s"]["value"] == pytest.approx(4.0)  # the 5th point: the first 5-point mean
+    assert a["time_to_target_s"]["text"] == "4 (1 of 2 runs)"  # a1 has no reward: it never got there
+    assert a["samples_per_s"]["text"] == "14" and (a["samples_per_s"]["n"], a["samples_per_s"]["of"]) == (2, 2)
     assert s["time_to_target_s"]["value"] is None
     assert a["samples_per_s"]["url"].endswith(f"runs={a0.pk},{a1.pk}")
     assert s["staleness_mean"]["url"].endswith(f"runs={s0.pk}")
     assert rows["async"]["runs"] == [a0.pk, a1.pk]
     assert got["best"]["samples_per_s"] == ["async"] and got["best"]["staleness_mean"] == ["sync"]
     # Nothing simulated yet: every simulated cell empty and unlinked.
-    assert all(a[f"{s.key}:samples_per_s"] == {"value": None, "text": "—", "n": 0, "url": ""} for s in league.SCALES)
+    assert all(a[f"{s.key}:samples_per_s"] == {"value": None, "text": "—", "n": 0, "of": 1, "url": ""} for s in league.SCALES)
+
+
+def test_a_cell_not_every_seed_gave_says_so_and_is_never_the_best(client_for, owner, comparison):
+    # async reaches the target sooner, but on one seed of two; sync later, on its only seed.
+    finished_run(comparison, "async", 0, {"reward/mean": [0.9] * 5})
+    finished_run(comparison, "async", 1, {"reward/mean": [0.1] * 8})
+    finished_run(comparison, "sync", 0, {"reward/mean": [0.1, 0.1] + [0.9] * 5})
+
+    got = client_for(owner).get(f"/api/comparisons/{comparison.pk}/league?target=0.8").json()
+
+    cells = {row["configuration"]: row["cells"]["time_to_target_s"] for row in got["rows"]}
+    assert (cells["async"]["value"], cells["async"]["text"]) == (pytest.approx(4.0), "4 (1 of 2 runs)")
+    assert (cells["sync"]["value"], cells["sync"]["text"]) == (pytest.approx(6.0), "6")
+    assert got["best"]["time_to_target_s"] == ["sync"]
 
 
 def test_simulating_fills_each_scale_with_a_simulated_run_the_cell_links_to(client_for, owner, comparison):
