@@ -26,16 +26,18 @@ import httpx
 from compare_presets import SiteError, add_site_arguments, check, launch_comparison, log_in, parse_seeds, wait_for_runs
 from reward_via_platform import post
 
-# One workload for every preset: the default task, its held-out split evaluated every 5
-# steps (the pass@1 gain column), 30 steps, one torch thread per actor so that no preset
-# gets more of the host than another. A warm start of 60 clean and 60 noisy steps leaves
-# the rewards room to rise to the target within the run, where the default's 200 + 200
-# start a run close to it.
+# One workload for every preset: the default task, its held-out split evaluated every 10
+# steps on 64 prompts (the pass@1 gain column), 150 steps, one torch thread per actor so
+# that no preset gets more of the host than another. A warm start of 60 clean and 60
+# noisy steps leaves the rewards room to rise (from about 0.16), where the default's 200 +
+# 200 start a run close to the target. 150 steps: the reward levels off near 0.8 after
+# 50–100 steps, so the target separates the presets by when they get there, and the
+# held-out score has time to move beyond one prompt's worth.
 WORKLOAD = {
     "inference": {"backend": "torch"},
     "warm_start": {"steps": 60, "noisy_steps": 60},
-    "eval": {"every_steps": 5, "num_prompts": 32},
-    "stop": {"max_steps": 30, "max_minutes": 10},
+    "eval": {"every_steps": 10, "num_prompts": 64},
+    "stop": {"max_steps": 150, "max_minutes": 10},
     "placement": {"cpu_threads": 1},
 }
 
@@ -63,7 +65,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_site_arguments(p, seeds="0,1,2")
     p.add_argument("--overrides", default=json.dumps(WORKLOAD), help="JSON merged onto every preset")
-    p.add_argument("--target", type=float, default=0.6, help="the reward time to target aims at")
+    p.add_argument("--target", type=float, default=0.8, help="the reward time to target aims at")
     p.add_argument("--comparison", type=int, default=None, help="print the league of this comparison instead")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="give up waiting after this many seconds")
     args = p.parse_args()
