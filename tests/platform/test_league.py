@@ -88,7 +88,8 @@ def test_each_configuration_is_a_row_of_its_runs_means_each_cell_linking_to_them
     assert rows["async"]["runs"] == [a0.pk, a1.pk]
     assert got["best"]["samples_per_s"] == ["async"] and got["best"]["staleness_mean"] == ["sync"]
     # Nothing simulated yet: every simulated cell empty and unlinked.
-    assert all(a[f"{s.key}:samples_per_s"] == {"value": None, "text": "—", "n": 0, "of": 1, "url": ""} for s in league.SCALES)
+    empty = {"value": None, "text": "—", "n": 0, "of": 1, "url": ""}
+    assert all(a[f"{s.key}:samples_per_s"] == empty for s in league.SCALES)
 
 
 def test_a_cell_not_every_seed_gave_says_so_and_is_never_the_best(client_for, owner, comparison):
