@@ -208,8 +208,9 @@ def _cell(key: str, values: list[float], url: str, runs: int) -> dict:
 
 def table(comparison: Comparison, *, target: float) -> dict:
     """{"columns", "scales", "rows": [{configuration, approximates, runs, cells:
-    {column key: {value, text, n, url}}}], "best": {column key: [configuration]}}: the league of
-    `comparison`'s finished runs (runs still going are left out until they end)."""
+    {column key: {value, text, n, of, url}}}], "best": {column key: [configuration]}}: the league of
+    `comparison`'s finished runs (runs still going are left out until they end). A cell's
+    `n` of its row's `of` runs gave it a figure."""
     runs = list(
         comparison.runs.filter(simulated=False, status=Run.Status.SUCCEEDED)
         .select_related("experiment__team")
