@@ -144,6 +144,13 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             assert first and second and first["height"] > 8 and second["y"] >= first["y"] + first["height"] - 0.5
             weights = [rows.nth(i).locator("td").first.evaluate("e => getComputedStyle(e).fontWeight") for i in (0, 1)]
             assert int(weights[0]) > int(weights[1])  # the chosen setting stands out
+            # The search loosened the staleness bound here: the page says what that hides.
+            caveat = page.locator("#plan-staleness")
+            expect(caveat).to_be_visible()
+            expect(caveat).to_contain_text("raises buffer.max_staleness from 1 to ")
+            assert caveat.evaluate("e => getComputedStyle(e).backgroundColor") not in ("", "rgba(0, 0, 0, 0)")
+            caveat_box = caveat.bounding_box()
+            assert caveat_box and caveat_box["height"] > 8 and caveat_box["y"] < table.bounding_box()["y"]
             page.click("#plan-baseline")
             page.wait_for_url(f"{live_server.url}/runs/*/")
             baseline_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
