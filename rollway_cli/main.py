@@ -316,6 +316,8 @@ def print_plan(api: Api, answer: dict, as_json: bool) -> int:
             f"{c['dropped_share']:.0%}" if c["dropped_share"] is not None else "—",
         )
     stdout().print(table)
+    if plan.get("staleness_caveat"):  # absent from a site older than the caveat
+        click.echo(plan["staleness_caveat"])
     return errors.OK
 
 

@@ -516,6 +516,7 @@ def test_simulate_with_plan_stores_the_best_setting_beside_the_config_as_given(s
     assert "generating share" in lines[3] and "samples/s" in lines[3]
     top = best.simulation["plan"]["candidates"][0]
     assert top["protocol"] in out and f"{top['samples_per_s']:.2f}" in out
+    assert lines[-1] == best.simulation["plan"]["staleness_caveat"]  # the search loosened the bound
     # --goal-samples without --plan is refused before anything is sent.
     code, _, err = rollway(
         capsys, "simulate", "--preset", "async", "--experiment", str(experiment.pk), "--goal-samples", "9"
