@@ -268,7 +268,9 @@ def table(comparison: Comparison, *, target: float) -> dict:
             best[col.key] = []
             continue
         top = (max if col.better == "higher" else min)(v for v, _ in values)
-        best[col.key] = [c for v, c in values if v == top]
+        # Ties as shown: two rows that both read "3%" are both the best, whichever is
+        # ahead in a digit the table does not show.
+        best[col.key] = [c for v, c in values if text(col.key, v) == text(col.key, top)]
     return {
         "comparison": comparison.pk,
         "target": target,

@@ -106,6 +106,16 @@ def test_a_cell_not_every_seed_gave_says_so_and_is_never_the_best(client_for, ow
     assert got["best"]["time_to_target_s"] == ["sync"]
 
 
+def test_rows_that_read_the_same_are_both_the_best(client_for, owner, comparison):
+    finished_run(comparison, "async", 0, {"trainer/idle_frac": [0.031, 0.031]})
+    finished_run(comparison, "sync", 0, {"trainer/idle_frac": [0.034, 0.034]})
+
+    got = client_for(owner).get(f"/api/comparisons/{comparison.pk}/league").json()
+
+    assert [row["cells"]["trainer_idle"]["text"] for row in got["rows"]] == ["3%", "3%"]
+    assert got["best"]["trainer_idle"] == ["async", "sync"]
+
+
 def test_simulating_fills_each_scale_with_a_simulated_run_the_cell_links_to(client_for, owner, comparison):
     client = client_for(owner)
     response = post(client, f"/api/comparisons/{comparison.pk}/league/simulate")
