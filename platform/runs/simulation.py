@@ -39,7 +39,7 @@ from workers.run.paths import PathNotAllowed
 from workers.simulate import MODELS, Cluster, Workload, simulate
 from workers.simulate.advice import advice
 from workers.simulate.costs import H100, LINKS, ModelShape, shape_of
-from workers.simulate.planner import Candidate, candidates, plan
+from workers.simulate.planner import Candidate, candidates, plan, staleness_caveat
 
 logger = logging.getLogger(__name__)
 
@@ -318,21 +318,6 @@ def check_plan(user, *, goal_samples: Any = None, **fields: Any) -> tuple[Launch
     return (*checked, goal)
 
 
-def staleness_caveat(given: int, planned: int) -> str | None:
-    """What a plan that loosens the staleness bound does not show: the simulator counts
-    staleness as speed only, and a run trained on older data may learn less per sample
-    (docs/league.md measures it: `async` at staleness 4 against 1, held-out pass@1
-    gained per 1,000 samples 0.0146 against 0.0251 on the default task)."""
-    if planned <= given:
-        return None
-    return (
-        f"This plan raises buffer.max_staleness from {given} to {planned}. The simulator counts that as speed "
-        "only: trained on data more versions old, a run can learn less per sample (on the default task, "
-        "staleness 4 instead of 1 cut the held-out pass@1 gained per sample by two fifths). "
-        "Launch both settings on a short run to see what it costs yours."
-    )
-
-
 def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: int | None = None) -> Plan:
     """Search the inference:trainer split, the staleness bound, the buffer depth and the
     sync protocol for `launch`'s config on `sim`'s cluster (workers/simulate/planner.py,
@@ -375,6 +360,6 @@ def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: i
         "searched": len(ranked),
         "baseline_run": baseline.pk,
         "candidates": [candidate_row(c) for c in ranked[:PLAN_ROWS]],
-        "staleness_caveat": staleness_caveat(launch.config.buffer.max_staleness, best.max_staleness),
+        "staleness_caveat": staleness_caveat(launch.config, best),
     }
     return Plan(do_simulate_run(user, best_launch, best_sim, plan=table), baseline, ranked)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from workers.config.presets import build
 from workers.simulate import QWEN25_7B, Cluster, Workload, simulate
-from workers.simulate.planner import candidates, plan
+from workers.simulate.planner import Candidate, candidates, plan, staleness_caveat
 
 WORKLOAD = Workload(model=QWEN25_7B)
 
@@ -38,3 +38,13 @@ def test_a_goal_in_samples_ranks_by_the_time_to_reach_it():
 def test_a_sync_run_searches_no_staleness_bound():
     assert {k for _, k, _, _ in candidates(build("sync", {}))} == {build("sync", {}).buffer.max_staleness}
     assert {k for _, k, _, _ in candidates(build("async", {}))} == {1, 2, 4}
+
+
+def test_a_plan_that_loosens_the_staleness_bound_says_so_and_one_that_keeps_it_says_nothing():
+    def best(staleness: int) -> Candidate:
+        return Candidate(0.5, staleness, 2, "collective", 1.0, None, 0.5, 0.5, 0.0)
+
+    cfg = build("async", {"buffer": {"max_staleness": 2}})
+    assert staleness_caveat(cfg, best(2)) is None and staleness_caveat(cfg, best(1)) is None
+    said = staleness_caveat(cfg, best(4))
+    assert said is not None and said.startswith("This plan raises buffer.max_staleness from 2 to 4.")

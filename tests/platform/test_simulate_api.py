@@ -229,13 +229,6 @@ def test_a_plan_stores_the_best_setting_beside_the_config_as_given(client_for, t
     assert 'id="plan-staleness"' in page and "can learn less per sample" in page
 
 
-def test_a_plan_says_nothing_of_staleness_where_it_keeps_or_tightens_the_bound():
-    from runs.simulation import staleness_caveat
-
-    assert staleness_caveat(2, 2) is None and staleness_caveat(4, 1) is None
-    assert "from 1 to 4" in staleness_caveat(1, 4)
-
-
 def test_a_plan_of_a_run_whose_name_is_at_its_longest_keeps_the_name(client_for, owner, experiment):
     name = "n" * 200
     r = post_plan(client_for(owner), body(experiment, name=name, steps=5))

@@ -60,6 +60,22 @@ def candidates(cfg: RunConfig) -> list[tuple[float, int, int, str]]:
     return [(s, k, c, p) for s in SHARES for k in bounds for c in CAPACITIES for p in PROTOCOLS]
 
 
+def staleness_caveat(cfg: RunConfig, best: Candidate) -> str | None:
+    """What a plan whose best setting loosens `cfg`'s staleness bound does not show, in a
+    sentence for the planned run's page: the search counts staleness as speed only (the
+    figure is docs/league.md's sweep of `async` on the default task: at staleness 4 against
+    1, 0.0146 against 0.0251 held-out pass@1 gained per 1,000 samples)."""
+    given = cfg.buffer.max_staleness
+    if best.max_staleness <= given:
+        return None
+    return (
+        f"This plan raises buffer.max_staleness from {given} to {best.max_staleness}. The simulator counts "
+        "that as speed only: trained on data more versions old, a run can learn less per sample (on the "
+        "default task, staleness 4 instead of 1 cut the held-out pass@1 gained per sample by two fifths). "
+        "Launch both settings on a short run to see what it costs yours."
+    )
+
+
 def plan(
     cfg: RunConfig, cluster: Cluster, workload: Workload, *, steps: int = 30, goal_samples: int | None = None
 ) -> list[Candidate]:
