@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import shutil
 import signal
@@ -111,3 +112,36 @@ def test_a_ray_head_never_takes_redis_port_and_keeps_socket_paths_short(tmp_path
         "RAY_AUTH_TOKEN_PATH": str(head.token_path),
     }
     shutil.rmtree(head.temp_dir)
+
+
+class _Reused:
+    """A socket whose OS hands back the port it gave a moment before, as Linux may once
+    the first socket is closed: 50001, 50001, 50002, 50002, …"""
+
+    given = itertools.chain.from_iterable((port, port) for port in itertools.count(50001))
+
+    def __init__(self, *_):
+        self.port = 0
+
+    def bind(self, _address):
+        self.port = next(_Reused.given)
+
+    def getsockname(self):
+        return ("127.0.0.1", self.port)
+
+    def close(self):
+        pass
+
+
+def test_the_ports_a_ray_node_gets_are_never_the_same_twice(monkeypatch, tmp_path):
+    from ops import ray_head
+    from ops.local_cluster import LocalCluster, Node
+
+    monkeypatch.setattr(ray_head.socket, "socket", _Reused)
+    assert ray_head.free_ports(3, besides={50002}) == [50001, 50003, 50004]
+    # Across a cluster's nodes too: the head's GCS port, then each node's own.
+    cluster = LocalCluster(tmp_path, [Node(), Node()])
+    ports = [int(arg.rsplit("=", 1)[1]) for k in (0, 1) for arg in cluster._argv(k, Node()) if "-port=" in arg]
+    ports = [p for p in ports if p]  # the worker ports are 0: the OS's choice per worker
+    assert cluster.port in ports  # the head's --port
+    assert len(ports) == len(set(ports)) == 1 + 7 + 6, ports

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.ray_head import GCS_HISTORY, free_port, ray_executable
+from ops.ray_head import GCS_HISTORY, free_port, free_ports, ray_executable
 from ops.supervisor import Child, Supervisor
 
 HOST = "127.0.0.1"
@@ -34,18 +34,15 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _free_ports() -> list[str]:
-    """Every port a node would otherwise take at a fixed default, chosen free."""
-    return [
-        f"--node-manager-port={free_port(HOST)}",
-        f"--object-manager-port={free_port(HOST)}",
-        f"--metrics-export-port={free_port(HOST)}",
-        f"--dashboard-agent-listen-port={free_port(HOST)}",
-        f"--dashboard-agent-grpc-port={free_port(HOST)}",
-        f"--runtime-env-agent-port={free_port(HOST)}",
-        "--min-worker-port=0",  # 0 and 0: each worker takes a port the OS gives it
-        "--max-worker-port=0",
-    ]
+# Every port a node would otherwise take at a fixed default, each chosen free.
+PORT_FLAGS = (
+    "node-manager-port",
+    "object-manager-port",
+    "metrics-export-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+)
 
 
 class LocalCluster:
@@ -55,6 +52,7 @@ class LocalCluster:
     def __init__(self, home: Path, nodes: list[Node], out: io.TextIOBase | None = None) -> None:
         self.home, self.nodes = home, nodes
         self.port = free_port(HOST)
+        self.taken = {self.port}  # every port handed to this cluster's nodes: none twice
         self.log = out or io.StringIO()
         self.supervisor = Supervisor(self.log)
         self.children: list[Child] = []
@@ -69,19 +67,19 @@ class LocalCluster:
 
     def _argv(self, k: int, node: Node) -> list[str]:
         argv = [ray_executable(), "start", "--block", f"--node-ip-address={HOST}", "--disable-usage-stats"]
+        flags = PORT_FLAGS + (("ray-client-server-port",) if k == 0 else ())
+        ports = free_ports(len(flags), HOST, besides=self.taken)
+        self.taken.update(ports)
         if k == 0:
-            argv += [
-                "--head",
-                f"--port={self.port}",
-                "--include-dashboard=false",
-                f"--ray-client-server-port={free_port(HOST)}",
-            ]
+            argv += ["--head", f"--port={self.port}", "--include-dashboard=false"]
         else:
             argv.append(f"--address={self.address}")
         argv += [f"--num-cpus={node.cpus:g}", f"--num-gpus={node.gpus}", f"--temp-dir={self.home / f'n{k}'}"]
         if node.labels:
             argv.append("--labels=" + ",".join(f"{key}={value}" for key, value in node.labels.items()))
-        return argv + _free_ports()
+        argv += [f"--{flag}={port}" for flag, port in zip(flags, ports, strict=True)]
+        # 0 and 0: each worker takes a port the OS gives it.
+        return argv + ["--min-worker-port=0", "--max-worker-port=0"]
 
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
         env = {**os.environ, **self.env(), **GCS_HISTORY}

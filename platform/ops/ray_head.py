@@ -18,6 +18,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,30 @@ _RESERVED_PORTS = {6379}
 _MAX_TEMP_DIR_LEN = 40
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now (never one of the reserved ones)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = ()) -> list[int]:
+    """`count` distinct TCP ports the OS says are free now, none reserved and none of
+    `besides` (ports already handed to the same Ray node). Each socket stays bound until
+    all are chosen: asked one at a time, the OS may give back a port it gave a moment
+    before, and Ray refuses a node whose GCS and object manager got the same one."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port not in _RESERVED_PORTS:
-            return port
+            if port not in _RESERVED_PORTS and port not in besides and port not in ports:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
+
+
+def free_port(host: str = "127.0.0.1", besides: Collection[int] = ()) -> int:
+    """One port as `free_ports` chooses it."""
+    return free_ports(1, host, besides)[0]
 
 
 def ensure_token(path: Path) -> Path:
@@ -121,9 +138,14 @@ class RayHead:
             f"--node-ip-address={self.host}",
             f"--num-cpus={self.num_cpus}",
             "--include-dashboard=false",
-            f"--dashboard-port={free_port(self.host)}",
-            f"--dashboard-agent-listen-port={free_port(self.host)}",
-            f"--ray-client-server-port={free_port(self.host)}",
+            *(
+                f"--{flag}={port}"
+                for flag, port in zip(
+                    ("dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port"),
+                    free_ports(3, self.host, besides={self.port}),
+                    strict=True,
+                )
+            ),
             "--disable-usage-stats",
             f"--temp-dir={self.temp_dir}",
         ]
