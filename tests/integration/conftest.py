@@ -8,9 +8,14 @@ and REDIS_URL; without them these tests are skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import time
+import warnings
 
+import psutil
 import pytest
 
 from tests.integration.stack import REPO, Stack, child_env, db_url, free_web_port, short_home
@@ -57,6 +62,50 @@ def stack(django_db_setup, tmp_path_factory):
     finally:
         st.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+# A run's actors, by the process title Ray gives them: `ray::<name>:<Class>.<method>` while
+# the constructor runs, `ray::<Class>[.<method>]` after.
+RUN_ACTOR = re.compile(
+    r"^ray::(run-[^:\s]*:)?(RunDriver|InferenceWorker|TrainerActor|TrainerRank|BufferActor|RewardWorker)\b"
+)
+# How long a run's actors may take to go once its test has ended: a cancel or a stop
+# reaches them through the Celery worker and the driver's own shutdown.
+LEFT_RUNNING_GRACE_S = 30.0
+
+
+def run_actor_processes() -> dict[int, str]:
+    """This process's descendants that are a run's Ray actors: pid → title."""
+    found = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            title = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if RUN_ACTOR.match(title):
+            found[child.pid] = title
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_run_left_running(request):
+    """A test on the stack ends every run it started: a run left training burns the cores
+    every later test needs until its own limits stop it (these tests' runs stop after
+    3 minutes or at 10,000 steps), charged to the tests that happen to follow. What
+    is still there LEFT_RUNNING_GRACE_S after the test is killed, with a warning naming
+    it in pytest's summary (a warning, not a failure: how long a stop takes on a loaded
+    host is not what these tests check)."""
+    yield
+    if "stack" not in request.fixturenames and "site" not in request.fixturenames:
+        return
+    deadline = time.monotonic() + LEFT_RUNNING_GRACE_S
+    while (left := run_actor_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    if left:
+        warnings.warn(f"the test left a run's actors running (killed now): {sorted(left.values())}", stacklevel=1)
 
 
 @pytest.fixture
