@@ -1,6 +1,6 @@
 """Saved configurations in Chromium against daphne: save the launch form's preset and
 overrides as a team configuration, find it in the preset selector's team group, and
-launch from it. No engine is needed: the test checks the run the launch stores."""
+launch from it. The test checks the run the launch stores, then cancels it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import re
 import pytest
 
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium
+from tests.integration.helpers import status
+from tests.integration.stack import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -74,5 +76,12 @@ def test_a_user_saves_a_configuration_from_the_launch_form_and_launches_from_it(
     run = Run.objects.get(pk=run_id)
     assert run.saved_config == saved
     assert run.config == build("sync", OVERRIDES).model_dump(mode="json")
-    # No worker is asked to start it: end it so that no later test's worker picks it up.
-    run.transition(Run.Status.CANCELLED)
+    # The launch queued it for a Celery worker, which the session may already hold (an
+    # earlier test's): cancelled as its user would, through a worker, and waited for, so
+    # that it does not train on beside the tests that follow.
+    from runs.actions import do_cancel_run
+
+    stack.ensure_worker()
+    assert do_cancel_run(user, run)
+    wait_for(lambda: status(run) in Run.TERMINAL, 120, f"run {run.pk} to be cancelled")
+    assert run.status == Run.Status.CANCELLED, f"run {run.pk} {run.status}: {run.error}"
