@@ -79,7 +79,8 @@ def run_actor_processes() -> dict[int, str]:
     found = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            title = " ".join(child.cmdline())
+            # Ray pads its titles with spaces to the length of the original command line.
+            title = " ".join(" ".join(child.cmdline()).split())
         except psutil.Error:
             continue
         if RUN_ACTOR.match(title):
