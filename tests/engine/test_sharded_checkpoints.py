@@ -59,6 +59,7 @@ class GatherMeter:
         # What the process built before metering (torch, transformers, the model: hundreds
         # of thousands of objects) is left out of the collections below, which then walk
         # only what was made since: a full walk per gather was 96% of the ranks' CPU.
+        # (`__exit__` thaws everything frozen, an earlier freeze's too: these ranks make none.)
         gc.freeze()
 
         def redistribute(dt, *args, **kwargs):
