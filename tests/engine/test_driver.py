@@ -8,7 +8,8 @@ tests/engine/test_run_scratch.py's filesystem sync run; sync mode taking turns (
 tests/engine/test_eval_runs.py's sync run, and eval being off by default on
 tests/engine/test_task_runs.py's calculator run; the run's actors dying with their killed
 driver, and a killed actor named in the run's error, in
-tests/engine/test_ledger_resume.py."""
+tests/engine/test_ledger_resume.py. The vocabulary run also syncs deltas (the bytes each
+version moved)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
 from tests.engine.ingest_stub import IngestStub
 from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
 from workers.core.run_actors import NAMESPACE, run_actor_names
@@ -38,8 +39,11 @@ def start(run_id: int, stub: IngestStub, cache_dir: str, confinement: Confinemen
 
 def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):
     # KL to the initial policy and dynamic sampling on: their series are emitted only then.
-    trainer = {"batch_groups": 4, "group_size": 4, "kl_coef": 0.01, "dynamic_sampling": True}
-    assert start(101, stub, cache_dir, eval={"every_steps": 2, "num_prompts": 8}, trainer=trainer) == "run-101"
+    # The run also syncs deltas (sync.delta, bfloat16 inference) at a small learning rate,
+    # which changes no series: a run of its own would prove the rest again.
+    trainer = {"batch_groups": 4, "group_size": 4, "kl_coef": 0.01, "dynamic_sampling": True, "lr": 1e-6}
+    delta = {"sync": {"delta": True}, "inference": {"dtype": "bfloat16"}}
+    assert start(101, stub, cache_dir, eval={"every_steps": 2, "num_prompts": 8}, trainer=trainer, **delta) == "run-101"
     wait_for(lambda: stub.status.get(101) in ("succeeded", "failed"), 180, "a terminal status")
     assert stub.statuses[101] == ["running", "succeeded"], stub.errors.get(101)
 
@@ -61,7 +65,11 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
     assert series["policy/version"] == {s: float(s) for s in range(1, 5)}
     assert all(0 <= v <= 1 for v in series["inference/idle_frac"].values())
-    assert all(v > 0 for v in series["sync/bytes"].values())
+    # Delta sync: the first version goes whole (in bfloat16, half the float32 policy),
+    # each later one as its few changed elements.
+    sent = series["sync/bytes"]
+    assert sent[1] == pytest.approx(policy_bytes(cache_dir) / 2, rel=0.01)
+    assert all(0 < sent[step] < sent[1] / 4 for step in (2, 3, 4)), sent
     assert stub.received == len(stub.points)  # nothing posted twice
 
     # The recorded schedule reaches the site before the status that ends the run: a batch

@@ -9,7 +9,8 @@ behind, a finished LoRA run (trl-async-lora) exports its merged policy and its a
 which peft puts back on the exported base, and each update mode's partial-rollout
 counters agree with it (drain's runs mix no versions and abort nothing: the drain case
 of tests/engine/test_update_modes_in_runs.py, whose stepped modes force weights
-mid-generation).
+mid-generation). Five of them are replayed from the schedule they recorded, which with
+tests/engine/test_replay.py's replays covers every switch that shapes a schedule.
 """
 
 import os
@@ -22,6 +23,8 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
 from tests.engine.helpers import run_config
+from tests.engine.test_replay import CONFIG as REPLAYED
+from tests.engine.test_replay import REQUEUE
 from workers.config.presets import PEERS, PRESETS, UnknownPreset, build, deep_merge
 from workers.config.run_config import RunConfig
 from workers.core.merge import parse_sets
@@ -203,8 +206,8 @@ SMALL = {
 
 # One run costs ~15–25 s on a busy 2-core host (mostly starting the actor processes), so
 # not every preset runs: these together set every value any preset gives an
-# engine-relevant switch (checked below), so every switch value a preset uses is run,
-# and replayed from the schedule it recorded.
+# engine-relevant switch (checked below), so every switch value a preset uses is run
+# (and replayed from the schedule it recorded, REPLAY below).
 RUN = ["trl-async-lora", "pipelinerl", "prime-rl", "areal", "slime", "miles", "art", "torchforge"]
 
 
@@ -230,6 +233,28 @@ def test_the_presets_run_below_use_every_switch_value_of_every_preset():
         assert not missing, f"{name} sets {sorted(missing, key=str)}, which no preset in RUN runs"
 
 
+# A replay follows the schedule a run recorded: what shapes it is every engine switch but
+# the correction method (which changes the loss, not which groups a step trains or when
+# weights load). These presets' replays, with tests/engine/test_replay.py's (the async
+# preset, and miles' requeue with abort_resume), cover every such value of every preset;
+# a replay costs a whole run, and replaying the rest would prove the same switches again.
+REPLAY = ["trl-async-lora", "pipelinerl", "prime-rl", "slime", "art"]
+
+
+def schedule_switches(cfg: RunConfig) -> set[tuple[str, object]]:
+    return {(k, v) for k, v in engine_switches(cfg) if k != "correction.method"}
+
+
+def test_the_replays_below_and_the_replay_tests_cover_every_schedule_switch_of_every_preset():
+    assert set(REPLAY) <= set(RUN)
+    replayed = [PRESETS[n]["config"] for n in REPLAY]
+    replayed += [build("async", REPLAYED), build("async", deep_merge(REPLAYED, REQUEUE))]
+    covered = set().union(*map(schedule_switches, replayed))
+    for name, preset in PRESETS.items():
+        missing = schedule_switches(preset["config"]) - covered
+        assert not missing, f"{name} sets {sorted(missing, key=str)}, which no replay replays"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RUN)
 def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
@@ -247,6 +272,8 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     if config.lora.enabled:
         assert_the_lora_export_is_the_final_policy(out)
     assert_the_update_mode_counted_what_it_does(config.sync.update_mode, s)
+    if name not in REPLAY:
+        return
     # Replayed under the schedule it recorded, the preset trains the same, bit for bit.
     again = run_config(run_id + 100, cache_dir, config.model_dump(mode="json"), timeout_s=240, replay=out["schedule"])
     assert again["state"] == "succeeded", f"{name} replayed: {again['error']}"

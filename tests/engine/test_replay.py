@@ -313,6 +313,15 @@ def run(run_id: int, cache_dir: str, replay: dict | None = None, env: dict | Non
     return out
 
 
+# miles' layout on CONFIG: the run below that requeues stale prompts (its replay also stands
+# for the presets that requeue or abort and resume, tests/engine/test_presets.py).
+REQUEUE = {
+    "sync": {"update_mode": "abort_resume"},
+    "inference": {"num_workers": 1},
+    "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0, "on_stale": "requeue"},
+}
+
+
 @pytest.fixture(scope="module")
 def original(cluster, cache_dir) -> dict:
     out = run(4601, cache_dir)
@@ -379,19 +388,23 @@ def untrained_merged(ledger: dict[str, float]) -> dict[str, float]:
 def test_a_run_that_requeues_stale_prompts_replays_which_call_took_each_bit_for_bit(cluster, cache_dir):
     """miles' layout: abort_resume, stale groups' prompts requeued. The original's first
     batch is held until the buffer holds two batches of version-0 groups (a test hook), so
-    with max_staleness 0 the second batch's worth goes stale at version 1 and is requeued;
-    the replay, not held, gives each requeued prompt to the call that took it."""
-    overrides = {
-        "sync": {"update_mode": "abort_resume"},
-        "inference": {"num_workers": 1},
-        "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0, "on_stale": "requeue"},
-    }
+    with max_staleness 0 the second batch's worth goes stale at version 1 and is requeued,
+    generated again and trained; the replay, not held, gives each requeued prompt to the
+    call that took it."""
     batch = CONFIG["trainer"]["batch_groups"]
-    first = run(4618, cache_dir, env={FIRST_BATCH_HOLD_ENV: str(2 * batch)}, **overrides)
+    first = run(4618, cache_dir, env={FIRST_BATCH_HOLD_ENV: str(2 * batch)}, **REQUEUE)
     assert first["state"] == "succeeded", first["error_detail"] or first["error"]
     requeues = Schedule.from_json(first["schedule"]).requeues
     assert sum(len(r.group_ids) for r in requeues) >= batch, requeues
-    again = run(4619, cache_dir, replay=first["schedule"], **overrides)
+    # The requeued prompts were generated again and trained, nothing stale was trained
+    # or dropped; an unbounded stream has no capacity and reports the trainer's wait.
+    s = first["series"]
+    requeued, regenerated = max(s["buffer/requeued"].values()), max(s["buffer/regenerated"].values())
+    assert 0 < regenerated <= requeued, (requeued, regenerated)
+    assert set(s["buffer/dropped_stale"].values()) == {0.0}
+    assert set(s["staleness/max"].values()) == {0.0}
+    assert "buffer/capacity" not in s and "buffer/starved_s" in s
+    again = run(4619, cache_dir, replay=first["schedule"], **REQUEUE)
     assert again["state"] == "succeeded", again["error_detail"] or again["error"]
     replayed = Schedule.from_json(again["schedule"])
     assert replayed.requeues == requeues[: len(replayed.requeues)] and replayed.requeues

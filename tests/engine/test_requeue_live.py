@@ -1,26 +1,18 @@
 """Requeue proof: with buffer.on_stale='requeue' the prompts of rejected groups are
 generated again and trained, not only sent back.
 
-Fast: `RolloutBuffer.regenerated` counts the trained groups whose prompt came back
-through `take_requeued`, and nothing else. Slow: a real run (RunDriver, in-process Ray,
-torch backend) that makes groups go stale (a stream whose head runs 3 batches ahead,
-max_staleness 0) requeues them, and its live BufferActor's buffer counts regenerations
-trained while nothing stale is trained. The same run shows the unbounded buffer reaching
-the BufferActor as a stream: no capacity, and the time the trainer waited for fresh
-groups reported.
+`RolloutBuffer.regenerated` counts the trained groups whose prompt came back through
+`take_requeued`, and nothing else. A real run whose groups go stale (its first batch held
+by a test hook, max_staleness 0) requeues them, generates them again and trains them
+while nothing stale is trained: tests/engine/test_replay.py's requeue run, which also
+shows the unbounded buffer reaching the BufferActor as a stream (no capacity, the time the
+trainer waited for fresh groups reported).
 """
 
 from __future__ import annotations
 
-import time
-
-import pytest
-import ray
-
 from workers.core.records import Group, Rollout
-from workers.core.run_actors import NAMESPACE, actor_name
 from workers.run.buffer import RolloutBuffer
-from workers.run.driver import RunDriver
 
 
 def group(gid: str, prompt: str, version: int) -> Group:
@@ -91,78 +83,3 @@ def test_a_regeneration_that_goes_stale_again_counts_once_when_finally_trained()
     buf.put(group("z", "abc", 2))  # a fresh sample of the same prompt later: not a regeneration
     buf.get(1, current_version=2)
     assert buf.regenerated == 1
-
-
-# -- a real run (slow) ------------------------------------------------------------------
-
-RUN_ID = 451
-# Inference may run 3 batches ahead while get() accepts only current-version groups:
-# whatever the trainer's next version overtakes is rejected and requeued.
-CONFIG = {
-    "mode": "async",
-    "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
-    "warm_start": {"steps": 2, "noisy_steps": 1, "batch_size": 8},
-    "trainer": {"batch_groups": 4, "group_size": 4},
-    "inference": {"backend": "torch"},
-    "buffer": {"mode": "unbounded", "max_head_offpolicyness": 3, "max_staleness": 0, "on_stale": "requeue"},
-    "stop": {"max_steps": 40, "max_minutes": 3},
-}
-
-
-def _buffer_counts(run_id: int) -> tuple[int, int] | None:
-    """(requeued, regenerated) read from the live run's RolloutBuffer, None once gone."""
-    try:
-        actor = ray.get_actor(f"{actor_name(run_id)}-buffer", namespace=NAMESPACE)
-        return ray.get(actor.__ray_call__.remote(lambda a: (a.buffer.requeued, a.buffer.regenerated)), timeout=10)
-    except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return None
-
-
-@pytest.fixture(scope="module")
-def requeue_run(cluster, cache_dir):
-    """Run until the live buffer has trained a few regenerated groups (or 120 s), then
-    stop the run; returns (the driver's summary, the last (requeued, regenerated) read)."""
-    driver = RunDriver.options(name=actor_name(RUN_ID), namespace=NAMESPACE).remote(
-        RUN_ID, CONFIG, None, "", cache_dir, exit_when_done=False
-    )
-    try:
-        done = driver.run.remote()
-        counts, deadline = None, time.monotonic() + 120
-        while time.monotonic() < deadline and not ray.wait([done], timeout=0.2)[0]:
-            counts = _buffer_counts(RUN_ID) or counts
-            if counts and counts[1] >= 3:
-                break
-        driver.stop.remote()
-        return ray.get(done, timeout=60), counts
-    finally:
-        ray.kill(driver)
-
-
-@pytest.mark.slow
-def test_stale_groups_are_requeued_regenerated_and_trained(requeue_run):
-    out, counts = requeue_run
-    assert out["state"] in ("succeeded", "cancelled"), out["error"]
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert max(s["buffer/requeued"].values()) > 0  # η 3 > max_staleness 0: groups went stale
-    assert set(s["buffer/dropped_stale"].values()) == {0.0}  # requeued, never dropped
-    assert set(s["staleness/max"].values()) == {0.0}  # nothing stale trained
-    assert counts is not None, "never read the live buffer"
-    requeued, regenerated = counts
-    assert regenerated >= 1, f"requeued {requeued} groups but trained no regeneration"
-    assert regenerated <= requeued
-
-
-@pytest.mark.slow
-def test_an_unbounded_stream_reports_no_capacity_and_its_starved_time(requeue_run):
-    out, _ = requeue_run
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert "buffer/capacity" not in s  # a stream has no capacity
-    assert "buffer/starved_s" in s
-
-
-@pytest.mark.slow
-def test_the_run_reports_regenerated_groups(requeue_run):
-    out, _ = requeue_run
-    s = {k: dict(v) for k, v in out["series"].items()}
-    assert max(s["buffer/regenerated"].values()) > 0
-    assert max(s["buffer/regenerated"].values()) <= max(s["buffer/requeued"].values())

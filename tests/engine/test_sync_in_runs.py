@@ -2,11 +2,10 @@
 
 Fast: the config refuses combinations that cannot work, naming the fields; the LoRA
 trainer trains the adapter only and hands out merged weights under checkpoint names.
-Slow: a short run launched through `workers.run.lifecycle.launch` on in-process Ray (torch
-backend) with a delta sync reports the bytes each version moved and succeeds; on vLLM, a
-LoRA run's versioned adapters and a LoRA run's merged policy through vLLM's broadcast
-engine (packed) reach the engine. Whole runs cost most of this suite's time, so other
-modules' runs carry the rest: a packed collective from a trainer pool to two inference
+Slow: on vLLM, a LoRA run's versioned adapters and a LoRA run's merged policy through
+vLLM's broadcast engine (packed) reach the engine. Whole runs cost most of this suite's
+time, so other modules' runs carry the rest: a delta sync's bytes per version are
+test_driver.py's vocabulary run, a packed collective from a trainer pool to two inference
 workers is test_placement.py's disaggregated run, and the full-weight filesystem and
 collective runs into vLLM are test_driver_vllm.py's (weights taken mid-generation).
 """
@@ -17,7 +16,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.engine.helpers import policy_bytes, run_inline, run_to_the_end, small_config
+from tests.engine.helpers import policy_bytes, run_inline, small_config
 from workers.config.run_config import RunConfig
 
 # -- config (fast) --------------------------------------------------------------------
@@ -68,19 +67,6 @@ def test_lora_trainer_trains_the_adapter_and_exports_merged_checkpoint_weights(t
 
 
 # -- real runs (slow) -------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_delta_sync_run_moves_the_changes_after_its_first_version(cluster, stub, cache_dir):
-    """sync.delta at a small learning rate: the first version goes whole (in bf16, half
-    the float32 policy), each later one as its few changed elements."""
-    series = run_to_the_end(
-        307, stub, cache_dir, sync={"delta": True}, inference={"dtype": "bfloat16"}, trainer={"lr": 1e-6}
-    )
-    assert sorted(series["reward/mean"]) == [1, 2, 3, 4]
-    sent = series["sync/bytes"]
-    assert sent[1] == pytest.approx(policy_bytes(cache_dir) / 2, rel=0.01)
-    assert all(0 < sent[step] < sent[1] / 4 for step in (2, 3, 4)), sent
 
 
 @pytest.mark.slow
