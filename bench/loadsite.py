@@ -311,13 +311,16 @@ class Viewer:
 
     `ages` holds, per points message, the receive time minus the newest point's `time`
     field (the emit time when the sender stamps it just before posting); `by_step`
-    counts the points received per step, so a missed or doubled step shows."""
+    counts the points received per step; `frames` names each points message received, in
+    order (a hash of its text, which the site encodes once for every viewer of the run),
+    so a message one viewer got and another did not shows."""
 
     index: int
     messages: int = 0
     points: int = 0
     ages: list[float] = field(default_factory=list)
     by_step: dict[int, int] = field(default_factory=dict)
+    frames: list[int] = field(default_factory=list)
     latency_by_step: dict[int, float] = field(default_factory=dict)
     foreign: int = 0  # points of series this viewer does not watch for
     closed: str = ""  # why the socket ended before the bench closed it
@@ -337,6 +340,7 @@ class Viewer:
         if msg.get("type") != "points":
             return
         self.messages += 1
+        self.frames.append(hash(raw))
         newest = 0.0
         for p in msg["points"]:
             if series is not None and p["series"] not in series:

@@ -20,8 +20,8 @@ soak, and cancelled at the end. Beside it, every --churn-every seconds a second 
 run is launched and cancelled (queued, warming up or training: wherever it got to in
 --churn-hold seconds), back to back, so the samples also show what launches and cancels
 leave behind; each churned run must end `cancelled` with none of its Ray processes left.
-Exits non-zero if the run failed, a churned run did not end cancelled, a viewer lost
-points or a request failed.
+Exits non-zero if the run failed, a churned run did not end cancelled, a viewer lost a
+points message another viewer received or a request failed.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/bench REDIS_URL=redis://127.0.0.1:6379/11 \\
     CELERY_BROKER_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/soak.py   # 30 min
@@ -215,23 +215,28 @@ def ray_growth(first: dict[int, tuple[str, float]], last: dict[int, tuple[str, f
     return both + came + went
 
 
-def shortfalls(by_step: list[dict[int, int]], last_step: int) -> tuple[range, dict[int, list[int]]]:
-    """The steps every viewer was there for, and per viewer (by index) the steps of
-    those it got fewer points of than another viewer did.
+def lost_frames(frames: list[list[int]]) -> dict[int, int]:
+    """Per viewer (by index), how many points messages another viewer received that it did
+    not, while both were reading.
 
-    A run's points go out in step order, so a viewer that received step s received
-    everything sent after it: the common span starts at the latest first step any
-    viewer received (the last to join) and ends at `last_step`. A viewer that received
-    nothing is short of every step of it."""
-    firsts = [min(counts) for counts in by_step if counts]
-    steps = range(max(firsts, default=0), last_step + 1)
-    most = {step: max(counts.get(step, 0) for counts in by_step) for step in steps}
-    short = {}
-    for i, counts in enumerate(by_step):
-        missing = [step for step in steps if counts.get(step, 0) < most[step]]
-        if missing:
-            short[i] = missing
-    return steps, short
+    The site sends every viewer of a run the same messages in the same order (encoded
+    once, handed to each socket), so between the first and the last message two viewers
+    both received, their sequences agree: a message in one and not the other there was
+    lost. Before the first common message one of them had not joined yet, after the last
+    one had stopped reading. (Steps cannot say this: a message holds one actor's points
+    over several steps, so a viewer that joins between two actors' messages of the same
+    steps has fewer points of them without having lost any.) Two viewers with nothing in
+    common (one received nothing) each lost all the other received."""
+    lacked: dict[int, set[int]] = {i: set() for i in range(len(frames))}
+    for a, mine in enumerate(frames):
+        for b, theirs in enumerate(frames):
+            if a == b:
+                continue
+            have = set(mine)
+            common = [k for k, f in enumerate(theirs) if f in have]
+            window = theirs[common[0] : common[-1] + 1] if common else theirs
+            lacked[a] |= {f for f in window if f not in have}
+    return {i: len(missed) for i, missed in lacked.items() if missed}
 
 
 def _median_ms(reads: list[tuple[float, float]], since: float, until: float) -> float:
@@ -376,23 +381,23 @@ async def soak(args, site: loadsite.Site, probe: Probe, cookies: dict, run_id: i
                 print(f"the run ended early: {status}", flush=True)
                 break
 
-        # Every viewer must have every step up to the last one all of them had reached,
-        # once the messages in flight have had time to land.
-        last_step = min((max(v.by_step, default=-1) for v in viewers), default=-1)
+        # Every viewer must have every message another received while both read (the
+        # messages in flight at the end land within these seconds or count for neither).
         await asyncio.sleep(3)
         stop.set()
         await asyncio.gather(*background, *watchers)
         run = (await client.get(f"/api/runs/{run_id}")).json()
-    steps, short = shortfalls([v.by_step for v in viewers], last_step)
-    points = [sum(v.by_step.get(s, 0) for s in steps) for v in viewers]
+    lost = lost_frames([v.frames for v in viewers])
+    points, msgs = [v.points for v in viewers], [v.messages for v in viewers]
     return {
         "samples": [s._asdict() for s in samples],
         "churned": churned,
         "errors": errors,
         "run_status": run.get("status"),
         "run_error": run.get("error", ""),
-        "viewer_points": {"min": min(points, default=0), "max": max(points, default=0), "steps": len(steps)},
-        "viewers_short": short,
+        "viewer_points": {"min": min(points, default=0), "max": max(points, default=0)},
+        "viewer_messages": {"min": min(msgs, default=0), "max": max(msgs, default=0)},
+        "viewers_lost": lost,
         "viewers_closed": {v.index: v.closed for v in viewers if v.closed},
         "ages": loadsite.summary([a for v in viewers for a in v.ages]),
         "run_reads": loadsite.summary([x for _, x in reads["run"]]),
@@ -483,10 +488,10 @@ def report(r: dict) -> None:
     print(f"run page API, its metrics:  {loadsite.ms(r['metrics_reads'], ('p50', 'p95', 'max'))}")
     print(f"compare API (2 runs' tables): {loadsite.ms(r['compare_reads'], ('p50', 'p95', 'max'))}")
     print(f"age of the newest point on receipt (engine time → viewer): {loadsite.ms(r['ages'], ('p50', 'p95', 'max'))}")
-    v = r["viewer_points"]
-    print(f"points per viewer over the {v['steps']} steps all of them watched: min {v['min']}  max {v['max']}")
-    for index, missing in list(r["viewers_short"].items())[:10]:
-        print(f"  viewer {index} is short of {len(missing)} steps, e.g. {missing[:8]}")
+    v, m = r["viewer_points"], r["viewer_messages"]
+    print(f"points per viewer: min {v['min']}  max {v['max']}; messages: min {m['min']}  max {m['max']}")
+    for index, missed in list(r["viewers_lost"].items())[:10]:
+        print(f"  viewer {index} lost {missed} messages another viewer received while both read")
     for index, why in list(r["viewers_closed"].items())[:10]:
         print(f"  viewer {index} {why}")
     churned = r["churned"]
@@ -555,7 +560,7 @@ def main() -> None:
             site.stop()
         if not args.keep:
             loadsite.delete_runs(ids)
-    lost = figures["viewers_short"] or figures["viewers_closed"]
+    lost = figures["viewers_lost"] or figures["viewers_closed"]
     if figures["run_status"] in ("failed", "cancelled") or figures["errors"] or lost:
         sys.exit(1)
     loadsite.remove_home(home, args.keep)

@@ -521,16 +521,15 @@ def test_soak_names_the_ray_processes_that_grew_most():
     ]
 
 
-def test_soak_compares_viewers_over_the_steps_all_of_them_were_there_for():
+def test_soak_compares_viewers_over_the_messages_both_were_reading():
     soak = load("soak.py")
-    early = {5: 30, 6: 30, 7: 30, 8: 30, 9: 30}
-    late = {7: 30, 8: 30, 9: 30}  # joined last: steps 5 and 6 went out before it did
-    lossy = {6: 30, 7: 30, 8: 12, 9: 30}  # lost most of step 8
-    steps, short = soak.shortfalls([early, late, lossy], last_step=9)
-    assert list(steps) == [7, 8, 9]
-    assert short == {2: [8]}
-    steps, short = soak.shortfalls([early, {}], last_step=9)  # a viewer that got nothing
-    assert list(steps) == [5, 6, 7, 8, 9] and short == {1: [5, 6, 7, 8, 9]}
+    early = [1, 2, 3, 4, 5, 6]
+    late = [3, 4, 5, 6]  # joined last: messages 1 and 2 went out before it did
+    lossy = [2, 3, 5, 6]  # lost message 4 while the others read it
+    stopped = [1, 2, 3, 4]  # stopped reading before 5 and 6 arrived
+    assert soak.lost_frames([early, late, lossy, stopped]) == {2: 1}
+    assert soak.lost_frames([early, []]) == {1: 6}  # a viewer that got nothing lost all
+    assert soak.lost_frames([early, late]) == {}
 
 
 def _database_urls(name: str) -> tuple[str, str]:
@@ -663,7 +662,8 @@ def test_soak_samples_a_real_run_through_the_whole_site(bench_database, tmp_path
         assert s["web_rss_mb"] > 10 and s["worker_rss_mb"] > 10 and s["ray_rss_mb"] > 10
         assert s["web_fds"] > 0 and s["worker_fds"] > 0 and s["db_conns"] >= 0
         assert s["all_pts_s"] >= s["run_pts_s"] >= 0 and s["run_ms"] > 0 and s["metrics_ms"] > 0
-    assert sum(s["all_pts_s"] for s in samples) > 0 and not f["viewers_short"]
+    assert sum(s["all_pts_s"] for s in samples) > 0 and not f["viewers_lost"]
+    assert f["viewer_messages"]["min"] > 0
 
 
 def test_peer_trl_markdown_has_a_row_per_side_and_the_ratio_to_trl():
