@@ -117,6 +117,13 @@ def do_start_in_ray(run_id: int) -> None:
             **replay,
         )
     except Exception as exc:
+        run.refresh_from_db(fields=["status"])
+        if run.status in (Status.CANCELLING, Status.CANCELLED):
+            # The user cancelled while the driver was being created, and cancel_run's kill
+            # is what stopped the launch (the driver died under it): the run ends as its
+            # user asked, cancelled by cancel_run, not failed with the kill as its reason.
+            logger.info("run %s was cancelled during launch, which then stopped: %r", run_id, exc)
+            return
         # Whatever stopped the launch (Ray unreachable, a driver that would not start) is
         # this run's failure: the user sees the reason instead of a run stuck starting.
         logger.exception("run %s: launch failed", run_id)

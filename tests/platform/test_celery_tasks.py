@@ -105,6 +105,40 @@ def test_a_cancel_during_launch_stops_the_new_actor(driver, run, monkeypatch):
     assert run.pk not in driver.alive
 
 
+def test_a_cancel_whose_kill_stops_the_launch_ends_the_run_cancelled_not_failed(driver, run, monkeypatch):
+    """The order the end-to-end stack met: the user cancels while the launch waits for
+    the new driver, cancel_run (on another worker thread) kills it, the launch raises
+    Ray's error for the killed actor, and only then does cancel_run mark the run. The run
+    is not failed with the kill as its reason: it ends cancelled."""
+    real_launch = driver.launch
+
+    def launch_killed_by_the_cancel(*args, **kwargs):
+        real_launch(*args, **kwargs)
+        Run.objects.get(pk=run.pk).transition(Status.CANCELLING)
+        driver.cancel(run.pk, ray_address=None)  # cancel_run's kill
+        raise RuntimeError(f"The actor run-{run.pk} died: it was killed (ray.kill)")
+
+    monkeypatch.setattr(driver, "launch", launch_killed_by_the_cancel)
+    in_ray.do_start_in_ray(run.pk)
+    assert status_of(run) == Status.CANCELLING
+    in_ray.do_stop_in_ray(run.pk)  # the rest of cancel_run: it marks the run
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Status.CANCELLED, "")
+    assert run.pk not in driver.alive
+
+
+def test_a_launch_that_fails_before_the_cancel_stops_anything_leaves_the_run_to_its_cancel(driver, run, monkeypatch):
+    def launch_fails_as_the_user_cancels(*args, **kwargs):
+        Run.objects.get(pk=run.pk).transition(Status.CANCELLING)
+        raise ConnectionError("Ray head not reachable at 10.0.0.9:6380")
+
+    monkeypatch.setattr(driver, "launch", launch_fails_as_the_user_cancels)
+    in_ray.do_start_in_ray(run.pk)
+    assert status_of(run) == Status.CANCELLING  # cancel_run (or reconcile's retry) ends it
+    in_ray.do_stop_in_ray(run.pk)
+    assert status_of(run) == Status.CANCELLED
+
+
 def test_launching_a_deleted_run_is_harmless(driver, db):
     in_ray.do_start_in_ray(424242)
     assert driver.calls == []
