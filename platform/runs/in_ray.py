@@ -66,7 +66,8 @@ def remove_run_scratch(run_id: int) -> bool:
 
 def do_start_in_ray(run_id: int) -> None:
     """Claim a queued run (queued → starting) and start its driver actor in Ray. A launch
-    that fails marks the run failed with the reason."""
+    that fails marks the run failed with the reason, unless its user cancelled it
+    meanwhile (its cancel ends it)."""
     run = load_run(run_id)
     if run is None:
         return
@@ -117,8 +118,7 @@ def do_start_in_ray(run_id: int) -> None:
             **replay,
         )
     except Exception as exc:
-        run.refresh_from_db(fields=["status"])
-        if run.status in (Status.CANCELLING, Status.CANCELLED):
+        if _cancelled_meanwhile(run):
             # The user cancelled while the driver was being created, and cancel_run's kill
             # is what stopped the launch (the driver died under it): the run ends as its
             # user asked, cancelled by cancel_run, not failed with the kill as its reason.
@@ -133,12 +133,18 @@ def do_start_in_ray(run_id: int) -> None:
     Run.objects.filter(pk=run.pk).update(ray_actor=str(actor or ""))
     logger.info("run %s: driver actor %s up in %.1f s", run_id, actor, time.monotonic() - started)
 
-    run.refresh_from_db(fields=["status"])
-    if run.status in (Status.CANCELLING, Status.CANCELLED):
+    if _cancelled_meanwhile(run):
         # The user cancelled while the actor was being created; cancel_run may have found
         # nothing to stop yet, so stop what this call just started.
         logger.info("run %s was cancelled during launch; stopping its actors", run_id)
         lifecycle.cancel(run.pk, ray_address=settings.RAY_ADDRESS)
+
+
+def _cancelled_meanwhile(run: Run) -> bool:
+    """Whether the user cancelled `run` while this task was launching it (its status as
+    stored now, not as this task loaded it)."""
+    run.refresh_from_db(fields=["status"])
+    return run.status in (Status.CANCELLING, Status.CANCELLED)
 
 
 def do_stop_in_ray(run_id: int) -> None:
