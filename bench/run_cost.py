@@ -33,15 +33,22 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from workers.core.run_actors import ACTOR_CLASSES
+
 # The roles a process of a run's Ray cluster ends in, by what its command line or title
 # says (Ray titles an actor's process `ray::<Class>` or `ray::<Class>.<method>`).
+# Each of workers.core.run_actors.ACTOR_CLASSES needs a role here (a new actor class
+# fails at import until it has one).
+ROLE_OF_CLASS = {
+    "RunDriver": "driver",
+    "TrainerActor": "trainer",
+    "TrainerRank": "trainer rank",
+    "InferenceWorker": "inference worker",
+    "BufferActor": "buffer",
+    "RewardWorker": "reward worker",
+}
 ROLES = (
-    ("ray::RunDriver", "driver"),
-    ("ray::TrainerActor", "trainer"),
-    ("ray::TrainerRank", "trainer rank"),
-    ("ray::InferenceWorker", "inference worker"),
-    ("ray::BufferActor", "buffer"),
-    ("ray::RewardWorker", "reward worker"),
+    *((f"ray::{name}", ROLE_OF_CLASS[name]) for name in ACTOR_CLASSES),
     ("ray::IDLE", "idle worker (never an actor)"),
     ("default_worker.py", "idle worker (never an actor)"),
 )

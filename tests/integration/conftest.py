@@ -20,6 +20,7 @@ import pytest
 
 from tests.integration.stack import REPO, Stack, child_env, db_url, free_web_port, short_home
 from tests.xdist_worker import ray_start_lock
+from workers.core.run_actors import ACTOR_CLASSES
 
 REQUIRED = {"DATABASE_URL": "postgres", "CELERY_BROKER_URL": "redis", "REDIS_URL": "redis"}
 
@@ -66,9 +67,7 @@ def stack(django_db_setup, tmp_path_factory):
 
 # A run's actors, by the process title Ray gives them: `ray::<name>:<Class>.<method>` while
 # the constructor runs, `ray::<Class>[.<method>]` after.
-RUN_ACTOR = re.compile(
-    r"^ray::(run-[^:\s]*:)?(RunDriver|InferenceWorker|TrainerActor|TrainerRank|BufferActor|RewardWorker)\b"
-)
+RUN_ACTOR = re.compile(rf"^ray::(run-[^:\s]*:)?({'|'.join(ACTOR_CLASSES)})\b")
 # How long a run's actors may take to go once its test has ended: a cancel or a stop
 # reaches them through the Celery worker and the driver's own shutdown.
 LEFT_RUNNING_GRACE_S = 30.0

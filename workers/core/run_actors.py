@@ -20,6 +20,10 @@ import ray
 from workers.core import worker_process
 
 NAMESPACE = "rollway"
+# The classes of a run's Ray actors. Ray titles an actor's process `ray::<Class>` (after
+# `ray::<name>:` while its constructor runs), so tools that read processes rather than
+# Ray (a bench's CPU table, a test's check for runs left running) find a run by these.
+ACTOR_CLASSES = ("RunDriver", "InferenceWorker", "TrainerActor", "TrainerRank", "BufferActor", "RewardWorker")
 
 A = TypeVar("A")
 
