@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
 
 from tests.engine.ingest_stub import IngestStub
 from workers.config.run_config import LoRAConfig, RunConfig
+from workers.core import worker_process
 from workers.core.metric_names import TRAINED
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.inference.torch_backend import TorchBackend
@@ -26,6 +29,8 @@ from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
 from workers.run.schedule import Schedule
 from workers.train.warmstart import policy_dir
+
+T = TypeVar("T")
 
 TOKEN = "run-token"  # the ingest token of runs reporting to the `stub` fixture
 
@@ -197,6 +202,13 @@ def reference_kept(logits: list[float], top_k: int | None, top_p: float, min_p: 
         probs = kept
     total = sum(probs.values())
     return {i: math.log(p / total) for i, p in probs.items()}
+
+
+def on_rays_threads(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a Ray task, on the threads Ray gave the task, as a run actor takes
+    them (workers.core.worker_process.take_rays_threads; a task is no run actor)."""
+    worker_process.take_rays_threads()
+    return fn(*args)
 
 
 class PoolRank:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from tests.engine.helpers import on_rays_threads
 from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE
 from workers.rollout.evaluation import PASS_AT_1
@@ -81,8 +82,8 @@ def policy(cluster, work_dir) -> str:
     (workers/core/worker_process.py), whatever pytest's own process has set. Built in a
     script that had set one torch thread itself, the same recipe gave runs with other
     figures (sync seed 2: held-out 0.381, against 0.322 from the policy built here)."""
-    build = ray.remote(num_cpus=1)(LEARNING.make_policy)
-    return ray.get(build.remote(RECIPE, str(work_dir)), timeout=1200)
+    build = ray.remote(num_cpus=1)(on_rays_threads)
+    return ray.get(build.remote(LEARNING.make_policy, RECIPE, str(work_dir)), timeout=1200)
 
 
 def one_step_off(steps: int, groups: int, seed: int) -> dict:
