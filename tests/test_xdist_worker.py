@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.xdist_worker import REPO, worker_env
+from tests.xdist_worker import REPO, worker_env, worker_threads
 
 MAKE_TEST = {"REDIS_URL": "redis://127.0.0.1:6379/1", "CELERY_BROKER_URL": "redis://127.0.0.1:6379/2"}
 
@@ -32,6 +32,20 @@ def test_settings_that_are_not_redis_are_left_alone_and_a_url_without_a_database
 def test_a_worker_past_the_servers_databases_is_refused_naming_the_setting():
     with pytest.raises(pytest.UsageError, match="REDIS_URL: xdist worker gw8 would need Redis database 17"):
         worker_env(MAKE_TEST, 8)
+
+
+def test_the_workers_share_the_cores_for_torch():
+    assert [worker_threads(2, 2), worker_threads(2, 3), worker_threads(16, 4), worker_threads(6, 4)] == [1, 1, 4, 1]
+    assert worker_threads(1, 0) == 1
+
+
+def test_this_worker_computes_on_its_share_of_the_cores():
+    import torch
+
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        pytest.skip("not in a pytest-xdist worker (make test runs them)")
+    assert torch.get_num_threads() == worker_threads(os.cpu_count() or 1, int(workers))
 
 
 # A plugin for the collection below: prints each test's xdist group after tests/conftest.py

@@ -12,6 +12,8 @@ by name, so it is made per worker here:
   other's queue.
 - ROLLWAY_HOME: `<home>/xdist-gw1`, as run logs, exports and spools are kept there by run
   id, and every worker's database counts runs from 1.
+- The cores: torch computes in each worker on its share of them (`worker_threads`), not
+  on every core beside the other workers' tests and runs.
 
 Loaded with `-p` (pyproject.toml's addopts) so it runs before pytest-django reads the
 settings; the rewritten environment is also what every service a test starts inherits.
@@ -95,3 +97,21 @@ def pytest_load_initial_conftests(early_config, parser, args):
     index = worker_index()
     if index is not None:
         os.environ.update(worker_env(dict(os.environ), index))
+
+
+def worker_threads(cores: int, workers: int) -> int:
+    """torch's threads in each of `workers` xdist workers on a host of `cores` cores."""
+    return max(1, cores // max(1, workers))
+
+
+def pytest_sessionstart(session):
+    """torch's threads in this worker: its share of the cores. At torch's default (every
+    core) each worker's in-process training and sampling ran two OpenMP threads on a
+    2-core host beside the other worker's: `make test-fast` spent 255 s of CPU in 158 s,
+    against 235 s in 149 s at one thread each (2026-11-30). A test that needs another
+    count sets it; processes a test starts (Ray actors, scripts) choose their own."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker_index() is not None and workers.isdigit():
+        import torch  # here, not at the top: this plugin loads before Django's settings are read
+
+        torch.set_num_threads(worker_threads(os.cpu_count() or 1, int(workers)))
