@@ -108,7 +108,7 @@ def pytest_sessionstart(session):
     """torch's threads in this worker: its share of the cores. At torch's default (every
     core) each worker's in-process training and sampling ran two OpenMP threads on a
     2-core host beside the other worker's: `make test-fast` spent 255 s of CPU in 158 s,
-    against 235 s in 149 s at one thread each (2026-11-30). A test that needs another
+    against 227 s in 143 s at one thread each (2026-11-30). A test that needs another
     count sets it; processes a test starts (Ray actors, scripts) choose their own."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker_index() is not None and workers.isdigit():
