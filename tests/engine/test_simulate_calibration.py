@@ -169,6 +169,20 @@ def test_the_held_out_checks_fail_with_other_constants():
     assert published._sync_seconds(shape, fitted, bucketed=False) == pytest.approx(58.57, rel=0.2)
 
 
+def test_the_checkpoint_engine_broadcasts_each_ranks_buckets_in_turn():
+    """verl's checkpoint engine: each trainer rank packs its round-robin share of the
+    tensors into 4 GB buckets (the default device_buffer_size_M), one broadcast each."""
+    figures = published.SYNC_FIGURES
+    counts = {name: published._buckets(published.model(name).params * 2, ranks) for name, ranks, *_ in figures}
+    assert counts == {"Qwen2.5-Math-7B": 4, "Qwen3-30B-A3B": 16, "Qwen3-235B-A22B": 128}
+    shape, link = published.model("Qwen3-235B-A22B"), published.fit_sync_link()
+    one = published._sync_seconds(shape, link, bucketed=True, ranks=1)
+    many = published._sync_seconds(shape, link, bucketed=True, ranks=64)
+    # The same bytes cross the link one sender at a time: only the message count grows.
+    whole = published._buckets(shape.params * 2, 1)  # one sender: 110 buckets of 4 GB
+    assert many - one == pytest.approx((128 - whole) * link.latency_s)
+
+
 @pytest.mark.slow  # 27 simulated pairs of runs: tens of seconds
 def test_the_fitted_constants_are_what_the_fit_finds():
     assert published.fit_verl(medians=(500, 700, 1000), p90_over_median=(4, 5, 6)) == published.FIT

@@ -452,13 +452,17 @@ def sync_cost(
     delta_changed: float | None = None,
     wire_bytes: int = WIRE_BYTES,
     tensors: int | None = None,
+    senders: int = 1,
 ) -> SyncCost:
     """What one weight sync of `protocol` (workers/sync) costs between the pools over
     `link`, to `workers` inference workers on `nodes` nodes. `delta_changed`
     (`sync.delta`, object_store): the share of bf16 elements a step changes.
     `wire_bytes`: bytes per parameter sent (the engine's float32 master weights; 2 for a
     system that sends bfloat16); `tensors`: the messages of an unpacked collective
-    (the model's state-dict tensors unless said)."""
+    (the model's state-dict tensors unless said); `senders`: trainer ranks that each
+    pack their own share of the tensors into buckets, broadcast one after another
+    (verl's checkpoint engine): the payload crosses the link once all the same, in
+    `senders` × ⌈share / bucket⌉ messages."""
     full = model.params * wire_bytes
     if protocol == "object_store" and delta_changed is not None:
         # workers/sync/delta.py: the whole bf16 version and its changes (6 bytes an
@@ -479,7 +483,8 @@ def sync_cost(
     if protocol == "collective":
         # A pipelined NCCL broadcast: the payload once over the link, plus a call per
         # bucket (packed) or per tensor.
-        messages = math.ceil(full / (bucket_mb * 2**20)) if packed else (tensors or model.tensors)
+        share = full / senders
+        messages = senders * math.ceil(share / (bucket_mb * 2**20)) if packed else (tensors or model.tensors)
         t = full / link.bytes_per_s + messages * link.latency_s
         return SyncCost(full, t, t)
     if protocol == "object_store":

@@ -11,6 +11,8 @@ Sources:
 - verl fully-async recipe (README of recipe/fully_async_policy, last updated 12/25/2025):
   https://github.com/volcengine/verl/blob/main/recipe/fully_async_policy/README.md
 - AReaL v0.3 (boba²) blog: https://github.com/inclusionAI/AReaL/blob/main/blog/AReaL_v0_3.md
+- verl's checkpoint engine (how the buckets are packed and broadcast):
+  https://github.com/volcengine/verl/blob/main/recipe/fully_async_policy/checkpoint_engine.py
 """
 
 from __future__ import annotations
@@ -392,7 +394,12 @@ SYNC_FIGURES = (
     ("Qwen3-235B-A22B", 64, 58.57, 23.70),
 )
 SYNC_FIT_FIGURES = "Qwen3-30B-A3B"
-CHECKPOINT_BUCKET_MB = 2048
+# The checkpoint engine's default bucket, async_training.checkpoint_engine.device_buffer_size_M
+# (the README's parameter table; the ablation ran "default checkpoint-engine configurations").
+# Each trainer rank packs the tensors assigned to it round-robin into its own buckets,
+# and the ranks' buckets are broadcast to every rank one after another
+# (recipe/fully_async_policy/checkpoint_engine.py): one sender at a time.
+CHECKPOINT_BUCKET_MB = 4096
 
 
 def _sync_link(ranks: int, fitted: Link) -> Link:
@@ -400,8 +407,14 @@ def _sync_link(ranks: int, fitted: Link) -> Link:
     return NVLINK if 2 * ranks <= 8 else fitted
 
 
-def _sync_seconds(shape: ModelShape, link: Link, bucketed: bool) -> float:
-    """The old path: a broadcast per checkpoint tensor; the checkpoint engine: 2 GB buckets."""
+def _buckets(size: float, ranks: int) -> int:
+    """The checkpoint engine's broadcasts: each trainer rank's share in 4 GB buckets."""
+    return ranks * math.ceil(size / ranks / (CHECKPOINT_BUCKET_MB * 2**20))
+
+
+def _sync_seconds(shape: ModelShape, link: Link, bucketed: bool, ranks: int = 1) -> float:
+    """The old path: a broadcast per checkpoint tensor; the checkpoint engine: each of
+    the `ranks` trainer ranks' 4 GB buckets, in turn."""
     cost = sync_cost(
         "collective",
         shape,
@@ -412,6 +425,7 @@ def _sync_seconds(shape: ModelShape, link: Link, bucketed: bool) -> float:
         bucket_mb=CHECKPOINT_BUCKET_MB,
         wire_bytes=BF16_WIRE,
         tensors=shape.checkpoint_tensors,
+        senders=ranks,
     )
     return cost.trainer_s
 
@@ -419,11 +433,11 @@ def _sync_seconds(shape: ModelShape, link: Link, bucketed: bool) -> float:
 def fit_sync_link() -> Link:
     """The inter-node link's bandwidth and per-message latency, solved from the 30B-A3B
     pair: per tensor, T·ℓ + S/b = 15.76 s; in buckets, K·ℓ + S/b = 4.38 s."""
-    name, _, per_tensor, bucketed = next(f for f in SYNC_FIGURES if f[0] == SYNC_FIT_FIGURES)
+    name, ranks, per_tensor, bucketed = next(f for f in SYNC_FIGURES if f[0] == SYNC_FIT_FIGURES)
     shape = model(name)
     size = shape.params * BF16_WIRE
     tensors = shape.checkpoint_tensors or shape.tensors
-    buckets = math.ceil(size / (CHECKPOINT_BUCKET_MB * 2**20))
+    buckets = _buckets(size, ranks)
     latency = (per_tensor - bucketed) / (tensors - buckets)
     return Link("H20 inter-node (fitted)", size / (bucketed - buckets * latency), latency)
 
@@ -440,7 +454,7 @@ def sync_rows() -> list[Row]:
                     f"weight sync, {label}",
                     where,
                     published,
-                    _sync_seconds(shape, link, packed),
+                    _sync_seconds(shape, link, packed, ranks),
                     name == SYNC_FIT_FIGURES,
                     "s",
                     VERL_README,
