@@ -157,8 +157,10 @@ def test_the_fitted_figures_are_within_20_percent(table):
 def test_the_held_out_checks_fail_with_other_constants():
     """The checks can fail: the staleness ablation, the 64-GPU colocated step and the
     16:16 trainer's step with the H100-class training MFU in place of the fitted one,
-    AReaL's 1.5B speed-up with completions four times as long, the 235B per-tensor sync
-    with the NVLink's message latency in place of the fitted link's."""
+    staleness 0.1 with a gate that admits nothing for verl's sync interval, the 32:32
+    speed-up with completions' p90 at twice their median (not five times), AReaL's 1.5B
+    speed-up with completions four times as long, the 235B per-tensor sync with the
+    NVLink's message latency in place of the fitted link's."""
     fit = published.FIT
     slow = dataclasses.replace(fit, h20_train_mfu=TRAIN_MFU)
     ablation = (
@@ -169,6 +171,11 @@ def test_the_held_out_checks_fail_with_other_constants():
     assert abs(sync64["seconds"] / sync64["steps"] / 365.28 - 1) > 0.2
     async16 = published.verl_async(32, 0.5, slow)
     assert abs(published.VERL_PROMPTS * published.VERL_GROUP / async16["samples_per_s"] / (2006 * 60 / 400) - 1) > 0.2
+    plain = [published.verl_async(128, staleness, ahead=0)["samples_per_s"] for staleness in (0.1, 0.0)]
+    assert abs(plain[0] / plain[1] / (1553 / 1199) - 1) > 0.2
+    narrow = dataclasses.replace(fit, p90_tokens=2 * fit.median_tokens)
+    x = published.verl_async(64, 0.5, narrow)["samples_per_s"] / published.verl_sync(64, narrow)["samples_per_s"]
+    assert abs(x / (2492 / 1300) - 1) > 0.2
     long = dataclasses.replace(fit, median_tokens=4 * fit.median_tokens, p90_tokens=4 * fit.p90_tokens)
     assert abs(published.areal_speedup("R1-Distill-Qwen-1.5B", 16, long) / (41.0 / 14.8) - 1) > 0.2
     fitted = published.fit_sync_link()

@@ -146,6 +146,9 @@ VERL_PROMPTS = 512  # colocate sync's train_batch_size; fully async: 512 per par
 VERL_GROUP = 16  # rollout.n
 VERL_MINIBATCH = 32  # ppo_mini_batch_size (prompts): 16 optimizer updates per 512 prompts
 VERL_LOCAL = 4 * VERL_MINIBATCH  # require_batches 4 × ppo_mini_batch_size: one local update's prompts
+# Groups verl's fixed sync interval (every 4 local updates) admits, on average, ahead of a
+# gate that opens after every local update: 1.5 local updates (assumed, not fitted).
+VERL_SYNC_AHEAD = VERL_LOCAL * 3 // 2
 
 
 def verl_workload(fit: Fit, max_tokens: int = VERL_MAX_TOKENS, shape: str = "Qwen2.5-Math-7B") -> Workload:
@@ -199,7 +202,7 @@ def verl_sync(gpus: int, fit: Fit = FIT) -> dict[str, float]:
     )
 
 
-def verl_async(gpus: int, staleness: float = 0.5, fit: Fit = FIT) -> dict[str, float]:
+def verl_async(gpus: int, staleness: float = 0.5, fit: Fit = FIT, ahead: int = VERL_SYNC_AHEAD) -> dict[str, float]:
     """verl's fully_async_policy at `gpus` split half and half: streaming rollout with
     partial rollout (abort and resume), the rollout's own logprobs (no old_log_prob),
     a parameter sync every 4 local updates of 128 prompts and at most (1 + staleness) ×
@@ -220,7 +223,7 @@ def verl_async(gpus: int, staleness: float = 0.5, fit: Fit = FIT) -> dict[str, f
             },
             "buffer": {
                 "max_head_offpolicyness": 0,
-                "overcommit": round(staleness * VERL_PROMPTS) + VERL_LOCAL * 3 // 2,
+                "overcommit": round(staleness * VERL_PROMPTS) + ahead,
                 "max_staleness": 32,
                 "unit": "episode",
             },
