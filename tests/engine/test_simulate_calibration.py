@@ -160,7 +160,8 @@ def test_the_held_out_checks_fail_with_other_constants():
     staleness 0.1 with a gate that admits nothing for verl's sync interval, the 32:32
     speed-up with completions' p90 at twice their median (not five times), AReaL's 1.5B
     speed-up with completions four times as long, the 235B per-tensor sync with the
-    NVLink's message latency in place of the fitted link's."""
+    NVLink's message latency in place of the fitted link's, the 7B per-tensor sync over
+    the fitted inter-node link in place of one node's NVLink."""
     fit = published.FIT
     slow = dataclasses.replace(fit, h20_train_mfu=TRAIN_MFU)
     ablation = (
@@ -183,6 +184,9 @@ def test_the_held_out_checks_fail_with_other_constants():
     other = dataclasses.replace(fitted, latency_s=NVLINK.latency_s)
     assert abs(published._sync_seconds(shape, other, bucketed=False) / 58.57 - 1) > 0.2
     assert published._sync_seconds(shape, fitted, bucketed=False) == pytest.approx(58.57, rel=0.2)
+    small = published.model("Qwen2.5-Math-7B")
+    assert abs(published._sync_seconds(small, fitted, bucketed=False) / 0.12 - 1) > 0.2
+    assert published._sync_seconds(small, NVLINK, bucketed=False) == pytest.approx(0.12, rel=0.2)
 
 
 def test_the_checkpoint_engine_broadcasts_each_ranks_buckets_in_turn():
