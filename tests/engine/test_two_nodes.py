@@ -59,7 +59,15 @@ def nodes():
     # and CUDA_VISIBLE_DEVICES, and compute on the CPU.
     two = LocalCluster(home, [Node(gpus=2, labels={"pool": "rollout"}), Node(gpus=2, labels={"pool": "train"})])
     try:
-        yield two.start()
+        with pytest.MonkeyPatch.context() as env:
+            # Ray's GCS finds a lost node by health checks: at its defaults (one every 3 s,
+            # dead after 5 failed) the killed node's run waited about 15 s, idle, to fail.
+            # A killed raylet refuses each check at once; a slow one still has the
+            # default 10 s to answer each, so a loaded host is not taken for a lost one.
+            env.setenv("RAY_health_check_period_ms", "1000")
+            env.setenv("RAY_health_check_failure_threshold", "3")
+            two.start()
+        yield two
     finally:
         two.stop()
         shutil.rmtree(home, ignore_errors=True)
