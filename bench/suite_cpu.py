@@ -19,7 +19,10 @@ the nearest of the process's ancestors that wrote spans (itself included): a run
 actors, its Ray cluster, Chromium and the services a test started are that test's.
 And per process that ran tests (each pytest-xdist worker): when its first test started,
 when its last ended and how long it spent inside tests, which shows a worker left alone
-at the end; --spans keeps the lines.
+at the end; --spans keeps the lines. And which tests the cores idled under: each read's
+idle core-seconds (the host's, from /proc/stat), shared among the tests running then, one
+per worker; a test that waits (a timeout, a health check, a sleep) shows at the top
+however little CPU it spends.
 
 Linux only (/proc).
 
@@ -95,9 +98,16 @@ class Tree(Sampler):
     ancestors: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     # (wall time of the read, member process, CPU seconds it spent since the read before).
     spent: list[tuple[float, tuple[int, int], float]] = field(default_factory=list)
+    # (wall time of the read, the host's idle core-seconds since the read before).
+    idle: list[tuple[float, float]] = field(default_factory=list)
+    _idle_total: float | None = None
 
     def sample(self) -> None:
         now = time.time()
+        idle_total = host_idle_s()
+        if self._idle_total is not None and idle_total is not None:
+            self.idle.append((now, max(0.0, idle_total - self._idle_total)))
+        self._idle_total = idle_total
         processes = read_processes()
         keys = {p.pid: (p.pid, p.started) for p in processes}
         parent = {p.pid: p.parent for p in processes}
@@ -149,6 +159,19 @@ class Tree(Sampler):
         return sorted(spent, key=lambda x: -x[0])[:n]
 
 
+def host_idle_s() -> float | None:
+    """The host's idle core-seconds since boot (idle and iowait, /proc/stat's first line);
+    None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 6:
+        return None
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
 def _chain(pid: int, parent: dict[int, int]) -> tuple[int, ...]:
     out = []
     while pid in parent and parent[pid] > 1 and len(out) < 64:
@@ -197,6 +220,22 @@ def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
         # A worker runs one test at a time: the last span to start by then, if not yet over.
         k = bisect.bisect_right(starts[owner], when) - 1
         out[spans[owner][k].test if k >= 0 and when <= spans[owner][k].end else BETWEEN] += seconds
+    return dict(out)
+
+
+def idle_by_test(idle: list[tuple[float, float]], spans: dict[int, list[Span]]) -> dict[str, float]:
+    """Idle core-seconds per test: each read's, shared equally among the tests running at
+    that read (one per worker in a test then); BETWEEN where no worker was in one."""
+    out: dict[str, float] = defaultdict(float)
+    starts = {pid: [s.start for s in ordered] for pid, ordered in spans.items()}
+    for when, seconds in idle:
+        running = []
+        for pid, ordered in spans.items():
+            k = bisect.bisect_right(starts[pid], when) - 1
+            if k >= 0 and when <= ordered[k].end:
+                running.append(ordered[k].test)
+        for test in running or [BETWEEN]:
+            out[test] += seconds / max(1, len(running))
     return dict(out)
 
 
@@ -268,6 +307,7 @@ def main() -> None:
     wall = time.monotonic() - start
     spans = read_spans(spans_file)
     tests = by_test(tree, spans)
+    idle = idle_by_test(tree.idle, spans)
     workers = by_worker(spans, started_at)
     if not args.spans:
         os.unlink(spans_file)
@@ -287,6 +327,10 @@ def main() -> None:
     if args.tests and ranked:
         print(f"the {min(args.tests, len(ranked))} tests that spent the most CPU (with every process they started):")
         print("\n".join(f"  {seconds:8.1f} s  {test}" for test, seconds in ranked[: args.tests]))
+    idled = sorted(idle.items(), key=lambda kv: -kv[1])
+    if args.tests and idled:
+        print(f"the {min(args.tests, len(idled))} tests the cores idled under most (idle core-seconds, shared):")
+        print("\n".join(f"  {seconds:8.1f} s  {test}" for test, seconds in idled[: args.tests]))
     if args.json:
         with open(args.json, "w") as f:
             figures = {
@@ -296,6 +340,7 @@ def main() -> None:
                 "kinds": kinds,
                 "top": top,
                 "tests": dict(ranked),
+                "idle": dict(idled),
                 "workers": workers,
                 "files": dict(sorted(by_file(tests).items(), key=lambda kv: -kv[1])),
             }

@@ -1042,6 +1042,7 @@ start = time.time(); subprocess.run([sys.executable, "-c", {busy!r}]); time.slee
     figures = json.loads(out.read_text())
     assert 0.8 < figures["tests"]["t.py::busy"] < 3.0, figures["tests"]
     assert figures["tests"].get("t.py::idle", 0.0) < 0.3, figures["tests"]
+    assert set(figures["idle"]) <= {"t.py::idle", "t.py::busy", "(between tests)"}
     assert figures["files"]["t.py"] >= figures["tests"]["t.py::busy"]
     assert "tests that spent the most CPU" in done.stdout and "t.py::busy" in done.stdout
     # One process ran both tests: from about 0 s in to its last span's end, most of it in them.
@@ -1061,6 +1062,19 @@ def test_suite_cpu_charges_a_read_to_the_test_then_running_or_between_tests():
     tree.spent = [(5.0, (7, 0), 1.0), (15.0, (8, 0), 2.0), (25.0, (7, 0), 3.0), (25.0, (9, 0), 4.0)]
     spans = {5: [sc.Span(5, "t.py::a", 0.0, 10.0), sc.Span(5, "t.py::b", 20.0, 30.0)]}
     assert sc.by_test(tree, spans) == {"t.py::a": 1.0, sc.BETWEEN: 2.0, "t.py::b": 3.0, sc.UNDER_NO_TEST: 4.0}
+
+
+def test_suite_cpu_shares_each_reads_idle_among_the_tests_then_running():
+    sc = load("suite_cpu.py")
+    spans = {
+        5: [sc.Span(5, "t.py::waits", 0.0, 10.0), sc.Span(5, "t.py::late", 20.0, 30.0)],
+        6: [sc.Span(6, "t.py::spins", 0.0, 12.0)],
+    }
+    idle = [(5.0, 1.0), (11.0, 0.8), (15.0, 0.5), (25.0, 0.2)]
+    assert sc.idle_by_test(idle, spans) == pytest.approx(
+        {"t.py::waits": 0.5, "t.py::spins": 1.3, sc.BETWEEN: 0.5, "t.py::late": 0.2}
+    )
+    assert sc.host_idle_s() is None or sc.host_idle_s() >= 0
 
 
 def test_suite_cpu_refuses_a_negative_top_naming_it():
