@@ -13,11 +13,14 @@ FLAVOR ?= cpu
 CONSTRAINTS ?= deploy/constraints-$(FLAVOR).txt
 PORT ?= 8000
 PYTEST_ARGS ?=
-# pytest-xdist processes for `make test` (0: one process), one per core: the suite is
-# bound by the CPU (the engine's tests took 914 s in 2 workers and 909 s in 3), and each
-# worker runs whole runs on a Ray cluster of its own (tests/conftest.py says how tests are
-# spread); tests/xdist_worker.py keeps the workers apart.
-TEST_WORKERS ?= 2
+# pytest-xdist processes for `make test` (0: one process): one more than this machine's
+# two cores, as a worker's test often waits (a health check, a deadline, a browser, a
+# service restarting) while the cores could work: in 3 workers the whole suite took
+# 22.6 min with the cores 92% busy, in 2 workers 23.3-25.6 min, 75-83% busy, spending 6%
+# less CPU (bench/suite_cpu.py, 2026-11-30). Each worker runs whole runs on a Ray cluster
+# of its own (tests/conftest.py says how tests are spread); tests/xdist_worker.py keeps the
+# workers apart.
+TEST_WORKERS ?= 3
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
