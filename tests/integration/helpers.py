@@ -21,6 +21,24 @@ def overrides(**stop) -> dict:
     return {**TINY, "stop": stop}
 
 
+# Each agent of propose_solve waits this long on its environment every turn (the task's
+# latency options): about two seconds an episode.
+TOOL_WAIT = {"proposer_median_s": 1.0, "solver_median_s": 1.0}
+
+
+def waiting_on_tools(**stop) -> dict:
+    """A run that only has to keep running while a test restarts or kills what is around
+    it: its episodes wait on their environment most of the time, as an agent's wait on its
+    tools, so it trains a step every few seconds on a fraction of a core and the restarts
+    have the cores. A run of the default task trains flat out on both cores all the while
+    (about 60 s of CPU in the run-queue test's restarts)."""
+    return {
+        **overrides(**stop),
+        "task": {"name": "propose_solve", "options": TOOL_WAIT},
+        "buffer": {"unit": "episode"},
+    }
+
+
 def launch(member, preset: str, overrides: dict):
     from runs.actions import check_launch, do_launch_run
 

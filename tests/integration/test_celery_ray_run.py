@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.integration.helpers import launch, overrides, status
+from tests.integration.helpers import launch, status, waiting_on_tools
 from tests.integration.stack import RayProbe, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -63,7 +63,7 @@ def test_the_run_outlives_its_celery_worker_and_a_new_worker_cancels_it(stack, m
     from runs.models import Run
 
     worker = stack.ensure_worker()
-    run = launch(member, "async", overrides(max_steps=10_000, max_minutes=5))
+    run = launch(member, "async", waiting_on_tools(max_steps=10_000, max_minutes=5))
     wait_for(lambda: point_count(run, "loss") >= 2, 300, f"run {run.pk} to train 2 steps")
     assert status(run) == Run.Status.RUNNING
 

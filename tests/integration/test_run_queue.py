@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import launch, overrides, status
+from tests.integration.helpers import launch, overrides, status, waiting_on_tools
 from tests.integration.stack import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -44,7 +44,7 @@ def test_a_second_run_waits_through_restarts_and_starts_when_the_first_ends(
 
     # It trains until its user cancels it after both restarts below, however long those
     # take: an end it reached by itself (a step or minute limit) would be a race with them.
-    first = launch(member, "async", overrides(max_steps=100_000, max_minutes=30))
+    first = launch(member, "async", waiting_on_tools(max_steps=100_000, max_minutes=30))
     wait_for(lambda: status(first) == Run.Status.RUNNING, 300, f"run {first.pk} to be running")
     second = launch(member, "async", overrides(max_steps=4, max_minutes=4))
 
