@@ -13,12 +13,13 @@ import re
 import pytest
 
 from tests.browser import PASSWORD, launch, log_in, skip_without_chromium, wait_for_value
-from tests.integration.helpers import overrides
+from tests.integration.helpers import waiting_on_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-# A tiny run that goes on until it is cancelled (or for 5 minutes).
-RUN = overrides(max_steps=10_000, max_minutes=5)
+# A tiny run that goes on until it is cancelled (or for 5 minutes), a step every few
+# seconds while the browser starts and watches.
+RUN = waiting_on_tools(max_steps=10_000, max_minutes=5)
 TOTAL_POINTS_JS = """() => [...document.querySelectorAll('.chart')]
     .reduce((n, el) => n + Number(el.dataset.points || 0), 0)"""
 
