@@ -26,7 +26,7 @@ however little CPU it spends.
 
 Linux only (/proc).
 
-    .venv/bin/python bench/suite_cpu.py                       # make test, about 30 min
+    .venv/bin/python bench/suite_cpu.py                       # make test, about 23 min
     .venv/bin/python bench/suite_cpu.py --json cpu.json -- make test-fast
 """
 

@@ -61,7 +61,8 @@ def nodes():
     try:
         with pytest.MonkeyPatch.context() as env:
             # Ray's GCS finds a lost node by health checks: at its defaults (one every 3 s,
-            # dead after 5 failed) the killed node's run waited about 15 s, idle, to fail.
+            # dead after 5 failed) the killed node's run waited some 15 s, idle, to fail;
+            # here it fails about 3 s after the kill.
             # A killed raylet refuses each check at once; a slow one still has the
             # default 10 s to answer each, so a loaded host is not taken for a lost one.
             env.setenv("RAY_health_check_period_ms", "1000")
