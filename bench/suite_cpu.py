@@ -206,6 +206,13 @@ BETWEEN = "(between tests)"
 UNDER_NO_TEST = "(not below a process that ran tests)"
 
 
+def _running(spans: dict[int, list[Span]], starts: dict[int, list[float]], pid: int, when: float) -> Span | None:
+    """The span process `pid` was in at `when` (it runs one test at a time: the last span
+    to start by then, if not yet over), or None."""
+    k = bisect.bisect_right(starts[pid], when) - 1
+    return spans[pid][k] if k >= 0 and when <= spans[pid][k].end else None
+
+
 def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
     """CPU seconds per test: each read's CPU of each process of the tree, charged to the span
     running at that read in its nearest ancestor with spans (BETWEEN outside every span,
@@ -217,9 +224,8 @@ def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
         if owner is None:
             out[UNDER_NO_TEST] += seconds
             continue
-        # A worker runs one test at a time: the last span to start by then, if not yet over.
-        k = bisect.bisect_right(starts[owner], when) - 1
-        out[spans[owner][k].test if k >= 0 and when <= spans[owner][k].end else BETWEEN] += seconds
+        span = _running(spans, starts, owner, when)
+        out[span.test if span is not None else BETWEEN] += seconds
     return dict(out)
 
 
@@ -229,11 +235,7 @@ def idle_by_test(idle: list[tuple[float, float]], spans: dict[int, list[Span]]) 
     out: dict[str, float] = defaultdict(float)
     starts = {pid: [s.start for s in ordered] for pid, ordered in spans.items()}
     for when, seconds in idle:
-        running = []
-        for pid, ordered in spans.items():
-            k = bisect.bisect_right(starts[pid], when) - 1
-            if k >= 0 and when <= ordered[k].end:
-                running.append(ordered[k].test)
+        running = [span.test for pid in spans if (span := _running(spans, starts, pid, when)) is not None]
         for test in running or [BETWEEN]:
             out[test] += seconds / max(1, len(running))
     return dict(out)
