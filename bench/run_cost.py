@@ -61,7 +61,8 @@ IMPORTS = {
     "python (nothing)": "pass",
     "ray": "import ray",
     "torch": "import torch",
-    "workers.run.trainer_actors (ray, torch, the engine)": "import workers.run.trainer_actors",
+    "workers.run.driver (ray, the engine; no torch)": "import workers.run.driver",
+    "workers.run.trainer_host (ray, torch, the engine)": "import workers.run.trainer_host",
     "torch + transformers' AutoModelForCausalLM": "import torch; from transformers import AutoModelForCausalLM",
 }
 HIDE = "import sys; sys.modules.update(sklearn=None, scipy=None); "

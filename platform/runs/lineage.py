@@ -44,7 +44,7 @@ from teams import audit, roles
 from workers.config.presets import deep_merge
 from workers.config.run_config import RunConfig
 from workers.rl_tasks import task_class
-from workers.rollout.episode_scheduler import is_multi_agent
+from workers.rollout.episodes import is_multi_agent
 from workers.run.schedule import Schedule, replay_problem, schedule_problem
 
 logger = logging.getLogger(__name__)

@@ -102,7 +102,7 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
     import threading
 
     from workers.config.run_config import RunConfig
-    from workers.run.inference_worker import InferenceWorker
+    from workers.run.inference_host import InferenceHost
 
     calls: list = []
     backend = recording_backend(1, calls)
@@ -112,7 +112,7 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
         def apply(self, backend, staged):
             calls.append(("update_weights", staged))
 
-    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker = object.__new__(InferenceHost)  # outside Ray, no engine
     worker.cfg = RunConfig.model_validate(
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )
@@ -169,11 +169,11 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
 
     from workers.config.run_config import RunConfig
     from workers.core.timeline import Timeline
-    from workers.run import inference_worker
-    from workers.run.inference_worker import InferenceWorker
+    from workers.run import inference_host
+    from workers.run.inference_host import InferenceHost
 
     calls: list = []
-    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker = object.__new__(InferenceHost)  # outside Ray, no engine
     worker.cfg = RunConfig.model_validate(
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 2}}
     )
@@ -203,7 +203,7 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
             worker._stop.set()  # the loop ends after its second refusal
         return 0
 
-    monkeypatch.setattr(inference_worker.ray, "get", admitted)
+    monkeypatch.setattr(inference_host.ray, "get", admitted)
     assert not worker.wait_asleep(0)  # awake: the trainer rank must not step yet
     worker._loop()
     assert worker.error is None
@@ -215,9 +215,9 @@ def test_the_inference_worker_sleeps_when_the_buffer_admits_it_no_more_groups(mo
 
 def test_a_worker_that_never_sleeps_never_holds_the_trainer_back():
     from workers.config.run_config import RunConfig
-    from workers.run.inference_worker import InferenceWorker
+    from workers.run.inference_host import InferenceHost
 
-    worker = object.__new__(InferenceWorker.__ray_actor_class__)
+    worker = object.__new__(InferenceHost)
     worker.cfg = RunConfig.model_validate({"mode": "sync"})
     assert worker.wait_asleep(0)
 
@@ -229,8 +229,8 @@ def test_a_trainer_taking_turns_steps_only_once_every_worker_sleeps(monkeypatch)
     import threading
 
     from workers.config.run_config import RunConfig
-    from workers.run import trainer_actors
-    from workers.run.trainer_actors import TrainerActor
+    from workers.run import trainer_host
+    from workers.run.trainer_host import TrainerHost
 
     answers = iter([[True, False], [False, False], [True, True]])
     asked: list[float] = []
@@ -242,8 +242,8 @@ def test_a_trainer_taking_turns_steps_only_once_every_worker_sleeps(monkeypatch)
                 asked.append(timeout)
                 return timeout
 
-    monkeypatch.setattr(trainer_actors.ray, "get", lambda refs: next(answers))
-    trainer = object.__new__(TrainerActor.__ray_actor_class__)
+    monkeypatch.setattr(trainer_host.ray, "get", lambda refs: next(answers))
+    trainer = object.__new__(TrainerHost)
     trainer.cfg = RunConfig.model_validate(
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )
@@ -265,10 +265,10 @@ def test_the_episode_loop_hands_the_gpu_over_with_nothing_in_flight_and_wakes_be
 
     from workers.config.run_config import RunConfig
     from workers.core.timeline import Timeline
-    from workers.run.inference_worker import InferenceWorker
+    from workers.run.inference_host import InferenceHost
 
     calls: list = []
-    worker = object.__new__(InferenceWorker.__ray_actor_class__)  # outside Ray, no engine
+    worker = object.__new__(InferenceHost)  # outside Ray, no engine
     worker.cfg = RunConfig.model_validate(
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )

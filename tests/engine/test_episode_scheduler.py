@@ -18,14 +18,9 @@ from workers.inference.base import Completion
 from workers.model.tokenizer import CharTokenizer
 from workers.rl_tasks import make_task
 from workers.rl_tasks.propose_solve import ProposeSolveTask, problem_value
-from workers.rollout.episode_scheduler import (
-    OVERCOMMIT_ENDS_LATE_ENV,
-    EpisodeScheduler,
-    EpisodeTiming,
-    LateOvercommit,
-    is_multi_agent,
-    timing_metrics,
-)
+from workers.rollout.episode_scheduler import OVERCOMMIT_ENDS_LATE_ENV, EpisodeScheduler, LateOvercommit
+from workers.rollout.episode_timing import EpisodeTiming, timing_metrics
+from workers.rollout.episodes import is_multi_agent
 from workers.run.buffer import AdmissionGate, RolloutBuffer, plan
 from workers.run.runnable import check_runnable
 from workers.train.batch_stats import batch_metrics

@@ -14,7 +14,7 @@ from workers.core.records import group_id
 from workers.rollout.partial_rollouts import PartialCounts
 from workers.rollout.task_data import DatasetPrompts
 from workers.run.buffer import RolloutBuffer, with_prefetched
-from workers.run.inference_worker import InferenceWorker
+from workers.run.inference_host import InferenceHost
 from workers.run.ledger import InFlight, LedgerTotals, carried, resume_parts
 
 
@@ -22,7 +22,7 @@ def new_worker(index: int = 0, rows: int = 100):
     """An inference worker outside Ray, with no engine: the state its drawing, its
     checkpoint state and its puts read, drawing from dataset rows `w<index>-row<i>`
     (enough that none is drawn twice here)."""
-    worker = object.__new__(InferenceWorker.__ray_actor_class__)
+    worker = object.__new__(InferenceHost)
     worker.cfg = RunConfig.model_validate({"seed": 3})
     worker.index, worker.calls, worker.version, worker.evaluated = index, 0, 0, 0
     worker.prompts = DatasetPrompts([(f"w{index}-row{i}", "a") for i in range(rows)])
@@ -135,7 +135,7 @@ def test_an_inference_worker_draws_carried_rows_first_and_settles_rows_as_the_bu
     (less those the buffer received) before it draws fresh ones, and does not count them
     as drawn again."""
     from workers.core.timeline import Timeline
-    from workers.run import inference_worker
+    from workers.run import inference_host
 
     rows = [(f"w0-row{i}", "a") for i in range(4)]
     worker = new_worker()
@@ -160,7 +160,7 @@ def test_an_inference_worker_draws_carried_rows_first_and_settles_rows_as_the_bu
 
     resumed.buffer = type("Buffer", (), {"put": Put()})()
     resumed.receiver, resumed.timeline = type("Receiver", (), {"blocks_sender": False})(), Timeline()
-    monkeypatch.setattr(inference_worker.ray, "get", lambda answer: answer)
+    monkeypatch.setattr(inference_host.ray, "get", lambda answer: answer)
     resumed._put([group(group_id(seed2, i)) for i in range(4)])
     # What the buffer took is settled; the rest stays in flight (a checkpoint carries it).
     assert [gid for gid, _, _ in resumed.state_dict()["in_flight"]] == [group_id(seed2, 2), group_id(seed2, 3)]

@@ -178,7 +178,7 @@ def test_the_reward_pool_series_come_from_a_reward_pool_only(tmp_path):
 
 def test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only(tmp_path):
     from workers.core.metric_names import MULTI_AGENT, is_agent_series
-    from workers.rollout.episode_scheduler import EpisodeTiming
+    from workers.rollout.episode_timing import EpisodeTiming
     from workers.rollout.partial_rollouts import PartialCounts
     from workers.run.driver import RunMetrics
     from workers.run.messages import InferenceReport

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from workers.config.run_config import LoRAConfig, ModelConfig, SyncConfig
+from workers.core.sync_messages import Notice
 from workers.model.lora import effective_state_dict
 from workers.sync import SyncReport, make_receiver, make_sender, state_checksum
-from workers.sync.base import Notice
 from workers.sync.object_store import InProcessStore
 from workers.sync.verify import torch_backend_state_dict
 

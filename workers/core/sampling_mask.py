@@ -20,9 +20,12 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ class SamplingMask:
     def dense(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """[stop − start, vocab] bool for tokens start … stop − 1 (all by default): True
         where a token may be drawn (every id for a token with no set)."""
+        # torch here, not at the module's head: the records travel through processes that
+        # never compute with them (a run's driver and buffer), and importing torch costs
+        # each of them 1-3 s of CPU. The trainer, which does, has it loaded already.
+        import torch
+
         ids, offsets, complement = self._arrays()
         stop = self.tokens if stop is None else stop
         counts = np.diff(offsets)[start:stop]
@@ -144,6 +152,8 @@ class KeptLayout:
     def chunk(self, start: int, stop: int, vocab: int, device: torch.device) -> torch.Tensor:
         """[stop − start, vocab] bool for flat positions start … stop − 1: True where the
         token may be scored (every id at a position with no recorded set)."""
+        import torch  # the trainer's, loaded already (see `SamplingMask.dense`)
+
         out = torch.ones((stop - start, vocab), dtype=torch.bool)
         for row in range(start // self.width, (stop - 1) // self.width + 1):
             mask = self.masks[row]

@@ -31,51 +31,25 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeGuard
-
-import numpy as np
 
 from workers.config.run_config import RunConfig
-from workers.core.latency import Latency
-from workers.core.metric_names import agent_series
 from workers.core.records import Group, Rollout, group_id
 from workers.core.sampling_mask import SamplingMask
 from workers.inference.base import Completion, InferenceBackend
 from workers.model.tokenizer import Tokenizer
 from workers.rl_tasks import Task
-from workers.rollout.episodes import Episode, MultiTurnTask, is_multi_turn, take_model_turn, turn_ender
+from workers.rollout.episode_timing import EpisodeTiming
+from workers.rollout.episodes import (
+    Episode,
+    MultiAgentTask,
+    MultiTurnTask,
+    is_multi_agent,
+    is_multi_turn,
+    take_model_turn,
+    turn_ender,
+)
 from workers.rollout.generation import encode_prompt, score_sequences
 from workers.rollout.partial_rollouts import DRAIN, generate_across_updates
-
-
-class MultiAgentTask(Task, Protocol):
-    """A task whose episodes take turns between several agents (one policy plays them all)."""
-
-    multi_agent: bool  # True
-    agents: tuple[str, ...]  # in turn order; each takes one turn per episode
-
-    def agent_prompt(self, agent: str, prompt: str, texts: dict[str, str]) -> str:
-        """What `agent` is given, after the earlier agents wrote `texts`."""
-        ...
-
-    def agent_rewards(self, prompt: str, answer: str, texts: dict[str, str]) -> dict[str, float]:
-        """Each agent's reward for one ended episode."""
-        ...
-
-    def latency(self, agent: str) -> Latency:
-        """How long `agent`'s environment takes to answer its turn."""
-        ...
-
-
-def is_multi_agent(task: object) -> TypeGuard[MultiAgentTask]:
-    """Whether `task` runs episodes of several agents (a `multi_agent = True` attribute)."""
-    return bool(getattr(task, "multi_agent", False))
-
-
-@dataclass(frozen=True)
-class EpisodeTiming:
-    agents: dict[str, float]  # agent → seconds from its turn's start to its environment's answer
-    total_s: float  # the episode's, first turn's start to the last answer
 
 
 @dataclass
@@ -352,25 +326,3 @@ def _rollout(prompt_ids: list[int], c: Completion, version: int, agent: str) -> 
         sampling_mask=SamplingMask.of(list(c.kept)),
         agent=agent,
     )
-
-
-def timing_metrics(timings: list[EpisodeTiming]) -> dict[str, float]:
-    """episode/p50_s, p90_s and tail_ratio, and agent/<agent>/p50_s and p90_s, over
-    `timings` (nothing when there are none). Percentiles by linear interpolation
-    between order statistics (numpy's default, as the benches read them)."""
-    if not timings:
-        return {}
-    totals = np.array([t.total_s for t in timings])
-    p50, p90 = np.percentile(totals, [50, 90])
-    out = {"episode/p50_s": float(p50), "episode/p90_s": float(p90)}
-    if p50 > 0:
-        out["episode/tail_ratio"] = float(p90 / p50)
-    per_agent: dict[str, list[float]] = {}
-    for t in timings:
-        for agent, seconds in t.agents.items():
-            per_agent.setdefault(agent, []).append(seconds)
-    for agent, values in per_agent.items():
-        a50, a90 = np.percentile(values, [50, 90])
-        out[agent_series(agent, "p50_s")] = float(a50)
-        out[agent_series(agent, "p90_s")] = float(a90)
-    return out

@@ -21,6 +21,10 @@ between two turns (nothing is generating then, so nothing is aborted), and withi
 turn as the mode says; abort_retry regenerates only the aborted turn, keeping the
 finished turns before it, whose tool results depend on them. Later turns thus carry
 newer versions than earlier ones.
+
+A task asks for episodes with `multi_turn = True` (`is_multi_turn`); one whose agents take
+turns, one policy playing them all, with `multi_agent = True` (`is_multi_agent`: the
+episode scheduler, workers/rollout/episode_scheduler.py, runs those).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard
 
+from workers.core.latency import Latency
 from workers.inference.base import InferenceBackend
 from workers.model.tokenizer import Tokenizer
 from workers.rl_tasks import Task
@@ -113,6 +118,30 @@ def is_multi_turn(task: object) -> TypeGuard[MultiTurnTask]:
     """Whether `task` asks for episodes (a `multi_turn = True` attribute) rather than
     single completions."""
     return bool(getattr(task, "multi_turn", False))
+
+
+class MultiAgentTask(Task, Protocol):
+    """A task whose episodes take turns between several agents (one policy plays them all)."""
+
+    multi_agent: bool  # True
+    agents: tuple[str, ...]  # in turn order; each takes one turn per episode
+
+    def agent_prompt(self, agent: str, prompt: str, texts: dict[str, str]) -> str:
+        """What `agent` is given, after the earlier agents wrote `texts`."""
+        ...
+
+    def agent_rewards(self, prompt: str, answer: str, texts: dict[str, str]) -> dict[str, float]:
+        """Each agent's reward for one ended episode."""
+        ...
+
+    def latency(self, agent: str) -> Latency:
+        """How long `agent`'s environment takes to answer its turn."""
+        ...
+
+
+def is_multi_agent(task: object) -> TypeGuard[MultiAgentTask]:
+    """Whether `task` runs episodes of several agents (a `multi_agent = True` attribute)."""
+    return bool(getattr(task, "multi_agent", False))
 
 
 @dataclass

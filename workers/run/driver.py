@@ -38,7 +38,8 @@ from workers.core.metric_names import REWARD_WINDOW
 from workers.core.run_actors import actor_class, actor_name
 from workers.core.timeline import StepWindows
 from workers.rl_tasks import make_task
-from workers.rollout.episode_scheduler import EpisodeTiming, is_multi_agent, timing_metrics
+from workers.rollout.episode_timing import EpisodeTiming, timing_metrics
+from workers.rollout.episodes import is_multi_agent
 from workers.rollout.partial_rollouts import partial_metrics
 from workers.rollout.reward_stage import RewardReport, pool_metrics
 from workers.run.admission import engine_errors
@@ -51,7 +52,7 @@ from workers.run.runnable import check_runnable
 from workers.run.schedule import Schedule, replay_problem, schedule_problem
 from workers.run.spawn import RunActors
 from workers.run.watchdog import Watchdog, unanswered
-from workers.train.warmstart import policy_dir
+from workers.train.policy_cache import cached_policy
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class RunDriver:
             make_scratch(self.scratch_dir)
             t0 = time.perf_counter()
 
-            model_dir = policy_dir(self.cfg, self.cache_dir, self._warm_start_progress)
+            model_dir = cached_policy(self.cfg, self.cache_dir) or self._build_policy()
             self.timings["warm_start"] = time.perf_counter() - t0
             if self._spawn(model_dir):
                 self.timings["spawn"] = time.perf_counter() - t0 - self.timings["warm_start"]
@@ -300,6 +301,15 @@ class RunDriver:
         self.phase = phase
         self._phase_posted_at = time.monotonic()
         self.reporter.post_status("running", phase=phase, detail=detail)
+
+    def _build_policy(self) -> str:
+        """Build the warm-started policy (the first run of its config on this machine)."""
+        # Here, not at the module's head: the build trains, so it imports torch and the
+        # trainer, which a driver whose policy is cached never needs (workers/run/trainer_actors.py
+        # says what torch costs a driver).
+        from workers.train.warmstart import policy_dir
+
+        return policy_dir(self.cfg, self.cache_dir, self._warm_start_progress)
 
     def _warm_start_progress(self, done: int, total: int) -> None:
         if done == total or time.monotonic() - self._phase_posted_at >= PHASE_PROGRESS_S:

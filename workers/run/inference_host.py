@@ -1,7 +1,9 @@
-"""An inference worker of a run: a Ray actor that generates groups with the weights it
-holds and puts them into the run's buffer (workers/run/actors.py has the picture of a
-run's actors). Its process imports what generation needs (torch, the backend, the sync
-protocol's receiving end) and nothing of the trainer's.
+"""What an inference worker of a run does, in its actor's process: generates groups with the
+weights it holds and puts them into the run's buffer (workers/run/actors.py has the
+picture of a run's actors). The Ray actor class is `InferenceWorker`
+(workers/run/inference_worker.py), which builds an `InferenceHost` in its constructor.
+This module imports what generation needs (torch, the backend, the sync protocol's
+receiving end) and nothing of the trainer's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from workers.config.run_config import RunConfig
 from workers.core.records import Group, call_seed
-from workers.core.run_actors import actor_class, where_am_i
+from workers.core.run_actors import where_am_i
 from workers.core.timeline import GENERATE, HANDOFF, SCORE_WAIT, Timeline
 from workers.core.watch import GENERATE as WATCHED_GENERATE
 from workers.core.watch import WEIGHT_LOAD, Watch
@@ -29,7 +31,8 @@ from workers.model.loading import model_config, model_dims
 from workers.model.tokenizer import load_tokenizer
 from workers.rl_tasks import make_task
 from workers.rollout.context import context_tokens
-from workers.rollout.episode_scheduler import EpisodeScheduler, LateOvercommit, is_multi_agent
+from workers.rollout.episode_scheduler import EpisodeScheduler, LateOvercommit
+from workers.rollout.episodes import is_multi_agent
 from workers.rollout.evaluation import eval_prompts, evaluate, is_due, training_prompts
 from workers.rollout.generation import generate
 from workers.rollout.partial_rollouts import (
@@ -51,8 +54,8 @@ from workers.run.schedule import RecordedUpdates, ReplayedUpdates
 from workers.sync import driven_engine, make_receiver
 
 if TYPE_CHECKING:
+    from workers.core.sync_messages import Notice, SyncReport
     from workers.inference.vllm_backend import VLLMBackend
-    from workers.sync import Notice, SyncReport
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +66,7 @@ ADMIT_POLL_S = 0.05
 FINAL_WEIGHTS_WAIT_S = 30.0
 
 
-@actor_class(max_concurrency=4)
-class InferenceWorker:
+class InferenceHost:
     """Generates groups with the weights it holds and puts them into the buffer.
 
     New weights are fetched as soon as they are published (overlapping generation) and

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from workers.core.sync_messages import SyncReport
     from workers.core.timeline import Segment
     from workers.core.watch import WatchReport
-    from workers.rollout.episode_scheduler import EpisodeTiming
+    from workers.rollout.episode_timing import EpisodeTiming
     from workers.rollout.partial_rollouts import PartialCounts
     from workers.run.failures import Failure
-    from workers.sync import SyncReport
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""The trainer of a run as Ray actors: rank 0 (`TrainerActor`), which takes batches from
-the buffer, trains, and sends the weights to the inference workers, and the other ranks
-of its pool (`TrainerRank`); workers/run/actors.py has the picture of a run's actors.
-Their processes import what training needs and nothing of generation's.
+"""What the trainer of a run does, in its actors' processes: rank 0 (`TrainerHost`), which
+takes batches from the buffer, trains, and sends the weights to the inference workers,
+and the other ranks of its pool (`RankHost`); workers/run/actors.py has the picture of a
+run's actors. The Ray actor classes are `TrainerActor` and `TrainerRank`
+(workers/run/trainer_actors.py), which build these in their constructors. This module
+imports what training needs and nothing of generation's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from workers.config.run_config import RunConfig
 from workers.core.devices import assigned_device
 from workers.core.metric_names import rank_series
 from workers.core.records import Group
-from workers.core.run_actors import actor_class, where_am_i
+from workers.core.run_actors import where_am_i
 from workers.core.watch import TRAIN_STEP, WEIGHT_SEND, Watch
 from workers.run import checkpoints
 from workers.run.actors import WAIT_S, raise_start_failure, record_failure, started
@@ -51,9 +53,8 @@ from workers.train.trainer import Trainer
 from workers.train.trainer_pool import Rendezvous, join_pool
 
 if TYPE_CHECKING:
+    from workers.core.sync_messages import Gathers, Notice
     from workers.run.checkpoints import CheckpointRecord, CheckpointTarget
-    from workers.sync import Notice
-    from workers.sync.base import Gathers
     from workers.train.step_plan import RankStep
     from workers.train.trainer import RankResult
 
@@ -72,8 +73,7 @@ def wire_dtype(cfg: RunConfig) -> str | None:
     return cfg.inference.dtype if cfg.inference.dtype != "auto" else None
 
 
-@actor_class(max_concurrency=4)
-class TrainerRank:
+class RankHost:
     """Rank r ≥ 1 of a trainer pool (workers/train/trainer_pool.py): holds its replica (ddp)
     or shard (fsdp2) of the policy and runs what rank 0, the `TrainerActor`, hands it:
     its part of each step, and its part of every collective rank 0 starts (weight-sync
@@ -161,8 +161,7 @@ class _RayPeers:
         return ray.get(refs)
 
 
-@actor_class(max_concurrency=4)
-class TrainerActor:
+class TrainerHost:
     """Takes B groups per step from the buffer, trains, publishes the new weights.
 
     In a trainer pool this is rank 0: it plans each step and hands ranks 1.. (`ranks`,

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers.sync.base import Notice, SyncReport, WeightReceiver, WeightSender, state_checksum
+from workers.core.sync_messages import Notice, SyncReport
+from workers.sync.base import WeightReceiver, WeightSender, state_checksum
 from workers.sync.collective import CollectiveReceiver, CollectiveSender
 from workers.sync.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from workers.sync.filesystem import FilesystemReceiver, FilesystemSender

@@ -1,4 +1,5 @@
-"""The weight-sync interface every protocol implements, and what a sync reports.
+"""The weight-sync interface every protocol implements (the message between its halves and
+what a sync reports are records of workers/core/sync_messages.py).
 
 A sync has two halves that live in different processes (the trainer and each inference
 worker) and one small message between them, the `Notice`:
@@ -29,83 +30,13 @@ wait in a running pipeline).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
-NAN = math.nan
-
-
-@dataclass
-class SyncReport:
-    """One sync, from one side or combined. Fields a side cannot know are NaN."""
-
-    protocol: str
-    version: int
-    bytes: int
-    trainer_ms: float = NAN
-    inference_ms: float = NAN
-    end_to_end_ms: float = NAN
-    receive_ms: float = NAN  # the transfer part of inference_ms (the rest is the load)
-    tensors: int = 0  # tensors moved
-    messages: int = 0  # transfers (tensors, buckets, files, object-store puts)
-
-    @staticmethod
-    def combine(sent: SyncReport, received: list[SyncReport]) -> SyncReport:
-        """The run's view of one version: the trainer's side plus the slowest worker."""
-        bad = [r.version for r in received if r.version != sent.version]
-        if bad:
-            raise ValueError(f"combine: receiver reports for versions {bad}, sender's is {sent.version}")
-
-        def worst(attr: str) -> float:
-            return max((getattr(r, attr) for r in received), default=NAN)
-
-        return SyncReport(
-            protocol=sent.protocol,
-            version=sent.version,
-            bytes=sent.bytes,
-            trainer_ms=sent.trainer_ms,
-            inference_ms=worst("inference_ms"),
-            end_to_end_ms=worst("end_to_end_ms"),
-            receive_ms=worst("receive_ms"),
-            tensors=sent.tensors,
-            messages=sent.messages,
-        )
-
-    def metrics(self) -> dict[str, float]:
-        """The report as metric points (workers/core/metric_names.py spelling)."""
-        return {
-            "sync/bytes": float(self.bytes),
-            "sync/trainer_ms": self.trainer_ms,
-            "sync/inference_ms": self.inference_ms,
-            "sync/latency_ms": self.end_to_end_ms,
-        }
-
-
-@dataclass
-class Notice:
-    """The message from trainer to workers: which version, and where to get it.
-
-    Small and picklable; `payload` is protocol-specific (an object ref, a directory,
-    a broadcast manifest)."""
-
-    protocol: str
-    version: int
-    seq: int  # 0, 1, 2 … per sender: receivers apply collectives in this order
-    nbytes: int
-    sent_at: float  # time.time() when `send` started: end-to-end latency starts here
-    payload: dict[str, Any] = field(default_factory=dict)
-
-
-Notify = Callable[[Notice], None]
-
-# What a sender gathers from a sharded trainer: every parameter, or the LoRA adapter's.
-Gathers = Literal["all", "adapter"]
+from workers.core.sync_messages import Gathers, Notice, Notify, SyncReport
 
 
 class WeightSender(ABC):
@@ -196,12 +127,6 @@ class Stopwatch:
 
     def ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
-
-
-def end_to_end_ms(notice: Notice) -> float:
-    """Wall-clock ms from the start of the send to now (same clock on one host; across
-    hosts it is as good as their clock sync)."""
-    return (time.time() - notice.sent_at) * 1e3
 
 
 def tensor_nbytes(state_dict: dict[str, torch.Tensor]) -> int:

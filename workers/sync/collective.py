@@ -36,16 +36,9 @@ import torch
 import torch.distributed as dist
 
 from workers.core.rendezvous import default_host, join_store, open_store
+from workers.core.sync_messages import Notice, Notify, SyncReport, end_to_end_ms
 from workers.model.loading import tied_weight_names
-from workers.sync.base import (
-    Notice,
-    Notify,
-    Stopwatch,
-    SyncReport,
-    WeightReceiver,
-    WeightSender,
-    end_to_end_ms,
-)
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.weights import gathered_parameters, is_sharded
 
 if TYPE_CHECKING:

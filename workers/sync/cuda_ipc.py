@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from workers.core.sync_messages import Notice, Notify, SyncReport
 from workers.model.lora import effective_state_dict
-from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.object_store import StagedWeights, apply_full
 
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workers.core.rendezvous import default_host, free_port
-from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
+from workers.core.sync_messages import Notice, Notify, SyncReport, end_to_end_ms
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.engine_trainer import NoticeClient, PolicySource, sent_bytes
 from workers.sync.transfer_engines import ROLLWAY_GLOO
 from workers.sync.vllm_engines import GlooTrainerInitInfo, packed_chunks  # registers the engines

@@ -34,7 +34,8 @@ from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactor
 from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
 from workers.core.rendezvous import default_host, join_store, open_store
-from workers.sync.base import Notice, Notify, Stopwatch, SyncReport, WeightReceiver, WeightSender, end_to_end_ms
+from workers.core.sync_messages import Notice, Notify, SyncReport, end_to_end_ms
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.engine_trainer import NoticeClient, PolicySource, sent_bytes
 from workers.sync.transfer_engines import VLLM_IPC
 

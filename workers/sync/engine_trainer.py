@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
+from workers.core.sync_messages import Notice, Notify
 from workers.model.loading import saved_form, tied_weight_names
 from workers.model.lora import effective_live_state
-from workers.sync.base import Notice, Notify
 from workers.sync.weights import gathered_parameters, module_buckets
 
 

@@ -23,14 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors.torch import load_file, save_file
 
-from workers.sync.base import (
-    Notice,
-    Notify,
-    Stopwatch,
-    SyncReport,
-    WeightReceiver,
-    WeightSender,
-)
+from workers.core.sync_messages import Notice, Notify, SyncReport
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.object_store import StagedWeights, apply_full
 from workers.sync.weights import state_buckets
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from workers.core.sync_messages import Notice, Notify, SyncReport, end_to_end_ms
 from workers.model.loading import checkpoint_weights, live_weights, saved_form
 from workers.model.lora import (
     adapter_config,
@@ -36,16 +37,7 @@ from workers.model.lora import (
     merge_adapter,
     write_adapter_dir,
 )
-from workers.sync.base import (
-    Notice,
-    Notify,
-    Stopwatch,
-    SyncReport,
-    WeightReceiver,
-    WeightSender,
-    end_to_end_ms,
-    state_checksum,
-)
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender, state_checksum
 from workers.sync.object_store import RayStore, from_wire, to_wire
 from workers.sync.weights import adapter_tensors, is_sharded
 

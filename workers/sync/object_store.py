@@ -32,15 +32,8 @@ import numpy as np
 import torch
 
 from workers.core.devices import synchronize
-from workers.sync.base import (
-    Notice,
-    Notify,
-    Stopwatch,
-    SyncReport,
-    WeightReceiver,
-    WeightSender,
-    end_to_end_ms,
-)
+from workers.core.sync_messages import Notice, Notify, SyncReport, end_to_end_ms
+from workers.sync.base import Stopwatch, WeightReceiver, WeightSender
 from workers.sync.delta import Changes, DeltaEncoder, Shadow
 from workers.sync.weights import state_buckets
 

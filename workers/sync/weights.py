@@ -21,9 +21,10 @@ from collections.abc import Iterator
 
 import torch
 
+from workers.core.sync_messages import Gathers
 from workers.model.loading import tied_weight_names, untied
 from workers.model.lora import effective_live_state, effective_state_dict, split_live_state
-from workers.sync.base import Gathers, StateHasher
+from workers.sync.base import StateHasher
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

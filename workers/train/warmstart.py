@@ -6,8 +6,9 @@ ones (characters replaced at random) make the policy sample wrong characters oft
 RL starts at a low reward and has real sharpening to do (see WarmStartConfig). The result
 is a Hugging Face directory cached under `cache_dir`, keyed by a hash of everything that
 shapes it (model, task, warm_start, seed, the held-out eval prompts it never teaches,
-and for a model from a directory or the Hub, its files), built once per machine: a lock
-file serialises concurrent builders and an atomic rename publishes the finished directory.
+and for a model from a directory or the Hub, its files: workers/train/policy_cache.py),
+built once per machine: a lock file serialises concurrent builders and an atomic rename
+publishes the finished directory.
 
 A model from a directory or the Hub goes through the same loop on its own tokenizer's
 ids (the prompt as its chat template renders it, the answer then EOS); with
@@ -18,8 +19,6 @@ saved with the stop and pad ids the engine uses (workers.model.loading.save_mode
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 import random
 import shutil
@@ -33,66 +32,21 @@ from workers.core.char_vocab import tiny_chars
 from workers.model.loading import build_tiny, has_weights, load_model, save_model, source_dir
 from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.rl_tasks import make_task, task_class
-from workers.rollout.evaluation import HELD_OUT_BUCKETS, training_prompts
+from workers.rollout.evaluation import training_prompts
 from workers.rollout.generation import encode_prompt
 from workers.rollout.task_data import SPLIT_FILE, train_prompts, write_split_record
+from workers.train.policy_cache import policy_path
 from workers.train.trainer import pack, token_logprobs
 
-# Bump when the warm-start recipe or model format changes, so old caches are not reused.
-# 5: a task's problem_key decides what the held-out share excludes; 4: the char
-# vocabulary grows only for a task that uses "()#"; 3: demonstrations per task.
-RECIPE_VERSION = 5
 # progress(done, total): supervised steps done out of the build's total.
 Progress = Callable[[int, int], None]
-
-
-def cache_key(cfg: RunConfig) -> str:
-    """Hash of the config sections that determine the warm-started weights."""
-    parts = {
-        "recipe": RECIPE_VERSION,
-        "model": cfg.model.model_dump(mode="json"),
-        "task": cfg.task.model_dump(mode="json"),
-        "warm_start": cfg.warm_start.model_dump(mode="json"),
-        "seed": cfg.seed,
-    }
-    if cfg.model.source != "tiny":
-        parts["source_files"] = _fingerprint(source_dir(cfg.model))
-    if cfg.task.dataset is not None:  # an edited data file teaches other demonstrations
-        parts["dataset_file"] = _file_fingerprint(cfg.task.dataset.path)
-    elif cfg.eval.every_steps:  # the generator's reserved eval share is never taught
-        parts["held_out_buckets"] = HELD_OUT_BUCKETS
-    blob = json.dumps(parts, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _fingerprint(model_dir: str) -> list[tuple[str, int, float]]:
-    """(name, size, mtime) of every file in a model directory (sharded weights and the
-    tokenizer included): a changed checkpoint gets a policy of its own."""
-    if not os.path.isdir(model_dir):
-        return []
-    out = []
-    for name in sorted(os.listdir(model_dir)):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            st = os.stat(path)
-            out.append((name, st.st_size, st.st_mtime))
-    return out
-
-
-def _file_fingerprint(path: str) -> tuple[int, float] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime)
 
 
 def policy_dir(cfg: RunConfig, cache_dir: str, progress: Progress | None = None) -> str:
     """Path of the warm-started policy's HF directory, building it on first use;
     `progress(done, total)` is called after each supervised step of a build."""
     os.makedirs(cache_dir, exist_ok=True)
-    target = os.path.join(cache_dir, f"policy-{cache_key(cfg)}")
-    # A big policy is saved in shards (model.safetensors.index.json), a small one whole.
+    target = policy_path(cfg, cache_dir)
     if has_weights(target):
         return target
     with open(target + ".lock", "w") as lock:
