@@ -1,5 +1,5 @@
 """A run's driver generates and trains nothing, so its process never imports torch,
-transformers or vLLM (workers/run/trainer_actors.py says what torch alone costs each run):
+transformers or vLLM (workers/run/inference_worker.py says what torch alone costs each run):
 not through its module graph (the actor classes it spawns included), nor by unpickling
 the reports its actors send it."""
 

@@ -305,7 +305,7 @@ class RunDriver:
     def _build_policy(self) -> str:
         """Build the warm-started policy (the first run of its config on this machine)."""
         # Here, not at the module's head: the build trains, so it imports torch and the
-        # trainer, which a driver whose policy is cached never needs (workers/run/trainer_actors.py
+        # trainer, which a driver whose policy is cached never needs (workers/run/inference_worker.py
         # says what torch costs a driver).
         from workers.train.warmstart import policy_dir
 

@@ -5,8 +5,8 @@ constructor and hands it every call.
 Why two classes: Ray needs an actor's class in the process that spawns it, and the run's
 driver spawns this one. The host imports torch, transformers, the backend and the sync
 protocols; this module imports none of them, so neither does the driver's process, which
-generates and trains nothing (`import torch` alone is 1-3 s of CPU and about 300 MB of
-memory, in every run's driver).
+generates and trains nothing: `import torch` alone costs a process 2.6-3.0 s of CPU on a
+2-core host and 180 MB of memory (`bench/run_cost.py`), in every run's driver.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ constructors and hand it every call.
 Why two classes each: Ray needs an actor's class in the process that spawns it, and the
 run's driver spawns these. The hosts import torch, transformers and the sync protocols;
 this module imports none of them, so neither does the driver's process, which trains
-nothing (`import torch` alone is 1-3 s of CPU and about 300 MB of memory, in every run's
-driver).
+nothing (workers/run/inference_worker.py says what torch would cost it).
 """
 
 from __future__ import annotations
