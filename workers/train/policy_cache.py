@@ -2,8 +2,8 @@
 the cache named by a hash of everything that shapes its weights (workers/train/warmstart.py
 builds it, and says what shapes it).
 
-Apart from the build because the run's driver asks before every run, and nothing here
-imports torch: a policy built by an earlier run is found without it.
+Kept apart from the build, which trains and so imports torch: a run's driver asks here
+before every run, and finds a policy an earlier run built without importing torch.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from workers.config.run_config import RunConfig
 from workers.model.loading import has_weights, source_dir
 from workers.rollout.evaluation import HELD_OUT_BUCKETS
 
-# Bump when the warm-start recipe or model format changes, so old caches are not reused.
-# 5: a task's problem_key decides what the held-out share excludes; 4: the char
-# vocabulary grows only for a task that uses "()#"; 3: demonstrations per task.
+# Bump when the warm-start recipe (workers/train/warmstart.py) or the model format
+# changes, so old caches are not reused. 5: a task's problem_key decides what the
+# held-out share excludes; 4: the char vocabulary grows only for a task that uses "()#";
+# 3: demonstrations per task.
 RECIPE_VERSION = 5
 
 
