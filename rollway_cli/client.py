@@ -14,8 +14,10 @@ import httpx
 from rollway_cli.credentials import Credentials
 from rollway_cli.errors import NOT_ALLOWED, UNREACHABLE, ApiError, CliError
 
-# Reads of a run are small; a slow site under load still answers well within this.
-TIMEOUT_S = 30.0
+# Reads of a run are small, but a launch is checked before it is stored, and the site's
+# first check of a model directory imports transformers: on a loaded 2-core host that
+# answer once took over 30 s (the first-model walkthrough's launch, beside the test suite).
+TIMEOUT_S = 120.0
 
 
 def explain(status: int, errors: dict[str, str], url: str) -> str:
