@@ -46,6 +46,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -115,6 +116,33 @@ def _configure_environment() -> None:
         if previous is not None and previous != value:
             log.warning("overriding %s=%s with %s for the in-process vLLM engine", key, previous, value)
         os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _ranks_run_eager(spawns_ranks: bool) -> Iterator[None]:
+    """While a CPU engine spawns its tensor-parallel ranks: torch's compiler off in them.
+
+    The ranks run in processes of their own, where EngineLock's eager stance does not
+    reach, and there vLLM's embedding compiles its vocabulary mask
+    (vocab_parallel_embedding.get_masked_input_and_mask) with inductor: a C++ build of
+    several kernels at the first generate, though the engine runs eager otherwise.
+    TORCHDYNAMO_DISABLE, read by each rank's torch when it is imported, runs the mask as
+    written. With inductor's cache empty, a TP=2 engine's start and a few generates
+    (tests/engine/test_vllm_backend.py) took 60 s of CPU and 44 s of wall with the
+    build, 40 s and 26 s without. Set only while the ranks are spawned: this process's
+    torch has read its setting already, and later children keep their own."""
+    if not spawns_ranks:
+        yield
+        return
+    previous = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = previous
 
 
 def _quiet_chat_template_warmup() -> None:
@@ -566,7 +594,8 @@ class VLLMBackend:
             record_routing=record_routing,
         )
         started = time.perf_counter()
-        self._llm = _start_engine(LLM, engine_args)
+        with _ranks_run_eager(self.on_cpu and inference_cfg.tensor_parallel_size > 1):
+            self._llm = _start_engine(LLM, engine_args)
         self._lock = EngineLock(torch.get_num_threads() if self.on_cpu else None)
         self._own_engine = transfer_engine in (ROLLWAY_MEMORY, ROLLWAY_FILES)
         if self._own_engine:
