@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import ray
+import torch
 
 from tests.engine.ingest_stub import IngestStub
 from workers.config.run_config import LoRAConfig, RunConfig
@@ -27,6 +28,7 @@ from workers.rl_tasks import make_task
 from workers.rollout.generation import generate_groups
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
+from workers.run.runnable import check_runnable
 from workers.run.schedule import Schedule
 from workers.train.warmstart import policy_dir
 
@@ -92,6 +94,31 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def warm_started(config: dict | RunConfig, cache_dir: str) -> None:
+    """Build the run's warm-started policy in this process before its driver looks for it.
+
+    This process has torch and transformers imported already; a driver that builds a
+    policy imports both first (about 2.5 s of CPU a build, of the few dozen distinct
+    warm starts a whole suite builds), and a driver that finds it cached imports neither.
+    Built on one torch thread, as the driver (which reserves no CPU) builds it, so the
+    policy is the one the driver would have built. A config the driver refuses, or whose
+    build fails, is left to the driver: its report of that is what such a test checks.
+    The driver's own build, with its progress, stays tested by tests/engine/test_run_scratch.py."""
+    try:
+        cfg = check_runnable(RunConfig.model_validate(config))
+    except Exception:  # refused: the driver says why
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng():  # the build seeds torch: the test's draws stay its own
+            policy_dir(cfg, cache_dir)
+    except Exception:  # the driver meets it again and reports it
+        pass
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_inline(run_id: int, cache_dir: str, env: dict | None = None, **overrides) -> dict:
     """Run tiny_config(**overrides) in a driver actor with no ingest; returns its summary.
     `env`: as `run_config`'s (a test hook's switch)."""
@@ -111,6 +138,7 @@ def run_config(
     the run's actors inherit (Ray's runtime_env), such as a test hook's switch; `replay`:
     a schedule the run follows (workers/run/schedule.py)."""
     options = {"runtime_env": {"env_vars": env}} if env else {}
+    warm_started(config, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
         run_id, config, None, "", cache_dir, exit_when_done=False, replay=replay
     )
@@ -123,7 +151,9 @@ def run_config(
 def run_to_the_end(run_id: int, stub: IngestStub, cache_dir: str, **overrides) -> dict:
     """Launch tiny_config(**overrides) as the platform does, reporting to `stub`; returns
     the series once it has succeeded and its actors have exited."""
-    launch(run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
+    config = tiny_config(**overrides)
+    warm_started(config, cache_dir)
+    launch(run_id, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
     wait_for(lambda: stub.status.get(run_id) in ("succeeded", "failed"), 240, "a terminal status")
     assert stub.statuses[run_id] == ["running", "succeeded"], stub.errors.get(run_id)
     wait_for(lambda: not run_actor_names(run_id), GONE_WAIT_S, "the run's actors to exit")

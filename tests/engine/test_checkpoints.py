@@ -40,7 +40,7 @@ import pytest
 import ray
 import torch
 
-from tests.engine.helpers import TOKEN, assert_trained_the_same, fixed_groups, small_config
+from tests.engine.helpers import TOKEN, assert_trained_the_same, fixed_groups, small_config, warm_started
 from tests.engine.ingest_stub import IngestStub
 from workers.config.presets import build, deep_merge
 from workers.core.metric_names import TRAINED as EQUIVALENT
@@ -441,6 +441,7 @@ def run(preset, run_id, cache_dir, root, stub=None, resume_from=None, env=None, 
     cfg = build(preset, deep_merge(SMALL, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"), checkpoint_root=root)
     options = {"runtime_env": {"env_vars": env}} if env else {}
+    warm_started(cfg, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
         run_id,
         cfg,

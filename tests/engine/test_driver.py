@@ -19,7 +19,7 @@ import time
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for, warm_started
 from tests.engine.ingest_stub import IngestStub
 from workers.core.metric_names import METRICS, MULTI_AGENT, NAMES, PER_RANK
 from workers.core.run_actors import NAMESPACE, run_actor_names
@@ -32,9 +32,9 @@ pytestmark = pytest.mark.slow
 
 
 def start(run_id: int, stub: IngestStub, cache_dir: str, confinement: Confinement | None = None, **overrides) -> str:
-    return launch(
-        run_id, tiny_config(**overrides), ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement
-    )
+    config = tiny_config(**overrides)
+    warm_started(config, cache_dir)
+    return launch(run_id, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement)
 
 
 def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache_dir):

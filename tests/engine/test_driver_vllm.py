@@ -20,6 +20,7 @@ from tests.engine.helpers import (
     policy_bytes,
     run_config,
     wait_for,
+    warm_started,
 )
 from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
@@ -60,6 +61,7 @@ def test_update_modes_on_vllm_take_weights_mid_generation_by_each_full_weight_pr
         "stop": {"max_steps": 8},
     }
     run_id = 210 + ["abort_resume", "in_flight"].index(mode) + (2 if protocol == "collective" else 0)
+    warm_started(cfg, cache_dir)
     driver = RunDriver.options(
         name=f"run-{run_id}", namespace=NAMESPACE, runtime_env={"env_vars": {WEIGHTS_MID_GENERATION_ENV: "1"}}
     ).remote(run_id, cfg, None, "", cache_dir, exit_when_done=False)

@@ -13,7 +13,7 @@ import os
 import pytest
 import ray
 
-from tests.engine.helpers import tiny_config
+from tests.engine.helpers import tiny_config, warm_started
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.rollout.evaluation import PASS_AT_1, PASS_AT_K, REWARD_MEAN, SERIES
 from workers.rollout.shipped_data import DATA_DIR
@@ -32,6 +32,7 @@ def run_countdown(run_id: int, cache_dir: str, tmp_path, **overrides) -> dict:
         **overrides,
     )
     confinement = Confinement(data_roots=(DATA_DIR,), scratch_root=str(tmp_path / "scratch"))
+    warm_started(config, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
         run_id, config, None, "", cache_dir, exit_when_done=False, confinement=confinement
     )

@@ -16,7 +16,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
-from tests.engine.helpers import HF_WARM_START
+from tests.engine.helpers import HF_WARM_START, warm_started
 from tests.fake_hub import FakeHub
 from workers.config.run_config import RunConfig
 from workers.core.hub import HubUnavailable
@@ -228,6 +228,7 @@ def test_weights_reload_into_the_transformers_backend_and_the_hand_written_loop(
 
 
 def run_driver(run_id: int, cfg: RunConfig, cache_dir: str, box: Confinement) -> dict:
+    warm_started(cfg, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
         run_id, cfg.model_dump(mode="json"), None, "", cache_dir, exit_when_done=False, confinement=box
     )

@@ -22,7 +22,7 @@ import random
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, tiny_config, wait_for, warm_started
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
 from workers.run.checkpoints import BUFFER, INFERENCE, Checkpoint, list_checkpoints
 from workers.run.ledger import LedgerTotals
@@ -62,6 +62,7 @@ def test_a_killed_run_stops_whole_names_the_killed_actor_and_its_last_checkpoint
     confinement = Confinement(scratch_root=str(tmp_path / "scratch"), checkpoint_root=root, log_root=str(logs))
     checkpointed = {"every_steps": 1, "keep_last": 2}
     config = tiny_config(mode=mode, stop={"max_steps": 10_000}, checkpoint=checkpointed)
+    warm_started(config, cache_dir)
     launch(run_id, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement)
     wait_for(lambda: len(stub.series(run_id).get("reward/mean", {})) >= after, 120, f"step {after}")
     victim = actor_name(run_id) if role == "driver" else f"{actor_name(run_id)}-{role}"

@@ -16,7 +16,7 @@ import pydantic
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, policy_bytes, tiny_config, wait_for, warm_started
 from workers.config.run_config import RunConfig
 from workers.core.run_actors import NAMESPACE, actor_name, placement_group_name, run_actor_names
 from workers.rollout.reward_stage import POOL_SERIES
@@ -234,6 +234,7 @@ def test_disaggregated_pools_run_on_disjoint_gpus_sync_by_a_packed_collective_an
         placement={"devices": "gpu"},
         stop={"max_steps": 10_000},
     )
+    warm_started(config, cache_dir)
     launch(9141, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
     try:
         names = ["run-9141-inference-0", "run-9141-inference-1", "run-9141-trainer", "run-9141-trainer-1"]
@@ -274,6 +275,7 @@ def test_colocated_worker_and_trainer_share_a_gpu_and_the_driver_removes_the_gro
         placement={"devices": "gpu", "mode": "colocated"},
         stop={"max_steps": 10_000},
     )
+    warm_started(config, cache_dir)
     driver = RunDriver.options(name=actor_name(9142), namespace=NAMESPACE).remote(
         9142, config, None, "", cache_dir, exit_when_done=False
     )
@@ -321,6 +323,7 @@ def test_a_reward_worker_on_gpus_gets_its_own_bundles_gpu_and_the_run_trains_rep
         placement={"devices": "gpu"},
         stop={"max_steps": 10_000},
     )
+    warm_started(config, cache_dir)
     launch(9144, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir)
     try:
         names = ["run-9144-inference-0", "run-9144-trainer", "run-9144-reward-0"]

@@ -17,7 +17,7 @@ import queue
 import pytest
 import ray
 
-from tests.engine.helpers import GONE_WAIT_S, TOKEN, assert_trained_the_same, wait_for
+from tests.engine.helpers import GONE_WAIT_S, TOKEN, assert_trained_the_same, wait_for, warm_started
 from workers.config.presets import PRESETS, build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
 from workers.core.records import call_seed, group_id
@@ -302,6 +302,7 @@ def run(run_id: int, cache_dir: str, replay: dict | None = None, env: dict | Non
     cfg = build("async", deep_merge(CONFIG, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"))
     options = {"runtime_env": {"env_vars": env}} if env else {}
+    warm_started(cfg, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE, **options).remote(
         run_id, cfg, None, TOKEN, cache_dir, exit_when_done=False, confinement=confinement, replay=replay
     )

@@ -8,7 +8,7 @@ import os
 
 import ray
 
-from tests.engine.helpers import tiny_config
+from tests.engine.helpers import tiny_config, warm_started
 from workers.core.run_actors import NAMESPACE, actor_name
 from workers.rollout.shipped_data import DATA_DIR
 from workers.run.driver import RunDriver
@@ -44,6 +44,7 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_episodes_each_on_one_vers
         buffer={"unit": "episode", "overcommit": 1},
         stop={"max_steps": 3},
     )
+    warm_started(config, cache_dir)
     driver = RunDriver.options(name=actor_name(4103), namespace=NAMESPACE).remote(
         4103, config, None, "", cache_dir, exit_when_done=False, confinement=Confinement(scratch_root=str(tmp_path))
     )

@@ -19,7 +19,7 @@ import os
 import pytest
 import ray
 
-from tests.engine.helpers import assert_exact_sync
+from tests.engine.helpers import assert_exact_sync, warm_started
 from workers.config.presets import build, deep_merge
 from workers.core.metric_names import TRAINED
 from workers.core.run_actors import NAMESPACE, actor_name
@@ -44,6 +44,7 @@ PARAMS = 2 * 44 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32
 def run(run_id: int, cache_dir: str, root: str | None = None, resume_from: str | None = None, **overrides) -> dict:
     cfg = build("sync", deep_merge(POOL, overrides)).model_dump(mode="json")
     confinement = Confinement(scratch_root=os.path.join(cache_dir, "scratch"), checkpoint_root=root)
+    warm_started(cfg, cache_dir)
     driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
         run_id, cfg, None, "", cache_dir, exit_when_done=False, confinement=confinement, resume_from=resume_from
     )
