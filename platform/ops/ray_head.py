@@ -13,6 +13,7 @@ AuthenticationError), which matters because the GCS port accepts code to run.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -24,23 +25,36 @@ from pathlib import Path
 
 # Redis lives on 6379 here; Ray's own default GCS port is the same number.
 _RESERVED_PORTS = {6379}
+# Above Ray's default worker ports (--min-worker-port 10002 to --max-worker-port 19999).
+_LOWEST_CHOSEN_PORT = 20000
 # Ray puts Unix sockets under <temp_dir>/session_<date>_<pid>/sockets/, and a socket
 # path may not exceed 107 bytes: the session part takes ~60, so keep temp_dir short.
 _MAX_TEMP_DIR_LEN = 40
 
 
 def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = ()) -> list[int]:
-    """`count` distinct TCP ports the OS says are free now, none reserved and none of
-    `besides` (ports already handed to the same Ray node). Each socket stays bound until
-    all are chosen: asked one at a time, the OS may give back a port it gave a moment
-    before, and Ray refuses a node whose GCS and object manager got the same one."""
+    """`count` distinct TCP ports free now, none reserved and none of `besides` (ports
+    already handed to the same Ray node). Each socket stays bound until all are chosen:
+    Ray refuses a node whose GCS and object manager got the same one.
+
+    Drawn below the kernel's ephemeral range, where no outgoing connection takes a port
+    while the process it is meant for starts: a Ray head restarted on a loaded host lost
+    its client server's port, drawn from that range (the OS's choice for port 0), to
+    another connection in the seconds it took to start ("Address already in use").
+    Above Ray's worker ports (10002-19999 by default), which its workers bind one by one."""
+    low, high = _choosable_ports()
+    candidates = random.sample(range(low, high), high - low) if high > low else []
     held: list[socket.socket] = []
     ports: list[int] = []
     try:
         while len(ports) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(s)
-            s.bind((host, 0))
+            try:
+                # Where no port below the range is left, the OS's choice (port 0).
+                s.bind((host, candidates.pop() if candidates else 0))
+            except OSError:  # taken: the next candidate
+                continue
             port = s.getsockname()[1]
             if port not in _RESERVED_PORTS and port not in besides and port not in ports:
                 ports.append(port)
@@ -48,6 +62,15 @@ def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = (
         for s in held:
             s.close()
     return ports
+
+
+def _choosable_ports() -> tuple[int, int]:
+    """[low, high): the ports above Ray's worker ports and below the ephemeral range."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: its default range
+        ephemeral_low = 32768
+    return _LOWEST_CHOSEN_PORT, ephemeral_low
 
 
 def free_port(host: str = "127.0.0.1", besides: Collection[int] = ()) -> int:
