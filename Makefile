@@ -17,7 +17,9 @@ PYTEST_ARGS ?=
 # two cores, as a worker's test often waits (a health check, a deadline, a browser, a
 # service restarting) while the cores could work: in 3 workers the whole suite took
 # 22.6 min with the cores 92% busy, in 2 workers 23.3-25.6 min, 75-83% busy, spending 6%
-# less CPU (bench/suite_cpu.py, 2026-11-30). Each worker runs whole runs on a Ray cluster
+# less CPU (bench/suite_cpu.py, 2026-11-30); in 4 workers 25.2 min against 23.8, the cores
+# 94% busy but every kind of process spending 5-10% more CPU, as more of them contend for
+# the two cores (2,849 s against 2,638-2,672 s). Each worker runs whole runs on a Ray cluster
 # of its own (tests/conftest.py says how tests are spread); tests/xdist_worker.py keeps the
 # workers apart.
 TEST_WORKERS ?= 3
