@@ -98,8 +98,9 @@ def warm_started(config: dict | RunConfig, cache_dir: str) -> None:
     """Build the run's warm-started policy in this process before its driver looks for it.
 
     This process has torch and transformers imported already; a driver that builds a
-    policy imports both first (about 2.5 s of CPU a build, of the few dozen distinct
-    warm starts a whole suite builds), and a driver that finds it cached imports neither.
+    policy imports both first, and a driver that finds it cached imports neither (a
+    whole suite's 113 drivers spent 285 s of CPU building their few dozen distinct warm
+    starts, 221 s with these built here; bench/suite_cpu.py, 2026-11-30).
     Built on one torch thread, as the driver (which reserves no CPU) builds it, so the
     policy is the one the driver would have built. A config the driver refuses, or whose
     build fails, is left to the driver: its report of that is what such a test checks.
