@@ -8,6 +8,7 @@ log_softmax(logits / T) at the sampled tokens.
 from __future__ import annotations
 
 import importlib
+import os
 import random
 
 import pytest
@@ -382,14 +383,18 @@ def test_it_runs_inside_a_fractional_cpu_ray_actor(cluster, model_dir, hf):
         ray.kill(actor)
 
 
-def test_a_tensor_parallel_engine_samples_from_the_weights_it_is_given(model_dir, hf):
+def test_a_tensor_parallel_engine_samples_from_the_weights_it_is_given(model_dir, hf, tmp_path, monkeypatch):
     """tensor_parallel_size 2: the model split over two vLLM worker processes (each holds
     one of the two attention heads), logprobs those of the whole model, and a weight load
-    reaches both shards."""
+    reaches both shards. The shards compile nothing: inductor's cache, which they inherit
+    from here, stays empty (their embedding's vocabulary mask ran as written)."""
     import psutil
 
+    inductor_cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
     tp = VLLMBackend(model_dir, InferenceConfig(backend="vllm", tensor_parallel_size=2))
     try:
+        assert "TORCHDYNAMO_DISABLE" not in os.environ  # set only while the shards started
         assert len(psutil.Process().children(recursive=True)) >= 2  # a worker process per shard
         prompts = _prompts(3)
         groups = tp.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=3)
@@ -401,6 +406,7 @@ def test_a_tensor_parallel_engine_samples_from_the_weights_it_is_given(model_dir
         after = tp.generate(prompts, n=2, max_new_tokens=6, temperature=1.0, seed=3)
         assert _max_abs_diff(perturbed, prompts, after, 1.0) < 1e-3
         assert _max_abs_diff(hf, prompts, after, 1.0) > 1e-2
+        assert not inductor_cache.exists() or not any(inductor_cache.rglob("*.so")), "a shard compiled with inductor"
     finally:
         tp.close()
 
