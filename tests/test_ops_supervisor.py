@@ -133,6 +133,17 @@ class _Reused:
         pass
 
 
+def test_free_ports_are_drawn_below_the_ephemeral_range_and_above_rays_worker_ports():
+    """Outgoing connections take their local ports from the ephemeral range: a port
+    drawn there could be gone before the process it was chosen for binds it."""
+    from ops import ray_head
+
+    low, high = ray_head._choosable_ports()
+    assert low == 20000 and high > low
+    ports = ray_head.free_ports(8)
+    assert len(set(ports)) == 8 and all(low <= p < high for p in ports), ports
+
+
 def test_the_ports_a_ray_node_gets_are_never_the_same_twice(monkeypatch, tmp_path):
     from ops import ray_head
     from ops.local_cluster import LocalCluster, Node

@@ -42,8 +42,8 @@ def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = (
     its client server's port, drawn from that range (the OS's choice for port 0), to
     another connection in the seconds it took to start ("Address already in use").
     Above Ray's worker ports (10002-19999 by default), which its workers bind one by one."""
-    low, high = _choosable_ports()
-    candidates = random.sample(range(low, high), high - low) if high > low else []
+    candidates = list(range(*_choosable_ports()))
+    random.shuffle(candidates)
     held: list[socket.socket] = []
     ports: list[int] = []
     try:
