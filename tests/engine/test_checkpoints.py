@@ -655,6 +655,9 @@ def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_
     assert sorted(resumed["series"]["loss"]) == [3, 4]
     assert_ledger_closes(resumed, trained=4 * 4)
     assert resumed["ledger"]["ledger/drawn"] >= workers[0]["drawn"]
-    # Its first call took them all (a batch's worth at most): none waits at its end.
+    # Its first call took them all (a batch's worth at most): none waits at its end. The
+    # rows it had drawn and not begun when it stopped are carried again, whichever the
+    # gate held then (how many depends on where the worker was): not the parent's.
     (end,) = Checkpoint(step_dir(ckpt_root, 307, 4)).load_json(INFERENCE)
-    assert end["carried"] == [] and len(carried_rows) <= 4
+    left = {(prompt, answer) for prompt, answer in end["carried"]}
+    assert not left & set(carried_rows) and len(carried_rows) <= 4, (left, carried_rows)
