@@ -13,6 +13,7 @@ import os
 import pickle
 import traceback
 
+import psutil
 import pytest
 import ray
 import torch
@@ -528,13 +529,17 @@ def test_a_killed_actor_is_named_from_rays_actor_table(cluster):
         buffer_plan(cfg.buffer, cfg.mode, 2, cfg.trainer), 2
     )
     assert ray.get(actor.ready.remote()) is True
+    pid = ray_deaths.actor_info(actor._actor_id.hex(), wait=False)["Pid"]
     ray.kill(actor, no_restart=True)
-    # ray.kill only asks: the next call is refused once Ray's actor table says it is dead.
+    # ray.kill only asks. Ray's actor table says DEAD before the actor's process has gone,
+    # and a call that reaches the process before it goes is answered (once in a whole
+    # suite): the next call is refused once the table says so and the process is gone.
 
     def dead() -> bool:
-        return (ray_deaths.actor_info(actor._actor_id.hex(), wait=False) or {}).get("State") == "DEAD"
+        info = ray_deaths.actor_info(actor._actor_id.hex(), wait=False) or {}
+        return info.get("State") == "DEAD" and not psutil.pid_exists(pid)
 
-    wait_for(dead, GONE_WAIT_S, "Ray to record the killed buffer as dead")
+    wait_for(dead, GONE_WAIT_S, "Ray to record the killed buffer as dead and its process to exit")
     failure = explain(raised(ray.get, actor.ready.remote()), cfg)
     assert (failure.kind, failure.message) == (
         "actor_died",
