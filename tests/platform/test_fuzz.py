@@ -45,7 +45,6 @@ from hypothesis import HealthCheck, Phase, find, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from compare import league
 from compare.models import Comparison
 from configs.models import SavedConfig
 from foundation import jsonin
@@ -76,7 +75,7 @@ from workers.config.presets import PRESETS, build
 from workers.core.metric_names import NAMES as METRIC_NAMES
 
 # Hypothesis and schemathesis runs over every route: `make test-fast` leaves them out.
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.usefixtures("short_league_simulations")]
 
 # Fixed and derandomized: CI draws the same requests on every run.
 hypothesis_settings.register_profile(
@@ -105,16 +104,6 @@ WS_ROUTES = ws_routes()
 # A SuspiciousOperation (a too-large body, a bad Host) is a 400 that Django itself logs
 # at ERROR on django.security.*: that is Django's design, not a failure of a view.
 ALLOWED_ERROR_LOGGERS = ("django.security",)
-
-
-@pytest.fixture(autouse=True)
-def short_league_simulations(monkeypatch):
-    """The league's simulated runs two steps long: each request its simulate routes accept
-    simulates every configuration at each of the league's scales, 8 simulations of 20
-    steps a request (22 s of this file's 83 s of CPU). What the fuzz checks (no 5xx,
-    nothing logged) is the routes' handling, whatever the simulations' length; the
-    league's figures are tests/platform/test_league.py's."""
-    monkeypatch.setattr(league, "SIMULATED_STEPS", 2)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,6 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from compare import league
 from compare.models import Comparison, ComparisonRun
 from configs.models import SavedConfig
 from runs import exports
@@ -114,11 +113,8 @@ def existing(db, settings, tmp_path) -> dict[str, str]:
     }
 
 
-def test_no_generated_request_gets_a_5xx_or_breaks_the_schema(wsgi_app, existing, caplog, capsys, monkeypatch):
-    # The league's simulations two steps long, not 20: each request its simulate operation
-    # accepts simulates at every scale of the league (18 of this test's 68 s of CPU). The
-    # fuzz checks the operations' handling; the league's figures are test_league.py's.
-    monkeypatch.setattr(league, "SIMULATED_STEPS", 2)
+@pytest.mark.usefixtures("short_league_simulations")
+def test_no_generated_request_gets_a_5xx_or_breaks_the_schema(wsgi_app, existing, caplog, capsys):
     headers = {"Authorization": f"Bearer {existing['secret']}"}
     schema = schemathesis.openapi.from_wsgi("/api/openapi.json", wsgi_app, headers=headers)
     operations = [result.ok() for result in schema.get_all_operations()]
