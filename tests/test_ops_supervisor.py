@@ -156,3 +156,21 @@ def test_the_ports_a_ray_node_gets_are_never_the_same_twice(monkeypatch, tmp_pat
     ports = [p for p in ports if p]  # the worker ports are 0: the OS's choice per worker
     assert cluster.port in ports  # the head's --port
     assert len(ports) == len(set(ports)) == 1 + 7 + 6, ports
+
+
+def test_a_port_held_on_another_address_of_the_host_is_not_drawn(monkeypatch):
+    """Ray's GCS listens on every address, so a port some process listens on at one
+    address (here 127.0.0.2, loopback too) is taken for it, though free on 127.0.0.1."""
+    import socket
+
+    from ops import ray_head
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", port))  # free there: a loopback-only check would draw it
+        monkeypatch.setattr(ray_head, "_choosable_ports", lambda: (port, port + 1))
+        drawn = ray_head.free_ports(3)
+    assert port not in drawn and len(set(drawn)) == 3, drawn

@@ -51,7 +51,7 @@ class LocalCluster:
 
     def __init__(self, home: Path, nodes: list[Node], out: io.TextIOBase | None = None) -> None:
         self.home, self.nodes = home, nodes
-        self.port = free_port(HOST)
+        self.port = free_port()
         self.taken = {self.port}  # every port handed to this cluster's nodes: none twice
         self.log = out or io.StringIO()
         self.supervisor = Supervisor(self.log)
@@ -68,7 +68,7 @@ class LocalCluster:
     def _argv(self, k: int, node: Node) -> list[str]:
         argv = [ray_executable(), "start", "--block", f"--node-ip-address={HOST}", "--disable-usage-stats"]
         flags = PORT_FLAGS + (("ray-client-server-port",) if k == 0 else ())
-        ports = free_ports(len(flags), HOST, besides=self.taken)
+        ports = free_ports(len(flags), besides=self.taken)
         self.taken.update(ports)
         if k == 0:
             argv += ["--head", f"--port={self.port}", "--include-dashboard=false"]

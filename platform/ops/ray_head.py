@@ -30,12 +30,21 @@ _LOWEST_CHOSEN_PORT = 20000
 # Ray puts Unix sockets under <temp_dir>/session_<date>_<pid>/sockets/, and a socket
 # path may not exceed 107 bytes: the session part takes ~60, so keep temp_dir short.
 _MAX_TEMP_DIR_LEN = 40
+# Where `free_ports` tries a port: a bind here fails if any address of the host holds it.
+ANY_ADDRESS = "0.0.0.0"
 
 
-def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = ()) -> list[int]:
-    """`count` distinct TCP ports free now, none reserved and none of `besides` (ports
-    already handed to the same Ray node). Each socket stays bound until all are chosen:
-    Ray refuses a node whose GCS and object manager got the same one.
+def free_ports(count: int, besides: Collection[int] = ()) -> list[int]:
+    """`count` distinct TCP ports free now on every address of the host, none reserved
+    and none of `besides` (ports already handed to the same Ray node). Each socket stays
+    bound until all are chosen: Ray refuses a node whose GCS and object manager got the
+    same one.
+
+    Tried on the wildcard address, not the node's: Ray's GCS listens on every address
+    (`ss -ltn` shows `*:<port>` for a head started with --node-ip-address=127.0.0.1), and
+    a port some process holds on one other address only is free on 127.0.0.1 yet taken
+    for it. A suite's private head, its GCS port drawn free on 127.0.0.1, could not start
+    its gRPC server there ("Check failed: server_ Failed to start the grpc server").
 
     Drawn below the kernel's ephemeral range, where no outgoing connection takes a port
     while the process it is meant for starts: a Ray head restarted on a loaded host lost
@@ -52,7 +61,7 @@ def free_ports(count: int, host: str = "127.0.0.1", besides: Collection[int] = (
             held.append(s)
             try:
                 # Where no port below the range is left, the OS's choice (port 0).
-                s.bind((host, candidates.pop() if candidates else 0))
+                s.bind((ANY_ADDRESS, candidates.pop() if candidates else 0))
             except OSError:  # taken: the next candidate
                 continue
             port = s.getsockname()[1]
@@ -73,9 +82,9 @@ def _choosable_ports() -> tuple[int, int]:
     return _LOWEST_CHOSEN_PORT, ephemeral_low
 
 
-def free_port(host: str = "127.0.0.1", besides: Collection[int] = ()) -> int:
+def free_port(besides: Collection[int] = ()) -> int:
     """One port as `free_ports` chooses it."""
-    return free_ports(1, host, besides)[0]
+    return free_ports(1, besides)[0]
 
 
 def ensure_token(path: Path) -> Path:
@@ -132,7 +141,7 @@ class RayHead:
     port: int = 0
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port(self.host)
+        self.port = self.port or free_port()
 
     @property
     def address(self) -> str:
@@ -165,7 +174,7 @@ class RayHead:
                 f"--{flag}={port}"
                 for flag, port in zip(
                     ("dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port"),
-                    free_ports(3, self.host, besides={self.port}),
+                    free_ports(3, besides={self.port}),
                     strict=True,
                 )
             ),
