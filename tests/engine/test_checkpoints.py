@@ -650,14 +650,17 @@ def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_
     assert carried_rows, "the hook should have held the checkpoint until rows were in flight"
     assert LedgerTotals.of(workers, buffer).unaccounted == 0
     # Resumed, the worker generates the carried rows first: every row the parent drew
-    # before its checkpoint, and every row drawn since, is accounted for at the end.
-    resumed = run("async", 307, cache_dir, ckpt_root, resume_from=location, **ahead)
-    assert sorted(resumed["series"]["loss"]) == [3, 4]
-    assert_ledger_closes(resumed, trained=4 * 4)
+    # before its checkpoint, and every row drawn since, is accounted for at the end. The
+    # checkpoint's buffer holds two batches at most (the buffered one and the trainer's
+    # prefetched one), so running to step 6 needs a batch the resumed worker generated:
+    # stopping at 4 could end before its first call, on a busy host.
+    resumed = run("async", 307, cache_dir, ckpt_root, resume_from=location, **{**ahead, "stop": {"max_steps": 6}})
+    assert sorted(resumed["series"]["loss"]) == [3, 4, 5, 6]
+    assert_ledger_closes(resumed, trained=6 * 4)
     assert resumed["ledger"]["ledger/drawn"] >= workers[0]["drawn"]
     # Its first call took them all (a batch's worth at most): none waits at its end. The
     # rows it had drawn and not begun when it stopped are carried again, whichever the
     # gate held then (how many depends on where the worker was): not the parent's.
-    (end,) = Checkpoint(step_dir(ckpt_root, 307, 4)).load_json(INFERENCE)
+    (end,) = Checkpoint(step_dir(ckpt_root, 307, 6)).load_json(INFERENCE)
     left = {(prompt, answer) for prompt, answer in end["carried"]}
     assert not left & set(carried_rows) and len(carried_rows) <= 4, (left, carried_rows)
