@@ -16,7 +16,9 @@ that ROLLWAY_TEST_SPANS names, a JSON line per test (`{"pid", "test", "start", "
 wall-clock seconds; tests/conftest.py writes one for each test it runs, setup and
 teardown included). Each read's CPU, per process, is charged to the test then running in
 the nearest of the process's ancestors that wrote spans (itself included): a run's
-actors, its Ray cluster, Chromium and the services a test started are that test's.
+actors, its Ray cluster, Chromium and the services a test started are that test's. And,
+apart, what each test spent in the process that ran it (a pytest worker's own work:
+Django's views, an in-process engine, a warm start built there).
 And per process that ran tests (each pytest-xdist worker): when its first test started,
 when its last ended and how long it spent inside tests, which shows a worker left alone
 at the end; --spans keeps the lines. And which tests the cores idled under: each read's
@@ -213,16 +215,21 @@ def _running(spans: dict[int, list[Span]], starts: dict[int, list[float]], pid: 
     return spans[pid][k] if k >= 0 and when <= spans[pid][k].end else None
 
 
-def by_test(tree: Tree, spans: dict[int, list[Span]]) -> dict[str, float]:
+def by_test(tree: Tree, spans: dict[int, list[Span]], own: bool = False) -> dict[str, float]:
     """CPU seconds per test: each read's CPU of each process of the tree, charged to the span
     running at that read in its nearest ancestor with spans (BETWEEN outside every span,
-    UNDER_NO_TEST where no ancestor has any)."""
+    UNDER_NO_TEST where no ancestor has any). `own`: only the CPU of the process that ran
+    the test (a pytest worker's in-process work: Django views, an in-process engine, a
+    warm start built there), none of the processes it started."""
     out: dict[str, float] = defaultdict(float)
     starts = {pid: [s.start for s in ordered] for pid, ordered in spans.items()}
     for when, key, seconds in tree.spent:
         owner = next((pid for pid in (key[0], *tree.ancestors.get(key, ())) if pid in spans), None)
         if owner is None:
-            out[UNDER_NO_TEST] += seconds
+            if not own:
+                out[UNDER_NO_TEST] += seconds
+            continue
+        if own and owner != key[0]:
             continue
         span = _running(spans, starts, owner, when)
         out[span.test if span is not None else BETWEEN] += seconds
@@ -309,6 +316,7 @@ def main() -> None:
     wall = time.monotonic() - start
     spans = read_spans(spans_file)
     tests = by_test(tree, spans)
+    in_process = by_test(tree, spans, own=True)
     idle = idle_by_test(tree.idle, spans)
     workers = by_worker(spans, started_at)
     if not args.spans:
@@ -329,6 +337,10 @@ def main() -> None:
     if args.tests and ranked:
         print(f"the {min(args.tests, len(ranked))} tests that spent the most CPU (with every process they started):")
         print("\n".join(f"  {seconds:8.1f} s  {test}" for test, seconds in ranked[: args.tests]))
+    own_ranked = sorted(in_process.items(), key=lambda kv: -kv[1])
+    if args.tests and own_ranked:
+        print(f"the {min(args.tests, len(own_ranked))} tests whose own process spent the most CPU:")
+        print("\n".join(f"  {seconds:8.1f} s  {test}" for test, seconds in own_ranked[: args.tests]))
     idled = sorted(idle.items(), key=lambda kv: -kv[1])
     if args.tests and idled:
         print(f"the {min(args.tests, len(idled))} tests the cores idled under most (idle core-seconds, shared):")
@@ -342,6 +354,7 @@ def main() -> None:
                 "kinds": kinds,
                 "top": top,
                 "tests": dict(ranked),
+                "in_process": dict(own_ranked),
                 "idle": dict(idled),
                 "workers": workers,
                 "files": dict(sorted(by_file(tests).items(), key=lambda kv: -kv[1])),

@@ -1045,6 +1045,9 @@ start = time.time(); subprocess.run([sys.executable, "-c", {busy!r}]); time.slee
     assert figures["tests"].get("t.py::idle", 0.0) < 0.3, figures["tests"]
     assert set(figures["idle"]) <= {"t.py::idle", "t.py::busy", "(between tests)"}
     assert figures["files"]["t.py"] >= figures["tests"]["t.py::busy"]
+    # The spinning child is not the test process's own: its own CPU stays small.
+    assert figures["in_process"].get("t.py::busy", 0.0) < 0.5, figures["in_process"]
+    assert "tests whose own process spent the most CPU" in done.stdout
     assert "tests that spent the most CPU" in done.stdout and "t.py::busy" in done.stdout
     # One process ran both tests: from about 0 s in to its last span's end, most of it in them.
     kept = [json.loads(line) for line in spans.read_text().splitlines()]  # this run's lines only
@@ -1063,6 +1066,10 @@ def test_suite_cpu_charges_a_read_to_the_test_then_running_or_between_tests():
     tree.spent = [(5.0, (7, 0), 1.0), (15.0, (8, 0), 2.0), (25.0, (7, 0), 3.0), (25.0, (9, 0), 4.0)]
     spans = {5: [sc.Span(5, "t.py::a", 0.0, 10.0), sc.Span(5, "t.py::b", 20.0, 30.0)]}
     assert sc.by_test(tree, spans) == {"t.py::a": 1.0, sc.BETWEEN: 2.0, "t.py::b": 3.0, sc.UNDER_NO_TEST: 4.0}
+    # Its own process's CPU only: 5's reads, none of its children's, none of another tree's.
+    tree.members |= {(5, 0)}
+    tree.spent += [(6.0, (5, 0), 0.5), (22.0, (5, 0), 0.25), (35.0, (5, 0), 0.125)]
+    assert sc.by_test(tree, spans, own=True) == {"t.py::a": 0.5, "t.py::b": 0.25, sc.BETWEEN: 0.125}
 
 
 def test_suite_cpu_shares_each_reads_idle_among_the_tests_then_running():
