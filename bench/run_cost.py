@@ -199,19 +199,19 @@ def import_cpu(code: str, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def tiny_run_config() -> dict:
-    """The engine tests' short async run (tests/engine/helpers.py `tiny_config`)."""
+def tiny_run_config(steps: int = 4) -> dict:
+    """The engine tests' short async run (tests/engine/helpers.py `tiny_config`), `steps` long."""
     return {
         "mode": "async",
         "warm_start": {"steps": 20, "noisy_steps": 20},
         "trainer": {"batch_groups": 4, "group_size": 4},
-        "stop": {"max_steps": 4},
+        "stop": {"max_steps": steps},
     }
 
 
-def measure_runs(runs: int, cache_dir: str, warm_up: bool = True) -> tuple[dict, list[float]]:
-    """CPU by role over `runs` runs (after one uncounted run unless not `warm_up`), and
-    each run's wall seconds."""
+def measure_runs(runs: int, cache_dir: str, warm_up: bool = True, steps: int = 4) -> tuple[dict, list[float]]:
+    """CPU by role over `runs` runs of `steps` steps (after one uncounted run unless not
+    `warm_up`), and each run's wall seconds."""
     import ray
 
     from workers.core.run_actors import NAMESPACE, actor_name, init_local_ray
@@ -220,7 +220,7 @@ def measure_runs(runs: int, cache_dir: str, warm_up: bool = True) -> tuple[dict,
     def one(run_id: int) -> float:
         start = time.monotonic()
         driver = RunDriver.options(name=actor_name(run_id), namespace=NAMESPACE).remote(
-            run_id, tiny_run_config(), None, "", cache_dir, exit_when_done=False
+            run_id, tiny_run_config(steps), None, "", cache_dir, exit_when_done=False
         )
         try:
             out = ray.get(driver.run.remote(), timeout=600)
@@ -245,11 +245,11 @@ def measure_runs(runs: int, cache_dir: str, warm_up: bool = True) -> tuple[dict,
     return sampler.by_role(), walls
 
 
-def table(roles: dict, runs: int, imports: dict[str, float]) -> list[str]:
+def table(roles: dict, runs: int, imports: dict[str, float], steps: int = 4) -> list[str]:
     total = sum(r["cpu_s"] for r in roles.values())
     counted = f"{runs} run{'s' if runs != 1 else ''}"
     lines = [
-        f"CPU seconds per run, over {counted} of 4 steps (async, tiny model, torch backend):",
+        f"CPU seconds per run, over {counted} of {steps} steps (async, tiny model, torch backend):",
         f"  {'process':<32} {'processes/run':>13} {'CPU s/run':>10} {'share':>6}",
     ]
     for name, r in sorted(roles.items(), key=lambda kv: -kv[1]["cpu_s"]):
@@ -273,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count from the first run (its warm-start build lands in the driver's CPU): a smoke test",
     )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=4,
+        help="steps per run (default 4): a longer run shows how little of a run's CPU its steps are",
+    )
     parser.add_argument("--cache-dir", default=None, help="the runs' warm-start cache (default: a fresh one)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -280,16 +286,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be ≥ 1")
     if args.import_repeats < 1:
         parser.error("--import-repeats must be ≥ 1")
+    if args.steps < 1:
+        parser.error("--steps must be ≥ 1")
     if not os.path.isdir("/proc/self"):
         parser.error("this bench reads /proc: Linux only")
     with tempfile.TemporaryDirectory(prefix="rollway-run-cost-") as tmp:
-        roles, walls = measure_runs(args.runs, args.cache_dir or tmp, warm_up=not args.no_warm_up)
+        roles, walls = measure_runs(args.runs, args.cache_dir or tmp, warm_up=not args.no_warm_up, steps=args.steps)
     imports = {} if args.no_imports else {n: import_cpu(c, args.import_repeats) for n, c in IMPORTS.items()}
-    print("\n".join(table(roles, args.runs, imports)))
+    print("\n".join(table(roles, args.runs, imports, args.steps)))
     print(f"\nwall seconds per run: {', '.join(f'{w:.1f}' for w in walls)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs": args.runs, "roles": roles, "wall_s": walls, "imports": imports}, f, indent=2)
+            json.dump(
+                {"runs": args.runs, "steps": args.steps, "roles": roles, "wall_s": walls, "imports": imports},
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -977,20 +977,24 @@ def test_run_cost_counts_a_process_under_the_role_it_ended_in():
 def test_run_cost_refuses_bad_flags_naming_them():
     done = bench("run_cost.py", "--runs", "0")
     assert done.returncode == 2 and "--runs" in done.stderr
+    done = bench("run_cost.py", "--steps", "0")
+    assert done.returncode == 2 and "--steps must be ≥ 1" in done.stderr
 
 
 @pytest.mark.slow  # it starts Ray and runs the engine: not for the inner loop
 def test_run_cost_prints_each_actor_kind_per_run(tmp_path, cache_dir):
     out = tmp_path / "cost.json"
     # The suite's cache: its run is the engine tests' tiny run, whose warm start they share.
-    args = ("--runs", "1", "--no-imports", "--no-warm-up", "--cache-dir", cache_dir, "--json", str(out))
+    args = ("--runs", "1", "--steps", "3", "--no-imports", "--no-warm-up", "--cache-dir", cache_dir, "--json", str(out))
     done = bench("run_cost.py", *args, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    roles = json.loads(out.read_text())["roles"]
+    figures = json.loads(out.read_text())
+    roles = figures["roles"]
+    assert figures["steps"] == 3
     for name in ("driver", "trainer", "inference worker", "buffer"):
         assert roles[name]["processes"] == 1 and roles[name]["cpu_s"] > 0, roles
         assert name in done.stdout
-    assert "CPU seconds per run, over 1 run of 4 steps" in done.stdout
+    assert "CPU seconds per run, over 1 run of 3 steps" in done.stdout
 
 
 # ---- suite_cpu -----------------------------------------------------------------------
