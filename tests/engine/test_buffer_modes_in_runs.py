@@ -4,7 +4,7 @@ drops uniform groups fails a run whose groups never differ, saying why.
 The other buffer modes reach the BufferActor in runs that other modules start anyway: a
 double buffer in the slime preset's run (test_presets.py: a capacity of one batch,
 nothing trained more than one version old), an unbounded stream whose head runs ahead
-of max_staleness 0 in test_requeue_live.py's run (no capacity, stale groups requeued,
+of max_staleness 0 in test_replay.py's requeue run (no capacity, stale groups requeued,
 never dropped, none trained)."""
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ seconds of process start-up; its steps are cheap)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -124,14 +125,18 @@ def test_the_driver_reports_each_start_up_phase_in_order_then_stepping(filesyste
     assert stub.phases[301][phases.index("starting_engines") - 1][1].endswith(f"step {steps}/{steps}")
 
 
-def test_a_failed_run_leaves_no_scratch(cluster, stub, cache_dir, box):
-    broken = os.path.join(box.model_roots[0], "broken")
-    os.mkdir(broken)
-    with open(os.path.join(broken, "config.json"), "w") as f:
-        f.write("{ this is not a model config")
-    start(302, stub, cache_dir, box, model={"source": "path", "path": broken})
+def test_a_failed_run_leaves_no_scratch(cluster, stub, cache_dir, box, tiny_model_dir):
+    # A checkpoint every check passes (its config, tokenizer and a weights file) whose
+    # weights cannot be read: the run fails building its policy, after its scratch was
+    # made (the scratch root did not exist before; the scratch is made under it).
+    corrupt = os.path.join(box.model_roots[0], "corrupt")
+    shutil.copytree(tiny_model_dir, corrupt)
+    Path(corrupt, "model.safetensors").write_bytes(b"these are not safetensors")
+    assert not os.path.exists(box.scratch_root)
+    start(302, stub, cache_dir, box, model={"source": "path", "path": corrupt})
     assert ended(302, stub, timeout=120) == "failed"
-    assert not os.path.exists(box.scratch_dir(302))
+    assert stub.phases[302][-1][0] == "warm_start", stub.phases[302]
+    assert os.listdir(box.scratch_root) == []  # made, then removed when the run failed
 
 
 def test_a_path_outside_the_roots_fails_the_run_with_a_sentence(cluster, stub, cache_dir, box, tmp_path):
@@ -143,4 +148,4 @@ def test_a_path_outside_the_roots_fails_the_run_with_a_sentence(cluster, stub, c
     error = stub.errors[304]
     assert error.startswith("model.path:") and "outside the allowed roots" in error
     assert "Traceback" not in error
-    assert not os.path.exists(box.scratch_dir(304))
+    assert not os.path.exists(box.scratch_root)  # refused before its scratch was made
