@@ -652,8 +652,8 @@ def test_rows_in_flight_at_a_checkpoint_are_carried_and_the_ledger_closes_after_
     # Resumed, the worker generates the carried rows first: every row the parent drew
     # before its checkpoint, and every row drawn since, is accounted for at the end. The
     # checkpoint's buffer holds two batches at most (the buffered one and the trainer's
-    # prefetched one), so running to step 6 needs a batch the resumed worker generated:
-    # stopping at 4 could end before its first call, on a busy host.
+    # prefetched one), which can train steps 3 and 4 before the resumed worker's first
+    # call returns: step 6 needs a batch that worker generated.
     resumed = run("async", 307, cache_dir, ckpt_root, resume_from=location, **{**ahead, "stop": {"max_steps": 6}})
     assert sorted(resumed["series"]["loss"]) == [3, 4, 5, 6]
     assert_ledger_closes(resumed, trained=6 * 4)
