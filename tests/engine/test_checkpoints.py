@@ -568,6 +568,10 @@ def test_a_sync_run_resumed_from_a_checkpoint_repeats_the_uninterrupted_run(sync
     ]
     assert mismatched == []
     assert resumed["policy_sha256"] == sync_run["policy_sha256"]
+    # Its prompt ledger closes: every row drawn before the checkpoint, and every row since.
+    assert_ledger_closes(resumed, trained=6 * 4)
+    at_checkpoint = Checkpoint(step_dir(ckpt_root, 301, 4)).load_json(INFERENCE)
+    assert resumed["ledger"]["ledger/drawn"] >= sum(w["drawn"] for w in at_checkpoint)
     # Its own checkpoints go under its own id.
     assert [c["step"] for c in resumed["checkpoints"]] == [6]
     assert resumed["checkpoints"][0]["location"] == step_dir(ckpt_root, 302, 6)
