@@ -123,11 +123,3 @@ def test_cancel_while_the_run_is_still_starting(cluster, stub, cache_dir):
     assert run_actor_names(109) == []
     time.sleep(1.0)  # nothing comes back: the driver did not go on to spawn
     assert run_actor_names(109) == []
-
-
-def test_a_run_that_cannot_start_posts_failed_with_the_reason(cluster, stub, cache_dir):
-    start(108, stub, cache_dir, model={"source": "path", "path": "/nonexistent/model"})
-    wait_for(lambda: stub.status.get(108) in ("succeeded", "failed"), 60, "a terminal status")
-    assert stub.statuses[108] == ["running", "failed"]
-    assert "/nonexistent/model" in stub.errors[108]
-    wait_for(lambda: not run_actor_names(108), GONE_WAIT_S, "the failed driver to exit")

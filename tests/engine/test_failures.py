@@ -480,6 +480,7 @@ def test_a_run_whose_model_directory_has_no_config_json_fails_saying_so(cluster,
     config = tiny_config(model={"source": "path", "path": str(empty)})
     launch(901, config, ingest_url=stub.url, token=TOKEN, cache_dir=cache_dir, confinement=confinement(tmp_path))
     wait_for(lambda: stub.status.get(901) == "failed", 60, "the run to fail")
+    assert stub.statuses[901] == ["running", "failed"]  # a run that cannot start posts failed
     assert stub.errors[901] == (
         f"The model directory {empty} has no config.json: point model.path at a Hugging Face model directory."
     )
