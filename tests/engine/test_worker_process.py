@@ -78,7 +78,7 @@ print(json.dumps([os.environ.get("MKL_CBWR"), "sklearn" in sys.modules and sys.m
 
 def test_full_collections_wait_until_start_up_ends_then_start_up_is_frozen():
     """In a fresh process, as a Ray worker starts: setup holds the oldest generation's
-    collections, started (once) collects, freezes what start-up built and restores."""
+    collections, started (once) freezes what start-up built and restores."""
     script = """
 import gc
 from workers.core import worker_process

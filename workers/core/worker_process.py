@@ -108,13 +108,17 @@ def take_rays_threads() -> None:
 
 def started() -> None:
     """Start-up is over (an actor's constructor returned, or pytest collected its tests):
-    one full collection, what is left frozen (never scanned again: the modules, the
-    model's objects), and the thresholds `setup` found restored. Does nothing where
-    collections were not held."""
+    what start-up built frozen (never scanned again: the modules, the model's objects),
+    and the thresholds `setup` found restored. Does nothing where collections were not
+    held.
+
+    No full collection first: young collections ran all along, so little start-up garbage
+    reaches the oldest generation. After a trainer's imports and a tiny model (about
+    400,000 objects tracked) one found 190 unreachable objects and cost 0.18 s of CPU, in
+    every actor that loads a model; frozen, they wait for the process's exit."""
     global _held
     if _held is None:
         return
-    gc.collect()
     gc.freeze()
     # Thawed at exit, so that the interpreter's last collection frees what start-up built
     # as it would have: nanobind (triton's bindings) reports whatever is left as leaked.
