@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from tests.engine.helpers import small_config
+from workers.config.run_config import RunConfig
 from workers.inference.backends import make_backend
 from workers.inference.torch_backend import TorchBackend
-from workers.model.loading import build_tiny, load_model
+from workers.model.loading import DIMS_FILE, build_tiny, dims_of, load_model, model_config, model_dims
 from workers.model.tokenizer import CharTokenizer
+from workers.train.warmstart import build_policy
 
 PROMPTS = [[1, 3, 4, 5, 16], [1, 9, 16], [1, 3, 3, 3, 3, 4, 16]]  # different lengths
 
@@ -181,3 +190,50 @@ def test_each_prompt_is_prefilled_once_for_its_samples_and_they_sample_as_before
     assert [r[2] for r in shared] == pytest.approx([r[2] for r in every_row], abs=1e-5)
     with pytest.raises(ValueError, match="runs of 5 samples"):
         TorchSession(backend, *rows_per_sample(PROMPTS, [8] * 3, 4), 1.0, 7, samples=5)
+
+
+# ---- the sizes a built policy keeps ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built_policy(tmp_path_factory) -> str:
+    """A policy as a run's cache holds one: built by the warm start (two steps of it)."""
+    out = str(tmp_path_factory.mktemp("built") / "policy")
+    cfg = RunConfig.model_validate({"warm_start": {"steps": 2, "noisy_steps": 0, "batch_size": 4}})
+    with torch.random.fork_rng():
+        build_policy(cfg, out)
+    return out
+
+
+def test_a_built_policy_keeps_its_sizes_as_its_config_class_reads_them(built_policy):
+    read = model_dims(model_config(built_policy))
+    with open(os.path.join(built_policy, DIMS_FILE)) as f:
+        assert json.load(f) == dataclasses.asdict(read)
+    assert dims_of(built_policy) == read
+
+
+@pytest.mark.parametrize("kept", [None, "not json", '{"hidden": 1}'])
+def test_without_readable_sizes_beside_it_a_directory_is_read_through_its_config_class(built_policy, tmp_path, kept):
+    copy = tmp_path / "policy"
+    shutil.copytree(built_policy, copy)
+    if kept is None:
+        (copy / DIMS_FILE).unlink()
+    else:
+        (copy / DIMS_FILE).write_text(kept)
+    assert dims_of(str(copy)) == model_dims(model_config(str(copy)))
+
+
+def test_the_torch_backend_starts_on_a_built_policy_without_importing_transformers(built_policy):
+    # What a torch-backend inference worker builds at its start: the backend and the
+    # tokenizer. transformers' config class would import its modeling machinery (seconds
+    # of CPU in every such worker); the sizes kept beside the policy spare it.
+    code = (
+        "import sys\n"
+        "from workers.inference.torch_backend import TorchBackend\n"
+        "from workers.model.tokenizer import load_tokenizer\n"
+        f"TorchBackend({built_policy!r}); load_tokenizer({built_policy!r})\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from workers.core.sampling_mask import Kept
 from workers.inference.base import Completion, StepToken
 from workers.inference.sampling import Truncation
-from workers.model.loading import checkpoint_weights, model_config, model_dims
+from workers.model.loading import checkpoint_weights, dims_of
 
 # The model types whose forward is the one written here (transformers' LlamaForCausalLM
 # and Qwen2ForCausalLM: Qwen2 is Llama with biased q, k and v projections).
@@ -69,7 +69,7 @@ class TorchBackend:
         problem = fast_path_problem(cfg)
         if problem:
             raise ValueError(f"{problem} ({model_dir})")
-        dims = model_dims(model_config(model_dir))
+        dims = dims_of(model_dir)
         self.num_layers = dims.layers
         self.num_heads = dims.heads
         self.num_kv_heads = dims.kv_heads

@@ -17,7 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, cast
 
 from workers.core.hub import HubRefused, metadata_dir, offline, repo_info
@@ -223,6 +223,31 @@ class ModelDims:
     def kv_bytes_per_token(self) -> int:
         """float32 keys and values of one token in every layer."""
         return self.layers * 2 * self.kv_heads * self.head_dim * 4
+
+
+# Beside a built policy (workers/train/warmstart.py): its `ModelDims`, worked out through
+# its transformers config class when it was built. A process that needs only the sizes
+# (the torch backend's inference worker) reads them here instead of importing that class,
+# which in transformers 5.19 imports the library's modeling machinery with it (torch's
+# compiler and distributed tensors among it): `LlamaConfig` alone cost 0.97 s of CPU in a
+# fresh worker that had torch and Ray imported.
+DIMS_FILE = "rollway_dims.json"
+
+
+def write_dims(model_dir: str, config: PretrainedConfig) -> None:
+    """Keep `model_dims(config)` beside the model in `model_dir` (`dims_of` reads it)."""
+    with open(os.path.join(model_dir, DIMS_FILE), "w") as f:
+        json.dump(asdict(model_dims(config)), f)
+
+
+def dims_of(model_dir: str) -> ModelDims:
+    """`model_dims(model_config(model_dir))`, read from the directory's DIMS_FILE where it
+    has a readable one."""
+    try:
+        with open(os.path.join(model_dir, DIMS_FILE)) as f:
+            return ModelDims(**json.load(f))
+    except (OSError, ValueError, TypeError):  # none, or not what write_dims writes
+        return model_dims(model_config(model_dir))
 
 
 def model_config(model_dir: str) -> PretrainedConfig:

@@ -14,6 +14,9 @@ A model from a directory or the Hub goes through the same loop on its own tokeni
 ids (the prompt as its chat template renders it, the answer then EOS); with
 `warm_start.steps = noisy_steps = 0` its policy directory is the checkpoint as loaded,
 saved with the stop and pad ids the engine uses (workers.model.loading.save_model).
+Beside the model, the policy directory keeps its sizes as its config class reads them
+(`workers.model.loading.write_dims`), so that a process needing only those need not
+import the class.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 
 from workers.config.run_config import RunConfig
 from workers.core.char_vocab import tiny_chars
-from workers.model.loading import build_tiny, has_weights, load_model, save_model, source_dir
+from workers.model.loading import build_tiny, has_weights, load_model, save_model, source_dir, write_dims
 from workers.model.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from workers.rl_tasks import make_task, task_class
 from workers.rollout.evaluation import training_prompts
@@ -96,6 +99,7 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
             model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy", on_step=noisy_done
         )
     save_model(model, tokenizer, out_dir)
+    write_dims(out_dir, model.config)
     _record_split(cfg, out_dir, total)
     return {"final_loss": final_loss}
 
