@@ -9,10 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from ops.ray_head import RayHead, make_head
 from ops.supervisor import Supervisor, group_alive
@@ -174,3 +176,70 @@ def test_a_port_held_on_another_address_of_the_host_is_not_drawn(monkeypatch):
         monkeypatch.setattr(ray_head, "_choosable_ports", lambda: (port, port + 1))
         drawn = ray_head.free_ports(3)
     assert port not in drawn and len(set(drawn)) == 3, drawn
+
+
+def flaky_cluster(home: Path, fails: dict[int, int]):
+    """A LocalCluster of two nodes that are shell commands: the first `fails[k]` starts of
+    node k exit before they print Ray's ready line, as a `ray start` whose raylet missed
+    Ray's 30 s to register does; every other start prints it and stays up. `starts`
+    counts each node's starts."""
+    from ops.local_cluster import LocalCluster, Node
+
+    class Flaky(LocalCluster):
+        starts: dict[int, int]
+
+        def _argv(self, k, node):
+            self.starts[k] = self.starts.get(k, 0) + 1
+            if self.starts[k] <= fails.get(k, 0):
+                return ["sh", "-c", "echo 'The current node timed out during startup.'; exit 1"]
+            return ["sh", "-c", "echo 'Ray runtime started.'; exec sleep 60"]
+
+    cluster = Flaky(home, [Node(), Node()])
+    cluster.starts = {}
+    return cluster
+
+
+def test_a_node_that_exits_before_it_is_up_is_started_again(tmp_path):
+    cluster = flaky_cluster(tmp_path, fails={1: 2})
+    try:
+        cluster.start(timeout_s=30)
+        assert cluster.starts == {0: 1, 1: 3}
+        assert [c.name for c in cluster.children] == ["head", "node1"]
+        assert all(c.alive() for c in cluster.children)
+        assert cluster.supervisor.children == cluster.children  # the exited starts are not kept
+        assert cluster.log.getvalue().count("before it was up, attempt") == 2
+    finally:
+        cluster.stop()
+
+
+def test_a_node_that_never_comes_up_fails_the_start_naming_it(tmp_path):
+    cluster = flaky_cluster(tmp_path, fails={1: 5})
+    try:
+        refused = r"Ray node1 exited before it was up, 3 times:[\s\S]*timed out during startup"
+        with pytest.raises(RuntimeError, match=refused):
+            cluster.start(timeout_s=30)
+        assert cluster.starts == {0: 1, 1: 3}
+    finally:
+        cluster.stop()
+
+
+def test_the_nodes_start_under_the_hosts_ray_start_lock(tmp_path, monkeypatch):
+    """Another process holding the lock keeps the cluster from starting until it lets go."""
+    import fcntl
+
+    from workers.core.run_actors import RAY_START_LOCK_ENV
+
+    lock = tmp_path / "ray-start.lock"
+    monkeypatch.setenv(RAY_START_LOCK_ENV, str(lock))
+    cluster = flaky_cluster(tmp_path, fails={})
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = threading.Thread(target=cluster.start, kwargs={"timeout_s": 30}, daemon=True)
+        started.start()
+        started.join(0.5)
+        assert cluster.starts == {}  # waiting on the lock: no node started
+    started.join(30)
+    try:
+        assert not started.is_alive() and cluster.starts == {0: 1, 1: 1}
+    finally:
+        cluster.stop()

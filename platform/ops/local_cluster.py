@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ops.ray_head import GCS_HISTORY, free_port, free_ports, ray_executable
 from ops.supervisor import Child, Supervisor
+from workers.core.run_actors import ray_start_lock
 
 HOST = "127.0.0.1"
 
@@ -81,16 +82,39 @@ class LocalCluster:
         # 0 and 0: each worker takes a port the OS gives it.
         return argv + ["--min-worker-port=0", "--max-worker-port=0"]
 
-    def start(self, timeout_s: float = 120.0) -> LocalCluster:
+    def start(self, timeout_s: float = 120.0, attempts: int = 3) -> LocalCluster:
+        """The head, then each further node, under the host's Ray start lock (where
+        RAY_START_LOCK_ENV names one). A node whose `ray start` exits before it is up is
+        started again, `attempts` times at most: Ray gives a new raylet 30 s to register
+        with the GCS (a constant of ray._private.node, no setting), and on a loaded 2-core
+        host running a test suite's other workers a second node once missed it ("The
+        current node timed out during startup")."""
         env = {**os.environ, **self.env(), **GCS_HISTORY}
-        for k, node in enumerate(self.nodes):
-            name = "head" if k == 0 else f"node{k}"
-            child = self.supervisor.start(name, self._argv(k, node), env=env, cwd=str(self.home), ready_when=_ready)
-            if not child.ready.wait(timeout_s):
-                tail = self.log.getvalue()[-3000:] if isinstance(self.log, io.StringIO) else ""
-                raise RuntimeError(f"Ray {name} did not start in {timeout_s:g}s{':' if tail else ''}\n{tail}")
-            self.children.append(child)
+        with ray_start_lock():
+            for k, node in enumerate(self.nodes):
+                self.children.append(self._start_node(k, node, env, timeout_s, attempts))
         return self
+
+    def _start_node(self, k: int, node: Node, env: dict[str, str], timeout_s: float, attempts: int) -> Child:
+        name = "head" if k == 0 else f"node{k}"
+        for attempt in range(1, attempts + 1):
+            child = self.supervisor.start(name, self._argv(k, node), env=env, cwd=str(self.home), ready_when=_ready)
+            deadline = time.monotonic() + timeout_s
+            while not child.ready.wait(0.2):
+                if not child.alive():
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Ray {name} did not start in {timeout_s:g}s{self._tail()}")
+            else:
+                return child
+            code = child.stop(timeout_s=5)  # its group too: a raylet it had started
+            self.supervisor.children.remove(child)
+            self.supervisor.write(name, f"exited (code {code}) before it was up, attempt {attempt} of {attempts}")
+        raise RuntimeError(f"Ray {name} exited before it was up, {attempts} times{self._tail()}")
+
+    def _tail(self) -> str:
+        tail = self.log.getvalue()[-3000:] if isinstance(self.log, io.StringIO) else ""
+        return f":\n{tail}" if tail else ""
 
     def kill(self, k: int) -> float:
         """Kill node `k` (≥ 1) whole, as a lost host; returns when (time.time())."""
