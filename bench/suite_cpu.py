@@ -49,9 +49,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_cost import ROOT, Sampler, read_processes, role  # noqa: E402  (the bench beside this one)
 
 # Kinds of process that are not a run's, by what their command line says, in order.
+# pytest itself by how it is started, not by "pytest" anywhere in the line: a bench script,
+# a web process or a Celery worker a test starts often names a file under pytest's
+# temporary root (/tmp/pytest-of-<user>/...), and was counted as pytest.
 KINDS = (
     ("xdist", "pytest worker (tests in its own process)"),
-    ("pytest", "pytest"),
+    ("-m pytest", "pytest"),
+    ("bin/pytest", "pytest"),
     ("chrom", "Chromium"),
     ("EngineCore", "vLLM engine"),
     ("asgi", "web (daphne)"),

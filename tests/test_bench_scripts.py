@@ -1005,6 +1005,13 @@ def test_suite_cpu_names_each_kind_of_process_and_the_services():
     assert sc.kind("ray::run-7-inference-0:InferenceWorker.generate") == "inference worker"
     assert sc.kind("python -c import sys;exec(eval(sys.stdin.readline())) xdist") == sc.KINDS[0][1]
     assert sc.kind("postgres: 15/main: root test 127.0.0.1(5) idle") == "PostgreSQL"
+    assert sc.kind(".venv/bin/python -m pytest -n 3 --dist loadgroup --durations=40") == "pytest"
+    # A process a test starts is its own kind, though its arguments name pytest's temporary root.
+    bench = ".venv/bin/python bench/simulate_presets.py --json /tmp/pytest-of-root/pytest-0/x/sim.json"
+    assert sc.kind(bench) == "bench scripts"
+    assert sc.kind(".venv/bin/daphne -b 127.0.0.1 -p 8020 --root /tmp/pytest-of-root/p rollway.asgi:app") == (
+        "web (daphne)"
+    )
     assert sc.is_service("/usr/bin/redis-server 127.0.0.1:6379") and not sc.is_service("python x.py")
     lines = sc.table({"trainer": {"processes": 2, "cpu_s": 30.0}, "other": {"processes": 1, "cpu_s": 10.0}}, 20, 2)
     assert lines[0] == "wall 20 s, CPU 40 s: the 2 cores 100% busy with it"
