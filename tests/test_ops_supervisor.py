@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -224,22 +223,30 @@ def test_a_node_that_never_comes_up_fails_the_start_naming_it(tmp_path):
 
 
 def test_the_nodes_start_under_the_hosts_ray_start_lock(tmp_path, monkeypatch):
-    """Another process holding the lock keeps the cluster from starting until it lets go."""
+    """As each node starts, the lock RAY_START_LOCK_ENV names is held: another open of
+    the file (as another process's would be) cannot take it; once started, it can."""
     import fcntl
 
     from workers.core.run_actors import RAY_START_LOCK_ENV
 
     lock = tmp_path / "ray-start.lock"
     monkeypatch.setenv(RAY_START_LOCK_ENV, str(lock))
+
+    def taken_by_another() -> bool:
+        with open(lock, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
     cluster = flaky_cluster(tmp_path, fails={})
-    with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        started = threading.Thread(target=cluster.start, kwargs={"timeout_s": 30}, daemon=True)
-        started.start()
-        started.join(0.5)
-        assert cluster.starts == {}  # waiting on the lock: no node started
-    started.join(30)
+    held, argv = [], cluster._argv
+    monkeypatch.setattr(cluster, "_argv", lambda k, node: held.append(taken_by_another()) or argv(k, node))
     try:
-        assert not started.is_alive() and cluster.starts == {0: 1, 1: 1}
+        cluster.start(timeout_s=30)
+        assert held == [True, True] and cluster.starts == {0: 1, 1: 1}
+        assert not taken_by_another()
     finally:
         cluster.stop()
