@@ -22,7 +22,8 @@ from workers.config.presets import PRESETS, build, deep_merge
 from workers.core.metric_names import TRAINED as EXACT
 from workers.core.records import call_seed, group_id
 from workers.core.run_actors import NAMESPACE, actor_name, run_actor_names
-from workers.run.buffer import FIRST_BATCH_HOLD_ENV
+from workers.run.actors import BufferActor
+from workers.run.buffer import FIRST_BATCH_HOLD_ENV, BufferPlan
 from workers.run.driver import RunDriver
 from workers.run.lifecycle import launch
 from workers.run.paths import Confinement
@@ -92,26 +93,33 @@ def test_a_replayed_admission_waits_for_its_version_and_admits_the_recorded_grou
         replay.admit(0, 1, 2)  # worker 0 got newer weights than its recorded call's
 
 
-def test_a_replayed_batch_waits_until_every_call_on_its_version_has_started():
+def test_a_replayed_batch_is_trained_once_every_call_on_its_version_has_started():
     replay = ScheduleReplay(two_workers())
     assert replay.admit(0, 0, 2) == 2
-    assert replay.next_batch(0) is None  # worker 1's call on version 0 has not started
-    assert replay.admit(1, 0, 2) == 2
-    assert replay.next_batch(0) is None  # nor worker 0's second
-    assert replay.admit(0, 0, 2) == 2
+    # Taken as soon as it is asked for (its groups in the buffer are the actor's business),
+    # trained only once the calls recorded on its version have started.
     assert replay.next_batch(0) == (0, Batch(0, ("a", "b", "c", "d")))
+    assert replay.untrainable(0) == (
+        "2 recorded call(s) on policy version 0 or earlier to start and "
+        "0 recorded load(s) of such a version inside a call"
+    )
+    assert replay.admit(1, 0, 2) == 2
+    assert replay.untrainable(0) is not None  # nor worker 0's second
+    assert replay.admit(0, 0, 2) == 2
+    assert replay.untrainable(0) is None
     replay.taken()
     with pytest.raises(ReplayDiverged, match="batch 1: the trainer asks at policy version 2"):
         replay.next_batch(2)
-    assert replay.next_batch(1) is None  # worker 1's call on version 1 has not started
-    assert replay.admit(1, 1, 2) == 2
     assert replay.next_batch(1) == (1, Batch(1, ("e", "f", "g", "h")))
+    assert replay.untrainable(1) is not None  # worker 1's call on version 1 has not started
+    assert replay.admit(1, 1, 2) == 2
+    assert replay.untrainable(1) is None
     replay.taken()
     with pytest.raises(ReplayDiverged, match="past the 2 recorded"):
         replay.next_batch(2)
 
 
-def test_a_replayed_batch_waits_for_every_load_inside_a_call_up_to_its_version():
+def test_a_replayed_batch_is_trained_once_every_load_inside_a_call_up_to_its_version_is_made():
     replay = ScheduleReplay(with_loads())
     assert replay.loads_of(1) == {0: [(3, 1)]} and replay.loads_of(0) == {}
     for worker in (0, 1, 0):
@@ -121,13 +129,48 @@ def test_a_replayed_batch_waits_for_every_load_inside_a_call_up_to_its_version()
     # Every call on version ≤ 1 has started, but worker 1 has not yet loaded version 1
     # inside its first call: publishing version 2 now would leave it only that to load.
     assert replay.admit(1, 1, 2) == 2
-    assert replay.next_batch(1) is None
+    assert replay.untrainable(1) == (
+        "0 recorded call(s) on policy version 1 or earlier to start and "
+        "1 recorded load(s) of such a version inside a call"
+    )
     with pytest.raises(ReplayDiverged, match=r"inference worker 1 made Load\(worker=1, call=0, step=2"):
         replay.loaded(Load(1, 0, 2, 1))
     replay.loaded(Load(1, 0, 3, 1))
+    assert replay.untrainable(1) is None
     assert replay.next_batch(1) == (1, Batch(1, ("e", "f", "g", "h")))
     with pytest.raises(ReplayDiverged, match="the record's next is none"):
         replay.loaded(Load(0, 1, 1, 2))
+
+
+@pytest.mark.slow  # a BufferActor on the engine's Ray cluster
+def test_a_replayed_batch_is_taken_before_the_call_its_training_waits_for(cluster):
+    """The trainer asks for its next batch before it trains the one at hand, so a recorded
+    run may take a batch, freeing the room a worker's finished call waits in to put its
+    groups, before that worker's next call starts on the batch's version. Forced here
+    call by call on the run's buffer actor (one batch of room, one worker): the replay
+    takes the batch once its groups are in, and lets it be trained once that call starts.
+    A replay that held the take until then waited for a call that waited for the take."""
+    from tests.engine.test_buffer import group
+
+    first, second = [f"a{i}" for i in range(4)], [f"b{i}" for i in range(4)]
+    schedule = Schedule(admissions=[Admission(0, 0, 4)] * 3, batches=[Batch(0, tuple(first)), Batch(1, tuple(second))])
+    plan = BufferPlan(capacity_groups=4, ahead_batches=1, max_staleness=1, on_stale="drop")
+    buffer = BufferActor.options(namespace=NAMESPACE).remote(plan, 4, schedule.to_json())
+    try:
+        assert ray.get(buffer.ready.remote()) and ray.get(buffer.replaying.remote())
+        assert ray.get(buffer.admit.remote(0, 4, 0)) == 4
+        assert ray.get(buffer.put.remote([group(g) for g in first], 0.0))[0] == 4
+        assert ray.get(buffer.admit.remote(0, 4, 0)) == 4
+        assert ray.get(buffer.put.remote([group(g) for g in second], 0.0))[0] == 0  # no room: the call waits
+        assert "1 recorded call(s)" in ray.get(buffer.wait_trainable.remote(0, 0.0))
+        groups, _ = ray.get(buffer.get.remote(4, 0, 60.0))
+        assert groups is not None and [g.group_id for g in groups] == first
+        assert ray.get(buffer.put.remote([group(g) for g in second], 0.0))[0] == 4
+        assert ray.get(buffer.wait_trainable.remote(0, 0.0)) is not None
+        assert ray.get(buffer.admit.remote(0, 4, 0)) == 4  # the third call, on version 0
+        assert ray.get(buffer.wait_trainable.remote(0, 0.0)) is None
+    finally:
+        ray.kill(buffer)
 
 
 class Staged:

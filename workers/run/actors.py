@@ -212,34 +212,42 @@ class BufferActor:
         return groups, self.stats()
 
     def _replayed_get(self, n_groups: int, current_version: int, timeout: float) -> list[Group] | None:
-        """The recorded batch at `current_version`, once the schedule lets it be taken and
-        its groups are all in the buffer; None if not within `timeout`."""
+        """The recorded batch at `current_version`, once its groups are all in the buffer;
+        None if not within `timeout`. Taken at once, not when the schedule lets it be
+        trained (`wait_trainable`): the trainer asks before it trains the batch at hand."""
         assert self.replay is not None
-        replay = self.replay
-        deadline = time.monotonic() + timeout
-        with self._admissions:
-            if not self._admissions.wait_for(lambda: replay.next_batch(current_version) is not None, timeout):
-                return None
-            due = replay.next_batch(current_version)
-        assert due is not None
-        k, batch = due
+        with self._lock:
+            k, batch = self.replay.next_batch(current_version)
         if len(batch.group_ids) != n_groups:
             raise ReplayDiverged(
                 f"replay diverged at batch {k}: the trainer asks for {n_groups} groups, the record took "
                 f"{len(batch.group_ids)}"
             )
         try:
-            groups = self.buffer.get(
-                n_groups, current_version, timeout=max(0.0, deadline - time.monotonic()), ids=list(batch.group_ids)
-            )
+            groups = self.buffer.get(n_groups, current_version, timeout=timeout, ids=list(batch.group_ids))
         except queue.Empty:
             return None
         except ValueError as exc:
             raise ReplayDiverged(f"replay diverged at batch {k}: {exc}") from None
         with self._lock:
-            replay.taken()
+            self.replay.taken()
             self.recorder.took(current_version, [g.group_id for g in groups])
         return groups
+
+    def replaying(self) -> bool:
+        """Whether this run follows a recorded schedule (the trainer then asks
+        `wait_trainable` before each step)."""
+        return self.replay is not None
+
+    def wait_trainable(self, version: int, timeout: float) -> str | None:
+        """In a replay, wait up to `timeout` until the batch at `version` may be trained
+        (workers/run/schedule.py): None once it may, else what it still waits for."""
+        if self.replay is None:
+            return None
+        replay = self.replay
+        with self._admissions:
+            self._admissions.wait_for(lambda: replay.untrainable(version) is None, timeout)
+            return replay.untrainable(version)
 
     def schedule(self) -> dict:
         """The schedule recorded so far, with its size (workers.run.schedule.schedule_json)."""

@@ -21,9 +21,14 @@ recorded schedule and the buffer enforces it:
 - an admission waits (answers 0, as the gate does when a worker is too far ahead) until
   the worker holds the version its next recorded call started on, then admits the
   recorded number of groups;
-- a batch waits until every call recorded at a version up to its own has been admitted
-  (so the trainer publishes no newer weights before those calls started on theirs) and
-  every one of its recorded groups is in the buffer, and takes exactly those, in order.
+- a batch is taken once every one of its recorded groups is in the buffer, exactly those,
+  in order; the trainer trains it (and so publishes newer weights) only once every call
+  recorded at a version up to its own has been admitted, so no worker is left needing a
+  version the newer one has replaced. Taking and training are apart because the trainer
+  asks for its next batch before it trains the one at hand (the prefetch): the recorded
+  run may have taken batch v+1, freeing the room a worker's finished call was waiting
+  for, before that worker's call on version v+1 started; a replay that held the take
+  until that call started would wait for a call that waits for the take.
 
 A replay that cannot follow its schedule (a worker already holding a newer version
 than its call's, a recorded group rejected as stale) raises `ReplayDiverged`, naming the
@@ -36,9 +41,9 @@ the rows it restarts) come from the newer version. The worker counts its decode 
 call and tells the buffer of each load (`RecordedUpdates`): the schedule records it as
 (worker, call, decode step, version). A replayed call loads at exactly those steps
 (`ReplayedUpdates`): at a recorded step it waits until the recorded version is staged,
-at any other it loads nothing; and a batch at version v also waits until every load of
-a version up to v has happened, so the trainer publishes nothing newer before then (a
-worker stages the newest version only).
+at any other it loads nothing; and a batch at version v is also trained only once every
+load of a version up to v has happened, so the trainer publishes nothing newer before
+then (a worker stages the newest version only).
 
 Under `buffer.on_stale: requeue`, the prompts of groups rejected as stale go to whichever
 call asks next, and which call that is is the host's timing as well. The buffer records
@@ -198,12 +203,12 @@ class ScheduleReplay:
         self._calls: dict[int, deque[tuple[int, Admission]]] = defaultdict(deque)
         for i, a in enumerate(schedule.admissions):
             self._calls[a.worker].append((i, a))
-        # Recorded admissions not yet made, by version: a batch at version v waits while
-        # any at v or earlier is left (asked at every admission: no scan of the record).
+        # Recorded admissions not yet made, by version: the batch at version v is not
+        # trained while any at v or earlier is left (no scan of the record per ask).
         self._left: Counter[int] = Counter(a.version for a in schedule.admissions)
         self._batches = deque(enumerate(schedule.batches))
         # Recorded loads inside calls not yet made, per worker in order and by version
-        # (a batch at version v waits while any of v or earlier is left, as for admissions).
+        # (the batch at version v is not trained while any of v or earlier is left).
         self._loads: dict[int, deque[Load]] = defaultdict(deque)
         for x in schedule.loads:
             self._loads[x.worker].append(x)
@@ -253,10 +258,9 @@ class ScheduleReplay:
         self._left[call.version] -= 1
         return call.groups
 
-    def next_batch(self, version: int) -> tuple[int, Batch] | None:
-        """The recorded batch the trainer's next get takes, if it may be taken now at
-        `version`: every call recorded at a version up to `version` admitted. None while
-        not; ReplayDiverged if the trainer asks at another version or past the record."""
+    def next_batch(self, version: int) -> tuple[int, Batch]:
+        """The recorded batch the trainer's next get takes, asked at `version`.
+        ReplayDiverged if the trainer asks at another version or past the record."""
         if not self._batches:
             raise ReplayDiverged(
                 f"replay diverged: the trainer asks for a batch at policy version {version}, "
@@ -268,11 +272,20 @@ class ScheduleReplay:
                 f"replay diverged at batch {k}: the trainer asks at policy version {version}, "
                 f"the recorded batch was taken at {batch.version}"
             )
-        if any(n and v <= version for v, n in self._left.items()):
-            return None
-        if any(n and v <= version for v, n in self._loads_left.items()):
-            return None
         return k, batch
+
+    def untrainable(self, version: int) -> str | None:
+        """What the batch at `version` still waits for before the trainer may train it
+        (and then publish version + 1), a phrase; None once every call recorded at a
+        version up to `version` is admitted and every load of such a version made."""
+        calls = sum(n for v, n in self._left.items() if v <= version)
+        loads = sum(n for v, n in self._loads_left.items() if v <= version)
+        if not calls and not loads:
+            return None
+        return (
+            f"{calls} recorded call(s) on policy version {version} or earlier to start and "
+            f"{loads} recorded load(s) of such a version inside a call"
+        )
 
     def taken(self) -> None:
         """The batch `next_batch` gave was taken."""
@@ -340,6 +353,9 @@ def schedule_json(schedule: Schedule) -> dict:
 # How long a replayed call waits at a recorded load for its version to be staged before it
 # calls the replay stuck: far past a trainer step on a loaded host.
 LOAD_WAIT_LIMIT_S = 600.0
+# How long the trainer waits, a batch taken, for the calls and loads the record has before
+# it is trained (ScheduleReplay.untrainable), before it calls the replay stuck: the same.
+TRAIN_WAIT_LIMIT_S = LOAD_WAIT_LIMIT_S
 
 
 class RecordedUpdates:

@@ -44,6 +44,7 @@ from workers.run.ledger import (
     checkpoint_waits_for_rows_in_flight,
 )
 from workers.run.messages import StepRecord, TrainerReport
+from workers.run.schedule import TRAIN_WAIT_LIMIT_S, ReplayDiverged
 from workers.sync import driven_engine, make_sender
 from workers.sync.base import WeightSender, state_checksum
 from workers.sync.lora import LoRASender
@@ -442,6 +443,23 @@ class TrainerHost:
                 return groups, stats
         return None, {}
 
+    def _replay_lets_train(self) -> bool:
+        """In a replay, wait until the schedule lets the batch at hand be trained (every
+        call and load the record has on its version or earlier made: workers/run/schedule.py);
+        False if the run stops first, ReplayDiverged past TRAIN_WAIT_LIMIT_S."""
+        version = self.trainer.version
+        deadline = time.monotonic() + TRAIN_WAIT_LIMIT_S
+        while not self._stop.is_set():
+            waiting = ray.get(self.buffer.wait_trainable.remote(version, WAIT_S))
+            if waiting is None:
+                return True
+            if time.monotonic() > deadline:
+                raise ReplayDiverged(
+                    f"replay stuck: the batch at policy version {version} waited {TRAIN_WAIT_LIMIT_S:.0f} s "
+                    f"for {waiting}"
+                )
+        return False
+
     def _gpu_turn(self) -> bool:
         """Colocated, taking turns (inference.sleep_level): wait until every inference
         worker's vLLM sleeps, so the step's memory never meets vLLM's on a shared GPU
@@ -458,10 +476,13 @@ class TrainerHost:
             t_prev = time.time()
             if self._publish_first:  # the checkpoint was written before its version was published
                 self._send(self.trainer.version)
+            replaying = ray.get(self.buffer.replaying.remote())
             while not self._stop.is_set() and self.trainer.version < self.cfg.stop.max_steps:
                 t_wait = time.perf_counter()
                 groups, buffer_stats = self._next_batch()
                 if groups is None or not self._gpu_turn():
+                    break
+                if replaying and not self._replay_lets_train():
                     break
                 wait_s = time.perf_counter() - t_wait
                 self._starved_s += wait_s
