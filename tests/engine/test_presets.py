@@ -277,6 +277,8 @@ def test_the_preset_runs_through_the_driver(cluster, cache_dir, name):
     # Replayed under the schedule it recorded, the preset trains the same, bit for bit.
     again = run_config(run_id + 100, cache_dir, config.model_dump(mode="json"), timeout_s=240, replay=out["schedule"])
     assert again["state"] == "succeeded", f"{name} replayed: {again['error']}"
+    # A replay that stalls ends "succeeded" at stop.max_minutes, short of its steps.
+    assert again["steps"] == STEPS, f"{name} replayed: {again['steps']} of {STEPS} steps"
     assert again["schedule"]["batches"] == out["schedule"]["batches"], name
     assert again["policy_sha256"] == out["policy_sha256"], name
     for series in TRAINED:
