@@ -354,8 +354,10 @@ def schedule_json(schedule: Schedule) -> dict:
 # calls the replay stuck: far past a trainer step on a loaded host.
 LOAD_WAIT_LIMIT_S = 600.0
 # How long the trainer waits, a batch taken, for the calls and loads the record has before
-# it is trained (ScheduleReplay.untrainable), before it calls the replay stuck: the same.
-TRAIN_WAIT_LIMIT_S = LOAD_WAIT_LIMIT_S
+# it is trained (ScheduleReplay.untrainable), before it calls the replay stuck: at most a
+# worker's generate call (the next call starts once the last is put), the bound the buffer
+# actor's wait for requeued groups assumes too.
+TRAIN_WAIT_LIMIT_S = 600.0
 
 
 class RecordedUpdates:
