@@ -110,9 +110,9 @@ $(TORCH_STAMP):
 	fi; rc=$$?; rm -rf $(VENV)/.torch-probe; exit $$rc
 	touch $@
 
-# The rest of the set (some 270 packages) goes in with uv, which downloads in parallel and
-# compiles the bytecode on every core: on the 2-core machine the step took 39 s where pip
-# took 117 s, its cache warm either way, and left the same `pip freeze`. torch stays with
+# The rest of the set goes in with uv, which downloads in parallel and compiles the
+# bytecode on every core: on a 2-core host (2026-12-01) the step took 39 s where pip took
+# 117 s, the caches warm either way, and left the same `pip freeze`. torch stays with
 # pip (above): uv reads neither pip's find-links nor its configuration, so it would not
 # find the local torch wheel; here it finds torch installed and the constraints satisfied.
 # uv asks PyPI unless told otherwise: name a mirror with UV_DEFAULT_INDEX, as pip's
@@ -137,8 +137,8 @@ $(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS) $(wildcard $(LOCK))
 # it runs on Linux x86-64 only. Every package both flavors install keeps the cpu lock's
 # version (what the tests ran with) but those the CUDA builds pin otherwise (LOCK_GPU_OWN:
 # CUDA torch 2.13.0 requires triton==3.7.1, CUDA vllm 0.32.0 apache-tvm-ffi==0.1.11).
-# Like freeze for cpu, it leaves out torch, pip, setuptools and wheel (and the cpu lock
-# uv, the Makefile's own tool, pinned by UV_PIN).
+# Like freeze for cpu, it leaves out torch, pip, setuptools and wheel; the cpu lock leaves
+# out uv too, the Makefile's own tool (UV_PIN pins it).
 LOCK_PIP ?= pip==26.3
 LOCK_INDEX ?= https://pypi.org/simple
 LOCK_GLIBC ?= 35
