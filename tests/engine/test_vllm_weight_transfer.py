@@ -10,12 +10,16 @@ trainer's. One engine serves the module (a start costs ~20 s here).
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import ray
 import torch
+from ray import cloudpickle
 
-from tests.engine.helpers import skip_without_vllm
+from tests.engine.helpers import PoolRank, skip_without_vllm
 from tests.engine.test_weight_sync_protocols import sync, sync_cfg, train_a_little, trainer_model
 from workers.config.run_config import InferenceConfig, ModelConfig
 from workers.sync import make_receiver, make_sender, state_checksum
@@ -378,3 +382,79 @@ def test_a_lora_trainers_merged_policy_goes_through_the_broadcast_engine(gloo_ba
     finally:
         sender.close()
         receiver.close()
+
+
+# Ray ships this module by value: its workers cannot import a test file.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class _BroadcastingRank(PoolRank):
+    """A rank of an fsdp2 pool (tests/engine/helpers.py) whose rank 0 drives the run's
+    broadcast engine into vLLM and whose other ranks join its gathers, as the run's
+    trainer host does (`TrainerHost._send`, `follow_sync`)."""
+
+    def open_sender(self, cfg) -> dict:
+        self.sender = make_sender(cfg.sync, engine="rollway_gloo")
+        self.sender.attach(self.trainer.model)
+        return self.sender.endpoint()
+
+    def connect_sender(self) -> None:
+        self.sender.connect()
+
+    def send(self, version: int, notices, others: list):
+        refs = [o.follow.remote(self.sender.gathers) for o in others]
+        sent = self.sender.send(version, notices.put)
+        ray.get(refs)
+        return sent
+
+    def follow(self, gathers) -> None:
+        from workers.sync.weights import follow
+
+        follow(self.trainer.model, gathers)
+
+    def close_sender(self) -> None:
+        self.sender.close()
+
+
+def test_an_fsdp2_pools_broadcast_reaches_vllms_worker_bit_identical(cluster, gloo_backend, model_dir):
+    """Two ranks of an fsdp2 pool: rank 0 declares the update and broadcasts each gathered
+    bucket through vLLM's trainer-side engine, rank 1 joins the gathers, and the weights
+    vLLM's loader receives are the pool's, bit for bit, after each of two trained steps
+    (a shard out of place, or a bucket sent before rank 1 joined, would change them)."""
+    from ray.util.queue import Queue
+
+    from tests.engine.helpers import build_pool, fixed_groups, small_config
+
+    Rank = ray.remote(num_cpus=0)(_BroadcastingRank)
+    cfg = small_config(
+        model=MODEL.model_dump(),
+        trainer={"backend": "fsdp2", "num_ranks": 2, "lr": 5e-3},
+        sync={"protocol": "collective", "bucket_mb": 1 / 16, "timeout_s": 60},
+    )
+    ranks = [Rank.remote(0), Rank.remote(1)]
+    notices = Queue()
+    receiver = make_receiver(cfg.sync, engine="rollway_gloo", backend=gloo_backend)
+    try:
+        build_pool(ranks, cfg, model_dir)
+        endpoint = ray.get(ranks[0].open_sender.remote(cfg))
+        assert gloo_backend._llm.collective_rpc(_watch_arrivals) == ["GlooEngine"]
+        joined = ThreadPoolExecutor(1).submit(receiver.connect, endpoint, 1)
+        ray.get(ranks[0].connect_sender.remote(), timeout=120)
+        joined.result(timeout=120)
+        before = state_checksum(ray.get([r.weights.remote() for r in ranks])[0])
+        for version in (1, 2):
+            ray.get(ranks[0].step.remote(fixed_groups(model_dir, cfg, seed=40 + version), ranks[1:]), timeout=120)
+            whole = ray.get([r.weights.remote() for r in ranks])[0]
+            assert state_checksum(whole) != before, "the step must move the weights for the check to mean anything"
+            before = state_checksum(whole)
+            sending = ranks[0].send.remote(version, notices, ranks[1:])
+            report = receiver.apply(gloo_backend, receiver.receive(notices.get(timeout=120)))
+            sent = ray.get(sending, timeout=120)
+            assert _arrived_checksum(gloo_backend) == state_checksum(whole), f"version {version}"
+            assert report.version == sent.version == version
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get(ranks[0].close_sender.remote(), timeout=30)
+        receiver.close()
+        for r in ranks:
+            ray.kill(r)
