@@ -115,7 +115,14 @@ class Rank(PoolRank):
     def checkpoint_shards(self, location: str, path: str) -> list[dict]:
         from workers.run.checkpoints import write_shards
 
-        return write_shards(self.trainer, location, path)
+        with GatherMeter() as meter:
+            files = write_shards(self.trainer, location, path)
+        self.shards_peak = meter.peak
+        return files
+
+    def last_shards_peak(self) -> int:
+        """This rank's peak of whole tensors held while it wrote its last shards."""
+        return self.shards_peak
 
     def restore(self, location: str) -> None:
         from workers.run.checkpoints import load_shards
@@ -127,14 +134,13 @@ class Rank(PoolRank):
             load_shards(self.trainer, ckpt)
             self.trainer.version = ckpt.step
 
-    def checksum(self, others: list) -> tuple[str, int]:
+    def checksum(self, others: list) -> tuple[str, int, list[int]]:
         from workers.sync.weights import streamed_checksum
 
         refs = [o.follow_checksum.remote() for o in others]
         with GatherMeter() as meter:
             checksum = streamed_checksum(self.trainer.model)
-        ray.get(refs)
-        return checksum, meter.peak
+        return checksum, meter.peak, ray.get(refs)
 
     def follow_checksum(self) -> int:
         from workers.sync.weights import drain, effective_stream
@@ -301,19 +307,28 @@ def test_no_rank_holds_the_whole_model_to_checkpoint_checksum_or_export(ranks, w
     assert control >= total, "the meter must see a whole-state gather for what it does not see to count"
 
     location, ckpt_peak = ray.get(ranks[0].checkpoint.remote(str(tmp_path / "ckpt"), ranks[1:]))
-    checksum, sum_peak = ray.get(ranks[0].checksum.remote(ranks[1:]))
+    shards_peak = ray.get(ranks[1].last_shards_peak.remote())
+    checksum, sum_peak, sum_followers = ray.get(ranks[0].checksum.remote(ranks[1:]))
     manifest, export_peak, follower_peaks = ray.get(ranks[0].export.remote(str(tmp_path / "export"), ranks[1:]))
 
     assert checksum == manifest["sha256"] == state_checksum(whole)
-    peaks = {"checkpoint": ckpt_peak, "checksum": sum_peak, "export": export_peak, "export rank 1": follower_peaks[0]}
+    peaks = {
+        "checkpoint": ckpt_peak,
+        "checksum": sum_peak,
+        "export": export_peak,
+        "checkpoint rank 1": shards_peak,
+        "checksum rank 1": sum_followers[0],
+        "export rank 1": follower_peaks[0],
+    }
     assert all(peak <= cap for peak in peaks.values()), (peaks, cap, total)
     with open(os.path.join(tmp_path / "export", "model.safetensors.index.json")) as f:
         shards = set(json.load(f)["weight_map"].values())
     assert len(shards) >= 3
     print(
         f"\nmodel {total} B (largest tensor {largest} B, bucket {bucket} B): rank 0's peak of whole tensors held "
-        f"— checkpoint {ckpt_peak} B, checksum {sum_peak} B, export {export_peak} B; rank 1's export "
-        f"{follower_peaks[0]} B; full-state gather (control) {control} B"
+        f"— checkpoint {ckpt_peak} B, checksum {sum_peak} B, export {export_peak} B; rank 1's checkpoint "
+        f"{shards_peak} B, checksum {sum_followers[0]} B, export {follower_peaks[0]} B; full-state gather "
+        f"(control) {control} B"
     )
 
 
