@@ -47,9 +47,7 @@ def vllm_transfer_engine(
     moves them through vLLM's LoRA requests, not an engine."""
     if protocol == "cuda_ipc":
         if device != "gpu":
-            raise ValueError(
-                "sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)"
-            )
+            raise ValueError("sync.protocol 'cuda_ipc' needs placement.devices 'gpu' (a CUDA IPC handle is GPU memory)")
         return VLLM_IPC
     if protocol == "collective":
         if device != "gpu":
