@@ -6,13 +6,17 @@ placement on the one GPU:
 
 - colocated: vLLM (`workers.inference.vllm_backend.VLLMBackend`, inference.sleep_level
   1) sleeps through the trainer's step and wakes for the weight sync, as
-  workers/run/colocation.py has them take turns;
+  workers/run/colocation.py has them take turns, and the trainer keeps its AdamW
+  moments in host memory between steps, as a colocated trainer does;
 - disaggregated: vLLM holds its share of the GPU (inference.gpu_memory_utilization)
-  while the trainer trains beside it;
+  while the trainer trains beside it, a case for each share asked for (two by default);
 
 it measures, through the engine's own classes: vLLM's generation tokens/s, the
 trainer's tokens/s and MFU (bench/gpu_scale.py's step), the weight sync's latency into
-vLLM through each weight-transfer engine asked for (`load_weights`), vLLM's sleep and
+vLLM through each weight-transfer engine asked for (`load_weights`; and, colocated,
+vLLM's own `ipc` pair between two processes on the GPU, as a colocated `cuda_ipc` run's
+trainer and vLLM are: bench/gpu_scale.py's `ipc_sync`, loading into a transformers
+model where vLLM's model runner would load), vLLM's sleep and
 wake times, each pool's peak memory, and `mismatch/kl` at staleness 0 (the trainer's
 logprobs of vLLM's samples under the very weights that sampled them: the kernels' gap
 alone). Prints one table; `--json` also writes the figures.
@@ -45,6 +49,8 @@ import gpu_scale  # noqa: E402
 
 PLACEMENTS = ("colocated", "disaggregated")
 ENGINES = ("rollway_memory", "rollway_files")
+# vLLM's IPC engine pair: a colocated case's, measured on CUDA beside ENGINES.
+IPC = "ipc"
 SIZES = ("0.5b", "1.5b", "moe", "tiny")
 # A small Qwen2-MoE: 8 experts, 2 routed per token, a shared expert (Qwen1.5-MoE's
 # layout at a fraction of its width and depth).
@@ -73,6 +79,7 @@ COLUMNS = (
     ("model", "model", "{}"),
     ("inference", "inference", "{}"),
     ("placement", "placement", "{}"),
+    ("vLLM share", "gpu_share", "{:.0%}"),
     ("generation tok/s", "generation_tokens_per_s", "{:,.0f}"),
     ("trainer tok/s", "train_tokens_per_s", "{:,.0f}"),
     ("MFU", "mfu", "{:.1%}"),
@@ -105,13 +112,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script")
     gpu_scale.add_workload(parser, b=4, completion=256)
     parser.add_argument("--steps", type=int, default=1, help="timed trainer steps (after one warm-up)")
-    parser.add_argument("--gpu-share", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
+    parser.add_argument(
+        "--gpu-share",
+        type=float,
+        nargs="+",
+        default=[0.3, 0.5],
+        help="vLLM's gpu_memory_utilization: a disaggregated case for each; colocated takes the first",
+    )
+    parser.add_argument("--syncs", type=int, default=2, help="timed syncs through vLLM's ipc pair (after one)")
     parser.add_argument("--root", default=None, help="scratch directory for the models (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    gpu_scale.require_positive(parser, args, (*gpu_scale.WORKLOAD, "steps"))
-    if not 0 < args.gpu_share < 1:
-        parser.error(f"--gpu-share must be in (0, 1) (got {args.gpu_share}): vLLM shares the GPU with the trainer")
+    gpu_scale.require_positive(parser, args, (*gpu_scale.WORKLOAD, "steps", "syncs"))
+    for share in args.gpu_share:
+        if not 0 < share < 1:
+            parser.error(f"--gpu-share must be in (0, 1) (got {share}): vLLM shares the GPU with the trainer")
     if args.inference == "torch":
         # Colocated turns are vLLM's sleep mode, and the engines are vLLM's: the torch
         # backend stays resident beside the trainer and takes weights by load_weights.
@@ -124,6 +139,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.placements = args.placements or list(PLACEMENTS)
         args.engines = args.engines or list(ENGINES)
     return args
+
+
+def cases(args: argparse.Namespace, device_type: str) -> list[dict]:
+    """The cases of one model: its placement, vLLM's share of the GPU, and the engines its
+    sync goes through. Colocated vLLM sleeps through the trainer's turn, so one share; on
+    CUDA its sync is also timed through vLLM's `ipc` pair, the engine of a colocated
+    `cuda_ipc` run. Disaggregated: a case per share, the engines timed in the first (a
+    sync's latency does not depend on the share); the torch backend has no share."""
+    if args.inference == "torch":
+        return [{"placement": "disaggregated", "gpu_share": None, "engines": list(args.engines)}]
+    out = []
+    for placement in args.placements:
+        if placement == "colocated":
+            ipc = [IPC] if device_type == "cuda" else []
+            out.append({"placement": placement, "gpu_share": args.gpu_share[0], "engines": [*args.engines, *ipc]})
+            continue
+        for k, share in enumerate(args.gpu_share):
+            out.append({"placement": placement, "gpu_share": share, "engines": list(args.engines[: 1 if k else None])})
+    return out
 
 
 def refusal(device: str, cuda_available: bool, cuda_count: int) -> str | None:
@@ -186,7 +220,7 @@ def _sleeps(args, device, placement: str) -> bool:
     return args.inference == "vllm" and placement == "colocated" and device.type == "cuda"
 
 
-def _backend(model_dir: str, args, device, placement: str, engine: str):
+def _backend(model_dir: str, args, device, placement: str, engine: str, share: float | None):
     from workers.core.routing import router_shape
     from workers.model.loading import meta_model
 
@@ -199,7 +233,7 @@ def _backend(model_dir: str, args, device, placement: str, engine: str):
     from workers.inference.vllm_backend import VLLMBackend
 
     sleep_level = 1 if _sleeps(args, device, placement) else 0
-    cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=args.gpu_share, sleep_level=sleep_level)
+    cfg = InferenceConfig(backend="vllm", gpu_memory_utilization=share, sleep_level=sleep_level)
     return VLLMBackend(
         model_dir,
         cfg,
@@ -211,21 +245,23 @@ def _backend(model_dir: str, args, device, placement: str, engine: str):
     )
 
 
-def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
-    """One model × placement: generate, train (vLLM asleep when colocated), measure the
-    mismatch at staleness 0, and sync the trained weights through each engine."""
+def run_case(model_dir: str, params: int, args, device, case: dict) -> dict:
+    """One model's case (`cases`): generate, train (vLLM asleep when colocated), measure
+    the mismatch at staleness 0, and sync the trained weights through each engine."""
     import torch
 
     from workers.core.devices import autocast, synchronize
     from workers.train.loss import mismatch_kl
     from workers.train.trainer import pack, spread, token_logprobs
 
-    row: dict = {"inference": args.inference, "placement": placement, "sync_ms": {}}
+    placement, share = case["placement"], case["gpu_share"]
+    row: dict = {"inference": args.inference, "placement": placement, "gpu_share": share, "sync_ms": {}}
     rng = random.Random(1)
     prompts = [[rng.randrange(gpu_scale.VOCAB - 1000) for _ in range(args.prompt)] for _ in range(args.b)]
-    for k, engine in enumerate(args.engines):
+    engines = [e for e in case["engines"] if e != IPC]
+    for k, engine in enumerate(engines):
         before = _used_gib(device) if device.type == "cuda" else 0.0
-        backend = _backend(model_dir, args, device, placement, engine)
+        backend = _backend(model_dir, args, device, placement, engine, share)
         if device.type == "cuda":  # its weights and KV cache, allocated up front
             row["inference_peak_gib"] = _used_gib(device) - before
         if k == 0:
@@ -245,7 +281,7 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            row.update(_trainer_figures(model_dir, params, args, device))
+            row.update(_trainer_figures(model_dir, params, args, device, turns=asleep))
             if device.type == "cuda":
                 row["trainer_peak_gib"] = (torch.cuda.max_memory_allocated(device) - resident) / 2**30
             # Staleness 0: the trainer's logprobs of vLLM's samples under the weights
@@ -283,6 +319,10 @@ def run_case(model_dir: str, params: int, args, device, placement: str) -> dict:
             row["wake_s"] = wake + time.perf_counter() - t0
         backend.close()
         gpu_scale._release(device)
+    if IPC in case["engines"]:
+        # Two processes on the GPU, as a colocated run's trainer and vLLM are: CUDA IPC
+        # maps another process's memory, not the mapping process's own.
+        row["sync_ms"][IPC] = gpu_scale.ipc_sync(model_dir, args, via_vllm=True)["vllm_ipc_end_to_end_ms"]
     return row
 
 
@@ -307,8 +347,8 @@ def _replayed(trainer, batch, rows, behaviour, device) -> dict:
     }
 
 
-def _trainer_figures(model_dir: str, params: int, args, device) -> dict:
-    figures = gpu_scale.trainer_step(model_dir, params, args, device)
+def _trainer_figures(model_dir: str, params: int, args, device, turns: bool = False) -> dict:
+    figures = gpu_scale.trainer_step(model_dir, params, args, device, turns=turns)
     return {"train_tokens_per_s": figures["train_tokens_per_s"], "mfu": figures["mfu"], "mode": figures["mode"]}
 
 
@@ -330,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for size in args.sizes:
         model_dir, params, label = build(size, root, device)
-        for placement in args.placements:
+        for case in cases(args, device.type):
             t0 = time.perf_counter()
-            row = {"model": label, "params": params, **run_case(model_dir, params, args, device, placement)}
+            row = {"model": label, "params": params, **run_case(model_dir, params, args, device, case)}
             row["case_s"] = time.perf_counter() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)

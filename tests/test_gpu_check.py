@@ -37,10 +37,11 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
             "model": "Qwen2.5-0.5b shape",
             "inference": "vllm",
             "placement": "colocated",
+            "gpu_share": 0.3,
             "generation_tokens_per_s": 12345.6,
             "train_tokens_per_s": 6789.0,
             "mfu": 0.25,
-            "sync_ms": {"rollway_memory": 12.34, "rollway_files": 56.78},
+            "sync_ms": {"rollway_memory": 12.34, "rollway_files": 56.78, "ipc": 9.01},
             "sleep_s": 0.5,
             "wake_s": 0.25,
             "inference_peak_gib": 20.0,
@@ -66,10 +67,11 @@ def test_the_table_has_a_row_per_case_and_a_dash_for_each_missing_figure(gpu_che
         "Qwen2.5-0.5b shape",
         "vllm",
         "colocated",
+        "30%",
         "12,346",
         "6,789",
         "25.0%",
-        "rollway_memory 12.3, rollway_files 56.8",
+        "rollway_memory 12.3, rollway_files 56.8, ipc 9.0",
         "0.50",
         "0.25",
         "20.0",
@@ -96,8 +98,8 @@ def test_the_script_refuses_on_this_host_and_bad_flags_name_the_flag():
     if not torch.cuda.is_available():
         out = run()
         assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr, out.stderr
-    out = run("--gpu-share", "1.5")
-    assert out.returncode == 2 and "--gpu-share must be in (0, 1)" in out.stderr
+    out = run("--gpu-share", "0.3", "1.5")
+    assert out.returncode == 2 and "--gpu-share must be in (0, 1) (got 1.5)" in out.stderr
     out = run("--b", "0")
     assert out.returncode == 2 and "--b must be ≥ 1" in out.stderr
     out = run("--sizes", "7b")
@@ -108,6 +110,28 @@ def test_the_defaults_are_the_gpu_cases(gpu_check):
     args = gpu_check.parse_args([])
     assert args.device == "cuda" and args.sizes == ["0.5b", "1.5b", "moe"]
     assert args.placements == ["colocated", "disaggregated"] and args.engines == ["rollway_memory", "rollway_files"]
+    assert args.gpu_share == [0.3, 0.5]
+
+
+def test_each_model_runs_colocated_then_disaggregated_at_each_share(gpu_check):
+    """Colocated: one share (vLLM sleeps through the trainer's turn), its sync also
+    through vLLM's ipc pair on CUDA; disaggregated: a case per share, the engines timed
+    once; the torch backend: one resident case."""
+    both = ["rollway_memory", "rollway_files"]
+    assert gpu_check.cases(gpu_check.parse_args([]), "cuda") == [
+        {"placement": "colocated", "gpu_share": 0.3, "engines": [*both, "ipc"]},
+        {"placement": "disaggregated", "gpu_share": 0.3, "engines": both},
+        {"placement": "disaggregated", "gpu_share": 0.5, "engines": ["rollway_memory"]},
+    ]
+    dry = gpu_check.parse_args(["--device", "cpu", "--gpu-share", "0.4"])
+    assert gpu_check.cases(dry, "cpu") == [
+        {"placement": "colocated", "gpu_share": 0.4, "engines": both},  # no CUDA IPC on a CPU
+        {"placement": "disaggregated", "gpu_share": 0.4, "engines": both},
+    ]
+    torch_args = gpu_check.parse_args(["--inference", "torch"])
+    assert gpu_check.cases(torch_args, "cuda") == [
+        {"placement": "disaggregated", "gpu_share": None, "engines": ["load_weights"]}
+    ]
 
 
 @pytest.mark.slow
@@ -118,12 +142,13 @@ def test_a_dry_run_on_the_cpu_prints_the_table(tmp_path):
     small = ["--b", "1", "--g", "2", "--prompt", "8", "--completion", "8", "--micro", "2"]
     out = run(
         *("--device", "cpu", "--sizes", "tiny", "--placements", "disaggregated", "--engines", "rollway_memory"),
+        *("--gpu-share", "0.3"),
         *small,
         *("--root", str(tmp_path), "--json", figures),
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "| tiny (dry run) | vllm | disaggregated |" in out.stdout
+    assert "| tiny (dry run) | vllm | disaggregated | 30% |" in out.stdout
     (row,) = json.load(open(figures))
     assert row["generation_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0
     assert row["sync_ms"]["rollway_memory"] > 0
