@@ -102,6 +102,7 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
     import threading
 
     from workers.config.run_config import RunConfig
+    from workers.core.timeline import ASLEEP, Timeline
     from workers.run.inference_host import InferenceHost
 
     calls: list = []
@@ -117,7 +118,7 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
         {"mode": "sync", "placement": {"devices": "gpu", "mode": "colocated"}, "inference": {"sleep_level": 1}}
     )
     worker.backend, worker.receiver, worker.watch = backend, Receiver(), Watch()
-    worker._gpu_handed_over = threading.Event()
+    worker._gpu_handed_over, worker.timeline = threading.Event(), Timeline()
     worker._hand_over_gpu()
     assert worker.wait_asleep(0)
     worker._load("v1")
@@ -129,6 +130,9 @@ def test_the_inference_worker_wakes_weights_before_the_update_and_kv_cache_after
         ("update_weights", "v1"),
         ("wake_up", ("kv_cache",)),
     ]
+    # The timeline's `asleep` segment: from the sleep to the weights' waking, once.
+    (segment,), _, _ = worker.timeline.drain()
+    assert segment.kind == ASLEEP and segment.t1 > segment.t0
 
 
 def test_a_gpu_engine_that_will_sleep_is_built_with_vllms_sleep_mode():

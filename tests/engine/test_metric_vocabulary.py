@@ -21,7 +21,7 @@ from tests.engine import test_mfu as mfu_tests
 from tests.engine.helpers import fixed_groups, small_config
 from workers.config.run_config import BufferConfig
 from workers.core.metric_names import METRICS, NAMES, PER_RANK, TRAINED, metric_of, rank_series
-from workers.core.timeline import GENERATE, Segment, StepWindows
+from workers.core.timeline import ASLEEP, GENERATE, Segment, StepWindows, Timeline
 from workers.rollout.evaluation import SERIES as EVAL_SERIES
 from workers.rollout.evaluation import eval_metrics, is_due
 from workers.run.buffer import RolloutBuffer, plan
@@ -126,6 +126,34 @@ def test_the_step_windows_are_known_names():
     assert set(windows.window(0.0, 2.0)) <= NAMES
 
 
+def test_the_asleep_fraction_comes_from_a_worker_whose_vllm_sleeps_only():
+    """inference/asleep_frac: a worker's `asleep` segments (inference.sleep_level ≥ 1,
+    the only time its loop sleeps vLLM: InferenceHost._sleeper) over the step's window;
+    a run that never sleeps has no such series. A sleep still going on at a drain is
+    closed there and goes on, so the driver sees it before the worker wakes."""
+    awake = StepWindows(num_workers=2)
+    awake.report(0, [Segment(GENERATE, 0.0, 1.0, tokens=10)], None, now=2.0)
+    assert "inference/asleep_frac" not in awake.window(0.0, 2.0)
+
+    timeline = Timeline()
+    timeline.fall_asleep()
+    first, _, at = timeline.drain()
+    second, _, _ = timeline.drain()
+    timeline.wake()
+    last, _, _ = timeline.drain()
+    pieces = first + second + last
+    assert [seg.kind for seg in pieces] == [ASLEEP] * len(pieces) and pieces
+    assert all(a.t1 == b.t0 for a, b in zip(pieces, pieces[1:], strict=False)) and first[-1].t1 == at
+    assert timeline.drain()[0] == []  # awake: nothing more
+
+    slept = StepWindows(num_workers=2)
+    slept.report(0, [Segment(ASLEEP, 1.0, 2.0)], None, now=2.0)
+    slept.report(1, [Segment(ASLEEP, 0.5, 3.0)], None, now=3.0)
+    figures = slept.window(0.0, 2.0)
+    assert set(figures) <= NAMES and figures["inference/asleep_frac"] == (1.0 + 1.5) / (2 * 2.0)
+    assert BY_NAME["inference/asleep_frac"].only == "inference.sleep_level ≥ 1"
+
+
 def test_the_eval_series_come_from_a_pass_and_a_pass_is_due_only_with_eval_on():
     # Both ways in a real run: tests/engine/test_eval_runs.py (on) and test_task_runs.py's
     # calculator run, which leaves eval off and emits no eval series.
@@ -216,6 +244,7 @@ CONDITION_TESTS = {
     "reward/pool_busy_frac": test_the_reward_pool_series_come_from_a_reward_pool_only,
     "reward/scoring_lag_ms": test_the_reward_pool_series_come_from_a_reward_pool_only,
     "trainer/mfu": mfu_tests.test_the_trainer_reports_mfu_only_on_a_device_with_a_peak,
+    "inference/asleep_frac": test_the_asleep_fraction_comes_from_a_worker_whose_vllm_sleeps_only,
     **dict.fromkeys(
         ("episode/p50_s", "episode/p90_s", "episode/tail_ratio"),
         test_the_episode_series_come_from_a_multi_agent_tasks_episodes_only,

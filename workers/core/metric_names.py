@@ -80,6 +80,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("inference/idle_frac", "fraction", "Fraction of wall time inference workers were not generating."),
     Metric("trainer/idle_frac", "fraction", "Fraction of wall time the trainer waited for data or weights."),
     Metric(
+        "inference/asleep_frac",
+        "fraction",
+        "Fraction of wall time the inference workers' vLLM slept, its GPU handed to the colocated trainer rank.",
+        only="inference.sleep_level ≥ 1",
+    ),
+    Metric(
         "reward/pool_busy_frac",
         "fraction",
         "Fraction of wall time the reward workers spent scoring, since the previous point.",
@@ -360,7 +366,7 @@ DASHBOARD_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Inference tokens/s", ("inference/tokens_per_s",)),
     ("Trainer tokens/s", ("trainer/tokens_per_s",)),
     ("Model FLOPs utilisation", ("trainer/mfu",)),
-    ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac")),
+    ("Idle fraction", ("trainer/idle_frac", "inference/idle_frac", "inference/asleep_frac")),
     (
         "Buffer rejections (groups)",
         ("buffer/dropped_stale", "buffer/requeued", "buffer/regenerated", "buffer/dropped_uniform"),

@@ -326,12 +326,14 @@ class InferenceHost:
         for a worker that never sleeps)."""
         if sleeper := self._sleeper():
             sleeper.sleep()
+            self.timeline.fall_asleep()
             self._gpu_handed_over.set()
 
     def _awake(self) -> None:
         """vLLM wholly awake before it generates (a no-op when it is, or never sleeps)."""
         if sleeper := self._sleeper():
             self._gpu_handed_over.clear()
+            self.timeline.wake()
             sleeper.wake_up(("weights", "kv_cache"))
 
     def _load(self, staged) -> None:
@@ -339,6 +341,7 @@ class InferenceHost:
         sleeper = self._sleeper()
         if sleeper:  # the weights' memory back first: the KV cache waits for the update
             self._gpu_handed_over.clear()
+            self.timeline.wake()
             sleeper.wake_up(("weights",))
         try:
             with self.watch.op(WEIGHT_LOAD):
