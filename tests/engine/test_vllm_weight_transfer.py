@@ -388,13 +388,13 @@ def test_a_lora_trainers_merged_policy_goes_through_the_broadcast_engine(gloo_ba
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class _BroadcastingRank(PoolRank):
-    """A rank of an fsdp2 pool (tests/engine/helpers.py) whose rank 0 drives the run's
-    broadcast engine into vLLM and whose other ranks join its gathers, as the run's
-    trainer host does (`TrainerHost._send`, `follow_sync`)."""
+class _SendingRank(PoolRank):
+    """A rank of an fsdp2 pool (tests/engine/helpers.py) whose rank 0 sends the run's
+    weights (`engine`: driving that vLLM engine) and whose other ranks join its gathers,
+    as the run's trainer host does (`TrainerHost._send`, `follow_sync`)."""
 
-    def open_sender(self, cfg) -> dict:
-        self.sender = make_sender(cfg.sync, engine="rollway_gloo")
+    def open_sender(self, cfg, engine: str | None) -> dict:
+        self.sender = make_sender(cfg.sync, engine=engine)
         self.sender.attach(self.trainer.model)
         return self.sender.endpoint()
 
@@ -416,28 +416,33 @@ class _BroadcastingRank(PoolRank):
         self.sender.close()
 
 
-def test_an_fsdp2_pools_broadcast_reaches_vllms_worker_bit_identical(cluster, gloo_backend, model_dir):
-    """Two ranks of an fsdp2 pool: rank 0 declares the update and broadcasts each gathered
-    bucket through vLLM's trainer-side engine, rank 1 joins the gathers, and the weights
-    vLLM's loader receives are the pool's, bit for bit, after each of two trained steps
-    (a shard out of place, or a bucket sent before rank 1 joined, would change them)."""
+@pytest.mark.parametrize("protocol", ["collective", "object_store"])
+def test_an_fsdp2_pools_sync_reaches_vllms_worker_bit_identical(request, cluster, model_dir, protocol):
+    """Two ranks of an fsdp2 pool: rank 0 sends the gathered buckets, rank 1 joins the
+    gathers, and the weights vLLM's loader receives are the pool's, bit for bit, after
+    each of two trained steps (a shard out of place, or a bucket sent before rank 1
+    joined, would change them). A collective is vLLM's broadcast engine pair driven by
+    rank 0 (`rollway_gloo`); the object store's buckets are staged by the worker and
+    handed to the `rollway_memory` engine."""
     from ray.util.queue import Queue
 
     from tests.engine.helpers import build_pool, fixed_groups, small_config
 
-    Rank = ray.remote(num_cpus=0)(_BroadcastingRank)
+    engine, worker_engine = ("rollway_gloo", "GlooEngine") if protocol == "collective" else (None, "MemoryEngine")
+    backend = request.getfixturevalue("gloo_backend" if engine else "backend")
+    Rank = ray.remote(num_cpus=0)(_SendingRank)
     cfg = small_config(
         model=MODEL.model_dump(),
         trainer={"backend": "fsdp2", "num_ranks": 2, "lr": 5e-3},
-        sync={"protocol": "collective", "bucket_mb": 1 / 16, "timeout_s": 60},
+        sync={"protocol": protocol, "bucket_mb": 1 / 16, "timeout_s": 60},
     )
     ranks = [Rank.remote(0), Rank.remote(1)]
     notices = Queue()
-    receiver = make_receiver(cfg.sync, engine="rollway_gloo", backend=gloo_backend)
+    receiver = make_receiver(cfg.sync, engine=engine, backend=backend)
     try:
         build_pool(ranks, cfg, model_dir)
-        endpoint = ray.get(ranks[0].open_sender.remote(cfg))
-        assert gloo_backend._llm.collective_rpc(_watch_arrivals) == ["GlooEngine"]
+        endpoint = ray.get(ranks[0].open_sender.remote(cfg, engine))
+        assert backend._llm.collective_rpc(_watch_arrivals) == [worker_engine]
         joined = ThreadPoolExecutor(1).submit(receiver.connect, endpoint, 1)
         ray.get(ranks[0].connect_sender.remote(), timeout=120)
         joined.result(timeout=120)
@@ -448,9 +453,9 @@ def test_an_fsdp2_pools_broadcast_reaches_vllms_worker_bit_identical(cluster, gl
             assert state_checksum(whole) != before, "the step must move the weights for the check to mean anything"
             before = state_checksum(whole)
             sending = ranks[0].send.remote(version, notices, ranks[1:])
-            report = receiver.apply(gloo_backend, receiver.receive(notices.get(timeout=120)))
+            report = receiver.apply(backend, receiver.receive(notices.get(timeout=120)))
             sent = ray.get(sending, timeout=120)
-            assert _arrived_checksum(gloo_backend) == state_checksum(whole), f"version {version}"
+            assert _arrived_checksum(backend) == state_checksum(whole), f"version {version}"
             assert report.version == sent.version == version
     finally:
         with contextlib.suppress(Exception):
