@@ -56,10 +56,12 @@ def test_a_launched_run_reports_the_vocabulary_and_succeeds(cluster, stub, cache
     # experts with keep_routing: tests/engine/test_metric_vocabulary.py) and the reward
     # pool's (rewards.workers ≥ 1: tests/engine/test_reward_stage.py) and the episodes'
     # (a multi-agent task or buffer.unit episode: tests/engine/test_multi_agent_runs.py)
-    # and trainer/mfu (a device with a known peak: tests/engine/test_mfu.py), so this run
-    # emits the rest of the vocabulary.
+    # and trainer/mfu (a device with a known peak: tests/engine/test_mfu.py) and
+    # inference/asleep_frac (vLLM sleeping for a colocated trainer:
+    # tests/engine/test_driver_vllm.py), so this run emits the rest of the vocabulary.
     episode_series = {m.name for m in METRICS if m.only == MULTI_AGENT}
-    expected = NAMES - PER_RANK - {"routing/agreement", "trainer/mfu"} - POOL_SERIES - episode_series
+    others = {"routing/agreement", "trainer/mfu", "inference/asleep_frac"}
+    expected = NAMES - PER_RANK - others - POOL_SERIES - episode_series
     assert set(series) == expected, f"mode-specific missing: {sorted(expected - set(series))}"
     assert max(series["eval/pass@k"]) == 4  # the end of the run's pass, on the final weights
     assert sorted(series["reward/mean"]) == [1, 2, 3, 4]  # one point per step, step = version
