@@ -177,7 +177,8 @@ def test_sync_bytes_are_what_the_engines_senders_move(tmp_path):
 
 def test_the_delta_sync_model_pulls_the_bytes_the_engine_sends():
     """`sync.delta`: at the share of elements a step changed, the modelled bytes a
-    caught-up worker pulls are the engine's delta (every tensor sparse at this share)."""
+    caught-up worker pulls are the engine's delta (every tensor sparse at this share),
+    and the trainer is blocked longer than by a whole put, as measured."""
     import torch
 
     from workers.config.run_config import ModelConfig, SyncConfig
@@ -202,7 +203,9 @@ def test_the_delta_sync_model_pulls_the_bytes_the_engine_sends():
     modelled = sync_cost("object_store", shape_of(model), link=INFINIBAND, workers=1, nodes=1, delta_changed=share)
     assert 0 < share < 0.1 and modelled.bytes == pytest.approx(sent, rel=1e-6)
     whole = sync_cost("object_store", shape_of(model), link=INFINIBAND, workers=1, nodes=1)
-    assert modelled.latency_s < whole.latency_s and modelled.trainer_s < whole.trainer_s
+    # Fewer bytes on the link, but the trainer blocked longer (the cast and the
+    # comparison), as bench/delta_sync.py measures.
+    assert modelled.latency_s < whole.latency_s and modelled.trainer_s > whole.trainer_s
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

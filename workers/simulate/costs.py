@@ -465,12 +465,18 @@ def sync_cost(
     `senders` × ⌈share / bucket⌉ messages."""
     full = model.params * wire_bytes
     if protocol == "object_store" and delta_changed is not None:
-        # workers/sync/delta.py: the whole bf16 version and its changes (6 bytes an
-        # element: an int32 index and the value; never more than the element's 2) both
-        # go into the trainer node's shared memory; a caught-up worker pulls the changes.
+        # workers/sync/delta.py: the trainer casts the version to bf16 in host memory,
+        # compares it with the last one sent (both read), and puts the whole version and
+        # its changes (6 bytes an element: an int32 index and the value; never more than
+        # the element's 2) into the node's shared memory; a caught-up worker pulls the
+        # changes. So the trainer moves more host bytes than a whole float32 put (2 + 4 + 2
+        # against 4 a parameter) and is blocked longer, as measured (docs/performance.md:
+        # 1.2-1.5 s against 0.2-0.3 s at Qwen2.5-0.5B on 2 cores, where the comparison
+        # also runs slower than memory); what it saves is the bytes on the link.
         whole = model.params * BF16
         changes = model.params * min(6 * delta_changed, BF16)
-        put = (whole + changes) / device.host_bytes_per_s
+        compared = 2 * whole  # the new cast and the last one sent, each read once
+        put = (whole + compared + whole + changes) / device.host_bytes_per_s
         hops = math.ceil(math.log2(nodes + 1))
         pull = hops * (changes / link.bytes_per_s + link.latency_s) + changes / device.host_bytes_per_s
         return SyncCost(changes, put, put + pull)
