@@ -92,6 +92,7 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             advice = page.locator("#simulation-advice li").first
             expect(advice).to_be_visible()
             expect(advice).to_contain_text("bounds this run")
+            said = advice.inner_text()  # which pool: checked against the run's figures below
             advice_box = advice.bounding_box()
             assert advice_box and advice_box["height"] > 8 and advice_box["width"] > 100
             expect(page.locator(".status")).to_have_text("succeeded")
@@ -156,6 +157,11 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             baseline_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
             expect(page.locator("#simulation-note")).to_be_visible()
             expect(page.locator("#simulation-plan")).to_have_count(0)
+            # The default split of a 7B model on 64 GPUs: its page names the starving pool
+            # and the knob that feeds it.
+            baseline_advice = page.locator("#simulation-advice li").first
+            expect(baseline_advice).to_be_visible()
+            baseline_said = baseline_advice.inner_text()
         finally:
             browser.close()
     simulated = Run.objects.get(pk=sim_id)
@@ -163,6 +169,16 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
     planned, baseline = Run.objects.get(pk=planned_id), Run.objects.get(pk=baseline_id)
     assert (planned.name, baseline.name) == ("planned 7B (planned)", "planned 7B")
     assert planned.simulation["plan"]["baseline_run"] == baseline.pk
+    # Each page named the pool its own figures show starving.
+    for run, text in ((simulated, said), (baseline, baseline_said)):
+        summary = run.simulation["summary"]
+        trainer_starves = summary["trainer_busy"] <= summary["inference_busy"]
+        bounds = "generation bounds this run" if trainer_starves else "the trainer bounds this run"
+        assert bounds in text, (run.name, summary, text)
+    cluster, model = baseline.simulation["cluster"], baseline.simulation["model"]
+    assert cluster["gpus"] == 64 and 6e9 < model["params"] < 9e9, (cluster, model)
+    assert baseline.simulation["summary"]["trainer_busy"] < 0.5
+    assert "The trainer waits" in baseline_said and "cluster.inference_share above" in baseline_said
     assert Run.objects.count() == 4
 
 
