@@ -43,12 +43,28 @@ SET = {
     "eval.k": 2,
     "eval.temperature": 0.7,
     "trainer.dynamic_sampling_max_batches": 3,
+    "trainer.clip_eps": 0.1,
+    "trainer.tis_cap": 1.5,
+    "correction.mask_low": 0.4,
+    "correction.mask_high": 3.0,
+    "correction.reinforce_eps_hi": 0.05,
+    "trainer.kl_estimator": "k1",
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
 TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
-# The switches a section turns its own fields on with: all off (the defaults), all on.
-SWITCHES = ({}, {"lora": {"enabled": True}, "eval": {"every_steps": 2}, "trainer": {"dynamic_sampling": True}})
+# The switches a section turns its own fields on with: all off (the defaults: token TIS,
+# no KL penalty), all on (with masked IS and a KL penalty), and PipelineRL's REINFORCE loss.
+SWITCHES = (
+    {},
+    {
+        "lora": {"enabled": True},
+        "eval": {"every_steps": 2},
+        "trainer": {"dynamic_sampling": True, "kl_coef": 0.01},
+        "correction": {"method": "masked_is"},
+    },
+    {"correction": {"method": "pipelinerl_reinforce"}},
+)
 DEVICES = ("cpu", "gpu")
 # The reward stage's layouts: none (inference workers score), a pool scoring each
 # completion after it, a pool scoring chunks as they are generated.
@@ -211,3 +227,48 @@ def test_where_the_table_says_lora_reads_a_field_it_does(tiny_model_dir):
     assert not unread(cfg)
     peft = apply_lora(load_model(tiny_model_dir), cfg.lora).peft_config["default"]
     assert (peft.r, peft.lora_alpha, peft.lora_dropout) == (4, 8.0, 0.05)
+
+
+LOSS_FIELDS = (
+    "trainer.clip_eps",
+    "trainer.tis_cap",
+    "correction.mask_low",
+    "correction.mask_high",
+    "correction.reinforce_eps_hi",
+    "trainer.kl_estimator",
+)
+
+
+@pytest.mark.parametrize("field", LOSS_FIELDS)
+def test_where_the_table_says_the_loss_reads_a_field_it_does_and_nowhere_else(field):
+    """For every correction.method, with and without a KL penalty: the loss and its
+    statistics change with the field exactly where the table says the field is read.
+    The policies are far apart (ratios 0.1-10), so every clip, cap and mask bites."""
+    import torch
+
+    from workers.train.loss import METHODS, correction_loss
+
+    g = torch.Generator().manual_seed(0)
+    shape = (4, 16)
+    logp, old_logp, behaviour, ref = (-torch.rand(shape, generator=g) * 3 for _ in range(4))
+    advantages, mask = torch.randn(shape, generator=g), torch.ones(shape)
+    capability = next(c for c in CAPABILITIES if c.field == field)
+    read_under = []
+    for method in METHODS:
+        for kl_coef in (0.0, 0.1):
+            fields = {"correction": {"method": method}, "trainer": {"kl_coef": kl_coef}}
+            default = RunConfig.model_validate(fields)
+            changed = RunConfig.model_validate(
+                {**fields, **{k: {**fields.get(k, {}), **v} for k, v in nested(field, SET[field]).items()}}
+            )
+
+            def loss(cfg):
+                total, stats = correction_loss(
+                    cfg.trainer, cfg.correction, logp, old_logp, behaviour, advantages, mask, ref_logp=ref
+                )
+                return total.item(), stats
+
+            moved = loss(default) != loss(changed)
+            assert moved is capability.honoured(changed), (field, method, kl_coef)
+            read_under.append(moved)
+    assert any(read_under) and not all(read_under)

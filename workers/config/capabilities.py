@@ -9,7 +9,9 @@ refused (`refusals`, through workers/run/admission.py `engine_errors`), naming t
 and what would read it. Where the run is the same with or without it (a collective's
 packing on another protocol, the filesystem protocol's directory on another one, a
 reward pool's resources in a run without one, vLLM's GPU memory share off GPUs, a
-LoRA rank with LoRA off, an eval size with eval off) the launch goes ahead and is warned
+LoRA rank with LoRA off, an eval size with eval off, a loss setting the chosen
+correction.method does not read, a KL estimator with no KL penalty) the launch goes
+ahead and is warned
 (`unread`: beside the run in the API's answer and on the launch form). docs/config.md
 holds the table (`markdown`), written with the rest of the reference.
 
@@ -88,6 +90,31 @@ def _flat_params_instead(cfg: RunConfig) -> str:
     if cfg.inference.backend != "torch":
         return "this run's collective goes into vLLM's broadcast engine, which cuts its own chunks"
     return "this run's trainer is sharded (trainer.backend 'fsdp2'): its buckets stream from gathered shards"
+
+
+def _method(cfg: RunConfig) -> str:
+    return f"this run's correction.method is {cfg.correction.method!r}"
+
+
+# correction.method → the loss (workers/train/loss.py `LOSSES`) reads: the PPO clip in all
+# but PipelineRL's REINFORCE, the IS cap in the truncating ones.
+_PPO_CLIPPED = ("token_tis", "sequence_tis", "masked_is", "decoupled_ppo", "none")
+_IS_CAPPED = ("token_tis", "sequence_tis", "decoupled_ppo")
+
+
+def _loss_field(dotted: str, methods: tuple[str, ...], reader: str) -> Capability:
+    """A loss setting read only under some correction.methods: warned elsewhere (the
+    loss the run computes does not change)."""
+    names = ", ".join(f"'{m}'" for m in methods)
+    which = f"one of {names}" if len(methods) > 1 else names
+    return Capability(
+        field=dotted,
+        reader=reader,
+        fix=f"set correction.method to {which}, or leave {dotted} at its default",
+        honoured=lambda cfg: cfg.correction.method in methods,
+        instead=_method,
+        harmless=True,
+    )
 
 
 def _switched(dotted: str, switch: str, on: Callable[[RunConfig], bool], reader: str, fix: str) -> Capability:
@@ -224,6 +251,42 @@ CAPABILITIES: tuple[Capability, ...] = (
             f"set eval.every_steps ≥ 1, or leave eval.{name} at its default",
         )
         for name in ("num_prompts", "k", "temperature")
+    ),
+    # (trainer.clip_eps_high with 'pipelinerl_reinforce' is refused by the config itself.)
+    _loss_field(
+        "trainer.clip_eps",
+        _PPO_CLIPPED,
+        "the PPO-clipped losses (every correction.method but 'pipelinerl_reinforce', whose REINFORCE loss clips "
+        "the IS weight at 1 + correction.reinforce_eps_hi)",
+    ),
+    _loss_field(
+        "trainer.tis_cap",
+        _IS_CAPPED,
+        "the losses that cap or truncate the IS weight at it (correction.method 'token_tis', 'sequence_tis', "
+        "'decoupled_ppo')",
+    ),
+    *(
+        _loss_field(
+            f"correction.{name}",
+            ("masked_is",),
+            "masked IS (correction.method 'masked_is'), which drops "
+            "tokens whose weight is outside [mask_low, mask_high]",
+        )
+        for name in ("mask_low", "mask_high")
+    ),
+    _loss_field(
+        "correction.reinforce_eps_hi",
+        ("pipelinerl_reinforce",),
+        "PipelineRL's REINFORCE loss (correction.method 'pipelinerl_reinforce'), which clips the IS weight at "
+        "1 + reinforce_eps_hi",
+    ),
+    Capability(
+        field="trainer.kl_estimator",
+        reader="the KL penalty to the initial policy (trainer.kl_coef > 0), which it estimates",
+        fix="set trainer.kl_coef above 0, or leave trainer.kl_estimator at its default",
+        honoured=lambda cfg: cfg.trainer.kl_coef > 0,
+        instead=lambda cfg: "this run's trainer.kl_coef is 0 (no KL penalty)",
+        harmless=True,
     ),
     _switched(
         "trainer.dynamic_sampling_max_batches",
