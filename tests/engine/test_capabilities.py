@@ -49,12 +49,17 @@ SET = {
     "correction.mask_high": 3.0,
     "correction.reinforce_eps_hi": 0.05,
     "trainer.kl_estimator": "k1",
+    "watchdog.multiple": 20.0,
+    "watchdog.floor_s": 30.0,
+    "watchdog.ceiling_s": 900.0,
+    "checkpoint.keep_last": 5,
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
 TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
-# The switches a section turns its own fields on with: all off (the defaults: token TIS,
-# no KL penalty), all on (with masked IS and a KL penalty), and PipelineRL's REINFORCE loss.
+# The switches a section turns its own fields on with: the defaults (token TIS, no KL
+# penalty, the watchdog on, a checkpoint at the end), the off ones on (with masked IS and
+# a KL penalty), and PipelineRL's REINFORCE loss with the watchdog and checkpoints off.
 SWITCHES = (
     {},
     {
@@ -63,7 +68,11 @@ SWITCHES = (
         "trainer": {"dynamic_sampling": True, "kl_coef": 0.01},
         "correction": {"method": "masked_is"},
     },
-    {"correction": {"method": "pipelinerl_reinforce"}},
+    {
+        "correction": {"method": "pipelinerl_reinforce"},
+        "watchdog": {"enabled": False},
+        "checkpoint": {"at_end": False},
+    },
 )
 DEVICES = ("cpu", "gpu")
 # The reward stage's layouts: none (inference workers score), a pool scoring each

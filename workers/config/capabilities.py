@@ -288,6 +288,24 @@ CAPABILITIES: tuple[Capability, ...] = (
         instead=lambda cfg: "this run's trainer.kl_coef is 0 (no KL penalty)",
         harmless=True,
     ),
+    *(
+        _switched(
+            f"watchdog.{name}",
+            "watchdog.enabled",
+            lambda cfg: cfg.watchdog.enabled,
+            "the watchdog (watchdog.enabled true), which sets each wait's deadline from it",
+            f"set watchdog.enabled to true, or leave watchdog.{name} at its default",
+        )
+        for name in ("multiple", "floor_s", "ceiling_s")
+    ),
+    Capability(
+        field="checkpoint.keep_last",
+        reader="a run that writes checkpoints (checkpoint.every_steps ≥ 1 or checkpoint.at_end), which keeps that many",
+        fix="set checkpoint.every_steps ≥ 1 or checkpoint.at_end true, or leave checkpoint.keep_last at its default",
+        honoured=lambda cfg: bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end),
+        instead=lambda cfg: "this run writes no checkpoint (checkpoint.every_steps 0, checkpoint.at_end false)",
+        harmless=True,
+    ),
     _switched(
         "trainer.dynamic_sampling_max_batches",
         "trainer.dynamic_sampling",
