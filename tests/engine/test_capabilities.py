@@ -53,13 +53,20 @@ SET = {
     "watchdog.floor_s": 30.0,
     "watchdog.ceiling_s": 900.0,
     "checkpoint.keep_last": 5,
+    "model.hidden_size": 48,
+    "model.num_layers": 3,
+    "model.num_heads": 8,
+    "model.intermediate_size": 96,
+    "model.max_position_embeddings": 96,
+    "buffer.capacity": 3,
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
 TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
 # The switches a section turns its own fields on with: the defaults (token TIS, no KL
 # penalty, the watchdog on, a checkpoint at the end), the off ones on (with masked IS and
-# a KL penalty), and PipelineRL's REINFORCE loss with the watchdog and checkpoints off.
+# a KL penalty), and PipelineRL's REINFORCE loss with the watchdog and checkpoints off, a
+# stream for a buffer and a checkpoint of one's own for a model.
 SWITCHES = (
     {},
     {
@@ -72,6 +79,8 @@ SWITCHES = (
         "correction": {"method": "pipelinerl_reinforce"},
         "watchdog": {"enabled": False},
         "checkpoint": {"at_end": False},
+        "buffer": {"mode": "unbounded"},
+        "model": {"source": "path", "path": "/models/own"},
     },
 )
 DEVICES = ("cpu", "gpu")

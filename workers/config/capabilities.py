@@ -298,6 +298,25 @@ CAPABILITIES: tuple[Capability, ...] = (
         )
         for name in ("multiple", "floor_s", "ceiling_s")
     ),
+    *(
+        Capability(
+            field=f"model.{name}",
+            reader="the tiny model Rollway builds (model.source 'tiny'); a checkpoint has its own sizes",
+            fix=f"set model.source to 'tiny', or leave model.{name} at its default",
+            honoured=lambda cfg: cfg.model.source == "tiny",
+            instead=lambda cfg: f"this run's model.source is {cfg.model.source!r}",
+            harmless=True,
+        )
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings")
+    ),
+    Capability(
+        field="buffer.capacity",
+        reader="a bounded buffer (buffer.mode 'bounded'); 'none' and 'double' fix their own, 'unbounded' has none",
+        fix="set buffer.mode to 'bounded', or leave buffer.capacity at its default",
+        honoured=lambda cfg: cfg.buffer.mode == "bounded",
+        instead=lambda cfg: f"this run's buffer.mode is {cfg.buffer.mode!r}",
+        harmless=True,
+    ),
     Capability(
         field="checkpoint.keep_last",
         reader="a run that writes checkpoints (checkpoint.every_steps ≥ 1 or checkpoint.at_end), which keeps that many",
