@@ -56,8 +56,7 @@ class Capability:
 
     def is_set(self, cfg: RunConfig) -> bool:
         """Whether `cfg` gives the field other than its default (module doc)."""
-        section, name = self.field.split(".")
-        return getattr(getattr(cfg, section), name) != getattr(getattr(_DEFAULT, section), name)
+        return _value(cfg, self.field) != _value(_DEFAULT, self.field)
 
     def sentence(self, cfg: RunConfig) -> str | None:
         """What a launch of `cfg` is told about the field, or None where it is unset or read."""
@@ -66,16 +65,24 @@ class Capability:
         return f"{self.field} is read only by {self.reader}, and {self.instead(cfg)}: {self.fix}"
 
 
+def _value(cfg: RunConfig, dotted: str):
+    section, name = dotted.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _this_runs(dotted: str) -> Callable[[RunConfig], str]:
+    """What the run uses instead, where that is another field's value: "this run's
+    sync.protocol is 'lora'"."""
+    return lambda cfg: f"this run's {dotted} is {_value(cfg, dotted)!r}"
+
+
 def _vllm(cfg: RunConfig) -> bool:
     return cfg.inference.backend == "vllm"
 
 
-def _backend(cfg: RunConfig) -> str:
-    return f"this run's inference.backend is {cfg.inference.backend!r}"
-
-
-def _protocol(cfg: RunConfig) -> str:
-    return f"this run's sync.protocol is {cfg.sync.protocol!r}"
+_backend = _this_runs("inference.backend")
+_protocol = _this_runs("sync.protocol")
+_method = _this_runs("correction.method")
 
 
 def _no_reward_pool(cfg: RunConfig) -> str:
@@ -90,10 +97,6 @@ def _flat_params_instead(cfg: RunConfig) -> str:
     if cfg.inference.backend != "torch":
         return "this run's collective goes into vLLM's broadcast engine, which cuts its own chunks"
     return "this run's trainer is sharded (trainer.backend 'fsdp2'): its buckets stream from gathered shards"
-
-
-def _method(cfg: RunConfig) -> str:
-    return f"this run's correction.method is {cfg.correction.method!r}"
 
 
 # correction.method → the loss (workers/train/loss.py `LOSSES`) reads: the PPO clip in all
@@ -154,7 +157,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         reader="the pipelined reward stage (rewards.mode 'pipelined'), which streams completions in chunks",
         fix="set rewards.mode to 'pipelined' (with rewards.workers ≥ 1), or rewards.chunk_tokens to 0",
         honoured=lambda cfg: cfg.rewards.mode == "pipelined",
-        instead=lambda cfg: f"this run's rewards.mode is {cfg.rewards.mode!r}",
+        instead=_this_runs("rewards.mode"),
     ),
     Capability(
         field="rewards.verifier_cost_ms_per_token",
@@ -164,7 +167,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         instead=lambda cfg: (
             "this run's inference workers score their own groups (rewards.workers 0)"
             if cfg.rewards.workers == 0
-            else f"this run's rewards.scorer is {cfg.rewards.scorer!r}"
+            else _this_runs("rewards.scorer")(cfg)
         ),
     ),
     # Warned: the run is the same without them.
@@ -304,7 +307,7 @@ CAPABILITIES: tuple[Capability, ...] = (
             reader="the tiny model Rollway builds (model.source 'tiny'); a checkpoint has its own sizes",
             fix=f"set model.source to 'tiny', or leave model.{name} at its default",
             honoured=lambda cfg: cfg.model.source == "tiny",
-            instead=lambda cfg: f"this run's model.source is {cfg.model.source!r}",
+            instead=_this_runs("model.source"),
             harmless=True,
         )
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings")
@@ -314,7 +317,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         reader="a bounded buffer (buffer.mode 'bounded'); 'none' and 'double' fix their own, 'unbounded' has none",
         fix="set buffer.mode to 'bounded', or leave buffer.capacity at its default",
         honoured=lambda cfg: cfg.buffer.mode == "bounded",
-        instead=lambda cfg: f"this run's buffer.mode is {cfg.buffer.mode!r}",
+        instead=_this_runs("buffer.mode"),
         harmless=True,
     ),
     Capability(
