@@ -443,9 +443,10 @@ def test_an_fsdp2_pools_sync_reaches_vllms_worker_bit_identical(request, cluster
         build_pool(ranks, cfg, model_dir)
         endpoint = ray.get(ranks[0].open_sender.remote(cfg, engine))
         assert backend._llm.collective_rpc(_watch_arrivals) == [worker_engine]
-        joined = ThreadPoolExecutor(1).submit(receiver.connect, endpoint, 1)
-        ray.get(ranks[0].connect_sender.remote(), timeout=120)
-        joined.result(timeout=120)
+        with ThreadPoolExecutor(1) as pool:  # both ends of the rendezvous at once
+            joined = pool.submit(receiver.connect, endpoint, 1)
+            ray.get(ranks[0].connect_sender.remote(), timeout=120)
+            joined.result(timeout=120)
         before = state_checksum(ray.get([r.weights.remote() for r in ranks])[0])
         for version in (1, 2):
             ray.get(ranks[0].step.remote(fixed_groups(model_dir, cfg, seed=40 + version), ranks[1:]), timeout=120)
