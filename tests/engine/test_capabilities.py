@@ -6,11 +6,20 @@ field is read, the code that reads it does."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from workers.config import capabilities
-from workers.config.capabilities import CAPABILITIES, VLLM_ENGINE_KNOBS, refusals, unread
+from workers.config.capabilities import (
+    CAPABILITIES,
+    EVERY_RUN,
+    REFUSED_ELSEWHERE,
+    VLLM_ENGINE_KNOBS,
+    refusals,
+    unread,
+)
 from workers.config.presets import PRESETS, build
 from workers.config.reference import render
 from workers.config.run_config import RunConfig
@@ -59,6 +68,21 @@ SET = {
     "model.intermediate_size": 96,
     "model.max_position_embeddings": 96,
     "buffer.capacity": 3,
+    "model.path": "/models/own",
+    "model.hub_id": "org/model",
+    "task.min_len": 2,
+    "task.max_len": 6,
+    "task.alphabet": "abcd",
+    "task.reward": "exact",
+    "warm_start.lr": 0.01,
+    "warm_start.batch_size": 32,
+    "warm_start.label_noise": 0.3,
+    "buffer.max_head_offpolicyness": 1,
+    "buffer.max_staleness": 3,
+    "buffer.on_stale": "requeue",
+    "sync.bucket_mb": 8.0,
+    "correction.keep_sampling_mask": True,
+    "checkpoint.max_restarts": 2,
 }
 BACKENDS = ("torch", "vllm")
 PROTOCOLS = ("object_store", "collective", "filesystem")
@@ -66,7 +90,8 @@ TRAINERS = ({}, {"backend": "fsdp2", "num_ranks": 2})
 # The switches a section turns its own fields on with: the defaults (token TIS, no KL
 # penalty, the watchdog on, a checkpoint at the end), the off ones on (with masked IS and
 # a KL penalty), and PipelineRL's REINFORCE loss with the watchdog and checkpoints off, a
-# stream for a buffer and a checkpoint of one's own for a model.
+# stream for a buffer and a checkpoint of one's own for a model; and a synchronous run of
+# a Hub model on the countdown task, without a warm start, sampling under a top-p.
 SWITCHES = (
     {},
     {
@@ -82,6 +107,13 @@ SWITCHES = (
         "buffer": {"mode": "unbounded"},
         "model": {"source": "path", "path": "/models/own"},
     },
+    {
+        "mode": "sync",
+        "model": {"source": "hub", "hub_id": "org/model"},
+        "task": {"name": "countdown"},
+        "warm_start": {"steps": 0, "noisy_steps": 0},
+        "inference": {"top_p": 0.9},
+    },
 )
 DEVICES = ("cpu", "gpu")
 # The reward stage's layouts: none (inference workers score), a pool scoring each
@@ -90,6 +122,8 @@ REWARDS = ({}, {"workers": 1}, {"workers": 1, "mode": "pipelined"})
 
 
 def nested(dotted: str, value) -> dict:
+    if "." not in dotted:
+        return {dotted: value}
     section, name = dotted.split(".")
     return {section: {name: value}}
 
@@ -112,7 +146,7 @@ def combination(
     }
     for extras in (switches or {}, extra):
         for key, value in extras.items():
-            base[key] = {**base.get(key, {}), **value}
+            base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     return base
 
 
@@ -123,6 +157,90 @@ def test_every_field_of_the_table_is_a_field_of_the_config_and_has_a_setting_val
         section, name = field.split(".")
         assert name in type(getattr(RunConfig(), section)).model_fields
     assert refusals(RunConfig()) == unread(RunConfig()) == {}  # the defaults set none of them
+
+
+def dotted_fields() -> set[str]:
+    fields = set()
+    for section, info in RunConfig.model_fields.items():
+        model = info.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            fields |= {f"{section}.{name}" for name in model.model_fields}
+        else:
+            fields.add(section)
+    return fields
+
+
+def test_every_field_of_the_config_is_read_by_every_run_read_by_some_or_refused_elsewhere():
+    """The three lists split the config: a field is in exactly one, so a new field
+    cannot go unclassified."""
+    lists = ([c.field for c in CAPABILITIES], list(EVERY_RUN), list(REFUSED_ELSEWHERE))
+    together = [field for fields in lists for field in fields]
+    assert len(together) == len(set(together))
+    assert set(together) == dotted_fields()
+
+
+@pytest.mark.parametrize("field", sorted(EVERY_RUN))
+def test_the_module_named_for_a_field_every_run_reads_reads_it(field):
+    """The module the list names reads the field as the config's attribute (`.name`),
+    outside comments and docstrings' prose as far as a token scan tells."""
+    import io
+    import tokenize
+
+    path = Path(__file__).resolve().parents[2] / EVERY_RUN[field]
+    name = field.rsplit(".", 1)[-1]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type == tokenize.NAME or t.string == "."
+    ]
+    assert any(a.string == "." and b.string == name for a, b in itertools.pairwise(tokens)), (field, str(path))
+
+
+# For each field refused elsewhere: a value, a config where nothing reads it (refused,
+# naming the field) and one where it is read (let through).
+ELSEWHERE = {
+    "task.options": ({"max_number": 9}, {}, {"task": {"name": "countdown"}, "inference": {"max_new_tokens": 16}}),
+    "task.reward_weights": ([1.0], {}, {"task": {"reward_funcs": ["pkg.mod:fn"]}}),
+    "trainer.clip_eps_high": (0.28, {"correction": {"method": "pipelinerl_reinforce"}}, {}),
+    "trainer.loss_constant": (64.0, {}, {"trainer": {"loss_aggregation": "constant"}}),
+    "correction.keep_routing": (True, {}, None),  # read: an MoE checkpoint (tests/engine/test_routing*.py)
+    "buffer.overcommit": (1, {}, {"buffer": {"unit": "episode"}, "task": {"name": "propose_solve"}}),
+    "sync.delta": (True, {"sync": {"protocol": "filesystem"}}, {"inference": {"dtype": "bfloat16"}}),
+    "inference.sleep_level": (1, {}, None),  # read: tests/engine/test_driver_vllm.py (a colocated run on GPUs)
+    "rewards.mode": ("pipelined", {}, {"rewards": {"workers": 1}}),
+    "rewards.scorer": ("model", {}, {"rewards": {"workers": 1, "model_path": "/models/rm"}}),
+    "rewards.model_path": ("/models/rm", {"rewards": {"workers": 1}}, {"rewards": {"workers": 1, "scorer": "model"}}),
+    "rewards.gpus_per_worker": (0.5, {}, {"rewards": {"workers": 1}, "placement": {"devices": "gpu"}}),
+    "rewards.credit": ("process", {}, {"rewards": {"workers": 1, "mode": "pipelined"}}),
+}
+
+
+def refused_by_any_check(data: dict) -> str:
+    """What the config's validation, the task's check and the launch's engine and model
+    checks say of `data`, as one text ('' when all let it through)."""
+    from workers.run.admission import model_errors
+    from workers.run.runnable import check_runnable
+
+    try:
+        cfg = RunConfig.model_validate(data)
+        check_runnable(cfg)
+    except ValueError as exc:
+        return str(exc)
+    return " ".join([*engine_errors(cfg).values(), *model_errors(cfg).values()])
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED_ELSEWHERE))
+def test_a_field_refused_elsewhere_is_refused_where_nothing_reads_it(field):
+    assert set(ELSEWHERE) == set(REFUSED_ELSEWHERE)
+    value, unread_in, read_in = ELSEWHERE[field]
+    set_field = nested(field, value)
+
+    def merged(base: dict) -> dict:
+        return {k: {**base.get(k, {}), **set_field.get(k, {})} for k in {*base, *set_field}}
+
+    assert field in refused_by_any_check(merged(unread_in))
+    if read_in is not None:
+        assert field not in refused_by_any_check(merged(read_in)), read_in
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.field)
@@ -206,6 +324,20 @@ def test_the_reference_page_holds_the_table():
     for c in CAPABILITIES:
         told = "warned" if c.harmless else "refused"
         assert f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {told} | {c.fix} |" in page
+
+
+def test_the_reference_page_holds_the_other_two_lists():
+    page = render()
+    assert capabilities.markdown_every_run() in page + "\n"
+    assert capabilities.markdown_refused_elsewhere() in page + "\n"
+
+
+def test_a_hub_id_names_the_export_only_of_a_hub_model():
+    from workers.train.export import export_model_name
+
+    assert export_model_name(RunConfig.model_validate({"model": {"hub_id": "org/model"}})) is None
+    hub = RunConfig.model_validate({"model": {"source": "hub", "hub_id": "org/model"}})
+    assert export_model_name(hub) == "org/model"
 
 
 def test_where_the_table_says_a_sync_protocol_reads_a_field_it_does(tmp_path):

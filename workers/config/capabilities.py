@@ -15,6 +15,11 @@ ahead and is warned
 (`unread`: beside the run in the API's answer and on the launch form). docs/config.md
 holds the table (`markdown`), written with the rest of the reference.
 
+Every other field is in one of two lists: `EVERY_RUN` (read by every run, with a module
+that reads it) and `REFUSED_ELSEWHERE` (refused where nothing reads it by a check that
+runs first: the config's own validation, the task's, the model's). The three split the
+config: tests/engine/test_capabilities.py holds that each field is in exactly one.
+
 A field is "set" when it differs from its default (null for vLLM's knobs, where null
 takes the engine's default for the device): a stored config cannot tell a default
 written out from one left alone, and a default is what every run reads anyway.
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.config.run_config import RunConfig
+from workers.rl_tasks import BUILTINS
 
 # What a field is set against: one default config, built once at import.
 _DEFAULT = RunConfig()
@@ -141,6 +147,64 @@ def _knob(name: str) -> Capability:
         honoured=_vllm,
         instead=_backend,
     )
+
+
+# The tasks that read task.min_len, max_len, alphabet and reward: the reverse and copy
+# tasks, and a task of one's own (a dotted path), which is handed them and may.
+_STRING_TASKS = ("reverse", "copy")
+
+
+def _string_task(cfg: RunConfig) -> bool:
+    return cfg.task.name in _STRING_TASKS or cfg.task.name not in BUILTINS
+
+
+def _not_a_string_task(cfg: RunConfig) -> str:
+    if not _string_task(cfg):
+        return f"this run's task.name is {cfg.task.name!r}, which has its own"
+    if cfg.task.dataset is not None:
+        return "this run's prompts come from task.dataset"
+    return "this run's scores come from elsewhere (task.reward_funcs, or rewards.scorer 'model' with eval off)"
+
+
+def _generated_prompts(cfg: RunConfig) -> bool:
+    return _string_task(cfg) and cfg.task.dataset is None
+
+
+def _can_go_stale(cfg: RunConfig) -> bool:
+    """Whether any group can be older than the trainer: only where generation may run
+    ahead of it (not mode 'sync', a buffer with a head) or overcommit admits groups
+    that end after their batch. Elsewhere every group is on-policy."""
+    return cfg.buffer.overcommit > 0 or (
+        cfg.mode != "sync" and cfg.buffer.mode != "none" and cfg.buffer.max_head_offpolicyness != 0
+    )
+
+
+_STALE_READER = "a run where a group can go stale (generation ahead of the trainer, or buffer.overcommit ≥ 1)"
+
+
+def _never_stale(cfg: RunConfig) -> str:
+    return (
+        "no group of this run can be older than the trainer (mode 'sync', buffer.mode 'none' or "
+        "max_head_offpolicyness 0, and no overcommit)"
+    )
+
+
+def _buckets(cfg: RunConfig) -> bool:
+    """Whether anything cuts the weights into sync.bucket_mb buckets: a sharded trainer
+    (its sync, checkpoint and export stream gathered buckets), a packed collective, or
+    vLLM's engines that the trainer drives (the broadcast between GPU pools, the CUDA IPC
+    handles; a colocated collective on GPUs hands vLLM a state dict instead)."""
+    sync, inf, place = cfg.sync, cfg.inference, cfg.placement
+    driven = inf.backend == "vllm" and (
+        sync.protocol == "cuda_ipc"
+        or (sync.protocol == "collective" and not (place.devices == "gpu" and place.mode == "colocated"))
+    )
+    return cfg.trainer.backend == "fsdp2" or (sync.protocol == "collective" and sync.packed) or driven
+
+
+def _truncated_sampling(cfg: RunConfig) -> bool:
+    inf = cfg.inference
+    return inf.top_k is not None or inf.top_p < 1.0 or inf.min_p > 0.0
 
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -335,7 +399,221 @@ CAPABILITIES: tuple[Capability, ...] = (
         "dynamic sampling (trainer.dynamic_sampling true), which draws up to that many batches for one step",
         "set trainer.dynamic_sampling to true, or leave trainer.dynamic_sampling_max_batches at its default",
     ),
+    Capability(
+        field="model.path",
+        reader="a model of one's own (model.source 'path'), loaded from that directory",
+        fix="set model.source to 'path', or model.path to null",
+        honoured=lambda cfg: cfg.model.source == "path",
+        instead=_this_runs("model.source"),
+        harmless=True,
+    ),
+    Capability(
+        field="model.hub_id",
+        reader="a Hub model (model.source 'hub'), loaded by that id",
+        fix="set model.source to 'hub', or model.hub_id to null",
+        honoured=lambda cfg: cfg.model.source == "hub",
+        instead=_this_runs("model.source"),
+        harmless=True,
+    ),
+    *(
+        Capability(
+            field=f"task.{name}",
+            reader="the reverse and copy tasks' prompt generator (or a task of one's own, handed it), where "
+            "prompts are not read from task.dataset",
+            fix=f"leave task.{name} at its default",
+            honoured=_generated_prompts,
+            instead=_not_a_string_task,
+            harmless=True,
+        )
+        for name in ("min_len", "max_len")
+    ),
+    Capability(
+        field="task.alphabet",
+        reader="the reverse and copy tasks (or a task of one's own), which draw prompts from it and, in a noisy "
+        "warm start, corrupt demonstrations with it",
+        fix="leave task.alphabet at its default",
+        honoured=lambda cfg: (
+            _string_task(cfg)
+            and (cfg.task.dataset is None or (cfg.warm_start.noisy_steps > 0 and cfg.warm_start.label_noise > 0))
+        ),
+        instead=_not_a_string_task,
+        harmless=True,
+    ),
+    Capability(
+        field="task.reward",
+        reader="the reverse and copy tasks' own verifier (or a task of one's own), where no task.reward_funcs "
+        "replace it and a verifier scores (rewards.scorer 'verifier', or eval on)",
+        fix="leave task.reward at its default",
+        honoured=lambda cfg: (
+            _string_task(cfg)
+            and not cfg.task.reward_funcs
+            and (cfg.rewards.scorer == "verifier" or cfg.eval.every_steps > 0)
+        ),
+        instead=_not_a_string_task,
+        harmless=True,
+    ),
+    *(
+        Capability(
+            field=f"warm_start.{name}",
+            reader="the supervised warm start (warm_start.steps or warm_start.noisy_steps ≥ 1)",
+            fix=f"leave warm_start.{name} at its default",
+            honoured=lambda cfg: cfg.warm_start.steps + cfg.warm_start.noisy_steps > 0,
+            instead=lambda cfg: "this run has no warm start (warm_start.steps and noisy_steps 0)",
+            harmless=True,
+        )
+        for name in ("lr", "batch_size")
+    ),
+    Capability(
+        field="warm_start.label_noise",
+        reader="the noisy phase of the warm start (warm_start.noisy_steps ≥ 1)",
+        fix="set warm_start.noisy_steps ≥ 1, or leave warm_start.label_noise at its default",
+        honoured=lambda cfg: cfg.warm_start.noisy_steps > 0,
+        instead=lambda cfg: "this run's warm_start.noisy_steps is 0",
+        harmless=True,
+    ),
+    Capability(
+        field="buffer.max_head_offpolicyness",
+        reader="an async run's buffer (mode not 'sync', buffer.mode not 'none'), whose generation runs that many "
+        "batches ahead",
+        fix="leave buffer.max_head_offpolicyness unset",
+        honoured=lambda cfg: cfg.mode != "sync" and cfg.buffer.mode != "none",
+        instead=lambda cfg: (
+            "this run's mode is 'sync' (generation never runs ahead)"
+            if cfg.mode == "sync"
+            else _this_runs("buffer.mode")(cfg)
+        ),
+        harmless=True,
+    ),
+    Capability(
+        field="buffer.max_staleness",
+        reader=_STALE_READER,
+        fix="leave buffer.max_staleness at its default, or 0",
+        # 0 says what a run without stale groups is (every group on-policy): the
+        # synchronous presets write it.
+        honoured=lambda cfg: _can_go_stale(cfg) or cfg.buffer.max_staleness == 0,
+        instead=_never_stale,
+        harmless=True,
+    ),
+    Capability(
+        field="buffer.on_stale",
+        reader=_STALE_READER,
+        fix="leave buffer.on_stale at its default",
+        honoured=_can_go_stale,
+        instead=_never_stale,
+        harmless=True,
+    ),
+    Capability(
+        field="sync.bucket_mb",
+        reader="what cuts the weights into buckets: a sharded trainer (trainer.backend 'fsdp2'), a packed "
+        "collective, vLLM's broadcast or CUDA IPC engines",
+        fix="leave sync.bucket_mb at its default",
+        honoured=_buckets,
+        instead=lambda cfg: f"this run's sync ({cfg.sync.protocol!r}) moves whole tensors or a whole state dict",
+        harmless=True,
+    ),
+    Capability(
+        field="correction.keep_sampling_mask",
+        reader="the torch backend's sampler under a truncation (inference.top_k, top_p < 1 or min_p > 0), the "
+        "only sampling with a set of tokens to mask",
+        fix="set inference.top_k, top_p or min_p on the torch backend, or correction.keep_sampling_mask to false",
+        honoured=lambda cfg: cfg.inference.backend == "torch" and _truncated_sampling(cfg),
+        instead=lambda cfg: (
+            _backend(cfg) if cfg.inference.backend != "torch" else "this run samples from the whole vocabulary"
+        ),
+        harmless=True,
+    ),
+    Capability(
+        field="checkpoint.max_restarts",
+        reader="a run that writes checkpoints (checkpoint.every_steps ≥ 1 or checkpoint.at_end), which it resumes from",
+        fix="set checkpoint.every_steps ≥ 1, or leave checkpoint.max_restarts at its default",
+        honoured=lambda cfg: bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end),
+        instead=lambda cfg: "this run writes no checkpoint (checkpoint.every_steps 0, checkpoint.at_end false)",
+        harmless=True,
+    ),
 )
+
+
+# The fields every run reads, each with a module that reads it (tests/engine/test_capabilities.py
+# holds that the module does): a switch that picks what runs, or a number every run uses.
+EVERY_RUN: dict[str, str] = {
+    "mode": "workers/run/trainer_host.py",
+    "seed": "workers/run/inference_host.py",
+    "model.source": "workers/train/warmstart.py",
+    "task.name": "workers/rl_tasks/__init__.py",
+    "task.dataset": "workers/rollout/task_data.py",
+    "task.reward_funcs": "workers/rl_tasks/__init__.py",
+    "warm_start.steps": "workers/train/warmstart.py",
+    "warm_start.noisy_steps": "workers/train/warmstart.py",
+    "stop.max_steps": "workers/run/trainer_host.py",
+    "stop.max_minutes": "workers/run/driver.py",
+    "stop.target_reward": "workers/run/driver.py",
+    "inference.backend": "workers/inference/backends.py",
+    "inference.num_workers": "workers/run/spawn.py",
+    "inference.cpus_per_worker": "workers/run/placement.py",
+    "inference.max_new_tokens": "workers/rollout/generation.py",
+    "inference.temperature": "workers/rollout/generation.py",
+    "inference.top_k": "workers/inference/sampling.py",
+    "inference.top_p": "workers/inference/sampling.py",
+    "inference.min_p": "workers/inference/sampling.py",
+    "inference.dtype": "workers/inference/backends.py",
+    "buffer.mode": "workers/run/buffer.py",
+    "buffer.unit": "workers/run/inference_host.py",
+    "sync.protocol": "workers/sync/__init__.py",
+    "sync.timeout_s": "workers/run/spawn.py",
+    "sync.update_mode": "workers/rollout/partial_rollouts.py",
+    "placement.devices": "workers/run/placement.py",
+    "placement.mode": "workers/run/placement.py",
+    "placement.strategy": "workers/run/placement.py",
+    "placement.cpu_threads": "workers/run/placement.py",
+    "placement.inference_node": "workers/run/placement.py",
+    "placement.trainer_node": "workers/run/placement.py",
+    "rewards.workers": "workers/run/spawn.py",
+    "trainer.lr": "workers/train/trainer.py",
+    "trainer.backend": "workers/run/trainer_host.py",
+    "trainer.num_ranks": "workers/run/placement.py",
+    "trainer.cpus_per_rank": "workers/run/placement.py",
+    "trainer.batch_groups": "workers/run/buffer.py",
+    "trainer.group_size": "workers/rollout/generation.py",
+    "trainer.kl_coef": "workers/train/trainer.py",
+    "trainer.loss_aggregation": "workers/train/loss.py",
+    "trainer.advantage_scaling": "workers/train/trainer.py",
+    "trainer.mask_truncated": "workers/train/trainer.py",
+    "trainer.disable_dropout": "workers/train/trainer.py",
+    "trainer.dynamic_sampling": "workers/run/buffer.py",
+    "trainer.max_grad_norm": "workers/train/trainer.py",
+    "trainer.minibatches": "workers/train/trainer.py",
+    "trainer.weight_decay": "workers/train/trainer.py",
+    "trainer.entropy_coef": "workers/train/trainer.py",
+    "trainer.dtype": "workers/train/trainer.py",
+    "trainer.micro_batch_rows": "workers/train/trainer.py",
+    "trainer.gradient_checkpointing": "workers/train/trainer.py",
+    "correction.method": "workers/train/loss.py",
+    "lora.enabled": "workers/train/trainer.py",
+    "eval.every_steps": "workers/run/inference_host.py",
+    "checkpoint.every_steps": "workers/run/checkpoints.py",
+    "checkpoint.at_end": "workers/run/driver.py",
+    "watchdog.enabled": "workers/run/driver.py",
+}
+
+# The fields read only in some runs whose setting elsewhere is already refused before
+# this table is asked, by the check named: the config's own validation, or the launch's
+# (workers/run/runnable.py for what a task takes, workers/run/admission.py for what the
+# model and the placement can give).
+REFUSED_ELSEWHERE: dict[str, str] = {
+    "task.options": "the task's own options model (workers/run/runnable.py): a task without one takes none",
+    "task.reward_weights": "the config: weights need task.reward_funcs, one each",
+    "trainer.clip_eps_high": "the config: 'pipelinerl_reinforce' has no PPO clip",
+    "trainer.loss_constant": "the config: only trainer.loss_aggregation 'constant' divides by it",
+    "correction.keep_routing": "admission (workers/run/admission.py): a model with experts (vLLM: prefix caching on)",
+    "buffer.overcommit": "the config: only buffer.unit 'episode' hands the buffer groups that end after their batch",
+    "sync.delta": "the config: only sync.protocol 'object_store' sends changes, in a narrow inference.dtype",
+    "inference.sleep_level": "admission (workers/run/admission.py): vLLM colocated on GPUs in mode 'sync'",
+    "rewards.mode": "the config: a reward pool (rewards.workers ≥ 1)",
+    "rewards.scorer": "the config: a reward pool (rewards.workers ≥ 1)",
+    "rewards.model_path": "the config: a reward pool scoring with a model (rewards.scorer 'model')",
+    "rewards.gpus_per_worker": "the config: a reward pool (rewards.workers ≥ 1)",
+    "rewards.credit": "the config: a reward pool (rewards.workers ≥ 1)",
+}
 
 
 def _told(cfg: RunConfig, harmless: bool) -> dict[str, str]:
@@ -368,4 +646,23 @@ def markdown() -> str:
             for c in CAPABILITIES
         ),
     ]
+    return "\n".join(rows) + "\n"
+
+
+def _anchor(field: str) -> str:
+    """The reference page's heading a field stands under (a top-level one: "top level")."""
+    return field.split(".")[0] if "." in field else "top-level"
+
+
+def markdown_every_run() -> str:
+    """The fields every run reads, each with a module that reads it."""
+    rows = ["| read by every run | in |", "|---|---|"]
+    rows += [f"| [`{field}`](#{_anchor(field)}) | `{module}` |" for field, module in EVERY_RUN.items()]
+    return "\n".join(rows) + "\n"
+
+
+def markdown_refused_elsewhere() -> str:
+    """The fields refused, where nothing reads them, before this table is asked."""
+    rows = ["| refused where unread | by |", "|---|---|"]
+    rows += [f"| [`{field}`](#{_anchor(field)}) | {check} |" for field, check in REFUSED_ELSEWHERE.items()]
     return "\n".join(rows) + "\n"

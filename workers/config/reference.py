@@ -256,6 +256,14 @@ def render(schema: dict | None = None) -> str:
         "(`workers/config/capabilities.py`).",
         "",
         capabilities.markdown().rstrip("\n"),
+        "",
+        "Every other field is either read by every run (the module named reads it) or refused,",
+        "wherever nothing reads it, by a check that runs before this table is asked: the config's",
+        "own validation or the launch's.",
+        "",
+        capabilities.markdown_every_run().rstrip("\n"),
+        "",
+        capabilities.markdown_refused_elsewhere().rstrip("\n"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -64,7 +64,7 @@ def export_model_name(cfg: RunConfig) -> str | None:
     downloaded, and not the reader's to know)."""
     if cfg.model.source == "path" and cfg.model.path:
         return os.path.basename(os.path.normpath(cfg.model.path))
-    return cfg.model.hub_id
+    return cfg.model.hub_id if cfg.model.source == "hub" else None
 
 
 def hf_tokenizer(tokenizer: Tokenizer):
