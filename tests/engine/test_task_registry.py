@@ -183,3 +183,12 @@ def test_a_warm_start_needs_a_task_with_demonstrations(user_module):
     with pytest.raises(pydantic.ValidationError, match="warm_start.steps and warm_start.noisy_steps to 0"):
         runnable({"task": {"name": "my_tasks:NoDemoTask"}})
     runnable({"task": {"name": "my_tasks:NoDemoTask"}, "warm_start": {"steps": 0, "noisy_steps": 0}})
+
+
+def test_a_task_without_demonstrations_builds_its_policy_with_the_warm_start_off(user_module, tmp_path):
+    from workers.model.loading import load_model
+    from workers.train.warmstart import build_policy
+
+    cfg = runnable({"task": {"name": "my_tasks:NoDemoTask"}, "warm_start": {"steps": 0, "noisy_steps": 0}})
+    build_policy(cfg, str(tmp_path / "policy"))
+    assert load_model(str(tmp_path / "policy")).config.num_hidden_layers == cfg.model.num_layers

@@ -93,7 +93,11 @@ def build_policy(cfg: RunConfig, out_dir: str, progress: Progress | None = None)
         if progress is not None:
             progress(ws.steps + k, total)
 
-    final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean", on_step=clean_done)
+    # Without clean steps nothing asks the task for demonstrations: a task without them
+    # runs from the model as it is.
+    final_loss = float("nan")
+    if ws.steps:
+        final_loss = supervised_steps(model, tokenizer, cfg, ws.steps, noise=0.0, phase="clean", on_step=clean_done)
     if ws.noisy_steps:
         final_loss = supervised_steps(
             model, tokenizer, cfg, ws.noisy_steps, noise=ws.label_noise, phase="noisy", on_step=noisy_done
