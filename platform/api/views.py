@@ -319,6 +319,21 @@ def plan_run(request: HttpRequest, data: PlanIn | None = None) -> JsonResponse:
     )
 
 
+@router.post(
+    "/runs/{int:run_id}/plan/{int:row}",
+    url_name="run-plan-row",
+    tags=["runs"],
+    response=responses(dict[str, Any], 200, 201, 400, 403, 404),
+)
+def simulate_plan_row(request: HttpRequest, run_id: int, row: int) -> JsonResponse:
+    """Row `row` (1 = the best) of a planned run's table as a simulated run, as the planned
+    run was simulated but for the row's settings: 201 with the new run, or 200 with the run
+    the row already is (the first row: the planned run itself). The planned run's table
+    keeps each simulated row's run id under `run`."""
+    done, new = simulation.do_simulate_plan_row(request.user, *simulation.check_plan_row(request.user, run_id, row))
+    return JsonResponse(done.detail(), status=201 if new else 200)
+
+
 def _page_url(request: HttpRequest, query: listing.ListQuery, page: int) -> str:
     return f"{request.path}?{urlencode(query.params(page=page))}"
 

@@ -17,4 +17,5 @@ urlpatterns = [
     path("runs/<int:run_id>/replay/", views.replay, name="replay"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),
     path("runs/<int:run_id>/notes/", views.annotate, name="notes"),
+    path("runs/<int:run_id>/plan/<int:row>/", views.plan_row, name="plan-row"),
 ]

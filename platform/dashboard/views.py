@@ -23,7 +23,7 @@ from dashboard import pages
 from dashboard.forms import SAVED_PREFIX, LaunchForm
 from dashboard.pages import UNTIL_RUN_ENDS
 from foundation.errors import ActionError, NotFound
-from runs import actions, lineage
+from runs import actions, lineage, simulation
 from runs.models import Run
 
 NO_SUCH_RUN = "No such run in your teams."
@@ -177,6 +177,24 @@ def resume(request: HttpRequest, run_id: int) -> HttpResponse:
         lambda parent, checkpoint: lineage.do_resume(request.user, parent, checkpoint),
         "Run #{child} queued: it resumes run #{parent} from its checkpoint.",
     )
+
+
+@login_required
+@require_POST
+def plan_row(request: HttpRequest, run_id: int, row: int) -> HttpResponse:
+    """A row of a planned run's table, simulated (or its run, where it was before); off
+    to that run, or back to the planned run with the refusal."""
+    try:
+        checked = simulation.check_plan_row(request.user, run_id, row)
+    except NotFound:
+        raise Http404(NO_SUCH_RUN) from None
+    except ActionError as exc:
+        messages.error(request, exc.message)
+        return redirect("dashboard:run", run_id=run_id)
+    done, new = simulation.do_simulate_plan_row(request.user, *checked)
+    said = "simulated" if new else "simulated before"
+    messages.success(request, f"Row {row} of run #{run_id}'s plan, {said}: run #{done.pk}.")
+    return redirect(done)
 
 
 @login_required

@@ -7,7 +7,8 @@ hundreds of steps) and stores the result as a finished run marked `simulated`, i
 series as metric points under the engine's names, so the run and compare pages chart it
 as they chart any run. `do_plan` searches the settings the simulated run's advice names
 (workers/simulate/planner.py) and stores two simulated runs: the config as given and the
-best setting found, the latter holding the ranked table.
+best setting found, the latter holding the ranked table; `do_simulate_plan_row`
+simulates any other row of that table on demand, one click from the planned run's page.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from configs import policy
 from foundation.errors import ActionError, Unavailable, errors_by_field
 from foundation.ids import ID_TEXT
 from runs import events
-from runs.actions import RUN_NAME_MAX, LaunchRequest, check_launch, create_run
+from runs.actions import RUN_NAME_MAX, LaunchRequest, check_launch, check_run_access, create_run
 from runs.models import MetricPoint, Run
 from teams import audit
 from workers.config.run_config import RunConfig
@@ -363,3 +364,69 @@ def do_plan(user, launch: LaunchRequest, sim: SimulationRequest, goal_samples: i
         "staleness_caveat": staleness_caveat(launch.config, best),
     }
     return Plan(do_simulate_run(user, best_launch, best_sim, plan=table), baseline, ranked)
+
+
+def _planned_name(planned: Run, row: int) -> str:
+    base = planned.name.removesuffix(" (planned)")
+    return f"{base} (plan row {row})"[:RUN_NAME_MAX]
+
+
+def check_plan_row(user, run_id: int, row: Any) -> tuple[Run, int, LaunchRequest, SimulationRequest]:
+    """Row `row` of a planned run's table (1 is the best: the planned run itself), to
+    simulate as the planned run was: its preset and overrides with the row's settings,
+    its cluster at the row's split, its workload and steps. NotFound where the user
+    cannot see the run; ActionError on `run` for a run that holds no plan, on `row` for
+    a row the table lacks; the launch checked as any (the role to launch in the run's
+    experiment), a row already simulated too: asking for one is a launch."""
+    planned = check_run_access(user, run_id)
+    table = planned.simulation.get("plan") if planned.simulated and planned.simulation else None
+    if not table:
+        raise ActionError({"run": f"run #{planned.pk} holds no plan: plan a run with Plan on the launch page"})
+    rows = table["candidates"]
+    if isinstance(row, str) and ID_TEXT.fullmatch(row.strip()):
+        row = int(row.strip())
+    if isinstance(row, bool) or not isinstance(row, int) or not 1 <= row <= len(rows):
+        raise ActionError({"row": f"a row of the plan's table, 1 to {len(rows)} (got {row!r})"})
+    candidate = Candidate(**{f.name: rows[row - 1][f.name] for f in dataclasses.fields(Candidate)})
+    launch = check_launch(
+        user,
+        experiment=planned.experiment_id,
+        name=_planned_name(planned, row),
+        preset=planned.preset,
+        # As a clone launches: the run's preset and its whole overrides.
+        overrides=deep_merge(planned.overrides, candidate.overrides()),
+        queued=False,
+    )
+    described = planned.simulation
+    sim = check_simulation(
+        {**described["cluster"], "inference_share": candidate.inference_share},
+        described["workload"],
+        described["steps"],
+        max_steps=MAX_STEPS,
+    )
+    return planned, row, launch, sim
+
+
+def _row_run(stored: dict) -> Run | None:
+    """The run a row was simulated as, where it still exists."""
+    pk = stored.get("run")
+    return Run.objects.filter(pk=pk).first() if pk else None
+
+
+def do_simulate_plan_row(
+    user, planned: Run, row: int, launch: LaunchRequest, sim: SimulationRequest
+) -> tuple[Run, bool]:
+    """The checked row as a simulated run (`check_plan_row`), and whether it is new: the
+    planned run for the first row, the run a row was simulated as before, else a new
+    one, whose id the planned run's table keeps for the next visit."""
+    if row == 1:
+        return planned, False
+    done = _row_run(planned.simulation["plan"]["candidates"][row - 1])
+    if done is not None:
+        return done, False
+    made = do_simulate_run(user, launch, sim)
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=planned.pk)
+        locked.simulation["plan"]["candidates"][row - 1]["run"] = made.pk
+        locked.save(update_fields=["simulation"])
+    return made, True

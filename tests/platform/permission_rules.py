@@ -72,6 +72,7 @@ class World:
     done: Run  # succeeded, with an exported model
     comparison: Comparison
     saved: SavedConfig
+    planned: Run  # simulated by the admin, holding a plan's table of two rows
     secrets: dict[str, str]  # persona → personal API token
     own_token: int  # the id of the admin's "admin-token": only its maker may revoke it
 
@@ -219,6 +220,7 @@ ASKS: dict[str, list[Ask]] = {
         )
     ],
     "api:run-export": [Ask("GET", lambda w: f"/api/runs/{w.done.pk}/export", "member")],
+    "api:run-plan-row": [Ask("POST", lambda w: f"/api/runs/{w.planned.pk}/plan/2", "member")],
     "api:run-retry": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/retry", "member")],
     "api:run-replay": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/replay", "member")],
     "api:run-resume": [Ask("POST", lambda w: f"/api/runs/{w.done.pk}/resume", "member", lambda w: {"step": 1})],
@@ -301,6 +303,7 @@ ASKS: dict[str, list[Ask]] = {
     "dashboard:run": [Ask("GET", lambda w: f"/runs/{w.run.pk}/", "viewer", json=False)],
     "dashboard:run-log": [Ask("GET", lambda w: f"/runs/{w.run.pk}/log/", "viewer", json=False)],
     "dashboard:cancel": [Ask("POST", lambda w: f"/runs/{w.run.pk}/cancel/", "own", json=False, form=True)],
+    "dashboard:plan-row": [Ask("POST", lambda w: f"/runs/{w.planned.pk}/plan/2/", "member", json=False, form=True)],
     "dashboard:retry": [Ask("POST", lambda w: f"/runs/{w.done.pk}/retry/", "member", json=False, form=True)],
     "dashboard:replay": [Ask("POST", lambda w: f"/runs/{w.done.pk}/replay/", "member", json=False, form=True)],
     "dashboard:resume": [Ask("POST", lambda w: f"/runs/{w.done.pk}/resume/", "member", json=False, form=True)],
@@ -431,7 +434,58 @@ def populate(team: Team, users: dict, label: str, *, log_dir: Path, checkpoint_r
     )
     ComparisonRun.objects.create(comparison=comparison, run=done, configuration="sync")
     saved = SavedConfig.objects.create(team=team, name=f"{label}-config", version=1, base_preset="sync", overrides={})
-    return World(team, users, experiment, running, done, comparison, saved, *_tokens(users, team))
+    return World(
+        team,
+        users,
+        experiment,
+        running,
+        done,
+        comparison,
+        saved,
+        _planned(experiment, users, done),
+        *_tokens(users, team),
+    )
+
+
+def _planned(experiment: Experiment, users: dict, baseline: Run) -> Run:
+    """A planned simulation as `simulation.do_plan` stores one: its cluster, workload and
+    steps, and a table of two settings (the run's own, and one to simulate)."""
+
+    def row(share: float, capacity: int) -> dict:
+        return {
+            "inference_share": share,
+            "max_staleness": 0,
+            "capacity": capacity,
+            "protocol": "collective",
+            "samples_per_s": 1.0,
+            "seconds_to_goal": None,
+            "trainer_busy": 0.5,
+            "inference_busy": 0.5,
+            "dropped_share": 0.0,
+        }
+
+    cluster = {"gpus": 8, "gpu": "H100", "model": "7B", "inference_share": 0.5, "tp": 1, "link": "InfiniBand"}
+    workload = {"median_tokens": 256, "p90_tokens": 256, "max_tokens": 32768, "prompt_tokens": 512}
+    plan = {
+        "goal_samples": None,
+        "steps": 3,
+        "searched": 2,
+        "baseline_run": baseline.pk,
+        "candidates": [row(0.5, 2), row(0.25, 4)],
+        "staleness_caveat": None,
+    }
+    overrides = {"buffer": {"max_staleness": 0, "capacity": 2}, "sync": {"protocol": "collective"}}
+    return Run.objects.create(
+        experiment=experiment,
+        name=f"{experiment.name}-planned",
+        preset="sync",
+        overrides=overrides,
+        config=build("sync", overrides).model_dump(mode="json"),
+        status=Run.Status.SUCCEEDED,
+        launched_by=users["admin"],
+        simulated=True,
+        simulation={"cluster": cluster, "workload": workload, "steps": 3, "summary": {}, "advice": [], "plan": plan},
+    )
 
 
 def stored() -> tuple:

@@ -289,3 +289,55 @@ def test_the_forms_plan_button_opens_the_best_settings_run_with_its_table(client
     r = client.post(FORM, form_post(experiment, action="plan", goal_samples="-3"))
     assert r.status_code == 400 and 'data-field="goal_samples"' in r.content.decode()
     assert Run.objects.count() == 2
+
+
+def test_a_row_of_a_plan_is_one_request_from_its_simulated_run(client_for, teammate, owner, experiment, enqueued):
+    client = client_for(teammate)
+    payload = body(
+        experiment, name="7B on 64", cluster={"gpus": 64}, workload={"median_tokens": 2048, "p90_tokens": 8192}
+    )
+    best = Run.objects.get(pk=post_plan(client, payload | {"steps": 30}).json()["id"])
+    rows = best.simulation["plan"]["candidates"]
+    third = rows[2]
+    # The first row is the planned run itself.
+    r = client.post(f"/api/runs/{best.pk}/plan/1")
+    assert (r.status_code, r.json()["id"]) == (200, best.pk)
+    r = client.post(f"/api/runs/{best.pk}/plan/3")
+    assert r.status_code == 201, r.content
+    made = Run.objects.get(pk=r.json()["id"])
+    assert (made.simulated, made.status, made.name, enqueued) == (True, "succeeded", "7B on 64 (plan row 3)", [])
+    # Simulated as the planned run was, at the row's settings.
+    assert made.simulation["cluster"] == best.simulation["cluster"] | {"inference_share": third["inference_share"]}
+    assert (made.simulation["workload"], made.simulation["steps"]) == (best.simulation["workload"], 30)
+    assert made.config["buffer"]["max_staleness"] == third["max_staleness"]
+    assert made.config["buffer"]["capacity"] == third["capacity"]
+    assert made.config["sync"]["protocol"] == third["protocol"]
+    assert made.simulation["summary"]["samples_per_s"] > 0
+    # The table keeps the row's run: asked again, the same run, and nothing new stored.
+    best.refresh_from_db()
+    assert best.simulation["plan"]["candidates"][2]["run"] == made.pk
+    count = Run.objects.count()
+    r = client.post(f"/api/runs/{best.pk}/plan/3")
+    assert (r.status_code, r.json()["id"], Run.objects.count()) == (200, made.pk, count)
+    page = client.get(f"/runs/{best.pk}/").content.decode()
+    assert f'href="/runs/{made.pk}/" class="plan-row-run"' in page
+    assert f'action="/runs/{best.pk}/plan/2/"' in page and f'action="/runs/{best.pk}/plan/3/"' not in page
+    # A row the table lacks, and a run without a plan, are refused by name.
+    r = client.post(f"/api/runs/{best.pk}/plan/11")
+    assert r.status_code == 400 and "1 to 10" in r.json()["errors"]["row"]
+    baseline = best.simulation["plan"]["baseline_run"]
+    r = client.post(f"/api/runs/{baseline}/plan/2")
+    assert r.status_code == 400 and "holds no plan" in r.json()["errors"]["run"]
+    assert Run.objects.count() == count
+
+
+def test_the_pages_simulate_button_on_a_plans_row_opens_its_run(client_for, teammate, experiment):
+    client = client_for(teammate)
+    fields = {"action": "plan", "cluster.gpus": "64", "workload.median_tokens": "2048", "workload.p90_tokens": "8192"}
+    client.post(FORM, form_post(experiment, steps="20", **fields))
+    best = Run.objects.get(name="form sim (planned)")
+    r = client.post(f"/runs/{best.pk}/plan/2/", follow=True)
+    made = Run.objects.get(name="form sim (plan row 2)")
+    assert r.redirect_chain == [(made.get_absolute_url(), 302)]
+    assert f"Row 2 of run #{best.pk}&#x27;s plan, simulated: run #{made.pk}." in r.content.decode()
+    assert made.simulation["cluster"]["inference_share"] == best.simulation["plan"]["candidates"][1]["inference_share"]

@@ -152,6 +152,24 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
             assert caveat.evaluate("e => getComputedStyle(e).backgroundColor") not in ("", "rgba(0, 0, 0, 0)")
             caveat_box = caveat.bounding_box()
             assert caveat_box and caveat_box["height"] > 8 and caveat_box["y"] < table.bounding_box()["y"]
+            # Every other row is one click from its own simulated run: the chosen row is
+            # this run, the next one's button simulates it and opens its page.
+            expect(chosen.locator("td").last).to_have_text("this run")
+            button = rows.nth(1).locator(".plan-row-form button")
+            expect(button).to_be_visible()
+            button_box = button.bounding_box()
+            assert button_box and button_box["height"] > 8 and button_box["width"] > 20
+            button.click()
+            page.wait_for_url(f"{live_server.url}/runs/*/")
+            row_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+            assert row_id not in (planned_id,)
+            expect(page.locator("#simulation-note")).to_be_visible()
+            expect(page.locator(".messages", has_text=f"Row 2 of run #{planned_id}")).to_be_visible()
+            page.go_back()
+            page.reload()
+            expect(page.locator("#simulation-plan tbody tr").nth(1).locator("a.plan-row-run")).to_have_text(
+                f"run #{row_id}"
+            )
             page.click("#plan-baseline")
             page.wait_for_url(f"{live_server.url}/runs/*/")
             baseline_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
@@ -169,6 +187,8 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
     planned, baseline = Run.objects.get(pk=planned_id), Run.objects.get(pk=baseline_id)
     assert (planned.name, baseline.name) == ("planned 7B (planned)", "planned 7B")
     assert planned.simulation["plan"]["baseline_run"] == baseline.pk
+    row = Run.objects.get(pk=row_id)
+    assert row.name == "planned 7B (plan row 2)" and planned.simulation["plan"]["candidates"][1]["run"] == row.pk
     # Each page named the pool its own figures show starving.
     for run, text in ((simulated, said), (baseline, baseline_said)):
         summary = run.simulation["summary"]
@@ -179,7 +199,7 @@ def test_simulate_makes_a_run_marked_simulated_on_every_page_that_shows_it(live_
     assert cluster["gpus"] == 64 and 6e9 < model["params"] < 9e9, (cluster, model)
     assert baseline.simulation["summary"]["trainer_busy"] < 0.5
     assert "The trainer waits" in baseline_said and "cluster.inference_share above" in baseline_said
-    assert Run.objects.count() == 4
+    assert Run.objects.count() == 5  # with the run of the plan's second row
 
 
 def test_a_run_simulated_elsewhere_appears_live_in_the_run_list_marked(daphne_url):
