@@ -125,7 +125,12 @@ def test_a_step_with_shared_prompts_is_the_padded_step(tiny_model_dir, knobs):
     [
         ("trainer", {"disable_dropout": False}),  # the G rows would share one dropout mask
         ("trainer", {"gradient_checkpointing": True}),  # it turns the KV cache off
+        ("lora", {"enabled": True, "dropout": 0.05}),  # LoRA's own dropout: one mask again
     ],
 )
 def test_prompts_are_not_shared_where_a_rows_forward_is_not_its_own(tiny_model_dir, section, knob):
     assert not Trainer(small_config(**{section: knob}), tiny_model_dir).share_prompts
+
+
+def test_lora_without_dropout_shares_prompts(tiny_model_dir):
+    assert Trainer(small_config(lora={"enabled": True, "dropout": 0.0}), tiny_model_dir).share_prompts

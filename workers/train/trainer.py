@@ -294,11 +294,17 @@ class Trainer:
         if cfg.correction.keep_routing:
             self.replay = Replay(self.model).__enter__()
         # Each distinct prompt once per forward (workers.train.shared_prefix), where a row's
-        # forward depends on its own tokens alone: no dropout, no routing replayed,
+        # forward depends on its own tokens alone: no dropout (the model's, or LoRA's
+        # own, which disable_dropout leaves as lora.dropout sets it), no routing replayed,
         # gradient checkpointing off (it turns off the KV cache), and one process (a DDP
         # or sharded wrapper expects one forward per backward).
+        lora_dropout = cfg.lora.enabled and cfg.lora.dropout > 0
         self.share_prompts = (
-            tc.disable_dropout and self.replay is None and not tc.gradient_checkpointing and pool is None
+            tc.disable_dropout
+            and not lora_dropout
+            and self.replay is None
+            and not tc.gradient_checkpointing
+            and pool is None
         )
 
     @property
