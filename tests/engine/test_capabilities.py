@@ -422,3 +422,10 @@ def test_where_the_table_says_the_loss_reads_a_field_it_does_and_nowhere_else(fi
             assert moved is capability.honoured(changed), (field, method, kl_coef)
             read_under.append(moved)
     assert any(read_under) and not all(read_under)
+
+
+def test_the_status_page_counts_the_fields_as_the_lists_do():
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs/status.md").read_text().split())
+    assert f"each of a run config's {len(dotted_fields())} fields is read by every run ({len(EVERY_RUN)}," in text
+    assert f"read only in some ({len(CAPABILITIES)}:" in text
+    assert f"by the config's own checks ({len(REFUSED_ELSEWHERE)})" in text
