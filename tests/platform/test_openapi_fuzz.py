@@ -110,6 +110,7 @@ def existing(db, settings, tmp_path) -> dict[str, str]:
         "team": team.slug,
         "username": member.username,
         "token_id": str(other_token.pk),
+        "row": "2",  # a plan's row: the run holds no plan, a 400 by name
     }
 
 
