@@ -488,3 +488,22 @@ def test_keep_routing_is_refused_at_launch_where_there_is_no_router_or_vllm_cann
     on_vllm_cpu = on_vllm.model_copy(update={"placement": on_vllm.placement.model_copy(update={"devices": "cpu"})})
     refused = admission_errors(on_vllm_cpu, Limits(), None)
     assert "V2 model runner" in refused["correction.keep_routing"] and "Triton" in refused["correction.keep_routing"]
+
+
+def test_the_memory_estimates_count_a_tasks_own_prompts_not_the_reverse_tasks_lengths():
+    """A sequence is the run's longest prompt as its tokenizer renders it plus the
+    completion: gsm8k's prompts are its own, whatever task.max_len says (read only by
+    the reverse and copy tasks), and longer than task.max_len's default."""
+    from workers.run.admission import sequence_tokens
+
+    def cfg(**task) -> RunConfig:
+        return RunConfig.model_validate(
+            {"task": task, "inference": {"max_new_tokens": 32}, "model": {"max_position_embeddings": 512}}
+        )
+
+    gsm8k, longer = cfg(name="gsm8k"), cfg(name="gsm8k", min_len=3, max_len=40)
+    assert sequence_tokens(gsm8k) == sequence_tokens(longer) > RunConfig().task.max_len + 2 + 32
+    assert demand(gsm8k).memory_bytes == demand(longer).memory_bytes
+    assert gpu_demand(gsm8k).trainer == gpu_demand(longer).trainer
+    # The reverse task's own lengths do move it.
+    assert sequence_tokens(cfg(min_len=3, max_len=40)) > sequence_tokens(cfg())

@@ -172,13 +172,27 @@ def run_context(cfg: RunConfig, dims: ModelDims | None = None) -> int:
     return context_tokens(cfg, _tokenizer(cfg), dims.positions)
 
 
+def sequence_tokens(cfg: RunConfig, dims: ModelDims | None = None) -> int:
+    """Tokens one sequence holds, for the memory estimates: the run's context (its
+    longest prompt as its tokenizer renders it, plus inference.max_new_tokens:
+    `run_context`); where that is past the model's positions, or its dataset cannot be
+    read (`model_errors` and the dataset's check name the field), the positions, or the
+    completion alone where the model has none."""
+    dims = dims or _dims(cfg)
+    try:
+        return run_context(cfg, dims)
+    except ValueError:
+        return dims.positions or cfg.inference.max_new_tokens
+
+
 def demand(cfg: RunConfig) -> Demand:
     """The CPUs and GPUs the run's actors ask for (the driver and the buffer ask for
     none) and an estimate of the memory they need."""
     shape = model_shape(cfg)
     params, h, n, v = shape["params"], shape["hidden"], shape["layers"], shape["vocab"]
     weights = params * FLOAT_BYTES
-    seq = cfg.task.max_len + 2 + cfg.inference.max_new_tokens  # BOS + prompt + "=" + completion
+    dims = _dims(cfg)
+    seq = sequence_tokens(cfg, dims)
     samples = cfg.trainer.batch_groups * cfg.trainer.group_size
 
     # With LoRA every linear layer of a block is adapted: r · (in + out) per module.
@@ -192,13 +206,8 @@ def demand(cfg: RunConfig) -> Demand:
     workers = cfg.inference.num_workers
     if cfg.inference.backend == "vllm":
         # What the engine reserves: inference.max_num_seqs sequences of the run's context.
-        dims = _dims(cfg)
-        try:
-            context = run_context(cfg, dims)
-        except ValueError:  # longer than the model's positions: model_errors says so
-            context = dims.positions or seq
         seqs = cfg.inference.max_num_seqs or VLLM_MAX_NUM_SEQS
-        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + vllm_cpu_kv_cache_bytes(dims, context, seqs)
+        worker = PROCESS_BYTES + VLLM_ENGINE_BYTES + weights + vllm_cpu_kv_cache_bytes(dims, seq, seqs)
     else:
         rows = math.ceil(cfg.trainer.batch_groups / workers) * cfg.trainer.group_size
         worker = PROCESS_BYTES + weights + kv_per_token * seq * rows
@@ -282,7 +291,7 @@ def gpu_demand(cfg: RunConfig, shape: dict[str, int] | None = None) -> GpuDemand
     params, h, n, v = shape["params"], shape["hidden"], shape["layers"], shape["vocab"]
     sharded = tc.num_ranks if tc.backend == "fsdp2" else 1
     trained = n * cfg.lora.rank * (11 * h + 3 * shape["intermediate"]) if cfg.lora.enabled else params
-    seq = cfg.task.max_len + 2 + inf.max_new_tokens  # BOS + prompt + "=" + completion
+    seq = sequence_tokens(cfg)
     rows = math.ceil(tc.batch_groups * tc.group_size / tc.minibatches / tc.num_ranks)
     rows = min(rows, tc.micro_batch_rows or rows)
     width = 2 if tc.dtype == "bfloat16" else 4
