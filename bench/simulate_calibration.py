@@ -57,7 +57,12 @@ def main() -> int:
     ap.add_argument(
         "--series",
         metavar="DIR",
-        help="also write each run's config and series to DIR/<preset>.json (what the calibration test replays)",
+        help="also write each run's config and series to DIR/<preset><suffix>.json (what the calibration test replays)",
+    )
+    ap.add_argument(
+        "--suffix",
+        default="",
+        help="appended to each recording's name: a variant of a preset (its --set), e.g. '+trainer-bound'",
     )
     args = ap.parse_args()
 
@@ -71,7 +76,7 @@ def main() -> int:
             series = {k: list(v) for k, v in out["series"].items()}
             results[preset] = calibrate(series, out["config"])
             if args.series:
-                save_series(os.path.join(args.series, f"{preset}.json"), out["config"], series)
+                save_series(os.path.join(args.series, f"{preset}{args.suffix}.json"), out["config"], series)
             print(f"[{preset}] ran and simulated in {time.perf_counter() - t:.0f}s", flush=True)
     finally:
         ray.shutdown()
