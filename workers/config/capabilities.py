@@ -189,6 +189,14 @@ def _never_stale(cfg: RunConfig) -> str:
     )
 
 
+def _writes_checkpoints(cfg: RunConfig) -> bool:
+    return bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end)
+
+
+def _no_checkpoint(cfg: RunConfig) -> str:
+    return "this run writes no checkpoint (checkpoint.every_steps 0, checkpoint.at_end false)"
+
+
 def _buckets(cfg: RunConfig) -> bool:
     """Whether anything cuts the weights into sync.bucket_mb buckets: a sharded trainer
     (its sync, checkpoint and export stream gathered buckets), a packed collective, or
@@ -388,8 +396,8 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="checkpoint.keep_last",
         reader="a run that writes checkpoints (checkpoint.every_steps ≥ 1 or checkpoint.at_end), which keeps that many",
         fix="set checkpoint.every_steps ≥ 1 or checkpoint.at_end true, or leave checkpoint.keep_last at its default",
-        honoured=lambda cfg: bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end),
-        instead=lambda cfg: "this run writes no checkpoint (checkpoint.every_steps 0, checkpoint.at_end false)",
+        honoured=_writes_checkpoints,
+        instead=_no_checkpoint,
         harmless=True,
     ),
     _switched(
@@ -399,21 +407,19 @@ CAPABILITIES: tuple[Capability, ...] = (
         "dynamic sampling (trainer.dynamic_sampling true), which draws up to that many batches for one step",
         "set trainer.dynamic_sampling to true, or leave trainer.dynamic_sampling_max_batches at its default",
     ),
-    Capability(
-        field="model.path",
-        reader="a model of one's own (model.source 'path'), loaded from that directory",
-        fix="set model.source to 'path', or model.path to null",
-        honoured=lambda cfg: cfg.model.source == "path",
-        instead=_this_runs("model.source"),
-        harmless=True,
-    ),
-    Capability(
-        field="model.hub_id",
-        reader="a Hub model (model.source 'hub'), loaded by that id",
-        fix="set model.source to 'hub', or model.hub_id to null",
-        honoured=lambda cfg: cfg.model.source == "hub",
-        instead=_this_runs("model.source"),
-        harmless=True,
+    *(
+        Capability(
+            field=f"model.{name}",
+            reader=reader,
+            fix=f"set model.source to '{source}', or model.{name} to null",
+            honoured=lambda cfg, source=source: cfg.model.source == source,
+            instead=_this_runs("model.source"),
+            harmless=True,
+        )
+        for name, source, reader in (
+            ("path", "path", "a model of one's own (model.source 'path'), loaded from that directory"),
+            ("hub_id", "hub", "a Hub model (model.source 'hub'), loaded by that id"),
+        )
     ),
     *(
         Capability(
@@ -526,8 +532,8 @@ CAPABILITIES: tuple[Capability, ...] = (
         field="checkpoint.max_restarts",
         reader="a run that writes checkpoints (checkpoint.every_steps ≥ 1 or checkpoint.at_end), which it resumes from",
         fix="set checkpoint.every_steps ≥ 1, or leave checkpoint.max_restarts at its default",
-        honoured=lambda cfg: bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end),
-        instead=lambda cfg: "this run writes no checkpoint (checkpoint.every_steps 0, checkpoint.at_end false)",
+        honoured=_writes_checkpoints,
+        instead=_no_checkpoint,
         harmless=True,
     ),
 )
