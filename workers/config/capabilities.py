@@ -669,6 +669,6 @@ def markdown_every_run() -> str:
 
 def markdown_refused_elsewhere() -> str:
     """The fields refused, where nothing reads them, before this table is asked."""
-    rows = ["| refused where unread | by |", "|---|---|"]
+    rows = ["| refused where unread | by what; where it is read |", "|---|---|"]
     rows += [f"| [`{field}`](#{_anchor(field)}) | {check} |" for field, check in REFUSED_ELSEWHERE.items()]
     return "\n".join(rows) + "\n"
