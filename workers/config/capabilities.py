@@ -57,8 +57,21 @@ class Capability:
     honoured: Callable[[RunConfig], bool]
     instead: Callable[[RunConfig], str]
     # True: the run is the same whether or not the field is read, so a launch setting it
-    # where nothing reads it is warned, not refused.
-    harmless: bool = False
+    # where nothing reads it is warned, not refused. A function decides it per run, where
+    # that depends on what stands in the field's way; `told` then says how, for the docs.
+    harmless: bool | Callable[[RunConfig], bool] = False
+    told: str = ""
+
+    def is_harmless(self, cfg: RunConfig) -> bool:
+        """Whether setting the field where `cfg` does not read it only warns."""
+        return self.harmless(cfg) if callable(self.harmless) else self.harmless
+
+    @property
+    def set_elsewhere(self) -> str:
+        """What the docs say a launch setting the field where nothing reads it gets."""
+        if callable(self.harmless):
+            return self.told
+        return "warned" if self.harmless else "refused"
 
     def is_set(self, cfg: RunConfig) -> bool:
         """Whether `cfg` gives the field other than its default (module doc)."""
@@ -526,7 +539,11 @@ CAPABILITIES: tuple[Capability, ...] = (
         instead=lambda cfg: (
             _backend(cfg) if cfg.inference.backend != "torch" else "this run samples from the whole vocabulary"
         ),
-        harmless=True,
+        # vLLM 0.32 returns the mask from its V2 model runner only, which its CPU build
+        # cannot run: a run asking for it there would train without the mask it asked for.
+        # On the torch backend without a truncation there is no mask to keep.
+        harmless=lambda cfg: cfg.inference.backend == "torch",
+        told="refused off the torch backend; warned on it",
     ),
     Capability(
         field="checkpoint.max_restarts",
@@ -624,7 +641,9 @@ REFUSED_ELSEWHERE: dict[str, str] = {
 
 def _told(cfg: RunConfig, harmless: bool) -> dict[str, str]:
     return {
-        c.field: sentence for c in CAPABILITIES if c.harmless is harmless and (sentence := c.sentence(cfg)) is not None
+        c.field: sentence
+        for c in CAPABILITIES
+        if c.is_harmless(cfg) is harmless and (sentence := c.sentence(cfg)) is not None
     }
 
 
@@ -647,8 +666,7 @@ def markdown() -> str:
         "| field | read only by | set elsewhere | way out |",
         "|---|---|---|---|",
         *(
-            f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {'warned' if c.harmless else 'refused'} "
-            f"| {c.fix} |"
+            f"| [`{c.field}`](#{c.field.split('.')[0]}) | {c.reader} | {c.set_elsewhere} | {c.fix} |"
             for c in CAPABILITIES
         ),
     ]

@@ -506,12 +506,6 @@ def model_errors(cfg: RunConfig) -> dict[str, str]:
         problem = target_problem(_meta_model(cfg), cfg.lora)
         if problem:
             errors["lora.target_modules"] = problem
-    if cfg.correction.keep_sampling_mask and cfg.inference.backend != "torch":
-        errors["correction.keep_sampling_mask"] = (
-            "the sampling mask is recorded by the torch inference backend only (vLLM 0.32 returns it from its "
-            "V2 model runner, which its CPU build cannot run): set inference.backend to 'torch', or "
-            "correction.keep_sampling_mask to false"
-        )
     if cfg.correction.keep_routing:
         # Imported here (torch): the site's web process imports this module and no torch.
         from workers.core.routing import routers
