@@ -202,6 +202,10 @@ def _never_stale(cfg: RunConfig) -> str:
     )
 
 
+def _source_is(source: str) -> Callable[[RunConfig], bool]:
+    return lambda cfg: cfg.model.source == source
+
+
 def _writes_checkpoints(cfg: RunConfig) -> bool:
     return bool(cfg.checkpoint.every_steps or cfg.checkpoint.at_end)
 
@@ -425,7 +429,7 @@ CAPABILITIES: tuple[Capability, ...] = (
             field=f"model.{name}",
             reader=reader,
             fix=f"set model.source to '{source}', or model.{name} to null",
-            honoured=lambda cfg, source=source: cfg.model.source == source,
+            honoured=_source_is(source),
             instead=_this_runs("model.source"),
             harmless=True,
         )
