@@ -331,13 +331,17 @@ def trainer_resident(need: GpuDemand) -> int:
 
 
 def colocated_gpu(
-    cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, int] | None = None, level: int | None = None
+    cfg: RunConfig,
+    gpu_memory_bytes: int,
+    shape: dict[str, int] | None = None,
+    level: int | None = None,
+    need: GpuDemand | None = None,
 ) -> SharedGpu:
     """One GPU a vLLM worker and a trainer rank share (placement.mode 'colocated'), phase
     by phase, at inference.sleep_level (or `level`): vLLM holds its share
     (inference.gpu_memory_utilization of `gpu_memory_bytes`) while awake and its CUDA
-    context while asleep."""
-    need = gpu_demand(cfg, shape)
+    context while asleep. `need`: the run's `gpu_demand`, where the caller has it."""
+    need = need or gpu_demand(cfg, shape)
     share = int(cfg.inference.gpu_memory_utilization * gpu_memory_bytes)
     level = cfg.inference.sleep_level if level is None else level
     return shared_gpu(level, share, CUDA_PROCESS_BYTES, need.trainer, trainer_resident(need))
@@ -366,7 +370,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
         shared = " beside its colocated inference worker"
     if cfg.placement.mode == "colocated" and vllm:
         resident = trainer_resident(need)
-        turns = colocated_gpu(cfg, gpu_memory_bytes, shape, level=1)
+        turns = colocated_gpu(cfg, gpu_memory_bytes, shape, level=1, need=need)
         if level:
             # Time-shared: the trainer's step has the GPU but for a sleeping vLLM's context.
             trainer_room, shared = gpu_memory_bytes - CUDA_PROCESS_BYTES, " beside its sleeping inference worker"
@@ -378,7 +382,7 @@ def gpu_memory_errors(cfg: RunConfig, gpu_memory_bytes: int, shape: dict[str, in
                     f"the GPU has {have}: lower inference.gpu_memory_utilization"
                 )
         elif need.trainer > trainer_room and turns.peak <= gpu_memory_bytes:
-            both = colocated_gpu(cfg, gpu_memory_bytes, shape, level=0)
+            both = colocated_gpu(cfg, gpu_memory_bytes, shape, level=0, need=need)
             errors["inference.sleep_level"] = (
                 f"vLLM's share and the trainer's step need {_gib(both.peak)} of one GPU at once; the GPU has {have}. "
                 f"Taking turns (vLLM asleep while the trainer steps) needs {_gib(turns.peak)}: set "
