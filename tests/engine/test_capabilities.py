@@ -430,3 +430,14 @@ def test_the_status_page_counts_the_fields_as_the_lists_do():
     assert f"each of a run config's {len(dotted_fields())} fields is read by every run ({len(EVERY_RUN)}," in text
     assert f"read only in some ({len(CAPABILITIES)}:" in text
     assert f"by the config's own checks ({len(REFUSED_ELSEWHERE)})" in text
+
+
+def test_each_unread_task_setting_names_its_own_reason():
+    """The reverse task's reward is unread beside reward functions, whatever the prompts'
+    source; its lengths are unread where the prompts come from a dataset."""
+    with_funcs = RunConfig.model_validate(
+        {"task": {"reward": "exact", "reward_funcs": ["pkg.mod:fn"], "dataset": {"path": "/data/rows.jsonl"}}}
+    )
+    assert "scores come from elsewhere" in unread(with_funcs)["task.reward"]
+    lengths = RunConfig.model_validate({"task": {"max_len": 6, "dataset": {"path": "/data/rows.jsonl"}}})
+    assert "prompts come from task.dataset" in unread(lengths)["task.max_len"]

@@ -174,8 +174,12 @@ def _string_task(cfg: RunConfig) -> bool:
 def _not_a_string_task(cfg: RunConfig) -> str:
     if not _string_task(cfg):
         return f"this run's task.name is {cfg.task.name!r}, which has its own"
-    if cfg.task.dataset is not None:
-        return "this run's prompts come from task.dataset"
+    return "this run's prompts come from task.dataset"
+
+
+def _scored_elsewhere(cfg: RunConfig) -> str:
+    if not _string_task(cfg):
+        return _not_a_string_task(cfg)
     return "this run's scores come from elsewhere (task.reward_funcs, or rewards.scorer 'model' with eval off)"
 
 
@@ -472,7 +476,7 @@ CAPABILITIES: tuple[Capability, ...] = (
             and not cfg.task.reward_funcs
             and (cfg.rewards.scorer == "verifier" or cfg.eval.every_steps > 0)
         ),
-        instead=_not_a_string_task,
+        instead=_scored_elsewhere,
         harmless=True,
     ),
     *(
