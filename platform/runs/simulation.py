@@ -371,7 +371,7 @@ def _planned_name(planned: Run, row: int) -> str:
     return f"{base} (plan row {row})"[:RUN_NAME_MAX]
 
 
-def check_plan_row(user, run_id: int, row: Any) -> tuple[Run, int, LaunchRequest, SimulationRequest]:
+def check_plan_row(user, run_id: int, row: int) -> tuple[Run, int, LaunchRequest, SimulationRequest]:
     """Row `row` of a planned run's table (1 is the best: the planned run itself), to
     simulate as the planned run was: its preset and overrides with the row's settings,
     its cluster at the row's split, its workload and steps. NotFound where the user
@@ -383,9 +383,7 @@ def check_plan_row(user, run_id: int, row: Any) -> tuple[Run, int, LaunchRequest
     if not table:
         raise ActionError({"run": f"run #{planned.pk} holds no plan: plan a run with Plan on the launch page"})
     rows = table["candidates"]
-    if isinstance(row, str) and ID_TEXT.fullmatch(row.strip()):
-        row = int(row.strip())
-    if isinstance(row, bool) or not isinstance(row, int) or not 1 <= row <= len(rows):
+    if not 1 <= row <= len(rows):
         raise ActionError({"row": f"a row of the plan's table, 1 to {len(rows)} (got {row!r})"})
     candidate = Candidate(**{f.name: rows[row - 1][f.name] for f in dataclasses.fields(Candidate)})
     launch = check_launch(
